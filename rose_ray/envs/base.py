@@ -1,0 +1,49 @@
+"""What every world's game returns from a step, and the interface a pool hosts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from rose_ray.types import GameId
+
+
+class GameError(RuntimeError):
+    """The game's process died, hung past its timeout, or failed to start."""
+
+
+@dataclass
+class StepResult:
+    """One observation. `raw_score` is the world's own score (ScienceWorld: -100..100).
+
+    `interrupted` means the game's process died or hung during the call: the episode is lost
+    and the caller should restart it from its first turn.
+    """
+
+    observation: str
+    raw_score: int = 0
+    done: bool = False
+    turn: int = 0
+    game: GameId | None = None
+    end_reason: str = ""  # "", "success", "failed", "completed", "turn_limit", "interrupted"
+    interrupted: bool = False
+    latency_ms: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Game(Protocol):
+    """One game of one world, on its own process."""
+
+    def load(self, game: GameId, gold: bool = False) -> StepResult: ...
+
+    def step(self, action: str) -> StepResult: ...
+
+    def gold_actions(self) -> list[str]: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def close(self) -> None: ...

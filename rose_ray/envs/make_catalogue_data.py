@@ -1,0 +1,62 @@
+"""Regenerate `envs/data/sciworld_catalogue.json` from a live ScienceWorld JVM.
+
+    python -m rose_ray.envs.make_catalogue_data
+
+The catalogue ships this file so that listing games never starts a JVM; the test suite
+checks it against a live JVM.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from scienceworld.constants import TASKS
+
+from rose_ray.envs.sciworld import SciWorldGame
+
+OUT = Path(__file__).parent / "data" / "sciworld_catalogue.json"
+
+
+def read_live_catalogue() -> list[dict]:
+    """Per task in topic order: id, name, variation count, train/dev/test as [start, end)."""
+    game = SciWorldGame()
+    try:
+        rows = []
+        for t in TASKS:
+            server = game.server
+            server.load(t["task_name"], 0, "", False)
+            row = {
+                "task_id": t["task_id"],
+                "task": t["task_name"],
+                "num_variations": int(server.getTaskMaxVariations(t["task_name"])),
+            }
+            for split, getter in (
+                ("train", server.getVariationsTrain),
+                ("dev", server.getVariationsDev),
+                ("test", server.getVariationsTest),
+            ):
+                variations = sorted(int(v) for v in getter())
+                # ScienceWorld's splits are contiguous; store them as half-open ranges.
+                assert variations == list(range(variations[0], variations[-1] + 1)), split
+                row[split] = [variations[0], variations[-1] + 1]
+            rows.append(row)
+        return rows
+    finally:
+        game.close()
+
+
+def main() -> None:
+    import scienceworld
+
+    rows = read_live_catalogue()
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    # One task per line, so a diff after a ScienceWorld upgrade reads per task.
+    tasks = ",\n  ".join(json.dumps(r) for r in rows)
+    version = json.dumps(scienceworld.__version__)
+    OUT.write_text(f'{{"scienceworld_version": {version},\n "tasks": [\n  {tasks}\n ]\n}}\n')
+    print(f"wrote {OUT} ({sum(r['num_variations'] for r in rows)} games, {len(rows)} tasks)")
+
+
+if __name__ == "__main__":
+    main()

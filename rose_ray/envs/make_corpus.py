@@ -1,0 +1,43 @@
+"""Regenerate `envs/data/sciworld_corpus.txt`: ScienceWorld text to train tiny tokenizers on.
+
+    python -m rose_ray.envs.make_corpus
+
+Plays the gold path of the first training variations of every task and writes the
+instruction, task descriptions, observations and actions. Shipped so that `init-tiny`
+needs no JVM.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rose_ray.envs.catalogue import Catalogue
+from rose_ray.envs.protocol import ACKNOWLEDGEMENT, INSTRUCTION
+from rose_ray.envs.sciworld import SciWorldGame
+
+OUT = Path(__file__).parent / "data" / "sciworld_corpus.txt"
+VARIATIONS_PER_TASK = 2
+MAX_CHARS = 600_000
+
+
+def main() -> None:
+    catalogue = Catalogue("agentgym")
+    parts = [INSTRUCTION, ACKNOWLEDGEMENT]
+    with SciWorldGame() as game:
+        for task in catalogue.tasks:
+            for variation in range(task.train[0], task.train[0] + VARIATIONS_PER_TASK):
+                first = game.load(catalogue.find(task.task, variation), gold=True)
+                parts.append(first.observation)
+                for action in game.gold_actions():
+                    result = game.step(action)
+                    parts.append(f"Thought: I should {action} next.\nAction: {action}")
+                    parts.append(result.observation)
+                    if result.done:
+                        break
+    text = "\n\n".join(parts)[:MAX_CHARS]
+    OUT.write_text(text)
+    print(f"wrote {OUT} ({len(text):,} characters)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""EnvPool: N games, one JVM each, in one process (a Ray actor on a CPU worker).
+
+Calls on different slots run in parallel threads (each JVM is its own process, so py4j
+waits release the GIL). A JVM that dies or hangs is killed and replaced at once; the call
+that found it returns `interrupted=True` with the game it was running, so the caller can
+restart that episode from its first turn. No torch here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from rose_ray.envs.base import GameError, StepResult
+from rose_ray.envs.catalogue import Catalogue
+from rose_ray.envs.sciworld import DEFAULT_HEAP, SciWorldGame
+from rose_ray.types import GameId
+
+
+@dataclass
+class _Slot:
+    index: int
+    game: SciWorldGame | None = None
+    current: GameId | None = None
+    restarts: int = 0
+    steps: int = 0
+    interrupted: int = 0
+    latencies_ms: deque = field(default_factory=lambda: deque(maxlen=1000))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class EnvPool:
+    """Hosts `num_games` games; every method takes a slot index in 0..num_games-1."""
+
+    def __init__(
+        self,
+        num_games: int = 4,
+        heap: str | None = DEFAULT_HEAP,
+        call_timeout_s: float = 60.0,
+        max_turns: int | None = None,
+        mapping: str = "agentgym",
+    ) -> None:
+        if num_games < 1:
+            raise ValueError(f"num_games must be >= 1, got {num_games}")
+        self.heap, self.call_timeout_s, self.max_turns = heap, call_timeout_s, max_turns
+        self.catalogue = Catalogue(mapping)
+        self.slots = [_Slot(i) for i in range(num_games)]
+        self._threads = ThreadPoolExecutor(max_workers=num_games, thread_name_prefix="envpool")
+        list(self._threads.map(self._start, self.slots))  # JVMs start in parallel
+
+    def num_games(self) -> int:
+        return len(self.slots)
+
+    def _start(self, slot: _Slot) -> None:
+        slot.game = SciWorldGame(
+            heap=self.heap, call_timeout_s=self.call_timeout_s, max_turns=self.max_turns
+        )
+
+    def _replace(self, slot: _Slot) -> None:
+        if slot.game is not None:
+            slot.game.kill()
+        slot.restarts += 1
+        slot.current = None
+        self._start(slot)
+
+    def _slot(self, index: int) -> _Slot:
+        if not 0 <= index < len(self.slots):
+            raise IndexError(f"slot {index} out of range 0..{len(self.slots) - 1}")
+        return self.slots[index]
+
+    def reset(self, slot: int, game: GameId | str | int, gold: bool = False) -> StepResult:
+        """Load `game` into a slot and return its first observation.
+
+        A dead JVM is replaced first; a load that kills the JVM is retried once on a new one.
+        """
+        s = self._slot(slot)
+        game = game if isinstance(game, GameId) else self.catalogue.game(game)
+        with s.lock:
+            for attempt in range(2):
+                if s.game is None or not s.game.alive():
+                    self._replace(s)
+                try:
+                    result = s.game.load(game, gold=gold)
+                    s.current = game
+                    return result
+                except GameError:
+                    if attempt == 1:
+                        raise
+                    self._replace(s)
+        raise AssertionError("unreachable")
+
+    def step(self, slot: int, action: str) -> StepResult:
+        """One action in one slot; `interrupted=True` if the JVM died or hung (now replaced)."""
+        s = self._slot(slot)
+        with s.lock:
+            if s.current is None:
+                raise RuntimeError(f"slot {slot}: step before reset")
+            game = s.current
+            try:
+                result = s.game.step(action)
+            except GameError as e:
+                s.interrupted += 1
+                self._replace(s)
+                return StepResult(
+                    observation="",
+                    done=True,
+                    game=game,
+                    end_reason="interrupted",
+                    interrupted=True,
+                    info={"error": str(e)},
+                )
+            s.steps += 1
+            s.latencies_ms.append(result.latency_ms)
+            if result.done:
+                s.current = game  # still loaded; a further step answers "ended"
+            return result
+
+    def step_many(self, actions: dict[int, str]) -> dict[int, StepResult]:
+        """Step several slots in parallel; results keyed by slot."""
+        futures = {i: self._threads.submit(self.step, i, a) for i, a in actions.items()}
+        return {i: f.result() for i, f in futures.items()}
+
+    def gold_actions(self, slot: int) -> list[str]:
+        s = self._slot(slot)
+        with s.lock:
+            return s.game.gold_actions()
+
+    def valid_actions(self, slot: int) -> list[str]:
+        s = self._slot(slot)
+        with s.lock:
+            return s.game.valid_actions()
+
+    def health(self) -> list[dict[str, Any]]:
+        """Per slot: alive, JVM pid, current game, steps, restarts, interrupted, latency p50/p95."""
+        out = []
+        for s in self.slots:
+            lat = sorted(s.latencies_ms)
+            out.append(
+                {
+                    "slot": s.index,
+                    "alive": s.game is not None and s.game.alive(),
+                    "pid": s.game.pid if s.game is not None else None,
+                    "game": s.current.item_id if s.current else None,
+                    "steps": s.steps,
+                    "restarts": s.restarts,
+                    "interrupted": s.interrupted,
+                    "step_ms_p50": _percentile(lat, 0.50),
+                    "step_ms_p95": _percentile(lat, 0.95),
+                }
+            )
+        return out
+
+    def pids(self) -> list[int | None]:
+        return [s.game.pid if s.game else None for s in self.slots]
+
+    def close(self) -> None:
+        for s in self.slots:
+            if s.game is not None:
+                s.game.close()
+        self._threads.shutdown(wait=False)
+
+
+def _percentile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def env_pool_actor(num_games: int = 4, num_cpus: float = 1.0, resources: dict | None = None, **kwargs):
+    """Start an EnvPool as a threaded Ray actor (calls on different slots run concurrently)."""
+    import ray
+
+    cls = ray.remote(EnvPool)
+    return cls.options(
+        num_cpus=num_cpus, resources=resources or {}, max_concurrency=2 * num_games + 4
+    ).remote(num_games=num_games, **kwargs)
+

@@ -1,0 +1,130 @@
+"""The AgentGym ReAct protocol for ScienceWorld, in our own words.
+
+A conversation is: the instruction (user), an acknowledgement (assistant), the first
+observation (user), then alternating `Thought: ... Action: ...` (assistant) and the game's
+observation (user). The instruction can be taken from a dataset's first user message so
+that existing data is reproduced exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+# The 24 action forms of the AgentGym instruction (open/close and activate/deactivate pair up).
+ACTIONS: tuple[tuple[str, str], ...] = (
+    ("open OBJ / close OBJ", "open or close a container or door"),
+    ("activate OBJ / deactivate OBJ", "switch a device on or off"),
+    ("connect OBJ to OBJ", "join two electrical terminals"),
+    ("disconnect OBJ", "remove every electrical connection of an object"),
+    ("use OBJ [on OBJ]", "use a tool or device, optionally on something"),
+    ("look around", "describe the room you are in"),
+    ("look at OBJ", "describe one object closely"),
+    ("look in OBJ", "list what a container holds"),
+    ("read OBJ", "read a book, note or label"),
+    ("move OBJ to OBJ", "put an object somewhere (into a container, onto a surface)"),
+    ("pick up OBJ", "take an object into your inventory"),
+    ("put down OBJ", "drop an object from your inventory"),
+    ("pour OBJ into OBJ", "pour a liquid into a container"),
+    ("dunk OBJ into OBJ", "dip a container into a liquid"),
+    ("mix OBJ", "stir a container so that its contents combine"),
+    ("go to LOC", "walk to a place you can see (doors must be open)"),
+    ("eat OBJ", "eat something edible"),
+    ("flush OBJ", "flush a toilet"),
+    ("focus on OBJ", "declare the object the task is about (a wrong focus can end the task)"),
+    ("wait", "let ten steps of time pass"),
+    ("wait1", "let one step of time pass"),
+    ("examine OBJ", "same as look at"),
+    ("task", "repeat the task description"),
+    ("inventory", "list what you carry"),
+)
+
+INSTRUCTION = (
+    "You are an agent in ScienceWorld, a text-based laboratory and household simulation. "
+    "Each turn you get an observation of the world and reply with one action that moves you "
+    "closer to finishing the task.\n\n"
+    "Reply in exactly this format, nothing else:\n"
+    "Thought: <your short reasoning about what to do next>\n"
+    "Action: <one command from the list below>\n\n"
+    "Commands (OBJ and LOC are names as they appear in the observations):\n"
+    + "\n".join(f"- {cmd}: {what}" for cmd, what in ACTIONS)
+    + "\n\n"
+    "If the game asks you to choose between ambiguous objects, answer with the number of the "
+    "option as your action. Only one action per turn is carried out."
+)
+
+ACKNOWLEDGEMENT = "OK. I will answer with a Thought and one Action each turn."
+
+
+def first_observation(task_description: str, look_around: str) -> str:
+    """The first user turn after the acknowledgement: task, newline, `look around`."""
+    return f"{task_description.strip()}\n{look_around.strip()}"
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    action: str
+    valid_format: bool  # False when there is no `Action:` marker or the action is empty
+
+
+def parse_action(text: str) -> ParsedAction:
+    """The action is the first non-empty line after the last `Action:` marker.
+
+    Without a marker, or with nothing after it, the action is empty and `valid_format` is
+    False; the game answers it like any other unknown command.
+    """
+    marker = text.rfind("Action:")
+    if marker < 0:
+        return ParsedAction("", False)
+    for line in text[marker + len("Action:") :].splitlines():
+        if line.strip():
+            return ParsedAction(line.strip(), True)
+    return ParsedAction("", False)
+
+
+def normalise_score(raw_score: float) -> float:
+    """ScienceWorld scores run 0..100, or -100 on failure; normalised is max(score, 0)/100."""
+    return max(float(raw_score), 0.0) / 100.0
+
+
+def is_success(raw_score: float) -> bool:
+    return raw_score >= 100
+
+
+def is_pass(raw_score: float) -> bool:
+    return raw_score > 0
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The instruction and acknowledgement that open every conversation."""
+
+    instruction: str = INSTRUCTION
+    acknowledgement: str = ACKNOWLEDGEMENT
+
+    def opening(self) -> list[tuple[str, str]]:
+        """(role, text) of the two turns before the first observation."""
+        return [("user", self.instruction), ("assistant", self.acknowledgement)]
+
+    @classmethod
+    def from_dataset(cls, path: str | Path) -> Protocol:
+        """Take the instruction and acknowledgement from the first row of a JSONL dataset."""
+        with open(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    conv = json.loads(line)["conversations"]
+                    user, assistant = conv[0], conv[1]
+                    return cls(_text(user), _text(assistant))
+                except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
+                    raise ValueError(
+                        f"{path}:{lineno}: cannot read the instruction from the first row "
+                        f"(need 'conversations' with an instruction and an acknowledgement): {e}"
+                    ) from e
+        raise ValueError(f"{path}: no rows to read an instruction from")
+
+
+def _text(message: dict) -> str:
+    return message["value"] if "value" in message else message["content"]

@@ -1,0 +1,210 @@
+"""One ScienceWorld game on its own JVM, with a lean step and a timeout on every call.
+
+`ScienceWorldEnv.step` lists every valid action-object combination after each action
+(~90% of its cost); `SciWorldGame.step` asks the server only for the observation, score and
+completion, and lists valid actions only through `valid_actions()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
+from py4j.protocol import Py4JError
+from scienceworld.constants import BASEPATH, JAR_PATH
+
+from rose_ray.envs.base import GameError, StepResult
+from rose_ray.envs.protocol import first_observation
+from rose_ray.types import GameId
+
+# py4j logs a page of traceback for every broken connection, partly through the root
+# logger; our callers get a GameError instead.
+logging.getLogger("py4j").setLevel(logging.CRITICAL)
+
+
+def _not_from_py4j(record: logging.LogRecord) -> bool:
+    return "py4j" not in record.pathname
+
+
+if _not_from_py4j not in logging.getLogger().filters:
+    logging.getLogger().addFilter(_not_from_py4j)
+
+DEFAULT_HEAP = "256m"  # 128m runs out of memory generating gold paths
+
+
+class SciWorldGame:
+    """A ScienceWorld JVM holding one game at a time.
+
+    Every call to the JVM is bounded by `call_timeout_s`; a call that fails or times out
+    kills the JVM and raises `GameError` (the game is then dead: make a new one).
+    Turns are counted here (the game's move counter skips free actions); the episode ends at
+    `max_turns`, on completion, or on a score of -100 (a failed game).
+    """
+
+    def __init__(
+        self,
+        heap: str | None = DEFAULT_HEAP,
+        java_opts: list[str] | None = None,
+        call_timeout_s: float = 30.0,
+        max_turns: int | None = None,
+    ) -> None:
+        self.call_timeout_s = call_timeout_s
+        self.max_turns = max_turns
+        opts = list(java_opts or [])
+        if heap:
+            opts.append(f"-Xmx{heap}")
+        opts.append("-XX:+UseSerialGC")  # one GC thread: many JVMs share few cores
+        try:
+            port, self._proc = launch_gateway(
+                classpath=JAR_PATH, die_on_exit=True, cwd=BASEPATH, javaopts=opts, return_proc=True
+            )
+            self._gateway = JavaGateway(
+                gateway_parameters=GatewayParameters(
+                    auto_field=True, port=port, read_timeout=call_timeout_s
+                ),
+                java_process=self._proc,
+            )
+            self.server = self._gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface()
+        except Exception as e:  # java missing, port trouble: say which
+            raise GameError(f"could not start a ScienceWorld JVM (java opts {opts}): {e}") from e
+        self.game: GameId | None = None
+        self.turn = 0
+        self.done = True
+        self.last_score = 0
+        self.closed = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def alive(self) -> bool:
+        return not self.closed and self._proc.poll() is None
+
+    def _call(self, what: str, method: str, *args):
+        """`self.server.<method>(*args)`; any py4j failure kills the JVM and raises GameError."""
+        if self.closed:
+            raise GameError(f"{what}: the game is closed")
+        t0 = time.monotonic()
+        try:
+            return getattr(self.server, method)(*args)
+        except Py4JError as e:
+            # py4j wraps the socket timeout in several layers; elapsed time says it plainly.
+            timed_out = time.monotonic() - t0 >= self.call_timeout_s * 0.95
+            reason = f"timed out after {self.call_timeout_s:g} s" if timed_out else "failed"
+            self.kill()
+            raise GameError(f"ScienceWorld {what} {reason} (JVM pid {self.pid}): {e}") from e
+
+    def load(self, game: GameId, gold: bool = False) -> StepResult:
+        """Load a game; returns the first observation (task description, newline, look around)."""
+        t0 = time.perf_counter()
+        self._call("load", "load", game.task, int(game.variation), "", bool(gold))
+        description = self._call("task description", "getTaskDescription")
+        look = self._call("look around", "step", "look around")
+        self.game, self.turn, self.done, self.last_score = game, 0, False, 0
+        return StepResult(
+            observation=first_observation(description, look),
+            game=game,
+            latency_ms=(time.perf_counter() - t0) * 1e3,
+        )
+
+    def step(self, action: str) -> StepResult:
+        """One agent turn. Bad input (empty, huge, non-ASCII) comes back as an observation."""
+        if self.game is None:
+            raise GameError("step before load")
+        if self.done:
+            return StepResult(
+                "The episode has ended.", self.last_score, True, self.turn, self.game, "ended"
+            )
+        t0 = time.perf_counter()
+        # The JVM's parser handles any string; newlines would be read as several commands.
+        action = " ".join(str(action).split())
+        observation = self._call("step", "step", action)
+        score = int(round(100 * self._call("score", "getScore")))
+        completed = bool(self._call("completed", "getCompleted"))
+        self.turn += 1
+        self.last_score = score
+        end = ""
+        if score < 0:
+            end = "failed"
+        elif score >= 100:
+            end = "success"
+        elif completed:
+            end = "completed"
+        elif self.max_turns is not None and self.turn >= self.max_turns:
+            end = "turn_limit"
+        self.done = bool(end)
+        return StepResult(
+            observation=observation,
+            raw_score=score,
+            done=self.done,
+            turn=self.turn,
+            game=self.game,
+            end_reason=end,
+            latency_ms=(time.perf_counter() - t0) * 1e3,
+        )
+
+    def gold_actions(self) -> list[str]:
+        """The gold action path; the game must have been loaded with `gold=True`."""
+        return [str(a) for a in self._call("gold path", "getGoldActionSequence")]
+
+    def valid_actions(self) -> list[str]:
+        """Every valid action-object combination now (slow: ~20-50 ms)."""
+        return [str(a) for a in self._call("valid actions", "getValidActionObjectCombinations")]
+
+    def task_description(self) -> str:
+        return str(self._call("task description", "getTaskDescription"))
+
+    def kill(self) -> None:
+        """End the JVM at once (after a hang or when it is already dead)."""
+        if self._proc.poll() is None:
+            try:
+                os.kill(self._proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self._proc.wait(timeout=5)
+        except Exception:
+            pass
+        self._close_gateway()
+        self.closed = True
+
+    def _close_gateway(self) -> None:
+        try:
+            self._gateway.close(keep_callback_server=False, close_callback_server_connections=False)
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        """Shut the JVM down cleanly; killed if it does not exit within 5 s."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._gateway.shutdown()
+        except Exception:
+            pass
+        if self._proc.poll() is None:
+            try:  # py4j's JVM exits when its stdin gets a newline
+                self._proc.stdin.write(b"\n")
+                self._proc.stdin.flush()
+                self._proc.wait(timeout=5)
+            except Exception:
+                pass
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=5)
+
+    def __enter__(self) -> SciWorldGame:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

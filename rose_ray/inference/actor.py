@@ -1,0 +1,81 @@
+"""One engine replica as a Ray actor.
+
+The actor's methods are async, so many episodes' calls are in flight at once and the
+AsyncBatcher folds them into batches. Weight updates queue behind the calls already
+submitted and land between batches, never inside a generation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from rose_ray.inference.batcher import AsyncBatcher
+from rose_ray.inference.engine import (
+    EngineConfig,
+    GenerationRequest,
+    GenerationResult,
+    make_engine,
+)
+
+
+class EngineActorImpl:
+    """The actor body (a plain class, so it can also be tested or used without Ray)."""
+
+    def __init__(self, config: EngineConfig, device: str = "cpu", threads: int = 1) -> None:
+        import torch
+
+        # Ray sets OMP_NUM_THREADS=1 in workers; use what the config (or the CPU grant) says.
+        torch.set_num_threads(config.threads or max(1, threads))
+        self.config = config
+        kwargs: dict[str, Any] = {"device": device} if config.backend == "hf" else {}
+        self.engine = make_engine(config, **kwargs)
+        self.batcher: AsyncBatcher | None = None
+
+    def _batcher(self) -> AsyncBatcher:
+        if self.batcher is None:  # created lazily inside the actor's event loop
+            self.batcher = AsyncBatcher(self.engine)
+        return self.batcher
+
+    async def ready(self) -> bool:
+        return True
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return await self._batcher().generate(request)
+
+    async def generate_many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return await self._batcher().generate_many(requests)
+
+    async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        return await self._batcher().score(prompt_ids, completion_ids)
+
+    async def update_weights(self, state: dict[str, Any], version: int) -> int:
+        await self._batcher().update_weights(state, version)
+        return self.engine.version
+
+    async def version(self) -> int:
+        return self.engine.version
+
+    async def stats(self) -> dict[str, Any]:
+        """Engine counters plus `batch_sizes` (requests per engine batch, most recent last)."""
+        out = dict(self.engine.stats()) if hasattr(self.engine, "stats") else {}
+        if self.batcher is not None:
+            out.update(self.batcher.stats())
+        return out
+
+
+def engine_actor(config: EngineConfig, num_cpus: float = 1, num_gpus: float = 0,
+                 name: str | None = None, **options: Any) -> Any:
+    """Start an EngineActor with the given resources; returns the actor handle.
+
+    Torch threads default to the CPUs granted (at least 1) unless config.threads says.
+    """
+    if name is not None:
+        options["name"] = name
+    device = "cuda" if num_gpus > 0 else "cpu"
+    return EngineActor.options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=1000,
+                               **options).remote(config, device, max(1, int(num_cpus)))
+
+
+EngineActor = ray.remote(EngineActorImpl)

@@ -1,0 +1,181 @@
+"""Dynamic batching of concurrent calls onto one synchronous engine.
+
+Callers (episodes in a Ray actor, HTTP handlers in the server) await `generate`/`score`;
+a background task takes whatever is queued, waits up to max_wait_ms for the batch to fill
+to max_batch_size, and runs it in a one-thread executor so the event loop keeps accepting
+calls meanwhile. Calls that arrive while a batch runs go into the next one.
+
+Weight updates are queued in order with the calls: everything queued before an update
+runs on the old weights, everything after on the new, and an update never lands inside a
+batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from rose_ray.inference.engine import (
+    GenerationEngine,
+    GenerationRequest,
+    GenerationResult,
+    validate_sampling,
+)
+
+
+@dataclass
+class _Job:
+    kind: str  # "generate" | "score" | "weights"
+    payload: Any
+    future: asyncio.Future = field(repr=False)
+
+
+class AsyncBatcher:
+    """Queue + background batching task over a GenerationEngine (create inside an event loop)."""
+
+    def __init__(self, engine: GenerationEngine, max_batch_size: int | None = None,
+                 max_wait_ms: float | None = None) -> None:
+        self.engine = engine
+        self.max_batch_size = int(max_batch_size or engine.config.max_batch_size)
+        self.max_wait_s = float(engine.config.max_wait_ms if max_wait_ms is None else max_wait_ms) / 1000
+        self._pending: deque[_Job] = deque()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._batch_sizes: deque[int] = deque(maxlen=1024)
+        self._batches = 0
+        self._queue_wait_s = 0.0
+
+    # ------------------------------------------------------------------ calls
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        validate_sampling(request.sampling)  # a bad request fails its caller, not the batch
+        return await self._submit("generate", request)
+
+    async def generate_many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return list(await asyncio.gather(*(self.generate(r) for r in requests)))
+
+    async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        if not prompt_ids:
+            raise ValueError("score: empty prompt (the first token has no logprob)")
+        return await self._submit("score", (list(prompt_ids), list(completion_ids)))
+
+    async def update_weights(self, state: dict[str, Any], version: int) -> None:
+        await self._submit("weights", (state, version))
+
+    def stats(self) -> dict[str, Any]:
+        """Batches as the batcher formed them (a batch may mix generate and score calls)."""
+        return {
+            "batcher_batch_sizes": list(self._batch_sizes),
+            "batcher_batches": self._batches,
+            "queued": len(self._pending),
+            "queue_wait_s": self._queue_wait_s,
+        }
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self._executor.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ internals
+    async def _submit(self, kind: str, payload: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done():
+            if self._task is not None and self._task.exception() is not None:
+                raise RuntimeError("engine batching task died") from self._task.exception()
+            self._wake = asyncio.Event()
+            self._task = loop.create_task(self._run())
+        job = _Job(kind, payload, loop.create_future())
+        job.payload = (time.perf_counter(), payload)
+        self._pending.append(job)
+        self._wake.set()  # type: ignore[union-attr]
+        return await job.future
+
+    async def _next_batch(self) -> tuple[list[_Job], _Job | None]:
+        """Jobs for one batch, and a weights job that must run right after it (if any)."""
+        assert self._wake is not None
+        while not self._pending:
+            self._wake.clear()
+            await self._wake.wait()
+        first = self._pending.popleft()
+        if first.kind == "weights":
+            return [], first
+        batch = [first]
+        deadline = time.perf_counter() + self.max_wait_s
+        while len(batch) < self.max_batch_size:
+            if self._pending:
+                if self._pending[0].kind == "weights":
+                    return batch, self._pending.popleft()
+                batch.append(self._pending.popleft())
+                continue
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                break
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), remaining)
+            except asyncio.TimeoutError:
+                break
+        return batch, None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch, barrier = await self._next_batch()
+            if batch:
+                now = time.perf_counter()
+                self._queue_wait_s += sum(now - j.payload[0] for j in batch)
+                self._batch_sizes.append(len(batch))
+                self._batches += 1
+                try:
+                    results = await loop.run_in_executor(self._executor, self._execute, batch)
+                except Exception as e:
+                    if len(batch) == 1:
+                        _resolve(batch[0], error=e)
+                    else:  # rerun one by one so only the bad call fails
+                        for job in batch:
+                            try:
+                                result = await loop.run_in_executor(self._executor, self._execute, [job])
+                                _resolve(job, result=result[0])
+                            except Exception as e1:
+                                _resolve(job, error=e1)
+                else:
+                    for job, result in zip(batch, results):
+                        _resolve(job, result=result)
+            if barrier is not None:
+                state, version = barrier.payload[1]
+                try:
+                    await loop.run_in_executor(self._executor, self.engine.update_weights, state, version)
+                except Exception as e:
+                    _resolve(barrier, error=e)
+                else:
+                    _resolve(barrier, result=None)
+
+    def _execute(self, batch: list[_Job]) -> list[Any]:
+        gens = [(n, j.payload[1]) for n, j in enumerate(batch) if j.kind == "generate"]
+        scores = [(n, j.payload[1]) for n, j in enumerate(batch) if j.kind == "score"]
+        out: list[Any] = [None] * len(batch)
+        if gens:
+            for (n, _), res in zip(gens, self.engine.generate([r for _, r in gens])):
+                out[n] = res
+        if scores:
+            for (n, _), res in zip(scores, self.engine.score_many([p for _, p in scores])):
+                out[n] = res
+        return out
+
+
+def _resolve(job: _Job, result: Any = None, error: BaseException | None = None) -> None:
+    if job.future.done():  # the caller gave up (cancelled); nothing to deliver
+        return
+    if error is not None:
+        job.future.set_exception(error)
+    else:
+        job.future.set_result(result)

@@ -1,0 +1,326 @@
+"""Transformers backend: batched generation with a KV cache, teacher-forced scoring, weight swaps.
+
+A batch is left-padded so every row's next token sits in the last column; position ids come
+from the attention mask, so a padded row computes what it would compute alone. Each request
+samples with its own torch.Generator, so a seeded request gives the same tokens whatever
+else is in its batch. Rows that finish leave the batch (their cache rows are dropped).
+
+This class is synchronous and single-threaded by design; concurrent callers go through
+`inference.batcher.AsyncBatcher` (the Ray actor and the HTTP server both do).
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rose_ray.chat import ChatFormat
+from rose_ray.inference.engine import (
+    EngineConfig,
+    GenerationRequest,
+    GenerationResult,
+    context_result,
+    resolve_prompt,
+    validate_sampling,
+)
+from rose_ray.types import SamplingParams
+
+# Bound on logits materialised at once when scoring (elements; 2^27 fp32 = 512 MiB).
+SCORE_LOGITS_BUDGET = 1 << 27
+
+
+def cpu_supports_bf16() -> bool:
+    """True when the CPU has native bf16 matmul (AVX512-BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def resolve_dtype(name: str, device: str = "cpu") -> str:
+    """'auto' becomes bfloat16 on GPUs and bf16-capable CPUs, else float32."""
+    if name != "auto":
+        return name
+    if device.startswith("cuda") or cpu_supports_bf16():
+        return "bfloat16"
+    return "float32"
+
+
+def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Logits with everything outside the smallest set of mass >= top_p set to -inf."""
+    sorted_logits, order = torch.sort(logits, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # Remove a token when the mass before it already reaches top_p (the first always stays).
+    remove = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(0, order, sorted_logits)
+
+
+class _Row:
+    """Decoding state of one request inside a batch."""
+
+    def __init__(self, index: int, prompt: list[int], sampling: SamplingParams, top_k: int,
+                 max_new: int) -> None:
+        self.index = index
+        self.prompt = prompt
+        self.sampling = sampling
+        self.top_k = top_k
+        self.max_new = max_new
+        seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.top: list[dict[int, float]] = []
+        self.finish: str | None = None
+        self.cut: int | None = None  # text length before a matched stop string
+
+
+class HFEngine:
+    """A transformers causal LM as a generation engine (CPU or one GPU)."""
+
+    def __init__(self, config: EngineConfig, model: Any = None, tokenizer: Any = None,
+                 device: str = "cpu") -> None:
+        self.config = config
+        self.device = device
+        if config.threads > 0:
+            torch.set_num_threads(config.threads)
+        if tokenizer is None or model is None:
+            from rose_ray.models import load_model, load_tokenizer
+
+            tokenizer = tokenizer or load_tokenizer(config.model)
+            if model is None:
+                model = load_model(config.model, dtype=resolve_dtype(config.dtype, device),
+                                   device=device)
+        self.tokenizer = tokenizer
+        self.model = model.eval()
+        if config.attn_implementation and hasattr(self.model, "set_attn_implementation"):
+            self.model.set_attn_implementation(config.attn_implementation)
+        self.chat = ChatFormat(tokenizer)
+        self.stop_ids = {self.chat.eos_id}
+        if tokenizer.eos_token_id is not None:
+            self.stop_ids.add(tokenizer.eos_token_id)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eos_id
+        # transformers 5 renamed past_key_values -> cache; support both.
+        self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        self._version = 0
+        self._lock = threading.Lock()  # one forward pass at a time, weights never torn
+        self._batch_sizes: deque[int] = deque(maxlen=1024)
+        self._counters = {"batches": 0, "requests": 0, "generated_tokens": 0, "prompt_tokens": 0,
+                          "busy_s": 0.0, "score_calls": 0, "weight_updates": 0}
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def stats(self) -> dict[str, Any]:
+        return {**self._counters, "batch_sizes": list(self._batch_sizes), "version": self._version}
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Results in request order; requests are run in batches of max_batch_size."""
+        results: list[GenerationResult | None] = [None] * len(requests)
+        pending: list[tuple[int, list[int], int]] = []
+        for i, req in enumerate(requests):
+            validate_sampling(req.sampling)
+            ids, dropped, fits = resolve_prompt(req, self.config)
+            if not fits:
+                results[i] = context_result(req, len(ids), self._version)
+            else:
+                pending.append((i, ids, dropped))
+        size = self.config.max_batch_size
+        for start in range(0, len(pending), size):
+            chunk = pending[start : start + size]
+            outs = self._generate_batch([requests[i] for i, _, _ in chunk], [ids for _, ids, _ in chunk])
+            for (i, _, dropped), out in zip(chunk, outs):
+                out.dropped_turns = dropped
+                results[i] = out
+        return results  # type: ignore[return-value]
+
+    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        return self.score_many([(prompt_ids, completion_ids)])[0]
+
+    def score_many(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """Teacher-forced logprob of each completion token given the prompt and earlier tokens."""
+        for n, (p, c) in enumerate(pairs):
+            if len(p) == 0:
+                raise ValueError(f"score: pair {n} has an empty prompt (the first token has no logprob)")
+            if len(p) + len(c) > self.config.context_tokens:
+                raise ValueError(f"score: pair {n} has {len(p) + len(c)} tokens, context_tokens is "
+                                 f"{self.config.context_tokens}")
+        out: list[list[float]] = [[] for _ in pairs]
+        todo = [n for n, (_, c) in enumerate(pairs) if c]
+        vocab = self.model.config.vocab_size
+        while todo:
+            chunk: list[int] = []
+            longest = 0
+            for n in todo:
+                k = max(longest, len(pairs[n][1]) + 1)
+                if chunk and (len(chunk) >= self.config.max_batch_size or (len(chunk) + 1) * k * vocab > SCORE_LOGITS_BUDGET):
+                    break
+                chunk.append(n)
+                longest = k
+            todo = todo[len(chunk):]
+            for n, lp in zip(chunk, self._score_batch([pairs[n] for n in chunk])):
+                out[n] = lp
+        self._counters["score_calls"] += 1
+        return out
+
+    def update_weights(self, state: dict[str, Any], version: int) -> None:
+        """Copy `state` (name -> tensor or array; a subset is fine) into the model."""
+        params = dict(self.model.named_parameters())
+        params.update(dict(self.model.named_buffers()))
+        unknown = sorted(set(state) - set(params))
+        if unknown:
+            raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")
+        with self._lock, torch.no_grad():
+            for name, value in state.items():
+                t = torch.as_tensor(value)
+                if tuple(t.shape) != tuple(params[name].shape):
+                    raise ValueError(f"update_weights: {name} has shape {tuple(t.shape)}, "
+                                     f"model expects {tuple(params[name].shape)}")
+                params[name].copy_(t)
+            self._version = int(version)
+            self._counters["weight_updates"] += 1
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    # ------------------------------------------------------------------ internals
+    def _left_pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, s in enumerate(seqs):
+            ids[r, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[r, width - len(s):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        return ids.to(self.device), mask.to(self.device), positions.to(self.device)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+                 cache: Any = None, logits_to_keep: int = 1) -> tuple[torch.Tensor, Any]:
+        kwargs: dict[str, Any] = {"use_cache": cache is not False, "logits_to_keep": logits_to_keep}
+        if cache not in (None, False):
+            kwargs[self._cache_kw] = cache
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs)
+        new_cache = out.get("cache", None) if self._cache_kw == "cache" else out.get("past_key_values")
+        return out.logits, new_cache
+
+    def _score_batch(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        keep = max(len(c) for _, c in pairs) + 1
+        ids, mask, positions = self._left_pad([p + c for p, c in pairs])
+        with self._lock, torch.inference_mode():
+            logits, _ = self._forward(ids, mask, positions, cache=False, logits_to_keep=keep)
+            logp = torch.log_softmax(logits.float(), dim=-1)
+        out = []
+        for r, (_, c) in enumerate(pairs):
+            # logits[:, j] predicts the token at column (width - keep + j + 1).
+            rows = logp[r, keep - len(c) - 1 : keep - 1]
+            out.append(rows.gather(1, torch.tensor(c, device=rows.device)[:, None])[:, 0].tolist())
+        return out
+
+    def _choose(self, rows: list[_Row], logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+        """The next token of each active row, and the raw log-softmax over the vocabulary."""
+        logits = logits.float()
+        logp = torch.log_softmax(logits, dim=-1)
+        greedy = logits.argmax(dim=-1).tolist()
+        chosen = []
+        for r, row in enumerate(rows):
+            s = row.sampling
+            if s.temperature == 0:
+                chosen.append(greedy[r])
+                continue
+            scaled = logits[r] / s.temperature
+            if s.top_p < 1.0:
+                scaled = _top_p_filter(scaled, s.top_p)
+            probs = torch.softmax(scaled, dim=-1).cpu()
+            chosen.append(int(torch.multinomial(probs, 1, generator=row.generator)))
+        return chosen, logp
+
+    def _check_stop(self, row: _Row) -> None:
+        tok = row.ids[-1]
+        if tok in self.stop_ids:
+            row.finish = "stop"
+            return
+        if row.sampling.stop:
+            text = self.chat.decode(row.ids)
+            hits = [text.find(s) for s in row.sampling.stop if s in text]
+            if hits:
+                row.finish, row.cut = "stop", min(hits)
+                return
+        if len(row.ids) >= row.max_new:
+            row.finish = "length"
+
+    def _generate_batch(self, requests: list[GenerationRequest], prompts: list[list[int]]
+                        ) -> list[GenerationResult]:
+        t0 = time.perf_counter()
+        rows = [
+            _Row(i, p, r.sampling, r.top_logprobs,
+                 min(r.sampling.max_new_tokens, self.config.context_tokens - len(p)))
+            for i, (r, p) in enumerate(zip(requests, prompts))
+        ]
+        active = [row for row in rows if row.max_new > 0]
+        for row in rows:
+            if row.max_new <= 0:
+                row.finish = "length"
+        with self._lock, torch.inference_mode():
+            version = self._version
+            if active:
+                self._decode(active)
+        elapsed = time.perf_counter() - t0
+        self._batch_sizes.append(len(rows))
+        self._counters["batches"] += 1
+        self._counters["requests"] += len(rows)
+        self._counters["generated_tokens"] += sum(len(r.ids) for r in rows)
+        self._counters["prompt_tokens"] += sum(len(p) for p in prompts)
+        self._counters["busy_s"] += elapsed
+        results = []
+        for row, req in zip(rows, requests):
+            text_ids = row.ids
+            text = self.chat.decode(text_ids)
+            if row.cut is not None:
+                text = text[: row.cut]
+            results.append(GenerationResult(
+                text=text, token_ids=row.ids, logprobs=row.logprobs,
+                finish_reason=row.finish or "length", prompt_tokens=len(row.prompt),
+                version=version, request_id=req.request_id,
+                top_logprobs=row.top if row.top_k > 0 else None,
+            ))
+        return results
+
+    def _decode(self, active: list[_Row]) -> None:
+        """The KV-cache loop: prefill all prompts, then one token per active row per step."""
+        ids, mask, positions = self._left_pad([row.prompt for row in active])
+        logits, cache = self._forward(ids, mask, positions, cache=None)
+        last_pos = positions[:, -1]
+        while True:
+            chosen, logp = self._choose(active, logits[:, -1])
+            keep: list[int] = []
+            for r, row in enumerate(active):
+                tok = chosen[r]
+                row.ids.append(tok)
+                row.logprobs.append(float(logp[r, tok]))
+                if row.top_k > 0:
+                    vals, idx = torch.topk(logp[r], row.top_k)
+                    row.top.append(dict(zip(idx.tolist(), vals.tolist())))
+                self._check_stop(row)
+                if row.finish is None:
+                    keep.append(r)
+            if not keep:
+                return
+            if len(keep) < len(active):
+                index = torch.tensor(keep, device=mask.device)
+                cache.batch_select_indices(index)
+                mask, last_pos = mask[index], last_pos[index]
+                active = [active[r] for r in keep]
+            step_ids = torch.tensor([[row.ids[-1]] for row in active], device=mask.device)
+            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
+            last_pos = last_pos + 1
+            logits, cache = self._forward(step_ids, mask, last_pos[:, None], cache=cache)

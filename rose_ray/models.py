@@ -1,0 +1,167 @@
+"""Load real Hugging Face models, and build tiny Qwen3 models locally (nothing downloaded).
+
+`init_tiny` trains a byte-level BPE tokenizer on shipped ScienceWorld text, gives it a
+Qwen-style chat template, and saves two randomly initialised Qwen3 models of different sizes
+(student smaller than teacher) that share it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+DONE_MARKER = "rose_ray_tiny.json"
+
+
+class ModelNotAvailable(RuntimeError):
+    """A model or tokenizer that is neither a local folder nor in the local hub cache."""
+
+
+@dataclass(frozen=True)
+class TinySize:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+
+
+TINY_SIZES = {
+    "student": TinySize(128, 2, 4, 2, 32, 384),
+    "teacher": TinySize(256, 4, 4, 2, 64, 768),
+}
+
+
+def _offline_hint(name: str, err: Exception) -> ModelNotAvailable:
+    return ModelNotAvailable(
+        f"model {name!r} is not available: it is not a local folder and could not be loaded "
+        f"from the Hugging Face cache ({type(err).__name__}: {err}). Pass a local path, "
+        "download it where a hub is reachable, or run `rose-ray init-tiny --out DIR` for "
+        "tiny local models."
+    )
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-shard bars drown the run's own progress line
+
+
+def load_tokenizer(name_or_path: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(name_or_path))
+    except (OSError, ValueError) as e:
+        raise _offline_hint(str(name_or_path), e) from e
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(name_or_path: str | Path, dtype: str = "float32", device: str = "cpu") -> Any:
+    """A causal LM in eval mode. `dtype`: float32, bfloat16, float16 or auto."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _quiet_transformers()
+    torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype, None)
+    if torch_dtype is None:
+        raise ValueError(f"dtype must be float32, bfloat16, float16 or auto, not {dtype!r}")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=torch_dtype)
+    except (OSError, ValueError) as e:
+        raise _offline_hint(str(name_or_path), e) from e
+    return model.to(device).eval()
+
+
+def sciworld_corpus() -> str:
+    return resources.files("rose_ray.envs").joinpath("data/sciworld_corpus.txt").read_text()
+
+
+def build_tokenizer(vocab_size: int = 8192, seed: int = 0) -> Any:
+    """A byte-level BPE tokenizer trained on ScienceWorld text, with a Qwen-style template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    del seed  # BPE training is deterministic for a given corpus
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    text = sciworld_corpus()
+    tok.train_from_iterator(text.split("\n\n"), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_model(tokenizer: Any, size: TinySize, seed: int, max_positions: int = 4096) -> Any:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        **asdict(size),
+    )
+    return Qwen3ForCausalLM(config).eval()
+
+
+def init_tiny(out_dir: str | Path, seed: int = 0, vocab_size: int = 8192) -> dict[str, Path]:
+    """Make (or reuse) `out_dir/student` and `out_dir/teacher`; returns their paths."""
+    out = Path(out_dir)
+    paths = {role: out / role for role in TINY_SIZES}
+    marker = out / DONE_MARKER
+    wanted = {"seed": seed, "vocab_size": vocab_size}
+    if marker.exists() and json.loads(marker.read_text()) == wanted:
+        return paths
+    _quiet_transformers()
+    tokenizer = build_tokenizer(vocab_size, seed)
+    for i, (role, size) in enumerate(TINY_SIZES.items()):
+        model = build_tiny_model(tokenizer, size, seed=seed * 1000 + i)
+        tmp = paths[role].with_name(paths[role].name + ".tmp")
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if paths[role].exists():
+            _rmtree(paths[role])
+        os.replace(tmp, paths[role])  # never leave a half-written model folder
+    marker.write_text(json.dumps(wanted))
+    return paths
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path)
+
+
+def count_parameters(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,132 @@
+"""The shared vocabulary: plain dataclasses that cross Ray and go to JSONL.
+
+Nothing here holds a model, a JVM or an open handle, so every object pickles cheaply and
+`to_dict()` gives a JSON-able form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Owner = Literal["prompt", "env", "student", "teacher"]
+Role = Literal["user", "assistant"]
+OWNERS: tuple[str, ...] = ("prompt", "env", "student", "teacher")
+
+
+@dataclass(frozen=True)
+class GameId:
+    """One game. `item_id` is `sciworld_<n>` under the catalogue mapping in force."""
+
+    task: str
+    variation: int
+    item_id: str
+    world: str = "sciworld"
+
+    @property
+    def index(self) -> int:
+        """The integer part of the item id."""
+        return int(self.item_id.rsplit("_", 1)[1])
+
+
+@dataclass
+class Turn:
+    """One message of a conversation; `owner` says who produced the text.
+
+    `token_ids` are the ids the engine produced (assistant turns) or appended (user turns),
+    in the student's tokenizer; the learner trains on exactly these.
+    """
+
+    role: Role
+    text: str
+    owner: Owner
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    policy_version: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Turn:
+        return cls(**d)
+
+
+@dataclass
+class Trajectory:
+    """One episode. `score` is the normalised score in [0, 1]; `raw_score` the game's."""
+
+    game: GameId
+    turns: list[Turn]
+    score: float = 0.0
+    raw_score: int = 0
+    success: bool = False
+    rounds: int = 0
+    handoff_turn: int | None = None
+    student_version: int | None = None
+    teacher_id: str | None = None
+    done: bool = False
+    end_reason: str = ""
+    invalid_actions: int = 0
+    timing: dict[str, float] = field(default_factory=dict)
+
+    def to_record(self) -> dict[str, Any]:
+        """The seed JSONL schema (AgentGym conversation form), plus who wrote each turn."""
+        conversations = [
+            {
+                "from": "gpt" if t.role == "assistant" else "human",
+                "loss": t.role == "assistant" and t.owner in ("student", "teacher"),
+                "value": t.text,
+                "owner": t.owner,
+            }
+            for t in self.turns
+        ]
+        return {
+            "item_id": self.game.item_id,
+            "task": self.game.task,
+            "var": self.game.variation,
+            "score": self.score,
+            "success": self.success,
+            "rounds": self.rounds,
+            "conversations": conversations,
+            "handoff_turn": self.handoff_turn,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+        d = dict(d)
+        d["game"] = GameId(**d["game"])
+        d["turns"] = [Turn.from_dict(t) for t in d["turns"]]
+        return cls(**d)
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 512
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass
+class Batch:
+    """Token-level training batch; every field is [n_sequences][seq_len] (lists or arrays).
+
+    `owners` holds indices into OWNERS. `old_logprobs` are the behaviour policy's logprobs of
+    each token (0 where unknown); `teacher_logprobs` the teacher's (OPD); `versions` the
+    policy version that sampled each token (-1 for non-student tokens).
+    """
+
+    input_ids: Any
+    attention_mask: Any
+    loss_weights: Any
+    owners: Any
+    old_logprobs: Any = None
+    teacher_logprobs: Any = None
+    versions: Any = None
+    num_sequences: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,117 @@
+"""Catalogue: counts, mappings, splits, id lists and the held-out sampler (no JVM needed),
+plus one check of the shipped data against a live JVM."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from rose_ray.envs.catalogue import Catalogue, all_tasks, parse_item
+
+
+def test_counts_match_the_agentgym_protocol():
+    assert sum(t.num_variations for t in all_tasks()) == 7207
+    assert len(all_tasks()) == 30
+    assert len(Catalogue("agentgym")) == 4639
+    assert len(Catalogue("agentgym_traj")) == 4339
+
+
+def test_split_sizes_under_agentgym():
+    c = Catalogue("agentgym")
+    sizes = {s: len(c.split(s)) for s in ("train", "dev", "test")}
+    assert sizes == {"train": 2312, "dev": 1156, "test": 1171}
+    assert sum(sizes.values()) == len(c)
+    # The splits partition the games.
+    ids = [g.item_id for s in ("train", "dev", "test") for g in c.split(s)]
+    assert len(set(ids)) == len(c)
+
+
+def test_mapping_spot_checks():
+    ag, traj = Catalogue("agentgym"), Catalogue("agentgym_traj")
+    first = ag.game("sciworld_0")
+    assert (first.task, first.variation) == ("boil", 0)
+    assert ag.game(0) == ag.game("0") == first
+    # Boil, melt, freeze and change-state have 30 variations each; thermometer starts at 120.
+    assert ag.find("melt", 0).item_id == "sciworld_30"
+    assert ag.find("use-thermometer", 0).item_id == "sciworld_120"
+    assert ag.find("measure-melting-point-unknown-substance", 0).item_id == "sciworld_1096"
+    assert traj.find("power-component", 0).item_id == "sciworld_1096"
+    assert ag.find("power-component", 0).item_id == "sciworld_1396"
+    assert ag.game(4638).task == "identify-life-stages-2"
+    excluded = {"grow-plant", "grow-fruit", "mendelian-genetics-known-plant"}
+    assert not excluded & {t.task for t in ag.tasks}
+    assert "measure-melting-point-unknown-substance" not in {t.task for t in traj.tasks}
+
+
+def test_first_id_of_every_task_under_both_mappings():
+    ag, traj = Catalogue("agentgym"), Catalogue("agentgym_traj")
+    assert len(ag.tasks) == 23 and len(traj.tasks) == 22
+    running = 0
+    for t in ag.tasks:  # topic order, contiguous blocks
+        assert ag.find(t.task, 0).index == running
+        assert ag.find(t.task, t.num_variations - 1).index == running + t.num_variations - 1
+        running += t.num_variations
+    for t in traj.tasks:
+        shift = 300 if ag.find(t.task, 0).index >= 1096 else 0  # 2-3 has 300 variations
+        assert traj.find(t.task, 0).index == ag.find(t.task, 0).index - shift
+
+
+def test_id_list_files(tmp_path):
+    c = Catalogue()
+    path = tmp_path / "ids.json"
+    path.write_text(json.dumps([3, "sciworld_40", "7"]))
+    assert [g.index for g in c.split(str(path))] == [3, 40, 7]
+    path.write_text(json.dumps([1, "sciworld_x", 2]))
+    with pytest.raises(ValueError, match=r"entry 1 \('sciworld_x'\)"):
+        c.split(str(path))
+    path.write_text(json.dumps([1, 999999]))
+    with pytest.raises(ValueError, match="entry 1 .*outside"):
+        c.split(str(path))
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        c.split(str(path))
+    with pytest.raises(ValueError, match="unknown split 'nope'"):
+        c.split("nope")
+    with pytest.raises(ValueError):
+        parse_item(True)
+
+
+def test_shipped_agenteval_list_is_held_out_under_traj_mapping():
+    traj = Catalogue("agentgym_traj")
+    games = traj.split("agenteval_test")
+    assert len(games) == 200
+    assert {traj.split_of(g) for g in games} == {"test"}
+    with pytest.raises(ValueError, match="agentgym_traj"):
+        Catalogue("agentgym").split("agenteval_test")
+
+
+def test_stratified_sampler_is_seeded_and_proportional():
+    c = Catalogue()
+    test = c.split("test")
+    a, b = c.sample("test", 200, seed=3), c.sample("test", 200, seed=3)
+    assert a == b and len(a) == 200 and len(set(a)) == 200
+    assert set(a) <= set(test)
+    assert c.sample("test", 200, seed=4) != a
+    assert [g.index for g in a] == sorted(g.index for g in a)
+    counts = Counter(g.task for g in a)
+    total = Counter(g.task for g in test)
+    assert set(counts) == set(total)  # every task represented
+    for task, n in total.items():
+        assert abs(counts[task] - 200 * n / len(test)) <= 1.5, task
+    assert c.sample("test", 5000, seed=0) == test
+
+
+def test_shipped_data_matches_a_live_jvm():
+    from rose_ray.envs.make_catalogue_data import read_live_catalogue
+
+    live = read_live_catalogue()
+    shipped = [
+        {
+            "task_id": t.task_id, "task": t.task, "num_variations": t.num_variations,
+            "train": list(t.train), "dev": list(t.dev), "test": list(t.test),
+        }
+        for t in all_tasks()
+    ]
+    assert live == shipped

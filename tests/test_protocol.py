@@ -1,0 +1,65 @@
+"""The AgentGym protocol: instruction, parsing and score normalisation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rose_ray.envs.protocol import (
+    ACTIONS,
+    INSTRUCTION,
+    Protocol,
+    first_observation,
+    is_pass,
+    is_success,
+    normalise_score,
+    parse_action,
+)
+
+
+def test_instruction_lists_the_24_actions_and_the_format():
+    assert len(ACTIONS) == 24
+    for form in ("focus on OBJ", "wait1", "connect OBJ to OBJ", "use OBJ [on OBJ]", "inventory"):
+        assert form in INSTRUCTION
+    assert "Thought:" in INSTRUCTION and "Action:" in INSTRUCTION
+
+
+@pytest.mark.parametrize(
+    "text, action, ok",
+    [
+        ("Thought: go.\nAction: go to kitchen", "go to kitchen", True),
+        ("Action: open door\nAction: look around\n", "look around", True),  # last marker wins
+        ("Thought: hm\nAction:\n\n   pick up cup  \nmore", "pick up cup", True),
+        ("Action: look at cup\n", "look at cup", True),
+        ("I will open the door", "", False),
+        ("Thought: ...\nAction:   \n  ", "", False),
+        ("", "", False),
+    ],
+)
+def test_parse_action(text, action, ok):
+    parsed = parse_action(text)
+    assert (parsed.action, parsed.valid_format) == (action, ok)
+
+
+def test_scores():
+    assert normalise_score(-100) == 0.0
+    assert normalise_score(37) == 0.37
+    assert normalise_score(100) == 1.0
+    assert is_success(100) and not is_success(99)
+    assert is_pass(1) and not is_pass(0) and not is_pass(-100)
+
+
+def test_first_observation_is_task_newline_look():
+    assert first_observation("Your task is X. ", "\nThis room is Y.") == "Your task is X.\nThis room is Y."
+
+
+def test_instruction_from_dataset(tmp_path):
+    row = {"conversations": [{"from": "human", "value": "OLD INSTR"}, {"from": "gpt", "value": "OK."}]}
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n" + json.dumps(row) + "\n")
+    p = Protocol.from_dataset(path)
+    assert p.opening() == [("user", "OLD INSTR"), ("assistant", "OK.")]
+    path.write_text('{"conversations": []}\n')
+    with pytest.raises(ValueError, match=r"d.jsonl:1"):
+        Protocol.from_dataset(path)
