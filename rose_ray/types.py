@@ -34,7 +34,8 @@ class Turn:
     """One message of a conversation; `owner` says who produced the text.
 
     `token_ids` are the ids the engine produced (assistant turns) or appended (user turns),
-    in the student's tokenizer; the learner trains on exactly these.
+    in the student's tokenizer; the learner trains on exactly these. `teacher_logprobs` are
+    the teacher's teacher-forced logprobs of a student turn's ids (OPD), one per logprob.
     """
 
     role: Role
@@ -43,6 +44,7 @@ class Turn:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
     policy_version: int | None = None
+    teacher_logprobs: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,6 +70,7 @@ class Trajectory:
     done: bool = False
     end_reason: str = ""
     invalid_actions: int = 0
+    context_dropped_turns: int = 0  # most turns the engine's context policy left out
     timing: dict[str, float] = field(default_factory=dict)
 
     def to_record(self) -> dict[str, Any]:

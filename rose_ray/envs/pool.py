@@ -170,11 +170,16 @@ def _percentile(sorted_values: list[float], q: float) -> float | None:
 
 
 def env_pool_actor(num_games: int = 4, num_cpus: float = 1.0, resources: dict | None = None, **kwargs):
-    """Start an EnvPool as a threaded Ray actor (calls on different slots run concurrently)."""
+    """Start an EnvPool as a threaded Ray actor (calls on different slots run concurrently).
+
+    Ray restarts a pool whose process dies (its node is lost, say); calls in flight then
+    fail with RayActorError and the episode runner restarts those episodes.
+    """
     import ray
 
     cls = ray.remote(EnvPool)
     return cls.options(
-        num_cpus=num_cpus, resources=resources or {}, max_concurrency=2 * num_games + 4
+        num_cpus=num_cpus, resources=resources or {}, max_concurrency=2 * num_games + 4,
+        max_restarts=-1, scheduling_strategy="SPREAD",
     ).remote(num_games=num_games, **kwargs)
 

@@ -83,6 +83,14 @@ def parse_action(text: str) -> ParsedAction:
     return ParsedAction("", False)
 
 
+INVALID_OBSERVATIONS = ("No known action matches that input.", "Unknown action")
+
+
+def is_invalid_observation(observation: str) -> bool:
+    """The game did not understand the action (it counts as an invalid action)."""
+    return observation.strip().startswith(INVALID_OBSERVATIONS)
+
+
 def normalise_score(raw_score: float) -> float:
     """ScienceWorld scores run 0..100, or -100 on failure; normalised is max(score, 0)/100."""
     return max(float(raw_score), 0.0) / 100.0

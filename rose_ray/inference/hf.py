@@ -175,8 +175,8 @@ class HFEngine:
 
     def update_weights(self, state: dict[str, Any], version: int) -> None:
         """Copy `state` (name -> tensor or array; a subset is fine) into the model."""
-        params = dict(self.model.named_parameters())
-        params.update(dict(self.model.named_buffers()))
+        # state_dict names, so tied aliases (lm_head.weight) a learner sends are accepted too.
+        params = self.model.state_dict(keep_vars=True)
         unknown = sorted(set(state) - set(params))
         if unknown:
             raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")

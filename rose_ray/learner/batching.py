@@ -220,7 +220,7 @@ def split_batch(batch: Batch, parts: int) -> list[dict[str, np.ndarray]]:
         if not rows:
             part = {k: v[:1, :2].copy() for k, v in arrays.items()}
             part["loss_weights"][:] = 0.0
-            part["attention_mask"][:] = 1
+            part["attention_mask"][:] = 0  # padding: counts as no token
         else:
             width = int(max(lengths[r] for r in rows))
             part = {k: v[sorted(rows), :width] for k, v in arrays.items()}

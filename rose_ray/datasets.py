@@ -1,0 +1,305 @@
+"""Trajectory datasets: gold demonstrations, student prefixes, teacher continuations, checks.
+
+- `rose-ray gold --split train --out gold.jsonl`: ScienceWorld's gold action paths as
+  conversations (a short templated Thought before each Action), replayed to check the score.
+- `rose-ray collect --model M --turns 5 --split train --out prefixes.jsonl`: the student's
+  first K turns of each game (temperature 1.0, 512 new tokens by default).
+- `rose-ray continue --teacher T --in prefixes.jsonl --max-turns M --out stitched.jsonl`:
+  replays each recorded prefix in a fresh game, checks every observation against the record
+  (a mismatch is reported and the row skipped), then the teacher plays on to M turns in all.
+- `rose-ray check-data FILE`: schema check with line numbers, and which catalogue mapping
+  the item ids follow.
+
+Rows follow the seed schema (`item_id, task, var, score, success, rounds, conversations`);
+each message also keeps its `owner` (prompt, env, student, teacher).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from rose_ray.data import read_jsonl, row_to_turns, write_jsonl
+from rose_ray.envs.catalogue import MAPPINGS, Catalogue, parse_item
+from rose_ray.envs.protocol import Protocol, is_success, normalise_score
+from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
+
+# --------------------------------------------------------------------------- gold
+_THOUGHTS = (  # (verb prefix, thought template) — a short, plausible reason for the action
+    ("focus on", "The task is about {obj}, so I should focus on it."),
+    ("go to", "I need to get to the {obj}."),
+    ("open", "Opening the {obj} lets me get through or see inside."),
+    ("pick up", "I should carry the {obj} with me."),
+    ("move", "I should put {obj}."),
+    ("pour", "I should pour {obj}."),
+    ("activate", "Turning on the {obj} will help."),
+    ("deactivate", "I should turn off the {obj}."),
+    ("connect", "I should connect {obj}."),
+    ("use", "I should use {obj}."),
+    ("look at", "Let me look at the {obj} closely."),
+    ("look around", "Let me look around to see what is here."),
+    ("wait", "Now I need to wait for things to change."),
+    ("read", "Reading the {obj} may tell me what I need."),
+    ("mix", "Mixing the {obj} should combine its contents."),
+)
+
+
+def gold_thought(action: str) -> str:
+    for verb, template in _THOUGHTS:
+        if action.startswith(verb):
+            return template.format(obj=action[len(verb):].strip() or "room")
+    if action.strip().isdigit():
+        return "The game asks which one I meant; I choose the right option."
+    return f"Next I should {action}."
+
+
+def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str]],
+                raw_score: int, protocol: Protocol) -> dict[str, Any]:
+    """A gold episode as a seed-schema row (teacher-owned assistant turns)."""
+    turns = [Turn("user", protocol.instruction, "prompt"), Turn("assistant", protocol.acknowledgement, "prompt"),
+             Turn("user", first_observation, "env")]
+    for action, observation in steps:
+        turns.append(Turn("assistant", f"Thought: {gold_thought(action)}\nAction: {action}", "teacher"))
+        turns.append(Turn("user", observation, "env"))
+    t = Trajectory(game=game, turns=turns, score=normalise_score(raw_score), raw_score=raw_score,
+                   success=is_success(raw_score), rounds=len(steps), teacher_id="gold")
+    return t.to_record()
+
+
+def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200,
+              progress: bool = True) -> tuple[list[dict[str, Any]], list[str]]:
+    """Play each game's gold path on `workers` JVMs; returns (rows, problems)."""
+    from rose_ray.envs.pool import EnvPool
+
+    protocol = Protocol()
+    pool = EnvPool(num_games=max(1, min(workers, len(games))))
+    free: list[int] = list(range(pool.num_games()))
+    problems: list[str] = []
+
+    def play(game: GameId) -> dict[str, Any] | None:
+        slot = free.pop()
+        try:
+            first = pool.reset(slot, game, gold=True)
+            actions = pool.gold_actions(slot)[:max_actions]
+            steps, result = [], first
+            for action in actions:
+                result = pool.step(slot, action)
+                if result.interrupted:
+                    problems.append(f"{game.item_id}: game process died during replay")
+                    return None
+                steps.append((action, result.observation))
+                if result.done:
+                    break
+            if result.raw_score < 100:
+                problems.append(f"{game.item_id}: gold path reached {result.raw_score}, not 100")
+            return gold_record(game, first.observation, steps, result.raw_score, protocol)
+        finally:
+            free.append(slot)
+
+    from tqdm import tqdm
+
+    try:
+        with ThreadPoolExecutor(max_workers=pool.num_games()) as ex:
+            rows = list(tqdm(ex.map(play, games), total=len(games), desc="gold", unit="game",
+                             disable=not progress))
+    finally:
+        pool.close()
+    return [r for r in rows if r is not None], problems
+
+
+# --------------------------------------------------------------------------- collect / continue
+@dataclass
+class PlayConfig:
+    model: str
+    teacher: str | None
+    split: str | None
+    n: int | None
+    seed: int
+    max_turns: int
+    handoff: str  # "none" (student only) or "teacher_only"
+    temperature: float
+    max_new_tokens: int
+    concurrency: int
+    mapping: str
+    context_tokens: int
+
+
+def _play(cfg: PlayConfig, games: list[GameId], replays: list[list[Turn]] | None = None
+          ) -> tuple[list[Trajectory | None], list[str]]:
+    """Episodes over Ray actors; with `replays`, each game first replays its recorded turns."""
+    from rose_ray.inference.engine import EngineConfig
+    from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig, ReplayMismatch, run_episode
+    from rose_ray.rollout.workers import (
+        EnvConfig,
+        EpisodeRunner,
+        close_pools,
+        init_ray,
+        start_agents,
+        start_env_pools,
+    )
+
+    init_ray()
+    env_cfg = EnvConfig(workers=1, games_per_worker=max(1, min(cfg.concurrency, len(games))),
+                        mapping=cfg.mapping, cpus_per_worker=0.5)
+    pools = start_env_pools(env_cfg, max_turns=cfg.max_turns)
+    problems: list[str] = []
+    try:
+        def engine(model: str) -> EngineConfig:
+            return EngineConfig(model=model, context_tokens=cfg.context_tokens, max_batch_size=cfg.concurrency)
+
+        student, teacher = start_agents(engine(cfg.model), engine(cfg.teacher) if cfg.teacher else None)
+        sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+        episode_cfg = EpisodeConfig(max_turns=cfg.max_turns, student_sampling=sampling, teacher_sampling=sampling)
+        handoff = HandoffConfig(cfg.handoff)
+        runner = EpisodeRunner(pools, env_cfg.games_per_worker)
+
+        async def one(i: int, game: GameId) -> Trajectory | None:
+            async def episode(g, slot):
+                return await run_episode(g, slot, student, teacher, episode_cfg, handoff,
+                                         replay=replays[i] if replays else None)
+            try:
+                return await runner.play(game, episode)
+            except ReplayMismatch as e:
+                problems.append(f"skipped: {e}")
+                return None
+
+        async def all_games():
+            return await asyncio.gather(*(one(i, g) for i, g in enumerate(games)))
+
+        return list(asyncio.run(all_games())), problems
+    finally:
+        close_pools(pools)
+
+
+def _games_of_rows(rows: list[dict[str, Any]], catalogue: Catalogue) -> list[GameId]:
+    return [catalogue.game(r["item_id"]) for r in rows]
+
+
+def _replay_turns(row: dict[str, Any]) -> list[Turn]:
+    """A row's turns after the opening (first observation, then action/observation pairs)."""
+    turns = row_to_turns(row)
+    start = next((i for i, t in enumerate(turns) if t.owner == "env"), None)
+    if start is None:
+        raise ValueError(f"{row['item_id']}: no observation in the conversation")
+    rest = turns[start:]
+    if len(rest) % 2 == 0:
+        rest = rest[:-1]  # a trailing action without its observation cannot be checked
+    return rest
+
+
+# --------------------------------------------------------------------------- check-data
+def detect_mapping(rows: list[dict[str, Any]], sample: int = 20, live: bool = True) -> dict[str, Any]:
+    """Which mapping the rows' item ids follow: by their `task` fields and, with `live`, by
+    comparing each sampled row's task description with the game's under each mapping."""
+    votes: dict[str, dict[str, int]] = {m: {"agree": 0, "disagree": 0} for m in MAPPINGS}
+    catalogues = {m: Catalogue(m) for m in MAPPINGS}
+    ids = [r for r in rows if str(r["item_id"]).startswith("sciworld_")]
+    # Rows from 1096 on tell the mappings apart (agentgym_traj drops task 2-3 there): check those first.
+    ids.sort(key=lambda r: parse_item(r["item_id"]) < 1096)
+    checked = ids[: max(sample, 0) or None]
+    game = None
+    try:
+        for row in checked:
+            for name, cat in catalogues.items():
+                try:
+                    g = cat.game(parse_item(row["item_id"]))
+                except (KeyError, ValueError):
+                    votes[name]["disagree"] += 1
+                    continue
+                if row.get("task"):
+                    votes[name]["agree" if row["task"] == g.task else "disagree"] += 1
+                if live:
+                    if game is None:
+                        from rose_ray.envs.sciworld import SciWorldGame
+
+                        game = SciWorldGame()
+                    description = _row_task_description(row)
+                    if description is not None:
+                        first = game.load(g).observation.split("\n", 1)[0]
+                        votes[name]["agree" if first.strip() == description else "disagree"] += 1
+    finally:
+        if game is not None:
+            game.close()
+    fits = [m for m, v in votes.items() if v["agree"] and not v["disagree"]]
+    return {"rows_checked": len(checked), "votes": votes, "mapping": fits[0] if len(fits) == 1 else None,
+            "consistent_with": fits}
+
+
+def _row_task_description(row: dict[str, Any]) -> str | None:
+    for msg in row["conversations"][1:]:
+        if msg["from"] == "human" and msg.get("owner") != "prompt":
+            return msg["value"].split("\n", 1)[0].strip()
+    return None
+
+
+# --------------------------------------------------------------------------- CLI
+def gold_main(args) -> int:
+    catalogue = Catalogue(args.mapping)
+    games = catalogue.sample(args.split, args.n, args.seed) if args.n else catalogue.split(args.split)
+    rows, problems = gold_rows(games, workers=args.workers)
+    for p in problems:
+        print(f"gold: {p}", file=sys.stderr)
+    n = write_jsonl(args.out, rows)
+    print(f"gold: wrote {n} rows to {args.out} ({sum(r['success'] for r in rows)} reach 100)")
+    return 0
+
+
+def _play_config(args, model: str, teacher: str | None, handoff: str, max_turns: int) -> PlayConfig:
+    return PlayConfig(
+        model=model, teacher=teacher, split=getattr(args, "split", None), n=getattr(args, "n", None),
+        seed=args.seed, max_turns=max_turns, handoff=handoff, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+        concurrency=args.concurrency, mapping=args.mapping, context_tokens=args.context_tokens,
+    )
+
+
+def collect_main(args) -> int:
+    catalogue = Catalogue(args.mapping)
+    games = catalogue.sample(args.split, args.n, args.seed) if args.n else catalogue.split(args.split)
+    trajectories, problems = _play(_play_config(args, args.model, None, "none", args.turns), games)
+    for p in problems:
+        print(f"collect: {p}", file=sys.stderr)
+    n = write_jsonl(args.out, [t.to_record() for t in trajectories if t is not None])
+    print(f"collect: wrote {n} student prefixes ({args.turns} turns) to {args.out}")
+    return 0
+
+
+def continue_main(args) -> int:
+    rows = read_jsonl(args.input)
+    catalogue = Catalogue(args.mapping)
+    games = _games_of_rows(rows, catalogue)
+    replays = [_replay_turns(r) for r in rows]
+    # The student's engine only lends its tokenizer here; by default the teacher's is used.
+    cfg = _play_config(args, args.student or args.teacher, args.teacher, "teacher_only", args.max_turns)
+    trajectories, problems = _play(cfg, games, replays)
+    for p in problems:
+        print(f"continue: {p}", file=sys.stderr)
+    kept = [t.to_record() for t in trajectories if t is not None]
+    n = write_jsonl(args.out, kept)
+    print(f"continue: wrote {n} stitched rows to {args.out}; {len(rows) - n} skipped")
+    return 0
+
+
+def check_data_main(args) -> int:
+    rows = read_jsonl(args.file)
+    owners: dict[str, int] = {}
+    for r in rows:
+        for m in r["conversations"]:
+            owners[m.get("owner", "?")] = owners.get(m.get("owner", "?"), 0) + 1
+    print(f"{args.file}: {len(rows)} rows, schema OK; messages by owner: {owners}")
+    found = detect_mapping(rows, sample=args.sample, live=not args.no_jvm)
+    for name, v in found["votes"].items():
+        print(f"  mapping {name}: {v['agree']} agree, {v['disagree']} disagree")
+    if found["mapping"]:
+        print(f"item ids follow the {found['mapping']!r} mapping")
+        if args.mapping and args.mapping != found["mapping"]:
+            print(f"error: expected the {args.mapping!r} mapping", file=sys.stderr)
+            return 1
+        return 0
+    if len(found["consistent_with"]) > 1:
+        print(f"item ids fit every mapping ({found['consistent_with']}): all below 1096, where they agree")
+        return 0
+    print("error: the item ids fit no mapping: the rows' tasks differ from the games'", file=sys.stderr)
+    return 1

@@ -1,0 +1,287 @@
+"""Held-out evaluation: Score (mean normalised score), Success (score = 100), Pass (score > 0).
+
+`rose-ray eval --model M --split test --n 200 --max-turns 20` plays each game greedily with
+many episodes at once, appends each finished game to `<out>.partial.jsonl` (so an
+interrupted eval resumes where it stopped), and writes `<out>.json` and `<out>.md` with the
+totals and a per-task table. `--handoff K --teacher T` evaluates student-then-teacher play.
+`rose-ray eval --compare A.json B.json` prints results side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rose_ray.envs.protocol import is_pass, normalise_score
+from rose_ray.types import GameId, SamplingParams, Trajectory
+
+
+@dataclass
+class EvalConfig:
+    model: str = ""
+    split: str = "test"
+    n: int | None = 200
+    seed: int = 0
+    max_turns: int = 20
+    temperature: float = 0.0
+    max_new_tokens: int = 512
+    mapping: str = "agentgym"
+    teacher: str | None = None
+    handoff: int | None = None  # student turns before the teacher takes over
+    concurrency: int = 8
+    env_workers: int = 1
+    context_tokens: int = 4096
+    dtype: str = "auto"
+    tokenizer: str | None = None  # needed for openai: models
+    served_model: str = ""  # the model name an openai: server expects
+    out: str = "eval"  # results go to <out>.json and <out>.md
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("eval: --model is required")
+        if (self.handoff is None) != (self.teacher is None):
+            raise ValueError("eval: --handoff and --teacher go together")
+        if self.handoff is not None and self.handoff < 0:
+            raise ValueError(f"eval: --handoff must be >= 0, got {self.handoff}")
+        for key in ("max_turns", "concurrency", "env_workers", "max_new_tokens"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"eval: --{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
+        if self.n is not None and self.n < 1:
+            raise ValueError(f"eval: --n must be >= 1, got {self.n}")
+
+
+# --------------------------------------------------------------------------- metrics
+def game_record(t: Trajectory) -> dict[str, Any]:
+    """One finished game as a flat record (the partial file's rows, the JSON's `games`)."""
+    actions = max(t.rounds, 1)
+    return {
+        "item_id": t.game.item_id, "task": t.game.task, "var": t.game.variation,
+        "raw_score": t.raw_score, "score": normalise_score(t.raw_score),
+        "success": t.raw_score >= 100, "pass": is_pass(t.raw_score),
+        "turns": t.rounds, "invalid_actions": t.invalid_actions,
+        "invalid_rate": t.invalid_actions / actions, "handoff_turn": t.handoff_turn,
+        "end_reason": t.end_reason, "attempts": int(t.timing.get("attempts", 1)),
+    }
+
+
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Totals and a per-task table from game records (raw scores are re-normalised here)."""
+
+    def block(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        n = len(rows)
+        turns = sum(r["turns"] for r in rows)
+        return {
+            "games": n,
+            "score": sum(normalise_score(r["raw_score"]) for r in rows) / n if n else 0.0,
+            "success": sum(r["raw_score"] >= 100 for r in rows) / n if n else 0.0,
+            "pass": sum(is_pass(r["raw_score"]) for r in rows) / n if n else 0.0,
+            "mean_turns": turns / n if n else 0.0,
+            "invalid_action_rate": sum(r["invalid_actions"] for r in rows) / turns if turns else 0.0,
+        }
+
+    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_task[r["task"]].append(r)
+    return {"overall": block(records), "per_task": {t: block(rs) for t, rs in sorted(by_task.items())}}
+
+
+def markdown(summary: dict[str, Any], title: str) -> str:
+    o = summary["overall"]
+    lines = [
+        f"# {title}", "",
+        "| games | Score | Success | Pass | mean turns | invalid actions |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| {o['games']} | {o['score']:.4f} | {o['success']:.3f} | {o['pass']:.3f} | "
+        f"{o['mean_turns']:.1f} | {o['invalid_action_rate']:.3f} |", "",
+        "| task | games | Score | Success | Pass | mean turns | invalid actions |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for task, b in summary["per_task"].items():
+        lines.append(
+            f"| {task} | {b['games']} | {b['score']:.4f} | {b['success']:.3f} | {b['pass']:.3f} | "
+            f"{b['mean_turns']:.1f} | {b['invalid_action_rate']:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def compare(paths: list[str]) -> str:
+    """Several results side by side, in the shape of the seed's table."""
+    rows = ["| model | games | Score | Success | Pass |", "| --- | ---: | ---: | ---: | ---: |"]
+    for p in paths:
+        try:
+            result = json.loads(Path(p).read_text())
+            o = result["summary"]["overall"]
+        except (OSError, json.JSONDecodeError, KeyError) as e:
+            raise ValueError(f"{p}: not an eval result ({type(e).__name__}: {e})") from None
+        name = result.get("config", {}).get("name") or result.get("config", {}).get("model") or p
+        rows.append(f"| {name} | {o['games']} | {o['score']:.4f} | {o['success']:.3f} | {o['pass']:.3f} |")
+    return "\n".join(rows)
+
+
+# --------------------------------------------------------------------------- episodes
+async def evaluate_games(runner, games: list[GameId], student, teacher, episode_cfg, handoff_cfg,
+                         on_done=None) -> list[dict[str, Any]]:
+    """Play `games` concurrently on the runner's slots; returns their records in game order."""
+    from rose_ray.rollout.episode import run_episode
+
+    async def one(game: GameId) -> dict[str, Any]:
+        async def episode(g, slot):
+            return await run_episode(g, slot, student, teacher, episode_cfg, handoff_cfg,
+                                     request_prefix="eval/")
+        record = game_record(await runner.play(game, episode))
+        if on_done is not None:
+            on_done(record)
+        return record
+
+    return list(await asyncio.gather(*(one(g) for g in games)))
+
+
+def _engine_config(model: str, cfg: EvalConfig, tokenizer: str | None):
+    from rose_ray.inference.engine import EngineConfig
+
+    if model.startswith("openai:"):
+        base_url = model[len("openai:") :]
+        if not tokenizer:
+            raise ValueError("eval: an openai: model needs --tokenizer (a local tokenizer folder)")
+        return EngineConfig(backend="openai", base_url=base_url, model=cfg.served_model,
+                            tokenizer=tokenizer, context_tokens=cfg.context_tokens,
+                            max_batch_size=cfg.concurrency)
+    return EngineConfig(model=model, dtype=cfg.dtype, context_tokens=cfg.context_tokens,
+                        max_batch_size=cfg.concurrency)
+
+
+def run_eval(cfg: EvalConfig) -> dict[str, Any]:
+    """Evaluate `cfg.model` on its games; resumes from `<out>.partial.jsonl` if present."""
+    from rose_ray.envs.catalogue import Catalogue
+    from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
+    from rose_ray.rollout.workers import (
+        EnvConfig,
+        EpisodeRunner,
+        close_pools,
+        init_ray,
+        start_agents,
+        start_env_pools,
+    )
+
+    catalogue = Catalogue(cfg.mapping)
+    games = catalogue.sample(cfg.split, cfg.n, cfg.seed) if cfg.n else catalogue.split(cfg.split)
+    out = Path(cfg.out[: -len(".json")] if cfg.out.endswith(".json") else cfg.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial.jsonl")
+    done = _read_partial(partial, cfg)
+    done = {k: v for k, v in done.items() if k in {g.item_id for g in games}}
+    todo = [g for g in games if g.item_id not in done]
+    print(f"eval: {len(games)} games of {cfg.split!r} ({len(done)} already done, resuming)" if done
+          else f"eval: {len(games)} games of {cfg.split!r}")
+
+    if todo:
+        init_ray()
+        env_cfg = EnvConfig(workers=cfg.env_workers,
+                            games_per_worker=max(1, -(-min(cfg.concurrency, len(todo)) // cfg.env_workers)),
+                            mapping=cfg.mapping, cpus_per_worker=0.5)
+        pools = start_env_pools(env_cfg, max_turns=cfg.max_turns)
+        try:
+            student, teacher = start_agents(
+                _engine_config(cfg.model, cfg, cfg.tokenizer),
+                _engine_config(cfg.teacher, cfg, None) if cfg.teacher else None,
+            )
+            sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                                      seed=cfg.seed if cfg.temperature > 0 else None)
+            episode_cfg = EpisodeConfig(max_turns=cfg.max_turns, student_sampling=sampling,
+                                        teacher_sampling=SamplingParams(0.0, max_new_tokens=cfg.max_new_tokens))
+            handoff_cfg = HandoffConfig("fixed", k=cfg.handoff) if cfg.handoff is not None else HandoffConfig("none")
+            runner = EpisodeRunner(pools, env_cfg.games_per_worker)
+            header = {k: getattr(cfg, k) for k in RESUME_KEYS}
+            _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial, done, header)
+        finally:
+            close_pools(pools)
+
+    records = [done[g.item_id] for g in games]
+    summary = summarise(records)
+    result = {"config": asdict(cfg), "summary": summary, "games": records,
+              "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    _write_atomic(out.with_name(out.name + ".json"), json.dumps(result, indent=1))
+    _write_atomic(out.with_name(out.name + ".md"), markdown(summary, f"eval of {cfg.model} on {cfg.split}"))
+    partial.unlink(missing_ok=True)
+    return result
+
+
+def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial: Path,
+                        done: dict[str, dict[str, Any]], header: dict[str, Any]) -> None:
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(todo), desc="eval", unit="game", dynamic_ncols=True)
+    new = not partial.exists()
+    with partial.open("a") as f:
+        if new:  # the header ties the partial results to the settings that made them
+            f.write(json.dumps({"eval_config": header}) + "\n")
+        def on_done(record: dict[str, Any]) -> None:
+            f.write(json.dumps(record) + "\n")
+            f.flush()  # each finished game survives an interruption
+            done[record["item_id"]] = record
+            bar.update(1)
+            bar.set_postfix(score=f"{sum(r['score'] for r in done.values()) / len(done):.3f}")
+
+        asyncio.run(evaluate_games(runner, todo, student, teacher, episode_cfg, handoff_cfg, on_done))
+    bar.close()
+
+
+RESUME_KEYS = ("model", "teacher", "handoff", "max_turns", "temperature", "max_new_tokens",
+               "mapping", "seed", "context_tokens")
+
+
+def _read_partial(path: Path, cfg: EvalConfig) -> dict[str, dict[str, Any]]:
+    """Finished games of an interrupted eval with the same settings."""
+    done: dict[str, dict[str, Any]] = {}
+    if not path.exists():
+        return done
+    lines = path.read_text().splitlines()
+    want = {k: getattr(cfg, k) for k in RESUME_KEYS}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if "eval_config" in record:
+                if record["eval_config"] != want:
+                    raise ValueError(
+                        f"{path}: partial results of an eval with other settings "
+                        f"({record['eval_config']}); use another --out or delete the file"
+                    )
+                continue
+            done[record["item_id"]] = record
+        except (json.JSONDecodeError, KeyError, TypeError):
+            if n == len(lines):  # the last line of a killed run can be cut short
+                continue
+            raise ValueError(f"{path}:{n}: unreadable partial result; delete the file to start over") from None
+    return done
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def cli_main(args) -> int:
+    if args.compare:
+        print(compare(args.compare))
+        return 0
+    cfg = EvalConfig(
+        model=args.model or "", split=args.split, n=args.n or None, seed=args.seed, max_turns=args.max_turns,
+        temperature=args.temperature, max_new_tokens=args.max_new_tokens, mapping=args.mapping,
+        teacher=args.teacher, handoff=args.handoff, concurrency=args.concurrency,
+        env_workers=args.env_workers, context_tokens=args.context_tokens, tokenizer=args.tokenizer,
+        served_model=args.served_model,
+        out=args.out or f"runs/eval/{Path(args.model or 'model').name}_{args.split}",
+    )
+    result = run_eval(cfg)
+    print(markdown(result["summary"], f"eval of {cfg.model} on {cfg.split}"))
+    print(f"wrote {cfg.out}.json and {cfg.out}.md")
+    return 0

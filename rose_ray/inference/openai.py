@@ -1,0 +1,180 @@
+"""The `openai` engine backend: a client for any OpenAI-compatible server.
+
+Talks to `vllm serve` on a GPU node or to `rose-ray serve`, which is how a frozen teacher
+can run outside the Ray job. Prompts go as token ids and sampled ids come back exactly
+(`return_token_ids`, with "token_id:N" token strings as a fallback), so the learner trains
+on the ids the server sampled. Scoring uses vLLM's `prompt_logprobs`, falling back to
+`echo` + `logprobs`. Standard library only (urllib); a batch's requests go out concurrently
+from a thread pool so the server can batch them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from rose_ray.inference.engine import (
+    EngineConfig,
+    GenerationRequest,
+    GenerationResult,
+    context_result,
+    resolve_prompt,
+    validate_sampling,
+)
+
+RETRIES = 3
+
+
+class OpenAIServerError(RuntimeError):
+    """The server answered with an error (status and its message), or could not be reached."""
+
+    def __init__(self, status: int | None, message: str) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status, self.message = status, message
+
+
+def _token_id(s: str) -> int:
+    if not s.startswith("token_id:"):
+        raise OpenAIServerError(None, f"server returned token {s!r}, expected 'token_id:N' "
+                                "(does it support return_tokens_as_token_ids?)")
+    return int(s.split(":", 1)[1])
+
+
+class OpenAIEngine:
+    """GenerationEngine over HTTP. The served model is frozen: update_weights is refused."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.base_url = config.base_url.rstrip("/")
+        self.api_key = config.api_key or os.environ.get("ROSE_RAY_API_KEY")
+        self._pool = ThreadPoolExecutor(max_workers=config.max_batch_size, thread_name_prefix="openai")
+        self._counters = {"requests": 0, "generated_tokens": 0, "score_calls": 0, "http_s": 0.0}
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self._counters)
+
+    # ------------------------------------------------------------------ HTTP
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        url = self.base_url + path
+        for attempt in range(RETRIES):
+            req = urllib.request.Request(url, data=data, headers=headers, method=method)
+            t0 = time.perf_counter()
+            try:
+                with urllib.request.urlopen(req, timeout=self.config.timeout_s) as resp:
+                    out = json.loads(resp.read())
+                self._counters["http_s"] += time.perf_counter() - t0
+                return out
+            except urllib.error.HTTPError as e:
+                message = _error_message(e)
+                if e.code < 500 or attempt == RETRIES - 1:  # a client error will not heal
+                    raise OpenAIServerError(e.code, message) from None
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+                if attempt == RETRIES - 1:
+                    raise OpenAIServerError(None, f"cannot reach {url}: {e}") from None
+            time.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def models(self) -> list[str]:
+        return [m["id"] for m in self._request("GET", "/models")["data"]]
+
+    # ------------------------------------------------------------------ engine API
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        for r in requests:
+            validate_sampling(r.sampling)
+        return list(self._pool.map(self._generate_one, requests))
+
+    def _generate_one(self, request: GenerationRequest) -> GenerationResult:
+        ids, dropped, fits = resolve_prompt(request, self.config)
+        if not fits:
+            return context_result(request, len(ids), self.version)
+        s = request.sampling
+        max_tokens = min(s.max_new_tokens, self.config.context_tokens - len(ids))
+        body: dict[str, Any] = {
+            "model": self.config.model, "prompt": ids, "max_tokens": max_tokens,
+            "temperature": s.temperature, "top_p": s.top_p, "logprobs": request.top_logprobs,
+            "return_tokens_as_token_ids": True, "return_token_ids": True,
+            "skip_special_tokens": False, "include_stop_str_in_output": False,
+        }
+        if s.stop:
+            body["stop"] = s.stop
+        if s.seed is not None:
+            body["seed"] = s.seed
+        choice = self._request("POST", "/completions", body)["choices"][0]
+        lp = choice.get("logprobs") or {}
+        token_ids = choice.get("token_ids")
+        if token_ids is None:
+            token_ids = [_token_id(t) for t in lp.get("tokens") or []]
+        logprobs = lp.get("token_logprobs")
+        if logprobs is None or len(logprobs) != len(token_ids):
+            raise OpenAIServerError(None, "server returned no per-token logprobs for the sampled tokens")
+        top = None
+        if request.top_logprobs > 0:
+            top = [{_token_id(k): v for k, v in (d or {}).items()} for d in lp.get("top_logprobs") or []]
+        finish = choice.get("finish_reason") or "length"
+        self._counters["requests"] += 1
+        self._counters["generated_tokens"] += len(token_ids)
+        return GenerationResult(
+            text=choice.get("text", ""), token_ids=list(token_ids), logprobs=[float(x) for x in logprobs],
+            finish_reason="stop" if finish == "stop" else "length", prompt_tokens=len(ids),
+            version=self.version, request_id=request.request_id, dropped_turns=dropped, top_logprobs=top,
+        )
+
+    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        if not prompt_ids:
+            raise ValueError("score: empty prompt (the first token has no logprob)")
+        if not completion_ids:
+            return []
+        ids = list(prompt_ids) + list(completion_ids)
+        body = {"model": self.config.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
+                "prompt_logprobs": 0, "return_tokens_as_token_ids": True}
+        choice = self._request("POST", "/completions", body)["choices"][0]
+        self._counters["score_calls"] += 1
+        n = len(completion_ids)
+        plp = choice.get("prompt_logprobs")
+        if plp is not None:
+            out = []
+            for tid, entry in zip(completion_ids, plp[-n:]):
+                hit = (entry or {}).get(str(tid))
+                if hit is None:
+                    raise OpenAIServerError(None, f"prompt_logprobs lacks token {tid}")
+                out.append(float(hit["logprob"] if isinstance(hit, dict) else hit))
+            return out
+        # Servers without prompt_logprobs: the legacy echo form.
+        body = {**body, "echo": True, "logprobs": 0}
+        body.pop("prompt_logprobs")
+        choice = self._request("POST", "/completions", body)["choices"][0]
+        lps = choice["logprobs"]["token_logprobs"][: len(ids)]
+        return [float(x) for x in lps[-n:]]
+
+    def score_many(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        return list(self._pool.map(lambda pc: self.score(*pc), pairs))
+
+    def update_weights(self, state: dict[str, Any], version: int) -> None:
+        raise NotImplementedError("the openai backend serves a frozen model; weights cannot be updated")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
+def _error_message(e: urllib.error.HTTPError) -> str:
+    try:
+        body = json.loads(e.read())
+    except (ValueError, OSError):
+        return e.reason or "error"
+    err = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(err, dict):
+        return str(err.get("message", err))
+    return str(err)

@@ -1,0 +1,163 @@
+"""Parsing and validating OpenAI-style request bodies (completions and chat completions).
+
+Every rejection is a RequestError naming the offending field, which the server turns into
+a 400 with a readable message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rose_ray.types import SamplingParams
+
+MAX_TOP_LOGPROBS = 20
+
+
+class RequestError(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message, self.param, self.status = message, param, status
+
+
+@dataclass
+class ParsedRequest:
+    prompts: list[list[int]]
+    sampling: SamplingParams
+    logprobs: int | None  # None: no logprobs; k: sampled token + k alternatives
+    echo: bool
+    prompt_logprobs: int | None
+    token_ids_as_strings: bool
+
+
+def _number(body: dict[str, Any], key: str, default: Any, kind: type, lo: float | None = None,
+            hi: float | None = None) -> Any:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise RequestError(f"'{key}' must be {'an integer' if kind is int else 'a number'}, got {value!r}", key)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise RequestError(f"'{key}' must be between {lo} and {hi}, got {value!r}", key)
+    return kind(value)
+
+
+def _flag(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise RequestError(f"'{key}' must be true or false, got {value!r}", key)
+    return value
+
+
+def _common(body: dict[str, Any], max_tokens_default: int | None) -> tuple[SamplingParams, int | None, bool]:
+    if body.get("stream"):
+        raise RequestError("'stream' is not supported by this server; send stream=false", "stream")
+    n = _number(body, "n", 1, int, 1, 1)
+    del n
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    max_tokens = _number({key: max_tokens}, key, max_tokens_default, int, 0)
+    stop = body.get("stop")
+    if stop is None:
+        stops: list[str] = []
+    elif isinstance(stop, str):
+        stops = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) and s for s in stop):
+        stops = list(stop)
+    else:
+        raise RequestError(f"'stop' must be a string or a list of non-empty strings, got {stop!r}", "stop")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise RequestError(f"'seed' must be an integer, got {seed!r}", "seed")
+    sampling = SamplingParams(
+        temperature=_number(body, "temperature", 1.0, float, 0.0, 100.0),
+        top_p=_number(body, "top_p", 1.0, float, 0.0, 1.0),
+        max_new_tokens=max_tokens if max_tokens is not None else -1,
+        stop=stops,
+        seed=seed,
+    )
+    if sampling.top_p <= 0:
+        raise RequestError("'top_p' must be greater than 0", "top_p")
+    prompt_logprobs = _number(body, "prompt_logprobs", None, int, 0, 0)
+    return sampling, prompt_logprobs, _flag(body, "return_tokens_as_token_ids")
+
+
+def _check_ids(ids: list[Any], vocab: int, where: str) -> list[int]:
+    if not ids:
+        raise RequestError(f"'{where}' is empty", where)
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+            raise RequestError(f"'{where}' holds {t!r}, not a token id in [0, {vocab})", where)
+    return list(ids)
+
+
+def _fit(prompt: list[int], sampling: SamplingParams, context: int) -> None:
+    if sampling.max_new_tokens < 0:  # not given: whatever room the context leaves
+        sampling.max_new_tokens = max(context - len(prompt), 0)
+    if len(prompt) + sampling.max_new_tokens > context:
+        raise RequestError(
+            f"this model's maximum context length is {context} tokens; the request has "
+            f"{len(prompt)} prompt tokens and asks for {sampling.max_new_tokens} completion tokens",
+            "max_tokens")
+
+
+def parse_completion(body: dict[str, Any], tokenizer: Any, context: int) -> ParsedRequest:
+    sampling, prompt_logprobs, as_ids = _common(body, 16)
+    if "prompt" not in body:
+        raise RequestError("'prompt' is required (a string, a list of token ids, or a list of either)", "prompt")
+    raw = body["prompt"]
+    vocab = len(tokenizer)
+    if isinstance(raw, str) or (isinstance(raw, list) and raw and all(isinstance(t, int) for t in raw)):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        raise RequestError("'prompt' must be a string, a list of token ids, or a non-empty list of either", "prompt")
+    prompts = []
+    for item in raw:
+        if isinstance(item, str):
+            ids = list(tokenizer(item, add_special_tokens=False)["input_ids"])
+            prompts.append(_check_ids(ids, vocab, "prompt"))
+        elif isinstance(item, list):
+            prompts.append(_check_ids(item, vocab, "prompt"))
+        else:
+            raise RequestError(f"'prompt' items must be strings or lists of token ids, got {item!r}", "prompt")
+    for p in prompts:
+        _fit(p, sampling, context)
+    logprobs = _number(body, "logprobs", None, int, 0, MAX_TOP_LOGPROBS)
+    return ParsedRequest(prompts, sampling, logprobs, _flag(body, "echo"), prompt_logprobs, as_ids)
+
+
+def parse_chat(body: dict[str, Any], chat: Any, context: int) -> ParsedRequest:
+    sampling, prompt_logprobs, as_ids = _common(body, None)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty list of {role, content} objects", "messages")
+    clean = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
+            raise RequestError(f"messages[{i}] needs a role of system, user or assistant, got {m!r}", "messages")
+        content = m.get("content")
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            parts = [c.get("text") for c in content if isinstance(c, dict) and c.get("type") == "text"]
+            if len(parts) != len(content) or not all(isinstance(t, str) for t in parts):
+                raise RequestError(f"messages[{i}].content: only text parts are supported", "messages")
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise RequestError(f"messages[{i}].content must be a string, got {content!r}", "messages")
+        clean.append({"role": m["role"], "content": content})
+    prompt = chat.render_ids(clean, add_generation_prompt=True)
+    _fit(prompt, sampling, context)
+    logprobs = None
+    if _flag(body, "logprobs"):
+        logprobs = _number(body, "top_logprobs", 0, int, 0, MAX_TOP_LOGPROBS)
+    elif body.get("top_logprobs"):
+        raise RequestError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return ParsedRequest([prompt], sampling, logprobs, False, prompt_logprobs, as_ids)
+
+
+def token_strings(tokenizer: Any, ids: list[int], as_ids: bool) -> list[str]:
+    """How tokens are shown: 'token_id:N' (exact, vLLM style) or each token's decoded text."""
+    if as_ids:
+        return [f"token_id:{t}" for t in ids]
+    return [tokenizer.decode([t]) for t in ids]

@@ -1,0 +1,301 @@
+"""`rose-ray serve`: an OpenAI-compatible HTTP endpoint over a transformers engine.
+
+Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
+Besides the OpenAI fields it speaks the vLLM extensions the learner relies on:
+`prompt_logprobs` (teacher scoring of given tokens; also `echo` + `logprobs`),
+`return_tokens_as_token_ids` ("token_id:N" token strings), and every choice carries
+`token_ids` / `prompt_token_ids` so sampled ids survive the round trip exactly.
+Concurrent requests are batched by an AsyncBatcher. Binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import threading
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from rose_ray.inference.batcher import AsyncBatcher
+from rose_ray.inference.engine import GenerationRequest, GenerationResult
+from rose_ray.inference.protocol import (
+    RequestError,
+    parse_chat,
+    parse_completion,
+    token_strings,
+)
+
+BATCHER = web.AppKey("batcher", AsyncBatcher)
+
+
+class OpenAIServer:
+    """Builds the aiohttp app for one engine; `run` blocks, `start_background` returns at once."""
+
+    def __init__(self, engine: Any, model_name: str, api_key: str | None = None) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.api_key = api_key or None
+        self.context_tokens = engine.config.context_tokens
+
+    # ------------------------------------------------------------------ app
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=64 * 1024**2)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+
+        async def start(app: web.Application) -> None:
+            app[BATCHER] = AsyncBatcher(self.engine)
+
+        async def stop(app: web.Application) -> None:
+            await app[BATCHER].close()
+
+        app.on_startup.append(start)
+        app.on_cleanup.append(stop)
+        return app
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except RequestError as e:
+            return _error(e.status, e.message, e.param)
+        except web.HTTPException as e:
+            return _error(e.status, e.reason or "error", None)
+        except ValueError as e:  # engine-side validation (sampling, lengths)
+            return _error(400, str(e), None)
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.api_key and request.path.startswith("/v1/"):
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                return _error(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                              None, kind="authentication_error")
+        return await handler(request)
+
+    # ------------------------------------------------------------------ handlers
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "version": self.engine.version})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "owned_by": "rose_ray",
+             "max_model_len": self.context_tokens}]})
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = json.loads(await request.read())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RequestError(f"request body is not valid JSON: {e}") from e
+        if not isinstance(body, dict):
+            raise RequestError("request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise RequestError(f"the model {model!r} does not exist; this server serves "
+                               f"{self.model_name!r}", "model", status=404)
+        return body
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        batcher = request.app[BATCHER]
+        parsed = parse_completion(body, self.engine.tokenizer, self.context_tokens)
+        choices = await asyncio.gather(*(
+            self._complete_one(batcher, i, ids, parsed) for i, ids in enumerate(parsed.prompts)))
+        prompt_tokens = sum(len(p) for p in parsed.prompts)
+        completion_tokens = sum(len(c.pop("_completion_ids")) for c in choices)
+        return web.json_response({
+            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": self.model_name, "choices": choices,
+            "usage": _usage(prompt_tokens, completion_tokens),
+            "rose_ray": {"version": self.engine.version},
+        })
+
+    async def _complete_one(self, batcher: AsyncBatcher, index: int, prompt: list[int],
+                            p: Any) -> dict[str, Any]:
+        result, prompt_lps = await self._run(batcher, prompt, p, top=p.logprobs or 0)
+        tok = self.engine.tokenizer
+        ids = result.token_ids if result else []
+        text = result.text if result else ""
+        choice: dict[str, Any] = {
+            "index": index,
+            "text": (tok.decode(prompt) + text) if p.echo else text,
+            "finish_reason": _finish(result),
+            "token_ids": ids,
+            "prompt_token_ids": prompt,
+            "_completion_ids": ids,
+        }
+        if p.logprobs is not None:
+            shown_ids = (prompt + ids) if p.echo else ids
+            lps: list[float | None] = ([None] + prompt_lps if p.echo else []) + (result.logprobs if result else [])
+            strings = token_strings(tok, shown_ids, p.token_ids_as_strings)
+            tops: list[dict[str, float] | None] | None = None
+            if p.logprobs > 0:
+                prompt_tops = [None] + [{s: lp} for s, lp in zip(strings[1:len(prompt)], prompt_lps)] if p.echo else []
+                gen_tops = [
+                    {token_strings(tok, [k], p.token_ids_as_strings)[0]: v for k, v in d.items()}
+                    for d in ((result.top_logprobs or []) if result else [])
+                ]
+                tops = prompt_tops + gen_tops
+            offsets, pos = [], 0
+            for s in strings:
+                offsets.append(pos)
+                pos += len(s)
+            choice["logprobs"] = {"tokens": strings, "token_logprobs": lps, "top_logprobs": tops,
+                                  "text_offset": offsets}
+        else:
+            choice["logprobs"] = None
+        if p.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = _vllm_prompt_logprobs(tok, prompt, prompt_lps)
+        return choice
+
+    async def _run(self, batcher: AsyncBatcher, prompt: list[int], p: Any, top: int
+                   ) -> tuple[GenerationResult | None, list[float]]:
+        """Generation (unless max_tokens is 0) and prompt scoring (when asked), concurrently."""
+        want_prompt = p.prompt_logprobs is not None or (p.echo and p.logprobs is not None)
+        gen = None
+        if p.sampling.max_new_tokens > 0:
+            gen = batcher.generate(GenerationRequest(prompt, p.sampling, top_logprobs=top))
+        scoring = batcher.score(prompt[:1], prompt[1:]) if want_prompt and len(prompt) > 1 else None
+        result = await gen if gen is not None else None
+        prompt_lps = await scoring if scoring is not None else []
+        return result, prompt_lps
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        batcher = request.app[BATCHER]
+        p = parse_chat(body, self.engine.chat, self.context_tokens)
+        tok = self.engine.tokenizer
+        prompt = p.prompts[0]
+        result, prompt_lps = await self._run(batcher, prompt, p, top=p.logprobs or 0)
+        ids = result.token_ids if result else []
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": result.text if result else ""},
+            "finish_reason": _finish(result),
+            "token_ids": ids,
+            "logprobs": None,
+        }
+        if p.logprobs is not None and result is not None:
+            strings = token_strings(tok, ids, p.token_ids_as_strings)
+            content = []
+            for n, (s, lp) in enumerate(zip(strings, result.logprobs)):
+                tops = []
+                for k, v in (result.top_logprobs[n] if result.top_logprobs else {}).items():
+                    ks = token_strings(tok, [k], p.token_ids_as_strings)[0]
+                    tops.append({"token": ks, "logprob": v, "bytes": list(ks.encode())})
+                content.append({"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": tops})
+            choice["logprobs"] = {"content": content}
+        out: dict[str, Any] = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": self.model_name, "choices": [choice], "prompt_token_ids": prompt,
+            "usage": _usage(len(prompt), len(ids)), "rose_ray": {"version": self.engine.version},
+        }
+        if p.prompt_logprobs is not None:
+            out["prompt_logprobs"] = _vllm_prompt_logprobs(tok, prompt, prompt_lps)
+        return web.json_response(out)
+
+    # ------------------------------------------------------------------ running
+    def run(self, host: str = "127.0.0.1", port: int = 8000) -> None:
+        web.run_app(self.app(), host=host, port=port, print=None)
+
+    def start_background(self, host: str = "127.0.0.1", port: int = 0) -> BackgroundServer:
+        return BackgroundServer(self, host, port)
+
+
+class BackgroundServer:
+    """The server on its own event-loop thread (tests, notebooks); `port` is the bound port."""
+
+    def __init__(self, server: OpenAIServer, host: str, port: int) -> None:
+        self.host = host
+        self._loop = asyncio.new_event_loop()
+        self._runner = web.AppRunner(server.app())
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def main() -> None:
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._loop.run_until_complete(self._runner.setup())
+                site = web.TCPSite(self._runner, host, port)
+                self._loop.run_until_complete(site.start())
+                self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            except BaseException as e:  # surfaced to the constructor's caller
+                failure.append(e)
+                ready.set()
+                return
+            ready.set()
+            self._loop.run_forever()
+            self._loop.run_until_complete(self._runner.cleanup())
+            self._loop.close()
+
+        self._thread = threading.Thread(target=main, name="openai-server", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            raise failure[0]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> BackgroundServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _error(status: int, message: str, param: str | None, kind: str = "invalid_request_error"
+           ) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "param": param, "code": status}}, status=status)
+
+
+def _finish(result: GenerationResult | None) -> str:
+    if result is None or result.finish_reason == "context":
+        return "length"
+    return result.finish_reason
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _vllm_prompt_logprobs(tok: Any, prompt: list[int], lps: list[float]) -> list[Any]:
+    """vLLM's shape: None for the first token, then {id: {logprob, rank, decoded_token}}."""
+    out: list[Any] = [None]
+    for tid, lp in zip(prompt[1:], lps):
+        out.append({str(tid): {"logprob": lp, "rank": None, "decoded_token": tok.decode([tid])}})
+    return out
+
+
+def cli_main(args: Any) -> int:
+    """Entry for `rose-ray serve MODEL --port P [--host H] [--api-key K] ...`."""
+    import os
+
+    from rose_ray.inference.engine import EngineConfig
+    from rose_ray.inference.hf import HFEngine
+
+    config = EngineConfig(
+        backend="hf", model=args.model, dtype=args.dtype, max_batch_size=args.max_batch_size,
+        max_wait_ms=args.max_wait_ms, context_tokens=args.context_tokens, threads=args.threads,
+    )
+    api_key = args.api_key or os.environ.get("ROSE_RAY_API_KEY")
+    host = args.host
+    engine = HFEngine(config)
+    name = args.served_model_name or args.model
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        print(f"warning: serving on {host} without an API key", flush=True)
+    print(f"serving {args.model} as {name!r} on http://{host}:{args.port}/v1", flush=True)
+    OpenAIServer(engine, name, api_key).run(host, args.port)
+    return 0

@@ -1,0 +1,1 @@
+"""DeepSpeed learner: batching, losses, the rank actor group, offline SFT."""

@@ -1,0 +1,220 @@
+"""The learner: a Ray actor group of DeepSpeed ranks, driven by one `LearnerGroup`.
+
+    group = LearnerGroup(LearnerConfig(model=path, algorithm="rose", ranks=2, zero_stage=2))
+    batch = group.make_batch([render(traj, fmt, group.config.max_tokens) for traj in trajs])
+    metrics = group.train_step(batch)          # one optimizer step; policy version + 1
+    group.save_checkpoint(dir); group.load_checkpoint(dir)   # exact resume
+    group.export(out_dir)                      # Hugging Face folder
+    group.publish_weights(engine_actors)       # new weights + version to the student engines
+
+The group never branches on the algorithm: the algorithm gives per-owner token weights (used
+by make_batch) and a loss (run on each rank).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rose_ray.learner.batching import Sequence, make_batch, split_batch
+from rose_ray.learner.losses import ALGORITHMS, Algorithm, make_algorithm
+from rose_ray.learner.worker import SUMMED, LearnerWorker
+from rose_ray.types import OWNERS, Batch
+
+SCHEDULES = ("constant", "linear", "cosine")
+LEARNER_DTYPES = ("float32", "bfloat16")
+EXPORT_DTYPES = ("auto", "float32", "bfloat16", "float16")
+BACKENDS = ("auto", "gloo", "nccl")
+CONTEXT_POLICIES = ("drop_oldest", "end_episode")
+
+
+@dataclass
+class LearnerConfig:
+    model: str = ""
+    algorithm: str = "rose"
+    lam: float = 0.0  # rose: weight of OPD on student tokens
+    clip_eps: float = 0.2  # opd / rose: importance-ratio clip
+    sft_owners: list[str] = field(default_factory=lambda: ["student", "teacher"])
+    ranks: int = 1
+    zero_stage: int = 0
+    dtype: str = "float32"
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 0  # needed by linear / cosine
+    min_lr_ratio: float = 0.0
+    grad_accum: int = 1
+    grad_clip: float = 1.0  # 0 disables
+    max_tokens: int = 4096  # per packed row, and the context a trajectory is cut to
+    context_policy: str = "drop_oldest"
+    seed: int = 0
+    threads: int = 1  # torch threads per rank
+    cpus_per_rank: float = 1.0
+    gpus_per_rank: float = 0.0
+    backend: str = "auto"  # gloo on CPU, nccl on GPU
+    export_dtype: str = "auto"  # auto: the dtype the source model declares
+    gradient_checkpointing: bool = False
+    initial_version: int = 0
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, key: str, msg: str) -> None:
+            if not ok:
+                raise ValueError(f"learner.{key}: {msg}, got {getattr(self, key)!r}")
+
+        need(isinstance(self.model, str) and bool(self.model), "model", "a model path or name is required")
+        need(self.algorithm in ALGORITHMS, "algorithm", f"must be one of {sorted(ALGORITHMS)}")
+        need(self.ranks >= 1, "ranks", "must be >= 1")
+        need(self.zero_stage in (0, 1, 2, 3), "zero_stage", "must be 0, 1, 2 or 3")
+        need(self.dtype in LEARNER_DTYPES, "dtype", f"must be one of {LEARNER_DTYPES}")
+        need(self.lr > 0, "lr", "must be > 0")
+        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        need(0 <= self.adam_beta1 < 1, "adam_beta1", "must be in [0, 1)")
+        need(0 <= self.adam_beta2 < 1, "adam_beta2", "must be in [0, 1)")
+        need(self.adam_eps > 0, "adam_eps", "must be > 0")
+        need(self.schedule in SCHEDULES, "schedule", f"must be one of {SCHEDULES}")
+        need(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        need(self.schedule == "constant" or self.total_steps > self.warmup_steps, "total_steps",
+             f"must exceed warmup_steps for a {self.schedule} schedule")
+        need(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
+        need(self.grad_accum >= 1, "grad_accum", "must be >= 1")
+        need(self.grad_clip >= 0, "grad_clip", "must be >= 0")
+        need(self.max_tokens >= 2, "max_tokens", "must be >= 2")
+        need(self.context_policy in CONTEXT_POLICIES, "context_policy", f"must be one of {CONTEXT_POLICIES}")
+        need(self.threads >= 1, "threads", "must be >= 1")
+        need(self.cpus_per_rank > 0, "cpus_per_rank", "must be > 0")
+        need(self.gpus_per_rank >= 0, "gpus_per_rank", "must be >= 0")
+        need(self.backend in BACKENDS, "backend", f"must be one of {BACKENDS}")
+        need(self.export_dtype in EXPORT_DTYPES, "export_dtype", f"must be one of {EXPORT_DTYPES}")
+        need(self.initial_version >= 0, "initial_version", "must be >= 0")
+        bad = [o for o in self.sft_owners if o not in OWNERS]
+        need(bool(self.sft_owners) and not bad, "sft_owners", f"must be a non-empty subset of {OWNERS}")
+        self.make_algorithm()  # algorithm parameters (lam, clip_eps) fail here, by key
+
+    def make_algorithm(self) -> Algorithm:
+        params = {
+            "sft": {"owners": tuple(self.sft_owners)},
+            "opd": {"clip_eps": self.clip_eps},
+            "rose": {"lam": self.lam, "clip_eps": self.clip_eps},
+        }.get(self.algorithm, {})
+        try:
+            return make_algorithm(self.algorithm, **params)
+        except ValueError as e:
+            raise ValueError(f"learner.{e}") from None
+
+
+class LearnerGroup:
+    """N learner ranks forming one torch.distributed group under DeepSpeed."""
+
+    def __init__(self, config: LearnerConfig) -> None:
+        import ray
+
+        self.config = config
+        self.algorithm = config.make_algorithm()
+        self.step = 0
+        self.version = config.initial_version
+        worker = ray.remote(num_cpus=config.cpus_per_rank, num_gpus=config.gpus_per_rank)(LearnerWorker)
+        self.workers = [worker.remote(r, config.ranks, config.threads) for r in range(config.ranks)]
+        addr, port = ray.get(self.workers[0].address.remote())
+        ray.get([w.init_distributed.remote(addr, port, config.backend) for w in self.workers])
+        self.info = self.setup()
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+
+    def setup(self, **overrides: Any) -> dict[str, Any]:
+        """(Re)build every rank's engine from the model path; overrides change the config
+        (e.g. zero_stage), but not `ranks`. Step and version restart."""
+        if overrides:
+            if overrides.get("ranks", self.config.ranks) != self.config.ranks:
+                raise ValueError("learner.ranks: a group cannot change its size; make a new group")
+            self.config = LearnerConfig(**{**asdict(self.config), **overrides})
+            self.algorithm = self.config.make_algorithm()
+        self.step, self.version = 0, self.config.initial_version
+        return self._all("setup", self.config, self.algorithm)[0]
+
+    def make_batch(self, seqs: list[Sequence], pad_id: int = 0) -> Batch:
+        """Pack rendered sequences with this algorithm's per-owner token weights."""
+        return make_batch(seqs, self.algorithm.owner_weights, self.config.max_tokens, pad_id)
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step on a global batch; returns metrics (means over the batch)."""
+        import ray
+
+        den = self.algorithm.denominators(batch)
+        g = self.config.grad_accum
+        parts = split_batch(batch, self.config.ranks * g)
+        start = time.perf_counter()
+        results = ray.get([w.train_step.remote(parts[r * g : (r + 1) * g], den)
+                           for r, w in enumerate(self.workers)])
+        elapsed = time.perf_counter() - start
+        metrics: dict[str, float] = {}
+        for res in results:
+            for k, v in res.items():
+                if k.startswith(SUMMED):
+                    metrics[k[len(SUMMED):]] = metrics.get(k[len(SUMMED):], 0.0) + v
+        first = results[0]
+        versions = np.asarray(batch.versions) if batch.versions is not None else np.zeros((0,))
+        sampled = versions[versions >= 0]
+        self.step += 1
+        self.version += 1
+        metrics.update(
+            grad_norm=first["grad_norm"], lr=first["lr"], step_s=elapsed,
+            tokens_per_s=metrics.get("tokens", 0.0) / elapsed,
+            policy_lag=float((self.version - 1 - sampled).mean()) if sampled.size else 0.0,
+            dropped_turns=float(batch.meta.get("dropped_turns", 0)),
+            step=float(self.step), version=float(self.version),
+        )
+        return metrics
+
+    def logits(self, input_ids: np.ndarray) -> np.ndarray:
+        """Logits of the current model for unpacked rows [B, L] -> [B, L, V]."""
+        return self._all("logits", np.asarray(input_ids))[0]
+
+    def save_checkpoint(self, path: str | Path) -> str:
+        """Model, optimizer, scheduler, per-rank RNG, step and version under path/step_<n>."""
+        tag = f"step_{self.step}"
+        self._all("save_checkpoint", str(path), tag, {"step": self.step, "version": self.version})
+        return tag
+
+    def load_checkpoint(self, path: str | Path, tag: str | None = None) -> dict[str, Any]:
+        """Resume exactly; `tag` defaults to the latest checkpoint under path."""
+        latest = Path(path) / "latest"
+        if tag is None:
+            if not latest.is_file():
+                raise FileNotFoundError(f"no checkpoint under {path} (missing {latest})")
+            tag = latest.read_text().strip()
+        state = self._all("load_checkpoint", str(path), tag)[0]
+        self.step, self.version = int(state["step"]), int(state["version"])
+        return {"tag": tag, **state}
+
+    def export(self, out_dir: str | Path) -> dict[str, Any]:
+        """A Hugging Face folder of the current weights (gathered under ZeRO-3)."""
+        from rose_ray.learner.weights import source_dtype
+
+        dtype = self.config.export_dtype
+        if dtype == "auto":
+            dtype = source_dtype(self.config.model)
+        return self._all("export", str(out_dir), dtype)[0]
+
+    def publish_weights(self, engines: list[Any]) -> dict[str, float]:
+        """Current weights + version to every engine actor; returns timing (ms) and size (MB)."""
+        out = self._all("publish", list(engines), self.version)[0]
+        out["ms_per_mb"] = out["total_ms"] / max(out["mb"], 1e-9)
+        return out
+
+    def shutdown(self) -> None:
+        import ray
+
+        for w in self.workers:
+            ray.kill(w)
+        self.workers = []

@@ -1,0 +1,115 @@
+"""Full weights out of a (possibly ZeRO-3-partitioned) model: gather, export, publish.
+
+Publication goes through the Ray object store: one `ray.put` of numpy arrays (zero-copy
+reads on the same node), then each engine's `update_weights(state, version)`. It needs no
+process group shared with the engines and measured as fast as a gloo broadcast here
+(bench/learner.py); a GPU cluster would add an nccl broadcast path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
+def gather_state(module: Any, zero3: bool, keep: bool, dtype: str | None = None) -> dict[str, Any] | None:
+    """{name: cpu tensor} of unique parameters and persistent buffers; None where not `keep`.
+
+    Under ZeRO-3 each parameter is gathered in turn (collective: every rank calls this), so
+    peak memory is one full parameter, not the whole model.
+    """
+    import deepspeed
+    import torch
+
+    cast = _torch_dtype(dtype) if dtype else None
+    state: dict[str, Any] = {}
+    for name, param in module.named_parameters():  # tied parameters: first name only
+        if zero3:
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+                value = param.detach().to("cpu", copy=True) if keep else None
+        else:
+            value = param.detach().to("cpu", copy=True) if keep else None
+        if value is not None:
+            state[name] = value.to(cast) if cast is not None else value
+    if not keep:
+        return None
+    persistent = set(module.state_dict().keys())  # drops non-persistent buffers (inv_freq)
+    for name, buf in module.named_buffers():
+        if name in persistent:
+            state[name] = buf.detach().to("cpu", copy=True)
+    torch.cuda.synchronize() if torch.cuda.is_available() else None
+    return state
+
+
+def source_dtype(model_path: str) -> str:
+    """The dtype the source model's config declares (float32 when it declares none)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    name = str(dtype).replace("torch.", "") if dtype is not None else "float32"
+    return name if name in DTYPES else "float32"
+
+
+def write_hf_folder(state: dict[str, Any], model_path: str, out_dir: str, dtype: str) -> dict[str, Any]:
+    """A Hugging Face folder (config, model.safetensors, tokenizer) written atomically."""
+    from huggingface_hub import save_torch_state_dict
+    from transformers import AutoConfig, AutoTokenizer
+
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    src = Path(model_path)
+    if src.is_dir():  # tokenizer, chat template, generation config: copied as they are
+        for f in src.iterdir():
+            if f.is_file() and f.name != "config.json" and not f.name.endswith(WEIGHT_FILES):
+                shutil.copy2(f, tmp / f.name)
+    else:
+        AutoTokenizer.from_pretrained(model_path).save_pretrained(tmp)
+    config = AutoConfig.from_pretrained(model_path)
+    config.dtype = dtype
+    config.save_pretrained(tmp)
+    save_torch_state_dict(state, tmp, max_shard_size="5GB")
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    mb = sum(v.numel() * v.element_size() for v in state.values()) / 2**20
+    return {"path": str(out), "tensors": len(state), "mb": mb, "dtype": dtype}
+
+
+def to_wire(state: dict[str, Any]) -> dict[str, Any]:
+    """numpy arrays where numpy has the dtype (zero-copy in the object store), else tensors."""
+    import torch
+
+    return {k: v.numpy() if v.dtype in (torch.float32, torch.float16) else v for k, v in state.items()}
+
+
+def publish_state(state: dict[str, Any], engines: list[Any], version: int) -> dict[str, float]:
+    """Put the weights in the object store once; every engine loads them; wait for all."""
+    import ray
+
+    start = time.perf_counter()
+    wire = to_wire(state)
+    ref = ray.put(wire)
+    put = time.perf_counter()
+    ray.get([e.update_weights.remote(ref, version) for e in engines])
+    mb = sum(np.asarray(v).nbytes if isinstance(v, np.ndarray) else v.numel() * v.element_size()
+             for v in wire.values()) / 2**20
+    return {"mb": mb, "put_ms": (put - start) * 1e3, "send_ms": (time.perf_counter() - start) * 1e3,
+            "engines": float(len(engines)), "version": float(version)}

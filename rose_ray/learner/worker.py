@@ -1,0 +1,267 @@
+"""One learner rank: a DeepSpeed engine in a Ray actor, one member of a torch.distributed group.
+
+The driver (`LearnerGroup`) computes global token counts and deals micro-batches; a rank runs
+its micro-batches through forward/backward/step and returns its share of every metric. The
+loss is scaled by world_size × grad_accum before `engine.backward`, because DeepSpeed divides by
+grad_accum and averages gradients over ranks, while our loss shares are already global means.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rose_ray.learner.losses import Algorithm, token_logprobs
+
+SUMMED = "sum/"  # prefix of metrics that are shares of a global value (the driver adds them)
+
+
+def ds_config(cfg: Any, world_size: int) -> dict[str, Any]:
+    """The DeepSpeed config dict for a LearnerConfig."""
+    zero: dict[str, Any] = {"stage": cfg.zero_stage}
+    if cfg.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = False
+    return {
+        "train_micro_batch_size_per_gpu": 1,  # rows per micro-batch vary; DS only checks this
+        "gradient_accumulation_steps": cfg.grad_accum,
+        "train_batch_size": world_size * cfg.grad_accum,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": cfg.dtype == "bfloat16"},
+        "zero_allow_untested_optimizer": True,  # a plain torch AdamW: no fused op to compile
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+def lr_lambda(cfg: Any) -> Any:
+    """LR multiplier per optimizer step: linear warmup, then constant/linear/cosine decay."""
+    import math
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.schedule == "constant":
+            return 1.0
+        span = max(cfg.total_steps - cfg.warmup_steps, 1)
+        frac = min((step - cfg.warmup_steps) / span, 1.0)
+        shape = 1.0 - frac if cfg.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+    return factor
+
+
+def _rng_state() -> dict[str, Any]:
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class LearnerWorker:
+    """A learner rank. Wrapped with ray.remote by LearnerGroup."""
+
+    def __init__(self, rank: int, world_size: int, threads: int) -> None:
+        import torch
+
+        self.rank, self.world_size = rank, world_size
+        if not torch.cuda.is_available():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 in actors
+        self.engine: Any = None
+        self.cfg: Any = None
+
+    def address(self) -> tuple[str, int]:
+        """This node's IP and a free port for the group's rendezvous (called on rank 0)."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def init_distributed(self, addr: str, port: int, backend: str) -> None:
+        import deepspeed
+        import torch
+
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        os.environ.update(
+            MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",  # Ray shows each rank one GPU
+        )
+        deepspeed.init_distributed(
+            dist_backend=backend, auto_mpi_discovery=False, verbose=False,
+            rank=self.rank, world_size=self.world_size,
+        )
+
+    def setup(self, cfg: Any, algorithm: Algorithm) -> dict[str, Any]:
+        """(Re)build model, optimizer, scheduler and engine from `cfg.model`."""
+        import deepspeed
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.engine = None
+        self.cfg, self.algorithm = cfg, algorithm
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        # fp32 master weights; under bf16 DeepSpeed casts the module's parameters itself.
+        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
+        model.config.use_cache = False
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+        opt = torch.optim.AdamW(
+            model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
+        )
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=opt, lr_scheduler=sched,
+            config=ds_config(cfg, self.world_size), dist_init_required=False,
+        )
+        self._restore_buffers(buffers)
+        self.engine.train()
+        return {"parameters": int(sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
+                                      for p in self.engine.module.parameters()))}
+
+    def _restore_buffers(self, original: dict[str, Any]) -> None:
+        """Keep buffers (e.g. rotary inv_freq) in the dtype the model defines them in."""
+        module = self.engine.module
+        for name, buf in list(module.named_buffers()):
+            want = original.get(name)
+            if want is not None and buf.dtype != want.dtype:
+                owner_name, _, leaf = name.rpartition(".")
+                owner = module.get_submodule(owner_name) if owner_name else module
+                owner._buffers[leaf] = want.to(buf.device)
+
+    def _tensors(self, part: dict[str, np.ndarray]) -> dict[str, Any]:
+        import torch
+
+        # np.array copies: Ray hands actors read-only views of numpy arguments
+        return {k: torch.from_numpy(np.array(v)).to(self.engine.device) for k, v in part.items()}
+
+    def _logits(self, t: dict[str, Any]) -> Any:
+        out = self.engine(input_ids=t["input_ids"], position_ids=t["position_ids"], use_cache=False)
+        return out.logits
+
+    def train_step(self, parts: list[dict[str, np.ndarray]], den: dict[str, float]) -> dict[str, float]:
+        """One optimizer step over this rank's micro-batches (exactly grad_accum of them)."""
+        if len(parts) != self.cfg.grad_accum:
+            raise ValueError(f"rank {self.rank}: {len(parts)} micro-batches, grad_accum={self.cfg.grad_accum}")
+        start = time.perf_counter()
+        sums: dict[str, float] = {}
+        lr = float(self.engine.get_lr()[0])
+        own_norm = None
+        for part in parts:
+            t = self._tensors(part)
+            logp = token_logprobs(self._logits(t), t["input_ids"])
+            aligned = {k: v[:, 1:] for k, v in t.items() if k not in ("input_ids", "position_ids")}
+            loss, metrics = self.algorithm.loss(logp, aligned, den)
+            self.engine.backward(loss * (self.world_size * self.cfg.grad_accum))
+            if self.engine.is_gradient_accumulation_boundary():
+                own_norm = self._grad_norm()
+            self.engine.step()
+            metrics["loss"] = loss.item()
+            metrics["tokens"] = float((part["attention_mask"] > 0).sum())
+            for k, v in metrics.items():
+                sums[SUMMED + k] = sums.get(SUMMED + k, 0.0) + v
+        norm = self.engine.get_global_grad_norm()
+        norm = own_norm if norm is None else norm
+        sums.update(grad_norm=float(norm) if norm is not None else float("nan"), lr=lr,
+                    rank_step_s=time.perf_counter() - start)
+        return sums
+
+    def _grad_norm(self) -> float | None:
+        """Pre-clip gradient norm where DeepSpeed keeps none (plain fp32 without ZeRO: the
+        full, averaged gradients are on the parameters until the step)."""
+        import torch
+
+        if self.cfg.zero_stage != 0 or self.cfg.dtype != "float32":
+            return None
+        grads = [p.grad.detach().float().norm() for p in self.engine.module.parameters() if p.grad is not None]
+        return float(torch.stack(grads).norm()) if grads else 0.0
+
+    def logits(self, input_ids: np.ndarray) -> np.ndarray | None:
+        """Logits of unpacked rows (every rank runs the forward; rank 0 returns them)."""
+        import torch
+
+        ids = torch.from_numpy(np.array(input_ids, dtype=np.int64)).to(self.engine.device)
+        pos = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        with torch.no_grad():
+            out = self._logits({"input_ids": ids, "position_ids": pos}).float().cpu().numpy()
+        return out if self.rank == 0 else None
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def save_checkpoint(self, path: str, tag: str, client_state: dict[str, Any]) -> None:
+        import torch
+
+        self.engine.save_checkpoint(path, tag=tag, client_state=client_state)
+        rng_file = Path(path) / tag / f"rng_rank{self.rank}.pt"
+        torch.save(_rng_state(), rng_file.with_suffix(".tmp"))
+        os.replace(rng_file.with_suffix(".tmp"), rng_file)
+
+    def load_checkpoint(self, path: str, tag: str) -> dict[str, Any]:
+        import torch
+
+        loaded, client = self.engine.load_checkpoint(
+            path, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if loaded is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {path}")
+        _set_rng_state(torch.load(Path(path) / tag / f"rng_rank{self.rank}.pt", weights_only=False))
+        return {k: v for k, v in (client or {}).items() if k in ("step", "version")}
+
+    # -- full weights: export and publication ----------------------------------------------
+
+    def full_state(self, dtype: str | None = None) -> dict[str, Any] | None:
+        """Full weights on rank 0 (gathered under ZeRO-3; every rank must call).
+
+        Tied parameters appear once (under their first name); buffers in the state dict keep
+        their own dtype, parameters are cast to `dtype` when given.
+        """
+        from rose_ray.learner.weights import gather_state
+
+        return gather_state(self.engine.module, self.cfg.zero_stage == 3, self.rank == 0, dtype)
+
+    def export(self, out_dir: str, dtype: str) -> dict[str, Any] | None:
+        from rose_ray.learner.weights import write_hf_folder
+
+        state = self.full_state(dtype)
+        if self.rank != 0:
+            return None
+        return write_hf_folder(state, self.cfg.model, out_dir, dtype)
+
+    def publish(self, engines: list[Any], version: int) -> dict[str, float] | None:
+        """Send full weights to engine actors through the object store (rank 0)."""
+        from rose_ray.learner.weights import publish_state
+
+        start = time.perf_counter()
+        state = self.full_state()
+        if self.rank != 0:
+            return None
+        gathered = time.perf_counter()
+        out = publish_state(state, engines, version)
+        out["gather_ms"] = (gathered - start) * 1e3
+        out["total_ms"] = (time.perf_counter() - start) * 1e3
+        return out

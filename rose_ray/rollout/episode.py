@@ -1,0 +1,268 @@
+"""One episode: the student acts for turns 1..K, then the teacher takes over, in the same game
+and the same conversation. Read top to bottom, this is the ROSE rollout.
+
+Who acts when is a handoff policy chosen by name:
+- `fixed`: the teacher takes over after K student turns (the seed: K=5, then 5 teacher turns).
+- `curriculum`: K grows with the learner step (k_start, +1 every `grow_every` steps, to k_max).
+- `on_failure`: the teacher takes over after the student's first invalid or repeated action.
+- `none`: the student plays the whole episode (eval, OPD); `teacher_only`: K = 0.
+
+Episodes talk to an EnvPool slot and to engine actors through Ray; every call is awaited,
+so many episodes run concurrently in one event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rose_ray.chat import ChatFormat
+from rose_ray.envs.protocol import Protocol, is_invalid_observation, normalise_score, parse_action
+from rose_ray.envs.protocol import is_success as raw_success
+from rose_ray.inference.engine import GenerationRequest
+from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
+
+HANDOFF_POLICIES = ("fixed", "curriculum", "on_failure", "none", "teacher_only")
+
+
+class ReplayMismatch(ValueError):
+    """A replayed prefix's observation differs from the recorded one."""
+
+
+class EpisodeInterrupted(RuntimeError):
+    """The game's process died or hung; the episode must be restarted from its first turn."""
+
+    def __init__(self, game: GameId, detail: str = "") -> None:
+        super().__init__(f"episode on {game.item_id} interrupted: {detail}")
+        self.game = game
+
+
+@dataclass
+class HandoffConfig:
+    policy: str = "fixed"
+    k: int = 5  # student turns before the teacher takes over (fixed)
+    k_start: int = 1  # curriculum
+    k_max: int = 10
+    grow_every: int = 10  # learner steps per +1 student turn
+
+    def __post_init__(self) -> None:
+        if self.policy not in HANDOFF_POLICIES:
+            raise ValueError(f"handoff.policy: must be one of {HANDOFF_POLICIES}, got {self.policy!r}")
+        for key in ("k", "k_start", "k_max", "grow_every"):
+            if int(getattr(self, key)) < (1 if key == "grow_every" else 0):
+                raise ValueError(f"handoff.{key}: must be >= {int(key == 'grow_every')}, got {getattr(self, key)!r}")
+
+    def student_turns(self, learner_step: int = 0) -> int | None:
+        """Turns the student plays before the handoff; None = no fixed limit."""
+        if self.policy == "fixed":
+            return self.k
+        if self.policy == "curriculum":
+            return min(self.k_max, self.k_start + learner_step // self.grow_every)
+        if self.policy == "teacher_only":
+            return 0
+        return None  # on_failure decides during the episode; none never hands off
+
+
+@dataclass
+class EpisodeConfig:
+    max_turns: int = 10
+    student_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, max_new_tokens=512))
+    teacher_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0, max_new_tokens=512))
+    score_student_with_teacher: bool = False  # OPD: teacher logprobs of every student token
+
+
+class EnvSlot:
+    """One slot of an EnvPool actor."""
+
+    def __init__(self, pool: Any, slot: int) -> None:
+        self.pool, self.slot = pool, slot
+
+    async def reset(self, game: GameId):
+        return await self.pool.reset.remote(self.slot, game)
+
+    async def step(self, action: str):
+        return await self.pool.step.remote(self.slot, action)
+
+
+@dataclass
+class Agent:
+    """An engine actor and the chat format of its tokenizer."""
+
+    engine: Any
+    chat: ChatFormat
+    name: str = ""
+
+
+async def run_episode(
+    game: GameId,
+    env: EnvSlot,
+    student: Agent,
+    teacher: Agent | None,
+    config: EpisodeConfig,
+    handoff: HandoffConfig,
+    protocol: Protocol | None = None,
+    learner_step: int = 0,
+    request_prefix: str = "",
+    replay: list[Turn] | None = None,
+) -> Trajectory:
+    """Play one game; the returned Trajectory's token ids are in the student's tokenizer.
+
+    With `replay` (a recorded conversation's turns after the opening: first observation,
+    then action/observation pairs), the recorded actions are replayed first and every
+    observation is checked against the record (`ReplayMismatch` otherwise); the episode then
+    continues from there under the handoff policy.
+    """
+    protocol = protocol or Protocol()
+    t_start = time.perf_counter()
+    timing = {"env_s": 0.0, "student_s": 0.0, "teacher_s": 0.0, "teacher_score_s": 0.0}
+    # Agents built with `same_tokenizer` share one ChatFormat: then one id list serves both.
+    shared = teacher is None or teacher.chat is student.chat
+    k = handoff.student_turns(learner_step)
+    if teacher is None and handoff.policy not in ("none",) and k != 0:
+        k = None  # no teacher: the student plays on (eval without a teacher)
+    if teacher is None and k == 0:
+        raise ValueError("handoff.policy teacher_only needs a teacher")
+
+    # The conversation, in the student's ids and (when the tokenizers differ) the teacher's.
+    opening = protocol.opening()
+    turns = [
+        Turn("user", opening[0][1], "prompt", student.chat.opening_ids(opening)),
+        Turn("assistant", opening[1][1], "prompt", []),
+    ]
+    teacher_turns = None
+    if not shared:
+        teacher_turns = [Turn("user", opening[0][1], "prompt", teacher.chat.opening_ids(opening)),
+                         Turn("assistant", opening[1][1], "prompt", [])]
+
+    def add_observation(text: str) -> None:
+        turns.append(Turn("user", text, "env", student.chat.user_ids(text)))
+        if teacher_turns is not None:
+            teacher_turns.append(Turn("user", text, "env", teacher.chat.user_ids(text)))
+
+    t0 = time.perf_counter()
+    first = await env.reset(game)
+    timing["env_s"] += time.perf_counter() - t0
+    add_observation(first.observation)
+
+    handoff_turn: int | None = None
+    invalid = 0
+    last_action = None
+    raw_score, done, end_reason, dropped = 0, False, "turn_limit", 0
+    replayed = 0
+    if replay:
+        _check_observation(game, 0, replay[0].text, first.observation)
+        for i in range(1, len(replay) - 1, 2):
+            action_turn, expected = replay[i], replay[i + 1]
+            turns.append(Turn("assistant", action_turn.text, action_turn.owner,
+                              student.chat.assistant_ids(action_turn.text)))
+            if teacher_turns is not None:
+                teacher_turns.append(Turn("assistant", action_turn.text, action_turn.owner,
+                                          teacher.chat.assistant_ids(action_turn.text)))
+            step = await env.step(parse_action(action_turn.text).action)
+            if step.interrupted:
+                raise EpisodeInterrupted(game, step.info.get("error", ""))
+            _check_observation(game, i // 2 + 1, expected.text, step.observation)
+            raw_score = step.raw_score
+            add_observation(step.observation)
+            replayed += 1
+            if step.done:
+                done, end_reason = True, step.end_reason
+        if replayed and k is not None:
+            k = max(k, replayed)  # recorded turns count against the student's share
+    for turn in range(replayed + 1, config.max_turns + 1):
+        if done:
+            break
+        teacher_acts = teacher is not None and (
+            handoff_turn is not None or (k is not None and turn > k)
+        )
+        if teacher_acts and handoff_turn is None:
+            handoff_turn = turn
+        agent = teacher if teacher_acts else student
+        sampling = config.teacher_sampling if teacher_acts else config.student_sampling
+        view = teacher_turns if (teacher_acts and teacher_turns is not None) else turns
+        request = GenerationRequest(
+            sampling=sampling, turns=view, request_id=f"{request_prefix}{game.item_id}/t{turn}"
+        )
+        t0 = time.perf_counter()
+        result = await agent.engine.generate.remote(request)
+        timing["teacher_s" if teacher_acts else "student_s"] += time.perf_counter() - t0
+        dropped = max(dropped, result.dropped_turns)
+        if result.finish_reason == "context":
+            end_reason = "context"
+            break
+
+        owner = "teacher" if teacher_acts else "student"
+        if teacher_acts and not shared:
+            ids, logprobs, version = student.chat.assistant_ids(result.text), None, None
+        else:
+            ids, logprobs = student.chat.finish_sampled(result.token_ids), list(result.logprobs)
+            version = None if teacher_acts else result.version
+        new_turn = Turn("assistant", result.text, owner, ids, logprobs, version)
+        if not teacher_acts and config.score_student_with_teacher and teacher is not None and shared:
+            t0 = time.perf_counter()
+            prompt = [i for t in turns for i in t.token_ids]
+            new_turn.teacher_logprobs = await teacher.engine.score.remote(prompt, list(result.token_ids))
+            timing["teacher_score_s"] += time.perf_counter() - t0
+        turns.append(new_turn)
+        if teacher_turns is not None:
+            teacher_turns.append(
+                Turn("assistant", result.text, owner,
+                     teacher.chat.finish_sampled(result.token_ids) if teacher_acts
+                     else teacher.chat.assistant_ids(result.text))
+            )
+
+        parsed = parse_action(result.text)
+        t0 = time.perf_counter()
+        step = await env.step(parsed.action)
+        timing["env_s"] += time.perf_counter() - t0
+        if step.interrupted:
+            raise EpisodeInterrupted(game, step.info.get("error", ""))
+        bad = not parsed.valid_format or is_invalid_observation(step.observation)
+        invalid += bad
+        if (
+            handoff.policy == "on_failure" and not teacher_acts and teacher is not None
+            and (bad or parsed.action == last_action)
+        ):
+            handoff_turn = turn + 1  # the teacher acts from the next turn
+        last_action = parsed.action
+        raw_score = step.raw_score
+        add_observation(step.observation)
+        if step.done:
+            done, end_reason = True, step.end_reason
+            break
+
+    rounds = sum(1 for t in turns if t.role == "assistant" and t.owner != "prompt")
+    if handoff_turn is not None and handoff_turn > rounds:
+        handoff_turn = None  # the episode ended before the teacher acted
+    timing["total_s"] = time.perf_counter() - t_start
+    versions = [t.policy_version for t in turns if t.owner == "student" and t.policy_version is not None]
+    return Trajectory(
+        game=game,
+        turns=turns,
+        score=normalise_score(raw_score),
+        raw_score=int(raw_score),
+        success=raw_success(raw_score),
+        rounds=rounds,
+        handoff_turn=handoff_turn,
+        student_version=min(versions) if versions else None,
+        teacher_id=teacher.name if teacher is not None and handoff_turn is not None else None,
+        done=done,
+        end_reason=end_reason,
+        context_dropped_turns=dropped,
+        invalid_actions=int(invalid),
+        timing=timing,
+    )
+
+
+def _check_observation(game: GameId, turn: int, expected: str, got: str) -> None:
+    if expected.strip() != got.strip():
+        raise ReplayMismatch(
+            f"{game.item_id}: observation after turn {turn} differs from the record: "
+            f"expected {expected.strip()[:80]!r}, got {got.strip()[:80]!r}"
+        )
+
+
+def same_tokenizer(a: Any, b: Any) -> bool:
+    """Whether two tokenizers give the same ids (then OPD and shared id lists work)."""
+    return a is b or (len(a) == len(b) and a.get_vocab() == b.get_vocab())

@@ -1,0 +1,124 @@
+"""Batching: ids exactly as the engine/template saw them, owners, packing, truncation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rose_ray.chat import ChatFormat
+from rose_ray.data import row_to_trajectory
+from rose_ray.learner.batching import make_batch, pack, position_ids, render, split_batch
+from rose_ray.learner.losses import make_algorithm
+from rose_ray.types import OWNERS, GameId, Trajectory, Turn
+
+EOS = 99
+
+
+def hand_trajectory() -> Trajectory:
+    """Token-mode trajectory: opening on turn 0, empty acknowledgement, student then teacher."""
+    turns = [
+        Turn("user", "instr", "prompt", [1, 2, 3]),
+        Turn("assistant", "OK", "prompt", []),
+        Turn("user", "obs1", "env", [4, 5]),
+        Turn("assistant", "act1", "student", [6, 7, EOS], logprobs=[-0.1, -0.2], policy_version=3),
+        Turn("user", "obs2", "env", [8]),
+        Turn("assistant", "act2", "teacher", [9, 10, EOS]),
+    ]
+    return Trajectory(GameId("t", 0, "sciworld_0"), turns)
+
+
+def test_tokens_in_tokens_out():
+    seq = render(hand_trajectory(), teacher_logprobs=[None, None, None, [-1.0, -2.0, -3.0], None, None])
+    assert seq.input_ids == [1, 2, 3, 4, 5, 6, 7, EOS, 8, 9, 10, EOS]
+    names = [OWNERS[o] for o in seq.owners]
+    assert names == ["prompt"] * 3 + ["env"] * 2 + ["student"] * 3 + ["env"] + ["teacher"] * 3
+    # the appended eos of the student turn was not sampled: no old logprob, no version
+    assert seq.old_logprobs[5:7] == [-0.1, -0.2] and math.isnan(seq.old_logprobs[7])
+    assert seq.versions == [-1] * 5 + [3, 3, -1] + [-1] * 4
+    assert seq.teacher_logprobs[5:8] == [-1.0, -2.0, -3.0]
+
+
+@pytest.mark.parametrize("algo, owner", [("rose", "teacher"), ("opd", "student")])
+def test_owner_masks(algo, owner):
+    seq = render(hand_trajectory())
+    batch = make_batch([seq], make_algorithm(algo).owner_weights, max_tokens=64)
+    weighted = {OWNERS[o] for o, w in zip(batch.owners[0], batch.loss_weights[0]) if w > 0}
+    assert weighted == {owner}
+    expected = sum(OWNERS[o] == owner for o in seq.owners)
+    assert int((batch.loss_weights[0] > 0).sum()) == expected
+
+
+def test_text_rows_render_like_the_chat_template(tiny_models):
+    from rose_ray.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_models["student"])
+    fmt = ChatFormat(tok)
+    row = {"item_id": "sciworld_1", "conversations": [
+        {"from": "human", "value": "You are an agent."}, {"from": "gpt", "value": "OK", "loss": False},
+        {"from": "human", "value": "You see a door."}, {"from": "gpt", "value": "Action: open door"},
+        {"from": "human", "value": "Opened."}, {"from": "gpt", "value": "Action: go to hall"},
+    ]}
+    seq = render(row_to_trajectory(row), fmt)
+    messages = [{"role": "user" if m["from"] == "human" else "assistant", "content": m["value"]}
+                for m in row["conversations"]]
+    full = fmt.render_ids(messages, add_generation_prompt=False)
+    assert seq.input_ids == full[: len(seq.input_ids)]  # equal up to the final separator
+    assert len(full) - len(seq.input_ids) == len(fmt.encode(fmt.separator))
+    trained = [i for i, o in zip(seq.input_ids, seq.owners) if OWNERS[o] == "teacher"]
+    assert tok.decode(trained) == "Action: open door<|im_end|>Action: go to hall<|im_end|>"
+
+
+def test_truncation_uses_the_engine_policy():
+    turns = hand_trajectory().turns + [
+        Turn("user", "obs3", "env", [11, 12]), Turn("assistant", "act3", "teacher", [13, EOS])]
+    full = render(turns)
+    cut = render(turns, max_tokens=len(full) - 2, context_policy="drop_oldest")
+    # drop_oldest keeps the prompt and the first observation; drops the oldest action + obs
+    assert cut.dropped_turns == 2
+    assert cut.input_ids == [1, 2, 3, 4, 5, 9, 10, EOS, 11, 12, 13, EOS]
+    ended = render(turns, max_tokens=len(full) - 2, context_policy="end_episode")
+    # end_episode: the engine stopped there, so keep the prefix of whole turns that fits
+    assert ended.input_ids == full.input_ids[:14] and ended.dropped_turns == 1
+
+
+def test_packing_masks_attention_between_sequences(tiny_models):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["student"], dtype=torch.float32).eval()
+    rng = np.random.default_rng(0)
+    seqs = [render([Turn("user", "", "env", rng.integers(5, 500, n).tolist())]) for n in (9, 6, 5, 12)]
+    rows = pack([len(s) for s in seqs], 16)
+    assert sorted(i for r in rows for i in r) == [0, 1, 2, 3] and len(rows) == 3
+    assert all(sum(len(seqs[i]) for i in r) <= 16 for r in rows)
+    batch = make_batch(seqs, {"env": 1.0}, max_tokens=16)
+    assert batch.input_ids.shape[1] <= 16 and batch.num_sequences == 4
+    (part,) = split_batch(batch, 1)
+    # (no cache: transformers then derives the block-diagonal mask from the position ids)
+    with torch.no_grad():
+        packed = model(input_ids=torch.from_numpy(part["input_ids"]),
+                       position_ids=torch.from_numpy(part["position_ids"]), use_cache=False).logits
+        for s in seqs:  # find each sequence in the packed rows and compare its logits
+            ids = torch.tensor([s.input_ids])
+            alone = model(input_ids=ids).logits[0]
+            r, c = next((r, c) for r in range(len(part["input_ids"]))
+                        for c in range(part["input_ids"].shape[1] - len(s) + 1)
+                        if part["input_ids"][r, c:c + len(s)].tolist() == s.input_ids
+                        and part["position_ids"][r, c] == 0)
+            torch.testing.assert_close(packed[r, c:c + len(s)], alone, atol=1e-4, rtol=1e-4)
+
+
+def test_position_ids_restart_per_segment():
+    seg = np.array([[1, 1, 1, 2, 2, 0, 0]])
+    assert position_ids(seg).tolist() == [[0, 1, 2, 0, 1, 0, 1]]
+
+
+def test_split_balances_and_pads_empty_parts():
+    seqs = [render([Turn("user", "", "env", list(range(1, n + 1)))]) for n in (8, 7, 3)]
+    batch = make_batch(seqs, {"env": 1.0}, max_tokens=8)
+    parts = split_batch(batch, 4)
+    assert sorted(int((p["attention_mask"] > 0).sum()) for p in parts) == [0, 3, 7, 8]
+    empty = next(p for p in parts if not (p["attention_mask"] > 0).any())
+    assert not empty["loss_weights"].any()

@@ -1,0 +1,283 @@
+"""The transformers engine in-process: sampling, batching, scoring, weights, context policy."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from rose_ray.inference.batcher import AsyncBatcher
+from rose_ray.inference.engine import (
+    ContextExceeded,
+    EngineConfig,
+    GenerationRequest,
+    fit_context,
+)
+from rose_ray.inference.hf import HFEngine, resolve_dtype
+from rose_ray.types import SamplingParams, Turn
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
+
+
+def sharpened_state(model: torch.nn.Module, seed: int, scale: float = 0.3,
+                    quiet_ids: tuple[int, ...] = (0, 1, 2)) -> dict[str, torch.Tensor]:
+    """Random weights large enough that a tiny model's outputs depend on its input.
+
+    (At init scale the tiny model's logits are nearly flat and greedy decoding repeats one
+    token whatever the prompt, which would make the batching checks vacuous.) The special
+    tokens' (tied) embeddings are made small so they are rarely sampled and greedy runs last.
+    """
+    g = torch.Generator().manual_seed(seed)
+    state = {
+        name: p.detach().clone() if "norm" in name else torch.randn(p.shape, generator=g) * scale
+        for name, p in model.named_parameters()
+    }
+    state["model.embed_tokens.weight"][list(quiet_ids)] *= 0.01
+    return state
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models) -> HFEngine:
+    config = EngineConfig(model=str(tiny_models["student"]), dtype="float32", threads=1,
+                          max_batch_size=8, context_tokens=512)
+    eng = HFEngine(config)
+    special = tuple(eng.tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"))
+    eng.update_weights(sharpened_state(eng.model, seed=0, quiet_ids=special), version=1)
+    return eng
+
+
+@pytest.fixture(scope="module")
+def prompts(engine) -> list[list[int]]:
+    chat = engine.chat
+    return [
+        chat.opening_ids([("user", "You are an agent in a science world. " * k), ("assistant", "OK")])
+        + chat.user_ids("You are in the kitchen. " * (9 - k))
+        for k in range(1, 9)
+    ]
+
+
+def test_greedy_is_deterministic(engine, prompts):
+    a = engine.generate([GenerationRequest(prompts[0], GREEDY)])[0]
+    b = engine.generate([GenerationRequest(prompts[0], GREEDY)])[0]
+    assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+    assert len(a.token_ids) > 0 and a.finish_reason in ("stop", "length")
+    assert len(set(a.token_ids)) > 3  # a real continuation, not one repeated token
+
+
+def test_batched_greedy_equals_one_at_a_time(engine, prompts):
+    assert len({len(p) for p in prompts}) == len(prompts)  # left padding is exercised
+    single = [engine.generate([GenerationRequest(p, GREEDY)])[0] for p in prompts]
+    batched = engine.generate([GenerationRequest(p, GREEDY) for p in prompts])
+    assert engine.stats()["batch_sizes"][-1] == len(prompts)
+    for s, b in zip(single, batched):
+        assert s.token_ids == b.token_ids
+        assert s.finish_reason == b.finish_reason
+        np.testing.assert_allclose(s.logprobs, b.logprobs, atol=1e-4)
+    assert len({tuple(s.token_ids) for s in single}) > 1  # prompts lead to different outputs
+
+
+def test_generate_logprobs_match_score(engine, prompts):
+    sampling = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=20, seed=7)
+    results = engine.generate([GenerationRequest(p, sampling) for p in prompts[:4]])
+    scored = engine.score_many([(p, r.token_ids) for p, r in zip(prompts, results)])
+    for r, s in zip(results, scored):
+        assert len(r.logprobs) == len(r.token_ids) == len(s)
+        np.testing.assert_allclose(r.logprobs, s, atol=1e-4)
+    assert engine.score(prompts[0], results[0].token_ids) == pytest.approx(scored[0], abs=1e-5)
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(engine, prompts):
+    s = SamplingParams(temperature=1.0, max_new_tokens=16, seed=123)
+    alone = engine.generate([GenerationRequest(prompts[2], s)])[0]
+    others = [GenerationRequest(p, SamplingParams(temperature=1.0, max_new_tokens=16, seed=i))
+              for i, p in enumerate(prompts[:2])]
+    in_batch = engine.generate([*others, GenerationRequest(prompts[2], s)])[-1]
+    assert alone.token_ids == in_batch.token_ids
+    other_seed = engine.generate([GenerationRequest(prompts[2], SamplingParams(1.0, 1.0, 16, [], 124))])[0]
+    assert other_seed.token_ids != alone.token_ids
+
+
+def test_stop_string_cuts_text_and_keeps_sampled_ids(engine, prompts):
+    full = engine.generate([GenerationRequest(prompts[1], SamplingParams(0.0, 1.0, 24))])[0]
+    text = full.text
+    # A plain-ASCII window from the middle (a partial UTF-8 byte decodes differently mid-way).
+    start = next(i for i in range(len(text) // 2, len(text) - 3) if text[i : i + 3].isascii()
+                 and text[i : i + 3].strip())
+    stop = text[start : start + 3]
+    cut = engine.generate([GenerationRequest(prompts[1], SamplingParams(0.0, 1.0, 24, [stop]))])[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == full.text[: full.text.index(stop)]
+    assert cut.token_ids == full.token_ids[: len(cut.token_ids)]
+    assert stop in engine.chat.decode(cut.token_ids)  # the ids still hold the stop string
+
+
+def test_stop_token_ends_generation_and_is_returned(engine, prompts):
+    full = engine.generate([GenerationRequest(prompts[3], GREEDY)])[0]
+    third = full.token_ids[2]
+    saved = set(engine.stop_ids)
+    engine.stop_ids = saved | {third}
+    try:
+        out = engine.generate([GenerationRequest(prompts[3], GREEDY)])[0]
+    finally:
+        engine.stop_ids = saved
+    first = full.token_ids.index(third)
+    assert out.token_ids == full.token_ids[: first + 1] and out.finish_reason == "stop"
+    assert len(out.logprobs) == len(out.token_ids)
+
+
+def test_update_weights_changes_outputs_and_version(engine, prompts):
+    before = engine.generate([GenerationRequest(prompts[0], GREEDY)])[0]
+    original = engine.state_dict()
+    new = {k: v.numpy() for k, v in sharpened_state(engine.model, seed=99).items()}  # numpy accepted
+    engine.update_weights(new, version=7)
+    try:
+        after = engine.generate([GenerationRequest(prompts[0], GREEDY)])[0]
+        assert engine.version == 7 and after.version == 7 and before.version == 1
+        assert after.token_ids != before.token_ids
+    finally:
+        engine.update_weights(original, version=1)
+    assert engine.generate([GenerationRequest(prompts[0], GREEDY)])[0].token_ids == before.token_ids
+    with pytest.raises(KeyError, match="no.such"):
+        engine.update_weights({"no.such.weight": np.zeros(3)}, version=2)
+    name = next(iter(original))
+    with pytest.raises(ValueError, match="shape"):
+        engine.update_weights({name: np.zeros(3)}, version=2)
+    assert engine.version == 1
+
+
+def test_context_window_limits_generation(engine, prompts):
+    ctx = engine.config.context_tokens
+    near = (prompts[0] * (ctx // len(prompts[0]) + 1))[: ctx - 5]
+    res = engine.generate([GenerationRequest(near, SamplingParams(0.0, 1.0, 50))])[0]
+    assert len(res.token_ids) == 5 and res.finish_reason == "length"
+    over = engine.generate([GenerationRequest(near + near[:10], GREEDY)])[0]
+    assert over.finish_reason == "context" and over.token_ids == []
+
+
+def test_bad_sampling_is_a_clear_error(engine, prompts):
+    with pytest.raises(ValueError, match="sampling.top_p"):
+        engine.generate([GenerationRequest(prompts[0], SamplingParams(top_p=0.0))])
+    with pytest.raises(ValueError, match="sampling.temperature"):
+        engine.generate([GenerationRequest(prompts[0], SamplingParams(temperature=-1))])
+
+
+def test_engine_config_validation_names_the_key():
+    with pytest.raises(ValueError, match="engine.context_policy"):
+        EngineConfig(model="m", context_policy="truncate")
+    with pytest.raises(ValueError, match="engine.max_batch_size"):
+        EngineConfig(model="m", max_batch_size=0)
+    with pytest.raises(ValueError, match="engine.model"):
+        EngineConfig(backend="hf")
+    with pytest.raises(ValueError, match="engine.backend"):
+        EngineConfig(backend="vllm-inproc", model="m")
+
+
+def test_auto_dtype_uses_bf16_when_the_cpu_has_it(tiny_models, prompts):
+    from rose_ray.inference.hf import cpu_supports_bf16
+
+    assert resolve_dtype("float32") == "float32"
+    expected = "bfloat16" if cpu_supports_bf16() else "float32"
+    assert resolve_dtype("auto") == expected
+    eng = HFEngine(EngineConfig(model=str(tiny_models["student"]), dtype="auto", threads=1))
+    assert str(eng.model.dtype) == f"torch.{expected}"
+    res = eng.generate([GenerationRequest(prompts[0], SamplingParams(0.0, 1.0, 8))])[0]
+    assert len(res.token_ids) == len(res.logprobs) > 0
+
+
+# --------------------------------------------------------------------- context policy
+
+
+def _conversation(n_rounds: int, size: int = 10) -> list[Turn]:
+    turns = [Turn("user", "instruction", "prompt", [1] * 30), Turn("assistant", "OK", "prompt", [])]
+    for r in range(n_rounds):
+        turns.append(Turn("user", f"obs{r}", "env", [2] * size))
+        turns.append(Turn("assistant", f"act{r}", "student", [3] * size))
+    turns.append(Turn("user", f"obs{n_rounds}", "env", [2] * size))
+    return turns
+
+
+def test_fit_context_keeps_everything_that_fits():
+    turns = _conversation(3)
+    kept, dropped = fit_context(turns, 1000, "drop_oldest")
+    assert kept == turns and dropped == 0
+
+
+def test_fit_context_drops_oldest_pairs_after_first_observation():
+    turns = _conversation(4)  # 30 + 9 turns of 10 = 120 tokens
+    kept, dropped = fit_context(turns, 95, "drop_oldest")
+    assert dropped == 4  # two (action, observation) pairs: 120 -> 80
+    assert [t.text for t in kept] == ["instruction", "OK", "obs0", "act2", "obs3", "act3", "obs4"]
+    assert sum(len(t.token_ids) for t in kept) <= 95
+    roles = [t.role for t in kept[2:]]
+    assert roles == ["user", "assistant"] * 2 + ["user"]  # still alternating
+    kept0, dropped0 = fit_context(turns, 95, "drop_oldest", keep_first_turns=0)
+    assert [t.text for t in kept0][:3] == ["instruction", "OK", "obs2"] and dropped0 == 4
+
+
+def test_fit_context_end_episode_and_impossible_budgets():
+    turns = _conversation(4)
+    with pytest.raises(ContextExceeded):
+        fit_context(turns, 95, "end_episode")
+    with pytest.raises(ContextExceeded):  # prompt + first + last observation alone are 50
+        fit_context(turns, 45, "drop_oldest")
+    with pytest.raises(ValueError, match="context_policy"):
+        fit_context(turns, 95, "truncate")
+
+
+def test_engine_records_the_context_policy_in_the_result(tiny_models, engine):
+    chat = engine.chat
+    turns = [Turn("user", "instr", "prompt", chat.opening_ids([("user", "instr " * 20), ("assistant", "OK")])),
+             Turn("assistant", "OK", "prompt", [])]
+    for r in range(6):
+        turns.append(Turn("user", "o", "env", chat.user_ids(f"observation {r} " * 8)))
+        turns.append(Turn("assistant", "a", "student", chat.assistant_ids(f"action {r} " * 8)))
+    turns.append(Turn("user", "o", "env", chat.user_ids("the last observation")))
+    total = sum(len(t.token_ids) for t in turns)
+    budget_ctx = total - 40 + 16  # prompt budget = context - max_new_tokens = total - 40
+    sampling = SamplingParams(0.0, 1.0, 16)
+    drop = HFEngine(EngineConfig(model="tiny", context_tokens=budget_ctx, context_policy="drop_oldest"),
+                    model=engine.model, tokenizer=engine.tokenizer)
+    res = drop.generate([GenerationRequest(sampling=sampling, turns=turns)])[0]
+    kept, dropped = fit_context(turns, budget_ctx - 16, "drop_oldest")
+    assert res.dropped_turns == dropped > 0 and res.finish_reason != "context"
+    assert res.prompt_tokens == sum(len(t.token_ids) for t in kept)
+    direct = drop.generate([GenerationRequest([i for t in kept for i in t.token_ids], sampling)])[0]
+    assert res.token_ids == direct.token_ids
+    end = HFEngine(EngineConfig(model="tiny", context_tokens=budget_ctx, context_policy="end_episode"),
+                   model=engine.model, tokenizer=engine.tokenizer)
+    res = end.generate([GenerationRequest(sampling=sampling, turns=turns)])[0]
+    assert res.finish_reason == "context" and res.token_ids == [] and res.prompt_tokens == total
+
+
+# --------------------------------------------------------------------- dynamic batching
+
+
+def test_async_batcher_batches_concurrent_callers_and_orders_weight_updates(engine, prompts):
+    original = engine.state_dict()
+    new_state = sharpened_state(engine.model, seed=5)
+
+    async def main():
+        batcher = AsyncBatcher(engine, max_batch_size=8, max_wait_ms=50)
+        try:
+            reqs = [GenerationRequest(prompts[i % 8], SamplingParams(0.0, 1.0, 8)) for i in range(16)]
+            first = await asyncio.gather(*(batcher.generate(r) for r in reqs))
+            sizes = batcher.stats()["batcher_batch_sizes"]
+            # Weights queued between two waves: the first wave sees v1, the second v2.
+            wave1 = [asyncio.ensure_future(batcher.generate(r)) for r in reqs[:4]]
+            update = asyncio.ensure_future(batcher.update_weights(new_state, 2))
+            wave2 = [asyncio.ensure_future(batcher.generate(r)) for r in reqs[:4]]
+            await asyncio.gather(*wave1, update, *wave2)
+            return first, sizes, [w.result() for w in wave1], [w.result() for w in wave2]
+        finally:
+            await batcher.close()
+
+    try:
+        first, sizes, wave1, wave2 = asyncio.run(main())
+    finally:
+        engine.update_weights(original, version=1)
+    assert sizes == [8, 8]
+    assert all(r.version == 1 for r in first + wave1) and all(r.version == 2 for r in wave2)
+    assert [r.token_ids for r in wave1] == [r.token_ids for r in first[:4]]
+    assert [r.token_ids for r in wave2] != [r.token_ids for r in wave1]

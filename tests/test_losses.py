@@ -1,0 +1,115 @@
+"""Losses: owner masks at the gradient, OPD direction and clipping, exact means, registry."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rose_ray.learner.batching import make_batch, render, split_batch
+from rose_ray.learner.losses import ALGORITHMS, make_algorithm, token_logprobs
+from rose_ray.types import OWNERS, Turn
+
+V = 16
+
+
+def trajectory(teacher_student=-0.5):
+    turns = [
+        Turn("user", "", "prompt", [1, 2, 3]),
+        Turn("user", "", "env", [4, 5]),
+        Turn("assistant", "", "student", [6, 7, 15], logprobs=[-2.0, -2.5], policy_version=0),
+        Turn("user", "", "env", [8]),
+        Turn("assistant", "", "teacher", [9, 10, 15]),
+    ]
+    teacher = [None, None, [teacher_student] * 3, None, None]
+    return render(turns, teacher_logprobs=teacher)
+
+
+def run_loss(algo, logits, seq):
+    batch = make_batch([seq], algo.owner_weights, max_tokens=64)
+    den = algo.denominators(batch)
+    (part,) = split_batch(batch, 1)
+    t = {k: torch.from_numpy(v) for k, v in part.items()}
+    logp = token_logprobs(logits, t["input_ids"])
+    aligned = {k: v[:, 1:] for k, v in t.items() if k not in ("input_ids", "position_ids")}
+    return algo.loss(logp, aligned, den), batch
+
+
+@pytest.mark.parametrize("name, params, trained", [
+    ("rose", {}, {"teacher"}),
+    ("opd", {}, {"student"}),
+    ("rose", {"lam": 0.5}, {"teacher", "student"}),
+    ("sft", {"owners": ("teacher",)}, {"teacher"}),
+])
+def test_gradient_reaches_only_the_trained_owners(name, params, trained):
+    seq = trajectory()
+    logits = torch.randn(1, len(seq), V, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    (loss, _), batch = run_loss(make_algorithm(name, **params), logits, seq)
+    loss.backward()
+    # logits at position t predict token t+1: gradient there means token t+1 is trained
+    touched = {OWNERS[batch.owners[0, t + 1]] for t in range(len(seq) - 1)
+               if logits.grad[0, t].abs().sum() > 0}
+    assert touched == trained
+
+
+def test_opd_raises_the_probability_the_teacher_prefers():
+    theta = torch.zeros(V, requires_grad=True)  # a context-free "model": the same logits everywhere
+    turns = [Turn("user", "", "prompt", [1]),
+             Turn("assistant", "", "student", [6, 7], logprobs=[-math.log(V)] * 2, policy_version=0)]
+    seq = render(turns, teacher_logprobs=[None, [-0.1, -6.0]])  # teacher likes 6, dislikes 7
+    algo = make_algorithm("opd")
+    before = torch.softmax(theta.detach(), 0)
+    for _ in range(3):
+        (loss, metrics), _ = run_loss(algo, theta.expand(1, len(seq), V), seq)
+        theta.grad = None
+        loss.backward()
+        with torch.no_grad():
+            theta -= 0.5 * theta.grad
+    after = torch.softmax(theta.detach(), 0)
+    assert after[6] > before[6] and after[7] < before[7]
+    assert metrics["opd_reverse_kl"] == pytest.approx(np.mean([-math.log(V) + 0.1, -math.log(V) + 6]))
+
+
+def test_stale_samples_are_clipped():
+    """A token the old policy found unlikely (ratio >> 1) with a positive advantage gets no
+    gradient; with a negative advantage the unclipped (pessimistic) term still applies."""
+    logits = torch.zeros(1, 3, V, requires_grad=True)  # current logprob = -log V
+    for teacher, grad_expected in ((0.0, False), (-20.0, True)):
+        turns = [Turn("user", "", "prompt", [1]),
+                 Turn("assistant", "", "student", [6, 7], logprobs=[-9.0, -9.0], policy_version=0)]
+        seq = render(turns, teacher_logprobs=[None, [teacher, teacher]])
+        logits.grad = None
+        (loss, metrics), _ = run_loss(make_algorithm("opd", clip_eps=0.2), logits, seq)
+        loss.backward()
+        assert (logits.grad.abs().sum() > 0) == grad_expected
+        assert metrics["opd_clip_frac"] == 1.0 and metrics["opd_ratio"] > 1.2
+
+
+def test_losses_are_exact_means():
+    seq = trajectory()
+    logits = torch.randn(1, len(seq), V, generator=torch.Generator().manual_seed(1))
+    ids = torch.tensor([seq.input_ids])
+    ce_all = F.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="none")
+    owners = [OWNERS[o] for o in seq.owners[1:]]
+    teacher_ce = ce_all[[o == "teacher" for o in owners]].mean()
+    (sft, m), _ = run_loss(make_algorithm("sft", owners=("teacher",)), logits, seq)
+    torch.testing.assert_close(sft, teacher_ce)
+    (rose, m), _ = run_loss(make_algorithm("rose", lam=0.25), logits, seq)
+    (opd, mo), _ = run_loss(make_algorithm("opd"), logits, seq)
+    torch.testing.assert_close(rose, teacher_ce + 0.25 * opd)
+    assert m["loss_ce"] == pytest.approx(float(teacher_ce)) and "loss_opd" in mo
+
+
+def test_registry_and_opd_inputs():
+    assert {"sft", "opd", "rose"} <= set(ALGORITHMS)
+    with pytest.raises(ValueError, match="algorithm: unknown 'ppo'"):
+        make_algorithm("ppo")
+    with pytest.raises(ValueError, match="lam"):
+        make_algorithm("rose", lam=-1)
+    seq = render([Turn("user", "", "prompt", [1]), Turn("assistant", "", "student", [6, 7])])
+    algo = make_algorithm("opd")
+    with pytest.raises(ValueError, match="teacher_logprobs are missing"):
+        algo.denominators(make_batch([seq], algo.owner_weights, 8))

@@ -1,0 +1,228 @@
+"""`rose-ray serve` and the openai backend, over real HTTP on localhost."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from test_inference_engine import sharpened_state
+
+from rose_ray.inference.engine import EngineConfig, GenerationRequest
+from rose_ray.inference.hf import HFEngine
+from rose_ray.inference.openai import OpenAIEngine, OpenAIServerError
+from rose_ray.inference.server import OpenAIServer
+from rose_ray.types import SamplingParams, Turn
+
+KEY = "test-key-123"
+NAME = "tiny-student"
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models) -> HFEngine:
+    eng = HFEngine(EngineConfig(model=str(tiny_models["student"]), dtype="float32", threads=1,
+                                max_batch_size=8, max_wait_ms=20, context_tokens=256))
+    special = tuple(eng.tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"))
+    eng.update_weights(sharpened_state(eng.model, seed=0, quiet_ids=special), 1)
+    return eng
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    with OpenAIServer(engine, NAME, api_key=KEY).start_background() as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server) -> OpenAIEngine:
+    return OpenAIEngine(EngineConfig(backend="openai", model=NAME, base_url=server.url, api_key=KEY,
+                                     context_tokens=256, max_batch_size=8))
+
+
+@pytest.fixture(scope="module")
+def prompt(engine) -> list[int]:
+    return engine.chat.opening_ids([("user", "You are an agent."), ("assistant", "OK")]) + engine.chat.user_ids(
+        "You are in the kitchen. You see a fridge.")
+
+
+def post(url: str, body, key: str | None = KEY) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_client_generate_round_trips_exact_token_ids(engine, client, prompt):
+    sampling = SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=20, seed=11)
+    remote = client.generate([GenerationRequest(prompt, sampling, request_id="r1", top_logprobs=3)])[0]
+    local = engine.generate([GenerationRequest(prompt, sampling, top_logprobs=3)])[0]
+    assert remote.token_ids == local.token_ids and len(remote.token_ids) > 0
+    np.testing.assert_allclose(remote.logprobs, local.logprobs, atol=1e-5)
+    assert remote.text == local.text and remote.finish_reason == local.finish_reason
+    assert remote.request_id == "r1" and remote.prompt_tokens == len(prompt)
+    assert [sorted(d) for d in remote.top_logprobs] == [sorted(d) for d in local.top_logprobs]
+
+
+def test_client_score_matches_the_engine(engine, client, prompt):
+    completion = engine.generate([GenerationRequest(prompt, SamplingParams(1.0, 1.0, 12, [], 4))])[0].token_ids
+    remote = client.score(prompt, completion)
+    np.testing.assert_allclose(remote, engine.score(prompt, completion), atol=1e-5)
+    many = client.score_many([(prompt, completion), (prompt[:5], prompt[5:9])])
+    np.testing.assert_allclose(many[1], engine.score(prompt[:5], prompt[5:9]), atol=1e-5)
+
+
+def test_echo_logprobs_score_the_prompt(server, engine, prompt):
+    status, out = post(server.url + "/completions", {"model": NAME, "prompt": prompt, "max_tokens": 0,
+                                                     "echo": True, "logprobs": 0,
+                                                     "return_tokens_as_token_ids": True})
+    assert status == 200
+    lp = out["choices"][0]["logprobs"]
+    assert lp["tokens"] == [f"token_id:{t}" for t in prompt]
+    assert lp["token_logprobs"][0] is None
+    np.testing.assert_allclose(lp["token_logprobs"][1:], engine.score(prompt[:1], prompt[1:]), atol=1e-5)
+    assert out["choices"][0]["prompt_token_ids"] == prompt and out["usage"]["completion_tokens"] == 0
+
+
+def test_text_completion_and_several_prompts(server, engine):
+    status, out = post(server.url + "/completions", {"prompt": ["look around", "open door"], "max_tokens": 5,
+                                                     "temperature": 0, "logprobs": 2})
+    assert status == 200 and [c["index"] for c in out["choices"]] == [0, 1]
+    for text, choice in zip(["look around", "open door"], out["choices"]):
+        ids = engine.chat.encode(text)
+        local = engine.generate([GenerationRequest(ids, SamplingParams(0.0, 1.0, 5))])[0]
+        assert choice["token_ids"] == local.token_ids and choice["text"] == local.text
+        assert len(choice["logprobs"]["top_logprobs"][0]) == 2
+
+
+def test_chat_completion_uses_the_chat_template(server, engine):
+    messages = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "OK"},
+                {"role": "user", "content": [{"type": "text", "text": "look around"}]}]
+    status, out = post(server.url + "/chat/completions", {
+        "model": NAME, "messages": messages, "max_tokens": 8, "temperature": 0, "logprobs": True,
+        "top_logprobs": 2, "return_tokens_as_token_ids": True})
+    assert status == 200
+    flat = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str) else "look around"}
+            for m in messages]
+    ids = engine.chat.render_ids(flat, add_generation_prompt=True)
+    local = engine.generate([GenerationRequest(ids, SamplingParams(0.0, 1.0, 8))])[0]
+    choice = out["choices"][0]
+    assert out["prompt_token_ids"] == ids
+    assert choice["token_ids"] == local.token_ids and choice["message"]["content"] == local.text
+    content = choice["logprobs"]["content"]
+    assert [c["token"] for c in content] == [f"token_id:{t}" for t in local.token_ids]
+    np.testing.assert_allclose([c["logprob"] for c in content], local.logprobs, atol=1e-5)
+    assert all(len(c["top_logprobs"]) == 2 for c in content)
+
+
+def test_wrong_or_missing_key_is_401(server, engine):
+    body = {"model": NAME, "prompt": "look", "max_tokens": 2}
+    for key in ("wrong", None):
+        status, out = post(server.url + "/completions", body, key=key)
+        assert status == 401 and "API key" in out["error"]["message"]
+    bad = OpenAIEngine(EngineConfig(backend="openai", model=NAME, base_url=server.url, api_key="wrong"))
+    with pytest.raises(OpenAIServerError) as e:
+        bad.generate([GenerationRequest([1, 2, 3], SamplingParams(max_new_tokens=2))])
+    assert e.value.status == 401
+    with urllib.request.urlopen(server.url.removesuffix("/v1") + "/health", timeout=10) as r:
+        assert json.loads(r.read())["status"] == "ok"  # health needs no key
+
+
+@pytest.mark.parametrize(
+    "body, param, words",
+    [
+        (b"{not json", None, "not valid JSON"),
+        (b"[1, 2]", None, "JSON object"),
+        ({"model": NAME}, "prompt", "'prompt' is required"),
+        ({"prompt": "x", "temperature": "hot"}, "temperature", "'temperature' must be a number"),
+        ({"prompt": "x", "top_p": 1.5}, "top_p", "'top_p' must be between"),
+        ({"prompt": [1, 2, 10**9]}, "prompt", "not a token id"),
+        ({"prompt": "x", "stream": True}, "stream", "not supported"),
+        ({"prompt": "x", "n": 2}, "n", "'n' must be between"),
+        ({"prompt": "x", "stop": [""]}, "stop", "'stop' must be"),
+        ({"prompt": [5] * 250, "max_tokens": 10}, "max_tokens", "maximum context length is 256"),
+    ],
+)
+def test_malformed_requests_are_400_with_a_readable_message(server, body, param, words):
+    status, out = post(server.url + "/completions", body)
+    assert status == 400
+    assert words in out["error"]["message"] and out["error"]["param"] == param
+
+
+def test_chat_errors_and_unknown_model(server):
+    status, out = post(server.url + "/chat/completions", {"messages": [{"role": "robot", "content": "x"}]})
+    assert status == 400 and "messages[0]" in out["error"]["message"]
+    status, out = post(server.url + "/completions", {"model": "gpt-9", "prompt": "x"})
+    assert status == 404 and "gpt-9" in out["error"]["message"]
+
+
+def test_client_error_carries_the_server_message(client):
+    with pytest.raises(OpenAIServerError, match="not a token id"):
+        client.generate([GenerationRequest([10**9], SamplingParams(max_new_tokens=2))])
+    with pytest.raises(NotImplementedError, match="frozen"):
+        client.update_weights({}, 1)
+
+
+def test_client_applies_the_context_policy(client, engine):
+    chat = engine.chat
+    turns = [Turn("user", "i", "prompt", chat.opening_ids([("user", "instr"), ("assistant", "OK")])),
+             Turn("assistant", "OK", "prompt", [])]
+    for r in range(12):
+        turns += [Turn("user", "o", "env", chat.user_ids(f"observation {r} " * 4)),
+                  Turn("assistant", "a", "student", chat.assistant_ids(f"action {r}"))]
+    turns.append(Turn("user", "o", "env", chat.user_ids("now")))
+    assert sum(len(t.token_ids) for t in turns) > 256 - 16
+    res = client.generate([GenerationRequest(sampling=SamplingParams(0.0, 1.0, 16), turns=turns)])[0]
+    assert res.dropped_turns > 0 and res.finish_reason in ("stop", "length")
+    assert res.prompt_tokens <= 256 - 16
+
+
+def test_concurrent_http_requests_are_batched(client, engine, prompt):
+    before = len(engine.stats()["batch_sizes"])
+    reqs = [GenerationRequest(prompt + [i + 10], SamplingParams(0.0, 1.0, 6)) for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda r: client.generate([r])[0], reqs))
+    sizes = engine.stats()["batch_sizes"][before:]
+    assert sum(sizes) == 8 and max(sizes) > 1, sizes
+    assert [r.token_ids for r in results] == [r.token_ids for r in engine.generate(reqs)]
+
+
+def test_rose_ray_serve_command(tiny_models):
+    """The CLI end to end: a subprocess serving on a free port, with a key."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "ROSE_RAY_API_KEY": KEY}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rose_ray.cli", "serve", str(tiny_models["student"]), "--port", str(port),
+         "--served-model-name", NAME, "--threads", "1", "--dtype", "float32"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/v1"
+        deadline = time.time() + 120
+        while True:
+            try:
+                status, out = post(url + "/completions", {"model": NAME, "prompt": "look", "max_tokens": 3,
+                                                         "temperature": 0})
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert proc.poll() is None, proc.stdout.read()
+                assert time.time() < deadline, "server did not come up"
+                time.sleep(0.5)
+        assert status == 200 and len(out["choices"][0]["token_ids"]) == 3
+        assert post(url + "/completions", {"prompt": "look"}, key="nope")[0] == 401
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
