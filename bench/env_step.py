@@ -55,7 +55,7 @@ def java_pids() -> set[int]:
 
 
 def rss_mb(pid: int) -> float:
-    """RSS of a process and all its descendants, in MB."""
+    """RSS of a process and all its descendants, in MiB (the unit of -Xmx256m)."""
     proc = psutil.Process(pid)
     total = proc.memory_info().rss
     for child in proc.children(recursive=True):
@@ -63,7 +63,7 @@ def rss_mb(pid: int) -> float:
             total += child.memory_info().rss
         except psutil.NoSuchProcess:
             pass
-    return total / 1e6
+    return total / 2**20
 
 
 def pct(values: list[float], q: float) -> float:
@@ -108,11 +108,17 @@ def kill_leftovers() -> list[int]:
     return left
 
 
+def _real(r) -> int:
+    """1 if the step reached the JVM; a step after the episode ended is answered locally."""
+    return int(r.end_reason != "ended")
+
+
 def gold_paths(games: list[GameId]) -> list[dict]:
     """Each game's gold path, cut where a fresh (non-gold) replay ends the episode.
 
     After the episode ends the lean step answers without calling the JVM, so trailing gold
-    actions would time nothing; the cut keeps every replayed step a real one.
+    actions would time nothing. Games are not fully deterministic (a replay may finish a step
+    later or earlier), so sections 2 and 3 count only steps that reached the JVM.
     """
     out = []
     g = new_game()
@@ -149,21 +155,24 @@ def bench_lean_vs_stock(paths: list[dict], warmup: int) -> dict:
             lean.load(game)
             stock.load(game.task, game.variation, "", False)
             stock.step("look around")  # the lean load also takes this first step
-            lean_obs, lean_score = [], 0
+            lean_obs, lean_real, lean_score = [], [], 0
             for a in actions:
                 t0 = time.perf_counter()
                 r = lean.step(a)
                 dt = (time.perf_counter() - t0) * 1e3
                 lean_obs.append(r.observation)
+                lean_real.append(_real(r))
                 lean_score = r.raw_score
-                if timed:
+                if timed and _real(r):
                     lean_ms.append(dt)
             stock_score = 0
-            for a, obs in zip(actions, lean_obs):
+            for a, obs, real in zip(actions, lean_obs, lean_real):
                 t0 = time.perf_counter()
                 s_obs, _, _, info = stock.step(a)
                 dt = (time.perf_counter() - t0) * 1e3
                 stock_score = info["score"]
+                if not real:  # lean ended early (see gold_paths); compare only real steps
+                    continue
                 if s_obs != obs:
                     mismatches += 1
                     if len(examples) < 3:
@@ -207,12 +216,12 @@ def bench_rss(paths: list[dict], steps: int, sample_every: int) -> dict:
             p = paths[episodes % len(paths)]
             episodes += 1
             actions = p["actions"][: steps - done]
+            real = []
             for g in jvms.values():
                 g.load(p["game"])
-                for a in actions:
-                    g.step(a)
+                real.append(sum(_real(g.step(a)) for a in actions))
             before = done
-            done += len(actions)
+            done += min(real)
             if done // sample_every > before // sample_every or done >= steps:
                 for k, g in jvms.items():
                     curves[k].append((done, rss_mb(g.pid)))
@@ -224,6 +233,7 @@ def bench_rss(paths: list[dict], steps: int, sample_every: int) -> dict:
         "steps": done,
         "episodes": episodes,
         "heap_cap": DEFAULT_HEAP,
+        "unit": "MiB",
         "final_rss_mb": final,
         "peak_rss_mb": {k: max(v for _, v in c) for k, c in curves.items()},
         "curve_mb": {k: [[s, round(v, 1)] for s, v in c] for k, c in curves.items()},
@@ -251,8 +261,7 @@ def bench_pool(paths: list[dict], slots: int, rounds: int) -> dict:
         for k in range(max(len(p["actions"]) for p in eps)):
             for g, p in zip(games, eps):
                 if k < len(p["actions"]):
-                    g.step(p["actions"][k])
-                    n += 1
+                    n += _real(g.step(p["actions"][k]))
         return n, time.perf_counter() - t0
 
     def reset_pool(pool, eps: list[dict]) -> None:
@@ -265,16 +274,20 @@ def bench_pool(paths: list[dict], slots: int, rounds: int) -> dict:
             acts = {i: p["actions"][k] for i, p in enumerate(eps) if k < len(p["actions"])}
             res = ray.get(pool.step_many.remote(acts))
             assert not any(r.interrupted for r in res.values()), "a pool JVM died"
-            n += len(acts)
+            n += sum(_real(r) for r in res.values())
         return n, time.perf_counter() - t0
 
     def run_concurrent(pool, eps: list[dict]) -> tuple[int, float]:
         # One driver thread per slot, as independent episodes would call the pool.
         reset_pool(pool, eps)
 
+        real = [0] * len(eps)
+
         def episode(i: int, actions: list[str]) -> None:
             for a in actions:
-                assert not ray.get(pool.step.remote(i, a)).interrupted, "a pool JVM died"
+                r = ray.get(pool.step.remote(i, a))
+                assert not r.interrupted, "a pool JVM died"
+                real[i] += _real(r)
 
         threads = [threading.Thread(target=episode, args=(i, p["actions"]))
                    for i, p in enumerate(eps)]
@@ -283,7 +296,7 @@ def bench_pool(paths: list[dict], slots: int, rounds: int) -> dict:
             t.start()
         for t in threads:
             t.join()
-        return sum(len(p["actions"]) for p in eps), time.perf_counter() - t0
+        return sum(real), time.perf_counter() - t0
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
     t_init = time.perf_counter()
@@ -403,9 +416,10 @@ def main() -> None:
          f"{ls['lean_ms']['p95']:.2f} ({ls['stock_ms']['p95']:.2f})", "", None),
         (f"lean speedup vs stock, p50 ({ls['steps']} steps)", f"{ls['speedup_p50']:.1f}x",
          ">= 5x", ls["speedup_p50"] >= 5),
-        (f"JVM RSS after {rss['steps']} steps, -Xmx{DEFAULT_HEAP}", f"{capped:.0f} MB",
-         "<= 350 MB", capped <= 350),
-        (f"JVM RSS after {rss['steps']} steps, uncapped", f"{uncapped:.0f} MB", "(info)", None),
+        (f"JVM RSS after {rss['steps']} steps, -Xmx{DEFAULT_HEAP}",
+         f"{capped:.0f} MiB ({capped * 2**20 / 1e6:.0f} MB)", "<= 350 MiB", capped <= 350),
+        (f"JVM RSS after {rss['steps']} steps, uncapped",
+         f"{uncapped:.0f} MiB ({uncapped * 2**20 / 1e6:.0f} MB)", "(info)", None),
         ("direct steps/s (4 games, one loop)", f"{pool['steps_per_s']['direct']:.0f}", "", None),
         ("EnvPool step_many steps/s", f"{pool['steps_per_s']['pool_step_many']:.0f}", "", None),
         ("EnvPool step_many / direct", f"{pool['ratio_step_many']:.2f}x", ">= 0.85x",
@@ -422,10 +436,10 @@ def main() -> None:
     width = max(len(r[0]) for r in rows)
     print(f"\nenv_step ({out['mode']}, {info['cpus_usable']} cores, {out['date']}, "
           f"{out['runtime_s']} s)")
-    print(f"{'metric':<{width}}  {'value':>16}  {'target':>9}  result")
-    print("-" * (width + 38))
+    print(f"{'metric':<{width}}  {'value':>18}  {'target':>10}  result")
+    print("-" * (width + 41))
     for m, v, t, ok in rows:
-        print(f"{m:<{width}}  {v:>16}  {t:>9}  {'' if ok is None else 'PASS' if ok else 'FAIL'}")
+        print(f"{m:<{width}}  {v:>18}  {t:>10}  {'' if ok is None else 'PASS' if ok else 'FAIL'}")
     print(f"observation mismatches lean vs stock: {ls['observation_mismatches']}; "
           f"load average {info['loadavg_start'][0]:.1f} -> {info['loadavg_end'][0]:.1f}; "
           f"section seconds {out['section_s']}")

@@ -114,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(func=_init_tiny)
 
+    g = sub.add_parser("train", help="online ROSE (or opd / teacher_sft) on a Ray cluster or this machine")
+    g.add_argument("--config", help="YAML config (default: the embedded tiny config)")
+    g.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. steps=20")
+    g.set_defaults(func="rose_ray.train:cli_main")
+
     g = sub.add_parser("eval", help="evaluate a model on held-out games (Score / Success / Pass)")
     g.add_argument("--model", help="local model folder, or openai:URL of a served model")
     g.add_argument("--split", default="test", help="train, dev, test, all, agenteval_test, or an id-list file")

@@ -25,7 +25,7 @@ class StepResult:
     done: bool = False
     turn: int = 0
     game: GameId | None = None
-    end_reason: str = ""  # "", "success", "failed", "completed", "turn_limit", "interrupted"
+    end_reason: str = ""  # "", success, failed, completed, turn_limit, interrupted, ended (stepped after the end)
     interrupted: bool = False
     latency_ms: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)

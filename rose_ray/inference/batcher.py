@@ -89,7 +89,8 @@ class AsyncBatcher:
     async def _submit(self, kind: str, payload: Any) -> Any:
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done():
-            if self._task is not None and self._task.exception() is not None:
+            # First call, or the task ended with its event loop (a new asyncio.run): start one here.
+            if self._task is not None and not self._task.cancelled() and self._task.exception():
                 raise RuntimeError("engine batching task died") from self._task.exception()
             self._wake = asyncio.Event()
             self._task = loop.create_task(self._run())

@@ -103,6 +103,10 @@ class HFEngine:
         self.model = model.eval()
         if config.attn_implementation and hasattr(self.model, "set_attn_implementation"):
             self.model.set_attn_implementation(config.attn_implementation)
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit is not None and config.context_tokens > limit:
+            raise ValueError(f"engine.context_tokens: {config.context_tokens} is more than the model's "
+                             f"max_position_embeddings ({limit})")
         self.chat = ChatFormat(tokenizer)
         self.stop_ids = {self.chat.eos_id}
         if tokenizer.eos_token_id is not None:
@@ -131,6 +135,8 @@ class HFEngine:
         for i, req in enumerate(requests):
             validate_sampling(req.sampling)
             ids, dropped, fits = resolve_prompt(req, self.config)
+            if not ids:
+                raise ValueError(f"generate: request {req.request_id or i} has an empty prompt")
             if not fits:
                 results[i] = context_result(req, len(ids), self._version)
             else:
@@ -226,23 +232,25 @@ class HFEngine:
             out.append(rows.gather(1, torch.tensor(c, device=rows.device)[:, None])[:, 0].tolist())
         return out
 
-    def _choose(self, rows: list[_Row], logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
-        """The next token of each active row, and the raw log-softmax over the vocabulary."""
+    def _choose(self, rows: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[float], torch.Tensor]:
+        """Next token of each active row, its raw logprob, and the raw log-softmax."""
         logits = logits.float()
         logp = torch.log_softmax(logits, dim=-1)
-        greedy = logits.argmax(dim=-1).tolist()
-        chosen = []
-        for r, row in enumerate(rows):
-            s = row.sampling
-            if s.temperature == 0:
-                chosen.append(greedy[r])
-                continue
-            scaled = logits[r] / s.temperature
-            if s.top_p < 1.0:
-                scaled = _top_p_filter(scaled, s.top_p)
+        chosen = logits.argmax(dim=-1)
+        sampled = [r for r, row in enumerate(rows) if row.sampling.temperature > 0]
+        if sampled:
+            index = torch.tensor(sampled, device=logits.device)
+            temps = torch.tensor([rows[r].sampling.temperature for r in sampled], device=logits.device)
+            scaled = logits[index] / temps[:, None]
+            for n, r in enumerate(sampled):
+                if rows[r].sampling.top_p < 1.0:
+                    scaled[n] = _top_p_filter(scaled[n], rows[r].sampling.top_p)
             probs = torch.softmax(scaled, dim=-1).cpu()
-            chosen.append(int(torch.multinomial(probs, 1, generator=row.generator)))
-        return chosen, logp
+            # One generator per request: its draws do not depend on the rest of the batch.
+            picks = [torch.multinomial(probs[n], 1, generator=rows[r].generator) for n, r in enumerate(sampled)]
+            chosen[index] = torch.cat(picks).to(chosen.device)
+        chosen_lp = logp.gather(1, chosen[:, None])[:, 0]
+        return chosen.tolist(), chosen_lp.tolist(), logp
 
     def _check_stop(self, row: _Row) -> None:
         tok = row.ids[-1]
@@ -301,12 +309,11 @@ class HFEngine:
         logits, cache = self._forward(ids, mask, positions, cache=None)
         last_pos = positions[:, -1]
         while True:
-            chosen, logp = self._choose(active, logits[:, -1])
+            chosen, chosen_lp, logp = self._choose(active, logits[:, -1])
             keep: list[int] = []
             for r, row in enumerate(active):
-                tok = chosen[r]
-                row.ids.append(tok)
-                row.logprobs.append(float(logp[r, tok]))
+                row.ids.append(chosen[r])
+                row.logprobs.append(chosen_lp[r])
                 if row.top_k > 0:
                     vals, idx = torch.topk(logp[r], row.top_k)
                     row.top.append(dict(zip(idx.tolist(), vals.tolist())))

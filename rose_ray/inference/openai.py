@@ -87,6 +87,10 @@ class OpenAIEngine:
             time.sleep(0.5 * 2**attempt)
         raise AssertionError("unreachable")
 
+    def _model_field(self) -> dict[str, str]:
+        """No model name: the server's default model (vLLM and rose-ray serve allow that)."""
+        return {"model": self.config.model} if self.config.model else {}
+
     def models(self) -> list[str]:
         return [m["id"] for m in self._request("GET", "/models")["data"]]
 
@@ -103,7 +107,7 @@ class OpenAIEngine:
         s = request.sampling
         max_tokens = min(s.max_new_tokens, self.config.context_tokens - len(ids))
         body: dict[str, Any] = {
-            "model": self.config.model, "prompt": ids, "max_tokens": max_tokens,
+            **self._model_field(), "prompt": ids, "max_tokens": max_tokens,
             "temperature": s.temperature, "top_p": s.top_p, "logprobs": request.top_logprobs,
             "return_tokens_as_token_ids": True, "return_token_ids": True,
             "skip_special_tokens": False, "include_stop_str_in_output": False,
@@ -138,7 +142,7 @@ class OpenAIEngine:
         if not completion_ids:
             return []
         ids = list(prompt_ids) + list(completion_ids)
-        body = {"model": self.config.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
+        body = {**self._model_field(), "prompt": ids, "max_tokens": 1, "temperature": 0.0,
                 "prompt_logprobs": 0, "return_tokens_as_token_ids": True}
         choice = self._request("POST", "/completions", body)["choices"][0]
         self._counters["score_calls"] += 1

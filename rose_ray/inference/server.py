@@ -158,10 +158,11 @@ class OpenAIServer:
                    ) -> tuple[GenerationResult | None, list[float]]:
         """Generation (unless max_tokens is 0) and prompt scoring (when asked), concurrently."""
         want_prompt = p.prompt_logprobs is not None or (p.echo and p.logprobs is not None)
-        gen = None
+        gen = scoring = None
         if p.sampling.max_new_tokens > 0:
-            gen = batcher.generate(GenerationRequest(prompt, p.sampling, top_logprobs=top))
-        scoring = batcher.score(prompt[:1], prompt[1:]) if want_prompt and len(prompt) > 1 else None
+            gen = asyncio.ensure_future(batcher.generate(GenerationRequest(prompt, p.sampling, top_logprobs=top)))
+        if want_prompt and len(prompt) > 1:
+            scoring = asyncio.ensure_future(batcher.score(prompt[:1], prompt[1:]))
         result = await gen if gen is not None else None
         prompt_lps = await scoring if scoring is not None else []
         return result, prompt_lps

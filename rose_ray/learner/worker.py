@@ -216,10 +216,13 @@ class LearnerWorker:
     def save_checkpoint(self, path: str, tag: str, client_state: dict[str, Any]) -> None:
         import torch
 
-        self.engine.save_checkpoint(path, tag=tag, client_state=client_state)
+        # RNG first: DeepSpeed writes `latest` last, so a crash never leaves it pointing at a
+        # checkpoint without its RNG files.
         rng_file = Path(path) / tag / f"rng_rank{self.rank}.pt"
+        rng_file.parent.mkdir(parents=True, exist_ok=True)
         torch.save(_rng_state(), rng_file.with_suffix(".tmp"))
         os.replace(rng_file.with_suffix(".tmp"), rng_file)
+        self.engine.save_checkpoint(path, tag=tag, client_state=client_state)
 
     def load_checkpoint(self, path: str, tag: str) -> dict[str, Any]:
         import torch

@@ -1,0 +1,241 @@
+"""Learner benchmarks (not a test): training tokens/s of the DeepSpeed learner vs a plain
+torch loop on the same model and batches, and weight publication ms/MB (object store into a
+real engine actor vs a gloo broadcast) for the tiny student and a ~100M-parameter model.
+
+    python bench/learner.py [--steps 8] [--threads 2] [--quick]
+
+Prints a table and writes bench/results/learner.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+class TorchLoop:
+    """The baseline: the same model, micro-batches and loss in a plain torch loop."""
+
+    def __init__(self, model: str, dtype: str, threads: int, lr: float, algorithm) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        torch.manual_seed(0)
+        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).train()
+        self.dtype = dtype
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        self.algorithm = algorithm
+
+    def train_step(self, parts, den) -> float:
+        import torch
+
+        from rose_ray.learner.losses import token_logprobs
+
+        start = time.perf_counter()
+        for part in parts:
+            t = {k: torch.from_numpy(np.array(v)) for k, v in part.items()}
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.dtype == "bfloat16"):
+                logits = self.model(input_ids=t["input_ids"], position_ids=t["position_ids"],
+                                    use_cache=False).logits
+            logp = token_logprobs(logits, t["input_ids"])
+            aligned = {k: v[:, 1:] for k, v in t.items() if k not in ("input_ids", "position_ids")}
+            loss, _ = self.algorithm.loss(logp, aligned, den)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+
+class Broadcaster:
+    """One side of a 2-process gloo group: rank 0 sends weights, rank 1 receives in place."""
+
+    def __init__(self, rank: int, model: str, threads: int) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        self.rank = rank
+        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+
+    def addr(self):
+        import socket
+
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def init(self, addr: str, port: int) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=self.rank, world_size=2)
+
+    def broadcast(self) -> float:
+        import torch
+        import torch.distributed as dist
+
+        dist.barrier()
+        start = time.perf_counter()
+        with torch.no_grad():
+            for p in self.model.parameters():  # receiver: straight into its parameters
+                dist.broadcast(p.data, src=0)
+        dist.barrier()
+        return time.perf_counter() - start
+
+
+def make_sequences(vocab: int, n: int, length: int, seed: int = 0):
+    from rose_ray.learner.batching import render
+    from rose_ray.types import Turn
+
+    rng = np.random.default_rng(seed)
+    seqs = []
+    for _ in range(n):
+        ln = int(rng.integers(length // 2, length))
+        k = ln // 4
+        turns = [Turn("user", "", "prompt", rng.integers(5, vocab, k).tolist()),
+                 Turn("assistant", "", "student", rng.integers(5, vocab, k).tolist()),
+                 Turn("user", "", "env", rng.integers(5, vocab, k).tolist()),
+                 Turn("assistant", "", "teacher", rng.integers(5, vocab, ln - 3 * k).tolist())]
+        seqs.append(render(turns))
+    return seqs
+
+
+def bench_training(model: str, vocab: int, args) -> list[dict]:
+    """DeepSpeed and torch steps alternate, so load from other processes hits both alike."""
+    import ray
+
+    from rose_ray.learner.batching import split_batch
+    from rose_ray.learner.learner import LearnerConfig, LearnerGroup
+
+    seqs = make_sequences(vocab, args.sequences, args.length)
+    rows = []
+    for dtype in ("float32", "bfloat16"):
+        cfg = LearnerConfig(model=model, algorithm="sft", dtype=dtype, lr=1e-4, threads=args.threads,
+                            cpus_per_rank=1, max_tokens=args.length, grad_accum=args.grad_accum)
+        group = LearnerGroup(cfg)
+        batch = group.make_batch(seqs)
+        tokens = int((np.asarray(batch.attention_mask) > 0).sum())
+        loop = ray.remote(num_cpus=1)(TorchLoop).remote(model, dtype, args.threads, 1e-4, group.algorithm)
+        den = group.algorithm.denominators(batch)
+        parts = ray.put(split_batch(batch, cfg.grad_accum))
+        ds_times, torch_times = [], []
+        for _ in range(args.warmup + args.steps):
+            ds_times.append(group.train_step(batch)["step_s"])
+            torch_times.append(ray.get(loop.train_step.remote(parts, den)))
+        group.shutdown()
+        ray.kill(loop)
+        ds = tokens / statistics.median(ds_times[args.warmup:])
+        plain = tokens / statistics.median(torch_times[args.warmup:])
+        rows.append({"model": Path(model).name, "dtype": dtype, "tokens_per_step": tokens,
+                     "deepspeed_tokens_per_s": ds, "torch_tokens_per_s": plain, "ratio": ds / plain})
+    return rows
+
+
+def build_100m(tokenizer_dir: str, out: Path) -> str:
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    if (out / "config.json").exists():
+        return str(out)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_hidden_layers=10,
+                      num_attention_heads=12, num_key_value_heads=4, head_dim=64,
+                      tie_word_embeddings=True, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
+    Qwen3ForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+def bench_publication(model: str, args) -> dict:
+    import ray
+
+    from rose_ray.inference.actor import engine_actor
+    from rose_ray.inference.engine import EngineConfig
+    from rose_ray.learner.learner import LearnerConfig, LearnerGroup
+
+    group = LearnerGroup(LearnerConfig(model=model, algorithm="sft", threads=args.threads, cpus_per_rank=1))
+    engine = engine_actor(EngineConfig(model=model, dtype="float32", threads=1), num_cpus=1)
+    ray.get(engine.ready.remote())
+    runs = [group.publish_weights([engine]) for _ in range(args.publish_repeats)]
+    group.shutdown()
+    ray.kill(engine)
+    mb = runs[0]["mb"]
+    store_ms = statistics.median(r["total_ms"] for r in runs)
+
+    cls = ray.remote(num_cpus=1)(Broadcaster)
+    pair = [cls.remote(r, model, args.threads) for r in range(2)]
+    addr, port = ray.get(pair[0].addr.remote())
+    ray.get([p.init.remote(addr, port) for p in pair])
+    bcast = [max(ray.get([p.broadcast.remote() for p in pair])) for _ in range(args.publish_repeats)]
+    for p in pair:
+        ray.kill(p)
+    bcast_ms = statistics.median(bcast) * 1e3
+    return {"model": Path(model).name, "mb": mb,
+            "object_store_ms": store_ms, "object_store_ms_per_mb": store_ms / mb,
+            "gather_ms": statistics.median(r["gather_ms"] for r in runs),
+            "gloo_broadcast_ms": bcast_ms, "gloo_broadcast_ms_per_mb": bcast_ms / mb}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--sequences", type=int, default=8)
+    p.add_argument("--length", type=int, default=512)
+    p.add_argument("--grad-accum", type=int, default=2)
+    p.add_argument("--publish-repeats", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="tiny model only, fewer steps")
+    args = p.parse_args()
+    if args.quick:
+        args.steps, args.publish_repeats = 3, 3
+
+    import ray
+
+    from rose_ray.models import init_tiny, load_tokenizer
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    root = Path(tempfile.gettempdir()) / "rose_ray_bench"
+    tiny = init_tiny(root / "tiny")
+    vocab = len(load_tokenizer(tiny["student"]))
+    train = bench_training(str(tiny["teacher"]), vocab, args)
+    models = [str(tiny["student"])] + ([] if args.quick else [build_100m(str(tiny["student"]), root / "m100")])
+    publish = [bench_publication(m, args) for m in models]
+    ray.shutdown()
+
+    print("\ntraining (1 rank, ZeRO 0, same model/batches/loss; median step)")
+    print(f"{'model':10} {'dtype':9} {'tok/step':>8} {'deepspeed tok/s':>16} {'torch tok/s':>12} {'ratio':>6}")
+    for r in train:
+        print(f"{r['model']:10} {r['dtype']:9} {r['tokens_per_step']:8d} {r['deepspeed_tokens_per_s']:16.0f} "
+              f"{r['torch_tokens_per_s']:12.0f} {r['ratio']:6.2f}")
+    print("\nweight publication (learner rank 0 -> 1 engine actor; median)")
+    print(f"{'model':10} {'MB':>7} {'store ms':>9} {'store ms/MB':>12} {'gather ms':>10} "
+          f"{'gloo ms':>8} {'gloo ms/MB':>11}")
+    for r in publish:
+        print(f"{r['model']:10} {r['mb']:7.1f} {r['object_store_ms']:9.1f} {r['object_store_ms_per_mb']:12.3f} "
+              f"{r['gather_ms']:10.1f} {r['gloo_broadcast_ms']:8.1f} {r['gloo_broadcast_ms_per_mb']:11.3f}")
+    out = Path(__file__).parent / "results" / "learner.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "load_average": os.getloadavg(),
+                               "training": train, "publication": publish}, indent=2))
+    print(f"\nwrote {out}")
+    shutil.rmtree(root / "m100", ignore_errors=True) if os.environ.get("BENCH_CLEAN") else None
+
+
+if __name__ == "__main__":
+    main()

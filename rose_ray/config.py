@@ -1,0 +1,177 @@
+"""The training config: OmegaConf structured dataclasses, YAML + dotlist overrides, validation.
+
+    cfg = load_config("configs/tiny.yaml", ["rollout.batch_episodes=4", "steps=20"])
+
+Unknown keys and wrong types are rejected by OmegaConf with the key named; impossible values
+by each section's `__post_init__` (also with the key named). Model names `tiny:student` and
+`tiny:teacher` stand for the tiny local models, built on first use under `tiny_dir`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rose_ray.inference.engine import EngineConfig
+from rose_ray.learner.learner import LearnerConfig
+from rose_ray.rollout.episode import HandoffConfig
+from rose_ray.rollout.workers import EnvConfig
+from rose_ray.types import SamplingParams
+
+ALGORITHMS = ("rose", "opd", "teacher_sft")
+MODES = ("async", "sync")
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the key."""
+
+
+@dataclass
+class RolloutConfig:
+    batch_episodes: int = 8  # episodes per learner step
+    max_lag: int = 1  # policy versions a trained sample may lag behind
+    max_turns: int = 10
+    split: str = "train"
+    handoff: HandoffConfig = field(default_factory=HandoffConfig)
+    student_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(1.0, 1.0, 512))
+    teacher_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(0.0, 1.0, 512))
+    max_retries: int = 5
+
+    def __post_init__(self) -> None:
+        for key in ("batch_episodes", "max_turns"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"rollout.{key}: must be >= 1, got {getattr(self, key)!r}")
+        if self.max_lag < 0:
+            raise ConfigError(f"rollout.max_lag: must be >= 0, got {self.max_lag!r}")
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0  # learner steps between held-out evals (0 = only before and after)
+    split: str = "test"
+    n: int = 200
+    max_turns: int = 20
+    max_new_tokens: int = 512
+    before: bool = True
+    after: bool = True
+    teacher: bool = True  # also evaluate the teacher once, for the before/after table
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("n", "max_turns", "max_new_tokens"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"eval.{key}: must be >= 1, got {getattr(self, key)!r}")
+        if self.every < 0:
+            raise ConfigError(f"eval.every: must be >= 0, got {self.every!r}")
+
+
+@dataclass
+class TeacherWarmupConfig:
+    """SFT of the teacher on gold demonstrations before training (for tiny teachers)."""
+
+    enabled: bool = False
+    gold_games: int = 40
+    epochs: int = 10
+    lr: float = 1e-3
+    batch_episodes: int = 8
+
+    def __post_init__(self) -> None:
+        for key in ("gold_games", "epochs", "batch_episodes"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"teacher_warmup.{key}: must be >= 1, got {getattr(self, key)!r}")
+        if self.lr <= 0:
+            raise ConfigError(f"teacher_warmup.lr: must be > 0, got {self.lr!r}")
+
+
+@dataclass
+class ResourcesConfig:
+    """Ray resources per role (CPU counts on a laptop; GPUs on a cluster)."""
+
+    student_cpus: float = 1.0
+    student_gpus: float = 0.0
+    teacher_cpus: float = 1.0
+    teacher_gpus: float = 0.0
+
+
+@dataclass
+class TrainConfig:
+    name: str = "run"
+    run_dir: str = "runs/${name}"
+    seed: int = 0
+    algorithm: str = "rose"  # rose | opd | teacher_sft
+    mode: str = "async"  # async | sync
+    steps: int = 100  # learner steps
+    publish_every: int = 1  # learner steps between weight publications
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 2
+    samples_to_log: int = 2  # sample trajectories written to TensorBoard per eval
+    tasks: list[str] = field(default_factory=list)  # train and eval on these tasks only (empty = all)
+    tiny_dir: str = "~/.cache/rose_ray/tiny"
+    ray_address: str | None = None
+    env: EnvConfig = field(default_factory=EnvConfig)
+    student_engine: EngineConfig = field(default_factory=lambda: EngineConfig(model="tiny:student"))
+    teacher_engine: EngineConfig = field(default_factory=lambda: EngineConfig(model="tiny:teacher"))
+    learner: LearnerConfig = field(
+        default_factory=lambda: LearnerConfig(model="${student_engine.model}")
+    )
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    teacher_warmup: TeacherWarmupConfig = field(default_factory=TeacherWarmupConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"algorithm: must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.mode not in MODES:
+            raise ConfigError(f"mode: must be one of {MODES}, got {self.mode!r}")
+        for key in ("steps", "publish_every", "checkpoint_every", "keep_checkpoints"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)!r}")
+        wanted = {"rose": "rose", "opd": "opd", "teacher_sft": "sft"}[self.algorithm]
+        if self.learner.algorithm != wanted:
+            raise ConfigError(
+                f"learner.algorithm: must be {wanted!r} for algorithm {self.algorithm!r}, "
+                f"got {self.learner.algorithm!r}"
+            )
+        if self.learner.max_tokens > self.student_engine.context_tokens:
+            raise ConfigError(
+                f"learner.max_tokens: {self.learner.max_tokens} exceeds "
+                f"student_engine.context_tokens {self.student_engine.context_tokens}"
+            )
+
+
+def default_config_path() -> Path:
+    return Path(str(resources.files("rose_ray").joinpath("configs/tiny.yaml")))
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """YAML (default: the embedded tiny config) + `key=value` overrides -> a validated config."""
+    path = Path(path) if path else default_config_path()
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        schema = OmegaConf.structured(TrainConfig)
+        merged = OmegaConf.merge(schema, OmegaConf.load(path), OmegaConf.from_dotlist(overrides or []))
+        return OmegaConf.to_object(merged)  # runs every section's __post_init__ checks
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        raise ConfigError(f"{path}: {'key ' + repr(key) + ': ' if key else ''}{_first_line(e)}") from None
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def to_yaml(cfg: TrainConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0]

@@ -1,0 +1,98 @@
+"""TrajectoryBuffer: bounded, staleness-aware hand-off from rollouts to the learner.
+
+Backpressure: a new episode is admitted only while in_flight + buffered <=
+(max_lag + 1) * batch_episodes, so rollouts never run more than max_lag policy versions
+ahead of the learner. A finished episode whose oldest student token lags the learner's
+version by more than max_lag is dropped and counted. Each trajectory is handed out once.
+
+Accounting (always): admitted = trained + buffered + dropped_stale + failed + in_flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from rose_ray.types import Trajectory
+
+
+@dataclass
+class BufferCounters:
+    admitted: int = 0
+    accepted: int = 0
+    dropped_stale: int = 0
+    failed: int = 0
+    trained: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+class TrajectoryBuffer:
+    def __init__(self, batch_episodes: int, max_lag: int) -> None:
+        self.batch_episodes, self.max_lag = batch_episodes, max_lag
+        self.capacity = (max_lag + 1) * batch_episodes
+        self.items: list[Trajectory] = []
+        self.in_flight = 0
+        self.counters = BufferCounters()
+        self.lags: list[int] = []  # lag of each trajectory handed to the learner
+        self._changed = asyncio.Condition()
+
+    def lag(self, t: Trajectory, learner_version: int) -> int:
+        return 0 if t.student_version is None else learner_version - t.student_version
+
+    async def admit(self) -> None:
+        """Wait for room, then count one episode in flight."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.in_flight + len(self.items) < self.capacity)
+            self.in_flight += 1
+            self.counters.admitted += 1
+
+    async def add(self, t: Trajectory, learner_version: int) -> bool:
+        """A finished episode; False if it was dropped as stale."""
+        async with self._changed:
+            self.in_flight -= 1
+            if self.lag(t, learner_version) > self.max_lag:
+                self.counters.dropped_stale += 1
+                accepted = False
+            else:
+                self.items.append(t)
+                self.counters.accepted += 1
+                accepted = True
+            self._changed.notify_all()
+            return accepted
+
+    async def fail(self) -> None:
+        """An admitted episode that could not be played (its game kept dying)."""
+        async with self._changed:
+            self.in_flight -= 1
+            self.counters.failed += 1
+            self._changed.notify_all()
+
+    async def take_batch(self, learner_version: int) -> list[Trajectory]:
+        """Wait for `batch_episodes` fresh trajectories; stale ones are dropped on the way."""
+        async with self._changed:
+            while True:
+                fresh = [t for t in self.items if self.lag(t, learner_version) <= self.max_lag]
+                self.counters.dropped_stale += len(self.items) - len(fresh)
+                self.items = fresh
+                if len(self.items) >= self.batch_episodes:
+                    break
+                await self._changed.wait()
+            batch, self.items = self.items[: self.batch_episodes], self.items[self.batch_episodes :]
+            self.counters.trained += len(batch)
+            self.lags.extend(self.lag(t, learner_version) for t in batch)
+            self._changed.notify_all()  # room for new episodes
+            return batch
+
+    def notify(self) -> None:
+        """Wake waiters after an outside change (the learner's version moved)."""
+        async def wake() -> None:
+            async with self._changed:
+                self._changed.notify_all()
+
+        asyncio.get_event_loop().create_task(wake())
+
+    def accounting_holds(self) -> bool:
+        c = self.counters
+        return c.admitted == c.trained + len(self.items) + c.dropped_stale + c.failed + self.in_flight

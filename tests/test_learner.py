@@ -1,0 +1,183 @@
+"""The DeepSpeed learner group: ZeRO/rank equivalence, exact resume, HF export, weight
+publication to a real engine actor. One 2-rank group is shared by the tests of this module."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rose_ray.chat import ChatFormat
+from rose_ray.data import row_to_trajectory
+from rose_ray.learner.batching import render
+from rose_ray.learner.learner import LearnerConfig, LearnerGroup
+
+
+def conversations(n: int) -> list[dict]:
+    rows = []
+    for i in range(n):
+        conv = [{"from": "human", "value": "You are an agent in a science world."},
+                {"from": "gpt", "value": "OK", "loss": False},
+                {"from": "human", "value": f"You are in room {i}. You see a door and a sink."}]
+        for k in range(1 + i % 3):
+            conv += [{"from": "gpt", "value": f"Thought: step {k}.\nAction: open door {k}",
+                      "owner": "student" if k == 0 else "teacher"},
+                     {"from": "human", "value": f"The door {k} is open."}]
+        conv.append({"from": "gpt", "value": "Action: focus on sink", "owner": "teacher"})
+        rows.append({"item_id": f"sciworld_{i}", "conversations": conv})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def sequences(tiny_models):
+    """Rendered trajectories with real teacher logprobs on student tokens (OPD inputs)."""
+    from transformers import AutoModelForCausalLM
+
+    from rose_ray.models import load_tokenizer
+
+    fmt = ChatFormat(load_tokenizer(tiny_models["student"]))
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_models["teacher"], dtype=torch.float32)
+    seqs = []
+    for row in conversations(5):
+        seq = render(row_to_trajectory(row), fmt)
+        ids = torch.tensor([seq.input_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(teacher(input_ids=ids).logits[0, :-1].float(), -1)
+        seq.teacher_logprobs = [float("nan")] + logp.gather(1, ids[0, 1:, None])[:, 0].tolist()
+        seqs.append(seq)
+    return seqs
+
+
+def config(model, **kw) -> LearnerConfig:
+    base = dict(model=str(model), algorithm="rose", lam=0.5, lr=3e-3, threads=1, max_tokens=256,
+                grad_accum=2, grad_clip=1.0, seed=0)
+    return LearnerConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def group(ray_cluster, tiny_models):
+    g = LearnerGroup(config(tiny_models["student"], ranks=2, zero_stage=3))
+    yield g
+    g.shutdown()
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ValueError, match="learner.zero_stage"):
+        LearnerConfig(model="m", zero_stage=4)
+    with pytest.raises(ValueError, match="learner.total_steps"):
+        LearnerConfig(model="m", schedule="cosine", warmup_steps=10, total_steps=5)
+    with pytest.raises(ValueError, match="learner.lam"):
+        LearnerConfig(model="m", lam=-0.1)
+    with pytest.raises(ValueError, match="learner.algorithm"):
+        LearnerConfig(model="m", algorithm="dpo")
+
+
+def test_zero_stages_and_ranks_agree(group, tiny_models, sequences):
+    single = LearnerGroup(config(tiny_models["student"], ranks=1))
+    batch = group.make_batch(sequences)
+    results = {}
+    try:
+        for stage in (0, 2, 3):
+            for g in (single, group):
+                g.setup(zero_stage=stage)
+                results[(stage, g.config.ranks)] = [g.train_step(batch) for _ in range(2)]
+    finally:
+        single.shutdown()
+    ref = results[(0, 1)]
+    assert ref[0]["loss_ce"] > 0 and ref[0]["loss_opd"] != 0 and ref[1]["loss"] < ref[0]["loss"]
+    for key, steps in results.items():
+        assert steps[0]["loss"] == pytest.approx(ref[0]["loss"], rel=1e-5), key  # same weights
+        assert steps[1]["loss"] == pytest.approx(ref[1]["loss"], rel=1e-4), key  # same update
+        assert steps[0]["grad_norm"] == pytest.approx(ref[0]["grad_norm"], rel=1e-3), key
+        assert steps[0]["tokens"] == sum(len(s) for s in sequences)
+
+
+def test_resume_is_exact(group, tmp_path, sequences):
+    group.setup(zero_stage=3, schedule="cosine", warmup_steps=1, total_steps=4)
+    batches = [group.make_batch(sequences[:3]), group.make_batch(sequences[3:])]
+    probe = np.array([sequences[0].input_ids[:24]])
+    group.train_step(batches[0])
+    tag = group.save_checkpoint(tmp_path)
+    straight = group.train_step(batches[1])
+    straight_logits = group.logits(probe)
+
+    group.setup()  # a fresh engine from the original weights, then the checkpoint
+    state = group.load_checkpoint(tmp_path)
+    assert state == {"tag": tag, "step": 1, "version": 1}
+    resumed = group.train_step(batches[1])
+    assert resumed["loss"] == straight["loss"] and resumed["lr"] == straight["lr"]
+    assert resumed["version"] == straight["version"] == 2
+    np.testing.assert_array_equal(group.logits(probe), straight_logits)
+
+
+def test_export_loads_in_transformers(group, tmp_path, sequences):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    group.setup(zero_stage=3)
+    group.train_step(group.make_batch(sequences))
+    info = group.export(tmp_path / "hf")
+    assert info["dtype"] == "float32" and (tmp_path / "hf" / "model.safetensors").is_file()
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert tok.chat_template and model.model.rotary_emb.inv_freq.dtype == torch.float32
+    ids = np.array([sequences[1].input_ids])
+    with torch.no_grad():
+        theirs = model(input_ids=torch.from_numpy(ids)).logits.numpy()
+    np.testing.assert_allclose(theirs, group.logits(ids), atol=1e-5, rtol=1e-5)
+
+
+def test_published_weights_reach_an_engine(group, tiny_models, sequences):
+    import ray
+
+    from rose_ray.inference.actor import engine_actor
+    from rose_ray.inference.engine import EngineConfig, GenerationRequest
+    from rose_ray.types import SamplingParams
+
+    engine = engine_actor(EngineConfig(model=str(tiny_models["student"]), dtype="float32",
+                                       threads=1), num_cpus=1)
+    try:
+        group.setup(zero_stage=2)
+        for _ in range(3):
+            group.train_step(group.make_batch(sequences))
+        prompt = sequences[0].input_ids[:30]
+        completion = sequences[0].input_ids[30:40]
+        before = ray.get(engine.score.remote(prompt, completion))
+        out = group.publish_weights([engine])
+        assert ray.get(engine.version.remote()) == group.version == 3
+        assert out["mb"] > 0 and out["ms_per_mb"] > 0
+
+        ids = np.array([prompt + completion])
+        logp = torch.log_softmax(torch.from_numpy(np.array(group.logits(ids)[0])), -1)
+        learner = [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(completion)]
+        after = ray.get(engine.score.remote(prompt, completion))
+        np.testing.assert_allclose(after, learner, atol=1e-4)
+        assert np.abs(np.array(before) - np.array(learner)).max() > 1e-2
+
+        greedy = list(prompt)  # the learner model's greedy continuation
+        for _ in range(8):
+            greedy.append(int(group.logits(np.array([greedy]))[0, -1].argmax()))
+        result = ray.get(engine.generate.remote(GenerationRequest(
+            prompt_ids=prompt, sampling=SamplingParams(temperature=0.0, max_new_tokens=8))))
+        n = len(result.token_ids)
+        assert n > 0 and result.token_ids == greedy[len(prompt):len(prompt) + n]
+    finally:
+        ray.kill(engine)
+
+
+def test_bf16_export_keeps_fp32_buffers(tiny_models, tmp_path):
+    """Parameters cast to the export dtype; buffers stay as the model defines them."""
+    from transformers import AutoModelForCausalLM
+
+    from rose_ray.learner.weights import gather_state, write_hf_folder
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["student"], dtype=torch.float32).eval()
+    state = gather_state(model, zero3=False, keep=True, dtype="bfloat16")
+    assert "lm_head.weight" not in state  # tied to the embeddings: written once
+    write_hf_folder(state, str(tiny_models["student"]), str(tmp_path / "bf16"), "bfloat16")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16").eval()
+    assert loaded.dtype == torch.bfloat16
+    assert loaded.model.rotary_emb.inv_freq.dtype == torch.float32
+    ids = torch.arange(5, 40)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits.float(), model(input_ids=ids).logits,
+                                   atol=0.1, rtol=0.05)
