@@ -234,6 +234,7 @@ class Trainer:
         from rose_ray.rollout.episode import EpisodeInterrupted, run_episode
 
         game = self.sampler.next()
+        episode_id = f"{self.run_dir.name}-e{self.buffer.counters.admitted}"
 
         async def episode(g, slot):
             return await run_episode(g, slot, self.student, self.teacher, self.episode_cfg, self.handoff,
@@ -244,6 +245,7 @@ class Trainer:
             await self.buffer.fail()
             return
         t.timing["finished_at"] = time.time()
+        t.episode_id = episode_id
         await self.buffer.add(t, self.learner.version)
 
     async def rollouts(self) -> None:
@@ -268,6 +270,9 @@ class Trainer:
         made = self.learner.make_batch(seqs, self.pad_id)
         metrics = await asyncio.to_thread(self.learner.train_step, made)
         self.step += 1
+        with (self.run_dir / "trajectories.jsonl").open("a") as f:  # what the learner trained on
+            for t in batch:
+                f.write(json.dumps({"step": self.step, **t.to_record()}) + "\n")
         if self.step % self.cfg.publish_every == 0:
             await asyncio.to_thread(self.publish)
         return metrics

@@ -71,6 +71,7 @@ class Trajectory:
     end_reason: str = ""
     invalid_actions: int = 0
     context_dropped_turns: int = 0  # most turns the engine's context policy left out
+    episode_id: str = ""
     timing: dict[str, float] = field(default_factory=dict)
 
     def to_record(self) -> dict[str, Any]:
@@ -93,6 +94,8 @@ class Trajectory:
             "rounds": self.rounds,
             "conversations": conversations,
             "handoff_turn": self.handoff_turn,
+            "episode_id": self.episode_id,
+            "student_version": self.student_version,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,8 +123,9 @@ class Batch:
     """Token-level training batch; every field is [n_sequences][seq_len] (lists or arrays).
 
     `owners` holds indices into OWNERS. `old_logprobs` are the behaviour policy's logprobs of
-    each token (0 where unknown); `teacher_logprobs` the teacher's (OPD); `versions` the
-    policy version that sampled each token (-1 for non-student tokens).
+    each token (NaN where unknown: 0 is a real logprob); `teacher_logprobs` the teacher's
+    (OPD, NaN where unscored); `versions` the policy version that sampled each token (-1 for
+    tokens without an old logprob).
     """
 
     input_ids: Any
