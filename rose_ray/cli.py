@@ -120,6 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. steps=20")
     g.set_defaults(func="rose_ray.train:cli_main")
 
+    # --- plan (cluster) ---
+    g = sub.add_parser("plan", help="print where each actor of a config would go on the cluster; exit 2 if it can't fit")
+    g.add_argument("--config", help="YAML config (default: the embedded tiny config)")
+    g.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local cluster)")
+    g.add_argument("--total", action="store_true", help="plan on total resources, not what is free now")
+    g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. env.workers=8")
+    g.set_defaults(func="rose_ray.placement:plan_main")
+    # --- end plan ---
+
     g = sub.add_parser("eval", help="evaluate a model on held-out games (Score / Success / Pass)")
     g.add_argument("--model", help="local model folder, or openai:URL of a served model")
     g.add_argument("--split", default="test", help="train, dev, test, all, agenteval_test, or an id-list file")

@@ -139,6 +139,7 @@ def _play(cfg: PlayConfig, games: list[GameId], replays: list[list[Turn]] | None
         init_ray,
         start_agents,
         start_env_pools,
+        stop_agents,
     )
 
     init_ray()
@@ -146,6 +147,7 @@ def _play(cfg: PlayConfig, games: list[GameId], replays: list[list[Turn]] | None
                         mapping=cfg.mapping, cpus_per_worker=0.5)
     pools = start_env_pools(env_cfg, max_turns=cfg.max_turns)
     problems: list[str] = []
+    student = teacher = None
     try:
         def engine(model: str) -> EngineConfig:
             return EngineConfig(model=model, context_tokens=cfg.context_tokens, max_batch_size=cfg.concurrency)
@@ -172,6 +174,7 @@ def _play(cfg: PlayConfig, games: list[GameId], replays: list[list[Turn]] | None
         return list(asyncio.run(all_games())), problems
     finally:
         close_pools(pools)
+        stop_agents(student, teacher)
 
 
 def _games_of_rows(rows: list[dict[str, Any]], catalogue: Catalogue) -> list[GameId]:

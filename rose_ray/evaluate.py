@@ -167,6 +167,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         init_ray,
         start_agents,
         start_env_pools,
+        stop_agents,
     )
 
     catalogue = Catalogue(cfg.mapping)
@@ -186,6 +187,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
                             games_per_worker=max(1, -(-min(cfg.concurrency, len(todo)) // cfg.env_workers)),
                             mapping=cfg.mapping, cpus_per_worker=0.5)
         pools = start_env_pools(env_cfg, max_turns=cfg.max_turns)
+        student = teacher = None
         try:
             student, teacher = start_agents(
                 _engine_config(cfg.model, cfg, cfg.tokenizer),
@@ -201,6 +203,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
             _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial, done, header)
         finally:
             close_pools(pools)
+            stop_agents(student, teacher)
 
     records = [done[g.item_id] for g in games]
     summary = summarise(records)
@@ -226,7 +229,7 @@ def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg
             f.flush()  # each finished game survives an interruption
             done[record["item_id"]] = record
             bar.update(1)
-            bar.set_postfix(score=f"{sum(r['score'] for r in done.values()) / len(done):.3f}")
+            bar.set_postfix(score=f"{summarise(list(done.values()))['overall']['score']:.3f}")
 
         asyncio.run(evaluate_games(runner, todo, student, teacher, episode_cfg, handoff_cfg, on_done))
     bar.close()

@@ -1,13 +1,29 @@
-"""What each role asks of the cluster, and an early, clear failure when it cannot fit.
+"""Where each role's actors go: demands from the config, a per-node plan, placement groups.
 
-Without this check an actor that cannot be placed waits forever; with it the run stops at
-start with the role and the missing resource named.
+    rose-ray plan [--config CONFIG] [--total] [KEY=VALUE ...]
+
+Roles: env workers (CPU only, spread over nodes, optionally pinned by a custom resource such
+as `env.resources: {env_node: 1}`), the eval env worker, student and teacher engines (GPUs per
+replica) and learner ranks (GPUs per rank). GPU roles get separate GPU sets by default: each
+replica's bundle reserves whole GPUs (a 0.5-GPU engine still holds one GPU of its own). With
+`resources.colocate: true` student engine replica i shares learner rank i's bundle (set
+fractional GPUs, e.g. 0.5 + 0.5). An actor must fit on ONE node, so the plan bin-packs per
+node, not just cluster totals: without the check an actor that cannot be placed waits
+forever; with it the run stops at start with the role and the missing resource named.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any
+
+# Resources Ray reports per node that no role asks for; left out of tables.
+_HIDDEN = ("memory", "object_store_memory", "node:", "accelerator_type:")
+
+
+class PlacementError(ValueError):
+    """The cluster cannot hold the config; the message names the role and the resource."""
 
 
 @dataclass
@@ -15,35 +31,286 @@ class RoleDemand:
     role: str
     replicas: int
     per_replica: dict[str, float]
+    strategy: str = "PACK"  # PACK: fill a node before the next; SPREAD: one node after another
+    group: str | None = None  # GPU roles: the placement group whose bundles they use
 
     def total(self) -> dict[str, float]:
         return {k: v * self.replicas for k, v in self.per_replica.items() if v}
 
 
 def demands(cfg: Any) -> list[RoleDemand]:
-    """Per role of a TrainConfig: replica count and resources per replica."""
+    """Per role of a TrainConfig: replica count, resources per replica, strategy, GPU group."""
     env = {"CPU": cfg.env.cpus_per_worker, **cfg.env.resources}
     r = cfg.resources
+    # Optional fields (read with defaults so older configs still plan).
+    colocate = bool(getattr(r, "colocate", False))
+    student_n = int(getattr(r, "student_replicas", 1))
+    teacher_n = int(getattr(r, "teacher_replicas", 1))
+    learner = {"CPU": cfg.learner.cpus_per_rank, "GPU": cfg.learner.gpus_per_rank}
+    student = {"CPU": r.student_cpus, "GPU": r.student_gpus}
+    teacher = {"CPU": r.teacher_cpus, "GPU": r.teacher_gpus}
+    if colocate and student_n > cfg.learner.ranks:
+        raise PlacementError(f"resources.colocate: {student_n} student engine replicas cannot share "
+                             f"{cfg.learner.ranks} learner ranks' GPUs (at most one per rank)")
+
+    def group(name: str, res: dict[str, float]) -> str | None:
+        return name if res.get("GPU", 0) > 0 else None
+
     return [
-        RoleDemand("env workers", cfg.env.workers, env),
-        RoleDemand("eval env worker", 1, env),
-        RoleDemand("student engine", 1, {"CPU": r.student_cpus, "GPU": r.student_gpus}),
-        RoleDemand("teacher engine", 1, {"CPU": r.teacher_cpus, "GPU": r.teacher_gpus}),
-        RoleDemand("learner", cfg.learner.ranks,
-                   {"CPU": cfg.learner.cpus_per_rank, "GPU": cfg.learner.gpus_per_rank}),
+        RoleDemand("env workers", cfg.env.workers, env, "SPREAD"),
+        RoleDemand("eval env worker", 1, env, "SPREAD"),
+        RoleDemand("student engine", student_n, student, "PACK",
+                   group("learner" if colocate and learner["GPU"] > 0 else "student", student)),
+        RoleDemand("teacher engine", teacher_n, teacher, "PACK", group("teacher", teacher)),
+        RoleDemand("learner ranks", cfg.learner.ranks, learner, "PACK", group("learner", learner)),
     ]
 
 
 def check_fits(roles: list[RoleDemand], available: dict[str, float]) -> None:
-    """Raise ValueError naming the first role whose resources run out (roles taken in order)."""
+    """Raise ValueError naming the first role whose resources run out (cluster totals only;
+    `check_cluster` also checks that each actor fits on one node)."""
     left = dict(available)
     for d in roles:
         for key, amount in d.total().items():
             have = left.get(key, 0.0)
             if amount > have + 1e-9:
-                raise ValueError(
+                raise PlacementError(
                     f"the cluster cannot hold the {d.role} ({d.replicas} x {d.per_replica}): "
                     f"it needs {amount:g} {key} but only {have:g} of the cluster's "
                     f"{available.get(key, 0.0):g} are left after the roles before it"
                 )
             left[key] = have - amount
+
+
+# --------------------------------------------------------------------------- bundles
+@dataclass
+class Unit:
+    """What must land on one node: one actor, or one placement-group bundle of actors."""
+
+    label: str  # e.g. "learner ranks #1", or "learner ranks #0 + student engine" (colocated)
+    members: list[tuple[str, int]]  # (role, replica index)
+    resources: dict[str, float]
+    strategy: str
+    group: str | None = None
+    bundle: int | None = None
+
+
+def units(roles: list[RoleDemand]) -> list[Unit]:
+    """Actors and GPU bundles, in the order they are placed: biggest GPU units first (fewer
+    stranded GPUs), then other PACK actors, then SPREAD actors (env workers)."""
+    out: list[Unit] = []
+    bundles: dict[str, list[Unit]] = {}
+    for d in roles:
+        for i in range(d.replicas):
+            name = d.role if d.replicas == 1 else f"{d.role} #{i}"
+            res = {k: float(v) for k, v in d.per_replica.items() if v}
+            if d.group is None:
+                out.append(Unit(name, [(d.role, i)], res, d.strategy))
+                continue
+            group = bundles.setdefault(d.group, [])
+            if i < len(group):  # colocated: share the bundle of the same index
+                b = group[i]
+                b.label += f" + {name}"
+                b.members.append((d.role, i))
+                for k, v in res.items():
+                    b.resources[k] = b.resources.get(k, 0.0) + v
+            else:
+                group.append(Unit(name, [(d.role, i)], res, "PACK", d.group, i))
+    for group in bundles.values():
+        for b in group:  # separate GPU sets: a bundle holds whole GPUs
+            b.resources["GPU"] = float(math.ceil(b.resources.get("GPU", 0.0) - 1e-9))
+    gpu = sorted((b for g in bundles.values() for b in g), key=lambda u: -u.resources.get("GPU", 0))
+    packed = [u for u in out if u.strategy != "SPREAD"]
+    spread = [u for u in out if u.strategy == "SPREAD"]
+    return gpu + packed + spread
+
+
+# --------------------------------------------------------------------------- nodes
+@dataclass
+class NodeInfo:
+    node_id: str
+    address: str
+    total: dict[str, float]
+    available: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.node_id[:8]} ({self.address})"
+
+
+def cluster_nodes() -> list[NodeInfo]:
+    """Alive nodes of the connected cluster with their total and available resources."""
+    import ray
+    from ray._private.state import state  # per-node availability; no public API gives it
+
+    available = state.available_resources_per_node()
+    return [NodeInfo(n["NodeID"], n["NodeManagerAddress"], dict(n["Resources"]),
+                     dict(available.get(n["NodeID"], {})))
+            for n in ray.nodes() if n["Alive"]]
+
+
+@dataclass
+class Assignment:
+    unit: Unit
+    node: NodeInfo
+
+
+def plan(roles: list[RoleDemand], nodes: list[NodeInfo], use_total: bool = False) -> list[Assignment]:
+    """Bin-pack every unit onto one node, or raise PlacementError naming role and resource.
+
+    Greedy, biggest first: PACK units go to the node already holding their group, else the
+    fullest node that fits (best fit); SPREAD units to the node holding fewest of their role.
+    """
+    if not nodes:
+        raise PlacementError("the cluster has no alive nodes")
+    left = {n.node_id: dict(n.total if use_total else n.available) for n in nodes}
+    placed: list[Assignment] = []
+    for u in units(roles):
+        fits = [n for n in nodes if all(left[n.node_id].get(k, 0.0) + 1e-9 >= v for k, v in u.resources.items())]
+        if not fits:
+            raise PlacementError(_why_not(u, nodes, left, placed, use_total))
+        if u.strategy == "SPREAD":
+            role = u.members[0][0]
+
+            def count(n: NodeInfo, role: str = role) -> int:
+                return sum(1 for a in placed if a.node is n and a.unit.members[0][0] == role)
+
+            node = min(fits, key=lambda n: (count(n), -left[n.node_id].get("CPU", 0.0)))
+        else:
+            same = [n for n in fits if u.group and any(a.node is n and a.unit.group == u.group for a in placed)]
+            node = min(same or fits, key=lambda n: (left[n.node_id].get("GPU", 0.0), left[n.node_id].get("CPU", 0.0)))
+        for k, v in u.resources.items():
+            left[node.node_id][k] = left[node.node_id].get(k, 0.0) - v
+        placed.append(Assignment(u, node))
+    return placed
+
+
+def _why_not(u: Unit, nodes: list[NodeInfo], left: dict[str, dict[str, float]],
+             placed: list[Assignment], use_total: bool) -> str:
+    head = f"the cluster cannot hold the {u.label} (needs {_fmt(u.resources)} on one node): "
+    for key, need in u.resources.items():
+        totals = [n.total.get(key, 0.0) for n in nodes]
+        if max(totals) <= 0:
+            return head + (f"no node has the resource {key!r} "
+                           f"({len(nodes)} node(s): {'; '.join(f'{n.name}: {_fmt(_shown(n.total))}' for n in nodes)})")
+        if max(totals) + 1e-9 < need:
+            return head + (f"it needs {need:g} {key} on one node but the largest node has {max(totals):g} {key} "
+                           f"(the cluster has {sum(totals):g} {key} in all)")
+    missing = [k for k, need in u.resources.items() if all(left[n.node_id].get(k, 0.0) + 1e-9 < need for n in nodes)]
+    before = sorted({role for a in placed for role, _ in a.unit.members})
+    after = f" after placing {', '.join(before)}" if before else ""
+    if not use_total and not placed:
+        after = " (resources in use by other jobs count; --total plans on an empty cluster)"
+    if missing:
+        key = missing[0]
+        per_node = "; ".join(f"{n.name}: {left[n.node_id].get(key, 0.0):g}" for n in nodes if n.total.get(key))
+        return head + f"no node has {u.resources[key]:g} {key} left{after} ({key} left per node: {per_node})"
+    per_node = "; ".join(f"{n.name}: {_fmt(_shown(left[n.node_id]))}" for n in nodes)
+    return head + f"no single node has all of it left{after} (left per node: {per_node})"
+
+
+def _shown(res: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in res.items() if not k.startswith(_HIDDEN)}
+
+
+def _fmt(res: dict[str, float]) -> str:
+    return ", ".join(f"{v:g} {k}" for k, v in sorted(res.items())) or "nothing"
+
+
+def format_plan(placed: list[Assignment], nodes: list[NodeInfo], use_total: bool = False) -> str:
+    """A table of units per node, then what each node has left."""
+    lines = [f"{'role':<44} {'node':<28} resources"]
+    for a in sorted(placed, key=lambda a: (nodes.index(a.node), a.unit.label)):
+        group = f"  [placement group {a.unit.group!r}, bundle {a.unit.bundle}]" if a.unit.group else ""
+        lines.append(f"{a.unit.label:<44} {a.node.name:<28} {_fmt(a.unit.resources)}{group}")
+    lines.append("")
+    lines.append(f"{'node':<28} {'has (' + ('total' if use_total else 'available') + ')':<40} left after the plan")
+    for n in nodes:
+        have = dict(n.total if use_total else n.available)
+        left = dict(have)
+        for a in placed:
+            if a.node is n:
+                for k, v in a.unit.resources.items():
+                    left[k] = left.get(k, 0.0) - v
+        lines.append(f"{n.name:<28} {_fmt(_shown(have)):<40} {_fmt(_shown(left))}")
+    return "\n".join(lines)
+
+
+def check_cluster(cfg: Any, use_total: bool = False, nodes: list[NodeInfo] | None = None) -> list[Assignment]:
+    """Plan the config on the connected cluster; raise PlacementError when it cannot fit."""
+    return plan(demands(cfg), cluster_nodes() if nodes is None else nodes, use_total=use_total)
+
+
+# --------------------------------------------------------------------------- placement groups
+class PlacementGroups:
+    """Ray placement groups for the GPU roles, reserved all at once before any actor starts.
+
+    `options(role, index)` gives the `.options(...)` keywords that put replica `index` of
+    `role` into its bundle ({} for a role without GPUs: Ray places it freely).
+    """
+
+    def __init__(self, roles: list[RoleDemand], timeout_s: float = 300.0, prefix: str = "rose_ray") -> None:
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        self.groups: dict[str, Any] = {}
+        self.where: dict[tuple[str, int], tuple[str, int]] = {}
+        by_group: dict[str, list[Unit]] = {}
+        for u in units(roles):
+            if u.group is not None:
+                by_group.setdefault(u.group, []).append(u)
+        for name, bundles in by_group.items():
+            bundles.sort(key=lambda u: u.bundle)
+            for u in bundles:
+                for m in u.members:
+                    self.where[m] = (name, u.bundle)
+            pg = placement_group([u.resources for u in bundles], strategy="PACK", name=f"{prefix}_{name}")
+            self.groups[name] = pg
+            if not pg.wait(timeout_seconds=timeout_s):
+                for g in self.groups.values():
+                    remove_placement_group(g)
+                need = " + ".join(_fmt(u.resources) for u in bundles)
+                raise PlacementError(f"placement group {name!r} ({need}) was not ready after {timeout_s:g} s: "
+                                     f"the cluster cannot hold the GPUs of {bundles[0].label} "
+                                     f"(run `rose-ray plan` to see why)")
+
+    def options(self, role: str, index: int = 0) -> dict[str, Any]:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if (role, index) not in self.where:
+            return {}
+        name, bundle = self.where[(role, index)]
+        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+            self.groups[name], placement_group_bundle_index=bundle,
+            placement_group_capture_child_tasks=True)}
+
+    def remove(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in self.groups.values():
+            remove_placement_group(pg)
+        self.groups.clear()
+
+
+# --------------------------------------------------------------------------- rose-ray plan
+def plan_main(args: Any) -> int:
+    """`rose-ray plan`: print where each actor would go; exit 2 (PlacementError) when it can't fit."""
+    from rose_ray.config import load_config
+    from rose_ray.rollout.workers import init_ray
+
+    cfg = load_config(args.config, args.overrides)
+    init_ray(args.address or cfg.ray_address)
+    nodes = cluster_nodes()
+    totals: dict[str, float] = {}
+    for n in nodes:
+        for k, v in _shown(n.total).items():
+            totals[k] = totals.get(k, 0.0) + v
+    print(f"cluster: {len(nodes)} node(s), {_fmt(totals)}")
+    roles = demands(cfg)
+    for d in roles:
+        print(f"  {d.role:<16} {d.replicas} x {_fmt({k: v for k, v in d.per_replica.items() if v})}"
+              f"  {d.strategy}{'  group ' + d.group if d.group else ''}")
+    placed = check_cluster(cfg, use_total=args.total, nodes=nodes)
+    print()
+    print(format_plan(placed, nodes, use_total=args.total))
+    print(f"\nplan: the cluster can hold {cfg.name!r} ({len(placed)} units on {len({a.node.node_id for a in placed})} node(s))")
+    return 0

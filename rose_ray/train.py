@@ -402,9 +402,10 @@ class Trainer:
         }
 
     def close(self) -> None:
-        from rose_ray.rollout.workers import close_pools
+        from rose_ray.rollout.workers import close_pools, stop_agents
 
         close_pools(getattr(self, "pools", []) + getattr(self, "eval_pools", []))
+        stop_agents(getattr(self, "student", None), getattr(self, "teacher", None))
         if getattr(self, "learner", None) is not None:
             self.learner.shutdown()
         if getattr(self, "metrics", None) is not None:

@@ -15,6 +15,7 @@ import inspect
 import random
 import threading
 import time
+import warnings
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -186,7 +187,9 @@ class HFEngine:
         unknown = sorted(set(state) - set(params))
         if unknown:
             raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")
-        with self._lock, torch.no_grad():
+        with self._lock, torch.no_grad(), warnings.catch_warnings():
+            # Arrays from Ray's object store are read-only; we only copy out of them.
+            warnings.filterwarnings("ignore", message=".*not writable.*")
             for name, value in state.items():
                 t = torch.as_tensor(value)
                 if tuple(t.shape) != tuple(params[name].shape):

@@ -95,6 +95,14 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
     return student_agent, teacher_agent
 
 
+def stop_agents(*agents: Agent | None) -> None:
+    """End the engine actors of these agents (an actor shared by two agents once)."""
+    import ray
+
+    for engine in {id(a.engine): a.engine for a in agents if a is not None}.values():
+        ray.kill(engine)
+
+
 def close_pools(pools: list[Any]) -> None:
     """Close every JVM of the pools, then end the actors."""
     import ray

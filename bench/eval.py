@@ -1,0 +1,171 @@
+"""Held-out evaluation throughput: episodes/s of the tiny student at 1, 4, 8 concurrent episodes.
+
+The same games are played greedily at every concurrency level, through rose_ray's own
+pieces in one Ray session: `start_env_pools` (one pool, `games_per_worker` = concurrency),
+`start_agents` (one student EngineActor, shared by all levels), `EpisodeRunner` and
+`evaluate_games`. Only the episodes are timed: actor start-up, JVM start-up and a warm-up
+(one game load per slot, one engine call) happen before the clock starts.
+
+    python bench/eval.py            # 16 test games, 6 turns, 32 new tokens, 1/4/8 concurrent
+    python bench/eval.py --quick    # a short smoke run
+
+Prints a table and writes bench/results/eval.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def engine_counters(engine: Any) -> dict[str, float]:
+    import ray
+
+    stats = ray.get(engine.stats.remote())
+    return {k: stats.get(k, 0) for k in ("requests", "batches", "generated_tokens", "prompt_tokens", "busy_s")}
+
+
+def run_level(concurrency: int, games: list, student: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Play `games` with `concurrency` episodes at once; only the episodes are timed."""
+    import ray
+
+    from rose_ray.evaluate import evaluate_games
+    from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
+    from rose_ray.rollout.workers import EnvConfig, EpisodeRunner, close_pools, start_env_pools
+    from rose_ray.types import SamplingParams
+
+    env_cfg = EnvConfig(workers=1, games_per_worker=concurrency, cpus_per_worker=args.env_cpus)
+    pools = start_env_pools(env_cfg, max_turns=args.max_turns)
+    try:
+        # Warm-up, untimed: the pool's JVMs are up once it answers; a first load per slot
+        # pays the JVM's class loading.
+        ray.get([p.num_games.remote() for p in pools])
+        ray.get([p.reset.remote(s, games[s % len(games)]) for p in pools for s in range(concurrency)])
+        runner = EpisodeRunner(pools, env_cfg.games_per_worker)
+        episode_cfg = EpisodeConfig(
+            max_turns=args.max_turns,
+            student_sampling=SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens),
+        )
+        before = engine_counters(student.engine)
+        t0 = time.perf_counter()
+        records = asyncio.run(evaluate_games(runner, games, student, None, episode_cfg, HandoffConfig("none")))
+        seconds = time.perf_counter() - t0
+        after = engine_counters(student.engine)
+    finally:
+        close_pools(pools)
+    delta = {k: after[k] - before[k] for k in after}
+    return {
+        "concurrency": concurrency, "episodes": len(records), "seconds": seconds,
+        "episodes_per_s": len(records) / seconds,
+        "turns": sum(r["turns"] for r in records),
+        "engine_requests": int(delta["requests"]), "engine_batches": int(delta["batches"]),
+        "mean_engine_batch": delta["requests"] / max(delta["batches"], 1),
+        "generated_tokens": int(delta["generated_tokens"]),
+        "engine_busy_s": delta["busy_s"],
+        "score": sum(r["score"] for r in records) / len(records),
+        "restarts": runner.counters.restarts,
+        "item_turns": {r["item_id"]: r["turns"] for r in records},
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: 4 games, 3 turns, 1 and 4 concurrent")
+    p.add_argument("--concurrency", type=int, nargs="+", default=None, help="levels (default 1 4 8)")
+    p.add_argument("--games", type=int, default=None, help="held-out games (default 16)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-turns", type=int, default=None, help="default 6")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--engine-cpus", type=float, default=1.0,
+                   help="Ray CPUs of the student engine (torch threads = max(1, int(cpus)))")
+    p.add_argument("--env-cpus", type=float, default=0.5)
+    p.add_argument("--max-wait-ms", type=float, default=5.0,
+                   help="engine batcher: how long a batch waits to fill (EngineConfig.max_wait_ms)")
+    p.add_argument("--models", default="~/.cache/rose_ray/tiny", help="where init_tiny builds/reuses")
+    p.add_argument("--out", default=str(RESULTS / "eval.json"))
+    args = p.parse_args()
+    levels = args.concurrency or ([1, 4] if args.quick else [1, 4, 8])
+    n_games = args.games or (4 if args.quick else 16)
+    args.max_turns = args.max_turns or (3 if args.quick else 6)
+    if min(levels) < 1 or n_games < 1 or args.max_turns < 1:
+        p.error("--concurrency, --games and --max-turns must be >= 1")
+
+    import ray
+
+    from rose_ray.envs.catalogue import Catalogue
+    from rose_ray.inference.engine import EngineConfig, GenerationRequest
+    from rose_ray.models import init_tiny
+    from rose_ray.rollout.workers import init_ray, start_agents
+    from rose_ray.types import SamplingParams
+
+    load_start = os.getloadavg()
+    model = init_tiny(Path(args.models).expanduser())["student"]
+    games = Catalogue("agentgym").sample(args.split, n_games, args.seed)
+    init_ray()
+    engine_cfg = EngineConfig(model=str(model), dtype=args.dtype, context_tokens=2048,
+                              max_batch_size=max(levels), max_wait_ms=args.max_wait_ms)
+    student, _ = start_agents(engine_cfg, None, student_cpus=args.engine_cpus)
+    # Engine warm-up, untimed: model load and the first forward's allocations.
+    warm = GenerationRequest(student.chat.opening_ids([("user", "warm up"), ("assistant", "OK")]),
+                             SamplingParams(temperature=0.0, max_new_tokens=4))
+    ray.get(student.engine.generate.remote(warm))
+    threads = ray.get(student.engine.__ray_call__.remote(lambda self: __import__("torch").get_num_threads()))
+
+    rows = []
+    for c in levels:
+        row = run_level(c, games, student, args)
+        rows.append(row)
+        print(f"  concurrency {c}: {row['episodes']} episodes in {row['seconds']:.1f}s", flush=True)
+    base = next((r for r in rows if r["concurrency"] == 1), rows[0])
+    for r in rows:
+        r["speedup_vs_1"] = r["episodes_per_s"] / base["episodes_per_s"]
+        r["same_turns_as_1"] = r["item_turns"] == base["item_turns"]
+    load_end = os.getloadavg()
+    ray.shutdown()
+
+    print(f"\nheld-out eval of the tiny student ({args.dtype}, engine {threads} torch thread(s)): "
+          f"{n_games} {args.split} games, max_turns {args.max_turns}, max_new_tokens "
+          f"{args.max_new_tokens}, greedy, batcher max_wait_ms {args.max_wait_ms:g}")
+    head = (f"{'concurrency':>11} {'episodes':>8} {'seconds':>8} {'episodes/s':>10} {'speedup vs 1':>12} "
+            f"{'mean engine batch':>17} {'turns':>6} {'same turns':>10}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['concurrency']:>11} {r['episodes']:>8} {r['seconds']:>8.1f} {r['episodes_per_s']:>10.3f} "
+              f"{r['speedup_vs_1']:>11.2f}x {r['mean_engine_batch']:>17.2f} {r['turns']:>6} "
+              f"{'yes' if r['same_turns_as_1'] else 'no':>10}")
+    print(f"load average (1/5/15 min): start {fmt_load(load_start)}, end {fmt_load(load_end)} "
+          f"on {os.cpu_count()} cores (shared with other work)")
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "bench": "eval", "quick": args.quick, "model": str(model), "dtype": args.dtype,
+        "engine_threads": threads, "engine_cpus": args.engine_cpus, "max_wait_ms": args.max_wait_ms, "env_cpus": args.env_cpus,
+        "split": args.split, "games": [g.item_id for g in games], "max_turns": args.max_turns,
+        "max_new_tokens": args.max_new_tokens, "cpu_count": os.cpu_count(),
+        "machine": platform.machine(), "loadavg_start": load_start, "loadavg_end": load_end,
+        "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows,
+    }, indent=1))
+    print(f"wrote {out}")
+
+
+def fmt_load(load: tuple[float, float, float]) -> str:
+    return "/".join(f"{x:.2f}" for x in load)
+
+
+if __name__ == "__main__":
+    main()

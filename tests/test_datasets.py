@@ -1,0 +1,103 @@
+"""Gold demonstrations, student prefixes -> teacher continuations, and check-data."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rose_ray.cli import main
+from rose_ray.data import read_jsonl, row_to_trajectory, write_jsonl
+from rose_ray.datasets import gold_rows
+from rose_ray.envs.catalogue import Catalogue
+from rose_ray.envs.protocol import parse_action
+from rose_ray.envs.sciworld import SciWorldGame
+
+CAT = Catalogue("agentgym")
+
+
+@pytest.fixture(scope="module")
+def gold():
+    # Two early games and one past id 1096, where the two mappings differ.
+    games = [CAT.find("find-living-thing", 3), CAT.find("lifespan-longest-lived", 2), CAT.find("boil", 2)]
+    rows, problems = gold_rows(games, workers=2, progress=False)
+    assert not problems
+    return rows
+
+
+def test_gold_dataset_replays_to_100(gold):
+    assert all(r["success"] and r["score"] == 1.0 for r in gold)
+    with SciWorldGame() as game:
+        for row in gold:
+            first = game.load(CAT.game(row["item_id"]))
+            assert first.observation == row["conversations"][2]["value"]
+            actions = [parse_action(m["value"]) for m in row["conversations"][3:] if m["from"] == "gpt"]
+            assert all(a.valid_format for a in actions)
+            for a in actions:
+                result = game.step(a.action)
+            assert result.raw_score == 100, row["item_id"]
+
+
+def test_collect_then_continue_gives_sft_ready_data(tiny_models, ray_cluster, tmp_path):
+    from rose_ray.chat import ChatFormat
+    from rose_ray.learner.batching import OWNER_INDEX, render
+    from rose_ray.models import load_tokenizer
+
+    prefixes, stitched = tmp_path / "prefixes.jsonl", tmp_path / "stitched.jsonl"
+    common = ["--max-new-tokens", "16", "--concurrency", "3", "--context-tokens", "2048"]
+    assert main(["collect", "--model", str(tiny_models["student"]), "--turns", "2", "--split", "train",
+                 "--n", "3", "--out", str(prefixes), *common]) == 0
+    rows = read_jsonl(prefixes)
+    assert len(rows) == 3
+    for r in rows:
+        owners = [m["owner"] for m in r["conversations"]]
+        assert owners[:3] == ["prompt", "prompt", "env"] and owners.count("student") == r["rounds"] <= 2
+
+    # Tamper with one recorded observation: that row must be reported and skipped.
+    tampered = [json.loads(json.dumps(r)) for r in rows]
+    tampered[0]["conversations"][2]["value"] += " (edited)"
+    write_jsonl(tmp_path / "tampered.jsonl", tampered)
+    assert main(["continue", "--teacher", str(tiny_models["teacher"]), "--in", str(tmp_path / "tampered.jsonl"),
+                 "--max-turns", "4", "--out", str(stitched), *common]) == 0
+    out = read_jsonl(stitched)
+    assert {r["item_id"] for r in out} == {r["item_id"] for r in rows[1:]}
+
+    tok = load_tokenizer(tiny_models["teacher"])
+    fmt = ChatFormat(tok)
+    for r in out:
+        prefix = next(p for p in rows if p["item_id"] == r["item_id"])
+        n = len(prefix["conversations"])
+        assert r["conversations"][:n] == prefix["conversations"]  # the prefix is kept as recorded
+        later = [m["owner"] for m in r["conversations"][n:] if m["from"] == "gpt"]
+        assert later and set(later) == {"teacher"}
+        assert r["rounds"] <= 4
+        seq = render(row_to_trajectory(r), fmt, 2048)  # ready for SFT: teacher tokens to train on
+        assert OWNER_INDEX["teacher"] in seq.owners and OWNER_INDEX["student"] in seq.owners
+
+
+def test_check_data_tells_the_mapping(gold, tmp_path, capsys):
+    late = [r for r in gold if int(r["item_id"].split("_")[1]) >= 1096]
+    assert late
+    path = tmp_path / "agentgym.jsonl"
+    write_jsonl(path, gold)
+    assert main(["check-data", str(path), "--sample", "3"]) == 0
+    assert "follow the 'agentgym' mapping" in capsys.readouterr().out
+    # The same rows written under the other mapping (ids from 1096 on shift down by 300).
+    traj = Catalogue("agentgym_traj")
+    moved = [dict(r, item_id=traj.find(r["task"], r["var"]).item_id) for r in late]
+    other = tmp_path / "traj.jsonl"
+    write_jsonl(other, moved)
+    assert main(["check-data", str(other), "--sample", "3", "--mapping", "agentgym"]) == 1
+    out = capsys.readouterr()
+    assert "follow the 'agentgym_traj' mapping" in out.out and "expected the 'agentgym'" in out.err
+
+
+def test_malformed_lines_are_reported_by_number(tmp_path, capsys):
+    path = tmp_path / "bad.jsonl"
+    good = {"item_id": "sciworld_0", "conversations": [{"from": "human", "value": "x"}]}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n{not json}\n")
+    assert main(["check-data", str(path), "--no-jvm"]) == 2
+    assert "bad.jsonl:3" in capsys.readouterr().err
+    path.write_text(json.dumps(good) + "\n" + json.dumps({"item_id": "sciworld_1", "conversations": [{"from": "robot", "value": "x"}]}) + "\n")
+    assert main(["check-data", str(path), "--no-jvm"]) == 2
+    assert "bad.jsonl:2: conversations[0].from" in capsys.readouterr().err

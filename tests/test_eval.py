@@ -1,0 +1,86 @@
+"""Held-out evaluation: metrics, a real eval of the tiny student, resume, compare."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rose_ray.evaluate import EvalConfig, compare, run_eval, summarise
+
+
+def record(task: str, raw: int, turns: int = 5, invalid: int = 0, **extra) -> dict:
+    return {"item_id": f"sciworld_{abs(hash((task, raw, turns))) % 4000}", "task": task, "raw_score": raw,
+            "turns": turns, "invalid_actions": invalid, **extra}
+
+
+def test_metrics_on_hand_made_trajectories():
+    recs = [record("boil", -100), record("boil", 0), record("melt", 50, invalid=5), record("melt", 100),
+            record("melt", 99)]
+    s = summarise(recs)
+    o = s["overall"]
+    assert o["games"] == 5
+    assert o["score"] == pytest.approx((0 + 0 + 0.5 + 1.0 + 0.99) / 5)  # -100 scores 0
+    assert o["success"] == pytest.approx(1 / 5)  # only 100 succeeds, not 99
+    assert o["pass"] == pytest.approx(3 / 5)  # > 0 passes; -100 and 0 do not
+    assert o["invalid_action_rate"] == pytest.approx(5 / 25)
+    assert s["per_task"]["boil"]["score"] == 0.0 and s["per_task"]["melt"]["games"] == 3
+
+
+def test_eval_of_the_tiny_student_writes_json_and_markdown(tiny_models, ray_cluster, tmp_path):
+    cfg = EvalConfig(model=str(tiny_models["student"]), split="test", n=10, max_turns=2,
+                     max_new_tokens=16, concurrency=5, context_tokens=2048, out=str(tmp_path / "ev"))
+    result = run_eval(cfg)
+    data = json.loads((tmp_path / "ev.json").read_text())
+    assert data["summary"] == result["summary"]
+    assert data["summary"]["overall"]["games"] == 10 and len(data["games"]) == 10
+    per_task = data["summary"]["per_task"]
+    assert len(per_task) >= 5 and sum(b["games"] for b in per_task.values()) == 10
+    assert all(0 < g["turns"] <= 2 for g in data["games"])
+    md = (tmp_path / "ev.md").read_text()
+    assert "| task |" in md and all(f"| {t} |" in md for t in per_task)
+    assert not (tmp_path / "ev.partial.jsonl").exists()
+
+
+def test_interrupted_eval_resumes_without_replaying_finished_games(tiny_models, ray_cluster, tmp_path):
+    from rose_ray.envs.catalogue import Catalogue
+    from rose_ray.evaluate import RESUME_KEYS
+
+    cfg = EvalConfig(model=str(tiny_models["student"]), split="test", n=4, max_turns=2,
+                     max_new_tokens=8, concurrency=2, context_tokens=2048, out=str(tmp_path / "r"))
+    games = Catalogue().sample("test", 4, 0)
+    partial = tmp_path / "r.partial.jsonl"
+    done = [dict(record(g.task, 100, turns=1), item_id=g.item_id, resumed=True) for g in games[:2]]
+    lines = [json.dumps({"eval_config": {k: getattr(cfg, k) for k in RESUME_KEYS}})]
+    lines += [json.dumps(r) for r in done] + ['{"item_id": "sciworld_']  # a line cut by the kill
+    partial.write_text("\n".join(lines) + "\n")
+    result = run_eval(cfg)
+    by_id = {g["item_id"]: g for g in result["games"]}
+    assert set(by_id) == {g.item_id for g in games}
+    assert all(by_id[g.item_id].get("resumed") for g in games[:2])  # kept, not replayed
+    assert not any(by_id[g.item_id].get("resumed") for g in games[2:])
+    assert result["summary"]["overall"]["success"] >= 0.5
+
+    # A partial file from other settings is refused, not silently mixed in.
+    partial.write_text(json.dumps({"eval_config": {"model": "other"}}) + "\n")
+    with pytest.raises(ValueError, match="other settings"):
+        run_eval(cfg)
+
+
+def test_compare_prints_results_side_by_side(tmp_path):
+    for name, score in (("a", 0.1), ("b", 0.3)):
+        summary = summarise([record("boil", int(score * 100))])
+        (tmp_path / f"{name}.json").write_text(json.dumps({"config": {"model": f"model-{name}"}, "summary": summary}))
+    table = compare([str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+    assert "model-a" in table and "model-b" in table and "0.3000" in table
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not an eval result"):
+        compare([str(tmp_path / "bad.json")])
+
+
+def test_eval_arguments_are_checked():
+    from rose_ray.cli import main
+
+    assert main(["eval", "--model", "x", "--handoff", "2"]) == 2
+    assert main(["eval", "--model", "x", "--max-turns", "0"]) == 2
+    assert main(["eval", "--model", "/nonexistent/model", "--n", "1"]) == 2

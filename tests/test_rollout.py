@@ -1,0 +1,94 @@
+"""Buffer backpressure and staleness, handoff policies, the game sampler (no actors needed)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rose_ray.rollout.buffer import TrajectoryBuffer
+from rose_ray.rollout.episode import HandoffConfig
+from rose_ray.rollout.workers import GameSampler
+from rose_ray.types import GameId, Trajectory
+
+
+def traj(i: int, version: int | None) -> Trajectory:
+    return Trajectory(GameId("boil", i, f"sciworld_{i}"), [], student_version=version, episode_id=f"e{i}")
+
+
+def test_buffer_admits_only_up_to_max_lag_plus_one_batches():
+    async def main():
+        buf = TrajectoryBuffer(batch_episodes=2, max_lag=1)  # capacity 4
+        for _ in range(4):
+            await asyncio.wait_for(buf.admit(), 1)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(buf.admit(), 0.2)  # in flight + buffered would pass 4
+        await buf.add(traj(0, 0), learner_version=0)
+        await buf.add(traj(1, 0), learner_version=0)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(buf.admit(), 0.2)  # buffered items still count
+        batch = await asyncio.wait_for(buf.take_batch(0), 1)
+        assert [t.episode_id for t in batch] == ["e0", "e1"]
+        await asyncio.wait_for(buf.admit(), 1)  # room again
+        assert buf.accounting_holds()
+
+    asyncio.run(main())
+
+
+def test_buffer_drops_and_counts_stale_samples():
+    async def main():
+        buf = TrajectoryBuffer(batch_episodes=2, max_lag=1)
+        for _ in range(4):
+            await buf.admit()
+        assert not await buf.add(traj(0, 0), learner_version=2)  # lag 2 > 1: dropped
+        assert await buf.add(traj(1, 1), learner_version=2)
+        assert await buf.add(traj(2, None), learner_version=2)  # teacher-only: never stale
+        await buf.fail()
+        assert buf.counters.dropped_stale == 1 and buf.counters.failed == 1
+        for _ in range(2):
+            await buf.admit()
+        # At version 3 the buffered version-1 sample is too old: dropped on the way out.
+        waiter = asyncio.create_task(buf.take_batch(3))
+        await asyncio.sleep(0.05)
+        assert not waiter.done() and buf.counters.dropped_stale == 2  # only e2 is left
+        await buf.add(traj(3, 3), learner_version=3)
+        batch = await asyncio.wait_for(waiter, 1)
+        assert [t.episode_id for t in batch] == ["e2", "e3"]
+        assert all(lag <= 1 for lag in buf.lags)
+        assert buf.accounting_holds()
+        c = buf.counters
+        assert c.admitted == c.trained + len(buf.items) + c.dropped_stale + c.failed + buf.in_flight
+
+    asyncio.run(main())
+
+
+def test_handoff_policies():
+    assert HandoffConfig("fixed", k=5).student_turns(100) == 5
+    cur = HandoffConfig("curriculum", k_start=1, k_max=4, grow_every=10)
+    assert [cur.student_turns(s) for s in (0, 9, 10, 25, 1000)] == [1, 1, 2, 3, 4]
+    assert HandoffConfig("teacher_only").student_turns() == 0
+    assert HandoffConfig("none").student_turns() is None
+    assert HandoffConfig("on_failure").student_turns() is None
+    with pytest.raises(ValueError, match="handoff.policy"):
+        HandoffConfig("sometimes")
+    with pytest.raises(ValueError, match="handoff.k"):
+        HandoffConfig("fixed", k=-1)
+
+
+def test_game_sampler_is_seeded_epoch_by_epoch_and_resumable():
+    games = [GameId("boil", i, f"sciworld_{i}") for i in range(5)]
+    a = GameSampler(games, seed=1)
+    first_epoch = [a.next() for _ in range(5)]
+    assert sorted(g.variation for g in first_epoch) == list(range(5))
+    second_epoch = [a.next() for _ in range(5)]
+    assert sorted(g.variation for g in second_epoch) == list(range(5))
+    assert first_epoch != second_epoch  # reshuffled each epoch
+    b = GameSampler(games, seed=1)
+    assert [b.next() for _ in range(5)] == first_epoch
+    state = a.state()
+    rest = [a.next() for _ in range(3)]
+    c = GameSampler(games, seed=999)
+    c.load_state(state)
+    assert [c.next() for _ in range(3)] == rest
+    with pytest.raises(ValueError):
+        GameSampler([], seed=0)
