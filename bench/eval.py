@@ -6,7 +6,8 @@ pieces in one Ray session: `start_env_pools` (one pool, `games_per_worker` = con
 `evaluate_games`. Only the episodes are timed: actor start-up, JVM start-up and a warm-up
 (one game load per slot, one engine call) happen before the clock starts.
 
-    python bench/eval.py            # 16 test games, 6 turns, 32 new tokens, 1/4/8 concurrent
+    python bench/eval.py            # 16 test games, 6 turns, 32 new tokens, 1/4/8 concurrent,
+                                    # batcher max_wait_ms 5 (the default) and 50
     python bench/eval.py --quick    # a short smoke run
 
 Prints a table and writes bench/results/eval.json.
@@ -92,14 +93,16 @@ def main() -> None:
     p.add_argument("--engine-cpus", type=float, default=1.0,
                    help="Ray CPUs of the student engine (torch threads = max(1, int(cpus)))")
     p.add_argument("--env-cpus", type=float, default=0.5)
-    p.add_argument("--max-wait-ms", type=float, default=5.0,
-                   help="engine batcher: how long a batch waits to fill (EngineConfig.max_wait_ms)")
+    p.add_argument("--max-wait-ms", type=float, nargs="+", default=None,
+                   help="engine batcher: how long a batch waits to fill (EngineConfig.max_wait_ms); "
+                        "several values: one engine and one set of levels each (default 5 50; --quick 5)")
     p.add_argument("--models", default="~/.cache/rose_ray/tiny", help="where init_tiny builds/reuses")
     p.add_argument("--out", default=str(RESULTS / "eval.json"))
     args = p.parse_args()
     levels = args.concurrency or ([1, 4] if args.quick else [1, 4, 8])
     n_games = args.games or (4 if args.quick else 16)
     args.max_turns = args.max_turns or (3 if args.quick else 6)
+    args.max_wait_ms = args.max_wait_ms or ([5.0] if args.quick else [5.0, 50.0])
     if min(levels) < 1 or n_games < 1 or args.max_turns < 1:
         p.error("--concurrency, --games and --max-turns must be >= 1")
 
@@ -115,36 +118,41 @@ def main() -> None:
     model = init_tiny(Path(args.models).expanduser())["student"]
     games = Catalogue("agentgym").sample(args.split, n_games, args.seed)
     init_ray()
-    engine_cfg = EngineConfig(model=str(model), dtype=args.dtype, context_tokens=2048,
-                              max_batch_size=max(levels), max_wait_ms=args.max_wait_ms)
-    student, _ = start_agents(engine_cfg, None, student_cpus=args.engine_cpus)
-    # Engine warm-up, untimed: model load and the first forward's allocations.
-    warm = GenerationRequest(student.chat.opening_ids([("user", "warm up"), ("assistant", "OK")]),
-                             SamplingParams(temperature=0.0, max_new_tokens=4))
-    ray.get(student.engine.generate.remote(warm))
-    threads = ray.get(student.engine.__ray_call__.remote(lambda self: __import__("torch").get_num_threads()))
-
     rows = []
-    for c in levels:
-        row = run_level(c, games, student, args)
-        rows.append(row)
-        print(f"  concurrency {c}: {row['episodes']} episodes in {row['seconds']:.1f}s", flush=True)
-    base = next((r for r in rows if r["concurrency"] == 1), rows[0])
-    for r in rows:
-        r["speedup_vs_1"] = r["episodes_per_s"] / base["episodes_per_s"]
-        r["same_turns_as_1"] = r["item_turns"] == base["item_turns"]
+    for wait_ms in args.max_wait_ms:
+        engine_cfg = EngineConfig(model=str(model), dtype=args.dtype, context_tokens=2048,
+                                  max_batch_size=max(levels), max_wait_ms=wait_ms)
+        student, _ = start_agents(engine_cfg, None, student_cpus=args.engine_cpus)
+        # Engine warm-up, untimed: model load and the first forward's allocations.
+        warm = GenerationRequest(student.chat.opening_ids([("user", "warm up"), ("assistant", "OK")]),
+                                 SamplingParams(temperature=0.0, max_new_tokens=4))
+        ray.get(student.engine.generate.remote(warm))
+        threads = ray.get(student.engine.__ray_call__.remote(
+            lambda self: __import__("torch").get_num_threads()))
+        group = []
+        for c in levels:
+            row = {"max_wait_ms": wait_ms, **run_level(c, games, student, args)}
+            group.append(row)
+            print(f"  max_wait_ms {wait_ms:g}, concurrency {c}: {row['episodes']} episodes in "
+                  f"{row['seconds']:.1f}s", flush=True)
+        ray.kill(student.engine)
+        base = next((r for r in group if r["concurrency"] == 1), group[0])
+        for r in group:
+            r["speedup_vs_1"] = r["episodes_per_s"] / base["episodes_per_s"]
+            r["same_turns_as_1"] = r["item_turns"] == base["item_turns"]
+        rows += group
     load_end = os.getloadavg()
     ray.shutdown()
 
     print(f"\nheld-out eval of the tiny student ({args.dtype}, engine {threads} torch thread(s)): "
           f"{n_games} {args.split} games, max_turns {args.max_turns}, max_new_tokens "
-          f"{args.max_new_tokens}, greedy, batcher max_wait_ms {args.max_wait_ms:g}")
-    head = (f"{'concurrency':>11} {'episodes':>8} {'seconds':>8} {'episodes/s':>10} {'speedup vs 1':>12} "
+          f"{args.max_new_tokens}, greedy")
+    head = (f"{'max_wait_ms':>11} {'concurrency':>11} {'episodes':>8} {'seconds':>8} {'episodes/s':>10} {'speedup vs 1':>12} "
             f"{'mean engine batch':>17} {'turns':>6} {'same turns':>10}")
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['concurrency']:>11} {r['episodes']:>8} {r['seconds']:>8.1f} {r['episodes_per_s']:>10.3f} "
+        print(f"{r['max_wait_ms']:>11g} {r['concurrency']:>11} {r['episodes']:>8} {r['seconds']:>8.1f} {r['episodes_per_s']:>10.3f} "
               f"{r['speedup_vs_1']:>11.2f}x {r['mean_engine_batch']:>17.2f} {r['turns']:>6} "
               f"{'yes' if r['same_turns_as_1'] else 'no':>10}")
     print(f"load average (1/5/15 min): start {fmt_load(load_start)}, end {fmt_load(load_end)} "

@@ -52,8 +52,13 @@ case "$abs" in
      config=$abs ;;
 esac
 # Validate here first: a bad key or value fails now (exit 2, key named), not after an upload.
-if ! "$PY" -c "import sys; from rose_ray.config import load_config; load_config(sys.argv[1], sys.argv[2:])" \
-    "$abs" ${overrides[@]+"${overrides[@]}"}; then
+check='import sys
+from rose_ray.config import load_config
+try:
+    load_config(sys.argv[1], sys.argv[2:])
+except ValueError as e:
+    sys.exit(f"submit.sh: {e}")'
+if ! "$PY" -c "$check" "$abs" ${overrides[@]+"${overrides[@]}"}; then
   exit 2
 fi
 name=$(basename "$config" .yaml)

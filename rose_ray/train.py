@@ -121,6 +121,8 @@ class Trainer:
         self.rollout_window: list[Trajectory] = []
         self.t_start = time.time()
         self.weights_ms = 0.0
+        self.episodes_started = 0
+        self.session = f"{run_dir.name}-{os.urandom(3).hex()}"
 
     # ----------------------------------------------------------------- 2. actors
     def start(self) -> None:
@@ -234,7 +236,8 @@ class Trainer:
         from rose_ray.rollout.episode import EpisodeInterrupted, run_episode
 
         game = self.sampler.next()
-        episode_id = f"{self.run_dir.name}-e{self.buffer.counters.admitted}"
+        self.episodes_started += 1  # ids stay unique across resumes: one session tag per start
+        episode_id = f"{self.session}-e{self.episodes_started}"
 
         async def episode(g, slot):
             return await run_episode(g, slot, self.student, self.teacher, self.episode_cfg, self.handoff,
@@ -290,9 +293,11 @@ class Trainer:
         p50 = [h["step_ms_p50"] for h in health if h["step_ms_p50"] is not None]
         p95 = [h["step_ms_p95"] for h in health if h["step_ms_p95"] is not None]
         lags = self.buffer.lags[-len(batch):]
-        scalars = {f"learner/{k}": v for k, v in metrics.items()
-                   if k in ("loss", "loss_teacher_ce", "loss_opd", "grad_norm", "lr", "tokens_per_s")}
+        scalars = {f"learner/{k}": metrics.get(k, 0.0) for k in ("loss", "grad_norm", "lr", "tokens_per_s")}
         scalars.update({
+            # The CE term trains teacher tokens (rose, teacher_sft); 0 = no such term this step.
+            "learner/loss_teacher_ce": metrics.get("loss_ce", 0.0),
+            "learner/loss_opd": metrics.get("loss_opd", 0.0),
             "rollout/score": sum(t.score for t in batch) / len(batch),
             "rollout/episodes_per_s": len(self.rollout_window) / window_s,
             "rollout/tokens_per_s": student_tokens / max(sum(t.timing.get("student_s", 0) for t in batch), 1e-6),

@@ -1,0 +1,125 @@
+"""launch/submit.sh against a real local Ray head with a dashboard: the job runs `rose-ray
+train` on the tiny config and writes TensorBoard files into the shared run_dir.
+
+The head is this test's own: a private --temp-dir, free ports for every listener, and
+`ray start --block` in a new session, so stopping it kills exactly the processes it started
+(a bare `ray stop` would kill every Ray instance on the machine, other users' too).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PORT_FLAGS = ("port", "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port",
+              "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port",
+              "node-manager-port", "object-manager-port")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _session_pids(sid: int) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
+    return [int(p) for p, s in (line.split() for line in out.splitlines() if line.strip()) if int(s) == sid]
+
+
+class LocalHead:
+    """`ray start --head --block` with a dashboard, in its own session and temp dir."""
+
+    def __init__(self, num_cpus: int = 2) -> None:
+        # A short path: Ray's unix sockets live under it (108-byte limit).
+        self.tmp = tempfile.mkdtemp(prefix="rrh", dir="/tmp")
+        self.ports = {flag: _free_port() for flag in PORT_FLAGS}
+        self.dashboard = f"http://127.0.0.1:{self.ports['dashboard-port']}"
+        cmd = ["ray", "start", "--head", "--block", f"--num-cpus={num_cpus}", "--num-gpus=0",
+               "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--temp-dir={self.tmp}",
+               *(f"--{flag}={port}" for flag, port in self.ports.items())]
+        self.log = open(os.path.join(self.tmp, "head.log"), "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, start_new_session=True, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+
+    def wait_ready(self, timeout_s: float = 150.0) -> None:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ray start exited {self.proc.returncode}: {Path(self.log.name).read_text()[-2000:]}")
+            try:
+                urllib.request.urlopen(self.dashboard + "/api/version", timeout=2).read()
+                return
+            except OSError:
+                time.sleep(1)
+        raise TimeoutError(f"the dashboard at {self.dashboard} did not come up in {timeout_s} s")
+
+    def stop(self) -> None:
+        """Kill the head's session: `ray start`, GCS, raylet, dashboard, workers, their JVMs."""
+        sid = self.proc.pid
+        for sig, wait_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+            for pid in _session_pids(sid):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.time() + wait_s
+            while time.time() < deadline and [p for p in _session_pids(sid) if p != sid]:
+                time.sleep(0.5)
+            if self.proc.poll() is not None and not _session_pids(sid):
+                break
+        self.proc.wait(timeout=10)
+        self.log.close()
+
+
+@pytest.mark.slow
+def test_submit_sh_runs_tiny_training_as_a_job(tmp_path):
+    head = LocalHead(num_cpus=2)
+    try:
+        head.wait_ready()
+        run_dir = tmp_path / "run"
+        env = {**os.environ, "RAY_ADDRESS": head.dashboard, "RAY_AUTH_MODE": "disabled"}
+        overrides = ["steps=2", "eval.n=2", "eval.max_turns=3", "rollout.max_turns=3",
+                     "teacher_warmup.enabled=false", f"tiny_dir={tmp_path / 'tiny'}", f"run_dir={run_dir}",
+                     "rollout.batch_episodes=2", "rollout.student_sampling.max_new_tokens=16",
+                     "rollout.teacher_sampling.max_new_tokens=16", "eval.max_new_tokens=16"]
+        job = subprocess.run(["bash", str(ROOT / "launch/submit.sh"), "--job-id", "rr-test-submit",
+                              "configs/tiny.yaml", *overrides],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        out = job.stdout + job.stderr
+        assert job.returncode == 0, out[-4000:]
+        assert "succeeded" in out.lower(), out[-2000:]
+        events = list((run_dir / "tb").glob("events.out.tfevents.*"))
+        assert events and all(e.stat().st_size > 0 for e in events), sorted(p.name for p in run_dir.rglob("*"))
+        assert (run_dir / "summary.json").is_file()
+        # The job's record in the dashboard says the same.
+        status = subprocess.run(["ray", "job", "status", "--address", head.dashboard, "rr-test-submit"],
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert "rr-test-submit' succeeded" in status.stdout + status.stderr
+    finally:
+        head.stop()
+    assert _session_pids(head.proc.pid) == [], "processes of the test's Ray head are still running"
+
+
+def test_submit_sh_rejects_a_bad_override_before_uploading(tmp_path):
+    env = {**os.environ, "RAY_ADDRESS": "http://127.0.0.1:9", "RAY_AUTH_MODE": "disabled"}
+    out = subprocess.run(["bash", str(ROOT / "launch/submit.sh"), "configs/tiny.yaml", "rollout.max_turns=0"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "rollout.max_turns" in out.stderr
+
+
+def test_submit_sh_needs_an_address(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run(["bash", str(ROOT / "launch/submit.sh"), "configs/tiny.yaml"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "RAY_ADDRESS" in out.stderr

@@ -1,0 +1,141 @@
+"""End to end on a real local Ray cluster: a short tiny online-ROSE run, resume, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rose_ray.metrics import read_scalars
+from rose_ray.train import train
+
+K = 2
+LISTED_SCALARS = [
+    "eval/score", "eval/success", "eval/pass",
+    "rollout/score", "rollout/episodes_per_s", "rollout/tokens_per_s", "rollout/handoff_turn",
+    "rollout/invalid_action_rate",
+    "learner/loss", "learner/loss_teacher_ce", "learner/loss_opd", "learner/grad_norm", "learner/lr",
+    "learner/tokens_per_s",
+    "async/policy_lag", "async/buffer_size", "async/dropped_stale",
+    "env/step_ms_p50", "env/step_ms_p95", "env/restarts",
+    "weights/sync_ms", "weights/version",
+]
+
+
+def overrides(tiny_models, run_dir, steps: int) -> list[str]:
+    return [
+        f"tiny_dir={tiny_models['student'].parent}", f"run_dir={run_dir}", f"steps={steps}",
+        "teacher_warmup.enabled=false", "checkpoint_every=2", "rollout.batch_episodes=2",
+        "rollout.max_turns=4", f"rollout.handoff.k={K}", "rollout.student_sampling.max_new_tokens=16",
+        "rollout.teacher_sampling.max_new_tokens=16", "eval.n=2", "eval.max_turns=2",
+        "eval.max_new_tokens=8", "env.games_per_worker=2",
+    ]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_models, ray_cluster, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("train") / "run"
+    summary = train(None, overrides(tiny_models, run_dir, steps=3))
+    return run_dir, summary
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_trajectories_are_student_then_teacher(tiny_run):
+    run_dir, summary = tiny_run
+    rows = read_jsonl(run_dir / "trajectories.jsonl")
+    assert len(rows) == 3 * 2
+    for r in rows:
+        owners = [m["owner"] for m in r["conversations"] if m["from"] == "gpt" and m["owner"] != "prompt"]
+        assert len(owners) == r["rounds"] >= 1
+        assert owners[:K] == ["student"] * min(K, len(owners))
+        assert owners[K:] == ["teacher"] * (len(owners) - K)
+        assert r["handoff_turn"] == (K + 1 if len(owners) > K else None)
+    # No trajectory trained twice.
+    assert len({r["episode_id"] for r in rows}) == len(rows)
+
+
+def test_learner_steps_and_the_student_engine_version_advances(tiny_run):
+    run_dir, summary = tiny_run
+    assert summary["steps"] == 3 and summary["version"] == 3
+    steps = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert all(math.isfinite(m["learner/loss"]) and m["learner/loss"] > 0 for m in steps)
+    assert [m["weights/version"] for m in steps] == [1.0, 2.0, 3.0]
+    rows = read_jsonl(run_dir / "trajectories.jsonl")
+    # With max_lag 1, step 3 (at version 2) trains only on episodes sampled after a publication.
+    assert max(r["student_version"] for r in rows if r["step"] == 3) >= 1
+
+
+def test_tensorboard_has_the_listed_scalars(tiny_run):
+    run_dir, _ = tiny_run
+    scalars = read_scalars(run_dir / "tb")
+    missing = [tag for tag in LISTED_SCALARS if tag not in scalars]
+    assert not missing
+    assert [s for s, _ in scalars["learner/loss"]] == [1, 2, 3]
+    assert {s for s, _ in scalars["eval/score"]} == {0, 3}  # before and after
+
+
+def test_accounting_holds(tiny_run):
+    _, summary = tiny_run
+    b = summary["buffer"]
+    assert summary["accounting_holds"]
+    assert b["trained"] == 6
+    assert b["admitted"] >= b["trained"] + b["dropped_stale"] + b["failed"]
+    assert summary["runner"]["started"] >= summary["runner"]["finished"]
+
+
+def test_checkpoint_and_resume_continue_from_the_step(tiny_run, tiny_models):
+    run_dir, _ = tiny_run
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_3"
+    summary = train(None, ["steps=5"], resume=str(run_dir))
+    assert summary["steps"] == 5 and summary["version"] == 5
+    steps = [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
+    assert steps == [1, 2, 3, 4, 5]
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(None, overrides(tiny_models, run_dir, steps=3))
+
+
+def _jvm_pids() -> set[int]:
+    out = subprocess.run(["pgrep", "-f", "scienceworld.jar"], capture_output=True, text=True).stdout
+    return {int(p) for p in out.split()}
+
+
+def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_no_jvm_left(tiny_models, tmp_path):
+    run_dir = tmp_path / "run"
+    before = _jvm_pids()
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rose_ray.cli", "train", "ray_address=local", "eval.before=false",
+         "eval.teacher=false", *overrides(tiny_models, run_dir, steps=100)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.time() + 400
+        metrics = run_dir / "metrics.jsonl"
+        while time.time() < deadline and proc.poll() is None:
+            if metrics.exists() and any("learner/loss" in line for line in metrics.read_text().splitlines()):
+                break
+            time.sleep(1)
+        assert proc.poll() is None, proc.stdout.read()
+        during = _jvm_pids() - before
+        assert during  # the run's JVMs are up
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert "stopping after the current step" in out
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert int(latest.split("_")[1]) >= 1
+    time.sleep(1)
+    assert not (_jvm_pids() & during)
