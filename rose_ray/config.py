@@ -76,12 +76,13 @@ class TeacherWarmupConfig:
 
     enabled: bool = False
     gold_games: int = 40
+    max_turns: int = 8  # the opening of each gold path: what short episodes need most
     epochs: int = 10
     lr: float = 1e-3
     batch_episodes: int = 8
 
     def __post_init__(self) -> None:
-        for key in ("gold_games", "epochs", "batch_episodes"):
+        for key in ("gold_games", "max_turns", "epochs", "batch_episodes"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"teacher_warmup.{key}: must be >= 1, got {getattr(self, key)!r}")
         if self.lr <= 0:

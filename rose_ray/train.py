@@ -63,7 +63,7 @@ def warm_teacher(cfg: TrainConfig, teacher: str) -> str:
         return str(out)
     print(f"train: warming the teacher on {w.gold_games} gold demonstrations ...", flush=True)
     games = _games(cfg, Catalogue(cfg.env.mapping), cfg.rollout.split, w.gold_games, cfg.seed)
-    rows, problems = gold_rows(games, workers=2, progress=False)
+    rows, _ = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False)
     from rose_ray.data import write_jsonl
 
     out.parent.mkdir(parents=True, exist_ok=True)
