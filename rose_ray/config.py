@@ -113,7 +113,7 @@ class TrainConfig:
     samples_to_log: int = 2  # sample trajectories written to TensorBoard per eval
     tasks: list[str] = field(default_factory=list)  # train and eval on these tasks only (empty = all)
     tiny_dir: str = "~/.cache/rose_ray/tiny"
-    ray_address: str | None = None
+    ray_address: str | None = None  # None: RAY_ADDRESS or a private local cluster; "auto": join `ray start`
     env: EnvConfig = field(default_factory=EnvConfig)
     student_engine: EngineConfig = field(default_factory=lambda: EngineConfig(model="tiny:student"))
     teacher_engine: EngineConfig = field(default_factory=lambda: EngineConfig(model="tiny:teacher"))

@@ -56,7 +56,8 @@ def start_env_pools(config: EnvConfig, max_turns: int | None = None) -> list[Any
 
 
 def init_ray(address: str | None = None) -> None:
-    """Connect to a cluster (`address` or RAY_ADDRESS), or start a local one."""
+    """Join `address` (or RAY_ADDRESS, which `ray job submit` sets), else start a private local
+    cluster; use `auto` to join a cluster started with `ray start` on this machine."""
     import os
 
     import ray
@@ -64,6 +65,8 @@ def init_ray(address: str | None = None) -> None:
     if ray.is_initialized():
         return
     if address is None and not os.environ.get("RAY_ADDRESS"):
+        address = "local"
+    if address == "local":
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
 
