@@ -244,7 +244,11 @@ class Trainer:
                                      learner_step=self.step, request_prefix=f"s{self.step}/")
         try:
             t = await self.runner.play(game, episode)
-        except EpisodeInterrupted:
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one bad episode must not stop the run
+            if not isinstance(e, EpisodeInterrupted):
+                print(f"\ntrain: episode on {game.item_id} failed: {type(e).__name__}: {e}", flush=True)
             await self.buffer.fail()
             return
         t.timing["finished_at"] = time.time()

@@ -28,7 +28,8 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    if ray.is_initialized():
+    session = ray.is_initialized()  # conftest's session cluster: put back after
+    if session:
         ray.shutdown()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     pools: list = []
@@ -46,6 +47,8 @@ def cluster():
             close_pools(pools)
         ray.shutdown()
         c.shutdown()
+        if session:
+            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
 
 
 def actor_node(handle) -> str:

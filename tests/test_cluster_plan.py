@@ -91,7 +91,8 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    if ray.is_initialized():  # another module's session cluster
+    session = ray.is_initialized()  # conftest's session cluster: put back after
+    if session:
         ray.shutdown()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2, "include_dashboard": False})
     try:
@@ -102,6 +103,8 @@ def cluster():
     finally:
         ray.shutdown()
         c.shutdown()
+        if session:
+            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
 
 
 FITS = ["env.workers=2", "env.cpus_per_worker=0.5", "env.resources.env_node=1",

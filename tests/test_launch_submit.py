@@ -9,6 +9,7 @@ The head is this test's own: a private --temp-dir, free ports for every listener
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -79,6 +80,7 @@ class LocalHead:
                 break
         self.proc.wait(timeout=10)
         self.log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 @pytest.mark.slow

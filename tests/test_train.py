@@ -139,3 +139,26 @@ def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_no_jvm_left(tiny_models, tmp
     assert int(latest.split("_")[1]) >= 1
     time.sleep(1)
     assert not (_jvm_pids() & during)
+
+
+@pytest.mark.parametrize("algorithm, learner_algorithm", [("opd", "opd"), ("teacher_sft", "sft")])
+def test_other_algorithms_run(tiny_models, ray_cluster, tmp_path, algorithm, learner_algorithm):
+    run_dir = tmp_path / "run"
+    summary = train(None, overrides(tiny_models, run_dir, steps=1) + [
+        f"algorithm={algorithm}", f"learner.algorithm={learner_algorithm}", "eval.before=false",
+        "eval.after=false", "eval.teacher=false", "mode=sync"])
+    assert summary["steps"] == 1
+    rows = read_jsonl(run_dir / "trajectories.jsonl")
+    owners = {m["owner"] for r in rows for m in r["conversations"] if m["from"] == "gpt" and m["owner"] != "prompt"}
+    assert owners == ({"student"} if algorithm == "opd" else {"teacher"})
+    step = next(m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m)
+    assert step["learner/loss_opd" if algorithm == "opd" else "learner/loss_teacher_ce"] != 0.0
+
+
+def test_bad_config_is_rejected_with_the_key_named(tmp_path):
+    from rose_ray.cli import main
+
+    assert main(["train", f"run_dir={tmp_path}/r", "rollout.nonsense=1"]) == 2
+    assert main(["train", f"run_dir={tmp_path}/r", "rollout.max_lag=-1"]) == 2
+    assert main(["train", f"run_dir={tmp_path}/r", "algorithm=opd"]) == 2  # learner.algorithm disagrees
+    assert not (tmp_path / "r" / "checkpoints").exists()

@@ -8,7 +8,7 @@ acknowledgement inside the opening). Text-only turns (dataset rows) are rendered
 
 Packed rows: several sequences share a row; `attention_mask` holds the 1-based segment number of
 each token (0 = padding), from which the learner derives position ids that restart at every
-segment (transformers then masks attention across segments).
+segment (the learner adds a block-diagonal mask: worker.segment_mask).
 """
 
 from __future__ import annotations

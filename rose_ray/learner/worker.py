@@ -76,6 +76,23 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def segment_mask(segments: Any) -> Any:
+    """[B, 1, L, L] boolean mask: causal attention within each packed segment only.
+
+    Restarting position ids alone does not stop a token attending to the sequence packed
+    before it (transformers' sdpa path keeps plain causal masking), so the block-diagonal
+    mask is explicit. Padding (segment 0) attends to itself only, which keeps softmax finite.
+    """
+    import torch
+
+    length = segments.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=segments.device).tril()
+    same = segments[:, :, None] == segments[:, None, :]
+    allowed = causal & same & (segments[:, :, None] > 0)
+    allowed |= torch.eye(length, dtype=torch.bool, device=segments.device)
+    return allowed[:, None]
+
+
 class LearnerWorker:
     """A learner rank. Wrapped with ray.remote by LearnerGroup."""
 
@@ -161,7 +178,9 @@ class LearnerWorker:
         return {k: torch.from_numpy(np.array(v)).to(self.engine.device) for k, v in part.items()}
 
     def _logits(self, t: dict[str, Any]) -> Any:
-        out = self.engine(input_ids=t["input_ids"], position_ids=t["position_ids"], use_cache=False)
+        mask = segment_mask(t["attention_mask"]) if "attention_mask" in t else None
+        out = self.engine(input_ids=t["input_ids"], position_ids=t["position_ids"],
+                          attention_mask=mask, use_cache=False)
         return out.logits
 
     def train_step(self, parts: list[dict[str, np.ndarray]], den: dict[str, float]) -> dict[str, float]:

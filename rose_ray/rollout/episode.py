@@ -20,7 +20,7 @@ from typing import Any
 from rose_ray.chat import ChatFormat
 from rose_ray.envs.protocol import Protocol, is_invalid_observation, normalise_score, parse_action
 from rose_ray.envs.protocol import is_success as raw_success
-from rose_ray.inference.engine import GenerationRequest
+from rose_ray.inference.engine import GenerationRequest, fit_context
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
 HANDOFF_POLICIES = ("fixed", "curriculum", "on_failure", "none", "teacher_only")
@@ -87,11 +87,12 @@ class EnvSlot:
 
 @dataclass
 class Agent:
-    """An engine actor and the chat format of its tokenizer."""
+    """An engine actor, the chat format of its tokenizer, and its context size."""
 
     engine: Any
     chat: ChatFormat
     name: str = ""
+    context_tokens: int = 1 << 30
 
 
 async def run_episode(
@@ -201,7 +202,9 @@ async def run_episode(
         new_turn = Turn("assistant", result.text, owner, ids, logprobs, version)
         if not teacher_acts and config.score_student_with_teacher and teacher is not None and shared:
             t0 = time.perf_counter()
-            prompt = [i for t in turns for i in t.token_ids]
+            # The teacher scores under its own context budget, dropping old turns as the engine would.
+            kept, _ = fit_context(turns, teacher.context_tokens - len(result.token_ids), "drop_oldest")
+            prompt = [i for t in kept for i in t.token_ids]
             new_turn.teacher_logprobs = await teacher.engine.score.remote(prompt, list(result.token_ids))
             timing["teacher_score_s"] += time.perf_counter() - t0
         turns.append(new_turn)

@@ -86,15 +86,15 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
     student_tok = load_tokenizer(student.tokenizer or student.model)
     student_chat = ChatFormat(student_tok)
     student_agent = Agent(engine_actor(student, num_cpus=student_cpus, num_gpus=student_gpus),
-                          student_chat, student.model)
+                          student_chat, student.model, student.context_tokens)
     if teacher is None:
         return student_agent, None
     if teacher == student:  # one engine serves both roles (e.g. `continue` without a student)
-        return student_agent, Agent(student_agent.engine, student_chat, student.model)
+        return student_agent, student_agent
     teacher_tok = load_tokenizer(teacher.tokenizer or teacher.model)
     chat = student_chat if same_tokenizer(student_tok, teacher_tok) else ChatFormat(teacher_tok)
     teacher_agent = Agent(engine_actor(teacher, num_cpus=teacher_cpus, num_gpus=teacher_gpus),
-                          chat, teacher.model or teacher.base_url)
+                          chat, teacher.model or teacher.base_url, teacher.context_tokens)
     return student_agent, teacher_agent
 
 
