@@ -93,7 +93,8 @@ def test_submit_sh_runs_tiny_training_as_a_job(tmp_path):
         overrides = ["steps=2", "eval.n=2", "eval.max_turns=3", "rollout.max_turns=3",
                      "teacher_warmup.enabled=false", f"tiny_dir={tmp_path / 'tiny'}", f"run_dir={run_dir}",
                      "rollout.batch_episodes=2", "rollout.student_sampling.max_new_tokens=16",
-                     "rollout.teacher_sampling.max_new_tokens=16", "eval.max_new_tokens=16"]
+                     "rollout.teacher_sampling.max_new_tokens=16", "eval.max_new_tokens=16",
+                     "eval.teacher=false", "eval.before=false"]  # keeps the job short on 2 cores
         job = subprocess.run(["bash", str(ROOT / "launch/submit.sh"), "--job-id", "rr-test-submit",
                               "configs/tiny.yaml", *overrides],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -203,9 +203,10 @@ async def run_episode(
         if not teacher_acts and config.score_student_with_teacher and teacher is not None and shared:
             t0 = time.perf_counter()
             # The teacher scores under its own context budget, dropping old turns as the engine would.
-            kept, _ = fit_context(turns, teacher.context_tokens - len(result.token_ids), "drop_oldest")
+            # Every trained id is scored, the end-of-turn token appended after a cut-off included.
+            kept, _ = fit_context(turns, teacher.context_tokens - len(ids), "drop_oldest")
             prompt = [i for t in kept for i in t.token_ids]
-            new_turn.teacher_logprobs = await teacher.engine.score.remote(prompt, list(result.token_ids))
+            new_turn.teacher_logprobs = await teacher.engine.score.remote(prompt, ids)
             timing["teacher_score_s"] += time.perf_counter() - t0
         turns.append(new_turn)
         if teacher_turns is not None:
