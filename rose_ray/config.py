@@ -97,6 +97,9 @@ class ResourcesConfig:
     student_gpus: float = 0.0
     teacher_cpus: float = 1.0
     teacher_gpus: float = 0.0
+    colocate: bool = False  # student engine i shares learner rank i's GPUs (use fractions)
+    placement_timeout_s: float = 600.0  # how long GPU placement groups may take to come up
+    check_placement: bool = True  # off for autoscaling clusters that start with no workers
 
 
 @dataclass

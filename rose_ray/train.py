@@ -70,9 +70,13 @@ def warm_teacher(cfg: TrainConfig, teacher: str) -> str:
     data = out.with_name(out.name + "_gold.jsonl")
     write_jsonl(data, rows)
     tmp = out.with_name(out.name + ".tmp")
+    def log(line: str) -> None:  # "step N/M epoch ..." lines from train_sft, a few of them
+        step, total = line.split()[1].split("/")
+        if int(step) % 10 == 0 or step == total:
+            print(f"train: warm-up {line}", flush=True)
+
     result = train_sft(data, teacher, tmp, epochs=w.epochs, batch_size=w.batch_episodes, lr=w.lr,
-                       max_tokens=cfg.learner.max_tokens, seed=cfg.seed, log=lambda s: None,
-                       sft_owners=["teacher"])
+                       max_tokens=cfg.learner.max_tokens, seed=cfg.seed, log=log, sft_owners=["teacher"])
     (tmp / "rose_ray_warmup.json").write_text(json.dumps({**key, "final_loss": result["history"][-1]["loss"]}))
     if out.exists():
         shutil.rmtree(out)
@@ -126,14 +130,12 @@ class Trainer:
 
     # ----------------------------------------------------------------- 2. actors
     def start(self) -> None:
-        import ray
-
         from rose_ray.chat import ChatFormat
         from rose_ray.envs.catalogue import Catalogue
         from rose_ray.learner.learner import LearnerGroup
         from rose_ray.metrics import MetricsLogger
         from rose_ray.models import load_tokenizer
-        from rose_ray.placement import check_fits, demands
+        from rose_ray.placement import PlacementGroups, check_cluster, demands
         from rose_ray.rollout.buffer import TrajectoryBuffer
         from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
         from rose_ray.rollout.workers import (
@@ -146,7 +148,9 @@ class Trainer:
 
         cfg = self.cfg
         init_ray(cfg.ray_address)
-        check_fits(demands(cfg), ray.cluster_resources())
+        if cfg.resources.check_placement:  # fail now, naming the role, rather than wait forever
+            check_cluster(cfg, use_total=True)
+        self.groups = PlacementGroups(demands(cfg), timeout_s=cfg.resources.placement_timeout_s)
         student_path, teacher_path = resolve_models(cfg)
         self.student_path, self.teacher_path = student_path, teacher_path
         catalogue = Catalogue(cfg.env.mapping)
@@ -158,15 +162,15 @@ class Trainer:
             replace(cfg.teacher_engine, model=teacher_path),
             cfg.resources.student_cpus, cfg.resources.teacher_cpus,
             cfg.resources.student_gpus, cfg.resources.teacher_gpus,
+            student_options=self.groups.options("student engine"),
+            teacher_options=self.groups.options("teacher engine"),
         )
         if cfg.algorithm == "opd" and self.teacher.chat is not self.student.chat:
             raise ValueError("algorithm opd: the teacher must share the student's tokenizer "
                              "(it scores the student's tokens)")
         self.pools = start_env_pools(cfg.env, max_turns=cfg.rollout.max_turns)
         self.runner = EpisodeRunner(self.pools, cfg.env.games_per_worker, cfg.rollout.max_retries)
-        eval_env = replace(cfg.env, workers=1, resources=dict(cfg.env.resources))
-        self.eval_pools = start_env_pools(eval_env, max_turns=cfg.eval.max_turns)
-        self.eval_runner = EpisodeRunner(self.eval_pools, eval_env.games_per_worker)
+        self.eval_pools: list = []  # started at the first eval (none if evals are off)
         self.episode_cfg = EpisodeConfig(
             max_turns=cfg.rollout.max_turns,
             student_sampling=cfg.rollout.student_sampling,
@@ -177,7 +181,8 @@ class Trainer:
                         "teacher_sft": HandoffConfig("teacher_only")}[cfg.algorithm]
         self.buffer = TrajectoryBuffer(cfg.rollout.batch_episodes, cfg.rollout.max_lag)
         self.learner = LearnerGroup(replace(cfg.learner, model=student_path,
-                                            algorithm=LEARNER_ALGORITHM[cfg.algorithm]))
+                                            algorithm=LEARNER_ALGORITHM[cfg.algorithm]),
+                                    worker_options=lambda r: self.groups.options("learner ranks", r))
         self.fmt = self.student.chat
         tok = load_tokenizer(student_path)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else ChatFormat(tok).eos_id
@@ -222,8 +227,13 @@ class Trainer:
     async def evaluate(self, who: str) -> dict[str, Any]:
         from rose_ray.evaluate import evaluate_games, summarise
         from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
+        from rose_ray.rollout.workers import EpisodeRunner, start_env_pools
         from rose_ray.types import SamplingParams
 
+        if not self.eval_pools:
+            eval_env = replace(self.cfg.env, workers=1, resources=dict(self.cfg.env.resources))
+            self.eval_pools = start_env_pools(eval_env, max_turns=self.cfg.eval.max_turns)
+            self.eval_runner = EpisodeRunner(self.eval_pools, eval_env.games_per_worker)
         agent = self.teacher if who == "teacher" else self.student
         ep = EpisodeConfig(max_turns=self.cfg.eval.max_turns,
                            student_sampling=SamplingParams(0.0, 1.0, self.cfg.eval.max_new_tokens))
@@ -284,16 +294,14 @@ class Trainer:
             await asyncio.to_thread(self.publish)
         return metrics
 
-    def log_step(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
-        import ray
-
+    async def log_step(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
         now = time.time()
         self.rollout_window = [t for t in self.rollout_window + batch if now - t.timing["finished_at"] < 60]
         window_s = max(now - min(t.timing["finished_at"] for t in self.rollout_window), 1e-3)
         student_tokens = sum(len(x.token_ids) for t in batch for x in t.turns if x.owner == "student")
         handoffs = [t.handoff_turn for t in batch if t.handoff_turn is not None]
         actions = sum(t.rounds for t in batch) or 1
-        health = [h for pool in self.pools for h in ray.get(pool.health.remote())]
+        health = [h for pool in self.pools for h in await pool.health.remote()]  # never block the loop
         p50 = [h["step_ms_p50"] for h in health if h["step_ms_p50"] is not None]
         p95 = [h["step_ms_p95"] for h in health if h["step_ms_p95"] is not None]
         lags = self.buffer.lags[-len(batch):]
@@ -362,7 +370,7 @@ class Trainer:
                     break
                 batch = batch_task.result()
                 metrics = await self.learn_step(batch)
-                self.log_step(metrics, batch)
+                await self.log_step(metrics, batch)
                 if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:
                     if eval_task is None or eval_task.done():
                         eval_task = asyncio.create_task(self._eval_in_background(self.step))
@@ -417,6 +425,8 @@ class Trainer:
         stop_agents(getattr(self, "student", None), getattr(self, "teacher", None))
         if getattr(self, "learner", None) is not None:
             self.learner.shutdown()
+        if getattr(self, "groups", None) is not None:
+            self.groups.remove()
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
 

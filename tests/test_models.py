@@ -9,7 +9,13 @@ import pytest
 
 from rose_ray.chat import ChatFormat
 from rose_ray.envs.protocol import Protocol
-from rose_ray.models import ModelNotAvailable, count_parameters, init_tiny, load_model, load_tokenizer
+from rose_ray.models import (
+    ModelNotAvailable,
+    count_parameters,
+    init_tiny,
+    load_model,
+    load_tokenizer,
+)
 
 
 def test_tiny_models_are_real_qwen3_with_a_chat_template(tiny_models):

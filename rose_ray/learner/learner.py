@@ -14,6 +14,7 @@ by make_batch) and a loss (run on each rank).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,8 @@ class LearnerConfig:
 class LearnerGroup:
     """N learner ranks forming one torch.distributed group under DeepSpeed."""
 
-    def __init__(self, config: LearnerConfig) -> None:
+    def __init__(self, config: LearnerConfig,
+                 worker_options: Callable[[int], dict[str, Any]] | None = None) -> None:
         import ray
 
         self.config = config
@@ -121,7 +123,9 @@ class LearnerGroup:
         self.step = 0
         self.version = config.initial_version
         worker = ray.remote(num_cpus=config.cpus_per_rank, num_gpus=config.gpus_per_rank)(LearnerWorker)
-        self.workers = [worker.remote(r, config.ranks, config.threads) for r in range(config.ranks)]
+        # worker_options(rank): scheduling options, e.g. a placement-group bundle per rank
+        self.workers = [worker.options(**(worker_options(r) if worker_options else {}))
+                        .remote(r, config.ranks, config.threads) for r in range(config.ranks)]
         addr, port = ray.get(self.workers[0].address.remote())
         ray.get([w.init_distributed.remote(addr, port, config.backend) for w in self.workers])
         self.info = self.setup()

@@ -73,7 +73,8 @@ def init_ray(address: str | None = None) -> None:
 
 def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
                  teacher_cpus: float = 1, student_gpus: float = 0,
-                 teacher_gpus: float = 0) -> tuple[Agent, Agent | None]:
+                 teacher_gpus: float = 0, student_options: dict[str, Any] | None = None,
+                 teacher_options: dict[str, Any] | None = None) -> tuple[Agent, Agent | None]:
     """Engine actors for a student and an optional teacher (EngineConfigs), with chat formats.
 
     When both tokenizers give the same ids the agents share one ChatFormat, so an episode
@@ -85,7 +86,8 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
 
     student_tok = load_tokenizer(student.tokenizer or student.model)
     student_chat = ChatFormat(student_tok)
-    student_agent = Agent(engine_actor(student, num_cpus=student_cpus, num_gpus=student_gpus),
+    student_agent = Agent(engine_actor(student, num_cpus=student_cpus, num_gpus=student_gpus,
+                                       **(student_options or {})),
                           student_chat, student.model, student.context_tokens)
     if teacher is None:
         return student_agent, None
@@ -93,7 +95,8 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
         return student_agent, student_agent
     teacher_tok = load_tokenizer(teacher.tokenizer or teacher.model)
     chat = student_chat if same_tokenizer(student_tok, teacher_tok) else ChatFormat(teacher_tok)
-    teacher_agent = Agent(engine_actor(teacher, num_cpus=teacher_cpus, num_gpus=teacher_gpus),
+    teacher_agent = Agent(engine_actor(teacher, num_cpus=teacher_cpus, num_gpus=teacher_gpus,
+                                       **(teacher_options or {})),
                           chat, teacher.model or teacher.base_url, teacher.context_tokens)
     return student_agent, teacher_agent
 
