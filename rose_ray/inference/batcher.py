@@ -26,6 +26,8 @@ from rose_ray.inference.engine import (
     validate_sampling,
 )
 
+REGROUP_FACTOR = 10  # max_wait multiple allowed while a batch is smaller than the last one
+
 
 @dataclass
 class _Job:
@@ -49,6 +51,7 @@ class AsyncBatcher:
         self._batch_sizes: deque[int] = deque(maxlen=1024)
         self._batches = 0
         self._queue_wait_s = 0.0
+        self._last_size = 1
 
     # ------------------------------------------------------------------ calls
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -110,14 +113,19 @@ class AsyncBatcher:
         if first.kind == "weights":
             return [], first
         batch = [first]
-        deadline = time.perf_counter() + self.max_wait_s
+        # Episodes that shared the last batch come back at slightly different times (each had
+        # an env step in between); waiting longer for as many keeps them in one batch instead
+        # of splitting into groups that never merge again.
+        start = time.perf_counter()
+        regroup = min(self.max_batch_size, self._last_size)
         while len(batch) < self.max_batch_size:
             if self._pending:
                 if self._pending[0].kind == "weights":
                     return batch, self._pending.popleft()
                 batch.append(self._pending.popleft())
                 continue
-            remaining = deadline - time.perf_counter()
+            wait = self.max_wait_s * (REGROUP_FACTOR if len(batch) < regroup else 1)
+            remaining = start + wait - time.perf_counter()
             if remaining <= 0:
                 break
             self._wake.clear()
@@ -125,6 +133,7 @@ class AsyncBatcher:
                 await asyncio.wait_for(self._wake.wait(), remaining)
             except asyncio.TimeoutError:
                 break
+        self._last_size = len(batch)
         return batch, None
 
     async def _run(self) -> None:
