@@ -27,33 +27,13 @@ from rose_ray.envs.catalogue import MAPPINGS, Catalogue, parse_item
 from rose_ray.envs.protocol import Protocol, is_success, normalise_score
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
+
 # --------------------------------------------------------------------------- gold
-_THOUGHTS = (  # (verb prefix, thought template) — a short, plausible reason for the action
-    ("focus on", "The task is about {obj}, so I should focus on it."),
-    ("go to", "I need to get to the {obj}."),
-    ("open", "Opening the {obj} lets me get through or see inside."),
-    ("pick up", "I should carry the {obj} with me."),
-    ("move", "I should put {obj}."),
-    ("pour", "I should pour {obj}."),
-    ("activate", "Turning on the {obj} will help."),
-    ("deactivate", "I should turn off the {obj}."),
-    ("connect", "I should connect {obj}."),
-    ("use", "I should use {obj}."),
-    ("look at", "Let me look at the {obj} closely."),
-    ("look around", "Let me look around to see what is here."),
-    ("wait", "Now I need to wait for things to change."),
-    ("read", "Reading the {obj} may tell me what I need."),
-    ("mix", "Mixing the {obj} should combine its contents."),
-)
-
-
 def gold_thought(action: str) -> str:
-    for verb, template in _THOUGHTS:
-        if action.startswith(verb):
-            return template.format(obj=action[len(verb):].strip() or "room")
+    """A short templated Thought that names the action it leads to (easy for a small model)."""
     if action.strip().isdigit():
-        return "The game asks which one I meant; I choose the right option."
-    return f"Next I should {action}."
+        return f"The game asks which one I meant; option {action.strip()} is the right one."
+    return f"To make progress on the task, I will {action} next."
 
 
 def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str]],
