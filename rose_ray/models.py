@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
@@ -151,16 +152,10 @@ def init_tiny(out_dir: str | Path, seed: int = 0, vocab_size: int = 8192) -> dic
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         if paths[role].exists():
-            _rmtree(paths[role])
+            shutil.rmtree(paths[role])
         os.replace(tmp, paths[role])  # never leave a half-written model folder
     marker.write_text(json.dumps(wanted))
     return paths
-
-
-def _rmtree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path)
 
 
 def count_parameters(model: Any) -> int:
