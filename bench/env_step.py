@@ -8,6 +8,11 @@
    (target: capped <= 350 MB after 1,000 steps).
 3. EnvPool Ray actor vs a plain in-process loop over the same number of games, same games and
    actions (target: pool >= 0.85x direct steps/s).
+4. DiscoveryWorld: our step (`DiscoveryWorldGame.step`, text in, compact text out, through its
+   worker process) vs the package's stock performAgentAction + tick + getAgentObservation on
+   the same scenarios and moves (target: ours >= 10x faster at p50), and the RSS of one game.
+
+    python bench/env_step.py --only discoveryworld   # section 4 alone
 
 Prints one table and writes bench/results/env_step.json. Not a test. Every JVM started here is
 closed (and killed if it lingers) before exit.
@@ -345,6 +350,70 @@ def bench_pool(paths: list[dict], slots: int, rounds: int) -> dict:
 
 # ---------------------------------------------------------------- main
 
+DW_SCENARIOS = ("combinatorial-chemistry-easy", "reactor-lab-normal", "space-sick-challenge",
+                "small-skills-search-test-normal")
+DW_MOVES = ("east", "west", "north", "south")
+
+
+def bench_discoveryworld(steps: int) -> dict:
+    """Ours vs stock on the same scenarios and the same moves; RSS of one game's worker."""
+    import contextlib
+    import io
+    import random
+    import tempfile
+
+    from rose_ray.envs.discoveryworld.catalogue import DiscoveryWorldCatalogue
+    from rose_ray.envs.discoveryworld.game import DiscoveryWorldGame
+
+    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+    catalogue = DiscoveryWorldCatalogue()
+    games = [catalogue.find(t, 1) for t in DW_SCENARIOS]
+    ours, world_ms, rss = [], [], {}
+    game = DiscoveryWorldGame(max_turns=10**6)
+    try:
+        for g in games:
+            game.load(g)
+            rss.setdefault("after_load_mib", rss_mb(game.pid))
+            for i in range(steps):
+                r = game.step(f"move {DW_MOVES[i % 4]}")
+                ours.append(r.latency_ms)
+                world_ms.append(r.info["world_step_ms"])
+        rss[f"after_{len(games) * steps}_steps_mib"] = rss_mb(game.pid)
+    finally:
+        game.close()
+
+    stock = []
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+        os.chdir(tmp)  # the stock API writes its PNG frames under ./video
+        try:
+            from discoveryworld.DiscoveryWorldAPI import DiscoveryWorldAPI
+
+            for g in games:
+                sc = catalogue.scenario(g)
+                random.seed(sc.seed)
+                api = DiscoveryWorldAPI(threadID=1)
+                api.loadScenario(sc.name, sc.difficulty, sc.seed)
+                api.getAgentObservation(0)
+                for i in range(steps):
+                    t0 = time.perf_counter()
+                    api.performAgentAction(0, {"action": "MOVE_DIRECTION", "arg1": DW_MOVES[i % 4]})
+                    api.tick()
+                    api.getAgentObservation(0)
+                    stock.append((time.perf_counter() - t0) * 1e3)
+            pngs = len(list(Path(tmp).rglob("*.png")))
+        finally:
+            os.chdir(cwd)
+    return {
+        "scenarios": list(DW_SCENARIOS), "steps_per_scenario": steps,
+        "ours_ms": {"p50": pct(ours, 50), "p95": pct(ours, 95)},
+        "ours_world_ms": {"p50": pct(world_ms, 50), "p95": pct(world_ms, 95)},
+        "stock_ms": {"p50": pct(stock, 50), "p95": pct(stock, 95)},
+        "speedup_p50": pct(stock, 50) / pct(ours, 50),
+        "rss_mib": rss, "stock_pngs_written": pngs,
+    }
+
+
 def machine_info() -> dict:
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
     import scienceworld
@@ -365,12 +434,14 @@ def machine_info() -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="reduced sizes, for a smoke test")
+    ap.add_argument("--only", choices=["all", "sciworld", "discoveryworld"], default="all")
     args = ap.parse_args()
     cfg = (
-        {"gold_games": 4, "stock_games": 4, "warmup": 1, "rss_steps": 200, "slots": 4, "rounds": 1}
+        {"gold_games": 4, "stock_games": 4, "warmup": 1, "rss_steps": 200, "slots": 4, "rounds": 1,
+         "dw_steps": 20}
         if args.quick
         else {"gold_games": 16, "stock_games": 8, "warmup": 1, "rss_steps": 1000, "slots": 4,
-              "rounds": 4}
+              "rounds": 4, "dw_steps": 100}
     )
     t_start = time.perf_counter()
     info = machine_info()
@@ -379,26 +450,45 @@ def main() -> None:
     games = [catalogue.find(t, 1) for t in TASKS[: cfg["gold_games"]]]
     out: dict = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                  "mode": "quick" if args.quick else "full", "config": cfg, "machine": info}
+    rows: list = []
     try:
         timings = out["section_s"] = {}
-        t0 = time.perf_counter()
-        print(f"gold paths for {len(games)} games ...", flush=True)
-        paths = gold_paths(games)
-        timings["gold"] = round(time.perf_counter() - t0, 1)
-        out["gold"] = [{"item": p["game"].item_id, "task": p["game"].task,
-                        "steps": len(p["actions"]), "score": p["score"]} for p in paths]
-        print("1/3 lean vs stock step ...", flush=True)
-        t0 = time.perf_counter()
-        out["lean_vs_stock"] = bench_lean_vs_stock(paths[: cfg["stock_games"]], cfg["warmup"])
-        timings["lean_vs_stock"] = round(time.perf_counter() - t0, 1)
-        print(f"2/3 RSS after {cfg['rss_steps']} steps ...", flush=True)
-        t0 = time.perf_counter()
-        out["rss"] = bench_rss(paths, cfg["rss_steps"], sample_every=100)
-        timings["rss"] = round(time.perf_counter() - t0, 1)
-        print("3/3 EnvPool vs direct ...", flush=True)
-        t0 = time.perf_counter()
-        out["pool"] = bench_pool(paths, cfg["slots"], cfg["rounds"])
-        timings["pool"] = round(time.perf_counter() - t0, 1)
+        if args.only in ("all", "discoveryworld"):
+            print("4/4 DiscoveryWorld: ours vs stock ...", flush=True)
+            t0 = time.perf_counter()
+            dw = out["discoveryworld"] = bench_discoveryworld(cfg["dw_steps"])
+            timings["discoveryworld"] = round(time.perf_counter() - t0, 1)
+            n_steps = len(DW_SCENARIOS) * cfg["dw_steps"]
+            rows += [
+                ("DiscoveryWorld our step p50 ms (in-worker p50 ms)",
+                 f"{dw['ours_ms']['p50']:.2f} ({dw['ours_world_ms']['p50']:.2f})", "", None),
+                ("DiscoveryWorld stock observe+tick p50 ms", f"{dw['stock_ms']['p50']:.2f}", "", None),
+                (f"DiscoveryWorld speedup vs stock, p50 ({n_steps} steps)", f"{dw['speedup_p50']:.1f}x",
+                 ">= 10x", dw["speedup_p50"] >= 10),
+                ("DiscoveryWorld RSS per game, after load",
+                 f"{dw['rss_mib']['after_load_mib']:.0f} MiB", "(info)", None),
+                (f"DiscoveryWorld RSS per game, after {n_steps} steps",
+                 f"{dw['rss_mib'][f'after_{n_steps}_steps_mib']:.0f} MiB", "(info)", None),
+            ]
+        if args.only in ("all", "sciworld"):
+            t0 = time.perf_counter()
+            print(f"gold paths for {len(games)} games ...", flush=True)
+            paths = gold_paths(games)
+            timings["gold"] = round(time.perf_counter() - t0, 1)
+            out["gold"] = [{"item": p["game"].item_id, "task": p["game"].task,
+                            "steps": len(p["actions"]), "score": p["score"]} for p in paths]
+            print("1/3 lean vs stock step ...", flush=True)
+            t0 = time.perf_counter()
+            out["lean_vs_stock"] = bench_lean_vs_stock(paths[: cfg["stock_games"]], cfg["warmup"])
+            timings["lean_vs_stock"] = round(time.perf_counter() - t0, 1)
+            print(f"2/3 RSS after {cfg['rss_steps']} steps ...", flush=True)
+            t0 = time.perf_counter()
+            out["rss"] = bench_rss(paths, cfg["rss_steps"], sample_every=100)
+            timings["rss"] = round(time.perf_counter() - t0, 1)
+            print("3/3 EnvPool vs direct ...", flush=True)
+            t0 = time.perf_counter()
+            out["pool"] = bench_pool(paths, cfg["slots"], cfg["rounds"])
+            timings["pool"] = round(time.perf_counter() - t0, 1)
     finally:
         time.sleep(1.0)  # let closed JVMs exit before looking
         out["leftover_jvms_killed"] = kill_leftovers()
@@ -407,9 +497,32 @@ def main() -> None:
     out["machine"]["loadavg_end"] = os.getloadavg()
     out["runtime_s"] = round(time.perf_counter() - t_start, 1)
 
+    if "pool" in out:
+        rows = sciworld_rows(out) + rows
+    rows.append(("JVMs left behind", str(len(out["leftover_jvms_killed"])), "0",
+                 not out["leftover_jvms_killed"]))
+    out["rows"] = [{"metric": m, "value": v, "target": t, "pass": ok} for m, v, t, ok in rows]
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=2, default=str) + "\n")
+
+    width = max(len(r[0]) for r in rows)
+    print(f"\nenv_step ({out['mode']}, {info['cpus_usable']} cores, {out['date']}, "
+          f"{out['runtime_s']} s)")
+    print(f"{'metric':<{width}}  {'value':>18}  {'target':>10}  result")
+    print("-" * (width + 41))
+    for m, v, t, ok in rows:
+        print(f"{m:<{width}}  {v:>18}  {t:>10}  {'' if ok is None else 'PASS' if ok else 'FAIL'}")
+    if "lean_vs_stock" in out:
+        print(f"observation mismatches lean vs stock: {out['lean_vs_stock']['observation_mismatches']}")
+    print(f"load average {info['loadavg_start'][0]:.1f} -> {out['machine']['loadavg_end'][0]:.1f}; "
+          f"section seconds {out['section_s']}")
+    print(f"results: {RESULTS}")
+
+
+def sciworld_rows(out: dict) -> list:
     ls, rss, pool = out["lean_vs_stock"], out["rss"], out["pool"]
     capped, uncapped = rss["final_rss_mb"]["capped"], rss["final_rss_mb"]["uncapped"]
-    rows = [
+    return [
         ("lean step p50 ms (stock p50 ms)",
          f"{ls['lean_ms']['p50']:.2f} ({ls['stock_ms']['p50']:.2f})", "", None),
         ("lean step p95 ms (stock p95 ms)",
@@ -426,24 +539,7 @@ def main() -> None:
          pool["ratio_step_many"] >= 0.85),
         ("EnvPool per-slot concurrent / direct", f"{pool['ratio_concurrent']:.2f}x", "(info)",
          None),
-        ("JVMs left behind", str(len(out["leftover_jvms_killed"])), "0",
-         not out["leftover_jvms_killed"]),
     ]
-    out["rows"] = [{"metric": m, "value": v, "target": t, "pass": ok} for m, v, t, ok in rows]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2, default=str) + "\n")
-
-    width = max(len(r[0]) for r in rows)
-    print(f"\nenv_step ({out['mode']}, {info['cpus_usable']} cores, {out['date']}, "
-          f"{out['runtime_s']} s)")
-    print(f"{'metric':<{width}}  {'value':>18}  {'target':>10}  result")
-    print("-" * (width + 41))
-    for m, v, t, ok in rows:
-        print(f"{m:<{width}}  {v:>18}  {t:>10}  {'' if ok is None else 'PASS' if ok else 'FAIL'}")
-    print(f"observation mismatches lean vs stock: {ls['observation_mismatches']}; "
-          f"load average {info['loadavg_start'][0]:.1f} -> {info['loadavg_end'][0]:.1f}; "
-          f"section seconds {out['section_s']}")
-    print(f"results: {RESULTS}")
 
 
 if __name__ == "__main__":

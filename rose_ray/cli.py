@@ -18,26 +18,30 @@ class UsageError(Exception):
 
 
 def _games(args: argparse.Namespace) -> int:
-    from rose_ray.envs.catalogue import Catalogue
+    from rose_ray.envs.worlds import get_world
 
-    catalogue = Catalogue(args.mapping)
+    world = get_world(args.world)
+    catalogue = world.catalogue(args.mapping)
     if args.show is not None:
-        from rose_ray.envs.sciworld import SciWorldGame
-
         game = catalogue.game(args.show)
-        with SciWorldGame() as g:
+        g = world.game()
+        try:
             first = g.load(game)
+        finally:
+            g.close()
         print(f"{game.item_id}  task={game.task}  variation={game.variation}  split={catalogue.split_of(game)}")
         print(first.observation)
         return 0
     counts = catalogue.task_counts()
     width = max(len(t) for t in counts)
-    print(f"mapping {catalogue.mapping}: {len(catalogue)} games, {len(counts)} tasks")
+    print(f"{world.name}, mapping {catalogue.mapping}: {len(catalogue)} games, {len(counts)} tasks")
     print(f"{'id':<5} {'task':<{width}} {'first':>6} {'all':>5} {'train':>6} {'dev':>5} {'test':>5}")
+    firsts: dict[str, str] = {}
+    for g in catalogue.games:
+        firsts.setdefault(g.task, g.item_id)
     for task, c in counts.items():
-        first = catalogue.find(task, 0).item_id
         print(
-            f"{c['task_id']:<5} {task:<{width}} {first.split('_')[1]:>6} {c['all']:>5} "
+            f"{c.get('task_id', ''):<5} {task:<{width}} {firsts[task].rsplit('_', 1)[1]:>6} {c['all']:>5} "
             f"{c['train']:>6} {c['dev']:>5} {c['test']:>5}"
         )
     sizes = {s: len(catalogue.split(s)) for s in ("train", "dev", "test")}
@@ -46,20 +50,22 @@ def _games(args: argparse.Namespace) -> int:
 
 
 def _play(args: argparse.Namespace) -> int:
-    from rose_ray.envs.catalogue import Catalogue
-    from rose_ray.envs.protocol import Protocol, normalise_score, parse_action
-    from rose_ray.envs.sciworld import SciWorldGame
+    from rose_ray.envs.protocol import parse_action
+    from rose_ray.envs.worlds import get_world
 
-    game = Catalogue(args.mapping).game(args.item)
-    protocol = Protocol.from_dataset(args.instruction_from) if args.instruction_from else Protocol()
+    world = get_world(args.world)
+    game = world.catalogue(args.mapping).game(args.item)
+    protocol = world.protocol
+    if args.instruction_from:
+        protocol = protocol.from_dataset(args.instruction_from)
     interactive = sys.stdin.isatty()
-    with SciWorldGame(max_turns=args.max_turns) as g:
+    with world.game(max_turns=args.max_turns) as g:
         first = g.load(game)
         for role, text in protocol.opening():
             print(f"--- {role} ---\n{text}\n")
         print(f"--- user ---\n{first.observation}\n")
         print("Type a reply as a model would ('Thought: ... Action: ...'), or just the action.")
-        print("':valid' lists valid actions, ':quit' ends.\n")
+        print("':valid' lists valid actions (ScienceWorld), ':quit' ends.\n")
         result = first
         while not result.done:
             try:
@@ -69,16 +75,19 @@ def _play(args: argparse.Namespace) -> int:
             if line.strip() == ":quit":
                 break
             if line.strip() == ":valid":
-                print("\n".join(sorted(g.valid_actions())))
+                try:
+                    print("\n".join(sorted(g.valid_actions())))
+                except NotImplementedError as e:
+                    print(e)
                 continue
             # A typed "\n" stands for a newline, so a whole Thought/Action reply fits one line.
             reply = (line if "Action:" in line else f"Action: {line}").replace("\\n", "\n")
             action = parse_action(reply).action
             result = g.step(action)
             print(f"--- assistant ---\n{reply}\n--- user ---\n{result.observation}")
-            print(f"(score {result.raw_score}, normalised {normalise_score(result.raw_score):.2f}, turn {result.turn})\n")
+            print(f"(score {result.raw_score}, normalised {result.score:.2f}, turn {result.turn})\n")
         print(
-            f"Episode over: score {result.raw_score} ({normalise_score(result.raw_score):.2f}), "
+            f"Episode over: score {result.raw_score} ({result.score:.2f}), "
             f"turns {g.turn}, {result.end_reason or 'stopped'}"
         )
     return 0
@@ -93,18 +102,26 @@ def _init_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def world_args(g: argparse.ArgumentParser) -> None:
+    from rose_ray.envs.worlds import DEFAULT_WORLD, WORLDS
+
+    g.add_argument("--world", default=DEFAULT_WORLD, choices=sorted(WORLDS))
+    g.add_argument("--mapping", choices=["agentgym", "agentgym_traj"],
+                   help="ScienceWorld's item-id mapping (default agentgym)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rose-ray", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    g = sub.add_parser("games", help="list ScienceWorld games: counts per task, splits, mapping")
-    g.add_argument("--mapping", default="agentgym", choices=["agentgym", "agentgym_traj"])
-    g.add_argument("--show", metavar="ITEM", help="print one game's first observation (starts a JVM)")
+    g = sub.add_parser("games", help="list a world's games: counts per task, splits, mapping")
+    world_args(g)
+    g.add_argument("--show", metavar="ITEM", help="print one game's first observation (starts the game)")
     g.set_defaults(func=_games)
 
     g = sub.add_parser("play", help="play one game in the terminal, through the model's protocol")
-    g.add_argument("item", help="item id, e.g. sciworld_0")
-    g.add_argument("--mapping", default="agentgym", choices=["agentgym", "agentgym_traj"])
+    g.add_argument("item", help="item id, e.g. sciworld_0 or discoveryworld_5 (with --world discoveryworld)")
+    world_args(g)
     g.add_argument("--max-turns", type=int, default=50)
     g.add_argument("--instruction-from", metavar="JSONL", help="take the instruction from a dataset")
     g.set_defaults(func=_play)
@@ -137,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-turns", type=int, default=20)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--max-new-tokens", type=int, default=512)
-    g.add_argument("--mapping", default="agentgym", choices=["agentgym", "agentgym_traj"])
+    world_args(g)
     g.add_argument("--teacher", help="with --handoff K: the teacher plays from turn K+1")
     g.add_argument("--handoff", type=int)
     g.add_argument("--concurrency", type=int, default=8, help="episodes at once")
@@ -154,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--temperature", type=float, default=temperature)
         g.add_argument("--max-new-tokens", type=int, default=512)
         g.add_argument("--concurrency", type=int, default=8, help="episodes at once")
-        g.add_argument("--mapping", default="agentgym", choices=["agentgym", "agentgym_traj"])
+        world_args(g)
         g.add_argument("--context-tokens", type=int, default=4096)
 
     g = sub.add_parser("collect", help="write student prefixes: the first K turns of each game")
@@ -179,8 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--split", default="train")
     g.add_argument("--n", type=int, default=0, help="a task-stratified sample (0 = the whole split)")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--workers", type=int, default=2, help="JVMs at once")
-    g.add_argument("--mapping", default="agentgym", choices=["agentgym", "agentgym_traj"])
+    g.add_argument("--workers", type=int, default=2, help="games at once")
+    world_args(g)
     g.add_argument("--out", required=True)
     g.set_defaults(func="rose_ray.datasets:gold_main")
 

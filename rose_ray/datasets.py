@@ -2,6 +2,7 @@
 
 - `rose-ray gold --split train --out gold.jsonl`: ScienceWorld's gold action paths as
   conversations (a short templated Thought before each Action), replayed to check the score.
+  A world without gold paths (DiscoveryWorld) says so and writes nothing.
 - `rose-ray collect --model M --turns 5 --split train --out prefixes.jsonl`: the student's
   first K turns of each game (temperature 1.0, 512 new tokens by default).
 - `rose-ray continue --teacher T --in prefixes.jsonl --max-turns M --out stitched.jsonl`:
@@ -23,8 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from rose_ray.data import read_jsonl, row_to_turns, write_jsonl
-from rose_ray.envs.catalogue import MAPPINGS, Catalogue, parse_item
-from rose_ray.envs.protocol import Protocol, is_success, normalise_score
+from rose_ray.envs.base import StepResult
+from rose_ray.envs.catalogue import MAPPINGS, Catalogue, GameCatalogue, parse_item
+from rose_ray.envs.protocol import Protocol
+from rose_ray.envs.worlds import get_world
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
 
@@ -37,25 +40,33 @@ def gold_thought(action: str) -> str:
 
 
 def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str]],
-                raw_score: int, protocol: Protocol) -> dict[str, Any]:
+                last: StepResult, protocol: Protocol) -> dict[str, Any]:
     """A gold episode as a seed-schema row (teacher-owned assistant turns)."""
     turns = [Turn("user", protocol.instruction, "prompt"), Turn("assistant", protocol.acknowledgement, "prompt"),
              Turn("user", first_observation, "env")]
     for action, observation in steps:
         turns.append(Turn("assistant", f"Thought: {gold_thought(action)}\nAction: {action}", "teacher"))
         turns.append(Turn("user", observation, "env"))
-    t = Trajectory(game=game, turns=turns, score=normalise_score(raw_score), raw_score=raw_score,
-                   success=is_success(raw_score), rounds=len(steps), teacher_id="gold")
+    t = Trajectory(game=game, turns=turns, score=last.score, raw_score=last.raw_score,
+                   success=last.success, rounds=len(steps), teacher_id="gold")
     return t.to_record()
 
 
 def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200,
               progress: bool = True) -> tuple[list[dict[str, Any]], list[str]]:
-    """Play each game's gold path on `workers` JVMs; returns (rows, problems)."""
+    """Play each game's gold path on `workers` game processes; returns (rows, problems)."""
     from rose_ray.envs.pool import EnvPool
 
-    protocol = Protocol()
-    pool = EnvPool(num_games=max(1, min(workers, len(games))))
+    worlds = {g.world for g in games}
+    for name in worlds:
+        if not get_world(name).has_gold:
+            raise ValueError(f"{name} has no gold action paths for any of its games, so there are no "
+                             "gold demonstrations to write; eval, collect and train work without them")
+    if len(worlds) > 1:
+        raise ValueError(f"gold: games of several worlds ({sorted(worlds)}); make one dataset per world")
+    world = get_world(worlds.pop() if worlds else None)
+    protocol = world.protocol
+    pool = EnvPool(num_games=max(1, min(workers, len(games))), world=world.name)
     free: list[int] = list(range(pool.num_games()))
     problems: list[str] = []
 
@@ -73,9 +84,9 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200,
                 steps.append((action, result.observation))
                 if result.done:
                     break
-            if result.raw_score < 100:
-                problems.append(f"{game.item_id}: gold path reached {result.raw_score}, not 100")
-            return gold_record(game, first.observation, steps, result.raw_score, protocol)
+            if not result.success:
+                problems.append(f"{game.item_id}: gold path reached {result.raw_score}, not success")
+            return gold_record(game, first.observation, steps, result, protocol)
         finally:
             free.append(slot)
 
@@ -103,7 +114,8 @@ class PlayConfig:
     temperature: float
     max_new_tokens: int
     concurrency: int
-    mapping: str
+    world: str
+    mapping: str | None
     context_tokens: int
 
 
@@ -124,7 +136,7 @@ def _play(cfg: PlayConfig, games: list[GameId], replays: list[list[Turn]] | None
 
     init_ray()
     env_cfg = EnvConfig(workers=1, games_per_worker=max(1, min(cfg.concurrency, len(games))),
-                        mapping=cfg.mapping, cpus_per_worker=0.5)
+                        mapping=cfg.mapping, world=cfg.world, cpus_per_worker=0.5)
     pools = start_env_pools(env_cfg, max_turns=cfg.max_turns)
     problems: list[str] = []
     student = teacher = None
@@ -157,7 +169,7 @@ def _play(cfg: PlayConfig, games: list[GameId], replays: list[list[Turn]] | None
         stop_agents(student, teacher)
 
 
-def _games_of_rows(rows: list[dict[str, Any]], catalogue: Catalogue) -> list[GameId]:
+def _games_of_rows(rows: list[dict[str, Any]], catalogue: GameCatalogue) -> list[GameId]:
     return [catalogue.game(r["item_id"]) for r in rows]
 
 
@@ -219,14 +231,21 @@ def _row_task_description(row: dict[str, Any]) -> str | None:
 
 
 # --------------------------------------------------------------------------- CLI
+def _catalogue(args) -> GameCatalogue:
+    return get_world(args.world).catalogue(args.mapping)
+
+
 def gold_main(args) -> int:
-    catalogue = Catalogue(args.mapping)
+    if not get_world(args.world).has_gold:
+        raise ValueError(f"{args.world} has no gold action paths for any of its games, so there is "
+                         "nothing to write; eval, collect and train work without gold demonstrations")
+    catalogue = _catalogue(args)
     games = catalogue.sample(args.split, args.n, args.seed) if args.n else catalogue.split(args.split)
     rows, problems = gold_rows(games, workers=args.workers)
     for p in problems:
         print(f"gold: {p}", file=sys.stderr)
     n = write_jsonl(args.out, rows)
-    print(f"gold: wrote {n} rows to {args.out} ({sum(r['success'] for r in rows)} reach 100)")
+    print(f"gold: wrote {n} rows to {args.out} ({sum(r['success'] for r in rows)} succeed)")
     return 0
 
 
@@ -234,12 +253,13 @@ def _play_config(args, model: str, teacher: str | None, handoff: str, max_turns:
     return PlayConfig(
         model=model, teacher=teacher, split=getattr(args, "split", None), n=getattr(args, "n", None),
         seed=args.seed, max_turns=max_turns, handoff=handoff, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-        concurrency=args.concurrency, mapping=args.mapping, context_tokens=args.context_tokens,
+        concurrency=args.concurrency, world=args.world, mapping=args.mapping,
+        context_tokens=args.context_tokens,
     )
 
 
 def collect_main(args) -> int:
-    catalogue = Catalogue(args.mapping)
+    catalogue = _catalogue(args)
     games = catalogue.sample(args.split, args.n, args.seed) if args.n else catalogue.split(args.split)
     trajectories, problems = _play(_play_config(args, args.model, None, "none", args.turns), games)
     for p in problems:
@@ -251,7 +271,7 @@ def collect_main(args) -> int:
 
 def continue_main(args) -> int:
     rows = read_jsonl(args.input)
-    catalogue = Catalogue(args.mapping)
+    catalogue = _catalogue(args)
     games = _games_of_rows(rows, catalogue)
     replays = [_replay_turns(r) for r in rows]
     # The student's engine only lends its tokenizer here; by default the teacher's is used.
@@ -272,6 +292,8 @@ def check_data_main(args) -> int:
         for m in r["conversations"]:
             owners[m.get("owner", "?")] = owners.get(m.get("owner", "?"), 0) + 1
     print(f"{args.file}: {len(rows)} rows, schema OK; messages by owner: {owners}")
+    if rows and all(str(r["item_id"]).startswith("discoveryworld_") for r in rows):
+        return _check_discoveryworld(rows)
     found = detect_mapping(rows, sample=args.sample, live=not args.no_jvm)
     for name, v in found["votes"].items():
         print(f"  mapping {name}: {v['agree']} agree, {v['disagree']} disagree")
@@ -286,3 +308,23 @@ def check_data_main(args) -> int:
         return 0
     print("error: the item ids fit no mapping: the rows' tasks differ from the games'", file=sys.stderr)
     return 1
+
+
+def _check_discoveryworld(rows: list[dict[str, Any]]) -> int:
+    """DiscoveryWorld has one catalogue: every row's task must be its item id's scenario."""
+    catalogue = get_world("discoveryworld").catalogue(None)
+    wrong = []
+    for n, r in enumerate(rows, 1):
+        try:
+            game = catalogue.game(r["item_id"])
+        except (KeyError, ValueError) as e:
+            wrong.append(f"row {n}: {e.args[0]}")
+            continue
+        if r.get("task") and r["task"] != game.task:
+            wrong.append(f"row {n}: {r['item_id']} is {game.task!r}, the row says {r['task']!r}")
+    if wrong:
+        print("error: rows that do not match the discoveryworld catalogue:\n  " + "\n  ".join(wrong[:10]),
+              file=sys.stderr)
+        return 1
+    print("item ids follow the 'discoveryworld' catalogue")
+    return 0

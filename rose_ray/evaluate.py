@@ -1,4 +1,5 @@
-"""Held-out evaluation: Score (mean normalised score), Success (score = 100), Pass (score > 0).
+"""Held-out evaluation: Score (mean normalised score), Success (the task is done: a score of
+100 in ScienceWorld), Pass (score > 0); `--world` picks the world.
 
 `rose-ray eval --model M --split test --n 200 --max-turns 20` plays each game greedily with
 many episodes at once, appends each finished game to `<out>.partial.jsonl` (so an
@@ -18,7 +19,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rose_ray.envs.protocol import is_pass, normalise_score
 from rose_ray.types import GameId, SamplingParams, Trajectory
 
 
@@ -31,7 +31,8 @@ class EvalConfig:
     max_turns: int = 20
     temperature: float = 0.0
     max_new_tokens: int = 512
-    mapping: str = "agentgym"
+    world: str = "sciworld"
+    mapping: str | None = None  # None: the world's default mapping
     teacher: str | None = None
     handoff: int | None = None  # student turns before the teacher takes over
     concurrency: int = 8
@@ -62,8 +63,7 @@ def game_record(t: Trajectory) -> dict[str, Any]:
     actions = max(t.rounds, 1)
     return {
         "item_id": t.game.item_id, "task": t.game.task, "var": t.game.variation,
-        "raw_score": t.raw_score, "score": normalise_score(t.raw_score),
-        "success": t.raw_score >= 100, "pass": is_pass(t.raw_score),
+        "raw_score": t.raw_score, "score": t.score, "success": bool(t.success), "pass": t.score > 0,
         "turns": t.rounds, "invalid_actions": t.invalid_actions,
         "invalid_rate": t.invalid_actions / actions, "handoff_turn": t.handoff_turn,
         "end_reason": t.end_reason, "attempts": int(t.timing.get("attempts", 1)),
@@ -71,16 +71,16 @@ def game_record(t: Trajectory) -> dict[str, Any]:
 
 
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Totals and a per-task table from game records (raw scores are re-normalised here)."""
+    """Totals and a per-task table from game records."""
 
     def block(rows: list[dict[str, Any]]) -> dict[str, Any]:
         n = len(rows)
         turns = sum(r["turns"] for r in rows)
         return {
             "games": n,
-            "score": sum(normalise_score(r["raw_score"]) for r in rows) / n if n else 0.0,
-            "success": sum(r["raw_score"] >= 100 for r in rows) / n if n else 0.0,
-            "pass": sum(is_pass(r["raw_score"]) for r in rows) / n if n else 0.0,
+            "score": sum(r["score"] for r in rows) / n if n else 0.0,
+            "success": sum(bool(r["success"]) for r in rows) / n if n else 0.0,
+            "pass": sum(bool(r["pass"]) for r in rows) / n if n else 0.0,
             "mean_turns": turns / n if n else 0.0,
             "invalid_action_rate": sum(r["invalid_actions"] for r in rows) / turns if turns else 0.0,
         }
@@ -158,7 +158,7 @@ def _engine_config(model: str, cfg: EvalConfig, tokenizer: str | None):
 
 def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     """Evaluate `cfg.model` on its games; resumes from `<out>.partial.jsonl` if present."""
-    from rose_ray.envs.catalogue import Catalogue
+    from rose_ray.envs.worlds import get_world
     from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
     from rose_ray.rollout.workers import (
         EnvConfig,
@@ -170,7 +170,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         stop_agents,
     )
 
-    catalogue = Catalogue(cfg.mapping)
+    catalogue = get_world(cfg.world).catalogue(cfg.mapping)
     games = catalogue.sample(cfg.split, cfg.n, cfg.seed) if cfg.n else catalogue.split(cfg.split)
     out = Path(cfg.out[: -len(".json")] if cfg.out.endswith(".json") else cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -185,7 +185,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         init_ray()
         env_cfg = EnvConfig(workers=cfg.env_workers,
                             games_per_worker=max(1, -(-min(cfg.concurrency, len(todo)) // cfg.env_workers)),
-                            mapping=cfg.mapping, cpus_per_worker=0.5)
+                            mapping=cfg.mapping, world=cfg.world, cpus_per_worker=0.5)
         pools = start_env_pools(env_cfg, max_turns=cfg.max_turns)
         student = teacher = None
         try:
@@ -236,7 +236,7 @@ def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg
 
 
 RESUME_KEYS = ("model", "teacher", "handoff", "max_turns", "temperature", "max_new_tokens",
-               "mapping", "seed", "context_tokens")
+               "world", "mapping", "seed", "context_tokens")
 
 
 def _read_partial(path: Path, cfg: EvalConfig) -> dict[str, dict[str, Any]]:
@@ -278,7 +278,8 @@ def cli_main(args) -> int:
         return 0
     cfg = EvalConfig(
         model=args.model or "", split=args.split, n=args.n or None, seed=args.seed, max_turns=args.max_turns,
-        temperature=args.temperature, max_new_tokens=args.max_new_tokens, mapping=args.mapping,
+        temperature=args.temperature, max_new_tokens=args.max_new_tokens, world=args.world,
+        mapping=args.mapping,
         teacher=args.teacher, handoff=args.handoff, concurrency=args.concurrency,
         env_workers=args.env_workers, context_tokens=args.context_tokens, tokenizer=args.tokenizer,
         served_model=args.served_model,

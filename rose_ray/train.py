@@ -45,24 +45,31 @@ def resolve_models(cfg: TrainConfig) -> tuple[str, str]:
         student = str(tiny[student[5:]]) if student.startswith("tiny:") else student
         teacher = str(tiny[teacher[5:]]) if teacher.startswith("tiny:") else teacher
     if cfg.teacher_warmup.enabled:
-        teacher = warm_teacher(cfg, teacher)
+        from rose_ray.envs.worlds import get_world
+
+        if get_world(cfg.env.world).has_gold:
+            teacher = warm_teacher(cfg, teacher)
+        else:
+            print(f"train: no teacher warm-up: {cfg.env.world} has no gold demonstrations; "
+                  "the teacher is used as it is", flush=True)
     return student, teacher
 
 
 def warm_teacher(cfg: TrainConfig, teacher: str) -> str:
     """SFT the teacher on gold demonstrations of training games; cached by its settings."""
     from rose_ray.datasets import gold_rows
-    from rose_ray.envs.catalogue import Catalogue
+    from rose_ray.envs.worlds import get_world
     from rose_ray.learner.sft import train_sft
 
     w = cfg.teacher_warmup
+    catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
     key = {"teacher": teacher, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
-           "mapping": cfg.env.mapping, **to_dict(cfg)["teacher_warmup"]}
+           "mapping": catalogue.mapping, **to_dict(cfg)["teacher_warmup"]}
     out = Path(cfg.tiny_dir).expanduser() / f"teacher_warm_{_digest(key)}"
     if (out / "rose_ray_warmup.json").is_file():
         return str(out)
     print(f"train: warming the teacher on {w.gold_games} gold demonstrations ...", flush=True)
-    games = _games(cfg, Catalogue(cfg.env.mapping), cfg.rollout.split, w.gold_games, cfg.seed)
+    games = _games(cfg, catalogue, cfg.rollout.split, w.gold_games, cfg.seed)
     rows, _ = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False)
     from rose_ray.data import write_jsonl
 
@@ -94,9 +101,10 @@ def _digest(obj: Any) -> str:
 def _games(cfg: TrainConfig, catalogue, split: str, n: int | None, seed: int):
     games = catalogue.split(split)
     if cfg.tasks:
-        unknown = set(cfg.tasks) - {t.task for t in catalogue.tasks}
+        unknown = set(cfg.tasks) - set(catalogue.task_names())
         if unknown:
-            raise ValueError(f"tasks: unknown task(s) {sorted(unknown)} under mapping {catalogue.mapping!r}")
+            raise ValueError(f"tasks: unknown task(s) {sorted(unknown)} in {catalogue.world} "
+                             f"(mapping {catalogue.mapping!r}); `rose-ray games --world {catalogue.world}` lists them")
         games = [g for g in games if g.task in cfg.tasks]
     if n is None or n >= len(games):
         return games
@@ -131,7 +139,7 @@ class Trainer:
     # ----------------------------------------------------------------- 2. actors
     def start(self) -> None:
         from rose_ray.chat import ChatFormat
-        from rose_ray.envs.catalogue import Catalogue
+        from rose_ray.envs.worlds import get_world
         from rose_ray.learner.learner import LearnerGroup
         from rose_ray.metrics import MetricsLogger
         from rose_ray.models import load_tokenizer
@@ -153,7 +161,7 @@ class Trainer:
         self.groups = PlacementGroups(demands(cfg), timeout_s=cfg.resources.placement_timeout_s)
         student_path, teacher_path = resolve_models(cfg)
         self.student_path, self.teacher_path = student_path, teacher_path
-        catalogue = Catalogue(cfg.env.mapping)
+        catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
         self.sampler = GameSampler(_games(cfg, catalogue, cfg.rollout.split, None, cfg.seed), seed=cfg.seed)
         self.eval_games = _games(cfg, catalogue, cfg.eval.split, cfg.eval.n, cfg.eval.seed)
 

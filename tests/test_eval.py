@@ -6,12 +6,17 @@ import json
 
 import pytest
 
-from rose_ray.evaluate import EvalConfig, compare, run_eval, summarise
+from rose_ray.envs.protocol import is_success, normalise_score
+from rose_ray.evaluate import EvalConfig, compare, game_record, run_eval, summarise
+from rose_ray.types import GameId, Trajectory
 
 
 def record(task: str, raw: int, turns: int = 5, invalid: int = 0, **extra) -> dict:
-    return {"item_id": f"sciworld_{abs(hash((task, raw, turns))) % 4000}", "task": task, "raw_score": raw,
-            "turns": turns, "invalid_actions": invalid, **extra}
+    """A ScienceWorld game's record, scored as SciWorldGame scores its steps."""
+    game = GameId(task, 0, f"sciworld_{abs(hash((task, raw, turns))) % 4000}")
+    t = Trajectory(game=game, turns=[], score=normalise_score(raw), raw_score=raw, success=is_success(raw),
+                   rounds=turns, invalid_actions=invalid)
+    return {**game_record(t), **extra}
 
 
 def test_metrics_on_hand_made_trajectories():
@@ -25,6 +30,16 @@ def test_metrics_on_hand_made_trajectories():
     assert o["pass"] == pytest.approx(3 / 5)  # > 0 passes; -100 and 0 do not
     assert o["invalid_action_rate"] == pytest.approx(5 / 25)
     assert s["per_task"]["boil"]["score"] == 0.0 and s["per_task"]["melt"]["games"] == 3
+
+
+def test_success_is_the_worlds_not_a_score_threshold():
+    # DiscoveryWorld: success is `completedSuccessfully`, whatever the sub-goal score.
+    game = GameId("tutorial-normal", 1, "discoveryworld_0", world="discoveryworld")
+    done = game_record(Trajectory(game=game, turns=[], score=0.6, raw_score=60, success=True, rounds=3))
+    partial = game_record(Trajectory(game=game, turns=[], score=1.0, raw_score=100, success=False, rounds=3))
+    o = summarise([done, partial])["overall"]
+    assert done["success"] and not partial["success"]
+    assert o["success"] == 0.5 and o["score"] == pytest.approx(0.8) and o["pass"] == 1.0
 
 
 def test_eval_of_the_tiny_student_writes_json_and_markdown(tiny_models, ray_cluster, tmp_path):

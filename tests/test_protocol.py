@@ -58,8 +58,8 @@ def test_instruction_from_dataset(tmp_path):
     row = {"conversations": [{"from": "human", "value": "OLD INSTR"}, {"from": "gpt", "value": "OK."}]}
     path = tmp_path / "d.jsonl"
     path.write_text("\n" + json.dumps(row) + "\n")
-    p = Protocol.from_dataset(path)
+    p = Protocol().from_dataset(path)
     assert p.opening() == [("user", "OLD INSTR"), ("assistant", "OK.")]
     path.write_text('{"conversations": []}\n')
     with pytest.raises(ValueError, match=r"d.jsonl:1"):
-        Protocol.from_dataset(path)
+        Protocol().from_dataset(path)

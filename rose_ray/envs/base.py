@@ -14,7 +14,9 @@ class GameError(RuntimeError):
 
 @dataclass
 class StepResult:
-    """One observation. `raw_score` is the world's own score (ScienceWorld: -100..100).
+    """One observation. `raw_score` is the world's own score (ScienceWorld: -100..100);
+    `score` is it normalised to [0, 1] and `success` whether the task is done, as the world
+    defines them.
 
     `interrupted` means the game's process died or hung during the call: the episode is lost
     and the caller should restart it from its first turn.
@@ -29,19 +31,26 @@ class StepResult:
     interrupted: bool = False
     latency_ms: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    score: float = 0.0
+    success: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 class Game(Protocol):
-    """One game of one world, on its own process."""
+    """One game of one world, on its own process (a JVM, a worker); a failed or timed-out
+    call kills the process and raises GameError."""
 
     def load(self, game: GameId, gold: bool = False) -> StepResult: ...
 
     def step(self, action: str) -> StepResult: ...
 
     def gold_actions(self) -> list[str]: ...
+
+    def alive(self) -> bool: ...
+
+    def kill(self) -> None: ...
 
     @property
     def pid(self) -> int | None: ...

@@ -1,4 +1,5 @@
-"""ScienceWorld games: id mappings, splits, id-list files and a held-out sampler.
+"""Game catalogues: what every world's catalogue does, and ScienceWorld's games (id mappings,
+splits, id-list files and a held-out sampler).
 
 Reads only the shipped `data/sciworld_catalogue.json` (made by `make_catalogue_data`), so
 listing games never starts a JVM.
@@ -67,65 +68,47 @@ def all_tasks() -> tuple[TaskInfo, ...]:
     )
 
 
-class Catalogue:
-    """The games of one mapping, addressable by item id, integer index or (task, variation)."""
+class GameCatalogue:
+    """The games of one world under one mapping: by item id (`<prefix><n>` or n), by split
+    (`train`, `dev`, `test`, `all`, a named id list, or an id-list file) and as a seeded,
+    task-stratified sample. A world's catalogue fills `games` and says each game's split."""
 
-    def __init__(self, mapping: str = "agentgym") -> None:
-        if mapping not in MAPPINGS:
-            raise ValueError(f"unknown catalogue mapping {mapping!r}; choose from {sorted(MAPPINGS)}")
-        self.mapping = mapping
-        self.tasks = tuple(t for t in all_tasks() if t.task_id not in MAPPINGS[mapping])
-        self.games: list[GameId] = []
-        self._first: dict[str, int] = {}
-        for t in self.tasks:
-            first = self._first[t.task] = len(self.games)
-            self.games.extend(
-                GameId(t.task, v, f"{ITEM_PREFIX}{first + v}") for v in range(t.num_variations)
-            )
-        self._task_by_name = {t.task: t for t in self.tasks}
+    world = ""
+    item_prefix = ""
+    mapping = ""
+    named_id_lists: dict[str, tuple[str, str]] = {}
+
+    def __init__(self, games: list[GameId]) -> None:
+        self.games = games
 
     def __len__(self) -> int:
         return len(self.games)
 
-    def task(self, name: str) -> TaskInfo:
-        try:
-            return self._task_by_name[name]
-        except KeyError:
-            raise KeyError(f"task {name!r} is not in the {self.mapping!r} mapping") from None
+    def split_of(self, game: GameId) -> str:
+        raise NotImplementedError
+
+    def task_names(self) -> list[str]:
+        return list(dict.fromkeys(g.task for g in self.games))
 
     def game(self, item: int | str | GameId) -> GameId:
-        """A game by integer index, `sciworld_<n>` or `<n>`."""
+        """A game by integer index, `<prefix><n>` or `<n>`."""
         if isinstance(item, GameId):
             return self.game(item.item_id)
-        index = parse_item(item)
+        index = parse_item(item, self.item_prefix)
         if not 0 <= index < len(self.games):
             raise KeyError(
                 f"item {item!r} is outside the {self.mapping!r} mapping (0..{len(self.games) - 1})"
             )
         return self.games[index]
 
-    def find(self, task: str, variation: int) -> GameId:
-        info = self.task(task)
-        if not 0 <= variation < info.num_variations:
-            raise KeyError(f"task {task!r} has variations 0..{info.num_variations - 1}, not {variation}")
-        return self.games[self._first[task] + variation]
-
-    def split_of(self, game: GameId) -> str:
-        return self.task(game.task).split_of(game.variation)
-
     def split(self, name: str | Path) -> list[GameId]:
-        """`train`, `dev`, `test`, `all`, a named id list (`agenteval_test`), or an id-list file."""
+        """`train`, `dev`, `test`, `all`, a named id list, or an id-list file."""
         if name == "all":
             return list(self.games)
         if name in ("train", "dev", "test"):
-            out = []
-            for t in self.tasks:
-                start, end = getattr(t, name)
-                first = self._first[t.task]
-                out.extend(self.games[first + start : first + end])
-            return out
-        if name in NAMED_ID_LISTS:
-            filename, mapping = NAMED_ID_LISTS[name]
+            return [g for g in self.games if self.split_of(g) == name]
+        if name in self.named_id_lists:
+            filename, mapping = self.named_id_lists[name]
             if mapping != self.mapping:
                 raise ValueError(
                     f"split {name!r} lists item ids of the {mapping!r} mapping, "
@@ -135,13 +118,13 @@ class Catalogue:
         path = Path(name)
         if not path.exists():
             raise ValueError(
-                f"unknown split {str(name)!r}: use one of {list(SPLITS) + list(NAMED_ID_LISTS)} "
+                f"unknown split {str(name)!r}: use one of {list(SPLITS) + list(self.named_id_lists)} "
                 "or the path of a JSON id-list file"
             )
         return self.load_id_list(path)
 
     def load_id_list(self, path: str | Path) -> list[GameId]:
-        """A JSON list of integer item indices or `sciworld_<n>` strings."""
+        """A JSON list of integer item indices or `<prefix><n>` strings."""
         try:
             items = json.loads(Path(path).read_text() if isinstance(path, str) else path.read_text())
         except json.JSONDecodeError as e:
@@ -174,6 +157,54 @@ class Catalogue:
         return sorted(chosen, key=lambda g: g.index)
 
     def task_counts(self) -> dict[str, dict[str, int]]:
+        """Per task: games in all, train, dev and test."""
+        counts: dict[str, dict[str, int]] = {}
+        for g in self.games:
+            c = counts.setdefault(g.task, {"all": 0, "train": 0, "dev": 0, "test": 0})
+            c["all"] += 1
+            c[self.split_of(g)] += 1
+        return counts
+
+
+class Catalogue(GameCatalogue):
+    """ScienceWorld's games of one mapping; also addressable by (task, variation)."""
+
+    world = "sciworld"
+    item_prefix = ITEM_PREFIX
+    named_id_lists = NAMED_ID_LISTS
+
+    def __init__(self, mapping: str | None = None) -> None:
+        mapping = mapping or "agentgym"
+        if mapping not in MAPPINGS:
+            raise ValueError(f"unknown catalogue mapping {mapping!r}; choose from {sorted(MAPPINGS)}")
+        self.mapping = mapping
+        self.tasks = tuple(t for t in all_tasks() if t.task_id not in MAPPINGS[mapping])
+        games: list[GameId] = []
+        self._first: dict[str, int] = {}
+        for t in self.tasks:
+            first = self._first[t.task] = len(games)
+            games.extend(
+                GameId(t.task, v, f"{ITEM_PREFIX}{first + v}") for v in range(t.num_variations)
+            )
+        super().__init__(games)
+        self._task_by_name = {t.task: t for t in self.tasks}
+
+    def task(self, name: str) -> TaskInfo:
+        try:
+            return self._task_by_name[name]
+        except KeyError:
+            raise KeyError(f"task {name!r} is not in the {self.mapping!r} mapping") from None
+
+    def find(self, task: str, variation: int) -> GameId:
+        info = self.task(task)
+        if not 0 <= variation < info.num_variations:
+            raise KeyError(f"task {task!r} has variations 0..{info.num_variations - 1}, not {variation}")
+        return self.games[self._first[task] + variation]
+
+    def split_of(self, game: GameId) -> str:
+        return self.task(game.task).split_of(game.variation)
+
+    def task_counts(self) -> dict[str, dict[str, int]]:
         return {
             t.task: {
                 "task_id": t.task_id,  # type: ignore[dict-item]
@@ -186,17 +217,17 @@ class Catalogue:
         }
 
 
-def parse_item(item: int | str) -> int:
+def parse_item(item: int | str, prefix: str = ITEM_PREFIX) -> int:
     """`sciworld_12`, `12` or 12 -> 12; anything else is a ValueError naming the value."""
     if isinstance(item, bool):
         raise ValueError(f"not an item id: {item!r}")
     if isinstance(item, int):
         return item
     if isinstance(item, str):
-        text = item[len(ITEM_PREFIX) :] if item.startswith(ITEM_PREFIX) else item
+        text = item[len(prefix) :] if item.startswith(prefix) else item
         if text.isdigit():
             return int(text)
-    raise ValueError(f"not an item id: {item!r} (expected an integer or '{ITEM_PREFIX}<n>')")
+    raise ValueError(f"not an item id: {item!r} (expected an integer or '{prefix}<n>')")
 
 
 def _stratified_quotas(sizes: dict[str, int], n: int) -> dict[str, int]:

@@ -1,9 +1,11 @@
-"""EnvPool: N games, one JVM each, in one process (a Ray actor on a CPU worker).
+"""EnvPool: N games of a world, each on its own process (a ScienceWorld JVM, a DiscoveryWorld
+worker), driven from one process (a Ray actor on a CPU worker).
 
-Calls on different slots run in parallel threads (each JVM is its own process, so py4j
-waits release the GIL). A JVM that dies or hangs is killed and replaced at once; the call
-that found it returns `interrupted=True` with the game it was running, so the caller can
-restart that episode from its first turn. No torch here.
+Calls on different slots run in parallel threads (each game is its own process, so the
+waits release the GIL). A game process that dies or hangs is killed and replaced at once;
+the call that found it returns `interrupted=True` with the game it was running, so the
+caller can restart that episode from its first turn. A slot asked to load a game of another
+world swaps its process for one of that world. No torch here.
 """
 
 from __future__ import annotations
@@ -14,16 +16,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rose_ray.envs.base import GameError, StepResult
-from rose_ray.envs.catalogue import Catalogue
-from rose_ray.envs.sciworld import DEFAULT_HEAP, SciWorldGame
+from rose_ray.envs.base import Game, GameError, StepResult
+from rose_ray.envs.sciworld import DEFAULT_HEAP
+from rose_ray.envs.worlds import get_world
 from rose_ray.types import GameId
 
 
 @dataclass
 class _Slot:
     index: int
-    game: SciWorldGame | None = None
+    game: Game | None = None
+    world: str = ""
     current: GameId | None = None
     restarts: int = 0
     steps: int = 0
@@ -41,30 +44,33 @@ class EnvPool:
         heap: str | None = DEFAULT_HEAP,
         call_timeout_s: float = 60.0,
         max_turns: int | None = None,
-        mapping: str = "agentgym",
+        mapping: str | None = None,
+        world: str = "sciworld",
     ) -> None:
         if num_games < 1:
             raise ValueError(f"num_games must be >= 1, got {num_games}")
         self.heap, self.call_timeout_s, self.max_turns = heap, call_timeout_s, max_turns
-        self.catalogue = Catalogue(mapping)
+        self.world = world
+        self.catalogue = get_world(world).catalogue(mapping)
         self.slots = [_Slot(i) for i in range(num_games)]
         self._threads = ThreadPoolExecutor(max_workers=num_games, thread_name_prefix="envpool")
-        list(self._threads.map(self._start, self.slots))  # JVMs start in parallel
+        list(self._threads.map(self._start, self.slots))  # game processes start in parallel
 
     def num_games(self) -> int:
         return len(self.slots)
 
-    def _start(self, slot: _Slot) -> None:
-        slot.game = SciWorldGame(
+    def _start(self, slot: _Slot, world: str | None = None) -> None:
+        slot.world = world or slot.world or self.world
+        slot.game = get_world(slot.world).game(
             heap=self.heap, call_timeout_s=self.call_timeout_s, max_turns=self.max_turns
         )
 
-    def _replace(self, slot: _Slot) -> None:
+    def _replace(self, slot: _Slot, world: str | None = None) -> None:
         if slot.game is not None:
             slot.game.kill()
-        slot.restarts += 1
+        slot.restarts += world is None  # a swap to another world is not a restart
         slot.current = None
-        self._start(slot)
+        self._start(slot, world)
 
     def _slot(self, index: int) -> _Slot:
         if not 0 <= index < len(self.slots):
@@ -74,11 +80,13 @@ class EnvPool:
     def reset(self, slot: int, game: GameId | str | int, gold: bool = False) -> StepResult:
         """Load `game` into a slot and return its first observation.
 
-        A dead JVM is replaced first; a load that kills the JVM is retried once on a new one.
+        A dead process is replaced first; a load that kills it is retried once on a new one.
         """
         s = self._slot(slot)
         game = game if isinstance(game, GameId) else self.catalogue.game(game)
         with s.lock:
+            if s.game is not None and game.world != s.world:
+                self._replace(s, game.world)
             for attempt in range(2):
                 if s.game is None or not s.game.alive():
                     self._replace(s)
@@ -93,7 +101,7 @@ class EnvPool:
         raise AssertionError("unreachable")
 
     def step(self, slot: int, action: str) -> StepResult:
-        """One action in one slot; `interrupted=True` if the JVM died or hung (now replaced)."""
+        """One action in one slot; `interrupted=True` if the game process died or hung (now replaced)."""
         s = self._slot(slot)
         with s.lock:
             if s.current is None:
@@ -134,13 +142,14 @@ class EnvPool:
             return s.game.valid_actions()
 
     def health(self) -> list[dict[str, Any]]:
-        """Per slot: alive, JVM pid, current game, steps, restarts, interrupted, latency p50/p95."""
+        """Per slot: alive, process pid, current game, steps, restarts, interrupted, latency p50/p95."""
         out = []
         for s in self.slots:
             lat = sorted(s.latencies_ms)
             out.append(
                 {
                     "slot": s.index,
+                    "world": s.world,
                     "alive": s.game is not None and s.game.alive(),
                     "pid": s.game.pid if s.game is not None else None,
                     "game": s.current.item_id if s.current else None,

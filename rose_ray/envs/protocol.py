@@ -9,7 +9,7 @@ that existing data is reproduced exactly.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # The 24 action forms of the AgentGym instruction (open/close and activate/deactivate pair up).
@@ -106,18 +106,24 @@ def is_pass(raw_score: float) -> bool:
 
 @dataclass(frozen=True)
 class Protocol:
-    """The instruction and acknowledgement that open every conversation."""
+    """A world's conversation rules: the instruction and acknowledgement that open every
+    conversation, and how to tell an observation that says the action was not understood.
+    Every world shares the `Thought:`/`Action:` format and `parse_action`."""
 
     instruction: str = INSTRUCTION
     acknowledgement: str = ACKNOWLEDGEMENT
+    invalid_prefixes: tuple[str, ...] = INVALID_OBSERVATIONS
+
+    def is_invalid(self, observation: str) -> bool:
+        """The game did not understand the action (it counts as an invalid action)."""
+        return observation.strip().startswith(self.invalid_prefixes)
 
     def opening(self) -> list[tuple[str, str]]:
         """(role, text) of the two turns before the first observation."""
         return [("user", self.instruction), ("assistant", self.acknowledgement)]
 
-    @classmethod
-    def from_dataset(cls, path: str | Path) -> Protocol:
-        """Take the instruction and acknowledgement from the first row of a JSONL dataset."""
+    def from_dataset(self, path: str | Path) -> Protocol:
+        """This protocol with the instruction and acknowledgement of a JSONL dataset's first row."""
         with open(path) as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
@@ -125,7 +131,7 @@ class Protocol:
                 try:
                     conv = json.loads(line)["conversations"]
                     user, assistant = conv[0], conv[1]
-                    return cls(_text(user), _text(assistant))
+                    return replace(self, instruction=_text(user), acknowledgement=_text(assistant))
                 except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
                     raise ValueError(
                         f"{path}:{lineno}: cannot read the instruction from the first row "

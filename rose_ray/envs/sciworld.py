@@ -17,7 +17,7 @@ from py4j.protocol import Py4JError
 from scienceworld.constants import BASEPATH, JAR_PATH
 
 from rose_ray.envs.base import GameError, StepResult
-from rose_ray.envs.protocol import first_observation
+from rose_ray.envs.protocol import first_observation, is_success, normalise_score
 from rose_ray.types import GameId
 
 # py4j logs a page of traceback for every broken connection, partly through the root
@@ -36,7 +36,7 @@ DEFAULT_HEAP = "256m"  # 128m runs out of memory generating gold paths
 
 
 class SciWorldGame:
-    """A ScienceWorld JVM holding one game at a time.
+    """A ScienceWorld JVM holding one game at a time (score: max(raw, 0)/100, success: 100).
 
     Every call to the JVM is bounded by `call_timeout_s`; a call that fails or times out
     kills the JVM and raises `GameError` (the game is then dead: make a new one).
@@ -116,7 +116,8 @@ class SciWorldGame:
             raise GameError("step before load")
         if self.done:
             return StepResult(
-                "The episode has ended.", self.last_score, True, self.turn, self.game, "ended"
+                "The episode has ended.", self.last_score, True, self.turn, self.game, "ended",
+                score=normalise_score(self.last_score), success=is_success(self.last_score),
             )
         t0 = time.perf_counter()
         # The JVM's parser handles any string; newlines would be read as several commands.
@@ -144,6 +145,8 @@ class SciWorldGame:
             game=self.game,
             end_reason=end,
             latency_ms=(time.perf_counter() - t0) * 1e3,
+            score=normalise_score(score),
+            success=is_success(score),
         )
 
     def gold_actions(self) -> list[str]:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rose_ray.chat import ChatFormat
-from rose_ray.envs.protocol import Protocol, is_invalid_observation, normalise_score, parse_action
-from rose_ray.envs.protocol import is_success as raw_success
+from rose_ray.envs.protocol import Protocol, parse_action
+from rose_ray.envs.worlds import get_world
 from rose_ray.inference.engine import GenerationRequest, fit_context
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
@@ -114,7 +114,7 @@ async def run_episode(
     observation is checked against the record (`ReplayMismatch` otherwise); the episode then
     continues from there under the handoff policy.
     """
-    protocol = protocol or Protocol()
+    protocol = protocol or get_world(game.world).protocol
     t_start = time.perf_counter()
     timing = {"env_s": 0.0, "student_s": 0.0, "teacher_s": 0.0, "teacher_score_s": 0.0}
     # Agents built with `same_tokenizer` share one ChatFormat: then one id list serves both.
@@ -149,7 +149,8 @@ async def run_episode(
     handoff_turn: int | None = None
     invalid = 0
     last_action = None
-    raw_score, done, end_reason, dropped = 0, False, "turn_limit", 0
+    last = first  # the latest observation: its scores are the episode's
+    done, end_reason, dropped = False, "turn_limit", 0
     replayed = 0
     if replay:
         _check_observation(game, 0, replay[0].text, first.observation)
@@ -164,7 +165,7 @@ async def run_episode(
             if step.interrupted:
                 raise EpisodeInterrupted(game, step.info.get("error", ""))
             _check_observation(game, i // 2 + 1, expected.text, step.observation)
-            raw_score = step.raw_score
+            last = step
             add_observation(step.observation)
             replayed += 1
             if step.done:
@@ -222,7 +223,7 @@ async def run_episode(
         timing["env_s"] += time.perf_counter() - t0
         if step.interrupted:
             raise EpisodeInterrupted(game, step.info.get("error", ""))
-        bad = not parsed.valid_format or is_invalid_observation(step.observation)
+        bad = not parsed.valid_format or protocol.is_invalid(step.observation)
         invalid += bad
         if (
             handoff.policy == "on_failure" and not teacher_acts and teacher is not None
@@ -230,7 +231,7 @@ async def run_episode(
         ):
             handoff_turn = turn + 1  # the teacher acts from the next turn
         last_action = parsed.action
-        raw_score = step.raw_score
+        last = step
         add_observation(step.observation)
         if step.done:
             done, end_reason = True, step.end_reason
@@ -244,9 +245,9 @@ async def run_episode(
     return Trajectory(
         game=game,
         turns=turns,
-        score=normalise_score(raw_score),
-        raw_score=int(raw_score),
-        success=raw_success(raw_score),
+        score=float(last.score),
+        raw_score=int(last.raw_score),
+        success=bool(last.success),
         rounds=rounds,
         handoff_turn=handoff_turn,
         student_version=min(versions) if versions else None,

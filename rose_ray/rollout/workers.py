@@ -22,12 +22,13 @@ EpisodeFn = Callable[[GameId, EnvSlot], Awaitable[Trajectory]]
 @dataclass
 class EnvConfig:
     workers: int = 1  # EnvPool actors
-    games_per_worker: int = 4  # JVMs per actor
+    games_per_worker: int = 4  # game processes (JVMs, workers) per actor
     heap: str = "256m"
     call_timeout_s: float = 60.0
     cpus_per_worker: float = 1.0
     resources: dict[str, float] = field(default_factory=dict)  # e.g. {"env_node": 0.01}
-    mapping: str = "agentgym"
+    world: str = "sciworld"  # sciworld or discoveryworld
+    mapping: str | None = None  # the world's catalogue mapping (None: its default)
 
     def __post_init__(self) -> None:
         for key in ("workers", "games_per_worker"):
@@ -35,6 +36,10 @@ class EnvConfig:
                 raise ValueError(f"env.{key}: must be >= 1, got {getattr(self, key)!r}")
         if self.call_timeout_s <= 0:
             raise ValueError(f"env.call_timeout_s: must be > 0, got {self.call_timeout_s!r}")
+        from rose_ray.envs.worlds import WORLDS
+
+        if self.world not in WORLDS:
+            raise ValueError(f"env.world: must be one of {sorted(WORLDS)}, got {self.world!r}")
 
 
 def start_env_pools(config: EnvConfig, max_turns: int | None = None) -> list[Any]:
@@ -50,6 +55,7 @@ def start_env_pools(config: EnvConfig, max_turns: int | None = None) -> list[Any
             call_timeout_s=config.call_timeout_s,
             max_turns=max_turns,
             mapping=config.mapping,
+            world=config.world,
         )
         for _ in range(config.workers)
     ]

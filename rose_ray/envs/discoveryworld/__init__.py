@@ -1,0 +1,20 @@
+"""DiscoveryWorld as a world: 35 (scenario, difficulty) pairs x 5 seeds, text actions with
+object ids, one worker process per game. Needs `pip install discoveryworld` only to play."""
+
+from rose_ray.envs.discoveryworld.catalogue import DiscoveryWorldCatalogue
+from rose_ray.envs.discoveryworld.protocol import PROTOCOL
+from rose_ray.envs.worlds import World
+
+
+def _game(call_timeout_s: float = 60.0, max_turns: int | None = None, heap: str | None = None):
+    import importlib.util
+
+    if importlib.util.find_spec("discoveryworld") is None:
+        raise ValueError("world 'discoveryworld' needs the discoveryworld package: pip install -e '.[discoveryworld]'")
+    from rose_ray.envs.discoveryworld.game import DiscoveryWorldGame
+
+    return DiscoveryWorldGame(call_timeout_s=call_timeout_s, max_turns=max_turns)
+
+
+WORLD = World(name="discoveryworld", catalogue=DiscoveryWorldCatalogue, protocol=PROTOCOL,
+              game=_game, has_gold=False)

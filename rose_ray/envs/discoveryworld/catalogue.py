@@ -1,0 +1,81 @@
+"""DiscoveryWorld's games: 35 (scenario, difficulty) pairs x seeds 1..5 = 175 games.
+
+Item ids are `discoveryworld_<n>`, n = 5 * pair + (seed - 1), pairs in the package's own
+order (`getValidScenarios()`: Tutorial, the 8 discovery themes each Easy/Normal/Challenge,
+the 10 Small Skills). Split by seed, the same for every pair: seeds 1-3 train, seed 4 dev,
+seed 5 test, so every scenario is in every split and a held-out game is a world the model
+has not seen. A task is a pair, named as a slug (`combinatorial-chemistry-easy`).
+
+Listing games never imports the package.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from rose_ray.envs.catalogue import GameCatalogue
+from rose_ray.types import GameId
+
+ITEM_PREFIX = "discoveryworld_"
+SEEDS = (1, 2, 3, 4, 5)
+SPLIT_OF_SEED = {1: "train", 2: "train", 3: "train", 4: "dev", 5: "test"}
+THEMES = ("Combinatorial Chemistry", "Archaeology Dating", "Plant Nutrients", "Reactor Lab",
+          "Lost in Translation", "Space Sick", "Proteomics", "It's (not) Rocket Science!")
+SKILLS = ("Dialog Test", "Pick and Place Test", "Pick and Give Test", "Instrument Measurement Test",
+          "Doors Test", "Doors with Keys Test", "Navigation in a House Test", "Search Test",
+          "Discovery Feed Test", "Moving Agents Test")
+# (scenario, difficulty) in the package's order; a test checks it against the package.
+PAIRS: tuple[tuple[str, str], ...] = (
+    (("Tutorial", "Normal"),)
+    + tuple((t, d) for t in THEMES for d in ("Easy", "Normal", "Challenge"))
+    + tuple((f"Small Skills: {s}", "Normal") for s in SKILLS)
+)
+# The paper's step limits: 100 for Easy, 1,000 otherwise.
+TURN_LIMITS = {"Easy": 100, "Normal": 1000, "Challenge": 1000}
+
+
+def slug(scenario: str, difficulty: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", f"{scenario} {difficulty}".lower()).strip("-")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    difficulty: str
+    seed: int
+
+
+class DiscoveryWorldCatalogue(GameCatalogue):
+    world = "discoveryworld"
+    item_prefix = ITEM_PREFIX
+    mapping = "discoveryworld"
+
+    def __init__(self, mapping: str | None = None) -> None:
+        if mapping not in (None, self.mapping):
+            raise ValueError(f"discoveryworld has one catalogue mapping ({self.mapping!r}), not {mapping!r}")
+        self._pairs = {slug(s, d): (s, d) for s, d in PAIRS}
+        super().__init__([
+            GameId(slug(s, d), seed, f"{ITEM_PREFIX}{5 * p + seed - 1}", world=self.world)
+            for p, (s, d) in enumerate(PAIRS) for seed in SEEDS
+        ])
+
+    def split_of(self, game: GameId) -> str:
+        return SPLIT_OF_SEED[game.variation]
+
+    def scenario(self, game: GameId) -> Scenario:
+        """The package's (scenario name, difficulty, seed) of a game."""
+        try:
+            name, difficulty = self._pairs[game.task]
+        except KeyError:
+            raise KeyError(f"task {game.task!r} is not a DiscoveryWorld scenario") from None
+        return Scenario(name, difficulty, int(game.variation))
+
+    def find(self, task: str, seed: int) -> GameId:
+        for g in self.games:
+            if g.task == task and g.variation == seed:
+                return g
+        raise KeyError(f"no DiscoveryWorld game {task!r} with seed {seed} (seeds {SEEDS[0]}..{SEEDS[-1]})")
+
+    def turn_limit(self, game: GameId) -> int:
+        return TURN_LIMITS[self.scenario(game).difficulty]

@@ -1,0 +1,200 @@
+"""One DiscoveryWorld game in its own worker process, behind the same interface as a
+ScienceWorld JVM: `load`, `step`, a timeout on every call, kill and replace on failure.
+
+A process per game because the package keeps global state (pygame's display, the global
+RNG, a working directory per thread id) and because a hung or crashed game must be killable.
+The worker runs in a private temporary directory, removed on close.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from rose_ray.envs.base import GameError, StepResult
+from rose_ray.envs.discoveryworld.catalogue import DiscoveryWorldCatalogue
+from rose_ray.types import GameId
+
+
+class NoGoldPath(ValueError):
+    """The world has no gold action paths for its scenarios."""
+
+
+class DiscoveryWorldGame:
+    """A worker process holding one DiscoveryWorld game at a time.
+
+    Score: the package's normalised score, rescaled so the starting score is 0 and the
+    maximum is 1 (some scenarios start above 0). Success: the scenario's own
+    `completedSuccessfully`. Turn limit: `max_turns`, else the difficulty's (Easy 100,
+    otherwise 1,000).
+    """
+
+    world = "discoveryworld"
+
+    def __init__(self, call_timeout_s: float = 60.0, max_turns: int | None = None,
+                 heap: str | None = None, start_timeout_s: float = 120.0) -> None:
+        del heap  # a JVM setting; this world is Python
+        self.call_timeout_s = call_timeout_s
+        self.max_turns = max_turns
+        self.catalogue = DiscoveryWorldCatalogue()
+        self.workdir = tempfile.mkdtemp(prefix="rose_ray_dw_")
+        env = {**os.environ, "PYTHONHASHSEED": "0", "PYGAME_HIDE_SUPPORT_PROMPT": "1",
+               "SDL_VIDEODRIVER": "dummy", "SDL_AUDIODRIVER": "dummy"}
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "rose_ray.envs.discoveryworld.worker"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                cwd=self.workdir, env=env,
+            )
+        except OSError as e:
+            raise GameError(f"could not start a DiscoveryWorld worker: {e}") from e
+        self.closed = False
+        self._read("start", start_timeout_s)
+        self.game: GameId | None = None
+        self.turn = 0
+        self.done = True
+        self.limit = 0
+        self.start_score = 0.0
+        self.last: StepResult | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    def alive(self) -> bool:
+        return not self.closed and self._proc.poll() is None
+
+    def _read(self, what: str, timeout_s: float) -> dict[str, Any]:
+        ready, _, _ = select.select([self._proc.stdout], [], [], timeout_s)
+        line = self._proc.stdout.readline() if ready else b""
+        if not line:
+            reason = f"timed out after {timeout_s:g} s" if not ready else "died"
+            self.kill()
+            raise GameError(f"DiscoveryWorld {what} {reason} (worker pid {self._proc.pid})")
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise GameError(f"DiscoveryWorld {what} failed: {reply.get('error')}\n{reply.get('traceback', '')}")
+        return reply
+
+    def _call(self, what: str, request: dict[str, Any]) -> dict[str, Any]:
+        if not self.alive():
+            raise GameError(f"{what}: the DiscoveryWorld worker is not running")
+        try:
+            self._proc.stdin.write((json.dumps(request) + "\n").encode())
+            self._proc.stdin.flush()
+        except OSError as e:
+            self.kill()
+            raise GameError(f"DiscoveryWorld {what}: the worker is gone ({e})") from e
+        return self._read(what, self.call_timeout_s)
+
+    def load(self, game: GameId, gold: bool = False) -> StepResult:
+        """Load a game; the first observation is the task, the named places, then the state."""
+        if gold:
+            raise NoGoldPath("discoveryworld has no gold action paths")
+        scenario = self.catalogue.scenario(game)
+        t0 = time.perf_counter()
+        reply = self._call("load", {"cmd": "load", "scenario": scenario.name,
+                                    "difficulty": scenario.difficulty, "seed": scenario.seed})
+        self.game, self.turn, self.done = game, 0, False
+        self.limit = self.max_turns if self.max_turns is not None else self.catalogue.turn_limit(game)
+        self.start_score = reply["score"]
+        self.last = StepResult(observation=reply["observation"], raw_score=round(100 * reply["score"]),
+                               game=game, latency_ms=(time.perf_counter() - t0) * 1e3)
+        return self.last
+
+    def step(self, action: str) -> StepResult:
+        """One agent turn. Bad input of any kind comes back as an observation."""
+        if self.game is None:
+            raise GameError("step before load")
+        if self.done:
+            return StepResult("The episode has ended.", self.last.raw_score, True, self.turn, self.game,
+                              "ended", score=self.last.score, success=self.last.success)
+        t0 = time.perf_counter()
+        reply = self._call("step", {"cmd": "step", "action": str(action)})
+        self.turn += 1
+        end = ""
+        if reply["success"]:
+            end = "success"
+        elif reply["completed"]:
+            end = "completed"
+        elif self.turn >= self.limit:
+            end = "turn_limit"
+        self.done = bool(end)
+        self.last = StepResult(
+            observation=reply["observation"], raw_score=round(100 * reply["score"]), done=self.done,
+            turn=self.turn, game=self.game, end_reason=end,
+            latency_ms=(time.perf_counter() - t0) * 1e3, score=self.relative(reply["score"]),
+            success=bool(reply["success"]),
+            info={"invalid": reply["invalid"], "world_step_ms": reply.get("step_ms")},
+        )
+        return self.last
+
+    def relative(self, score: float) -> float:
+        """The package's normalised score rescaled to [0, 1] from the starting score."""
+        if self.start_score >= 1.0:
+            return 1.0 if score >= 1.0 else 0.0
+        return min(1.0, max(0.0, (score - self.start_score) / (1.0 - self.start_score)))
+
+    def gold_actions(self) -> list[str]:
+        raise NoGoldPath("discoveryworld has no gold action paths")
+
+    def valid_actions(self) -> list[str]:
+        raise NotImplementedError("discoveryworld does not list valid actions; see the instruction's commands")
+
+    def kill(self) -> None:
+        """End the worker at once (after a hang or when it is already dead)."""
+        if self._proc.poll() is None:
+            try:
+                os.kill(self._proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        self.closed = True
+        for stream in (self._proc.stdin, self._proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def close(self) -> None:
+        """Ask the worker to exit; killed if it does not within 5 s."""
+        if self.closed:
+            return
+        if self._proc.poll() is None:
+            try:
+                self._proc.stdin.write(b'{"cmd": "close"}\n')
+                self._proc.stdin.flush()
+                self._proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=5)
+        self._cleanup()
+
+    def __enter__(self) -> DiscoveryWorldGame:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

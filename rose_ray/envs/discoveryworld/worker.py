@@ -1,0 +1,151 @@
+"""One DiscoveryWorld game process: JSON lines in on stdin, JSON lines out on its own pipe.
+
+Run by `DiscoveryWorldGame` as `python -m rose_ray.envs.discoveryworld.worker`. The package
+prints a lot; fd 1 goes to /dev/null and Python's stdout to a buffer whose tail comes back
+with an error, so logs stay readable. Each load builds a fresh `DiscoveryWorldAPI` (one per
+episode: a second load on one object leaves the agent in the old world) and loads the
+scenario itself, without the package's frame folder. The fast paths:
+- the observation is `ui.renderJSON()` alone; the stock `getAgentObservation` renders the
+  screen twice and writes two PNG files per step;
+- `World.saveWorldHistory` is switched off: it pickles the whole world every tick, and only
+  an LLM-judged knowledge scorer reads it.
+Seeding: the package also draws from the global `random` and from unseeded `random.Random()`
+instances, so the global RNG is seeded with the game's seed and every unseeded instance is
+seeded from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import json
+import os
+import random
+import sys
+import time
+import traceback
+from typing import Any
+
+from rose_ray.envs.discoveryworld.protocol import (
+    INVALID_PREFIX,
+    first_observation,
+    parse_command,
+    render_observation,
+)
+
+os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+
+_seed_random = random.Random.seed
+
+
+def _seed_from_global(self: random.Random, a: Any = None, version: int = 2) -> None:
+    if a is None and self is not random._inst:  # an unseeded Random(): seed it from the global RNG
+        a = random.getrandbits(64)
+    _seed_random(self, a, version)
+
+
+class Session:
+    """The game this process holds."""
+
+    def __init__(self) -> None:
+        from discoveryworld.DiscoveryWorldAPI import DiscoveryWorldAPI  # noqa: F401 (imports pygame)
+
+        self.api: Any = None
+        self.ui: Any = None
+        self.places: list[str] = []
+        self.last_ui: dict[str, Any] = {}
+        self.start_score = 0.0
+
+    def load(self, scenario: str, difficulty: str, seed: int) -> dict[str, Any]:
+        from discoveryworld.DiscoveryWorldAPI import DiscoveryWorldAPI
+        from discoveryworld.ScenarioMaker import ScenarioMaker, getInternalScenarioName
+        from discoveryworld.UserInterface import UserInterface
+        from discoveryworld.World import World
+
+        internal = getInternalScenarioName(scenario, difficulty)
+        if internal is None:
+            raise ValueError(f"DiscoveryWorld has no scenario {scenario!r} at difficulty {difficulty!r}")
+        # The last episode's world is garbage in reference cycles: free it before building the next.
+        self.api = self.ui = None
+        gc.collect()
+        random.seed(seed)
+        self.api = api = DiscoveryWorldAPI(threadID=os.getpid())
+        world = World(assetPath=None, filenameSpriteIndex="spriteIndex.json", dataPath=None,
+                      filenameObjectData="objects.tsv", filenameMaterialData="materials.tsv",
+                      filenameDiscoveryFeed="discoveryFeed.json")
+        world.saveWorldHistory = lambda: None
+        ok, error = ScenarioMaker(world=world, seed=seed).setupScenario(internal, 1)
+        if not ok:
+            raise ValueError(f"DiscoveryWorld could not set up {scenario!r} ({difficulty}): {error}")
+        api.world = world
+        api.numUserAgents = 1
+        self.ui = UserInterface(api.window, world.spriteLibrary)
+        self.ui.setAgent(world.getUserAgents()[0])
+        api.ui = [self.ui]
+        world.tick()
+        self.places = sorted(world.getTeleportLocations())
+        card = self._scorecard()
+        self.start_score = card["score"]
+        self.last_ui = self.ui.renderJSON()
+        return {"observation": first_observation(self.last_ui, self.places), **card}
+
+    def _scorecard(self) -> dict[str, Any]:
+        card = self.api.getTaskScorecard()[0]
+        return {"score": float(card["scoreNormalized"]), "completed": bool(card["completed"]),
+                "success": bool(card["completedSuccessfully"])}
+
+    def step(self, text: str) -> dict[str, Any]:
+        if self.api is None:
+            raise RuntimeError("step before load")
+        t0 = time.perf_counter()
+        # Names resolve against what the agent last saw (a second renderJSON would pop messages).
+        command = parse_command(text, self.last_ui, self.places)
+        if command.action is None:
+            return {"observation": command.error, "invalid": True, **self._scorecard()}
+        try:
+            self.api.performAgentAction(0, command.action)
+        except Exception as e:  # a package bug on a parsed action: the agent sees it, the game goes on
+            self.api.agentsThatHaveActedThisStep = set()
+            return {"observation": f"{INVALID_PREFIX}: the world could not carry out '{text[:80]}' ({type(e).__name__}: {e})",
+                    "invalid": True, **self._scorecard()}
+        self.api.tick()
+        self.last_ui = self.ui.renderJSON()
+        observation = render_observation(self.last_ui)
+        return {"observation": observation, "invalid": False, "step_ms": (time.perf_counter() - t0) * 1e3,
+                **self._scorecard()}
+
+
+def main() -> None:
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # prints from C code too
+    captured = io.StringIO()
+    random.Random.seed = _seed_from_global  # type: ignore[method-assign]
+    with contextlib.redirect_stdout(captured):
+        session = Session()
+    reply.write(json.dumps({"ok": True, "ready": True}) + "\n")
+    for line in sys.stdin:
+        captured.seek(0)
+        captured.truncate()
+        try:
+            request = json.loads(line)
+            with contextlib.redirect_stdout(captured):
+                if request["cmd"] == "load":
+                    out = session.load(request["scenario"], request["difficulty"], int(request["seed"]))
+                elif request["cmd"] == "step":
+                    out = session.step(request["action"])
+                elif request["cmd"] == "close":
+                    break
+                else:
+                    raise ValueError(f"unknown command {request['cmd']!r}")
+            reply.write(json.dumps({"ok": True, **out}) + "\n")
+        except Exception as e:
+            tail = captured.getvalue()[-2000:]
+            reply.write(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}",
+                                    "traceback": traceback.format_exc()[-3000:], "stdout_tail": tail}) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Worlds by name. A world is its catalogue, its protocol and its game class; everything
+above `envs/` (pools, episodes, eval, datasets, training) reaches a world only through here.
+
+Adding a world: a module or package `rose_ray/envs/<name>` that defines `WORLD`, and its
+name in `WORLDS`. Modules are imported on first use, so a world's package is needed only
+when that world is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rose_ray.envs.base import Game
+from rose_ray.envs.protocol import Protocol
+
+WORLDS: dict[str, str] = {
+    "sciworld": "rose_ray.envs.sciworld_world",
+    "discoveryworld": "rose_ray.envs.discoveryworld",
+}
+DEFAULT_WORLD = "sciworld"
+
+
+@dataclass(frozen=True)
+class World:
+    name: str
+    catalogue: Callable[[str | None], Any]  # mapping (None = the world's default) -> GameCatalogue
+    protocol: Protocol
+    game: Callable[..., Game]  # keyword args: call_timeout_s, max_turns, heap
+    has_gold: bool  # whether games have gold action paths (`rose-ray gold`, teacher warm-up)
+
+
+def get_world(name: str | None) -> World:
+    """The world called `name` (None = sciworld); a clear error for an unknown or missing one."""
+    name = name or DEFAULT_WORLD
+    if name not in WORLDS:
+        raise ValueError(f"unknown world {name!r}; choose from {sorted(WORLDS)}")
+    try:
+        module = importlib.import_module(WORLDS[name])
+    except ImportError as e:
+        raise ValueError(f"world {name!r} needs a package that is not installed ({e.name}): "
+                         f"pip install -e '.[{name}]'") from e
+    return module.WORLD

@@ -1,0 +1,216 @@
+"""DiscoveryWorld as a second world, against the real `discoveryworld` package: catalogue,
+seeding, text actions, the fast paths, pool hosting, and eval through the same harness."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rose_ray.envs.discoveryworld.catalogue import PAIRS, DiscoveryWorldCatalogue
+from rose_ray.envs.discoveryworld.game import DiscoveryWorldGame, NoGoldPath
+from rose_ray.envs.discoveryworld.protocol import PROTOCOL, parse_command
+from rose_ray.envs.pool import EnvPool
+from rose_ray.envs.worlds import get_world
+
+CATALOGUE = DiscoveryWorldCatalogue()
+CHEMISTRY = CATALOGUE.find("combinatorial-chemistry-easy", 1)
+
+
+@pytest.fixture(scope="module")
+def game():
+    g = DiscoveryWorldGame(max_turns=30)
+    yield g
+    g.close()
+
+
+def test_catalogue_lists_35_pairs_by_5_seeds_in_the_packages_order():
+    from discoveryworld.ScenarioMaker import SCENARIO_INFOS
+
+    package_pairs = [(name, d) for name, info in SCENARIO_INFOS.items() for d in info["difficulty"]]
+    assert list(PAIRS) == package_pairs and len(PAIRS) == 35
+    assert len(CATALOGUE) == 175 and len(CATALOGUE.task_names()) == 35
+    assert {g.variation for g in CATALOGUE.games} == {1, 2, 3, 4, 5}
+    # Split by seed: 1-3 train, 4 dev, 5 test, every pair in every split.
+    sizes = {s: len(CATALOGUE.split(s)) for s in ("train", "dev", "test")}
+    assert sizes == {"train": 105, "dev": 35, "test": 35}
+    assert {g.variation for g in CATALOGUE.split("test")} == {5}
+    assert all(c == {"all": 5, "train": 3, "dev": 1, "test": 1} for c in CATALOGUE.task_counts().values())
+    g = CATALOGUE.game("discoveryworld_7")
+    assert CATALOGUE.scenario(g).name == "Combinatorial Chemistry" and CATALOGUE.scenario(g).seed == 3
+    assert g.world == "discoveryworld" and CATALOGUE.game(7) == g
+    with pytest.raises(ValueError, match="not an item id"):
+        CATALOGUE.game("sciworld_7")
+    with pytest.raises(KeyError, match="outside"):
+        CATALOGUE.game("discoveryworld_175")
+
+
+def test_the_same_seed_gives_the_same_game_in_two_processes():
+    a, b = DiscoveryWorldGame(), DiscoveryWorldGame()
+    try:
+        assert a.pid != b.pid
+        for task in CATALOGUE.task_names():  # every scenario, seed 2
+            g = CATALOGUE.find(task, 2)
+            assert a.load(g).observation == b.load(g).observation, task
+            for action in ("move east", "face north", "read feed"):
+                assert a.step(action).observation == b.step(action).observation, (task, action)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_scripted_actions_raise_an_easy_scenarios_score(game):
+    first = game.load(CHEMISTRY)
+    assert first.observation.startswith("Task: ") and "jar #" in first.observation
+    r = game.step("teleport to jar")  # a bare name, unique in sight
+    assert "teleported" in r.observation and not PROTOCOL.is_invalid(r.observation)
+    r = game.step("pick up jar")
+    assert r.score > 0 and r.raw_score > 0 and not r.done
+    assert "Inventory: jar #" in r.observation
+
+
+@pytest.mark.parametrize("action, says", [
+    ("look around", "unknown command"),
+    ("teleport to table", "could mean"),  # several tables in sight: ambiguous without an id
+    ("pick up #1", "no object #1"),
+    ("", "empty action"),
+    ("x" * 100_000, "unknown command"),
+    ("pick up " + "jar " * 25_000, "no '"),
+    ("choose 2", "not in a conversation"),
+    ("move up", "needs one of north"),
+])
+def test_bad_actions_come_back_as_observations(game, action, says):
+    game.load(CHEMISTRY)
+    r = game.step(action)
+    assert r.observation.startswith("Invalid action") and says in r.observation
+    assert PROTOCOL.is_invalid(r.observation) and r.info["invalid"] and not r.done
+    assert game.alive() and "Result:" in game.step("face west").observation  # the game goes on
+
+
+def test_no_png_or_history_file_is_written(game, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = set(Path(game.workdir).rglob("*"))
+    game.load(CATALOGUE.find("small-skills-pick-and-place-test-normal", 1))
+    for action in ("move north", "move east", "read feed", "face south", "teleport to initial location"):
+        game.step(action)
+    assert set(Path(game.workdir).rglob("*")) == before == set()  # the worker's own folder stays empty
+    assert list(tmp_path.rglob("*")) == []
+
+
+def test_parse_command_on_a_hand_made_view():
+    ui = {"inventoryObjects": [{"uuid": 5, "name": "jar", "description": "empty jar"}],
+          "accessibleEnvironmentObjects": [{"uuid": 7, "name": "table", "description": "table"},
+                                           {"uuid": 8, "name": "table", "description": "table"},
+                                           {"uuid": 9, "name": "key", "description": "rusted key"}],
+          "nearbyObjects": {"objects": {"north": [{"uuid": 11, "name": "door", "distance": 2}]}},
+          "dialog_box": {"is_in_dialog": False}}
+    assert parse_command("put jar on table #8", ui, []).action == {"action": "PUT", "arg1": 5, "arg2": 8}
+    assert parse_command("USE jar #5 ON rusted key", ui, []).action == {"action": "USE", "arg1": 5, "arg2": 9}
+    assert parse_command("PICKUP key", ui, []).action == {"action": "PICKUP", "arg1": 9}
+    assert parse_command("teleport to door", ui, []).action == {"action": "TELEPORT_TO_OBJECT", "arg1": 11}
+    assert parse_command("teleport to Shed", ui, ["shed"]).action == {"action": "TELEPORT_TO_LOCATION", "arg1": "shed"}
+    assert parse_command("move_direction n", ui, []).action == {"action": "MOVE_DIRECTION", "arg1": "north"}
+    assert "could mean table #7, table #8" in parse_command("open table", ui, []).error
+    assert parse_command("pick up door", ui, []).error.startswith("Invalid action: no 'door'")
+    ui["dialog_box"] = {"is_in_dialog": True, "dialogOptions": {1: "hi"}}
+    assert parse_command("2", ui, []).action == {"chosen_dialog_option_int": 2}
+    assert parse_command("choose 1", ui, []).action == {"chosen_dialog_option_int": 1}
+
+
+def test_gold_says_plainly_that_there_is_none(game, tmp_path):
+    from rose_ray.datasets import gold_rows
+
+    assert not get_world("discoveryworld").has_gold
+    with pytest.raises(NoGoldPath):
+        game.load(CHEMISTRY, gold=True)
+    with pytest.raises(ValueError, match="no gold action paths"):
+        gold_rows([CHEMISTRY])
+    out = tmp_path / "gold.jsonl"
+    run = subprocess.run([sys.executable, "-m", "rose_ray.cli", "gold", "--world", "discoveryworld",
+                          "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "discoveryworld has no gold action paths" in run.stderr
+    assert not out.exists()
+
+
+def test_check_data_knows_discoveryworld_ids(tmp_path):
+    from rose_ray.data import write_jsonl
+
+    row = {"item_id": "discoveryworld_5", "task": "combinatorial-chemistry-easy", "var": 1, "score": 0.0,
+           "success": False, "rounds": 0,
+           "conversations": [{"from": "human", "value": "instr", "owner": "prompt"},
+                             {"from": "gpt", "value": "ok", "owner": "prompt"},
+                             {"from": "human", "value": "Task: ...", "owner": "env"}]}
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    write_jsonl(good, [row])
+    write_jsonl(bad, [row, {**row, "item_id": "discoveryworld_0"}])  # 0 is the tutorial
+    cmd = [sys.executable, "-m", "rose_ray.cli", "check-data"]
+    ok = subprocess.run([*cmd, str(good)], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "discoveryworld" in ok.stdout
+    wrong = subprocess.run([*cmd, str(bad)], capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 1 and "row 2: discoveryworld_0 is 'tutorial-normal'" in wrong.stderr
+
+
+def test_env_pool_hosts_discoveryworld_and_replaces_a_killed_worker():
+    pool = EnvPool(num_games=2, world="discoveryworld", max_turns=10)
+    try:
+        assert pool.reset(0, "discoveryworld_5").observation.startswith("Task: ")
+        pool.reset(1, "discoveryworld_6")
+        results = pool.step_many({0: "teleport to jar", 1: "face north"})
+        assert not results[0].interrupted and not results[1].interrupted
+        old = pool.pids()[0]
+        os.kill(old, signal.SIGKILL)
+        r = pool.step(0, "pick up jar")
+        assert r.interrupted and r.done and r.game == CATALOGUE.game("discoveryworld_5")
+        health = pool.health()
+        assert health[0]["restarts"] == 1 and health[0]["alive"] and pool.pids()[0] != old
+        assert health[1]["restarts"] == 0 and health[1]["world"] == "discoveryworld"
+        assert pool.reset(0, "discoveryworld_5").observation.startswith("Task: ")
+        assert not pool.step(0, "teleport to jar").interrupted
+    finally:
+        pool.close()
+
+
+def test_eval_of_the_tiny_student_on_easy_games(tiny_models, ray_cluster, tmp_path):
+    from rose_ray.evaluate import EvalConfig, run_eval
+
+    easy = [g.item_id for g in CATALOGUE.split("test") if g.task.endswith("-easy")][:3]
+    ids = tmp_path / "easy.json"
+    ids.write_text(json.dumps(easy))
+    cfg = EvalConfig(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=None,
+                     max_turns=2, max_new_tokens=16, concurrency=3, context_tokens=2048,
+                     out=str(tmp_path / "dw"))
+    result = run_eval(cfg)
+    assert [g["item_id"] for g in result["games"]] == easy
+    assert all(0 < g["turns"] <= 2 for g in result["games"])
+    assert set(result["summary"]["per_task"]) == {CATALOGUE.game(i).task for i in easy}
+    assert (tmp_path / "dw.md").read_text().count("-easy |") == 3
+
+
+def test_a_short_online_rose_run_on_discoveryworld(tiny_models, ray_cluster, tmp_path):
+    from rose_ray.config import default_config_path
+    from rose_ray.train import train
+
+    config = default_config_path().with_name("tiny_discoveryworld.yaml")
+    run_dir = tmp_path / "run"
+    summary = train(str(config), [
+        f"tiny_dir={tiny_models['student'].parent}", f"run_dir={run_dir}", "steps=2",
+        "rollout.batch_episodes=2", "rollout.max_turns=3", "rollout.student_sampling.max_new_tokens=8",
+        "rollout.teacher_sampling.max_new_tokens=8", "eval.n=2", "eval.max_turns=2",
+        "eval.max_new_tokens=8", "eval.teacher=false", "env.games_per_worker=2", "learner.max_tokens=3072",
+    ])
+    assert summary["steps"] == 2
+    rows = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
+    assert rows and all(r["item_id"].startswith("discoveryworld_") for r in rows)
+    tasks = {"combinatorial-chemistry-easy", "archaeology-dating-easy", "plant-nutrients-easy", "reactor-lab-easy"}
+    assert {r["task"] for r in rows} <= tasks
+    first = rows[0]["conversations"]
+    assert first[0]["value"].startswith("You are an agent in DiscoveryWorld")
+    assert first[2]["value"].startswith("Task: ")
+    # K=2 student turns, then the teacher: both own turns in the stitched episodes.
+    owners = {m["owner"] for r in rows for m in r["conversations"] if m["from"] == "gpt" and m["owner"] != "prompt"}
+    assert owners == {"student", "teacher"}
