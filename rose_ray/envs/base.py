@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -56,3 +59,16 @@ class Game(Protocol):
     def pid(self) -> int | None: ...
 
     def close(self) -> None: ...
+
+
+def kill_process(proc: subprocess.Popen) -> None:
+    """SIGKILL a game's process if it still runs, and reap it (after a hang or a crash)."""
+    if proc.poll() is None:
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass

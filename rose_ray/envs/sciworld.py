@@ -8,15 +8,13 @@ completion, and lists valid actions only through `valid_actions()`.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import time
 
 from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
 from py4j.protocol import Py4JError
 from scienceworld.constants import BASEPATH, JAR_PATH
 
-from rose_ray.envs.base import GameError, StepResult
+from rose_ray.envs.base import GameError, StepResult, kill_process
 from rose_ray.envs.protocol import first_observation, is_success, normalise_score
 from rose_ray.types import GameId
 
@@ -162,15 +160,7 @@ class SciWorldGame:
 
     def kill(self) -> None:
         """End the JVM at once (after a hang or when it is already dead)."""
-        if self._proc.poll() is None:
-            try:
-                os.kill(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            self._proc.wait(timeout=5)
-        except Exception:
-            pass
+        kill_process(self._proc)
         self._close_gateway()
         self.closed = True
 

@@ -12,14 +12,13 @@ import json
 import os
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
-from rose_ray.envs.base import GameError, StepResult
+from rose_ray.envs.base import GameError, StepResult, kill_process
 from rose_ray.envs.discoveryworld.catalogue import DiscoveryWorldCatalogue
 from rose_ray.types import GameId
 
@@ -151,15 +150,7 @@ class DiscoveryWorldGame:
 
     def kill(self) -> None:
         """End the worker at once (after a hang or when it is already dead)."""
-        if self._proc.poll() is None:
-            try:
-                os.kill(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        kill_process(self._proc)
         self._cleanup()
 
     def _cleanup(self) -> None:
