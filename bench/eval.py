@@ -3,7 +3,7 @@
 The same games are played greedily at every concurrency level, through rose_ray's own
 pieces in one Ray session: `start_env_pools` (one pool, `games_per_worker` = concurrency),
 `start_agents` (one student EngineActor, shared by all levels), `EpisodeRunner` and
-`evaluate_games`. Only the episodes are timed: actor start-up, JVM start-up and a warm-up
+`run_episode` (as `evaluate_games` calls them, keeping each episode's timing). Only the episodes are timed: actor start-up, JVM start-up and a warm-up
 (one game load per slot, one engine call) happen before the clock starts.
 
     python bench/eval.py            # 16 test games, 6 turns, 32 new tokens, 1/4/8 concurrent,
@@ -34,15 +34,17 @@ def engine_counters(engine: Any) -> dict[str, float]:
     import ray
 
     stats = ray.get(engine.stats.remote())
-    return {k: stats.get(k, 0) for k in ("requests", "batches", "generated_tokens", "prompt_tokens", "busy_s")}
+    keys = ("requests", "batches", "generated_tokens", "prompt_tokens", "prompt_tokens_fed", "prefix_hits",
+            "busy_s", "queue_wait_s")
+    return {k: stats.get(k, 0) for k in keys}
 
 
 def run_level(concurrency: int, games: list, student: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Play `games` with `concurrency` episodes at once; only the episodes are timed."""
     import ray
 
-    from rose_ray.evaluate import evaluate_games
-    from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
+    from rose_ray.evaluate import game_record
+    from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig, run_episode
     from rose_ray.rollout.workers import EnvConfig, EpisodeRunner, close_pools, start_env_pools
     from rose_ray.types import SamplingParams
 
@@ -58,26 +60,45 @@ def run_level(concurrency: int, games: list, student: Any, args: argparse.Namesp
             max_turns=args.max_turns,
             student_sampling=SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens),
         )
+        # Every level starts cold: the same games at the last level left their prefixes cached.
+        ray.get(student.engine.__ray_call__.remote(lambda self: self.engine.clear_prefix_cache()))
         before = engine_counters(student.engine)
         t0 = time.perf_counter()
-        records = asyncio.run(evaluate_games(runner, games, student, None, episode_cfg, HandoffConfig("none")))
+        trajectories = asyncio.run(play_all(runner, games, student, episode_cfg, HandoffConfig("none"), run_episode))
         seconds = time.perf_counter() - t0
         after = engine_counters(student.engine)
     finally:
         close_pools(pools)
     delta = {k: after[k] - before[k] for k in after}
+    records = [game_record(t) for t in trajectories]
+    turns = sum(r["turns"] for r in records)
     return {
         "concurrency": concurrency, "episodes": len(records), "seconds": seconds,
         "episodes_per_s": len(records) / seconds,
-        "turns": sum(r["turns"] for r in records),
+        "turns": turns,
+        # Per turn, as the episodes saw it: awaiting the engine (queue + batch) and the env step.
+        "generate_ms_per_turn": 1000 * sum(t.timing["student_s"] for t in trajectories) / turns,
+        "env_ms_per_turn": 1000 * sum(t.timing["env_s"] for t in trajectories) / turns,
         "engine_requests": int(delta["requests"]), "engine_batches": int(delta["batches"]),
         "mean_engine_batch": delta["requests"] / max(delta["batches"], 1),
         "generated_tokens": int(delta["generated_tokens"]),
-        "engine_busy_s": delta["busy_s"],
+        "prompt_tokens": int(delta["prompt_tokens"]), "prompt_tokens_fed": int(delta["prompt_tokens_fed"]),
+        "prefix_hits": int(delta["prefix_hits"]),
+        "engine_busy_s": delta["busy_s"], "queue_wait_s": delta["queue_wait_s"],
         "score": sum(r["score"] for r in records) / len(records),
         "restarts": runner.counters.restarts,
         "item_turns": {r["item_id"]: r["turns"] for r in records},
     }
+
+
+async def play_all(runner: Any, games: list, student: Any, episode_cfg: Any, handoff: Any,
+                   run_episode: Any) -> list:
+    """`evaluate_games` without the records: all games on the runner's slots, trajectories in order."""
+    async def one(game: Any) -> Any:
+        return await runner.play(game, lambda g, slot: run_episode(g, slot, student, None, episode_cfg, handoff,
+                                                                   request_prefix="eval/"))
+
+    return list(await asyncio.gather(*(one(g) for g in games)))
 
 
 def main() -> None:
@@ -96,6 +117,8 @@ def main() -> None:
     p.add_argument("--max-wait-ms", type=float, nargs="+", default=None,
                    help="engine batcher: how long a batch waits to fill (EngineConfig.max_wait_ms); "
                         "several values: one engine and one set of levels each (default 5 50; --quick 5)")
+    p.add_argument("--prefix-cache-mb", type=float, default=1024.0,
+                   help="engine prefix KV cache budget (EngineConfig.prefix_cache_mb; 0 disables)")
     p.add_argument("--models", default="~/.cache/rose_ray/tiny", help="where init_tiny builds/reuses")
     p.add_argument("--out", default=str(RESULTS / "eval.json"))
     args = p.parse_args()
@@ -121,7 +144,8 @@ def main() -> None:
     rows = []
     for wait_ms in args.max_wait_ms:
         engine_cfg = EngineConfig(model=str(model), dtype=args.dtype, context_tokens=2048,
-                                  max_batch_size=max(levels), max_wait_ms=wait_ms)
+                                  max_batch_size=max(levels), max_wait_ms=wait_ms,
+                                  prefix_cache_mb=args.prefix_cache_mb)
         student, _ = start_agents(engine_cfg, None, student_cpus=args.engine_cpus)
         # Engine warm-up, untimed: model load and the first forward's allocations.
         warm = GenerationRequest(student.chat.opening_ids([("user", "warm up"), ("assistant", "OK")]),
@@ -146,15 +170,18 @@ def main() -> None:
 
     print(f"\nheld-out eval of the tiny student ({args.dtype}, engine {threads} torch thread(s)): "
           f"{n_games} {args.split} games, max_turns {args.max_turns}, max_new_tokens "
-          f"{args.max_new_tokens}, greedy")
+          f"{args.max_new_tokens}, greedy, prefix cache {args.prefix_cache_mb:g} MB")
     head = (f"{'max_wait_ms':>11} {'concurrency':>11} {'episodes':>8} {'seconds':>8} {'episodes/s':>10} {'speedup vs 1':>12} "
-            f"{'mean engine batch':>17} {'turns':>6} {'same turns':>10}")
+            f"{'mean engine batch':>17} {'turns':>6} {'same turns':>10} {'prompt fed/all':>15} {'engine busy s':>13} "
+            f"{'ms/turn gen':>11} {'ms/turn env':>11}")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['max_wait_ms']:>11g} {r['concurrency']:>11} {r['episodes']:>8} {r['seconds']:>8.1f} {r['episodes_per_s']:>10.3f} "
               f"{r['speedup_vs_1']:>11.2f}x {r['mean_engine_batch']:>17.2f} {r['turns']:>6} "
-              f"{'yes' if r['same_turns_as_1'] else 'no':>10}")
+              f"{'yes' if r['same_turns_as_1'] else 'no':>10} "
+              f"{r['prompt_tokens_fed']:>7}/{r['prompt_tokens']:<7} {r['engine_busy_s']:>13.1f} "
+              f"{r['generate_ms_per_turn']:>11.0f} {r['env_ms_per_turn']:>11.0f}")
     print(f"load average (1/5/15 min): start {fmt_load(load_start)}, end {fmt_load(load_end)} "
           f"on {os.cpu_count()} cores (shared with other work)")
 
@@ -162,7 +189,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "bench": "eval", "quick": args.quick, "model": str(model), "dtype": args.dtype,
-        "engine_threads": threads, "engine_cpus": args.engine_cpus, "max_wait_ms": args.max_wait_ms, "env_cpus": args.env_cpus,
+        "engine_threads": threads, "prefix_cache_mb": args.prefix_cache_mb, "engine_cpus": args.engine_cpus, "max_wait_ms": args.max_wait_ms, "env_cpus": args.env_cpus,
         "split": args.split, "games": [g.item_id for g in games], "max_turns": args.max_turns,
         "max_new_tokens": args.max_new_tokens, "cpu_count": os.cpu_count(),
         "machine": platform.machine(), "loadavg_start": load_start, "loadavg_end": load_end,

@@ -60,8 +60,12 @@ def prompts(engine) -> list[list[int]]:
 
 def test_greedy_is_deterministic(engine, prompts):
     a = engine.generate([GenerationRequest(prompts[0], GREEDY)])[0]
-    b = engine.generate([GenerationRequest(prompts[0], GREEDY)])[0]
-    assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+    b = engine.generate([GenerationRequest(prompts[0], GREEDY)])[0]  # reuses a's cached prefix
+    assert a.token_ids == b.token_ids
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    uncached = _sibling(engine, prefix_cache_mb=0)
+    c, d = (uncached.generate([GenerationRequest(prompts[0], GREEDY)])[0] for _ in range(2))
+    assert c.token_ids == d.token_ids == a.token_ids and c.logprobs == d.logprobs
     assert len(a.token_ids) > 0 and a.finish_reason in ("stop", "length")
     assert len(set(a.token_ids)) > 3  # a real continuation, not one repeated token
 
@@ -172,6 +176,8 @@ def test_engine_config_validation_names_the_key():
         EngineConfig(backend="hf")
     with pytest.raises(ValueError, match="engine.backend"):
         EngineConfig(backend="vllm-inproc", model="m")
+    with pytest.raises(ValueError, match="engine.prefix_cache_mb"):
+        EngineConfig(model="m", prefix_cache_mb=-1)
 
 
 def test_auto_dtype_uses_bf16_when_the_cpu_has_it(tiny_models, prompts):
@@ -281,3 +287,121 @@ def test_async_batcher_batches_concurrent_callers_and_orders_weight_updates(engi
     assert all(r.version == 1 for r in first + wave1) and all(r.version == 2 for r in wave2)
     assert [r.token_ids for r in wave1] == [r.token_ids for r in first[:4]]
     assert [r.token_ids for r in wave2] != [r.token_ids for r in wave1]
+
+
+# --------------------------------------------------------------------- prefix cache
+
+
+def _sibling(engine: HFEngine, **overrides) -> HFEngine:
+    """Another engine over the same model object (same weights), with its own prefix cache."""
+    fields = {"model": "tiny", "dtype": "float32", "max_batch_size": 8, "context_tokens": 512, **overrides}
+    return HFEngine(EngineConfig(**fields), model=engine.model, tokenizer=engine.tokenizer)
+
+
+def _next_prompt(engine: HFEngine, prompt: list[int], result, turn: int) -> list[int]:
+    """What the rollout sends next: the reply closed, then the next observation."""
+    return prompt + engine.chat.finish_sampled(result.token_ids) + engine.chat.user_ids(
+        f"You move to room {turn}. You see a door and a table. ")
+
+
+def _play(engine: HFEngine, prompt: list[int], turns: int, sampling: SamplingParams) -> list:
+    results = []
+    for t in range(turns):
+        results.append(engine.generate([GenerationRequest(prompt, sampling)])[0])
+        prompt = _next_prompt(engine, prompt, results[-1], t)
+    return results
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(1.0, 1.0, 24, [], 11)], ids=["greedy", "seeded"])
+def test_prefix_cache_multi_turn_matches_no_cache(engine, prompts, sampling):
+    on, off = _sibling(engine), _sibling(engine, prefix_cache_mb=0)
+    with_cache = _play(on, prompts[4], 4, sampling)
+    without = _play(off, prompts[4], 4, sampling)
+    for a, b in zip(with_cache, without):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+    assert len({tuple(r.token_ids) for r in without}) > 1  # turns differ: the history matters
+    stats = on.stats()
+    assert stats["prefix_hits"] == 3 and stats["prefix_misses"] == 1
+    assert stats["prompt_tokens_fed"] < stats["prompt_tokens"] / 2
+    assert stats["prefix_entries"] == 1  # each turn superseded the last
+    assert off.stats()["prefix_hits"] == 0 and off.stats()["prefix_entries"] == 0
+    assert off.stats()["prompt_tokens_fed"] == off.stats()["prompt_tokens"]
+
+
+def test_prefix_cache_mixed_batch_matches_each_alone(engine, prompts):
+    on, off = _sibling(engine), _sibling(engine, prefix_cache_mb=0)
+    # Conversations 0..2 played for 1..3 turns: cached prefixes of different lengths.
+    batch = []
+    for k in range(3):
+        results = _play(on, prompts[k], k + 1, GREEDY)
+        prompt = prompts[k]
+        for t, r in enumerate(results):
+            prompt = _next_prompt(on, prompt, r, t)
+        batch.append(prompt)
+    first_reply = on.generate([GenerationRequest(prompts[5], GREEDY)])[0]
+    branch = prompts[5] + on.chat.finish_sampled(first_reply.token_ids) + on.chat.user_ids("Nothing happens.")
+    other = on.chat.opening_ids([("user", "Boil water, then freeze it."), ("assistant", "OK")]) \
+        + on.chat.user_ids("This room is called the kitchen.")
+    batch += [other, branch]  # a miss, and a hit on the first turn only
+    before = on.stats()
+    together = on.generate([GenerationRequest(p, GREEDY) for p in batch])
+    after = on.stats()
+    assert after["prefix_hits"] - before["prefix_hits"] == 4
+    assert after["prefix_misses"] - before["prefix_misses"] == 1
+    for p, r in zip(batch, together):
+        alone = off.generate([GenerationRequest(p, GREEDY)])[0]
+        assert r.token_ids == alone.token_ids
+        np.testing.assert_allclose(r.logprobs, alone.logprobs, atol=1e-4)
+
+
+def test_update_weights_empties_the_prefix_cache(tiny_models, engine, prompts):
+    config = EngineConfig(model=str(tiny_models["student"]), dtype="float32", context_tokens=512)
+    eng, fresh = HFEngine(config), HFEngine(config)
+    eng.update_weights(sharpened_state(eng.model, seed=0), version=1)
+    results = _play(eng, prompts[2], 2, GREEDY)
+    assert eng.stats()["prefix_stored_tokens"] > 0
+    new = sharpened_state(eng.model, seed=3)
+    eng.update_weights(new, version=2)
+    fresh.update_weights(new, version=2)
+    assert eng.stats()["prefix_stored_tokens"] == 0 and eng.stats()["prefix_entries"] == 0
+    prompt = _next_prompt(eng, _next_prompt(eng, prompts[2], results[0], 0), results[1], 1)
+    hits = eng.stats()["prefix_hits"]
+    got = eng.generate([GenerationRequest(prompt, GREEDY)])[0]
+    assert eng.stats()["prefix_hits"] == hits  # nothing stale was reused
+    want = fresh.generate([GenerationRequest(prompt, GREEDY)])[0]
+    assert got.token_ids == want.token_ids and got.logprobs == want.logprobs
+
+
+def test_prefix_cache_evicts_within_its_token_budget(engine, prompts):
+    from rose_ray.inference.hf import kv_bytes_per_token
+
+    budget = 2 * max(len(p) for p in prompts) + 60
+    small = _sibling(engine, prefix_cache_mb=budget * kv_bytes_per_token(engine.model) / 2**20)
+    assert small._prefix.max_tokens == budget
+    for p in prompts:
+        small.generate([GenerationRequest(p, GREEDY)])
+        stats = small.stats()
+        assert 0 < stats["prefix_stored_tokens"] <= budget
+        assert stats["prefix_stored_tokens"] == sum(len(e.ids) for e in small._prefix._entries.values())
+    assert stats["prefix_evictions"] > 0 and stats["prefix_entries"] < len(prompts)
+    # The most recent conversation survived eviction and is reused.
+    last = small.generate([GenerationRequest(prompts[-1], GREEDY)])[0]
+    hits = small.stats()["prefix_hits"]
+    small.generate([GenerationRequest(_next_prompt(small, prompts[-1], last, 0), GREEDY)])
+    assert small.stats()["prefix_hits"] == hits + 1
+
+
+def test_sliding_window_models_keep_transformers_cache_without_prefix_reuse(engine, prompts):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=engine.model.config.vocab_size, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                         use_sliding_window=True, sliding_window=32, max_window_layers=1,
+                         layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    eng = HFEngine(EngineConfig(model="tiny", dtype="float32"), model=Qwen3ForCausalLM(config),
+                   tokenizer=engine.tokenizer)
+    a, b = (eng.generate([GenerationRequest(prompts[0], GREEDY)])[0] for _ in range(2))
+    assert a.token_ids == b.token_ids and len(a.token_ids) > 0
+    assert eng.stats()["prefix_hits"] == 0 and eng.stats()["prefix_entries"] == 0

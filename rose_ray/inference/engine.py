@@ -71,6 +71,9 @@ class EngineConfig:
     context_tokens bounds prompt + completion; context_policy says what to do with a longer
     conversation; keep_first_turns protects that many turns after the prompt turns (the first
     observation carries the task description). threads=0 leaves torch's setting alone.
+    prefix_cache_mb bounds the memory of the keys/values the hf backend keeps from past
+    generations to skip re-encoding a conversation's earlier turns (0 disables; a token costs
+    2 * layers * kv_heads * head_dim * dtype bytes: 112 KiB for Qwen3-1.7B in bf16).
     """
 
     backend: str = "hf"
@@ -83,6 +86,7 @@ class EngineConfig:
     keep_first_turns: int = 1
     threads: int = 0
     attn_implementation: str = "sdpa"
+    prefix_cache_mb: float = 1024.0
     # openai backend
     base_url: str = "http://127.0.0.1:8000/v1"
     api_key: str | None = None
@@ -103,7 +107,7 @@ class EngineConfig:
         for key in ("max_batch_size", "context_tokens"):
             if int(getattr(self, key)) < 1:
                 raise ValueError(f"engine.{key}: must be >= 1, got {getattr(self, key)!r}")
-        for key in ("max_wait_ms", "timeout_s"):
+        for key in ("max_wait_ms", "timeout_s", "prefix_cache_mb"):
             if float(getattr(self, key)) < 0:
                 raise ValueError(f"engine.{key}: must be >= 0, got {getattr(self, key)!r}")
         for key in ("keep_first_turns", "threads"):

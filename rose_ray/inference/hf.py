@@ -5,6 +5,11 @@ from the attention mask, so a padded row computes what it would compute alone. E
 samples with its own torch.Generator, so a seeded request gives the same tokens whatever
 else is in its batch. Rows that finish leave the batch (their cache rows are dropped).
 
+A finished row's keys/values go into a PrefixCache; a later prompt that starts the same way
+(the next turn of that conversation) feeds only its new tokens. Its row is then laid out
+[pad | cached keys/values | pad | new tokens], the mask marking real positions and the
+position ids continuing from the cached length, so it computes what the full prompt would.
+
 This class is synchronous and single-threaded by design; concurrent callers go through
 `inference.batcher.AsyncBatcher` (the Ray actor and the HTTP server both do).
 """
@@ -21,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from rose_ray.chat import ChatFormat
 from rose_ray.inference.engine import (
@@ -31,6 +38,7 @@ from rose_ray.inference.engine import (
     resolve_prompt,
     validate_sampling,
 )
+from rose_ray.inference.prefix_cache import PrefixCache, PrefixHit, RoomyLayer
 from rose_ray.types import SamplingParams
 
 # Bound on logits materialised at once when scoring (elements; 2^27 fp32 = 512 MiB).
@@ -53,6 +61,14 @@ def resolve_dtype(name: str, device: str = "cpu") -> str:
     if device.startswith("cuda") or cpu_supports_bf16():
         return "bfloat16"
     return "float32"
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """Memory of one token's keys and values over all layers."""
+    c = model.config
+    heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return 2 * c.num_hidden_layers * heads * head_dim * next(model.parameters()).element_size()
 
 
 def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -82,6 +98,7 @@ class _Row:
         self.top: list[dict[int, float]] = []
         self.finish: str | None = None
         self.cut: int | None = None  # text length before a matched stop string
+        self.hit: PrefixHit | None = None  # the cached prefix its prompt reused
 
 
 class HFEngine:
@@ -120,6 +137,11 @@ class HFEngine:
         self._batch_sizes: deque[int] = deque(maxlen=1024)
         self._counters = {"batches": 0, "requests": 0, "generated_tokens": 0, "prompt_tokens": 0,
                           "busy_s": 0.0, "score_calls": 0, "weight_updates": 0}
+        # Prefix reuse and in-place cache growth assume plain full-attention layers (no sliding
+        # windows, no linear attention); other models keep transformers' own cache.
+        self._plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
+        budget = int(config.prefix_cache_mb * 2**20) // kv_bytes_per_token(self.model)
+        self._prefix = PrefixCache(budget if self._plain else 0)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -127,7 +149,10 @@ class HFEngine:
         return self._version
 
     def stats(self) -> dict[str, Any]:
-        return {**self._counters, "batch_sizes": list(self._batch_sizes), "version": self._version}
+        prefix = self._prefix.stats()
+        fed = self._counters["prompt_tokens"] - prefix["prefix_cached_tokens"]
+        return {**self._counters, **prefix, "prompt_tokens_fed": fed,
+                "batch_sizes": list(self._batch_sizes), "version": self._version}
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Results in request order; requests are run in batches of max_batch_size."""
@@ -198,6 +223,12 @@ class HFEngine:
                 params[name].copy_(t)
             self._version = int(version)
             self._counters["weight_updates"] += 1
+            self._prefix.clear()  # keys/values computed by the old weights are stale
+
+    def clear_prefix_cache(self) -> None:
+        """Forget cached prefixes (a benchmark's cold start; weights unchanged)."""
+        with self._lock:
+            self._prefix.clear()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
@@ -308,9 +339,7 @@ class HFEngine:
 
     def _decode(self, active: list[_Row]) -> None:
         """The KV-cache loop: prefill all prompts, then one token per active row per step."""
-        ids, mask, positions = self._left_pad([row.prompt for row in active])
-        logits, cache = self._forward(ids, mask, positions, cache=None)
-        last_pos = positions[:, -1]
+        logits, cache, mask, last_pos = self._prefill(active)
         while True:
             chosen, chosen_lp, logp = self._choose(active, logits[:, -1])
             keep: list[int] = []
@@ -323,6 +352,9 @@ class HFEngine:
                 self._check_stop(row)
                 if row.finish is None:
                     keep.append(r)
+            for r, row in enumerate(active):
+                if row.finish is not None:
+                    self._remember(row, mask[r], cache, r)
             if not keep:
                 return
             if len(keep) < len(active):
@@ -334,3 +366,40 @@ class HFEngine:
             mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
             last_pos = last_pos + 1
             logits, cache = self._forward(step_ids, mask, last_pos[:, None], cache=cache)
+
+    def _prefill(self, rows: list[_Row]) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+        """Forward the prompts, reusing cached prefixes: (logits, cache, mask, last position)."""
+        for row in rows:
+            row.hit = self._prefix.lookup(row.prompt)
+        cached = [row.hit.length if row.hit else 0 for row in rows]
+        ids, mask, positions = self._left_pad([row.prompt[n:] for row, n in zip(rows, cached)])
+        cache = DynamicCache(config=self.model.config)
+        if self._plain:  # room for the prompts' rest and the whole generation
+            cache.layers = [RoomyLayer(ids.shape[1] + max(row.max_new for row in rows)) for _ in cache.layers]
+        width = max(cached)  # always 0 when the prefix cache is off
+        if width:
+            positions = positions + torch.tensor(cached, device=positions.device)[:, None]
+            past_mask = torch.zeros((len(rows), width), dtype=mask.dtype, device=mask.device)
+            hits = {r: row.hit.kv() for r, row in enumerate(rows) if row.hit}
+            for layer, (k0, v0) in enumerate(next(iter(hits.values()))):
+                keys = k0.new_zeros((len(rows), k0.shape[0], width, k0.shape[2]))
+                values = v0.new_zeros((len(rows), v0.shape[0], width, v0.shape[2]))
+                for r, kv in hits.items():
+                    keys[r, :, width - cached[r]:], values[r, :, width - cached[r]:] = kv[layer]
+                cache.layers[layer].update(keys, values)
+            for r, n in enumerate(cached):
+                past_mask[r, width - n:] = 1
+            mask = torch.cat([past_mask, mask], dim=1)
+        logits, cache = self._forward(ids, mask, positions, cache=cache)
+        return logits, cache, mask, positions[:, -1]
+
+    def _remember(self, row: _Row, row_mask: torch.Tensor, cache: Any, r: int) -> None:
+        """Store a finished row's keys/values: its prompt and every sampled id but the last
+        (which was never fed)."""
+        if self._prefix.max_tokens <= 0:
+            return
+        cols = row_mask.nonzero()[:, 0]
+        ids = row.prompt + row.ids[:-1]
+        assert len(cols) == len(ids), (len(cols), len(ids))
+        kv = [(layer.keys[r][:, cols], layer.values[r][:, cols]) for layer in cache.layers]
+        self._prefix.insert(ids, kv, extends=row.hit)
