@@ -210,7 +210,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     result = {"config": asdict(cfg), "summary": summary, "games": records,
               "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     _write_atomic(out.with_name(out.name + ".json"), json.dumps(result, indent=1))
-    _write_atomic(out.with_name(out.name + ".md"), markdown(summary, f"eval of {cfg.model} on {cfg.split}"))
+    _write_atomic(out.with_name(out.name + ".md"), markdown(summary, f"eval of {cfg.model} on {cfg.world} {cfg.split}"))
     partial.unlink(missing_ok=True)
     return result
 
@@ -286,6 +286,6 @@ def cli_main(args) -> int:
         out=args.out or f"runs/eval/{Path(args.model or 'model').name}_{args.split}",
     )
     result = run_eval(cfg)
-    print(markdown(result["summary"], f"eval of {cfg.model} on {cfg.split}"))
+    print(markdown(result["summary"], f"eval of {cfg.model} on {cfg.world} {cfg.split}"))
     print(f"wrote {cfg.out}.json and {cfg.out}.md")
     return 0
