@@ -188,15 +188,13 @@ def run_mode(mode: str, args: argparse.Namespace, overrides: list[str], work: Pa
 
 def warm_teacher_cached(overrides: list[str]) -> bool:
     """Whether the tiny config's warmed teacher is already cached (then using it costs nothing)."""
-    from rose_ray.config import load_config, to_dict
+    from rose_ray.config import load_config
     from rose_ray.models import init_tiny
-    from rose_ray.train import _digest  # the cache key warm_teacher uses
+    from rose_ray.train import warmup_cache  # the cache warm_teacher uses
 
     cfg = load_config(None, overrides)
     teacher = str(init_tiny(Path(cfg.tiny_dir).expanduser(), seed=0)["teacher"])
-    key = {"teacher": teacher, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
-           "mapping": cfg.env.mapping, **to_dict(cfg)["teacher_warmup"]}
-    return (Path(cfg.tiny_dir).expanduser() / f"teacher_warm_{_digest(key)}" / "rose_ray_warmup.json").is_file()
+    return (warmup_cache(cfg, teacher)[1] / "rose_ray_warmup.json").is_file()
 
 
 # --------------------------------------------------------------------------- main

@@ -18,9 +18,9 @@ class UsageError(Exception):
 
 
 def _games(args: argparse.Namespace) -> int:
-    from rose_ray.envs.worlds import get_world
+    from rose_ray.envs.worlds import get_world, world_of_item
 
-    world = get_world(args.world)
+    world = get_world(args.world or world_of_item(args.show))
     catalogue = world.catalogue(args.mapping)
     if args.show is not None:
         game = catalogue.game(args.show)
@@ -51,9 +51,9 @@ def _games(args: argparse.Namespace) -> int:
 
 def _play(args: argparse.Namespace) -> int:
     from rose_ray.envs.protocol import parse_action
-    from rose_ray.envs.worlds import get_world
+    from rose_ray.envs.worlds import get_world, world_of_item
 
-    world = get_world(args.world)
+    world = get_world(args.world or world_of_item(args.item))
     game = world.catalogue(args.mapping).game(args.item)
     protocol = world.protocol
     if args.instruction_from:
@@ -105,7 +105,8 @@ def _init_tiny(args: argparse.Namespace) -> int:
 def world_args(g: argparse.ArgumentParser) -> None:
     from rose_ray.envs.worlds import DEFAULT_WORLD, WORLDS
 
-    g.add_argument("--world", default=DEFAULT_WORLD, choices=sorted(WORLDS))
+    g.add_argument("--world", choices=sorted(WORLDS),
+                   help=f"default: the world an item id names, else {DEFAULT_WORLD}")
     g.add_argument("--mapping", choices=["agentgym", "agentgym_traj"],
                    help="ScienceWorld's item-id mapping (default agentgym)")
 
@@ -120,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_games)
 
     g = sub.add_parser("play", help="play one game in the terminal, through the model's protocol")
-    g.add_argument("item", help="item id, e.g. sciworld_0 or discoveryworld_5 (with --world discoveryworld)")
+    g.add_argument("item", help="item id, e.g. sciworld_0 or discoveryworld_5")
     world_args(g)
     g.add_argument("--max-turns", type=int, default=50)
     g.add_argument("--instruction-from", metavar="JSONL", help="take the instruction from a dataset")
@@ -151,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--split", default="test", help="train, dev, test, all, agenteval_test, or an id-list file")
     g.add_argument("--n", type=int, default=200, help="games, a task-stratified sample (0 = the whole split)")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--max-turns", type=int, default=20)
+    g.add_argument("--max-turns", type=int, default=20,
+                   help="turns per game (also caps DiscoveryWorld's own 100 Easy / 1,000 other limits)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--max-new-tokens", type=int, default=512)
     world_args(g)

@@ -253,7 +253,7 @@ def _play_config(args, model: str, teacher: str | None, handoff: str, max_turns:
     return PlayConfig(
         model=model, teacher=teacher, split=getattr(args, "split", None), n=getattr(args, "n", None),
         seed=args.seed, max_turns=max_turns, handoff=handoff, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-        concurrency=args.concurrency, world=args.world, mapping=args.mapping,
+        concurrency=args.concurrency, world=args.world or "sciworld", mapping=args.mapping,
         context_tokens=args.context_tokens,
     )
 
@@ -271,6 +271,10 @@ def collect_main(args) -> int:
 
 def continue_main(args) -> int:
     rows = read_jsonl(args.input)
+    if args.world is None and rows:  # the rows' item ids name their world
+        from rose_ray.envs.worlds import world_of_item
+
+        args.world = world_of_item(rows[0]["item_id"])
     catalogue = _catalogue(args)
     games = _games_of_rows(rows, catalogue)
     replays = [_replay_turns(r) for r in rows]

@@ -175,7 +175,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     out = Path(cfg.out[: -len(".json")] if cfg.out.endswith(".json") else cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial.jsonl")
-    done = _read_partial(partial, cfg)
+    done = _read_partial(partial, resume_header(cfg))
     done = {k: v for k, v in done.items() if k in {g.item_id for g in games}}
     todo = [g for g in games if g.item_id not in done]
     print(f"eval: {len(games)} games of {cfg.split!r} ({len(done)} already done, resuming)" if done
@@ -199,7 +199,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
                                         teacher_sampling=SamplingParams(0.0, max_new_tokens=cfg.max_new_tokens))
             handoff_cfg = HandoffConfig("fixed", k=cfg.handoff) if cfg.handoff is not None else HandoffConfig("none")
             runner = EpisodeRunner(pools, env_cfg.games_per_worker)
-            header = {k: getattr(cfg, k) for k in RESUME_KEYS}
+            header = resume_header(cfg)
             _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial, done, header)
         finally:
             close_pools(pools)
@@ -239,20 +239,28 @@ RESUME_KEYS = ("model", "teacher", "handoff", "max_turns", "temperature", "max_n
                "world", "mapping", "seed", "context_tokens")
 
 
-def _read_partial(path: Path, cfg: EvalConfig) -> dict[str, dict[str, Any]]:
-    """Finished games of an interrupted eval with the same settings."""
+def resume_header(cfg: EvalConfig) -> dict[str, Any]:
+    """The settings that tie a partial results file to an eval (the mapping resolved, so a
+    default and an explicit `--mapping agentgym` are the same eval)."""
+    from rose_ray.envs.worlds import get_world
+
+    return {**{k: getattr(cfg, k) for k in RESUME_KEYS},
+            "mapping": get_world(cfg.world).catalogue(cfg.mapping).mapping}
+
+
+def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Finished games of an interrupted eval with the same settings (`want`, a resume header)."""
     done: dict[str, dict[str, Any]] = {}
     if not path.exists():
         return done
     lines = path.read_text().splitlines()
-    want = {k: getattr(cfg, k) for k in RESUME_KEYS}
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
             if "eval_config" in record:
-                if record["eval_config"] != want:
+                if {"world": "sciworld", **record["eval_config"]} != want:  # files before worlds: sciworld
                     raise ValueError(
                         f"{path}: partial results of an eval with other settings "
                         f"({record['eval_config']}); use another --out or delete the file"
@@ -278,7 +286,7 @@ def cli_main(args) -> int:
         return 0
     cfg = EvalConfig(
         model=args.model or "", split=args.split, n=args.n or None, seed=args.seed, max_turns=args.max_turns,
-        temperature=args.temperature, max_new_tokens=args.max_new_tokens, world=args.world,
+        temperature=args.temperature, max_new_tokens=args.max_new_tokens, world=args.world or "sciworld",
         mapping=args.mapping,
         teacher=args.teacher, handoff=args.handoff, concurrency=args.concurrency,
         env_workers=args.env_workers, context_tokens=args.context_tokens, tokenizer=args.tokenizer,

@@ -63,9 +63,7 @@ def warm_teacher(cfg: TrainConfig, teacher: str) -> str:
 
     w = cfg.teacher_warmup
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
-    key = {"teacher": teacher, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
-           "mapping": catalogue.mapping, **to_dict(cfg)["teacher_warmup"]}
-    out = Path(cfg.tiny_dir).expanduser() / f"teacher_warm_{_digest(key)}"
+    key, out = warmup_cache(cfg, teacher)
     if (out / "rose_ray_warmup.json").is_file():
         return str(out)
     print(f"train: warming the teacher on {w.gold_games} gold demonstrations ...", flush=True)
@@ -90,6 +88,16 @@ def warm_teacher(cfg: TrainConfig, teacher: str) -> str:
     os.replace(tmp, out)
     print(f"train: teacher warmed ({result['steps']} steps, loss {result['history'][-1]['loss']:.3f})")
     return str(out)
+
+
+def warmup_cache(cfg: TrainConfig, teacher: str) -> tuple[dict[str, Any], Path]:
+    """The settings a warmed teacher depends on, and the folder it is cached in."""
+    from rose_ray.envs.worlds import get_world
+
+    mapping = get_world(cfg.env.world).catalogue(cfg.env.mapping).mapping
+    key = {"teacher": teacher, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
+           "mapping": mapping, **to_dict(cfg)["teacher_warmup"]}
+    return key, Path(cfg.tiny_dir).expanduser() / f"teacher_warm_{_digest(key)}"
 
 
 def _digest(obj: Any) -> str:

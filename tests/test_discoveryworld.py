@@ -8,10 +8,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from rose_ray.envs.base import GameError
 from rose_ray.envs.discoveryworld.catalogue import PAIRS, DiscoveryWorldCatalogue
 from rose_ray.envs.discoveryworld.game import DiscoveryWorldGame, NoGoldPath
 from rose_ray.envs.discoveryworld.protocol import PROTOCOL, parse_command
@@ -44,8 +46,10 @@ def test_catalogue_lists_35_pairs_by_5_seeds_in_the_packages_order():
     g = CATALOGUE.game("discoveryworld_7")
     assert CATALOGUE.scenario(g).name == "Combinatorial Chemistry" and CATALOGUE.scenario(g).seed == 3
     assert g.world == "discoveryworld" and CATALOGUE.game(7) == g
-    with pytest.raises(ValueError, match="not an item id"):
+    with pytest.raises(ValueError, match="is a sciworld game, not discoveryworld; pass --world sciworld"):
         CATALOGUE.game("sciworld_7")
+    with pytest.raises(ValueError, match="not an item id"):
+        CATALOGUE.game("jar_7")
     with pytest.raises(KeyError, match="outside"):
         CATALOGUE.game("discoveryworld_175")
 
@@ -120,6 +124,9 @@ def test_parse_command_on_a_hand_made_view():
     ui["dialog_box"] = {"is_in_dialog": True, "dialogOptions": {1: "hi"}}
     assert parse_command("2", ui, []).action == {"chosen_dialog_option_int": 2}
     assert parse_command("choose 1", ui, []).action == {"chosen_dialog_option_int": 1}
+    # Digits int() refuses ('²' passes str.isdigit()) are an invalid action, not an exception.
+    assert parse_command("²", ui, []).error.startswith("Invalid action")
+    assert parse_command("choose ²", ui, []).error.startswith("Invalid action")
 
 
 def test_gold_says_plainly_that_there_is_none(game, tmp_path):
@@ -214,3 +221,56 @@ def test_a_short_online_rose_run_on_discoveryworld(tiny_models, ray_cluster, tmp
     # K=2 student turns, then the teacher: both own turns in the stitched episodes.
     owners = {m["owner"] for r in rows for m in r["conversations"] if m["from"] == "gpt" and m["owner"] != "prompt"}
     assert owners == {"student", "teacher"}
+
+
+def test_a_hung_worker_times_out_and_is_killed():
+    g = DiscoveryWorldGame(call_timeout_s=2.0)
+    try:
+        g.load(CHEMISTRY)
+        os.kill(g.pid, signal.SIGSTOP)  # the game stops answering, as in an endless tick
+        with pytest.raises(GameError, match="timed out after 2 s"):
+            g.step("move east")
+        assert not g.alive() and not Path(g.workdir).exists()
+    finally:
+        g.close()
+
+
+def test_a_reply_cut_short_is_a_game_error_not_a_crash():
+    g = DiscoveryWorldGame()
+    g.kill()
+    # Stands in for a worker killed halfway through writing its reply (cannot be timed on
+    # demand with the real one): a process that answers half a JSON line, then exits.
+    g._proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline(); "
+                                "sys.stdout.write('{\"ok\": tr'); sys.stdout.flush()"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    g.closed, g._buffer = False, b""
+    with pytest.raises(GameError):
+        g.load(CHEMISTRY)
+    assert g.closed and g._proc.poll() is not None
+
+
+def test_a_worker_ends_when_its_parent_is_killed(tmp_path):
+    code = ("from rose_ray.envs.discoveryworld.game import DiscoveryWorldGame; import time; "
+            "g = DiscoveryWorldGame(); print(g.pid, g.workdir, flush=True); time.sleep(120)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid, workdir = parent.stdout.readline().split()
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    # The closed stdin ends an idle worker at once; one busy in a tick would notice within 2 s.
+    for _ in range(50):
+        if not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(int(pid), signal.SIGKILL)
+        pytest.fail("the worker outlived its parent by 10 s")
+    assert not Path(workdir).exists()
+
+
+def test_cli_takes_the_world_from_the_item_id(capsys):
+    from rose_ray.cli import main
+
+    assert main(["games", "--show", "discoveryworld_170"]) == 0
+    assert capsys.readouterr().out.startswith("discoveryworld_170  task=small-skills-moving-agents-test-normal")
+    assert main(["games", "--world", "discoveryworld", "--show", "sciworld_3"]) == 2
+    assert "is a sciworld game, not discoveryworld; pass --world sciworld" in capsys.readouterr().err

@@ -59,14 +59,17 @@ def test_eval_of_the_tiny_student_writes_json_and_markdown(tiny_models, ray_clus
 
 def test_interrupted_eval_resumes_without_replaying_finished_games(tiny_models, ray_cluster, tmp_path):
     from rose_ray.envs.catalogue import Catalogue
-    from rose_ray.evaluate import RESUME_KEYS
+    from rose_ray.evaluate import RESUME_KEYS, resume_header
 
     cfg = EvalConfig(model=str(tiny_models["student"]), split="test", n=4, max_turns=2,
                      max_new_tokens=8, concurrency=2, context_tokens=2048, out=str(tmp_path / "r"))
     games = Catalogue().sample("test", 4, 0)
     partial = tmp_path / "r.partial.jsonl"
     done = [dict(record(g.task, 100, turns=1), item_id=g.item_id, resumed=True) for g in games[:2]]
-    lines = [json.dumps({"eval_config": {k: getattr(cfg, k) for k in RESUME_KEYS}})]
+    # A header written before worlds existed (no `world`, the mapping spelled out) still matches.
+    old_header = {k: getattr(cfg, k) for k in RESUME_KEYS if k != "world"} | {"mapping": "agentgym"}
+    assert resume_header(cfg)["mapping"] == "agentgym" and resume_header(cfg)["world"] == "sciworld"
+    lines = [json.dumps({"eval_config": old_header})]
     lines += [json.dumps(r) for r in done] + ['{"item_id": "sciworld_']  # a line cut by the kill
     partial.write_text("\n".join(lines) + "\n")
     result = run_eval(cfg)

@@ -94,7 +94,16 @@ class GameCatalogue:
         """A game by integer index, `<prefix><n>` or `<n>`."""
         if isinstance(item, GameId):
             return self.game(item.item_id)
-        index = parse_item(item, self.item_prefix)
+        try:
+            index = parse_item(item, self.item_prefix)
+        except ValueError:
+            from rose_ray.envs.worlds import world_of_item
+
+            other = world_of_item(item)
+            if other is not None and other != self.world:
+                raise ValueError(f"item {item!r} is a {other} game, not {self.world}; "
+                                 f"pass --world {other} (env.world={other} for train)") from None
+            raise
         if not 0 <= index < len(self.games):
             raise KeyError(
                 f"item {item!r} is outside the {self.mapping!r} mapping (0..{len(self.games) - 1})"

@@ -43,3 +43,11 @@ def get_world(name: str | None) -> World:
         raise ValueError(f"world {name!r} needs a package that is not installed ({e.name}): "
                          f"pip install -e '.[{name}]'") from e
     return module.WORLD
+
+
+def world_of_item(item: object) -> str | None:
+    """The world an item id names by its prefix (`discoveryworld_5` -> discoveryworld)."""
+    if isinstance(item, str) and "_" in item:
+        name = item.rsplit("_", 1)[0]
+        return name if name in WORLDS else None
+    return None

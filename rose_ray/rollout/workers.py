@@ -36,10 +36,14 @@ class EnvConfig:
                 raise ValueError(f"env.{key}: must be >= 1, got {getattr(self, key)!r}")
         if self.call_timeout_s <= 0:
             raise ValueError(f"env.call_timeout_s: must be > 0, got {self.call_timeout_s!r}")
-        from rose_ray.envs.worlds import WORLDS
+        from rose_ray.envs.worlds import WORLDS, get_world
 
         if self.world not in WORLDS:
             raise ValueError(f"env.world: must be one of {sorted(WORLDS)}, got {self.world!r}")
+        try:
+            get_world(self.world).catalogue(self.mapping)
+        except ValueError as e:
+            raise ValueError(f"env.mapping: {e}") from None
 
 
 def start_env_pools(config: EnvConfig, max_turns: int | None = None) -> list[Any]:

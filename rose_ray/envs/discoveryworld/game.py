@@ -22,6 +22,8 @@ from rose_ray.envs.base import GameError, StepResult, kill_process
 from rose_ray.envs.discoveryworld.catalogue import DiscoveryWorldCatalogue
 from rose_ray.types import GameId
 
+WORKDIR_PREFIX = "rose_ray_dw_"  # each worker's private folder; the worker removes its own on exit
+
 
 class NoGoldPath(ValueError):
     """The world has no gold action paths for its scenarios."""
@@ -44,7 +46,7 @@ class DiscoveryWorldGame:
         self.call_timeout_s = call_timeout_s
         self.max_turns = max_turns
         self.catalogue = DiscoveryWorldCatalogue()
-        self.workdir = tempfile.mkdtemp(prefix="rose_ray_dw_")
+        self.workdir = tempfile.mkdtemp(prefix=WORKDIR_PREFIX)
         env = {**os.environ, "PYTHONHASHSEED": "0", "PYGAME_HIDE_SUPPORT_PROMPT": "1",
                "SDL_VIDEODRIVER": "dummy", "SDL_AUDIODRIVER": "dummy"}
         try:
@@ -54,8 +56,10 @@ class DiscoveryWorldGame:
                 cwd=self.workdir, env=env,
             )
         except OSError as e:
+            shutil.rmtree(self.workdir, ignore_errors=True)
             raise GameError(f"could not start a DiscoveryWorld worker: {e}") from e
         self.closed = False
+        self._buffer = b""
         self._read("start", start_timeout_s)
         self.game: GameId | None = None
         self.turn = 0
@@ -72,13 +76,25 @@ class DiscoveryWorldGame:
         return not self.closed and self._proc.poll() is None
 
     def _read(self, what: str, timeout_s: float) -> dict[str, Any]:
-        ready, _, _ = select.select([self._proc.stdout], [], [], timeout_s)
-        line = self._proc.stdout.readline() if ready else b""
-        if not line:
-            reason = f"timed out after {timeout_s:g} s" if not ready else "died"
+        """The worker's next reply line, within `timeout_s`; a hang, a death or a garbled
+        reply kills the worker and raises GameError."""
+        deadline = time.monotonic() + timeout_s
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            ready = remaining > 0 and select.select([fd], [], [], remaining)[0]
+            chunk = os.read(fd, 1 << 20) if ready else b""
+            if not chunk:
+                reason = "died" if ready else f"timed out after {timeout_s:g} s"
+                self.kill()
+                raise GameError(f"DiscoveryWorld {what} {reason} (worker pid {self._proc.pid})")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            reply = json.loads(line)
+        except ValueError as e:
             self.kill()
-            raise GameError(f"DiscoveryWorld {what} {reason} (worker pid {self._proc.pid})")
-        reply = json.loads(line)
+            raise GameError(f"DiscoveryWorld {what}: unreadable reply from the worker ({e})") from e
         if not reply.get("ok"):
             raise GameError(f"DiscoveryWorld {what} failed: {reply.get('error')}\n{reply.get('traceback', '')}")
         return reply
@@ -173,9 +189,7 @@ class DiscoveryWorldGame:
                 self._proc.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired):
                 pass
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(timeout=5)
+        kill_process(self._proc)  # it did not exit in time
         self._cleanup()
 
     def __enter__(self) -> DiscoveryWorldGame:

@@ -137,7 +137,8 @@ VERBS: tuple[tuple[str, str], ...] = (
     ("eat", "EAT"), ("read", "READ"), ("use", "USE"), ("choose", "CHOOSE"),
 )
 _SEPARATORS = {"PUT": (" in ", " into ", " on ", " onto ", " to "), "USE": (" on ", " with ")}
-_ID = re.compile(r"#\s*(\d+)")
+_ID = re.compile(r"#\s*([0-9]+)")
+_NUMBER = re.compile(r"[0-9]{1,9}")  # ASCII only: str.isdigit() accepts '²', which int() refuses
 MAX_ACTION_CHARS = 500  # longer text is cut: no object name is this long
 
 
@@ -174,7 +175,7 @@ def parse_command(text: str, ui: dict[str, Any], places: list[str]) -> Command:
     if not text:
         return _invalid("empty action. Reply with `Action: <command>`.")
     in_dialog = bool((ui.get("dialog_box") or {}).get("is_in_dialog"))
-    if text.isdigit():
+    if _NUMBER.fullmatch(text):
         if not in_dialog:
             return _invalid(f"'{text}' is a dialog choice, but you are not in a conversation.")
         return Command({"chosen_dialog_option_int": int(text)})
@@ -191,7 +192,7 @@ def parse_command(text: str, ui: dict[str, Any], places: list[str]) -> Command:
     if action == "CHOOSE":
         if not in_dialog:
             return _invalid("you are not in a conversation.")
-        if not rest.isdigit():
+        if not _NUMBER.fullmatch(rest):
             return _invalid(f"choose needs an option number, got '{rest[:40]}'.")
         return Command({"chosen_dialog_option_int": int(rest)})
     if action in ("MOVE_DIRECTION", "ROTATE_DIRECTION"):
@@ -202,7 +203,7 @@ def parse_command(text: str, ui: dict[str, Any], places: list[str]) -> Command:
     if action == "FEED":
         return Command({"action": "DISCOVERY_FEED_GET_UPDATES"})
     if action == "POST":
-        m = re.search(r"\d+", rest)
+        m = re.search(r"[0-9]{1,9}", rest)
         if not m:
             return _invalid(f"'{phrase}' needs a post number, got '{rest[:40]}'.")
         return Command({"action": "DISCOVERY_FEED_GET_POST_BY_ID", "arg1": int(m.group())})

@@ -22,11 +22,14 @@ import io
 import json
 import os
 import random
+import shutil
 import sys
+import threading
 import time
 import traceback
 from typing import Any
 
+from rose_ray.envs.discoveryworld.game import WORKDIR_PREFIX
 from rose_ray.envs.discoveryworld.protocol import (
     INVALID_PREFIX,
     first_observation,
@@ -101,7 +104,11 @@ class Session:
             raise RuntimeError("step before load")
         t0 = time.perf_counter()
         # Names resolve against what the agent last saw (a second renderJSON would pop messages).
-        command = parse_command(text, self.last_ui, self.places)
+        try:
+            command = parse_command(text, self.last_ui, self.places)
+        except Exception as e:  # a parser bug must not cost the episode: the agent sees it
+            return {"observation": f"{INVALID_PREFIX}: could not read '{text[:80]}' ({type(e).__name__}: {e})",
+                    "invalid": True, **self._scorecard()}
         if command.action is None:
             return {"observation": command.error, "invalid": True, **self._scorecard()}
         try:
@@ -110,6 +117,8 @@ class Session:
             self.api.agentsThatHaveActedThisStep = set()
             return {"observation": f"{INVALID_PREFIX}: the world could not carry out '{text[:80]}' ({type(e).__name__}: {e})",
                     "invalid": True, **self._scorecard()}
+        # A failure from here on is the world's, not the action's: the reply is an error, the
+        # game process is replaced and the episode restarts (as for a crashed JVM).
         self.api.tick()
         self.last_ui = self.ui.renderJSON()
         observation = render_observation(self.last_ui)
@@ -117,7 +126,23 @@ class Session:
                 **self._scorecard()}
 
 
+def _exit_with_parent(parent: int) -> None:
+    """End this process when the one that started it is gone (killed, crashed) even if the
+    game is stuck in a tick and never reads the closed stdin."""
+    while os.getppid() == parent:
+        time.sleep(2.0)
+    _remove_workdir()
+    os._exit(1)
+
+
+def _remove_workdir() -> None:
+    cwd = os.getcwd()
+    if os.path.basename(cwd).startswith(WORKDIR_PREFIX):  # only the private folder we were given
+        shutil.rmtree(cwd, ignore_errors=True)
+
+
 def main() -> None:
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # prints from C code too
@@ -145,6 +170,7 @@ def main() -> None:
             tail = captured.getvalue()[-2000:]
             reply.write(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}",
                                     "traceback": traceback.format_exc()[-3000:], "stdout_tail": tail}) + "\n")
+    _remove_workdir()
 
 
 if __name__ == "__main__":
