@@ -119,6 +119,8 @@ def main() -> None:
                         "several values: one engine and one set of levels each (default 5 50; --quick 5)")
     p.add_argument("--prefix-cache-mb", type=float, default=1024.0,
                    help="engine prefix KV cache budget (EngineConfig.prefix_cache_mb; 0 disables)")
+    p.add_argument("--max-batch-size", type=int, default=None,
+                   help="engine batch cap (EngineConfig.max_batch_size; default: the highest level)")
     p.add_argument("--models", default="~/.cache/rose_ray/tiny", help="where init_tiny builds/reuses")
     p.add_argument("--out", default=str(RESULTS / "eval.json"))
     args = p.parse_args()
@@ -144,7 +146,7 @@ def main() -> None:
     rows = []
     for wait_ms in args.max_wait_ms:
         engine_cfg = EngineConfig(model=str(model), dtype=args.dtype, context_tokens=2048,
-                                  max_batch_size=max(levels), max_wait_ms=wait_ms,
+                                  max_batch_size=args.max_batch_size or max(levels), max_wait_ms=wait_ms,
                                   prefix_cache_mb=args.prefix_cache_mb)
         student, _ = start_agents(engine_cfg, None, student_cpus=args.engine_cpus)
         # Engine warm-up, untimed: model load and the first forward's allocations.
@@ -189,7 +191,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "bench": "eval", "quick": args.quick, "model": str(model), "dtype": args.dtype,
-        "engine_threads": threads, "prefix_cache_mb": args.prefix_cache_mb, "engine_cpus": args.engine_cpus, "max_wait_ms": args.max_wait_ms, "env_cpus": args.env_cpus,
+        "engine_threads": threads, "max_batch_size": args.max_batch_size or max(levels), "prefix_cache_mb": args.prefix_cache_mb, "engine_cpus": args.engine_cpus, "max_wait_ms": args.max_wait_ms, "env_cpus": args.env_cpus,
         "split": args.split, "games": [g.item_id for g in games], "max_turns": args.max_turns,
         "max_new_tokens": args.max_new_tokens, "cpu_count": os.cpu_count(),
         "machine": platform.machine(), "loadavg_start": load_start, "loadavg_end": load_end,
