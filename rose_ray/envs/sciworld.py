@@ -186,9 +186,7 @@ class SciWorldGame:
                 self._proc.wait(timeout=5)
             except Exception:
                 pass
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(timeout=5)
+        kill_process(self._proc)  # it did not exit in time
 
     def __enter__(self) -> SciWorldGame:
         return self

@@ -59,7 +59,6 @@ class Session:
         self.ui: Any = None
         self.places: list[str] = []
         self.last_ui: dict[str, Any] = {}
-        self.start_score = 0.0
 
     def load(self, scenario: str, difficulty: str, seed: int) -> dict[str, Any]:
         from discoveryworld.DiscoveryWorldAPI import DiscoveryWorldAPI
@@ -89,15 +88,17 @@ class Session:
         api.ui = [self.ui]
         world.tick()
         self.places = sorted(world.getTeleportLocations())
-        card = self._scorecard()
-        self.start_score = card["score"]
         self.last_ui = self.ui.renderJSON()
-        return {"observation": first_observation(self.last_ui, self.places), **card}
+        return {"observation": first_observation(self.last_ui, self.places), **self._scorecard()}
 
     def _scorecard(self) -> dict[str, Any]:
         card = self.api.getTaskScorecard()[0]
         return {"score": float(card["scoreNormalized"]), "completed": bool(card["completed"]),
                 "success": bool(card["completedSuccessfully"])}
+
+    def _invalid(self, observation: str) -> dict[str, Any]:
+        """A turn that changed nothing in the world: the message is the observation."""
+        return {"observation": observation, "invalid": True, **self._scorecard()}
 
     def step(self, text: str) -> dict[str, Any]:
         if self.api is None:
@@ -107,16 +108,15 @@ class Session:
         try:
             command = parse_command(text, self.last_ui, self.places)
         except Exception as e:  # a parser bug must not cost the episode: the agent sees it
-            return {"observation": f"{INVALID_PREFIX}: could not read '{text[:80]}' ({type(e).__name__}: {e})",
-                    "invalid": True, **self._scorecard()}
+            return self._invalid(f"{INVALID_PREFIX}: could not read '{text[:80]}' ({type(e).__name__}: {e})")
         if command.action is None:
-            return {"observation": command.error, "invalid": True, **self._scorecard()}
+            return self._invalid(command.error)
         try:
             self.api.performAgentAction(0, command.action)
         except Exception as e:  # a package bug on a parsed action: the agent sees it, the game goes on
             self.api.agentsThatHaveActedThisStep = set()
-            return {"observation": f"{INVALID_PREFIX}: the world could not carry out '{text[:80]}' ({type(e).__name__}: {e})",
-                    "invalid": True, **self._scorecard()}
+            return self._invalid(f"{INVALID_PREFIX}: the world could not carry out '{text[:80]}' "
+                                 f"({type(e).__name__}: {e})")
         # A failure from here on is the world's, not the action's: the reply is an error, the
         # game process is replaced and the episode restarts (as for a crashed JVM).
         self.api.tick()
