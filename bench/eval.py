@@ -76,7 +76,6 @@ def run_level(concurrency: int, games: list, student: Any, args: argparse.Namesp
         close_pools(pools)
     runs.sort(key=lambda r: r["episodes_per_s"])
     return {"concurrency": concurrency, **runs[len(runs) // 2],
-            "runs_episodes_per_s": [r["episodes_per_s"] for r in runs],
             "runs": [{k: v for k, v in r.items() if k != "item_turns"} for r in runs]}
 
 
@@ -171,8 +170,9 @@ def main() -> None:
                    help="engine prefix KV cache budget (EngineConfig.prefix_cache_mb; 0 disables)")
     p.add_argument("--max-batch-size", type=int, default=None,
                    help="engine batch cap (EngineConfig.max_batch_size; default: the highest level)")
-    p.add_argument("--warmup-games", type=int, default=16,
-                   help="untimed scripted games per env slot before each level (0: cold JVMs)")
+    p.add_argument("--warmup-games", type=int, default=None,
+                   help="untimed scripted games per env slot before each level (default 16; --quick 2; "
+                        "0: cold JVMs)")
     p.add_argument("--repeat", type=int, default=None, help="timed runs per level, median reported "
                    "(default 3; --quick 1)")
     p.add_argument("--models", default="~/.cache/rose_ray/tiny", help="where init_tiny builds/reuses")
@@ -183,8 +183,8 @@ def main() -> None:
     args.max_turns = args.max_turns or (3 if args.quick else 6)
     args.max_wait_ms = args.max_wait_ms or ([5.0] if args.quick else [5.0, 50.0])
     args.repeat = args.repeat or (1 if args.quick else 3)
-    if args.quick and args.warmup_games == p.get_default("warmup_games"):
-        args.warmup_games = 2
+    if args.warmup_games is None:
+        args.warmup_games = 2 if args.quick else 16
     if min(levels) < 1 or n_games < 1 or args.max_turns < 1 or args.repeat < 1 or args.warmup_games < 0:
         p.error("--concurrency, --games, --max-turns and --repeat must be >= 1, --warmup-games >= 0")
 
@@ -217,7 +217,7 @@ def main() -> None:
             row = {"max_wait_ms": wait_ms, **run_level(c, games, student, args)}
             group.append(row)
             print(f"  max_wait_ms {wait_ms:g}, concurrency {c}: {row['episodes']} episodes, runs at "
-                  + ", ".join(f"{x:.3f}" for x in row["runs_episodes_per_s"]) + " episodes/s", flush=True)
+                  + ", ".join(f"{x['episodes_per_s']:.3f}" for x in row["runs"]) + " episodes/s", flush=True)
         ray.kill(student.engine)
         base = next((r for r in group if r["concurrency"] == 1), group[0])
         for r in group:

@@ -61,6 +61,26 @@ class Game(Protocol):
     def close(self) -> None: ...
 
 
+class ProcessGame:
+    """Closes its game's process at the end of a `with` block and when garbage-collected
+    (subclasses define `close`)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # a half-built game, or interpreter shutdown
+            pass
+
+
 def kill_process(proc: subprocess.Popen) -> None:
     """SIGKILL a game's process if it still runs, and reap it (after a hang or a crash)."""
     if proc.poll() is None:

@@ -14,7 +14,7 @@ from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
 from py4j.protocol import Py4JError
 from scienceworld.constants import BASEPATH, JAR_PATH
 
-from rose_ray.envs.base import GameError, StepResult, kill_process
+from rose_ray.envs.base import GameError, ProcessGame, StepResult, kill_process
 from rose_ray.envs.protocol import first_observation, is_success, normalise_score
 from rose_ray.types import GameId
 
@@ -33,7 +33,7 @@ if _not_from_py4j not in logging.getLogger().filters:
 DEFAULT_HEAP = "256m"  # 128m runs out of memory generating gold paths
 
 
-class SciWorldGame:
+class SciWorldGame(ProcessGame):
     """A ScienceWorld JVM holding one game at a time (score: max(raw, 0)/100, success: 100).
 
     Every call to the JVM is bounded by `call_timeout_s`; a call that fails or times out
@@ -187,15 +187,3 @@ class SciWorldGame:
             except Exception:
                 pass
         kill_process(self._proc)  # it did not exit in time
-
-    def __enter__(self) -> SciWorldGame:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass

@@ -18,7 +18,7 @@ import tempfile
 import time
 from typing import Any
 
-from rose_ray.envs.base import GameError, StepResult, kill_process
+from rose_ray.envs.base import GameError, ProcessGame, StepResult, kill_process
 from rose_ray.envs.discoveryworld.catalogue import DiscoveryWorldCatalogue
 from rose_ray.types import GameId
 
@@ -29,7 +29,7 @@ class NoGoldPath(ValueError):
     """The world has no gold action paths for its scenarios."""
 
 
-class DiscoveryWorldGame:
+class DiscoveryWorldGame(ProcessGame):
     """A worker process holding one DiscoveryWorld game at a time.
 
     Score: the package's normalised score, rescaled so the starting score is 0 and the
@@ -191,15 +191,3 @@ class DiscoveryWorldGame:
                 pass
         kill_process(self._proc)  # it did not exit in time
         self._cleanup()
-
-    def __enter__(self) -> DiscoveryWorldGame:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
