@@ -96,7 +96,7 @@ def _play(args: argparse.Namespace) -> int:
 def _init_tiny(args: argparse.Namespace) -> int:
     from rose_ray.models import count_parameters, init_tiny, load_model
 
-    paths = init_tiny(args.out, seed=args.seed)
+    paths = init_tiny(args.out, seed=args.seed, style=args.style)
     for role, path in paths.items():
         print(f"{role}: {path} ({count_parameters(load_model(path)):,} parameters)")
     return 0
@@ -109,6 +109,19 @@ def world_args(g: argparse.ArgumentParser) -> None:
                    help=f"default: the world an item id names, else {DEFAULT_WORLD}")
     g.add_argument("--mapping", choices=["agentgym", "agentgym_traj"],
                    help="ScienceWorld's item-id mapping (default agentgym)")
+
+
+def conversation_args(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--instruction-from", metavar="JSONL",
+                   help="take the instruction and acknowledgement from a dataset's first row "
+                        "(default: rose_ray's own wording; `continue`: each row's own)")
+    g.add_argument("--enable-thinking", action="store_true",
+                   help="turn the chat template's thinking mode on (Qwen3); off by default")
+
+
+def schema_arg(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--schema", choices=["card", "agentgym"], default="card",
+                   help="rows as the dataset card writes them (role/content) or as AgentGym does (from/value)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("init-tiny", help="build a tiny tokenizer and tiny Qwen3 student/teacher")
     g.add_argument("--out", required=True)
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--style", choices=["plain", "qwen3"], default="plain",
+                   help="qwen3: Qwen3's special tokens (<think> too) and a chat template that behaves like Qwen3's")
     g.set_defaults(func=_init_tiny)
 
     g = sub.add_parser("train", help="online ROSE (or opd / teacher_sft) on a Ray cluster or this machine")
@@ -137,6 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. steps=20")
     g.set_defaults(func="rose_ray.train:cli_main")
+
+    g = sub.add_parser("check", help="preflight a config: tokenizers, chat templates, games, placement; exit 2 on the first problem")
+    g.add_argument("config", help="YAML config")
+    g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    g.add_argument("--tokenizer-for", action="append", metavar="MODEL=DIR",
+                   help="a local tokenizer folder standing in for a model not on disk (repeatable)")
+    g.add_argument("--node", action="append", metavar="[Nx]RES=N,...",
+                   help="plan on described nodes instead of a cluster, e.g. --node 2xCPU=64,GPU=8 (repeatable)")
+    g.add_argument("--address", help="Ray cluster to plan on (default: RAY_ADDRESS, else a local cluster)")
+    g.add_argument("--total", action="store_true", help="plan on total resources, not what is free now")
+    g.set_defaults(func="rose_ray.check:check_main")
 
     # --- plan (cluster) ---
     g = sub.add_parser("plan", help="print where each actor of a config would go on the cluster; exit 2 if it can't fit")
@@ -161,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--handoff", type=int)
     g.add_argument("--concurrency", type=int, default=8, help="episodes at once")
     g.add_argument("--env-workers", type=int, default=1)
-    g.add_argument("--context-tokens", type=int, default=4096)
+    g.add_argument("--context-tokens", type=int, default=16384, help="prompt + reply tokens (the card's 16,384)")
+    conversation_args(g)
     g.add_argument("--tokenizer", help="tokenizer folder (needed for openai: models)")
     g.add_argument("--served-model", default="", help="model name an openai: server expects")
     g.add_argument("--out", help="results prefix: writes OUT.json and OUT.md")
@@ -174,7 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--max-new-tokens", type=int, default=512)
         g.add_argument("--concurrency", type=int, default=8, help="episodes at once")
         world_args(g)
-        g.add_argument("--context-tokens", type=int, default=4096)
+        g.add_argument("--context-tokens", type=int, default=16384, help="prompt + reply tokens (the card's 16,384)")
+        conversation_args(g)
+        schema_arg(g)
 
     g = sub.add_parser("collect", help="write student prefixes: the first K turns of each game")
     g.add_argument("--model", required=True)
@@ -200,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--workers", type=int, default=2, help="games at once")
     world_args(g)
+    g.add_argument("--instruction-from", metavar="JSONL",
+                   help="take the instruction and acknowledgement from a dataset's first row")
+    schema_arg(g)
     g.add_argument("--out", required=True)
     g.set_defaults(func="rose_ray.datasets:gold_main")
 

@@ -90,6 +90,15 @@ class TeacherWarmupConfig:
 
 
 @dataclass
+class ChatConfig:
+    """How conversations are rendered through the models' chat templates."""
+
+    # Passed to the template as `enable_thinking` (Qwen3's switch; other templates ignore it).
+    # False: the generation prompt holds an empty think block and the model answers at once.
+    enable_thinking: bool = False
+
+
+@dataclass
 class ResourcesConfig:
     """Ray resources per role (CPU counts on a laptop; GPUs on a cluster)."""
 
@@ -118,6 +127,7 @@ class TrainConfig:
     tiny_dir: str = "~/.cache/rose_ray/tiny"
     ray_address: str | None = None  # None: RAY_ADDRESS or a private local cluster; "auto": join `ray start`
     env: EnvConfig = field(default_factory=EnvConfig)
+    chat: ChatConfig = field(default_factory=ChatConfig)
     student_engine: EngineConfig = field(default_factory=lambda: EngineConfig(model="tiny:student"))
     teacher_engine: EngineConfig = field(default_factory=lambda: EngineConfig(model="tiny:teacher"))
     learner: LearnerConfig = field(
@@ -141,6 +151,12 @@ class TrainConfig:
             raise ConfigError(
                 f"learner.algorithm: must be {wanted!r} for algorithm {self.algorithm!r}, "
                 f"got {self.learner.algorithm!r}"
+            )
+        if self.learner.context_policy != self.student_engine.context_policy:
+            raise ConfigError(
+                f"learner.context_policy: {self.learner.context_policy!r} differs from "
+                f"student_engine.context_policy {self.student_engine.context_policy!r}; the learner "
+                "must cut a long trajectory the way the engine did (set both)"
             )
         if self.learner.max_tokens > self.student_engine.context_tokens:
             raise ConfigError(

@@ -1,8 +1,14 @@
-"""JSONL datasets in the AgentGym conversation schema: read, validate, write, convert to Turns.
+"""JSONL datasets of whole conversations: read, validate, write, convert to Turns.
 
 A row is one episode: `item_id`, `conversations` (required) and `task`, `var`, `score`,
-`success`, `rounds` (optional). Each conversation message is
-`{"from": "human"|"gpt", "value": str, "loss": bool|null (optional), "owner": OWNER (optional)}`.
+`success`, `rounds` (optional). Two message schemas are read (one per row):
+
+- the dataset card's (student_partial_sciworld): `{"role": "user"|"assistant", "content": str}`,
+  `success` an integer 0/1 (1 when score == 1), `score` ScienceWorld's completion in [0, 1];
+- AgentGym's: `{"from": "human"|"gpt", "value": str, "loss": bool|null}`.
+
+Either may carry `owner` (prompt, env, student, teacher) and `truncated` (the reply hit
+max_new_tokens) per message; `collect`, `continue` and `gold` write the card's by default.
 Bad rows raise `DataError` naming the file, line and key.
 """
 
@@ -16,8 +22,12 @@ from typing import Any
 
 from rose_ray.types import OWNERS, GameId, Trajectory, Turn
 
-ROLES = {"human": "user", "gpt": "assistant"}
-_OPTIONAL = {"task": str, "var": int, "score": (int, float), "success": bool, "rounds": int}
+# Per schema: (role key, text key, {the schema's role name: our role}).
+MESSAGE_KEYS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "card": ("role", "content", {"user": "user", "assistant": "assistant"}),
+    "agentgym": ("from", "value", {"human": "user", "gpt": "assistant"}),
+}
+_OPTIONAL = {"task": str, "var": int, "rounds": int}
 
 
 class DataError(ValueError):
@@ -28,8 +38,28 @@ def _fail(where: str, key: str, msg: str) -> DataError:
     return DataError(f"{where}: {key}: {msg}")
 
 
+def message_schema(msg: dict[str, Any]) -> str | None:
+    """"card" for a role/content message, "agentgym" for from/value, else None."""
+    if "role" in msg or "content" in msg:
+        return "card"
+    if "from" in msg or "value" in msg:
+        return "agentgym"
+    return None
+
+
+def row_schema(row: dict[str, Any]) -> str | None:
+    """The schema of a validated row's messages."""
+    return message_schema(row["conversations"][0])
+
+
+def message_text(msg: dict[str, Any]) -> tuple[str, str]:
+    """(our role "user"/"assistant", text) of a validated message of either schema."""
+    role_key, text_key, roles = MESSAGE_KEYS[message_schema(msg) or "card"]
+    return roles[msg[role_key]], msg[text_key]
+
+
 def validate_row(row: Any, where: str = "row") -> dict[str, Any]:
-    """Check one row against the schema; returns it unchanged or raises DataError."""
+    """Check one row against either schema; returns it unchanged or raises DataError."""
     if not isinstance(row, dict):
         raise _fail(where, "row", f"expected a JSON object, got {type(row).__name__}")
     if not isinstance(row.get("item_id"), str) or not row["item_id"]:
@@ -37,25 +67,49 @@ def validate_row(row: Any, where: str = "row") -> dict[str, Any]:
     for key, kind in _OPTIONAL.items():
         value = row.get(key)
         # bool is an int subclass: reject True as a `var` or `rounds`
-        bad_bool = isinstance(value, bool) and kind is not bool
-        if value is not None and (bad_bool or not isinstance(value, kind)):
-            raise _fail(where, key, f"expected {getattr(kind, '__name__', 'a number')}, got {value!r}")
-    conv = row.get("conversations")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise _fail(where, key, f"expected {kind.__name__}, got {value!r}")
+    score = row.get("score")
+    if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))
+                              or not 0.0 <= score <= 1.0):
+        raise _fail(where, "score", f"expected the completion in [0, 1] (a game score of 0..100 "
+                    f"divided by 100; failures count 0), got {score!r}")
+    success = row.get("success")
+    if success is not None and success not in (0, 1):  # 0/1 (the card), false/true (AgentGym)
+        raise _fail(where, "success", f"expected 0 or 1 (or false/true), got {success!r}")
+    validate_conversation(row.get("conversations"), where)
+    return row
+
+
+def validate_conversation(conv: Any, where: str = "row") -> list[dict[str, Any]]:
+    """Check a row's `conversations` (messages of one schema); returns it or raises DataError."""
     if not isinstance(conv, list) or not conv:
         raise _fail(where, "conversations", "expected a non-empty list of messages")
+    schema = None
     for i, msg in enumerate(conv):
         key = f"conversations[{i}]"
         if not isinstance(msg, dict):
             raise _fail(where, key, f"expected an object, got {type(msg).__name__}")
-        if msg.get("from") not in ROLES:
-            raise _fail(where, f"{key}.from", f"expected 'human' or 'gpt', got {msg.get('from')!r}")
-        if not isinstance(msg.get("value"), str):
-            raise _fail(where, f"{key}.value", f"expected a string, got {msg.get('value')!r}")
-        if msg.get("loss") is not None and not isinstance(msg["loss"], bool):
-            raise _fail(where, f"{key}.loss", f"expected true, false or null, got {msg['loss']!r}")
+        this = message_schema(msg)
+        if this is None:
+            raise _fail(where, key, "expected a message with 'role'/'content' (the card's schema) "
+                        f"or 'from'/'value' (AgentGym's), got keys {sorted(msg)}")
+        if schema is not None and this != schema:
+            raise _fail(where, key, f"a {this} message in a row of {schema} messages "
+                        "(one schema per row: role/content or from/value)")
+        schema = this
+        role_key, text_key, roles = MESSAGE_KEYS[this]
+        if msg.get(role_key) not in roles:
+            raise _fail(where, f"{key}.{role_key}", f"expected {' or '.join(map(repr, roles))}, "
+                        f"got {msg.get(role_key)!r}")
+        if not isinstance(msg.get(text_key), str):
+            raise _fail(where, f"{key}.{text_key}", f"expected a string, got {msg.get(text_key)!r}")
+        for flag in ("loss", "truncated"):
+            if msg.get(flag) is not None and not isinstance(msg[flag], bool):
+                raise _fail(where, f"{key}.{flag}", f"expected true, false or null, got {msg[flag]!r}")
         if msg.get("owner") is not None and msg["owner"] not in OWNERS:
             raise _fail(where, f"{key}.owner", f"expected one of {OWNERS}, got {msg['owner']!r}")
-    return row
+    return conv
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -98,22 +152,25 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
 def row_to_turns(row: dict[str, Any]) -> list[Turn]:
     """Turns of a row (text only; batching renders them through the chat template).
 
-    Owners, unless a message names one: the first human message is the "prompt", later ones
-    "env"; gpt messages are "teacher" (datasets hold teacher or gold play), or "prompt"
-    (context, never trained) when `loss` is false, e.g. the acknowledgement of the instruction.
+    Owners, unless a message names one: the first user message (the instruction) and the
+    assistant message right after it (its acknowledgement) are the "prompt", later user
+    messages "env"; other assistant messages are "teacher" (datasets hold teacher or gold
+    play). `loss: false` makes an assistant message "prompt" (context, never trained).
     """
     turns = []
     for i, msg in enumerate(row["conversations"]):
-        role = ROLES[msg["from"]]
+        role, text = message_text(msg)
         owner = msg.get("owner")
         if owner is None:
             if role == "user":
                 owner = "prompt" if i == 0 else "env"
+            elif i == 1 and msg.get("loss") is not True:
+                owner = "prompt"  # the protocol's acknowledgement of the instruction
             else:
-                owner = "prompt" if msg.get("loss") is False else "teacher"
+                owner = "teacher"
         if role == "assistant" and msg.get("loss") is False:
             owner = "prompt"  # an explicit "no loss" wins over a named owner: context only
-        turns.append(Turn(role=role, text=msg["value"], owner=owner))
+        turns.append(Turn(role=role, text=text, owner=owner, truncated=bool(msg.get("truncated"))))
     return turns
 
 
@@ -127,3 +184,4 @@ def row_to_trajectory(row: dict[str, Any]) -> Trajectory:
         success=bool(row.get("success") or False),
         rounds=int(row.get("rounds") or 0),
     )
+

@@ -8,11 +8,15 @@
 - `rose-ray continue --teacher T --in prefixes.jsonl --max-turns M --out stitched.jsonl`:
   replays each recorded prefix in a fresh game, checks every observation against the record
   (a mismatch is reported and the row skipped), then the teacher plays on to M turns in all.
-- `rose-ray check-data FILE`: schema check with line numbers, and which catalogue mapping
-  the item ids follow.
+  Each row is continued from its own instruction and acknowledgement (its first two
+  messages), so the teacher continues the very conversation the student had.
+- `rose-ray check-data FILE`: schema check with line numbers; which schema (the card's or
+  AgentGym's) and which catalogue mapping the rows follow.
 
-Rows follow the seed schema (`item_id, task, var, score, success, rounds, conversations`);
-each message also keeps its `owner` (prompt, env, student, teacher).
+Rows are written in the dataset card's schema (`item_id, task, var, score, success, rounds,
+conversations` of `role`/`content` messages) unless `--schema agentgym` asks for AgentGym's
+`from`/`value` form; each message also keeps its `owner` (prompt, env, student, teacher).
+`--instruction-from FILE` takes the instruction and acknowledgement from a dataset's first row.
 """
 
 from __future__ import annotations
@@ -23,11 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from rose_ray.data import read_jsonl, row_to_turns, write_jsonl
+from rose_ray.data import message_text, read_jsonl, row_schema, row_to_turns, write_jsonl
 from rose_ray.envs.base import StepResult
 from rose_ray.envs.catalogue import MAPPINGS, Catalogue, GameCatalogue, parse_item
 from rose_ray.envs.protocol import Protocol
-from rose_ray.envs.worlds import get_world
+from rose_ray.envs.worlds import get_world, world_protocol
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
 
@@ -40,8 +44,8 @@ def gold_thought(action: str) -> str:
 
 
 def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str]],
-                last: StepResult, protocol: Protocol) -> dict[str, Any]:
-    """A gold episode as a seed-schema row (teacher-owned assistant turns)."""
+                last: StepResult, protocol: Protocol, schema: str = "card") -> dict[str, Any]:
+    """A gold episode as a dataset row (teacher-owned assistant turns)."""
     turns = [Turn("user", protocol.instruction, "prompt"), Turn("assistant", protocol.acknowledgement, "prompt"),
              Turn("user", first_observation, "env")]
     for action, observation in steps:
@@ -49,11 +53,11 @@ def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str
         turns.append(Turn("user", observation, "env"))
     t = Trajectory(game=game, turns=turns, score=last.score, raw_score=last.raw_score,
                    success=last.success, rounds=len(steps), teacher_id="gold")
-    return t.to_record()
+    return t.to_record(schema)
 
 
-def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200,
-              progress: bool = True) -> tuple[list[dict[str, Any]], list[str]]:
+def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, progress: bool = True,
+              protocol: Protocol | None = None, schema: str = "card") -> tuple[list[dict[str, Any]], list[str]]:
     """Play each game's gold path on `workers` game processes; returns (rows, problems)."""
     from rose_ray.envs.pool import EnvPool
 
@@ -65,7 +69,7 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200,
     if len(worlds) > 1:
         raise ValueError(f"gold: games of several worlds ({sorted(worlds)}); make one dataset per world")
     world = get_world(worlds.pop() if worlds else None)
-    protocol = world.protocol
+    protocol = protocol or world.protocol
     pool = EnvPool(num_games=max(1, min(workers, len(games))), world=world.name)
     free: list[int] = list(range(pool.num_games()))
     problems: list[str] = []
@@ -86,7 +90,7 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200,
                     break
             if not result.success:
                 problems.append(f"{game.item_id}: gold path reached {result.raw_score}, not success")
-            return gold_record(game, first.observation, steps, result, protocol)
+            return gold_record(game, first.observation, steps, result, protocol, schema)
         finally:
             free.append(slot)
 
@@ -117,11 +121,13 @@ class PlayConfig:
     world: str
     mapping: str | None
     context_tokens: int
+    enable_thinking: bool
 
 
-def _play(cfg: PlayConfig, games: list[GameId], replays: list[list[Turn]] | None = None
-          ) -> tuple[list[Trajectory | None], list[str]]:
-    """Episodes over Ray actors; with `replays`, each game first replays its recorded turns."""
+def _play(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol],
+          replays: list[list[Turn]] | None = None) -> tuple[list[Trajectory | None], list[str]]:
+    """Episodes over Ray actors, each opened by its protocol; with `replays`, each game first
+    replays its recorded turns."""
     from rose_ray.inference.engine import EngineConfig
     from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig, ReplayMismatch, run_episode
     from rose_ray.rollout.workers import (
@@ -144,7 +150,8 @@ def _play(cfg: PlayConfig, games: list[GameId], replays: list[list[Turn]] | None
         def engine(model: str) -> EngineConfig:
             return EngineConfig(model=model, context_tokens=cfg.context_tokens, max_batch_size=cfg.concurrency)
 
-        student, teacher = start_agents(engine(cfg.model), engine(cfg.teacher) if cfg.teacher else None)
+        student, teacher = start_agents(engine(cfg.model), engine(cfg.teacher) if cfg.teacher else None,
+                                        enable_thinking=cfg.enable_thinking)
         sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
         episode_cfg = EpisodeConfig(max_turns=cfg.max_turns, student_sampling=sampling, teacher_sampling=sampling)
         handoff = HandoffConfig(cfg.handoff)
@@ -152,7 +159,7 @@ def _play(cfg: PlayConfig, games: list[GameId], replays: list[list[Turn]] | None
 
         async def one(i: int, game: GameId) -> Trajectory | None:
             async def episode(g, slot):
-                return await run_episode(g, slot, student, teacher, episode_cfg, handoff,
+                return await run_episode(g, slot, student, teacher, episode_cfg, handoff, protocol=protocols[i],
                                          replay=replays[i] if replays else None)
             try:
                 return await runner.play(game, episode)
@@ -174,8 +181,13 @@ def _games_of_rows(rows: list[dict[str, Any]], catalogue: GameCatalogue) -> list
 
 
 def _replay_turns(row: dict[str, Any]) -> list[Turn]:
-    """A row's turns after the opening (first observation, then action/observation pairs)."""
+    """A row's turns after the opening (first observation, then action/observation pairs).
+    A recorded action without an owner is the student's: `continue` goes on from student
+    prefixes (the card's rows name no owners)."""
     turns = row_to_turns(row)
+    for turn, msg in zip(turns, row["conversations"]):
+        if turn.role == "assistant" and turn.owner == "teacher" and msg.get("owner") is None:
+            turn.owner = "student"
     start = next((i for i, t in enumerate(turns) if t.owner == "env"), None)
     if start is None:
         raise ValueError(f"{row['item_id']}: no observation in the conversation")
@@ -225,8 +237,9 @@ def detect_mapping(rows: list[dict[str, Any]], sample: int = 20, live: bool = Tr
 
 def _row_task_description(row: dict[str, Any]) -> str | None:
     for msg in row["conversations"][1:]:
-        if msg["from"] == "human" and msg.get("owner") != "prompt":
-            return msg["value"].split("\n", 1)[0].strip()
+        role, text = message_text(msg)
+        if role == "user" and msg.get("owner") != "prompt":
+            return text.split("\n", 1)[0].strip()
     return None
 
 
@@ -240,12 +253,13 @@ def gold_main(args) -> int:
         raise ValueError(f"{args.world} has no gold action paths for any of its games, so there is "
                          "nothing to write; eval, collect and train work without gold demonstrations")
     catalogue = _catalogue(args)
+    protocol = world_protocol(args.world, args.instruction_from)
     games = catalogue.sample(args.split, args.n, args.seed) if args.n else catalogue.split(args.split)
-    rows, problems = gold_rows(games, workers=args.workers)
+    rows, problems = gold_rows(games, workers=args.workers, protocol=protocol, schema=args.schema)
     for p in problems:
         print(f"gold: {p}", file=sys.stderr)
     n = write_jsonl(args.out, rows)
-    print(f"gold: wrote {n} rows to {args.out} ({sum(r['success'] for r in rows)} succeed)")
+    print(f"gold: wrote {n} rows ({args.schema} schema) to {args.out} ({sum(r['success'] for r in rows)} succeed)")
     return 0
 
 
@@ -254,18 +268,20 @@ def _play_config(args, model: str, teacher: str | None, handoff: str, max_turns:
         model=model, teacher=teacher, split=getattr(args, "split", None), n=getattr(args, "n", None),
         seed=args.seed, max_turns=max_turns, handoff=handoff, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
         concurrency=args.concurrency, world=args.world or "sciworld", mapping=args.mapping,
-        context_tokens=args.context_tokens,
+        context_tokens=args.context_tokens, enable_thinking=args.enable_thinking,
     )
 
 
 def collect_main(args) -> int:
     catalogue = _catalogue(args)
+    protocol = world_protocol(args.world, args.instruction_from)
     games = catalogue.sample(args.split, args.n, args.seed) if args.n else catalogue.split(args.split)
-    trajectories, problems = _play(_play_config(args, args.model, None, "none", args.turns), games)
+    trajectories, problems = _play(_play_config(args, args.model, None, "none", args.turns), games,
+                                   [protocol] * len(games))
     for p in problems:
         print(f"collect: {p}", file=sys.stderr)
-    n = write_jsonl(args.out, [t.to_record() for t in trajectories if t is not None])
-    print(f"collect: wrote {n} student prefixes ({args.turns} turns) to {args.out}")
+    n = write_jsonl(args.out, [t.to_record(args.schema) for t in trajectories if t is not None])
+    print(f"collect: wrote {n} student prefixes ({args.turns} turns, {args.schema} schema) to {args.out}")
     return 0
 
 
@@ -278,14 +294,20 @@ def continue_main(args) -> int:
     catalogue = _catalogue(args)
     games = _games_of_rows(rows, catalogue)
     replays = [_replay_turns(r) for r in rows]
+    # Each row goes on from its own opening, unless --instruction-from names another.
+    if args.instruction_from:
+        protocols = [world_protocol(args.world, args.instruction_from)] * len(rows)
+    else:
+        protocol = get_world(args.world).protocol
+        protocols = [protocol.with_opening_of(r, f"{args.input} row {n}") for n, r in enumerate(rows, 1)]
     # The student's engine only lends its tokenizer here; by default the teacher's is used.
     cfg = _play_config(args, args.student or args.teacher, args.teacher, "teacher_only", args.max_turns)
-    trajectories, problems = _play(cfg, games, replays)
+    trajectories, problems = _play(cfg, games, protocols, replays)
     for p in problems:
         print(f"continue: {p}", file=sys.stderr)
-    kept = [t.to_record() for t in trajectories if t is not None]
+    kept = [t.to_record(args.schema) for t in trajectories if t is not None]
     n = write_jsonl(args.out, kept)
-    print(f"continue: wrote {n} stitched rows to {args.out}; {len(rows) - n} skipped")
+    print(f"continue: wrote {n} stitched rows ({args.schema} schema) to {args.out}; {len(rows) - n} skipped")
     return 0
 
 
@@ -295,7 +317,11 @@ def check_data_main(args) -> int:
     for r in rows:
         for m in r["conversations"]:
             owners[m.get("owner", "?")] = owners.get(m.get("owner", "?"), 0) + 1
-    print(f"{args.file}: {len(rows)} rows, schema OK; messages by owner: {owners}")
+    schemas: dict[str, int] = {}
+    for r in rows:
+        schemas[row_schema(r)] = schemas.get(row_schema(r), 0) + 1
+    found = ", ".join(f"{SCHEMA_NAMES[k]}: {v} rows" for k, v in schemas.items())
+    print(f"{args.file}: {len(rows)} rows, schema OK ({found}); messages by owner: {owners}")
     if rows and all(str(r["item_id"]).startswith("discoveryworld_") for r in rows):
         return _check_discoveryworld(rows)
     found = detect_mapping(rows, sample=args.sample, live=not args.no_jvm)
@@ -312,6 +338,9 @@ def check_data_main(args) -> int:
         return 0
     print("error: the item ids fit no mapping: the rows' tasks differ from the games'", file=sys.stderr)
     return 1
+
+
+SCHEMA_NAMES = {"card": "the card's schema (role/content)", "agentgym": "AgentGym's schema (from/value)"}
 
 
 def _check_discoveryworld(rows: list[dict[str, Any]]) -> int:

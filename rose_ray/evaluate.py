@@ -37,8 +37,10 @@ class EvalConfig:
     handoff: int | None = None  # student turns before the teacher takes over
     concurrency: int = 8
     env_workers: int = 1
-    context_tokens: int = 4096
+    context_tokens: int = 16384  # the card's context
     dtype: str = "auto"
+    instruction_from: str | None = None  # a dataset whose first row gives the instruction
+    enable_thinking: bool = False  # passed to the chat template (Qwen3)
     tokenizer: str | None = None  # needed for openai: models
     served_model: str = ""  # the model name an openai: server expects
     out: str = "eval"  # results go to <out>.json and <out>.md
@@ -66,6 +68,7 @@ def game_record(t: Trajectory) -> dict[str, Any]:
         "raw_score": t.raw_score, "score": t.score, "success": bool(t.success), "pass": t.score > 0,
         "turns": t.rounds, "invalid_actions": t.invalid_actions,
         "invalid_rate": t.invalid_actions / actions, "handoff_turn": t.handoff_turn,
+        "truncated_turns": t.truncated_turns, "cut_before_action": t.cut_before_action,
         "end_reason": t.end_reason, "attempts": int(t.timing.get("attempts", 1)),
     }
 
@@ -83,6 +86,8 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
             "pass": sum(bool(r["pass"]) for r in rows) / n if n else 0.0,
             "mean_turns": turns / n if n else 0.0,
             "invalid_action_rate": sum(r["invalid_actions"] for r in rows) / turns if turns else 0.0,
+            # replies that ran out of tokens before an `Action:` line (older partial files lack it)
+            "cut_before_action_rate": sum(r.get("cut_before_action", 0) for r in rows) / turns if turns else 0.0,
         }
 
     by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -92,21 +97,19 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(summary: dict[str, Any], title: str) -> str:
-    o = summary["overall"]
-    lines = [
-        f"# {title}", "",
-        "| games | Score | Success | Pass | mean turns | invalid actions |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
-        f"| {o['games']} | {o['score']:.4f} | {o['success']:.3f} | {o['pass']:.3f} | "
-        f"{o['mean_turns']:.1f} | {o['invalid_action_rate']:.3f} |", "",
-        "| task | games | Score | Success | Pass | mean turns | invalid actions |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for task, b in summary["per_task"].items():
-        lines.append(
-            f"| {task} | {b['games']} | {b['score']:.4f} | {b['success']:.3f} | {b['pass']:.3f} | "
-            f"{b['mean_turns']:.1f} | {b['invalid_action_rate']:.3f} |"
-        )
+    """Totals, then a per-task table. "cut before action": replies that ran out of tokens
+    before an `Action:` line, per reply (a thinking model's budget too small shows here)."""
+    head = "| {}games | Score | Success | Pass | mean turns | invalid actions | cut before action |"
+    rule = "| {}---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+
+    def cells(b: dict[str, Any]) -> str:
+        return (f"{b['games']} | {b['score']:.4f} | {b['success']:.3f} | {b['pass']:.3f} | "
+                f"{b['mean_turns']:.1f} | {b['invalid_action_rate']:.3f} | "
+                f"{b.get('cut_before_action_rate', 0.0):.3f} |")
+
+    lines = [f"# {title}", "", head.format(""), rule.format(""), "| " + cells(summary["overall"]), "",
+             head.format("task | "), rule.format("--- | ")]
+    lines += [f"| {task} | " + cells(b) for task, b in summary["per_task"].items()]
     return "\n".join(lines) + "\n"
 
 
@@ -126,14 +129,14 @@ def compare(paths: list[str]) -> str:
 
 # --------------------------------------------------------------------------- episodes
 async def evaluate_games(runner, games: list[GameId], student, teacher, episode_cfg, handoff_cfg,
-                         on_done=None) -> list[dict[str, Any]]:
+                         on_done=None, protocol=None) -> list[dict[str, Any]]:
     """Play `games` concurrently on the runner's slots; returns their records in game order."""
     from rose_ray.rollout.episode import run_episode
 
     async def one(game: GameId) -> dict[str, Any]:
         async def episode(g, slot):
             return await run_episode(g, slot, student, teacher, episode_cfg, handoff_cfg,
-                                     request_prefix="eval/")
+                                     protocol=protocol, request_prefix="eval/")
         record = game_record(await runner.play(game, episode))
         if on_done is not None:
             on_done(record)
@@ -158,7 +161,7 @@ def _engine_config(model: str, cfg: EvalConfig, tokenizer: str | None):
 
 def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     """Evaluate `cfg.model` on its games; resumes from `<out>.partial.jsonl` if present."""
-    from rose_ray.envs.worlds import get_world
+    from rose_ray.envs.worlds import get_world, world_protocol
     from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
     from rose_ray.rollout.workers import (
         EnvConfig,
@@ -171,6 +174,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     )
 
     catalogue = get_world(cfg.world).catalogue(cfg.mapping)
+    protocol = world_protocol(cfg.world, cfg.instruction_from)  # a bad file fails before any actor
     games = catalogue.sample(cfg.split, cfg.n, cfg.seed) if cfg.n else catalogue.split(cfg.split)
     out = Path(cfg.out[: -len(".json")] if cfg.out.endswith(".json") else cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -192,6 +196,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
             student, teacher = start_agents(
                 _engine_config(cfg.model, cfg, cfg.tokenizer),
                 _engine_config(cfg.teacher, cfg, None) if cfg.teacher else None,
+                enable_thinking=cfg.enable_thinking,
             )
             sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                                       seed=cfg.seed if cfg.temperature > 0 else None)
@@ -200,7 +205,8 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
             handoff_cfg = HandoffConfig("fixed", k=cfg.handoff) if cfg.handoff is not None else HandoffConfig("none")
             runner = EpisodeRunner(pools, env_cfg.games_per_worker)
             header = resume_header(cfg)
-            _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial, done, header)
+            _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial, done, header,
+                                protocol)
         finally:
             close_pools(pools)
             stop_agents(student, teacher)
@@ -216,7 +222,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
 
 
 def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial: Path,
-                        done: dict[str, dict[str, Any]], header: dict[str, Any]) -> None:
+                        done: dict[str, dict[str, Any]], header: dict[str, Any], protocol=None) -> None:
     from tqdm import tqdm
 
     bar = tqdm(total=len(todo), desc="eval", unit="game", dynamic_ncols=True)
@@ -231,12 +237,12 @@ def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg
             bar.update(1)
             bar.set_postfix(score=f"{summarise(list(done.values()))['overall']['score']:.3f}")
 
-        asyncio.run(evaluate_games(runner, todo, student, teacher, episode_cfg, handoff_cfg, on_done))
+        asyncio.run(evaluate_games(runner, todo, student, teacher, episode_cfg, handoff_cfg, on_done, protocol))
     bar.close()
 
 
 RESUME_KEYS = ("model", "teacher", "handoff", "max_turns", "temperature", "max_new_tokens",
-               "world", "mapping", "seed", "context_tokens")
+               "world", "mapping", "seed", "context_tokens", "instruction_from", "enable_thinking")
 
 
 def resume_header(cfg: EvalConfig) -> dict[str, Any]:
@@ -260,7 +266,9 @@ def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]
         try:
             record = json.loads(line)
             if "eval_config" in record:
-                if {"world": "sciworld", **record["eval_config"]} != want:  # files before worlds: sciworld
+                # files from before a key existed: its default then
+                if {"world": "sciworld", "instruction_from": None, "enable_thinking": False,
+                    **record["eval_config"]} != want:
                     raise ValueError(
                         f"{path}: partial results of an eval with other settings "
                         f"({record['eval_config']}); use another --out or delete the file"
@@ -290,7 +298,8 @@ def cli_main(args) -> int:
         mapping=args.mapping,
         teacher=args.teacher, handoff=args.handoff, concurrency=args.concurrency,
         env_workers=args.env_workers, context_tokens=args.context_tokens, tokenizer=args.tokenizer,
-        served_model=args.served_model,
+        served_model=args.served_model, instruction_from=args.instruction_from,
+        enable_thinking=args.enable_thinking,
         out=args.out or f"runs/eval/{Path(args.model or 'model').name}_{args.split}",
     )
     result = run_eval(cfg)

@@ -2,7 +2,16 @@
 
 `init_tiny` trains a byte-level BPE tokenizer on shipped ScienceWorld text, gives it a
 Qwen-style chat template, and saves two randomly initialised Qwen3 models of different sizes
-(student smaller than teacher) that share it.
+(student smaller than teacher) that share it. Two styles:
+
+- `plain`: ChatML turns, nothing else (the tiny default).
+- `qwen3`: what Qwen/Qwen3-1.7B and Qwen3-32B look like from the outside: their special tokens
+  (`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`, and `<think>`/`</think>` as single added
+  tokens), their pre-tokenizer regex (digits one by one), and a chat template written here
+  that behaves like theirs: reasoning is stripped from earlier assistant turns, the assistant
+  turn after the last user message gets a `<think>` block, and `enable_thinking=False` puts an
+  empty think block into the generation prompt. The vocabulary is trained here like the plain
+  one (Qwen's real vocabulary cannot be downloaded on this machine).
 """
 
 from __future__ import annotations
@@ -21,7 +30,44 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# Behaves like Qwen3's official template for text conversations (no tools).
+QWEN3_LIKE_TEMPLATE = (
+    "{%- if messages and messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- set state = namespace(last_user=messages|length - 1) %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}{%- set state.last_user = loop.index0 %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}"
+    "{%- elif m.role == 'assistant' %}"
+    "{%- set answer = m.content %}{%- set reasoning = '' %}"
+    "{%- if m.reasoning_content is string %}{%- set reasoning = m.reasoning_content %}"
+    "{%- elif '</think>' in answer %}"
+    "{%- set reasoning = answer.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}"
+    "{%- set answer = answer.split('</think>')[-1].lstrip('\n') %}"
+    "{%- endif %}"
+    "{%- if loop.index0 > state.last_user and (loop.last or reasoning) %}"
+    "{{- '<|im_start|>assistant\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n'"
+    " + answer.lstrip('\n') + '<|im_end|>\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>assistant\n' + answer + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}"
+    "{%- endif %}{%- endif %}"
+)
+# Qwen2/Qwen3's pre-tokenizer split (before byte-level BPE).
+QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+THINK_TOKENS = ["<think>", "</think>"]
+STYLES = ("plain", "qwen3")
 DONE_MARKER = "rose_ray_tiny.json"
 
 
@@ -92,14 +138,21 @@ def sciworld_corpus() -> str:
     return resources.files("rose_ray.envs").joinpath("data/sciworld_corpus.txt").read_text()
 
 
-def build_tokenizer(vocab_size: int = 8192, seed: int = 0) -> Any:
+def build_tokenizer(vocab_size: int = 8192, style: str = "plain") -> Any:
     """A byte-level BPE tokenizer trained on ScienceWorld text, with a Qwen-style template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    del seed  # BPE training is deterministic for a given corpus
+    if style not in STYLES:
+        raise ValueError(f"tiny style: must be one of {STYLES}, got {style!r}")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if style == "qwen3":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -108,18 +161,20 @@ def build_tokenizer(vocab_size: int = 8192, seed: int = 0) -> Any:
         show_progress=False,
     )
     text = sciworld_corpus()
-    tok.train_from_iterator(text.split("\n\n"), trainer=trainer)
+    tok.train_from_iterator(text.split("\n\n"), trainer=trainer)  # deterministic for a corpus
+    if style == "qwen3":  # single tokens, not special: decoding keeps them (as Qwen3's do)
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>", "<|im_end|>"],
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = QWEN3_LIKE_TEMPLATE if style == "qwen3" else CHAT_TEMPLATE
     return fast
 
 
-def build_tiny_model(tokenizer: Any, size: TinySize, seed: int, max_positions: int = 4096) -> Any:
+def build_tiny_model(tokenizer: Any, size: TinySize, seed: int, max_positions: int = 16384) -> Any:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -136,18 +191,19 @@ def build_tiny_model(tokenizer: Any, size: TinySize, seed: int, max_positions: i
     return Qwen3ForCausalLM(config).eval()
 
 
-def init_tiny(out_dir: str | Path, seed: int = 0, vocab_size: int = 8192) -> dict[str, Path]:
+def init_tiny(out_dir: str | Path, seed: int = 0, vocab_size: int = 8192, style: str = "plain") -> dict[str, Path]:
     """Make (or reuse) `out_dir/student` and `out_dir/teacher`; returns their paths."""
     out = Path(out_dir)
     paths = {role: out / role for role in TINY_SIZES}
     marker = out / DONE_MARKER
-    wanted = {"seed": seed, "vocab_size": vocab_size}
+    # Positions up to the card's 16,384-token context (Qwen3-1.7B allows 40,960).
+    wanted = {"seed": seed, "vocab_size": vocab_size, "style": style, "max_positions": 16384}
     if marker.exists() and json.loads(marker.read_text()) == wanted:
         return paths
     _quiet_transformers()
-    tokenizer = build_tokenizer(vocab_size, seed)
+    tokenizer = build_tokenizer(vocab_size, style)
     for i, (role, size) in enumerate(TINY_SIZES.items()):
-        model = build_tiny_model(tokenizer, size, seed=seed * 1000 + i)
+        model = build_tiny_model(tokenizer, size, seed=seed * 1000 + i, max_positions=wanted["max_positions"])
         tmp = paths[role].with_name(paths[role].name + ".tmp")
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

@@ -68,7 +68,7 @@ def warm_teacher(cfg: TrainConfig, teacher: str) -> str:
         return str(out)
     print(f"train: warming the teacher on {w.gold_games} gold demonstrations ...", flush=True)
     games = _games(cfg, catalogue, cfg.rollout.split, w.gold_games, cfg.seed)
-    rows, _ = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False)
+    rows, _ = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False, protocol=cfg.env.protocol())
     from rose_ray.data import write_jsonl
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -142,11 +142,11 @@ class Trainer:
         self.t_start = time.time()
         self.weights_ms = 0.0
         self.episodes_started = 0
+        self.replies = {"replies": 0, "truncated": 0, "cut_before_action": 0}  # trained episodes' replies
         self.session = f"{run_dir.name}-{os.urandom(3).hex()}"
 
     # ----------------------------------------------------------------- 2. actors
     def start(self) -> None:
-        from rose_ray.chat import ChatFormat
         from rose_ray.envs.worlds import get_world
         from rose_ray.learner.learner import LearnerGroup
         from rose_ray.metrics import MetricsLogger
@@ -180,7 +180,9 @@ class Trainer:
             cfg.resources.student_gpus, cfg.resources.teacher_gpus,
             student_options=self.groups.options("student engine"),
             teacher_options=self.groups.options("teacher engine"),
+            enable_thinking=cfg.chat.enable_thinking,
         )
+        self.protocol = cfg.env.protocol()
         if cfg.algorithm == "opd" and self.teacher.chat is not self.student.chat:
             raise ValueError("algorithm opd: the teacher must share the student's tokenizer "
                              "(it scores the student's tokens)")
@@ -201,7 +203,7 @@ class Trainer:
                                     worker_options=lambda r: self.groups.options("learner ranks", r))
         self.fmt = self.student.chat
         tok = load_tokenizer(student_path)
-        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else ChatFormat(tok).eos_id
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.fmt.eos_id
         self.metrics = MetricsLogger(self.run_dir)
         if self.resume:
             self.load_checkpoint()
@@ -215,7 +217,7 @@ class Trainer:
         tag = self.learner.save_checkpoint(self.ckpt_dir)
         state = {"step": self.step, "version": self.learner.version, "sampler": self.sampler.state(),
                  "buffer": self.buffer.counters.as_dict(), "runner": self.runner.counters.as_dict(),
-                 "history": self.history, "tag": tag}
+                 "replies": self.replies, "history": self.history, "tag": tag}
         tmp = self.ckpt_dir / f"trainer_{tag}.json.tmp"
         tmp.write_text(json.dumps(state))
         os.replace(tmp, self.ckpt_dir / f"trainer_{tag}.json")
@@ -232,6 +234,7 @@ class Trainer:
         self.step = state["step"]
         self.sampler.load_state(state["sampler"])
         self.history = state["history"]
+        self.replies = state.get("replies", self.replies)
         self.publish()  # the student engine starts from the checkpoint's weights
         print(f"train: resumed {self.run_dir} at step {self.step} (policy version {self.learner.version})")
 
@@ -253,7 +256,8 @@ class Trainer:
         agent = self.teacher if who == "teacher" else self.student
         ep = EpisodeConfig(max_turns=self.cfg.eval.max_turns,
                            student_sampling=SamplingParams(0.0, 1.0, self.cfg.eval.max_new_tokens))
-        records = await evaluate_games(self.eval_runner, self.eval_games, agent, None, ep, HandoffConfig("none"))
+        records = await evaluate_games(self.eval_runner, self.eval_games, agent, None, ep, HandoffConfig("none"),
+                                       protocol=self.protocol)
         return summarise(records)["overall"]
 
     # ----------------------------------------------------------------- 4. rollout + learn
@@ -267,7 +271,8 @@ class Trainer:
 
         async def episode(g, slot):
             return await run_episode(g, slot, self.student, self.teacher, self.episode_cfg, self.handoff,
-                                     learner_step=self.step, request_prefix=f"s{self.step}/")
+                                     protocol=self.protocol, learner_step=self.step,
+                                     request_prefix=f"s{self.step}/")
         try:
             t = await self.runner.play(game, episode)
         except asyncio.CancelledError:
@@ -331,6 +336,10 @@ class Trainer:
             "rollout/tokens_per_s": student_tokens / max(sum(t.timing.get("student_s", 0) for t in batch), 1e-6),
             "rollout/handoff_turn": sum(handoffs) / len(handoffs) if handoffs else 0.0,
             "rollout/invalid_action_rate": sum(t.invalid_actions for t in batch) / actions,
+            # Replies cut at max_new_tokens, and those cut before an `Action:` line (thinking
+            # that never reached an answer): a budget too small for the model shows here.
+            "rollout/truncated_rate": sum(t.truncated_turns for t in batch) / actions,
+            "rollout/cut_before_action_rate": sum(t.cut_before_action for t in batch) / actions,
             "async/policy_lag": sum(lags) / len(lags) if lags else 0.0,
             "async/buffer_size": float(len(self.buffer.items)),
             "async/dropped_stale": float(self.buffer.counters.dropped_stale),
@@ -341,6 +350,10 @@ class Trainer:
             "weights/version": float(self.learner.version),
         })
         self.metrics.log(self.step, scalars)
+        for t in batch:
+            self.replies["replies"] += t.rounds
+            self.replies["truncated"] += t.truncated_turns
+            self.replies["cut_before_action"] += t.cut_before_action
         if self.step == 1 or self.step % max(self.cfg.steps // 4, 1) == 0:
             for t in batch[: self.cfg.samples_to_log]:
                 from rose_ray.metrics import trajectory_markdown
@@ -431,6 +444,7 @@ class Trainer:
             "after": student[-1] if student and student[-1]["step"] == self.step and self.step else None,
             "teacher": teacher[0] if teacher else None,
             "buffer": self.buffer.counters.as_dict(), "runner": self.runner.counters.as_dict(),
+            "replies": self.replies,
             "accounting_holds": self.buffer.accounting_holds(),
         }
 

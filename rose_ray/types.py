@@ -12,6 +12,9 @@ from typing import Any, Literal
 Owner = Literal["prompt", "env", "student", "teacher"]
 Role = Literal["user", "assistant"]
 OWNERS: tuple[str, ...] = ("prompt", "env", "student", "teacher")
+# Dataset row schemas: the dataset card's (role/content messages, success 0/1) and AgentGym's
+# (from/value messages with human/gpt).
+SCHEMAS: tuple[str, ...] = ("card", "agentgym")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,8 @@ class Turn:
     `token_ids` are the ids the engine produced (assistant turns) or appended (user turns),
     in the student's tokenizer; the learner trains on exactly these. `teacher_logprobs` are
     the teacher's teacher-forced logprobs of a student turn's ids (OPD), one per logprob.
+    `truncated`: the reply hit max_new_tokens, so its closing end-of-turn id was appended,
+    not sampled (the learner gives that id no loss).
     """
 
     role: Role
@@ -45,6 +50,7 @@ class Turn:
     logprobs: list[float] | None = None
     policy_version: int | None = None
     teacher_logprobs: list[float] | None = None
+    truncated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,26 +77,33 @@ class Trajectory:
     end_reason: str = ""
     invalid_actions: int = 0
     context_dropped_turns: int = 0  # most turns the engine's context policy left out
+    truncated_turns: int = 0  # replies cut at max_new_tokens
+    cut_before_action: int = 0  # of those, replies with no `Action:` line before the cut
     episode_id: str = ""
     timing: dict[str, float] = field(default_factory=dict)
 
-    def to_record(self) -> dict[str, Any]:
-        """The seed JSONL schema (AgentGym conversation form), plus who wrote each turn."""
-        conversations = [
-            {
-                "from": "gpt" if t.role == "assistant" else "human",
-                "loss": t.role == "assistant" and t.owner in ("student", "teacher"),
-                "value": t.text,
-                "owner": t.owner,
-            }
-            for t in self.turns
-        ]
+    def to_record(self, schema: str = "card") -> dict[str, Any]:
+        """A dataset row: the card's schema (`role`/`content` messages, `success` 0/1) or
+        AgentGym's (`from`/`value`, with `loss`); either way each message keeps its `owner`."""
+        if schema not in SCHEMAS:
+            raise ValueError(f"schema: must be one of {SCHEMAS}, got {schema!r}")
+        conversations = []
+        for t in self.turns:
+            if schema == "card":
+                m: dict[str, Any] = {"role": t.role, "content": t.text, "owner": t.owner}
+            else:
+                m = {"from": "gpt" if t.role == "assistant" else "human",
+                     "loss": t.role == "assistant" and t.owner in ("student", "teacher"),
+                     "value": t.text, "owner": t.owner}
+            if t.truncated:
+                m["truncated"] = True
+            conversations.append(m)
         return {
             "item_id": self.game.item_id,
             "task": self.game.task,
             "var": self.game.variation,
             "score": self.score,
-            "success": self.success,
+            "success": int(self.success) if schema == "card" else bool(self.success),
             "rounds": self.rounds,
             "conversations": conversations,
             "handoff_turn": self.handoff_turn,

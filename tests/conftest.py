@@ -21,6 +21,15 @@ def tiny_models(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory):
+    """Tiny models that look like Qwen3 from the outside: its special tokens (<think> too) and
+    a chat template that rewrites history as Qwen3's does (`rose-ray init-tiny --style qwen3`)."""
+    from rose_ray.models import init_tiny
+
+    return init_tiny(tmp_path_factory.mktemp("tiny_qwen3"), seed=0, style="qwen3")
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     """A real local Ray cluster for the whole session (4 logical CPUs on 2 cores)."""
     import ray

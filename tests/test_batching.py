@@ -41,6 +41,22 @@ def test_tokens_in_tokens_out():
     assert seq.teacher_logprobs[5:8] == [-1.0, -2.0, -3.0]
 
 
+@pytest.mark.parametrize("algo", ["rose", "opd", "sft"])
+def test_the_end_of_turn_appended_to_a_cut_reply_carries_no_loss(algo):
+    """A reply cut at max_new_tokens: its sampled ids train, the closing id it never produced does not."""
+    traj = hand_trajectory()
+    for t in traj.turns[3], traj.turns[5]:
+        t.truncated = True
+    seq = render(traj)
+    batch = make_batch([seq], make_algorithm(algo).owner_weights, max_tokens=64)
+    weights = dict(zip(range(len(seq)), batch.loss_weights[0]))
+    trained_turn = [5, 6, 7] if algo == "opd" else [9, 10, 11]
+    assert [weights[i] > 0 for i in trained_turn] == [True, True, False]
+    traj.turns[5].truncated = traj.turns[3].truncated = False  # finished replies: their eos trains
+    batch = make_batch([render(traj)], make_algorithm(algo).owner_weights, max_tokens=64)
+    assert all(batch.loss_weights[0][i] > 0 for i in trained_turn)
+
+
 @pytest.mark.parametrize("algo, owner", [("rose", "teacher"), ("opd", "student")])
 def test_owner_masks(algo, owner):
     seq = render(hand_trajectory())

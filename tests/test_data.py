@@ -7,7 +7,14 @@ import re
 
 import pytest
 
-from rose_ray.data import DataError, read_jsonl, row_to_trajectory, row_to_turns, write_jsonl
+from rose_ray.data import (
+    DataError,
+    read_jsonl,
+    row_to_trajectory,
+    row_to_turns,
+    validate_row,
+    write_jsonl,
+)
 
 ROW = {
     "item_id": "sciworld_7", "task": "boil", "var": 3, "score": 1.0, "success": True, "rounds": 2,
@@ -64,3 +71,70 @@ def test_bad_json_and_failed_write_leave_nothing(tmp_path):
     with pytest.raises(DataError, match="row 2: conversations"):
         write_jsonl(out, [ROW, {"item_id": "x"}])
     assert not out.exists() and not list(tmp_path.glob("*.tmp"))
+
+
+# The dataset card's row, as its files hold it (role/content messages, success 0/1, no owners).
+CARD_ROW = {
+    "item_id": "sciworld_0", "task": "boil", "var": 0, "score": 0.0, "success": 0, "rounds": 2,
+    "conversations": [
+        {"role": "user", "content": "AgentGym's instruction."}, {"role": "assistant", "content": "OK."},
+        {"role": "user", "content": "Your task is to boil water."},
+        {"role": "assistant", "content": "Thought: a.\nAction: look around"},
+        {"role": "user", "content": "This room is called the kitchen."},
+        {"role": "assistant", "content": "Thought: b.\nAction: go to hallway"},
+    ],
+}
+
+
+def test_the_cards_rows_are_read_as_they_are(tmp_path):
+    path = tmp_path / "card.jsonl"
+    done = {**CARD_ROW, "item_id": "sciworld_1", "score": 1.0, "success": 1}
+    path.write_text(json.dumps(CARD_ROW) + "\n" + json.dumps(done) + "\n")  # their bytes, not ours
+    rows = read_jsonl(path)
+    turns = row_to_turns(rows[0])
+    assert [(t.role, t.owner) for t in turns] == [
+        ("user", "prompt"), ("assistant", "prompt"), ("user", "env"),
+        ("assistant", "teacher"), ("user", "env"), ("assistant", "teacher"),
+    ]
+    assert turns[3].text == "Thought: a.\nAction: look around"
+    assert not row_to_trajectory(rows[0]).success and row_to_trajectory(rows[1]).success
+
+
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        ({**CARD_ROW, "success": 2}, "success"),
+        ({**CARD_ROW, "score": 55}, "score"),
+        ({**CARD_ROW, "conversations": [{"role": "system", "content": "x"}]}, "conversations[0].role"),
+        ({**CARD_ROW, "conversations": [{"role": "user", "content": 3}]}, "conversations[0].content"),
+        ({**CARD_ROW, "conversations": [CARD_ROW["conversations"][0], {"from": "gpt", "value": "OK"}]},
+         "conversations[1]"),
+        ({**CARD_ROW, "conversations": [{"speaker": "user"}]}, "conversations[0]"),
+    ],
+)
+def test_card_rows_errors_name_line_and_key(tmp_path, bad, key):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(CARD_ROW) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(DataError, match=re.escape(f"d.jsonl:2: {key}:")):
+        read_jsonl(path)
+
+
+def test_trajectories_write_either_schema_and_read_back():
+    from rose_ray.types import GameId, Trajectory, Turn
+
+    turns = [Turn("user", "I", "prompt"), Turn("assistant", "A", "prompt"), Turn("user", "o1", "env"),
+             Turn("assistant", "Thought: t", "student", truncated=True), Turn("user", "o2", "env"),
+             Turn("assistant", "Action: wait", "teacher")]
+    t = Trajectory(GameId("boil", 0, "sciworld_0"), turns, score=1.0, success=True, rounds=2)
+    card, ag = t.to_record(), t.to_record("agentgym")
+    assert card["success"] == 1 and type(card["success"]) is int and ag["success"] is True
+    assert card["conversations"][3] == {"role": "assistant", "content": "Thought: t", "owner": "student",
+                                        "truncated": True}
+    assert "truncated" not in card["conversations"][5]
+    assert ag["conversations"][3]["from"] == "gpt" and ag["conversations"][3]["loss"] is True
+    for row in (card, ag):
+        back = row_to_turns(validate_row(row))
+        assert [(b.role, b.text, b.owner, b.truncated) for b in back] == \
+               [(x.role, x.text, x.owner, x.truncated) for x in turns]
+    with pytest.raises(ValueError, match="schema"):
+        t.to_record("sharegpt")

@@ -30,8 +30,8 @@ def test_gold_dataset_replays_to_100(gold):
     with SciWorldGame() as game:
         for row in gold:
             first = game.load(CAT.game(row["item_id"]))
-            assert first.observation == row["conversations"][2]["value"]
-            actions = [parse_action(m["value"]) for m in row["conversations"][3:] if m["from"] == "gpt"]
+            assert first.observation == row["conversations"][2]["content"]
+            actions = [parse_action(m["content"]) for m in row["conversations"][3:] if m["role"] == "assistant"]
             assert all(a.valid_format for a in actions)
             for a in actions:
                 result = game.step(a.action)
@@ -55,7 +55,7 @@ def test_collect_then_continue_gives_sft_ready_data(tiny_models, ray_cluster, tm
 
     # Tamper with one recorded observation: that row must be reported and skipped.
     tampered = [json.loads(json.dumps(r)) for r in rows]
-    tampered[0]["conversations"][2]["value"] += " (edited)"
+    tampered[0]["conversations"][2]["content"] += " (edited)"
     write_jsonl(tmp_path / "tampered.jsonl", tampered)
     assert main(["continue", "--teacher", str(tiny_models["teacher"]), "--in", str(tmp_path / "tampered.jsonl"),
                  "--max-turns", "4", "--out", str(stitched), *common]) == 0
@@ -68,7 +68,7 @@ def test_collect_then_continue_gives_sft_ready_data(tiny_models, ray_cluster, tm
         prefix = next(p for p in rows if p["item_id"] == r["item_id"])
         n = len(prefix["conversations"])
         assert r["conversations"][:n] == prefix["conversations"]  # the prefix is kept as recorded
-        later = [m["owner"] for m in r["conversations"][n:] if m["from"] == "gpt"]
+        later = [m["owner"] for m in r["conversations"][n:] if m["role"] == "assistant"]
         assert later and set(later) == {"teacher"}
         assert r["rounds"] <= 4
         seq = render(row_to_trajectory(r), fmt, 2048)  # ready for SFT: teacher tokens to train on

@@ -225,10 +225,10 @@ def test_a_short_online_rose_run_on_discoveryworld(tiny_models, ray_cluster, tmp
     tasks = {"combinatorial-chemistry-easy", "archaeology-dating-easy", "plant-nutrients-easy", "reactor-lab-easy"}
     assert {r["task"] for r in rows} <= tasks
     first = rows[0]["conversations"]
-    assert first[0]["value"].startswith("You are an agent in DiscoveryWorld")
-    assert first[2]["value"].startswith("Task: ")
+    assert first[0]["content"].startswith("You are an agent in DiscoveryWorld")
+    assert first[2]["content"].startswith("Task: ")
     # K=2 student turns, then the teacher: both own turns in the stitched episodes.
-    owners = {m["owner"] for r in rows for m in r["conversations"] if m["from"] == "gpt" and m["owner"] != "prompt"}
+    owners = {m["owner"] for r in rows for m in r["conversations"] if m["role"] == "assistant" and m["owner"] != "prompt"}
     assert owners == {"student", "teacher"}
 
 

@@ -54,7 +54,7 @@ def test_trajectories_are_student_then_teacher(tiny_run):
     rows = read_jsonl(run_dir / "trajectories.jsonl")
     assert len(rows) == 3 * 2
     for r in rows:
-        owners = [m["owner"] for m in r["conversations"] if m["from"] == "gpt" and m["owner"] != "prompt"]
+        owners = [m["owner"] for m in r["conversations"] if m["role"] == "assistant" and m["owner"] != "prompt"]
         assert len(owners) == r["rounds"] >= 1
         assert owners[:K] == ["student"] * min(K, len(owners))
         assert owners[K:] == ["teacher"] * (len(owners) - K)
@@ -149,7 +149,7 @@ def test_other_algorithms_run(tiny_models, ray_cluster, tmp_path, algorithm, lea
         "eval.after=false", "eval.teacher=false", "mode=sync"])
     assert summary["steps"] == 1
     rows = read_jsonl(run_dir / "trajectories.jsonl")
-    owners = {m["owner"] for r in rows for m in r["conversations"] if m["from"] == "gpt" and m["owner"] != "prompt"}
+    owners = {m["owner"] for r in rows for m in r["conversations"] if m["role"] == "assistant" and m["owner"] != "prompt"}
     assert owners == ({"student"} if algorithm == "opd" else {"teacher"})
     step = next(m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m)
     assert step["learner/loss_opd" if algorithm == "opd" else "learner/loss_teacher_ce"] != 0.0

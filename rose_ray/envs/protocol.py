@@ -9,6 +9,7 @@ that existing data is reproduced exactly.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -68,12 +69,25 @@ class ParsedAction:
     valid_format: bool  # False when there is no `Action:` marker or the action is empty
 
 
+THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def strip_thinking(text: str) -> str:
+    """A reply without its `<think>…</think>` reasoning (Qwen3's thinking mode). After an
+    unclosed `<think>` (the reply ran out of tokens while thinking) nothing is an answer."""
+    text = THINK_BLOCK.sub("", text)
+    start = text.find("<think>")
+    return text[:start] if start >= 0 else text
+
+
 def parse_action(text: str) -> ParsedAction:
-    """The action is the first non-empty line after the last `Action:` marker.
+    """The action is the first non-empty line after the last `Action:` marker outside any
+    `<think>` block.
 
     Without a marker, or with nothing after it, the action is empty and `valid_format` is
     False; the game answers it like any other unknown command.
     """
+    text = strip_thinking(text)
     marker = text.rfind("Action:")
     if marker < 0:
         return ParsedAction("", False)
@@ -122,23 +136,33 @@ class Protocol:
         """(role, text) of the two turns before the first observation."""
         return [("user", self.instruction), ("assistant", self.acknowledgement)]
 
+    def with_opening_of(self, row: dict, where: str = "row") -> Protocol:
+        """This protocol with the instruction and acknowledgement of a dataset row (its first
+        two messages, in either dataset schema), so a conversation starts exactly as it did."""
+        from rose_ray.data import DataError, message_text, validate_conversation
+
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected a JSON object with 'conversations', got {type(row).__name__}")
+        conv = validate_conversation(row.get("conversations"), where)
+        roles = [message_text(m)[0] for m in conv[:2]]
+        if roles != ["user", "assistant"]:
+            raise ValueError(f"{where}: conversations: the first two messages must be the instruction "
+                             f"(user) and its acknowledgement (assistant), got {roles}")
+        return replace(self, instruction=message_text(conv[0])[1], acknowledgement=message_text(conv[1])[1])
+
     def from_dataset(self, path: str | Path) -> Protocol:
         """This protocol with the instruction and acknowledgement of a JSONL dataset's first row."""
-        with open(path) as f:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"instruction from {path}: no such file")
+        with path.open(encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 try:
-                    conv = json.loads(line)["conversations"]
-                    user, assistant = conv[0], conv[1]
-                    return replace(self, instruction=_text(user), acknowledgement=_text(assistant))
-                except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
-                    raise ValueError(
-                        f"{path}:{lineno}: cannot read the instruction from the first row "
-                        f"(need 'conversations' with an instruction and an acknowledgement): {e}"
-                    ) from e
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); cannot read the "
+                                     "instruction from it") from None
+                return self.with_opening_of(row, f"{path}:{lineno}")
         raise ValueError(f"{path}: no rows to read an instruction from")
-
-
-def _text(message: dict) -> str:
-    return message["value"] if "value" in message else message["content"]

@@ -51,3 +51,10 @@ def world_of_item(item: object) -> str | None:
         name = item.rsplit("_", 1)[0]
         return name if name in WORLDS else None
     return None
+
+
+def world_protocol(name: str | None, instruction_from: str | None = None) -> Protocol:
+    """A world's protocol, with the instruction and acknowledgement of a dataset's first row
+    when `instruction_from` names one (exact compatibility with existing data)."""
+    protocol = get_world(name).protocol
+    return protocol.from_dataset(instruction_from) if instruction_from else protocol

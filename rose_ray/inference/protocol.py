@@ -146,7 +146,13 @@ def parse_chat(body: dict[str, Any], chat: Any, context: int) -> ParsedRequest:
         if not isinstance(content, str):
             raise RequestError(f"messages[{i}].content must be a string, got {content!r}", "messages")
         clean.append({"role": m["role"], "content": content})
-    prompt = chat.render_ids(clean, add_generation_prompt=True)
+    # vLLM's way to reach template variables; only Qwen3's thinking switch is taken.
+    kwargs = body.get("chat_template_kwargs") or {}
+    thinking = kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None
+    if not isinstance(kwargs, dict) or not isinstance(thinking, (bool, type(None))):
+        raise RequestError("'chat_template_kwargs' must be an object; its 'enable_thinking' true or false",
+                           "chat_template_kwargs")
+    prompt = chat.render_ids(clean, add_generation_prompt=True, enable_thinking=thinking)
     _fit(prompt, sampling, context)
     logprobs = None
     if _flag(body, "logprobs"):

@@ -1,5 +1,8 @@
 """Trajectories to token batches: the ids the engine saw, an owner and a loss weight per token.
 
+A reply cut at max_new_tokens (`Turn.truncated`) ends with an end-of-turn id the model never
+produced: that id gets no loss (`Sequence.trainable`), the sampled ids keep theirs.
+
 Tokens in, tokens out: when a trajectory's turns carry token_ids (rollouts), those ids are
 concatenated as they are (an empty list means the turn's ids live in an earlier turn, like the
 acknowledgement inside the opening). Text-only turns (dataset rows) are rendered with
@@ -14,7 +17,7 @@ segment (the learner adds a block-diagonal mask: worker.segment_mask).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -36,6 +39,9 @@ class Sequence:
     teacher_logprobs: list[float]  # teacher logprob of each token (OPD)
     versions: list[int]  # policy version that sampled the token and gave its logprob, else -1
     dropped_turns: int = 0
+    # False where a token may carry no loss whatever its owner: the end-of-turn id appended
+    # to a reply cut at max_new_tokens (the model never produced it). Empty: all trainable.
+    trainable: list[bool] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -123,6 +129,10 @@ def render(
         if tl is not None and len(tl) != n:
             raise ValueError(f"teacher_logprobs: {len(tl)} values for a turn of {n} token ids")
         seq.teacher_logprobs += list(tl) if tl is not None else [NAN] * n
+        keep = [True] * n
+        if n and t.truncated and t.role == "assistant":
+            keep[-1] = False  # the end-of-turn id appended after the cut
+        seq.trainable += keep
     return seq
 
 
@@ -175,6 +185,8 @@ def make_batch(
             b["attention_mask"][r, at:end] = seg
             b["owners"][r, at:end] = owners
             b["loss_weights"][r, at:end] = weight_of[owners]
+            if s.trainable:
+                b["loss_weights"][r, at:end] *= np.asarray(s.trainable, dtype=np.float32)
             b["loss_weights"][r, at] = 0.0
             b["old_logprobs"][r, at:end] = s.old_logprobs
             b["teacher_logprobs"][r, at:end] = s.teacher_logprobs

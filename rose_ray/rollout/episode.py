@@ -147,7 +147,7 @@ async def run_episode(
     add_observation(first.observation)
 
     handoff_turn: int | None = None
-    invalid = 0
+    invalid = truncated_turns = cut_before_action = 0
     last_action = None
     last = first  # the latest observation: its scores are the episode's
     done, end_reason, dropped = False, "turn_limit", 0
@@ -157,7 +157,8 @@ async def run_episode(
         for i in range(1, len(replay) - 1, 2):
             action_turn, expected = replay[i], replay[i + 1]
             turns.append(Turn("assistant", action_turn.text, action_turn.owner,
-                              student.chat.assistant_ids(action_turn.text)))
+                              student.chat.assistant_ids(action_turn.text),
+                              truncated=action_turn.truncated))
             if teacher_turns is not None:
                 teacher_turns.append(Turn("assistant", action_turn.text, action_turn.owner,
                                           teacher.chat.assistant_ids(action_turn.text)))
@@ -195,12 +196,13 @@ async def run_episode(
             break
 
         owner = "teacher" if teacher_acts else "student"
+        truncated = result.finish_reason == "length"  # its end-of-turn id is appended below
         if teacher_acts and not shared:
             ids, logprobs, version = student.chat.assistant_ids(result.text), None, None
         else:
             ids, logprobs = student.chat.finish_sampled(result.token_ids), list(result.logprobs)
             version = None if teacher_acts else result.version
-        new_turn = Turn("assistant", result.text, owner, ids, logprobs, version)
+        new_turn = Turn("assistant", result.text, owner, ids, logprobs, version, truncated=truncated)
         if not teacher_acts and config.score_student_with_teacher and teacher is not None and shared:
             t0 = time.perf_counter()
             # The teacher scores under its own context budget, dropping old turns as the engine would.
@@ -225,6 +227,8 @@ async def run_episode(
             raise EpisodeInterrupted(game, step.info.get("error", ""))
         bad = not parsed.valid_format or protocol.is_invalid(step.observation)
         invalid += bad
+        truncated_turns += truncated
+        cut_before_action += truncated and not parsed.valid_format
         if (
             handoff.policy == "on_failure" and not teacher_acts and teacher is not None
             and (bad or parsed.action == last_action)
@@ -256,6 +260,8 @@ async def run_episode(
         end_reason=end_reason,
         context_dropped_turns=dropped,
         invalid_actions=int(invalid),
+        truncated_turns=int(truncated_turns),
+        cut_before_action=int(cut_before_action),
         timing=timing,
     )
 

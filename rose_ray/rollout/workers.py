@@ -29,6 +29,9 @@ class EnvConfig:
     resources: dict[str, float] = field(default_factory=dict)  # e.g. {"env_node": 0.01}
     world: str = "sciworld"  # sciworld or discoveryworld
     mapping: str | None = None  # the world's catalogue mapping (None: its default)
+    # A JSONL dataset whose first row's first two messages become the instruction and its
+    # acknowledgement (exact compatibility with existing data); None: the world's own wording.
+    instruction_from: str | None = None
 
     def __post_init__(self) -> None:
         for key in ("workers", "games_per_worker"):
@@ -44,6 +47,17 @@ class EnvConfig:
             get_world(self.world).catalogue(self.mapping)
         except ValueError as e:
             raise ValueError(f"env.mapping: {e}") from None
+        if self.instruction_from:
+            self.protocol()  # an unreadable file fails at load, naming the key
+
+    def protocol(self):
+        """The world's protocol, with the instruction of `instruction_from` when set."""
+        from rose_ray.envs.worlds import world_protocol
+
+        try:
+            return world_protocol(self.world, self.instruction_from)
+        except ValueError as e:
+            raise ValueError(f"env.instruction_from: {e}") from None
 
 
 def start_env_pools(config: EnvConfig, max_turns: int | None = None) -> list[Any]:
@@ -84,18 +98,20 @@ def init_ray(address: str | None = None) -> None:
 def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
                  teacher_cpus: float = 1, student_gpus: float = 0,
                  teacher_gpus: float = 0, student_options: dict[str, Any] | None = None,
-                 teacher_options: dict[str, Any] | None = None) -> tuple[Agent, Agent | None]:
+                 teacher_options: dict[str, Any] | None = None,
+                 enable_thinking: bool = False) -> tuple[Agent, Agent | None]:
     """Engine actors for a student and an optional teacher (EngineConfigs), with chat formats.
 
     When both tokenizers give the same ids the agents share one ChatFormat, so an episode
-    keeps one id list and the teacher can score student tokens (OPD).
+    keeps one id list and the teacher can score student tokens (OPD). `enable_thinking` goes
+    to both chat templates.
     """
     from rose_ray.chat import ChatFormat
     from rose_ray.inference.actor import engine_actor
     from rose_ray.models import load_tokenizer
 
     student_tok = load_tokenizer(student.tokenizer or student.model)
-    student_chat = ChatFormat(student_tok)
+    student_chat = ChatFormat(student_tok, enable_thinking)
     student_agent = Agent(engine_actor(student, num_cpus=student_cpus, num_gpus=student_gpus,
                                        **(student_options or {})),
                           student_chat, student.model, student.context_tokens)
@@ -104,7 +120,7 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
     if teacher == student:  # one engine serves both roles (e.g. `continue` without a student)
         return student_agent, student_agent
     teacher_tok = load_tokenizer(teacher.tokenizer or teacher.model)
-    chat = student_chat if same_tokenizer(student_tok, teacher_tok) else ChatFormat(teacher_tok)
+    chat = student_chat if same_tokenizer(student_tok, teacher_tok) else ChatFormat(teacher_tok, enable_thinking)
     teacher_agent = Agent(engine_actor(teacher, num_cpus=teacher_cpus, num_gpus=teacher_gpus,
                                        **(teacher_options or {})),
                           chat, teacher.model or teacher.base_url, teacher.context_tokens)

@@ -1,0 +1,187 @@
+"""`rose-ray check CONFIG [k=v ...]`: what to run before asking for GPUs.
+
+Loads the config and the student's and teacher's tokenizers (not their weights), renders a
+sample conversation through each chat template and shows its turn pieces, checks that OPD's
+teacher shares the student's tokenizer, counts the games of every split and id list the
+config uses, and plans placement on the cluster (or on nodes described with `--node`). The
+first problem stops it with exit status 2 and a message naming the key.
+
+    rose-ray check configs/rose_qwen3_1p7b_32b.yaml \\
+        --tokenizer-for Qwen/Qwen3-1.7B=/models/qwen3-1.7b --node CPU=64,GPU=8
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rose_ray.config import TrainConfig, load_config
+
+SAMPLE_OBSERVATIONS = (
+    "Your task is to boil water. First, focus on the substance. Then, take actions that will "
+    "cause it to change its state of matter.\nThis room is called the kitchen. In it, you see: "
+    "a stove, which is turned off. a sink, which is turned off. a cupboard. A door to the hallway (that is open).",
+    "The stove is now activated.",
+)
+SAMPLE_REPLY = "Thought: water boils on a hot stove, so I turn the stove on first.\nAction: activate stove"
+
+
+def parse_stand_ins(pairs: list[str]) -> dict[str, str]:
+    """`MODEL=DIR` pairs: a local tokenizer folder standing in for a model that is not on disk."""
+    out = {}
+    for pair in pairs:
+        model, sep, folder = pair.partition("=")
+        if not sep or not model or not folder:
+            raise ValueError(f"--tokenizer-for: expected MODEL=DIR, got {pair!r}")
+        if not Path(folder).is_dir():
+            raise ValueError(f"--tokenizer-for {pair}: {folder} is not a folder")
+        out[model] = folder
+    return out
+
+
+def parse_nodes(specs: list[str]) -> list[Any]:
+    """`--node CPU=64,GPU=8[,env_node=1]` (repeatable; `Nx` in front for N such nodes)."""
+    from rose_ray.placement import NodeInfo
+
+    nodes = []
+    for spec in specs:
+        count, _, body = spec.partition("x") if spec.split("x", 1)[0].isdigit() else ("1", "", spec)
+        resources: dict[str, float] = {}
+        for item in body.split(","):
+            key, sep, value = item.partition("=")
+            try:
+                resources[key.strip()] = float(value)
+            except ValueError:
+                sep = ""
+            if not sep or not key.strip():
+                raise ValueError(f"--node: expected RESOURCE=NUMBER[,...] (e.g. CPU=64,GPU=8), got {spec!r}")
+        for _ in range(int(count)):
+            name = f"node{len(nodes)}"
+            nodes.append(NodeInfo(name, "described", dict(resources), dict(resources)))
+    return nodes
+
+
+def _tokenizer_path(cfg: TrainConfig, role: str, name: str, stand_ins: dict[str, str]) -> str:
+    if name in stand_ins:
+        return stand_ins[name]
+    if name.startswith("tiny:"):
+        from rose_ray.models import init_tiny
+
+        return str(init_tiny(Path(cfg.tiny_dir).expanduser(), seed=0)[name[5:]])
+    if not Path(name).is_dir():
+        from rose_ray.models import ModelNotAvailable, load_tokenizer
+
+        try:
+            load_tokenizer(name)  # the local Hugging Face cache may hold it
+        except ModelNotAvailable:
+            raise ValueError(
+                f"{role}_engine.model: {name!r} is not on this machine; pass "
+                f"--tokenizer-for {name}=DIR with a folder holding its tokenizer"
+            ) from None
+    return name
+
+
+def show_pieces(role: str, chat: Any, protocol: Any, budget: int) -> list[str]:
+    """The sample conversation as the engine builds it, one line per turn piece."""
+    pieces = [("prompt", "instruction + acknowledgement", chat.opening_ids(protocol.opening())),
+              ("env", "first observation + generation prompt", chat.user_ids(SAMPLE_OBSERVATIONS[0])),
+              ("reply", "a reply (sampled ids)", chat.assistant_ids(SAMPLE_REPLY)),
+              ("env", "next observation + generation prompt", chat.user_ids(SAMPLE_OBSERVATIONS[1]))]
+    lines = [f"{role} chat template: {'rewrites earlier turns (pieces cut before each user turn)' if chat.rewrites_history else 'appends turns as they are'}; "
+             f"thinking {'on' if chat.enable_thinking else 'off'}"]
+    for owner, what, ids in pieces:
+        text = chat.tokenizer.decode(ids, skip_special_tokens=False)
+        shown = text if len(text) <= 160 else text[:70] + " ... " + text[-80:]
+        lines.append(f"  [{owner:<7} {len(ids):>5} ids] {what}: {shown!r}")
+    first = len(pieces[0][2]) + len(pieces[1][2])
+    lines.append(f"  the first prompt is {first} ids; the engine allows {budget} before a reply")
+    if first > budget:
+        raise ValueError(f"{role}_engine.context_tokens: the instruction and a first observation take "
+                         f"{first} ids, more than the {budget} left for a prompt (context_tokens minus "
+                         "max_new_tokens)")
+    return lines
+
+
+def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
+          address: str | None, use_total: bool) -> list[str]:
+    """Every check, in order; returns the report lines or raises naming the first problem."""
+    from rose_ray.chat import ChatFormat, ChatTemplateError
+    from rose_ray.envs.worlds import get_world
+    from rose_ray.inference.engine import prompt_budget
+    from rose_ray.models import load_tokenizer
+    from rose_ray.placement import check_cluster, cluster_nodes, demands, format_plan
+    from rose_ray.rollout.episode import same_tokenizer
+
+    out = [f"config {cfg.name!r}: algorithm {cfg.algorithm}, {cfg.mode}, {cfg.steps} steps, "
+           f"world {cfg.env.world}"]
+    protocol = cfg.env.protocol()
+    if cfg.env.instruction_from:
+        out.append(f"instruction and acknowledgement from {cfg.env.instruction_from}")
+
+    # Tokenizers and chat templates.
+    toks = {}
+    for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine)):
+        name = engine.tokenizer or engine.model
+        path = _tokenizer_path(cfg, role, name, stand_ins)
+        toks[role] = load_tokenizer(path)
+        try:
+            chat = ChatFormat(toks[role], cfg.chat.enable_thinking)
+        except ChatTemplateError as e:
+            raise ValueError(f"{role}_engine.model: {name}: its chat template cannot be used: {e}") from None
+        sampling = cfg.rollout.student_sampling if role == "student" else cfg.rollout.teacher_sampling
+        out.append(f"{role}: {name} (tokenizer from {path}, {len(toks[role])} tokens)")
+        out += show_pieces(role, chat, protocol, prompt_budget(engine, sampling))
+    shared = same_tokenizer(toks["student"], toks["teacher"])
+    out.append(f"student and teacher {'share one tokenizer' if shared else 'have different tokenizers'}")
+    if not shared and (cfg.algorithm == "opd" or cfg.learner.lam > 0):
+        key = "algorithm" if cfg.algorithm == "opd" else "learner.lam"
+        raise ValueError(f"{key}: OPD needs the teacher to score the student's tokens, so both must "
+                         f"share a tokenizer; {cfg.student_engine.model} and {cfg.teacher_engine.model} do not")
+
+    # Games.
+    catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
+    splits = {"rollout.split": cfg.rollout.split, "eval.split": cfg.eval.split}
+    if cfg.teacher_warmup.enabled:
+        splits["teacher_warmup (rollout.split)"] = cfg.rollout.split
+    chosen = {}
+    for key, split in splits.items():
+        try:
+            games = catalogue.split(split)
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"{key}: {e.args[0] if e.args else e}") from None
+        if cfg.tasks:
+            games = [g for g in games if g.task in cfg.tasks]
+        if not games:
+            raise ValueError(f"{key}: {split!r} holds no games{' of tasks ' + str(cfg.tasks) if cfg.tasks else ''}")
+        chosen[key] = {g.item_id for g in games}
+        used = min(len(games), cfg.eval.n) if key == "eval.split" else len(games)
+        out.append(f"{key}: {split!r} under mapping {catalogue.mapping!r}: {len(games)} games"
+                   f"{f', {used} evaluated' if key == 'eval.split' else ''}")
+    overlap = chosen["rollout.split"] & chosen["eval.split"]
+    if overlap:
+        raise ValueError(f"eval.split: {len(overlap)} of its games are also training games "
+                         f"(e.g. {sorted(overlap)[0]}); the eval would not be held out")
+
+    # Placement.
+    if nodes is None:
+        from rose_ray.rollout.workers import init_ray
+
+        init_ray(address or cfg.ray_address)
+        nodes = cluster_nodes()
+        where = "the connected cluster"
+    else:
+        use_total, where = True, f"{len(nodes)} described node(s)"
+    placed = check_cluster(cfg, use_total=use_total, nodes=nodes)
+    out.append(f"placement on {where}: {len(demands(cfg))} roles fit")
+    out += [("  " + line).rstrip() for line in format_plan(placed, nodes, use_total=use_total).splitlines()]
+    return out
+
+
+def check_main(args: Any) -> int:
+    cfg = load_config(args.config, args.overrides)
+    stand_ins = parse_stand_ins(args.tokenizer_for or [])
+    nodes = parse_nodes(args.node) if args.node else None
+    for line in check(cfg, stand_ins, nodes, args.address, args.total):
+        print(line)
+    print(f"check: {args.config}: OK")
+    return 0

@@ -1,0 +1,238 @@
+"""The seed's real shape: Qwen3's chat template (history rewritten, thinking mode), replies cut
+at max_new_tokens, and every command on tiny models that look like Qwen3 from the outside.
+
+Qwen/Qwen3-1.7B cannot be downloaded here: `init-tiny --style qwen3` builds a stand-in with
+Qwen3's special tokens, its pre-tokenizer split, and a template written here that behaves like
+Qwen3's (reasoning stripped from earlier assistant turns, a think block on the assistant turn
+after the last user message, `enable_thinking=False` -> an empty think block in the prompt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+
+from rose_ray.chat import ChatFormat
+from rose_ray.cli import main
+from rose_ray.envs.protocol import Protocol, parse_action
+from rose_ray.models import load_tokenizer
+
+INSTR, ACK = "You are an agent. Answer with Thought: and Action:.", "OK."
+OBS = ["Your task is to boil water.\nThis room is called the kitchen.", "The stove is now activated."]
+REPLY = "Thought: heat it.\nAction: activate stove"
+
+
+def render(tok, messages, gen, **kw):
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen, **kw)
+
+
+def msgs(*pairs):
+    return [{"role": r, "content": c} for r, c in pairs]
+
+
+def test_the_stand_in_template_behaves_like_qwen3(tiny_qwen3):
+    tok = load_tokenizer(tiny_qwen3["student"])
+    assert (tok.eos_token, tok.pad_token) == ("<|im_end|>", "<|endoftext|>")
+    think = tok.convert_tokens_to_ids(["<think>", "</think>"])
+    assert all(isinstance(i, int) and i != tok.unk_token_id for i in think)
+    assert tok("<think>\n\n</think>", add_special_tokens=False)["input_ids"][0] == think[0]
+    assert tok.decode(think, skip_special_tokens=True) == "<think></think>"  # not special: kept
+    assert [t for t in tok.tokenize(" 123") if t.strip("Ġ")] == ["1", "2", "3"]  # digits one by one
+    reasoned = "<think>\nboil means heat\n</think>\n\n" + REPLY
+    conv = msgs(("user", INSTR), ("assistant", ACK), ("user", OBS[0]), ("assistant", reasoned))
+    last = render(tok, conv, False)
+    assert last.endswith("<|im_start|>assistant\n<think>\nboil means heat\n</think>\n\n" + REPLY + "<|im_end|>\n")
+    assert "<|im_start|>assistant\nOK.<|im_end|>" in last  # before the last user turn: no block
+    later = render(tok, conv + msgs(("user", OBS[1])), True)
+    assert "boil means heat" not in later and ("<|im_start|>assistant\n" + REPLY + "<|im_end|>") in later
+    assert later.endswith("<|im_start|>assistant\n")  # the template's default: thinking on
+    assert render(tok, conv + msgs(("user", OBS[1])), True, enable_thinking=False).endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_chat_pieces_hold_for_a_template_that_rewrites_history(tiny_qwen3, thinking):
+    tok = load_tokenizer(tiny_qwen3["student"])
+    chat = ChatFormat(tok, enable_thinking=thinking)  # raised "rewrites earlier turns" before
+    assert chat.rewrites_history
+    opening = [("user", INSTR), ("assistant", ACK)]
+    # The first prompt is exactly the template's.
+    first = chat.opening_ids(opening) + chat.user_ids(OBS[0])
+    conv = msgs(*opening, ("user", OBS[0]))
+    assert first == chat.render_ids(conv, True)
+    assert tok.decode(first) == render(tok, conv, True, enable_thinking=thinking)
+    assert "<think>" not in tok.decode(chat.opening_ids(opening))  # the ack as history renders it
+    # Each later prompt ends with the template's own rendering of its last user turn.
+    sampled = tok(REPLY, add_special_tokens=False)["input_ids"]
+    stream = first + chat.finish_sampled(sampled) + chat.user_ids(OBS[1])
+    whole = render(tok, conv + msgs(("assistant", REPLY), ("user", OBS[1])), True, enable_thinking=thinking)
+    tail = whole[whole.rindex("<|im_end|>\n<|im_start|>user") + len("<|im_end|>"):]
+    assert tok.decode(stream).endswith(tail)
+    # ... and holds the reply's ids exactly as sampled, right after the first prompt.
+    assert stream[len(first):len(first) + len(sampled) + 1] == sampled + [chat.eos_id]
+    assert tok.decode(chat.user_ids("x")).endswith(
+        "<|im_start|>assistant\n" if thinking else "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_the_plain_template_is_not_a_rewriter(tiny_models):
+    assert not ChatFormat(load_tokenizer(tiny_models["student"])).rewrites_history
+
+
+def test_actions_are_parsed_outside_the_think_block():
+    assert parse_action("<think>\nAction: go to hell\n</think>\n\nThought: t\nAction: look around").action == "look around"
+    assert parse_action("<think>\nmaybe Action: open door").valid_format is False  # cut while thinking
+    assert parse_action("Thought: x\nAction: wait\n<think>more").action == "wait"
+
+
+async def _one_episode(tiny_qwen3, student_tokens: int):
+    from rose_ray.envs.catalogue import Catalogue
+    from rose_ray.rollout.episode import EnvSlot, EpisodeConfig, HandoffConfig, run_episode
+    from rose_ray.rollout.workers import (
+        EnvConfig,
+        close_pools,
+        start_agents,
+        start_env_pools,
+        stop_agents,
+    )
+    from rose_ray.types import SamplingParams
+
+    pools = start_env_pools(EnvConfig(games_per_worker=1, cpus_per_worker=0.25), max_turns=4)
+    student, teacher = start_agents(*(engine_config(tiny_qwen3[o]) for o in ("student", "teacher")),
+                                    student_cpus=0.25, teacher_cpus=0.25)
+    try:
+        config = EpisodeConfig(max_turns=4, student_sampling=SamplingParams(1.0, 1.0, student_tokens, seed=3),
+                               teacher_sampling=SamplingParams(0.0, 1.0, 24))
+        return await run_episode(Catalogue().find("find-plant", 100), EnvSlot(pools[0], 0), student, teacher,
+                                 config, HandoffConfig("fixed", k=2), protocol=Protocol())
+    finally:
+        close_pools(pools)
+        stop_agents(student, teacher)
+
+
+def engine_config(path):
+    from rose_ray.inference.engine import EngineConfig
+
+    return EngineConfig(model=str(path), context_tokens=4096, dtype="float32")
+
+
+def test_the_learner_trains_on_the_ids_the_engines_sampled(tiny_qwen3, ray_cluster):
+    """A real episode on the Qwen3-like models: the student's replies are cut at 6 tokens.
+    Every reply's ids are what its engine produced for exactly the prompt the rollout built;
+    the learner's trained positions are the teacher's ids, and no appended end-of-turn id."""
+    from rose_ray.inference.engine import GenerationRequest
+    from rose_ray.inference.hf import HFEngine
+    from rose_ray.learner.batching import make_batch
+    from rose_ray.learner.batching import render as render_seq
+    from rose_ray.types import SamplingParams
+
+    traj = asyncio.run(_one_episode(tiny_qwen3, student_tokens=6))
+    replies = [t for t in traj.turns if t.role == "assistant" and t.owner != "prompt"]
+    assert [t.owner for t in replies] == ["student", "student", "teacher", "teacher"][: len(replies)]
+    assert len(replies) >= 3
+    student_replies = [t for t in replies if t.owner == "student"]
+    assert all(t.truncated and len(t.token_ids) == 7 for t in student_replies)  # 6 sampled + end of turn
+    assert traj.truncated_turns >= 2 and traj.cut_before_action >= 2
+
+    engines = {o: HFEngine(engine_config(tiny_qwen3[o])) for o in ("student", "teacher")}
+    eos = engines["student"].chat.eos_id
+    for n, turn in enumerate(traj.turns):
+        if turn not in replies:
+            continue
+        prompt = [i for t in traj.turns[:n] for i in t.token_ids]
+        sampled = turn.token_ids[:-1] if turn.truncated else turn.token_ids
+        if turn.owner == "teacher":  # greedy: the same prompt gives the same ids
+            again = engines["teacher"].generate([GenerationRequest(prompt, SamplingParams(0.0, 1.0, 24))])[0]
+            assert again.token_ids == sampled
+        else:  # sampled: the recorded logprobs are the model's for these ids after this prompt
+            scored = engines["student"].score(prompt, sampled)
+            assert all(math.isclose(a, b, abs_tol=1e-3) for a, b in zip(scored, turn.logprobs))
+            assert len(turn.logprobs) == len(sampled) and turn.token_ids[-1] == eos
+
+    seq = render_seq(traj)
+    assert seq.input_ids == [i for t in traj.turns for i in t.token_ids]
+    batch = make_batch([seq], {"teacher": 1.0, "student": 1.0}, max_tokens=len(seq))
+    trained = [int(i) for i, w in zip(batch.input_ids[0], batch.loss_weights[0]) if w > 0]
+    expected = [i for t in replies for i in (t.token_ids[:-1] if t.truncated else t.token_ids)]
+    assert trained == expected
+
+
+@pytest.fixture(scope="module")
+def q3_overrides(tiny_qwen3):
+    return [f"student_engine.model={tiny_qwen3['student']}", f"teacher_engine.model={tiny_qwen3['teacher']}",
+            "teacher_warmup.enabled=false", "rollout.batch_episodes=2", "rollout.max_turns=3",
+            "rollout.handoff.k=1", "rollout.student_sampling.max_new_tokens=6",
+            "rollout.teacher_sampling.max_new_tokens=16", "eval.n=2", "eval.max_turns=2",
+            "eval.max_new_tokens=8", "env.games_per_worker=2", "checkpoint_every=2"]
+
+
+def read_rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_online_rose_and_opd_run_on_qwen3_like_models(q3_overrides, ray_cluster, tmp_path):
+    from rose_ray.train import train
+
+    rose = train(None, q3_overrides + [f"run_dir={tmp_path}/rose", "steps=2"])
+    assert rose["steps"] == 2 and rose["before"] and rose["after"] and rose["teacher"]
+    rows = read_rows(tmp_path / "rose" / "trajectories.jsonl")
+    assert len(rows) == 4 and all(r["success"] in (0, 1) and isinstance(r["success"], int) for r in rows)
+    student = [m for r in rows for m in r["conversations"] if m.get("owner") == "student"]
+    assert student and all(m["role"] == "assistant" and m["truncated"] for m in student)  # 6 tokens: cut
+    assert rose["replies"]["truncated"] >= len(student) and rose["replies"]["cut_before_action"] >= 1
+    scalars = [json.loads(line) for line in (tmp_path / "rose" / "metrics.jsonl").read_text().splitlines()]
+    assert any(m.get("rollout/truncated_rate", 0) > 0 for m in scalars)
+
+    opd = train(None, q3_overrides + [f"run_dir={tmp_path}/opd", "steps=2", "algorithm=opd",
+                                      "learner.algorithm=opd", "mode=sync", "eval.before=false",
+                                      "eval.after=false", "eval.teacher=false"])
+    assert opd["steps"] == 2
+    steps = [m for m in read_rows(tmp_path / "opd" / "metrics.jsonl") if "learner/loss" in m]
+    assert len(steps) == 2 and all(m["learner/loss_opd"] != 0.0 for m in steps)
+
+
+def test_eval_collect_continue_sft_on_qwen3_like_models(tiny_qwen3, ray_cluster, tmp_path, capsys):
+    from rose_ray.data import read_jsonl, write_jsonl
+
+    student, teacher = str(tiny_qwen3["student"]), str(tiny_qwen3["teacher"])
+    common = ["--max-new-tokens", "12", "--concurrency", "2"]
+    assert main(["eval", "--model", student, "--n", "2", "--max-turns", "2", "--out", str(tmp_path / "ev"), *common]) == 0
+    result = json.loads((tmp_path / "ev.json").read_text())
+    assert result["config"]["context_tokens"] == 16384 and result["summary"]["overall"]["games"] == 2
+    assert "cut before action" in (tmp_path / "ev.md").read_text()
+
+    # Their own opening (the card's rows carry AgentGym's instruction) travels with each row.
+    opening = tmp_path / "opening.jsonl"
+    write_jsonl(opening, [{"item_id": "sciworld_0", "conversations": [
+        {"role": "user", "content": "CARD INSTRUCTION: act."}, {"role": "assistant", "content": "CARD OK."}]}])
+    prefixes, stitched = tmp_path / "prefixes.jsonl", tmp_path / "stitched.jsonl"
+    assert main(["collect", "--model", student, "--turns", "2", "--n", "2", "--out", str(prefixes),
+                 "--instruction-from", str(opening), *common]) == 0
+    rows = read_jsonl(prefixes)
+    assert [m["content"] for m in rows[0]["conversations"][:2]] == ["CARD INSTRUCTION: act.", "CARD OK."]
+    assert all(set(m) >= {"role", "content", "owner"} for r in rows for m in r["conversations"])
+    # As the card's files hold them: no owners.
+    bare = [{**r, "conversations": [{"role": m["role"], "content": m["content"]} for m in r["conversations"]]}
+            for r in rows]
+    write_jsonl(tmp_path / "bare.jsonl", bare)
+    assert main(["continue", "--teacher", teacher, "--in", str(tmp_path / "bare.jsonl"), "--max-turns", "3",
+                 "--out", str(stitched), *common]) == 0
+    out = read_jsonl(stitched)
+    assert len(out) == 2
+    for r in out:  # the teacher went on from the very conversation the student had
+        prefix = next(p for p in rows if p["item_id"] == r["item_id"])
+        kept = [(m["role"], m["content"], m["owner"]) for m in r["conversations"][: len(prefix["conversations"])]]
+        assert kept == [(m["role"], m["content"], m["owner"]) for m in prefix["conversations"]]
+        assert [m["owner"] for m in r["conversations"][len(prefix["conversations"]):]
+                if m["role"] == "assistant"] == ["teacher"] * (r["rounds"] - prefix["rounds"])
+    assert main(["continue", "--teacher", teacher, "--in", str(prefixes), "--max-turns", "3",
+                 "--out", str(tmp_path / "ag.jsonl"), "--schema", "agentgym", *common]) == 0
+    assert all("from" in m and "value" in m for r in read_jsonl(tmp_path / "ag.jsonl") for m in r["conversations"])
+    assert main(["sft", "--data", str(stitched), "--model", student, "--out", str(tmp_path / "sft"),
+                 "--max-tokens", "4096"]) == 0
+    assert (tmp_path / "sft" / "model.safetensors").is_file()
+    capsys.readouterr()
+    assert main(["check-data", str(stitched), "--no-jvm"]) == 0
+    assert "the card's schema (role/content): 2 rows" in capsys.readouterr().out
