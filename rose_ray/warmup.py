@@ -1,0 +1,111 @@
+"""Models before training: tiny local models built on first use, and the teacher warm-up (SFT
+of a tiny teacher on gold demonstrations, so that it is honestly better than the student),
+cached by its settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rose_ray.config import TrainConfig, to_dict
+
+
+def resolve_models(cfg: TrainConfig) -> tuple[str, str]:
+    """Student and teacher model paths, building tiny models and warming the teacher if asked."""
+    student, teacher = cfg.student_engine.model, cfg.teacher_engine.model
+    if student.startswith("tiny:") or teacher.startswith("tiny:"):
+        from rose_ray.models import init_tiny
+
+        tiny = init_tiny(Path(cfg.tiny_dir).expanduser(), seed=0)
+        student = str(tiny[student[5:]]) if student.startswith("tiny:") else student
+        teacher = str(tiny[teacher[5:]]) if teacher.startswith("tiny:") else teacher
+    if cfg.teacher_warmup.enabled:
+        from rose_ray.envs.worlds import get_world
+
+        if get_world(cfg.env.world).has_gold:
+            teacher = warm_teacher(cfg, teacher)
+        else:
+            print(f"train: no teacher warm-up: {cfg.env.world} has no gold demonstrations; "
+                  "the teacher is used as it is", flush=True)
+    return student, teacher
+
+
+def warm_teacher(cfg: TrainConfig, teacher: str) -> str:
+    """SFT the teacher on gold demonstrations of training games; cached by its settings."""
+    from rose_ray.datasets import gold_rows
+    from rose_ray.envs.worlds import get_world
+    from rose_ray.learner.sft import train_sft
+
+    w = cfg.teacher_warmup
+    catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
+    key, out = warmup_cache(cfg, teacher)
+    if (out / "rose_ray_warmup.json").is_file():
+        return str(out)
+    print(f"train: warming the teacher on {w.gold_games} gold demonstrations ...", flush=True)
+    games = choose_games(cfg, catalogue, cfg.rollout.split, w.gold_games, cfg.seed)
+    rows, _ = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False, protocol=cfg.env.protocol())
+    from rose_ray.data import write_jsonl
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    data = out.with_name(out.name + "_gold.jsonl")
+    write_jsonl(data, rows)
+    tmp = out.with_name(out.name + ".tmp")
+    def log(line: str) -> None:  # "step N/M epoch ..." lines from train_sft, a few of them
+        step, total = line.split()[1].split("/")
+        if int(step) % 10 == 0 or step == total:
+            print(f"train: warm-up {line}", flush=True)
+
+    result = train_sft(data, teacher, tmp, epochs=w.epochs, batch_size=w.batch_episodes, lr=w.lr,
+                       max_tokens=cfg.learner.max_tokens, seed=cfg.seed, log=log, sft_owners=["teacher"])
+    (tmp / "rose_ray_warmup.json").write_text(json.dumps({**key, "final_loss": result["history"][-1]["loss"]}))
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    print(f"train: teacher warmed ({result['steps']} steps, loss {result['history'][-1]['loss']:.3f})")
+    return str(out)
+
+
+def warmup_cache(cfg: TrainConfig, teacher: str) -> tuple[dict[str, Any], Path]:
+    """The settings a warmed teacher depends on, and the folder it is cached in."""
+    from rose_ray.envs.worlds import get_world
+
+    mapping = get_world(cfg.env.world).catalogue(cfg.env.mapping).mapping
+    key = {"teacher": teacher, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
+           "mapping": mapping, **to_dict(cfg)["teacher_warmup"]}
+    return key, Path(cfg.tiny_dir).expanduser() / f"teacher_warm_{_digest(key)}"
+
+
+def _digest(obj: Any) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def choose_games(cfg: TrainConfig, catalogue, split: str, n: int | None, seed: int):
+    """The games of a split (of `cfg.tasks` only, when set); `n` of them, stratified by task."""
+    games = catalogue.split(split)
+    if cfg.tasks:
+        unknown = set(cfg.tasks) - set(catalogue.task_names())
+        if unknown:
+            raise ValueError(f"tasks: unknown task(s) {sorted(unknown)} in {catalogue.world} "
+                             f"(mapping {catalogue.mapping!r}); `rose-ray games --world {catalogue.world}` lists them")
+        games = [g for g in games if g.task in cfg.tasks]
+    if n is None or n >= len(games):
+        return games
+    import random
+
+    by_task: dict[str, list] = {}
+    for g in games:
+        by_task.setdefault(g.task, []).append(g)
+    rng = random.Random(seed)  # round-robin over tasks keeps the sample stratified
+    pools = {t: rng.sample(gs, len(gs)) for t, gs in sorted(by_task.items())}
+    chosen: list = []
+    while len(chosen) < n:
+        for t in pools:
+            if pools[t] and len(chosen) < n:
+                chosen.append(pools[t].pop())
+    return sorted(chosen, key=lambda g: g.index)
