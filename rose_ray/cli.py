@@ -153,6 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. steps=20")
     g.set_defaults(func="rose_ray.train:cli_main")
 
+    g = sub.add_parser("export", help="a Hugging Face folder of the student from a run's kept checkpoint")
+    g.add_argument("run", metavar="RUN", help="the run directory (holds config.yaml and checkpoints/)")
+    g.add_argument("--step", type=int, help="the learner step of a kept checkpoint (default: the latest)")
+    g.add_argument("--out", required=True, help="the new folder to write")
+    g.set_defaults(func="rose_ray.export:cli_main")
+
     g = sub.add_parser("check", help="preflight a config: tokenizers, chat templates, games, placement; exit 2 on the first problem")
     g.add_argument("config", help="YAML config")
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")

@@ -7,8 +7,10 @@ A row is one episode: `item_id`, `conversations` (required) and `task`, `var`, `
   `success` an integer 0/1 (1 when score == 1), `score` ScienceWorld's completion in [0, 1];
 - AgentGym's: `{"from": "human"|"gpt", "value": str, "loss": bool|null}`.
 
-Either may carry `owner` (prompt, env, student, teacher) and `truncated` (the reply hit
-max_new_tokens) per message; `collect`, `continue` and `gold` write the card's by default.
+Either may carry `owner` (prompt, env, student, teacher), `truncated` (the reply hit
+max_new_tokens) and `loss` per message (a training run's `trajectories.jsonl` says with it
+whether each turn's tokens carried loss in that step); `collect`, `continue` and `gold` write
+the card's by default.
 Bad rows raise `DataError` naming the file, line and key.
 """
 

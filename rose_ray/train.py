@@ -9,10 +9,11 @@
 4. Loop (async): episode tasks keep the buffer full (student K turns, then the teacher) while
    the learner takes batches, steps, and publishes weights every N steps; evals every E
    steps and checkpoints every C steps. `mode: sync` alternates rollout and training instead.
-5. Eval after, and a before/after table beside the teacher's.
+5. The student as a Hugging Face folder, `<run_dir>/model/`; eval after, and a before/after
+   table beside the teacher's.
 
-Ctrl-C stops cleanly: the step in progress finishes, a final checkpoint is written, and every
-JVM is closed.
+Ctrl-C stops cleanly: the step in progress finishes, a final checkpoint and `model/` are
+written, and every JVM is closed.
 """
 
 from __future__ import annotations
@@ -142,6 +143,17 @@ class Trainer:
         self.publish()  # the student engine starts from the checkpoint's weights
         print(f"train: resumed {self.run_dir} at step {self.step} (policy version {self.learner.version})")
 
+    @property
+    def model_dir(self) -> Path:
+        return self.run_dir / "model"
+
+    def export_model(self) -> None:
+        """The student as a Hugging Face folder, `<run_dir>/model/`, replaced atomically."""
+        from rose_ray.export import MODEL_INFO, model_info
+
+        info = model_info(self.cfg, self.run_dir, self.step, self.learner.version, self.student_path)
+        self.learner.export(self.model_dir, {MODEL_INFO: info})
+
     def publish(self) -> None:
         out = self.learner.publish_weights([self.student.engine])
         self.weights_ms = out["total_ms"]
@@ -172,11 +184,15 @@ class Trainer:
         game = self.sampler.next()
         self.episodes_started += 1  # ids stay unique across resumes: one session tag per start
         episode_id = f"{self.session}-e{self.episodes_started}"
+        # The decay policy's draws: the run's seed and the game's place in the (checkpointed)
+        # game order, so a rerun or a resumed run decides the same, whatever the timing.
+        at = self.sampler.state()
+        handoff_seed = f"{self.cfg.seed}/{at['epoch']}/{at['position']}/{game.item_id}"
 
         async def episode(g, slot):
             return await run_episode(g, slot, self.student, self.teacher, self.episode_cfg, self.handoff,
                                      protocol=self.protocol, learner_step=self.step,
-                                     request_prefix=f"s{self.step}/")
+                                     request_prefix=f"s{self.step}/", handoff_seed=handoff_seed)
         try:
             t = await self.runner.play(game, episode)
         except asyncio.CancelledError:
@@ -204,7 +220,7 @@ class Trainer:
                 task.cancel()
 
     async def learn_step(self, batch: list[Trajectory]) -> dict[str, float]:
-        from rose_ray.learner.batching import render
+        from rose_ray.learner.batching import loss_turns, render
 
         seqs = [render(t, self.fmt, self.cfg.learner.max_tokens, self.cfg.learner.context_policy,
                        teacher_logprobs=_teacher_logprobs(t) if self.episode_cfg.score_student_with_teacher else None)
@@ -212,9 +228,11 @@ class Trainer:
         made = self.learner.make_batch(seqs, self.pad_id)
         metrics = await asyncio.to_thread(self.learner.train_step, made)
         self.step += 1
+        weights = self.learner.algorithm.owner_weights
         with (self.run_dir / "trajectories.jsonl").open("a") as f:  # what the learner trained on
-            for t in batch:
-                f.write(json.dumps({"step": self.step, **t.to_record()}) + "\n")
+            for t, seq in zip(batch, seqs):  # `loss` per turn: did its tokens carry loss this step
+                record = t.to_record(loss=loss_turns(seq, len(t.turns), weights))
+                f.write(json.dumps({"step": self.step, **record}) + "\n")
         if self.step % self.cfg.publish_every == 0:
             await asyncio.to_thread(self.publish)
         return metrics
@@ -253,6 +271,9 @@ class Trainer:
             "weights/sync_ms": self.weights_ms,
             "weights/version": float(self.learner.version),
         })
+        ps = [t.handoff_p for t in batch if t.handoff_p is not None]
+        if ps:  # decay: the takeover probability this batch's episodes played under
+            scalars["rollout/handoff_p"] = sum(ps) / len(ps)
         self.metrics.log(self.step, scalars)
         for t in batch:
             self.replies["replies"] += t.rounds
@@ -317,6 +338,7 @@ class Trainer:
         if eval_task is not None and not eval_task.done():
             eval_task.cancel()
         await asyncio.to_thread(self.save_checkpoint)
+        await asyncio.to_thread(self.export_model)  # before the eval: a failing eval keeps it
         if cfg.eval.after and self.step >= cfg.steps:
             await self.log_eval(self.step, "student", await self.evaluate("student"))
         return self.summary()
@@ -344,6 +366,7 @@ class Trainer:
         teacher = [e for e in evals if e["who"] == "teacher"]
         return {
             "run_dir": str(self.run_dir), "steps": self.step, "version": self.learner.version,
+            "model": str(self.model_dir),
             "before": student[0] if student and student[0]["step"] == 0 else None,
             "after": student[-1] if student and student[-1]["step"] == self.step and self.step else None,
             "teacher": teacher[0] if teacher else None,
@@ -410,7 +433,8 @@ def train(config: str | None = None, overrides: list[str] | None = None, resume:
         trainer.close()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print(results_table(summary))
-    print(f"train: {summary['steps']} steps; run in {run_dir} (TensorBoard: tensorboard --logdir {run_dir}/tb)")
+    print(f"train: {summary['steps']} steps; model in {summary['model']} (rose-ray eval --model {summary['model']})")
+    print(f"train: run in {run_dir} (TensorBoard: tensorboard --logdir {run_dir}/tb)")
     return summary
 
 

@@ -80,24 +80,38 @@ class Trajectory:
     truncated_turns: int = 0  # replies cut at max_new_tokens
     cut_before_action: int = 0  # of those, replies with no `Action:` line before the cut
     episode_id: str = ""
+    handoff_p: float | None = None  # decay: the takeover probability per student turn
+    handoff_seed: str | None = None  # decay: seeds the takeover draws (with the turn)
     timing: dict[str, float] = field(default_factory=dict)
 
-    def to_record(self, schema: str = "card") -> dict[str, Any]:
+    def to_record(self, schema: str = "card", loss: list[bool] | None = None) -> dict[str, Any]:
         """A dataset row: the card's schema (`role`/`content` messages, `success` 0/1) or
-        AgentGym's (`from`/`value`, with `loss`); either way each message keeps its `owner`."""
+        AgentGym's (`from`/`value`, with `loss`); either way each message keeps its `owner`.
+
+        `loss`, one flag per turn: whether the turn's tokens carried loss (a training step's
+        record); every message then gets `loss`. Without it the card's messages carry none
+        and AgentGym's mark every student and teacher reply (what a dataset offers to train).
+        """
         if schema not in SCHEMAS:
             raise ValueError(f"schema: must be one of {SCHEMAS}, got {schema!r}")
+        if loss is not None and len(loss) != len(self.turns):
+            raise ValueError(f"loss: {len(loss)} flags for {len(self.turns)} turns")
         conversations = []
-        for t in self.turns:
+        for i, t in enumerate(self.turns):
             if schema == "card":
                 m: dict[str, Any] = {"role": t.role, "content": t.text, "owner": t.owner}
             else:
                 m = {"from": "gpt" if t.role == "assistant" else "human",
                      "loss": t.role == "assistant" and t.owner in ("student", "teacher"),
                      "value": t.text, "owner": t.owner}
+            if loss is not None:
+                m["loss"] = bool(loss[i])
             if t.truncated:
                 m["truncated"] = True
             conversations.append(m)
+        extra: dict[str, Any] = {}
+        if self.handoff_p is not None:
+            extra = {"handoff_p": self.handoff_p, "handoff_seed": self.handoff_seed}
         return {
             "item_id": self.game.item_id,
             "task": self.game.task,
@@ -109,6 +123,7 @@ class Trajectory:
             "handoff_turn": self.handoff_turn,
             "episode_id": self.episode_id,
             "student_version": self.student_version,
+            **extra,
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -10,7 +10,14 @@ import torch
 
 from rose_ray.chat import ChatFormat
 from rose_ray.data import row_to_trajectory
-from rose_ray.learner.batching import make_batch, pack, position_ids, render, split_batch
+from rose_ray.learner.batching import (
+    loss_turns,
+    make_batch,
+    pack,
+    position_ids,
+    render,
+    split_batch,
+)
 from rose_ray.learner.losses import make_algorithm
 from rose_ray.types import OWNERS, GameId, Trajectory, Turn
 
@@ -98,6 +105,33 @@ def test_truncation_uses_the_engine_policy():
     ended = render(turns, max_tokens=len(full) - 2, context_policy="end_episode")
     # end_episode: the engine stopped there, so keep the prefix of whole turns that fits
     assert ended.input_ids == full.input_ids[:14] and ended.dropped_turns == 1
+
+
+@pytest.mark.parametrize("algo, params, trained", [
+    ("rose", {}, {"teacher"}), ("rose", {"lam": 0.5}, {"student", "teacher"}), ("opd", {}, {"student"}),
+    ("sft", {"owners": ("env", "teacher")}, {"env", "teacher"}),
+])
+def test_loss_turns_say_which_turns_make_batch_trains(algo, params, trained):
+    """The per-turn flags of trajectories.jsonl agree with make_batch's weights, token by token."""
+    turns = hand_trajectory().turns + [
+        Turn("user", "obs3", "env", [11, 12]), Turn("assistant", "act3", "teacher", [13, EOS]),
+        Turn("user", "obs4", "env", [14]),
+        Turn("assistant", "cut", "student", [EOS], truncated=True),  # only the appended end-of-turn
+    ]
+    weights = make_algorithm(algo, **params).owner_weights
+    full = render(turns)
+    cut = render(turns, max_tokens=len(full) - 2, context_policy="drop_oldest")  # drops turns 3, 4
+    for seq, gone in ((full, set()), (cut, {3, 4})):
+        flags = loss_turns(seq, len(turns), weights)
+        batch = make_batch([seq], weights, max_tokens=64)
+        at = 0
+        for i, n in seq.turn_spans:
+            assert flags[i] == bool((batch.loss_weights[0][at : at + n] > 0).any()), (i, turns[i])
+            at += n
+        assert {i for i in gone if flags[i]} == set()
+        expected = {i for i, t in enumerate(turns) if t.owner in trained and t.token_ids
+                    and i not in gone and not (t.truncated and len(t.token_ids) == 1)}
+        assert {i for i, f in enumerate(flags) if f} == expected
 
 
 def test_packing_masks_attention_between_sequences(tiny_models):

@@ -138,3 +138,12 @@ def test_trajectories_write_either_schema_and_read_back():
                [(x.role, x.text, x.owner, x.truncated) for x in turns]
     with pytest.raises(ValueError, match="schema"):
         t.to_record("sharegpt")
+    # A training step's record: each message says whether its tokens carried loss.
+    flags = [False, False, False, False, False, True]  # rose with lambda = 0: teacher only
+    card, ag = t.to_record(loss=flags), t.to_record("agentgym", loss=flags)
+    assert [m["loss"] for m in card["conversations"]] == flags
+    assert [m["loss"] for m in ag["conversations"]] == flags
+    # Read back, an untrained reply is context: the run's own training is what SFT repeats.
+    assert [b.owner for b in row_to_turns(validate_row(card))][3] == "prompt"
+    with pytest.raises(ValueError, match="loss: 2 flags for 6 turns"):
+        t.to_record(loss=[True, False])

@@ -59,6 +59,9 @@ def test_trajectories_are_student_then_teacher(tiny_run):
         assert owners[:K] == ["student"] * min(K, len(owners))
         assert owners[K:] == ["teacher"] * (len(owners) - K)
         assert r["handoff_turn"] == (K + 1 if len(owners) > K else None)
+        # rose with lambda = 0: only teacher tokens carried loss; the student's are context.
+        for m in r["conversations"]:
+            assert m["loss"] is (m["role"] == "assistant" and m["owner"] == "teacher"), m
     # No trajectory trained twice.
     assert len({r["episode_id"] for r in rows}) == len(rows)
 
@@ -93,11 +96,17 @@ def test_accounting_holds(tiny_run):
     assert summary["runner"]["started"] >= summary["runner"]["finished"]
 
 
+def model_step(run_dir) -> int:
+    return json.loads((run_dir / "model" / "rose_ray_model.json").read_text())["step"]
+
+
 def test_checkpoint_and_resume_continue_from_the_step(tiny_run, tiny_models):
-    run_dir, _ = tiny_run
+    run_dir, summary = tiny_run
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_3"
+    assert summary["model"] == str(run_dir / "model") and model_step(run_dir) == 3
     summary = train(None, ["steps=5"], resume=str(run_dir))
     assert summary["steps"] == 5 and summary["version"] == 5
+    assert model_step(run_dir) == 5  # a resumed run rewrites model/ when it ends
     steps = [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
     assert steps == [1, 2, 3, 4, 5]
     with pytest.raises(ValueError, match="already holds a run"):
@@ -137,6 +146,8 @@ def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_no_jvm_left(tiny_models, tmp
     assert "stopping after the current step" in out
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     assert int(latest.split("_")[1]) >= 1
+    assert model_step(run_dir) == int(latest.split("_")[1])  # model/ after the final checkpoint
+    assert f"model in {run_dir / 'model'}" in out
     time.sleep(1)
     assert not (_jvm_pids() & during)
 
@@ -151,14 +162,22 @@ def test_other_algorithms_run(tiny_models, ray_cluster, tmp_path, algorithm, lea
     rows = read_jsonl(run_dir / "trajectories.jsonl")
     owners = {m["owner"] for r in rows for m in r["conversations"] if m["role"] == "assistant" and m["owner"] != "prompt"}
     assert owners == ({"student"} if algorithm == "opd" else {"teacher"})
+    # Every reply of these runs was trained (opd: the student's; teacher_sft: the teacher's).
+    assert all(m["loss"] is (m["role"] == "assistant" and m["owner"] in owners)
+               for r in rows for m in r["conversations"])
     step = next(m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m)
     assert step["learner/loss_opd" if algorithm == "opd" else "learner/loss_teacher_ce"] != 0.0
 
 
-def test_bad_config_is_rejected_with_the_key_named(tmp_path):
+def test_bad_config_is_rejected_with_the_key_named(tmp_path, capsys):
     from rose_ray.cli import main
 
     assert main(["train", f"run_dir={tmp_path}/r", "rollout.nonsense=1"]) == 2
     assert main(["train", f"run_dir={tmp_path}/r", "rollout.max_lag=-1"]) == 2
     assert main(["train", f"run_dir={tmp_path}/r", "algorithm=opd"]) == 2  # learner.algorithm disagrees
+    capsys.readouterr()
+    for bad, key in (("rollout.handoff.p0=1.5", "rollout.handoff.p0"),
+                     ("rollout.handoff.decay_steps=0", "rollout.handoff.decay_steps")):
+        assert main(["train", f"run_dir={tmp_path}/r", "rollout.handoff.policy=decay", bad]) == 2
+        assert f"{key}: must be" in capsys.readouterr().err
     assert not (tmp_path / "r" / "checkpoints").exists()

@@ -42,6 +42,9 @@ class Sequence:
     # False where a token may carry no loss whatever its owner: the end-of-turn id appended
     # to a reply cut at max_new_tokens (the model never produced it). Empty: all trainable.
     trainable: list[bool] = field(default_factory=list)
+    # (index in the trajectory's turns, token count) of each turn kept, in order: what
+    # `loss_turns` maps tokens back to turns with (turns cut for context are absent).
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -133,7 +136,24 @@ def render(
         if n and t.truncated and t.role == "assistant":
             keep[-1] = False  # the end-of-turn id appended after the cut
         seq.trainable += keep
+        seq.turn_spans.append((index[id(t)], n))
     return seq
+
+
+def loss_turns(seq: Sequence, n_turns: int, owner_weights: dict[str, float]) -> list[bool]:
+    """Per turn of the rendered trajectory: whether `make_batch` gives any of its tokens a
+    loss weight > 0 under these owner weights. A turn cut for context, a reply whose only id
+    is the end-of-turn appended after a cut, and the sequence's first token carry none."""
+    flags = [False] * n_turns
+    at = 0
+    for i, n in seq.turn_spans:
+        flags[i] = any(
+            j > 0 and owner_weights.get(OWNERS[seq.owners[j]], 0.0) > 0
+            and (not seq.trainable or seq.trainable[j])
+            for j in range(at, at + n)
+        )
+        at += n
+    return flags
 
 
 def pack(lengths: list[int], max_tokens: int) -> list[list[int]]:

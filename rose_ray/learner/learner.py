@@ -201,14 +201,15 @@ class LearnerGroup:
         self.step, self.version = int(state["step"]), int(state["version"])
         return {"tag": tag, **state}
 
-    def export(self, out_dir: str | Path) -> dict[str, Any]:
-        """A Hugging Face folder of the current weights (gathered under ZeRO-3)."""
+    def export(self, out_dir: str | Path, extra_files: dict[str, str] | None = None) -> dict[str, Any]:
+        """A Hugging Face folder of the current weights (gathered under ZeRO-3), written
+        atomically; `extra_files` {name: text} go into it too (e.g. where the weights came from)."""
         from rose_ray.learner.weights import source_dtype
 
         dtype = self.config.export_dtype
         if dtype == "auto":
             dtype = source_dtype(self.config.model)
-        return self._all("export", str(out_dir), dtype)[0]
+        return self._all("export", str(out_dir), dtype, extra_files)[0]
 
     def publish_weights(self, engines: list[Any]) -> dict[str, float]:
         """Current weights + version to every engine actor; returns timing (ms) and size (MB)."""

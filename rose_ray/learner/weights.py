@@ -65,27 +65,40 @@ def source_dtype(model_path: str) -> str:
     return name if name in DTYPES else "float32"
 
 
-def write_hf_folder(state: dict[str, Any], model_path: str, out_dir: str, dtype: str) -> dict[str, Any]:
-    """A Hugging Face folder (config, model.safetensors, tokenizer) written atomically."""
+def write_hf_folder(state: dict[str, Any], model_path: str, out_dir: str, dtype: str,
+                    extra_files: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Hugging Face folder (config, model.safetensors, tokenizer with its chat template,
+    generation config, and `extra_files` {name: text}) written atomically: built in a
+    sibling `.tmp` folder (removed if anything fails) and renamed into place."""
     from huggingface_hub import save_torch_state_dict
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    src = Path(model_path)
-    if src.is_dir():  # tokenizer, chat template, generation config: copied as they are
-        for f in src.iterdir():
-            if f.is_file() and f.name != "config.json" and not f.name.endswith(WEIGHT_FILES):
-                shutil.copy2(f, tmp / f.name)
-    else:
-        AutoTokenizer.from_pretrained(model_path).save_pretrained(tmp)
-    config = AutoConfig.from_pretrained(model_path)
-    config.dtype = dtype
-    config.save_pretrained(tmp)
-    save_torch_state_dict(state, tmp, max_shard_size="5GB")
+    try:
+        src = Path(model_path)
+        if src.is_dir():  # tokenizer, chat template, generation config: copied as they are
+            for f in src.iterdir():
+                if f.is_file() and f.name != "config.json" and not f.name.endswith(WEIGHT_FILES):
+                    shutil.copy2(f, tmp / f.name)
+        else:
+            AutoTokenizer.from_pretrained(model_path).save_pretrained(tmp)
+            try:
+                GenerationConfig.from_pretrained(model_path).save_pretrained(tmp)
+            except OSError:
+                pass  # a model without a generation config
+        config = AutoConfig.from_pretrained(model_path)
+        config.dtype = dtype
+        config.save_pretrained(tmp)
+        save_torch_state_dict(state, tmp, max_shard_size="5GB")
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

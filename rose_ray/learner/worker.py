@@ -266,13 +266,13 @@ class LearnerWorker:
 
         return gather_state(self.engine.module, self.cfg.zero_stage == 3, self.rank == 0, dtype)
 
-    def export(self, out_dir: str, dtype: str) -> dict[str, Any] | None:
+    def export(self, out_dir: str, dtype: str, extra_files: dict[str, str] | None = None) -> dict[str, Any] | None:
         from rose_ray.learner.weights import write_hf_folder
 
         state = self.full_state(dtype)
         if self.rank != 0:
             return None
-        return write_hf_folder(state, self.cfg.model, out_dir, dtype)
+        return write_hf_folder(state, self.cfg.model, out_dir, dtype, extra_files)
 
     def publish(self, engines: list[Any], version: int) -> dict[str, float] | None:
         """Send full weights to engine actors through the object store (rank 0)."""

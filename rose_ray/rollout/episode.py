@@ -5,6 +5,9 @@ Who acts when is a handoff policy chosen by name:
 - `fixed`: the teacher takes over after K student turns (the seed: K=5, then 5 teacher turns).
 - `curriculum`: K grows with the learner step (k_start, +1 every `grow_every` steps, to k_max).
 - `on_failure`: the teacher takes over after the student's first invalid or repeated action.
+- `decay`: at each student turn the teacher takes over with probability p, which falls
+  linearly from p0 to 0 over `decay_steps` learner steps; each draw is seeded by the episode's
+  seed and the turn, so a restarted or repeated episode decides the same.
 - `none`: the student plays the whole episode (eval, OPD); `teacher_only`: K = 0.
 
 Episodes talk to an EnvPool slot and to engine actors through Ray; every call is awaited,
@@ -13,6 +16,7 @@ so many episodes run concurrently in one event loop.
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +27,7 @@ from rose_ray.envs.worlds import get_world
 from rose_ray.inference.engine import GenerationRequest, fit_context
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
-HANDOFF_POLICIES = ("fixed", "curriculum", "on_failure", "none", "teacher_only")
+HANDOFF_POLICIES = ("fixed", "curriculum", "on_failure", "decay", "none", "teacher_only")
 
 
 class ReplayMismatch(ValueError):
@@ -45,13 +49,18 @@ class HandoffConfig:
     k_start: int = 1  # curriculum
     k_max: int = 10
     grow_every: int = 10  # learner steps per +1 student turn
+    p0: float = 0.5  # decay: takeover probability per student turn at learner step 0
+    decay_steps: int = 100  # decay: learner steps over which p falls linearly to 0
 
     def __post_init__(self) -> None:
         if self.policy not in HANDOFF_POLICIES:
-            raise ValueError(f"handoff.policy: must be one of {HANDOFF_POLICIES}, got {self.policy!r}")
-        for key in ("k", "k_start", "k_max", "grow_every"):
-            if int(getattr(self, key)) < (1 if key == "grow_every" else 0):
-                raise ValueError(f"handoff.{key}: must be >= {int(key == 'grow_every')}, got {getattr(self, key)!r}")
+            raise ValueError(f"rollout.handoff.policy: must be one of {HANDOFF_POLICIES}, got {self.policy!r}")
+        for key in ("k", "k_start", "k_max", "grow_every", "decay_steps"):
+            least = 1 if key in ("grow_every", "decay_steps") else 0
+            if int(getattr(self, key)) < least:
+                raise ValueError(f"rollout.handoff.{key}: must be >= {least}, got {getattr(self, key)!r}")
+        if not 0.0 <= self.p0 <= 1.0:  # NaN fails too
+            raise ValueError(f"rollout.handoff.p0: must be in [0, 1], got {self.p0!r}")
 
     def student_turns(self, learner_step: int = 0) -> int | None:
         """Turns the student plays before the handoff; None = no fixed limit."""
@@ -61,7 +70,18 @@ class HandoffConfig:
             return min(self.k_max, self.k_start + learner_step // self.grow_every)
         if self.policy == "teacher_only":
             return 0
-        return None  # on_failure decides during the episode; none never hands off
+        return None  # on_failure and decay decide during the episode; none never hands off
+
+    def takeover_p(self, learner_step: int) -> float:
+        """decay: the teacher's takeover probability at each student turn, at this learner step."""
+        return self.p0 * max(0.0, 1.0 - learner_step / self.decay_steps)
+
+
+def decay_takes_over(seed: str, turn: int, p: float) -> bool:
+    """Whether the teacher takes over at `turn` (decay): one uniform draw from a generator
+    seeded by the episode's seed and the turn, below p. String seeds hash the same in every
+    process, so the decision depends on nothing else (not on timing, nor on other episodes)."""
+    return random.Random(f"{seed}/turn{turn}").random() < p
 
 
 @dataclass
@@ -106,6 +126,7 @@ async def run_episode(
     learner_step: int = 0,
     request_prefix: str = "",
     replay: list[Turn] | None = None,
+    handoff_seed: str | None = None,
 ) -> Trajectory:
     """Play one game; the returned Trajectory's token ids are in the student's tokenizer.
 
@@ -113,6 +134,9 @@ async def run_episode(
     then action/observation pairs), the recorded actions are replayed first and every
     observation is checked against the record (`ReplayMismatch` otherwise); the episode then
     continues from there under the handoff policy.
+
+    `handoff_seed` seeds the `decay` policy's draws (default: the item id); a run passes one
+    per episode, made from its seed and the episode's place in the game order.
     """
     protocol = protocol or get_world(game.world).protocol
     t_start = time.perf_counter()
@@ -124,6 +148,9 @@ async def run_episode(
         k = None  # no teacher: the student plays on (eval without a teacher)
     if teacher is None and k == 0:
         raise ValueError("handoff.policy teacher_only needs a teacher")
+    decay = handoff.policy == "decay" and teacher is not None
+    p = handoff.takeover_p(learner_step) if decay else None
+    seed = handoff_seed if handoff_seed is not None else game.item_id
 
     # The conversation, in the student's ids and (when the tokenizers differ) the teacher's.
     opening = protocol.opening()
@@ -176,6 +203,8 @@ async def run_episode(
     for turn in range(replayed + 1, config.max_turns + 1):
         if done:
             break
+        if decay and handoff_turn is None and decay_takes_over(seed, turn, p):
+            handoff_turn = turn  # the teacher acts from this turn to the end
         teacher_acts = teacher is not None and (
             handoff_turn is not None or (k is not None and turn > k)
         )
@@ -262,6 +291,8 @@ async def run_episode(
         invalid_actions=int(invalid),
         truncated_turns=int(truncated_turns),
         cut_before_action=int(cut_before_action),
+        handoff_p=p,
+        handoff_seed=seed if decay else None,
         timing=timing,
     )
 

@@ -1,0 +1,114 @@
+"""The trained student as a Hugging Face folder.
+
+    rose-ray export RUN [--step N] --out DIR
+
+Every run writes `<run_dir>/model/` when it ends; this command writes one from any kept
+checkpoint (`<run_dir>/checkpoints/step_N`, default the latest). DeepSpeed checkpoints are
+per rank and per ZeRO stage, so the checkpoint is loaded into a learner group built from the
+run's own `config.yaml` (its ranks, ZeRO stage and dtype), on this machine's CPUs when it has
+no GPU, and exported the way the run exports: gathered under ZeRO-3, written atomically. The
+folder names where it came from in `rose_ray_model.json`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rose_ray.config import TrainConfig, load_config
+
+MODEL_INFO = "rose_ray_model.json"
+
+
+def kept_steps(run_dir: str | Path) -> list[int]:
+    """Learner steps with a whole checkpoint: DeepSpeed's folder and the trainer's state
+    (written after it, so a checkpoint cut short by a crash is not listed)."""
+    ckpt = Path(run_dir) / "checkpoints"
+    steps = []
+    for d in ckpt.glob("step_*"):
+        n = d.name.split("_", 1)[1]
+        if d.is_dir() and n.isdigit() and (ckpt / f"trainer_{d.name}.json").is_file():
+            steps.append(int(n))
+    return sorted(steps)
+
+
+def student_model(cfg: TrainConfig) -> str:
+    """The student's base model folder (the tiny models are built here when missing; they are
+    made from a fixed seed, and the checkpoint's weights replace theirs anyway)."""
+    name = cfg.student_engine.model
+    if name.startswith("tiny:"):
+        from rose_ray.models import init_tiny
+
+        return str(init_tiny(Path(cfg.tiny_dir).expanduser(), seed=0)[name[5:]])
+    return name
+
+
+def model_info(cfg: TrainConfig, run_dir: str | Path, step: int, version: int, base: str) -> str:
+    """The provenance file of an exported model: which run, step and policy version."""
+    return json.dumps({
+        "run_dir": str(Path(run_dir).resolve()), "step": step, "policy_version": version,
+        "algorithm": cfg.algorithm, "base_model": cfg.student_engine.model, "base_path": base,
+    }, indent=1) + "\n"
+
+
+def check_request(run_dir: str | Path, out: str | Path, step: int | None) -> tuple[TrainConfig, int]:
+    """The run's config and the step to export; every problem is a ValueError naming it, raised
+    before anything starts or is written."""
+    run = Path(run_dir)
+    if not (run / "config.yaml").is_file():
+        raise ValueError(f"{run}: not a run directory (no config.yaml there)")
+    steps = kept_steps(run)
+    if not steps:
+        raise ValueError(f"{run}: no checkpoint kept under {run / 'checkpoints'}")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise ValueError(f"{run}: no checkpoint of step {step}; kept steps: {', '.join(map(str, steps))}")
+    target = Path(out)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise ValueError(f"--out {target}: already exists and is not an empty folder; give a new one")
+    return load_config(run / "config.yaml"), step
+
+
+def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> dict[str, Any]:
+    """Load step `step` (default: the latest kept) of a run into a learner group and export it."""
+    import ray
+
+    from rose_ray.learner.learner import LearnerGroup
+    from rose_ray.rollout.workers import init_ray
+
+    cfg, step = check_request(run_dir, out, step)
+    base = student_model(cfg)
+    started = not ray.is_initialized()
+    init_ray(None)  # RAY_ADDRESS, else a private local cluster
+    try:
+        # The run's ranks, ZeRO stage and dtype (its checkpoint files are laid out by them);
+        # resources scaled to what this cluster has, so a GPU run exports on a laptop too.
+        lc = cfg.learner
+        total = ray.cluster_resources()
+        gpus = lc.gpus_per_rank if total.get("GPU", 0.0) >= lc.gpus_per_rank * lc.ranks else 0.0
+        cpus = min(lc.cpus_per_rank, max(total.get("CPU", 1.0) / lc.ranks, 0.01))
+        learner = replace(lc, model=base, cpus_per_rank=cpus, gpus_per_rank=gpus,
+                          backend=lc.backend if gpus else "auto")
+        group = LearnerGroup(learner)
+        try:
+            state = group.load_checkpoint(Path(run_dir) / "checkpoints", f"step_{step}")
+            info = model_info(cfg, run_dir, state["step"], state["version"], base)
+            result = group.export(out, {MODEL_INFO: info})
+        finally:
+            group.shutdown()
+    finally:
+        if started:
+            ray.shutdown()
+    return {**result, "step": int(state["step"]), "version": int(state["version"])}
+
+
+def cli_main(args: Any) -> int:
+    """The `export` subcommand (arguments in rose_ray/cli.py)."""
+    result = export_run(args.run, args.out, args.step)
+    print(f"export: step {result['step']} (policy version {result['version']}) of {args.run} -> "
+          f"{result['path']} ({result['tensors']} tensors, {result['mb']:.1f} MB, {result['dtype']})")
+    print(f"export: try it with  rose-ray eval --model {result['path']}")
+    return 0
