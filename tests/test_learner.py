@@ -174,7 +174,7 @@ def test_bf16_export_keeps_fp32_buffers(tiny_models, tmp_path):
     state = gather_state(model, zero3=False, keep=True, dtype="bfloat16")
     assert "lm_head.weight" not in state  # tied to the embeddings: written once
     write_hf_folder(state, str(tiny_models["student"]), str(tmp_path / "bf16"), "bfloat16")
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16").eval()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype="auto").eval()  # v5 default
     assert loaded.dtype == torch.bfloat16
     assert loaded.model.rotary_emb.inv_freq.dtype == torch.float32
     ids = torch.arange(5, 40)[None]
