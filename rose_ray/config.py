@@ -79,14 +79,18 @@ class TeacherWarmupConfig:
     max_turns: int = 8  # the opening of each gold path: what short episodes need most
     epochs: int = 10
     lr: float = 1e-3
+    schedule: str = "constant"  # constant | linear | cosine (over the warm-up's steps)
     batch_episodes: int = 8
+    threads: int = 2  # torch threads: nothing else runs during the warm-up
 
     def __post_init__(self) -> None:
-        for key in ("gold_games", "max_turns", "epochs", "batch_episodes"):
+        for key in ("gold_games", "max_turns", "epochs", "batch_episodes", "threads"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"teacher_warmup.{key}: must be >= 1, got {getattr(self, key)!r}")
         if self.lr <= 0:
             raise ConfigError(f"teacher_warmup.lr: must be > 0, got {self.lr!r}")
+        if self.schedule not in ("constant", "linear", "cosine"):
+            raise ConfigError(f"teacher_warmup.schedule: must be constant, linear or cosine, got {self.schedule!r}")
 
 
 @dataclass

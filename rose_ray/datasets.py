@@ -30,17 +30,19 @@ from typing import Any
 from rose_ray.data import message_text, read_jsonl, row_schema, row_to_turns, write_jsonl
 from rose_ray.envs.base import StepResult
 from rose_ray.envs.catalogue import MAPPINGS, Catalogue, GameCatalogue, parse_item
-from rose_ray.envs.protocol import Protocol
+from rose_ray.envs.protocol import Protocol, location_of
 from rose_ray.envs.worlds import get_world, world_protocol
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
 
 # --------------------------------------------------------------------------- gold
-def gold_thought(action: str) -> str:
-    """A short templated Thought that names the action it leads to (easy for a small model)."""
+def gold_thought(action: str, location: str | None = None) -> str:
+    """A short templated Thought: where the agent is (copied from the observations, so that a
+    small model learns to read the room before it acts) and the action it leads to."""
+    where = f"I am in the {location}. " if location else ""
     if action.strip().isdigit():
-        return f"The game asks which one I meant; option {action.strip()} is the right one."
-    return f"To make progress on the task, I will {action} next."
+        return f"{where}The game asks which one I meant; option {action.strip()} is the right one."
+    return f"{where}To make progress on the task, I will {action} next."
 
 
 def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str]],
@@ -48,9 +50,11 @@ def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str
     """A gold episode as a dataset row (teacher-owned assistant turns)."""
     turns = [Turn("user", protocol.instruction, "prompt"), Turn("assistant", protocol.acknowledgement, "prompt"),
              Turn("user", first_observation, "env")]
+    location = location_of(first_observation)
     for action, observation in steps:
-        turns.append(Turn("assistant", f"Thought: {gold_thought(action)}\nAction: {action}", "teacher"))
+        turns.append(Turn("assistant", f"Thought: {gold_thought(action, location)}\nAction: {action}", "teacher"))
         turns.append(Turn("user", observation, "env"))
+        location = location_of(observation) or location
     t = Trajectory(game=game, turns=turns, score=last.score, raw_score=last.raw_score,
                    success=last.success, rounds=len(steps), teacher_id="gold")
     return t.to_record(schema)

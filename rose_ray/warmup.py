@@ -34,39 +34,105 @@ def resolve_models(cfg: TrainConfig) -> tuple[str, str]:
     return student, teacher
 
 
+SHIPPED_GOLD = "tiny_warmup_gold.jsonl"  # in rose_ray/envs/data, with its `.meta.json`
+
+
 def warm_teacher(cfg: TrainConfig, teacher: str) -> str:
-    """SFT the teacher on gold demonstrations of training games; cached by its settings."""
-    from rose_ray.datasets import gold_rows
-    from rose_ray.envs.worlds import get_world
+    """SFT the teacher on gold demonstrations of training games; cached by its settings.
+
+    The demonstrations are the shipped ones when they are what the settings ask for (the tiny
+    default's: ScienceWorld can give another gold path for the same game after a reload, so
+    playing them live would differ between machines); otherwise gold paths are played now.
+    Training is seeded (and gave the same weights with 1 and 2 threads here), so the same
+    settings give the same teacher: its weights' digest is printed and cached with it.
+    """
+    from rose_ray.data import write_jsonl
     from rose_ray.learner.sft import train_sft
 
     w = cfg.teacher_warmup
-    catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
     key, out = warmup_cache(cfg, teacher)
     if (out / "rose_ray_warmup.json").is_file():
         return str(out)
-    print(f"train: warming the teacher on {w.gold_games} gold demonstrations ...", flush=True)
-    games = choose_games(cfg, catalogue, cfg.rollout.split, w.gold_games, cfg.seed)
-    rows, _ = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False, protocol=cfg.env.protocol())
-    from rose_ray.data import write_jsonl
-
+    rows = shipped_gold(key)
+    source = "shipped" if rows is not None else "played now"
+    if rows is None:
+        rows = play_gold(cfg)
+    print(f"train: warming the teacher on {len(rows)} gold demonstrations ({source}) ...", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     data = out.with_name(out.name + "_gold.jsonl")
     write_jsonl(data, rows)
     tmp = out.with_name(out.name + ".tmp")
+
     def log(line: str) -> None:  # "step N/M epoch ..." lines from train_sft, a few of them
         step, total = line.split()[1].split("/")
-        if int(step) % 10 == 0 or step == total:
+        if int(step) % 16 == 0 or step == total:
             print(f"train: warm-up {line}", flush=True)
 
     result = train_sft(data, teacher, tmp, epochs=w.epochs, batch_size=w.batch_episodes, lr=w.lr,
-                       max_tokens=cfg.learner.max_tokens, seed=cfg.seed, log=log, sft_owners=["teacher"])
-    (tmp / "rose_ray_warmup.json").write_text(json.dumps({**key, "final_loss": result["history"][-1]["loss"]}))
+                       schedule=w.schedule, max_tokens=cfg.learner.max_tokens, seed=cfg.seed, log=log,
+                       sft_owners=["teacher"], threads=w.threads)
+    loss = result["history"][-1]["loss"]
+    weights = weights_digest(tmp)
+    (tmp / "rose_ray_warmup.json").write_text(json.dumps({**key, "gold": source, "final_loss": loss,
+                                                          "weights_sha256": weights}))
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
-    print(f"train: teacher warmed ({result['steps']} steps, loss {result['history'][-1]['loss']:.3f})")
+    print(f"train: teacher warmed ({result['steps']} steps, loss {loss:.3f}, weights {weights[:12]})")
     return str(out)
+
+
+def play_gold(cfg: TrainConfig) -> list[dict[str, Any]]:
+    """Gold demonstrations of `teacher_warmup.gold_games` training games, played now."""
+    from rose_ray.datasets import gold_rows
+    from rose_ray.envs.worlds import get_world
+
+    w = cfg.teacher_warmup
+    catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
+    games = choose_games(cfg, catalogue, cfg.rollout.split, w.gold_games, cfg.seed)
+    rows, _ = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False, protocol=cfg.env.protocol())
+    return rows
+
+
+def gold_key(key: dict[str, Any]) -> dict[str, Any]:
+    """The settings that decide which gold demonstrations a warm-up uses."""
+    return {k: key[k] for k in ("world", "tasks", "split", "mapping", "seed", "gold_games", "max_turns", "opening")}
+
+
+def shipped_gold(key: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The shipped demonstrations when they were made under these settings, else None."""
+    from importlib import resources
+
+    from rose_ray.data import read_jsonl
+
+    data = resources.files("rose_ray.envs").joinpath("data", SHIPPED_GOLD)
+    meta = resources.files("rose_ray.envs").joinpath("data", SHIPPED_GOLD.replace(".jsonl", ".meta.json"))
+    if not meta.is_file() or json.loads(meta.read_text()) != gold_key(key):
+        return None
+    with resources.as_file(data) as path:
+        return read_jsonl(path)
+
+
+def write_shipped_gold(cfg: TrainConfig, out_dir: Path) -> Path:
+    """Play the config's warm-up demonstrations and write them (with their settings) for shipping."""
+    from rose_ray.data import write_jsonl
+
+    key, _ = warmup_cache(cfg, "")
+    rows = play_gold(cfg)
+    write_jsonl(out_dir / SHIPPED_GOLD, rows)
+    meta = out_dir / SHIPPED_GOLD.replace(".jsonl", ".meta.json")
+    meta.write_text(json.dumps(gold_key(key), indent=1) + "\n")
+    return out_dir / SHIPPED_GOLD
+
+
+def weights_digest(folder: Path) -> str:
+    """sha256 of a model folder's safetensors files: the same teacher on every machine or not."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def warmup_cache(cfg: TrainConfig, teacher: str) -> tuple[dict[str, Any], Path]:
@@ -74,8 +140,9 @@ def warmup_cache(cfg: TrainConfig, teacher: str) -> tuple[dict[str, Any], Path]:
     from rose_ray.envs.worlds import get_world
 
     mapping = get_world(cfg.env.world).catalogue(cfg.env.mapping).mapping
-    key = {"teacher": teacher, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
-           "mapping": mapping, **to_dict(cfg)["teacher_warmup"]}
+    opening = _digest(cfg.env.protocol().opening())  # the instruction the demonstrations open with
+    key = {"teacher": teacher, "world": cfg.env.world, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
+           "mapping": mapping, "seed": cfg.seed, "opening": opening, **to_dict(cfg)["teacher_warmup"]}
     return key, Path(cfg.tiny_dir).expanduser() / f"teacher_warm_{_digest(key)}"
 
 
@@ -109,3 +176,10 @@ def choose_games(cfg: TrainConfig, catalogue, split: str, n: int | None, seed: i
             if pools[t] and len(chosen) < n:
                 chosen.append(pools[t].pop())
     return sorted(chosen, key=lambda g: g.index)
+
+
+if __name__ == "__main__":  # python -m rose_ray.warmup: rewrite the shipped demonstrations
+    from rose_ray.config import load_config
+
+    here = Path(__file__).parent / "envs" / "data"
+    print(f"wrote {write_shipped_gold(load_config(None), here)}")

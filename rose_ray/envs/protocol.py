@@ -105,6 +105,16 @@ def is_invalid_observation(observation: str) -> bool:
     return observation.strip().startswith(INVALID_OBSERVATIONS)
 
 
+_LOCATION = re.compile(r"(?:This (?:room|outside location) is called the|You move to the) ([^.\n]+)\.")
+
+
+def location_of(observation: str) -> str | None:
+    """The place an observation says the agent is in ("This room is called the kitchen.",
+    "You move to the hallway."), or None when it does not say."""
+    found = _LOCATION.findall(observation)
+    return found[-1].strip() if found else None
+
+
 def normalise_score(raw_score: float) -> float:
     """ScienceWorld scores run 0..100, or -100 on failure; normalised is max(score, 0)/100."""
     return max(float(raw_score), 0.0) / 100.0

@@ -52,7 +52,10 @@ def train_sft(
     started_ray = not ray.is_initialized()
     if started_ray:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(include_dashboard=False, log_to_driver=False)
+        # RAY_ADDRESS (a submitted job), else a private local cluster: never another user's
+        # `ray start` cluster that happens to run on this machine.
+        ray.init(address=None if os.environ.get("RAY_ADDRESS") else "local",
+                 include_dashboard=False, log_to_driver=False)
     group = LearnerGroup(config)
     history = []
     try:
