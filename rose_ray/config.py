@@ -41,11 +41,16 @@ class RolloutConfig:
     student_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(1.0, 1.0, 512))
     teacher_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(0.0, 1.0, 512))
     max_retries: int = 5
+    # The world's report question at each episode's end (DiscoveryWorld only): "ask" records
+    # the answer in trajectories.jsonl without training on it, "train" trains on it, "off".
+    report: str = "ask"
 
     def __post_init__(self) -> None:
         for key in ("batch_episodes", "max_turns"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"rollout.{key}: must be >= 1, got {getattr(self, key)!r}")
+        if self.report not in ("ask", "train", "off"):
+            raise ConfigError(f"rollout.report: must be ask, train or off, got {self.report!r}")
         if self.max_lag < 0:
             raise ConfigError(f"rollout.max_lag: must be >= 0, got {self.max_lag!r}")
 
@@ -82,6 +87,7 @@ class TeacherWarmupConfig:
     schedule: str = "constant"  # constant | linear | cosine (over the warm-up's steps)
     batch_episodes: int = 8
     threads: int = 2  # torch threads: nothing else runs during the warm-up
+    seed: int = 0  # its own seed: runs with other seeds share one warmed teacher
 
     def __post_init__(self) -> None:
         for key in ("gold_games", "max_turns", "epochs", "batch_episodes", "threads"):
@@ -116,6 +122,32 @@ class ResourcesConfig:
 
 
 @dataclass
+class ReliabilityConfig:
+    """How a run outlives its actors (README: Reliability). Env workers restart on their own."""
+
+    # Replacements per role (student engine, teacher engine, learner group) before the run
+    # stops with an error naming the role, after a final checkpoint.
+    max_restarts: int = 3
+    health_every_s: float = 10.0  # seconds between health pings of each engine
+    # An engine is hung when a ping goes unanswered this long, or when it has calls in flight
+    # and finished none of them for this long (above the slowest honest batch).
+    health_timeout_s: float = 120.0
+    start_timeout_s: float = 1800.0  # a (re)started engine must load its model within this
+    # No learner step and no finished episode for watchdog_s: print which role waits on
+    # what; for a second watchdog_s: checkpoint and exit 1. 0 turns the watchdog off.
+    watchdog_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ConfigError(f"reliability.max_restarts: must be >= 0, got {self.max_restarts!r}")
+        for key in ("health_every_s", "health_timeout_s", "start_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"reliability.{key}: must be > 0, got {getattr(self, key)!r}")
+        if not self.watchdog_s >= 0:
+            raise ConfigError(f"reliability.watchdog_s: must be >= 0 (0 = off), got {self.watchdog_s!r}")
+
+
+@dataclass
 class TrainConfig:
     name: str = "run"
     run_dir: str = "runs/${name}"
@@ -141,6 +173,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     teacher_warmup: TeacherWarmupConfig = field(default_factory=TeacherWarmupConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:

@@ -69,7 +69,7 @@ def warm_teacher(cfg: TrainConfig, teacher: str) -> str:
             print(f"train: warm-up {line}", flush=True)
 
     result = train_sft(data, teacher, tmp, epochs=w.epochs, batch_size=w.batch_episodes, lr=w.lr,
-                       schedule=w.schedule, max_tokens=cfg.learner.max_tokens, seed=cfg.seed, log=log,
+                       schedule=w.schedule, max_tokens=cfg.learner.max_tokens, seed=w.seed, log=log,
                        sft_owners=["teacher"], threads=w.threads)
     loss = result["history"][-1]["loss"]
     weights = weights_digest(tmp)
@@ -89,7 +89,7 @@ def play_gold(cfg: TrainConfig) -> list[dict[str, Any]]:
 
     w = cfg.teacher_warmup
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
-    games = choose_games(cfg, catalogue, cfg.rollout.split, w.gold_games, cfg.seed)
+    games = choose_games(cfg, catalogue, cfg.rollout.split, w.gold_games, w.seed)
     rows, _ = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False, protocol=cfg.env.protocol())
     return rows
 
@@ -142,7 +142,7 @@ def warmup_cache(cfg: TrainConfig, teacher: str) -> tuple[dict[str, Any], Path]:
     mapping = get_world(cfg.env.world).catalogue(cfg.env.mapping).mapping
     opening = _digest(cfg.env.protocol().opening())  # the instruction the demonstrations open with
     key = {"teacher": teacher, "world": cfg.env.world, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
-           "mapping": mapping, "seed": cfg.seed, "opening": opening, **to_dict(cfg)["teacher_warmup"]}
+           "mapping": mapping, "opening": opening, **to_dict(cfg)["teacher_warmup"]}
     return key, Path(cfg.tiny_dir).expanduser() / f"teacher_warm_{_digest(key)}"
 
 

@@ -45,7 +45,7 @@ def test_the_shipped_demonstrations_still_match_the_games():
 
 
 def test_other_settings_play_gold_now():
-    for override in ("teacher_warmup.gold_games=8", "teacher_warmup.max_turns=4", "seed=1",
+    for override in ("teacher_warmup.gold_games=8", "teacher_warmup.max_turns=4", "teacher_warmup.seed=1",
                      "tasks=[boil]", "rollout.split=dev"):
         cfg = load_config(None, [override])
         assert shipped_gold(warmup_cache(cfg, "")[0]) is None, override
@@ -54,8 +54,10 @@ def test_other_settings_play_gold_now():
 def test_the_warm_up_cache_key_names_what_the_teacher_depends_on(tmp_path):
     base = warmup_cache(load_config(None, [f"tiny_dir={tmp_path}"]), "t")[1]
     assert base.parent == tmp_path
-    for override in ("teacher_warmup.lr=1e-3", "teacher_warmup.schedule=constant", "seed=2"):
+    for override in ("teacher_warmup.lr=1e-3", "teacher_warmup.schedule=constant", "teacher_warmup.seed=2"):
         assert warmup_cache(load_config(None, [f"tiny_dir={tmp_path}", override]), "t")[1] != base, override
+    # The run's own seed (game order, learner) does not change the teacher: seeds share it.
+    assert warmup_cache(load_config(None, [f"tiny_dir={tmp_path}", "seed=3"]), "t")[1] == base
     instruction = tmp_path / "i.jsonl"
     instruction.write_text(json.dumps({"conversations": [{"role": "user", "content": "I"},
                                                          {"role": "assistant", "content": "A"}]}) + "\n")
