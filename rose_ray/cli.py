@@ -184,11 +184,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--split", default="test", help="train, dev, test, all, agenteval_test, or an id-list file")
     g.add_argument("--n", type=int, default=200, help="games, a task-stratified sample (0 = the whole split)")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--max-turns", type=int, default=20,
-                   help="turns per game (also caps DiscoveryWorld's own 100 Easy / 1,000 other limits)")
+    g.add_argument("--max-turns", type=int,
+                   help="turns per game (default: sciworld 20; discoveryworld the paper's limits, 100 for Easy "
+                        "and unit tests, 1,000 for Normal and Challenge, which this replaces)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--max-new-tokens", type=int, default=512)
     world_args(g)
+    g.add_argument("--judge", metavar="MODEL",
+                   help="discoveryworld: score knowledge with this judge (a local folder, or openai:URL)")
+    g.add_argument("--judge-model", default="", metavar="NAME", help="the model name an openai: judge server expects")
+    g.add_argument("--judge-max-new-tokens", type=int, default=512)
+    g.add_argument("--judge-thinking", choices=["on", "off"],
+                   help="the judge's chat-template thinking switch (default: off for a local folder, "
+                        "the server's own for openai:)")
     g.add_argument("--teacher", help="with --handoff K: the teacher plays from turn K+1")
     g.add_argument("--handoff", type=int)
     g.add_argument("--concurrency", type=int, default=8, help="episodes at once")

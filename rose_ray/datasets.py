@@ -157,7 +157,9 @@ def _play(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol],
         student, teacher = start_agents(engine(cfg.model), engine(cfg.teacher) if cfg.teacher else None,
                                         enable_thinking=cfg.enable_thinking)
         sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
-        episode_cfg = EpisodeConfig(max_turns=cfg.max_turns, student_sampling=sampling, teacher_sampling=sampling)
+        # Prefixes and stitched rows are training data: no report question at their end.
+        episode_cfg = EpisodeConfig(max_turns=cfg.max_turns, student_sampling=sampling, teacher_sampling=sampling,
+                                    report="off")
         handoff = HandoffConfig(cfg.handoff)
         runner = EpisodeRunner(pools, env_cfg.games_per_worker)
 

@@ -6,6 +6,10 @@ many episodes at once, appends each finished game to `<out>.partial.jsonl` (so a
 interrupted eval resumes where it stopped), and writes `<out>.json` and `<out>.md` with the
 totals and a per-task table. `--handoff K --teacher T` evaluates student-then-teacher play.
 `rose-ray eval --compare A.json B.json` prints results side by side.
+
+DiscoveryWorld is also scored as its paper scores it (`paper_tables`): completion, process
+score and, with `--judge MODEL`, explanatory knowledge (`judge`), from the agent's answer to
+the report question asked when each episode ends.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ class EvalConfig:
     split: str = "test"
     n: int | None = 200
     seed: int = 0
-    max_turns: int = 20
+    max_turns: int | None = None  # None: the world's own limits (DiscoveryWorld: the paper's), else 20
     temperature: float = 0.0
     max_new_tokens: int = 512
     world: str = "sciworld"
@@ -44,16 +48,30 @@ class EvalConfig:
     tokenizer: str | None = None  # needed for openai: models
     served_model: str = ""  # the model name an openai: server expects
     out: str = "eval"  # results go to <out>.json and <out>.md
+    judge: str | None = None  # DiscoveryWorld's knowledge judge: a local folder or openai:URL
+    judge_model: str = ""  # the model name an openai: judge server expects
+    judge_max_new_tokens: int = 512
+    judge_thinking: bool | None = None  # the judge's chat-template thinking switch (None: its default)
 
     def __post_init__(self) -> None:
+        from rose_ray.envs.worlds import get_world
+
         if not self.model:
             raise ValueError("eval: --model is required")
+        if self.max_turns is None and not hasattr(get_world(self.world).catalogue, "turn_limit"):
+            self.max_turns = 20  # worlds without limits of their own
+        if self.judge_model and not self.judge:
+            raise ValueError("eval: --judge-model names the model of an openai: --judge; give --judge")
+        if self.judge and self.world != "discoveryworld":
+            raise ValueError(f"eval: --judge scores DiscoveryWorld's critical questions; {self.world} has none")
+        if self.judge_max_new_tokens < 1:
+            raise ValueError(f"eval: --judge-max-new-tokens must be >= 1, got {self.judge_max_new_tokens}")
         if (self.handoff is None) != (self.teacher is None):
             raise ValueError("eval: --handoff and --teacher go together")
         if self.handoff is not None and self.handoff < 0:
             raise ValueError(f"eval: --handoff must be >= 0, got {self.handoff}")
         for key in ("max_turns", "concurrency", "env_workers", "max_new_tokens"):
-            if getattr(self, key) < 1:
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ValueError(f"eval: --{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
         if self.n is not None and self.n < 1:
             raise ValueError(f"eval: --n must be >= 1, got {self.n}")
@@ -70,6 +88,10 @@ def game_record(t: Trajectory) -> dict[str, Any]:
         "invalid_rate": t.invalid_actions / actions, "handoff_turn": t.handoff_turn,
         "truncated_turns": t.truncated_turns, "cut_before_action": t.cut_before_action,
         "end_reason": t.end_reason, "attempts": int(t.timing.get("attempts", 1)),
+        **({"report": t.report} if t.report is not None else {}),
+        # DiscoveryWorld: the package's own score (the paper's process score) and what the judge needs
+        **({"process": t.scoring["process"]} if "process" in t.scoring else {}),
+        **{k: t.scoring[k] for k in ("task_description", "critical_questions") if k in t.scoring},
     }
 
 
@@ -88,12 +110,23 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
             "invalid_action_rate": sum(r["invalid_actions"] for r in rows) / turns if turns else 0.0,
             # replies that ran out of tokens before an `Action:` line (older partial files lack it)
             "cut_before_action_rate": sum(r.get("cut_before_action", 0) for r in rows) / turns if turns else 0.0,
+            **(cell(rows) if paper else {}),
         }
 
+    from rose_ray.paper_tables import cell, paper_summary
+
+    paper = bool(records) and all("process" in r for r in records)  # DiscoveryWorld games
     by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         by_task[r["task"]].append(r)
-    return {"overall": block(records), "per_task": {t: block(rs) for t, rs in sorted(by_task.items())}}
+    out = {"overall": block(records), "per_task": {t: block(rs) for t, rs in sorted(by_task.items())}}
+    if paper:
+        out["paper"] = paper_summary(records)
+        verdicts = [v for r in records for v in r.get("verdicts") or []]
+        out["overall"].update(judged_questions=len(verdicts),
+                              unparsed_verdicts=sum(not v["parsed"] and not v.get("error") for v in verdicts),
+                              judge_errors=sum(bool(v.get("error")) for v in verdicts))
+    return out
 
 
 def markdown(summary: dict[str, Any], title: str) -> str:
@@ -110,21 +143,52 @@ def markdown(summary: dict[str, Any], title: str) -> str:
     lines = [f"# {title}", "", head.format(""), rule.format(""), "| " + cells(summary["overall"]), "",
              head.format("task | "), rule.format("--- | ")]
     lines += [f"| {task} | " + cells(b) for task, b in summary["per_task"].items()]
+    if "paper" in summary:
+        from rose_ray.paper_tables import paper_markdown
+
+        o = summary["overall"]
+        lines += ["", "## DiscoveryWorld, as its paper scores it", "",
+                  f"Over all {o['games']} games: completion {o['completion']:.3f}, process {o['process']:.3f}; "
+                  + ("knowledge – (needs --judge)." if o["knowledge"] is None else
+                     f"knowledge {o['knowledge']:.3f} over the {o['knowledge_games']} games with critical questions "
+                     f"({o['judged_questions']} questions judged, {o['unparsed_verdicts']} unparsed verdicts and "
+                     f"{o['judge_errors']} judge errors, which count 0)."), "",
+                  paper_markdown(summary["paper"]).rstrip()]
     return "\n".join(lines) + "\n"
 
 
 def compare(paths: list[str]) -> str:
-    """Several results side by side, in the shape of the seed's table."""
-    rows = ["| model | games | Score | Success | Pass |", "| --- | ---: | ---: | ---: | ---: |"]
+    """Several results side by side, in the shape of the seed's table; DiscoveryWorld results
+    also with completion / process / knowledge, overall and per scenario."""
+    from rose_ray.paper_tables import compare_paper
+
+    results = []
     for p in paths:
         try:
             result = json.loads(Path(p).read_text())
-            o = result["summary"]["overall"]
-        except (OSError, json.JSONDecodeError, KeyError) as e:
+            result["summary"]["overall"]["score"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"{p}: not an eval result ({type(e).__name__}: {e})") from None
+        results.append((p, result))
+    paper = any("paper" in r["summary"] for _, r in results)
+    head = "| model | games | Score | Success | Pass |" + (" Completion | Process | Knowledge |" if paper else "")
+    rows = [head, "| --- |" + " ---: |" * (head.count("|") - 2)]
+
+    def f(x: float | None) -> str:
+        return "–" if x is None else f"{x:.3f}"
+
+    named = []
+    for p, result in results:
+        o = result["summary"]["overall"]
         name = result.get("config", {}).get("name") or result.get("config", {}).get("model") or p
-        rows.append(f"| {name} | {o['games']} | {o['score']:.4f} | {o['success']:.3f} | {o['pass']:.3f} |")
-    return "\n".join(rows)
+        row = f"| {name} | {o['games']} | {o['score']:.4f} | {o['success']:.3f} | {o['pass']:.3f} |"
+        if paper:
+            row += "".join(f" {f(o.get(m))} |" for m in ("completion", "process", "knowledge"))
+        rows.append(row)
+        if "paper" in result["summary"]:
+            named.append((name, result["summary"]["paper"]))
+    table = "\n".join(rows)
+    return table + ("\n\n" + compare_paper(named).rstrip() if named else "")
 
 
 # --------------------------------------------------------------------------- episodes
@@ -176,6 +240,13 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     catalogue = get_world(cfg.world).catalogue(cfg.mapping)
     protocol = world_protocol(cfg.world, cfg.instruction_from)  # a bad file fails before any actor
     games = catalogue.sample(cfg.split, cfg.n, cfg.seed) if cfg.n else catalogue.split(cfg.split)
+    judge = _judge_config(cfg)
+    if judge is not None:
+        from rose_ray.judge import check_judge
+
+        judge = check_judge(judge)  # a judge that is not there fails now, not after every game is played
+    # Without --max-turns each game ends at its world's own limit; the episode loop allows the longest.
+    max_turns = cfg.max_turns or max((catalogue.turn_limit(g) for g in games), default=1)
     out = Path(cfg.out[: -len(".json")] if cfg.out.endswith(".json") else cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial.jsonl")
@@ -200,7 +271,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
             )
             sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                                       seed=cfg.seed if cfg.temperature > 0 else None)
-            episode_cfg = EpisodeConfig(max_turns=cfg.max_turns, student_sampling=sampling,
+            episode_cfg = EpisodeConfig(max_turns=max_turns, student_sampling=sampling,
                                         teacher_sampling=SamplingParams(0.0, max_new_tokens=cfg.max_new_tokens))
             handoff_cfg = HandoffConfig("fixed", k=cfg.handoff) if cfg.handoff is not None else HandoffConfig("none")
             runner = EpisodeRunner(pools, env_cfg.games_per_worker)
@@ -212,6 +283,14 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
             stop_agents(student, teacher)
 
     records = [done[g.item_id] for g in games]
+    if judge is not None:
+        from rose_ray.judge import VerdictCache, judge_records
+
+        # Kept after the eval: a rerun (or a resumed eval) with this judge asks nothing twice.
+        cache = VerdictCache(out.with_name(out.name + ".verdicts.jsonl"))
+        counts = judge_records(records, judge, cache)
+        print(f"eval: judge {judge.name}: {counts['questions']} critical questions, {counts['asked']} asked, "
+              f"{counts['cached']} from the cache, {counts['unparsed']} unparsed, {counts['errors']} errors")
     summary = summarise(records)
     result = {"config": asdict(cfg), "summary": summary, "games": records,
               "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -219,6 +298,15 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     _write_atomic(out.with_name(out.name + ".md"), markdown(summary, f"eval of {cfg.model} on {cfg.world} {cfg.split}"))
     partial.unlink(missing_ok=True)
     return result
+
+
+def _judge_config(cfg: EvalConfig):
+    if not cfg.judge:
+        return None
+    from rose_ray.judge import JudgeConfig
+
+    return JudgeConfig(model=cfg.judge, served_model=cfg.judge_model, max_new_tokens=cfg.judge_max_new_tokens,
+                       thinking=cfg.judge_thinking, concurrency=cfg.concurrency, dtype=cfg.dtype)
 
 
 def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial: Path,
@@ -301,6 +389,8 @@ def cli_main(args) -> int:
         served_model=args.served_model, instruction_from=args.instruction_from,
         enable_thinking=args.enable_thinking,
         out=args.out or f"runs/eval/{Path(args.model or 'model').name}_{args.split}",
+        judge=args.judge, judge_model=args.judge_model, judge_max_new_tokens=args.judge_max_new_tokens,
+        judge_thinking=None if args.judge_thinking is None else args.judge_thinking == "on",
     )
     result = run_eval(cfg)
     print(markdown(result["summary"], f"eval of {cfg.model} on {cfg.world} {cfg.split}"))

@@ -14,6 +14,13 @@
 
 Ctrl-C stops cleanly: the step in progress finishes, a final checkpoint and `model/` are
 written, and every JVM is closed.
+
+Reliability (README: Reliability): a lost env worker or JVM, student or teacher engine
+(`rollout/supervisor.py`) costs only the episodes it was running, which start again from their
+first turn; a lost learner rank sends the learner group back to the latest checkpoint; every
+sampled game gets one outcome in `<run_dir>/episodes.jsonl` (`rollout/ledger.py`), also across
+`--resume`; and a watchdog (`reliability.py`) stops a run that makes no progress, saying which
+role it waits on. A role that cannot be kept alive stops the run after a final checkpoint, exit 1.
 """
 
 from __future__ import annotations
@@ -24,12 +31,15 @@ import math
 import os
 import shutil
 import signal
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rose_ray.config import TrainConfig, load_config, to_yaml
+from rose_ray.learner.learner import LearnerLost
+from rose_ray.reliability import RoleFailed, Stalled, Watchdog
 from rose_ray.types import Trajectory
 from rose_ray.warmup import choose_games, resolve_models
 
@@ -46,9 +56,14 @@ class Trainer:
         self.rollout_window: list[Trajectory] = []
         self.t_start = time.time()
         self.weights_ms = 0.0
-        self.episodes_started = 0
         self.replies = {"replies": 0, "truncated": 0, "cut_before_action": 0}  # trained episodes' replies
         self.session = f"{run_dir.name}-{os.urandom(3).hex()}"
+        self.fatal: RoleFailed | None = None  # why the run must stop (a role lost for good, a stall)
+        self.learner_restarts = 0
+        self.producer: asyncio.Task | None = None
+        self.episode_tasks: set[asyncio.Task] = set()
+        self.eval_task: asyncio.Task | None = None
+        self.doing("starting")
 
     # ----------------------------------------------------------------- 2. actors
     def start(self) -> None:
@@ -57,8 +72,9 @@ class Trainer:
         from rose_ray.metrics import MetricsLogger
         from rose_ray.models import load_tokenizer
         from rose_ray.placement import PlacementGroups, check_cluster, demands
-        from rose_ray.rollout.buffer import TrajectoryBuffer
         from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
+        from rose_ray.rollout.ledger import EpisodeLedger, keep_steps
+        from rose_ray.rollout.supervisor import EngineSupervisor
         from rose_ray.rollout.workers import (
             EpisodeRunner,
             GameSampler,
@@ -83,26 +99,34 @@ class Trainer:
             replace(cfg.teacher_engine, model=teacher_path),
             cfg.resources.student_cpus, cfg.resources.teacher_cpus,
             cfg.resources.student_gpus, cfg.resources.teacher_gpus,
-            student_options=self.groups.options("student engine"),
-            teacher_options=self.groups.options("teacher engine"),
+            # Named, so the dashboard (and bench/chaos.py) can tell them apart.
+            student_options={**self.groups.options("student engine"), "name": f"rose_ray {self.session} student engine"},
+            teacher_options={**self.groups.options("teacher engine"), "name": f"rose_ray {self.session} teacher engine"},
             enable_thinking=cfg.chat.enable_thinking,
         )
+        r = cfg.reliability  # a lost engine is replaced on its placement; past max_restarts the run stops
+        self.engines = EngineSupervisor(r.max_restarts, r.health_every_s, r.health_timeout_s, r.start_timeout_s,
+                                        on_start=self._engine_started, on_failed=self._role_failed)
+        self.engines.watch("student engine", self.student)
+        self.engines.watch("teacher engine", self.teacher)
         self.protocol = cfg.env.protocol()
         if cfg.algorithm == "opd" and self.teacher.chat is not self.student.chat:
             raise ValueError("algorithm opd: the teacher must share the student's tokenizer "
                              "(it scores the student's tokens)")
         self.pools = start_env_pools(cfg.env, max_turns=cfg.rollout.max_turns)
-        self.runner = EpisodeRunner(self.pools, cfg.env.games_per_worker, cfg.rollout.max_retries)
+        self.runner = EpisodeRunner(self.pools, cfg.env.games_per_worker, cfg.rollout.max_retries, self.engines)
         self.eval_pools: list = []  # started at the first eval (none if evals are off)
         self.episode_cfg = EpisodeConfig(
             max_turns=cfg.rollout.max_turns,
             student_sampling=cfg.rollout.student_sampling,
             teacher_sampling=cfg.rollout.teacher_sampling,
             score_student_with_teacher=cfg.algorithm == "opd" or cfg.learner.lam > 0,
+            report=cfg.rollout.report,
         )
         self.handoff = {"rose": cfg.rollout.handoff, "opd": HandoffConfig("none"),
                         "teacher_sft": HandoffConfig("teacher_only")}[cfg.algorithm]
-        self.buffer = TrajectoryBuffer(cfg.rollout.batch_episodes, cfg.rollout.max_lag)
+        self.ledger = EpisodeLedger(self.run_dir / "episodes.jsonl", self.sampler, fresh=not self.resume)
+        self.buffer = self.new_buffer()
         self.learner = LearnerGroup(replace(cfg.learner, model=student_path,
                                             algorithm=LEARNER_ALGORITHM[cfg.algorithm]),
                                     worker_options=lambda r: self.groups.options("learner ranks", r))
@@ -110,22 +134,42 @@ class Trainer:
         tok = load_tokenizer(student_path)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.fmt.eos_id
         self.metrics = MetricsLogger(self.run_dir)
+        if not self.resume:
+            keep_steps(self.run_dir / "trajectories.jsonl", 0)  # left by a run that never checkpointed
+        self.start_state = self.checkpoint_state()  # where "back to the latest checkpoint" goes without one
+        self.start_state["ledger"]["offset"] = 0
         if self.resume:
             self.load_checkpoint()
+
+    def new_buffer(self, counters: Any = None) -> Any:
+        from rose_ray.rollout.buffer import TrajectoryBuffer
+
+        return TrajectoryBuffer(self.cfg.rollout.batch_episodes, self.cfg.rollout.max_lag, counters,
+                                on_drop=lambda t: self.ledger.record(t.episode_id, "dropped_stale"))
 
     # ----------------------------------------------------------------- checkpoints
     @property
     def ckpt_dir(self) -> Path:
         return self.run_dir / "checkpoints"
 
-    def save_checkpoint(self) -> None:
-        tag = self.learner.save_checkpoint(self.ckpt_dir)
-        state = {"step": self.step, "version": self.learner.version, "sampler": self.sampler.state(),
-                 "buffer": self.buffer.counters.as_dict(), "runner": self.runner.counters.as_dict(),
-                 "replies": self.replies, "history": self.history, "tag": tag}
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The trainer's side of a checkpoint, taken in the event loop (nothing moves meanwhile):
+        the ledger's open episodes, and counters without them (a resume plays them again)."""
+        return {"step": self.step, "version": self.learner.version, "ledger": self.ledger.state(),
+                "buffer": self.buffer.resumable_counters().as_dict(),
+                "runner": self.runner.resumable_counters(len(self.buffer.items)).as_dict(),
+                "replies": dict(self.replies), "history": json.loads(json.dumps(self.history))}
+
+    def save_checkpoint(self, state: dict[str, Any] | None = None) -> None:
+        state = state or self.checkpoint_state()
+        tag = f"step_{self.learner.step}"
+        # The trainer's file first: the learner writes `latest` last, so it never names a
+        # checkpoint whose trainer state is missing.
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.ckpt_dir / f"trainer_{tag}.json.tmp"
-        tmp.write_text(json.dumps(state))
+        tmp.write_text(json.dumps({**state, "sampler": state["ledger"]["sampler"], "tag": tag}))
         os.replace(tmp, self.ckpt_dir / f"trainer_{tag}.json")
+        self.learner.save_checkpoint(self.ckpt_dir)
         # Keep the newest `keep_checkpoints`.
         tags = sorted((p.name for p in self.ckpt_dir.glob("step_*") if p.is_dir()),
                       key=lambda t: int(t.split("_")[1]))
@@ -133,15 +177,36 @@ class Trainer:
             shutil.rmtree(self.ckpt_dir / old, ignore_errors=True)
             (self.ckpt_dir / f"trainer_{old}.json").unlink(missing_ok=True)
 
-    def load_checkpoint(self) -> None:
-        info = self.learner.load_checkpoint(self.ckpt_dir)
-        state = json.loads((self.ckpt_dir / f"trainer_{info['tag']}.json").read_text())
+    async def checkpoint(self) -> None:
+        state = self.checkpoint_state()
+        await asyncio.to_thread(self.save_checkpoint, state)
+
+    def load_checkpoint(self, publish: bool = True) -> None:
+        """Back to the latest checkpoint (or the start, without one): the learner, the game order
+        and the episodes open then (played again first), counters, and the logs cut to match."""
+        from rose_ray.rollout.buffer import BufferCounters
+        from rose_ray.rollout.ledger import keep_steps
+        from rose_ray.rollout.workers import RunnerCounters
+
+        state = self.start_state
+        if (self.ckpt_dir / "latest").is_file():
+            info = self.learner.load_checkpoint(self.ckpt_dir)
+            state = json.loads((self.ckpt_dir / f"trainer_{info['tag']}.json").read_text())
         self.step = state["step"]
-        self.sampler.load_state(state["sampler"])
         self.history = state["history"]
-        self.replies = state.get("replies", self.replies)
-        self.publish()  # the student engine starts from the checkpoint's weights
-        print(f"train: resumed {self.run_dir} at step {self.step} (policy version {self.learner.version})")
+        self.replies = dict(state.get("replies", self.replies))
+        if "ledger" in state:
+            self.ledger.load_state(state["ledger"])
+            self.buffer = self.new_buffer(BufferCounters(**state["buffer"]))
+            self.runner.counters = RunnerCounters(**state["runner"])
+        else:  # a checkpoint from before the ledger: its game order only
+            self.sampler.load_state(state["sampler"])
+        for log in ("trajectories.jsonl", "metrics.jsonl"):  # steps after it are trained again
+            keep_steps(self.run_dir / log, self.step)
+        if publish:
+            self.publish_now(self.student.engine)  # the student engine starts from the checkpoint's weights
+        print(f"train: {self.run_dir} at step {self.step} (policy version {self.learner.version}); "
+              f"{len(self.ledger.replay)} open episodes to play again", flush=True)
 
     @property
     def model_dir(self) -> Path:
@@ -154,9 +219,30 @@ class Trainer:
         info = model_info(self.cfg, self.run_dir, self.step, self.learner.version, self.student_path)
         self.learner.export(self.model_dir, {MODEL_INFO: info})
 
-    def publish(self) -> None:
-        out = self.learner.publish_weights([self.student.engine])
-        self.weights_ms = out["total_ms"]
+    def publish_now(self, engine: Any) -> None:
+        self.weights_ms = self.learner.publish_weights([engine])["total_ms"]
+
+    async def publish(self) -> None:
+        """The learner's weights to the student engine. A student engine lost meanwhile is
+        replaced first (the replacement gets the weights before it serves), then sent them."""
+        while True:
+            engine = self.student.engine
+            try:
+                return await asyncio.to_thread(self.publish_now, engine)
+            except LearnerLost:
+                raise
+            except Exception:
+                if not await self.engines.lost("student engine", engine):
+                    raise
+
+    async def _engine_started(self, role: str, engine: Any) -> None:
+        """A replacement engine, before it serves: the student's gets the latest weights."""
+        if role == "student engine":
+            await asyncio.to_thread(self.publish_now, engine)
+
+    def _role_failed(self, error: RoleFailed) -> None:
+        self.fatal = self.fatal or error
+        self.stop.set()
 
     # ----------------------------------------------------------------- 3/5. eval
     async def evaluate(self, who: str) -> dict[str, Any]:
@@ -168,7 +254,7 @@ class Trainer:
         if not self.eval_pools:
             eval_env = replace(self.cfg.env, workers=1, resources=dict(self.cfg.env.resources))
             self.eval_pools = start_env_pools(eval_env, max_turns=self.cfg.eval.max_turns)
-            self.eval_runner = EpisodeRunner(self.eval_pools, eval_env.games_per_worker)
+            self.eval_runner = EpisodeRunner(self.eval_pools, eval_env.games_per_worker, engines=self.engines)
         agent = self.teacher if who == "teacher" else self.student
         ep = EpisodeConfig(max_turns=self.cfg.eval.max_turns,
                            student_sampling=SamplingParams(0.0, 1.0, self.cfg.eval.max_new_tokens))
@@ -177,17 +263,14 @@ class Trainer:
         return summarise(records)["overall"]
 
     # ----------------------------------------------------------------- 4. rollout + learn
-    async def play_one(self) -> None:
-        """One admitted episode, from sampling its game to the buffer."""
+    async def play_one(self, draw: Any) -> None:
+        """One admitted episode (a ledger Draw), from its game to the buffer or the ledger."""
         from rose_ray.rollout.episode import EpisodeInterrupted, run_episode
 
-        game = self.sampler.next()
-        self.episodes_started += 1  # ids stay unique across resumes: one session tag per start
-        episode_id = f"{self.session}-e{self.episodes_started}"
+        game = draw.game
         # The decay policy's draws: the run's seed and the game's place in the (checkpointed)
         # game order, so a rerun or a resumed run decides the same, whatever the timing.
-        at = self.sampler.state()
-        handoff_seed = f"{self.cfg.seed}/{at['epoch']}/{at['position']}/{game.item_id}"
+        handoff_seed = f"{self.cfg.seed}/{draw.epoch}/{draw.position}/{game.item_id}"
 
         async def episode(g, slot):
             return await run_episode(g, slot, self.student, self.teacher, self.episode_cfg, self.handoff,
@@ -197,27 +280,38 @@ class Trainer:
             t = await self.runner.play(game, episode)
         except asyncio.CancelledError:
             raise
+        except RoleFailed:
+            return  # the run is stopping: the episode stays open (in flight at the stop)
         except Exception as e:  # noqa: BLE001 - one bad episode must not stop the run
             if not isinstance(e, EpisodeInterrupted):
                 print(f"\ntrain: episode on {game.item_id} failed: {type(e).__name__}: {e}", flush=True)
+            self.ledger.record(draw.episode_id, "failed", error=f"{type(e).__name__}: {e}"[:300])
             await self.buffer.fail()
             return
         t.timing["finished_at"] = time.time()
-        t.episode_id = episode_id
+        t.episode_id = draw.episode_id
+        self.watchdog.progress()
         await self.buffer.add(t, self.learner.version)
 
     async def rollouts(self) -> None:
         """Keep episodes coming while there is room in the buffer (async mode)."""
-        tasks: set[asyncio.Task] = set()
-        try:
-            while not self.stop.is_set():
-                await self.buffer.admit()
-                task = asyncio.create_task(self.play_one())
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-        finally:
-            for task in tasks:
-                task.cancel()
+        while not self.stop.is_set():
+            await self.buffer.admit()
+            task = asyncio.create_task(self.play_one(self.ledger.draw()))
+            self.episode_tasks.add(task)
+            task.add_done_callback(self.episode_tasks.discard)
+
+    def start_rollouts(self) -> None:
+        if self.cfg.mode == "async":
+            self.producer = asyncio.create_task(self.rollouts())
+
+    async def stop_rollouts(self) -> None:
+        """Cancel the producer and every episode in flight (they stay open in the ledger)."""
+        tasks = [t for t in (self.producer, *self.episode_tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.producer = None
 
     async def learn_step(self, batch: list[Trajectory]) -> dict[str, float]:
         from rose_ray.learner.batching import loss_turns, render
@@ -226,25 +320,59 @@ class Trainer:
                        teacher_logprobs=_teacher_logprobs(t) if self.episode_cfg.score_student_with_teacher else None)
                 for t in batch]
         made = self.learner.make_batch(seqs, self.pad_id)
+        self.doing("train_step")
         metrics = await asyncio.to_thread(self.learner.train_step, made)
         self.step += 1
+        self.watchdog.progress()
         weights = self.learner.algorithm.owner_weights
         with (self.run_dir / "trajectories.jsonl").open("a") as f:  # what the learner trained on
             for t, seq in zip(batch, seqs):  # `loss` per turn: did its tokens carry loss this step
                 record = t.to_record(loss=loss_turns(seq, len(t.turns), weights))
                 f.write(json.dumps({"step": self.step, **record}) + "\n")
+        for t in batch:
+            self.ledger.record(t.episode_id, "trained", step=self.step)
         if self.step % self.cfg.publish_every == 0:
-            await asyncio.to_thread(self.publish)
+            self.doing("publishing weights")
+            await self.publish()
         return metrics
 
+    async def restart_learner(self, lost: LearnerLost) -> None:
+        """A rank is gone: new ranks on the same placement, back to the latest checkpoint (the
+        steps after it are trained again, on the same games)."""
+        limit = self.cfg.reliability.max_restarts
+        await self.stop_rollouts()
+        while True:
+            self.learner_restarts += 1
+            if self.learner_restarts > limit:
+                raise RoleFailed(f"learner: lost {self.learner_restarts} times, more than reliability.max_restarts="
+                                 f"{limit}; the last time: {lost}") from lost
+            print(f"\ntrain: {lost}; restarting the learner group from the latest checkpoint "
+                  f"({self.learner_restarts}/{limit})", flush=True)
+            self.doing("restarting the learner group")
+            try:
+                await asyncio.to_thread(self.learner.restart)
+                await asyncio.to_thread(self.load_checkpoint, False)
+                await self.publish()
+                break
+            except LearnerLost as again:
+                lost = again
+        self.watchdog.progress()  # a restart is progress: a large model's may take minutes
+        self.start_rollouts()
+
     async def log_step(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
+        from rose_ray.rollout.supervisor import awaitable
+
         now = time.time()
         self.rollout_window = [t for t in self.rollout_window + batch if now - t.timing["finished_at"] < 60]
         window_s = max(now - min(t.timing["finished_at"] for t in self.rollout_window), 1e-3)
         student_tokens = sum(len(x.token_ids) for t in batch for x in t.turns if x.owner == "student")
         handoffs = [t.handoff_turn for t in batch if t.handoff_turn is not None]
         actions = sum(t.rounds for t in batch) or 1
-        health = [h for pool in self.pools for h in await pool.health.remote()]  # never block the loop
+        try:  # awaited, never blocking the loop; a hung pool costs its numbers, not the step
+            health = [h for hs in await asyncio.wait_for(asyncio.gather(
+                *(awaitable(p.health.remote()) for p in self.pools)), 5) for h in hs]
+        except Exception:  # noqa: BLE001
+            health = []
         p50 = [h["step_ms_p50"] for h in health if h["step_ms_p50"] is not None]
         p95 = [h["step_ms_p95"] for h in health if h["step_ms_p95"] is not None]
         lags = self.buffer.lags[-len(batch):]
@@ -270,6 +398,8 @@ class Trainer:
             "env/restarts": float(self.runner.counters.restarts + sum(h["restarts"] for h in health)),
             "weights/sync_ms": self.weights_ms,
             "weights/version": float(self.learner.version),
+            "reliability/engine_restarts": float(sum(self.engines.restarts().values())),
+            "reliability/learner_restarts": float(self.learner_restarts),
         })
         ps = [t.handoff_p for t in batch if t.handoff_p is not None]
         if ps:  # decay: the takeover probability this batch's episodes played under
@@ -304,50 +434,121 @@ class Trainer:
         loop.add_signal_handler(signal.SIGINT, self._interrupt)
         loop.add_signal_handler(signal.SIGTERM, self._interrupt)
         cfg = self.cfg
-        if not self.resume:
-            if cfg.eval.before:
-                await self.log_eval(0, "student", await self.evaluate("student"))
-            if cfg.eval.teacher:
-                await self.log_eval(0, "teacher", await self.evaluate("teacher"))
-        producer = asyncio.create_task(self.rollouts()) if cfg.mode == "async" else None
-        eval_task: asyncio.Task | None = None
+        self.watchdog = Watchdog(cfg.reliability.watchdog_s, self.waiting_report)
+        monitor = asyncio.create_task(self.engines.monitor())  # a lost engine is replaced
         try:
-            while self.step < cfg.steps and not self.stop.is_set():
-                if cfg.mode == "sync":
-                    await self.sync_rollout()
-                batch_task = asyncio.create_task(self.buffer.take_batch(self.learner.version))
-                stop_task = asyncio.create_task(self.stop.wait())
-                await asyncio.wait({batch_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-                stop_task.cancel()
-                if not batch_task.done():
-                    batch_task.cancel()
-                    break
-                batch = batch_task.result()
-                metrics = await self.learn_step(batch)
-                await self.log_step(metrics, batch)
-                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:
-                    if eval_task is None or eval_task.done():
-                        eval_task = asyncio.create_task(self._eval_in_background(self.step))
-                if self.step % cfg.checkpoint_every == 0:
-                    await asyncio.to_thread(self.save_checkpoint)
+            if not self.resume:
+                if cfg.eval.before:
+                    await self.log_eval(0, "student", await self.evaluate("student"))
+                if cfg.eval.teacher:
+                    await self.log_eval(0, "teacher", await self.evaluate("teacher"))
+            # The loop, beside a watchdog that gives up on it when nothing moves for too long.
+            self.watchdog.progress()
+            waits = {asyncio.create_task(self.train_loop())}
+            if cfg.reliability.watchdog_s:
+                waits.add(asyncio.create_task(self.watchdog.run()))
+            done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            for task in done:
+                if isinstance(task.exception(), RoleFailed):
+                    self.fatal = self.fatal or task.exception()
+                elif task.exception() is not None:
+                    raise task.exception()
         finally:
             self.stop.set()
-            if producer is not None:
-                producer.cancel()
+            monitor.cancel()
+            await self.stop_rollouts()
             self.metrics.end_progress()
-        if eval_task is not None and not eval_task.done():
-            eval_task.cancel()
-        await asyncio.to_thread(self.save_checkpoint)
-        await asyncio.to_thread(self.export_model)  # before the eval: a failing eval keeps it
+        if self.eval_task is not None and not self.eval_task.done():
+            self.eval_task.cancel()
+        saved = await self.final_checkpoint()
+        if saved:
+            await asyncio.to_thread(self.export_model)  # before the eval: a failing eval keeps it
+        self.ledger.stop()  # after the checkpoint: a resume plays these again
+        if self.fatal is not None:
+            latest = self.ckpt_dir / "latest"
+            where = f"checkpoint {latest.read_text().strip()}" if latest.is_file() else "no checkpoint"
+            raise type(self.fatal)(f"{self.fatal}\n{'the stop wrote' if saved else 'the stop could not write one; the latest is'} "
+                                   f"{where} (rose-ray train --resume {self.run_dir} goes on from it)")
         if cfg.eval.after and self.step >= cfg.steps:
             await self.log_eval(self.step, "student", await self.evaluate("student"))
         return self.summary()
+
+    async def train_loop(self) -> None:
+        """Batches through the learner until `steps`, a stop, or a role lost for good."""
+        cfg = self.cfg
+        self.start_rollouts()
+        while self.step < cfg.steps and not self.stop.is_set():
+            if cfg.mode == "sync":
+                self.doing("playing a batch (mode sync)")
+                await self.sync_rollout()
+            self.doing("waiting for a batch")
+            batch = await self.next_batch()
+            if batch is None:
+                break
+            try:
+                metrics = await self.learn_step(batch)
+                self.doing("logging the step")
+                await self.log_step(metrics, batch)
+                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:
+                    if self.eval_task is None or self.eval_task.done():
+                        self.eval_task = asyncio.create_task(self._eval_in_background(self.step))
+                if self.step % cfg.checkpoint_every == 0:
+                    self.doing("checkpointing")
+                    await self.checkpoint()
+            except LearnerLost as lost:
+                await self.restart_learner(lost)  # RoleFailed past max_restarts
+
+    async def next_batch(self) -> list[Trajectory] | None:
+        """The learner's next batch from the buffer; None when the run is told to stop first."""
+        batch_task = asyncio.create_task(self.buffer.take_batch(self.learner.version))
+        stop_task = asyncio.create_task(self.stop.wait())
+        try:
+            await asyncio.wait({batch_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop_task.cancel()
+            if not batch_task.done():
+                batch_task.cancel()
+        return batch_task.result() if batch_task.done() and not batch_task.cancelled() else None
+
+    async def final_checkpoint(self) -> bool:
+        """The stop's checkpoint; False when the learner cannot write it (gone, or hung: then
+        its ranks are ended, which frees every thread still waiting on them)."""
+        stalled = isinstance(self.fatal, Stalled)
+        try:
+            # A stall may be the learner's own: then give it a bounded time to answer.
+            await asyncio.wait_for(self.checkpoint(), max(self.cfg.reliability.watchdog_s, 120) if stalled else None)
+            return True
+        except Exception as e:
+            if self.fatal is None and not isinstance(e, LearnerLost):
+                raise
+            print(f"\ntrain: no checkpoint at the stop: {type(e).__name__}: {e}", flush=True)
+            self.learner.shutdown()
+            return False
+
+    async def waiting_report(self) -> str:
+        """Which role waits on what (the watchdog's report), one line each."""
+        from rose_ray.rollout.workers import ping_pools
+
+        what, since = self.phase
+        lines = [f"driver: {what} for {time.monotonic() - since:.0f} s (step {self.step}/{self.cfg.steps}; "
+                 f"{len(self.buffer.items)} of {self.cfg.rollout.batch_episodes} episodes ready, "
+                 f"{self.buffer.in_flight} in flight)"]
+        lines += self.runner.waiting()
+        lines += await self.engines.describe()
+        lines += await ping_pools(self.pools) or [f"env pools: all {len(self.pools)} answer a ping"]
+        return "\n  ".join(lines)
+
+    def doing(self, what: str) -> None:
+        self.phase = (what, time.monotonic())
 
     async def sync_rollout(self) -> None:
         """Sync mode: play one batch of episodes, then return to the learner."""
         async def one() -> None:
             await self.buffer.admit()
-            await self.play_one()
+            await self.play_one(self.ledger.draw())
 
         await asyncio.gather(*(one() for _ in range(self.cfg.rollout.batch_episodes)))
 
@@ -373,6 +574,8 @@ class Trainer:
             "buffer": self.buffer.counters.as_dict(), "runner": self.runner.counters.as_dict(),
             "replies": self.replies,
             "accounting_holds": self.buffer.accounting_holds(),
+            "restarts": {**self.engines.restarts(), "learner": self.learner_restarts},
+            "episodes": dict(self.ledger.outcomes),  # outcomes in episodes.jsonl
         }
 
     def close(self) -> None:
@@ -386,6 +589,8 @@ class Trainer:
             self.groups.remove()
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
+        if getattr(self, "ledger", None) is not None:
+            self.ledger.close()
 
 
 def _teacher_logprobs(t: Trajectory) -> list[list[float] | None]:
@@ -439,5 +644,9 @@ def train(config: str | None = None, overrides: list[str] | None = None, resume:
 
 
 def cli_main(args) -> int:
-    train(args.config, args.overrides, args.resume)
+    try:
+        train(args.config, args.overrides, args.resume)
+    except RoleFailed as e:  # a role lost for good, or a stall: exit 1 with the reason
+        print(f"rose-ray train: error: {e}", file=sys.stderr)
+        return 1
     return 0

@@ -83,6 +83,15 @@ class Trajectory:
     handoff_p: float | None = None  # decay: the takeover probability per student turn
     handoff_seed: str | None = None  # decay: seeds the takeover draws (with the turn)
     timing: dict[str, float] = field(default_factory=dict)
+    # The agent's answer to the world's report question after the last observation (what it
+    # says it discovered; DiscoveryWorld), and that exchange's two turns (the question, owner
+    # "prompt", and the reply). Not part of `turns`, so nothing trains on them, unless the
+    # episode was told to add them (`rollout.report=train`).
+    report: str | None = None
+    report_turns: list[Turn] = field(default_factory=list)
+    # What the world says about scoring this game, never shown to the agent (DiscoveryWorld:
+    # task description, critical questions, the package's own normalised score `process`).
+    scoring: dict[str, Any] = field(default_factory=dict)
 
     def to_record(self, schema: str = "card", loss: list[bool] | None = None) -> dict[str, Any]:
         """A dataset row: the card's schema (`role`/`content` messages, `success` 0/1) or
@@ -112,6 +121,8 @@ class Trajectory:
         extra: dict[str, Any] = {}
         if self.handoff_p is not None:
             extra = {"handoff_p": self.handoff_p, "handoff_seed": self.handoff_seed}
+        if self.report is not None:
+            extra["report"] = self.report
         return {
             "item_id": self.game.item_id,
             "task": self.game.task,
@@ -134,6 +145,7 @@ class Trajectory:
         d = dict(d)
         d["game"] = GameId(**d["game"])
         d["turns"] = [Turn.from_dict(t) for t in d["turns"]]
+        d["report_turns"] = [Turn.from_dict(t) for t in d.get("report_turns") or []]
         return cls(**d)
 
 

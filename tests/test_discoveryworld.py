@@ -230,6 +230,12 @@ def test_a_short_online_rose_run_on_discoveryworld(tiny_models, ray_cluster, tmp
     # K=2 student turns, then the teacher: both own turns in the stitched episodes.
     owners = {m["owner"] for r in rows for m in r["conversations"] if m["role"] == "assistant" and m["owner"] != "prompt"}
     assert owners == {"student", "teacher"}
+    # The report question is asked at each episode's end and recorded, but not trained on
+    # (rollout.report=ask): it is not among the conversation's messages.
+    from rose_ray.envs.discoveryworld.protocol import REPORT_QUESTION
+
+    assert all(isinstance(r["report"], str) for r in rows)
+    assert not any(REPORT_QUESTION in m["content"] for r in rows for m in r["conversations"])
 
 
 def test_a_hung_worker_times_out_and_is_killed():

@@ -153,12 +153,67 @@ def test_wrong_or_missing_key_is_401(server, engine):
         ({"prompt": "x", "n": 2}, "n", "'n' must be between"),
         ({"prompt": "x", "stop": [""]}, "stop", "'stop' must be"),
         ({"prompt": [5] * 250, "max_tokens": 10}, "max_tokens", "maximum context length is 256"),
+        ({"prompt": "x", "stream": "yes"}, "stream", "'stream' must be true or false"),
+        (b'{"prompt": "x", "temperature": NaN}', None, "NaN is not a JSON number"),
+        (b'{"prompt": "x", "temperature": 1e999}', None, "1e999 is out of range"),
+        (b"[" * 50_000 + b"]" * 50_000, None, "nested too deeply"),
+        (b'{"prompt": "x", "seed": 1' + b"0" * 5000 + b"}", None, "not valid JSON"),
+        (b'{"prompt": "\xff\xfe"}', None, "not valid JSON"),
+        ({"prompt": "x", "seed": 2**64}, "seed", "'seed' must be an integer in"),
+        ({"prompt": [[5, 6]] * 17}, "prompt", "at most 16 per request"),
+        ({"prompt": "x", "stop": ["y" * 10_000]}, None, None),  # fine: a long stop string
     ],
+    ids=lambda v: repr(v)[:48] if isinstance(v, (bytes, dict)) else None,
 )
 def test_malformed_requests_are_400_with_a_readable_message(server, body, param, words):
     status, out = post(server.url + "/completions", body)
+    if words is None:
+        assert status == 200, out
+        return
     assert status == 400
     assert words in out["error"]["message"] and out["error"]["param"] == param
+    assert len(out["error"]["message"]) < 400  # a bad value is quoted, not echoed whole
+
+
+def test_long_bad_values_are_cut_in_the_message(server):
+    status, out = post(server.url + "/chat/completions", {"messages": [{"role": "robot", "content": "z" * 10**6}]})
+    assert status == 400 and "messages[0]" in out["error"]["message"]
+    assert "characters)" in out["error"]["message"] and len(out["error"]["message"]) < 400
+
+
+def test_vanishing_temperature_is_greedy(server):
+    """As in vLLM: a temperature under 1e-5 decodes greedily (dividing by it would give NaN)."""
+    body = {"prompt": "look around", "max_tokens": 6, "seed": 3}
+    tiny = post(server.url + "/completions", {**body, "temperature": 1e-30})
+    greedy = post(server.url + "/completions", {**body, "temperature": 0})
+    assert tiny[0] == greedy[0] == 200
+    assert tiny[1]["choices"][0]["token_ids"] == greedy[1]["choices"][0]["token_ids"]
+
+
+def test_unknown_routes_and_methods_name_the_endpoints(server):
+    status, out = post(server.url + "/embeddings", {"input": "x"})
+    assert status == 404 and "POST /v1/embeddings" in out["error"]["message"]
+    assert "/v1/chat/completions" in out["error"]["message"]
+    try:
+        urllib.request.urlopen(urllib.request.Request(server.url + "/completions",
+                                                      headers={"Authorization": f"Bearer {KEY}"}), timeout=10)
+        raise AssertionError("GET /v1/completions was answered")
+    except urllib.error.HTTPError as e:
+        assert e.code == 405 and "GET is not allowed" in json.loads(e.read())["error"]["message"]
+
+
+def test_a_template_refusal_is_a_400(monkeypatch):
+    from jinja2.exceptions import TemplateError
+
+    from rose_ray.inference.protocol import RequestError, parse_chat
+
+    class Refusing:
+        def render_ids(self, *a, **k):
+            raise TemplateError("No user query found in messages.")
+
+    with pytest.raises(RequestError, match="chat template refused these messages: No user query") as e:
+        parse_chat({"messages": [{"role": "system", "content": "x"}]}, Refusing(), 256)
+    assert e.value.status == 400 and e.value.param == "messages"
 
 
 def test_chat_errors_and_unknown_model(server):

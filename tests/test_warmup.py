@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from rose_ray.config import load_config
 from rose_ray.envs.catalogue import Catalogue
@@ -64,3 +65,39 @@ def test_the_warm_up_cache_key_names_what_the_teacher_depends_on(tmp_path):
     other = load_config(None, [f"tiny_dir={tmp_path}", f"env.instruction_from={instruction}"])
     assert warmup_cache(other, "t")[1] != base
     assert shipped_gold(warmup_cache(other, "t")[0]) is None  # the shipped rows open otherwise
+
+
+def test_the_warm_up_trains_on_the_shipped_rows_and_is_cached(tmp_path, ray_cluster):
+    """A one-step warm-up (all 128 shipped rows in one batch, cut to 1,024 tokens, which is not
+    part of the gold key) through resolve_models, then the cache: no second warm-up."""
+    from rose_ray.warmup import resolve_models
+
+    short = ["teacher_warmup.epochs=1", "teacher_warmup.batch_episodes=128", "learner.max_tokens=1024"]
+    cfg = load_config(None, [f"tiny_dir={tmp_path}", *short])
+    _, teacher = resolve_models(cfg)
+    info = json.loads((tmp_path / teacher.rsplit("/", 1)[1] / "rose_ray_warmup.json").read_text())
+    assert info["gold"] == "shipped" and 0 < info["final_loss"] < 20 and len(info["weights_sha256"]) == 64
+    stamp = (tmp_path / teacher.rsplit("/", 1)[1]).stat().st_mtime_ns
+    assert resolve_models(load_config(None, [f"tiny_dir={tmp_path}", *short]))[1] == teacher
+    assert (tmp_path / teacher.rsplit("/", 1)[1]).stat().st_mtime_ns == stamp
+
+
+def test_the_warm_up_sft_is_the_same_teacher_twice(tmp_path, ray_cluster, tiny_models):
+    """The warm-up's SFT, seeded, run twice on 8 shipped rows: the same weights digest (what
+    makes the tiny teacher the same on every machine)."""
+    from rose_ray.data import write_jsonl
+    from rose_ray.learner.sft import train_sft
+    from rose_ray.warmup import weights_digest
+
+    cfg = load_config(None, [f"tiny_dir={tmp_path}"])
+    rows = shipped_gold(warmup_cache(cfg, "t")[0])[:8]
+    write_jsonl(tmp_path / "gold.jsonl", rows)
+    w = cfg.teacher_warmup
+    digests = []
+    for run in ("a", "b"):
+        train_sft(tmp_path / "gold.jsonl", tiny_models["teacher"], tmp_path / run, epochs=1, batch_size=4,
+                  lr=w.lr, schedule=w.schedule, seed=w.seed, sft_owners=["teacher"], threads=w.threads,
+                  log=lambda line: None)
+        digests.append(weights_digest(tmp_path / run))
+    assert digests[0] == digests[1]
+    assert digests[0] != weights_digest(Path(tiny_models["teacher"]))  # it trained

@@ -132,11 +132,15 @@ def is_pass(raw_score: float) -> bool:
 class Protocol:
     """A world's conversation rules: the instruction and acknowledgement that open every
     conversation, and how to tell an observation that says the action was not understood.
-    Every world shares the `Thought:`/`Action:` format and `parse_action`."""
+    Every world shares the `Thought:`/`Action:` format and `parse_action`.
+
+    `report_question`: asked once more in the same conversation when an episode ends, for
+    worlds scored on what the agent says it learned (DiscoveryWorld); None asks nothing."""
 
     instruction: str = INSTRUCTION
     acknowledgement: str = ACKNOWLEDGEMENT
     invalid_prefixes: tuple[str, ...] = INVALID_OBSERVATIONS
+    report_question: str | None = None
 
     def is_invalid(self, observation: str) -> bool:
         """The game did not understand the action (it counts as an invalid action)."""

@@ -3,10 +3,18 @@
 The actor's methods are async, so many episodes' calls are in flight at once and the
 AsyncBatcher folds them into batches. Weight updates queue behind the calls already
 submitted and land between batches, never inside a generation.
+
+`health()` is the supervisor's ping (rollout/workers.py): it answers from the actor's event
+loop, and says how long calls have waited without any of them finishing, so an engine whose
+generation thread hangs is found even though the ping itself is answered.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -32,27 +40,61 @@ class EngineActorImpl:
         kwargs: dict[str, Any] = {"device": device} if config.backend == "hf" else {}
         self.engine = make_engine(config, **kwargs)
         self.batcher: AsyncBatcher | None = None
+        self._in_flight = 0
+        self._progress_at = time.monotonic()  # the last call finished (or the first began)
 
     def _batcher(self) -> AsyncBatcher:
         if self.batcher is None:  # created lazily inside the actor's event loop
             self.batcher = AsyncBatcher(self.engine)
         return self.batcher
 
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[None]:
+        """Count a call in flight; its end is progress. A server that stayed away is tagged
+        with this actor's id, so the run knows which engine to replace."""
+        if self._in_flight == 0:
+            self._progress_at = time.monotonic()
+        self._in_flight += 1
+        try:
+            yield
+        except Exception as e:
+            from rose_ray.inference.openai import OpenAIServerGone
+
+            if isinstance(e, OpenAIServerGone) and e.actor_id is None:
+                import ray
+
+                e.actor_id = ray.get_runtime_context().get_actor_id()
+            raise
+        finally:
+            self._in_flight -= 1
+            self._progress_at = time.monotonic()
+
     async def ready(self) -> bool:
         return True
 
+    async def health(self) -> dict[str, Any]:
+        """Version, calls in flight, and `stalled_s`: how long calls have been waiting with
+        none finishing (0 when idle)."""
+        stalled = time.monotonic() - self._progress_at if self._in_flight else 0.0
+        return {"version": self.engine.version, "in_flight": self._in_flight, "stalled_s": stalled,
+                "pid": os.getpid()}
+
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        return await self._batcher().generate(request)
+        with self._call():
+            return await self._batcher().generate(request)
 
     async def generate_many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        return await self._batcher().generate_many(requests)
+        with self._call():
+            return await self._batcher().generate_many(requests)
 
     async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-        return await self._batcher().score(prompt_ids, completion_ids)
+        with self._call():
+            return await self._batcher().score(prompt_ids, completion_ids)
 
     async def update_weights(self, state: dict[str, Any], version: int) -> int:
-        await self._batcher().update_weights(state, version)
-        return self.engine.version
+        with self._call():
+            await self._batcher().update_weights(state, version)
+            return self.engine.version
 
     async def version(self) -> int:
         return self.engine.version

@@ -91,6 +91,9 @@ class EngineConfig:
     base_url: str = "http://127.0.0.1:8000/v1"
     api_key: str | None = None
     timeout_s: float = 600.0
+    # How long to keep retrying a server that does not answer (down, restarting, overloaded),
+    # with backoff from 0.5 s to 10 s between attempts, before giving up with an error.
+    retry_s: float = 60.0
     tokenizer: str | None = None
 
     def __post_init__(self) -> None:
@@ -107,7 +110,7 @@ class EngineConfig:
         for key in ("max_batch_size", "context_tokens"):
             if int(getattr(self, key)) < 1:
                 raise ValueError(f"engine.{key}: must be >= 1, got {getattr(self, key)!r}")
-        for key in ("max_wait_ms", "timeout_s", "prefix_cache_mb"):
+        for key in ("max_wait_ms", "timeout_s", "prefix_cache_mb", "retry_s"):
             if float(getattr(self, key)) < 0:
                 raise ValueError(f"engine.{key}: must be >= 0, got {getattr(self, key)!r}")
         for key in ("keep_first_turns", "threads"):

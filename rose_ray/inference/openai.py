@@ -26,8 +26,9 @@ from rose_ray.inference.engine import (
     resolve_prompt,
     validate_sampling,
 )
+from rose_ray.types import SamplingParams
 
-RETRIES = 3
+MAX_BACKOFF_S = 10.0
 
 
 class OpenAIServerError(RuntimeError):
@@ -36,6 +37,22 @@ class OpenAIServerError(RuntimeError):
     def __init__(self, status: int | None, message: str) -> None:
         super().__init__(f"{status}: {message}" if status else message)
         self.status, self.message = status, message
+
+    def __reduce__(self):  # crosses Ray intact (the default would call __init__ with one argument)
+        return type(self), (self.status, self.message)
+
+
+class OpenAIServerGone(OpenAIServerError):
+    """The server stayed unreachable (or kept failing) for `retry_s`: the engine cannot serve.
+    A run treats it as the loss of that engine (the role is named), where a client error
+    fails only its episode. `actor_id`: the engine actor that gave up (set by the actor)."""
+
+    def __init__(self, status: int | None, message: str, actor_id: str | None = None) -> None:
+        super().__init__(status, message)
+        self.actor_id = actor_id
+
+    def __reduce__(self):
+        return type(self), (self.status, self.message, self.actor_id)
 
 
 def _token_id(s: str) -> int:
@@ -53,7 +70,7 @@ class OpenAIEngine:
         self.base_url = config.base_url.rstrip("/")
         self.api_key = config.api_key or os.environ.get("ROSE_RAY_API_KEY")
         self._pool = ThreadPoolExecutor(max_workers=config.max_batch_size, thread_name_prefix="openai")
-        self._counters = {"requests": 0, "generated_tokens": 0, "score_calls": 0, "http_s": 0.0}
+        self._counters = {"requests": 0, "generated_tokens": 0, "score_calls": 0, "http_s": 0.0, "retries": 0}
 
     @property
     def version(self) -> int:
@@ -69,7 +86,9 @@ class OpenAIEngine:
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         url = self.base_url + path
-        for attempt in range(RETRIES):
+        start, attempt = time.monotonic(), 0
+        while True:  # a server that is down, restarting or overloaded gets retry_s to come back
+            attempt += 1
             req = urllib.request.Request(url, data=data, headers=headers, method=method)
             t0 = time.perf_counter()
             try:
@@ -78,14 +97,18 @@ class OpenAIEngine:
                 self._counters["http_s"] += time.perf_counter() - t0
                 return out
             except urllib.error.HTTPError as e:
-                message = _error_message(e)
-                if e.code < 500 or attempt == RETRIES - 1:  # a client error will not heal
-                    raise OpenAIServerError(e.code, message) from None
+                if e.code < 500:  # a client error will not heal
+                    raise OpenAIServerError(e.code, _error_message(e)) from None
+                error = f"{e.code}: {_error_message(e)}"
             except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-                if attempt == RETRIES - 1:
-                    raise OpenAIServerError(None, f"cannot reach {url}: {e}") from None
-            time.sleep(0.5 * 2**attempt)
-        raise AssertionError("unreachable")
+                error = f"cannot reach {url}: {getattr(e, 'reason', e)}"
+            pause = min(0.5 * 2 ** (attempt - 1), MAX_BACKOFF_S)
+            waited = time.monotonic() - start
+            if waited + pause > self.config.retry_s:
+                raise OpenAIServerGone(None, f"{self.base_url}: no answer after {attempt} attempts over "
+                                             f"{waited:.1f} s (engine retry_s {self.config.retry_s:g}): {error}")
+            self._counters["retries"] += 1
+            time.sleep(pause)
 
     def _model_field(self) -> dict[str, str]:
         """No model name: the server's default model (vLLM and rose-ray serve allow that)."""
@@ -162,6 +185,28 @@ class OpenAIEngine:
         choice = self._request("POST", "/completions", body)["choices"][0]
         lps = choice["logprobs"]["token_logprobs"][: len(ids)]
         return [float(x) for x in lps[-n:]]
+
+    def chat(self, messages: list[dict[str, str]], sampling: SamplingParams,
+             enable_thinking: bool | None = None) -> tuple[str, str]:
+        """One chat completion, the server applying its own chat template: (text, finish
+        reason). Needs no local tokenizer, so it reaches any OpenAI-compatible server, OpenAI's
+        own included (a judge). `enable_thinking` goes as vLLM's `chat_template_kwargs` only
+        when given (other servers may refuse the field)."""
+        validate_sampling(sampling)
+        body: dict[str, Any] = {**self._model_field(), "messages": messages,
+                                "max_tokens": sampling.max_new_tokens, "temperature": sampling.temperature}
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        if enable_thinking is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
+        out = self._request("POST", "/chat/completions", body)
+        try:
+            choice = out["choices"][0]
+            text = choice["message"].get("content") or ""
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise OpenAIServerError(None, f"server returned no chat message: {str(out)[:200]}") from None
+        self._counters["requests"] += 1
+        return str(text), str(choice.get("finish_reason") or "stop")
 
     def score_many(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         return list(self._pool.map(lambda pc: self.score(*pc), pairs))

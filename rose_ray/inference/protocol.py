@@ -1,7 +1,8 @@
 """Parsing and validating OpenAI-style request bodies (completions and chat completions).
 
 Every rejection is a RequestError naming the offending field, which the server turns into
-a 400 with a readable message.
+a 4xx with a readable message. Whatever passes here must not fail inside the engine: a
+failing batch is rerun one request at a time, which slows every request that shared it.
 """
 
 from __future__ import annotations
@@ -9,9 +10,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from jinja2.exceptions import TemplateError
+
 from rose_ray.types import SamplingParams
 
 MAX_TOP_LOGPROBS = 20
+MAX_PROMPTS = 16  # prompts in one completions request (the body limit is sized on it)
+# A prompt as JSON costs at most ~8 bytes a token as ids (six digits and ", ") and rarely over
+# ~20 as text (JSON escapes a non-ASCII character as 6 bytes; long tokens are few), so 32 bytes
+# a token covers either form; 1 MiB more covers every other field, chat framing included.
+BODY_BYTES_PER_TOKEN = 32
+BODY_HEADROOM_BYTES = 1 << 20
+# As vLLM: below this a temperature means greedy. Dividing logits by a vanishing temperature
+# overflows to inf and NaN probabilities, which would fail the whole batch.
+GREEDY_BELOW = 1e-5
+SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed takes
+
+
+def max_body_bytes(context_tokens: int) -> int:
+    """The largest request body a valid request can need: MAX_PROMPTS full-context prompts."""
+    return BODY_HEADROOM_BYTES + MAX_PROMPTS * context_tokens * BODY_BYTES_PER_TOKEN
 
 
 class RequestError(Exception):
@@ -30,15 +48,21 @@ class ParsedRequest:
     token_ids_as_strings: bool
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """A value as error messages show it: its repr, cut (a bad field may be megabytes long)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def _number(body: dict[str, Any], key: str, default: Any, kind: type, lo: float | None = None,
             hi: float | None = None) -> Any:
     value = body.get(key)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise RequestError(f"'{key}' must be {'an integer' if kind is int else 'a number'}, got {value!r}", key)
+        raise RequestError(f"'{key}' must be {'an integer' if kind is int else 'a number'}, got {_short(value)}", key)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise RequestError(f"'{key}' must be between {lo} and {hi}, got {value!r}", key)
+        raise RequestError(f"'{key}' must be between {lo} and {hi}, got {_short(value)}", key)
     return kind(value)
 
 
@@ -47,13 +71,16 @@ def _flag(body: dict[str, Any], key: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise RequestError(f"'{key}' must be true or false, got {value!r}", key)
+        raise RequestError(f"'{key}' must be true or false, got {_short(value)}", key)
     return value
 
 
 def _common(body: dict[str, Any], max_tokens_default: int | None) -> tuple[SamplingParams, int | None, bool]:
-    if body.get("stream"):
-        raise RequestError("'stream' is not supported by this server; send stream=false", "stream")
+    if _flag(body, "stream"):
+        # The engine hands back a reply only when its whole batch is done, so a stream would be
+        # one chunk at the end: no earlier first token, and one more way to fail mid-reply.
+        raise RequestError("'stream': true is not supported by this server (each reply is sent "
+                           "whole, when generated); send 'stream': false or leave it out", "stream")
     n = _number(body, "n", 1, int, 1, 1)
     del n
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -67,12 +94,14 @@ def _common(body: dict[str, Any], max_tokens_default: int | None) -> tuple[Sampl
     elif isinstance(stop, list) and all(isinstance(s, str) and s for s in stop):
         stops = list(stop)
     else:
-        raise RequestError(f"'stop' must be a string or a list of non-empty strings, got {stop!r}", "stop")
+        raise RequestError(f"'stop' must be a string or a list of non-empty strings, got {_short(stop)}", "stop")
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise RequestError(f"'seed' must be an integer, got {seed!r}", "seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                             or not SEED_RANGE[0] <= seed < SEED_RANGE[1]):
+        raise RequestError(f"'seed' must be an integer in [-2**63, 2**64), got {_short(seed)}", "seed")
+    temperature = _number(body, "temperature", 1.0, float, 0.0, 100.0)
     sampling = SamplingParams(
-        temperature=_number(body, "temperature", 1.0, float, 0.0, 100.0),
+        temperature=0.0 if temperature < GREEDY_BELOW else temperature,
         top_p=_number(body, "top_p", 1.0, float, 0.0, 1.0),
         max_new_tokens=max_tokens if max_tokens is not None else -1,
         stop=stops,
@@ -89,7 +118,7 @@ def _check_ids(ids: list[Any], vocab: int, where: str) -> list[int]:
         raise RequestError(f"'{where}' is empty", where)
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-            raise RequestError(f"'{where}' holds {t!r}, not a token id in [0, {vocab})", where)
+            raise RequestError(f"'{where}' holds {_short(t)}, not a token id in [0, {vocab})", where)
     return list(ids)
 
 
@@ -113,6 +142,8 @@ def parse_completion(body: dict[str, Any], tokenizer: Any, context: int) -> Pars
         raw = [raw]
     if not isinstance(raw, list) or not raw:
         raise RequestError("'prompt' must be a string, a list of token ids, or a non-empty list of either", "prompt")
+    if len(raw) > MAX_PROMPTS:
+        raise RequestError(f"'prompt' holds {len(raw)} prompts; at most {MAX_PROMPTS} per request", "prompt")
     prompts = []
     for item in raw:
         if isinstance(item, str):
@@ -121,7 +152,7 @@ def parse_completion(body: dict[str, Any], tokenizer: Any, context: int) -> Pars
         elif isinstance(item, list):
             prompts.append(_check_ids(item, vocab, "prompt"))
         else:
-            raise RequestError(f"'prompt' items must be strings or lists of token ids, got {item!r}", "prompt")
+            raise RequestError(f"'prompt' items must be strings or lists of token ids, got {_short(item)}", "prompt")
     for p in prompts:
         _fit(p, sampling, context)
     logprobs = _number(body, "logprobs", None, int, 0, MAX_TOP_LOGPROBS)
@@ -136,7 +167,7 @@ def parse_chat(body: dict[str, Any], chat: Any, context: int) -> ParsedRequest:
     clean = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
-            raise RequestError(f"messages[{i}] needs a role of system, user or assistant, got {m!r}", "messages")
+            raise RequestError(f"messages[{i}] needs a role of system, user or assistant, got {_short(m)}", "messages")
         content = m.get("content")
         if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
             parts = [c.get("text") for c in content if isinstance(c, dict) and c.get("type") == "text"]
@@ -144,7 +175,7 @@ def parse_chat(body: dict[str, Any], chat: Any, context: int) -> ParsedRequest:
                 raise RequestError(f"messages[{i}].content: only text parts are supported", "messages")
             content = "".join(parts)
         if not isinstance(content, str):
-            raise RequestError(f"messages[{i}].content must be a string, got {content!r}", "messages")
+            raise RequestError(f"messages[{i}].content must be a string, got {_short(content)}", "messages")
         clean.append({"role": m["role"], "content": content})
     # vLLM's way to reach template variables; only Qwen3's thinking switch is taken.
     kwargs = body.get("chat_template_kwargs") or {}
@@ -152,7 +183,10 @@ def parse_chat(body: dict[str, Any], chat: Any, context: int) -> ParsedRequest:
     if not isinstance(kwargs, dict) or not isinstance(thinking, (bool, type(None))):
         raise RequestError("'chat_template_kwargs' must be an object; its 'enable_thinking' true or false",
                            "chat_template_kwargs")
-    prompt = chat.render_ids(clean, add_generation_prompt=True, enable_thinking=thinking)
+    try:
+        prompt = chat.render_ids(clean, add_generation_prompt=True, enable_thinking=thinking)
+    except TemplateError as e:  # templates refuse some orders (Qwen3's: no user message)
+        raise RequestError(f"the model's chat template refused these messages: {e}", "messages") from None
     _fit(prompt, sampling, context)
     logprobs = None
     if _flag(body, "logprobs"):

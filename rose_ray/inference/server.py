@@ -6,6 +6,10 @@ Besides the OpenAI fields it speaks the vLLM extensions the learner relies on:
 `return_tokens_as_token_ids` ("token_id:N" token strings), and every choice carries
 `token_ids` / `prompt_token_ids` so sampled ids survive the round trip exactly.
 Concurrent requests are batched by an AsyncBatcher. Binds 127.0.0.1 unless told otherwise.
+
+Bad input never takes the server down: every bad request gets a 4xx JSON error naming what
+was wrong (a body over the limit, sized from context_tokens, gets 413), and a client that
+goes away before its reply costs only its own computation (bench/serve_load.py measures it).
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
+import math
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
@@ -23,27 +30,38 @@ from aiohttp import web
 from rose_ray.inference.batcher import AsyncBatcher
 from rose_ray.inference.engine import GenerationRequest, GenerationResult
 from rose_ray.inference.protocol import (
+    MAX_PROMPTS,
     RequestError,
+    max_body_bytes,
     parse_chat,
     parse_completion,
     token_strings,
 )
 
 BATCHER = web.AppKey("batcher", AsyncBatcher)
+PARSER = web.AppKey("parser", ThreadPoolExecutor)
+# Bodies above this are parsed off the event loop: tokenizing the 3 MiB a 4,096-token context
+# allows takes ~3 s (the tokenizer lets go of the GIL), and no other client would be answered.
+PARSE_INLINE_BYTES = 1 << 16
+ROUTES = "GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions"
+log = logging.getLogger(__name__)
 
 
 class OpenAIServer:
     """Builds the aiohttp app for one engine; `run` blocks, `start_background` returns at once."""
 
-    def __init__(self, engine: Any, model_name: str, api_key: str | None = None) -> None:
+    def __init__(self, engine: Any, model_name: str, api_key: str | None = None,
+                 max_body: int | None = None) -> None:
         self.engine = engine
         self.model_name = model_name
         self.api_key = api_key or None
         self.context_tokens = engine.config.context_tokens
+        # What the largest valid request needs (protocol.max_body_bytes), not a fixed size.
+        self.max_body = max_body or max_body_bytes(self.context_tokens)
 
     # ------------------------------------------------------------------ app
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=64 * 1024**2)
+        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=self.max_body)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._completions)
@@ -51,9 +69,11 @@ class OpenAIServer:
 
         async def start(app: web.Application) -> None:
             app[BATCHER] = AsyncBatcher(self.engine)
+            app[PARSER] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parse")
 
         async def stop(app: web.Application) -> None:
             await app[BATCHER].close()
+            app[PARSER].shutdown(wait=False, cancel_futures=True)
 
         app.on_startup.append(start)
         app.on_cleanup.append(stop)
@@ -66,15 +86,26 @@ class OpenAIServer:
         except RequestError as e:
             return _error(e.status, e.message, e.param)
         except web.HTTPException as e:
+            if e.status == 404:
+                return _error(404, f"no endpoint {request.method} {request.path}; this server has {ROUTES}", None)
+            if e.status == 405:
+                return _error(405, f"{request.method} is not allowed on {request.path}; this server has "
+                                   f"{ROUTES}", None)
             return _error(e.status, e.reason or "error", None)
         except ValueError as e:  # engine-side validation (sampling, lengths)
             return _error(400, str(e), None)
+        except ConnectionError:  # the client went away mid-body; nobody reads this answer
+            return _error(400, "the request body ended early (the client went away)", None)
+        except Exception:  # a bug, not bad input: say so in JSON, log it, keep serving
+            log.exception("error handling %s %s", request.method, request.path)
+            return _error(500, "internal server error (logged by the server)", None, kind="server_error")
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
         if self.api_key and request.path.startswith("/v1/"):
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            # aiohttp decodes header bytes that are not UTF-8 as surrogates; encode them back.
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
                 return _error(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
                               None, kind="authentication_error")
         return await handler(request)
@@ -89,22 +120,43 @@ class OpenAIServer:
              "max_model_len": self.context_tokens}]})
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
+        size = request.content_length
+        if size is not None and size > self.max_body:  # refused before a byte is read
+            raise RequestError(self._too_big(size), status=413)
         try:
-            body = json.loads(await request.read())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RequestError(f"request body is not valid JSON: {e}") from e
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:  # a chunked body, counted as it came
+            raise RequestError(self._too_big(None), status=413) from None
+        try:
+            body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+        except RecursionError:
+            raise RequestError("request body is nested too deeply") from None
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, NaN, ints over 4,300 digits
+            raise RequestError(f"request body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
             raise RequestError("request body must be a JSON object")
+        request["body_bytes"] = len(raw)
         model = body.get("model")
         if model is not None and model != self.model_name:
             raise RequestError(f"the model {model!r} does not exist; this server serves "
                                f"{self.model_name!r}", "model", status=404)
         return body
 
+    async def _parse(self, request: web.Request, parse: Any, *args: Any) -> Any:
+        """Validation and tokenization: inline for small bodies, on the parse thread for big ones."""
+        if request.get("body_bytes", 0) <= PARSE_INLINE_BYTES:
+            return parse(*args)
+        return await asyncio.get_running_loop().run_in_executor(request.app[PARSER], parse, *args)
+
+    def _too_big(self, size: int | None) -> str:
+        said = f" ({size:,} bytes)" if size is not None else ""
+        return (f"request body too large{said}: this server takes at most {self.max_body:,} bytes, "
+                f"room for {MAX_PROMPTS} prompts of {self.context_tokens:,} tokens (its context)")
+
     async def _completions(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         batcher = request.app[BATCHER]
-        parsed = parse_completion(body, self.engine.tokenizer, self.context_tokens)
+        parsed = await self._parse(request, parse_completion, body, self.engine.tokenizer, self.context_tokens)
         choices = await asyncio.gather(*(
             self._complete_one(batcher, i, ids, parsed) for i, ids in enumerate(parsed.prompts)))
         prompt_tokens = sum(len(p) for p in parsed.prompts)
@@ -170,7 +222,7 @@ class OpenAIServer:
     async def _chat(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         batcher = request.app[BATCHER]
-        p = parse_chat(body, self.engine.chat, self.context_tokens)
+        p = await self._parse(request, parse_chat, body, self.engine.chat, self.context_tokens)
         tok = self.engine.tokenizer
         prompt = p.prompts[0]
         result, prompt_lps = await self._run(batcher, prompt, p, top=p.logprobs or 0)
@@ -262,6 +314,17 @@ def _error(status: int, message: str, param: str | None, kind: str = "invalid_re
         {"error": {"message": message, "type": kind, "param": param, "code": status}}, status=status)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses as inf
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
 def _finish(result: GenerationResult | None) -> str:
     if result is None or result.finish_reason == "context":
         return "length"
@@ -297,6 +360,8 @@ def cli_main(args: Any) -> int:
     name = args.served_model_name or args.model
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         print(f"warning: serving on {host} without an API key", flush=True)
-    print(f"serving {args.model} as {name!r} on http://{host}:{args.port}/v1", flush=True)
-    OpenAIServer(engine, name, api_key).run(host, args.port)
+    server = OpenAIServer(engine, name, api_key)
+    print(f"serving {args.model} as {name!r} on http://{host}:{args.port}/v1 (request bodies up to "
+          f"{server.max_body / 2**20:.1f} MiB)", flush=True)
+    server.run(host, args.port)
     return 0

@@ -6,13 +6,20 @@
     group.save_checkpoint(dir); group.load_checkpoint(dir)   # exact resume
     group.export(out_dir)                      # Hugging Face folder
     group.publish_weights(engine_actors)       # new weights + version to the student engines
+    group.restart()                            # new ranks on the same placement, after a rank's loss
 
 The group never branches on the algorithm: the algorithm gives per-owner token weights (used
 by make_batch) and a loss (run on each rank).
+
+A rank that dies fails the call at once (the others are not waited on: they may be stuck in a
+collective with it) with `LearnerLost` naming the rank; a failure with every rank alive is
+raised as it is. Calls from several threads (a step, a publication to a replaced engine) take
+turns.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -111,29 +118,83 @@ class LearnerConfig:
             raise ValueError(f"learner.{e}") from None
 
 
+class LearnerLost(RuntimeError):
+    """A learner rank died or stopped answering; the group must be restarted (`restart`)."""
+
+
 class LearnerGroup:
     """N learner ranks forming one torch.distributed group under DeepSpeed."""
 
     def __init__(self, config: LearnerConfig,
                  worker_options: Callable[[int], dict[str, Any]] | None = None) -> None:
-        import ray
-
         self.config = config
         self.algorithm = config.make_algorithm()
         self.step = 0
         self.version = config.initial_version
-        worker = ray.remote(num_cpus=config.cpus_per_rank, num_gpus=config.gpus_per_rank)(LearnerWorker)
-        # worker_options(rank): scheduling options, e.g. a placement-group bundle per rank
-        self.workers = [worker.options(**(worker_options(r) if worker_options else {}))
-                        .remote(r, config.ranks, config.threads) for r in range(config.ranks)]
-        addr, port = ray.get(self.workers[0].address.remote())
-        ray.get([w.init_distributed.remote(addr, port, config.backend) for w in self.workers])
+        self.worker_options = worker_options  # (rank) -> scheduling options, e.g. a placement-group bundle
+        self._lock = threading.RLock()
+        self.workers: list[Any] = []
+        self._start_ranks()
         self.info = self.setup()
 
-    def _all(self, method: str, *args: Any) -> list[Any]:
+    def _start_ranks(self) -> None:
         import ray
 
-        return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+        config = self.config
+        worker = ray.remote(num_cpus=config.cpus_per_rank, num_gpus=config.gpus_per_rank)(LearnerWorker)
+        self.workers = [worker.options(**(self.worker_options(r) if self.worker_options else {}))
+                        .remote(r, config.ranks, config.threads) for r in range(config.ranks)]
+        addr, port = self._get([self.workers[0].address.remote()], "start")[0]
+        self._get([w.init_distributed.remote(addr, port, config.backend) for w in self.workers], "start")
+
+    def restart(self) -> None:
+        """Kill every rank and start new ones on the same placement, built from the model path
+        (step and version back to the start: load a checkpoint next)."""
+        import ray
+
+        with self._lock:
+            for w in self.workers:
+                ray.kill(w)
+            self._start_ranks()
+            self.info = self.setup()
+
+    def _get(self, refs: list[Any], what: str) -> list[Any]:
+        """ray.get, failing as soon as any rank fails; LearnerLost when a rank is gone."""
+        import ray
+
+        try:
+            pending = list(refs)
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                ray.get(done)  # raises now if that rank failed
+            return ray.get(refs)
+        except Exception as e:
+            gone = self._gone_ranks()
+            if gone:
+                raise LearnerLost(f"learner rank {gone[0]} lost during {what} after step {self.step} "
+                                  f"({type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})"
+                                  ) from e
+            raise
+
+    def _gone_ranks(self, timeout_s: float = 10.0) -> list[int]:
+        """Ranks that are dead or do not answer (a survivor stuck in a collective)."""
+        import ray
+
+        refs = [w.__ray_ready__.remote() for w in self.workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        gone = []
+        for rank, ref in enumerate(refs):
+            try:
+                if ref not in ready:
+                    raise TimeoutError
+                ray.get(ref)
+            except Exception:  # noqa: BLE001 - dead or silent: either way not a rank to use
+                gone.append(rank)
+        return gone
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        with self._lock:
+            return self._get([getattr(w, method).remote(*args) for w in self.workers], method)
 
     def setup(self, **overrides: Any) -> dict[str, Any]:
         """(Re)build every rank's engine from the model path; overrides change the config
@@ -152,15 +213,16 @@ class LearnerGroup:
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on a global batch; returns metrics (means over the batch)."""
-        import ray
-
         den = self.algorithm.denominators(batch)
         g = self.config.grad_accum
         parts = split_batch(batch, self.config.ranks * g)
-        start = time.perf_counter()
-        results = ray.get([w.train_step.remote(parts[r * g : (r + 1) * g], den)
-                           for r, w in enumerate(self.workers)])
-        elapsed = time.perf_counter() - start
+        with self._lock:
+            start = time.perf_counter()
+            results = self._get([w.train_step.remote(parts[r * g : (r + 1) * g], den)
+                                 for r, w in enumerate(self.workers)], "train_step")
+            elapsed = time.perf_counter() - start
+            self.step += 1
+            self.version += 1
         metrics: dict[str, float] = {}
         for res in results:
             for k, v in res.items():
@@ -169,8 +231,6 @@ class LearnerGroup:
         first = results[0]
         versions = np.asarray(batch.versions) if batch.versions is not None else np.zeros((0,))
         sampled = versions[versions >= 0]
-        self.step += 1
-        self.version += 1
         metrics.update(
             grad_norm=first["grad_norm"], lr=first["lr"], step_s=elapsed,
             tokens_per_s=metrics.get("tokens", 0.0) / elapsed,
@@ -213,7 +273,8 @@ class LearnerGroup:
 
     def publish_weights(self, engines: list[Any]) -> dict[str, float]:
         """Current weights + version to every engine actor; returns timing (ms) and size (MB)."""
-        out = self._all("publish", list(engines), self.version)[0]
+        with self._lock:  # the version read is the version of the weights sent
+            out = self._all("publish", list(engines), self.version)[0]
         out["ms_per_mb"] = out["total_ms"] / max(out["mb"], 1e-9)
         return out
 

@@ -6,11 +6,14 @@ ahead of the learner. A finished episode whose oldest student token lags the lea
 version by more than max_lag is dropped and counted. Each trajectory is handed out once.
 
 Accounting (always): admitted = trained + buffered + dropped_stale + failed + in_flight.
+A resumed run starts from counters saved without its open episodes (in flight or buffered at
+the checkpoint: they are admitted again when they are played again), so the sum still holds.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rose_ray.types import Trajectory
@@ -29,12 +32,14 @@ class BufferCounters:
 
 
 class TrajectoryBuffer:
-    def __init__(self, batch_episodes: int, max_lag: int) -> None:
+    def __init__(self, batch_episodes: int, max_lag: int, counters: BufferCounters | None = None,
+                 on_drop: Callable[[Trajectory], None] | None = None) -> None:
         self.batch_episodes, self.max_lag = batch_episodes, max_lag
         self.capacity = (max_lag + 1) * batch_episodes
         self.items: list[Trajectory] = []
         self.in_flight = 0
-        self.counters = BufferCounters()
+        self.counters = counters or BufferCounters()
+        self.on_drop = on_drop  # told of every trajectory dropped as stale (the run's episode ledger)
         self.lags: list[int] = []  # lag of each trajectory handed to the learner
         self._changed = asyncio.Condition()
 
@@ -53,7 +58,7 @@ class TrajectoryBuffer:
         async with self._changed:
             self.in_flight -= 1
             if self.lag(t, learner_version) > self.max_lag:
-                self.counters.dropped_stale += 1
+                self._drop(t)
                 accepted = False
             else:
                 self.items.append(t)
@@ -74,7 +79,9 @@ class TrajectoryBuffer:
         async with self._changed:
             while True:
                 fresh = [t for t in self.items if self.lag(t, learner_version) <= self.max_lag]
-                self.counters.dropped_stale += len(self.items) - len(fresh)
+                for t in self.items:
+                    if self.lag(t, learner_version) > self.max_lag:
+                        self._drop(t)
                 self.items = fresh
                 if len(self.items) >= self.batch_episodes:
                     break
@@ -84,6 +91,19 @@ class TrajectoryBuffer:
             self.lags.extend(self.lag(t, learner_version) for t in batch)
             self._changed.notify_all()  # room for new episodes
             return batch
+
+    def _drop(self, t: Trajectory) -> None:
+        self.counters.dropped_stale += 1
+        if self.on_drop is not None:
+            self.on_drop(t)
+
+    def resumable_counters(self) -> BufferCounters:
+        """The counters as a checkpoint keeps them: without the episodes still open (in flight
+        or buffered), which a resumed run admits again when it plays them again."""
+        c = BufferCounters(**self.counters.as_dict())
+        c.admitted -= self.in_flight + len(self.items)
+        c.accepted -= len(self.items)
+        return c
 
     def notify(self) -> None:
         """Wake waiters after an outside change (the learner's version moved)."""

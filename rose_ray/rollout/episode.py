@@ -25,6 +25,7 @@ from rose_ray.chat import ChatFormat
 from rose_ray.envs.protocol import Protocol, parse_action
 from rose_ray.envs.worlds import get_world
 from rose_ray.inference.engine import GenerationRequest, fit_context
+from rose_ray.rollout.report import ask_report
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
 HANDOFF_POLICIES = ("fixed", "curriculum", "on_failure", "decay", "none", "teacher_only")
@@ -90,6 +91,9 @@ class EpisodeConfig:
     student_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, max_new_tokens=512))
     teacher_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0, max_new_tokens=512))
     score_student_with_teacher: bool = False  # OPD: teacher logprobs of every student token
+    # The world's report question after the last observation (DiscoveryWorld): "ask" records
+    # the answer on the Trajectory, "train" also adds it to the turns the learner sees, "off".
+    report: str = "ask"
 
 
 class EnvSlot:
@@ -113,6 +117,9 @@ class Agent:
     chat: ChatFormat
     name: str = ""
     context_tokens: int = 1 << 30
+    # spawn(generation): a replacement engine actor, same config, resources and placement
+    # (set by start_agents; the run's EngineSupervisor swaps it in when `engine` is lost).
+    spawn: Any = None
 
 
 async def run_episode(
@@ -172,6 +179,7 @@ async def run_episode(
     first = await env.reset(game)
     timing["env_s"] += time.perf_counter() - t0
     add_observation(first.observation)
+    scoring = dict(first.info.get("scoring") or {})
 
     handoff_turn: int | None = None
     invalid = truncated_turns = cut_before_action = 0
@@ -273,6 +281,13 @@ async def run_episode(
     rounds = sum(1 for t in turns if t.role == "assistant" and t.owner != "prompt")
     if handoff_turn is not None and handoff_turn > rounds:
         handoff_turn = None  # the episode ended before the teacher acted
+    scoring.update(last.info.get("scoring") or {})
+    report, report_turns = None, []
+    if config.report != "off" and protocol.report_question:
+        report, report_turns = await ask_report(protocol.report_question, turns, teacher_turns, student,
+                                                teacher, config, f"{request_prefix}{game.item_id}/report", timing)
+        if config.report == "train":
+            turns[-1:] = report_turns  # the last observation with the question, then the answer
     timing["total_s"] = time.perf_counter() - t_start
     versions = [t.policy_version for t in turns if t.owner == "student" and t.policy_version is not None]
     return Trajectory(
@@ -294,6 +309,9 @@ async def run_episode(
         handoff_p=p,
         handoff_seed=seed if decay else None,
         timing=timing,
+        report=report,
+        report_turns=report_turns,
+        scoring=scoring,
     )
 
 

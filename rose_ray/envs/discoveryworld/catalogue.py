@@ -31,8 +31,12 @@ PAIRS: tuple[tuple[str, str], ...] = (
     + tuple((t, d) for t in THEMES for d in ("Easy", "Normal", "Challenge"))
     + tuple((f"Small Skills: {s}", "Normal") for s in SKILLS)
 )
-# The paper's step limits: 100 for Easy, 1,000 otherwise.
+# The paper's step limits: 100 for Easy tasks and for the unit tests (the Small Skills, all
+# Normal), 1,000 for Normal and Challenge themes (and the Tutorial, which the paper does not run).
 TURN_LIMITS = {"Easy": 100, "Normal": 1000, "Challenge": 1000}
+UNIT_TEST_TURNS = 100
+UNIT_TEST_PREFIX = "Small Skills: "
+DIFFICULTIES = ("Easy", "Normal", "Challenge")
 
 
 def slug(scenario: str, difficulty: str) -> str:
@@ -44,6 +48,18 @@ class Scenario:
     name: str
     difficulty: str
     seed: int
+
+    @property
+    def kind(self) -> str:
+        """`theme` (a discovery theme), `unit test` (a Small Skill) or `tutorial`."""
+        if self.name in THEMES:
+            return "theme"
+        return "unit test" if self.name.startswith(UNIT_TEST_PREFIX) else "tutorial"
+
+    @property
+    def short_name(self) -> str:
+        """The name without the `Small Skills: ` prefix (the paper's table rows)."""
+        return self.name.removeprefix(UNIT_TEST_PREFIX)
 
 
 class DiscoveryWorldCatalogue(GameCatalogue):
@@ -78,4 +94,8 @@ class DiscoveryWorldCatalogue(GameCatalogue):
         raise KeyError(f"no DiscoveryWorld game {task!r} with seed {seed} (seeds {SEEDS[0]}..{SEEDS[-1]})")
 
     def turn_limit(self, game: GameId) -> int:
-        return TURN_LIMITS[self.scenario(game).difficulty]
+        """The paper's step limit for a game: 100 for Easy and unit tests, else 1,000."""
+        scenario = self.scenario(game)
+        if scenario.kind == "unit test":
+            return UNIT_TEST_TURNS
+        return TURN_LIMITS[scenario.difficulty]

@@ -34,8 +34,10 @@ class DiscoveryWorldGame(ProcessGame):
 
     Score: the package's normalised score, rescaled so the starting score is 0 and the
     maximum is 1 (some scenarios start above 0). Success: the scenario's own
-    `completedSuccessfully`. Turn limit: `max_turns`, else the difficulty's (Easy 100,
-    otherwise 1,000).
+    `completedSuccessfully`. Turn limit: `max_turns`, else the paper's (Easy and unit tests
+    100, otherwise 1,000). `done` ends an episode at the agent's word (`agent_stop`).
+    Every result's `info["scoring"]` holds the package's own normalised score (`process`);
+    the load's also holds the task description and the critical questions (for the judge).
     """
 
     world = "discoveryworld"
@@ -121,8 +123,10 @@ class DiscoveryWorldGame(ProcessGame):
         self.game, self.turn, self.done = game, 0, False
         self.limit = self.max_turns if self.max_turns is not None else self.catalogue.turn_limit(game)
         self.start_score = reply["score"]
+        scoring = {**reply.get("scoring", {}), "process": reply["score"]}
         self.last = StepResult(observation=reply["observation"], raw_score=round(100 * reply["score"]),
-                               game=game, latency_ms=(time.perf_counter() - t0) * 1e3)
+                               game=game, latency_ms=(time.perf_counter() - t0) * 1e3,
+                               info={"scoring": scoring})
         return self.last
 
     def step(self, action: str) -> StepResult:
@@ -140,6 +144,8 @@ class DiscoveryWorldGame(ProcessGame):
             end = "success"
         elif reply["completed"]:
             end = "completed"
+        elif reply.get("stopped"):
+            end = "agent_stop"
         elif self.turn >= self.limit:
             end = "turn_limit"
         self.done = bool(end)
@@ -148,7 +154,9 @@ class DiscoveryWorldGame(ProcessGame):
             turn=self.turn, game=self.game, end_reason=end,
             latency_ms=(time.perf_counter() - t0) * 1e3, score=self.relative(reply["score"]),
             success=bool(reply["success"]),
-            info={"invalid": reply["invalid"], "world_step_ms": reply.get("step_ms")},
+            # process: the package's own normalised score (the paper's process score)
+            info={"invalid": reply["invalid"], "world_step_ms": reply.get("step_ms"),
+                  "scoring": {"process": reply["score"]}},
         )
         return self.last
 

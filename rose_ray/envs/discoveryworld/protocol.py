@@ -36,6 +36,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("eat OBJ", "eat something"),
     ("read feed", "read the latest Discovery Feed posts"),
     ("read post N", "read Discovery Feed post number N"),
+    ("done", "end the episode when you think the task is finished"),
 )
 
 INSTRUCTION = (
@@ -55,7 +56,18 @@ INSTRUCTION = (
 
 ACKNOWLEDGEMENT = "OK. I will answer with a Thought and one Action each turn."
 
-PROTOCOL = Protocol(INSTRUCTION, ACKNOWLEDGEMENT, invalid_prefixes=(INVALID_PREFIX,))
+# Asked after the episode's last observation (success, turn limit, `done`): the answer is the
+# agent's explanatory knowledge, which a judge checks against the scenario's critical questions.
+REPORT_QUESTION = (
+    "The episode is over and no more actions will be carried out. Report what you discovered "
+    "about the task: state plainly, in a few sentences, the facts, measurements, causes or "
+    "answers you found out, as specifically as you can. If you are unsure, say what you think "
+    "is most likely and why. Write your findings only, without Thought or Action lines."
+)
+
+PROTOCOL = Protocol(INSTRUCTION, ACKNOWLEDGEMENT, invalid_prefixes=(INVALID_PREFIX,),
+                    report_question=REPORT_QUESTION)
+STOP_ACTION = {"stop": True}  # `done`: ours, never sent to the package
 
 
 # --------------------------------------------------------------------------- observations
@@ -134,7 +146,7 @@ VERBS: tuple[tuple[str, str], ...] = (
     ("pick up", "PICKUP"), ("pickup", "PICKUP"), ("take", "PICKUP"), ("drop", "DROP"),
     ("put", "PUT"), ("give", "PUT"), ("open", "OPEN"), ("close", "CLOSE"),
     ("activate", "ACTIVATE"), ("deactivate", "DEACTIVATE"), ("talk to", "TALK"), ("talk", "TALK"),
-    ("eat", "EAT"), ("read", "READ"), ("use", "USE"), ("choose", "CHOOSE"),
+    ("eat", "EAT"), ("read", "READ"), ("use", "USE"), ("choose", "CHOOSE"), ("done", "STOP"),
 )
 _SEPARATORS = {"PUT": (" in ", " into ", " on ", " onto ", " to "), "USE": (" on ", " with ")}
 _ID = re.compile(r"#\s*([0-9]+)")
@@ -189,6 +201,10 @@ def parse_command(text: str, ui: dict[str, Any], places: list[str]) -> Command:
     reach = list(ui.get("inventoryObjects") or []) + list(ui.get("accessibleEnvironmentObjects") or [])
     where = "in your inventory or directly in front of you"
 
+    if action == "STOP":
+        if rest:
+            return _invalid(f"'done' takes nothing after it, got '{rest[:40]}'.")
+        return Command(dict(STOP_ACTION))
     if action == "CHOOSE":
         if not in_dialog:
             return _invalid("you are not in a conversation.")

@@ -32,6 +32,7 @@ from typing import Any
 from rose_ray.envs.discoveryworld.game import WORKDIR_PREFIX
 from rose_ray.envs.discoveryworld.protocol import (
     INVALID_PREFIX,
+    STOP_ACTION,
     first_observation,
     parse_command,
     render_observation,
@@ -89,12 +90,20 @@ class Session:
         world.tick()
         self.places = sorted(world.getTeleportLocations())
         self.last_ui = self.ui.renderJSON()
-        return {"observation": first_observation(self.last_ui, self.places), **self._scorecard()}
+        return {"observation": first_observation(self.last_ui, self.places), **self._scorecard(),
+                "scoring": self._scoring_info()}
 
     def _scorecard(self) -> dict[str, Any]:
         card = self.api.getTaskScorecard()[0]
         return {"score": float(card["scoreNormalized"]), "completed": bool(card["completed"]),
                 "success": bool(card["completedSuccessfully"])}
+
+    def _scoring_info(self) -> dict[str, Any]:
+        """What the paper's knowledge score needs, never shown to the agent: the task
+        description and the scenario's critical questions (set when the scenario is built)."""
+        card = self.api.getTaskScorecard()[0]
+        return {"task_description": str(card.get("taskDescription") or "").strip(),
+                "critical_questions": [str(q) for q in card.get("criticalQuestions") or []]}
 
     def _invalid(self, observation: str) -> dict[str, Any]:
         """A turn that changed nothing in the world: the message is the observation."""
@@ -111,6 +120,9 @@ class Session:
             return self._invalid(f"{INVALID_PREFIX}: could not read '{text[:80]}' ({type(e).__name__}: {e})")
         if command.action is None:
             return self._invalid(command.error)
+        if command.action == STOP_ACTION:  # the agent ends its episode; the world does not move
+            return {"observation": "Result: you ended the episode.", "invalid": False, "stopped": True,
+                    **self._scorecard()}
         try:
             self.api.performAgentAction(0, command.action)
         except Exception as e:  # a package bug on a parsed action: the agent sees it, the game goes on

@@ -1,0 +1,51 @@
+"""What stops a run that cannot go on, and the watchdog that makes sure none hangs silently.
+
+A role that cannot be kept alive (an engine lost more than `reliability.max_restarts` times, a
+learner group likewise) raises `RoleFailed` naming it; the watchdog raises `Stalled` when
+neither a learner step nor a finished episode has happened for two periods. Either way the
+trainer writes a final checkpoint when it can and `rose-ray train` exits 1 with the message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+
+class RoleFailed(RuntimeError):
+    """A role of the run (student or teacher engine, learner) failed for good; names it."""
+
+
+class Stalled(RoleFailed):
+    """No learner step and no finished episode for two watchdog periods."""
+
+
+class Watchdog:
+    """Progress is a learner step or a finished episode (`progress()`). After `period_s`
+    without any, `run()` prints `report()` (which role waits on what); after a second
+    period it raises Stalled with the report."""
+
+    def __init__(self, period_s: float, report: Callable[[], Awaitable[str]]) -> None:
+        self.period_s, self.report = period_s, report
+        self.last = time.monotonic()
+
+    def progress(self) -> None:
+        self.last = time.monotonic()
+
+    async def run(self) -> None:
+        warned_at: float | None = None  # the progress mark the warning was about
+        while True:
+            await asyncio.sleep(min(self.period_s / 4, 5.0))
+            idle = time.monotonic() - self.last
+            if idle < self.period_s:
+                warned_at = None
+                continue
+            if warned_at != self.last:
+                warned_at = self.last
+                print(f"\ntrain: watchdog: no learner step and no finished episode for {idle:.0f} s "
+                      f"(reliability.watchdog_s {self.period_s:g}); waiting:\n  {await self.report()}",
+                      flush=True)
+            elif idle >= 2 * self.period_s:
+                raise Stalled(f"no learner step and no finished episode for {idle:.0f} s "
+                              f"(2 x reliability.watchdog_s {self.period_s:g}); waiting:\n  {await self.report()}")

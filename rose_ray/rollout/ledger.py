@@ -1,0 +1,131 @@
+"""Every sampled game's one outcome, in `<run_dir>/episodes.jsonl`.
+
+Each game drawn from the sampler is episode `e<n>` (n = 0, 1, 2, ... over the whole run,
+resumes included). It gets exactly one outcome record: `trained` (with the learner step),
+`dropped_stale`, `failed` (after its retries), or `in_flight` (running or buffered when the
+run stopped).
+
+A checkpoint keeps the open episodes (drawn, no outcome yet) and the file's length. Going
+back to it (`--resume`, or a learner group restarted after a rank's loss) cuts the file to
+that length, plays the open episodes again before anything new (an `in_flight` record
+written at a stop lies past the cut, so it gives way to the real outcome), and puts the
+sampler back at the checkpoint's cursor, so every game drawn after the checkpoint is drawn
+again with the same number: no game is skipped and none is trained twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter, deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rose_ray.types import GameId
+
+OUTCOMES = ("trained", "dropped_stale", "failed", "in_flight")
+
+
+@dataclass
+class Draw:
+    """One sampled game: its number, and the sampler's cursor just after drawing it."""
+
+    n: int
+    game: GameId
+    epoch: int
+    position: int
+
+    @property
+    def episode_id(self) -> str:
+        return f"e{self.n}"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Draw:
+        return cls(d["n"], GameId(**d["game"]), d["epoch"], d["position"])
+
+
+class EpisodeLedger:
+    def __init__(self, path: str | Path, sampler: Any, fresh: bool = True) -> None:
+        """`sampler`: a GameSampler; `fresh`: start the file empty (a new run)."""
+        self.path, self.sampler = Path(path), sampler
+        self.next_n = 0
+        self.open: dict[str, Draw] = {}  # drawn, no outcome yet
+        self.replay: deque[Draw] = deque()  # open at the checkpoint gone back to: played first
+        self.outcomes: Counter[str] = Counter()
+        self._file = self.path.open("w" if fresh else "a")
+
+    def draw(self) -> Draw:
+        """The next episode: one to play again, else a new game from the sampler."""
+        if self.replay:
+            d = self.replay.popleft()
+        else:
+            game = self.sampler.next()
+            at = self.sampler.state()
+            d = Draw(self.next_n, game, at["epoch"], at["position"])
+            self.next_n += 1
+        self.open[d.episode_id] = d
+        return d
+
+    def record(self, episode_id: str, outcome: str, **fields: Any) -> None:
+        """An episode's one outcome; `fields` (e.g. `step`) go into its record."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome: must be one of {OUTCOMES}, got {outcome!r}")
+        d = self.open.pop(episode_id)
+        self.outcomes[outcome] += 1
+        self._file.write(json.dumps({"episode": episode_id, "n": d.n, "item_id": d.game.item_id,
+                                     "outcome": outcome, **fields}) + "\n")
+        self._file.flush()
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps (take it when nothing else moves: in the event loop)."""
+        self._file.flush()
+        pending = sorted([*self.open.values(), *self.replay], key=lambda d: d.n)
+        return {"next_n": self.next_n, "sampler": self.sampler.state(), "offset": self.path.stat().st_size,
+                "open": [asdict(d) for d in pending], "outcomes": dict(self.outcomes)}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Back to a checkpoint: the file cut to its length, its open episodes to play first."""
+        self._file.close()
+        with self.path.open("r+") as f:
+            f.truncate(state["offset"])
+        self._file = self.path.open("a")
+        self.next_n = state["next_n"]
+        self.sampler.load_state(state["sampler"])
+        self.open = {}
+        self.replay = deque(Draw.from_dict(d) for d in state["open"])
+        self.outcomes = Counter(state["outcomes"])
+
+    def stop(self) -> None:
+        """The run ends: every open episode (queued to play again too) was in flight."""
+        for d in list(self.replay):
+            self.open[d.episode_id] = d
+        self.replay.clear()
+        for episode_id in sorted(self.open, key=lambda e: self.open[e].n):
+            self.record(episode_id, "in_flight")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def keep_steps(path: str | Path, last_step: int) -> None:
+    """Cut a per-step JSONL log (metrics, trajectories) back to records of steps <= last_step,
+    in place (an open append handle keeps writing at the new end). A line cut short by a
+    killed process goes too."""
+    path = Path(path)
+    if not path.exists():
+        return
+
+    def keep(line: str) -> bool:
+        try:
+            return json.loads(line).get("step", 0) <= last_step
+        except ValueError:
+            return False
+
+    with path.open("r+") as f:
+        kept = [line for line in f if line.endswith("\n") and keep(line)]
+        f.seek(0)
+        f.writelines(kept)
+        f.truncate()
+        f.flush()
+        os.fsync(f.fileno())

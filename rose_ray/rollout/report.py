@@ -1,0 +1,70 @@
+"""The report turn: after an episode's last observation, the agent is asked what it discovered
+(DiscoveryWorld scores that answer as explanatory knowledge). It is not an action and takes
+no step in the game.
+
+The question goes into the last user turn (observation, a blank line, the question): that
+turn's ids already end with the generation prompt, so a second user turn cannot follow it.
+The agent that acted last answers (the teacher after a handoff, else the student), with its
+own sampling settings.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from rose_ray.envs.protocol import strip_thinking
+from rose_ray.inference.engine import GenerationRequest, fit_context
+from rose_ray.types import Turn
+
+if TYPE_CHECKING:
+    from rose_ray.rollout.episode import Agent, EpisodeConfig
+
+REPORT_MODES = ("ask", "train", "off")
+
+
+def with_question(observation: str, question: str) -> str:
+    """The last observation's text with the report question after it."""
+    return f"{observation.rstrip()}\n\n{question}"
+
+
+async def ask_report(question: str, turns: list[Turn], teacher_turns: list[Turn] | None, student: Agent,
+                     teacher: Agent | None, config: EpisodeConfig, request_id: str,
+                     timing: dict[str, float]) -> tuple[str, list[Turn]]:
+    """(the answer without any think block, [the last observation with the question, the
+    reply]) in the student's ids. A conversation with no room left for a reply gets an empty
+    answer and the question turn alone."""
+    if config.report not in REPORT_MODES:
+        raise ValueError(f"report: must be one of {REPORT_MODES}, got {config.report!r}")
+    last = turns[-1]
+    if last.role != "user":
+        raise ValueError("the report question follows an observation (a user turn)")
+    by_teacher = teacher is not None and next(
+        (t.owner for t in reversed(turns) if t.role == "assistant" and t.owner != "prompt"), "student") == "teacher"
+    agent = teacher if by_teacher else student
+    text = with_question(last.text, question)
+    ask = Turn("user", text, last.owner, student.chat.user_ids(text))
+    if by_teacher and teacher_turns is not None:  # the teacher reads its own tokenizer's ids
+        view = teacher_turns[:-1] + [Turn("user", text, last.owner, teacher.chat.user_ids(text))]
+    else:
+        view = turns[:-1] + [ask]
+    sampling = config.teacher_sampling if by_teacher else config.student_sampling
+    t0 = time.perf_counter()
+    result = await agent.engine.generate.remote(GenerationRequest(sampling=sampling, turns=view,
+                                                                  request_id=request_id))
+    timing["report_s"] = time.perf_counter() - t0
+    if result.finish_reason == "context":
+        return "", [ask]
+    if by_teacher and teacher.chat is not student.chat:
+        ids, logprobs, version = student.chat.assistant_ids(result.text), None, None
+    else:
+        ids, logprobs = student.chat.finish_sampled(result.token_ids), list(result.logprobs)
+        version = None if by_teacher else result.version
+    reply = Turn("assistant", result.text, "teacher" if by_teacher else "student", ids, logprobs, version,
+                 truncated=result.finish_reason == "length")
+    if (config.report == "train" and not by_teacher and config.score_student_with_teacher
+            and teacher is not None and teacher.chat is student.chat):
+        # OPD trains this reply too: the teacher scores it as it scores every student turn.
+        kept, _ = fit_context(turns[:-1] + [ask], teacher.context_tokens - len(ids), "drop_oldest")
+        reply.teacher_logprobs = await teacher.engine.score.remote([i for t in kept for i in t.token_ids], ids)
+    return strip_thinking(result.text).strip(), [ask, reply]

@@ -1,0 +1,331 @@
+"""DiscoveryWorld scored as its paper scores it: the report turn on real games, the judge
+(parse, cache, a `rose-ray serve` judge over HTTP and a local-folder judge), the tables in the
+shape of the paper's Tables 4 and 5, and the paper's step limits.
+
+The judges here are tiny untrained models: their verdicts are noise. The tests check the
+mechanics (every question asked once and recorded, answers parsed or counted as unparsed,
+the cache, the tables), never what a verdict says."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from rose_ray.envs.discoveryworld.catalogue import DiscoveryWorldCatalogue
+from rose_ray.envs.discoveryworld.protocol import REPORT_QUESTION
+from rose_ray.judge import (
+    JudgeConfig,
+    JudgeUnavailable,
+    VerdictCache,
+    check_judge,
+    judge_records,
+    parse_verdict,
+)
+
+CATALOGUE = DiscoveryWorldCatalogue()
+CHEMISTRY = CATALOGUE.find("combinatorial-chemistry-easy", 5)
+ARCHAEOLOGY = CATALOGUE.find("archaeology-dating-easy", 5)
+NAME = "tiny-judge"
+
+
+# --------------------------------------------------------------------------- parsing and cache
+@pytest.mark.parametrize("answer, verdict, parsed", [
+    ("Reason: the report names the mixture.\nVerdict: 1", 1, True),
+    ("**Verdict:** 0\nReason: it never mentions the key", 0, True),
+    ('{"verdict": 1, "reason": "states the compound"}', 1, True),
+    ("<think>Verdict: 0 at first</think>Reason: it does.\nVerdict: yes", 1, True),
+    ("Verdict = no", 0, True),
+    ("1", 1, True),
+    ("Verdict: 2", 0, False),  # not a verdict: counts 0, as unparsed
+    ("Verdict: 0.5", 0, False),
+    ("Thought: go north\nAction: move north", 0, False),
+    ("", 0, False),
+    ("<think>Verdict: 1, I think, but", 0, False),  # cut while thinking: nothing is an answer
+])
+def test_verdicts_are_parsed_and_malformed_ones_count_zero(answer, verdict, parsed):
+    v = parse_verdict(answer, "Q?")
+    assert (v.verdict, v.parsed, v.question) == (verdict, parsed, "Q?")
+    if answer.startswith("Reason: the report"):
+        assert v.reason == "the report names the mixture."
+    if answer.startswith("{"):
+        assert v.reason == "states the compound"
+
+
+def test_the_cache_keys_on_judge_question_and_knowledge(tmp_path):
+    path = tmp_path / "v.jsonl"
+    cache = VerdictCache(path)
+    cache.put("judge-a", "I found that X rusts.", parse_verdict("Reason: yes\nVerdict: 1", "Q1?"), "raw")
+    cache.put("judge-a", "I found that X rusts.", parse_verdict("gibberish", "Q2?"), "gibberish")
+    with path.open("a") as f:
+        f.write('{"judge": "judge-a", "key": "cut sho')  # a write cut short by a kill
+    again = VerdictCache(path)
+    hit = again.get("judge-a", "Q1?", "I found that X rusts.")
+    assert hit is not None and hit.verdict == 1 and hit.parsed and hit.cached
+    miss = again.get("judge-a", "Q2?", "I found that X rusts.")
+    assert miss is not None and miss.verdict == 0 and not miss.parsed  # unparsed answers are kept too
+    assert again.get("judge-b", "Q1?", "I found that X rusts.") is None  # another judge asks again
+    assert again.get("judge-a", "Q1?", "I found nothing.") is None  # other knowledge asks again
+
+
+# --------------------------------------------------------------------------- tables
+def _record(item: str, success: bool, process: float, knowledge: float | None = None, **extra) -> dict:
+    g = CATALOGUE.game(item)
+    r = {"item_id": item, "task": g.task, "var": g.variation, "score": process, "raw_score": 0,
+         "success": success, "pass": process > 0, "turns": 3, "invalid_actions": 0, "process": process, **extra}
+    if knowledge is not None:
+        r["knowledge"] = knowledge
+        r["verdicts"] = [{"question": "Q", "verdict": int(knowledge >= 0.5), "parsed": True, "reason": ""}]
+    return r
+
+
+def test_the_paper_tables_average_seeds_then_themes(tmp_path):
+    from rose_ray.evaluate import compare, markdown, summarise
+
+    chem_easy = [g.item_id for g in CATALOGUE.games if g.task == "combinatorial-chemistry-easy"]
+    chem_normal = [g.item_id for g in CATALOGUE.games if g.task == "combinatorial-chemistry-normal"]
+    reactor_easy = [g.item_id for g in CATALOGUE.games if g.task == "reactor-lab-easy"]
+    doors = [g.item_id for g in CATALOGUE.games if g.task == "small-skills-doors-test-normal"]
+    records = [_record(chem_easy[0], True, 1.0, 1.0), _record(chem_easy[1], False, 0.5, 0.0),
+               _record(chem_normal[0], False, 0.2, 0.5), _record(reactor_easy[0], False, 0.3, 0.0),
+               _record(doors[0], True, 1.0), _record(doors[1], False, 0.0)]
+    s = summarise(records)
+    paper = s["paper"]
+    easy = paper["themes"]["Combinatorial Chemistry"]["Easy"]
+    assert easy == {"games": 2, "completion": 0.5, "process": 0.75, "knowledge": 0.5, "knowledge_games": 2}
+    assert paper["themes"]["Reactor Lab"]["Easy"]["process"] == pytest.approx(0.3)
+    # The Average row averages the themes (0.75 and 0.3), not the three games.
+    assert paper["theme_average"]["Easy"]["process"] == pytest.approx((0.75 + 0.3) / 2)
+    assert paper["unit_tests"]["Doors Test"] == {"games": 2, "completion": 0.5, "process": 0.5,
+                                                 "knowledge": None, "knowledge_games": 0}
+    o = s["overall"]
+    assert o["completion"] == pytest.approx(2 / 6) and o["knowledge"] == pytest.approx(1.5 / 4)
+    assert o["judged_questions"] == 4 and o["unparsed_verdicts"] == 0
+    md = markdown(s, "t")
+    assert "Easy Knowl." in md and "| Combinatorial Chemistry | 0.50 | 0.75 | 0.50 |" in md
+    assert "| Doors Test | 0.50 | 0.50 | 2 |" in md
+    # Without a judge there is no knowledge column, and the table says why.
+    plain = summarise([{k: v for k, v in r.items() if k not in ("knowledge", "verdicts")} for r in records])
+    assert plain["overall"]["knowledge"] is None
+    assert "Knowl." not in markdown(plain, "t") and "knowledge needs --judge" in markdown(plain, "t")
+    for name, summary in (("judged", s), ("plain", plain)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"config": {"model": name}, "summary": summary}))
+    table = compare([str(tmp_path / "judged.json"), str(tmp_path / "plain.json")])
+    assert "| Combinatorial Chemistry Easy | 0.50 / 0.75 / 0.50 | 0.50 / 0.75 / – |" in table
+    assert "| judged | 6 |" in table and table.splitlines()[0].endswith("Completion | Process | Knowledge |")
+
+
+# --------------------------------------------------------------------------- step limits, the game side
+def test_step_limits_are_the_papers_and_max_turns_overrides():
+    from rose_ray.evaluate import EvalConfig
+
+    limits = {g.task: CATALOGUE.turn_limit(g) for g in CATALOGUE.games}
+    assert all(v == 100 for t, v in limits.items() if t.endswith("-easy") or t.startswith("small-skills-"))
+    assert all(v == 1000 for t, v in limits.items() if t.endswith(("-normal", "-challenge"))
+               and not t.startswith("small-skills-"))
+    assert sum(t.startswith("small-skills-") for t in limits) == 10 and limits["tutorial-normal"] == 1000
+    assert EvalConfig(model="m", world="discoveryworld").max_turns is None  # the world's own limits
+    assert EvalConfig(model="m").max_turns == 20  # ScienceWorld's default as before
+    assert EvalConfig(model="m", world="discoveryworld", max_turns=7).max_turns == 7
+
+
+def test_a_game_carries_its_critical_questions_and_done_ends_it():
+    from rose_ray.envs.discoveryworld.game import DiscoveryWorldGame
+
+    with DiscoveryWorldGame() as g:
+        unit = g.load(CATALOGUE.find("small-skills-doors-test-normal", 1))
+        assert g.limit == 100 and unit.info["scoring"]["critical_questions"] == []
+        first = g.load(CHEMISTRY)
+        scoring = first.info["scoring"]
+        assert g.limit == 100 and scoring["critical_questions"]
+        assert all(q.startswith("Does it clearly state") for q in scoring["critical_questions"])
+        assert scoring["task_description"] and scoring["task_description"] in first.observation
+        assert 0.0 <= scoring["process"] <= 1.0
+        assert "Does it clearly state" not in first.observation  # oracle knowledge stays hidden
+        r = g.step("done now")
+        assert r.observation.startswith("Invalid action") and not r.done
+        r = g.step("done")
+        assert r.done and r.end_reason == "agent_stop" and r.info["scoring"]["process"] == scoring["process"]
+
+
+# --------------------------------------------------------------------------- the report turn on real games
+async def _episodes(tiny_models):
+    from rose_ray.inference.engine import EngineConfig
+    from rose_ray.rollout.episode import EnvSlot, EpisodeConfig, HandoffConfig, run_episode
+    from rose_ray.rollout.workers import (
+        EnvConfig,
+        close_pools,
+        start_agents,
+        start_env_pools,
+        stop_agents,
+    )
+    from rose_ray.types import SamplingParams
+
+    pools = start_env_pools(EnvConfig(world="discoveryworld", games_per_worker=2, cpus_per_worker=0.25), max_turns=2)
+    student, teacher = start_agents(*(EngineConfig(model=str(tiny_models[o]), context_tokens=4096, dtype="float32")
+                                      for o in ("student", "teacher")), student_cpus=0.25, teacher_cpus=0.25)
+    sampling = SamplingParams(0.0, 1.0, 12)
+    try:
+        ask = EpisodeConfig(max_turns=2, student_sampling=sampling, teacher_sampling=sampling)
+        train = EpisodeConfig(max_turns=2, student_sampling=sampling, teacher_sampling=sampling, report="train")
+        return await asyncio.gather(
+            run_episode(CHEMISTRY, EnvSlot(pools[0], 0), student, None, ask, HandoffConfig("none")),
+            run_episode(ARCHAEOLOGY, EnvSlot(pools[0], 1), student, teacher, train, HandoffConfig("fixed", k=1)),
+        )
+    finally:
+        close_pools(pools)
+        stop_agents(student, teacher)
+
+
+def test_the_report_is_asked_after_the_last_observation_and_recorded(tiny_models, ray_cluster):
+    from rose_ray.envs.worlds import get_world
+    from rose_ray.learner.batching import loss_turns, render
+
+    solo, stitched = asyncio.run(_episodes(tiny_models))
+    # Asked: the last observation with the question after it; the student answers; no step taken.
+    assert solo.rounds == 2 and solo.end_reason == "turn_limit" and solo.report is not None
+    question, reply = solo.report_turns
+    assert question.text == solo.turns[-1].text.rstrip() + "\n\n" + REPORT_QUESTION
+    assert question.role == "user" and question.token_ids and reply.owner == "student" and reply.token_ids
+    assert solo.report == reply.text.strip()
+    assert all(REPORT_QUESTION not in t.text for t in solo.turns)  # not in the turns the learner sees
+    assert solo.scoring["critical_questions"] and "process" in solo.scoring
+    assert solo.to_record()["report"] == solo.report
+    # "train": the exchange replaces the last observation, so the learner sees it; the teacher
+    # acted last (handoff after turn 1), so the teacher answers and its report carries loss.
+    assert stitched.rounds == 2 and stitched.handoff_turn == 2
+    assert stitched.turns[-2].text.endswith(REPORT_QUESTION) and stitched.turns[-1].owner == "teacher"
+    assert stitched.turns[-2:] == stitched.report_turns
+    seq = render(stitched)
+    assert loss_turns(seq, len(stitched.turns), {"teacher": 1.0})[-1]
+    # ScienceWorld asks nothing: its protocol has no report question.
+    assert get_world("sciworld").protocol.report_question is None
+
+
+# --------------------------------------------------------------------------- judges
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served_judge(tiny_models):
+    """`rose-ray serve` of the tiny teacher on 127.0.0.1 (a judge whose verdicts are noise)."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rose_ray.cli", "serve", str(tiny_models["teacher"]), "--port", str(port),
+         "--served-model-name", NAME, "--threads", "1", "--dtype", "float32", "--context-tokens", "4096"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.time() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/models", timeout=5):
+                break
+        except (urllib.error.URLError, ConnectionError):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.time() < deadline, "rose-ray serve did not come up"
+            time.sleep(0.5)
+    yield proc, url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _hand_made(questions: list[str]) -> list[dict]:
+    return [{"item_id": "discoveryworld_9", "task_description": "Find the rust remover.",
+             "critical_questions": questions, "report": "Mixing chemical A and chemical C removes the rust."},
+            {"item_id": "discoveryworld_14", "task_description": "Find the rust remover.",
+             "critical_questions": questions[:1], "report": "   "}]  # nothing reported: not asked
+
+
+def test_eval_with_a_served_judge_end_to_end(tiny_models, ray_cluster, served_judge, tmp_path):
+    from rose_ray.evaluate import EvalConfig, run_eval
+
+    proc, url = served_judge
+    ids = tmp_path / "easy.json"
+    ids.write_text(json.dumps([CHEMISTRY.item_id, ARCHAEOLOGY.item_id]))
+    # Sampled: the greedy untrained student answers the report question with its end-of-turn token.
+    cfg = EvalConfig(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=None,
+                     max_turns=2, max_new_tokens=16, temperature=1.0, seed=1, concurrency=2, context_tokens=2048,
+                     out=str(tmp_path / "dw"), judge=f"openai:{url}", judge_model=NAME, judge_max_new_tokens=24)
+    result = run_eval(cfg)
+    games = result["games"]
+    assert [g["item_id"] for g in games] == [CHEMISTRY.item_id, ARCHAEOLOGY.item_id]
+    for g in games:
+        assert isinstance(g["report"], str) and g["critical_questions"] and g["judge"] == f"openai:{url}@{NAME}"
+        assert [v["question"] for v in g["verdicts"]] == g["critical_questions"]
+        assert all(v["verdict"] in (0, 1) and not v["error"] for v in g["verdicts"])
+        assert g["knowledge"] == pytest.approx(sum(v["verdict"] for v in g["verdicts"]) / len(g["verdicts"]))
+    reported = [g for g in games if g["report"]]
+    assert reported  # the judge was asked about real reports, one request per question
+    assert all(v["reason"] != "the agent reported nothing" for g in reported for v in g["verdicts"])
+    asked = [json.loads(line) for line in (tmp_path / "dw.verdicts.jsonl").read_text().splitlines()]
+    assert sorted(r["question"] for r in asked) == sorted(q for g in reported for q in g["critical_questions"])
+    o = result["summary"]["overall"]
+    assert o["judged_questions"] == sum(len(g["critical_questions"]) for g in games)
+    assert o["knowledge"] == pytest.approx(sum(g["knowledge"] for g in games) / 2)
+    md = (tmp_path / "dw.md").read_text()
+    assert "Easy Knowl." in md and "| Combinatorial Chemistry |" in md and "| Archaeology Dating |" in md
+    assert "critical questions" in md
+
+    # The same judge on hand-made reports: every question with a report is asked once, its
+    # answer parsed or counted as unparsed, and cached; a second pass asks nothing, even with
+    # the server gone.
+    questions = ["Does it clearly state that chemical A is needed?", "Does it clearly state the mixture?"]
+    records = _hand_made(questions)
+    cache_path = tmp_path / "hand.verdicts.jsonl"
+    judge = JudgeConfig(model=f"openai:{url}", served_model=NAME, max_new_tokens=24)
+    counts = judge_records(records, judge, VerdictCache(cache_path))
+    assert counts == {**counts, "questions": 3, "asked": 2, "cached": 0, "errors": 0}
+    assert records[1]["knowledge"] == 0.0 and records[1]["verdicts"][0]["reason"] == "the agent reported nothing"
+    unparsed = sum(not v["parsed"] for v in records[0]["verdicts"])
+    assert counts["unparsed"] == unparsed
+    assert len(cache_path.read_text().splitlines()) == 2
+    proc.terminate()
+    proc.wait(timeout=30)
+    again = _hand_made(questions)
+    counts = judge_records(again, judge, VerdictCache(cache_path))
+    assert counts["asked"] == 0 and counts["cached"] == 2
+    assert again[0]["verdicts"] == records[0]["verdicts"]
+    # A judge that is not there: a clear error before any game is played.
+    with pytest.raises(JudgeUnavailable, match="cannot reach"):
+        check_judge(judge)
+    with pytest.raises(JudgeUnavailable, match="cannot reach"):
+        run_eval(EvalConfig(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=None,
+                            max_turns=2, out=str(tmp_path / "gone"), judge=f"openai:{url}"))
+    assert not list(tmp_path.glob("gone*"))
+
+
+def test_a_local_folder_judge(tiny_models, ray_cluster, tmp_path, capsys):
+    from rose_ray.cli import main
+
+    questions = ["Does it clearly state that chemical A is needed?"]
+    records = _hand_made(questions)
+    judge = check_judge(JudgeConfig(model=str(tiny_models["teacher"]), max_new_tokens=24, concurrency=2,
+                                    context_tokens=1 << 20))
+    assert judge.context_tokens == 16384  # capped at the tiny model's positions
+    counts = judge_records(records, judge, VerdictCache(tmp_path / "v.jsonl"))
+    assert counts["questions"] == 2 and counts["asked"] == 1 and counts["errors"] == 0
+    v = records[0]["verdicts"][0]
+    assert v["verdict"] in (0, 1) and records[0]["knowledge"] == v["verdict"]
+    assert counts["unparsed"] == int(not v["parsed"])
+    row = json.loads((tmp_path / "v.jsonl").read_text())
+    assert row["judge"] == str(tiny_models["teacher"]) and row["question"] == questions[0]
+    # Bad judges are clear errors (exit 2), never a traceback.
+    with pytest.raises(JudgeUnavailable, match="no such model folder"):
+        check_judge(JudgeConfig(model=str(tmp_path / "nothing")))
+    args = ["eval", "--model", str(tiny_models["student"]), "--out", str(tmp_path / "x")]
+    assert main([*args, "--world", "discoveryworld", "--judge", str(tmp_path / "nothing")]) == 2
+    assert "no such model folder" in capsys.readouterr().err
+    assert main([*args, "--judge", str(tiny_models["teacher"])]) == 2  # ScienceWorld has no critical questions
+    assert "sciworld has none" in capsys.readouterr().err
+    assert main([*args, "--world", "discoveryworld", "--judge-model", "x"]) == 2
+    assert not list(tmp_path.glob("x*"))
