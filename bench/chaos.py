@@ -290,7 +290,9 @@ def main() -> None:
     print(f"\nepisodes drawn {result['episodes_drawn']}, outcomes {result['outcomes']}; "
           f"restarts {result['restarts']}; runner {result['runner']}; bench {result['total_s']:.0f} s; "
           f"written to {args.out}")
-    ok = result["episodes_lost"] == 0 and result["trained_twice"] == 0 and steps_done == args.steps
+    # Every fault injected and recovered from, nothing lost or trained twice, every step done.
+    ok = (result["episodes_lost"] == 0 and result["trained_twice"] == 0 and steps_done == args.steps
+          and result["faults_injected"] == result["recoveries"] == len(chaos["faults"]) > 0)
     sys.exit(0 if ok else 1)
 
 

@@ -89,6 +89,7 @@ def timed_run(runner: Any, games: list, student: Any, args: argparse.Namespace) 
     episode_cfg = EpisodeConfig(
         max_turns=args.max_turns,
         student_sampling=SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens),
+        report="off",  # play only: a report question would add a generation nothing here uses
     )
     # Every run starts cold: the same games in the last run left their prefixes cached.
     ray.get(student.engine.__ray_call__.remote(lambda self: self.engine.clear_prefix_cache()))

@@ -49,6 +49,8 @@ class RolloutConfig:
         for key in ("batch_episodes", "max_turns"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"rollout.{key}: must be >= 1, got {getattr(self, key)!r}")
+        if self.report in (False, "False", "false"):  # YAML reads a bare `off` as false
+            self.report = "off"
         if self.report not in ("ask", "train", "off"):
             raise ConfigError(f"rollout.report: must be ask, train or off, got {self.report!r}")
         if self.max_lag < 0:

@@ -148,8 +148,10 @@ def markdown(summary: dict[str, Any], title: str) -> str:
 
         o = summary["overall"]
         lines += ["", "## DiscoveryWorld, as its paper scores it", "",
-                  f"Over all {o['games']} games: completion {o['completion']:.3f}, process {o['process']:.3f}; "
-                  + ("knowledge – (needs --judge)." if o["knowledge"] is None else
+                  f"Pooled over all {o['games']} games (themes, unit tests and Tutorial alike; the paper's "
+                  f"Average rows are below): completion {o['completion']:.3f}, process {o['process']:.3f}; "
+                  + ("knowledge – (no game judged: needs --judge, and games with critical questions)."
+                     if o["knowledge"] is None else
                      f"knowledge {o['knowledge']:.3f} over the {o['knowledge_games']} games with critical questions "
                      f"({o['judged_questions']} questions judged, {o['unparsed_verdicts']} unparsed verdicts and "
                      f"{o['judge_errors']} judge errors, which count 0)."), "",
@@ -336,10 +338,13 @@ RESUME_KEYS = ("model", "teacher", "handoff", "max_turns", "temperature", "max_n
 def resume_header(cfg: EvalConfig) -> dict[str, Any]:
     """The settings that tie a partial results file to an eval (the mapping resolved, so a
     default and an explicit `--mapping agentgym` are the same eval)."""
-    from rose_ray.envs.worlds import get_world
+    from rose_ray.envs.worlds import get_world, world_protocol
 
+    # report: the world asks what the agent discovered when a game ends (DiscoveryWorld; files
+    # from before the question lack it, and their games lack the report the judge needs)
     return {**{k: getattr(cfg, k) for k in RESUME_KEYS},
-            "mapping": get_world(cfg.world).catalogue(cfg.mapping).mapping}
+            "mapping": get_world(cfg.world).catalogue(cfg.mapping).mapping,
+            "report": world_protocol(cfg.world, cfg.instruction_from).report_question is not None}
 
 
 def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -355,7 +360,7 @@ def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]
             record = json.loads(line)
             if "eval_config" in record:
                 # files from before a key existed: its default then
-                if {"world": "sciworld", "instruction_from": None, "enable_thinking": False,
+                if {"world": "sciworld", "instruction_from": None, "enable_thinking": False, "report": False,
                     **record["eval_config"]} != want:
                     raise ValueError(
                         f"{path}: partial results of an eval with other settings "

@@ -73,6 +73,10 @@ class Verdict:
 _LABEL = r"(?:verdict|score|answer|judg(?:e)?ment|grade|rating)"
 _VALUE = r"(?P<v>[01](?!\d|\.\d)|yes|no|true|false|correct|incorrect)\b"
 _LABELLED = re.compile(_LABEL + r"[\s*_`'\"]*(?:is|[:=\-])?[\s*_`'\"]*" + _VALUE, re.IGNORECASE)
+# A `Verdict:` label at a line's start (what the prompt asks for) wins over any other label:
+# a reason may say "the correct answer is 1 part A" after it.
+_VERDICT_LINE = re.compile(r"^[\s*_`#>\-]*verdict[\s*_`'\"]*(?:is|[:=\-])?[\s*_`'\"]*" + _VALUE,
+                           re.IGNORECASE | re.MULTILINE)
 _REASON = re.compile(r"(?:reason|explanation|because)[\s*_`]*[:\-]?[\s*_`]*(?P<r>.+?)(?=\n[\s*_`]*" + _LABEL
                      + r"\b|\Z)", re.IGNORECASE | re.DOTALL)
 _WORDS = {"1": 1, "0": 0, "yes": 1, "no": 0, "true": 1, "false": 0, "correct": 1, "incorrect": 0}
@@ -102,7 +106,7 @@ def parse_verdict(text: str, question: str = "") -> Verdict:
             reason = str(low.get("reason") or low.get("explanation") or "")
     json_answer = verdict is not None
     if verdict is None:
-        labelled = list(_LABELLED.finditer(text))
+        labelled = list(_VERDICT_LINE.finditer(text)) or list(_LABELLED.finditer(text))
         if labelled:
             verdict = _WORDS[labelled[-1].group("v").lower()]
         elif text in ("0", "1"):
@@ -170,8 +174,15 @@ class JudgeConfig:
 
     @property
     def name(self) -> str:
-        """The cache's name for this judge."""
+        """The judge's name in results."""
         return f"{self.model}@{self.served_model}" if self.served_model else self.model
+
+    @property
+    def cache_name(self) -> str:
+        """The cache's name: the judge and what changes its greedy answers (the prompt, thinking,
+        the token budget: an answer cut short may be whole with a larger one)."""
+        prompt = hashlib.sha256(JUDGE_PROMPT.encode()).hexdigest()[:8]
+        return f"{self.name}|thinking={self.thinking}|max_new_tokens={self.max_new_tokens}|prompt={prompt}"
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
@@ -265,22 +276,23 @@ class Judge:
         """(the judge's text, "") or ("", why it could not answer). A server that cannot be
         reached at all raises JudgeUnavailable: every other question would fail the same way."""
         from rose_ray.inference.engine import GenerationRequest
-        from rose_ray.inference.openai import OpenAIServerError
+        from rose_ray.inference.openai import OpenAIServerError, OpenAIServerGone
 
         if self.cfg.served:
             try:
                 text, _ = await asyncio.to_thread(self.engine.chat, messages, self.cfg.sampling(), self.cfg.thinking)
-            except OpenAIServerError as e:
-                if e.status is None:
-                    raise JudgeUnavailable(f"judge {self.cfg.model}: {e}") from None
-                return "", f"the judge server refused the request: {e}"
-            return text, ""
-        ids = self.chat.render_ids(messages, add_generation_prompt=True)
-        result = await self.engine.generate.remote(
-            GenerationRequest(prompt_ids=ids, sampling=self.cfg.sampling(), request_id=request_id))
-        if result.finish_reason == "context":
-            return "", f"the prompt ({len(ids)} tokens) does not fit the judge's context"
-        return result.text, ""
+            except OpenAIServerGone as e:
+                raise JudgeUnavailable(f"judge {self.cfg.model}: {e}") from None
+            except OpenAIServerError as e:  # a refused request, or an answer without a message
+                return "", f"the judge server did not answer this question: {e}"
+        else:
+            ids = self.chat.render_ids(messages, add_generation_prompt=True)
+            result = await self.engine.generate.remote(
+                GenerationRequest(prompt_ids=ids, sampling=self.cfg.sampling(), request_id=request_id))
+            if result.finish_reason == "context":
+                return "", f"the prompt ({len(ids)} tokens) does not fit the judge's context"
+            text = result.text
+        return text, ""
 
     def close(self) -> None:
         if self.cfg.served:
@@ -310,7 +322,7 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
         key = (q, knowledge)
         if key in verdicts or key in todo:
             continue
-        hit = cache.get(cfg.name, q, knowledge)
+        hit = cache.get(cfg.cache_name, q, knowledge)
         if hit is not None:
             verdicts[key] = hit
         elif not knowledge:  # nothing reported: nothing to judge
@@ -351,7 +363,7 @@ async def _ask_all(judge: Judge, todo: dict[tuple[str, str], tuple[str, str]],
         if error:  # not cached: a later run asks again
             return key, Verdict(question, 0, False, "", error)
         verdict = parse_verdict(text, question)
-        cache.put(judge.cfg.name, knowledge, verdict, text)
+        cache.put(judge.cfg.cache_name, knowledge, verdict, text)
         return key, verdict
 
     return dict(await asyncio.gather(*(one(n, k) for n, k in enumerate(todo))))

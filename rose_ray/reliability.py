@@ -24,10 +24,12 @@ class Stalled(RoleFailed):
 class Watchdog:
     """Progress is a learner step or a finished episode (`progress()`). After `period_s`
     without any, `run()` prints `report()` (which role waits on what); after a second
-    period it raises Stalled with the report."""
+    period it raises Stalled with the report. While `busy()` is true (a role being replaced,
+    which has its own time limit) the clock does not run."""
 
-    def __init__(self, period_s: float, report: Callable[[], Awaitable[str]]) -> None:
-        self.period_s, self.report = period_s, report
+    def __init__(self, period_s: float, report: Callable[[], Awaitable[str]],
+                 busy: Callable[[], bool] | None = None) -> None:
+        self.period_s, self.report, self.busy = period_s, report, busy
         self.last = time.monotonic()
 
     def progress(self) -> None:
@@ -37,6 +39,8 @@ class Watchdog:
         warned_at: float | None = None  # the progress mark the warning was about
         while True:
             await asyncio.sleep(min(self.period_s / 4, 5.0))
+            if self.busy is not None and self.busy():
+                self.progress()
             idle = time.monotonic() - self.last
             if idle < self.period_s:
                 warned_at = None

@@ -39,7 +39,7 @@ from typing import Any
 
 from rose_ray.config import TrainConfig, load_config, to_yaml
 from rose_ray.learner.learner import LearnerLost
-from rose_ray.reliability import RoleFailed, Stalled, Watchdog
+from rose_ray.reliability import RoleFailed, Watchdog
 from rose_ray.types import Trajectory
 from rose_ray.warmup import choose_games, resolve_models
 
@@ -63,6 +63,13 @@ class Trainer:
         self.producer: asyncio.Task | None = None
         self.episode_tasks: set[asyncio.Task] = set()
         self.eval_task: asyncio.Task | None = None
+        # A learner call cut short (its thread goes on) or a restart not finished: the learner's
+        # state is unknown, so the stop writes no checkpoint and no model/ over the latest good ones.
+        self.learner_unsure = False
+        self.restarting_learner = False
+        self.learner_lost: LearnerLost | None = None  # met while publishing to a new engine
+        self.learner_lost_event = asyncio.Event()
+        self.crash: BaseException | None = None
         self.doing("starting")
 
     # ----------------------------------------------------------------- 2. actors
@@ -179,7 +186,16 @@ class Trainer:
 
     async def checkpoint(self) -> None:
         state = self.checkpoint_state()
-        await asyncio.to_thread(self.save_checkpoint, state)
+        await self.in_learner(self.save_checkpoint, state)
+
+    async def in_learner(self, fn: Any, *args: Any) -> Any:
+        """`fn(*args)` on the learner, in a thread. Cancelled meanwhile (a stall, a lost role),
+        the thread goes on, so the learner's state is unknown from then on."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except asyncio.CancelledError:
+            self.learner_unsure = True
+            raise
 
     def load_checkpoint(self, publish: bool = True) -> None:
         """Back to the latest checkpoint (or the start, without one): the learner, the game order
@@ -193,7 +209,7 @@ class Trainer:
             info = self.learner.load_checkpoint(self.ckpt_dir)
             state = json.loads((self.ckpt_dir / f"trainer_{info['tag']}.json").read_text())
         self.step = state["step"]
-        self.history = state["history"]
+        self.history = json.loads(json.dumps(state["history"]))  # a copy: the state may be restored again
         self.replies = dict(state.get("replies", self.replies))
         if "ledger" in state:
             self.ledger.load_state(state["ledger"])
@@ -238,7 +254,11 @@ class Trainer:
     async def _engine_started(self, role: str, engine: Any) -> None:
         """A replacement engine, before it serves: the student's gets the latest weights."""
         if role == "student engine":
-            await asyncio.to_thread(self.publish_now, engine)
+            try:
+                await asyncio.to_thread(self.publish_now, engine)
+            except LearnerLost as lost:  # not the engine's fault: the loop restarts the learner group,
+                self.learner_lost = lost  # which then publishes to this engine
+                self.learner_lost_event.set()
 
     def _role_failed(self, error: RoleFailed) -> None:
         self.fatal = self.fatal or error
@@ -256,7 +276,7 @@ class Trainer:
             self.eval_pools = start_env_pools(eval_env, max_turns=self.cfg.eval.max_turns)
             self.eval_runner = EpisodeRunner(self.eval_pools, eval_env.games_per_worker, engines=self.engines)
         agent = self.teacher if who == "teacher" else self.student
-        ep = EpisodeConfig(max_turns=self.cfg.eval.max_turns,
+        ep = EpisodeConfig(max_turns=self.cfg.eval.max_turns, report=self.cfg.rollout.report,
                            student_sampling=SamplingParams(0.0, 1.0, self.cfg.eval.max_new_tokens))
         records = await evaluate_games(self.eval_runner, self.eval_games, agent, None, ep, HandoffConfig("none"),
                                        protocol=self.protocol)
@@ -321,7 +341,7 @@ class Trainer:
                 for t in batch]
         made = self.learner.make_batch(seqs, self.pad_id)
         self.doing("train_step")
-        metrics = await asyncio.to_thread(self.learner.train_step, made)
+        metrics = await self.in_learner(self.learner.train_step, made)
         self.step += 1
         self.watchdog.progress()
         weights = self.learner.algorithm.owner_weights
@@ -341,6 +361,9 @@ class Trainer:
         steps after it are trained again, on the same games)."""
         limit = self.cfg.reliability.max_restarts
         await self.stop_rollouts()
+        if self.eval_task is not None and not self.eval_task.done():
+            self.eval_task.cancel()  # it plays weights that are about to roll back
+        self.learner_unsure, self.restarting_learner = True, True
         while True:
             self.learner_restarts += 1
             if self.learner_restarts > limit:
@@ -356,7 +379,8 @@ class Trainer:
                 break
             except LearnerLost as again:
                 lost = again
-        self.watchdog.progress()  # a restart is progress: a large model's may take minutes
+        self.learner_unsure, self.restarting_learner = False, False
+        self.watchdog.progress()
         self.start_rollouts()
 
     async def log_step(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
@@ -434,7 +458,9 @@ class Trainer:
         loop.add_signal_handler(signal.SIGINT, self._interrupt)
         loop.add_signal_handler(signal.SIGTERM, self._interrupt)
         cfg = self.cfg
-        self.watchdog = Watchdog(cfg.reliability.watchdog_s, self.waiting_report)
+        # A role being replaced is not a stall (each replacement has its own time limit).
+        self.watchdog = Watchdog(cfg.reliability.watchdog_s, self.waiting_report,
+                                 busy=lambda: self.restarting_learner or self.engines.replacing())
         monitor = asyncio.create_task(self.engines.monitor())  # a lost engine is replaced
         try:
             if not self.resume:
@@ -442,6 +468,7 @@ class Trainer:
                     await self.log_eval(0, "student", await self.evaluate("student"))
                 if cfg.eval.teacher:
                     await self.log_eval(0, "teacher", await self.evaluate("teacher"))
+                self.start_state["history"] = json.loads(json.dumps(self.history))  # a restart keeps them
             # The loop, beside a watchdog that gives up on it when nothing moves for too long.
             self.watchdog.progress()
             waits = {asyncio.create_task(self.train_loop())}
@@ -455,7 +482,7 @@ class Trainer:
                 if isinstance(task.exception(), RoleFailed):
                     self.fatal = self.fatal or task.exception()
                 elif task.exception() is not None:
-                    raise task.exception()
+                    self.crash = task.exception()  # raised after the stop's checkpoint
         finally:
             self.stop.set()
             monitor.cancel()
@@ -463,10 +490,19 @@ class Trainer:
             self.metrics.end_progress()
         if self.eval_task is not None and not self.eval_task.done():
             self.eval_task.cancel()
-        saved = await self.final_checkpoint()
-        if saved:
-            await asyncio.to_thread(self.export_model)  # before the eval: a failing eval keeps it
-        self.ledger.stop()  # after the checkpoint: a resume plays these again
+        try:
+            saved = await self.final_checkpoint()
+            if saved:
+                try:
+                    await asyncio.to_thread(self.export_model)  # before the eval: a failing eval keeps it
+                except Exception as e:
+                    if self.fatal is None and self.crash is None:
+                        raise
+                    print(f"\ntrain: no model/ at the stop: {type(e).__name__}: {e}", flush=True)
+        finally:
+            self.ledger.stop()  # after the checkpoint: a resume plays these again
+        if self.crash is not None:
+            raise self.crash
         if self.fatal is not None:
             latest = self.ckpt_dir / "latest"
             where = f"checkpoint {latest.read_text().strip()}" if latest.is_file() else "no checkpoint"
@@ -484,11 +520,15 @@ class Trainer:
             if cfg.mode == "sync":
                 self.doing("playing a batch (mode sync)")
                 await self.sync_rollout()
-            self.doing("waiting for a batch")
-            batch = await self.next_batch()
-            if batch is None:
-                break
             try:
+                self.doing("waiting for a batch")
+                batch = await self.next_batch()
+                if self.learner_lost is not None:  # met while publishing to a replacement engine
+                    lost, self.learner_lost = self.learner_lost, None
+                    self.learner_lost_event.clear()
+                    raise lost
+                if batch is None:
+                    break
                 metrics = await self.learn_step(batch)
                 self.doing("logging the step")
                 await self.log_step(metrics, batch)
@@ -502,27 +542,35 @@ class Trainer:
                 await self.restart_learner(lost)  # RoleFailed past max_restarts
 
     async def next_batch(self) -> list[Trajectory] | None:
-        """The learner's next batch from the buffer; None when the run is told to stop first."""
+        """The learner's next batch from the buffer; None when the run is told to stop first, or
+        the learner was found lost meanwhile."""
         batch_task = asyncio.create_task(self.buffer.take_batch(self.learner.version))
         stop_task = asyncio.create_task(self.stop.wait())
+        lost_task = asyncio.create_task(self.learner_lost_event.wait())
         try:
-            await asyncio.wait({batch_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({batch_task, stop_task, lost_task}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop_task.cancel()
+            lost_task.cancel()
             if not batch_task.done():
                 batch_task.cancel()
         return batch_task.result() if batch_task.done() and not batch_task.cancelled() else None
 
     async def final_checkpoint(self) -> bool:
-        """The stop's checkpoint; False when the learner cannot write it (gone, or hung: then
-        its ranks are ended, which frees every thread still waiting on them)."""
-        stalled = isinstance(self.fatal, Stalled)
+        """The stop's checkpoint; False when the learner's state is unknown (a call cut short, a
+        restart unfinished: the latest checkpoint stands), or when it cannot write one (gone,
+        or hung: then its ranks are ended, which frees every thread still waiting on them)."""
+        if self.learner_unsure:
+            print("\ntrain: no checkpoint at the stop: a learner call was cut short, so its state is "
+                  "unknown; the latest checkpoint stands", flush=True)
+            return False
         try:
-            # A stall may be the learner's own: then give it a bounded time to answer.
-            await asyncio.wait_for(self.checkpoint(), max(self.cfg.reliability.watchdog_s, 120) if stalled else None)
+            # After a failure the learner itself may hang: then it gets a bounded time to answer.
+            bound = max(self.cfg.reliability.watchdog_s, 120) if self.fatal or self.crash else None
+            await asyncio.wait_for(self.checkpoint(), bound)
             return True
         except Exception as e:
-            if self.fatal is None and not isinstance(e, LearnerLost):
+            if self.fatal is None and self.crash is None and not isinstance(e, LearnerLost):
                 raise
             print(f"\ntrain: no checkpoint at the stop: {type(e).__name__}: {e}", flush=True)
             self.learner.shutdown()

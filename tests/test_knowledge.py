@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 
 import pytest
 
@@ -49,6 +50,11 @@ NAME = "tiny-judge"
     ("Thought: go north\nAction: move north", 0, False),
     ("", 0, False),
     ("<think>Verdict: 1, I think, but", 0, False),  # cut while thinking: nothing is an answer
+    ("Verdict: 0\nReason: the correct answer is 1 part A", 0, True),  # the Verdict line wins
+    ("Reason: it does.\nVerdict: 1\n\nNote: my answer is no longer certain", 1, True),
+    # `<think>` was in the prompt (some templates): only what follows `</think>` is the answer
+    ("the reasoning</think>\nVerdict: 1", 1, True),
+    ("the reasoning says Verdict: 1 at first</think>\nReason: unsure", 0, False),
 ])
 def test_verdicts_are_parsed_and_malformed_ones_count_zero(answer, verdict, parsed):
     v = parse_verdict(answer, "Q?")
@@ -73,6 +79,23 @@ def test_the_cache_keys_on_judge_question_and_knowledge(tmp_path):
     assert miss is not None and miss.verdict == 0 and not miss.parsed  # unparsed answers are kept too
     assert again.get("judge-b", "Q1?", "I found that X rusts.") is None  # another judge asks again
     assert again.get("judge-a", "Q1?", "I found nothing.") is None  # other knowledge asks again
+    # What changes a judge's greedy answers changes its cache name: the budget, thinking.
+    base = JudgeConfig(model="openai:http://127.0.0.1:1/v1", served_model=NAME)
+    names = {base.cache_name, replace(base, max_new_tokens=4096).cache_name, replace(base, thinking=False).cache_name}
+    assert len(names) == 3 and all(n.startswith(base.name) for n in names)
+
+
+def test_report_off_is_read_from_yaml_and_the_command_line(tmp_path):
+    """YAML reads a bare `off` as false: `rollout.report: off` still means off."""
+    from rose_ray.config import ConfigError, load_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text("rollout:\n  report: off\n")
+    assert load_config(str(config)).rollout.report == "off"
+    assert load_config(None, ["rollout.report=off"]).rollout.report == "off"
+    assert load_config(None, ["rollout.report=train"]).rollout.report == "train"
+    with pytest.raises(ConfigError, match="rollout.report: must be ask, train or off, got 'maybe'"):
+        load_config(None, ["rollout.report=maybe"])
 
 
 # --------------------------------------------------------------------------- tables
@@ -318,7 +341,8 @@ def test_a_local_folder_judge(tiny_models, ray_cluster, tmp_path, capsys):
     assert v["verdict"] in (0, 1) and records[0]["knowledge"] == v["verdict"]
     assert counts["unparsed"] == int(not v["parsed"])
     row = json.loads((tmp_path / "v.jsonl").read_text())
-    assert row["judge"] == str(tiny_models["teacher"]) and row["question"] == questions[0]
+    assert row["judge"] == judge.cache_name and row["question"] == questions[0]
+    assert row["judge"].startswith(str(tiny_models["teacher"]))
     # Bad judges are clear errors (exit 2), never a traceback.
     with pytest.raises(JudgeUnavailable, match="no such model folder"):
         check_judge(JudgeConfig(model=str(tmp_path / "nothing")))

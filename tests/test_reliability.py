@@ -24,8 +24,8 @@ import pytest
 
 from rose_ray.config import load_config
 from rose_ray.inference.engine import EngineConfig
-from rose_ray.inference.openai import OpenAIEngine, OpenAIServerGone
-from rose_ray.reliability import RoleFailed, Stalled
+from rose_ray.inference.openai import OpenAIEngine, OpenAIServerError, OpenAIServerGone
+from rose_ray.reliability import RoleFailed, Stalled, Watchdog
 from rose_ray.rollout.ledger import EpisodeLedger
 from rose_ray.rollout.workers import GameSampler
 from rose_ray.train import Trainer, train
@@ -207,6 +207,62 @@ def test_the_openai_client_waits_for_a_server_that_comes_back_and_names_one_that
             server.shutdown()
             server.server_close()
         starter.join(timeout=10)
+
+
+def test_the_watchdog_waits_while_a_role_is_replaced_then_stops_a_stall():
+    async def main() -> list[str]:
+        busy, reports = [True], []
+
+        async def report() -> str:
+            reports.append("asked")
+            return "driver: waiting for a batch"
+
+        dog = Watchdog(0.4, report, busy=lambda: busy[0])
+        task = asyncio.create_task(dog.run())
+        await asyncio.sleep(1.5)  # almost 4 periods, all of them replacing a role: no warning
+        assert not task.done() and not reports
+        busy[0] = False
+        with pytest.raises(Stalled, match=r"(?s)2 x reliability.watchdog_s 0.4.*driver: waiting for a batch"):
+            await asyncio.wait_for(task, 5)
+        return reports
+
+    assert len(asyncio.run(main())) == 2  # the warning after one period, the stop after two
+
+
+def test_the_openai_client_waits_out_a_rate_limit():
+    """A 429 (OpenAI's API under load) is retried after its Retry-After; other 4xx are not."""
+    answers = [429, 429, 200]
+
+    class Limited(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            code = answers.pop(0) if answers else 400
+            body = json.dumps({"data": [{"id": "m"}]} if code == 200 else {"error": {"message": f"code {code}"}})
+            self.send_response(code)
+            if code == 429:
+                self.send_header("Retry-After", "0.3")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Limited)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        engine = OpenAIEngine(EngineConfig(backend="openai", base_url=f"http://127.0.0.1:{server.server_port}/v1",
+                                           retry_s=30.0))
+        t0 = time.monotonic()
+        assert engine.models() == ["m"]
+        assert engine.stats()["retries"] == 2 and time.monotonic() - t0 >= 0.6  # waited as asked, twice
+        with pytest.raises(OpenAIServerError, match="400: code 400"):  # a client error: at once
+            engine.models()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
 
 
 # --------------------------------------------------------------------------- engines alone

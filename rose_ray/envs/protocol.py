@@ -74,10 +74,14 @@ THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 def strip_thinking(text: str) -> str:
     """A reply without its `<think>…</think>` reasoning (Qwen3's thinking mode). After an
-    unclosed `<think>` (the reply ran out of tokens while thinking) nothing is an answer."""
+    unclosed `<think>` (the reply ran out of tokens while thinking) nothing is an answer; a
+    `</think>` without its opening (templates that put `<think>` in the prompt) ends the
+    reasoning, so only what follows the last one is an answer."""
     text = THINK_BLOCK.sub("", text)
     start = text.find("<think>")
-    return text[:start] if start >= 0 else text
+    text = text[:start] if start >= 0 else text
+    end = text.rfind("</think>")
+    return text[end + len("</think>"):] if end >= 0 else text
 
 
 def parse_action(text: str) -> ParsedAction:

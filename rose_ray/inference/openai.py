@@ -10,6 +10,7 @@ from a thread pool so the server can batch them.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import time
@@ -97,10 +98,19 @@ class OpenAIEngine:
                 self._counters["http_s"] += time.perf_counter() - t0
                 return out
             except urllib.error.HTTPError as e:
-                if e.code < 500:  # a client error will not heal
+                if e.code < 500 and e.code != 429:  # a client error will not heal; a rate limit will
                     raise OpenAIServerError(e.code, _error_message(e)) from None
                 error = f"{e.code}: {_error_message(e)}"
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+                if e.code == 429:  # wait at least what the server asks for
+                    try:
+                        retry_after = float(e.headers.get("Retry-After") or 0)
+                    except ValueError:
+                        retry_after = 0.0
+                    if retry_after > 0 and time.monotonic() - start + retry_after <= self.config.retry_s:
+                        self._counters["retries"] += 1
+                        time.sleep(min(retry_after, MAX_BACKOFF_S * 4))
+                        continue
+            except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
                 error = f"cannot reach {url}: {getattr(e, 'reason', e)}"
             pause = min(0.5 * 2 ** (attempt - 1), MAX_BACKOFF_S)
             waited = time.monotonic() - start

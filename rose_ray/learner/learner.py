@@ -246,8 +246,9 @@ class LearnerGroup:
 
     def save_checkpoint(self, path: str | Path) -> str:
         """Model, optimizer, scheduler, per-rank RNG, step and version under path/step_<n>."""
-        tag = f"step_{self.step}"
-        self._all("save_checkpoint", str(path), tag, {"step": self.step, "version": self.version})
+        with self._lock:  # the step and version read are those of the weights saved
+            tag = f"step_{self.step}"
+            self._all("save_checkpoint", str(path), tag, {"step": self.step, "version": self.version})
         return tag
 
     def load_checkpoint(self, path: str | Path, tag: str | None = None) -> dict[str, Any]:

@@ -67,6 +67,10 @@ class EngineSupervisor:
     def restarts(self) -> dict[str, int]:
         return {role: w.restarts for role, w in self.watched.items()}
 
+    def replacing(self) -> bool:
+        """Whether an engine is being replaced now."""
+        return any(w.restarting is not None for w in self.watched.values())
+
     def role_of(self, error: BaseException) -> str | None:
         """The role whose engine (present or past) this error reports lost, else None."""
         import ray
@@ -107,6 +111,10 @@ class EngineSupervisor:
             while True:
                 w.restarts += 1
                 if w.restarts > self.max_restarts:
+                    try:  # a hung engine goes too: nothing may wait on it after the run stops
+                        ray.kill(w.agent.engine)
+                    except Exception:  # noqa: BLE001 - already gone
+                        pass
                     raise self._fail(w, cause)
                 print(f"\ntrain: {w.role} lost ({_describe(cause)}); starting a replacement "
                       f"({w.restarts}/{self.max_restarts})", flush=True)
@@ -119,8 +127,8 @@ class EngineSupervisor:
                 w.ids.add(actor_id(new))
                 try:
                     await asyncio.wait_for(awaitable(new.ready.remote()), self.start_timeout_s)
-                    if self.on_start is not None:
-                        await self.on_start(w.role, new)
+                    if self.on_start is not None:  # bounded: a replacement that hangs here is lost too
+                        await asyncio.wait_for(self.on_start(w.role, new), self.start_timeout_s)
                 except asyncio.CancelledError:  # the run is ending: leave no engine behind
                     ray.kill(new)
                     raise

@@ -235,6 +235,7 @@ class EpisodeRunner:
 
         self.counters.started += 1
         self.in_flight += 1
+        restarts = 0
         try:
             for attempt in range(self.max_retries + 1):
                 slot = await self.slots.get()
@@ -253,12 +254,17 @@ class EpisodeRunner:
                     del self.active[id(slot)]
                     self.slots.put_nowait(slot)
                 self.counters.restarts += 1
+                restarts += 1
                 if role is not None:
                     await self.engines.recover(role, lost)  # the replacement serves (or RoleFailed)
                 else:
                     await asyncio.sleep(min(0.5 * 2**attempt, 5.0))  # a dead pool is restarting
             self.counters.failed += 1
             raise EpisodeInterrupted(game, f"gave up after {self.max_retries + 1} attempts")
+        except asyncio.CancelledError:  # the run stops: a resume plays this episode again
+            self.counters.started -= 1
+            self.counters.restarts -= restarts
+            raise
         finally:
             self.in_flight -= 1
 
