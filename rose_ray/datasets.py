@@ -342,7 +342,8 @@ def check_data_main(args) -> int:
     if len(found["consistent_with"]) > 1:
         print(f"item ids fit every mapping ({found['consistent_with']}): all below 1096, where they agree")
         return 0
-    print("error: the item ids fit no mapping: the rows' tasks differ from the games'", file=sys.stderr)
+    print("error: the item ids fit no mapping: the rows' tasks or task descriptions (the first user turn "
+          "after the opening) differ from the games' (see the disagree counts)", file=sys.stderr)
     return 1
 
 
