@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rose_ray.inference.engine import EngineConfig
 from rose_ray.learner.learner import LearnerConfig
 from rose_ray.rollout.episode import HandoffConfig
+from rose_ray.rollout.report import REPORT_MODES
 from rose_ray.rollout.workers import EnvConfig
 from rose_ray.types import SamplingParams
 
@@ -51,7 +52,7 @@ class RolloutConfig:
                 raise ConfigError(f"rollout.{key}: must be >= 1, got {getattr(self, key)!r}")
         if self.report in (False, "False", "false"):  # YAML reads a bare `off` as false
             self.report = "off"
-        if self.report not in ("ask", "train", "off"):
+        if self.report not in REPORT_MODES:
             raise ConfigError(f"rollout.report: must be ask, train or off, got {self.report!r}")
         if self.max_lag < 0:
             raise ConfigError(f"rollout.max_lag: must be >= 0, got {self.max_lag!r}")

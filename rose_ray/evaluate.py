@@ -122,10 +122,12 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     out = {"overall": block(records), "per_task": {t: block(rs) for t, rs in sorted(by_task.items())}}
     if paper:
         out["paper"] = paper_summary(records)
+        from rose_ray.judge import verdict_counts
+
         verdicts = [v for r in records for v in r.get("verdicts") or []]
-        out["overall"].update(judged_questions=len(verdicts),
-                              unparsed_verdicts=sum(not v["parsed"] and not v.get("error") for v in verdicts),
-                              judge_errors=sum(bool(v.get("error")) for v in verdicts))
+        counted = verdict_counts(verdicts)
+        out["overall"].update(judged_questions=len(verdicts), unparsed_verdicts=counted["unparsed"],
+                              judge_errors=counted["errors"])
     return out
 
 
@@ -252,7 +254,8 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     out = Path(cfg.out[: -len(".json")] if cfg.out.endswith(".json") else cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial.jsonl")
-    done = _read_partial(partial, resume_header(cfg))
+    header = resume_header(cfg)
+    done = _read_partial(partial, header)
     done = {k: v for k, v in done.items() if k in {g.item_id for g in games}}
     todo = [g for g in games if g.item_id not in done]
     print(f"eval: {len(games)} games of {cfg.split!r} ({len(done)} already done, resuming)" if done
@@ -277,7 +280,6 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
                                         teacher_sampling=SamplingParams(0.0, max_new_tokens=cfg.max_new_tokens))
             handoff_cfg = HandoffConfig("fixed", k=cfg.handoff) if cfg.handoff is not None else HandoffConfig("none")
             runner = EpisodeRunner(pools, env_cfg.games_per_worker)
-            header = resume_header(cfg)
             _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial, done, header,
                                 protocol)
         finally:
@@ -325,7 +327,7 @@ def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg
             f.flush()  # each finished game survives an interruption
             done[record["item_id"]] = record
             bar.update(1)
-            bar.set_postfix(score=f"{summarise(list(done.values()))['overall']['score']:.3f}")
+            bar.set_postfix(score=f"{sum(r['score'] for r in done.values()) / len(done):.3f}")
 
         asyncio.run(evaluate_games(runner, todo, student, teacher, episode_cfg, handoff_cfg, on_done, protocol))
     bar.close()
@@ -338,13 +340,13 @@ RESUME_KEYS = ("model", "teacher", "handoff", "max_turns", "temperature", "max_n
 def resume_header(cfg: EvalConfig) -> dict[str, Any]:
     """The settings that tie a partial results file to an eval (the mapping resolved, so a
     default and an explicit `--mapping agentgym` are the same eval)."""
-    from rose_ray.envs.worlds import get_world, world_protocol
+    from rose_ray.envs.worlds import get_world
 
+    world = get_world(cfg.world)
     # report: the world asks what the agent discovered when a game ends (DiscoveryWorld; files
     # from before the question lack it, and their games lack the report the judge needs)
-    return {**{k: getattr(cfg, k) for k in RESUME_KEYS},
-            "mapping": get_world(cfg.world).catalogue(cfg.mapping).mapping,
-            "report": world_protocol(cfg.world, cfg.instruction_from).report_question is not None}
+    return {**{k: getattr(cfg, k) for k in RESUME_KEYS}, "mapping": world.catalogue(cfg.mapping).mapping,
+            "report": world.protocol.report_question is not None}
 
 
 def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]:

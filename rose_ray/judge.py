@@ -53,6 +53,9 @@ def judge_messages(task: str, knowledge: str, question: str) -> list[dict[str, s
                                                             knowledge=knowledge, question=question.strip())}]
 
 
+PROMPT_HASH = hashlib.sha256(JUDGE_PROMPT.encode()).hexdigest()[:8]  # in the cache's judge name
+
+
 # --------------------------------------------------------------------------- parsing
 @dataclass
 class Verdict:
@@ -131,6 +134,7 @@ class VerdictCache:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.entries: dict[tuple[str, str], dict[str, Any]] = {}
         if self.path.exists():
             for line in self.path.read_text().splitlines():
@@ -150,7 +154,6 @@ class VerdictCache:
         row = {"judge": judge, "key": verdict_key(verdict.question, knowledge), "question": verdict.question,
                "verdict": verdict.verdict, "parsed": verdict.parsed, "reason": verdict.reason, "raw": raw[:2000]}
         self.entries[(judge, row["key"])] = row
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
@@ -181,8 +184,7 @@ class JudgeConfig:
     def cache_name(self) -> str:
         """The cache's name: the judge and what changes its greedy answers (the prompt, thinking,
         the token budget: an answer cut short may be whole with a larger one)."""
-        prompt = hashlib.sha256(JUDGE_PROMPT.encode()).hexdigest()[:8]
-        return f"{self.name}|thinking={self.thinking}|max_new_tokens={self.max_new_tokens}|prompt={prompt}"
+        return f"{self.name}|thinking={self.thinking}|max_new_tokens={self.max_new_tokens}|prompt={PROMPT_HASH}"
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
@@ -254,7 +256,7 @@ def check_judge(cfg: JudgeConfig) -> JudgeConfig:
 
 
 class Judge:
-    """Asks one judge model; `answer` returns (text, error). Start with `start_judge`."""
+    """Asks one judge model; `answer` returns (text, error)."""
 
     def __init__(self, cfg: JudgeConfig) -> None:
         self.cfg = cfg
@@ -303,10 +305,6 @@ class Judge:
             stop_agents(self._agent)
 
 
-def start_judge(cfg: JudgeConfig) -> Judge:
-    return Judge(cfg)
-
-
 # --------------------------------------------------------------------------- scoring
 def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: VerdictCache) -> dict[str, int]:
     """Judge every critical question of every record that has some; sets each such record's
@@ -317,7 +315,7 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
         for q in r.get("critical_questions") or []:
             jobs.append((r, q, (r.get("report") or "").strip()))
     verdicts: dict[tuple[str, str], Verdict] = {}
-    todo: dict[tuple[str, str], tuple[str, str]] = {}  # (question, knowledge) -> (task, question)
+    todo: dict[tuple[str, str], str] = {}  # (question, knowledge) -> the task description
     for r, q, knowledge in jobs:
         key = (q, knowledge)
         if key in verdicts or key in todo:
@@ -328,9 +326,9 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
         elif not knowledge:  # nothing reported: nothing to judge
             verdicts[key] = Verdict(q, 0, True, "the agent reported nothing")
         else:
-            todo[key] = (str(r.get("task_description") or ""), q)
+            todo[key] = str(r.get("task_description") or "")
     if todo:
-        judge = start_judge(cfg)
+        judge = Judge(cfg)
         try:
             verdicts.update(asyncio.run(_ask_all(judge, todo, cache)))
         finally:
@@ -346,18 +344,25 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
         r["knowledge"] = sum(v.verdict for v in got) / len(got)
         r["judge"] = cfg.name
         counts["cached"] += sum(v.cached for v in got)
-        counts["unparsed"] += sum(not v.parsed and not v.error for v in got)
-        counts["errors"] += sum(bool(v.error) for v in got)
+        counted = verdict_counts(r["verdicts"])
+        counts["unparsed"] += counted["unparsed"]
+        counts["errors"] += counted["errors"]
     return counts
 
 
-async def _ask_all(judge: Judge, todo: dict[tuple[str, str], tuple[str, str]],
+def verdict_counts(verdicts: list[dict[str, Any]]) -> dict[str, int]:
+    """Of some verdicts (as recorded): how many had no readable verdict, how many no answer."""
+    return {"unparsed": sum(not v["parsed"] and not v.get("error") for v in verdicts),
+            "errors": sum(bool(v.get("error")) for v in verdicts)}
+
+
+async def _ask_all(judge: Judge, todo: dict[tuple[str, str], str],
                    cache: VerdictCache) -> dict[tuple[str, str], Verdict]:
     limit = asyncio.Semaphore(judge.cfg.concurrency)
 
     async def one(n: int, key: tuple[str, str]) -> tuple[tuple[str, str], Verdict]:
         question, knowledge = key
-        task = todo[key][0]
+        task = todo[key]
         async with limit:
             text, error = await judge.answer(judge_messages(task, knowledge, question), f"judge/{n}")
         if error:  # not cached: a later run asks again

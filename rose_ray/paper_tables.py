@@ -26,7 +26,7 @@ def cell(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Completion, process and knowledge (None without a judged game) over some game records."""
     known = [r["knowledge"] for r in rows if r.get("knowledge") is not None]
     return {"games": len(rows), "completion": _mean([float(bool(r["success"])) for r in rows]),
-            "process": _mean([float(r.get("process", r["score"])) for r in rows]), "knowledge": _mean(known),
+            "process": _mean([float(r["process"]) for r in rows]), "knowledge": _mean(known),
             "knowledge_games": len(known)}
 
 

@@ -26,6 +26,7 @@ role it waits on. A role that cannot be kept alive stops the run after a final c
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import math
 import os
@@ -80,7 +81,7 @@ class Trainer:
         from rose_ray.models import load_tokenizer
         from rose_ray.placement import PlacementGroups, check_cluster, demands
         from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
-        from rose_ray.rollout.ledger import EpisodeLedger, keep_steps
+        from rose_ray.rollout.ledger import EpisodeLedger
         from rose_ray.rollout.supervisor import EngineSupervisor
         from rose_ray.rollout.workers import (
             EpisodeRunner,
@@ -142,7 +143,7 @@ class Trainer:
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.fmt.eos_id
         self.metrics = MetricsLogger(self.run_dir)
         if not self.resume:
-            keep_steps(self.run_dir / "trajectories.jsonl", 0)  # left by a run that never checkpointed
+            (self.run_dir / "trajectories.jsonl").unlink(missing_ok=True)  # left by a run that never checkpointed
         self.start_state = self.checkpoint_state()  # where "back to the latest checkpoint" goes without one
         self.start_state["ledger"]["offset"] = 0
         if self.resume:
@@ -165,7 +166,7 @@ class Trainer:
         return {"step": self.step, "version": self.learner.version, "ledger": self.ledger.state(),
                 "buffer": self.buffer.resumable_counters().as_dict(),
                 "runner": self.runner.resumable_counters(len(self.buffer.items)).as_dict(),
-                "replies": dict(self.replies), "history": json.loads(json.dumps(self.history))}
+                "replies": dict(self.replies), "history": copy.deepcopy(self.history)}
 
     def save_checkpoint(self, state: dict[str, Any] | None = None) -> None:
         state = state or self.checkpoint_state()
@@ -209,7 +210,7 @@ class Trainer:
             info = self.learner.load_checkpoint(self.ckpt_dir)
             state = json.loads((self.ckpt_dir / f"trainer_{info['tag']}.json").read_text())
         self.step = state["step"]
-        self.history = json.loads(json.dumps(state["history"]))  # a copy: the state may be restored again
+        self.history = copy.deepcopy(state["history"])  # a copy: the state may be restored again
         self.replies = dict(state.get("replies", self.replies))
         if "ledger" in state:
             self.ledger.load_state(state["ledger"])
@@ -468,7 +469,7 @@ class Trainer:
                     await self.log_eval(0, "student", await self.evaluate("student"))
                 if cfg.eval.teacher:
                     await self.log_eval(0, "teacher", await self.evaluate("teacher"))
-                self.start_state["history"] = json.loads(json.dumps(self.history))  # a restart keeps them
+                self.start_state["history"] = copy.deepcopy(self.history)  # a restart keeps them
             # The loop, beside a watchdog that gives up on it when nothing moves for too long.
             self.watchdog.progress()
             waits = {asyncio.create_task(self.train_loop())}

@@ -61,8 +61,6 @@ class EngineActorImpl:
             from rose_ray.inference.openai import OpenAIServerGone
 
             if isinstance(e, OpenAIServerGone) and e.actor_id is None:
-                import ray
-
                 e.actor_id = ray.get_runtime_context().get_actor_id()
             raise
         finally:

@@ -40,8 +40,6 @@ from rose_ray.inference.protocol import (
 
 BATCHER = web.AppKey("batcher", AsyncBatcher)
 PARSER = web.AppKey("parser", ThreadPoolExecutor)
-# A typed request key where aiohttp has them (3.12 and later); a plain one before.
-BODY_BYTES = web.RequestKey("body_bytes", int) if hasattr(web, "RequestKey") else "body_bytes"
 # Bodies above this are parsed off the event loop: tokenizing the 3 MiB a 4,096-token context
 # allows takes ~3 s (the tokenizer lets go of the GIL), and no other client would be answered.
 PARSE_INLINE_BYTES = 1 << 16
@@ -121,7 +119,8 @@ class OpenAIServer:
             {"id": self.model_name, "object": "model", "owned_by": "rose_ray",
              "max_model_len": self.context_tokens}]})
 
-    async def _body(self, request: web.Request) -> dict[str, Any]:
+    async def _body(self, request: web.Request) -> tuple[dict[str, Any], int]:
+        """The request's JSON object and its size in bytes."""
         size = request.content_length
         if size is not None and size > self.max_body:  # refused before a byte is read
             raise RequestError(self._too_big(size), status=413)
@@ -137,18 +136,19 @@ class OpenAIServer:
             raise RequestError(f"request body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
             raise RequestError("request body must be a JSON object")
-        request[BODY_BYTES] = len(raw)
         model = body.get("model")
         if model is not None and model != self.model_name:
             raise RequestError(f"the model {model!r} does not exist; this server serves "
                                f"{self.model_name!r}", "model", status=404)
-        return body
+        return body, len(raw)
 
-    async def _parse(self, request: web.Request, parse: Any, *args: Any) -> Any:
-        """Validation and tokenization: inline for small bodies, on the parse thread for big ones."""
-        if request.get(BODY_BYTES, 0) <= PARSE_INLINE_BYTES:
-            return parse(*args)
-        return await asyncio.get_running_loop().run_in_executor(request.app[PARSER], parse, *args)
+    async def _parsed(self, request: web.Request, parse: Any, *args: Any) -> Any:
+        """The body read, then validated and tokenized by `parse(body, *args)`: inline for small
+        bodies, on the parse thread for big ones."""
+        body, size = await self._body(request)
+        if size <= PARSE_INLINE_BYTES:
+            return parse(body, *args)
+        return await asyncio.get_running_loop().run_in_executor(request.app[PARSER], parse, body, *args)
 
     def _too_big(self, size: int | None) -> str:
         said = f" ({size:,} bytes)" if size is not None else ""
@@ -156,9 +156,8 @@ class OpenAIServer:
                 f"room for {MAX_PROMPTS} prompts of {self.context_tokens:,} tokens (its context)")
 
     async def _completions(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
         batcher = request.app[BATCHER]
-        parsed = await self._parse(request, parse_completion, body, self.engine.tokenizer, self.context_tokens)
+        parsed = await self._parsed(request, parse_completion, self.engine.tokenizer, self.context_tokens)
         choices = await asyncio.gather(*(
             self._complete_one(batcher, i, ids, parsed) for i, ids in enumerate(parsed.prompts)))
         prompt_tokens = sum(len(p) for p in parsed.prompts)
@@ -222,9 +221,8 @@ class OpenAIServer:
         return result, prompt_lps
 
     async def _chat(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
         batcher = request.app[BATCHER]
-        p = await self._parse(request, parse_chat, body, self.engine.chat, self.context_tokens)
+        p = await self._parsed(request, parse_chat, self.engine.chat, self.context_tokens)
         tok = self.engine.tokenizer
         prompt = p.prompts[0]
         result, prompt_lps = await self._run(batcher, prompt, p, top=p.logprobs or 0)

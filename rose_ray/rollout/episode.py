@@ -25,7 +25,7 @@ from rose_ray.chat import ChatFormat
 from rose_ray.envs.protocol import Protocol, parse_action
 from rose_ray.envs.worlds import get_world
 from rose_ray.inference.engine import GenerationRequest, fit_context
-from rose_ray.rollout.report import ask_report
+from rose_ray.rollout.report import REPORT_MODES, ask_report
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
 HANDOFF_POLICIES = ("fixed", "curriculum", "on_failure", "decay", "none", "teacher_only")
@@ -94,6 +94,10 @@ class EpisodeConfig:
     # The world's report question after the last observation (DiscoveryWorld): "ask" records
     # the answer on the Trajectory, "train" also adds it to the turns the learner sees, "off".
     report: str = "ask"
+
+    def __post_init__(self) -> None:
+        if self.report not in REPORT_MODES:
+            raise ValueError(f"report: must be one of {REPORT_MODES}, got {self.report!r}")
 
 
 class EnvSlot:

@@ -25,18 +25,18 @@ THEMES = ("Combinatorial Chemistry", "Archaeology Dating", "Plant Nutrients", "R
 SKILLS = ("Dialog Test", "Pick and Place Test", "Pick and Give Test", "Instrument Measurement Test",
           "Doors Test", "Doors with Keys Test", "Navigation in a House Test", "Search Test",
           "Discovery Feed Test", "Moving Agents Test")
+UNIT_TEST_PREFIX = "Small Skills: "
+DIFFICULTIES = ("Easy", "Normal", "Challenge")
 # (scenario, difficulty) in the package's order; a test checks it against the package.
 PAIRS: tuple[tuple[str, str], ...] = (
     (("Tutorial", "Normal"),)
-    + tuple((t, d) for t in THEMES for d in ("Easy", "Normal", "Challenge"))
-    + tuple((f"Small Skills: {s}", "Normal") for s in SKILLS)
+    + tuple((t, d) for t in THEMES for d in DIFFICULTIES)
+    + tuple((f"{UNIT_TEST_PREFIX}{s}", "Normal") for s in SKILLS)
 )
 # The paper's step limits: 100 for Easy tasks and for the unit tests (the Small Skills, all
 # Normal), 1,000 for Normal and Challenge themes (and the Tutorial, which the paper does not run).
 TURN_LIMITS = {"Easy": 100, "Normal": 1000, "Challenge": 1000}
 UNIT_TEST_TURNS = 100
-UNIT_TEST_PREFIX = "Small Skills: "
-DIFFICULTIES = ("Easy", "Normal", "Challenge")
 
 
 def slug(scenario: str, difficulty: str) -> str:

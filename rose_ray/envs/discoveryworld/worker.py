@@ -90,18 +90,19 @@ class Session:
         world.tick()
         self.places = sorted(world.getTeleportLocations())
         self.last_ui = self.ui.renderJSON()
-        return {"observation": first_observation(self.last_ui, self.places), **self._scorecard(),
-                "scoring": self._scoring_info()}
+        card = self.api.getTaskScorecard()[0]  # one card (the package serialises every task's progress)
+        return {"observation": first_observation(self.last_ui, self.places), **self._scorecard(card),
+                "scoring": self._scoring_info(card)}
 
-    def _scorecard(self) -> dict[str, Any]:
-        card = self.api.getTaskScorecard()[0]
+    def _scorecard(self, card: dict[str, Any] | None = None) -> dict[str, Any]:
+        card = card or self.api.getTaskScorecard()[0]
         return {"score": float(card["scoreNormalized"]), "completed": bool(card["completed"]),
                 "success": bool(card["completedSuccessfully"])}
 
-    def _scoring_info(self) -> dict[str, Any]:
+    @staticmethod
+    def _scoring_info(card: dict[str, Any]) -> dict[str, Any]:
         """What the paper's knowledge score needs, never shown to the agent: the task
         description and the scenario's critical questions (set when the scenario is built)."""
-        card = self.api.getTaskScorecard()[0]
         return {"task_description": str(card.get("taskDescription") or "").strip(),
                 "critical_questions": [str(q) for q in card.get("criticalQuestions") or []]}
 
