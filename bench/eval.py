@@ -59,7 +59,8 @@ def run_level(concurrency: int, games: list, student: Any, args: argparse.Namesp
     pool; only the episodes are timed. The row is the median run's, with every run's rate."""
     import ray
 
-    from rose_ray.rollout.workers import EnvConfig, EpisodeRunner, close_pools, start_env_pools
+    from rose_ray.rollout.actors import EnvConfig, close_pools, start_env_pools
+    from rose_ray.rollout.runner import EpisodeRunner
 
     env_cfg = EnvConfig(workers=1, games_per_worker=concurrency, cpus_per_worker=args.env_cpus)
     pools = start_env_pools(env_cfg, max_turns=args.max_turns)
@@ -194,7 +195,7 @@ def main() -> None:
     from rose_ray.envs.catalogue import Catalogue
     from rose_ray.inference.engine import EngineConfig, GenerationRequest
     from rose_ray.models import init_tiny
-    from rose_ray.rollout.workers import init_ray, start_agents
+    from rose_ray.rollout.actors import init_ray, start_agents
     from rose_ray.types import SamplingParams
 
     load_start = os.getloadavg()

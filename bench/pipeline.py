@@ -143,7 +143,7 @@ def run_mode(mode: str, args: argparse.Namespace, overrides: list[str], work: Pa
     import ray
 
     from rose_ray.config import load_config
-    from rose_ray.rollout.workers import init_ray
+    from rose_ray.rollout.actors import init_ray
     from rose_ray.train import Trainer
 
     run_dir = work / mode
@@ -190,7 +190,7 @@ def warm_teacher_cached(overrides: list[str]) -> bool:
     """Whether the tiny config's warmed teacher is already cached (then using it costs nothing)."""
     from rose_ray.config import load_config
     from rose_ray.models import init_tiny
-    from rose_ray.warmup import warmup_cache  # the cache warm_teacher uses
+    from rose_ray.recipes.warmup import warmup_cache  # the cache warm_teacher uses
 
     cfg = load_config(None, overrides)
     teacher = str(init_tiny(Path(cfg.tiny_dir).expanduser(), seed=0)["teacher"])

@@ -45,7 +45,7 @@ ONLINE_ARMS = {
     "rose_fixed": [],
     "rose_curriculum": ["rollout.handoff.policy=curriculum", "rollout.handoff.k_start=1", "rollout.handoff.k_max=4"],
     "rose_decay": ["rollout.handoff.policy=decay", "rollout.handoff.p0=0.5"],
-    "opd": ["algorithm=opd", "learner.algorithm=opd"],
+    "opd": ["algorithm=opd"],
 }
 ARMS = ("student", "sft", *ONLINE_ARMS, "teacher")
 METRICS = ("score", "success", "pass")
@@ -75,15 +75,14 @@ def run_online(arm: str, seed: int, steps: int, common: list[str], tb_root: Path
 def eval_model(model: str, cfg: Any, out: Path) -> dict[str, Any]:
     """Greedy eval on the config's held-out games, as `train` evaluates (same games, turns, tokens)."""
     from rose_ray.envs.worlds import get_world
-    from rose_ray.evaluate import EvalConfig, run_eval
-    from rose_ray.warmup import choose_games
+    from rose_ray.evaluate import EvalJob, run_eval
 
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
-    games = choose_games(cfg, catalogue, cfg.eval.split, cfg.eval.n, cfg.eval.seed)
+    games = catalogue.sample(cfg.eval.split, cfg.eval.n, cfg.eval.seed, tasks=cfg.tasks)
     out.mkdir(parents=True, exist_ok=True)
     ids = out / "eval_games.json"
     ids.write_text(json.dumps([g.item_id for g in games]))
-    result = run_eval(EvalConfig(
+    result = run_eval(EvalJob(
         model=model, split=str(ids), n=None, max_turns=cfg.eval.max_turns, max_new_tokens=cfg.eval.max_new_tokens,
         temperature=0.0, world=cfg.env.world, mapping=cfg.env.mapping, concurrency=cfg.env.games_per_worker,
         context_tokens=cfg.student_engine.context_tokens, dtype=cfg.student_engine.dtype,
@@ -94,7 +93,7 @@ def eval_model(model: str, cfg: Any, out: Path) -> dict[str, Any]:
 def run_reference(who: str, common: list[str], tb_root: Path) -> dict[str, Any]:
     """The base student or the (warmed) teacher, evaluated once."""
     from rose_ray.config import load_config
-    from rose_ray.warmup import resolve_models
+    from rose_ray.recipes.warmup import resolve_models
 
     t0 = time.time()
     cfg = load_config(None, common)
@@ -109,10 +108,10 @@ def run_sft(seed: int, steps: int, common: list[str], tb_root: Path) -> dict[str
     from rose_ray.data import write_jsonl
     from rose_ray.datasets import PlayConfig, _play
     from rose_ray.envs.worlds import get_world
-    from rose_ray.learner.sft import train_sft
     from rose_ray.metrics import MetricsLogger
-    from rose_ray.rollout.workers import GameSampler
-    from rose_ray.warmup import choose_games, resolve_models
+    from rose_ray.recipes.sft import train_sft
+    from rose_ray.recipes.warmup import resolve_models
+    from rose_ray.rollout.ledger import GameSampler
 
     t0 = time.time()
     cfg = load_config(None, [*common, f"seed={seed}", f"steps={steps}"])
@@ -122,10 +121,10 @@ def run_sft(seed: int, steps: int, common: list[str], tb_root: Path) -> dict[str
     student, teacher = resolve_models(cfg)
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
     # The games an online run of this seed starts with, in its order.
-    sampler = GameSampler(choose_games(cfg, catalogue, cfg.rollout.split, None, cfg.seed), seed=cfg.seed)
+    sampler = GameSampler(catalogue.sample(cfg.rollout.split, None, cfg.seed, tasks=cfg.tasks), seed=cfg.seed)
     games = [sampler.next() for _ in range(steps * cfg.rollout.batch_episodes)]
     s = cfg.rollout.teacher_sampling
-    play = PlayConfig(model=teacher, teacher=None, split=None, n=None, seed=seed, max_turns=cfg.rollout.max_turns,
+    play = PlayConfig(model=teacher, teacher=None, max_turns=cfg.rollout.max_turns,
                       handoff="none", temperature=s.temperature, max_new_tokens=s.max_new_tokens,
                       concurrency=cfg.env.games_per_worker, world=cfg.env.world, mapping=cfg.env.mapping,
                       context_tokens=cfg.teacher_engine.context_tokens, enable_thinking=cfg.chat.enable_thinking)
@@ -178,7 +177,7 @@ def main() -> None:
     tb_root = Path(args.tb)
     tb_root.mkdir(parents=True, exist_ok=True)
 
-    from rose_ray.rollout.workers import init_ray
+    from rose_ray.rollout.actors import init_ray
 
     init_ray()  # one private cluster for every arm
     t_start, load_start = time.time(), os.getloadavg()

@@ -110,6 +110,7 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
     from rose_ray.inference.engine import prompt_budget
     from rose_ray.models import load_tokenizer
     from rose_ray.placement import check_cluster, cluster_nodes, demands, format_plan
+    from rose_ray.recipes import get_recipe
     from rose_ray.rollout.episode import same_tokenizer
 
     out = [f"config {cfg.name!r}: algorithm {cfg.algorithm}, {cfg.mode}, {cfg.steps} steps, "
@@ -133,10 +134,7 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
         out += show_pieces(role, chat, protocol, prompt_budget(engine, sampling))
     shared = same_tokenizer(toks["student"], toks["teacher"])
     out.append(f"student and teacher {'share one tokenizer' if shared else 'have different tokenizers'}")
-    if not shared and (cfg.algorithm == "opd" or cfg.learner.lam > 0):
-        key = "algorithm" if cfg.algorithm == "opd" else "learner.lam"
-        raise ValueError(f"{key}: OPD needs the teacher to score the student's tokens, so both must "
-                         f"share a tokenizer; {cfg.student_engine.model} and {cfg.teacher_engine.model} do not")
+    get_recipe(cfg.algorithm).check_agents(cfg, shared)
 
     # Games.
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
@@ -164,7 +162,7 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
 
     # Placement.
     if nodes is None:
-        from rose_ray.rollout.workers import init_ray
+        from rose_ray.rollout.actors import init_ray
 
         init_ray(address or cfg.ray_address)
         nodes = cluster_nodes()

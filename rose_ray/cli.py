@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--owners", default="student,teacher", help="owners whose tokens are trained")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    g.set_defaults(func="rose_ray.learner.sft:cli_main")
+    g.set_defaults(func="rose_ray.recipes.sft:cli_main")
     # --- end sft ---
     return p
 

@@ -19,12 +19,11 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rose_ray.inference.engine import EngineConfig
 from rose_ray.learner.learner import LearnerConfig
+from rose_ray.rollout.actors import EnvConfig
 from rose_ray.rollout.episode import HandoffConfig
 from rose_ray.rollout.report import REPORT_MODES
-from rose_ray.rollout.workers import EnvConfig
 from rose_ray.types import SamplingParams
 
-ALGORITHMS = ("rose", "opd", "teacher_sft")
 MODES = ("async", "sync")
 
 
@@ -155,7 +154,7 @@ class TrainConfig:
     name: str = "run"
     run_dir: str = "runs/${name}"
     seed: int = 0
-    algorithm: str = "rose"  # rose | opd | teacher_sft
+    algorithm: str = "rose"  # rose | opd | teacher_sft: a recipe (rose_ray/recipes/)
     mode: str = "async"  # async | sync
     steps: int = 100  # learner steps
     publish_every: int = 1  # learner steps between weight publications
@@ -179,44 +178,56 @@ class TrainConfig:
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise ConfigError(f"algorithm: must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        from rose_ray.recipes import get_recipe
+
+        recipe = get_recipe(self.algorithm)  # an unknown name fails here, naming the key
         if self.mode not in MODES:
             raise ConfigError(f"mode: must be one of {MODES}, got {self.mode!r}")
         for key in ("steps", "publish_every", "checkpoint_every", "keep_checkpoints"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)!r}")
-        wanted = {"rose": "rose", "opd": "opd", "teacher_sft": "sft"}[self.algorithm]
-        if self.learner.algorithm != wanted:
+        if self.learner.max_tokens < self.student_engine.context_tokens:
             raise ConfigError(
-                f"learner.algorithm: must be {wanted!r} for algorithm {self.algorithm!r}, "
-                f"got {self.learner.algorithm!r}"
+                f"learner.max_tokens: {self.learner.max_tokens} is less than student_engine.context_tokens "
+                f"{self.student_engine.context_tokens}; a packed row must hold whatever the engine kept "
+                "(the learner cuts a trajectory only where the engine did)"
             )
-        if self.learner.context_policy != self.student_engine.context_policy:
-            raise ConfigError(
-                f"learner.context_policy: {self.learner.context_policy!r} differs from "
-                f"student_engine.context_policy {self.student_engine.context_policy!r}; the learner "
-                "must cut a long trajectory the way the engine did (set both)"
-            )
-        if self.learner.max_tokens > self.student_engine.context_tokens:
-            raise ConfigError(
-                f"learner.max_tokens: {self.learner.max_tokens} exceeds "
-                f"student_engine.context_tokens {self.student_engine.context_tokens}"
-            )
+        recipe.check(self)
+
+
+# Keys that no longer exist, and what took their place: an old config gets told, by key.
+REMOVED_KEYS = {
+    "learner.algorithm": "set `algorithm` only (rose, opd or teacher_sft); its recipe chooses the learner's loss",
+    "learner.context_policy": "the learner cuts a trajectory where the engine cut it (student_engine.context_policy)",
+}
 
 
 def default_config_path() -> Path:
     return Path(str(resources.files("rose_ray").joinpath("configs/tiny.yaml")))
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """YAML (default: the embedded tiny config) + `key=value` overrides -> a validated config."""
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                saved: bool = False) -> TrainConfig:
+    """YAML (default: the embedded tiny config) + `key=value` overrides -> a validated config.
+
+    `saved`: the file is a run's own config.yaml (a resume), whose removed keys are dropped
+    (they were checked when it was written) rather than refused."""
     path = Path(path) if path else default_config_path()
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
         schema = OmegaConf.structured(TrainConfig)
-        merged = OmegaConf.merge(schema, OmegaConf.load(path), OmegaConf.from_dotlist(overrides or []))
+        layers = [OmegaConf.load(path), OmegaConf.from_dotlist(overrides or [])]
+        for n, layer in enumerate(layers):
+            for key, why in REMOVED_KEYS.items():
+                if OmegaConf.select(layer, key, default=None) is None:
+                    continue
+                if saved and n == 0:
+                    section, leaf = key.rsplit(".", 1)
+                    OmegaConf.select(layer, section).pop(leaf)
+                else:
+                    raise ConfigError(f"key {key!r}: removed; {why}")
+        merged = OmegaConf.merge(schema, *layers)
         return OmegaConf.to_object(merged)  # runs every section's __post_init__ checks
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)

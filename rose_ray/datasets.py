@@ -114,9 +114,6 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
 class PlayConfig:
     model: str
     teacher: str | None
-    split: str | None
-    n: int | None
-    seed: int
     max_turns: int
     handoff: str  # "none" (student only) or "teacher_only"
     temperature: float
@@ -133,53 +130,26 @@ def _play(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol],
     """Episodes over Ray actors, each opened by its protocol; with `replays`, each game first
     replays its recorded turns."""
     from rose_ray.inference.engine import EngineConfig
-    from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig, ReplayMismatch, run_episode
-    from rose_ray.rollout.workers import (
-        EnvConfig,
-        EpisodeRunner,
-        close_pools,
-        init_ray,
-        start_agents,
-        start_env_pools,
-        stop_agents,
-    )
+    from rose_ray.rollout.actors import EnvConfig, local_actors
+    from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig, ReplayMismatch
+    from rose_ray.rollout.runner import play_games
 
-    init_ray()
     env_cfg = EnvConfig(workers=1, games_per_worker=max(1, min(cfg.concurrency, len(games))),
                         mapping=cfg.mapping, world=cfg.world, cpus_per_worker=0.5)
-    pools = start_env_pools(env_cfg, max_turns=cfg.max_turns)
-    problems: list[str] = []
-    student = teacher = None
-    try:
-        def engine(model: str) -> EngineConfig:
-            return EngineConfig(model=model, context_tokens=cfg.context_tokens, max_batch_size=cfg.concurrency)
 
-        student, teacher = start_agents(engine(cfg.model), engine(cfg.teacher) if cfg.teacher else None,
-                                        enable_thinking=cfg.enable_thinking)
+    def engine(model: str) -> EngineConfig:
+        return EngineConfig(model=model, context_tokens=cfg.context_tokens, max_batch_size=cfg.concurrency)
+
+    with local_actors(env_cfg, engine(cfg.model), engine(cfg.teacher) if cfg.teacher else None, cfg.max_turns,
+                      cfg.enable_thinking) as (runner, student, teacher):
         sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
         # Prefixes and stitched rows are training data: no report question at their end.
         episode_cfg = EpisodeConfig(max_turns=cfg.max_turns, student_sampling=sampling, teacher_sampling=sampling,
                                     report="off")
-        handoff = HandoffConfig(cfg.handoff)
-        runner = EpisodeRunner(pools, env_cfg.games_per_worker)
-
-        async def one(i: int, game: GameId) -> Trajectory | None:
-            async def episode(g, slot):
-                return await run_episode(g, slot, student, teacher, episode_cfg, handoff, protocol=protocols[i],
-                                         replay=replays[i] if replays else None)
-            try:
-                return await runner.play(game, episode)
-            except ReplayMismatch as e:
-                problems.append(f"skipped: {e}")
-                return None
-
-        async def all_games():
-            return await asyncio.gather(*(one(i, g) for i, g in enumerate(games)))
-
-        return list(asyncio.run(all_games())), problems
-    finally:
-        close_pools(pools)
-        stop_agents(student, teacher)
+        played = asyncio.run(play_games(runner, games, student, teacher, episode_cfg, HandoffConfig(cfg.handoff),
+                                        protocols, replays=replays, skip=(ReplayMismatch,)))
+    problems = [f"skipped: {t}" for t in played if isinstance(t, ReplayMismatch)]
+    return [None if isinstance(t, ReplayMismatch) else t for t in played], problems
 
 
 def _games_of_rows(rows: list[dict[str, Any]], catalogue: GameCatalogue) -> list[GameId]:
@@ -271,8 +241,7 @@ def gold_main(args) -> int:
 
 def _play_config(args, model: str, teacher: str | None, handoff: str, max_turns: int) -> PlayConfig:
     return PlayConfig(
-        model=model, teacher=teacher, split=getattr(args, "split", None), n=getattr(args, "n", None),
-        seed=args.seed, max_turns=max_turns, handoff=handoff, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+        model=model, teacher=teacher, max_turns=max_turns, handoff=handoff, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
         concurrency=args.concurrency, world=args.world or "sciworld", mapping=args.mapping,
         context_tokens=args.context_tokens, enable_thinking=args.enable_thinking,
     )

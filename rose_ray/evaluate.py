@@ -27,7 +27,9 @@ from rose_ray.types import GameId, SamplingParams, Trajectory
 
 
 @dataclass
-class EvalConfig:
+class EvalJob:
+    """One `rose-ray eval` (a training run's evals are its `eval:` section, config.EvalConfig)."""
+
     model: str = ""
     split: str = "test"
     n: int | None = 200
@@ -198,22 +200,16 @@ def compare(paths: list[str]) -> str:
 # --------------------------------------------------------------------------- episodes
 async def evaluate_games(runner, games: list[GameId], student, teacher, episode_cfg, handoff_cfg,
                          on_done=None, protocol=None) -> list[dict[str, Any]]:
-    """Play `games` concurrently on the runner's slots; returns their records in game order."""
-    from rose_ray.rollout.episode import run_episode
+    """Play `games` (rollout/runner.play_games); their records in game order."""
+    from rose_ray.rollout.runner import play_games
 
-    async def one(game: GameId) -> dict[str, Any]:
-        async def episode(g, slot):
-            return await run_episode(g, slot, student, teacher, episode_cfg, handoff_cfg,
-                                     protocol=protocol, request_prefix="eval/")
-        record = game_record(await runner.play(game, episode))
-        if on_done is not None:
-            on_done(record)
-        return record
-
-    return list(await asyncio.gather(*(one(g) for g in games)))
+    played = await play_games(runner, games, student, teacher, episode_cfg, handoff_cfg, protocol,
+                              request_prefix="eval/",
+                              on_done=None if on_done is None else lambda t: on_done(game_record(t)))
+    return [game_record(t) for t in played]
 
 
-def _engine_config(model: str, cfg: EvalConfig, tokenizer: str | None):
+def _engine_config(model: str, cfg: EvalJob, tokenizer: str | None):
     from rose_ray.inference.engine import EngineConfig
 
     if model.startswith("openai:"):
@@ -227,19 +223,11 @@ def _engine_config(model: str, cfg: EvalConfig, tokenizer: str | None):
                         max_batch_size=cfg.concurrency)
 
 
-def run_eval(cfg: EvalConfig) -> dict[str, Any]:
+def run_eval(cfg: EvalJob) -> dict[str, Any]:
     """Evaluate `cfg.model` on its games; resumes from `<out>.partial.jsonl` if present."""
     from rose_ray.envs.worlds import get_world, world_protocol
+    from rose_ray.rollout.actors import EnvConfig, local_actors
     from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
-    from rose_ray.rollout.workers import (
-        EnvConfig,
-        EpisodeRunner,
-        close_pools,
-        init_ray,
-        start_agents,
-        start_env_pools,
-        stop_agents,
-    )
 
     catalogue = get_world(cfg.world).catalogue(cfg.mapping)
     protocol = world_protocol(cfg.world, cfg.instruction_from)  # a bad file fails before any actor
@@ -262,29 +250,19 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
           else f"eval: {len(games)} games of {cfg.split!r}")
 
     if todo:
-        init_ray()
         env_cfg = EnvConfig(workers=cfg.env_workers,
                             games_per_worker=max(1, -(-min(cfg.concurrency, len(todo)) // cfg.env_workers)),
                             mapping=cfg.mapping, world=cfg.world, cpus_per_worker=0.5)
-        pools = start_env_pools(env_cfg, max_turns=cfg.max_turns)
-        student = teacher = None
-        try:
-            student, teacher = start_agents(
-                _engine_config(cfg.model, cfg, cfg.tokenizer),
-                _engine_config(cfg.teacher, cfg, None) if cfg.teacher else None,
-                enable_thinking=cfg.enable_thinking,
-            )
+        teacher_cfg = _engine_config(cfg.teacher, cfg, None) if cfg.teacher else None
+        with local_actors(env_cfg, _engine_config(cfg.model, cfg, cfg.tokenizer), teacher_cfg, cfg.max_turns,
+                          cfg.enable_thinking) as (runner, student, teacher):
             sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                                       seed=cfg.seed if cfg.temperature > 0 else None)
             episode_cfg = EpisodeConfig(max_turns=max_turns, student_sampling=sampling,
                                         teacher_sampling=SamplingParams(0.0, max_new_tokens=cfg.max_new_tokens))
             handoff_cfg = HandoffConfig("fixed", k=cfg.handoff) if cfg.handoff is not None else HandoffConfig("none")
-            runner = EpisodeRunner(pools, env_cfg.games_per_worker)
             _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial, done, header,
                                 protocol)
-        finally:
-            close_pools(pools)
-            stop_agents(student, teacher)
 
     records = [done[g.item_id] for g in games]
     if judge is not None:
@@ -304,7 +282,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     return result
 
 
-def _judge_config(cfg: EvalConfig):
+def _judge_config(cfg: EvalJob):
     if not cfg.judge:
         return None
     from rose_ray.judge import JudgeConfig
@@ -337,7 +315,7 @@ RESUME_KEYS = ("model", "teacher", "handoff", "max_turns", "temperature", "max_n
                "world", "mapping", "seed", "context_tokens", "instruction_from", "enable_thinking")
 
 
-def resume_header(cfg: EvalConfig) -> dict[str, Any]:
+def resume_header(cfg: EvalJob) -> dict[str, Any]:
     """The settings that tie a partial results file to an eval (the mapping resolved, so a
     default and an explicit `--mapping agentgym` are the same eval)."""
     from rose_ray.envs.worlds import get_world
@@ -387,7 +365,7 @@ def cli_main(args) -> int:
     if args.compare:
         print(compare(args.compare))
         return 0
-    cfg = EvalConfig(
+    cfg = EvalJob(
         model=args.model or "", split=args.split, n=args.n or None, seed=args.seed, max_turns=args.max_turns,
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, world=args.world or "sciworld",
         mapping=args.mapping,

@@ -77,7 +77,7 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     import ray
 
     from rose_ray.learner.learner import LearnerGroup
-    from rose_ray.rollout.workers import init_ray
+    from rose_ray.rollout.actors import init_ray
 
     cfg, step = check_request(run_dir, out, step)
     base = student_model(cfg)

@@ -267,7 +267,7 @@ class Judge:
             self.engine = _served_engine(cfg)
         else:
             from rose_ray.inference.engine import EngineConfig
-            from rose_ray.rollout.workers import start_agents
+            from rose_ray.rollout.actors import start_agents
 
             self._agent, _ = start_agents(EngineConfig(model=cfg.model, dtype=cfg.dtype, context_tokens=cfg.context_tokens,
                                                        max_batch_size=cfg.concurrency), None,
@@ -300,7 +300,7 @@ class Judge:
         if self.cfg.served:
             self.engine.close()
         else:
-            from rose_ray.rollout.workers import stop_agents
+            from rose_ray.rollout.actors import stop_agents
 
             stop_agents(self._agent)
 

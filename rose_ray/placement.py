@@ -295,7 +295,7 @@ class PlacementGroups:
 def plan_main(args: Any) -> int:
     """`rose-ray plan`: print where each actor would go; exit 2 (PlacementError) when it can't fit."""
     from rose_ray.config import load_config
-    from rose_ray.rollout.workers import init_ray
+    from rose_ray.rollout.actors import init_ray
 
     cfg = load_config(args.config, args.overrides)
     init_ray(args.address or cfg.ray_address)

@@ -40,11 +40,10 @@ from typing import Any
 
 from rose_ray.config import TrainConfig, load_config, to_yaml
 from rose_ray.learner.learner import LearnerLost
+from rose_ray.recipes import get_recipe
+from rose_ray.recipes.warmup import resolve_models
 from rose_ray.reliability import RoleFailed, Watchdog
 from rose_ray.types import Trajectory
-from rose_ray.warmup import choose_games, resolve_models
-
-LEARNER_ALGORITHM = {"rose": "rose", "opd": "opd", "teacher_sft": "sft"}
 
 
 # --------------------------------------------------------------------------- the trainer
@@ -80,16 +79,11 @@ class Trainer:
         from rose_ray.metrics import MetricsLogger
         from rose_ray.models import load_tokenizer
         from rose_ray.placement import PlacementGroups, check_cluster, demands
-        from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
-        from rose_ray.rollout.ledger import EpisodeLedger
+        from rose_ray.rollout.actors import init_ray, start_agents, start_env_pools
+        from rose_ray.rollout.episode import EpisodeConfig
+        from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
+        from rose_ray.rollout.runner import EpisodeRunner
         from rose_ray.rollout.supervisor import EngineSupervisor
-        from rose_ray.rollout.workers import (
-            EpisodeRunner,
-            GameSampler,
-            init_ray,
-            start_agents,
-            start_env_pools,
-        )
 
         cfg = self.cfg
         init_ray(cfg.ray_address)
@@ -98,9 +92,10 @@ class Trainer:
         self.groups = PlacementGroups(demands(cfg), timeout_s=cfg.resources.placement_timeout_s)
         student_path, teacher_path = resolve_models(cfg)  # tiny models, the teacher warm-up
         self.student_path, self.teacher_path = student_path, teacher_path
+        # The games: `rose-ray eval --n N --seed S` on the same split evaluates on the same ones.
         catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
-        self.sampler = GameSampler(choose_games(cfg, catalogue, cfg.rollout.split, None, cfg.seed), seed=cfg.seed)
-        self.eval_games = choose_games(cfg, catalogue, cfg.eval.split, cfg.eval.n, cfg.eval.seed)
+        self.sampler = GameSampler(catalogue.sample(cfg.rollout.split, None, cfg.seed, tasks=cfg.tasks), seed=cfg.seed)
+        self.eval_games = catalogue.sample(cfg.eval.split, cfg.eval.n, cfg.eval.seed, tasks=cfg.tasks)
 
         self.student, self.teacher = start_agents(
             replace(cfg.student_engine, model=student_path),
@@ -118,9 +113,9 @@ class Trainer:
         self.engines.watch("student engine", self.student)
         self.engines.watch("teacher engine", self.teacher)
         self.protocol = cfg.env.protocol()
-        if cfg.algorithm == "opd" and self.teacher.chat is not self.student.chat:
-            raise ValueError("algorithm opd: the teacher must share the student's tokenizer "
-                             "(it scores the student's tokens)")
+        self.recipe = get_recipe(cfg.algorithm)  # who acts when, which tokens train (rose_ray/recipes/)
+        self.recipe.check_agents(cfg, self.teacher.chat is self.student.chat)
+        self.token_weights = self.recipe.token_weights(cfg)
         self.pools = start_env_pools(cfg.env, max_turns=cfg.rollout.max_turns)
         self.runner = EpisodeRunner(self.pools, cfg.env.games_per_worker, cfg.rollout.max_retries, self.engines)
         self.eval_pools: list = []  # started at the first eval (none if evals are off)
@@ -128,15 +123,13 @@ class Trainer:
             max_turns=cfg.rollout.max_turns,
             student_sampling=cfg.rollout.student_sampling,
             teacher_sampling=cfg.rollout.teacher_sampling,
-            score_student_with_teacher=cfg.algorithm == "opd" or cfg.learner.lam > 0,
+            score_student_with_teacher=self.recipe.teacher_scores_student(cfg),
             report=cfg.rollout.report,
         )
-        self.handoff = {"rose": cfg.rollout.handoff, "opd": HandoffConfig("none"),
-                        "teacher_sft": HandoffConfig("teacher_only")}[cfg.algorithm]
+        self.handoff = self.recipe.handoff(cfg)
         self.ledger = EpisodeLedger(self.run_dir / "episodes.jsonl", self.sampler, fresh=not self.resume)
         self.buffer = self.new_buffer()
-        self.learner = LearnerGroup(replace(cfg.learner, model=student_path,
-                                            algorithm=LEARNER_ALGORITHM[cfg.algorithm]),
+        self.learner = LearnerGroup(replace(cfg.learner, model=student_path),
                                     worker_options=lambda r: self.groups.options("learner ranks", r))
         self.fmt = self.student.chat
         tok = load_tokenizer(student_path)
@@ -203,7 +196,7 @@ class Trainer:
         and the episodes open then (played again first), counters, and the logs cut to match."""
         from rose_ray.rollout.buffer import BufferCounters
         from rose_ray.rollout.ledger import keep_steps
-        from rose_ray.rollout.workers import RunnerCounters
+        from rose_ray.rollout.runner import RunnerCounters
 
         state = self.start_state
         if (self.ckpt_dir / "latest").is_file():
@@ -268,8 +261,9 @@ class Trainer:
     # ----------------------------------------------------------------- 3/5. eval
     async def evaluate(self, who: str) -> dict[str, Any]:
         from rose_ray.evaluate import evaluate_games, summarise
+        from rose_ray.rollout.actors import start_env_pools
         from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
-        from rose_ray.rollout.workers import EpisodeRunner, start_env_pools
+        from rose_ray.rollout.runner import EpisodeRunner
         from rose_ray.types import SamplingParams
 
         if not self.eval_pools:
@@ -335,20 +329,18 @@ class Trainer:
         self.producer = None
 
     async def learn_step(self, batch: list[Trajectory]) -> dict[str, float]:
-        from rose_ray.learner.batching import loss_turns, render
+        from rose_ray.tokens import loss_turns, make_batch, render
 
-        seqs = [render(t, self.fmt, self.cfg.learner.max_tokens, self.cfg.learner.context_policy,
-                       teacher_logprobs=_teacher_logprobs(t) if self.episode_cfg.score_student_with_teacher else None)
-                for t in batch]
-        made = self.learner.make_batch(seqs, self.pad_id)
+        # Trajectories to tokens, each cut where its engine cut it, with the recipe's weights.
+        seqs = [render(t) for t in batch]
+        made = make_batch(seqs, self.token_weights, self.cfg.learner.max_tokens, self.pad_id)
         self.doing("train_step")
         metrics = await self.in_learner(self.learner.train_step, made)
         self.step += 1
         self.watchdog.progress()
-        weights = self.learner.algorithm.owner_weights
         with (self.run_dir / "trajectories.jsonl").open("a") as f:  # what the learner trained on
             for t, seq in zip(batch, seqs):  # `loss` per turn: did its tokens carry loss this step
-                record = t.to_record(loss=loss_turns(seq, len(t.turns), weights))
+                record = t.to_record(loss=loss_turns(seq, len(t.turns), self.token_weights))
                 f.write(json.dumps({"step": self.step, **record}) + "\n")
         for t in batch:
             self.ledger.record(t.episode_id, "trained", step=self.step)
@@ -579,7 +571,7 @@ class Trainer:
 
     async def waiting_report(self) -> str:
         """Which role waits on what (the watchdog's report), one line each."""
-        from rose_ray.rollout.workers import ping_pools
+        from rose_ray.rollout.actors import ping_pools
 
         what, since = self.phase
         lines = [f"driver: {what} for {time.monotonic() - since:.0f} s (step {self.step}/{self.cfg.steps}; "
@@ -628,7 +620,7 @@ class Trainer:
         }
 
     def close(self) -> None:
-        from rose_ray.rollout.workers import close_pools, stop_agents
+        from rose_ray.rollout.actors import close_pools, stop_agents
 
         close_pools(getattr(self, "pools", []) + getattr(self, "eval_pools", []))
         stop_agents(getattr(self, "student", None), getattr(self, "teacher", None))
@@ -640,18 +632,6 @@ class Trainer:
             self.metrics.close()
         if getattr(self, "ledger", None) is not None:
             self.ledger.close()
-
-
-def _teacher_logprobs(t: Trajectory) -> list[list[float] | None]:
-    """Per turn: the teacher's logprob of each token id (NaN past the scored ones)."""
-    out: list[list[float] | None] = []
-    for turn in t.turns:
-        if turn.teacher_logprobs is None:
-            out.append(None)
-        else:
-            pad = len(turn.token_ids) - len(turn.teacher_logprobs)
-            out.append(list(turn.teacher_logprobs) + [math.nan] * pad)
-    return out
 
 
 def results_table(summary: dict[str, Any]) -> str:
@@ -671,7 +651,7 @@ def train(config: str | None = None, overrides: list[str] | None = None, resume:
         saved = run_dir / "config.yaml"
         if not saved.is_file():
             raise ValueError(f"--resume {resume}: no config.yaml there (not a run directory)")
-        cfg = load_config(saved, overrides)
+        cfg = load_config(saved, overrides, saved=True)
     else:
         cfg = load_config(config, overrides)
         run_dir = Path(cfg.run_dir)

@@ -1,12 +1,12 @@
 """The shared vocabulary: plain dataclasses that cross Ray and go to JSONL.
 
-Nothing here holds a model, a JVM or an open handle, so every object pickles cheaply and
-`to_dict()` gives a JSON-able form.
+Nothing here holds a model, a JVM or an open handle, so every object pickles cheaply;
+`Trajectory.to_record()` gives a trajectory's dataset row.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Owner = Literal["prompt", "env", "student", "teacher"]
@@ -52,13 +52,6 @@ class Turn:
     teacher_logprobs: list[float] | None = None
     truncated: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Turn:
-        return cls(**d)
-
 
 @dataclass
 class Trajectory:
@@ -72,11 +65,12 @@ class Trajectory:
     rounds: int = 0
     handoff_turn: int | None = None
     student_version: int | None = None
-    teacher_id: str | None = None
     done: bool = False
     end_reason: str = ""
     invalid_actions: int = 0
-    context_dropped_turns: int = 0  # most turns the engine's context policy left out
+    # Indices of the turns the engine's context policy left out of its last prompt: the
+    # learner leaves them out too (rose_ray/tokens.py), so a trajectory is cut only there.
+    context_cut: list[int] = field(default_factory=list)
     truncated_turns: int = 0  # replies cut at max_new_tokens
     cut_before_action: int = 0  # of those, replies with no `Action:` line before the cut
     episode_id: str = ""
@@ -137,17 +131,6 @@ class Trajectory:
             **extra,
         }
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
-        d = dict(d)
-        d["game"] = GameId(**d["game"])
-        d["turns"] = [Turn.from_dict(t) for t in d["turns"]]
-        d["report_turns"] = [Turn.from_dict(t) for t in d.get("report_turns") or []]
-        return cls(**d)
-
 
 @dataclass
 class SamplingParams:
@@ -160,18 +143,20 @@ class SamplingParams:
 
 @dataclass
 class Batch:
-    """Token-level training batch; every field is [n_sequences][seq_len] (lists or arrays).
+    """Token-level training batch, packed: every field is [rows][row_len] (arrays).
 
-    `owners` holds indices into OWNERS. `old_logprobs` are the behaviour policy's logprobs of
-    each token (NaN where unknown: 0 is a real logprob); `teacher_logprobs` the teacher's
-    (OPD, NaN where unscored); `versions` the policy version that sampled each token (-1 for
-    tokens without an old logprob).
+    `attention_mask` holds each token's 1-based segment (sequence) number in its row, 0 for
+    padding. `ce_weights` and `opd_weights` are each token's weight in the cross-entropy and
+    the OPD term (0: context only), decided by the recipe (rose_ray/tokens.py). `old_logprobs`
+    are the behaviour policy's logprobs of each token (NaN where unknown: 0 is a real
+    logprob); `teacher_logprobs` the teacher's (OPD, NaN where unscored); `versions` the policy
+    version that sampled each token (-1 for tokens without an old logprob).
     """
 
     input_ids: Any
     attention_mask: Any
-    loss_weights: Any
-    owners: Any
+    ce_weights: Any
+    opd_weights: Any
     old_logprobs: Any = None
     teacher_logprobs: Any = None
     versions: Any = None

@@ -52,7 +52,7 @@ def test_thinking_on_leaves_the_prompt_open(tiny_qwen3, capsys):
     (["env.mapping=agentgym"], "eval.split: split 'agenteval_test' lists item ids of the 'agentgym_traj' mapping"),
     (["student_engine.context_tokens=600", "learner.max_tokens=600"], "student_engine.context_tokens: the instruction"),
     (["resources.teacher_gpus=9"], "the cluster cannot hold the teacher engine"),
-    (["learner.context_policy=drop_oldest"], "learner.context_policy: 'drop_oldest' differs"),
+    (["learner.max_tokens=8192"], "learner.max_tokens: 8192 is less than student_engine.context_tokens 16384"),
 ])
 def test_problems_exit_2_naming_the_key(tiny_qwen3, extra, message, capsys):
     seed = str(ROOT / "configs/rose_qwen3_1p7b_32b.yaml")

@@ -13,8 +13,9 @@ from collections import Counter
 import pytest
 
 from rose_ray.envs.catalogue import Catalogue
+from rose_ray.rollout.actors import EnvConfig, close_pools, start_env_pools
 from rose_ray.rollout.episode import EnvSlot, EpisodeInterrupted
-from rose_ray.rollout.workers import EnvConfig, EpisodeRunner, close_pools, start_env_pools
+from rose_ray.rollout.runner import EpisodeRunner
 from rose_ray.types import GameId, Trajectory
 
 ACTIONS = ["look around", "inventory", "look around", "inventory"]

@@ -40,8 +40,8 @@ def test_gold_dataset_replays_to_100(gold):
 
 def test_collect_then_continue_gives_sft_ready_data(tiny_models, ray_cluster, tmp_path):
     from rose_ray.chat import ChatFormat
-    from rose_ray.learner.batching import OWNER_INDEX, render
     from rose_ray.models import load_tokenizer
+    from rose_ray.tokens import OWNER_INDEX, render
 
     prefixes, stitched = tmp_path / "prefixes.jsonl", tmp_path / "stitched.jsonl"
     common = ["--max-new-tokens", "16", "--concurrency", "3", "--context-tokens", "2048"]
@@ -71,7 +71,7 @@ def test_collect_then_continue_gives_sft_ready_data(tiny_models, ray_cluster, tm
         later = [m["owner"] for m in r["conversations"][n:] if m["role"] == "assistant"]
         assert later and set(later) == {"teacher"}
         assert r["rounds"] <= 4
-        seq = render(row_to_trajectory(r), fmt, 2048)  # ready for SFT: teacher tokens to train on
+        seq = render(row_to_trajectory(r), fmt)  # ready for SFT: teacher tokens to train on
         assert OWNER_INDEX["teacher"] in seq.owners and OWNER_INDEX["student"] in seq.owners
 
 

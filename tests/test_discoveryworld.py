@@ -192,12 +192,12 @@ def test_env_pool_hosts_discoveryworld_and_replaces_a_killed_worker():
 
 
 def test_eval_of_the_tiny_student_on_easy_games(tiny_models, ray_cluster, tmp_path):
-    from rose_ray.evaluate import EvalConfig, run_eval
+    from rose_ray.evaluate import EvalJob, run_eval
 
     easy = [g.item_id for g in CATALOGUE.split("test") if g.task.endswith("-easy")][:3]
     ids = tmp_path / "easy.json"
     ids.write_text(json.dumps(easy))
-    cfg = EvalConfig(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=None,
+    cfg = EvalJob(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=None,
                      max_turns=2, max_new_tokens=16, concurrency=3, context_tokens=2048,
                      out=str(tmp_path / "dw"))
     result = run_eval(cfg)

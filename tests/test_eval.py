@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rose_ray.envs.protocol import is_success, normalise_score
-from rose_ray.evaluate import EvalConfig, compare, game_record, run_eval, summarise
+from rose_ray.evaluate import EvalJob, compare, game_record, run_eval, summarise
 from rose_ray.types import GameId, Trajectory
 
 
@@ -43,7 +43,7 @@ def test_success_is_the_worlds_not_a_score_threshold():
 
 
 def test_eval_of_the_tiny_student_writes_json_and_markdown(tiny_models, ray_cluster, tmp_path):
-    cfg = EvalConfig(model=str(tiny_models["student"]), split="test", n=10, max_turns=2,
+    cfg = EvalJob(model=str(tiny_models["student"]), split="test", n=10, max_turns=2,
                      max_new_tokens=16, concurrency=5, context_tokens=2048, out=str(tmp_path / "ev"))
     result = run_eval(cfg)
     data = json.loads((tmp_path / "ev.json").read_text())
@@ -61,7 +61,7 @@ def test_interrupted_eval_resumes_without_replaying_finished_games(tiny_models, 
     from rose_ray.envs.catalogue import Catalogue
     from rose_ray.evaluate import RESUME_KEYS, resume_header
 
-    cfg = EvalConfig(model=str(tiny_models["student"]), split="test", n=4, max_turns=2,
+    cfg = EvalJob(model=str(tiny_models["student"]), split="test", n=4, max_turns=2,
                      max_new_tokens=8, concurrency=2, context_tokens=2048, out=str(tmp_path / "r"))
     games = Catalogue().sample("test", 4, 0)
     partial = tmp_path / "r.partial.jsonl"

@@ -147,16 +147,16 @@ def test_the_paper_tables_average_seeds_then_themes(tmp_path):
 
 # --------------------------------------------------------------------------- step limits, the game side
 def test_step_limits_are_the_papers_and_max_turns_overrides():
-    from rose_ray.evaluate import EvalConfig
+    from rose_ray.evaluate import EvalJob
 
     limits = {g.task: CATALOGUE.turn_limit(g) for g in CATALOGUE.games}
     assert all(v == 100 for t, v in limits.items() if t.endswith("-easy") or t.startswith("small-skills-"))
     assert all(v == 1000 for t, v in limits.items() if t.endswith(("-normal", "-challenge"))
                and not t.startswith("small-skills-"))
     assert sum(t.startswith("small-skills-") for t in limits) == 10 and limits["tutorial-normal"] == 1000
-    assert EvalConfig(model="m", world="discoveryworld").max_turns is None  # the world's own limits
-    assert EvalConfig(model="m").max_turns == 20  # ScienceWorld's default as before
-    assert EvalConfig(model="m", world="discoveryworld", max_turns=7).max_turns == 7
+    assert EvalJob(model="m", world="discoveryworld").max_turns is None  # the world's own limits
+    assert EvalJob(model="m").max_turns == 20  # ScienceWorld's default as before
+    assert EvalJob(model="m", world="discoveryworld", max_turns=7).max_turns == 7
 
 
 def test_a_game_carries_its_critical_questions_and_done_ends_it():
@@ -181,14 +181,14 @@ def test_a_game_carries_its_critical_questions_and_done_ends_it():
 # --------------------------------------------------------------------------- the report turn on real games
 async def _episodes(tiny_models):
     from rose_ray.inference.engine import EngineConfig
-    from rose_ray.rollout.episode import EnvSlot, EpisodeConfig, HandoffConfig, run_episode
-    from rose_ray.rollout.workers import (
+    from rose_ray.rollout.actors import (
         EnvConfig,
         close_pools,
         start_agents,
         start_env_pools,
         stop_agents,
     )
+    from rose_ray.rollout.episode import EnvSlot, EpisodeConfig, HandoffConfig, run_episode
     from rose_ray.types import SamplingParams
 
     pools = start_env_pools(EnvConfig(world="discoveryworld", games_per_worker=2, cpus_per_worker=0.25), max_turns=2)
@@ -209,7 +209,7 @@ async def _episodes(tiny_models):
 
 def test_the_report_is_asked_after_the_last_observation_and_recorded(tiny_models, ray_cluster):
     from rose_ray.envs.worlds import get_world
-    from rose_ray.learner.batching import loss_turns, render
+    from rose_ray.tokens import TokenWeights, loss_turns, render
 
     solo, stitched = asyncio.run(_episodes(tiny_models))
     # Asked: the last observation with the question after it; the student answers; no step taken.
@@ -227,7 +227,7 @@ def test_the_report_is_asked_after_the_last_observation_and_recorded(tiny_models
     assert stitched.turns[-2].text.endswith(REPORT_QUESTION) and stitched.turns[-1].owner == "teacher"
     assert stitched.turns[-2:] == stitched.report_turns
     seq = render(stitched)
-    assert loss_turns(seq, len(stitched.turns), {"teacher": 1.0})[-1]
+    assert loss_turns(seq, len(stitched.turns), TokenWeights(ce={"teacher": 1.0}))[-1]
     # ScienceWorld asks nothing: its protocol has no report question.
     assert get_world("sciworld").protocol.report_question is None
 
@@ -270,13 +270,13 @@ def _hand_made(questions: list[str]) -> list[dict]:
 
 
 def test_eval_with_a_served_judge_end_to_end(tiny_models, ray_cluster, served_judge, tmp_path):
-    from rose_ray.evaluate import EvalConfig, run_eval
+    from rose_ray.evaluate import EvalJob, run_eval
 
     proc, url = served_judge
     ids = tmp_path / "easy.json"
     ids.write_text(json.dumps([CHEMISTRY.item_id, ARCHAEOLOGY.item_id]))
     # Sampled: the greedy untrained student answers the report question with its end-of-turn token.
-    cfg = EvalConfig(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=None,
+    cfg = EvalJob(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=None,
                      max_turns=2, max_new_tokens=16, temperature=1.0, seed=1, concurrency=2, context_tokens=2048,
                      out=str(tmp_path / "dw"), judge=f"openai:{url}", judge_model=NAME, judge_max_new_tokens=24)
     result = run_eval(cfg)
@@ -322,7 +322,7 @@ def test_eval_with_a_served_judge_end_to_end(tiny_models, ray_cluster, served_ju
     with pytest.raises(JudgeUnavailable, match="cannot reach"):
         check_judge(judge)
     with pytest.raises(JudgeUnavailable, match="cannot reach"):
-        run_eval(EvalConfig(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=None,
+        run_eval(EvalJob(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=None,
                             max_turns=2, out=str(tmp_path / "gone"), judge=f"openai:{url}"))
     assert not list(tmp_path.glob("gone*"))
 

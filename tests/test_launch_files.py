@@ -30,8 +30,7 @@ def test_seed_configs_load_with_the_seed_setup(name):
     assert cfg.rollout.student_sampling.temperature == 1.0
     assert cfg.rollout.student_sampling.max_new_tokens == cfg.rollout.teacher_sampling.max_new_tokens == 512
     assert cfg.student_engine.context_tokens == cfg.teacher_engine.context_tokens == 16384
-    assert (cfg.algorithm, cfg.learner.algorithm) == {"rose": ("rose", "rose"), "opd": ("opd", "opd"),
-                                                      "sft": ("teacher_sft", "sft")}[name]
+    assert cfg.algorithm == {"rose": "rose", "opd": "opd", "sft": "teacher_sft"}[name]
     # Student, teacher and learner on separate GPU sets.
     gpus = [d for d in demands(cfg) if d.per_replica.get("GPU")]
     assert sorted(d.group for d in gpus) == ["learner", "student", "teacher"]

@@ -9,8 +9,11 @@ import torch
 
 from rose_ray.chat import ChatFormat
 from rose_ray.data import row_to_trajectory
-from rose_ray.learner.batching import render
 from rose_ray.learner.learner import LearnerConfig, LearnerGroup
+from rose_ray.tokens import TokenWeights, make_batch, render
+
+# rose with λ = 0.5: cross entropy on the teacher's tokens, OPD on the student's (both terms)
+WEIGHTS = TokenWeights(ce={"teacher": 1.0}, opd={"student": 0.5})
 
 
 def conversations(n: int) -> list[dict]:
@@ -49,7 +52,7 @@ def sequences(tiny_models):
 
 
 def config(model, **kw) -> LearnerConfig:
-    base = dict(model=str(model), algorithm="rose", lam=0.5, lr=3e-3, threads=1, max_tokens=256,
+    base = dict(model=str(model), lr=3e-3, threads=1, max_tokens=256,
                 grad_accum=2, grad_clip=1.0, seed=0)
     return LearnerConfig(**{**base, **kw})
 
@@ -68,13 +71,13 @@ def test_config_errors_name_the_key():
         LearnerConfig(model="m", schedule="cosine", warmup_steps=10, total_steps=5)
     with pytest.raises(ValueError, match="learner.lam"):
         LearnerConfig(model="m", lam=-0.1)
-    with pytest.raises(ValueError, match="learner.algorithm"):
-        LearnerConfig(model="m", algorithm="dpo")
+    with pytest.raises(ValueError, match="learner.clip_eps"):
+        LearnerConfig(model="m", clip_eps=1.5)
 
 
 def test_zero_stages_and_ranks_agree(group, tiny_models, sequences):
     single = LearnerGroup(config(tiny_models["student"], ranks=1))
-    batch = group.make_batch(sequences)
+    batch = make_batch(sequences, WEIGHTS, 256)
     results = {}
     try:
         for stage in (0, 2, 3):
@@ -94,7 +97,7 @@ def test_zero_stages_and_ranks_agree(group, tiny_models, sequences):
 
 def test_resume_is_exact(group, tmp_path, sequences):
     group.setup(zero_stage=3, schedule="cosine", warmup_steps=1, total_steps=4)
-    batches = [group.make_batch(sequences[:3]), group.make_batch(sequences[3:])]
+    batches = [make_batch(sequences[:3], WEIGHTS, 256), make_batch(sequences[3:], WEIGHTS, 256)]
     probe = np.array([sequences[0].input_ids[:24]])
     group.train_step(batches[0])
     tag = group.save_checkpoint(tmp_path)
@@ -114,7 +117,7 @@ def test_export_loads_in_transformers(group, tmp_path, sequences):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     group.setup(zero_stage=3)
-    group.train_step(group.make_batch(sequences))
+    group.train_step(make_batch(sequences, WEIGHTS, 256))
     info = group.export(tmp_path / "hf")
     assert info["dtype"] == "float32" and (tmp_path / "hf" / "model.safetensors").is_file()
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
@@ -138,7 +141,7 @@ def test_published_weights_reach_an_engine(group, tiny_models, sequences):
     try:
         group.setup(zero_stage=2)
         for _ in range(3):
-            group.train_step(group.make_batch(sequences))
+            group.train_step(make_batch(sequences, WEIGHTS, 256))
         prompt = sequences[0].input_ids[:30]
         completion = sequences[0].input_ids[30:40]
         before = ray.get(engine.score.remote(prompt, completion))

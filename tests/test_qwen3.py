@@ -89,14 +89,14 @@ def test_actions_are_parsed_outside_the_think_block():
 
 async def _one_episode(tiny_qwen3, student_tokens: int):
     from rose_ray.envs.catalogue import Catalogue
-    from rose_ray.rollout.episode import EnvSlot, EpisodeConfig, HandoffConfig, run_episode
-    from rose_ray.rollout.workers import (
+    from rose_ray.rollout.actors import (
         EnvConfig,
         close_pools,
         start_agents,
         start_env_pools,
         stop_agents,
     )
+    from rose_ray.rollout.episode import EnvSlot, EpisodeConfig, HandoffConfig, run_episode
     from rose_ray.types import SamplingParams
 
     pools = start_env_pools(EnvConfig(games_per_worker=1, cpus_per_worker=0.25), max_turns=4)
@@ -124,8 +124,8 @@ def test_the_learner_trains_on_the_ids_the_engines_sampled(tiny_qwen3, ray_clust
     the learner's trained positions are the teacher's ids, and no appended end-of-turn id."""
     from rose_ray.inference.engine import GenerationRequest
     from rose_ray.inference.hf import HFEngine
-    from rose_ray.learner.batching import make_batch
-    from rose_ray.learner.batching import render as render_seq
+    from rose_ray.tokens import TokenWeights, make_batch
+    from rose_ray.tokens import render as render_seq
     from rose_ray.types import SamplingParams
 
     traj = asyncio.run(_one_episode(tiny_qwen3, student_tokens=6))
@@ -152,9 +152,10 @@ def test_the_learner_trains_on_the_ids_the_engines_sampled(tiny_qwen3, ray_clust
             assert len(turn.logprobs) == len(sampled) and turn.token_ids[-1] == eos
 
     seq = render_seq(traj)
-    assert seq.input_ids == [i for t in traj.turns for i in t.token_ids]
-    batch = make_batch([seq], {"teacher": 1.0, "student": 1.0}, max_tokens=len(seq))
-    trained = [int(i) for i, w in zip(batch.input_ids[0], batch.loss_weights[0]) if w > 0]
+    last = traj.turns.index(replies[-1])  # what follows the last reply predicts nothing
+    assert seq.input_ids == [i for t in traj.turns[: last + 1] for i in t.token_ids]
+    batch = make_batch([seq], TokenWeights(ce={"teacher": 1.0, "student": 1.0}), max_tokens=len(seq))
+    trained = [int(i) for i, w in zip(batch.input_ids[0], batch.ce_weights[0]) if w > 0]
     expected = [i for t in replies for i in (t.token_ids[:-1] if t.truncated else t.token_ids)]
     assert trained == expected
 
@@ -186,7 +187,7 @@ def test_online_rose_and_opd_run_on_qwen3_like_models(q3_overrides, ray_cluster,
     assert any(m.get("rollout/truncated_rate", 0) > 0 for m in scalars)
 
     opd = train(None, q3_overrides + [f"run_dir={tmp_path}/opd", "steps=2", "algorithm=opd",
-                                      "learner.algorithm=opd", "mode=sync", "eval.before=false",
+                                      "mode=sync", "eval.before=false",
                                       "eval.after=false", "eval.teacher=false"])
     assert opd["steps"] == 2
     steps = [m for m in read_rows(tmp_path / "opd" / "metrics.jsonl") if "learner/loss" in m]

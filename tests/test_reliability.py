@@ -26,8 +26,7 @@ from rose_ray.config import load_config
 from rose_ray.inference.engine import EngineConfig
 from rose_ray.inference.openai import OpenAIEngine, OpenAIServerError, OpenAIServerGone
 from rose_ray.reliability import RoleFailed, Stalled, Watchdog
-from rose_ray.rollout.ledger import EpisodeLedger
-from rose_ray.rollout.workers import GameSampler
+from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
 from rose_ray.train import Trainer, train
 from rose_ray.types import GameId
 
@@ -268,8 +267,8 @@ def test_the_openai_client_waits_out_a_rate_limit():
 # --------------------------------------------------------------------------- engines alone
 def test_the_supervisor_replaces_a_killed_engine_then_gives_up_past_max_restarts(tiny_models, ray_cluster):
     from rose_ray.inference.engine import GenerationRequest
+    from rose_ray.rollout.actors import start_agents, stop_agents
     from rose_ray.rollout.supervisor import EngineSupervisor
-    from rose_ray.rollout.workers import start_agents, stop_agents
     from rose_ray.types import SamplingParams
 
     config = EngineConfig(model=str(tiny_models["student"]), dtype="float32", threads=1, context_tokens=512)

@@ -8,7 +8,7 @@ import pytest
 
 from rose_ray.rollout.buffer import TrajectoryBuffer
 from rose_ray.rollout.episode import HandoffConfig, decay_takes_over
-from rose_ray.rollout.workers import GameSampler
+from rose_ray.rollout.ledger import GameSampler
 from rose_ray.types import GameId, Trajectory
 
 

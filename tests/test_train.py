@@ -152,11 +152,11 @@ def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_no_jvm_left(tiny_models, tmp
     assert not (_jvm_pids() & during)
 
 
-@pytest.mark.parametrize("algorithm, learner_algorithm", [("opd", "opd"), ("teacher_sft", "sft")])
-def test_other_algorithms_run(tiny_models, ray_cluster, tmp_path, algorithm, learner_algorithm):
+@pytest.mark.parametrize("algorithm", ["opd", "teacher_sft"])
+def test_other_algorithms_run(tiny_models, ray_cluster, tmp_path, algorithm):
     run_dir = tmp_path / "run"
     summary = train(None, overrides(tiny_models, run_dir, steps=1) + [
-        f"algorithm={algorithm}", f"learner.algorithm={learner_algorithm}", "eval.before=false",
+        f"algorithm={algorithm}", "eval.before=false",
         "eval.after=false", "eval.teacher=false", "mode=sync"])
     assert summary["steps"] == 1
     rows = read_jsonl(run_dir / "trajectories.jsonl")
@@ -174,8 +174,13 @@ def test_bad_config_is_rejected_with_the_key_named(tmp_path, capsys):
 
     assert main(["train", f"run_dir={tmp_path}/r", "rollout.nonsense=1"]) == 2
     assert main(["train", f"run_dir={tmp_path}/r", "rollout.max_lag=-1"]) == 2
-    assert main(["train", f"run_dir={tmp_path}/r", "algorithm=opd"]) == 2  # learner.algorithm disagrees
     capsys.readouterr()
+    # The keys this redesign removed are named, with what took their place.
+    assert main(["train", f"run_dir={tmp_path}/r", "learner.algorithm=opd"]) == 2
+    assert "key 'learner.algorithm': removed; set `algorithm` only" in capsys.readouterr().err
+    assert main(["train", f"run_dir={tmp_path}/r", "learner.context_policy=end_episode"]) == 2
+    assert "key 'learner.context_policy': removed; the learner cuts a trajectory where the engine cut it" in (
+        capsys.readouterr().err)
     for bad, key in (("rollout.handoff.p0=1.5", "rollout.handoff.p0"),
                      ("rollout.handoff.decay_steps=0", "rollout.handoff.decay_steps")):
         assert main(["train", f"run_dir={tmp_path}/r", "rollout.handoff.policy=decay", bad]) == 2

@@ -9,7 +9,7 @@ from rose_ray.config import load_config
 from rose_ray.envs.catalogue import Catalogue
 from rose_ray.envs.protocol import parse_action
 from rose_ray.envs.sciworld import SciWorldGame
-from rose_ray.warmup import choose_games, shipped_gold, warmup_cache
+from rose_ray.recipes.warmup import shipped_gold, warmup_cache
 
 
 def test_the_tiny_default_warms_on_the_shipped_demonstrations():
@@ -18,10 +18,13 @@ def test_the_tiny_default_warms_on_the_shipped_demonstrations():
     assert rows is not None and len(rows) == cfg.teacher_warmup.gold_games
     catalogue = Catalogue(cfg.env.mapping)
     games = [catalogue.game(r["item_id"]) for r in rows]
+    # They are the games the warm-up would play now: the catalogue's sample of its settings.
+    w = cfg.teacher_warmup
+    assert games == catalogue.sample(cfg.rollout.split, w.gold_games, w.seed, tasks=cfg.tasks)
     assert {g.task for g in games} == set(cfg.tasks)
     assert {catalogue.split_of(g) for g in games} == {"train"}
     # The held-out games the run evaluates on are never demonstrated.
-    held_out = {g.item_id for g in choose_games(cfg, catalogue, cfg.eval.split, cfg.eval.n, cfg.eval.seed)}
+    held_out = {g.item_id for g in catalogue.sample(cfg.eval.split, cfg.eval.n, cfg.eval.seed, tasks=cfg.tasks)}
     assert len(held_out) == cfg.eval.n >= 16 and not held_out & {g.item_id for g in games}
     # Every demonstration opens with the instruction the run uses, and acts within the cut.
     opening = cfg.env.protocol().opening()
@@ -70,7 +73,7 @@ def test_the_warm_up_cache_key_names_what_the_teacher_depends_on(tmp_path):
 def test_the_warm_up_trains_on_the_shipped_rows_and_is_cached(tmp_path, ray_cluster):
     """A one-step warm-up (all 128 shipped rows in one batch, cut to 1,024 tokens, which is not
     part of the gold key) through resolve_models, then the cache: no second warm-up."""
-    from rose_ray.warmup import resolve_models
+    from rose_ray.recipes.warmup import resolve_models
 
     short = ["teacher_warmup.epochs=1", "teacher_warmup.batch_episodes=128", "learner.max_tokens=1024"]
     cfg = load_config(None, [f"tiny_dir={tmp_path}", *short])
@@ -86,8 +89,8 @@ def test_the_warm_up_sft_is_the_same_teacher_twice(tmp_path, ray_cluster, tiny_m
     """The warm-up's SFT, seeded, run twice on 8 shipped rows: the same weights digest (what
     makes the tiny teacher the same on every machine)."""
     from rose_ray.data import write_jsonl
-    from rose_ray.learner.sft import train_sft
-    from rose_ray.warmup import weights_digest
+    from rose_ray.recipes.sft import train_sft
+    from rose_ray.recipes.warmup import weights_digest
 
     cfg = load_config(None, [f"tiny_dir={tmp_path}"])
     rows = shipped_gold(warmup_cache(cfg, "t")[0])[:8]

@@ -1,15 +1,16 @@
 """The learner: a Ray actor group of DeepSpeed ranks, driven by one `LearnerGroup`.
 
-    group = LearnerGroup(LearnerConfig(model=path, algorithm="rose", ranks=2, zero_stage=2))
-    batch = group.make_batch([render(traj, fmt, group.config.max_tokens) for traj in trajs])
-    metrics = group.train_step(batch)          # one optimizer step; policy version + 1
+    group = LearnerGroup(LearnerConfig(model=path, ranks=2, zero_stage=2))
+    metrics = group.train_step(batch)          # a packed Batch (rose_ray/tokens.py); version + 1
     group.save_checkpoint(dir); group.load_checkpoint(dir)   # exact resume
     group.export(out_dir)                      # Hugging Face folder
     group.publish_weights(engine_actors)       # new weights + version to the student engines
     group.restart()                            # new ranks on the same placement, after a rank's loss
 
-The group never branches on the algorithm: the algorithm gives per-owner token weights (used
-by make_batch) and a loss (run on each rank).
+The learner sees tokens only: a `Batch` carries each token's weight in the cross-entropy and
+the OPD term, chosen by the recipe (rose_ray/recipes/), and the learner's one loss
+(`losses.py`) multiplies. It never branches on an algorithm and imports nothing from
+inference, rollout, envs or the data modules.
 
 A rank that dies fails the call at once (the others are not waited on: they may be stuck in a
 collective with it) with `LearnerLost` naming the rank; a failure with every rank alive is
@@ -28,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from rose_ray.learner.batching import Sequence, make_batch, split_batch
-from rose_ray.learner.losses import ALGORITHMS, Algorithm, make_algorithm
+from rose_ray.learner.batching import split_batch
+from rose_ray.learner.losses import denominators
 from rose_ray.learner.worker import SUMMED, LearnerWorker
 from rose_ray.types import OWNERS, Batch
 
@@ -37,16 +38,15 @@ SCHEDULES = ("constant", "linear", "cosine")
 LEARNER_DTYPES = ("float32", "bfloat16")
 EXPORT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 BACKENDS = ("auto", "gloo", "nccl")
-CONTEXT_POLICIES = ("drop_oldest", "end_episode")
 
 
 @dataclass
 class LearnerConfig:
     model: str = ""
-    algorithm: str = "rose"
+    # Read by the recipes (rose_ray/recipes/), which turn them into token weights:
     lam: float = 0.0  # rose: weight of OPD on student tokens
-    clip_eps: float = 0.2  # opd / rose: importance-ratio clip
-    sft_owners: list[str] = field(default_factory=lambda: ["student", "teacher"])
+    sft_owners: list[str] = field(default_factory=lambda: ["student", "teacher"])  # sft: owners to imitate
+    clip_eps: float = 0.2  # the OPD term's importance-ratio clip
     ranks: int = 1
     zero_stage: int = 0
     dtype: str = "float32"
@@ -61,8 +61,7 @@ class LearnerConfig:
     min_lr_ratio: float = 0.0
     grad_accum: int = 1
     grad_clip: float = 1.0  # 0 disables
-    max_tokens: int = 4096  # per packed row, and the context a trajectory is cut to
-    context_policy: str = "drop_oldest"
+    max_tokens: int = 4096  # tokens per packed row: at least the student engine's context
     seed: int = 0
     threads: int = 1  # torch threads per rank
     cpus_per_rank: float = 1.0
@@ -78,7 +77,6 @@ class LearnerConfig:
                 raise ValueError(f"learner.{key}: {msg}, got {getattr(self, key)!r}")
 
         need(isinstance(self.model, str) and bool(self.model), "model", "a model path or name is required")
-        need(self.algorithm in ALGORITHMS, "algorithm", f"must be one of {sorted(ALGORITHMS)}")
         need(self.ranks >= 1, "ranks", "must be >= 1")
         need(self.zero_stage in (0, 1, 2, 3), "zero_stage", "must be 0, 1, 2 or 3")
         need(self.dtype in LEARNER_DTYPES, "dtype", f"must be one of {LEARNER_DTYPES}")
@@ -95,7 +93,6 @@ class LearnerConfig:
         need(self.grad_accum >= 1, "grad_accum", "must be >= 1")
         need(self.grad_clip >= 0, "grad_clip", "must be >= 0")
         need(self.max_tokens >= 2, "max_tokens", "must be >= 2")
-        need(self.context_policy in CONTEXT_POLICIES, "context_policy", f"must be one of {CONTEXT_POLICIES}")
         need(self.threads >= 1, "threads", "must be >= 1")
         need(self.cpus_per_rank > 0, "cpus_per_rank", "must be > 0")
         need(self.gpus_per_rank >= 0, "gpus_per_rank", "must be >= 0")
@@ -104,18 +101,8 @@ class LearnerConfig:
         need(self.initial_version >= 0, "initial_version", "must be >= 0")
         bad = [o for o in self.sft_owners if o not in OWNERS]
         need(bool(self.sft_owners) and not bad, "sft_owners", f"must be a non-empty subset of {OWNERS}")
-        self.make_algorithm()  # algorithm parameters (lam, clip_eps) fail here, by key
-
-    def make_algorithm(self) -> Algorithm:
-        params = {
-            "sft": {"owners": tuple(self.sft_owners)},
-            "opd": {"clip_eps": self.clip_eps},
-            "rose": {"lam": self.lam, "clip_eps": self.clip_eps},
-        }.get(self.algorithm, {})
-        try:
-            return make_algorithm(self.algorithm, **params)
-        except ValueError as e:
-            raise ValueError(f"learner.{e}") from None
+        need(self.lam >= 0, "lam", "must be >= 0")
+        need(0.0 < self.clip_eps < 1.0, "clip_eps", "must be in (0, 1)")
 
 
 class LearnerLost(RuntimeError):
@@ -128,7 +115,6 @@ class LearnerGroup:
     def __init__(self, config: LearnerConfig,
                  worker_options: Callable[[int], dict[str, Any]] | None = None) -> None:
         self.config = config
-        self.algorithm = config.make_algorithm()
         self.step = 0
         self.version = config.initial_version
         self.worker_options = worker_options  # (rank) -> scheduling options, e.g. a placement-group bundle
@@ -203,17 +189,12 @@ class LearnerGroup:
             if overrides.get("ranks", self.config.ranks) != self.config.ranks:
                 raise ValueError("learner.ranks: a group cannot change its size; make a new group")
             self.config = LearnerConfig(**{**asdict(self.config), **overrides})
-            self.algorithm = self.config.make_algorithm()
         self.step, self.version = 0, self.config.initial_version
-        return self._all("setup", self.config, self.algorithm)[0]
-
-    def make_batch(self, seqs: list[Sequence], pad_id: int = 0) -> Batch:
-        """Pack rendered sequences with this algorithm's per-owner token weights."""
-        return make_batch(seqs, self.algorithm.owner_weights, self.config.max_tokens, pad_id)
+        return self._all("setup", self.config)[0]
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on a global batch; returns metrics (means over the batch)."""
-        den = self.algorithm.denominators(batch)
+        den = denominators(batch)
         g = self.config.grad_accum
         parts = split_batch(batch, self.config.ranks * g)
         with self._lock:

@@ -1,14 +1,15 @@
-"""Training algorithms as (per-token weights, loss): sft, opd, rose, chosen by name.
+"""The learner's one loss: two weighted terms over the tokens the batch says train.
 
-The learner is algorithm-blind: it computes each target token's logprob under the current
-model and hands it, with the batch's target-aligned fields, to `Algorithm.loss`. A loss is two
-optional terms, each a weighted mean over its own tokens:
+The learner is algorithm-blind: which tokens train, in which term and how much, arrives with
+the batch (`ce_weights`, `opd_weights`; a recipe decides them, rose_ray/recipes/). The
+learner computes each target token's logprob under the current model and this module turns
+it into a loss. Each term is a weighted mean over its own tokens:
 
-    ce  = Σ w·(−logp) / n_ce        over tokens whose owner is in `ce_owners`
-    opd = Σ w·surrogate / n_opd     over tokens whose owner is in `opd_owners`
+    ce  = Σ w_ce·(−logp) / n_ce          over tokens with w_ce > 0
+    opd = Σ w_opd·surrogate / n_opd      over tokens with w_opd > 0
 
 where n counts the term's tokens with w > 0 in the whole global batch (all ranks, all
-micro-batches; `denominators`). Every value a loss returns is a micro-batch's share of a
+micro-batches; `denominators`). Every value `loss` returns is a micro-batch's share of a
 global mean, so the learner sums them across micro-batches and ranks and gets exact means.
 
 OPD surrogate (on-policy distillation): advantage A = −(logp_behaviour − logp_teacher), the
@@ -19,32 +20,11 @@ raises the logprob of tokens the teacher likes more than the student.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rose_ray.types import OWNERS, Batch
-
-ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
-
-
-def register(name: str) -> Callable[[Callable[..., Algorithm]], Callable[..., Algorithm]]:
-    def add(factory: Callable[..., Algorithm]) -> Callable[..., Algorithm]:
-        ALGORITHMS[name] = factory
-        return factory
-
-    return add
-
-
-def make_algorithm(name: str, **params: Any) -> Algorithm:
-    """The algorithm registered under `name`, built with its parameters."""
-    if name not in ALGORITHMS:
-        raise ValueError(f"algorithm: unknown {name!r}; expected one of {sorted(ALGORITHMS)}")
-    return ALGORITHMS[name](**params)
+from rose_ray.types import Batch
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -56,60 +36,36 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return -nll.view(b, length - 1)
 
 
-def _owner_mask(owners: Any, names: tuple[str, ...]) -> Any:
-    idx = [OWNERS.index(n) for n in names]
-    if isinstance(owners, torch.Tensor):
-        return torch.isin(owners.long(), torch.tensor(idx, device=owners.device))
-    return np.isin(owners, idx)
+def denominators(batch: Batch) -> dict[str, float]:
+    """Token counts of each term over the whole (global) batch; checks the OPD inputs."""
+    ce = np.asarray(batch.ce_weights)[:, 1:] > 0
+    opd = np.asarray(batch.opd_weights)[:, 1:] > 0
+    if opd.any() and np.isnan(np.asarray(batch.teacher_logprobs)[:, 1:][opd]).any():
+        raise ValueError("teacher_logprobs are missing for some tokens of the OPD term "
+                         "(score them with the teacher engine)")
+    return {"ce": float(ce.sum()), "opd": float(opd.sum())}
 
 
-@dataclass(frozen=True)
-class Algorithm:
-    name: str
-    owner_weights: dict[str, float]
-    ce_owners: tuple[str, ...] = ()
-    opd_owners: tuple[str, ...] = ()
-    clip_eps: float = 0.2
+def loss(logp: torch.Tensor, t: dict[str, torch.Tensor], den: dict[str, float],
+         clip_eps: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """(this micro-batch's share of the loss, its share of each metric).
 
-    def denominators(self, batch: Batch) -> dict[str, float]:
-        """Token counts of each term over the whole (global) batch; checks OPD inputs."""
-        w = np.asarray(batch.loss_weights)[:, 1:] > 0
-        owners = np.asarray(batch.owners)[:, 1:]
-        out = {}
-        if self.ce_owners:
-            out["ce"] = float((w & _owner_mask(owners, self.ce_owners)).sum())
-        if self.opd_owners:
-            m = w & _owner_mask(owners, self.opd_owners)
-            out["opd"] = float(m.sum())
-            if batch.teacher_logprobs is None or np.isnan(np.asarray(batch.teacher_logprobs)[:, 1:][m]).any():
-                raise ValueError(
-                    f"{self.name}: teacher_logprobs are missing for some trained "
-                    f"{'/'.join(self.opd_owners)} tokens (score them with the teacher engine)"
-                )
-        return out
-
-    def loss(
-        self, logp: torch.Tensor, t: dict[str, torch.Tensor], den: dict[str, float]
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """(this micro-batch's share of the loss, its share of each metric).
-
-        `t` holds target-aligned fields ([B, L-1], i.e. the batch's columns 1..L-1).
-        """
-        total = logp.sum() * 0.0  # keeps a graph when this micro-batch has no trained token
-        metrics: dict[str, float] = {}
-        w = t["loss_weights"]
-        if self.ce_owners and den.get("ce", 0) > 0:
-            m = (w > 0) & _owner_mask(t["owners"], self.ce_owners)
-            ce = torch.where(m, -logp * w, 0.0).sum() / den["ce"]
-            total = total + ce
-            metrics["loss_ce"] = ce.item()
-        if self.opd_owners and den.get("opd", 0) > 0:
-            m = (w > 0) & _owner_mask(t["owners"], self.opd_owners)
-            term, extra = opd_surrogate(logp, m, w, t["old_logprobs"], t["teacher_logprobs"], self.clip_eps)
-            total = total + term / den["opd"]
-            metrics["loss_opd"] = term.item() / den["opd"]
-            metrics.update({k: v / den["opd"] for k, v in extra.items()})
-        return total, metrics
+    `t` holds target-aligned fields ([B, L-1], i.e. the batch's columns 1..L-1).
+    """
+    total = logp.sum() * 0.0  # keeps a graph when this micro-batch has no trained token
+    metrics: dict[str, float] = {}
+    if den.get("ce", 0) > 0:
+        w = t["ce_weights"]
+        ce = torch.where(w > 0, -logp * w, 0.0).sum() / den["ce"]
+        total = total + ce
+        metrics["loss_ce"] = ce.item()
+    if den.get("opd", 0) > 0:
+        w = t["opd_weights"]
+        term, extra = opd_surrogate(logp, w > 0, w, t["old_logprobs"], t["teacher_logprobs"], clip_eps)
+        total = total + term / den["opd"]
+        metrics["loss_opd"] = term.item() / den["opd"]
+        metrics.update({k: v / den["opd"] for k, v in extra.items()})
+    return total, metrics
 
 
 def opd_surrogate(
@@ -136,44 +92,3 @@ def opd_surrogate(
         "opd_clip_frac": float((mask & ((r - 1.0).abs() > clip_eps)).sum()),
     }
     return term, extra
-
-
-def _check_owners(key: str, owners: tuple[str, ...]) -> tuple[str, ...]:
-    owners = tuple(owners)
-    if not owners or any(o not in OWNERS for o in owners):
-        raise ValueError(f"{key}: expected a non-empty subset of {OWNERS}, got {owners!r}")
-    return owners
-
-
-def _check_clip(clip_eps: float) -> float:
-    if not 0.0 < clip_eps < 1.0:
-        raise ValueError(f"clip_eps: must be in (0, 1), got {clip_eps!r}")
-    return float(clip_eps)
-
-
-@register("sft")
-def sft(owners: tuple[str, ...] = ("student", "teacher")) -> Algorithm:
-    """Cross entropy on the chosen owners' tokens."""
-    owners = _check_owners("sft_owners", owners)
-    return Algorithm("sft", {o: 1.0 for o in owners}, ce_owners=owners)
-
-
-@register("opd")
-def opd(clip_eps: float = 0.2) -> Algorithm:
-    """On-policy distillation on student tokens."""
-    return Algorithm("opd", {"student": 1.0}, opd_owners=("student",), clip_eps=_check_clip(clip_eps))
-
-
-@register("rose")
-def rose(lam: float = 0.0, clip_eps: float = 0.2) -> Algorithm:
-    """Cross entropy on teacher tokens + λ·OPD on student tokens (λ = 0: student tokens are
-    context only)."""
-    if lam < 0:
-        raise ValueError(f"lam: must be >= 0, got {lam!r}")
-    weights = {"teacher": 1.0}
-    if lam > 0:
-        weights["student"] = float(lam)
-    return Algorithm(
-        "rose", weights, ce_owners=("teacher",), opd_owners=("student",) if lam > 0 else (),
-        clip_eps=_check_clip(clip_eps),
-    )

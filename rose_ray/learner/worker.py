@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from rose_ray.learner.losses import Algorithm, token_logprobs
+from rose_ray.learner.losses import loss as batch_loss
+from rose_ray.learner.losses import token_logprobs
 
 SUMMED = "sum/"  # prefix of metrics that are shares of a global value (the driver adds them)
 
@@ -130,14 +131,14 @@ class LearnerWorker:
             rank=self.rank, world_size=self.world_size,
         )
 
-    def setup(self, cfg: Any, algorithm: Algorithm) -> dict[str, Any]:
+    def setup(self, cfg: Any) -> dict[str, Any]:
         """(Re)build model, optimizer, scheduler and engine from `cfg.model`."""
         import deepspeed
         import torch
         from transformers import AutoModelForCausalLM
 
         self.engine = None
-        self.cfg, self.algorithm = cfg, algorithm
+        self.cfg = cfg
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -195,7 +196,7 @@ class LearnerWorker:
             t = self._tensors(part)
             logp = token_logprobs(self._logits(t), t["input_ids"])
             aligned = {k: v[:, 1:] for k, v in t.items() if k not in ("input_ids", "position_ids")}
-            loss, metrics = self.algorithm.loss(logp, aligned, den)
+            loss, metrics = batch_loss(logp, aligned, den, self.cfg.clip_eps)
             self.engine.backward(loss * (self.world_size * self.cfg.grad_accum))
             if self.engine.is_gradient_accumulation_boundary():
                 own_norm = self._grad_norm()

@@ -121,6 +121,7 @@ class Agent:
     chat: ChatFormat
     name: str = ""
     context_tokens: int = 1 << 30
+    keep_first_turns: int = 1  # the engine's: turns after the opening its context policy never drops
     # spawn(generation): a replacement engine actor, same config, resources and placement
     # (set by start_agents; the run's EngineSupervisor swaps it in when `engine` is lost).
     spawn: Any = None
@@ -189,7 +190,7 @@ async def run_episode(
     invalid = truncated_turns = cut_before_action = 0
     last_action = None
     last = first  # the latest observation: its scores are the episode's
-    done, end_reason, dropped = False, "turn_limit", 0
+    done, end_reason, cut = False, "turn_limit", []
     replayed = 0
     if replay:
         _check_observation(game, 0, replay[0].text, first.observation)
@@ -231,10 +232,13 @@ async def run_episode(
         t0 = time.perf_counter()
         result = await agent.engine.generate.remote(request)
         timing["teacher_s" if teacher_acts else "student_s"] += time.perf_counter() - t0
-        dropped = max(dropped, result.dropped_turns)
         if result.finish_reason == "context":
             end_reason = "context"
             break
+        # What the engine left out of this prompt (drop_oldest drops whole pairs right after
+        # the opening and the turns it keeps): the learner leaves out what the last prompt did.
+        start = 2 + agent.keep_first_turns
+        cut = list(range(start, start + result.dropped_turns))
 
         owner = "teacher" if teacher_acts else "student"
         truncated = result.finish_reason == "length"  # its end-of-turn id is appended below
@@ -303,10 +307,9 @@ async def run_episode(
         rounds=rounds,
         handoff_turn=handoff_turn,
         student_version=min(versions) if versions else None,
-        teacher_id=teacher.name if teacher is not None and handoff_turn is not None else None,
         done=done,
         end_reason=end_reason,
-        context_dropped_turns=dropped,
+        context_cut=cut,
         invalid_actions=int(invalid),
         truncated_turns=int(truncated_turns),
         cut_before_action=int(cut_before_action),

@@ -1,4 +1,5 @@
-"""Every sampled game's one outcome, in `<run_dir>/episodes.jsonl`.
+"""The game order (`GameSampler`) and every sampled game's one outcome, in
+`<run_dir>/episodes.jsonl`.
 
 Each game drawn from the sampler is episode `e<n>` (n = 0, 1, 2, ... over the whole run,
 resumes included). It gets exactly one outcome record: `trained` (with the learner step),
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from collections import Counter, deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +27,37 @@ from typing import Any
 from rose_ray.types import GameId
 
 OUTCOMES = ("trained", "dropped_stale", "failed", "in_flight")
+
+
+class GameSampler:
+    """Games of a split, shuffled with a seed, epoch after epoch; its state can be saved."""
+
+    def __init__(self, games: list[GameId], seed: int = 0) -> None:
+        if not games:
+            raise ValueError("the game split is empty")
+        self.games, self.seed = list(games), seed
+        self.epoch, self.position = 0, 0
+        self._order = self._shuffle(0)
+
+    def _shuffle(self, epoch: int) -> list[GameId]:
+        order = list(self.games)
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def next(self) -> GameId:
+        if self.position >= len(self._order):
+            self.epoch, self.position = self.epoch + 1, 0
+            self._order = self._shuffle(self.epoch)
+        game = self._order[self.position]
+        self.position += 1
+        return game
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state(self, state: dict[str, int]) -> None:
+        self.seed, self.epoch, self.position = state["seed"], state["epoch"], state["position"]
+        self._order = self._shuffle(self.epoch)
 
 
 @dataclass

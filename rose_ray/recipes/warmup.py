@@ -1,6 +1,8 @@
 """Models before training: tiny local models built on first use, and the teacher warm-up (SFT
 of a tiny teacher on gold demonstrations, so that it is honestly better than the student),
 cached by its settings.
+
+    python -m rose_ray.recipes.warmup     # rewrite the shipped demonstrations of the tiny default
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def warm_teacher(cfg: TrainConfig, teacher: str) -> str:
     settings give the same teacher: its weights' digest is printed and cached with it.
     """
     from rose_ray.data import write_jsonl
-    from rose_ray.learner.sft import train_sft
+    from rose_ray.recipes.sft import train_sft
 
     w = cfg.teacher_warmup
     key, out = warmup_cache(cfg, teacher)
@@ -89,7 +91,7 @@ def play_gold(cfg: TrainConfig) -> list[dict[str, Any]]:
 
     w = cfg.teacher_warmup
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
-    games = choose_games(cfg, catalogue, cfg.rollout.split, w.gold_games, w.seed)
+    games = catalogue.sample(cfg.rollout.split, w.gold_games, w.seed, tasks=cfg.tasks)
     rows, _ = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False, protocol=cfg.env.protocol())
     return rows
 
@@ -152,34 +154,8 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def choose_games(cfg: TrainConfig, catalogue, split: str, n: int | None, seed: int):
-    """The games of a split (of `cfg.tasks` only, when set); `n` of them, stratified by task."""
-    games = catalogue.split(split)
-    if cfg.tasks:
-        unknown = set(cfg.tasks) - set(catalogue.task_names())
-        if unknown:
-            raise ValueError(f"tasks: unknown task(s) {sorted(unknown)} in {catalogue.world} "
-                             f"(mapping {catalogue.mapping!r}); `rose-ray games --world {catalogue.world}` lists them")
-        games = [g for g in games if g.task in cfg.tasks]
-    if n is None or n >= len(games):
-        return games
-    import random
-
-    by_task: dict[str, list] = {}
-    for g in games:
-        by_task.setdefault(g.task, []).append(g)
-    rng = random.Random(seed)  # round-robin over tasks keeps the sample stratified
-    pools = {t: rng.sample(gs, len(gs)) for t, gs in sorted(by_task.items())}
-    chosen: list = []
-    while len(chosen) < n:
-        for t in pools:
-            if pools[t] and len(chosen) < n:
-                chosen.append(pools[t].pop())
-    return sorted(chosen, key=lambda g: g.index)
-
-
-if __name__ == "__main__":  # python -m rose_ray.warmup: rewrite the shipped demonstrations
+if __name__ == "__main__":  # python -m rose_ray.recipes.warmup: rewrite the shipped demonstrations
     from rose_ray.config import load_config
 
-    here = Path(__file__).parent / "envs" / "data"
+    here = Path(__file__).parent.parent / "envs" / "data"
     print(f"wrote {write_shipped_gold(load_config(None), here)}")

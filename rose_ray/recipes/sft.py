@@ -1,9 +1,10 @@
 """Offline SFT: `rose-ray sft --data FILE.jsonl --model M --out DIR`.
 
-Rows in the AgentGym conversation schema are rendered through the student's chat template
-and trained with the same DeepSpeed learner group the online loop uses (algorithm "sft":
-cross entropy on the chosen owners' tokens). The result is a Hugging Face folder in DIR, with
-the per-step log in DIR/sft_log.jsonl.
+Rows (the dataset card's schema or AgentGym's) are rendered through the student's chat
+template and trained with the same DeepSpeed learner group the online loop uses: cross
+entropy on the chosen owners' tokens (`teacher_sft.imitate`). No engine played these rows, so
+a row longer than `max_tokens` is cut here, as an engine's drop_oldest policy would cut it.
+The result is a Hugging Face folder in DIR, with the per-step log in DIR/sft_log.jsonl.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ def train_sft(
 
     from rose_ray.chat import ChatFormat
     from rose_ray.data import read_jsonl, row_to_trajectory
-    from rose_ray.learner.batching import render
     from rose_ray.learner.learner import LearnerConfig, LearnerGroup
     from rose_ray.models import load_tokenizer
+    from rose_ray.recipes.teacher_sft import imitate
+    from rose_ray.tokens import make_batch, render
 
     if epochs < 1:
         raise ValueError(f"sft.epochs: must be >= 1, got {epochs!r}")
@@ -43,10 +45,17 @@ def train_sft(
     steps = epochs * math.ceil(len(rows) / batch_size)
     if learner.get("schedule", "constant") != "constant":
         learner.setdefault("total_steps", steps)
-    config = LearnerConfig(model=str(model), algorithm="sft", **learner)
+    config = LearnerConfig(model=str(model), **learner)
+    weights = imitate(config.sft_owners)
     tokenizer = load_tokenizer(model)
     fmt = ChatFormat(tokenizer)
-    seqs = [render(row_to_trajectory(r), fmt, config.max_tokens, config.context_policy) for r in rows]
+    seqs = []
+    for n, row in enumerate(rows, 1):
+        turns = row_to_trajectory(row).turns
+        try:
+            seqs.append(render(turns, fmt, cut=row_cut(turns, fmt, config.max_tokens)))
+        except ValueError as e:
+            raise ValueError(f"{data}:{n}: {e}") from None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else fmt.eos_id
 
     started_ray = not ray.is_initialized()
@@ -64,7 +73,7 @@ def train_sft(
             order = list(range(len(seqs)))
             rng.shuffle(order)
             for at in range(0, len(order), batch_size):
-                batch = group.make_batch([seqs[i] for i in order[at : at + batch_size]], pad_id)
+                batch = make_batch([seqs[i] for i in order[at : at + batch_size]], weights, config.max_tokens, pad_id)
                 metrics = group.train_step(batch)
                 metrics["epoch"] = float(epoch)
                 history.append(metrics)
@@ -80,6 +89,31 @@ def train_sft(
         for m in history:
             f.write(json.dumps(m) + "\n")
     return {"rows": len(rows), "steps": len(history), "history": history, "export": exported}
+
+
+def row_cut(turns: list[Any], fmt: Any, max_tokens: int) -> list[int]:
+    """The turns to leave out so that a row fits `max_tokens`: the oldest action/observation
+    pairs (drop_oldest, as an engine would have), else everything after the longest prefix
+    that fits. A row that cannot keep a trained turn is refused."""
+    from dataclasses import replace
+
+    from rose_ray.inference.engine import ContextExceeded, fit_context
+    from rose_ray.tokens import turn_ids
+
+    work = [replace(t, token_ids=ids) for t, ids in zip(turns, turn_ids(turns, fmt))]
+    try:
+        kept, _ = fit_context(work, max_tokens, "drop_oldest")
+    except ContextExceeded:
+        kept, total = [], 0
+        for t in work:
+            if total + len(t.token_ids) > max_tokens:
+                break
+            kept.append(t)
+            total += len(t.token_ids)
+    if not any(t.role == "assistant" and t.owner != "prompt" for t in kept):
+        raise ValueError(f"the row cannot be cut to max_tokens={max_tokens} and keep a trained turn")
+    kept_ids = {id(t) for t in kept}
+    return [i for i, t in enumerate(work) if id(t) not in kept_ids]
 
 
 def cli_main(args: Any) -> int:

@@ -1,4 +1,5 @@
-"""Batching: ids exactly as the engine/template saw them, owners, packing, truncation."""
+"""Trajectories to tokens (rose_ray/tokens.py): ids exactly as the engine/template saw them,
+owners, the recipes' token weights, the engine's cut, packing."""
 
 from __future__ import annotations
 
@@ -9,19 +10,24 @@ import pytest
 import torch
 
 from rose_ray.chat import ChatFormat
+from rose_ray.config import load_config
 from rose_ray.data import row_to_trajectory
-from rose_ray.learner.batching import (
-    loss_turns,
-    make_batch,
-    pack,
-    position_ids,
-    render,
-    split_batch,
-)
-from rose_ray.learner.losses import make_algorithm
+from rose_ray.learner.batching import position_ids, split_batch
+from rose_ray.recipes import get_recipe
+from rose_ray.recipes.sft import row_cut
+from rose_ray.tokens import TokenWeights, loss_turns, make_batch, pack, render
 from rose_ray.types import OWNERS, GameId, Trajectory, Turn
 
 EOS = 99
+
+
+def weights_of(algorithm: str, *overrides: str) -> TokenWeights:
+    """The token weights of a recipe, under the tiny default config with these overrides."""
+    return get_recipe(algorithm).token_weights(load_config(None, [f"algorithm={algorithm}", *overrides]))
+
+
+def trained(batch) -> np.ndarray:
+    return (batch.ce_weights[0] > 0) | (batch.opd_weights[0] > 0)
 
 
 def hand_trajectory() -> Trajectory:
@@ -38,40 +44,48 @@ def hand_trajectory() -> Trajectory:
 
 
 def test_tokens_in_tokens_out():
-    seq = render(hand_trajectory(), teacher_logprobs=[None, None, None, [-1.0, -2.0, -3.0], None, None])
+    traj = hand_trajectory()
+    traj.turns[3].teacher_logprobs = [-1.0, -2.0]  # scored: the sampled ids; the appended eos is NaN
+    seq = render(traj)
     assert seq.input_ids == [1, 2, 3, 4, 5, 6, 7, EOS, 8, 9, 10, EOS]
     names = [OWNERS[o] for o in seq.owners]
     assert names == ["prompt"] * 3 + ["env"] * 2 + ["student"] * 3 + ["env"] + ["teacher"] * 3
     # the appended eos of the student turn was not sampled: no old logprob, no version
     assert seq.old_logprobs[5:7] == [-0.1, -0.2] and math.isnan(seq.old_logprobs[7])
     assert seq.versions == [-1] * 5 + [3, 3, -1] + [-1] * 4
-    assert seq.teacher_logprobs[5:8] == [-1.0, -2.0, -3.0]
+    assert seq.teacher_logprobs[5:7] == [-1.0, -2.0] and math.isnan(seq.teacher_logprobs[7])
 
 
-@pytest.mark.parametrize("algo", ["rose", "opd", "sft"])
+@pytest.mark.parametrize("algo", ["rose", "opd", "teacher_sft"])
 def test_the_end_of_turn_appended_to_a_cut_reply_carries_no_loss(algo):
     """A reply cut at max_new_tokens: its sampled ids train, the closing id it never produced does not."""
     traj = hand_trajectory()
     for t in traj.turns[3], traj.turns[5]:
         t.truncated = True
+    traj.turns[3].teacher_logprobs = [-1.0, -2.0, -3.0]
     seq = render(traj)
-    batch = make_batch([seq], make_algorithm(algo).owner_weights, max_tokens=64)
-    weights = dict(zip(range(len(seq)), batch.loss_weights[0]))
+    weights = weights_of(algo)
+    flags = trained(make_batch([seq], weights, max_tokens=64))
     trained_turn = [5, 6, 7] if algo == "opd" else [9, 10, 11]
-    assert [weights[i] > 0 for i in trained_turn] == [True, True, False]
+    assert [bool(flags[i]) for i in trained_turn] == [True, True, False]
     traj.turns[5].truncated = traj.turns[3].truncated = False  # finished replies: their eos trains
-    batch = make_batch([render(traj)], make_algorithm(algo).owner_weights, max_tokens=64)
-    assert all(batch.loss_weights[0][i] > 0 for i in trained_turn)
+    flags = trained(make_batch([render(traj)], weights, max_tokens=64))
+    assert all(flags[i] for i in trained_turn)
 
 
-@pytest.mark.parametrize("algo, owner", [("rose", "teacher"), ("opd", "student")])
-def test_owner_masks(algo, owner):
+@pytest.mark.parametrize("algo, overrides, ce, opd", [
+    ("rose", [], {"teacher"}, set()), ("rose", ["learner.lam=0.5"], {"teacher"}, {"student"}),
+    ("opd", [], set(), {"student"}), ("teacher_sft", [], {"student", "teacher"}, set()),
+])
+def test_each_recipe_decides_which_tokens_train_in_which_term(algo, overrides, ce, opd):
     seq = render(hand_trajectory())
-    batch = make_batch([seq], make_algorithm(algo).owner_weights, max_tokens=64)
-    weighted = {OWNERS[o] for o, w in zip(batch.owners[0], batch.loss_weights[0]) if w > 0}
-    assert weighted == {owner}
-    expected = sum(OWNERS[o] == owner for o in seq.owners)
-    assert int((batch.loss_weights[0] > 0).sum()) == expected
+    batch = make_batch([seq], weights_of(algo, *overrides), max_tokens=64)
+    owners = [OWNERS[o] for o in seq.owners]
+    assert {o for o, w in zip(owners, batch.ce_weights[0]) if w > 0} == ce
+    assert {o for o, w in zip(owners, batch.opd_weights[0]) if w > 0} == opd
+    assert int((batch.opd_weights[0] > 0).sum()) == sum(o in opd for o in owners[1:])
+    if overrides:  # rose's λ is the weight of the student's tokens in the OPD term
+        assert set(batch.opd_weights[0][batch.opd_weights[0] > 0].tolist()) == {0.5}
 
 
 def test_text_rows_render_like_the_chat_template(tiny_models):
@@ -94,42 +108,61 @@ def test_text_rows_render_like_the_chat_template(tiny_models):
     assert tok.decode(trained) == "Action: open door<|im_end|>Action: go to hall<|im_end|>"
 
 
-def test_truncation_uses_the_engine_policy():
-    turns = hand_trajectory().turns + [
-        Turn("user", "obs3", "env", [11, 12]), Turn("assistant", "act3", "teacher", [13, EOS])]
-    full = render(turns)
-    cut = render(turns, max_tokens=len(full) - 2, context_policy="drop_oldest")
-    # drop_oldest keeps the prompt and the first observation; drops the oldest action + obs
+def test_a_trajectory_is_cut_where_the_engine_cut_it():
+    traj = hand_trajectory()
+    traj.turns += [Turn("user", "obs3", "env", [11, 12]), Turn("assistant", "act3", "teacher", [13, EOS]),
+                   Turn("user", "final observation", "env", [14, 15])]
+    full = render(traj)
+    # After the last reply nothing is predicted: the final observation is left out.
+    assert full.input_ids == [1, 2, 3, 4, 5, 6, 7, EOS, 8, 9, 10, EOS, 11, 12, 13, EOS]
+    traj.context_cut = [3, 4]  # the engine's last prompt left out the oldest action + observation
+    cut = render(traj)
     assert cut.dropped_turns == 2
     assert cut.input_ids == [1, 2, 3, 4, 5, 9, 10, EOS, 11, 12, 13, EOS]
-    ended = render(turns, max_tokens=len(full) - 2, context_policy="end_episode")
-    # end_episode: the engine stopped there, so keep the prefix of whole turns that fits
-    assert ended.input_ids == full.input_ids[:14] and ended.dropped_turns == 1
+    assert [i for i, _ in cut.turn_spans] == [0, 1, 2, 5, 6, 7]
 
 
-@pytest.mark.parametrize("algo, params, trained", [
-    ("rose", {}, {"teacher"}), ("rose", {"lam": 0.5}, {"student", "teacher"}), ("opd", {}, {"student"}),
-    ("sft", {"owners": ("env", "teacher")}, {"env", "teacher"}),
+def test_offline_rows_are_cut_as_an_engine_would():
+    """No engine played a dataset row: `sft` cuts it with drop_oldest, else keeps a prefix."""
+    turns = hand_trajectory().turns + [
+        Turn("user", "obs3", "env", [11, 12]), Turn("assistant", "act3", "teacher", [13, EOS])]
+    full = sum(len(t.token_ids) for t in turns)
+    assert row_cut(turns, None, full) == []
+    assert row_cut(turns, None, full - 2) == [3, 4]  # the oldest action + observation
+    assert row_cut(turns, None, 8) == [3, 4, 5, 6]  # every droppable pair
+    # Dropping cannot make it fit (a long last reply): the longest prefix of whole turns.
+    turns[-1].token_ids = list(range(20, 30))
+    assert row_cut(turns, None, 9) == [5, 6, 7]
+    with pytest.raises(ValueError, match="max_tokens=4"):
+        row_cut(turns, None, 4)  # not even the first reply fits
+
+
+@pytest.mark.parametrize("algo, overrides, trained_owners", [
+    ("rose", [], {"teacher"}), ("rose", ["learner.lam=0.5"], {"student", "teacher"}), ("opd", [], {"student"}),
+    ("teacher_sft", ["learner.sft_owners=[env,teacher]"], {"env", "teacher"}),
 ])
-def test_loss_turns_say_which_turns_make_batch_trains(algo, params, trained):
+def test_loss_turns_say_which_turns_make_batch_trains(algo, overrides, trained_owners):
     """The per-turn flags of trajectories.jsonl agree with make_batch's weights, token by token."""
     turns = hand_trajectory().turns + [
         Turn("user", "obs3", "env", [11, 12]), Turn("assistant", "act3", "teacher", [13, EOS]),
         Turn("user", "obs4", "env", [14]),
         Turn("assistant", "cut", "student", [EOS], truncated=True),  # only the appended end-of-turn
     ]
-    weights = make_algorithm(algo, **params).owner_weights
+    for t in turns:
+        if t.owner == "student":
+            t.teacher_logprobs = [-1.0] * len(t.token_ids)
+    weights = weights_of(algo, *overrides)
     full = render(turns)
-    cut = render(turns, max_tokens=len(full) - 2, context_policy="drop_oldest")  # drops turns 3, 4
+    cut = render(turns, cut=[3, 4])  # as an engine that dropped the oldest action + observation
     for seq, gone in ((full, set()), (cut, {3, 4})):
         flags = loss_turns(seq, len(turns), weights)
         batch = make_batch([seq], weights, max_tokens=64)
         at = 0
         for i, n in seq.turn_spans:
-            assert flags[i] == bool((batch.loss_weights[0][at : at + n] > 0).any()), (i, turns[i])
+            assert flags[i] == bool(trained(batch)[at : at + n].any()), (i, turns[i])
             at += n
         assert {i for i in gone if flags[i]} == set()
-        expected = {i for i, t in enumerate(turns) if t.owner in trained and t.token_ids
+        expected = {i for i, t in enumerate(turns) if t.owner in trained_owners and t.token_ids
                     and i not in gone and not (t.truncated and len(t.token_ids) == 1)}
         assert {i for i, f in enumerate(flags) if f} == expected
 
@@ -143,7 +176,7 @@ def test_packing_masks_attention_between_sequences(tiny_models):
     rows = pack([len(s) for s in seqs], 16)
     assert sorted(i for r in rows for i in r) == [0, 1, 2, 3] and len(rows) == 3
     assert all(sum(len(seqs[i]) for i in r) <= 16 for r in rows)
-    batch = make_batch(seqs, {"env": 1.0}, max_tokens=16)
+    batch = make_batch(seqs, TokenWeights(ce={"env": 1.0}), max_tokens=16)
     assert batch.input_ids.shape[1] <= 16 and batch.num_sequences == 4
     (part,) = split_batch(batch, 1)
     # (no cache: transformers then derives the block-diagonal mask from the position ids)
@@ -167,11 +200,11 @@ def test_position_ids_restart_per_segment():
 
 def test_split_balances_and_pads_empty_parts():
     seqs = [render([Turn("user", "", "env", list(range(1, n + 1)))]) for n in (8, 7, 3)]
-    batch = make_batch(seqs, {"env": 1.0}, max_tokens=8)
+    batch = make_batch(seqs, TokenWeights(ce={"env": 1.0}), max_tokens=8)
     parts = split_batch(batch, 4)
     assert sorted(int((p["attention_mask"] > 0).sum()) for p in parts) == [0, 3, 7, 8]
     empty = next(p for p in parts if not (p["attention_mask"] > 0).any())
-    assert not empty["loss_weights"].any()
+    assert not empty["ce_weights"].any() and not empty["opd_weights"].any()
 
 
 def test_packed_segments_do_not_attend_to_each_other(tiny_models):

@@ -1,0 +1,188 @@
+"""The Ray actors of a run, started and ended: Ray itself, EnvPools (one JVM or worker per
+game), engine actors for a student and a teacher (`Agent`s), and `local_actors`, which holds
+all of them for a one-off command (eval, collect, continue) and ends them after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from rose_ray.rollout.episode import Agent, same_tokenizer
+from rose_ray.rollout.supervisor import awaitable
+
+
+@dataclass
+class EnvConfig:
+    workers: int = 1  # EnvPool actors
+    games_per_worker: int = 4  # game processes (JVMs, workers) per actor
+    heap: str = "256m"
+    call_timeout_s: float = 60.0
+    cpus_per_worker: float = 1.0
+    resources: dict[str, float] = field(default_factory=dict)  # e.g. {"env_node": 0.01}
+    world: str = "sciworld"  # sciworld or discoveryworld
+    mapping: str | None = None  # the world's catalogue mapping (None: its default)
+    # A JSONL dataset whose first row's first two messages become the instruction and its
+    # acknowledgement (exact compatibility with existing data); None: the world's own wording.
+    instruction_from: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("workers", "games_per_worker"):
+            if int(getattr(self, key)) < 1:
+                raise ValueError(f"env.{key}: must be >= 1, got {getattr(self, key)!r}")
+        if self.call_timeout_s <= 0:
+            raise ValueError(f"env.call_timeout_s: must be > 0, got {self.call_timeout_s!r}")
+        from rose_ray.envs.worlds import WORLDS, get_world
+
+        if self.world not in WORLDS:
+            raise ValueError(f"env.world: must be one of {sorted(WORLDS)}, got {self.world!r}")
+        try:
+            get_world(self.world).catalogue(self.mapping)
+        except ValueError as e:
+            raise ValueError(f"env.mapping: {e}") from None
+        if self.instruction_from:
+            self.protocol()  # an unreadable file fails at load, naming the key
+
+    def protocol(self):
+        """The world's protocol, with the instruction of `instruction_from` when set."""
+        from rose_ray.envs.worlds import world_protocol
+
+        try:
+            return world_protocol(self.world, self.instruction_from)
+        except ValueError as e:
+            raise ValueError(f"env.instruction_from: {e}") from None
+
+
+def start_env_pools(config: EnvConfig, max_turns: int | None = None) -> list[Any]:
+    """One EnvPool actor per worker, spread over nodes; Ray restarts a pool that dies."""
+    from rose_ray.envs.pool import env_pool_actor
+
+    return [
+        env_pool_actor(
+            num_games=config.games_per_worker,
+            num_cpus=config.cpus_per_worker,
+            resources=dict(config.resources),
+            heap=config.heap or None,
+            call_timeout_s=config.call_timeout_s,
+            max_turns=max_turns,
+            mapping=config.mapping,
+            world=config.world,
+        )
+        for _ in range(config.workers)
+    ]
+
+
+def init_ray(address: str | None = None) -> None:
+    """Join `address` (or RAY_ADDRESS, which `ray job submit` sets), else start a private local
+    cluster; use `auto` to join a cluster started with `ray start` on this machine."""
+    import os
+
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        address = "local"
+    if address == "local":
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster
+    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+
+
+def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
+                 teacher_cpus: float = 1, student_gpus: float = 0,
+                 teacher_gpus: float = 0, student_options: dict[str, Any] | None = None,
+                 teacher_options: dict[str, Any] | None = None,
+                 enable_thinking: bool = False) -> tuple[Agent, Agent | None]:
+    """Engine actors for a student and an optional teacher (EngineConfigs), with chat formats.
+
+    When both tokenizers give the same ids the agents share one ChatFormat, so an episode
+    keeps one id list and the teacher can score student tokens (OPD). `enable_thinking` goes
+    to both chat templates.
+    """
+    from rose_ray.chat import ChatFormat
+    from rose_ray.inference.actor import engine_actor
+    from rose_ray.models import load_tokenizer
+
+    def spawner(config: Any, num_cpus: float, num_gpus: float, options: dict[str, Any] | None):
+        def spawn(generation: int = 0) -> Any:
+            opts = dict(options or {})
+            if generation and "name" in opts:  # an actor's name must stay unique
+                opts["name"] = f"{opts['name']} #{generation}"
+            return engine_actor(config, num_cpus=num_cpus, num_gpus=num_gpus, **opts)
+        return spawn
+
+    student_tok = load_tokenizer(student.tokenizer or student.model)
+    student_chat = ChatFormat(student_tok, enable_thinking)
+    spawn = spawner(student, student_cpus, student_gpus, student_options)
+    student_agent = Agent(spawn(), student_chat, student.model, student.context_tokens, student.keep_first_turns,
+                          spawn=spawn)
+    if teacher is None:
+        return student_agent, None
+    if teacher == student:  # one engine serves both roles (e.g. `continue` without a student)
+        return student_agent, student_agent
+    teacher_tok = load_tokenizer(teacher.tokenizer or teacher.model)
+    chat = student_chat if same_tokenizer(student_tok, teacher_tok) else ChatFormat(teacher_tok, enable_thinking)
+    spawn = spawner(teacher, teacher_cpus, teacher_gpus, teacher_options)
+    teacher_agent = Agent(spawn(), chat, teacher.model or teacher.base_url, teacher.context_tokens,
+                          teacher.keep_first_turns, spawn=spawn)
+    return student_agent, teacher_agent
+
+
+def stop_agents(*agents: Agent | None) -> None:
+    """End the engine actors of these agents (an actor shared by two agents once)."""
+    import ray
+
+    for engine in {id(a.engine): a.engine for a in agents if a is not None}.values():
+        ray.kill(engine)
+
+
+def close_pools(pools: list[Any], timeout_s: float = 30.0) -> None:
+    """Close every JVM of the pools (all at once, for at most `timeout_s`), then end the actors.
+    A hung pool is killed without waiting longer: its JVMs die with it (die_on_exit)."""
+    import ray
+
+    refs = []
+    for pool in pools:
+        try:
+            refs.append(pool.close.remote())
+        except Exception:
+            pass  # a dead pool has no JVMs left to close
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    for pool in pools:
+        ray.kill(pool)
+
+
+async def ping_pools(pools: list[Any], timeout_s: float = 5.0) -> list[str]:
+    """One line per env pool that does not answer a ping within `timeout_s` (the watchdog's report)."""
+    async def ping(i: int, pool: Any) -> str | None:
+        try:
+            await asyncio.wait_for(awaitable(pool.num_games.remote()), timeout_s)
+            return None
+        except asyncio.TimeoutError:
+            return f"env pool {i}: no answer to a ping within {timeout_s:g} s (hung?)"
+        except Exception as e:  # noqa: BLE001 - dead or restarting: say so
+            return f"env pool {i}: {type(e).__name__} (dead or restarting)"
+
+    return [line for line in await asyncio.gather(*(ping(i, p) for i, p in enumerate(pools))) if line]
+
+
+@contextmanager
+def local_actors(env: EnvConfig, student: Any, teacher: Any | None, max_turns: int | None,
+                 enable_thinking: bool = False) -> Iterator[tuple[Any, Agent, Agent | None]]:
+    """(an EpisodeRunner over new env pools, the student agent, the teacher agent or None) for
+    a one-off command on Ray (joined or started); every actor is ended on the way out."""
+    from rose_ray.rollout.runner import EpisodeRunner
+
+    init_ray()
+    pools = start_env_pools(env, max_turns=max_turns)
+    agents: tuple[Agent | None, Agent | None] = (None, None)
+    try:
+        agents = start_agents(student, teacher, enable_thinking=enable_thinking)
+        yield EpisodeRunner(pools, env.games_per_worker), agents[0], agents[1]
+    finally:
+        close_pools(pools)
+        stop_agents(*agents)

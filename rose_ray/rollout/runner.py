@@ -1,0 +1,160 @@
+"""Many concurrent episodes over EnvPool actors: slots, retries, and `play_games`, the one
+driver that plays a list of games to their ends (held-out eval, datasets, a run's evals).
+
+Every episode holds one pool slot while it runs. An episode whose game process died (or
+whose pool actor died, or whose engine died) is restarted from its first turn on the next
+free slot and counted; it is never lost and never returned twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rose_ray.rollout.episode import EnvSlot, EpisodeInterrupted
+from rose_ray.rollout.supervisor import EngineSupervisor
+from rose_ray.types import GameId, Trajectory
+
+EpisodeFn = Callable[[GameId, EnvSlot], Awaitable[Trajectory]]
+
+
+@dataclass
+class RunnerCounters:
+    started: int = 0  # episodes begun (a restart is not a new start)
+    finished: int = 0
+    restarts: int = 0  # attempts lost to a dead game, pool or engine and begun again
+    failed: int = 0  # episodes given up after max_retries
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+class TrackedSlot(EnvSlot):
+    """An EnvSlot that remembers what its episode waits on, for the watchdog's report."""
+
+    def __init__(self, pool: Any, slot: int, pool_index: int) -> None:
+        super().__init__(pool, slot)
+        self.pool_index = pool_index
+        self.waiting: str | None = None  # "reset" or "step" while a call is out
+        self.since = time.monotonic()
+
+    async def _call(self, what: str, call: Awaitable[Any]) -> Any:
+        self.waiting, self.since = what, time.monotonic()
+        try:
+            return await call
+        finally:
+            self.waiting, self.since = None, time.monotonic()
+
+    async def reset(self, game: GameId):
+        return await self._call("reset", super().reset(game))
+
+    async def step(self, action: str):
+        return await self._call("step", super().step(action))
+
+
+class EpisodeRunner:
+    """Hands free pool slots to episodes and restarts interrupted ones.
+
+    With `engines` (an EngineSupervisor), an episode whose engine was lost waits for the
+    replacement, then starts again from its first turn (counted in `restarts`).
+    """
+
+    def __init__(self, pools: list[Any], games_per_pool: int, max_retries: int = 5,
+                 engines: EngineSupervisor | None = None) -> None:
+        self.slots: asyncio.Queue[TrackedSlot] = asyncio.Queue()
+        for slot in range(games_per_pool):  # interleave pools so load spreads
+            for i, pool in enumerate(pools):
+                self.slots.put_nowait(TrackedSlot(pool, slot, i))
+        self.capacity = len(pools) * games_per_pool
+        self.max_retries = max_retries
+        self.engines = engines
+        self.counters = RunnerCounters()
+        self.in_flight = 0
+        self.active: dict[int, tuple[GameId, TrackedSlot]] = {}  # episodes on a slot now
+
+    async def play(self, game: GameId, episode: EpisodeFn) -> Trajectory:
+        """Run one episode to its end on some slot, restarting it if its game or engine dies."""
+        import ray
+
+        self.counters.started += 1
+        self.in_flight += 1
+        restarts = 0
+        try:
+            for attempt in range(self.max_retries + 1):
+                slot = await self.slots.get()
+                self.active[id(slot)] = (game, slot)
+                try:
+                    trajectory = await episode(game, slot)
+                    trajectory.timing["attempts"] = attempt + 1
+                    self.counters.finished += 1
+                    return trajectory
+                except Exception as e:
+                    role = self.engines.role_of(e) if self.engines is not None else None
+                    if role is None and not isinstance(e, (EpisodeInterrupted, ray.exceptions.RayActorError)):
+                        raise
+                    lost = e
+                finally:
+                    del self.active[id(slot)]
+                    self.slots.put_nowait(slot)
+                self.counters.restarts += 1
+                restarts += 1
+                if role is not None:
+                    await self.engines.recover(role, lost)  # the replacement serves (or RoleFailed)
+                else:
+                    await asyncio.sleep(min(0.5 * 2**attempt, 5.0))  # a dead pool is restarting
+            self.counters.failed += 1
+            raise EpisodeInterrupted(game, f"gave up after {self.max_retries + 1} attempts")
+        except asyncio.CancelledError:  # the run stops: a resume plays this episode again
+            self.counters.started -= 1
+            self.counters.restarts -= restarts
+            raise
+        finally:
+            self.in_flight -= 1
+
+    def resumable_counters(self, buffered: int) -> RunnerCounters:
+        """The counters as a checkpoint keeps them: without the episodes still open (in flight
+        here, or `buffered` finished ones waiting for the learner), which a resumed run plays again."""
+        c = RunnerCounters(**self.counters.as_dict())
+        c.started -= self.in_flight + buffered
+        c.finished -= buffered
+        return c
+
+    def waiting(self) -> list[str]:
+        """What the episodes on a slot wait on, grouped (the watchdog's report)."""
+        now, groups = time.monotonic(), {}
+        for game, slot in self.active.values():
+            what = f"env pool {slot.pool_index} ({slot.waiting})" if slot.waiting else "an engine (generating)"
+            n, oldest, example = groups.get(what, (0, 0.0, game.item_id))
+            groups[what] = (n + 1, max(oldest, now - slot.since), example)
+        return [f"{n} episode(s) waiting on {what}, the longest for {oldest:.0f} s (e.g. {example})"
+                for what, (n, oldest, example) in sorted(groups.items())]
+
+
+async def play_games(runner: EpisodeRunner, games: list[GameId], student: Any, teacher: Any, config: Any,
+                     handoff: Any, protocol: Any = None, *, replays: list[Any] | None = None,
+                     request_prefix: str = "", on_done: Callable[[Trajectory], None] | None = None,
+                     skip: tuple[type[Exception], ...] = ()) -> list[Trajectory | Exception]:
+    """Play every game to its end, concurrently over the runner's slots; the trajectories in
+    game order. `protocol` is one Protocol, or one per game (None: each game's world's own);
+    `replays[i]`, recorded turns game i replays first; `on_done(t)` as each game finishes. An
+    episode that raises one of `skip` gets that exception in its place; others propagate."""
+    from rose_ray.rollout.episode import run_episode
+
+    protocols = protocol if isinstance(protocol, list) else [protocol] * len(games)
+
+    async def one(i: int, game: GameId) -> Trajectory | Exception:
+        async def episode(g: GameId, slot: EnvSlot) -> Trajectory:
+            return await run_episode(g, slot, student, teacher, config, handoff, protocol=protocols[i],
+                                     request_prefix=request_prefix, replay=replays[i] if replays else None)
+        try:
+            t = await runner.play(game, episode)
+        except skip as e:
+            return e
+        if on_done is not None:
+            on_done(t)
+        return t
+
+    return list(await asyncio.gather(*(one(i, g) for i, g in enumerate(games))))

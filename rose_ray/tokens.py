@@ -1,0 +1,219 @@
+"""Trajectories to token batches, on the rollout side of the learner's wall.
+
+Tokens in, tokens out: a trajectory's turns carry the ids the engine produced or appended,
+and those ids are concatenated as they are (an empty list means the turn's ids live in an
+earlier turn, like the acknowledgement inside the opening). Text-only turns (dataset rows)
+are rendered with `ChatFormat` the way rollouts build them.
+
+A trajectory is cut once, where the engine cut it: `Trajectory.context_cut` lists the turns
+the engine's context policy left out of its last prompt, and they are left out here too. The
+sequence ends with the last assistant turn (what follows predicts nothing), so it is never
+longer than the engine's context.
+
+Which tokens train, and how much, is decided here and nowhere else: a recipe's
+`TokenWeights` give each owner a weight in the cross-entropy term and in the OPD term, and
+`make_batch` writes them per token (`ce_weights`, `opd_weights`). The learner only multiplies.
+A reply cut at max_new_tokens (`Turn.truncated`) ends with an end-of-turn id the model never
+produced: that id gets no weight (`Sequence.trainable`), the sampled ids keep theirs.
+
+Packed rows: several sequences share a row; `attention_mask` holds the 1-based segment number of
+each token (0 = padding), from which the learner derives position ids that restart at every
+segment (and a block-diagonal mask: learner/worker.segment_mask).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rose_ray.chat import ChatFormat
+from rose_ray.types import OWNERS, Batch, Trajectory, Turn
+
+OWNER_INDEX = {o: i for i, o in enumerate(OWNERS)}
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class TokenWeights:
+    """Per owner, the weight of its tokens in each loss term (absent = 0: context only).
+
+    `ce`: cross entropy (imitation); `opd`: the on-policy-distillation surrogate, which needs
+    the teacher's logprobs of those tokens."""
+
+    ce: dict[str, float] = field(default_factory=dict)
+    opd: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for term in ("ce", "opd"):
+            unknown = set(getattr(self, term)) - set(OWNERS)
+            if unknown:
+                raise ValueError(f"token weights ({term}): unknown owners {sorted(unknown)}; expected {OWNERS}")
+
+    def trains(self, owner: str) -> bool:
+        return self.ce.get(owner, 0.0) > 0 or self.opd.get(owner, 0.0) > 0
+
+
+@dataclass
+class Sequence:
+    """One rendered conversation; every list has one entry per token (NaN = unknown)."""
+
+    input_ids: list[int]
+    owners: list[int]  # indices into OWNERS
+    old_logprobs: list[float]  # behaviour-policy logprob of each token
+    teacher_logprobs: list[float]  # teacher logprob of each token (OPD)
+    versions: list[int]  # policy version that sampled the token and gave its logprob, else -1
+    dropped_turns: int = 0
+    # False where a token may carry no loss whatever its owner: the end-of-turn id appended
+    # to a reply cut at max_new_tokens (the model never produced it). Empty: all trainable.
+    trainable: list[bool] = field(default_factory=list)
+    # (index in the trajectory's turns, token count) of each turn kept, in order: what
+    # `loss_turns` maps tokens back to turns with (turns cut for context are absent).
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def turn_ids(turns: list[Turn], fmt: ChatFormat | None) -> list[list[int]]:
+    """The ids of each turn: the stored ids when any turn has them, else rendered text."""
+    if any(t.token_ids for t in turns):
+        return [list(t.token_ids) for t in turns]
+    if fmt is None:
+        raise ValueError("turns carry no token_ids: a ChatFormat is needed to render their text")
+    ids: list[list[int]] = []
+    start = 0
+    if (
+        len(turns) >= 2
+        and (turns[0].role, turns[0].owner) == ("user", "prompt")
+        and (turns[1].role, turns[1].owner) == ("assistant", "prompt")
+    ):
+        # The rollout opening: instruction + acknowledgement on the first turn.
+        ids += [fmt.opening_ids([("user", turns[0].text), ("assistant", turns[1].text)]), []]
+        start = 2
+    for t in turns[start:]:
+        if t.role == "assistant":
+            ids.append(fmt.assistant_ids(t.text))
+        elif ids:
+            ids.append(fmt.user_ids(t.text))
+        else:  # a first user turn that opens the conversation and asks for a reply
+            ids.append(fmt.render_ids([{"role": "user", "content": t.text}], True))
+    return ids
+
+
+def render(traj: Trajectory | list[Turn], fmt: ChatFormat | None = None, cut: Iterable[int] = ()) -> Sequence:
+    """One trajectory as token ids with per-token owners, logprobs and versions.
+
+    Left out: the turns in `cut` (for a Trajectory, also its `context_cut`: what the engine
+    left out of its last prompt) and the turns after the last assistant turn. A turn's
+    `teacher_logprobs` (the teacher's logprob of each of its ids; OPD) go with its tokens,
+    NaN past the scored ones.
+    """
+    turns = traj.turns if isinstance(traj, Trajectory) else traj
+    left_out = set(cut) | (set(traj.context_cut) if isinstance(traj, Trajectory) else set())
+    ids = turn_ids(turns, fmt)
+    last = max((i for i, t in enumerate(turns) if t.role == "assistant" and t.owner != "prompt"), default=len(turns) - 1)
+    seq = Sequence([], [], [], [], [], dropped_turns=len(left_out))
+    for index, (t, tids) in enumerate(zip(turns, ids)):
+        if index in left_out or index > last:
+            continue
+        n = len(tids)
+        seq.input_ids += tids
+        seq.owners += [OWNER_INDEX[t.owner]] * n
+        old = [NAN] * n
+        if t.logprobs is not None and t.role == "assistant":
+            if len(t.logprobs) > n:
+                raise ValueError(f"turn {index} has {len(t.logprobs)} logprobs for {n} token ids")
+            old[: len(t.logprobs)] = t.logprobs  # an appended eos has none
+        seq.old_logprobs += old
+        version = t.policy_version if t.owner == "student" and t.policy_version is not None else -1
+        seq.versions += [version if not math.isnan(x) else -1 for x in old]
+        teacher = [NAN] * n
+        if t.teacher_logprobs is not None:
+            if len(t.teacher_logprobs) > n:
+                raise ValueError(f"turn {index}: {len(t.teacher_logprobs)} teacher logprobs for {n} token ids")
+            teacher[: len(t.teacher_logprobs)] = t.teacher_logprobs
+        seq.teacher_logprobs += teacher
+        keep = [True] * n
+        if n and t.truncated and t.role == "assistant":
+            keep[-1] = False  # the end-of-turn id appended after the cut
+        seq.trainable += keep
+        seq.turn_spans.append((index, n))
+    return seq
+
+
+def loss_turns(seq: Sequence, n_turns: int, weights: TokenWeights) -> list[bool]:
+    """Per turn of the rendered trajectory: whether `make_batch` gives any of its tokens a
+    weight > 0. A turn left out, a reply whose only id is the end-of-turn appended after a
+    cut, and the sequence's first token carry none."""
+    flags = [False] * n_turns
+    at = 0
+    for i, n in seq.turn_spans:
+        flags[i] = any(
+            j > 0 and weights.trains(OWNERS[seq.owners[j]]) and (not seq.trainable or seq.trainable[j])
+            for j in range(at, at + n)
+        )
+        at += n
+    return flags
+
+
+def pack(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Sequence indices per row, first-fit decreasing, each row at most max_tokens."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if lengths[i] > max_tokens:
+            raise ValueError(f"sequence {i} has {lengths[i]} tokens > max_tokens={max_tokens} "
+                             "(learner.max_tokens must hold the engine's whole context)")
+        for r, free in enumerate(room):
+            if lengths[i] <= free:
+                rows[r].append(i)
+                room[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            room.append(max_tokens - lengths[i])
+    return rows
+
+
+def make_batch(seqs: list[Sequence], weights: TokenWeights, max_tokens: int, pad_id: int = 0) -> Batch:
+    """Pack sequences into rows, with each token's weight in each loss term (0 at segment
+    starts, which have no prediction inside their own sequence)."""
+    if not seqs:
+        raise ValueError("make_batch: no sequences")
+    ce_of = np.array([float(weights.ce.get(o, 0.0)) for o in OWNERS], dtype=np.float32)
+    opd_of = np.array([float(weights.opd.get(o, 0.0)) for o in OWNERS], dtype=np.float32)
+    rows = pack([len(s) for s in seqs], max_tokens)
+    shape = (len(rows), max(sum(len(seqs[i]) for i in row) for row in rows))
+    b = {
+        "input_ids": np.full(shape, pad_id, dtype=np.int64),
+        "attention_mask": np.zeros(shape, dtype=np.int32),
+        "ce_weights": np.zeros(shape, dtype=np.float32),
+        "opd_weights": np.zeros(shape, dtype=np.float32),
+        "old_logprobs": np.full(shape, np.nan, dtype=np.float32),
+        "teacher_logprobs": np.full(shape, np.nan, dtype=np.float32),
+        "versions": np.full(shape, -1, dtype=np.int64),
+    }
+    for r, row in enumerate(rows):
+        at = 0
+        for seg, i in enumerate(row, start=1):
+            s, end = seqs[i], at + len(seqs[i])
+            owners = np.asarray(s.owners, dtype=np.int64)
+            trainable = np.asarray(s.trainable, dtype=np.float32) if s.trainable else 1.0
+            b["input_ids"][r, at:end] = s.input_ids
+            b["attention_mask"][r, at:end] = seg
+            for key, of in (("ce_weights", ce_of), ("opd_weights", opd_of)):
+                b[key][r, at:end] = of[owners] * trainable
+                b[key][r, at] = 0.0
+            b["old_logprobs"][r, at:end] = s.old_logprobs
+            b["teacher_logprobs"][r, at:end] = s.teacher_logprobs
+            b["versions"][r, at:end] = s.versions
+            at = end
+    meta = {
+        "tokens": int(sum(len(s) for s in seqs)),
+        "dropped_turns": int(sum(s.dropped_turns for s in seqs)),
+        "max_tokens": max_tokens,
+    }
+    return Batch(**b, num_sequences=len(seqs), meta=meta)
