@@ -4,7 +4,7 @@ The actor's methods are async, so many episodes' calls are in flight at once and
 AsyncBatcher folds them into batches. Weight updates queue behind the calls already
 submitted and land between batches, never inside a generation.
 
-`health()` is the supervisor's ping (rollout/workers.py): it answers from the actor's event
+`health()` is the supervisor's ping (rollout/supervisor.py): it answers from the actor's event
 loop, and says how long calls have waited without any of them finishing, so an engine whose
 generation thread hangs is found even though the ping itself is answered.
 """
@@ -19,13 +19,9 @@ from typing import Any
 
 import ray
 
+from rose_ray.inference.backends import make_engine
 from rose_ray.inference.batcher import AsyncBatcher
-from rose_ray.inference.engine import (
-    EngineConfig,
-    GenerationRequest,
-    GenerationResult,
-    make_engine,
-)
+from rose_ray.inference.engine import EngineConfig, GenerationRequest, GenerationResult
 
 
 class EngineActorImpl:

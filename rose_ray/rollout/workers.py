@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rose_ray.rollout.episode import Agent, EnvSlot, EpisodeInterrupted, same_tokenizer
-from rose_ray.rollout.supervisor import EngineSupervisor, awaitable
+from rose_ray.rollout.supervisor import EngineSupervisor
 from rose_ray.types import GameId, Trajectory
 
 EpisodeFn = Callable[[GameId, EnvSlot], Awaitable[Trajectory]]
@@ -165,7 +165,7 @@ async def ping_pools(pools: list[Any], timeout_s: float = 5.0) -> list[str]:
     """One line per env pool that does not answer a ping within `timeout_s` (the watchdog's report)."""
     async def ping(i: int, pool: Any) -> str | None:
         try:
-            await asyncio.wait_for(awaitable(pool.num_games.remote()), timeout_s)
+            await asyncio.wait_for(pool.num_games.remote(), timeout_s)
             return None
         except asyncio.TimeoutError:
             return f"env pool {i}: no answer to a ping within {timeout_s:g} s (hung?)"
