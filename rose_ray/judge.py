@@ -201,35 +201,14 @@ def _base_url(cfg: JudgeConfig) -> str:
     return base_url
 
 
-def _served_engine(cfg: JudgeConfig) -> Any:
+def _served_engine(cfg: JudgeConfig, timeout_s: float = 300.0, **retry: float) -> Any:
+    """The client of a served judge (`retry`: the engine's retry_s, when not its default)."""
     from rose_ray.inference.engine import EngineConfig
     from rose_ray.inference.openai import OpenAIEngine
 
     return OpenAIEngine(EngineConfig(backend="openai", base_url=_base_url(cfg), model=cfg.served_model,
                                      context_tokens=cfg.context_tokens, max_batch_size=cfg.concurrency,
-                                     timeout_s=300.0))
-
-
-def _served_models(cfg: JudgeConfig) -> list[str]:
-    """The server's model names, asked once (no retries: a judge that is not there now is an
-    error now, not after a minute of backoff)."""
-    import os
-    import urllib.error
-    import urllib.request
-
-    url = _base_url(cfg) + "/models"
-    key = os.environ.get("ROSE_RAY_API_KEY")
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            return [str(m["id"]) for m in json.loads(resp.read())["data"]]
-    except urllib.error.HTTPError as e:
-        hint = " (set ROSE_RAY_API_KEY)" if e.code in (401, 403) else ""
-        raise JudgeUnavailable(f"--judge {cfg.model}: {url} answered {e.code} {e.reason}{hint}") from None
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-        raise JudgeUnavailable(f"--judge {cfg.model}: cannot reach {url}: {getattr(e, 'reason', e)}") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise JudgeUnavailable(f"--judge {cfg.model}: {url} is not an OpenAI-compatible model list ({e})") from None
+                                     timeout_s=timeout_s, **retry))
 
 
 def check_judge(cfg: JudgeConfig) -> JudgeConfig:
@@ -237,7 +216,21 @@ def check_judge(cfg: JudgeConfig) -> JudgeConfig:
     tokenizer, a server that does not answer, or one that does not serve `served_model`.
     Returns the config to judge with (a local model's context capped at its positions)."""
     if cfg.served:
-        models = _served_models(cfg)
+        from rose_ray.inference.openai import OpenAIServerError
+
+        # Asked once (retry_s 0): a judge that is not there now is an error now, not after a
+        # minute of backoff.
+        engine = _served_engine(cfg, timeout_s=30.0, retry_s=0.0)
+        try:
+            models = engine.models()
+        except OpenAIServerError as e:  # no answer (the message says "cannot reach"), or refused
+            hint = " (set ROSE_RAY_API_KEY)" if e.status in (401, 403) else ""
+            raise JudgeUnavailable(f"--judge {cfg.model}: {e}{hint}") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise JudgeUnavailable(f"--judge {cfg.model}: {engine.base_url}/models is not an OpenAI-compatible "
+                                   f"model list ({e})") from None
+        finally:
+            engine.close()
         if cfg.served_model and cfg.served_model not in models:
             raise JudgeUnavailable(f"--judge-model {cfg.served_model!r}: the server at {cfg.model} serves {models}")
         return cfg

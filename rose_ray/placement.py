@@ -42,7 +42,9 @@ def demands(cfg: Any) -> list[RoleDemand]:
     """Per role of a TrainConfig: replica count, resources per replica, strategy, GPU group."""
     env = {"CPU": cfg.env.cpus_per_worker, **cfg.env.resources}
     r = cfg.resources
-    # Optional fields (read with defaults so older configs still plan).
+    # ResourcesConfig declares colocate but no replica counts: one student and one teacher
+    # engine (getattr reads student_replicas / teacher_replicas only from a config object
+    # that carries them; the plan and the colocate check take any count).
     colocate = bool(getattr(r, "colocate", False))
     student_n = int(getattr(r, "student_replicas", 1))
     teacher_n = int(getattr(r, "teacher_replicas", 1))

@@ -377,8 +377,6 @@ class Trainer:
         self.start_rollouts()
 
     async def log_step(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
-        from rose_ray.rollout.supervisor import awaitable
-
         now = time.time()
         self.rollout_window = [t for t in self.rollout_window + batch if now - t.timing["finished_at"] < 60]
         window_s = max(now - min(t.timing["finished_at"] for t in self.rollout_window), 1e-3)
@@ -387,7 +385,7 @@ class Trainer:
         actions = sum(t.rounds for t in batch) or 1
         try:  # awaited, never blocking the loop; a hung pool costs its numbers, not the step
             health = [h for hs in await asyncio.wait_for(asyncio.gather(
-                *(awaitable(p.health.remote()) for p in self.pools)), 5) for h in hs]
+                *(p.health.remote() for p in self.pools)), 5) for h in hs]
         except Exception:  # noqa: BLE001
             health = []
         p50 = [h["step_ms_p50"] for h in health if h["step_ms_p50"] is not None]

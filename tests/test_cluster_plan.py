@@ -73,7 +73,7 @@ def test_separate_gpu_sets_by_default_and_colocation_shares_bundles():
 def test_colocate_field_is_read_when_the_config_has_it():
     cfg = load_config(TINY, ["resources.student_gpus=0.5", "learner.gpus_per_rank=0.5"])
     assert [d.group for d in demands(cfg)][2:] == ["student", None, "learner"]
-    cfg.resources.colocate = True  # the optional field (ResourcesConfig may not declare it yet)
+    cfg.resources.colocate = True  # a ResourcesConfig field
     assert [d.group for d in demands(cfg)][2:] == ["learner", None, "learner"]
 
 

@@ -19,13 +19,9 @@ from typing import Any
 
 import ray
 
+from rose_ray.inference.backends import make_engine
 from rose_ray.inference.batcher import AsyncBatcher
-from rose_ray.inference.engine import (
-    EngineConfig,
-    GenerationRequest,
-    GenerationResult,
-    make_engine,
-)
+from rose_ray.inference.engine import EngineConfig, GenerationRequest, GenerationResult
 
 
 class EngineActorImpl:

@@ -3,7 +3,8 @@
 Every backend (transformers in-process, an OpenAI-compatible server) takes token ids in and
 gives token ids out, so the learner trains on exactly the sampled ids. A request may carry
 the conversation's turns instead of ready ids; the engine then applies the context policy
-(`fit_context`) and records what it did in the result.
+(`fit_context`) and records what it did in the result. This module imports no backend:
+`backends.make_engine` builds the one a config names.
 
 Logprobs are always the model's raw log-softmax (temperature 1, no top-p), which is what
 `score` returns for the same tokens and what the learner's importance ratios compare against.
@@ -222,13 +223,3 @@ class GenerationEngine(Protocol):
 
     def update_weights(self, state: dict[str, Any], version: int) -> None: ...
 
-
-def make_engine(config: EngineConfig, **kwargs: Any) -> GenerationEngine:
-    """Build the configured backend (imports lazily: the openai client needs no torch model)."""
-    if config.backend == "hf":
-        from rose_ray.inference.hf import HFEngine
-
-        return HFEngine(config, **kwargs)
-    from rose_ray.inference.openai import OpenAIEngine
-
-    return OpenAIEngine(config, **kwargs)

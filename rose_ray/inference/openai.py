@@ -125,7 +125,8 @@ class OpenAIEngine:
         return {"model": self.config.model} if self.config.model else {}
 
     def models(self) -> list[str]:
-        return [m["id"] for m in self._request("GET", "/models")["data"]]
+        """The served model names (GET /models), under the config's timeout_s and retry_s."""
+        return [str(m["id"]) for m in self._request("GET", "/models")["data"]]
 
     # ------------------------------------------------------------------ engine API
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:

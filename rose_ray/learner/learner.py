@@ -37,7 +37,7 @@ from rose_ray.types import OWNERS, Batch
 SCHEDULES = ("constant", "linear", "cosine")
 LEARNER_DTYPES = ("float32", "bfloat16")
 EXPORT_DTYPES = ("auto", "float32", "bfloat16", "float16")
-BACKENDS = ("auto", "gloo", "nccl")
+DIST_BACKENDS = ("auto", "gloo", "nccl")
 
 
 @dataclass
@@ -96,7 +96,7 @@ class LearnerConfig:
         need(self.threads >= 1, "threads", "must be >= 1")
         need(self.cpus_per_rank > 0, "cpus_per_rank", "must be > 0")
         need(self.gpus_per_rank >= 0, "gpus_per_rank", "must be >= 0")
-        need(self.backend in BACKENDS, "backend", f"must be one of {BACKENDS}")
+        need(self.backend in DIST_BACKENDS, "backend", f"must be one of {DIST_BACKENDS}")
         need(self.export_dtype in EXPORT_DTYPES, "export_dtype", f"must be one of {EXPORT_DTYPES}")
         need(self.initial_version >= 0, "initial_version", "must be >= 0")
         bad = [o for o in self.sft_owners if o not in OWNERS]

@@ -1,11 +1,12 @@
 """Full weights out of a (possibly ZeRO-3-partitioned) model: gather, export, publish.
 
-Publication goes through the Ray object store: one `ray.put` of numpy arrays (zero-copy
-reads on the same node), then each engine's `update_weights(state, version)` — the engine
-contract, no process group shared with the engines, works across nodes. bench/learner.py
-measured a gloo broadcast straight into the receiver's parameters ~2.7x faster on a 100M
-model (0.57 vs 1.53 ms/MB, CPU); using it needs a receiving method on the engine actor
-(see the learner report), and a GPU cluster would use nccl the same way.
+Publication goes through the Ray object store: one `ray.put` of the state (numpy arrays
+where numpy has the dtype, zero-copy reads on the same node; bfloat16 stays a tensor), then
+each engine's `update_weights(state, version)`, which the engine actor queues behind the
+calls already submitted. That is the engine contract: no process group shared with the
+engines, and it works across nodes. bench/learner.py also times a gloo broadcast straight
+into a receiver's parameters (~2.7x faster on a 100M model on CPU when measured: 0.57 vs
+1.53 ms/MB); the engine actor has no method to receive one, so runs do not use it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rose_ray.rollout.episode import Agent, same_tokenizer
-from rose_ray.rollout.supervisor import awaitable
 
 
 @dataclass
@@ -160,7 +159,7 @@ async def ping_pools(pools: list[Any], timeout_s: float = 5.0) -> list[str]:
     """One line per env pool that does not answer a ping within `timeout_s` (the watchdog's report)."""
     async def ping(i: int, pool: Any) -> str | None:
         try:
-            await asyncio.wait_for(awaitable(pool.num_games.remote()), timeout_s)
+            await asyncio.wait_for(pool.num_games.remote(), timeout_s)
             return None
         except asyncio.TimeoutError:
             return f"env pool {i}: no answer to a ping within {timeout_s:g} s (hung?)"

@@ -105,14 +105,6 @@ class TrajectoryBuffer:
         c.accepted -= len(self.items)
         return c
 
-    def notify(self) -> None:
-        """Wake waiters after an outside change (the learner's version moved)."""
-        async def wake() -> None:
-            async with self._changed:
-                self._changed.notify_all()
-
-        asyncio.get_event_loop().create_task(wake())
-
     def accounting_holds(self) -> bool:
         c = self.counters
         return c.admitted == c.trained + len(self.items) + c.dropped_stale + c.failed + self.in_flight

@@ -17,8 +17,10 @@ from rose_ray.reliability import RoleFailed
 from rose_ray.rollout.episode import Agent
 
 
-async def awaitable(ref: Any) -> Any:
-    return await ref  # asyncio.wait_for needs a coroutine, not a Ray ObjectRef
+async def _ping(handle: Any, timeout_s: float) -> dict[str, Any]:
+    """An engine actor's health report (`EngineActorImpl.health`); raises what a dead actor
+    raises, or asyncio.TimeoutError when it does not answer within `timeout_s`."""
+    return await asyncio.wait_for(handle.health.remote(), timeout_s)
 
 
 @dataclass
@@ -98,7 +100,7 @@ class EngineSupervisor:
     async def lost(self, role: str, handle: Any) -> bool:
         """Whether `role`'s engine `handle` is gone (then it is replaced before this returns)."""
         try:
-            await asyncio.wait_for(awaitable(handle.health.remote()), self.health_timeout_s)
+            await _ping(handle, self.health_timeout_s)
             return False
         except Exception as e:  # noqa: BLE001 - dead, or no answer: either way not serving
             await self.recover(role, e, handle)
@@ -126,7 +128,7 @@ class EngineSupervisor:
                 new = w.agent.spawn(w.restarts)
                 w.ids.add(actor_id(new))
                 try:
-                    await asyncio.wait_for(awaitable(new.ready.remote()), self.start_timeout_s)
+                    await asyncio.wait_for(new.ready.remote(), self.start_timeout_s)
                     if self.on_start is not None:  # bounded: a replacement that hangs here is lost too
                         await asyncio.wait_for(self.on_start(w.role, new), self.start_timeout_s)
                 except asyncio.CancelledError:  # the run is ending: leave no engine behind
@@ -163,9 +165,9 @@ class EngineSupervisor:
         handle = w.agent.engine
         try:
             if w.ready is not handle:  # a new engine first loads its model
-                await asyncio.wait_for(awaitable(handle.ready.remote()), self.start_timeout_s)
+                await asyncio.wait_for(handle.ready.remote(), self.start_timeout_s)
                 w.ready = handle
-            h = await asyncio.wait_for(awaitable(handle.health.remote()), self.health_timeout_s)
+            h = await _ping(handle, self.health_timeout_s)
         except asyncio.TimeoutError:
             cause: BaseException = TimeoutError(f"no answer to a health ping within {self.health_timeout_s:g} s")
         except Exception as e:  # noqa: BLE001 - a dead actor
@@ -185,7 +187,7 @@ class EngineSupervisor:
             if w.restarting is not None:
                 return f"{w.role}: being replaced ({w.restarts}/{self.max_restarts})"
             try:
-                h = await asyncio.wait_for(awaitable(w.agent.engine.health.remote()), timeout_s)
+                h = await _ping(w.agent.engine, timeout_s)
             except Exception as e:  # noqa: BLE001
                 return f"{w.role}: no answer to a ping within {timeout_s:g} s ({type(e).__name__})"
             waiting = (f"{h['in_flight']} calls in flight, none finished for {h['stalled_s']:.0f} s"
