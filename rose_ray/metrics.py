@@ -68,3 +68,29 @@ def trajectory_markdown(record: dict[str, Any], max_chars: int = 600) -> str:
         role, text = message_text(m)
         lines.append(f"- *{m.get('owner', role)}*: {text.replace(chr(10), ' ')[:max_chars]}")
     return "\n".join(lines)
+
+
+def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, float]:
+    """A learner step's numbers from its metrics and its batch of trajectories (the async/,
+    env/, weights/ and reliability/ groups come from the run's own counters)."""
+    student_tokens = sum(len(x.token_ids) for t in batch for x in t.turns if x.owner == "student")
+    handoffs = [t.handoff_turn for t in batch if t.handoff_turn is not None]
+    actions = sum(t.rounds for t in batch) or 1
+    scalars = {f"learner/{k}": learner.get(k, 0.0) for k in ("loss", "grad_norm", "lr", "tokens_per_s")}
+    scalars.update({
+        # The CE term trains teacher tokens (rose, teacher_sft); 0 = no such term this step.
+        "learner/loss_teacher_ce": learner.get("loss_ce", 0.0),
+        "learner/loss_opd": learner.get("loss_opd", 0.0),
+        "rollout/score": sum(t.score for t in batch) / len(batch),
+        "rollout/tokens_per_s": student_tokens / max(sum(t.timing.get("student_s", 0) for t in batch), 1e-6),
+        "rollout/handoff_turn": sum(handoffs) / len(handoffs) if handoffs else 0.0,
+        "rollout/invalid_action_rate": sum(t.invalid_actions for t in batch) / actions,
+        # Replies cut at max_new_tokens, and those cut before an `Action:` line (thinking
+        # that never reached an answer): a budget too small for the model shows here.
+        "rollout/truncated_rate": sum(t.truncated_turns for t in batch) / actions,
+        "rollout/cut_before_action_rate": sum(t.cut_before_action for t in batch) / actions,
+    })
+    ps = [t.handoff_p for t in batch if t.handoff_p is not None]
+    if ps:  # decay: the takeover probability this batch's episodes played under
+        scalars["rollout/handoff_p"] = sum(ps) / len(ps)
+    return scalars

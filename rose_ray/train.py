@@ -1,26 +1,23 @@
-"""The online loop: rollouts and learning overlap, top to bottom in one file.
+"""The online loop: episodes keep arriving while the learner trains on them, top to bottom.
 
     rose-ray train [--config configs/tiny.yaml] [key=value ...] [--resume RUN_DIR]
 
-1. Models (`warmup.py`): tiny local models are built on first use; a tiny teacher can first be warmed by
-   SFT on gold demonstrations, so that it is honestly better than the student.
-2. Actors: EnvPools (one JVM per game), a student and a teacher engine, the learner group.
-3. Eval before training (student and teacher), on held-out games.
-4. Loop (async): episode tasks keep the buffer full (student K turns, then the teacher) while
-   the learner takes batches, steps, and publishes weights every N steps; evals every E
-   steps and checkpoints every C steps. `mode: sync` alternates rollout and training instead.
-5. The student as a Hugging Face folder, `<run_dir>/model/`; eval after, and a before/after
-   table beside the teacher's.
+1. The run's actors start (`run.py`): env pools, a student and a teacher engine, the learner.
+   The algorithm is a recipe (`recipes/`): who acts at each turn (the handoff), whether the
+   teacher scores the student's tokens, and which tokens train.
+2. Eval before training (student and teacher) on held-out games: the catalogue's sample of
+   `eval.n` games, the same ones `rose-ray eval --n` picks at that seed.
+3. The loop (async): episode tasks keep the buffer full (`play_one`: the student plays the
+   first turns, the teacher the rest, in ROSE) while the learner takes batches (`learn_step`:
+   trajectories to tokens with the recipe's weights, one optimizer step), publishes weights
+   every N steps, evaluates every E steps and checkpoints every C steps. `mode: sync`
+   alternates rollout and training instead.
+4. The stop: a final checkpoint, the student as a Hugging Face folder `<run_dir>/model/`, an
+   eval after, and a before/after table beside the teacher's.
 
 Ctrl-C stops cleanly: the step in progress finishes, a final checkpoint and `model/` are
-written, and every JVM is closed.
-
-Reliability (README: Reliability): a lost env worker or JVM, student or teacher engine
-(`rollout/supervisor.py`) costs only the episodes it was running, which start again from their
-first turn; a lost learner rank sends the learner group back to the latest checkpoint; every
-sampled game gets one outcome in `<run_dir>/episodes.jsonl` (`rollout/ledger.py`), also across
-`--resume`; and a watchdog (`reliability.py`) stops a run that makes no progress, saying which
-role it waits on. A role that cannot be kept alive stops the run after a final checkpoint, exit 1.
+written, and every JVM is closed. A lost env worker, engine or learner rank costs only the
+episodes or steps it was running (README: Reliability; `run.py`).
 """
 
 from __future__ import annotations
@@ -29,476 +26,42 @@ import asyncio
 import copy
 import json
 import math
-import os
-import shutil
 import signal
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rose_ray.config import TrainConfig, load_config, to_yaml
+from rose_ray.config import load_config, to_yaml
 from rose_ray.learner.learner import LearnerLost
-from rose_ray.recipes import get_recipe
-from rose_ray.recipes.warmup import resolve_models
-from rose_ray.reliability import RoleFailed, Watchdog
+from rose_ray.reliability import RoleFailed
+from rose_ray.run import Run, results_table
 from rose_ray.types import Trajectory
 
 
-# --------------------------------------------------------------------------- the trainer
-class Trainer:
-    def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool) -> None:
-        self.cfg, self.run_dir, self.resume = cfg, run_dir, resume
-        self.stop: asyncio.Event | None = None  # made inside the event loop
-        self.step = 0
-        self.history: dict[str, Any] = {"eval": []}
-        self.rollout_window: list[Trajectory] = []
-        self.t_start = time.time()
-        self.weights_ms = 0.0
-        self.replies = {"replies": 0, "truncated": 0, "cut_before_action": 0}  # trained episodes' replies
-        self.session = f"{run_dir.name}-{os.urandom(3).hex()}"
-        self.fatal: RoleFailed | None = None  # why the run must stop (a role lost for good, a stall)
-        self.learner_restarts = 0
-        self.producer: asyncio.Task | None = None
-        self.episode_tasks: set[asyncio.Task] = set()
-        self.eval_task: asyncio.Task | None = None
-        # A learner call cut short (its thread goes on) or a restart not finished: the learner's
-        # state is unknown, so the stop writes no checkpoint and no model/ over the latest good ones.
-        self.learner_unsure = False
-        self.restarting_learner = False
-        self.learner_lost: LearnerLost | None = None  # met while publishing to a new engine
-        self.learner_lost_event = asyncio.Event()
-        self.crash: BaseException | None = None
-        self.doing("starting")
-
-    # ----------------------------------------------------------------- 2. actors
-    def start(self) -> None:
-        from rose_ray.envs.worlds import get_world
-        from rose_ray.learner.learner import LearnerGroup
-        from rose_ray.metrics import MetricsLogger
-        from rose_ray.models import load_tokenizer
-        from rose_ray.placement import PlacementGroups, check_cluster, demands
-        from rose_ray.rollout.actors import init_ray, start_agents, start_env_pools
-        from rose_ray.rollout.episode import EpisodeConfig
-        from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
-        from rose_ray.rollout.runner import EpisodeRunner
-        from rose_ray.rollout.supervisor import EngineSupervisor
-
-        cfg = self.cfg
-        init_ray(cfg.ray_address)
-        if cfg.resources.check_placement:  # fail now, naming the role, rather than wait forever
-            check_cluster(cfg, use_total=True)
-        self.groups = PlacementGroups(demands(cfg), timeout_s=cfg.resources.placement_timeout_s)
-        student_path, teacher_path = resolve_models(cfg)  # tiny models, the teacher warm-up
-        self.student_path, self.teacher_path = student_path, teacher_path
-        # The games: `rose-ray eval --n N --seed S` on the same split evaluates on the same ones.
-        catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
-        self.sampler = GameSampler(catalogue.sample(cfg.rollout.split, None, cfg.seed, tasks=cfg.tasks), seed=cfg.seed)
-        self.eval_games = catalogue.sample(cfg.eval.split, cfg.eval.n, cfg.eval.seed, tasks=cfg.tasks)
-
-        self.student, self.teacher = start_agents(
-            replace(cfg.student_engine, model=student_path),
-            replace(cfg.teacher_engine, model=teacher_path),
-            cfg.resources.student_cpus, cfg.resources.teacher_cpus,
-            cfg.resources.student_gpus, cfg.resources.teacher_gpus,
-            # Named, so the dashboard (and bench/chaos.py) can tell them apart.
-            student_options={**self.groups.options("student engine"), "name": f"rose_ray {self.session} student engine"},
-            teacher_options={**self.groups.options("teacher engine"), "name": f"rose_ray {self.session} teacher engine"},
-            enable_thinking=cfg.chat.enable_thinking,
-        )
-        r = cfg.reliability  # a lost engine is replaced on its placement; past max_restarts the run stops
-        self.engines = EngineSupervisor(r.max_restarts, r.health_every_s, r.health_timeout_s, r.start_timeout_s,
-                                        on_start=self._engine_started, on_failed=self._role_failed)
-        self.engines.watch("student engine", self.student)
-        self.engines.watch("teacher engine", self.teacher)
-        self.protocol = cfg.env.protocol()
-        self.recipe = get_recipe(cfg.algorithm)  # who acts when, which tokens train (rose_ray/recipes/)
-        self.recipe.check_agents(cfg, self.teacher.chat is self.student.chat)
-        self.token_weights = self.recipe.token_weights(cfg)
-        self.pools = start_env_pools(cfg.env, max_turns=cfg.rollout.max_turns)
-        self.runner = EpisodeRunner(self.pools, cfg.env.games_per_worker, cfg.rollout.max_retries, self.engines)
-        self.eval_pools: list = []  # started at the first eval (none if evals are off)
-        self.episode_cfg = EpisodeConfig(
-            max_turns=cfg.rollout.max_turns,
-            student_sampling=cfg.rollout.student_sampling,
-            teacher_sampling=cfg.rollout.teacher_sampling,
-            score_student_with_teacher=self.recipe.teacher_scores_student(cfg),
-            report=cfg.rollout.report,
-        )
-        self.handoff = self.recipe.handoff(cfg)
-        self.ledger = EpisodeLedger(self.run_dir / "episodes.jsonl", self.sampler, fresh=not self.resume)
-        self.buffer = self.new_buffer()
-        self.learner = LearnerGroup(replace(cfg.learner, model=student_path),
-                                    worker_options=lambda r: self.groups.options("learner ranks", r))
-        self.fmt = self.student.chat
-        tok = load_tokenizer(student_path)
-        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.fmt.eos_id
-        self.metrics = MetricsLogger(self.run_dir)
-        if not self.resume:
-            (self.run_dir / "trajectories.jsonl").unlink(missing_ok=True)  # left by a run that never checkpointed
-        self.start_state = self.checkpoint_state()  # where "back to the latest checkpoint" goes without one
-        self.start_state["ledger"]["offset"] = 0
-        if self.resume:
-            self.load_checkpoint()
-
-    def new_buffer(self, counters: Any = None) -> Any:
-        from rose_ray.rollout.buffer import TrajectoryBuffer
-
-        return TrajectoryBuffer(self.cfg.rollout.batch_episodes, self.cfg.rollout.max_lag, counters,
-                                on_drop=lambda t: self.ledger.record(t.episode_id, "dropped_stale"))
-
-    # ----------------------------------------------------------------- checkpoints
-    @property
-    def ckpt_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
-
-    def checkpoint_state(self) -> dict[str, Any]:
-        """The trainer's side of a checkpoint, taken in the event loop (nothing moves meanwhile):
-        the ledger's open episodes, and counters without them (a resume plays them again)."""
-        return {"step": self.step, "version": self.learner.version, "ledger": self.ledger.state(),
-                "buffer": self.buffer.resumable_counters().as_dict(),
-                "runner": self.runner.resumable_counters(len(self.buffer.items)).as_dict(),
-                "replies": dict(self.replies), "history": copy.deepcopy(self.history)}
-
-    def save_checkpoint(self, state: dict[str, Any] | None = None) -> None:
-        state = state or self.checkpoint_state()
-        tag = f"step_{self.learner.step}"
-        # The trainer's file first: the learner writes `latest` last, so it never names a
-        # checkpoint whose trainer state is missing.
-        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.ckpt_dir / f"trainer_{tag}.json.tmp"
-        tmp.write_text(json.dumps({**state, "sampler": state["ledger"]["sampler"], "tag": tag}))
-        os.replace(tmp, self.ckpt_dir / f"trainer_{tag}.json")
-        self.learner.save_checkpoint(self.ckpt_dir)
-        # Keep the newest `keep_checkpoints`.
-        tags = sorted((p.name for p in self.ckpt_dir.glob("step_*") if p.is_dir()),
-                      key=lambda t: int(t.split("_")[1]))
-        for old in tags[: -self.cfg.keep_checkpoints]:
-            shutil.rmtree(self.ckpt_dir / old, ignore_errors=True)
-            (self.ckpt_dir / f"trainer_{old}.json").unlink(missing_ok=True)
-
-    async def checkpoint(self) -> None:
-        state = self.checkpoint_state()
-        await self.in_learner(self.save_checkpoint, state)
-
-    async def in_learner(self, fn: Any, *args: Any) -> Any:
-        """`fn(*args)` on the learner, in a thread. Cancelled meanwhile (a stall, a lost role),
-        the thread goes on, so the learner's state is unknown from then on."""
-        try:
-            return await asyncio.to_thread(fn, *args)
-        except asyncio.CancelledError:
-            self.learner_unsure = True
-            raise
-
-    def load_checkpoint(self, publish: bool = True) -> None:
-        """Back to the latest checkpoint (or the start, without one): the learner, the game order
-        and the episodes open then (played again first), counters, and the logs cut to match."""
-        from rose_ray.rollout.buffer import BufferCounters
-        from rose_ray.rollout.ledger import keep_steps
-        from rose_ray.rollout.runner import RunnerCounters
-
-        state = self.start_state
-        if (self.ckpt_dir / "latest").is_file():
-            info = self.learner.load_checkpoint(self.ckpt_dir)
-            state = json.loads((self.ckpt_dir / f"trainer_{info['tag']}.json").read_text())
-        self.step = state["step"]
-        self.history = copy.deepcopy(state["history"])  # a copy: the state may be restored again
-        self.replies = dict(state.get("replies", self.replies))
-        if "ledger" in state:
-            self.ledger.load_state(state["ledger"])
-            self.buffer = self.new_buffer(BufferCounters(**state["buffer"]))
-            self.runner.counters = RunnerCounters(**state["runner"])
-        else:  # a checkpoint from before the ledger: its game order only
-            self.sampler.load_state(state["sampler"])
-        for log in ("trajectories.jsonl", "metrics.jsonl"):  # steps after it are trained again
-            keep_steps(self.run_dir / log, self.step)
-        if publish:
-            self.publish_now(self.student.engine)  # the student engine starts from the checkpoint's weights
-        print(f"train: {self.run_dir} at step {self.step} (policy version {self.learner.version}); "
-              f"{len(self.ledger.replay)} open episodes to play again", flush=True)
-
-    @property
-    def model_dir(self) -> Path:
-        return self.run_dir / "model"
-
-    def export_model(self) -> None:
-        """The student as a Hugging Face folder, `<run_dir>/model/`, replaced atomically."""
-        from rose_ray.export import MODEL_INFO, model_info
-
-        info = model_info(self.cfg, self.run_dir, self.step, self.learner.version, self.student_path)
-        self.learner.export(self.model_dir, {MODEL_INFO: info})
-
-    def publish_now(self, engine: Any) -> None:
-        self.weights_ms = self.learner.publish_weights([engine])["total_ms"]
-
-    async def publish(self) -> None:
-        """The learner's weights to the student engine. A student engine lost meanwhile is
-        replaced first (the replacement gets the weights before it serves), then sent them."""
-        while True:
-            engine = self.student.engine
-            try:
-                return await asyncio.to_thread(self.publish_now, engine)
-            except LearnerLost:
-                raise
-            except Exception:
-                if not await self.engines.lost("student engine", engine):
-                    raise
-
-    async def _engine_started(self, role: str, engine: Any) -> None:
-        """A replacement engine, before it serves: the student's gets the latest weights."""
-        if role == "student engine":
-            try:
-                await asyncio.to_thread(self.publish_now, engine)
-            except LearnerLost as lost:  # not the engine's fault: the loop restarts the learner group,
-                self.learner_lost = lost  # which then publishes to this engine
-                self.learner_lost_event.set()
-
-    def _role_failed(self, error: RoleFailed) -> None:
-        self.fatal = self.fatal or error
-        self.stop.set()
-
-    # ----------------------------------------------------------------- 3/5. eval
-    async def evaluate(self, who: str) -> dict[str, Any]:
-        from rose_ray.evaluate import evaluate_games, summarise
-        from rose_ray.rollout.actors import start_env_pools
-        from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
-        from rose_ray.rollout.runner import EpisodeRunner
-        from rose_ray.types import SamplingParams
-
-        if not self.eval_pools:
-            eval_env = replace(self.cfg.env, workers=1, resources=dict(self.cfg.env.resources))
-            self.eval_pools = start_env_pools(eval_env, max_turns=self.cfg.eval.max_turns)
-            self.eval_runner = EpisodeRunner(self.eval_pools, eval_env.games_per_worker, engines=self.engines)
-        agent = self.teacher if who == "teacher" else self.student
-        ep = EpisodeConfig(max_turns=self.cfg.eval.max_turns, report=self.cfg.rollout.report,
-                           student_sampling=SamplingParams(0.0, 1.0, self.cfg.eval.max_new_tokens))
-        records = await evaluate_games(self.eval_runner, self.eval_games, agent, None, ep, HandoffConfig("none"),
-                                       protocol=self.protocol)
-        return summarise(records)["overall"]
-
-    # ----------------------------------------------------------------- 4. rollout + learn
-    async def play_one(self, draw: Any) -> None:
-        """One admitted episode (a ledger Draw), from its game to the buffer or the ledger."""
-        from rose_ray.rollout.episode import EpisodeInterrupted, run_episode
-
-        game = draw.game
-        # The decay policy's draws: the run's seed and the game's place in the (checkpointed)
-        # game order, so a rerun or a resumed run decides the same, whatever the timing.
-        handoff_seed = f"{self.cfg.seed}/{draw.epoch}/{draw.position}/{game.item_id}"
-
-        async def episode(g, slot):
-            return await run_episode(g, slot, self.student, self.teacher, self.episode_cfg, self.handoff,
-                                     protocol=self.protocol, learner_step=self.step,
-                                     request_prefix=f"s{self.step}/", handoff_seed=handoff_seed)
-        try:
-            t = await self.runner.play(game, episode)
-        except asyncio.CancelledError:
-            raise
-        except RoleFailed:
-            return  # the run is stopping: the episode stays open (in flight at the stop)
-        except Exception as e:  # noqa: BLE001 - one bad episode must not stop the run
-            if not isinstance(e, EpisodeInterrupted):
-                print(f"\ntrain: episode on {game.item_id} failed: {type(e).__name__}: {e}", flush=True)
-            self.ledger.record(draw.episode_id, "failed", error=f"{type(e).__name__}: {e}"[:300])
-            await self.buffer.fail()
-            return
-        t.timing["finished_at"] = time.time()
-        t.episode_id = draw.episode_id
-        self.watchdog.progress()
-        await self.buffer.add(t, self.learner.version)
-
-    async def rollouts(self) -> None:
-        """Keep episodes coming while there is room in the buffer (async mode)."""
-        while not self.stop.is_set():
-            await self.buffer.admit()
-            task = asyncio.create_task(self.play_one(self.ledger.draw()))
-            self.episode_tasks.add(task)
-            task.add_done_callback(self.episode_tasks.discard)
-
-    def start_rollouts(self) -> None:
-        if self.cfg.mode == "async":
-            self.producer = asyncio.create_task(self.rollouts())
-
-    async def stop_rollouts(self) -> None:
-        """Cancel the producer and every episode in flight (they stay open in the ledger)."""
-        tasks = [t for t in (self.producer, *self.episode_tasks) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self.producer = None
-
-    async def learn_step(self, batch: list[Trajectory]) -> dict[str, float]:
-        from rose_ray.tokens import loss_turns, make_batch, render
-
-        # Trajectories to tokens, each cut where its engine cut it, with the recipe's weights.
-        seqs = [render(t) for t in batch]
-        made = make_batch(seqs, self.token_weights, self.cfg.learner.max_tokens, self.pad_id)
-        self.doing("train_step")
-        metrics = await self.in_learner(self.learner.train_step, made)
-        self.step += 1
-        self.watchdog.progress()
-        with (self.run_dir / "trajectories.jsonl").open("a") as f:  # what the learner trained on
-            for t, seq in zip(batch, seqs):  # `loss` per turn: did its tokens carry loss this step
-                record = t.to_record(loss=loss_turns(seq, len(t.turns), self.token_weights))
-                f.write(json.dumps({"step": self.step, **record}) + "\n")
-        for t in batch:
-            self.ledger.record(t.episode_id, "trained", step=self.step)
-        if self.step % self.cfg.publish_every == 0:
-            self.doing("publishing weights")
-            await self.publish()
-        return metrics
-
-    async def restart_learner(self, lost: LearnerLost) -> None:
-        """A rank is gone: new ranks on the same placement, back to the latest checkpoint (the
-        steps after it are trained again, on the same games)."""
-        limit = self.cfg.reliability.max_restarts
-        await self.stop_rollouts()
-        if self.eval_task is not None and not self.eval_task.done():
-            self.eval_task.cancel()  # it plays weights that are about to roll back
-        self.learner_unsure, self.restarting_learner = True, True
-        while True:
-            self.learner_restarts += 1
-            if self.learner_restarts > limit:
-                raise RoleFailed(f"learner: lost {self.learner_restarts} times, more than reliability.max_restarts="
-                                 f"{limit}; the last time: {lost}") from lost
-            print(f"\ntrain: {lost}; restarting the learner group from the latest checkpoint "
-                  f"({self.learner_restarts}/{limit})", flush=True)
-            self.doing("restarting the learner group")
-            try:
-                await asyncio.to_thread(self.learner.restart)
-                await asyncio.to_thread(self.load_checkpoint, False)
-                await self.publish()
-                break
-            except LearnerLost as again:
-                lost = again
-        self.learner_unsure, self.restarting_learner = False, False
-        self.watchdog.progress()
-        self.start_rollouts()
-
-    async def log_step(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
-        now = time.time()
-        self.rollout_window = [t for t in self.rollout_window + batch if now - t.timing["finished_at"] < 60]
-        window_s = max(now - min(t.timing["finished_at"] for t in self.rollout_window), 1e-3)
-        student_tokens = sum(len(x.token_ids) for t in batch for x in t.turns if x.owner == "student")
-        handoffs = [t.handoff_turn for t in batch if t.handoff_turn is not None]
-        actions = sum(t.rounds for t in batch) or 1
-        try:  # awaited, never blocking the loop; a hung pool costs its numbers, not the step
-            health = [h for hs in await asyncio.wait_for(asyncio.gather(
-                *(p.health.remote() for p in self.pools)), 5) for h in hs]
-        except Exception:  # noqa: BLE001
-            health = []
-        p50 = [h["step_ms_p50"] for h in health if h["step_ms_p50"] is not None]
-        p95 = [h["step_ms_p95"] for h in health if h["step_ms_p95"] is not None]
-        lags = self.buffer.lags[-len(batch):]
-        scalars = {f"learner/{k}": metrics.get(k, 0.0) for k in ("loss", "grad_norm", "lr", "tokens_per_s")}
-        scalars.update({
-            # The CE term trains teacher tokens (rose, teacher_sft); 0 = no such term this step.
-            "learner/loss_teacher_ce": metrics.get("loss_ce", 0.0),
-            "learner/loss_opd": metrics.get("loss_opd", 0.0),
-            "rollout/score": sum(t.score for t in batch) / len(batch),
-            "rollout/episodes_per_s": len(self.rollout_window) / window_s,
-            "rollout/tokens_per_s": student_tokens / max(sum(t.timing.get("student_s", 0) for t in batch), 1e-6),
-            "rollout/handoff_turn": sum(handoffs) / len(handoffs) if handoffs else 0.0,
-            "rollout/invalid_action_rate": sum(t.invalid_actions for t in batch) / actions,
-            # Replies cut at max_new_tokens, and those cut before an `Action:` line (thinking
-            # that never reached an answer): a budget too small for the model shows here.
-            "rollout/truncated_rate": sum(t.truncated_turns for t in batch) / actions,
-            "rollout/cut_before_action_rate": sum(t.cut_before_action for t in batch) / actions,
-            "async/policy_lag": sum(lags) / len(lags) if lags else 0.0,
-            "async/buffer_size": float(len(self.buffer.items)),
-            "async/dropped_stale": float(self.buffer.counters.dropped_stale),
-            "env/step_ms_p50": sorted(p50)[len(p50) // 2] if p50 else 0.0,
-            "env/step_ms_p95": max(p95) if p95 else 0.0,
-            "env/restarts": float(self.runner.counters.restarts + sum(h["restarts"] for h in health)),
-            "weights/sync_ms": self.weights_ms,
-            "weights/version": float(self.learner.version),
-            "reliability/engine_restarts": float(sum(self.engines.restarts().values())),
-            "reliability/learner_restarts": float(self.learner_restarts),
-        })
-        ps = [t.handoff_p for t in batch if t.handoff_p is not None]
-        if ps:  # decay: the takeover probability this batch's episodes played under
-            scalars["rollout/handoff_p"] = sum(ps) / len(ps)
-        self.metrics.log(self.step, scalars)
-        for t in batch:
-            self.replies["replies"] += t.rounds
-            self.replies["truncated"] += t.truncated_turns
-            self.replies["cut_before_action"] += t.cut_before_action
-        if self.step == 1 or self.step % max(self.cfg.steps // 4, 1) == 0:
-            for t in batch[: self.cfg.samples_to_log]:
-                from rose_ray.metrics import trajectory_markdown
-
-                self.metrics.text(self.step, "samples/trajectory", trajectory_markdown(t.to_record()))
-        elapsed = time.time() - self.t_start
-        self.metrics.progress(
-            f"step {self.step}/{self.cfg.steps} loss {metrics.get('loss', math.nan):.3f} "
-            f"score {scalars['rollout/score']:.3f} lag {scalars['async/policy_lag']:.2f} "
-            f"buffer {len(self.buffer.items)} ep/s {scalars['rollout/episodes_per_s']:.2f} "
-            f"v{self.learner.version} {elapsed:.0f}s"
-        )
-
-    async def log_eval(self, step: int, who: str, result: dict[str, Any]) -> None:
-        self.history["eval"].append({"step": step, "who": who, **result})
-        if who == "student":
-            self.metrics.log(step, {"eval/score": result["score"], "eval/success": result["success"],
-                                    "eval/pass": result["pass"]})
-
+class Trainer(Run):
     async def run(self) -> dict[str, Any]:
+        """Evals before, the loop under the run's supervision, the stop, the eval after."""
         self.stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, self._interrupt)
         loop.add_signal_handler(signal.SIGTERM, self._interrupt)
         cfg = self.cfg
-        # A role being replaced is not a stall (each replacement has its own time limit).
-        self.watchdog = Watchdog(cfg.reliability.watchdog_s, self.waiting_report,
-                                 busy=lambda: self.restarting_learner or self.engines.replacing())
-        monitor = asyncio.create_task(self.engines.monitor())  # a lost engine is replaced
+        if not self.resume:
+            if cfg.eval.before:
+                await self.log_eval(0, "student", await self.evaluate("student"))
+            if cfg.eval.teacher:
+                await self.log_eval(0, "teacher", await self.evaluate("teacher"))
+            self.start_state["history"] = copy.deepcopy(self.history)  # a restart keeps them
         try:
-            if not self.resume:
-                if cfg.eval.before:
-                    await self.log_eval(0, "student", await self.evaluate("student"))
-                if cfg.eval.teacher:
-                    await self.log_eval(0, "teacher", await self.evaluate("teacher"))
-                self.start_state["history"] = copy.deepcopy(self.history)  # a restart keeps them
-            # The loop, beside a watchdog that gives up on it when nothing moves for too long.
-            self.watchdog.progress()
-            waits = {asyncio.create_task(self.train_loop())}
-            if cfg.reliability.watchdog_s:
-                waits.add(asyncio.create_task(self.watchdog.run()))
-            done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-            for task in done:
-                if isinstance(task.exception(), RoleFailed):
-                    self.fatal = self.fatal or task.exception()
-                elif task.exception() is not None:
-                    self.crash = task.exception()  # raised after the stop's checkpoint
+            await self.supervise(self.train_loop())  # beside the engines' monitor and the watchdog
         finally:
             self.stop.set()
-            monitor.cancel()
             await self.stop_rollouts()
             self.metrics.end_progress()
         if self.eval_task is not None and not self.eval_task.done():
             self.eval_task.cancel()
-        try:
-            saved = await self.final_checkpoint()
-            if saved:
-                try:
-                    await asyncio.to_thread(self.export_model)  # before the eval: a failing eval keeps it
-                except Exception as e:
-                    if self.fatal is None and self.crash is None:
-                        raise
-                    print(f"\ntrain: no model/ at the stop: {type(e).__name__}: {e}", flush=True)
-        finally:
-            self.ledger.stop()  # after the checkpoint: a resume plays these again
-        if self.crash is not None:
-            raise self.crash
-        if self.fatal is not None:
-            latest = self.ckpt_dir / "latest"
-            where = f"checkpoint {latest.read_text().strip()}" if latest.is_file() else "no checkpoint"
-            raise type(self.fatal)(f"{self.fatal}\n{'the stop wrote' if saved else 'the stop could not write one; the latest is'} "
-                                   f"{where} (rose-ray train --resume {self.run_dir} goes on from it)")
+        await self.wind_down()  # the final checkpoint and model/; raises if a role was lost
         if cfg.eval.after and self.step >= cfg.steps:
             await self.log_eval(self.step, "student", await self.evaluate("student"))
         return self.summary()
@@ -530,8 +93,74 @@ class Trainer:
                     self.doing("checkpointing")
                     await self.checkpoint()
             except LearnerLost as lost:
-                await self.restart_learner(lost)  # RoleFailed past max_restarts
+                # New ranks, back to the latest checkpoint; the steps after it are trained
+                # again on the same games (RoleFailed past max_restarts).
+                await self.stop_rollouts()
+                if self.eval_task is not None and not self.eval_task.done():
+                    self.eval_task.cancel()  # it plays weights that are about to roll back
+                await self.restart_learner(lost)
+                self.start_rollouts()
 
+    # ----------------------------------------------------------------- episodes
+    def start_rollouts(self) -> None:
+        if self.cfg.mode == "async":
+            self.producer = asyncio.create_task(self.rollouts())
+
+    async def rollouts(self) -> None:
+        """Keep episodes coming while there is room in the buffer (async mode)."""
+        while not self.stop.is_set():
+            await self.buffer.admit()
+            task = asyncio.create_task(self.play_one(self.ledger.draw()))
+            self.episode_tasks.add(task)
+            task.add_done_callback(self.episode_tasks.discard)
+
+    async def sync_rollout(self) -> None:
+        """Sync mode: play one batch of episodes, then return to the learner."""
+        async def one() -> None:
+            await self.buffer.admit()
+            await self.play_one(self.ledger.draw())
+
+        await asyncio.gather(*(one() for _ in range(self.cfg.rollout.batch_episodes)))
+
+    async def stop_rollouts(self) -> None:
+        """Cancel the producer and every episode in flight (they stay open in the ledger)."""
+        tasks = [t for t in (self.producer, *self.episode_tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.producer = None
+
+    async def play_one(self, draw: Any) -> None:
+        """One admitted episode (a ledger Draw), from its game to the buffer or the ledger."""
+        from rose_ray.rollout.episode import EpisodeInterrupted, run_episode
+
+        game = draw.game
+        # The decay policy's draws: the run's seed and the game's place in the (checkpointed)
+        # game order, so a rerun or a resumed run decides the same, whatever the timing.
+        handoff_seed = f"{self.cfg.seed}/{draw.epoch}/{draw.position}/{game.item_id}"
+
+        async def episode(g, slot):
+            return await run_episode(g, slot, self.student, self.teacher, self.episode_cfg, self.handoff,
+                                     protocol=self.protocol, learner_step=self.step,
+                                     request_prefix=f"s{self.step}/", handoff_seed=handoff_seed)
+        try:
+            t = await self.runner.play(game, episode)
+        except asyncio.CancelledError:
+            raise
+        except RoleFailed:
+            return  # the run is stopping: the episode stays open (in flight at the stop)
+        except Exception as e:  # noqa: BLE001 - one bad episode must not stop the run
+            if not isinstance(e, EpisodeInterrupted):
+                print(f"\ntrain: episode on {game.item_id} failed: {type(e).__name__}: {e}", flush=True)
+            self.ledger.record(draw.episode_id, "failed", error=f"{type(e).__name__}: {e}"[:300])
+            await self.buffer.fail()
+            return
+        t.timing["finished_at"] = time.time()
+        t.episode_id = draw.episode_id
+        self.watchdog.progress()
+        await self.buffer.add(t, self.learner.version)
+
+    # ----------------------------------------------------------------- learning
     async def next_batch(self) -> list[Trajectory] | None:
         """The learner's next batch from the buffer; None when the run is told to stop first, or
         the learner was found lost meanwhile."""
@@ -547,49 +176,65 @@ class Trainer:
                 batch_task.cancel()
         return batch_task.result() if batch_task.done() and not batch_task.cancelled() else None
 
-    async def final_checkpoint(self) -> bool:
-        """The stop's checkpoint; False when the learner's state is unknown (a call cut short, a
-        restart unfinished: the latest checkpoint stands), or when it cannot write one (gone,
-        or hung: then its ranks are ended, which frees every thread still waiting on them)."""
-        if self.learner_unsure:
-            print("\ntrain: no checkpoint at the stop: a learner call was cut short, so its state is "
-                  "unknown; the latest checkpoint stands", flush=True)
-            return False
-        try:
-            # After a failure the learner itself may hang: then it gets a bounded time to answer.
-            bound = max(self.cfg.reliability.watchdog_s, 120) if self.fatal or self.crash else None
-            await asyncio.wait_for(self.checkpoint(), bound)
-            return True
-        except Exception as e:
-            if self.fatal is None and self.crash is None and not isinstance(e, LearnerLost):
-                raise
-            print(f"\ntrain: no checkpoint at the stop: {type(e).__name__}: {e}", flush=True)
-            self.learner.shutdown()
-            return False
+    async def learn_step(self, batch: list[Trajectory]) -> dict[str, float]:
+        from rose_ray.tokens import loss_turns, make_batch, render
 
-    async def waiting_report(self) -> str:
-        """Which role waits on what (the watchdog's report), one line each."""
-        from rose_ray.rollout.actors import ping_pools
+        # Trajectories to tokens, each cut where its engine cut it, with the recipe's weights.
+        seqs = [render(t) for t in batch]
+        made = make_batch(seqs, self.token_weights, self.cfg.learner.max_tokens, self.pad_id)
+        self.doing("train_step")
+        metrics = await self.in_learner(self.learner.train_step, made)
+        self.step += 1
+        self.watchdog.progress()
+        with (self.run_dir / "trajectories.jsonl").open("a") as f:  # what the learner trained on
+            for t, seq in zip(batch, seqs):  # `loss` per turn: did its tokens carry loss this step
+                record = t.to_record(loss=loss_turns(seq, len(t.turns), self.token_weights))
+                f.write(json.dumps({"step": self.step, **record}) + "\n")
+        for t in batch:
+            self.ledger.record(t.episode_id, "trained", step=self.step)
+        if self.step % self.cfg.publish_every == 0:
+            self.doing("publishing weights")
+            await self.publish()
+        return metrics
 
-        what, since = self.phase
-        lines = [f"driver: {what} for {time.monotonic() - since:.0f} s (step {self.step}/{self.cfg.steps}; "
-                 f"{len(self.buffer.items)} of {self.cfg.rollout.batch_episodes} episodes ready, "
-                 f"{self.buffer.in_flight} in flight)"]
-        lines += self.runner.waiting()
-        lines += await self.engines.describe()
-        lines += await ping_pools(self.pools) or [f"env pools: all {len(self.pools)} answer a ping"]
-        return "\n  ".join(lines)
+    async def log_step(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
+        from rose_ray.metrics import batch_scalars, trajectory_markdown
 
-    def doing(self, what: str) -> None:
-        self.phase = (what, time.monotonic())
+        scalars = {**batch_scalars(batch, metrics), **await self.run_scalars(batch)}
+        self.metrics.log(self.step, scalars)
+        for t in batch:
+            self.replies["replies"] += t.rounds
+            self.replies["truncated"] += t.truncated_turns
+            self.replies["cut_before_action"] += t.cut_before_action
+        if self.step == 1 or self.step % max(self.cfg.steps // 4, 1) == 0:
+            for t in batch[: self.cfg.samples_to_log]:
+                self.metrics.text(self.step, "samples/trajectory", trajectory_markdown(t.to_record()))
+        self.metrics.progress(
+            f"step {self.step}/{self.cfg.steps} loss {metrics.get('loss', math.nan):.3f} "
+            f"score {scalars['rollout/score']:.3f} lag {scalars['async/policy_lag']:.2f} "
+            f"buffer {len(self.buffer.items)} ep/s {scalars['rollout/episodes_per_s']:.2f} "
+            f"v{self.learner.version} {time.time() - self.t_start:.0f}s"
+        )
 
-    async def sync_rollout(self) -> None:
-        """Sync mode: play one batch of episodes, then return to the learner."""
-        async def one() -> None:
-            await self.buffer.admit()
-            await self.play_one(self.ledger.draw())
+    # ----------------------------------------------------------------- evals
+    async def evaluate(self, who: str) -> dict[str, Any]:
+        """Greedy play of the held-out games by the student (or the teacher) alone."""
+        from rose_ray.evaluate import evaluate_games, summarise
+        from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
+        from rose_ray.types import SamplingParams
 
-        await asyncio.gather(*(one() for _ in range(self.cfg.rollout.batch_episodes)))
+        agent = self.teacher if who == "teacher" else self.student
+        ep = EpisodeConfig(max_turns=self.cfg.eval.max_turns, report=self.cfg.rollout.report,
+                           student_sampling=SamplingParams(0.0, 1.0, self.cfg.eval.max_new_tokens))
+        records = await evaluate_games(self.eval_runner(), self.eval_games, agent, None, ep, HandoffConfig("none"),
+                                       protocol=self.protocol)
+        return summarise(records)["overall"]
+
+    async def log_eval(self, step: int, who: str, result: dict[str, Any]) -> None:
+        self.history["eval"].append({"step": step, "who": who, **result})
+        if who == "student":
+            self.metrics.log(step, {"eval/score": result["score"], "eval/success": result["success"],
+                                    "eval/pass": result["pass"]})
 
     async def _eval_in_background(self, step: int) -> None:
         await self.log_eval(step, "student", await self.evaluate("student"))
@@ -599,47 +244,6 @@ class Trainer:
             raise KeyboardInterrupt
         print("\ntrain: stopping after the current step (Ctrl-C again to force)", flush=True)
         self.stop.set()
-
-    def summary(self) -> dict[str, Any]:
-        evals = self.history["eval"]
-        student = [e for e in evals if e["who"] == "student"]
-        teacher = [e for e in evals if e["who"] == "teacher"]
-        return {
-            "run_dir": str(self.run_dir), "steps": self.step, "version": self.learner.version,
-            "model": str(self.model_dir),
-            "before": student[0] if student and student[0]["step"] == 0 else None,
-            "after": student[-1] if student and student[-1]["step"] == self.step and self.step else None,
-            "teacher": teacher[0] if teacher else None,
-            "buffer": self.buffer.counters.as_dict(), "runner": self.runner.counters.as_dict(),
-            "replies": self.replies,
-            "accounting_holds": self.buffer.accounting_holds(),
-            "restarts": {**self.engines.restarts(), "learner": self.learner_restarts},
-            "episodes": dict(self.ledger.outcomes),  # outcomes in episodes.jsonl
-        }
-
-    def close(self) -> None:
-        from rose_ray.rollout.actors import close_pools, stop_agents
-
-        close_pools(getattr(self, "pools", []) + getattr(self, "eval_pools", []))
-        stop_agents(getattr(self, "student", None), getattr(self, "teacher", None))
-        if getattr(self, "learner", None) is not None:
-            self.learner.shutdown()
-        if getattr(self, "groups", None) is not None:
-            self.groups.remove()
-        if getattr(self, "metrics", None) is not None:
-            self.metrics.close()
-        if getattr(self, "ledger", None) is not None:
-            self.ledger.close()
-
-
-def results_table(summary: dict[str, Any]) -> str:
-    rows = [("student before", summary["before"]), ("student after", summary["after"]),
-            ("teacher", summary["teacher"])]
-    lines = ["| model | games | Score | Success | Pass |", "| --- | ---: | ---: | ---: | ---: |"]
-    for name, r in rows:
-        if r is not None:
-            lines.append(f"| {name} | {r['games']} | {r['score']:.4f} | {r['success']:.3f} | {r['pass']:.3f} |")
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- entry point
