@@ -39,3 +39,28 @@ def ray_cluster():
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def env_node_cluster():
+    """(cluster, env nodes): a simulated multi-node Ray cluster for one test module, in place of
+    the session's. The head has 2 CPUs and 2 GPUs (fake: Ray only counts them; no GPU exists
+    here); two CPU-only nodes carry the `env_node` custom resource env workers ask for."""
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    import ray
+    from ray.cluster_utils import Cluster
+
+    session = ray.is_initialized()  # the session cluster (ray_cluster): put back after
+    if session:
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2, "include_dashboard": False})
+    try:
+        env_nodes = [c.add_node(num_cpus=2, resources={"env_node": 10}) for _ in range(2)]
+        c.wait_for_nodes()
+        ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
+        yield c, env_nodes
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        if session:
+            ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)

@@ -6,7 +6,6 @@ none duplicated). Episodes are scripted (fixed actions, a fixed "model" delay): 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections import Counter
 
@@ -23,33 +22,19 @@ THINK_S = 0.15  # stands in for the model's turn: episodes are bound by slots, a
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A CPU-only head and two CPU nodes with the `env_node` resource env workers ask for."""
-    os.environ["RAY_AUTH_MODE"] = "disabled"
+def cluster(env_node_cluster):
+    """Two env pools on the cluster's env nodes (conftest.env_node_cluster)."""
+    c, env_nodes = env_node_cluster
     import ray
-    from ray.cluster_utils import Cluster
 
-    session = ray.is_initialized()  # conftest's session cluster: put back after
-    if session:
-        ray.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    pools: list = []
+    config = EnvConfig(workers=2, games_per_worker=2, cpus_per_worker=0.5, resources={"env_node": 1},
+                       call_timeout_s=30)
+    pools = start_env_pools(config, max_turns=len(ACTIONS))
     try:
-        env_nodes = [c.add_node(num_cpus=2, resources={"env_node": 10}) for _ in range(2)]
-        c.wait_for_nodes()
-        ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
-        config = EnvConfig(workers=2, games_per_worker=2, cpus_per_worker=0.5, resources={"env_node": 1},
-                           call_timeout_s=30)
-        pools.extend(start_env_pools(config, max_turns=len(ACTIONS)))
         ray.get([p.num_games.remote() for p in pools], timeout=120)
         yield c, env_nodes, pools
     finally:
-        if pools:
-            close_pools(pools)
-        ray.shutdown()
-        c.shutdown()
-        if session:
-            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        close_pools(pools)
 
 
 def actor_node(handle) -> str:

@@ -85,26 +85,10 @@ def test_missing_custom_resource_is_named():
 
 # --------------------------------------------------------------------------- a real cluster
 @pytest.fixture(scope="module")
-def cluster():
-    """Head with 2 (fake) GPUs; two CPU-only nodes carrying the `env_node` custom resource."""
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    import ray
-    from ray.cluster_utils import Cluster
-
-    session = ray.is_initialized()  # conftest's session cluster: put back after
-    if session:
-        ray.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2, "include_dashboard": False})
-    try:
-        env_nodes = [c.add_node(num_cpus=2, resources={"env_node": 10}) for _ in range(2)]
-        c.wait_for_nodes()
-        ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
-        yield c, [n.node_id for n in env_nodes], c.head_node.node_id
-    finally:
-        ray.shutdown()
-        c.shutdown()
-        if session:
-            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+def cluster(env_node_cluster):
+    """(cluster, env node ids, head node id) of conftest.env_node_cluster."""
+    c, env_nodes = env_node_cluster
+    return c, [n.node_id for n in env_nodes], c.head_node.node_id
 
 
 FITS = ["env.workers=2", "env.cpus_per_worker=0.5", "env.resources.env_node=1",

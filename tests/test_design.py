@@ -1,0 +1,81 @@
+"""The walls of the house, as import rules over the package's source (every import, the ones
+inside functions too): a change that breaks one fails here, naming the module and the import.
+
+- envs/ (worlds, pools, games) runs on CPU workers: no torch, no inference, no learner.
+- learner/ sees tokens only: nothing from inference, rollout, envs, the data modules, the
+  token rendering or the recipes; a Batch arrives ready.
+- Worlds are reached by name (envs/worlds.py): nothing outside envs/ imports a concrete world.
+- inference/engine.py, the engine contract, imports no backend (no circle with hf/openai).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "rose_ray"
+CONCRETE_WORLDS = ("rose_ray.envs.sciworld", "rose_ray.envs.discoveryworld")
+
+
+def imports(path: Path) -> set[str]:
+    """Every module a file imports, anywhere in it (`from a.b import c` gives a.b and a.b.c)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def modules(folder: str) -> list[Path]:
+    return sorted((PACKAGE / folder).rglob("*.py")) if folder else sorted(PACKAGE.rglob("*.py"))
+
+
+def breaks(paths: list[Path], forbidden: tuple[str, ...]) -> list[str]:
+    return [f"{p.name if PACKAGE not in p.parents else p.relative_to(PACKAGE.parent)} imports {name}" for p in paths for name in sorted(imports(p))
+            if any(name == f or name.startswith(f + ".") for f in forbidden)]
+
+
+def test_envs_import_no_torch_inference_or_learner():
+    assert not breaks(modules("envs"), ("torch", "transformers", "deepspeed", "rose_ray.inference",
+                                        "rose_ray.learner"))
+
+
+def test_the_learner_sees_tokens_only():
+    assert not breaks(modules("learner"), ("rose_ray.inference", "rose_ray.rollout", "rose_ray.envs",
+                                           "rose_ray.data", "rose_ray.datasets", "rose_ray.tokens",
+                                           "rose_ray.recipes", "rose_ray.chat"))
+
+
+def test_nothing_outside_envs_names_a_concrete_world():
+    outside = [p for p in modules("") if (PACKAGE / "envs") not in p.parents]
+    assert not breaks(outside, CONCRETE_WORLDS)
+
+
+def test_the_engine_contract_imports_no_backend():
+    assert not breaks([PACKAGE / "inference" / "engine.py"], ("rose_ray.inference.hf", "rose_ray.inference.openai",
+                                                              "rose_ray.inference.backends", "torch"))
+
+
+def test_the_rules_see_what_they_forbid(tmp_path):
+    """The checker itself: a lazy import inside a function counts."""
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from rose_ray.inference.engine import fit_context\n    import torch\n")
+    assert breaks([f], ("rose_ray.inference",)) and breaks([f], ("torch",))
+
+
+@pytest.mark.parametrize("module", ["rose_ray.envs.worlds", "rose_ray.envs.pool", "rose_ray.envs.catalogue"])
+def test_an_env_worker_loads_without_torch(module):
+    """At run time too: importing an env worker's modules and building a world's catalogue
+    and game class pulls in no torch."""
+    code = (f"import sys, {module}; from rose_ray.envs.worlds import get_world; "
+            "w = get_world('sciworld'); w.catalogue(None); "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
