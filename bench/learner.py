@@ -27,7 +27,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 class TorchLoop:
     """The baseline: the same model, micro-batches and loss in a plain torch loop."""
 
-    def __init__(self, model: str, dtype: str, threads: int, lr: float, algorithm) -> None:
+    def __init__(self, model: str, dtype: str, threads: int, lr: float) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -36,11 +36,11 @@ class TorchLoop:
         self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).train()
         self.dtype = dtype
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
-        self.algorithm = algorithm
 
     def train_step(self, parts, den) -> float:
         import torch
 
+        from rose_ray.learner.losses import loss as batch_loss
         from rose_ray.learner.losses import token_logprobs
 
         start = time.perf_counter()
@@ -51,7 +51,7 @@ class TorchLoop:
                                     use_cache=False).logits
             logp = token_logprobs(logits, t["input_ids"])
             aligned = {k: v[:, 1:] for k, v in t.items() if k not in ("input_ids", "position_ids")}
-            loss, _ = self.algorithm.loss(logp, aligned, den)
+            loss, _ = batch_loss(logp, aligned, den, 0.2)
             loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
@@ -98,7 +98,7 @@ class Broadcaster:
 
 
 def make_sequences(vocab: int, n: int, length: int, seed: int = 0):
-    from rose_ray.learner.batching import render
+    from rose_ray.tokens import render
     from rose_ray.types import Turn
 
     rng = np.random.default_rng(seed)
@@ -120,17 +120,20 @@ def bench_training(model: str, vocab: int, args) -> list[dict]:
 
     from rose_ray.learner.batching import split_batch
     from rose_ray.learner.learner import LearnerConfig, LearnerGroup
+    from rose_ray.learner.losses import denominators
+    from rose_ray.recipes.teacher_sft import imitate
+    from rose_ray.tokens import make_batch
 
     seqs = make_sequences(vocab, args.sequences, args.length)
     rows = []
     for dtype in ("float32", "bfloat16"):
-        cfg = LearnerConfig(model=model, algorithm="sft", dtype=dtype, lr=1e-4, threads=args.threads,
+        cfg = LearnerConfig(model=model, dtype=dtype, lr=1e-4, threads=args.threads,
                             cpus_per_rank=1, max_tokens=args.length, grad_accum=args.grad_accum)
         group = LearnerGroup(cfg)
-        batch = group.make_batch(seqs)
+        batch = make_batch(seqs, imitate(["student", "teacher"]), cfg.max_tokens)
         tokens = int((np.asarray(batch.attention_mask) > 0).sum())
-        loop = ray.remote(num_cpus=1)(TorchLoop).remote(model, dtype, args.threads, 1e-4, group.algorithm)
-        den = group.algorithm.denominators(batch)
+        loop = ray.remote(num_cpus=1)(TorchLoop).remote(model, dtype, args.threads, 1e-4)
+        den = denominators(batch)
         parts = ray.put(split_batch(batch, cfg.grad_accum))
         ds_times, torch_times = [], []
         for _ in range(args.warmup + args.steps):

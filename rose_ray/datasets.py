@@ -56,7 +56,7 @@ def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str
         turns.append(Turn("user", observation, "env"))
         location = location_of(observation) or location
     t = Trajectory(game=game, turns=turns, score=last.score, raw_score=last.raw_score,
-                   success=last.success, rounds=len(steps), teacher_id="gold")
+                   success=last.success, rounds=len(steps))
     return t.to_record(schema)
 
 

@@ -1,1 +1,1 @@
-"""DeepSpeed learner: batching, losses, the rank actor group, offline SFT."""
+"""The learner: DeepSpeed ranks in a Ray actor group that train on packed token batches (it sees tokens only)."""
