@@ -12,9 +12,10 @@ from collections import Counter
 
 import pytest
 
-from rose_ray.envs.catalogue import Catalogue
+from rose_ray.envs.config import EnvConfig
+from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
 from rose_ray.rollout.episode import EnvSlot, EpisodeInterrupted
-from rose_ray.rollout.workers import EnvConfig, EpisodeRunner, close_pools, start_env_pools
+from rose_ray.rollout.workers import EpisodeRunner, close_pools, start_env_pools
 from rose_ray.types import GameId, Trajectory
 
 ACTIONS = ["look around", "inventory", "look around", "inventory"]
@@ -58,7 +59,7 @@ def actor_node(handle) -> str:
 
 
 def games(n: int) -> list[GameId]:
-    return Catalogue("agentgym").split("train")[:n]
+    return SciWorldCatalogue("agentgym").split("train")[:n]
 
 
 async def scripted(game: GameId, slot: EnvSlot) -> Trajectory:

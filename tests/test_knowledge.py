@@ -180,10 +180,10 @@ def test_a_game_carries_its_critical_questions_and_done_ends_it():
 
 # --------------------------------------------------------------------------- the report turn on real games
 async def _episodes(tiny_models):
+    from rose_ray.envs.config import EnvConfig
     from rose_ray.inference.engine import EngineConfig
     from rose_ray.rollout.episode import EnvSlot, EpisodeConfig, HandoffConfig, run_episode
     from rose_ray.rollout.workers import (
-        EnvConfig,
         close_pools,
         start_agents,
         start_env_pools,
