@@ -35,8 +35,9 @@ import numpy as np
 import psutil
 from scienceworld import ScienceWorldEnv
 
-from rose_ray.envs.catalogue import Catalogue
-from rose_ray.envs.sciworld import DEFAULT_HEAP, SciWorldGame
+from rose_ray.envs.config import DEFAULT_HEAP
+from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
+from rose_ray.envs.sciworld.game import SciWorldGame
 from rose_ray.types import GameId
 
 RESULTS = Path(__file__).resolve().parent / "results" / "env_step.json"
@@ -446,7 +447,7 @@ def main() -> None:
     t_start = time.perf_counter()
     info = machine_info()
     before = java_pids()
-    catalogue = Catalogue()
+    catalogue = SciWorldCatalogue()
     games = [catalogue.find(t, 1) for t in TASKS[: cfg["gold_games"]]]
     out: dict = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                  "mode": "quick" if args.quick else "full", "config": cfg, "machine": info}

@@ -59,7 +59,8 @@ def run_level(concurrency: int, games: list, student: Any, args: argparse.Namesp
     pool; only the episodes are timed. The row is the median run's, with every run's rate."""
     import ray
 
-    from rose_ray.rollout.actors import EnvConfig, close_pools, start_env_pools
+    from rose_ray.envs.config import EnvConfig
+    from rose_ray.rollout.actors import close_pools, start_env_pools
     from rose_ray.rollout.runner import EpisodeRunner
 
     env_cfg = EnvConfig(workers=1, games_per_worker=concurrency, cpus_per_worker=args.env_cpus)
@@ -133,9 +134,9 @@ def warm_up_jvms(pools: list, slots: int, games_per_slot: int, max_turns: int) -
     warm after their first few games; a 16-game level would otherwise time mostly JIT work)."""
     import ray
 
-    from rose_ray.envs.catalogue import Catalogue
+    from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
 
-    warm = Catalogue("agentgym").sample("train", max(1, games_per_slot * slots), seed=1)
+    warm = SciWorldCatalogue("agentgym").sample("train", max(1, games_per_slot * slots), seed=1)
     for n in range(games_per_slot):
         ray.get([p.reset.remote(s, warm[(n * slots + s) % len(warm)]) for p in pools for s in range(slots)])
         for a in range(max_turns):
@@ -192,7 +193,7 @@ def main() -> None:
 
     import ray
 
-    from rose_ray.envs.catalogue import Catalogue
+    from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
     from rose_ray.inference.engine import EngineConfig, GenerationRequest
     from rose_ray.models import init_tiny
     from rose_ray.rollout.actors import init_ray, start_agents
@@ -200,7 +201,7 @@ def main() -> None:
 
     load_start = os.getloadavg()
     model = init_tiny(Path(args.models).expanduser())["student"]
-    games = Catalogue("agentgym").sample(args.split, n_games, args.seed)
+    games = SciWorldCatalogue("agentgym").sample(args.split, n_games, args.seed)
     init_ray()
     rows = []
     for wait_ms in args.max_wait_ms:

@@ -103,12 +103,13 @@ def _init_tiny(args: argparse.Namespace) -> int:
 
 
 def world_args(g: argparse.ArgumentParser) -> None:
-    from rose_ray.envs.worlds import DEFAULT_WORLD, WORLDS
+    from rose_ray.envs.worlds import DEFAULT_WORLD, WORLDS, get_world
 
     g.add_argument("--world", choices=sorted(WORLDS),
                    help=f"default: the world an item id names, else {DEFAULT_WORLD}")
-    g.add_argument("--mapping", choices=["agentgym", "agentgym_traj"],
-                   help="ScienceWorld's item-id mapping (default agentgym)")
+    mappings = get_world("sciworld").mappings
+    g.add_argument("--mapping", choices=list(mappings),
+                   help=f"ScienceWorld's item-id mapping (default {mappings[0]})")
 
 
 def conversation_args(g: argparse.ArgumentParser) -> None:
@@ -249,9 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", required=True)
     g.set_defaults(func="rose_ray.datasets:gold_main")
 
+    from rose_ray.envs.worlds import get_world
+
     g = sub.add_parser("check-data", help="validate a JSONL dataset and tell its item-id mapping")
     g.add_argument("file")
-    g.add_argument("--mapping", choices=["agentgym", "agentgym_traj"], help="fail unless it is this one")
+    g.add_argument("--mapping", choices=list(get_world("sciworld").mappings), help="fail unless it is this one")
     g.add_argument("--sample", type=int, default=20, help="rows whose task description is checked")
     g.add_argument("--no-jvm", action="store_true", help="check only the rows' task names")
     g.set_defaults(func="rose_ray.datasets:check_data_main")

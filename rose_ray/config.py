@@ -17,9 +17,9 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rose_ray.envs.config import EnvConfig
 from rose_ray.inference.engine import EngineConfig
 from rose_ray.learner.learner import LearnerConfig
-from rose_ray.rollout.actors import EnvConfig
 from rose_ray.rollout.episode import HandoffConfig
 from rose_ray.rollout.report import REPORT_MODES
 from rose_ray.types import SamplingParams

@@ -29,8 +29,8 @@ from typing import Any
 
 from rose_ray.data import message_text, read_jsonl, row_schema, row_to_turns, write_jsonl
 from rose_ray.envs.base import StepResult
-from rose_ray.envs.catalogue import MAPPINGS, Catalogue, GameCatalogue, parse_item
-from rose_ray.envs.protocol import Protocol, location_of
+from rose_ray.envs.catalogue import GameCatalogue, parse_item
+from rose_ray.envs.protocol import Protocol
 from rose_ray.envs.worlds import get_world, world_protocol
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
@@ -50,11 +50,11 @@ def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str
     """A gold episode as a dataset row (teacher-owned assistant turns)."""
     turns = [Turn("user", protocol.instruction, "prompt"), Turn("assistant", protocol.acknowledgement, "prompt"),
              Turn("user", first_observation, "env")]
-    location = location_of(first_observation)
+    location = protocol.location_of(first_observation)
     for action, observation in steps:
         turns.append(Turn("assistant", f"Thought: {gold_thought(action, location)}\nAction: {action}", "teacher"))
         turns.append(Turn("user", observation, "env"))
-        location = location_of(observation) or location
+        location = protocol.location_of(observation) or location
     t = Trajectory(game=game, turns=turns, score=last.score, raw_score=last.raw_score,
                    success=last.success, rounds=len(steps))
     return t.to_record(schema)
@@ -129,8 +129,9 @@ def _play(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol],
           replays: list[list[Turn]] | None = None) -> tuple[list[Trajectory | None], list[str]]:
     """Episodes over Ray actors, each opened by its protocol; with `replays`, each game first
     replays its recorded turns."""
+    from rose_ray.envs.config import EnvConfig
     from rose_ray.inference.engine import EngineConfig
-    from rose_ray.rollout.actors import EnvConfig, local_actors
+    from rose_ray.rollout.actors import local_actors
     from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig, ReplayMismatch
     from rose_ray.rollout.runner import play_games
 
@@ -177,18 +178,20 @@ def _replay_turns(row: dict[str, Any]) -> list[Turn]:
 def detect_mapping(rows: list[dict[str, Any]], sample: int = 20, live: bool = True) -> dict[str, Any]:
     """Which mapping the rows' item ids follow: by their `task` fields and, with `live`, by
     comparing each sampled row's task description with the game's under each mapping."""
-    votes: dict[str, dict[str, int]] = {m: {"agree": 0, "disagree": 0} for m in MAPPINGS}
-    catalogues = {m: Catalogue(m) for m in MAPPINGS}
-    ids = [r for r in rows if str(r["item_id"]).startswith("sciworld_")]
+    world = get_world("sciworld")
+    votes: dict[str, dict[str, int]] = {m: {"agree": 0, "disagree": 0} for m in world.mappings}
+    catalogues = {m: world.catalogue(m) for m in world.mappings}
+    prefix = catalogues[world.mappings[0]].item_prefix
+    ids = [r for r in rows if str(r["item_id"]).startswith(prefix)]
     # Rows from 1096 on tell the mappings apart (agentgym_traj drops task 2-3 there): check those first.
-    ids.sort(key=lambda r: parse_item(r["item_id"]) < 1096)
+    ids.sort(key=lambda r: parse_item(r["item_id"], prefix) < 1096)
     checked = ids[: max(sample, 0) or None]
     game = None
     try:
         for row in checked:
             for name, cat in catalogues.items():
                 try:
-                    g = cat.game(parse_item(row["item_id"]))
+                    g = cat.game(parse_item(row["item_id"], prefix))
                 except (KeyError, ValueError):
                     votes[name]["disagree"] += 1
                     continue
@@ -196,9 +199,7 @@ def detect_mapping(rows: list[dict[str, Any]], sample: int = 20, live: bool = Tr
                     votes[name]["agree" if row["task"] == g.task else "disagree"] += 1
                 if live:
                     if game is None:
-                        from rose_ray.envs.sciworld import SciWorldGame
-
-                        game = SciWorldGame()
+                        game = world.game(call_timeout_s=30.0)
                     description = _row_task_description(row)
                     if description is not None:
                         first = game.load(g).observation.split("\n", 1)[0]

@@ -7,7 +7,7 @@ interrupted eval resumes where it stopped), and writes `<out>.json` and `<out>.m
 totals and a per-task table. `--handoff K --teacher T` evaluates student-then-teacher play.
 `rose-ray eval --compare A.json B.json` prints results side by side.
 
-DiscoveryWorld is also scored as its paper scores it (`paper_tables`): completion, process
+DiscoveryWorld is also scored as its paper scores it (the world's `paper_tables`): completion, process
 score and, with `--judge MODEL`, explanatory knowledge (`judge`), from the agent's answer to
 the report question asked when each episode ends.
 """
@@ -115,7 +115,9 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
             **(cell(rows) if paper else {}),
         }
 
-    from rose_ray.paper_tables import cell, paper_summary
+    from rose_ray.envs.worlds import paper_tables
+
+    cell, paper_summary = paper_tables().cell, paper_tables().paper_summary
 
     paper = bool(records) and all("process" in r for r in records)  # DiscoveryWorld games
     by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -148,7 +150,9 @@ def markdown(summary: dict[str, Any], title: str) -> str:
              head.format("task | "), rule.format("--- | ")]
     lines += [f"| {task} | " + cells(b) for task, b in summary["per_task"].items()]
     if "paper" in summary:
-        from rose_ray.paper_tables import paper_markdown
+        from rose_ray.envs.worlds import paper_tables
+
+        paper_markdown = paper_tables().paper_markdown
 
         o = summary["overall"]
         lines += ["", "## DiscoveryWorld, as its paper scores it", "",
@@ -166,7 +170,9 @@ def markdown(summary: dict[str, Any], title: str) -> str:
 def compare(paths: list[str]) -> str:
     """Several results side by side, in the shape of the seed's table; DiscoveryWorld results
     also with completion / process / knowledge, overall and per scenario."""
-    from rose_ray.paper_tables import compare_paper
+    from rose_ray.envs.worlds import paper_tables
+
+    compare_paper = paper_tables().compare_paper
 
     results = []
     for p in paths:
@@ -225,8 +231,9 @@ def _engine_config(model: str, cfg: EvalJob, tokenizer: str | None):
 
 def run_eval(cfg: EvalJob) -> dict[str, Any]:
     """Evaluate `cfg.model` on its games; resumes from `<out>.partial.jsonl` if present."""
+    from rose_ray.envs.config import EnvConfig
     from rose_ray.envs.worlds import get_world, world_protocol
-    from rose_ray.rollout.actors import EnvConfig, local_actors
+    from rose_ray.rollout.actors import local_actors
     from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
 
     catalogue = get_world(cfg.world).catalogue(cfg.mapping)

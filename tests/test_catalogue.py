@@ -1,5 +1,5 @@
-"""Catalogue: counts, mappings, splits, id lists and the held-out sampler (no JVM needed),
-plus one check of the shipped data against a live JVM."""
+"""ScienceWorld's catalogue: counts, mappings, splits, id lists and the held-out sampler (no
+JVM needed), plus one check of the shipped data against a live JVM."""
 
 from __future__ import annotations
 
@@ -8,18 +8,19 @@ from collections import Counter
 
 import pytest
 
-from rose_ray.envs.catalogue import Catalogue, all_tasks, parse_item
+from rose_ray.envs.catalogue import parse_item
+from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue, all_tasks
 
 
 def test_counts_match_the_agentgym_protocol():
     assert sum(t.num_variations for t in all_tasks()) == 7207
     assert len(all_tasks()) == 30
-    assert len(Catalogue("agentgym")) == 4639
-    assert len(Catalogue("agentgym_traj")) == 4339
+    assert len(SciWorldCatalogue("agentgym")) == 4639
+    assert len(SciWorldCatalogue("agentgym_traj")) == 4339
 
 
 def test_split_sizes_under_agentgym():
-    c = Catalogue("agentgym")
+    c = SciWorldCatalogue("agentgym")
     sizes = {s: len(c.split(s)) for s in ("train", "dev", "test")}
     assert sizes == {"train": 2312, "dev": 1156, "test": 1171}
     assert sum(sizes.values()) == len(c)
@@ -29,7 +30,7 @@ def test_split_sizes_under_agentgym():
 
 
 def test_mapping_spot_checks():
-    ag, traj = Catalogue("agentgym"), Catalogue("agentgym_traj")
+    ag, traj = SciWorldCatalogue("agentgym"), SciWorldCatalogue("agentgym_traj")
     first = ag.game("sciworld_0")
     assert (first.task, first.variation) == ("boil", 0)
     assert ag.game(0) == ag.game("0") == first
@@ -46,7 +47,7 @@ def test_mapping_spot_checks():
 
 
 def test_first_id_of_every_task_under_both_mappings():
-    ag, traj = Catalogue("agentgym"), Catalogue("agentgym_traj")
+    ag, traj = SciWorldCatalogue("agentgym"), SciWorldCatalogue("agentgym_traj")
     assert len(ag.tasks) == 23 and len(traj.tasks) == 22
     running = 0
     for t in ag.tasks:  # topic order, contiguous blocks
@@ -59,7 +60,7 @@ def test_first_id_of_every_task_under_both_mappings():
 
 
 def test_id_list_files(tmp_path):
-    c = Catalogue()
+    c = SciWorldCatalogue()
     path = tmp_path / "ids.json"
     path.write_text(json.dumps([3, "sciworld_40", "7"]))
     assert [g.index for g in c.split(str(path))] == [3, 40, 7]
@@ -79,16 +80,16 @@ def test_id_list_files(tmp_path):
 
 
 def test_shipped_agenteval_list_is_held_out_under_traj_mapping():
-    traj = Catalogue("agentgym_traj")
+    traj = SciWorldCatalogue("agentgym_traj")
     games = traj.split("agenteval_test")
     assert len(games) == 200
     assert {traj.split_of(g) for g in games} == {"test"}
     with pytest.raises(ValueError, match="agentgym_traj"):
-        Catalogue("agentgym").split("agenteval_test")
+        SciWorldCatalogue("agentgym").split("agenteval_test")
 
 
 def test_stratified_sampler_is_seeded_and_proportional():
-    c = Catalogue()
+    c = SciWorldCatalogue()
     test = c.split("test")
     a, b = c.sample("test", 200, seed=3), c.sample("test", 200, seed=3)
     assert a == b and len(a) == 200 and len(set(a)) == 200
@@ -103,8 +104,25 @@ def test_stratified_sampler_is_seeded_and_proportional():
     assert c.sample("test", 5000, seed=0) == test
 
 
+def test_the_sampler_keeps_only_the_tasks_asked_for():
+    c = SciWorldCatalogue()
+    test = c.split("test")
+    assert c.sample("test", None) == test == c.sample("test", None, tasks=[])  # n=None: all, in split order
+    boil = [g for g in test if g.task == "boil"]
+    assert c.sample("test", None, tasks=["boil"]) == boil
+    two = c.sample("test", 6, seed=1, tasks=["boil", "melt"])
+    assert len(two) == 6 and Counter(g.task for g in two) == {"boil": 3, "melt": 3}
+    assert [g.index for g in two] == sorted(g.index for g in two)
+    assert c.sample("test", 6, seed=1, tasks=["melt", "boil"]) == two
+    assert c.sample("test", 10**6, tasks=["boil"]) == boil
+    with pytest.raises(ValueError) as e:
+        c.sample("test", 5, tasks=["boil", "fly", "grow-plant"])  # grow-plant: not under agentgym
+    assert str(e.value) == ("tasks: unknown task(s) ['fly', 'grow-plant'] in sciworld (mapping 'agentgym'); "
+                            "`rose-ray games --world sciworld` lists them")
+
+
 def test_shipped_data_matches_a_live_jvm():
-    from rose_ray.envs.make_catalogue_data import read_live_catalogue
+    from rose_ray.envs.sciworld.make_catalogue_data import read_live_catalogue
 
     live = read_live_catalogue()
     shipped = [

@@ -11,8 +11,9 @@ from collections import Counter
 
 import pytest
 
-from rose_ray.envs.catalogue import Catalogue
-from rose_ray.rollout.actors import EnvConfig, close_pools, start_env_pools
+from rose_ray.envs.config import EnvConfig
+from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
+from rose_ray.rollout.actors import close_pools, start_env_pools
 from rose_ray.rollout.episode import EnvSlot, EpisodeInterrupted
 from rose_ray.rollout.runner import EpisodeRunner
 from rose_ray.types import GameId, Trajectory
@@ -44,7 +45,7 @@ def actor_node(handle) -> str:
 
 
 def games(n: int) -> list[GameId]:
-    return Catalogue("agentgym").split("train")[:n]
+    return SciWorldCatalogue("agentgym").split("train")[:n]
 
 
 async def scripted(game: GameId, slot: EnvSlot) -> Trajectory:

@@ -9,11 +9,11 @@ import pytest
 from rose_ray.cli import main
 from rose_ray.data import read_jsonl, row_to_trajectory, write_jsonl
 from rose_ray.datasets import gold_rows
-from rose_ray.envs.catalogue import Catalogue
 from rose_ray.envs.protocol import parse_action
-from rose_ray.envs.sciworld import SciWorldGame
+from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
+from rose_ray.envs.sciworld.game import SciWorldGame
 
-CAT = Catalogue("agentgym")
+CAT = SciWorldCatalogue("agentgym")
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_check_data_tells_the_mapping(gold, tmp_path, capsys):
     assert main(["check-data", str(path), "--sample", "3"]) == 0
     assert "follow the 'agentgym' mapping" in capsys.readouterr().out
     # The same rows written under the other mapping (ids from 1096 on shift down by 300).
-    traj = Catalogue("agentgym_traj")
+    traj = SciWorldCatalogue("agentgym_traj")
     moved = [dict(r, item_id=traj.find(r["task"], r["var"]).item_id) for r in late]
     other = tmp_path / "traj.jsonl"
     write_jsonl(other, moved)

@@ -179,10 +179,10 @@ def test_env_pool_hosts_discoveryworld_and_replaces_a_killed_worker():
         assert pool.reset(0, "discoveryworld_5").observation.startswith("Task: ")
         assert not pool.step(0, "teleport to jar").interrupted
         # A slot asked for a game of the other world swaps its process for that world's.
-        from rose_ray.envs.catalogue import Catalogue
+        from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
 
         dw_pid = pool.pids()[1]
-        first = pool.reset(1, Catalogue().game("sciworld_0"))
+        first = pool.reset(1, SciWorldCatalogue().game("sciworld_0"))
         assert first.observation.startswith("Your task is to boil water.")
         assert pool.health()[1]["world"] == "sciworld" and pool.health()[1]["restarts"] == 0
         assert not Path(f"/proc/{dw_pid}").exists() or "Z" in Path(f"/proc/{dw_pid}/stat").read_text().split()[2]

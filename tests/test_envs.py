@@ -9,12 +9,13 @@ import time
 import pytest
 
 from rose_ray.envs.base import GameError
-from rose_ray.envs.catalogue import Catalogue
 from rose_ray.envs.pool import EnvPool, env_pool_actor
-from rose_ray.envs.protocol import normalise_score, parse_action
-from rose_ray.envs.sciworld import SciWorldGame
+from rose_ray.envs.protocol import parse_action
+from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
+from rose_ray.envs.sciworld.game import SciWorldGame
+from rose_ray.envs.sciworld.protocol import normalise_score
 
-CATALOGUE = Catalogue()
+CATALOGUE = SciWorldCatalogue()
 
 
 @pytest.fixture(scope="module")

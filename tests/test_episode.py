@@ -13,7 +13,13 @@ from rose_ray.chat import ChatFormat
 from rose_ray.envs.base import StepResult
 from rose_ray.inference.engine import GenerationResult
 from rose_ray.models import load_tokenizer
-from rose_ray.rollout.episode import Agent, EpisodeConfig, HandoffConfig, decay_takes_over, run_episode
+from rose_ray.rollout.episode import (
+    Agent,
+    EpisodeConfig,
+    HandoffConfig,
+    decay_takes_over,
+    run_episode,
+)
 from rose_ray.tokens import render
 from rose_ray.types import GameId, SamplingParams
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rose_ray.envs.protocol import is_success, normalise_score
+from rose_ray.envs.sciworld.protocol import is_success, normalise_score
 from rose_ray.evaluate import EvalJob, compare, game_record, run_eval, summarise
 from rose_ray.types import GameId, Trajectory
 
@@ -58,12 +58,12 @@ def test_eval_of_the_tiny_student_writes_json_and_markdown(tiny_models, ray_clus
 
 
 def test_interrupted_eval_resumes_without_replaying_finished_games(tiny_models, ray_cluster, tmp_path):
-    from rose_ray.envs.catalogue import Catalogue
+    from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
     from rose_ray.evaluate import RESUME_KEYS, resume_header
 
     cfg = EvalJob(model=str(tiny_models["student"]), split="test", n=4, max_turns=2,
                      max_new_tokens=8, concurrency=2, context_tokens=2048, out=str(tmp_path / "r"))
-    games = Catalogue().sample("test", 4, 0)
+    games = SciWorldCatalogue().sample("test", 4, 0)
     partial = tmp_path / "r.partial.jsonl"
     done = [dict(record(g.task, 100, turns=1), item_id=g.item_id, resumed=True) for g in games[:2]]
     # A header written before worlds existed (no `world`, the mapping spelled out) still matches.

@@ -180,9 +180,9 @@ def test_a_game_carries_its_critical_questions_and_done_ends_it():
 
 # --------------------------------------------------------------------------- the report turn on real games
 async def _episodes(tiny_models):
+    from rose_ray.envs.config import EnvConfig
     from rose_ray.inference.engine import EngineConfig
     from rose_ray.rollout.actors import (
-        EnvConfig,
         close_pools,
         start_agents,
         start_env_pools,

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from rose_ray.chat import ChatFormat
-from rose_ray.envs.protocol import Protocol
+from rose_ray.envs.sciworld.protocol import PROTOCOL
 from rose_ray.models import (
     ModelNotAvailable,
     count_parameters,
@@ -51,7 +51,7 @@ def test_missing_model_is_a_clear_error():
 
 def test_turn_by_turn_ids_equal_the_whole_template(tiny_models):
     fmt = ChatFormat(load_tokenizer(tiny_models["student"]))
-    opening = Protocol().opening()
+    opening = PROTOCOL.opening()
     turns = [("user", "Your task is to boil water.\nThis room is called the hallway."),
              ("assistant", "Thought: go.\nAction: open door to kitchen"),
              ("user", "The door is now open.")]

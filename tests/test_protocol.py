@@ -6,15 +6,16 @@ import json
 
 import pytest
 
-from rose_ray.envs.protocol import (
+from rose_ray.envs.protocol import Protocol, parse_action
+from rose_ray.envs.sciworld.protocol import (
     ACTIONS,
     INSTRUCTION,
-    Protocol,
+    PROTOCOL,
     first_observation,
     is_pass,
     is_success,
+    location_of,
     normalise_score,
-    parse_action,
 )
 
 
@@ -54,12 +55,22 @@ def test_first_observation_is_task_newline_look():
     assert first_observation("Your task is X. ", "\nThis room is Y.") == "Your task is X.\nThis room is Y."
 
 
+def test_the_sciworld_protocol_tells_where_the_agent_is_and_keeps_it_with_a_dataset_opening(tmp_path):
+    obs = "This room is called the kitchen. In it, you see:\nYou move to the hallway."
+    assert location_of(obs) == PROTOCOL.location_of(obs) == "hallway"
+    assert PROTOCOL.location_of("You see a cup.") is None
+    assert PROTOCOL.is_invalid("No known action matches that input.") and not PROTOCOL.is_invalid("Done.")
+    row = {"conversations": [{"from": "human", "value": "OLD INSTR"}, {"from": "gpt", "value": "OK."}]}
+    assert PROTOCOL.with_opening_of(row).location_of(obs) == "hallway"  # still ScienceWorld's
+    assert Protocol("I", "A").location_of(obs) is None  # a world that does not say
+
+
 def test_instruction_from_dataset(tmp_path):
     row = {"conversations": [{"from": "human", "value": "OLD INSTR"}, {"from": "gpt", "value": "OK."}]}
     path = tmp_path / "d.jsonl"
     path.write_text("\n" + json.dumps(row) + "\n")
-    p = Protocol().from_dataset(path)
+    p = PROTOCOL.from_dataset(path)
     assert p.opening() == [("user", "OLD INSTR"), ("assistant", "OK.")]
     path.write_text('{"conversations": []}\n')
     with pytest.raises(ValueError, match=r"d.jsonl:1"):
-        Protocol().from_dataset(path)
+        PROTOCOL.from_dataset(path)

@@ -17,7 +17,8 @@ import pytest
 
 from rose_ray.chat import ChatFormat
 from rose_ray.cli import main
-from rose_ray.envs.protocol import Protocol, parse_action
+from rose_ray.envs.protocol import parse_action
+from rose_ray.envs.sciworld.protocol import PROTOCOL
 from rose_ray.models import load_tokenizer
 
 INSTR, ACK = "You are an agent. Answer with Thought: and Action:.", "OK."
@@ -88,9 +89,9 @@ def test_actions_are_parsed_outside_the_think_block():
 
 
 async def _one_episode(tiny_qwen3, student_tokens: int):
-    from rose_ray.envs.catalogue import Catalogue
+    from rose_ray.envs.config import EnvConfig
+    from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
     from rose_ray.rollout.actors import (
-        EnvConfig,
         close_pools,
         start_agents,
         start_env_pools,
@@ -105,8 +106,8 @@ async def _one_episode(tiny_qwen3, student_tokens: int):
     try:
         config = EpisodeConfig(max_turns=4, student_sampling=SamplingParams(1.0, 1.0, student_tokens, seed=3),
                                teacher_sampling=SamplingParams(0.0, 1.0, 24))
-        return await run_episode(Catalogue().find("find-plant", 100), EnvSlot(pools[0], 0), student, teacher,
-                                 config, HandoffConfig("fixed", k=2), protocol=Protocol())
+        return await run_episode(SciWorldCatalogue().find("find-plant", 100), EnvSlot(pools[0], 0), student, teacher,
+                                 config, HandoffConfig("fixed", k=2), protocol=PROTOCOL)
     finally:
         close_pools(pools)
         stop_agents(student, teacher)

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from rose_ray.config import load_config
-from rose_ray.envs.catalogue import Catalogue
 from rose_ray.envs.protocol import parse_action
-from rose_ray.envs.sciworld import SciWorldGame
+from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
+from rose_ray.envs.sciworld.game import SciWorldGame
 from rose_ray.recipes.warmup import shipped_gold, warmup_cache
 
 
@@ -16,7 +16,7 @@ def test_the_tiny_default_warms_on_the_shipped_demonstrations():
     cfg = load_config(None)
     rows = shipped_gold(warmup_cache(cfg, "")[0])
     assert rows is not None and len(rows) == cfg.teacher_warmup.gold_games
-    catalogue = Catalogue(cfg.env.mapping)
+    catalogue = SciWorldCatalogue(cfg.env.mapping)
     games = [catalogue.game(r["item_id"]) for r in rows]
     # They are the games the warm-up would play now: the catalogue's sample of its settings.
     w = cfg.teacher_warmup
@@ -37,7 +37,7 @@ def test_the_shipped_demonstrations_still_match_the_games():
     """A ScienceWorld release that changed these games would make the shipped data a lie."""
     cfg = load_config(None)
     rows = shipped_gold(warmup_cache(cfg, "")[0])
-    catalogue = Catalogue(cfg.env.mapping)
+    catalogue = SciWorldCatalogue(cfg.env.mapping)
     with SciWorldGame() as game:
         for row in rows[:: len(rows) // 3][:3]:
             first = game.load(catalogue.game(row["item_id"]))

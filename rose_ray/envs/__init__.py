@@ -1,1 +1,4 @@
-"""The world side: catalogues, protocol, one game per JVM, pools of games. Never imports torch."""
+"""The world side: one package per world (`sciworld/`, `discoveryworld/`: catalogue, protocol,
+game), reached by name through `worlds.py`; what every world shares (`catalogue.py`,
+`protocol.py`, `base.py`), the `env:` config (`config.py`) and pools of games (`pool.py`).
+Never imports torch."""

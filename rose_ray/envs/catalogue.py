@@ -1,71 +1,21 @@
-"""Game catalogues: what every world's catalogue does, and ScienceWorld's games (id mappings,
-splits, id-list files and a held-out sampler).
+"""What every world's game catalogue does: games by item id, by split (`train`, `dev`,
+`test`, `all`, a named id list shipped in `envs/data/`, or an id-list file) and as a seeded,
+task-stratified sample; `parse_item` reads an item id.
 
-Reads only the shipped `data/sciworld_catalogue.json` (made by `make_catalogue_data`), so
-listing games never starts a JVM.
-
-Mappings (by name):
-- `agentgym` (default, 4,639 games): all tasks but 5-1, 5-2, 9-1..9-3, 10-1, 10-2, taken
-  in topic order, each task's variations 0..n-1 in order; `sciworld_<n>` is the n-th game.
-- `agentgym_traj` (4,339 games): also without 2-3; AgentGym's released training and test
-  item lists use this one.
+A world's own catalogue (`envs/sciworld/catalogue.py`, `envs/discoveryworld/catalogue.py`)
+subclasses `GameCatalogue`: it lists its games and says each one's split.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
-from functools import cache
 from importlib import resources
 from pathlib import Path
 
 from rose_ray.types import GameId
 
-EXCLUDED_AGENTGYM = frozenset({"5-1", "5-2", "9-1", "9-2", "9-3", "10-1", "10-2"})
-MAPPINGS: dict[str, frozenset[str]] = {
-    "agentgym": EXCLUDED_AGENTGYM,
-    "agentgym_traj": EXCLUDED_AGENTGYM | {"2-3"},
-}
 SPLITS = ("train", "dev", "test", "all")
-# Named id-list splits shipped with the package, with the mapping their ids follow.
-NAMED_ID_LISTS: dict[str, tuple[str, str]] = {
-    # AgentEval's 200-game ScienceWorld test list (public copy: zerosurplus/Agent-R,
-    # mcts_utils/sciworld/sciworld_test.json); all in ScienceWorld's test variations under
-    # `agentgym_traj`.
-    "agenteval_test": ("agenteval_sciworld_test_ids.json", "agentgym_traj"),
-}
-ITEM_PREFIX = "sciworld_"
-
-
-@dataclass(frozen=True)
-class TaskInfo:
-    task_id: str  # "1-1"
-    task: str  # "boil"
-    num_variations: int
-    train: tuple[int, int]  # half-open variation ranges
-    dev: tuple[int, int]
-    test: tuple[int, int]
-
-    def split_of(self, variation: int) -> str:
-        for name in ("train", "dev", "test"):
-            start, end = getattr(self, name)
-            if start <= variation < end:
-                return name
-        raise ValueError(f"variation {variation} out of range for task {self.task}")
-
-
-@cache
-def all_tasks() -> tuple[TaskInfo, ...]:
-    """Every ScienceWorld task in topic order (30 tasks, 7,207 games)."""
-    text = resources.files("rose_ray.envs").joinpath("data/sciworld_catalogue.json").read_text()
-    return tuple(
-        TaskInfo(
-            r["task_id"], r["task"], r["num_variations"],
-            tuple(r["train"]), tuple(r["dev"]), tuple(r["test"]),
-        )
-        for r in json.loads(text)["tasks"]
-    )
 
 
 class GameCatalogue:
@@ -148,14 +98,26 @@ class GameCatalogue:
                 raise ValueError(f"{path}: entry {i} ({item!r}): {e.args[0]}") from None
         return games
 
-    def sample(self, split: str | Path, n: int, seed: int = 0) -> list[GameId]:
-        """A seeded, task-stratified sample of `n` games of a split, in item order.
+    def sample(self, split: str | Path, n: int | None, seed: int = 0,
+               tasks: list[str] | None = None) -> list[GameId]:
+        """A seeded, task-stratified sample of `n` games of a split, in item order; `n=None`
+        (or `n` at least the split's size): all of them, in the split's order.
 
-        Each task gets a share of `n` in proportion to its games in the split (largest
-        remainders first, every task at least one while n allows), sampled without replacement.
+        `tasks` (task names; empty or None: all) keeps only those tasks' games, before
+        sampling. Each task gets a share of `n` in proportion to its games in the split
+        (largest remainders first, every task at least one while n allows), sampled without
+        replacement.
         """
         pool = self.split(split)
-        if n >= len(pool):
+        if tasks:
+            known = set(self.task_names())
+            unknown = [t for t in tasks if t not in known]
+            if unknown:
+                raise ValueError(f"tasks: unknown task(s) {unknown} in {self.world} (mapping {self.mapping!r}); "
+                                 f"`rose-ray games --world {self.world}` lists them")
+            wanted = set(tasks)
+            pool = [g for g in pool if g.task in wanted]
+        if n is None or n >= len(pool):
             return pool
         by_task: dict[str, list[GameId]] = {}
         for g in pool:
@@ -175,59 +137,8 @@ class GameCatalogue:
         return counts
 
 
-class Catalogue(GameCatalogue):
-    """ScienceWorld's games of one mapping; also addressable by (task, variation)."""
-
-    world = "sciworld"
-    item_prefix = ITEM_PREFIX
-    named_id_lists = NAMED_ID_LISTS
-
-    def __init__(self, mapping: str | None = None) -> None:
-        mapping = mapping or "agentgym"
-        if mapping not in MAPPINGS:
-            raise ValueError(f"unknown catalogue mapping {mapping!r}; choose from {sorted(MAPPINGS)}")
-        self.mapping = mapping
-        self.tasks = tuple(t for t in all_tasks() if t.task_id not in MAPPINGS[mapping])
-        games: list[GameId] = []
-        self._first: dict[str, int] = {}
-        for t in self.tasks:
-            first = self._first[t.task] = len(games)
-            games.extend(
-                GameId(t.task, v, f"{ITEM_PREFIX}{first + v}") for v in range(t.num_variations)
-            )
-        super().__init__(games)
-        self._task_by_name = {t.task: t for t in self.tasks}
-
-    def task(self, name: str) -> TaskInfo:
-        try:
-            return self._task_by_name[name]
-        except KeyError:
-            raise KeyError(f"task {name!r} is not in the {self.mapping!r} mapping") from None
-
-    def find(self, task: str, variation: int) -> GameId:
-        info = self.task(task)
-        if not 0 <= variation < info.num_variations:
-            raise KeyError(f"task {task!r} has variations 0..{info.num_variations - 1}, not {variation}")
-        return self.games[self._first[task] + variation]
-
-    def split_of(self, game: GameId) -> str:
-        return self.task(game.task).split_of(game.variation)
-
-    def task_counts(self) -> dict[str, dict[str, int]]:
-        return {
-            t.task: {
-                "task_id": t.task_id,  # type: ignore[dict-item]
-                "all": t.num_variations,
-                "train": t.train[1] - t.train[0],
-                "dev": t.dev[1] - t.dev[0],
-                "test": t.test[1] - t.test[0],
-            }
-            for t in self.tasks
-        }
-
-
-def parse_item(item: int | str, prefix: str = ITEM_PREFIX) -> int:
-    """`sciworld_12`, `12` or 12 -> 12; anything else is a ValueError naming the value."""
+def parse_item(item: int | str, prefix: str = "") -> int:
+    """`<prefix>12` (`sciworld_12`), `12` or 12 -> 12; anything else is a ValueError naming the value."""
     if isinstance(item, bool):
         raise ValueError(f"not an item id: {item!r}")
     if isinstance(item, int):
@@ -236,7 +147,8 @@ def parse_item(item: int | str, prefix: str = ITEM_PREFIX) -> int:
         text = item[len(prefix) :] if item.startswith(prefix) else item
         if text.isdigit():
             return int(text)
-    raise ValueError(f"not an item id: {item!r} (expected an integer or '{prefix}<n>')")
+    expected = f"an integer or '{prefix}<n>'" if prefix else "an integer"
+    raise ValueError(f"not an item id: {item!r} (expected {expected})")
 
 
 def _stratified_quotas(sizes: dict[str, int], n: int) -> dict[str, int]:

@@ -1,5 +1,6 @@
 """EnvPool: N games of a world, each on its own process (a ScienceWorld JVM, a DiscoveryWorld
-worker), driven from one process (a Ray actor on a CPU worker).
+worker), driven from one process (a Ray actor on a CPU worker). Worlds come from
+`envs.worlds` by name; this module imports none.
 
 Calls on different slots run in parallel threads (each game is its own process, so the
 waits release the GIL). A game process that dies or hangs is killed and replaced at once;
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rose_ray.envs.base import Game, GameError, StepResult
-from rose_ray.envs.sciworld import DEFAULT_HEAP
+from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.worlds import get_world
 from rose_ray.types import GameId
 
@@ -36,7 +37,9 @@ class _Slot:
 
 
 class EnvPool:
-    """Hosts `num_games` games; every method takes a slot index in 0..num_games-1."""
+    """Hosts `num_games` games; every method takes a slot index in 0..num_games-1.
+
+    `heap` caps the JVM of a world whose games run one (ScienceWorld; None: uncapped)."""
 
     def __init__(
         self,
@@ -61,9 +64,9 @@ class EnvPool:
 
     def _start(self, slot: _Slot, world: str | None = None) -> None:
         slot.world = world or slot.world or self.world
-        slot.game = get_world(slot.world).game(
-            heap=self.heap, call_timeout_s=self.call_timeout_s, max_turns=self.max_turns
-        )
+        w = get_world(slot.world)
+        jvm = {"heap": self.heap} if w.jvm else {}
+        slot.game = w.game(call_timeout_s=self.call_timeout_s, max_turns=self.max_turns, **jvm)
 
     def _replace(self, slot: _Slot, world: str | None = None) -> None:
         if slot.game is not None:

@@ -1,9 +1,11 @@
 """Worlds by name. A world is its catalogue, its protocol and its game class; everything
-above `envs/` (pools, episodes, eval, datasets, training) reaches a world only through here.
+above `envs/` (pools, episodes, eval, datasets, training), and `envs/pool.py`, reaches a
+world only through here: `get_world(name)` returns its `World`.
 
-Adding a world: a module or package `rose_ray/envs/<name>` that defines `WORLD`, and its
-name in `WORLDS`. Modules are imported on first use, so a world's package is needed only
-when that world is used.
+Adding a world: a package `rose_ray/envs/<name>/` whose `__init__` defines `WORLD` (as
+`envs/sciworld/` and `envs/discoveryworld/` do: `catalogue.py`, `protocol.py`, `game.py`),
+and its name in `WORLDS`. Packages are imported on first use, so a world's dependencies are
+needed only when that world is used.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from rose_ray.envs.base import Game
 from rose_ray.envs.protocol import Protocol
 
 WORLDS: dict[str, str] = {
-    "sciworld": "rose_ray.envs.sciworld_world",
+    "sciworld": "rose_ray.envs.sciworld",
     "discoveryworld": "rose_ray.envs.discoveryworld",
 }
 DEFAULT_WORLD = "sciworld"
@@ -28,8 +30,15 @@ class World:
     name: str
     catalogue: Callable[[str | None], Any]  # mapping (None = the world's default) -> GameCatalogue
     protocol: Protocol
-    game: Callable[..., Game]  # keyword args: call_timeout_s, max_turns, heap
+    # keyword args: call_timeout_s, max_turns, and heap (the JVM's -Xmx cap, None: uncapped)
+    # for a world whose games run a JVM (`jvm`)
+    game: Callable[..., Game]
     has_gold: bool  # whether games have gold action paths (`rose-ray gold`, teacher warm-up)
+    mappings: tuple[str, ...]  # the catalogue's item-id mappings, the default first
+    jvm: bool = False  # its games run on a JVM and `game` takes `heap`
+    # a module scoring results as the world's paper does (DiscoveryWorld's Tables 4 and 5:
+    # `cell`, `paper_summary`, `paper_markdown`, `compare_paper`), or None
+    paper_tables: Any = None
 
 
 def get_world(name: str | None) -> World:
@@ -43,6 +52,14 @@ def get_world(name: str | None) -> World:
         raise ValueError(f"world {name!r} needs a package that is not installed ({e.name}): "
                          f"pip install -e '.[{name}]'") from e
     return module.WORLD
+
+
+def paper_tables(name: str = "discoveryworld") -> Any:
+    """The paper scoring of a world (`World.paper_tables`); a ValueError for a world without."""
+    tables = get_world(name).paper_tables
+    if tables is None:
+        raise ValueError(f"world {name!r} has no paper tables")
+    return tables
 
 
 def world_of_item(item: object) -> str | None:

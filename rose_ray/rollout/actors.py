@@ -8,51 +8,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
+from rose_ray.envs.config import EnvConfig
 from rose_ray.rollout.episode import Agent, same_tokenizer
-
-
-@dataclass
-class EnvConfig:
-    workers: int = 1  # EnvPool actors
-    games_per_worker: int = 4  # game processes (JVMs, workers) per actor
-    heap: str = "256m"
-    call_timeout_s: float = 60.0
-    cpus_per_worker: float = 1.0
-    resources: dict[str, float] = field(default_factory=dict)  # e.g. {"env_node": 0.01}
-    world: str = "sciworld"  # sciworld or discoveryworld
-    mapping: str | None = None  # the world's catalogue mapping (None: its default)
-    # A JSONL dataset whose first row's first two messages become the instruction and its
-    # acknowledgement (exact compatibility with existing data); None: the world's own wording.
-    instruction_from: str | None = None
-
-    def __post_init__(self) -> None:
-        for key in ("workers", "games_per_worker"):
-            if int(getattr(self, key)) < 1:
-                raise ValueError(f"env.{key}: must be >= 1, got {getattr(self, key)!r}")
-        if self.call_timeout_s <= 0:
-            raise ValueError(f"env.call_timeout_s: must be > 0, got {self.call_timeout_s!r}")
-        from rose_ray.envs.worlds import WORLDS, get_world
-
-        if self.world not in WORLDS:
-            raise ValueError(f"env.world: must be one of {sorted(WORLDS)}, got {self.world!r}")
-        try:
-            get_world(self.world).catalogue(self.mapping)
-        except ValueError as e:
-            raise ValueError(f"env.mapping: {e}") from None
-        if self.instruction_from:
-            self.protocol()  # an unreadable file fails at load, naming the key
-
-    def protocol(self):
-        """The world's protocol, with the instruction of `instruction_from` when set."""
-        from rose_ray.envs.worlds import world_protocol
-
-        try:
-            return world_protocol(self.world, self.instruction_from)
-        except ValueError as e:
-            raise ValueError(f"env.instruction_from: {e}") from None
 
 
 def start_env_pools(config: EnvConfig, max_turns: int | None = None) -> list[Any]:

@@ -1,12 +1,14 @@
-"""DiscoveryWorld as a world: 35 (scenario, difficulty) pairs x 5 seeds, text actions with
-object ids, one worker process per game. Needs `pip install discoveryworld` only to play."""
+"""DiscoveryWorld as a world: 35 (scenario, difficulty) pairs x 5 seeds (`catalogue`), text
+actions with object ids (`protocol`), one worker process per game (`game`, `worker`), and its
+paper's scoring (`paper_tables`). Needs `pip install discoveryworld` only to play."""
 
+from rose_ray.envs.discoveryworld import paper_tables
 from rose_ray.envs.discoveryworld.catalogue import DiscoveryWorldCatalogue
 from rose_ray.envs.discoveryworld.protocol import PROTOCOL
 from rose_ray.envs.worlds import World
 
 
-def _game(call_timeout_s: float = 60.0, max_turns: int | None = None, heap: str | None = None):
+def _game(call_timeout_s: float = 60.0, max_turns: int | None = None):
     import importlib.util
 
     if importlib.util.find_spec("discoveryworld") is None:
@@ -17,4 +19,5 @@ def _game(call_timeout_s: float = 60.0, max_turns: int | None = None, heap: str 
 
 
 WORLD = World(name="discoveryworld", catalogue=DiscoveryWorldCatalogue, protocol=PROTOCOL,
-              game=_game, has_gold=False)
+              game=_game, has_gold=False, mappings=(DiscoveryWorldCatalogue.mapping,),
+              paper_tables=paper_tables)

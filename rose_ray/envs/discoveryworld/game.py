@@ -43,8 +43,7 @@ class DiscoveryWorldGame(ProcessGame):
     world = "discoveryworld"
 
     def __init__(self, call_timeout_s: float = 60.0, max_turns: int | None = None,
-                 heap: str | None = None, start_timeout_s: float = 120.0) -> None:
-        del heap  # a JVM setting; this world is Python
+                 start_timeout_s: float = 120.0) -> None:
         self.call_timeout_s = call_timeout_s
         self.max_turns = max_turns
         self.catalogue = DiscoveryWorldCatalogue()

@@ -1,4 +1,5 @@
-"""DiscoveryWorld results in the shape of its paper's Tables 4 and 5.
+"""DiscoveryWorld results in the shape of its paper's Tables 4 and 5 (eval reaches this
+module as the world's `paper_tables`, through `envs.worlds.paper_tables()`).
 
 Three metrics per game: completion (the scenario's `completedSuccessfully`, our Success),
 process (the package's own normalised score, partial credit for task-relevant actions; our

@@ -15,7 +15,8 @@ from py4j.protocol import Py4JError
 from scienceworld.constants import BASEPATH, JAR_PATH
 
 from rose_ray.envs.base import GameError, ProcessGame, StepResult, kill_process
-from rose_ray.envs.protocol import first_observation, is_success, normalise_score
+from rose_ray.envs.config import DEFAULT_HEAP
+from rose_ray.envs.sciworld.protocol import first_observation, is_success, normalise_score
 from rose_ray.types import GameId
 
 # py4j logs a page of traceback for every broken connection, partly through the root
@@ -29,8 +30,6 @@ def _not_from_py4j(record: logging.LogRecord) -> bool:
 
 if _not_from_py4j not in logging.getLogger().filters:
     logging.getLogger().addFilter(_not_from_py4j)
-
-DEFAULT_HEAP = "256m"  # 128m runs out of memory generating gold paths
 
 
 class SciWorldGame(ProcessGame):
@@ -154,9 +153,6 @@ class SciWorldGame(ProcessGame):
     def valid_actions(self) -> list[str]:
         """Every valid action-object combination now (slow: ~20-50 ms)."""
         return [str(a) for a in self._call("valid actions", "getValidActionObjectCombinations")]
-
-    def task_description(self) -> str:
-        return str(self._call("task description", "getTaskDescription"))
 
     def kill(self) -> None:
         """End the JVM at once (after a hang or when it is already dead)."""

@@ -1,6 +1,6 @@
 """Regenerate `envs/data/sciworld_corpus.txt`: ScienceWorld text to train tiny tokenizers on.
 
-    python -m rose_ray.envs.make_corpus
+    python -m rose_ray.envs.sciworld.make_corpus
 
 Plays the gold path of the first training variations of every task and writes the
 instruction, task descriptions, observations and actions. Shipped so that `init-tiny`
@@ -11,17 +11,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rose_ray.envs.catalogue import Catalogue
-from rose_ray.envs.protocol import ACKNOWLEDGEMENT, INSTRUCTION
-from rose_ray.envs.sciworld import SciWorldGame
+from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
+from rose_ray.envs.sciworld.game import SciWorldGame
+from rose_ray.envs.sciworld.protocol import ACKNOWLEDGEMENT, INSTRUCTION
 
-OUT = Path(__file__).parent / "data" / "sciworld_corpus.txt"
+OUT = Path(__file__).parent.parent / "data" / "sciworld_corpus.txt"
 VARIATIONS_PER_TASK = 2
 MAX_CHARS = 600_000
 
 
 def main() -> None:
-    catalogue = Catalogue("agentgym")
+    catalogue = SciWorldCatalogue("agentgym")
     parts = [INSTRUCTION, ACKNOWLEDGEMENT]
     with SciWorldGame() as game:
         for task in catalogue.tasks:

@@ -1,6 +1,6 @@
 """Regenerate `envs/data/sciworld_catalogue.json` from a live ScienceWorld JVM.
 
-    python -m rose_ray.envs.make_catalogue_data
+    python -m rose_ray.envs.sciworld.make_catalogue_data
 
 The catalogue ships this file so that listing games never starts a JVM; the test suite
 checks it against a live JVM.
@@ -13,9 +13,9 @@ from pathlib import Path
 
 from scienceworld.constants import TASKS
 
-from rose_ray.envs.sciworld import SciWorldGame
+from rose_ray.envs.sciworld.game import SciWorldGame
 
-OUT = Path(__file__).parent / "data" / "sciworld_catalogue.json"
+OUT = Path(__file__).parent.parent / "data" / "sciworld_catalogue.json"
 
 
 def read_live_catalogue() -> list[dict]:

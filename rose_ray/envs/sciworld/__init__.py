@@ -1,0 +1,18 @@
+"""ScienceWorld as a world: the `agentgym` catalogues (`catalogue`), the AgentGym protocol
+(`protocol`), one JVM per game (`game`); `make_catalogue_data` and `make_corpus` regenerate
+the shipped data. The game (py4j, scienceworld) is imported only when one is started."""
+
+from rose_ray.envs.config import DEFAULT_HEAP
+from rose_ray.envs.sciworld.catalogue import MAPPINGS, SciWorldCatalogue
+from rose_ray.envs.sciworld.protocol import PROTOCOL
+from rose_ray.envs.worlds import World
+
+
+def _game(call_timeout_s: float = 60.0, max_turns: int | None = None, heap: str | None = DEFAULT_HEAP):
+    from rose_ray.envs.sciworld.game import SciWorldGame
+
+    return SciWorldGame(heap=heap, call_timeout_s=call_timeout_s, max_turns=max_turns)
+
+
+WORLD = World(name="sciworld", catalogue=SciWorldCatalogue, protocol=PROTOCOL, game=_game,
+              has_gold=True, mappings=tuple(MAPPINGS), jvm=True)
