@@ -104,14 +104,14 @@ def run_reference(who: str, common: list[str], tb_root: Path) -> dict[str, Any]:
 
 def run_sft(seed: int, steps: int, common: list[str], tb_root: Path) -> dict[str, Any]:
     """The teacher plays steps x batch training games offline; `sft` trains the student on them."""
+    from rose_ray.collect import PlayConfig, _play
     from rose_ray.config import load_config
-    from rose_ray.data import write_jsonl
-    from rose_ray.datasets import PlayConfig, _play
     from rose_ray.envs.worlds import get_world
     from rose_ray.metrics import MetricsLogger
     from rose_ray.recipes.sft import train_sft
     from rose_ray.recipes.warmup import resolve_models
     from rose_ray.rollout.ledger import GameSampler
+    from rose_ray.rows import write_jsonl
 
     t0 = time.time()
     cfg = load_config(None, [*common, f"seed={seed}", f"steps={steps}"])

@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--n", type=int, default=0, help="a task-stratified sample (0 = the whole split)")
     g.add_argument("--out", required=True)
     play_args(g, 1.0)
-    g.set_defaults(func="rose_ray.datasets:collect_main")
+    g.set_defaults(func="rose_ray.collect:collect_main")
 
     g = sub.add_parser("continue", help="replay recorded prefixes, then let the teacher play on")
     g.add_argument("--teacher", required=True)
@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-turns", type=int, default=10, help="turns in all, prefix included")
     g.add_argument("--out", required=True)
     play_args(g, 0.0)
-    g.set_defaults(func="rose_ray.datasets:continue_main")
+    g.set_defaults(func="rose_ray.collect:continue_main")
 
     g = sub.add_parser("gold", help="write gold demonstrations (ScienceWorld's gold paths)")
     g.add_argument("--split", default="train")
@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="take the instruction and acknowledgement from a dataset's first row")
     schema_arg(g)
     g.add_argument("--out", required=True)
-    g.set_defaults(func="rose_ray.datasets:gold_main")
+    g.set_defaults(func="rose_ray.collect:gold_main")
 
     from rose_ray.envs.worlds import get_world
 
@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mapping", choices=list(get_world("sciworld").mappings), help="fail unless it is this one")
     g.add_argument("--sample", type=int, default=20, help="rows whose task description is checked")
     g.add_argument("--no-jvm", action="store_true", help="check only the rows' task names")
-    g.set_defaults(func="rose_ray.datasets:check_data_main")
+    g.set_defaults(func="rose_ray.collect:check_data_main")
 
     # --- serve (inference) ---
     g = sub.add_parser("serve", help="OpenAI-compatible server over a transformers engine")

@@ -118,7 +118,7 @@ class ResourcesConfig:
     student_gpus: float = 0.0
     teacher_cpus: float = 1.0
     teacher_gpus: float = 0.0
-    colocate: bool = False  # student engine i shares learner rank i's GPUs (use fractions)
+    colocate: bool = False  # the student engine shares learner rank 0's GPU bundle (use fractions)
     placement_timeout_s: float = 600.0  # how long GPU placement groups may take to come up
     check_placement: bool = True  # off for autoscaling clusters that start with no workers
 

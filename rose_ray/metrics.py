@@ -62,7 +62,7 @@ def trajectory_markdown(record: dict[str, Any], max_chars: int = 600) -> str:
     """A trajectory record as readable text for TensorBoard (who wrote each turn)."""
     lines = [f"**{record['item_id']}** ({record['task']}) score {record['score']:.2f}, "
              f"handoff turn {record.get('handoff_turn')}", ""]
-    from rose_ray.data import message_text
+    from rose_ray.rows import message_text
 
     for m in record["conversations"][2:]:
         role, text = message_text(m)

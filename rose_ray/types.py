@@ -19,7 +19,8 @@ SCHEMAS: tuple[str, ...] = ("card", "agentgym")
 
 @dataclass(frozen=True)
 class GameId:
-    """One game. `item_id` is `sciworld_<n>` under the catalogue mapping in force."""
+    """One game of a world. `item_id` is `<world>_<n>` (`sciworld_12`, `discoveryworld_3`) under
+    the world's catalogue mapping in force."""
 
     task: str
     variation: int

@@ -49,7 +49,7 @@ def test_envs_import_no_torch_inference_or_learner():
 
 def test_the_learner_sees_tokens_only():
     assert not breaks(modules("learner"), ("rose_ray.inference", "rose_ray.rollout", "rose_ray.envs",
-                                           "rose_ray.data", "rose_ray.datasets", "rose_ray.tokens",
+                                           "rose_ray.rows", "rose_ray.collect", "rose_ray.tokens",
                                            "rose_ray.recipes", "rose_ray.chat"))
 
 

@@ -130,7 +130,7 @@ def test_parse_command_on_a_hand_made_view():
 
 
 def test_gold_says_plainly_that_there_is_none(game, tmp_path):
-    from rose_ray.datasets import gold_rows
+    from rose_ray.collect import gold_rows
 
     assert not get_world("discoveryworld").has_gold
     with pytest.raises(NoGoldPath):
@@ -145,7 +145,7 @@ def test_gold_says_plainly_that_there_is_none(game, tmp_path):
 
 
 def test_check_data_knows_discoveryworld_ids(tmp_path):
-    from rose_ray.data import write_jsonl
+    from rose_ray.rows import write_jsonl
 
     row = {"item_id": "discoveryworld_5", "task": "combinatorial-chemistry-easy", "var": 1, "score": 0.0,
            "success": False, "rounds": 0,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rose_ray.chat import ChatFormat
-from rose_ray.data import row_to_trajectory
 from rose_ray.learner.learner import LearnerConfig, LearnerGroup
+from rose_ray.rows import row_to_trajectory
 from rose_ray.tokens import TokenWeights, make_batch, render
 
 # rose with λ = 0.5: cross entropy on the teacher's tokens, OPD on the student's (both terms)

@@ -196,7 +196,7 @@ def test_online_rose_and_opd_run_on_qwen3_like_models(q3_overrides, ray_cluster,
 
 
 def test_eval_collect_continue_sft_on_qwen3_like_models(tiny_qwen3, ray_cluster, tmp_path, capsys):
-    from rose_ray.data import read_jsonl, write_jsonl
+    from rose_ray.rows import read_jsonl, write_jsonl
 
     student, teacher = str(tiny_qwen3["student"]), str(tiny_qwen3["teacher"])
     common = ["--max-new-tokens", "12", "--concurrency", "2"]

@@ -8,7 +8,7 @@ import torch
 
 from rose_ray.chat import ChatFormat
 from rose_ray.cli import main
-from rose_ray.data import write_jsonl
+from rose_ray.rows import write_jsonl
 
 INSTRUCTION = "You are an agent in a science world. Answer with Thought: and Action:."
 EPISODES = [("You are in the kitchen. You see a stove.", "activate stove"),

@@ -11,10 +11,10 @@ import torch
 
 from rose_ray.chat import ChatFormat
 from rose_ray.config import load_config
-from rose_ray.data import row_to_trajectory
 from rose_ray.learner.batching import position_ids, split_batch
 from rose_ray.recipes import get_recipe
 from rose_ray.recipes.sft import row_cut
+from rose_ray.rows import row_to_trajectory
 from rose_ray.tokens import TokenWeights, loss_turns, make_batch, pack, render
 from rose_ray.types import OWNERS, GameId, Trajectory, Turn
 

@@ -75,7 +75,8 @@ def test_the_warm_up_trains_on_the_shipped_rows_and_is_cached(tmp_path, ray_clus
     part of the gold key) through resolve_models, then the cache: no second warm-up."""
     from rose_ray.recipes.warmup import resolve_models
 
-    short = ["teacher_warmup.epochs=1", "teacher_warmup.batch_episodes=128", "learner.max_tokens=1024"]
+    short = ["teacher_warmup.epochs=1", "teacher_warmup.batch_episodes=128", "learner.max_tokens=1024",
+             "student_engine.context_tokens=1024"]
     cfg = load_config(None, [f"tiny_dir={tmp_path}", *short])
     _, teacher = resolve_models(cfg)
     info = json.loads((tmp_path / teacher.rsplit("/", 1)[1] / "rose_ray_warmup.json").read_text())
@@ -88,9 +89,9 @@ def test_the_warm_up_trains_on_the_shipped_rows_and_is_cached(tmp_path, ray_clus
 def test_the_warm_up_sft_is_the_same_teacher_twice(tmp_path, ray_cluster, tiny_models):
     """The warm-up's SFT, seeded, run twice on 8 shipped rows: the same weights digest (what
     makes the tiny teacher the same on every machine)."""
-    from rose_ray.data import write_jsonl
     from rose_ray.recipes.sft import train_sft
     from rose_ray.recipes.warmup import weights_digest
+    from rose_ray.rows import write_jsonl
 
     cfg = load_config(None, [f"tiny_dir={tmp_path}"])
     rows = shipped_gold(warmup_cache(cfg, "t")[0])[:8]

@@ -85,7 +85,7 @@ class Protocol:
     def with_opening_of(self, row: dict, where: str = "row") -> Protocol:
         """This protocol with the instruction and acknowledgement of a dataset row (its first
         two messages, in either dataset schema), so a conversation starts exactly as it did."""
-        from rose_ray.data import DataError, message_text, validate_conversation
+        from rose_ray.rows import DataError, message_text, validate_conversation
 
         if not isinstance(row, dict):
             raise DataError(f"{where}: expected a JSON object with 'conversations', got {type(row).__name__}")

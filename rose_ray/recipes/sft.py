@@ -31,10 +31,10 @@ def train_sft(
     import ray
 
     from rose_ray.chat import ChatFormat
-    from rose_ray.data import read_jsonl, row_to_trajectory
     from rose_ray.learner.learner import LearnerConfig, LearnerGroup
     from rose_ray.models import load_tokenizer
     from rose_ray.recipes.teacher_sft import imitate
+    from rose_ray.rows import read_jsonl, row_to_trajectory
     from rose_ray.tokens import make_batch, render
 
     if epochs < 1:

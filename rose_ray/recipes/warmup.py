@@ -48,8 +48,8 @@ def warm_teacher(cfg: TrainConfig, teacher: str) -> str:
     Training is seeded (and gave the same weights with 1 and 2 threads here), so the same
     settings give the same teacher: its weights' digest is printed and cached with it.
     """
-    from rose_ray.data import write_jsonl
     from rose_ray.recipes.sft import train_sft
+    from rose_ray.rows import write_jsonl
 
     w = cfg.teacher_warmup
     key, out = warmup_cache(cfg, teacher)
@@ -86,7 +86,7 @@ def warm_teacher(cfg: TrainConfig, teacher: str) -> str:
 
 def play_gold(cfg: TrainConfig) -> list[dict[str, Any]]:
     """Gold demonstrations of `teacher_warmup.gold_games` training games, played now."""
-    from rose_ray.datasets import gold_rows
+    from rose_ray.collect import gold_rows
     from rose_ray.envs.worlds import get_world
 
     w = cfg.teacher_warmup
@@ -105,7 +105,7 @@ def shipped_gold(key: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The shipped demonstrations when they were made under these settings, else None."""
     from importlib import resources
 
-    from rose_ray.data import read_jsonl
+    from rose_ray.rows import read_jsonl
 
     data = resources.files("rose_ray.envs").joinpath("data", SHIPPED_GOLD)
     meta = resources.files("rose_ray.envs").joinpath("data", SHIPPED_GOLD.replace(".jsonl", ".meta.json"))
@@ -117,7 +117,7 @@ def shipped_gold(key: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 def write_shipped_gold(cfg: TrainConfig, out_dir: Path) -> Path:
     """Play the config's warm-up demonstrations and write them (with their settings) for shipping."""
-    from rose_ray.data import write_jsonl
+    from rose_ray.rows import write_jsonl
 
     key, _ = warmup_cache(cfg, "")
     rows = play_gold(cfg)

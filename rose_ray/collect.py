@@ -1,4 +1,5 @@
-"""Trajectory datasets: gold demonstrations, student prefixes, teacher continuations, checks.
+"""Making and checking datasets by playing games: gold demonstrations, student prefixes,
+teacher continuations, checks (the row format itself is `rows.py`).
 
 - `rose-ray gold --split train --out gold.jsonl`: ScienceWorld's gold action paths as
   conversations (a short templated Thought before each Action), replayed to check the score.
@@ -27,11 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from rose_ray.data import message_text, read_jsonl, row_schema, row_to_turns, write_jsonl
 from rose_ray.envs.base import StepResult
 from rose_ray.envs.catalogue import GameCatalogue, parse_item
 from rose_ray.envs.protocol import Protocol
 from rose_ray.envs.worlds import get_world, world_protocol
+from rose_ray.rows import message_text, read_jsonl, row_schema, row_to_turns, write_jsonl
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
 

@@ -7,11 +7,11 @@ import json
 import pytest
 
 from rose_ray.cli import main
-from rose_ray.data import read_jsonl, row_to_trajectory, write_jsonl
-from rose_ray.datasets import gold_rows
+from rose_ray.collect import gold_rows
 from rose_ray.envs.protocol import parse_action
 from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
 from rose_ray.envs.sciworld.game import SciWorldGame
+from rose_ray.rows import read_jsonl, row_to_trajectory, write_jsonl
 
 CAT = SciWorldCatalogue("agentgym")
 

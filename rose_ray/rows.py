@@ -1,4 +1,5 @@
-"""JSONL datasets of whole conversations: read, validate, write, convert to Turns.
+"""Dataset rows: JSONL files of whole conversations read, validated, written and turned into
+Turns (the commands that make and check datasets are in `collect.py`).
 
 A row is one episode: `item_id`, `conversations` (required) and `task`, `var`, `score`,
 `success`, `rounds` (optional). Two message schemas are read (one per row):

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from rose_ray.data import (
+from rose_ray.rows import (
     DataError,
     read_jsonl,
     row_to_trajectory,
