@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rose_ray.types import GameId
@@ -36,9 +36,6 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
     score: float = 0.0
     success: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class Game(Protocol):
