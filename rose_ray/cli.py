@@ -185,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--split", default="test", help="train, dev, test, all, agenteval_test, or an id-list file")
     g.add_argument("--n", type=int, default=200, help="games, a task-stratified sample (0 = the whole split)")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--tasks", default="", help="comma-separated task names: only their games (a training run's "
+                                                 "`tasks:`; with the same --n and --seed, its eval games)")
     g.add_argument("--max-turns", type=int,
                    help="turns per game (default: sciworld 20; discoveryworld the paper's limits, 100 for Easy "
                         "and unit tests, 1,000 for Normal and Challenge, which this replaces)")

@@ -19,7 +19,7 @@ import json
 import os
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ class EvalJob:
     split: str = "test"
     n: int | None = 200
     seed: int = 0
+    tasks: list[str] = field(default_factory=list)  # only these tasks' games (empty: all)
     max_turns: int | None = None  # None: the world's own limits (DiscoveryWorld: the paper's), else 20
     temperature: float = 0.0
     max_new_tokens: int = 512
@@ -238,7 +239,8 @@ def run_eval(cfg: EvalJob) -> dict[str, Any]:
 
     catalogue = get_world(cfg.world).catalogue(cfg.mapping)
     protocol = world_protocol(cfg.world, cfg.instruction_from)  # a bad file fails before any actor
-    games = catalogue.sample(cfg.split, cfg.n, cfg.seed) if cfg.n else catalogue.split(cfg.split)
+    # The same games as a training run's evals with these `tasks`, `eval.n` and `eval.seed`.
+    games = catalogue.sample(cfg.split, cfg.n, cfg.seed, tasks=cfg.tasks)
     judge = _judge_config(cfg)
     if judge is not None:
         from rose_ray.judge import check_judge
@@ -319,7 +321,7 @@ def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg
 
 
 RESUME_KEYS = ("model", "teacher", "handoff", "max_turns", "temperature", "max_new_tokens",
-               "world", "mapping", "seed", "context_tokens", "instruction_from", "enable_thinking")
+               "world", "mapping", "seed", "context_tokens", "instruction_from", "enable_thinking", "tasks")
 
 
 def resume_header(cfg: EvalJob) -> dict[str, Any]:
@@ -348,7 +350,7 @@ def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]
             if "eval_config" in record:
                 # files from before a key existed: its default then
                 if {"world": "sciworld", "instruction_from": None, "enable_thinking": False, "report": False,
-                    **record["eval_config"]} != want:
+                    "tasks": [], **record["eval_config"]} != want:
                     raise ValueError(
                         f"{path}: partial results of an eval with other settings "
                         f"({record['eval_config']}); use another --out or delete the file"
@@ -374,6 +376,7 @@ def cli_main(args) -> int:
         return 0
     cfg = EvalJob(
         model=args.model or "", split=args.split, n=args.n or None, seed=args.seed, max_turns=args.max_turns,
+        tasks=[t.strip() for t in args.tasks.split(",") if t.strip()],
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, world=args.world or "sciworld",
         mapping=args.mapping,
         teacher=args.teacher, handoff=args.handoff, concurrency=args.concurrency,

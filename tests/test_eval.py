@@ -102,3 +102,22 @@ def test_eval_arguments_are_checked():
     assert main(["eval", "--model", "x", "--handoff", "2"]) == 2
     assert main(["eval", "--model", "x", "--max-turns", "0"]) == 2
     assert main(["eval", "--model", "/nonexistent/model", "--n", "1"]) == 2
+
+
+def test_eval_takes_a_runs_tasks_and_picks_its_eval_games(tmp_path, capsys):
+    """`rose-ray eval --tasks T --n N --seed S` plays the games a training run with `tasks: T`,
+    `eval.n: N`, `eval.seed: S` evaluates on (both are the catalogue's sample); a bad task is named."""
+    from rose_ray.cli import main
+    from rose_ray.config import load_config
+    from rose_ray.envs.worlds import get_world
+    from rose_ray.evaluate import resume_header
+
+    cfg = load_config(None)
+    job = EvalJob(model="m", n=cfg.eval.n, seed=cfg.eval.seed, tasks=list(cfg.tasks))
+    assert resume_header(job)["tasks"] == list(cfg.tasks)  # a partial file of other tasks is not resumed
+    catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
+    games = catalogue.sample(job.split, job.n, job.seed, tasks=job.tasks)
+    assert len(games) == cfg.eval.n and {g.task for g in games} == set(cfg.tasks)
+    assert main(["eval", "--model", str(tmp_path), "--tasks", "find-plant,boil-everything",
+                 "--out", str(tmp_path / "e")]) == 2
+    assert "tasks: unknown task(s) ['boil-everything']" in capsys.readouterr().err

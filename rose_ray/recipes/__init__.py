@@ -30,6 +30,7 @@ class Recipe:
     """One algorithm. Subclasses set `name` and the methods below; `check_agents` is shared."""
 
     name = ""
+    scoring_key = ""  # the key that makes the teacher score student tokens (named when it cannot)
 
     def check(self, cfg: TrainConfig) -> None:
         """Config checks beyond each section's own (ConfigError naming the key)."""
@@ -47,8 +48,7 @@ class Recipe:
     def check_agents(self, cfg: TrainConfig, shared_tokenizer: bool) -> None:
         """The teacher scores the student's tokens only when both share one tokenizer."""
         if self.teacher_scores_student(cfg) and not shared_tokenizer:
-            key = "algorithm" if self.name == "opd" else "learner.lam"
-            raise ValueError(f"{key}: OPD needs the teacher to score the student's tokens, so both must "
+            raise ValueError(f"{self.scoring_key}: OPD needs the teacher to score the student's tokens, so both must "
                              f"share a tokenizer; {cfg.student_engine.model} and {cfg.teacher_engine.model} do not")
 
 

@@ -14,6 +14,7 @@ from rose_ray.tokens import TokenWeights
 
 class OnPolicyDistillation(Recipe):
     name = "opd"
+    scoring_key = "algorithm"
 
     def handoff(self, cfg):
         from rose_ray.rollout.episode import HandoffConfig

@@ -16,6 +16,7 @@ from rose_ray.tokens import TokenWeights
 
 class Rose(Recipe):
     name = "rose"
+    scoring_key = "learner.lam"
 
     def check(self, cfg) -> None:
         from rose_ray.config import ConfigError
