@@ -91,14 +91,15 @@ def play_gold(cfg: TrainConfig) -> list[dict[str, Any]]:
 
     w = cfg.teacher_warmup
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
-    games = catalogue.sample(cfg.rollout.split, w.gold_games, w.seed, tasks=cfg.tasks)
+    games = catalogue.sample(cfg.rollout.split, w.gold_games, w.seed, tasks=cfg.tasks)  # as warmup_cache digests them
     rows, _ = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False, protocol=cfg.env.protocol())
     return rows
 
 
 def gold_key(key: dict[str, Any]) -> dict[str, Any]:
     """The settings that decide which gold demonstrations a warm-up uses."""
-    return {k: key[k] for k in ("world", "tasks", "split", "mapping", "seed", "gold_games", "max_turns", "opening")}
+    return {k: key[k] for k in ("world", "tasks", "split", "mapping", "seed", "gold_games", "max_turns", "opening",
+                                "games")}
 
 
 def shipped_gold(key: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -141,10 +142,14 @@ def warmup_cache(cfg: TrainConfig, teacher: str) -> tuple[dict[str, Any], Path]:
     """The settings a warmed teacher depends on, and the folder it is cached in."""
     from rose_ray.envs.worlds import get_world
 
-    mapping = get_world(cfg.env.world).catalogue(cfg.env.mapping).mapping
+    catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
     opening = _digest(cfg.env.protocol().opening())  # the instruction the demonstrations open with
+    w = cfg.teacher_warmup
+    # The demonstrated games themselves: a teacher warmed on other games (another way of
+    # sampling them, an older shipped file) is another teacher.
+    games = _digest([g.item_id for g in catalogue.sample(cfg.rollout.split, w.gold_games, w.seed, tasks=cfg.tasks)])
     key = {"teacher": teacher, "world": cfg.env.world, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
-           "mapping": mapping, "opening": opening, **to_dict(cfg)["teacher_warmup"]}
+           "mapping": catalogue.mapping, "opening": opening, "games": games, **to_dict(cfg)["teacher_warmup"]}
     return key, Path(cfg.tiny_dir).expanduser() / f"teacher_warm_{_digest(key)}"
 
 
