@@ -101,12 +101,14 @@ class GameCatalogue:
     def sample(self, split: str | Path, n: int | None, seed: int = 0,
                tasks: list[str] | None = None) -> list[GameId]:
         """A seeded, task-stratified sample of `n` games of a split, in item order; `n=None`
-        (or `n` at least the split's size): all of them, in the split's order.
+        (or `n` at least the split's size): all of them, in the split's order. The one sampler:
+        a training run's games, its held-out evals, the teacher's warm-up demonstrations and
+        `rose-ray eval/collect --n` all draw with it, so the same settings give the same games.
 
         `tasks` (task names; empty or None: all) keeps only those tasks' games, before
-        sampling. Each task gets a share of `n` in proportion to its games in the split
-        (largest remainders first, every task at least one while n allows), sampled without
-        replacement.
+        sampling. Balanced over tasks: each task's games are shuffled with the seed, and tasks
+        (in name order) give one game each in turn until `n` are chosen; a task with fewer
+        games than its turns drops out, and the others fill in.
         """
         pool = self.split(split)
         if tasks:
@@ -122,9 +124,13 @@ class GameCatalogue:
         by_task: dict[str, list[GameId]] = {}
         for g in pool:
             by_task.setdefault(g.task, []).append(g)
-        quotas = _stratified_quotas({t: len(gs) for t, gs in by_task.items()}, n)
         rng = random.Random(seed)
-        chosen = [g for t, gs in by_task.items() for g in rng.sample(gs, quotas[t])]
+        shuffled = {t: rng.sample(gs, len(gs)) for t, gs in sorted(by_task.items())}
+        chosen: list[GameId] = []
+        while len(chosen) < n:
+            for t in shuffled:
+                if shuffled[t] and len(chosen) < n:
+                    chosen.append(shuffled[t].pop())
         return sorted(chosen, key=lambda g: g.index)
 
     def task_counts(self) -> dict[str, dict[str, int]]:
@@ -150,23 +156,3 @@ def parse_item(item: int | str, prefix: str = "") -> int:
     expected = f"an integer or '{prefix}<n>'" if prefix else "an integer"
     raise ValueError(f"not an item id: {item!r} (expected {expected})")
 
-
-def _stratified_quotas(sizes: dict[str, int], n: int) -> dict[str, int]:
-    total = sum(sizes.values())
-    exact = {t: n * s / total for t, s in sizes.items()}
-    quotas = {t: min(sizes[t], int(e)) for t, e in exact.items()}
-    if n >= len(sizes):  # every task represented when there is room
-        for t in quotas:
-            quotas[t] = max(quotas[t], 1)
-    # Hand out what is left by largest remainder, then trim any excess from the largest.
-    order = sorted(sizes, key=lambda t: (exact[t] - int(exact[t]), sizes[t]), reverse=True)
-    while sum(quotas.values()) < n:
-        for t in order:
-            if sum(quotas.values()) >= n:
-                break
-            if quotas[t] < sizes[t]:
-                quotas[t] += 1
-    while sum(quotas.values()) > n:
-        t = max(quotas, key=lambda k: (quotas[k], k))
-        quotas[t] -= 1
-    return quotas
