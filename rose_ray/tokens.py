@@ -6,9 +6,10 @@ earlier turn, like the acknowledgement inside the opening). Text-only turns (dat
 are rendered with `ChatFormat` the way rollouts build them.
 
 A trajectory is cut once, where the engine cut it: `Trajectory.context_cut` lists the turns
-the engine's context policy left out of its last prompt, and they are left out here too. The
-sequence ends with the last assistant turn (what follows predicts nothing), so it is never
-longer than the engine's context.
+the engine's context policy left out of its last prompt, and they are left out here too. What
+follows the last reply (the observation the episode ended on) predicts nothing; it is left out
+only when it would not fit `max_tokens`, so a sequence is never longer than the engine's
+context.
 
 Which tokens train, and how much, is decided here and nowhere else: a recipe's
 `TokenWeights` give each owner a weight in the cross-entropy term and in the OPD term, and
@@ -103,22 +104,28 @@ def turn_ids(turns: list[Turn], fmt: ChatFormat | None) -> list[list[int]]:
     return ids
 
 
-def render(traj: Trajectory | list[Turn], fmt: ChatFormat | None = None, cut: Iterable[int] = ()) -> Sequence:
+def render(traj: Trajectory | list[Turn], fmt: ChatFormat | None = None, cut: Iterable[int] = (),
+           max_tokens: int | None = None) -> Sequence:
     """One trajectory as token ids with per-token owners, logprobs and versions.
 
     Left out: the turns in `cut` (for a Trajectory, also its `context_cut`: what the engine
-    left out of its last prompt) and the turns after the last assistant turn. A turn's
-    `teacher_logprobs` (the teacher's logprob of each of its ids; OPD) go with its tokens,
-    NaN past the scored ones.
+    left out of its last prompt), and, only when the rest would not fit `max_tokens`, the
+    turns after the last reply (they predict nothing: the last observation after which the
+    engine stopped). A turn's `teacher_logprobs` (the teacher's logprob of each of its ids;
+    OPD) go with its tokens, NaN past the scored ones.
     """
     turns = traj.turns if isinstance(traj, Trajectory) else traj
     left_out = set(cut) | (set(traj.context_cut) if isinstance(traj, Trajectory) else set())
     ids = turn_ids(turns, fmt)
-    last = max((i for i, t in enumerate(turns) if t.role == "assistant" and t.owner != "prompt"), default=len(turns) - 1)
+    kept = [i for i in range(len(turns)) if i not in left_out]
+    if max_tokens is not None:
+        last = max((i for i, t in enumerate(turns) if t.role == "assistant" and t.owner != "prompt"), default=-1)
+        total = sum(len(ids[i]) for i in kept)
+        while total > max_tokens and kept and kept[-1] > last:
+            total -= len(ids[kept.pop()])
     seq = Sequence([], [], [], [], [], dropped_turns=len(left_out))
-    for index, (t, tids) in enumerate(zip(turns, ids)):
-        if index in left_out or index > last:
-            continue
+    for index in kept:
+        t, tids = turns[index], ids[index]
         n = len(tids)
         seq.input_ids += tids
         seq.owners += [OWNER_INDEX[t.owner]] * n

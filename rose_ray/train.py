@@ -180,7 +180,7 @@ class Trainer(Run):
         from rose_ray.tokens import loss_turns, make_batch, render
 
         # Trajectories to tokens, each cut where its engine cut it, with the recipe's weights.
-        seqs = [render(t) for t in batch]
+        seqs = [render(t, max_tokens=self.cfg.learner.max_tokens) for t in batch]
         made = make_batch(seqs, self.token_weights, self.cfg.learner.max_tokens, self.pad_id)
         self.doing("train_step")
         metrics = await self.in_learner(self.learner.train_step, made)

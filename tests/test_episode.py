@@ -141,7 +141,7 @@ def test_a_teacher_with_another_tokenizer_sees_its_own_ids_and_trains_in_the_stu
         if x.owner == "teacher":
             assert x.token_ids == student_chat.assistant_ids(x.text) and x.logprobs is None
     seq = render(t)
-    assert seq.input_ids == [i for x in t.turns[:-1] for i in x.token_ids]  # up to the last reply
+    assert seq.input_ids == [i for x in t.turns for i in x.token_ids]
 
 
 def test_the_engines_context_cut_is_recorded_and_the_learner_leaves_it_out(chats):
@@ -151,8 +151,8 @@ def test_the_engines_context_cut_is_recorded_and_the_learner_leaves_it_out(chats
     t = play(student, None, HandoffConfig("none"), max_turns=3)
     assert t.context_cut == [3, 4]
     seq = render(t)
-    assert [i for i, _ in seq.turn_spans] == [0, 1, 2, 5, 6, 7]
-    assert seq.input_ids == [i for n, x in enumerate(t.turns[:8]) if n not in (3, 4) for i in x.token_ids]
+    assert [i for i, _ in seq.turn_spans] == [0, 1, 2, 5, 6, 7, 8]
+    assert seq.input_ids == [i for n, x in enumerate(t.turns) if n not in (3, 4) for i in x.token_ids]
 
 
 def test_opd_scores_every_student_token_with_the_teacher(chats):

@@ -113,13 +113,18 @@ def test_a_trajectory_is_cut_where_the_engine_cut_it():
     traj.turns += [Turn("user", "obs3", "env", [11, 12]), Turn("assistant", "act3", "teacher", [13, EOS]),
                    Turn("user", "final observation", "env", [14, 15])]
     full = render(traj)
-    # After the last reply nothing is predicted: the final observation is left out.
-    assert full.input_ids == [1, 2, 3, 4, 5, 6, 7, EOS, 8, 9, 10, EOS, 11, 12, 13, EOS]
+    assert full.input_ids == [1, 2, 3, 4, 5, 6, 7, EOS, 8, 9, 10, EOS, 11, 12, 13, EOS, 14, 15]
+    # The final observation predicts nothing: it goes only when the rest would not fit.
+    assert render(traj, max_tokens=18).input_ids == full.input_ids
+    assert render(traj, max_tokens=16).input_ids == full.input_ids[:16]
     traj.context_cut = [3, 4]  # the engine's last prompt left out the oldest action + observation
-    cut = render(traj)
+    cut = render(traj, max_tokens=16)
     assert cut.dropped_turns == 2
-    assert cut.input_ids == [1, 2, 3, 4, 5, 9, 10, EOS, 11, 12, 13, EOS]
-    assert [i for i, _ in cut.turn_spans] == [0, 1, 2, 5, 6, 7]
+    assert cut.input_ids == [1, 2, 3, 4, 5, 9, 10, EOS, 11, 12, 13, EOS, 14, 15]
+    assert [i for i, _ in cut.turn_spans] == [0, 1, 2, 5, 6, 7, 8]
+    # Replies are never dropped to fit: what is too long for a row stays too long (pack says so).
+    with pytest.raises(ValueError, match="learner.max_tokens must hold the engine's whole context"):
+        make_batch([render(traj, max_tokens=8)], weights_of("rose"), max_tokens=8)
 
 
 def test_offline_rows_are_cut_as_an_engine_would():
