@@ -17,7 +17,7 @@ PY=${PYTHON:-python3}
 VENV=${1:-/tmp/rose_ray_floors}
 # No Ray training job, but Ray, DeepSpeed (test_learner), ScienceWorld and OmegaConf all run.
 FAST_TESTS="tests/test_rows.py tests/test_protocol.py tests/test_catalogue.py tests/test_models.py
-  tests/test_inference_engine.py tests/test_batching.py tests/test_losses.py tests/test_server.py
+  tests/test_inference_engine.py tests/test_tokens.py tests/test_losses.py tests/test_server.py
   tests/test_envs.py tests/test_cluster_plan.py tests/test_learner.py"
 read -r -a tests <<< "$(echo "${TESTS:-$FAST_TESTS}" | tr '\n' ' ')"
 

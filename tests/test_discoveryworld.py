@@ -217,7 +217,7 @@ def test_a_short_online_rose_run_on_discoveryworld(tiny_models, ray_cluster, tmp
         f"tiny_dir={tiny_models['student'].parent}", f"run_dir={run_dir}", "steps=2",
         "rollout.batch_episodes=2", "rollout.max_turns=3", "rollout.student_sampling.max_new_tokens=8",
         "rollout.teacher_sampling.max_new_tokens=8", "eval.n=2", "eval.max_turns=2",
-        "eval.max_new_tokens=8", "eval.teacher=false", "env.games_per_worker=2", "learner.max_tokens=3072",
+        "eval.max_new_tokens=8", "eval.teacher=false", "env.games_per_worker=2",
     ])
     assert summary["steps"] == 2
     rows = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
