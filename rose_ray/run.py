@@ -246,8 +246,7 @@ class Run:
         self.fatal = self.fatal or error
         self.stop.set()
 
-    # ----------------------------------------------------------------- 3/5. eval
-
+    # ----------------------------------------------------------------- evals
     def eval_runner(self) -> Any:
         """The runner of the held-out evals: env pools of its own, started at the first eval."""
         from rose_ray.rollout.actors import start_env_pools
