@@ -118,7 +118,8 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
 
     from rose_ray.envs.worlds import paper_tables
 
-    cell, paper_summary = paper_tables().cell, paper_tables().paper_summary
+    tables = paper_tables()
+    cell, paper_summary = tables.cell, tables.paper_summary
 
     paper = bool(records) and all("process" in r for r in records)  # DiscoveryWorld games
     by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -210,10 +211,16 @@ async def evaluate_games(runner, games: list[GameId], student, teacher, episode_
     """Play `games` (rollout/runner.play_games); their records in game order."""
     from rose_ray.rollout.runner import play_games
 
+    records: dict[int, dict[str, Any]] = {}
+
+    def finished(t: Trajectory) -> None:
+        records[id(t)] = game_record(t)
+        if on_done is not None:
+            on_done(records[id(t)])
+
     played = await play_games(runner, games, student, teacher, episode_cfg, handoff_cfg, protocol,
-                              request_prefix="eval/",
-                              on_done=None if on_done is None else lambda t: on_done(game_record(t)))
-    return [game_record(t) for t in played]
+                              request_prefix="eval/", on_done=finished)
+    return [records[id(t)] for t in played]
 
 
 def _engine_config(model: str, cfg: EvalJob, tokenizer: str | None):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -102,6 +102,11 @@ def turn_ids(turns: list[Turn], fmt: ChatFormat | None) -> list[list[int]]:
         else:  # a first user turn that opens the conversation and asks for a reply
             ids.append(fmt.render_ids([{"role": "user", "content": t.text}], True))
     return ids
+
+
+def with_ids(turns: list[Turn], fmt: ChatFormat | None) -> list[Turn]:
+    """The turns with their ids filled in (`turn_ids`), so later steps need not render again."""
+    return [replace(t, token_ids=ids) for t, ids in zip(turns, turn_ids(turns, fmt))]
 
 
 def render(traj: Trajectory | list[Turn], fmt: ChatFormat | None = None, cut: Iterable[int] = (),

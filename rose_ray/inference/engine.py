@@ -135,6 +135,14 @@ def _length(turn: Turn) -> int:
     return len(turn.token_ids)
 
 
+def droppable_from(turns: list[Turn], keep_first_turns: int = 1) -> int:
+    """The first turn drop_oldest may drop: after the prompt turns and `keep_first_turns`."""
+    head = 0
+    while head < len(turns) and turns[head].owner == "prompt":
+        head += 1
+    return min(head + keep_first_turns, len(turns))
+
+
 def fit_context(
     turns: list[Turn], max_tokens: int, policy: str, keep_first_turns: int = 1
 ) -> tuple[list[Turn], int]:
@@ -153,11 +161,7 @@ def fit_context(
         return list(turns), 0
     if policy == "end_episode":
         raise ContextExceeded(f"conversation has {total} tokens, budget {max_tokens}")
-    head = 0
-    while head < len(turns) and turns[head].owner == "prompt":
-        head += 1
-    head = min(head + keep_first_turns, len(turns))
-    start, end = head, len(turns) - 1  # droppable: turns[start:end]
+    start, end = droppable_from(turns, keep_first_turns), len(turns) - 1  # droppable: turns[start:end]
     dropped = 0
     while total > max_tokens and end - (start + dropped) >= 2:
         total -= _length(turns[start + dropped]) + _length(turns[start + dropped + 1])

@@ -35,7 +35,7 @@ def train_sft(
     from rose_ray.models import load_tokenizer
     from rose_ray.recipes.teacher_sft import imitate
     from rose_ray.rows import read_jsonl, row_to_trajectory
-    from rose_ray.tokens import make_batch, render
+    from rose_ray.tokens import make_batch, render, with_ids
 
     if epochs < 1:
         raise ValueError(f"sft.epochs: must be >= 1, got {epochs!r}")
@@ -53,7 +53,8 @@ def train_sft(
     for n, row in enumerate(rows, 1):
         turns = row_to_trajectory(row).turns
         try:
-            seqs.append(render(turns, fmt, cut=row_cut(turns, fmt, config.max_tokens)))
+            turns = with_ids(turns, fmt)  # tokenized once, for the cut and the sequence
+            seqs.append(render(turns, cut=row_cut(turns, fmt, config.max_tokens)))
         except ValueError as e:
             raise ValueError(f"{data}:{n}: {e}") from None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else fmt.eos_id
@@ -95,12 +96,10 @@ def row_cut(turns: list[Any], fmt: Any, max_tokens: int) -> list[int]:
     """The turns to leave out so that a row fits `max_tokens`: the oldest action/observation
     pairs (drop_oldest, as an engine would have), else everything after the longest prefix
     that fits. A row that cannot keep a trained turn is refused."""
-    from dataclasses import replace
-
     from rose_ray.inference.engine import ContextExceeded, fit_context
-    from rose_ray.tokens import turn_ids
+    from rose_ray.tokens import with_ids
 
-    work = [replace(t, token_ids=ids) for t, ids in zip(turns, turn_ids(turns, fmt))]
+    work = with_ids(turns, fmt)
     try:
         kept, _ = fit_context(work, max_tokens, "drop_oldest")
     except ContextExceeded:

@@ -84,14 +84,21 @@ def warm_teacher(cfg: TrainConfig, teacher: str) -> str:
     return str(out)
 
 
-def play_gold(cfg: TrainConfig) -> list[dict[str, Any]]:
-    """Gold demonstrations of `teacher_warmup.gold_games` training games, played now."""
-    from rose_ray.collect import gold_rows
+def gold_games(cfg: TrainConfig) -> list[Any]:
+    """The training games the warm-up demonstrates: the catalogue's sample of its settings."""
     from rose_ray.envs.worlds import get_world
 
     w = cfg.teacher_warmup
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
-    games = catalogue.sample(cfg.rollout.split, w.gold_games, w.seed, tasks=cfg.tasks)  # as warmup_cache digests them
+    return catalogue.sample(cfg.rollout.split, w.gold_games, w.seed, tasks=cfg.tasks)
+
+
+def play_gold(cfg: TrainConfig) -> list[dict[str, Any]]:
+    """Gold demonstrations of `teacher_warmup.gold_games` training games, played now."""
+    from rose_ray.collect import gold_rows
+
+    w = cfg.teacher_warmup
+    games = gold_games(cfg)
     rows, _ = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False, protocol=cfg.env.protocol())
     return rows
 
@@ -144,10 +151,9 @@ def warmup_cache(cfg: TrainConfig, teacher: str) -> tuple[dict[str, Any], Path]:
 
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
     opening = _digest(cfg.env.protocol().opening())  # the instruction the demonstrations open with
-    w = cfg.teacher_warmup
     # The demonstrated games themselves: a teacher warmed on other games (another way of
     # sampling them, an older shipped file) is another teacher.
-    games = _digest([g.item_id for g in catalogue.sample(cfg.rollout.split, w.gold_games, w.seed, tasks=cfg.tasks)])
+    games = _digest([g.item_id for g in gold_games(cfg)])
     key = {"teacher": teacher, "world": cfg.env.world, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
            "mapping": catalogue.mapping, "opening": opening, "games": games, **to_dict(cfg)["teacher_warmup"]}
     return key, Path(cfg.tiny_dir).expanduser() / f"teacher_warm_{_digest(key)}"

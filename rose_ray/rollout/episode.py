@@ -24,7 +24,7 @@ from typing import Any
 from rose_ray.chat import ChatFormat
 from rose_ray.envs.protocol import Protocol, parse_action
 from rose_ray.envs.worlds import get_world
-from rose_ray.inference.engine import GenerationRequest, fit_context
+from rose_ray.inference.engine import GenerationRequest, droppable_from, fit_context
 from rose_ray.rollout.report import REPORT_MODES, ask_report
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
@@ -235,9 +235,9 @@ async def run_episode(
         if result.finish_reason == "context":
             end_reason = "context"
             break
-        # What the engine left out of this prompt (drop_oldest drops whole pairs right after
-        # the opening and the turns it keeps): the learner leaves out what the last prompt did.
-        start = 2 + agent.keep_first_turns
+        # What the engine left out of this prompt (drop_oldest drops whole pairs from where
+        # fit_context starts): the learner leaves out what the last prompt did.
+        start = droppable_from(view, agent.keep_first_turns)
         cut = list(range(start, start + result.dropped_turns))
 
         owner = "teacher" if teacher_acts else "student"
