@@ -119,6 +119,15 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
     if cfg.env.instruction_from:
         out.append(f"instruction and acknowledgement from {cfg.env.instruction_from}")
 
+    # Engine backends (where the engines run on this machine's cluster; a remote node says so when its engine starts).
+    from rose_ray.inference.backends import backend_problem
+
+    for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine)):
+        problem = backend_problem(engine.backend, import_it=True)
+        if problem is not None:
+            raise ValueError(f"{role}_engine.backend: {problem}")
+        out.append(f"{role} engine: backend {engine.backend}")
+
     # Tokenizers and chat templates.
     toks = {}
     for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine)):
@@ -176,6 +185,14 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
 
 
 def check_main(args: Any) -> int:
+    if args.backends:
+        from rose_ray.inference.backends import backends_report
+
+        for line in backends_report():
+            print(f"check: backend {line}")
+        return 0
+    if not args.config:
+        raise ValueError("check: give a CONFIG (or --backends)")
     cfg = load_config(args.config, args.overrides)
     stand_ins = parse_stand_ins(args.tokenizer_for or [])
     nodes = parse_nodes(args.node) if args.node else None

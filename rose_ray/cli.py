@@ -161,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func="rose_ray.export:cli_main")
 
     g = sub.add_parser("check", help="preflight a config: tokenizers, chat templates, games, placement; exit 2 on the first problem")
-    g.add_argument("config", help="YAML config")
+    g.add_argument("config", nargs="?", help="YAML config")
+    g.add_argument("--backends", action="store_true",
+                   help="only say which engine backends (hf, vllm, openai) this machine can run, and why not")
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     g.add_argument("--tokenizer-for", action="append", metavar="MODEL=DIR",
                    help="a local tokenizer folder standing in for a model not on disk (repeatable)")
