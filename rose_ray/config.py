@@ -192,6 +192,12 @@ class TrainConfig:
                 f"{self.student_engine.context_tokens}; a packed row must hold whatever the engine kept "
                 "(the learner cuts a trajectory only where the engine did)"
             )
+        if recipe.teacher_scores_student(self) and self.teacher_engine.context_tokens < self.student_engine.context_tokens:
+            raise ConfigError(
+                f"teacher_engine.context_tokens: {self.teacher_engine.context_tokens} is less than "
+                f"student_engine.context_tokens {self.student_engine.context_tokens}; the teacher scores each "
+                "episode's student tokens in one pass over what the learner trains on, up to the student's context"
+            )
         recipe.check(self)
 
 

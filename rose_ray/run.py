@@ -133,8 +133,11 @@ class Run:
     def new_buffer(self, counters: Any = None) -> Any:
         from rose_ray.rollout.buffer import TrajectoryBuffer
 
+        # Lag makes only the student's own tokens off-policy: a recipe that trains none of them
+        # (ROSE without its OPD term) keeps every episode.
         return TrajectoryBuffer(self.cfg.rollout.batch_episodes, self.cfg.rollout.max_lag, counters,
-                                on_drop=lambda t: self.ledger.record(t.episode_id, "dropped_stale"))
+                                on_drop=lambda t: self.ledger.record(t.episode_id, "dropped_stale"),
+                                drop_stale=self.token_weights.trains("student"))
 
     # ----------------------------------------------------------------- checkpoints
     @property

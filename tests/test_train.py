@@ -185,4 +185,33 @@ def test_bad_config_is_rejected_with_the_key_named(tmp_path, capsys):
                      ("rollout.handoff.decay_steps=0", "rollout.handoff.decay_steps")):
         assert main(["train", f"run_dir={tmp_path}/r", "rollout.handoff.policy=decay", bad]) == 2
         assert f"{key}: must be" in capsys.readouterr().err
+    # OPD's teacher reads each episode in one pass: it needs at least the student's context.
+    assert main(["train", f"run_dir={tmp_path}/r", "algorithm=opd", "teacher_engine.context_tokens=1024"]) == 2
+    assert "teacher_engine.context_tokens: 1024 is less than student_engine.context_tokens 2048" in capsys.readouterr().err
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("algorithm", ["rose", "opd"])
+def test_two_steps_on_vllm_engines_train_on_exactly_the_sampled_ids(tiny_models, ray_cluster, tmp_path, algorithm):
+    """Both engines on vLLM; sync, so every token trained was sampled by the learner's own
+    weights: the learner's logprob of each sampled id equals the engine's (importance ratio 1,
+    none clipped), which it would not be if the learner trained on other ids or the engine
+    served other weights after a publication."""
+    pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
+    run_dir = tmp_path / "run"
+    extra = [f"algorithm={algorithm}", "mode=sync", "eval.before=false", "eval.after=false", "eval.teacher=false",
+             "student_engine.backend=vllm", "teacher_engine.backend=vllm",
+             "student_engine.kv_cache_mb=64", "teacher_engine.kv_cache_mb=64"]
+    if algorithm == "rose":
+        extra.append("learner.lam=0.5")  # + OPD on the student's tokens, whose ratio is checked
+    summary = train(None, overrides(tiny_models, run_dir, steps=2) + extra)
+    assert summary["steps"] == 2 and summary["version"] == 2
+    steps = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
+    assert len(steps) == 2
+    for m in steps:
+        assert m["learner/opd_ratio"] == pytest.approx(1.0, abs=1e-3), m
+        assert m["learner/opd_clip_frac"] == 0.0
+    rows = read_jsonl(run_dir / "trajectories.jsonl")
+    assert {r["student_version"] for r in rows if r["step"] == 2} == {1}  # sampled after the publication
+    owners = {m["owner"] for r in rows for m in r["conversations"] if m["role"] == "assistant" and m["owner"] != "prompt"}
+    assert owners == ({"student", "teacher"} if algorithm == "rose" else {"student"})

@@ -53,6 +53,16 @@ VLLM_ENV = {
 }
 
 
+def _torch_thread_setter() -> Any:
+    """torch.set_num_threads as it is before vLLM's CPU worker replaces it with a no-op."""
+    import torch
+
+    return torch.set_num_threads
+
+
+_SET_TORCH_THREADS = _torch_thread_setter()
+
+
 class EngineFailed(RuntimeError):
     """The engine thread stopped on an error: this engine cannot serve any more."""
 
@@ -99,7 +109,10 @@ class VLLMEngine:
             "score_calls": 0, "weight_updates": 0, "steps": 0, "busy_s": 0.0, "weights_s": 0.0}
         self._running_sizes: deque[int] = deque(maxlen=1024)
         started: concurrent.futures.Future = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._run, args=(started,), name="vllm-engine", daemon=True)
+        import torch
+
+        self._thread = threading.Thread(target=self._run, args=(started, torch.get_num_threads()),
+                                        name="vllm-engine", daemon=True)
         self._thread.start()
         started.result()  # what the engine's start raised, raised here
 
@@ -198,7 +211,11 @@ class VLLMEngine:
             **kwargs,
         )
 
-    def _run(self, started: concurrent.futures.Future) -> None:
+    def _run(self, started: concurrent.futures.Future, threads: int) -> None:
+        # OpenMP's thread count is per thread, and vLLM's CPU kernels read it where they run: a
+        # new thread starts at the machine's core count, whatever the caller set. This thread
+        # builds and steps the engine at the caller's count (vLLM then makes torch's setter a no-op).
+        _SET_TORCH_THREADS(threads)
         try:
             self._llm = self._start()
         except BaseException as e:  # noqa: BLE001 - the constructor raises it
