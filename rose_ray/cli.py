@@ -291,8 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ranks", type=int, default=1, help="DeepSpeed data-parallel ranks")
     g.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3])
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    g.add_argument("--max-tokens", type=int, default=4096, help="tokens per packed row")
-    g.add_argument("--grad-accum", type=int, default=1)
+    g.add_argument("--max-tokens", type=int, default=4096,
+                   help="tokens per packed row, and per micro-batch (rows share one while they fit)")
     g.add_argument("--owners", default="student,teacher", help="owners whose tokens are trained")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=1, help="torch threads per rank")

@@ -205,6 +205,7 @@ class TrainConfig:
 REMOVED_KEYS = {
     "learner.algorithm": "set `algorithm` only (rose, opd or teacher_sft); its recipe chooses the learner's loss",
     "learner.context_policy": "the learner cuts a trajectory where the engine cut it (student_engine.context_policy)",
+    "learner.grad_accum": "micro-batches follow a token budget (learner.max_tokens each); their number follows from the batch",
 }
 
 

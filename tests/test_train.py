@@ -181,6 +181,10 @@ def test_bad_config_is_rejected_with_the_key_named(tmp_path, capsys):
     assert main(["train", f"run_dir={tmp_path}/r", "learner.context_policy=end_episode"]) == 2
     assert "key 'learner.context_policy': removed; the learner cuts a trajectory where the engine cut it" in (
         capsys.readouterr().err)
+    assert main(["train", f"run_dir={tmp_path}/r", "learner.grad_accum=2"]) == 2
+    assert "key 'learner.grad_accum': removed; micro-batches follow a token budget" in capsys.readouterr().err
+    assert main(["train", f"run_dir={tmp_path}/r", "learner.attn_implementation=flex"]) == 2
+    assert "learner.attn_implementation: must be one of" in capsys.readouterr().err
     for bad, key in (("rollout.handoff.p0=1.5", "rollout.handoff.p0"),
                      ("rollout.handoff.decay_steps=0", "rollout.handoff.decay_steps")):
         assert main(["train", f"run_dir={tmp_path}/r", "rollout.handoff.policy=decay", bad]) == 2
