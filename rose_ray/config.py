@@ -152,7 +152,9 @@ class ReliabilityConfig:
 @dataclass
 class TrainConfig:
     name: str = "run"
-    run_dir: str = "runs/${name}"
+    # Where this config's runs go, each in a new version_N folder (rose_ray/runs.py); under
+    # ROSE_RAY_RUNS when set (shared storage for a Ray job), else ./runs.
+    run_dir: str = "${oc.env:ROSE_RAY_RUNS,runs}/${name}"
     seed: int = 0
     algorithm: str = "rose"  # rose | opd | teacher_sft: a recipe (rose_ray/recipes/)
     mode: str = "async"  # async | sync
