@@ -9,7 +9,8 @@ depend on the batch, so both runs generate the same tokens.
     python bench/generation.py                     # 1, 4, 8, 16 callers, 2 torch threads
     python bench/generation.py --ray --callers 8   # through the EngineActor
 
-Prints a table and writes bench/results/generation.json.
+Prints a table and writes bench/results/generation.json (the latest; each run keeps its own
+copy in bench/results/generation/version_N/).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from rose_ray.inference.batcher import AsyncBatcher  # noqa: E402
 from rose_ray.inference.engine import EngineConfig, GenerationRequest  # noqa: E402
 from rose_ray.inference.hf import HFEngine  # noqa: E402
 from rose_ray.models import init_tiny  # noqa: E402
+from rose_ray.runs import keep_result  # noqa: E402
 from rose_ray.types import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -191,15 +193,13 @@ def main() -> None:
               f"{r['concurrent_tokens_per_s']:>10.0f} {r['sequential_requests_per_s']:>9.2f} "
               f"{r['concurrent_requests_per_s']:>10.2f} {r['speedup']:>7.2f}x {r['mean_batch']:>10.1f} "
               f"{'yes' if r['same_tokens'] else 'no':>8}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+    kept = keep_result(args.out, json.dumps({
         "bench": "generation", "mode": mode, "model": str(model), "dtype": str(engine.model.dtype),
         "threads": args.threads, "turns": args.turns, "max_new_tokens": args.max_new_tokens,
         "max_wait_ms": args.max_wait_ms, "repeat": args.repeat, "cpu_count": os.cpu_count(), "machine": platform.machine(),
         "torch": torch.__version__, "rows": rows,
     }, indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {args.out} (and {kept})")
     if actor is not None:
         import ray
 

@@ -4,7 +4,8 @@ real engine actor vs a gloo broadcast) for the tiny student and a ~100M-paramete
 
     python bench/learner.py [--steps 8] [--threads 2] [--quick]
 
-Prints a table and writes bench/results/learner.json.
+Prints a table and writes bench/results/learner.json (the latest; each run keeps its own copy
+in bench/results/learner/version_N/).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from rose_ray.runs import keep_result
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -233,10 +236,9 @@ def main() -> None:
         print(f"{r['model']:10} {r['mb']:7.1f} {r['object_store_ms']:9.1f} {r['object_store_ms_per_mb']:12.3f} "
               f"{r['gather_ms']:10.1f} {r['gloo_broadcast_ms']:8.1f} {r['gloo_broadcast_ms_per_mb']:11.3f}")
     out = Path(__file__).parent / "results" / "learner.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "load_average": os.getloadavg(),
-                               "training": train, "publication": publish}, indent=2))
-    print(f"\nwrote {out}")
+    kept = keep_result(out, json.dumps({"args": vars(args), "load_average": os.getloadavg(),
+                                        "training": train, "publication": publish}, indent=2))
+    print(f"\nwrote {out} (and {kept})")
     shutil.rmtree(root / "m100", ignore_errors=True) if os.environ.get("BENCH_CLEAN") else None
 
 
