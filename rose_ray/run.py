@@ -46,7 +46,7 @@ class Run:
         self.t_start = time.time()
         self.weights_ms = 0.0
         self.replies = {"replies": 0, "truncated": 0, "cut_before_action": 0}  # trained episodes' replies
-        self.session = f"{run_dir.name}-{os.urandom(3).hex()}"
+        self.session = f"{cfg.name}-{os.urandom(3).hex()}"  # names its engines (a run folder is version_N)
         self.fatal: RoleFailed | None = None  # why the run must stop (a role lost for good, a stall)
         self.learner_restarts = 0  # in this process (reliability.max_restarts counts these)
         self.restarts_before: dict[str, int] = {}  # per role, in the processes before a --resume
@@ -400,7 +400,8 @@ class Run:
         """Replacements per role over the whole run: this process's, plus those before a resume
         (kept in each checkpoint; a learner group going back to one keeps counting on)."""
         now = {**self.engines.restarts(), "learner": self.learner_restarts}
-        return {role: self.restarts_before.get(role, 0) + now.get(role, 0) for role in {**self.restarts_before, **now}}
+        roles = {**self.restarts_before, **now}
+        return {role: self.restarts_before.get(role, 0) + now.get(role, 0) for role in roles}
 
     def doing(self, what: str) -> None:
         self.phase = (what, time.monotonic())
