@@ -9,6 +9,7 @@ by each section's `__post_init__` (also with the key named). Model names `tiny:s
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -230,6 +231,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 else:
                     raise ConfigError(f"key {key!r}: removed; {why}")
         merged = OmegaConf.merge(schema, *layers)
+        # A variable set to nothing (`ROSE_RAY_RUNS=$UNSET`) would put runs at /<name>.
+        if os.environ.get("ROSE_RAY_RUNS") == "" and "ROSE_RAY_RUNS" in str(
+                OmegaConf.to_container(merged, resolve=False)["run_dir"]):
+            raise ConfigError("run_dir: ROSE_RAY_RUNS is set but empty; unset it (runs go to ./runs) or name a folder")
         return OmegaConf.to_object(merged)  # runs every section's __post_init__ checks
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)

@@ -46,6 +46,9 @@ def test_every_shipped_config_puts_runs_under_rose_ray_runs(config, monkeypatch)
     assert load_config(config).run_dir == f"/shared/runs/{name}"
     monkeypatch.delenv("ROSE_RAY_RUNS")
     assert load_config(config).run_dir == f"runs/{name}"
+    monkeypatch.setenv("ROSE_RAY_RUNS", "")  # set to nothing: refused, not runs at /<name>
+    with pytest.raises(ValueError, match="ROSE_RAY_RUNS is set but empty"):
+        load_config(config)
 
 
 def _nodes(node_types: dict[str, tuple[dict[str, float], int]]) -> list[NodeInfo]:
