@@ -18,7 +18,8 @@ At the end it reads the chaos run's `episodes.jsonl` and `trajectories.jsonl`: e
 outcomes) must both be 0. The overhead is the chaos run's wall time (both processes, start-up
 included) against the clean run's.
 
-Prints a table and writes bench/results/chaos.json.
+Prints a table and writes bench/results/chaos.json (the latest; each run keeps its own copy in
+bench/results/chaos/version_N/).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from rose_ray.runs import keep_result
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
@@ -272,8 +275,7 @@ def main() -> None:
         "steps_completed": steps_done, "restarts": chaos["summary"].get("restarts"),
         "runner": chaos["summary"].get("runner"), "total_s": time.monotonic() - started,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    kept = keep_result(args.out, json.dumps(result, indent=1))
     print()
     print("| fault | at step | what | recovered | recovery s |")
     print("| --- | ---: | --- | --- | ---: |")
@@ -289,7 +291,7 @@ def main() -> None:
           f"{result['chaos_wall_s']:.0f} s | {100 * result['overhead']:+.0f}% |")
     print(f"\nepisodes drawn {result['episodes_drawn']}, outcomes {result['outcomes']}; "
           f"restarts {result['restarts']}; runner {result['runner']}; bench {result['total_s']:.0f} s; "
-          f"written to {args.out}")
+          f"written to {args.out} (and {kept})")
     # Every fault injected and recovered from, nothing lost or trained twice, every step done.
     ok = (result["episodes_lost"] == 0 and result["trained_twice"] == 0 and steps_done == args.steps
           and result["faults_injected"] == result["recoveries"] == len(chaos["faults"]) > 0)

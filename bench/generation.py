@@ -11,7 +11,8 @@ and a ~30M-parameter Qwen3 built here with random weights (`--models`).
     python bench/generation.py                    # tiny and 30M, 1 / 8 / 32 callers
     python bench/generation.py --quick            # tiny only, 1 and 8 callers, one repeat
 
-Prints a table and writes bench/results/generation.json.
+Prints a table and writes bench/results/generation.json (the latest; each run keeps its own
+copy in bench/results/generation/version_N/).
 """
 
 from __future__ import annotations
@@ -184,16 +185,15 @@ def main() -> None:
     print(f"load average (1/5/15 min): start {'/'.join(f'{x:.2f}' for x in load_start)}, "
           f"end {'/'.join(f'{x:.2f}' for x in load_end)} on {os.cpu_count()} cores")
     from rose_ray.inference.backends import vllm_distribution
+    from rose_ray.runs import keep_result
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+    kept = keep_result(args.out, json.dumps({
         "bench": "generation", "turns": args.turns, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
         "repeat": args.repeat, "backends": args.backends, "vllm": vllm_distribution(), "torch": torch.__version__,
         "cpu_count": os.cpu_count(), "machine": platform.machine(), "loadavg_start": load_start,
         "loadavg_end": load_end, "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows,
     }, indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {args.out} (and {kept})")
 
 
 if __name__ == "__main__":

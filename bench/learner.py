@@ -4,7 +4,8 @@ real engine actor vs a gloo broadcast) for the tiny student and a ~100M-paramete
 
     python bench/learner.py [--steps 8] [--threads 2] [--quick]
 
-Prints a table and writes bench/results/learner.json.
+Prints a table and writes bench/results/learner.json (the latest; each run keeps its own copy
+in bench/results/learner/version_N/).
 
     python bench/learner.py --memory [--tokens 2048 4096 8192 16384]
 
@@ -13,7 +14,8 @@ Peak memory of one training step of a 2-layer, 64-wide Qwen3 with Qwen3's vocabu
 1 rank, fp32), each point in a fresh process (its peak RSS, ru_maxrss): the original path
 (`dense_mask` attention, whole logits) where this machine's free memory holds it, and the new
 one (sdpa per segment, the head in chunks of `learner.logprob_chunk`). Prints a table and
-writes bench/results/learner_memory.json (an earlier file is kept, renamed with its date).
+writes bench/results/learner_memory.json (the latest; each run keeps its own copy in
+bench/results/learner_memory/version_N/).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from rose_ray.runs import keep_result
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -269,16 +273,6 @@ def available_bytes() -> float:
     return float("inf")
 
 
-def keep_earlier(path: Path) -> Path | None:
-    """An earlier result file moved aside (named with its date), not overwritten."""
-    if not path.exists():
-        return None
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
-    kept = path.with_name(f"{path.stem}.{stamp}{path.suffix}")
-    path.rename(kept)
-    return kept
-
-
 def bench_memory(args) -> None:
     from rose_ray.models import QWEN3_VOCAB_SIZE, build_qwen3_vocab_model
 
@@ -318,12 +312,10 @@ def bench_memory(args) -> None:
     if growth is not None:
         print(f"lean path, 4,096 -> 16,384 tokens: x{growth:.2f}")
     out = Path(__file__).parent / "results" / "learner_memory.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    kept = keep_earlier(out)
-    out.write_text(json.dumps({"rows": rows, "skipped": skipped, "growth_4096_to_16384": growth,
-                               "model": {"vocab_size": QWEN3_VOCAB_SIZE, "hidden_size": 64, "layers": 2},
-                               "threads": args.threads, "load_average": os.getloadavg()}, indent=2))
-    print(f"wrote {out}" + (f" (the earlier one is now {kept.name})" if kept else ""))
+    kept = keep_result(out, json.dumps({"rows": rows, "skipped": skipped, "growth_4096_to_16384": growth,
+                                        "model": {"vocab_size": QWEN3_VOCAB_SIZE, "hidden_size": 64, "layers": 2},
+                                        "threads": args.threads, "load_average": os.getloadavg()}, indent=2))
+    print(f"wrote {out} (and {kept})")
 
 
 def main() -> None:
@@ -375,10 +367,9 @@ def main() -> None:
         print(f"{r['model']:10} {r['mb']:7.1f} {r['object_store_ms']:9.1f} {r['object_store_ms_per_mb']:12.3f} "
               f"{r['gather_ms']:10.1f} {r['gloo_broadcast_ms']:8.1f} {r['gloo_broadcast_ms_per_mb']:11.3f}")
     out = Path(__file__).parent / "results" / "learner.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "load_average": os.getloadavg(),
-                               "training": train, "publication": publish}, indent=2))
-    print(f"\nwrote {out}")
+    kept = keep_result(out, json.dumps({"args": vars(args), "load_average": os.getloadavg(),
+                                        "training": train, "publication": publish}, indent=2))
+    print(f"\nwrote {out} (and {kept})")
     shutil.rmtree(root / "m100", ignore_errors=True) if os.environ.get("BENCH_CLEAN") else None
 
 

@@ -16,7 +16,8 @@ and learner rank (tiny.yaml's learner.threads=1; engines get 1 thread per CPU gr
     python bench/pipeline.py              # 150 s per mode
     python bench/pipeline.py --quick      # 30 s per mode (smoke run)
 
-Prints a table and writes bench/results/pipeline.json.
+Prints a table and writes bench/results/pipeline.json (the latest; each run keeps its own copy
+in bench/results/pipeline/version_N/).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from rose_ray.runs import keep_result
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -250,15 +253,13 @@ def main() -> None:
     print(f"load average (1/5/15 min): start {fmt_load(load_start)}, end {fmt_load(load_end)} "
           f"on {cores} cores (shared with other work)")
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+    kept = keep_result(args.out, json.dumps({
         "bench": "pipeline", "quick": args.quick, "budget_s": args.budget, "overrides": overrides,
         "warm_teacher": warm, "pinning": pinning, "cpu_count": cores, "machine": platform.machine(),
         "loadavg_start": load_start, "loadavg_end": load_end,
         "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows,
     }, indent=1))
-    print(f"wrote {out}")
+    print(f"wrote {args.out} (and {kept})")
 
 
 def fmt_load(load: tuple[float, float, float]) -> str:

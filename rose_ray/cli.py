@@ -150,12 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("train", help="online ROSE (or opd / teacher_sft) on a Ray cluster or this machine")
     g.add_argument("--config", help="YAML config (default: the embedded tiny config)")
-    g.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    g.add_argument("--resume", metavar="RUN", help="continue a run from its latest checkpoint: a run folder, "
+                                                 "or a run_dir such as runs/tiny (its latest version)")
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. steps=20")
     g.set_defaults(func="rose_ray.train:cli_main")
 
     g = sub.add_parser("export", help="a Hugging Face folder of the student from a run's kept checkpoint")
-    g.add_argument("run", metavar="RUN", help="the run directory (holds config.yaml and checkpoints/)")
+    g.add_argument("run", metavar="RUN", help="a run folder (holds config.yaml and checkpoints/), or a run_dir (its latest)")
     g.add_argument("--step", type=int, help="the learner step of a kept checkpoint (default: the latest)")
     g.add_argument("--out", required=True, help="the new folder to write")
     g.set_defaults(func="rose_ray.export:cli_main")

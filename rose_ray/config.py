@@ -9,6 +9,7 @@ by each section's `__post_init__` (also with the key named). Model names `tiny:s
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -152,7 +153,9 @@ class ReliabilityConfig:
 @dataclass
 class TrainConfig:
     name: str = "run"
-    run_dir: str = "runs/${name}"
+    # Where this config's runs go, each in a new version_N folder (rose_ray/runs.py); under
+    # ROSE_RAY_RUNS when set (shared storage for a Ray job), else ./runs.
+    run_dir: str = "${oc.env:ROSE_RAY_RUNS,runs}/${name}"
     seed: int = 0
     algorithm: str = "rose"  # rose | opd | teacher_sft: a recipe (rose_ray/recipes/)
     mode: str = "async"  # async | sync
@@ -235,6 +238,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 else:
                     raise ConfigError(f"key {key!r}: removed; {why}")
         merged = OmegaConf.merge(schema, *layers)
+        # A variable set to nothing (`ROSE_RAY_RUNS=$UNSET`) would put runs at /<name>.
+        if os.environ.get("ROSE_RAY_RUNS") == "" and "ROSE_RAY_RUNS" in str(
+                OmegaConf.to_container(merged, resolve=False)["run_dir"]):
+            raise ConfigError("run_dir: ROSE_RAY_RUNS is set but empty; unset it (runs go to ./runs) or name a folder")
         return OmegaConf.to_object(merged)  # runs every section's __post_init__ checks
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)

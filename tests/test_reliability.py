@@ -363,6 +363,30 @@ def test_a_run_survives_a_killed_student_a_hung_teacher_and_a_killed_learner_ran
     assert summary["accounting_holds"]
     check_exactly_once(run_dir, steps)
 
+    # Resumed, and the student engine lost once more: summary.json counts over the whole run.
+    steps_after = steps + 4  # steps enough that the run cannot end on buffered episodes alone
+    cfg = load_config(None, overrides(tiny_models, run_dir, steps_after, "learner.ranks=2", "learner.cpus_per_rank=0.25"))
+    resumed = Trainer(cfg, run_dir, resume=True)
+
+    async def kill_student(t: Trainer) -> None:
+        await until("a step after the resume", lambda: t.step > steps)
+        engine = t.student.engine
+        os.kill((await engine.health.remote())["pid"], signal.SIGKILL)
+        await until("the student's replacement", lambda: t.engines.restarts()["student engine"] == 1
+                    and t.student.engine is not engine)
+
+    try:
+        resumed.start()
+        summary, error = drive(resumed, kill_student)
+    finally:
+        resumed.close()
+    assert error is None, error
+    assert summary["steps"] == steps_after
+    assert summary["restarts"] == {"student engine": 2, "teacher engine": 1, "learner": 1}
+    logged = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
+    assert logged[-1]["reliability/engine_restarts"] == 3 and logged[-1]["reliability/learner_restarts"] == 1
+    check_exactly_once(run_dir, steps_after)
+
 
 async def _health(engine) -> dict:
     return await engine.health.remote()

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,8 +30,9 @@ LISTED_SCALARS = [
 
 
 def overrides(tiny_models, run_dir, steps: int) -> list[str]:
+    """A short tiny run; run_dir None: the config's run_dir (a new version folder under it)."""
     return [
-        f"tiny_dir={tiny_models['student'].parent}", f"run_dir={run_dir}", f"steps={steps}",
+        f"tiny_dir={tiny_models['student'].parent}", *([f"run_dir={run_dir}"] if run_dir else []), f"steps={steps}",
         "teacher_warmup.enabled=false", "checkpoint_every=2", "rollout.batch_episodes=2",
         "rollout.max_turns=4", f"rollout.handoff.k={K}", "rollout.student_sampling.max_new_tokens=16",
         "rollout.teacher_sampling.max_new_tokens=16", "eval.n=2", "eval.max_turns=2",
@@ -40,9 +42,12 @@ def overrides(tiny_models, run_dir, steps: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_models, ray_cluster, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("train") / "run"
-    summary = train(None, overrides(tiny_models, run_dir, steps=3))
-    return run_dir, summary
+    """A run started as a user starts one, without run_dir=: into the config's run_dir, which
+    follows ROSE_RAY_RUNS."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("ROSE_RAY_RUNS", str(tmp_path_factory.mktemp("train")))
+        summary = train(None, overrides(tiny_models, None, steps=3))
+    return Path(summary["run_dir"]), summary
 
 
 def read_jsonl(path):
@@ -102,10 +107,12 @@ def model_step(run_dir) -> int:
 
 def test_checkpoint_and_resume_continue_from_the_step(tiny_run, tiny_models):
     run_dir, summary = tiny_run
+    runs = run_dir.parent  # the config's run_dir: $ROSE_RAY_RUNS/tiny
+    assert runs.name == "tiny" and run_dir.name == "version_0" and (runs / "latest").read_text() == "version_0\n"
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_3"
     assert summary["model"] == str(run_dir / "model") and model_step(run_dir) == 3
-    summary = train(None, ["steps=5"], resume=str(run_dir))
-    assert summary["steps"] == 5 and summary["version"] == 5
+    summary = train(None, ["steps=5"], resume=str(runs))  # the config's run_dir: its latest run
+    assert summary["run_dir"] == str(run_dir) and summary["steps"] == 5 and summary["version"] == 5
     assert model_step(run_dir) == 5  # a resumed run rewrites model/ when it ends
     steps = [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
     assert steps == [1, 2, 3, 4, 5]
