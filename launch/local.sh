@@ -4,7 +4,7 @@
 #
 #   launch/local.sh [CONFIG] [KEY=VALUE ...]
 #
-# CONFIG defaults to the seed's setup (configs/rose_qwen3_1p7b_32b.yaml: 4 GPUs); on a laptop
+# CONFIG defaults to the seed's setup (configs/rose_qwen3_1p7b_32b.yaml: 7 GPUs of 80 GB); on a laptop
 # use the tiny one:  launch/local.sh configs/tiny.yaml steps=20
 # TensorBoard: tensorboard --logdir runs/   (each run writes <run_dir>/tb)
 set -euo pipefail
