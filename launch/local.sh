@@ -4,7 +4,7 @@
 #
 #   launch/local.sh [CONFIG] [KEY=VALUE ...]
 #
-# CONFIG defaults to the seed's setup (configs/rose_qwen3_1p7b_32b.yaml: 4 GPUs); on a laptop
+# CONFIG defaults to the seed's setup (configs/rose_qwen3_1p7b_32b.yaml: 7 GPUs of 80 GB); on a laptop
 # use the tiny one:  launch/local.sh configs/tiny.yaml steps=20
 # Each run goes to a new runs/<name>/version_N (under $ROSE_RAY_RUNS when set; runs/<name>/latest
 # names the newest). TensorBoard: tensorboard --logdir runs/   (every run side by side)

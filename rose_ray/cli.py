@@ -172,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plan on described nodes instead of a cluster, e.g. --node 2xCPU=64,GPU=8 (repeatable)")
     g.add_argument("--address", help="Ray cluster to plan on (default: RAY_ADDRESS, else a local cluster)")
     g.add_argument("--total", action="store_true", help="plan on total resources, not what is free now")
+    _memory_arguments(g)
     g.set_defaults(func="rose_ray.check:check_main")
 
     # --- plan (cluster) ---
@@ -179,7 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--config", help="YAML config (default: the embedded tiny config)")
     g.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local cluster)")
     g.add_argument("--total", action="store_true", help="plan on total resources, not what is free now")
+    g.add_argument("--node", action="append", metavar="[Nx]RES=N,...",
+                   help="plan on described nodes instead of a cluster, e.g. --node 2xCPU=64,GPU=8 (repeatable)")
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. env.workers=8")
+    _memory_arguments(g)
     g.set_defaults(func="rose_ray.placement:plan_main")
     # --- end plan ---
 
@@ -300,6 +304,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func="rose_ray.recipes.sft:cli_main")
     # --- end sft ---
     return p
+
+
+def _memory_arguments(g: argparse.ArgumentParser) -> None:
+    """The GPU memory plan's inputs (`plan` and `check`)."""
+    g.add_argument("--gpu-memory", type=float, metavar="GIB",
+                   help="memory of each GPU in GiB (an H100 80GB: 79.6, an H200: 140.4); default: from the "
+                        "nodes' accelerator_type, else the plan prints each role's needs without checking them")
+    g.add_argument("--model-config-for", action="append", metavar="MODEL=DIR",
+                   help="a folder with the config.json of a model that is not on disk (repeatable; the "
+                        "Qwen3 sizes ship with rose_ray)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from rose_ray.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(str(p.relative_to(ROOT)) for p in [*ROOT.glob("configs/*.yaml"), *ROOT.glob("rose_ray/configs/*.yaml")])
-GPU_NODE = ["--node", "CPU=64,GPU=8"]
+GPU_NODE = ["--node", "CPU=64,GPU=8,accelerator_type:H100=1"]  # 80 GB GPUs for the memory plan
 
 
 def stand_ins(tiny_qwen3) -> list[str]:
@@ -37,6 +37,11 @@ def test_every_shipped_config_passes(config, tiny_qwen3, tiny_models, ray_cluste
         # Qwen3's template: pieces cut before user turns; thinking off puts an empty block in.
         assert "rewrites earlier turns" in out and "<think>\\n\\n</think>\\n\\n'" in out
         assert "'agenteval_test' under mapping 'agentgym_traj': 200 games" in out
+        # Every role fits the H100's memory, sized from the shipped Qwen3 table.
+        assert "GPU: 79.6 GiB per GPU (H100, from the nodes' accelerator_type)" in out and " NO" not in out
+        assert "Qwen/Qwen3-32B (32.76B parameters, sizes from the Qwen3 sizes shipped with rose_ray)" in out
+    else:
+        assert "on CPU" in out
 
 
 def test_thinking_on_leaves_the_prompt_open(tiny_qwen3, capsys):
@@ -51,7 +56,8 @@ def test_thinking_on_leaves_the_prompt_open(tiny_qwen3, capsys):
     (["eval.split=train"], "eval.split: 2162 of its games are also training games"),
     (["env.mapping=agentgym"], "eval.split: split 'agenteval_test' lists item ids of the 'agentgym_traj' mapping"),
     (["student_engine.context_tokens=600", "learner.max_tokens=600"], "student_engine.context_tokens: the instruction"),
-    (["resources.teacher_gpus=9"], "the cluster cannot hold the teacher engine"),
+    (["resources.teacher_gpus=9", "teacher_engine.tensor_parallel_size=9"], "the cluster cannot hold the teacher engine"),
+    (["resources.teacher_gpus=2"], "resources.teacher_gpus: 2, but teacher_engine.tensor_parallel_size is 4"),
     (["learner.max_tokens=8192"], "learner.max_tokens: 8192 is less than student_engine.context_tokens 16384"),
 ])
 def test_problems_exit_2_naming_the_key(tiny_qwen3, extra, message, capsys):
