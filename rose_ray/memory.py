@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -296,22 +296,13 @@ def _scoring_problem(mem: RoleMemory, engine: Any, key: str, gpu_bytes: float, g
 
 def learner_activations(shape: ModelShape, tokens: int, chunk: int, checkpointing: bool,
                         dtype_bytes: int) -> dict[str, float]:
-    """Peak activation bytes of one micro-batch of `tokens` tokens as the learner runs it after
-    issue 28: packed segments without an L×L mask (attention keeps q, k, v, its output and a
-    log-sum-exp per head, linear in the tokens) and the LM head `chunk` tokens at a time (0: all).
+    """Peak activation bytes of one micro-batch of `tokens` tokens as the learner runs it: packed
+    segments without an L×L mask and the LM head `chunk` tokens at a time (0: all at once);
+    the learner's own measured formula (rose_ray/learner/memory.py)."""
+    from rose_ray.learner.memory import learner_activation_bytes
 
-    Per token, as measured on transformers 5.19's Qwen3 (the bytes autograd saves; e = dtype
-    bytes): a decoder layer keeps H·(8 + 4e) + (Q + K)·(4 + 3e) + I·4e + 11·heads; with gradient
-    checkpointing a layer keeps only its input (e·H) and backward rebuilds one layer at a time;
-    the embeddings and final norm ≈ (2 + 2e)·H. The head's chunk peaks at chunk·V·(e + 12)
-    (its logits, then fp32 log-softmax and backward)."""
-    e = dtype_bytes
-    layer = (shape.hidden_size * (8 + 4 * e) + (shape.q_width + shape.kv_width) * (4 + 3 * e)
-             + shape.intermediate_size * 4 * e + 11 * shape.num_attention_heads)
-    kept = shape.num_hidden_layers * (e * shape.hidden_size) + layer if checkpointing else shape.num_hidden_layers * layer
-    head_tokens = tokens if chunk <= 0 else min(chunk, tokens)
-    return {"layers": float(tokens * (kept + (2 + 2 * e) * shape.hidden_size)),
-            "head": float(head_tokens * shape.vocab_size * (e + 12))}
+    act = learner_activation_bytes(asdict(shape), tokens, chunk, checkpointing, dtype_bytes)
+    return {"layers": float(act["body"]), "head": float(act["head"])}
 
 
 def learner_memory(learner: Any, shape: ModelShape, gpu_bytes: float | None, gpu_note: str,

@@ -3,9 +3,8 @@ each role's memory per GPU, and `rose-ray plan`/`check` refusing a role that can
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -172,8 +171,8 @@ def test_learner_activations_count_a_chunked_head_and_checkpointed_layers():
     assert kept["head"] == 1024 * 151936 * 14 and whole["head"] == 16 * kept["head"]  # ~2 GiB vs ~32 GiB
     assert full["layers"] > 10 * kept["layers"] and kept["layers"] < 4 * GIB
     assert learner_activations(shape, 8192, 1024, True, 2)["layers"] * 2 == kept["layers"]  # linear: no L x L mask
-    # learner.logprob_chunk (issue 28's key) sets the head's chunk where the config has it.
-    chunked = SimpleNamespace(**asdict(cfg.learner), logprob_chunk=256)
+    # learner.logprob_chunk sets the head's chunk.
+    chunked = replace(cfg.learner, logprob_chunk=256)
     assert learner_memory(chunked, shape, None, "?").parts["activations"] == pytest.approx(
         kept["layers"] + kept["head"] / 4)
 

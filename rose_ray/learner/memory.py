@@ -1,4 +1,5 @@
-"""The learner's memory per rank, as the learner runs a model: for a GPU memory plan.
+"""The learner's activation memory per micro-batch, as the learner runs a model: what the GPU
+memory plan (rose_ray/memory.py, which also counts the model states under ZeRO) reads.
 
 No torch: a plan is made before any model is loaded. `config` is a Hugging Face config or a
 dict with its fields (Qwen3's names: hidden_size, intermediate_size, num_hidden_layers,
@@ -20,12 +21,6 @@ The LM head runs `chunk` tokens at a time (learner/forward.py): its logits in e 
 fp32 through log-softmax and its backward, ≈ chunk·V·(e + 12) bytes at the peak (an upper
 bound: ~13 bytes per logit measured in fp32). `chunk=0` is the original path: every token's
 logits at once.
-
-Model states follow the ZeRO paper, with Adam: in bf16, weights and gradients 2 bytes a
-parameter each plus 12 of fp32 master weights, momentum and variance; in fp32, 4 + 4 + 8. Stage
-1 splits the optimizer's part over the ranks, stage 2 the gradients too, stage 3 everything
-(P parameters, N ranks; bf16, stage 2: 2·P + 14·P/N). DeepSpeed's communication buckets and
-the framework's own memory come on top.
 """
 
 from __future__ import annotations
@@ -54,15 +49,6 @@ def _shape(config: Any) -> tuple[int, int, int, int, int, int, int]:
             _get(config, "num_key_value_heads", heads), head_dim, _get(config, "vocab_size"))
 
 
-def parameter_count(config: Any) -> int:
-    """Parameters of a Qwen3/Llama-shaped causal LM (the head counted once when tied)."""
-    hidden, inter, layers, heads, kv_heads, head_dim, vocab = _shape(config)
-    attn = hidden * head_dim * (2 * heads + 2 * kv_heads) + 2 * head_dim  # q, k, v, o; q/k norms
-    layer = attn + 3 * hidden * inter + 2 * hidden
-    tied = _get(config, "tie_word_embeddings", True)
-    return layers * layer + vocab * hidden * (1 if tied else 2) + hidden
-
-
 def learner_activation_bytes(config: Any, tokens: int, chunk: int, checkpointing: bool,
                              dtype_bytes: int = 2) -> dict[str, int]:
     """Peak activation memory of one micro-batch of `tokens` tokens: the body (layers,
@@ -76,17 +62,3 @@ def learner_activation_bytes(config: Any, tokens: int, chunk: int, checkpointing
     head_tokens = tokens if chunk <= 0 else min(chunk, tokens)
     body, head = tokens * per_token, head_tokens * vocab * (e + 12)
     return {"body": body, "layer": tokens * layer, "head": head, "total": body + head}
-
-
-def learner_state_bytes(config: Any, ranks: int, zero_stage: int, dtype_bytes: int = 2) -> int:
-    """Weights, gradients and Adam states per rank under ZeRO `zero_stage` over `ranks` ranks."""
-    p = parameter_count(config)
-    e = dtype_bytes
-    weights, grads, optim = e * p, e * p, (12 if e < 4 else 8) * p
-    if zero_stage >= 1:
-        optim /= ranks
-    if zero_stage >= 2:
-        grads /= ranks
-    if zero_stage >= 3:
-        weights /= ranks
-    return int(weights + grads + optim)
