@@ -2,6 +2,7 @@
 
     python bench/chaos.py                  # 20 steps, seed 0
     python bench/chaos.py --steps 12 --seed 1
+    python bench/chaos.py --backend vllm   # both engines on vLLM
 
 Two runs of `rose-ray train` (the embedded tiny config without the teacher warm-up and the
 evals, `steps=N`) on one private Ray cluster that this script starts and joins: a clean run,
@@ -46,9 +47,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 FAULTS = ["JVM", "JVM", "EnvPool actor", "student engine", "teacher engine", "whole run (SIGTERM, --resume)"]
 
 
-def common_overrides(steps: int) -> list[str]:
+def common_overrides(steps: int, backend: str | None = None) -> list[str]:
+    engines = [f"{role}_engine.backend={backend}" for role in ("student", "teacher")] if backend else []
     return [f"steps={steps}", "teacher_warmup.enabled=false", "eval.before=false", "eval.after=false",
-            "eval.teacher=false", "checkpoint_every=4"]
+            "eval.teacher=false", "checkpoint_every=4", *engines]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -158,7 +160,7 @@ def clean_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     run_dir = work / "clean"
     t0 = time.monotonic()
     with (work / "clean.log").open("w") as log:
-        code = subprocess.call(train_cmd(*common_overrides(args.steps), "name=chaos_clean", f"run_dir={run_dir}"),
+        code = subprocess.call(train_cmd(*common_overrides(args.steps, args.backend), "name=chaos_clean", f"run_dir={run_dir}"),
                                stdout=log, stderr=subprocess.STDOUT)
     wall = time.monotonic() - t0
     if code != 0:
@@ -176,7 +178,7 @@ def chaos_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     log = (work / "chaos.log").open("w")
     wall = 0.0
     t0 = time.monotonic()
-    proc = subprocess.Popen(train_cmd(*common_overrides(args.steps), "name=chaos", f"run_dir={run_dir}"),
+    proc = subprocess.Popen(train_cmd(*common_overrides(args.steps, args.backend), "name=chaos", f"run_dir={run_dir}"),
                             stdout=log, stderr=subprocess.STDOUT)
     pending = list(faults)
     exits = []
@@ -244,6 +246,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds the chaos run may take")
+    parser.add_argument("--backend", choices=["hf", "vllm"], help="both engines' backend (default: the config's)")
     parser.add_argument("--out", default=str(RESULTS / "chaos.json"))
     args = parser.parse_args()
     if args.steps < len(FAULTS) + 3:
@@ -264,7 +267,7 @@ def main() -> None:
         ray.shutdown()
     steps_done = chaos["summary"].get("steps", 0)
     result = {
-        "steps": args.steps, "seed": args.seed, "machine": f"{platform.node()} ({os.cpu_count()} cpus)",
+        "steps": args.steps, "seed": args.seed, "backend": args.backend or "config", "machine": f"{platform.node()} ({os.cpu_count()} cpus)",
         "clean_wall_s": clean["wall_s"], "chaos_wall_s": chaos["wall_s"],
         "overhead": chaos["wall_s"] / clean["wall_s"] - 1.0,
         "faults": chaos["faults"], "exits": chaos["exits"],

@@ -157,7 +157,7 @@ def main() -> None:
     p.add_argument("--callers", type=int, nargs="+", default=None, help="default 1 8 32")
     p.add_argument("--turns", type=int, default=4, help="turns per episode")
     p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--threads", type=int, default=2, help="torch threads of each engine")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each engine (a tiny run's engines get 1)")
     p.add_argument("--repeat", type=int, default=None, help="runs per setting; the fastest counts (default 3)")
     p.add_argument("--backends", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
     p.add_argument("--kv-cache-mb", type=float, default=1024.0, help="vllm's KV cache")

@@ -45,6 +45,7 @@ class Run:
         self.rollout_window: list[Trajectory] = []
         self.t_start = time.time()
         self.weights_ms = 0.0
+        self.learn_s = 0.0  # wall seconds in learn_step: batching, the learner's step, publication
         self.replies = {"replies": 0, "truncated": 0, "cut_before_action": 0}  # trained episodes' replies
         self.session = f"{cfg.name}-{os.urandom(3).hex()}"  # names its engines (a run folder is version_N)
         self.fatal: RoleFailed | None = None  # why the run must stop (a role lost for good, a stall)

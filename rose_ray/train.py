@@ -183,6 +183,7 @@ class Trainer(Run):
     async def learn_step(self, batch: list[Trajectory]) -> dict[str, float]:
         from rose_ray.tokens import loss_turns, make_batch, render
 
+        t0 = time.perf_counter()
         # Trajectories to tokens, each cut where its engine cut it, with the recipe's weights.
         seqs = [render(t, max_tokens=self.cfg.learner.max_tokens) for t in batch]
         made = make_batch(seqs, self.token_weights, self.cfg.learner.max_tokens, self.pad_id)
@@ -199,6 +200,7 @@ class Trainer(Run):
         if self.step % self.cfg.publish_every == 0:
             self.doing("publishing weights")
             await self.publish()
+        self.learn_s += time.perf_counter() - t0  # the learner's side of a step (bench/pipeline.py's L)
         return metrics
 
     async def log_step(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:

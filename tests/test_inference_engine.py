@@ -531,3 +531,24 @@ def test_vllm_engine_config_sizes_its_kv_cache(vllm_only):
     cfg = AutoConfig.from_pretrained(model)
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4  # float32
     assert stats["kv_blocks"] * stats["kv_block_tokens"] * per_token == pytest.approx(64 * 2**20, rel=0.05)
+
+
+def test_vllm_engine_closes_for_good_and_says_so(hf_engine, prompts):
+    """A frontend's close leaves the engine to its other callers; the engine's own close ends
+    it, and a request after that fails at once instead of waiting forever."""
+    config = EngineConfig(backend="vllm", model=hf_engine.config.model, dtype="float32", max_batch_size=2,
+                          context_tokens=512, kv_cache_mb=16)
+    eng = vllm_engine(config, hf_engine)
+    from rose_ray.inference.vllm_engine import EngineFailed
+
+    async def twice():
+        for _ in range(2):
+            front = eng.frontend()
+            await front.generate(GenerationRequest(prompts[0], GREEDY))
+            await front.close()
+
+    asyncio.run(twice())
+    eng.close()
+    with pytest.raises(EngineFailed, match="closed"):
+        eng.generate([GenerationRequest(prompts[0], GREEDY)])
+

@@ -392,6 +392,44 @@ async def _health(engine) -> dict:
     return await engine.health.remote()
 
 
+def test_a_killed_vllm_student_engine_is_replaced_and_serves_the_latest_weights(tiny_models, ray_cluster, tmp_path):
+    """Both engines on vLLM, sync, ROSE with its OPD term: the student engine is killed after a
+    publication; its replacement gets the learner's weights before it serves, so every later
+    step's importance ratio (learner vs engine logprobs of the same ids) is still 1."""
+    pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
+    run_dir = tmp_path / "run"
+    steps = 4
+    cfg = load_config(None, overrides(tiny_models, run_dir, steps, "mode=sync", "learner.lam=0.5",
+                                      "student_engine.backend=vllm", "teacher_engine.backend=vllm",
+                                      "student_engine.kv_cache_mb=64", "teacher_engine.kv_cache_mb=64"))
+    run_dir.mkdir()
+    trainer = Trainer(cfg, run_dir, resume=False)
+    killed_at: list[int] = []
+
+    async def kill_student(t: Trainer) -> None:
+        await until("step 2", lambda: t.step >= 2)
+        engine = t.student.engine
+        killed_at.append(t.step)
+        os.kill((await engine.health.remote())["pid"], signal.SIGKILL)
+        await until("the student's replacement", lambda: t.engines.restarts()["student engine"] == 1
+                    and t.student.engine is not engine)
+
+    try:
+        trainer.start()
+        summary, error = drive(trainer, kill_student)
+        version = asyncio.run(_health(trainer.student.engine))["version"]
+    finally:
+        trainer.close()
+    assert error is None, error
+    assert summary["steps"] == steps and version == steps
+    assert summary["restarts"]["student engine"] == 1
+    logged = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
+    assert len(logged) == steps and killed_at[0] < steps
+    for m in logged:  # before the loss and after it: the engine served the learner's weights
+        assert m["learner/opd_ratio"] == pytest.approx(1.0, abs=1e-3), m
+    check_exactly_once(run_dir, steps)
+
+
 def test_the_watchdog_names_a_hung_env_pool_then_checkpoints_and_stops(tiny_models, ray_cluster, tmp_path, capsys):
     run_dir = tmp_path / "run"
     cfg = load_config(None, overrides(tiny_models, run_dir, 100, "reliability.watchdog_s=6"))

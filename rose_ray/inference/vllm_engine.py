@@ -47,7 +47,7 @@ from rose_ray.inference.engine import (
 VLLM_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process: weights pass as tensors
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # share the cores Ray gave this actor; do not pin
-    "VLLM_LOGGING_LEVEL": "WARNING",
+    "VLLM_LOGGING_LEVEL": "ERROR",  # its warnings are about CPU builds and settings we chose
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_DO_NOT_TRACK": "1",
 }
@@ -103,6 +103,7 @@ class VLLMEngine:
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._ids = itertools.count()
         self._failure: BaseException | None = None
+        self._closing = False
         self._checkpoint_names: dict[str, tuple[int, ...]] | None = None
         self._counters: dict[str, Any] = {
             "requests": 0, "generated_tokens": 0, "prompt_tokens": 0, "prefix_cached_tokens": 0,
@@ -133,8 +134,8 @@ class VLLMEngine:
 
     def submit(self, kind: str, payload: Any) -> concurrent.futures.Future:
         """Queue a job for the engine thread; its future holds the result."""
-        if self._failure is not None:
-            raise EngineFailed(f"vllm engine stopped: {self._failure!r}") from self._failure
+        if self._failure is not None or self._closing or not self._thread.is_alive():
+            raise EngineFailed(f"vllm engine stopped: {self._failure or 'closed'!r}") from self._failure
         job = _Job(kind, payload)
         if kind == "generate":
             validate_sampling(payload.sampling)  # a bad request fails its caller, not the engine
@@ -185,6 +186,7 @@ class VLLMEngine:
         return VLLMFrontend(self)
 
     def close(self) -> None:
+        self._closing = True
         if self._thread.is_alive():
             self._jobs.put(_Job("close", None))
             self._thread.join(timeout=60)
@@ -435,4 +437,4 @@ class VLLMFrontend:
         return {}
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.engine.close)
+        """Nothing of its own to stop: the engine stays up for other callers (`engine.close()` ends it)."""
