@@ -34,7 +34,7 @@ def test_metrics_on_hand_made_trajectories():
 
 def test_success_is_the_worlds_not_a_score_threshold():
     # DiscoveryWorld: success is `completedSuccessfully`, whatever the sub-goal score.
-    game = GameId("tutorial-normal", 1, "discoveryworld_0", world="discoveryworld")
+    game = GameId("tutorial-normal", 0, "discoveryworld_0", world="discoveryworld")
     done = game_record(Trajectory(game=game, turns=[], score=0.6, raw_score=60, success=True, rounds=3))
     partial = game_record(Trajectory(game=game, turns=[], score=1.0, raw_score=100, success=False, rounds=3))
     o = summarise([done, partial])["overall"]
