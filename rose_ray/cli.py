@@ -120,6 +120,13 @@ def conversation_args(g: argparse.ArgumentParser) -> None:
                    help="turn the chat template's thinking mode on (Qwen3); off by default")
 
 
+def context_args(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--context-tokens", type=int, default=16384, help="prompt + reply tokens (the card's 16,384)")
+    g.add_argument("--context-policy", choices=["end_episode", "drop_oldest"], default="end_episode",
+                   help="a prompt that no longer fits: end the episode there (AgentGym's rule, the default; "
+                        "its end reason is `context`) or drop the oldest action/observation pairs")
+
+
 def schema_arg(g: argparse.ArgumentParser) -> None:
     g.add_argument("--schema", choices=["card", "agentgym"], default="card",
                    help="rows as the dataset card writes them (role/content) or as AgentGym does (from/value)")
@@ -204,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--handoff", type=int)
     g.add_argument("--concurrency", type=int, default=8, help="episodes at once")
     g.add_argument("--env-workers", type=int, default=1)
-    g.add_argument("--context-tokens", type=int, default=16384, help="prompt + reply tokens (the card's 16,384)")
+    context_args(g)
     conversation_args(g)
     g.add_argument("--tokenizer", help="tokenizer folder (needed for openai: models)")
     g.add_argument("--served-model", default="", help="model name an openai: server expects")
@@ -218,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--max-new-tokens", type=int, default=512)
         g.add_argument("--concurrency", type=int, default=8, help="episodes at once")
         world_args(g)
-        g.add_argument("--context-tokens", type=int, default=16384, help="prompt + reply tokens (the card's 16,384)")
+        context_args(g)
         conversation_args(g)
         schema_arg(g)
 

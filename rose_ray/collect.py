@@ -124,6 +124,7 @@ class PlayConfig:
     mapping: str | None
     context_tokens: int
     enable_thinking: bool
+    context_policy: str = "end_episode"
 
 
 def _play(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol],
@@ -140,7 +141,8 @@ def _play(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol],
                         mapping=cfg.mapping, world=cfg.world, cpus_per_worker=0.5)
 
     def engine(model: str) -> EngineConfig:
-        return EngineConfig(model=model, context_tokens=cfg.context_tokens, max_batch_size=cfg.concurrency)
+        return EngineConfig(model=model, context_tokens=cfg.context_tokens, context_policy=cfg.context_policy,
+                            max_batch_size=cfg.concurrency)
 
     with local_actors(env_cfg, engine(cfg.model), engine(cfg.teacher) if cfg.teacher else None, cfg.max_turns,
                       cfg.enable_thinking) as (runner, student, teacher):
@@ -246,6 +248,7 @@ def _play_config(args, model: str, teacher: str | None, handoff: str, max_turns:
         model=model, teacher=teacher, max_turns=max_turns, handoff=handoff, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
         concurrency=args.concurrency, world=args.world or "sciworld", mapping=args.mapping,
         context_tokens=args.context_tokens, enable_thinking=args.enable_thinking,
+        context_policy=args.context_policy,
     )
 
 

@@ -45,6 +45,8 @@ class EvalJob:
     concurrency: int = 8
     env_workers: int = 1
     context_tokens: int = 16384  # the card's context
+    # AgentGym's rule: the episode ends when its prompt no longer fits (drop_oldest: drop old turns)
+    context_policy: str = "end_episode"
     dtype: str = "auto"
     instruction_from: str | None = None  # a dataset whose first row gives the instruction
     enable_thinking: bool = False  # passed to the chat template (Qwen3)
@@ -71,6 +73,10 @@ class EvalJob:
             raise ValueError(f"eval: --judge-max-new-tokens must be >= 1, got {self.judge_max_new_tokens}")
         if (self.handoff is None) != (self.teacher is None):
             raise ValueError("eval: --handoff and --teacher go together")
+        from rose_ray.inference.engine import CONTEXT_POLICIES
+
+        if self.context_policy not in CONTEXT_POLICIES:
+            raise ValueError(f"eval: --context-policy must be one of {CONTEXT_POLICIES}, got {self.context_policy!r}")
         if self.handoff is not None and self.handoff < 0:
             raise ValueError(f"eval: --handoff must be >= 0, got {self.handoff}")
         for key in ("max_turns", "concurrency", "env_workers", "max_new_tokens"):
@@ -232,9 +238,9 @@ def _engine_config(model: str, cfg: EvalJob, tokenizer: str | None):
             raise ValueError("eval: an openai: model needs --tokenizer (a local tokenizer folder)")
         return EngineConfig(backend="openai", base_url=base_url, model=cfg.served_model,
                             tokenizer=tokenizer, context_tokens=cfg.context_tokens,
-                            max_batch_size=cfg.concurrency)
+                            context_policy=cfg.context_policy, max_batch_size=cfg.concurrency)
     return EngineConfig(model=model, dtype=cfg.dtype, context_tokens=cfg.context_tokens,
-                        max_batch_size=cfg.concurrency)
+                        context_policy=cfg.context_policy, max_batch_size=cfg.concurrency)
 
 
 def run_eval(cfg: EvalJob) -> dict[str, Any]:
@@ -328,7 +334,8 @@ def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg
 
 
 RESUME_KEYS = ("model", "teacher", "handoff", "max_turns", "temperature", "max_new_tokens",
-               "world", "mapping", "seed", "context_tokens", "instruction_from", "enable_thinking", "tasks")
+               "world", "mapping", "seed", "context_tokens", "context_policy", "instruction_from",
+               "enable_thinking", "tasks")
 
 
 def resume_header(cfg: EvalJob) -> dict[str, Any]:
@@ -357,7 +364,7 @@ def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]
             if "eval_config" in record:
                 # files from before a key existed: its default then
                 if {"world": "sciworld", "instruction_from": None, "enable_thinking": False, "report": False,
-                    "tasks": [], **record["eval_config"]} != want:
+                    "tasks": [], "context_policy": "drop_oldest", **record["eval_config"]} != want:
                     raise ValueError(
                         f"{path}: partial results of an eval with other settings "
                         f"({record['eval_config']}); use another --out or delete the file"
@@ -387,7 +394,8 @@ def cli_main(args) -> int:
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, world=args.world or "sciworld",
         mapping=args.mapping,
         teacher=args.teacher, handoff=args.handoff, concurrency=args.concurrency,
-        env_workers=args.env_workers, context_tokens=args.context_tokens, tokenizer=args.tokenizer,
+        env_workers=args.env_workers, context_tokens=args.context_tokens, context_policy=args.context_policy,
+        tokenizer=args.tokenizer,
         served_model=args.served_model, instruction_from=args.instruction_from,
         enable_thinking=args.enable_thinking,
         out=args.out or f"runs/eval/{Path(args.model or 'model').name}_{args.split}",

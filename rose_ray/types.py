@@ -118,6 +118,8 @@ class Trajectory:
             extra = {"handoff_p": self.handoff_p, "handoff_seed": self.handoff_seed}
         if self.report is not None:
             extra["report"] = self.report
+        if self.end_reason:  # why the episode ended (`context`: its prompt no longer fit)
+            extra["end_reason"] = self.end_reason
         return {
             "item_id": self.game.item_id,
             "task": self.game.task,
