@@ -203,7 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--judge", metavar="MODEL",
                    help="discoveryworld: score knowledge with this judge (a local folder, or openai:URL)")
     g.add_argument("--judge-model", default="", metavar="NAME", help="the model name an openai: judge server expects")
-    g.add_argument("--judge-max-new-tokens", type=int, default=512)
+    g.add_argument("--judge-max-new-tokens", type=int, default=800, help="the judge's answer budget (the paper's 800)")
+    g.add_argument("--knowledge-from", choices=["thoughts", "report"], default="thoughts",
+                   help="what the judge reads: the agent's thoughts while playing (the paper's scorer, default) "
+                        "or its answer to a question asked when the episode ends")
     g.add_argument("--judge-thinking", choices=["on", "off"],
                    help="the judge's chat-template thinking switch (default: off for a local folder, "
                         "the server's own for openai:)")

@@ -8,8 +8,9 @@ totals and a per-task table. `--handoff K --teacher T` evaluates student-then-te
 `rose-ray eval --compare A.json B.json` prints results side by side.
 
 DiscoveryWorld is also scored as its paper scores it (the world's `paper_tables`): completion, process
-score and, with `--judge MODEL`, explanatory knowledge (`judge`), from the agent's answer to
-the report question asked when each episode ends.
+score and, with `--judge MODEL`, explanatory knowledge (`judge`), from the agent's thoughts as the
+paper's scorer reads them (`--knowledge-from thoughts`, the default) or from its answer to a
+report question asked when each episode ends (`--knowledge-from report`).
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ class EvalJob:
     out: str = "eval"  # results go to <out>.json and <out>.md
     judge: str | None = None  # DiscoveryWorld's knowledge judge: a local folder or openai:URL
     judge_model: str = ""  # the model name an openai: judge server expects
-    judge_max_new_tokens: int = 512
+    judge_max_new_tokens: int = 800  # the paper's scorer's budget
     judge_thinking: bool | None = None  # the judge's chat-template thinking switch (None: its default)
+    knowledge_from: str = "thoughts"  # what the judge reads: the agent's thoughts (the paper's) or its report
 
     def __post_init__(self) -> None:
         from rose_ray.envs.worlds import get_world
@@ -69,6 +71,10 @@ class EvalJob:
             raise ValueError("eval: --judge-model names the model of an openai: --judge; give --judge")
         if self.judge and self.world != "discoveryworld":
             raise ValueError(f"eval: --judge scores DiscoveryWorld's critical questions; {self.world} has none")
+        from rose_ray.judge import KNOWLEDGE_SOURCES
+
+        if self.knowledge_from not in KNOWLEDGE_SOURCES:
+            raise ValueError(f"eval: --knowledge-from must be one of {KNOWLEDGE_SOURCES}, got {self.knowledge_from!r}")
         if self.judge_max_new_tokens < 1:
             raise ValueError(f"eval: --judge-max-new-tokens must be >= 1, got {self.judge_max_new_tokens}")
         if (self.handoff is None) != (self.teacher is None):
@@ -89,6 +95,8 @@ class EvalJob:
 # --------------------------------------------------------------------------- metrics
 def game_record(t: Trajectory) -> dict[str, Any]:
     """One finished game as a flat record (the partial file's rows, the JSON's `games`)."""
+    from rose_ray.judge import episode_thoughts
+
     actions = max(t.rounds, 1)
     return {
         "item_id": t.game.item_id, "task": t.game.task, "var": t.game.variation,
@@ -101,6 +109,9 @@ def game_record(t: Trajectory) -> dict[str, Any]:
         # DiscoveryWorld: the package's own score (the paper's process score) and what the judge needs
         **({"process": t.scoring["process"]} if "process" in t.scoring else {}),
         **{k: t.scoring[k] for k in ("task_description", "critical_questions") if k in t.scoring},
+        # what the judge reads by default: the agent's thoughts, numbered (games with questions)
+        **({"thoughts": episode_thoughts([u.text for u in t.turns if u.role == "assistant" and u.owner != "prompt"])}
+           if "critical_questions" in t.scoring else {}),
     }
 
 
@@ -138,8 +149,9 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
 
         verdicts = [v for r in records for v in r.get("verdicts") or []]
         counted = verdict_counts(verdicts)
+        sources = sorted({r["knowledge_from"] for r in records if r.get("knowledge_from")})
         out["overall"].update(judged_questions=len(verdicts), unparsed_verdicts=counted["unparsed"],
-                              judge_errors=counted["errors"])
+                              judge_errors=counted["errors"], knowledge_from=" and ".join(sources) or None)
     return out
 
 
@@ -168,7 +180,8 @@ def markdown(summary: dict[str, Any], title: str) -> str:
                   f"Average rows are below): completion {o['completion']:.3f}, process {o['process']:.3f}; "
                   + ("knowledge – (no game judged: needs --judge, and games with critical questions)."
                      if o["knowledge"] is None else
-                     f"knowledge {o['knowledge']:.3f} over the {o['knowledge_games']} games with critical questions "
+                     f"knowledge {o['knowledge']:.3f} (judged on the agent's {o.get('knowledge_from') or 'report'}) "
+                     f"over the {o['knowledge_games']} games with critical questions "
                      f"({o['judged_questions']} questions judged, {o['unparsed_verdicts']} unparsed verdicts and "
                      f"{o['judge_errors']} judge errors, which count 0)."), "",
                   paper_markdown(summary["paper"]).rstrip()]
@@ -280,8 +293,10 @@ def run_eval(cfg: EvalJob) -> dict[str, Any]:
                           cfg.enable_thinking) as (runner, student, teacher):
             sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                                       seed=cfg.seed if cfg.temperature > 0 else None)
+            # The report question is asked only when the judge is to read its answer.
             episode_cfg = EpisodeConfig(max_turns=max_turns, student_sampling=sampling,
-                                        teacher_sampling=SamplingParams(0.0, max_new_tokens=cfg.max_new_tokens))
+                                        teacher_sampling=SamplingParams(0.0, max_new_tokens=cfg.max_new_tokens),
+                                        report="ask" if cfg.knowledge_from == "report" else "off")
             handoff_cfg = HandoffConfig("fixed", k=cfg.handoff) if cfg.handoff is not None else HandoffConfig("none")
             _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial, done, header,
                                 protocol)
@@ -292,9 +307,10 @@ def run_eval(cfg: EvalJob) -> dict[str, Any]:
 
         # Kept after the eval: a rerun (or a resumed eval) with this judge asks nothing twice.
         cache = VerdictCache(out.with_name(out.name + ".verdicts.jsonl"))
-        counts = judge_records(records, judge, cache)
-        print(f"eval: judge {judge.name}: {counts['questions']} critical questions, {counts['asked']} asked, "
-              f"{counts['cached']} from the cache, {counts['unparsed']} unparsed, {counts['errors']} errors")
+        counts = judge_records(records, judge, cache, cfg.knowledge_from)
+        print(f"eval: judge {judge.name} on the agent's {cfg.knowledge_from}: {counts['questions']} critical "
+              f"questions, {counts['asked']} asked, {counts['cached']} from the cache, {counts['unparsed']} "
+              f"unparsed, {counts['errors']} errors, {counts['cut']} games' {cfg.knowledge_from} cut to fit")
     summary = summarise(records)
     result = {"config": asdict(cfg), "summary": summary, "games": records,
               "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -344,10 +360,10 @@ def resume_header(cfg: EvalJob) -> dict[str, Any]:
     from rose_ray.envs.worlds import get_world
 
     world = get_world(cfg.world)
-    # report: the world asks what the agent discovered when a game ends (DiscoveryWorld; files
-    # from before the question lack it, and their games lack the report the judge needs)
+    # report: the world asks what the agent discovered when a game ends (DiscoveryWorld, when the
+    # judge reads the report; files from before the question lack it, and their games the report)
     return {**{k: getattr(cfg, k) for k in RESUME_KEYS}, "mapping": world.catalogue(cfg.mapping).mapping,
-            "report": world.protocol.report_question is not None}
+            "report": world.protocol.report_question is not None and cfg.knowledge_from == "report"}
 
 
 def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -400,6 +416,7 @@ def cli_main(args) -> int:
         enable_thinking=args.enable_thinking,
         out=args.out or f"runs/eval/{Path(args.model or 'model').name}_{args.split}",
         judge=args.judge, judge_model=args.judge_model, judge_max_new_tokens=args.judge_max_new_tokens,
+        knowledge_from=args.knowledge_from,
         judge_thinking=None if args.judge_thinking is None else args.judge_thinking == "on",
     )
     result = run_eval(cfg)
