@@ -112,7 +112,14 @@ def world_args(g: argparse.ArgumentParser) -> None:
                    help=f"ScienceWorld's item-id mapping (default {mappings[0]})")
 
 
+def history_arg(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--history", choices=["template", "sampled"], default="template",
+                   help="earlier turns in each prompt: as the chat template renders the conversation, as a chat API "
+                        "does (the card's; default), or as their ids were sampled (chat.history)")
+
+
 def conversation_args(g: argparse.ArgumentParser) -> None:
+    history_arg(g)
     g.add_argument("--instruction-from", metavar="JSONL",
                    help="take the instruction and acknowledgement from a dataset's first row "
                         "(default: rose_ray's own wording; `continue`: each row's own)")
@@ -302,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-tokens", type=int, default=4096, help="tokens per packed row")
     g.add_argument("--grad-accum", type=int, default=1)
     g.add_argument("--owners", default="student,teacher", help="owners whose tokens are trained")
+    g.add_argument("--history", choices=["template", "sampled"], default="template",
+                   help="train on the chat template's rendering of each whole conversation (the card's SFT; default) "
+                        "or on per-turn pieces as an engine with chat.history=sampled builds them")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     g.set_defaults(func="rose_ray.recipes.sft:cli_main")

@@ -51,6 +51,7 @@ class EvalJob:
     dtype: str = "auto"
     instruction_from: str | None = None  # a dataset whose first row gives the instruction
     enable_thinking: bool = False  # passed to the chat template (Qwen3)
+    history: str = "template"  # earlier turns as the template renders them (the card's chat API), or "sampled"
     tokenizer: str | None = None  # needed for openai: models
     served_model: str = ""  # the model name an openai: server expects
     out: str = "eval"  # results go to <out>.json and <out>.md
@@ -79,7 +80,11 @@ class EvalJob:
             raise ValueError(f"eval: --judge-max-new-tokens must be >= 1, got {self.judge_max_new_tokens}")
         if (self.handoff is None) != (self.teacher is None):
             raise ValueError("eval: --handoff and --teacher go together")
+        from rose_ray.chat import HISTORIES
         from rose_ray.inference.engine import CONTEXT_POLICIES
+
+        if self.history not in HISTORIES:
+            raise ValueError(f"eval: --history must be one of {HISTORIES}, got {self.history!r}")
 
         if self.context_policy not in CONTEXT_POLICIES:
             raise ValueError(f"eval: --context-policy must be one of {CONTEXT_POLICIES}, got {self.context_policy!r}")
@@ -290,7 +295,7 @@ def run_eval(cfg: EvalJob) -> dict[str, Any]:
                             mapping=cfg.mapping, world=cfg.world, cpus_per_worker=0.5)
         teacher_cfg = _engine_config(cfg.teacher, cfg, None) if cfg.teacher else None
         with local_actors(env_cfg, _engine_config(cfg.model, cfg, cfg.tokenizer), teacher_cfg, cfg.max_turns,
-                          cfg.enable_thinking) as (runner, student, teacher):
+                          cfg.enable_thinking, cfg.history) as (runner, student, teacher):
             sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                                       seed=cfg.seed if cfg.temperature > 0 else None)
             # The report question is asked only when the judge is to read its answer.
@@ -351,7 +356,7 @@ def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg
 
 RESUME_KEYS = ("model", "teacher", "handoff", "max_turns", "temperature", "max_new_tokens",
                "world", "mapping", "seed", "context_tokens", "context_policy", "instruction_from",
-               "enable_thinking", "tasks")
+               "enable_thinking", "history", "tasks")
 
 
 def resume_header(cfg: EvalJob) -> dict[str, Any]:
@@ -380,7 +385,8 @@ def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]
             if "eval_config" in record:
                 # files from before a key existed: its default then
                 if {"world": "sciworld", "instruction_from": None, "enable_thinking": False, "report": False,
-                    "tasks": [], "context_policy": "drop_oldest", **record["eval_config"]} != want:
+                    "tasks": [], "context_policy": "drop_oldest", "history": "sampled",
+                    **record["eval_config"]} != want:
                     raise ValueError(
                         f"{path}: partial results of an eval with other settings "
                         f"({record['eval_config']}); use another --out or delete the file"
@@ -413,7 +419,7 @@ def cli_main(args) -> int:
         env_workers=args.env_workers, context_tokens=args.context_tokens, context_policy=args.context_policy,
         tokenizer=args.tokenizer,
         served_model=args.served_model, instruction_from=args.instruction_from,
-        enable_thinking=args.enable_thinking,
+        enable_thinking=args.enable_thinking, history=args.history,
         out=args.out or f"runs/eval/{Path(args.model or 'model').name}_{args.split}",
         judge=args.judge, judge_model=args.judge_model, judge_max_new_tokens=args.judge_max_new_tokens,
         knowledge_from=args.knowledge_from,

@@ -41,7 +41,8 @@ class Turn:
     in the student's tokenizer; the learner trains on exactly these. `teacher_logprobs` are
     the teacher's teacher-forced logprobs of a student turn's ids (OPD), one per logprob.
     `truncated`: the reply hit max_new_tokens, so its closing end-of-turn id was appended,
-    not sampled (the learner gives that id no loss).
+    not sampled (the learner gives that id no loss). `frame`: how many leading ids are the chat
+    template's framing (a role header; chat.history=template), context only.
     """
 
     role: Role
@@ -52,6 +53,7 @@ class Turn:
     policy_version: int | None = None
     teacher_logprobs: list[float] | None = None
     truncated: bool = False
+    frame: int = 0
 
 
 @dataclass
