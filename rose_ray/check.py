@@ -3,11 +3,13 @@
 Loads the config and the student's and teacher's tokenizers (not their weights), renders a
 sample conversation through each chat template and shows its turn pieces, checks that OPD's
 teacher shares the student's tokenizer, counts the games of every split and id list the
-config uses, and plans placement on the cluster (or on nodes described with `--node`). The
-first problem stops it with exit status 2 and a message naming the key.
+config uses, plans placement on the cluster (or on nodes described with `--node`) and each
+role's memory per GPU (rose_ray/memory.py: from the models' config.json, `--model-config-for`
+stand-ins or the shipped Qwen3 sizes; the GPU's size from `--gpu-memory` or the nodes'
+`accelerator_type:`). The first problem stops it with exit status 2 and a message naming the key.
 
     rose-ray check configs/rose_qwen3_1p7b_32b.yaml \\
-        --tokenizer-for Qwen/Qwen3-1.7B=/models/qwen3-1.7b --node CPU=64,GPU=8
+        --tokenizer-for Qwen/Qwen3-1.7B=/models/qwen3-1.7b --node CPU=64,GPU=8 --gpu-memory 80
 """
 
 from __future__ import annotations
@@ -26,39 +28,18 @@ SAMPLE_OBSERVATIONS = (
 SAMPLE_REPLY = "Thought: water boils on a hot stove, so I turn the stove on first.\nAction: activate stove"
 
 
-def parse_stand_ins(pairs: list[str]) -> dict[str, str]:
-    """`MODEL=DIR` pairs: a local tokenizer folder standing in for a model that is not on disk."""
+def parse_stand_ins(pairs: list[str], flag: str = "--tokenizer-for") -> dict[str, str]:
+    """`MODEL=DIR` pairs: a local folder standing in for a model that is not on disk (its
+    tokenizer for --tokenizer-for, its config.json for --model-config-for)."""
     out = {}
     for pair in pairs:
         model, sep, folder = pair.partition("=")
         if not sep or not model or not folder:
-            raise ValueError(f"--tokenizer-for: expected MODEL=DIR, got {pair!r}")
+            raise ValueError(f"{flag}: expected MODEL=DIR, got {pair!r}")
         if not Path(folder).is_dir():
-            raise ValueError(f"--tokenizer-for {pair}: {folder} is not a folder")
+            raise ValueError(f"{flag} {pair}: {folder} is not a folder")
         out[model] = folder
     return out
-
-
-def parse_nodes(specs: list[str]) -> list[Any]:
-    """`--node CPU=64,GPU=8[,env_node=1]` (repeatable; `Nx` in front for N such nodes)."""
-    from rose_ray.placement import NodeInfo
-
-    nodes = []
-    for spec in specs:
-        count, _, body = spec.partition("x") if spec.split("x", 1)[0].isdigit() else ("1", "", spec)
-        resources: dict[str, float] = {}
-        for item in body.split(","):
-            key, sep, value = item.partition("=")
-            try:
-                resources[key.strip()] = float(value)
-            except ValueError:
-                sep = ""
-            if not sep or not key.strip():
-                raise ValueError(f"--node: expected RESOURCE=NUMBER[,...] (e.g. CPU=64,GPU=8), got {spec!r}")
-        for _ in range(int(count)):
-            name = f"node{len(nodes)}"
-            nodes.append(NodeInfo(name, "described", dict(resources), dict(resources)))
-    return nodes
 
 
 def _tokenizer_path(cfg: TrainConfig, role: str, name: str, stand_ins: dict[str, str]) -> str:
@@ -103,7 +84,8 @@ def show_pieces(role: str, chat: Any, protocol: Any, budget: int) -> list[str]:
 
 
 def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
-          address: str | None, use_total: bool) -> list[str]:
+          address: str | None, use_total: bool, gpu_gib: float | None = None,
+          config_for: dict[str, str] | None = None) -> list[str]:
     """Every check, in order; returns the report lines or raises naming the first problem."""
     from rose_ray.chat import ChatFormat, ChatTemplateError
     from rose_ray.envs.worlds import get_world
@@ -118,6 +100,15 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
     protocol = cfg.env.protocol()
     if cfg.env.instruction_from:
         out.append(f"instruction and acknowledgement from {cfg.env.instruction_from}")
+
+    # Engine backends (where the engines run on this machine's cluster; a remote node says so when its engine starts).
+    from rose_ray.inference.backends import backend_problem
+
+    for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine)):
+        problem = backend_problem(engine.backend, import_it=True)
+        if problem is not None:
+            raise ValueError(f"{role}_engine.backend: {problem}")
+        out.append(f"{role} engine: backend {engine.backend}")
 
     # Tokenizers and chat templates.
     toks = {}
@@ -172,14 +163,33 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
     placed = check_cluster(cfg, use_total=use_total, nodes=nodes)
     out.append(f"placement on {where}: {len(demands(cfg))} roles fit")
     out += [("  " + line).rstrip() for line in format_plan(placed, nodes, use_total=use_total).splitlines()]
+
+    # Memory per GPU.
+    from rose_ray.memory import check_memory, format_memory, gpu_memory, memory_plan
+
+    gib, source = gpu_memory(gpu_gib, nodes)
+    memory = memory_plan(cfg, gib, config_for)
+    check_memory(memory)
+    out += format_memory(memory, source)
     return out
 
 
 def check_main(args: Any) -> int:
+    if args.backends:
+        from rose_ray.inference.backends import backends_report
+
+        for line in backends_report():
+            print(f"check: backend {line}")
+        return 0
+    if not args.config:
+        raise ValueError("check: give a CONFIG (or --backends)")
     cfg = load_config(args.config, args.overrides)
+    from rose_ray.placement import parse_nodes
+
     stand_ins = parse_stand_ins(args.tokenizer_for or [])
+    config_for = parse_stand_ins(args.model_config_for or [], "--model-config-for")
     nodes = parse_nodes(args.node) if args.node else None
-    for line in check(cfg, stand_ins, nodes, args.address, args.total):
+    for line in check(cfg, stand_ins, nodes, args.address, args.total, args.gpu_memory, config_for):
         print(line)
     print(f"check: {args.config}: OK")
     return 0

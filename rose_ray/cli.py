@@ -164,18 +164,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("train", help="online ROSE (or opd / teacher_sft) on a Ray cluster or this machine")
     g.add_argument("--config", help="YAML config (default: the embedded tiny config)")
-    g.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    g.add_argument("--resume", metavar="RUN", help="continue a run from its latest checkpoint: a run folder, "
+                                                 "or a run_dir such as runs/tiny (its latest version)")
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. steps=20")
     g.set_defaults(func="rose_ray.train:cli_main")
 
     g = sub.add_parser("export", help="a Hugging Face folder of the student from a run's kept checkpoint")
-    g.add_argument("run", metavar="RUN", help="the run directory (holds config.yaml and checkpoints/)")
+    g.add_argument("run", metavar="RUN", help="a run folder (holds config.yaml and checkpoints/), or a run_dir (its latest)")
     g.add_argument("--step", type=int, help="the learner step of a kept checkpoint (default: the latest)")
     g.add_argument("--out", required=True, help="the new folder to write")
     g.set_defaults(func="rose_ray.export:cli_main")
 
     g = sub.add_parser("check", help="preflight a config: tokenizers, chat templates, games, placement; exit 2 on the first problem")
-    g.add_argument("config", help="YAML config")
+    g.add_argument("config", nargs="?", help="YAML config")
+    g.add_argument("--backends", action="store_true",
+                   help="only say which engine backends (hf, vllm, openai) this machine can run, and why not")
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     g.add_argument("--tokenizer-for", action="append", metavar="MODEL=DIR",
                    help="a local tokenizer folder standing in for a model not on disk (repeatable)")
@@ -183,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plan on described nodes instead of a cluster, e.g. --node 2xCPU=64,GPU=8 (repeatable)")
     g.add_argument("--address", help="Ray cluster to plan on (default: RAY_ADDRESS, else a local cluster)")
     g.add_argument("--total", action="store_true", help="plan on total resources, not what is free now")
+    _memory_arguments(g)
     g.set_defaults(func="rose_ray.check:check_main")
 
     # --- plan (cluster) ---
@@ -190,7 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--config", help="YAML config (default: the embedded tiny config)")
     g.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local cluster)")
     g.add_argument("--total", action="store_true", help="plan on total resources, not what is free now")
+    g.add_argument("--node", action="append", metavar="[Nx]RES=N,...",
+                   help="plan on described nodes instead of a cluster, e.g. --node 2xCPU=64,GPU=8 (repeatable)")
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. env.workers=8")
+    _memory_arguments(g)
     g.set_defaults(func="rose_ray.placement:plan_main")
     # --- end plan ---
 
@@ -306,8 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ranks", type=int, default=1, help="DeepSpeed data-parallel ranks")
     g.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3])
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    g.add_argument("--max-tokens", type=int, default=4096, help="tokens per packed row")
-    g.add_argument("--grad-accum", type=int, default=1)
+    g.add_argument("--max-tokens", type=int, default=4096,
+                   help="tokens per packed row, and per micro-batch (rows share one while they fit)")
     g.add_argument("--owners", default="student,teacher", help="owners whose tokens are trained")
     g.add_argument("--history", choices=["template", "sampled"], default="template",
                    help="train on the chat template's rendering of each whole conversation (the card's SFT; default) "
@@ -317,6 +324,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func="rose_ray.recipes.sft:cli_main")
     # --- end sft ---
     return p
+
+
+def _memory_arguments(g: argparse.ArgumentParser) -> None:
+    """The GPU memory plan's inputs (`plan` and `check`)."""
+    g.add_argument("--gpu-memory", type=float, metavar="GIB",
+                   help="memory of each GPU in GiB (an H100 80GB: 79.6, an H200: 140.4); default: from the "
+                        "nodes' accelerator_type, else the plan prints each role's needs without checking them")
+    g.add_argument("--model-config-for", action="append", metavar="MODEL=DIR",
+                   help="a folder with the config.json of a model that is not on disk (repeatable; the "
+                        "Qwen3 sizes ship with rose_ray)")
 
 
 def main(argv: list[str] | None = None) -> int:

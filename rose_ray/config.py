@@ -9,6 +9,7 @@ by each section's `__post_init__` (also with the key named). Model names `tiny:s
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -162,7 +163,9 @@ class ReliabilityConfig:
 @dataclass
 class TrainConfig:
     name: str = "run"
-    run_dir: str = "runs/${name}"
+    # Where this config's runs go, each in a new version_N folder (rose_ray/runs.py); under
+    # ROSE_RAY_RUNS when set (shared storage for a Ray job), else ./runs.
+    run_dir: str = "${oc.env:ROSE_RAY_RUNS,runs}/${name}"
     seed: int = 0
     algorithm: str = "rose"  # rose | opd | teacher_sft: a recipe (rose_ray/recipes/)
     mode: str = "async"  # async | sync
@@ -202,6 +205,12 @@ class TrainConfig:
                 f"{self.student_engine.context_tokens}; a packed row must hold whatever the engine kept "
                 "(the learner cuts a trajectory only where the engine did)"
             )
+        if recipe.teacher_scores_student(self) and self.teacher_engine.context_tokens < self.student_engine.context_tokens:
+            raise ConfigError(
+                f"teacher_engine.context_tokens: {self.teacher_engine.context_tokens} is less than "
+                f"student_engine.context_tokens {self.student_engine.context_tokens}; the teacher scores each "
+                "episode's student tokens in one pass over what the learner trains on, up to the student's context"
+            )
         recipe.check(self)
         if self.chat.history == "template" and recipe.teacher_scores_student(self):
             value: Any = self
@@ -216,6 +225,7 @@ class TrainConfig:
 REMOVED_KEYS = {
     "learner.algorithm": "set `algorithm` only (rose, opd or teacher_sft); its recipe chooses the learner's loss",
     "learner.context_policy": "the learner cuts a trajectory where the engine cut it (student_engine.context_policy)",
+    "learner.grad_accum": "micro-batches follow a token budget (learner.max_tokens each); their number follows from the batch",
 }
 
 
@@ -245,6 +255,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 else:
                     raise ConfigError(f"key {key!r}: removed; {why}")
         merged = OmegaConf.merge(schema, *layers)
+        # A variable set to nothing (`ROSE_RAY_RUNS=$UNSET`) would put runs at /<name>.
+        if os.environ.get("ROSE_RAY_RUNS") == "" and "ROSE_RAY_RUNS" in str(
+                OmegaConf.to_container(merged, resolve=False)["run_dir"]):
+            raise ConfigError("run_dir: ROSE_RAY_RUNS is set but empty; unset it (runs go to ./runs) or name a folder")
         return OmegaConf.to_object(merged)  # runs every section's __post_init__ checks
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)

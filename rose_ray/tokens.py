@@ -20,7 +20,7 @@ produced: that id gets no weight (`Sequence.trainable`), the sampled ids keep th
 
 Packed rows: several sequences share a row; `attention_mask` holds the 1-based segment number of
 each token (0 = padding), from which the learner derives position ids that restart at every
-segment (and a block-diagonal mask: learner/worker.segment_mask).
+segment and the segment boundaries its attention keeps apart (learner/attention.py).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from rose_ray.chat import ChatFormat
+from rose_ray.learner.batching import first_fit
 from rose_ray.types import OWNERS, Batch, Trajectory, Turn
 
 OWNER_INDEX = {o: i for i, o in enumerate(OWNERS)}
@@ -179,21 +180,11 @@ def loss_turns(seq: Sequence, n_turns: int, weights: TokenWeights) -> list[bool]
 
 def pack(lengths: list[int], max_tokens: int) -> list[list[int]]:
     """Sequence indices per row, first-fit decreasing, each row at most max_tokens."""
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        if lengths[i] > max_tokens:
-            raise ValueError(f"sequence {i} has {lengths[i]} tokens > max_tokens={max_tokens} "
+    for i, n in enumerate(lengths):
+        if n > max_tokens:
+            raise ValueError(f"sequence {i} has {n} tokens > max_tokens={max_tokens} "
                              "(learner.max_tokens must hold the engine's whole context)")
-        for r, free in enumerate(room):
-            if lengths[i] <= free:
-                rows[r].append(i)
-                room[r] -= lengths[i]
-                break
-        else:
-            rows.append([i])
-            room.append(max_tokens - lengths[i])
-    return rows
+    return first_fit(lengths, max_tokens)
 
 
 def make_batch(seqs: list[Sequence], weights: TokenWeights, max_tokens: int, pad_id: int = 0) -> Batch:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import numpy as np
 import pytest
@@ -14,8 +15,9 @@ from rose_ray.inference.engine import (
     EngineConfig,
     GenerationRequest,
     fit_context,
+    resolve_dtype,
 )
-from rose_ray.inference.hf import HFEngine, resolve_dtype
+from rose_ray.inference.hf import HFEngine
 from rose_ray.types import SamplingParams, Turn
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
@@ -38,19 +40,46 @@ def sharpened_state(model: torch.nn.Module, seed: int, scale: float = 0.3,
     return state
 
 
+def special_ids(tokenizer) -> tuple[int, ...]:
+    return tuple(tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"))
+
+
 @pytest.fixture(scope="module")
-def engine(tiny_models) -> HFEngine:
+def hf_engine(tiny_models) -> HFEngine:
+    """The transformers engine with sharpened weights (version 1)."""
     config = EngineConfig(model=str(tiny_models["student"]), dtype="float32", threads=1,
                           max_batch_size=8, context_tokens=512)
     eng = HFEngine(config)
-    special = tuple(eng.tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"))
-    eng.update_weights(sharpened_state(eng.model, seed=0, quiet_ids=special), version=1)
+    eng.update_weights(sharpened_state(eng.model, seed=0, quiet_ids=special_ids(eng.tokenizer)), version=1)
     return eng
 
 
+def vllm_engine(config: EngineConfig, hf: HFEngine):
+    """vLLM's engine for `config`, with the hf engine's weights (version 1)."""
+    pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
+    from rose_ray.inference.vllm_engine import VLLMEngine
+
+    eng = VLLMEngine(config)
+    eng.update_weights({k: v.numpy() for k, v in hf.state_dict().items()}, version=1)
+    return eng
+
+
+@pytest.fixture(scope="module", params=["hf", "vllm"])
+def engine(request, hf_engine):
+    """The engine contract, run for every local backend: the same weights in each."""
+    if request.param == "hf":
+        yield hf_engine
+        return
+    config = EngineConfig(backend="vllm", model=hf_engine.config.model, dtype="float32",
+                          max_batch_size=8, context_tokens=512, kv_cache_mb=64)
+    eng = vllm_engine(config, hf_engine)
+    yield eng
+    eng.close()
+
+
 @pytest.fixture(scope="module")
-def prompts(engine) -> list[list[int]]:
-    chat = engine.chat
+def prompts(hf_engine) -> list[list[int]]:
+    chat = hf_engine.chat
     return [
         chat.opening_ids([("user", "You are an agent in a science world. " * k), ("assistant", "OK")])
         + chat.user_ids("You are in the kitchen. " * (9 - k))
@@ -63,18 +92,31 @@ def test_greedy_is_deterministic(engine, prompts):
     b = engine.generate([GenerationRequest(prompts[0], GREEDY)])[0]  # reuses a's cached prefix
     assert a.token_ids == b.token_ids
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
-    uncached = _sibling(engine, prefix_cache_mb=0)
-    c, d = (uncached.generate([GenerationRequest(prompts[0], GREEDY)])[0] for _ in range(2))
-    assert c.token_ids == d.token_ids == a.token_ids and c.logprobs == d.logprobs
     assert len(a.token_ids) > 0 and a.finish_reason in ("stop", "length")
     assert len(set(a.token_ids)) > 3  # a real continuation, not one repeated token
+
+
+def test_hf_greedy_is_deterministic_without_its_prefix_cache(hf_engine, prompts):
+    a = hf_engine.generate([GenerationRequest(prompts[0], GREEDY)])[0]
+    uncached = _sibling(hf_engine, prefix_cache_mb=0)
+    c, d = (uncached.generate([GenerationRequest(prompts[0], GREEDY)])[0] for _ in range(2))
+    assert c.token_ids == d.token_ids == a.token_ids and c.logprobs == d.logprobs
+
+
+def test_greedy_ids_and_logprobs_agree_across_backends(engine, hf_engine, prompts):
+    """float32, the same weights: vLLM samples the ids transformers does, with its logprobs."""
+    ours = engine.generate([GenerationRequest(p, GREEDY) for p in prompts])
+    ref = [hf_engine.generate([GenerationRequest(p, GREEDY)])[0] for p in prompts]
+    for a, b in zip(ours, ref):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
 
 
 def test_batched_greedy_equals_one_at_a_time(engine, prompts):
     assert len({len(p) for p in prompts}) == len(prompts)  # left padding is exercised
     single = [engine.generate([GenerationRequest(p, GREEDY)])[0] for p in prompts]
     batched = engine.generate([GenerationRequest(p, GREEDY) for p in prompts])
-    assert engine.stats()["batch_sizes"][-1] == len(prompts)
+    assert max(engine.stats()["batch_sizes"][-30:]) == len(prompts)  # all in one batch
     for s, b in zip(single, batched):
         assert s.token_ids == b.token_ids
         assert s.finish_reason == b.finish_reason
@@ -131,10 +173,10 @@ def test_stop_token_ends_generation_and_is_returned(engine, prompts):
     assert len(out.logprobs) == len(out.token_ids)
 
 
-def test_update_weights_changes_outputs_and_version(engine, prompts):
+def test_update_weights_changes_outputs_and_version(engine, hf_engine, prompts):
     before = engine.generate([GenerationRequest(prompts[0], GREEDY)])[0]
-    original = engine.state_dict()
-    new = {k: v.numpy() for k, v in sharpened_state(engine.model, seed=99).items()}  # numpy accepted
+    original = hf_engine.state_dict()
+    new = {k: v.numpy() for k, v in sharpened_state(hf_engine.model, seed=99).items()}  # numpy accepted
     engine.update_weights(new, version=7)
     try:
         after = engine.generate([GenerationRequest(prompts[0], GREEDY)])[0]
@@ -181,7 +223,7 @@ def test_engine_config_validation_names_the_key():
 
 
 def test_auto_dtype_uses_bf16_when_the_cpu_has_it(tiny_models, prompts):
-    from rose_ray.inference.hf import cpu_supports_bf16
+    from rose_ray.inference.engine import cpu_supports_bf16
 
     assert resolve_dtype("float32") == "float32"
     expected = "bfloat16" if cpu_supports_bf16() else "float32"
@@ -232,7 +274,15 @@ def test_fit_context_end_episode_and_impossible_budgets():
         fit_context(turns, 95, "truncate")
 
 
-def test_engine_records_the_context_policy_in_the_result(tiny_models, engine):
+def _like(engine, hf_engine, **overrides):
+    """An engine of `engine`'s backend with other settings and the same weights."""
+    if isinstance(engine, HFEngine):
+        return HFEngine(EngineConfig(model="tiny", **overrides), model=hf_engine.model, tokenizer=hf_engine.tokenizer)
+    return vllm_engine(EngineConfig(backend="vllm", model=engine.config.model, dtype="float32",
+                                    kv_cache_mb=64, **overrides), hf_engine)
+
+
+def test_engine_records_the_context_policy_in_the_result(engine, hf_engine):
     chat = engine.chat
     turns = [Turn("user", "instr", "prompt", chat.opening_ids([("user", "instr " * 20), ("assistant", "OK")])),
              Turn("assistant", "OK", "prompt", [])]
@@ -243,29 +293,29 @@ def test_engine_records_the_context_policy_in_the_result(tiny_models, engine):
     total = sum(len(t.token_ids) for t in turns)
     budget_ctx = total - 40 + 16  # prompt budget = context - max_new_tokens = total - 40
     sampling = SamplingParams(0.0, 1.0, 16)
-    drop = HFEngine(EngineConfig(model="tiny", context_tokens=budget_ctx, context_policy="drop_oldest"),
-                    model=engine.model, tokenizer=engine.tokenizer)
+    drop = _like(engine, hf_engine, context_tokens=budget_ctx, context_policy="drop_oldest")
     res = drop.generate([GenerationRequest(sampling=sampling, turns=turns)])[0]
     kept, dropped = fit_context(turns, budget_ctx - 16, "drop_oldest")
     assert res.dropped_turns == dropped > 0 and res.finish_reason != "context"
     assert res.prompt_tokens == sum(len(t.token_ids) for t in kept)
     direct = drop.generate([GenerationRequest([i for t in kept for i in t.token_ids], sampling)])[0]
     assert res.token_ids == direct.token_ids
-    end = HFEngine(EngineConfig(model="tiny", context_tokens=budget_ctx, context_policy="end_episode"),
-                   model=engine.model, tokenizer=engine.tokenizer)
+    end = _like(engine, hf_engine, context_tokens=budget_ctx, context_policy="end_episode")
     res = end.generate([GenerationRequest(sampling=sampling, turns=turns)])[0]
     assert res.finish_reason == "context" and res.token_ids == [] and res.prompt_tokens == total
+    for e in (drop, end):
+        getattr(e, "close", lambda: None)()
 
 
 # --------------------------------------------------------------------- dynamic batching
 
 
-def test_async_batcher_batches_concurrent_callers_and_orders_weight_updates(engine, prompts):
-    original = engine.state_dict()
-    new_state = sharpened_state(engine.model, seed=5)
+def test_async_batcher_batches_concurrent_callers_and_orders_weight_updates(hf_engine, prompts):
+    original = hf_engine.state_dict()
+    new_state = sharpened_state(hf_engine.model, seed=5)
 
     async def main():
-        batcher = AsyncBatcher(engine, max_batch_size=8, max_wait_ms=50)
+        batcher = AsyncBatcher(hf_engine, max_batch_size=8, max_wait_ms=50)
         try:
             reqs = [GenerationRequest(prompts[i % 8], SamplingParams(0.0, 1.0, 8)) for i in range(16)]
             first = await asyncio.gather(*(batcher.generate(r) for r in reqs))
@@ -282,7 +332,7 @@ def test_async_batcher_batches_concurrent_callers_and_orders_weight_updates(engi
     try:
         first, sizes, wave1, wave2 = asyncio.run(main())
     finally:
-        engine.update_weights(original, version=1)
+        hf_engine.update_weights(original, version=1)
     assert sizes == [8, 8]
     assert all(r.version == 1 for r in first + wave1) and all(r.version == 2 for r in wave2)
     assert [r.token_ids for r in wave1] == [r.token_ids for r in first[:4]]
@@ -313,8 +363,8 @@ def _play(engine: HFEngine, prompt: list[int], turns: int, sampling: SamplingPar
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(1.0, 1.0, 24, [], 11)], ids=["greedy", "seeded"])
-def test_prefix_cache_multi_turn_matches_no_cache(engine, prompts, sampling):
-    on, off = _sibling(engine), _sibling(engine, prefix_cache_mb=0)
+def test_prefix_cache_multi_turn_matches_no_cache(hf_engine, prompts, sampling):
+    on, off = _sibling(hf_engine), _sibling(hf_engine, prefix_cache_mb=0)
     with_cache = _play(on, prompts[4], 4, sampling)
     without = _play(off, prompts[4], 4, sampling)
     for a, b in zip(with_cache, without):
@@ -329,8 +379,8 @@ def test_prefix_cache_multi_turn_matches_no_cache(engine, prompts, sampling):
     assert off.stats()["prompt_tokens_fed"] == off.stats()["prompt_tokens"]
 
 
-def test_prefix_cache_mixed_batch_matches_each_alone(engine, prompts):
-    on, off = _sibling(engine), _sibling(engine, prefix_cache_mb=0)
+def test_prefix_cache_mixed_batch_matches_each_alone(hf_engine, prompts):
+    on, off = _sibling(hf_engine), _sibling(hf_engine, prefix_cache_mb=0)
     # Conversations 0..2 played for 1..3 turns: cached prefixes of different lengths.
     batch = []
     for k in range(3):
@@ -355,7 +405,7 @@ def test_prefix_cache_mixed_batch_matches_each_alone(engine, prompts):
         np.testing.assert_allclose(r.logprobs, alone.logprobs, atol=1e-4)
 
 
-def test_update_weights_empties_the_prefix_cache(tiny_models, engine, prompts):
+def test_update_weights_empties_the_prefix_cache(tiny_models, hf_engine, prompts):
     config = EngineConfig(model=str(tiny_models["student"]), dtype="float32", context_tokens=512)
     eng, fresh = HFEngine(config), HFEngine(config)
     eng.update_weights(sharpened_state(eng.model, seed=0), version=1)
@@ -373,11 +423,11 @@ def test_update_weights_empties_the_prefix_cache(tiny_models, engine, prompts):
     assert got.token_ids == want.token_ids and got.logprobs == want.logprobs
 
 
-def test_prefix_cache_evicts_within_its_token_budget(engine, prompts):
+def test_prefix_cache_evicts_within_its_token_budget(hf_engine, prompts):
     from rose_ray.inference.hf import kv_bytes_per_token
 
     budget = 2 * max(len(p) for p in prompts) + 60
-    small = _sibling(engine, prefix_cache_mb=budget * kv_bytes_per_token(engine.model) / 2**20)
+    small = _sibling(hf_engine, prefix_cache_mb=budget * kv_bytes_per_token(hf_engine.model) / 2**20)
     assert small._prefix.max_tokens == budget
     for p in prompts:
         small.generate([GenerationRequest(p, GREEDY)])
@@ -392,16 +442,113 @@ def test_prefix_cache_evicts_within_its_token_budget(engine, prompts):
     assert small.stats()["prefix_hits"] == hits + 1
 
 
-def test_sliding_window_models_keep_transformers_cache_without_prefix_reuse(engine, prompts):
+def test_sliding_window_models_keep_transformers_cache_without_prefix_reuse(hf_engine, prompts):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=engine.model.config.vocab_size, hidden_size=64, intermediate_size=128,
+    config = Qwen3Config(vocab_size=hf_engine.model.config.vocab_size, hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                          use_sliding_window=True, sliding_window=32, max_window_layers=1,
                          layer_types=["sliding_attention", "full_attention"])
     torch.manual_seed(0)
     eng = HFEngine(EngineConfig(model="tiny", dtype="float32"), model=Qwen3ForCausalLM(config),
-                   tokenizer=engine.tokenizer)
+                   tokenizer=hf_engine.tokenizer)
     a, b = (eng.generate([GenerationRequest(prompts[0], GREEDY)])[0] for _ in range(2))
     assert a.token_ids == b.token_ids and len(a.token_ids) > 0
     assert eng.stats()["prefix_hits"] == 0 and eng.stats()["prefix_entries"] == 0
+
+
+# --------------------------------------------------------------------- vllm
+
+
+@pytest.fixture(scope="module")
+def vllm_only(hf_engine):
+    config = EngineConfig(backend="vllm", model=hf_engine.config.model, dtype="float32",
+                          max_batch_size=8, context_tokens=1024, kv_cache_mb=64)
+    eng = vllm_engine(config, hf_engine)
+    yield eng
+    eng.close()
+
+
+def test_vllm_weight_update_leaves_no_stale_prefix_in_long_prompts(vllm_only, hf_engine, prompts):
+    """vLLM caches prefixes in blocks (128 tokens on CPU): a conversation longer than a block,
+    continued after a weight update, must be computed with the new weights only."""
+    long = prompts[4] + hf_engine.chat.user_ids("You are in a long hallway with many doors. " * 30)
+    assert len(long) > 3 * 128
+    first = vllm_only.generate([GenerationRequest(long, GREEDY)])[0]
+    cached = vllm_only.stats()["prefix_cached_tokens"]
+    following = _next_prompt(hf_engine, long, first, 0)
+    vllm_only.generate([GenerationRequest(following, GREEDY)])  # the cache now holds this prefix
+    assert vllm_only.stats()["prefix_cached_tokens"] - cached >= 256  # and it was reused
+    new = sharpened_state(hf_engine.model, seed=3, quiet_ids=special_ids(hf_engine.tokenizer))
+    reference = HFEngine(EngineConfig(model="tiny", dtype="float32", context_tokens=1024, prefix_cache_mb=0),
+                         model=copy.deepcopy(hf_engine.model), tokenizer=hf_engine.tokenizer)
+    reference.update_weights(new, version=2)
+    try:
+        vllm_only.update_weights({k: v.numpy() for k, v in new.items()}, version=2)
+        got = vllm_only.generate([GenerationRequest(following, GREEDY)])[0]
+        want = reference.generate([GenerationRequest(following, GREEDY)])[0]
+        assert got.version == 2
+        assert got.token_ids == want.token_ids
+        np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)
+    finally:
+        vllm_only.update_weights({k: v.numpy() for k, v in hf_engine.state_dict().items()}, version=1)
+
+
+def test_vllm_frontend_orders_weight_updates_between_requests(vllm_only, hf_engine, prompts):
+    """Requests awaited before an update run on the old weights, those after it on the new,
+    and none is torn: the update waits for the running ones."""
+    original = {k: v.numpy() for k, v in hf_engine.state_dict().items()}
+    new = {k: v.numpy() for k, v in sharpened_state(hf_engine.model, seed=5).items()}
+    sampling = SamplingParams(0.0, 1.0, 16)
+
+    async def main():
+        front = vllm_only.frontend()
+        first = await front.generate_many([GenerationRequest(p, sampling) for p in prompts[:4]])
+        wave1 = [asyncio.ensure_future(front.generate(GenerationRequest(p, sampling))) for p in prompts[:4]]
+        await asyncio.sleep(0)  # the first wave is submitted before the update
+        update = asyncio.ensure_future(front.update_weights(new, 2))
+        await asyncio.sleep(0)
+        wave2 = [asyncio.ensure_future(front.generate(GenerationRequest(p, sampling))) for p in prompts[:4]]
+        await asyncio.gather(*wave1, update, *wave2)
+        return first, [w.result() for w in wave1], [w.result() for w in wave2]
+
+    try:
+        first, wave1, wave2 = asyncio.run(main())
+    finally:
+        vllm_only.update_weights(original, version=1)
+    assert all(r.version == 1 for r in first + wave1) and all(r.version == 2 for r in wave2)
+    assert [r.token_ids for r in wave1] == [r.token_ids for r in first]
+    assert [r.token_ids for r in wave2] != [r.token_ids for r in wave1]
+
+
+def test_vllm_engine_config_sizes_its_kv_cache(vllm_only):
+    """The KV cache is what the config says (64 MiB here), not vLLM's share of host memory."""
+    stats = vllm_only.stats()
+    assert stats["kv_cache_bytes"] == 64 * 2**20
+    model = vllm_only.config.model
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model)
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4  # float32
+    assert stats["kv_blocks"] * stats["kv_block_tokens"] * per_token == pytest.approx(64 * 2**20, rel=0.05)
+
+
+def test_vllm_engine_closes_for_good_and_says_so(hf_engine, prompts):
+    """A frontend's close leaves the engine to its other callers; the engine's own close ends
+    it, and a request after that fails at once instead of waiting forever."""
+    config = EngineConfig(backend="vllm", model=hf_engine.config.model, dtype="float32", max_batch_size=2,
+                          context_tokens=512, kv_cache_mb=16)
+    eng = vllm_engine(config, hf_engine)
+    from rose_ray.inference.vllm_engine import EngineFailed
+
+    async def twice():
+        for _ in range(2):
+            front = eng.frontend()
+            await front.generate(GenerationRequest(prompts[0], GREEDY))
+            await front.close()
+
+    asyncio.run(twice())
+    eng.close()
+    with pytest.raises(EngineFailed, match="closed"):
+        eng.generate([GenerationRequest(prompts[0], GREEDY)])
+

@@ -20,7 +20,7 @@ from typing import Any
 import ray
 
 from rose_ray.inference.backends import make_engine
-from rose_ray.inference.batcher import AsyncBatcher
+from rose_ray.inference.batcher import async_frontend
 from rose_ray.inference.engine import EngineConfig, GenerationRequest, GenerationResult
 
 
@@ -33,15 +33,15 @@ class EngineActorImpl:
         # Ray sets OMP_NUM_THREADS=1 in workers; use what the config (or the CPU grant) says.
         torch.set_num_threads(config.threads or max(1, threads))
         self.config = config
-        kwargs: dict[str, Any] = {"device": device} if config.backend == "hf" else {}
+        kwargs: dict[str, Any] = {"device": device} if config.backend in ("hf", "vllm") else {}
         self.engine = make_engine(config, **kwargs)
-        self.batcher: AsyncBatcher | None = None
+        self.batcher: Any = None
         self._in_flight = 0
         self._progress_at = time.monotonic()  # the last call finished (or the first began)
 
-    def _batcher(self) -> AsyncBatcher:
+    def _batcher(self) -> Any:
         if self.batcher is None:  # created lazily inside the actor's event loop
-            self.batcher = AsyncBatcher(self.engine)
+            self.batcher = async_frontend(self.engine)
         return self.batcher
 
     @contextlib.contextmanager
@@ -69,6 +69,9 @@ class EngineActorImpl:
     async def health(self) -> dict[str, Any]:
         """Version, calls in flight, and `stalled_s`: how long calls have been waiting with
         none finishing (0 when idle)."""
+        failure = getattr(self.engine, "failure", None)
+        if failure is not None:  # an engine thread that stopped: the supervisor replaces this actor
+            raise RuntimeError(f"engine failed: {failure!r}")
         stalled = time.monotonic() - self._progress_at if self._in_flight else 0.0
         return {"version": self.engine.version, "in_flight": self._in_flight, "stalled_s": stalled,
                 "pid": os.getpid()}

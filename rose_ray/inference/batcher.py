@@ -189,3 +189,9 @@ def _resolve(job: _Job, result: Any = None, error: BaseException | None = None) 
         job.future.set_exception(error)
     else:
         job.future.set_result(result)
+
+
+def async_frontend(engine: GenerationEngine) -> Any:
+    """The async calls callers await (generate, generate_many, score, update_weights, stats,
+    close): the engine's own where it batches by itself (vllm), else an AsyncBatcher over it."""
+    return engine.frontend() if hasattr(engine, "frontend") else AsyncBatcher(engine)

@@ -13,6 +13,7 @@ Logprobs are always the model's raw log-softmax (temperature 1, no top-p), which
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from rose_ray.types import SamplingParams, Turn
@@ -20,8 +21,26 @@ from rose_ray.types import SamplingParams, Turn
 FinishReason = Literal["stop", "length", "context"]
 ContextPolicy = Literal["drop_oldest", "end_episode"]
 CONTEXT_POLICIES: tuple[str, ...] = ("drop_oldest", "end_episode")
-BACKENDS: tuple[str, ...] = ("hf", "openai")
+BACKENDS: tuple[str, ...] = ("hf", "vllm", "openai")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16")
+
+
+def cpu_supports_bf16() -> bool:
+    """True when the CPU has native bf16 matmul (AVX512-BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def resolve_dtype(name: str, device: str = "cpu") -> str:
+    """'auto' becomes bfloat16 on GPUs and bf16-capable CPUs, else float32."""
+    if name != "auto":
+        return name
+    if device.startswith("cuda") or cpu_supports_bf16():
+        return "bfloat16"
+    return "float32"
 
 
 class ContextExceeded(ValueError):
@@ -67,7 +86,7 @@ class GenerationResult:
 
 @dataclass
 class EngineConfig:
-    """One engine replica. `model` is a local HF folder (hf) or the served model name (openai).
+    """One engine replica. `model` is a local HF folder (hf, vllm) or the served model name (openai).
 
     context_tokens bounds prompt + completion; context_policy says what to do with a longer
     conversation; keep_first_turns protects that many turns after the prompt turns (the first
@@ -75,6 +94,12 @@ class EngineConfig:
     prefix_cache_mb bounds the memory of the keys/values the hf backend keeps from past
     generations to skip re-encoding a conversation's earlier turns (0 disables; a token costs
     2 * layers * kv_heads * head_dim * dtype bytes: 112 KiB for Qwen3-1.7B in bf16).
+
+    vllm: the KV cache is vLLM's paged cache, sized by the config and never by vLLM's default
+    share of host memory: `kv_cache_mb` on CPU, `gpu_memory_utilization` (the fraction of
+    each GPU for weights, activations and KV) on GPUs. `tensor_parallel_size` GPUs serve one
+    engine (its placement bundle holds that many). `max_batch_size` bounds the sequences
+    decoded at once; `cuda_graphs` off runs eagerly on GPUs (CPUs always run eagerly).
     """
 
     backend: str = "hf"
@@ -88,6 +113,11 @@ class EngineConfig:
     threads: int = 0
     attn_implementation: str = "sdpa"
     prefix_cache_mb: float = 1024.0
+    # vllm backend
+    kv_cache_mb: float = 512.0
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    cuda_graphs: bool = True
     # openai backend
     base_url: str = "http://127.0.0.1:8000/v1"
     api_key: str | None = None
@@ -100,20 +130,24 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"engine.backend: must be one of {BACKENDS}, got {self.backend!r}")
-        if self.backend == "hf" and not self.model:
-            raise ValueError("engine.model: a model folder or name is required for backend 'hf'")
+        if self.backend in ("hf", "vllm") and not self.model:
+            raise ValueError(f"engine.model: a model folder or name is required for backend {self.backend!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"engine.dtype: must be one of {DTYPES}, got {self.dtype!r}")
         if self.context_policy not in CONTEXT_POLICIES:
             raise ValueError(
                 f"engine.context_policy: must be one of {CONTEXT_POLICIES}, got {self.context_policy!r}"
             )
-        for key in ("max_batch_size", "context_tokens"):
+        for key in ("max_batch_size", "context_tokens", "tensor_parallel_size"):
             if int(getattr(self, key)) < 1:
                 raise ValueError(f"engine.{key}: must be >= 1, got {getattr(self, key)!r}")
         for key in ("max_wait_ms", "timeout_s", "prefix_cache_mb", "retry_s"):
             if float(getattr(self, key)) < 0:
                 raise ValueError(f"engine.{key}: must be >= 0, got {getattr(self, key)!r}")
+        if not float(self.kv_cache_mb) > 0:
+            raise ValueError(f"engine.kv_cache_mb: must be > 0, got {self.kv_cache_mb!r}")
+        if not 0 < float(self.gpu_memory_utilization) <= 1:
+            raise ValueError(f"engine.gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization!r}")
         for key in ("keep_first_turns", "threads"):
             if int(getattr(self, key)) < 0:
                 raise ValueError(f"engine.{key}: must be >= 0, got {getattr(self, key)!r}")

@@ -22,7 +22,6 @@ import threading
 import time
 import warnings
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +34,7 @@ from rose_ray.inference.engine import (
     GenerationRequest,
     GenerationResult,
     context_result,
+    resolve_dtype,
     resolve_prompt,
     validate_sampling,
 )
@@ -43,24 +43,6 @@ from rose_ray.types import SamplingParams
 
 # Bound on logits materialised at once when scoring (elements; 2^27 fp32 = 512 MiB).
 SCORE_LOGITS_BUDGET = 1 << 27
-
-
-def cpu_supports_bf16() -> bool:
-    """True when the CPU has native bf16 matmul (AVX512-BF16 or AMX)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
-
-
-def resolve_dtype(name: str, device: str = "cpu") -> str:
-    """'auto' becomes bfloat16 on GPUs and bf16-capable CPUs, else float32."""
-    if name != "auto":
-        return name
-    if device.startswith("cuda") or cpu_supports_bf16():
-        return "bfloat16"
-    return "float32"
 
 
 def kv_bytes_per_token(model: Any) -> int:

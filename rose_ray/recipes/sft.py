@@ -122,7 +122,7 @@ def cli_main(args: Any) -> int:
     """The `sft` subcommand (arguments in rose_ray/cli.py)."""
     learner = {
         "lr": args.lr, "ranks": args.ranks, "zero_stage": args.zero_stage, "dtype": args.dtype,
-        "max_tokens": args.max_tokens, "grad_accum": args.grad_accum, "seed": args.seed,
+        "max_tokens": args.max_tokens, "seed": args.seed,
         "threads": args.threads, "sft_owners": args.owners.split(","),
         "schedule": args.schedule, "warmup_steps": args.warmup_steps,
     }

@@ -49,6 +49,21 @@ def init_ray(address: str | None = None) -> None:
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
 
 
+def check_backends_here(*configs: Any) -> None:
+    """When Ray is this machine alone (the engines start here), a backend it cannot run is a
+    ValueError naming the engine and how to install it, before any actor starts. On a cluster
+    an engine placed on a node without its backend fails at start with the same words."""
+    import ray
+
+    from rose_ray.inference.backends import backend_problem
+
+    if len([n for n in ray.nodes() if n.get("Alive")]) > 1:
+        return
+    for config in configs:
+        if config is not None and (problem := backend_problem(config.backend)) is not None:
+            raise ValueError(f"engine {config.model or config.base_url}: {problem}")
+
+
 def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
                  teacher_cpus: float = 1, student_gpus: float = 0,
                  teacher_gpus: float = 0, student_options: dict[str, Any] | None = None,
@@ -63,6 +78,8 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
     from rose_ray.chat import ChatFormat
     from rose_ray.inference.actor import engine_actor
     from rose_ray.models import load_tokenizer
+
+    check_backends_here(student, teacher)
 
     def spawner(config: Any, num_cpus: float, num_gpus: float, options: dict[str, Any] | None):
         def spawn(generation: int = 0) -> Any:

@@ -1,0 +1,440 @@
+"""The `vllm` engine backend: vLLM's V1 engine in this process, stepped by a thread of its own.
+
+Episodes ask for one turn at a time, from many episodes at once. One thread owns the engine:
+it adds each request as it arrives and steps the engine while any is unfinished, so requests
+join and leave the running batch at every step (continuous batching, with vLLM's paged KV
+cache under the config's memory budget and its prefix cache for a conversation's earlier
+turns); callers, threads or an event loop, wait on a future (`submit`, `frontend`).
+
+The engine contract holds as for the transformers backend: token ids in; sampled ids, their
+raw logprobs (vLLM's `raw_logprobs`: the model's log-softmax before temperature or top-p) and
+finish reasons out; `score` by `prompt_logprobs`; the same context policies and per-request
+seeds; every result carries the weight version it was sampled with.
+
+Weight updates are barriers: requests submitted before one finish on the old weights,
+requests after it wait. The new weights are reloaded in place through vLLM's worker
+(`reload_weights`, which takes checkpoint-format names; `load_weights` alone fails on CPU,
+where linear weights are repacked after loading), and the prefix cache is reset: its keys
+and values belong to the old weights, and prompts longer than one KV block would reuse them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import os
+import queue
+import threading
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from rose_ray.chat import ChatFormat
+from rose_ray.inference.engine import (
+    EngineConfig,
+    GenerationRequest,
+    GenerationResult,
+    context_result,
+    resolve_dtype,
+    resolve_prompt,
+    validate_sampling,
+)
+
+# Set before vLLM is imported in this process (each is a default a user may override):
+VLLM_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process: weights pass as tensors
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # share the cores Ray gave this actor; do not pin
+    "VLLM_LOGGING_LEVEL": "ERROR",  # its warnings are about CPU builds and settings we chose
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_DO_NOT_TRACK": "1",
+}
+
+
+def _torch_thread_setter() -> Any:
+    """torch.set_num_threads as it is before vLLM's CPU worker replaces it with a no-op."""
+    import torch
+
+    return torch.set_num_threads
+
+
+_SET_TORCH_THREADS = _torch_thread_setter()
+
+
+class EngineFailed(RuntimeError):
+    """The engine thread stopped on an error: this engine cannot serve any more."""
+
+
+@dataclass
+class _Job:
+    kind: str  # "generate" | "score" | "weights" | "close"
+    payload: Any
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future, repr=False)
+    prompt: list[int] = field(default_factory=list)
+    dropped: int = 0
+    vllm_id: str = ""
+
+
+def _deliver(job: _Job, result: Any = None, error: BaseException | None = None) -> None:
+    """Resolve a job's future; a caller that gave up (cancelled) gets nothing."""
+    try:
+        if error is not None:
+            job.future.set_exception(error)
+        else:
+            job.future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+class VLLMEngine:
+    """A GenerationEngine over an in-process vLLM engine (CPU, one GPU, or `tensor_parallel_size`)."""
+
+    def __init__(self, config: EngineConfig, device: str = "cpu") -> None:
+        from rose_ray.models import load_tokenizer
+
+        self.config = config
+        self.device = device
+        self.tokenizer = load_tokenizer(config.tokenizer or config.model)
+        self.chat = ChatFormat(self.tokenizer)
+        self.stop_ids = sorted({self.chat.eos_id} | ({self.tokenizer.eos_token_id} - {None}))
+        self._version = 0
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._ids = itertools.count()
+        self._failure: BaseException | None = None
+        self._closing = False
+        self._checkpoint_names: dict[str, tuple[int, ...]] | None = None
+        self._counters: dict[str, Any] = {
+            "requests": 0, "generated_tokens": 0, "prompt_tokens": 0, "prefix_cached_tokens": 0,
+            "score_calls": 0, "weight_updates": 0, "steps": 0, "busy_s": 0.0, "weights_s": 0.0}
+        self._running_sizes: deque[int] = deque(maxlen=1024)
+        started: concurrent.futures.Future = concurrent.futures.Future()
+        import torch
+
+        self._thread = threading.Thread(target=self._run, args=(started, torch.get_num_threads()),
+                                        name="vllm-engine", daemon=True)
+        self._thread.start()
+        started.result()  # what the engine's start raised, raised here
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the engine thread stopped (None while it serves)."""
+        return self._failure
+
+    def stats(self) -> dict[str, Any]:
+        fed = self._counters["prompt_tokens"] - self._counters["prefix_cached_tokens"]
+        return {**self._counters, **self._cache, "prompt_tokens_fed": fed,
+                "batch_sizes": list(self._running_sizes), "version": self._version}
+
+    def submit(self, kind: str, payload: Any) -> concurrent.futures.Future:
+        """Queue a job for the engine thread; its future holds the result."""
+        if self._failure is not None or self._closing or not self._thread.is_alive():
+            raise EngineFailed(f"vllm engine stopped: {self._failure or 'closed'!r}") from self._failure
+        job = _Job(kind, payload)
+        if kind == "generate":
+            validate_sampling(payload.sampling)  # a bad request fails its caller, not the engine
+            job.prompt, job.dropped, fits = resolve_prompt(payload, self.config)
+            if not job.prompt:
+                raise ValueError(f"generate: request {payload.request_id or '?'} has an empty prompt")
+            if not fits:
+                job.future.set_result(context_result(payload, len(job.prompt), self._version))
+                return job.future
+        elif kind == "score":
+            prompt, completion = payload
+            if not prompt:
+                raise ValueError("score: empty prompt (the first token has no logprob)")
+            if len(prompt) + len(completion) > self.config.context_tokens:
+                raise ValueError(f"score: {len(prompt) + len(completion)} tokens, context_tokens is "
+                                 f"{self.config.context_tokens}")
+            if not completion:
+                job.future.set_result([])
+                return job.future
+        self._jobs.put(job)
+        return job.future
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Results in request order; all requests run at once in the engine's batch."""
+        futures = [self.submit("generate", r) for r in requests]
+        return [f.result() for f in futures]
+
+    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        return self.submit("score", (list(prompt_ids), list(completion_ids))).result()
+
+    def score_many(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """Teacher-forced logprob of each completion token (one engine pass per pair)."""
+        futures = [self.submit("score", (list(p), list(c))) for p, c in pairs]
+        return [f.result() for f in futures]
+
+    def update_weights(self, state: dict[str, Any], version: int) -> None:
+        """Reload `state` (checkpoint names -> tensors or arrays) in place once the requests
+        submitted before it have finished; later requests run on the new weights."""
+        self.submit("weights", (state, int(version))).result()
+
+    def clear_prefix_cache(self) -> None:
+        """Forget cached prefixes (a benchmark's cold start; weights unchanged)."""
+        self.submit("weights", (None, self._version)).result()
+
+    def frontend(self) -> VLLMFrontend:
+        """The async face the engine actor and the HTTP server use (no batching of its own:
+        the engine batches continuously)."""
+        return VLLMFrontend(self)
+
+    def close(self) -> None:
+        self._closing = True
+        if self._thread.is_alive():
+            self._jobs.put(_Job("close", None))
+            self._thread.join(timeout=60)
+
+    # ------------------------------------------------------------------ the engine thread
+    def _start(self) -> Any:
+        for key, value in VLLM_ENV.items():
+            os.environ.setdefault(key, value)
+        from vllm import LLM
+
+        c = self.config
+        on_gpu = self.device.startswith("cuda")
+        kwargs: dict[str, Any] = {}
+        if on_gpu:
+            kwargs["gpu_memory_utilization"] = float(c.gpu_memory_utilization)
+        else:  # vLLM would otherwise take a share of host memory for its KV cache
+            kwargs["kv_cache_memory_bytes"] = int(c.kv_cache_mb * 2**20)
+        return LLM(
+            model=c.model, tokenizer=c.tokenizer or c.model, dtype=resolve_dtype(c.dtype, self.device),
+            max_model_len=c.context_tokens, max_num_seqs=c.max_batch_size,
+            tensor_parallel_size=c.tensor_parallel_size,
+            enforce_eager=not (on_gpu and c.cuda_graphs), enable_prefix_caching=True,
+            logprobs_mode="raw_logprobs", seed=0, disable_log_stats=True, use_tqdm_on_load=False,
+            **kwargs,
+        )
+
+    def _run(self, started: concurrent.futures.Future, threads: int) -> None:
+        # OpenMP's thread count is per thread, and vLLM's CPU kernels read it where they run: a
+        # new thread starts at the machine's core count, whatever the caller set. This thread
+        # builds and steps the engine at the caller's count (vLLM then makes torch's setter a no-op).
+        _SET_TORCH_THREADS(threads)
+        try:
+            self._llm = self._start()
+        except BaseException as e:  # noqa: BLE001 - the constructor raises it
+            started.set_exception(e)
+            return
+        cache = self._llm.llm_engine.vllm_config.cache_config
+        self._cache = {"kv_cache_bytes": cache.kv_cache_memory_bytes, "kv_blocks": cache.num_gpu_blocks,
+                       "kv_block_tokens": cache.block_size}
+        started.set_result(None)
+        running: dict[str, _Job] = {}
+        waiting: deque[_Job] = deque()  # in submission order; a weights job holds back the rest
+        try:
+            while True:
+                if not running and not waiting:
+                    waiting.append(self._jobs.get())  # idle: sleep until a job comes
+                while True:
+                    try:
+                        waiting.append(self._jobs.get_nowait())
+                    except queue.Empty:
+                        break
+                while waiting:
+                    job = waiting[0]
+                    if job.kind == "close":
+                        raise _Closed
+                    if job.kind == "weights":
+                        if running:
+                            break  # the barrier: requests before it finish on the old weights
+                        waiting.popleft()
+                        self._reload(job)
+                        continue
+                    waiting.popleft()
+                    if not job.future.cancelled():
+                        self._add(job, running)
+                if running:
+                    self._step(running)
+        except _Closed:
+            error: BaseException = EngineFailed("vllm engine closed")
+        except BaseException as e:  # noqa: BLE001 - the engine is gone: every caller hears why
+            self._failure = error = e
+        for job in [*running.values(), *waiting]:
+            _deliver(job, error=EngineFailed(f"vllm engine stopped: {error!r}"))
+        while True:
+            try:
+                _deliver(self._jobs.get_nowait(), error=EngineFailed(f"vllm engine stopped: {error!r}"))
+            except queue.Empty:
+                break
+        del self._llm
+
+    def _add(self, job: _Job, running: dict[str, _Job]) -> None:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if job.kind == "score":
+            prompt_ids, completion = job.payload
+            ids = prompt_ids + completion
+            params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+            self._counters["score_calls"] += 1
+        else:
+            request: GenerationRequest = job.payload
+            s = request.sampling
+            ids = job.prompt
+            max_tokens = min(s.max_new_tokens, self.config.context_tokens - len(ids))
+            if max_tokens <= 0:
+                _deliver(job, GenerationResult("", [], [], "length", len(ids), self._version,
+                                               request.request_id, job.dropped))
+                return
+            params = SamplingParams(
+                temperature=s.temperature, top_p=s.top_p, max_tokens=max_tokens, seed=s.seed,
+                logprobs=request.top_logprobs, stop=list(s.stop) or None, stop_token_ids=sorted(self.stop_ids),
+                ignore_eos=False, skip_special_tokens=False, detokenize=bool(s.stop),
+            )
+            self._counters["requests"] += 1
+            self._counters["prompt_tokens"] += len(ids)
+        (job.vllm_id,) = self._llm.enqueue([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+        # vLLM's id is "<the id outputs carry>-<8 random characters>" (assign_request_id).
+        running[job.vllm_id.rsplit("-", 1)[0]] = job
+
+    def _step(self, running: dict[str, _Job]) -> None:
+        engine = self._llm.llm_engine
+        gone = [i for i, job in running.items() if job.future.cancelled()]
+        if gone:  # callers that gave up free their sequences now
+            engine.abort_request([running.pop(i).vllm_id for i in gone], internal=True)
+            if not running:
+                return
+        self._running_sizes.append(len(running))
+        t0 = time.perf_counter()
+        outputs = engine.step()
+        self._counters["busy_s"] += time.perf_counter() - t0
+        self._counters["steps"] += 1
+        for out in outputs:
+            if not out.finished or out.request_id not in running:
+                continue
+            job = running.pop(out.request_id)
+            try:
+                result = self._score_result(job, out) if job.kind == "score" else self._result(job, out)
+            except Exception as e:  # noqa: BLE001 - one odd output fails its own caller
+                _deliver(job, error=e)
+            else:
+                _deliver(job, result)
+
+    def _result(self, job: _Job, out: Any) -> GenerationResult:
+        request: GenerationRequest = job.payload
+        o = out.outputs[0]
+        if o.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vllm: request {request.request_id!r} ended with {o.finish_reason!r}")
+        ids = list(o.token_ids)
+        logprobs = [float(step[t].logprob) for step, t in zip(o.logprobs or [], ids)]
+        if len(logprobs) != len(ids):
+            raise RuntimeError(f"vllm: {len(logprobs)} logprobs for {len(ids)} sampled tokens")
+        text = self.chat.decode(ids)
+        stops = [text.find(s) for s in request.sampling.stop if s in text]
+        if isinstance(o.stop_reason, str) and stops:
+            text = text[: min(stops)]  # the ids keep the stop string's tokens, the text ends before it
+        top = None
+        if request.top_logprobs > 0:
+            k = request.top_logprobs
+            top = [{int(t): float(lp.logprob) for t, lp in step.items() if lp.rank is not None and lp.rank <= k}
+                   for step in o.logprobs]
+        self._counters["generated_tokens"] += len(ids)
+        self._counters["prefix_cached_tokens"] += int(out.num_cached_tokens or 0)
+        return GenerationResult(
+            text=text, token_ids=ids, logprobs=logprobs, finish_reason=o.finish_reason,
+            prompt_tokens=len(job.prompt), version=self._version, request_id=request.request_id,
+            dropped_turns=job.dropped, top_logprobs=top,
+        )
+
+    @staticmethod
+    def _score_result(job: _Job, out: Any) -> list[float]:
+        _, completion = job.payload
+        entries = out.prompt_logprobs[-len(completion):]
+        return [float(entry[t].logprob) for entry, t in zip(entries, completion)]
+
+    def _reload(self, job: _Job) -> None:
+        state, version = job.payload
+        t0 = time.perf_counter()
+        try:
+            if state is not None:
+                weights = self._checkpoint_weights(state)
+                self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
+                                                                   "is_checkpoint_format": True})
+                self._version = version
+                self._counters["weight_updates"] += 1
+            # Keys/values computed by the old weights are stale (and a cold start wants none).
+            self._llm.reset_prefix_cache()
+        except (KeyError, ValueError) as e:  # a bad state: the caller's error, the engine is fine
+            _deliver(job, error=e)
+            return
+        self._counters["weights_s"] += time.perf_counter() - t0
+        _deliver(job, None)
+
+    def _checkpoint_weights(self, state: dict[str, Any]) -> list[tuple[str, Any]]:
+        """(name, tensor) pairs in the model folder's checkpoint names, checked against them
+        (unknown names and wrong shapes are errors, as in the hf backend). A tied output head
+        goes along with the embedding: vLLM's in-place reload leaves it unloaded otherwise."""
+        import torch
+
+        names = self._names()
+        unknown = sorted(set(state) - set(names) - {"lm_head.weight"})
+        if unknown:
+            raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")
+        weights = []
+        with warnings.catch_warnings():  # arrays from Ray's object store are read-only; only read
+            warnings.filterwarnings("ignore", message=".*not writable.*")
+            for name, value in state.items():
+                t = torch.as_tensor(value)
+                if name in names and tuple(t.shape) != names[name]:
+                    raise ValueError(f"update_weights: {name} has shape {tuple(t.shape)}, model expects {names[name]}")
+                weights.append((name, t))
+        if "lm_head.weight" not in state and "model.embed_tokens.weight" in state and self._tied():
+            weights.append(("lm_head.weight", torch.as_tensor(state["model.embed_tokens.weight"])))
+        return weights
+
+    def _names(self) -> dict[str, tuple[int, ...]]:
+        """Checkpoint tensor names and shapes, read from the model folder's safetensors headers."""
+        if self._checkpoint_names is None:
+            from pathlib import Path
+
+            from safetensors import safe_open
+
+            names: dict[str, tuple[int, ...]] = {}
+            for f in sorted(Path(self.config.model).glob("*.safetensors")):
+                with safe_open(str(f), "pt") as st:
+                    for key in st.keys():
+                        names[key] = tuple(st.get_slice(key).get_shape())
+            if not names:
+                raise ValueError(f"update_weights: {self.config.model} has no safetensors weights to check names against")
+            self._checkpoint_names = names
+        return self._checkpoint_names
+
+    def _tied(self) -> bool:
+        return bool(getattr(self._llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
+
+
+class _Closed(Exception):
+    pass
+
+
+class VLLMFrontend:
+    """The engine's async calls, shaped like `AsyncBatcher` (the actor and the server use either)."""
+
+    def __init__(self, engine: VLLMEngine) -> None:
+        self.engine = engine
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return await asyncio.wrap_future(self.engine.submit("generate", request))
+
+    async def generate_many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return list(await asyncio.gather(*(self.generate(r) for r in requests)))
+
+    async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        return await asyncio.wrap_future(self.engine.submit("score", (list(prompt_ids), list(completion_ids))))
+
+    async def update_weights(self, state: dict[str, Any], version: int) -> None:
+        await asyncio.wrap_future(self.engine.submit("weights", (state, int(version))))
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    async def close(self) -> None:
+        """Nothing of its own to stop: the engine stays up for other callers (`engine.close()` ends it)."""
