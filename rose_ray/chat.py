@@ -147,10 +147,16 @@ class ChatFormat:
         default system prompt) go with the first message."""
         ids = self.encode(self.render_text(messages, add_generation_prompt))
         ends = [i for i, t in enumerate(ids) if t == self.eos_id]
-        if len(ends) != len(messages) + self._extra_ends:
+        # A text that spells the end-of-turn token is tokenized to it (as a chat API does): it
+        # belongs to its message, whose own end-of-turn id comes after.
+        last, at = [], self._extra_ends - 1
+        for m in messages:
+            at += 1 + m["content"].count(self.end_text)
+            last.append(at)
+        if len(ends) != last[-1] + 1:
             raise ChatTemplateError(f"the template's rendering of {len(messages)} messages has {len(ends)} "
-                                    f"{self.end_text!r} tokens; a message's text may hold one")
-        ends = ends[self._extra_ends:]
+                                    f"{self.end_text!r} tokens, not the {last[-1] + 1} its texts make")
+        ends = [ends[i] for i in last]
         starts = [0] + [e + 1 for e in ends[:-1]]
         return [ids[a : e + 1] for a, e in zip(starts, ends)], ids[ends[-1] + 1 :]
 

@@ -81,7 +81,12 @@ def test_the_lean_step_plays_scienceworlds_own_game(game):
                 if lean.done:
                     break
     finally:
+        proc = stock._gateway.java_process  # the stock close only asks its JVM to exit: wait for it
         stock.close()
+        try:
+            proc.wait(timeout=10)
+        except Exception:
+            proc.kill()
     print(f"lean vs stock: {steps} steps, {temperatures} temperature readings differ")
     assert steps > 40 and unexplained == []
     assert temperatures <= 1  # sciworld_121's one reading, if heat moved in another order this time

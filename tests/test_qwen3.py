@@ -113,7 +113,8 @@ QWEN3_HISTORY = (
     "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}"
     "{%- endif %}"
 )
-REPLIES = [REPLY, "<think>\nheat first\n</think>\n\n" + REPLY, "\n\n  Thought: odd spacing\nAction: wait"]
+# The last one spells the end-of-turn token: a chat API tokenizes it to that token, and so do we.
+REPLIES = [REPLY, "<think>\nheat first\n</think>\n\n" + REPLY, "\n\n  Thought: odd<|im_end|> spacing\nAction: wait"]
 
 
 def _conversation(n_replies: int) -> list[dict[str, str]]:
