@@ -69,7 +69,7 @@ def show_pieces(role: str, chat: Any, protocol: Any, budget: int) -> list[str]:
               ("reply", "a reply (sampled ids)", chat.assistant_ids(SAMPLE_REPLY)),
               ("env", "next observation + generation prompt", chat.user_ids(SAMPLE_OBSERVATIONS[1]))]
     lines = [f"{role} chat template: {'rewrites earlier turns (pieces cut before each user turn)' if chat.rewrites_history else 'appends turns as they are'}; "
-             f"thinking {'on' if chat.enable_thinking else 'off'}"]
+             f"thinking {'on' if chat.enable_thinking else 'off'}; history {chat.history}"]
     for owner, what, ids in pieces:
         text = chat.tokenizer.decode(ids, skip_special_tokens=False)
         shown = text if len(text) <= 160 else text[:70] + " ... " + text[-80:]
@@ -117,7 +117,7 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
         path = _tokenizer_path(cfg, role, name, stand_ins)
         toks[role] = load_tokenizer(path)
         try:
-            chat = ChatFormat(toks[role], cfg.chat.enable_thinking)
+            chat = ChatFormat(toks[role], cfg.chat.enable_thinking, cfg.chat.history)
         except ChatTemplateError as e:
             raise ValueError(f"{role}_engine.model: {name}: its chat template cannot be used: {e}") from None
         sampling = cfg.rollout.student_sampling if role == "student" else cfg.rollout.teacher_sampling

@@ -112,12 +112,26 @@ def world_args(g: argparse.ArgumentParser) -> None:
                    help=f"ScienceWorld's item-id mapping (default {mappings[0]})")
 
 
+def history_arg(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--history", choices=["template", "sampled"], default="template",
+                   help="earlier turns in each prompt: as the chat template renders the conversation, as a chat API "
+                        "does (the card's; default), or as their ids were sampled (chat.history)")
+
+
 def conversation_args(g: argparse.ArgumentParser) -> None:
+    history_arg(g)
     g.add_argument("--instruction-from", metavar="JSONL",
                    help="take the instruction and acknowledgement from a dataset's first row "
                         "(default: rose_ray's own wording; `continue`: each row's own)")
     g.add_argument("--enable-thinking", action="store_true",
                    help="turn the chat template's thinking mode on (Qwen3); off by default")
+
+
+def context_args(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--context-tokens", type=int, default=16384, help="prompt + reply tokens (the card's 16,384)")
+    g.add_argument("--context-policy", choices=["end_episode", "drop_oldest"], default="end_episode",
+                   help="a prompt that no longer fits: end the episode there (AgentGym's rule, the default; "
+                        "its end reason is `context`) or drop the oldest action/observation pairs")
 
 
 def schema_arg(g: argparse.ArgumentParser) -> None:
@@ -203,7 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--judge", metavar="MODEL",
                    help="discoveryworld: score knowledge with this judge (a local folder, or openai:URL)")
     g.add_argument("--judge-model", default="", metavar="NAME", help="the model name an openai: judge server expects")
-    g.add_argument("--judge-max-new-tokens", type=int, default=512)
+    g.add_argument("--judge-max-new-tokens", type=int, default=800, help="the judge's answer budget (the paper's 800)")
+    g.add_argument("--knowledge-from", choices=["thoughts", "report"], default="thoughts",
+                   help="what the judge reads: the agent's thoughts while playing (the paper's scorer, default) "
+                        "or its answer to a question asked when the episode ends")
     g.add_argument("--judge-thinking", choices=["on", "off"],
                    help="the judge's chat-template thinking switch (default: off for a local folder, "
                         "the server's own for openai:)")
@@ -211,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--handoff", type=int)
     g.add_argument("--concurrency", type=int, default=8, help="episodes at once")
     g.add_argument("--env-workers", type=int, default=1)
-    g.add_argument("--context-tokens", type=int, default=16384, help="prompt + reply tokens (the card's 16,384)")
+    context_args(g)
     conversation_args(g)
     g.add_argument("--tokenizer", help="tokenizer folder (needed for openai: models)")
     g.add_argument("--served-model", default="", help="model name an openai: server expects")
@@ -225,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--max-new-tokens", type=int, default=512)
         g.add_argument("--concurrency", type=int, default=8, help="episodes at once")
         world_args(g)
-        g.add_argument("--context-tokens", type=int, default=16384, help="prompt + reply tokens (the card's 16,384)")
+        context_args(g)
         conversation_args(g)
         schema_arg(g)
 
@@ -299,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-tokens", type=int, default=4096,
                    help="tokens per packed row, and per micro-batch (rows share one while they fit)")
     g.add_argument("--owners", default="student,teacher", help="owners whose tokens are trained")
+    g.add_argument("--history", choices=["template", "sampled"], default="template",
+                   help="train on the chat template's rendering of each whole conversation (the card's SFT; default) "
+                        "or on per-turn pieces as an engine with chat.history=sampled builds them")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     g.set_defaults(func="rose_ray.recipes.sft:cli_main")

@@ -124,6 +124,8 @@ class PlayConfig:
     mapping: str | None
     context_tokens: int
     enable_thinking: bool
+    context_policy: str = "end_episode"
+    history: str = "template"
 
 
 def _play(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol],
@@ -140,10 +142,11 @@ def _play(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol],
                         mapping=cfg.mapping, world=cfg.world, cpus_per_worker=0.5)
 
     def engine(model: str) -> EngineConfig:
-        return EngineConfig(model=model, context_tokens=cfg.context_tokens, max_batch_size=cfg.concurrency)
+        return EngineConfig(model=model, context_tokens=cfg.context_tokens, context_policy=cfg.context_policy,
+                            max_batch_size=cfg.concurrency)
 
     with local_actors(env_cfg, engine(cfg.model), engine(cfg.teacher) if cfg.teacher else None, cfg.max_turns,
-                      cfg.enable_thinking) as (runner, student, teacher):
+                      cfg.enable_thinking, cfg.history) as (runner, student, teacher):
         sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
         # Prefixes and stitched rows are training data: no report question at their end.
         episode_cfg = EpisodeConfig(max_turns=cfg.max_turns, student_sampling=sampling, teacher_sampling=sampling,
@@ -246,6 +249,7 @@ def _play_config(args, model: str, teacher: str | None, handoff: str, max_turns:
         model=model, teacher=teacher, max_turns=max_turns, handoff=handoff, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
         concurrency=args.concurrency, world=args.world or "sciworld", mapping=args.mapping,
         context_tokens=args.context_tokens, enable_thinking=args.enable_thinking,
+        context_policy=args.context_policy, history=args.history,
     )
 
 

@@ -109,6 +109,16 @@ class ChatConfig:
     # Passed to the template as `enable_thinking` (Qwen3's switch; other templates ignore it).
     # False: the generation prompt holds an empty think block and the model answers at once.
     enable_thinking: bool = False
+    # How earlier turns appear in each prompt and in what the learner trains on: `sampled`, the
+    # ids as they were sampled (on-policy; OPD's term needs them), or `template`, the chat
+    # template's own rendering of the conversation, as a chat API gives it (rose_ray/chat.py).
+    history: str = "sampled"
+
+    def __post_init__(self) -> None:
+        from rose_ray.chat import HISTORIES
+
+        if self.history not in HISTORIES:
+            raise ConfigError(f"chat.history: must be one of {HISTORIES}, got {self.history!r}")
 
 
 @dataclass
@@ -202,6 +212,13 @@ class TrainConfig:
                 "episode's student tokens in one pass over what the learner trains on, up to the student's context"
             )
         recipe.check(self)
+        if self.chat.history == "template" and recipe.teacher_scores_student(self):
+            value: Any = self
+            for part in recipe.scoring_key.split("."):
+                value = getattr(value, part)
+            raise ConfigError(f"chat.history: 'template' re-renders earlier turns from their text, but the OPD "
+                              f"term ({recipe.scoring_key}={value}) needs the ids that were sampled; "
+                              "use chat.history=sampled")
 
 
 # Keys that no longer exist, and what took their place: an old config gets told, by key.

@@ -96,7 +96,7 @@ class Run:
             # Named, so the dashboard (and bench/chaos.py) can tell them apart.
             student_options={**self.groups.options("student engine"), "name": f"rose_ray {self.session} student engine"},
             teacher_options={**self.groups.options("teacher engine"), "name": f"rose_ray {self.session} teacher engine"},
-            enable_thinking=cfg.chat.enable_thinking,
+            enable_thinking=cfg.chat.enable_thinking, history=cfg.chat.history,
         )
         r = cfg.reliability  # a lost engine is replaced on its placement; past max_restarts the run stops
         self.engines = EngineSupervisor(r.max_restarts, r.health_every_s, r.health_timeout_s, r.start_timeout_s,

@@ -226,6 +226,8 @@ async def run_episode(
         agent = teacher if teacher_acts else student
         sampling = config.teacher_sampling if teacher_acts else config.student_sampling
         view = teacher_turns if (teacher_acts and teacher_turns is not None) else turns
+        if agent.chat.history == "template":  # the template renders the conversation, as a chat API does
+            view[:] = agent.chat.apply_template(view, add_generation_prompt=True)
         request = GenerationRequest(
             sampling=sampling, turns=view, request_id=f"{request_prefix}{game.item_id}/t{turn}"
         )
@@ -289,6 +291,8 @@ async def run_episode(
             turns[-1:] = report_turns  # the last observation with the question, then the answer
     if config.score_student_with_teacher and teacher is not None and shared:
         await score_student_tokens(turns, cut, teacher, timing)
+    if student.chat.history == "template":  # the learner trains on the template's rendering of it all
+        turns[:] = student.chat.apply_template(turns, add_generation_prompt=False)
     timing["total_s"] = time.perf_counter() - t_start
     versions = [t.policy_version for t in turns if t.owner == "student" and t.policy_version is not None]
     return Trajectory(

@@ -46,6 +46,8 @@ async def ask_report(question: str, turns: list[Turn], teacher_turns: list[Turn]
         view = teacher_turns[:-1] + [Turn("user", text, last.owner, teacher.chat.user_ids(text))]
     else:
         view = turns[:-1] + [ask]
+    if agent.chat.history == "template":
+        view = agent.chat.apply_template(view, add_generation_prompt=True)
     sampling = config.teacher_sampling if by_teacher else config.student_sampling
     t0 = time.perf_counter()
     result = await agent.engine.generate.remote(GenerationRequest(sampling=sampling, turns=view,
