@@ -117,6 +117,18 @@ def cpu_seconds(procs: dict[str, dict[str, Any]]) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- one mode
+def engine_steps(trainer: Any) -> dict[str, list[float]]:
+    """Per engine: [decode steps, sequences summed over those steps] so far (vllm engines count
+    both; the hf engine counts neither)."""
+    import ray
+
+    out = {}
+    for role, agent in (("student", trainer.student), ("teacher", trainer.teacher)):
+        stats = ray.get(agent.engine.stats.remote(), timeout=60)
+        out[role] = [float(stats.get("steps", 0)), float(stats.get("sequence_steps", 0))]
+    return out
+
+
 def counters(trainer: Any) -> dict[str, Any]:
     lags = trainer.buffer.lags
     return {
@@ -133,6 +145,7 @@ async def drive(trainer: Any, budget_s: float, procs: dict[str, dict[str, Any]])
     while trainer.stop is None and not run.done():  # run() makes its stop event first thing
         await asyncio.sleep(0.01)
     cpu0, t0, learn0 = cpu_seconds(procs), time.perf_counter(), trainer.learn_s
+    steps0 = await asyncio.to_thread(engine_steps, trainer)
     done, _ = await asyncio.wait({run}, timeout=budget_s)
     if done:  # the loop ended early: an error (raise it) or an unexpected finish
         run.result()
@@ -140,6 +153,9 @@ async def drive(trainer: Any, budget_s: float, procs: dict[str, dict[str, Any]])
     seconds = time.perf_counter() - t0
     snap = counters(trainer)
     snap["learn_s"] -= learn0
+    steps1 = await asyncio.to_thread(engine_steps, trainer)
+    snap["engine_mean_batch"] = {role: (steps1[role][1] - steps0[role][1]) / (steps1[role][0] - steps0[role][0])
+                                 for role in steps1 if steps1[role][0] > steps0[role][0]}
     cpu1 = cpu_seconds(procs)
     trainer.stop.set()
     await run  # the step in progress finishes; then a final checkpoint (not timed)
@@ -265,6 +281,10 @@ def main() -> None:
               f"{r['buffer']['dropped_stale']:>11} {r['mean_policy_lag']:>8.2f} "
               f"{util.get('rollout', 0):>10.0%} {util.get('learner', 0):>10.0%}")
     print("(rollout/learner cpu: CPU seconds used by that role's processes per wall second; 100% = one core)")
+    for r in rows:
+        if r["engine_mean_batch"]:
+            print(f"{r['mode']}: sequences per decode step, " + ", ".join(
+                f"{role} engine {b:.2f}" for role, b in r["engine_mean_batch"].items()))
     if bound:
         reached = next((r["fraction_of_bound"] for r in rows if r["mode"] == "async"), None)
         print(f"sync: R = {bound['rollout_s']:.2f} s of rollout and L = {bound['learn_s']:.2f} s of learner work per "

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +30,31 @@ def tiny_qwen3(tmp_path_factory):
     from rose_ray.models import init_tiny
 
     return init_tiny(tmp_path_factory.mktemp("tiny_qwen3"), seed=0, style="qwen3")
+
+
+@pytest.fixture
+def stop_process():
+    """stop(pid): SIGSTOP a process and return once every thread of it has stopped.
+
+    `kill` returns before the stop lands: each thread stops when it next runs, so on a busy
+    machine a JVM's socket thread could still answer one more call (seen in CI)."""
+
+    def stop(pid: int, timeout_s: float = 10.0) -> None:
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            states = []
+            for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+                try:
+                    states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+                except (OSError, IndexError):
+                    pass  # a thread that just ended
+            if states and all(s in "tT" for s in states):
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"process {pid} did not stop within {timeout_s:g} s")
+
+    return stop
 
 
 @pytest.fixture(scope="session")

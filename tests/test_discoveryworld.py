@@ -247,11 +247,11 @@ def test_a_short_online_rose_run_on_discoveryworld(tiny_models, ray_cluster, tmp
     assert not any(REPORT_QUESTION in m["content"] for r in rows for m in r["conversations"])
 
 
-def test_a_hung_worker_times_out_and_is_killed():
+def test_a_hung_worker_times_out_and_is_killed(stop_process):
     g = DiscoveryWorldGame(call_timeout_s=2.0)
     try:
         g.load(CHEMISTRY)
-        os.kill(g.pid, signal.SIGSTOP)  # the game stops answering, as in an endless tick
+        stop_process(g.pid)  # the game stops answering, as in an endless tick
         with pytest.raises(GameError, match="timed out after 2 s"):
             g.step("move east")
         assert not g.alive() and not Path(g.workdir).exists()

@@ -163,10 +163,10 @@ def test_killed_jvm_reports_the_episode_interrupted_and_the_slot_recovers(pool):
     assert not pool.step(0, "look around").interrupted
 
 
-def test_hung_call_times_out_and_is_replaced(pool):
+def test_hung_call_times_out_and_is_replaced(pool, stop_process):
     pool.reset(1, "sciworld_7")
     pid = pool.pids()[1]
-    os.kill(pid, signal.SIGSTOP)  # the JVM stops answering
+    stop_process(pid)  # the JVM stops answering
     t0 = time.time()
     r = pool.step(1, "look around")
     assert r.interrupted and "timed out" in r.info["error"]

@@ -107,7 +107,8 @@ class VLLMEngine:
         self._checkpoint_names: dict[str, tuple[int, ...]] | None = None
         self._counters: dict[str, Any] = {
             "requests": 0, "generated_tokens": 0, "prompt_tokens": 0, "prefix_cached_tokens": 0,
-            "score_calls": 0, "weight_updates": 0, "steps": 0, "busy_s": 0.0, "weights_s": 0.0}
+            "score_calls": 0, "weight_updates": 0, "steps": 0, "sequence_steps": 0, "busy_s": 0.0,
+            "weights_s": 0.0}
         self._running_sizes: deque[int] = deque(maxlen=1024)
         started: concurrent.futures.Future = concurrent.futures.Future()
         import torch
@@ -229,10 +230,12 @@ class VLLMEngine:
         started.set_result(None)
         running: dict[str, _Job] = {}
         waiting: deque[_Job] = deque()  # in submission order; a weights job holds back the rest
+        wave = 1  # requests the last wave started from idle held
         try:
             while True:
                 if not running and not waiting:
                     waiting.append(self._jobs.get())  # idle: sleep until a job comes
+                    wave = self._gather(waiting, wave)
                 while True:
                     try:
                         waiting.append(self._jobs.get_nowait())
@@ -265,6 +268,28 @@ class VLLMEngine:
             except queue.Empty:
                 break
         del self._llm
+
+    def _gather(self, waiting: deque[_Job], wave: int) -> int:
+        """From idle, wait a little for the rest of a wave before the first step (as the hf
+        backend's batcher does): episodes that shared the last wave come back at slightly
+        different times (each had an env step in between), and on a CPU a decode step costs
+        about the same for one sequence as for several. Up to `max_wait_ms` for any request,
+        and REGROUP_FACTOR times that while fewer have come than the last wave held."""
+        from rose_ray.inference.batcher import REGROUP_FACTOR
+
+        start, wait = time.perf_counter(), self.config.max_wait_ms / 1000
+        target = min(wave, self.config.max_batch_size)
+        while waiting[-1].kind != "close":
+            generating = sum(j.kind == "generate" for j in waiting)
+            limit = wait * (REGROUP_FACTOR if generating < target else 1)
+            remaining = start + limit - time.perf_counter()
+            if remaining <= 0 or generating >= self.config.max_batch_size:
+                break
+            try:
+                waiting.append(self._jobs.get(timeout=remaining))
+            except queue.Empty:
+                break
+        return max(1, sum(j.kind == "generate" for j in waiting))
 
     def _add(self, job: _Job, running: dict[str, _Job]) -> None:
         from vllm import SamplingParams
@@ -303,6 +328,7 @@ class VLLMEngine:
             if not running:
                 return
         self._running_sizes.append(len(running))
+        self._counters["sequence_steps"] += len(running)
         t0 = time.perf_counter()
         outputs = engine.step()
         self._counters["busy_s"] += time.perf_counter() - t0
