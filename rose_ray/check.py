@@ -1,6 +1,7 @@
 """`rose-ray check CONFIG [k=v ...]`: what to run before asking for GPUs.
 
-Loads the config and the student's and teacher's tokenizers (not their weights), renders a
+Loads the config and the student's and teacher's tokenizers (not their weights), asks a served
+engine's server whether it serves the model with enough context and logprobs, renders a
 sample conversation through each chat template and shows its turn pieces, checks that OPD's
 teacher shares the student's tokenizer, counts the games of every split and id list the
 config uses, and plans placement on the cluster (or on nodes described with `--node`). The
@@ -102,6 +103,25 @@ def show_pieces(role: str, chat: Any, protocol: Any, budget: int) -> list[str]:
     return lines
 
 
+def check_served_engines(cfg: TrainConfig) -> list[str]:
+    """Each engine with backend openai, asked before a run whether it can do its job (its served
+    model's name, context and logprobs, and prompt scoring for a teacher that scores: OPD);
+    a ServedModelMismatch (exit 2) names the key. One line per served engine."""
+    from dataclasses import replace
+
+    from rose_ray.inference.openai import SettingNames, check_served
+    from rose_ray.recipes import get_recipe
+    from rose_ray.recipes.warmup import resolve_tiny
+
+    out = []
+    for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine)):
+        if engine.backend == "openai":
+            scores = role == "teacher" and get_recipe(cfg.algorithm).teacher_scores_student(cfg)
+            served = replace(engine, model=resolve_tiny(cfg, engine.model))  # served under its folder's name
+            out.append(f"{role} engine: {check_served(served, SettingNames.of_section(f'{role}_engine'), scores)}")
+    return out
+
+
 def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
           address: str | None, use_total: bool) -> list[str]:
     """Every check, in order; returns the report lines or raises naming the first problem."""
@@ -127,6 +147,7 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
         if problem is not None:
             raise ValueError(f"{role}_engine.backend: {problem}")
         out.append(f"{role} engine: backend {engine.backend}")
+    out += check_served_engines(cfg)
 
     # Tokenizers and chat templates.
     toks = {}

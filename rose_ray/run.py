@@ -48,6 +48,7 @@ class Run:
         self.replies = {"replies": 0, "truncated": 0, "cut_before_action": 0}  # trained episodes' replies
         self.session = f"{run_dir.name}-{os.urandom(3).hex()}"
         self.fatal: RoleFailed | None = None  # why the run must stop (a role lost for good, a stall)
+        self.failed_in_a_row = 0  # episodes failed since the last one that finished
         self.learner_restarts = 0
         self.producer: asyncio.Task | None = None
         self.episode_tasks: set[asyncio.Task] = set()

@@ -34,7 +34,7 @@ from typing import Any
 
 from rose_ray.config import load_config, to_yaml
 from rose_ray.learner.learner import LearnerLost
-from rose_ray.reliability import RoleFailed
+from rose_ray.reliability import RoleFailed, describe_error
 from rose_ray.run import Run, results_table
 from rose_ray.types import Trajectory
 
@@ -150,11 +150,21 @@ class Trainer(Run):
         except RoleFailed:
             return  # the run is stopping: the episode stays open (in flight at the stop)
         except Exception as e:  # noqa: BLE001 - one bad episode must not stop the run
+            # e.g. "teacher engine: OpenAIRequestFailed: 500: <the server's message>"
+            role = self.engines.whose(e)
+            error = f"{role + ': ' if role else ''}{describe_error(e)}"
             if not isinstance(e, EpisodeInterrupted):
-                print(f"\ntrain: episode on {game.item_id} failed: {type(e).__name__}: {e}", flush=True)
-            self.ledger.record(draw.episode_id, "failed", error=f"{type(e).__name__}: {e}"[:300])
+                print(f"\ntrain: episode on {game.item_id} failed: {error}", flush=True)
+            self.ledger.record(draw.episode_id, "failed", error=error)
             await self.buffer.fail()
+            self.failed_in_a_row += 1
+            limit = self.cfg.reliability.max_failed_in_a_row
+            if limit and self.failed_in_a_row == limit:  # nothing works: stop, naming why, not draw on
+                self._role_failed(RoleFailed(
+                    f"{limit} episodes in a row failed, none finishing between them "
+                    f"(reliability.max_failed_in_a_row={limit}); the last: {error}"))
             return
+        self.failed_in_a_row = 0
         t.timing["finished_at"] = time.time()
         t.episode_id = draw.episode_id
         self.watchdog.progress()
@@ -248,6 +258,8 @@ class Trainer(Run):
 
 # --------------------------------------------------------------------------- entry point
 def train(config: str | None = None, overrides: list[str] | None = None, resume: str | None = None) -> dict[str, Any]:
+    from rose_ray.check import check_served_engines
+
     if resume:
         run_dir = Path(resume)
         saved = run_dir / "config.yaml"
@@ -259,6 +271,9 @@ def train(config: str | None = None, overrides: list[str] | None = None, resume:
         run_dir = Path(cfg.run_dir)
         if (run_dir / "checkpoints" / "latest").exists():
             raise ValueError(f"run_dir {run_dir} already holds a run: use --resume {run_dir} or another name=")
+    for line in check_served_engines(cfg):  # a served model that cannot do the job: exit 2, nothing written
+        print(f"train: {line}", flush=True)
+    if not resume:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     trainer = Trainer(cfg, run_dir, resume=bool(resume))
