@@ -2,6 +2,7 @@
 
     python bench/chaos.py                  # 20 steps, seed 0
     python bench/chaos.py --steps 12 --seed 1
+    python bench/chaos.py --backend vllm   # both engines on vLLM
 
 Two runs of `rose-ray train` (the embedded tiny config without the teacher warm-up and the
 evals, `steps=N`) on one private Ray cluster that this script starts and joins: a clean run,
@@ -18,7 +19,8 @@ At the end it reads the chaos run's `episodes.jsonl` and `trajectories.jsonl`: e
 outcomes) must both be 0. The overhead is the chaos run's wall time (both processes, start-up
 included) against the clean run's.
 
-Prints a table and writes bench/results/chaos.json.
+Prints a table and writes bench/results/chaos.json (the latest; each run keeps its own copy in
+bench/results/chaos/version_N/).
 """
 
 from __future__ import annotations
@@ -37,15 +39,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from rose_ray.runs import keep_result
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FAULTS = ["JVM", "JVM", "EnvPool actor", "student engine", "teacher engine", "whole run (SIGTERM, --resume)"]
 
 
-def common_overrides(steps: int) -> list[str]:
+def common_overrides(steps: int, backend: str | None = None) -> list[str]:
+    engines = [f"{role}_engine.backend={backend}" for role in ("student", "teacher")] if backend else []
     return [f"steps={steps}", "teacher_warmup.enabled=false", "eval.before=false", "eval.after=false",
-            "eval.teacher=false", "checkpoint_every=4"]
+            "eval.teacher=false", "checkpoint_every=4", *engines]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -155,7 +160,7 @@ def clean_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     run_dir = work / "clean"
     t0 = time.monotonic()
     with (work / "clean.log").open("w") as log:
-        code = subprocess.call(train_cmd(*common_overrides(args.steps), "name=chaos_clean", f"run_dir={run_dir}"),
+        code = subprocess.call(train_cmd(*common_overrides(args.steps, args.backend), "name=chaos_clean", f"run_dir={run_dir}"),
                                stdout=log, stderr=subprocess.STDOUT)
     wall = time.monotonic() - t0
     if code != 0:
@@ -173,7 +178,7 @@ def chaos_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     log = (work / "chaos.log").open("w")
     wall = 0.0
     t0 = time.monotonic()
-    proc = subprocess.Popen(train_cmd(*common_overrides(args.steps), "name=chaos", f"run_dir={run_dir}"),
+    proc = subprocess.Popen(train_cmd(*common_overrides(args.steps, args.backend), "name=chaos", f"run_dir={run_dir}"),
                             stdout=log, stderr=subprocess.STDOUT)
     pending = list(faults)
     exits = []
@@ -241,6 +246,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds the chaos run may take")
+    parser.add_argument("--backend", choices=["hf", "vllm"], help="both engines' backend (default: the config's)")
     parser.add_argument("--out", default=str(RESULTS / "chaos.json"))
     args = parser.parse_args()
     if args.steps < len(FAULTS) + 3:
@@ -261,7 +267,7 @@ def main() -> None:
         ray.shutdown()
     steps_done = chaos["summary"].get("steps", 0)
     result = {
-        "steps": args.steps, "seed": args.seed, "machine": f"{platform.node()} ({os.cpu_count()} cpus)",
+        "steps": args.steps, "seed": args.seed, "backend": args.backend or "config", "machine": f"{platform.node()} ({os.cpu_count()} cpus)",
         "clean_wall_s": clean["wall_s"], "chaos_wall_s": chaos["wall_s"],
         "overhead": chaos["wall_s"] / clean["wall_s"] - 1.0,
         "faults": chaos["faults"], "exits": chaos["exits"],
@@ -272,8 +278,7 @@ def main() -> None:
         "steps_completed": steps_done, "restarts": chaos["summary"].get("restarts"),
         "runner": chaos["summary"].get("runner"), "total_s": time.monotonic() - started,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    kept = keep_result(args.out, json.dumps(result, indent=1))
     print()
     print("| fault | at step | what | recovered | recovery s |")
     print("| --- | ---: | --- | --- | ---: |")
@@ -289,7 +294,7 @@ def main() -> None:
           f"{result['chaos_wall_s']:.0f} s | {100 * result['overhead']:+.0f}% |")
     print(f"\nepisodes drawn {result['episodes_drawn']}, outcomes {result['outcomes']}; "
           f"restarts {result['restarts']}; runner {result['runner']}; bench {result['total_s']:.0f} s; "
-          f"written to {args.out}")
+          f"written to {args.out} (and {kept})")
     # Every fault injected and recovered from, nothing lost or trained twice, every step done.
     ok = (result["episodes_lost"] == 0 and result["trained_twice"] == 0 and steps_done == args.steps
           and result["faults_injected"] == result["recoveries"] == len(chaos["faults"]) > 0)

@@ -17,7 +17,8 @@ whole machine's CPU use during the run, so a level that saturates the machine sh
                                     # batcher max_wait_ms 5 (the default) and 50, 3 runs each
     python bench/eval.py --quick    # a short smoke run
 
-Prints a table and writes bench/results/eval.json.
+Prints a table and writes bench/results/eval.json (the latest; each run keeps its own copy in
+bench/results/eval/version_N/).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import platform
 import time
 from pathlib import Path
 from typing import Any
+
+from rose_ray.runs import keep_result
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -257,9 +260,7 @@ def main() -> None:
     print(f"load average (1/5/15 min): start {fmt_load(load_start)}, end {fmt_load(load_end)} "
           f"on {os.cpu_count()} cores (shared with other work)")
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+    kept = keep_result(args.out, json.dumps({
         "bench": "eval", "quick": args.quick, "model": str(model), "dtype": args.dtype,
         "engine_threads": threads, "max_batch_size": args.max_batch_size or max(levels), "prefix_cache_mb": args.prefix_cache_mb, "engine_cpus": args.engine_cpus, "max_wait_ms": args.max_wait_ms, "env_cpus": args.env_cpus,
         "split": args.split, "games": [g.item_id for g in games], "max_turns": args.max_turns,
@@ -269,7 +270,7 @@ def main() -> None:
         "loadavg_start": load_start, "loadavg_end": load_end,
         "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows,
     }, indent=1))
-    print(f"wrote {out}")
+    print(f"wrote {args.out} (and {kept})")
 
 
 def fmt_load(load: tuple[float, float, float]) -> str:

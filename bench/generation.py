@@ -1,15 +1,18 @@
-"""Generation throughput: concurrent episode-like callers vs the same work one request at a time.
+"""Generation throughput, vLLM beside transformers: concurrent episode-like callers on each backend.
 
-Each caller plays an episode of `--turns` turns against the tiny student: generate a reply
-(temperature 1, seeded), append it and a new observation, generate again. N callers run
-concurrently through the dynamic batcher (in-process by default, `--ray` through the Ray
-actor); the baseline runs exactly the same requests one at a time. Seeded sampling does not
-depend on the batch, so both runs generate the same tokens.
+Each caller plays an episode of `--turns` turns: generate a reply (temperature 1, seeded),
+append it and a new observation, generate again, as a rollout does. N callers run at once
+through each backend's async face, the one the engine actor uses (`hf`: the AsyncBatcher
+over HFEngine; `vllm`: VLLMEngine, which batches continuously). Both backends run the same
+model with the same thread count; they alternate within each repeat, and the fastest of
+`--repeat` runs counts (the machine is shared: noise only slows). Models: the tiny student
+and a ~30M-parameter Qwen3 built here with random weights (`--models`).
 
-    python bench/generation.py                     # 1, 4, 8, 16 callers, 2 torch threads
-    python bench/generation.py --ray --callers 8   # through the EngineActor
+    python bench/generation.py                    # tiny and 30M, 1 / 8 / 32 callers
+    python bench/generation.py --quick            # tiny only, 1 and 8 callers, one repeat
 
-Prints a table and writes bench/results/generation.json.
+Prints a table and writes bench/results/generation.json (the latest; each run keeps its own
+copy in bench/results/generation/version_N/).
 """
 
 from __future__ import annotations
@@ -20,20 +23,10 @@ import json
 import os
 import platform
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import torch  # noqa: E402
-
-from rose_ray.inference.batcher import AsyncBatcher  # noqa: E402
-from rose_ray.inference.engine import EngineConfig, GenerationRequest  # noqa: E402
-from rose_ray.inference.hf import HFEngine  # noqa: E402
-from rose_ray.models import init_tiny  # noqa: E402
-from rose_ray.types import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OBSERVATIONS = [
@@ -43,6 +36,9 @@ OBSERVATIONS = [
     "You pick up the thermometer. It reads 21 degrees celsius.",
     "Nothing happens.",
 ]
+# ~30M parameters with the tiny tokenizer's vocabulary: hidden 512, 8 layers.
+MEDIUM = {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
+          "head_dim": 64, "intermediate_size": 1536}
 
 
 class Episode:
@@ -55,9 +51,11 @@ class Episode:
         self.ids = chat.opening_ids([("user", instruction), ("assistant", "OK")])
         self.ids += chat.user_ids(OBSERVATIONS[caller % len(OBSERVATIONS)])
 
-    def request(self, turn: int, max_new_tokens: int) -> GenerationRequest:
-        sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens,
-                                  seed=1000 * self.caller + turn)
+    def request(self, turn: int, max_new_tokens: int) -> Any:
+        from rose_ray.inference.engine import GenerationRequest
+        from rose_ray.types import SamplingParams
+
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=1000 * self.caller + turn)
         return GenerationRequest(list(self.ids), sampling, request_id=f"{self.caller}/{turn}")
 
     def extend(self, token_ids: list[int], turn: int) -> None:
@@ -65,145 +63,137 @@ class Episode:
         self.ids += self.chat.user_ids(OBSERVATIONS[(self.caller + turn + 1) % len(OBSERVATIONS)])
 
 
-def run_sequential(engine: HFEngine, callers: int, turns: int, max_new: int) -> dict[str, Any]:
-    episodes = [Episode(engine.chat, c) for c in range(callers)]
-    tokens = requests = 0
-    t0 = time.perf_counter()
-    for ep in episodes:
-        for turn in range(turns):
-            result = engine.generate([ep.request(turn, max_new)])[0]
-            ep.extend(result.token_ids, turn)
-            tokens += len(result.token_ids)
-            requests += 1
-    return {"seconds": time.perf_counter() - t0, "tokens": tokens, "requests": requests,
-            "final_ids": [ep.ids for ep in episodes]}
-
-
-async def _concurrent(call: Any, chat: Any, callers: int, turns: int, max_new: int) -> dict[str, Any]:
+async def play(front: Any, chat: Any, callers: int, turns: int, max_new: int) -> dict[str, float]:
+    """`callers` episodes at once through an async face (generate(request) -> result)."""
     episodes = [Episode(chat, c) for c in range(callers)]
     counts = {"tokens": 0, "requests": 0}
 
-    async def play(ep: Episode) -> None:
+    async def one(ep: Episode) -> None:
         for turn in range(turns):
-            result = await call(ep.request(turn, max_new))
+            result = await front.generate(ep.request(turn, max_new))
             ep.extend(result.token_ids, turn)
             counts["tokens"] += len(result.token_ids)
             counts["requests"] += 1
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(play(ep) for ep in episodes))
-    return {"seconds": time.perf_counter() - t0, **counts, "final_ids": [ep.ids for ep in episodes]}
+    await asyncio.gather(*(one(ep) for ep in episodes))
+    return {"seconds": time.perf_counter() - t0, **counts}
 
 
-def run_batched(engine: HFEngine, callers: int, turns: int, max_new: int) -> dict[str, Any]:
-    async def main() -> dict[str, Any]:
-        batcher = AsyncBatcher(engine)
-        try:
-            out = await _concurrent(batcher.generate, engine.chat, callers, turns, max_new)
-            out["batch_sizes"] = batcher.stats()["batcher_batch_sizes"]
-            return out
-        finally:
-            await batcher.close()
+def medium_model(root: Path, tiny_student: Path) -> Path:
+    """A ~30M-parameter Qwen3 with the tiny tokenizer, random weights, built once."""
+    from rose_ray.models import TinySize, build_tiny_model, count_parameters, load_tokenizer
 
-    return asyncio.run(main())
-
-
-def run_actor(actor: Any, chat: Any, callers: int, turns: int, max_new: int) -> dict[str, Any]:
-    import ray
-
-    async def call(request: GenerationRequest) -> Any:
-        return await actor.generate.remote(request)
-
-    before = len(ray.get(actor.stats.remote())["batch_sizes"])
-    out = asyncio.run(_concurrent(call, chat, callers, turns, max_new))
-    out["batch_sizes"] = ray.get(actor.stats.remote())["batch_sizes"][before:]
+    out = root / "qwen3_30m"
+    if (out / "config.json").is_file():
+        return out
+    tok = load_tokenizer(tiny_student)
+    model = build_tiny_model(tok, TinySize(**MEDIUM), seed=7)
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    tmp.rename(out)
+    print(f"built {out} ({count_parameters(model) / 1e6:.1f}M parameters)")
     return out
+
+
+def make_engine(backend: str, model: Path, callers: int, threads: int, kv_mb: float) -> Any:
+    from rose_ray.inference.backends import make_engine as build
+    from rose_ray.inference.engine import EngineConfig
+
+    config = EngineConfig(backend=backend, model=str(model), dtype="float32", threads=threads,
+                          max_batch_size=callers, context_tokens=4096, kv_cache_mb=kv_mb)
+    return build(config)
+
+
+def bench_model(name: str, model: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from rose_ray.inference.batcher import async_frontend
+    from rose_ray.models import count_parameters, load_model
+
+    params = count_parameters(load_model(model))
+    engines = {b: make_engine(b, model, max(args.callers), args.threads, args.kv_cache_mb) for b in args.backends}
+    rows = []
+    try:
+        for eng in engines.values():  # warm-up: the first calls allocate
+            asyncio.run(play(async_frontend(eng), eng.chat, 2, 1, 4))
+        for n in args.callers:
+            runs: dict[str, list[dict[str, float]]] = {b: [] for b in engines}
+            for _ in range(args.repeat):
+                for b, eng in engines.items():  # alternated: both see the same machine
+                    async def once(eng: Any = eng, n: int = n) -> dict[str, float]:
+                        front = async_frontend(eng)
+                        try:
+                            return await play(front, eng.chat, n, args.turns, args.max_new_tokens)
+                        finally:
+                            await front.close()
+                    runs[b].append(asyncio.run(once()))
+            row: dict[str, Any] = {"model": name, "parameters": params, "callers": n}
+            for b, rs in runs.items():
+                best = max(rs, key=lambda r: r["tokens"] / r["seconds"])
+                row[f"{b}_tokens_per_s"] = best["tokens"] / best["seconds"]
+                row[f"{b}_requests_per_s"] = best["requests"] / best["seconds"]
+                row[f"{b}_tokens"] = best["tokens"]
+            if "hf" in engines and "vllm" in engines:
+                row["vllm_vs_hf"] = row["vllm_tokens_per_s"] / row["hf_tokens_per_s"]
+            rows.append(row)
+            print(_line(row, list(engines)), flush=True)
+    finally:
+        for eng in engines.values():
+            getattr(eng, "close", lambda: None)()
+    return rows
+
+
+def _line(r: dict[str, Any], backends: list[str]) -> str:
+    cells = [f"{r['model']:>8}", f"{r['parameters'] / 1e6:>6.1f}M", f"{r['callers']:>7}"]
+    cells += [f"{r[f'{b}_tokens_per_s']:>12.0f}" for b in backends]
+    if "vllm_vs_hf" in r:
+        cells.append(f"{r['vllm_vs_hf']:>9.2f}x")
+    return " ".join(cells)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--callers", type=int, nargs="+", default=[1, 4, 8, 16])
+    p.add_argument("--quick", action="store_true", help="tiny model, 1 and 8 callers, one repeat")
+    p.add_argument("--callers", type=int, nargs="+", default=None, help="default 1 8 32")
     p.add_argument("--turns", type=int, default=4, help="turns per episode")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeat", type=int, default=3, help="runs per setting; the fastest counts")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    p.add_argument("--max-wait-ms", type=float, default=5.0)
-    p.add_argument("--models", default=str(RESULTS / "tiny_models"), help="where init_tiny builds/reuses")
-    p.add_argument("--ray", action="store_true", help="concurrent callers go through the Ray EngineActor")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each engine (a tiny run's engines get 1)")
+    p.add_argument("--repeat", type=int, default=None, help="runs per setting; the fastest counts (default 3)")
+    p.add_argument("--backends", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
+    p.add_argument("--kv-cache-mb", type=float, default=1024.0, help="vllm's KV cache")
+    p.add_argument("--models", default=str(RESULTS / "models"), help="where the models are built/reused")
     p.add_argument("--out", default=str(RESULTS / "generation.json"))
     args = p.parse_args()
+    args.callers = args.callers or ([1, 8] if args.quick else [1, 8, 32])
+    args.repeat = args.repeat or (1 if args.quick else 3)
 
-    torch.set_num_threads(args.threads)
-    model = init_tiny(args.models)["student"]
-    config = EngineConfig(model=str(model), dtype=args.dtype, threads=args.threads,
-                          max_batch_size=max(args.callers), max_wait_ms=args.max_wait_ms, context_tokens=4096)
-    engine = HFEngine(config)
-    actor = None
-    if args.ray:
-        import ray
+    import torch
 
-        from rose_ray.inference.actor import engine_actor
+    torch.set_num_threads(args.threads)  # before vLLM starts (it fixes the count for the process)
+    from rose_ray.models import init_tiny
 
-        ray.init(num_cpus=args.threads, include_dashboard=False, log_to_driver=False)
-        actor = engine_actor(config, num_cpus=args.threads)
-        ray.get(actor.ready.remote())
-    with ThreadPoolExecutor(max_workers=1) as pool:  # warm-up (first call allocates)
-        pool.submit(engine.generate, [Episode(engine.chat, 0).request(0, 4)]).result()
+    root = Path(args.models)
+    tiny = init_tiny(root / "tiny")["student"]
+    models = {"tiny": tiny} if args.quick else {"tiny": tiny, "30M": medium_model(root, tiny)}
+    load_start = os.getloadavg()
+    print(f"{args.turns} turns x {args.max_new_tokens} new tokens per episode (temperature 1, seeded), "
+          f"float32, {args.threads} torch threads per engine; tokens/s, best of {args.repeat}")
+    head = f"{'model':>8} {'params':>7} {'callers':>7} " + " ".join(f"{b + ' tok/s':>12}" for b in args.backends)
+    print(head + (f" {'vllm/hf':>10}" if len(args.backends) == 2 else ""))
+    rows = [r for name, m in models.items() for r in bench_model(name, m, args)]
+    load_end = os.getloadavg()
+    print(f"load average (1/5/15 min): start {'/'.join(f'{x:.2f}' for x in load_start)}, "
+          f"end {'/'.join(f'{x:.2f}' for x in load_end)} on {os.cpu_count()} cores")
+    from rose_ray.inference.backends import vllm_distribution
+    from rose_ray.runs import keep_result
 
-    rows = []
-    for n in args.callers:
-        # The baseline runs on a worker thread like the batcher's: under CPU contention a
-        # multi-thread OpenMP team on the main thread decodes far slower (measured 25x).
-        seqs, cons = [], []
-        for _ in range(args.repeat):  # best of N: the machine is shared, noise only slows
-            with ThreadPoolExecutor(max_workers=1) as pool:
-                seqs.append(pool.submit(run_sequential, engine, n, args.turns, args.max_new_tokens).result())
-            if actor is not None:
-                cons.append(run_actor(actor, engine.chat, n, args.turns, args.max_new_tokens))
-            else:
-                cons.append(run_batched(engine, n, args.turns, args.max_new_tokens))
-        seq = min(seqs, key=lambda r: r["seconds"])
-        con = min(cons, key=lambda r: r["seconds"])
-        same = seq["final_ids"] == con["final_ids"]
-        sizes = con["batch_sizes"]
-        rows.append({
-            "callers": n, "requests": seq["requests"],
-            "sequential_s": seq["seconds"], "concurrent_s": con["seconds"],
-            "sequential_tokens_per_s": seq["tokens"] / seq["seconds"],
-            "concurrent_tokens_per_s": con["tokens"] / con["seconds"],
-            "sequential_requests_per_s": seq["requests"] / seq["seconds"],
-            "concurrent_requests_per_s": con["requests"] / con["seconds"],
-            "speedup": seq["seconds"] / con["seconds"],
-            "mean_batch": sum(sizes) / max(len(sizes), 1), "max_batch": max(sizes, default=0),
-            "same_tokens": same, "tokens": seq["tokens"], "concurrent_tokens": con["tokens"],
-        })
-
-    mode = "ray actor" if actor is not None else "in-process batcher"
-    print(f"tiny student ({engine.model.dtype}), {args.threads} torch threads, {args.turns} turns x "
-          f"{args.max_new_tokens} new tokens per episode, concurrent via {mode}")
-    head = (f"{'callers':>7} {'requests':>8} {'seq tok/s':>10} {'conc tok/s':>10} {'seq req/s':>9} "
-            f"{'conc req/s':>10} {'speedup':>8} {'mean batch':>10} {'same ids':>8}")
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        print(f"{r['callers']:>7} {r['requests']:>8} {r['sequential_tokens_per_s']:>10.0f} "
-              f"{r['concurrent_tokens_per_s']:>10.0f} {r['sequential_requests_per_s']:>9.2f} "
-              f"{r['concurrent_requests_per_s']:>10.2f} {r['speedup']:>7.2f}x {r['mean_batch']:>10.1f} "
-              f"{'yes' if r['same_tokens'] else 'no':>8}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "bench": "generation", "mode": mode, "model": str(model), "dtype": str(engine.model.dtype),
-        "threads": args.threads, "turns": args.turns, "max_new_tokens": args.max_new_tokens,
-        "max_wait_ms": args.max_wait_ms, "repeat": args.repeat, "cpu_count": os.cpu_count(), "machine": platform.machine(),
-        "torch": torch.__version__, "rows": rows,
+    kept = keep_result(args.out, json.dumps({
+        "bench": "generation", "turns": args.turns, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+        "repeat": args.repeat, "backends": args.backends, "vllm": vllm_distribution(), "torch": torch.__version__,
+        "cpu_count": os.cpu_count(), "machine": platform.machine(), "loadavg_start": load_start,
+        "loadavg_end": load_end, "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows,
     }, indent=2))
-    print(f"wrote {out}")
-    if actor is not None:
-        import ray
-
-        ray.shutdown()
+    print(f"wrote {args.out} (and {kept})")
 
 
 if __name__ == "__main__":

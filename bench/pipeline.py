@@ -1,4 +1,5 @@
-"""Pipeline throughput: learner steps and episodes per minute, `mode: async` vs `mode: sync`.
+"""Pipeline throughput: learner steps and episodes per minute, `mode: async` vs `mode: sync`,
+and the fraction of the overlap bound async reaches.
 
 Each mode runs the embedded tiny config (rose_ray/configs/tiny.yaml) with the same
 overrides — no before/after/teacher evals, no checkpoints inside the budget, `steps` too
@@ -13,10 +14,17 @@ Actors report their pids through `__ray_call__`; JVMs are found as the pools' ch
 Ray's own daemons (gcs, raylet) are not pinned. Torch runs 1 thread in every engine
 and learner rank (tiny.yaml's learner.threads=1; engines get 1 thread per CPU granted).
 
-    python bench/pipeline.py              # 150 s per mode
-    python bench/pipeline.py --quick      # 30 s per mode (smoke run)
+Async can at most overlap rollout and learning: with R seconds of rollout and L seconds of
+learner work per step (measured in the sync run, which does one then the other: L is the
+time in `learn_step`, R the rest), its speed-up over sync is at most (R + L) / max(R, L).
+The table reports that bound and the fraction of it async reached.
 
-Prints a table and writes bench/results/pipeline.json.
+    python bench/pipeline.py                      # 150 s per mode, the config's engines (hf)
+    python bench/pipeline.py --backend vllm       # both engines on vLLM
+    python bench/pipeline.py --quick              # 30 s per mode (smoke run)
+
+Prints a table and writes bench/results/pipeline.json (the latest; each run keeps its own copy
+in bench/results/pipeline/version_N/).
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from rose_ray.runs import keep_result
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -113,7 +123,7 @@ def counters(trainer: Any) -> dict[str, Any]:
         "steps": trainer.step, "version": trainer.learner.version,
         "episodes_finished": trainer.runner.counters.finished,
         "buffer": trainer.buffer.counters.as_dict(), "runner": trainer.runner.counters.as_dict(),
-        "mean_policy_lag": sum(lags) / len(lags) if lags else 0.0,
+        "mean_policy_lag": sum(lags) / len(lags) if lags else 0.0, "learn_s": trainer.learn_s,
     }
 
 
@@ -122,13 +132,14 @@ async def drive(trainer: Any, budget_s: float, procs: dict[str, dict[str, Any]])
     run = asyncio.create_task(trainer.run())
     while trainer.stop is None and not run.done():  # run() makes its stop event first thing
         await asyncio.sleep(0.01)
-    cpu0, t0 = cpu_seconds(procs), time.perf_counter()
+    cpu0, t0, learn0 = cpu_seconds(procs), time.perf_counter(), trainer.learn_s
     done, _ = await asyncio.wait({run}, timeout=budget_s)
     if done:  # the loop ended early: an error (raise it) or an unexpected finish
         run.result()
         raise RuntimeError("the trainer stopped before the budget ran out")
     seconds = time.perf_counter() - t0
     snap = counters(trainer)
+    snap["learn_s"] -= learn0
     cpu1 = cpu_seconds(procs)
     trainer.stop.set()
     await run  # the step in progress finishes; then a final checkpoint (not timed)
@@ -208,6 +219,7 @@ def main() -> None:
     p.add_argument("--no-pin", action="store_true", help="leave CPU affinity alone")
     p.add_argument("--teacher-warmup", choices=["cached", "off"], default="cached",
                    help="cached: use the warmed tiny teacher if it is cached, else the cold one")
+    p.add_argument("--backend", choices=["hf", "vllm"], help="both engines' backend (default: the config's)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides")
     p.add_argument("--out", default=str(RESULTS / "pipeline.json"))
     args = p.parse_args()
@@ -216,7 +228,8 @@ def main() -> None:
     if not args.no_pin and max(args.rollout_core, args.learner_core) >= cores:
         p.error(f"--rollout-core/--learner-core must be < {cores} (this machine's cores)")
 
-    overrides = [*BASE_OVERRIDES, *args.set]
+    backend = [f"{role}_engine.backend={args.backend}" for role in ("student", "teacher")] if args.backend else []
+    overrides = [*BASE_OVERRIDES, *backend, *args.set]
     warm = args.teacher_warmup == "cached" and warm_teacher_cached(overrides)
     if not warm:
         overrides.append("teacher_warmup.enabled=false")
@@ -229,10 +242,15 @@ def main() -> None:
     sync = next((r for r in rows if r["mode"] == "sync"), None)
     for r in rows:
         r["steps_vs_sync"] = r["steps_per_min"] / sync["steps_per_min"] if sync and sync["steps_per_min"] else None
+    bound = overlap_bound(sync)
+    for r in rows:
+        r["overlap_bound"] = bound["bound"] if bound else None
+        r["fraction_of_bound"] = r["steps_vs_sync"] / bound["bound"] if bound and r["steps_vs_sync"] else None
 
     pinning = ("not pinned" if args.no_pin else
                f"rollout pinned to core {args.rollout_core}, learner to core {args.learner_core}")
-    print(f"\npipeline of the tiny config ({'warmed' if warm else 'cold'} teacher), "
+    engines = args.backend or "the config's"
+    print(f"\npipeline of the tiny config ({'warmed' if warm else 'cold'} teacher, {engines} engines), "
           f"{args.budget:g}s of training per mode, {pinning}")
     head = (f"{'mode':>5} {'seconds':>7} {'steps':>5} {'steps/min':>9} {'vs sync':>7} {'episodes':>8} "
             f"{'episodes/min':>12} {'trained ep/min':>14} {'stale drops':>11} {'mean lag':>8} "
@@ -247,18 +265,30 @@ def main() -> None:
               f"{r['buffer']['dropped_stale']:>11} {r['mean_policy_lag']:>8.2f} "
               f"{util.get('rollout', 0):>10.0%} {util.get('learner', 0):>10.0%}")
     print("(rollout/learner cpu: CPU seconds used by that role's processes per wall second; 100% = one core)")
+    if bound:
+        reached = next((r["fraction_of_bound"] for r in rows if r["mode"] == "async"), None)
+        print(f"sync: R = {bound['rollout_s']:.2f} s of rollout and L = {bound['learn_s']:.2f} s of learner work per "
+              f"step; async can be at most (R + L) / max(R, L) = {bound['bound']:.2f}x sync"
+              + (f"; it reached {reached:.0%} of that bound" if reached is not None else ""))
     print(f"load average (1/5/15 min): start {fmt_load(load_start)}, end {fmt_load(load_end)} "
           f"on {cores} cores (shared with other work)")
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "bench": "pipeline", "quick": args.quick, "budget_s": args.budget, "overrides": overrides,
+    kept = keep_result(args.out, json.dumps({
+        "bench": "pipeline", "backend": args.backend or "config", "quick": args.quick, "budget_s": args.budget, "overrides": overrides,
         "warm_teacher": warm, "pinning": pinning, "cpu_count": cores, "machine": platform.machine(),
         "loadavg_start": load_start, "loadavg_end": load_end,
         "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows,
     }, indent=1))
-    print(f"wrote {out}")
+    print(f"wrote {args.out} (and {kept})")
+
+
+def overlap_bound(sync: dict[str, Any] | None) -> dict[str, float] | None:
+    """From a sync run: rollout (R) and learner (L) seconds per step, and (R + L) / max(R, L)."""
+    if not sync or not sync["steps"]:
+        return None
+    learn = sync["learn_s"] / sync["steps"]
+    rollout = max(sync["seconds"] / sync["steps"] - learn, 0.0)
+    return {"rollout_s": rollout, "learn_s": learn, "bound": (rollout + learn) / max(rollout, learn, 1e-9)}
 
 
 def fmt_load(load: tuple[float, float, float]) -> str:

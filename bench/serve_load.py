@@ -19,7 +19,8 @@ how many tracebacks it logged, and its peak memory.
     python bench/serve_load.py            # default, ~2 minutes on 2 cores
     python bench/serve_load.py --quick    # smoke run, ~30 s
 
-Prints the tables and writes bench/results/serve_load.json (--quick: serve_load_quick.json).
+Prints the tables and writes bench/results/serve_load.json (--quick: serve_load_quick.json), the
+latest; each run keeps its own copy in bench/results/serve_load[_quick]/version_N/.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from typing import Any
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from rose_ray.inference.protocol import max_body_bytes  # noqa: E402
+from rose_ray.runs import keep_result  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HOST = "127.0.0.1"
@@ -370,13 +372,12 @@ def main() -> None:
           f"{args.seconds:.0f} s per phase; {os.cpu_count()} cores")
     print()
     print_tables(phases, server)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps({
+    kept = keep_result(out_path, json.dumps({
         "bench": "serve_load", "quick": args.quick, "args": vars(args), "phases": phases,
         "outcomes_by_kind": {k: dict(v) for k, v in by_kind.items()}, "server": server,
         "cpu_count": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
     }, indent=1))
-    print(f"\nwrote {out_path}")
+    print(f"\nwrote {out_path} (and {kept})")
     failed = not (server["alive"] and server["health"] == 200 and server["final_request"] == 200)
     if failed or any(ph["unexpected"] for ph in phases.values()) or server["tracebacks"]:
         sys.exit(1)

@@ -21,8 +21,9 @@ and the spread (max - min) over them.
     python bench/table.py              # 2 seeds x the tiny config's steps (~40 min on 2 cores, teacher cached)
     python bench/table.py --quick      # smoke run: 1 seed x 2 steps, 4 games
 
-Prints the table, writes bench/results/table.json, and every arm's curves under one
-TensorBoard logdir: tensorboard --logdir bench/results/table_tb
+Prints the table and writes each run into a new folder, bench/results/table/version_N/ (its
+table.json and every arm's run, curves included; `latest` names it), and the latest table to
+bench/results/table.json. Every run's curves side by side: tensorboard --logdir bench/results/table
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import time
 from pathlib import Path
 from typing import Any
+
+from rose_ray.runs import keep_result, new_version
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -60,12 +62,11 @@ def arm_overrides(arm: str, steps: int) -> list[str]:
     return extra
 
 
-def run_online(arm: str, seed: int, steps: int, common: list[str], tb_root: Path) -> dict[str, Any]:
+def run_online(arm: str, seed: int, steps: int, common: list[str], run_root: Path) -> dict[str, Any]:
     """One online run through `train` (its eval after is the arm's result)."""
     from rose_ray.train import train
 
-    run_dir = tb_root / f"{arm}_seed{seed}"
-    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir = run_root / f"{arm}_seed{seed}"
     t0 = time.time()
     summary = train(None, [*common, *arm_overrides(arm, steps), f"seed={seed}", f"steps={steps}",
                            f"run_dir={run_dir}", "eval.before=false", "eval.teacher=false"])
@@ -90,7 +91,7 @@ def eval_model(model: str, cfg: Any, out: Path) -> dict[str, Any]:
     return result["summary"]["overall"]
 
 
-def run_reference(who: str, common: list[str], tb_root: Path) -> dict[str, Any]:
+def run_reference(who: str, common: list[str], run_root: Path) -> dict[str, Any]:
     """The base student or the (warmed) teacher, evaluated once."""
     from rose_ray.config import load_config
     from rose_ray.recipes.warmup import resolve_models
@@ -98,11 +99,11 @@ def run_reference(who: str, common: list[str], tb_root: Path) -> dict[str, Any]:
     t0 = time.time()
     cfg = load_config(None, common)
     student, teacher = resolve_models(cfg)
-    after = eval_model(student if who == "student" else teacher, cfg, tb_root / who)
+    after = eval_model(student if who == "student" else teacher, cfg, run_root / who)
     return {"after": after, "wall_s": time.time() - t0}
 
 
-def run_sft(seed: int, steps: int, common: list[str], tb_root: Path) -> dict[str, Any]:
+def run_sft(seed: int, steps: int, common: list[str], run_root: Path) -> dict[str, Any]:
     """The teacher plays steps x batch training games offline; `sft` trains the student on them."""
     from rose_ray.collect import PlayConfig, _play
     from rose_ray.config import load_config
@@ -115,8 +116,7 @@ def run_sft(seed: int, steps: int, common: list[str], tb_root: Path) -> dict[str
 
     t0 = time.time()
     cfg = load_config(None, [*common, f"seed={seed}", f"steps={steps}"])
-    run_dir = tb_root / f"sft_seed{seed}"
-    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir = run_root / f"sft_seed{seed}"
     run_dir.mkdir(parents=True)
     student, teacher = resolve_models(cfg)
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
@@ -165,8 +165,9 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=None, help="seeds per training arm (default 2)")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides for every arm")
-    p.add_argument("--out", default=str(RESULTS / "table.json"))
-    p.add_argument("--tb", default=str(RESULTS / "table_tb"), help="one TensorBoard logdir for every arm")
+    p.add_argument("--out", default=str(RESULTS / "table.json"), help="the latest table (each run keeps its own)")
+    p.add_argument("--tb", default=str(RESULTS / "table"),
+                   help="where each run gets a new version_N folder: its table and every arm's run and curves")
     args = p.parse_args()
     from rose_ray.config import load_config
 
@@ -174,8 +175,8 @@ def main() -> None:
     seeds = args.seeds or (1 if args.quick else 2)
     quick = ["eval.n=4", "eval.max_turns=2", "rollout.max_turns=3"] if args.quick else []
     common = ["checkpoint_every=1000000", *quick, *args.set]
-    tb_root = Path(args.tb)
-    tb_root.mkdir(parents=True, exist_ok=True)
+    run_root = new_version(args.tb)  # this run's; earlier runs' arms stay beside it
+    print(f"table: this run goes to {run_root}", flush=True)
 
     from rose_ray.rollout.actors import init_ray
 
@@ -185,14 +186,14 @@ def main() -> None:
     for who in ("student", "teacher"):
         if who in args.arms:
             print(f"\n=== table: {who} ===", flush=True)
-            runs[who].append(run_reference(who, common, tb_root))
+            runs[who].append(run_reference(who, common, run_root))
     for seed in range(seeds):
         for arm in (a for a in ONLINE_ARMS if a in args.arms):
             print(f"\n=== table: {arm}, seed {seed} ===", flush=True)
-            runs[arm].append(run_online(arm, seed, steps, common, tb_root))
+            runs[arm].append(run_online(arm, seed, steps, common, run_root))
         if "sft" in args.arms:
             print(f"\n=== table: sft, seed {seed} ===", flush=True)
-            runs["sft"].append(run_sft(seed, steps, common, tb_root))
+            runs["sft"].append(run_sft(seed, steps, common, run_root))
 
     rows = []
     for arm in (a for a in ARMS if runs[a]):
@@ -218,16 +219,15 @@ def main() -> None:
     print(f"total {total / 60:.1f} min; load average (1/5/15 min) start {load_start}, end {os.getloadavg()} "
           f"on {os.cpu_count()} cores")
     print("student and teacher: one greedy eval of fixed weights (no spread); the others: trained per seed")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+    kept = keep_result(args.out, json.dumps({
         "bench": "table", "quick": args.quick, "steps": steps, "seeds": seeds, "overrides": common,
         "rows": rows, "runs": {a: rs for a, rs in runs.items() if rs},
         "total_s": total, "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
         "cpu_count": os.cpu_count(), "machine": platform.machine(),
         "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }, indent=1, default=str))
-    print(f"wrote {out}; curves: tensorboard --logdir {tb_root}")
+    }, indent=1, default=str), version=run_root)
+    print(f"wrote {args.out} and {kept}; curves: tensorboard --logdir {run_root} (this run) "
+          f"or {args.tb} (every run)")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@
 #
 #   launch/local.sh [CONFIG] [KEY=VALUE ...]
 #
-# CONFIG defaults to the seed's setup (configs/rose_qwen3_1p7b_32b.yaml: 4 GPUs); on a laptop
+# CONFIG defaults to the seed's setup (configs/rose_qwen3_1p7b_32b.yaml: 7 GPUs of 80 GB); on a laptop
 # use the tiny one:  launch/local.sh configs/tiny.yaml steps=20
-# TensorBoard: tensorboard --logdir runs/   (each run writes <run_dir>/tb)
+# Each run goes to a new runs/<name>/version_N (under $ROSE_RAY_RUNS when set; runs/<name>/latest
+# names the newest). TensorBoard: tensorboard --logdir runs/   (every run side by side)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config=configs/rose_qwen3_1p7b_32b.yaml

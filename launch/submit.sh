@@ -12,8 +12,11 @@
 #   --env KEY=VALUE   an environment variable for the job (repeatable)
 #   --address URL     the dashboard address (default: $RAY_ADDRESS)
 #
-# Passed through to the job when set here: ROSE_RAY_RUNS (where run_dir goes: use shared
-# storage), HF_HOME, HF_HUB_OFFLINE, HF_ENDPOINT. Waits for the job and exits 1 if it fails.
+# Where runs go is settled here and printed: an absolute ROSE_RAY_RUNS (on storage the head node
+# keeps); else, when the Ray head is this machine, ROSE_RAY_RUNS or ./runs made absolute from
+# this directory; else it refuses (exit 2). Each run is a new version_N folder under the
+# config's run_dir. Passed through to the job when set: ROSE_RAY_RUNS, HF_HOME,
+# HF_HUB_OFFLINE, HF_ENDPOINT. Waits for the job and exits 1 if it fails.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
@@ -28,7 +31,7 @@ while [ $# -gt 0 ]; do
     --job-id) job_id=$2; shift 2 ;;
     --env) envs+=("$2"); shift 2 ;;
     --address) export RAY_ADDRESS=$2; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *=*) overrides+=("$1"); shift ;;
     *) if [ -n "$config" ]; then echo "submit.sh: a second config $1 (overrides are KEY=VALUE)" >&2; exit 2; fi
        config=$1; shift ;;
@@ -52,15 +55,53 @@ case "$abs" in
      config=$abs ;;
 esac
 # Validate here first: a bad key or value fails now (exit 2, key named), not after an upload.
-check='import sys
+# Then settle where runs go: the job's working directory is a temporary copy of this one, so a
+# relative run_dir would vanish with the job. An absolute ROSE_RAY_RUNS (or run_dir=) is used as
+# it is; else, only when the Ray head is this machine, ROSE_RAY_RUNS or ./runs made absolute here.
+resolved=$("$PY" - "$abs" ${overrides[@]+"${overrides[@]}"} <<'PYEOF'
+import os, sys
 from rose_ray.config import load_config
+
+
+def head_is_here(address: str) -> bool:
+    """Whether the cluster's head node has one of this machine's addresses."""
+    import psutil
+    from ray.util.state import list_nodes
+
+    try:
+        heads = list_nodes(address=address, filters=[("is_head_node", "=", True)], timeout=30)
+    except Exception as e:  # noqa: BLE001 - any failure: we cannot tell, so we do not guess
+        sys.exit(f"submit.sh: cannot ask the Ray cluster at {address} where its head runs "
+                 f"({type(e).__name__}); set ROSE_RAY_RUNS to where runs go")
+    mine = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return bool(heads) and heads[0].node_ip in mine
+
+
 try:
-    load_config(sys.argv[1], sys.argv[2:])
+    cfg = load_config(sys.argv[1], sys.argv[2:])
+    runs = os.environ.get("ROSE_RAY_RUNS", "")
+    if not os.path.isabs(cfg.run_dir) and not os.path.isabs(runs):
+        if not head_is_here(os.environ["RAY_ADDRESS"]):
+            sys.exit(f"submit.sh: the Ray head at {os.environ['RAY_ADDRESS']} is another machine, so runs "
+                     f"cannot go to {os.path.abspath(runs or 'runs')} here: set ROSE_RAY_RUNS to a folder the "
+                     "head node writes and keeps (shared storage), e.g. ROSE_RAY_RUNS=/shared/runs")
+        runs = os.path.abspath(runs or "runs")
+        os.environ["ROSE_RAY_RUNS"] = runs
+        cfg = load_config(sys.argv[1], sys.argv[2:])
+    if not os.path.isabs(cfg.run_dir):
+        sys.exit(f"submit.sh: run_dir {cfg.run_dir} is relative and does not follow ROSE_RAY_RUNS: the job "
+                 "would write it inside its temporary working directory; give an absolute run_dir=")
 except ValueError as e:
-    sys.exit(f"submit.sh: {e}")'
-if ! "$PY" -c "$check" "$abs" ${overrides[@]+"${overrides[@]}"}; then
-  exit 2
-fi
+    sys.exit(f"submit.sh: {e}")
+print(f"{runs}\t{cfg.run_dir}")
+PYEOF
+) || exit 2
+IFS=$'\t' read -r runs run_dir <<<"$resolved"
+if [ -n "$runs" ]; then export ROSE_RAY_RUNS=$runs; fi
+case " ${overrides[*]-} " in
+  *" run_dir="*) echo "submit.sh: the run goes to $run_dir" ;;
+  *) echo "submit.sh: the run goes to a new version_N folder in $run_dir (its name in $run_dir/latest)" ;;
+esac
 name=$(basename "$config" .yaml)
 job_id=${job_id:-rose-ray-$name-$(date +%Y%m%d-%H%M%S)}
 

@@ -19,13 +19,27 @@ piece, so it is context and never trained.
 For templates that do not rewrite history, the pieces concatenated give exactly the ids of
 the template applied to the whole conversation; for those that do, they give what the model
 saw while it generated each turn (earlier turns keep the form they were sampled in).
+
+That is `history="sampled"`, what on-policy training needs (OPD's ratios compare the very ids
+that were sampled). `history="template"` renders history as the template does, as a chat API
+renders a conversation each turn: `apply_template` gives every turn its part of the template's
+rendering of the whole conversation so far, tokenized whole and cut after each end-of-turn
+token (an added special token, so the parts concatenated are exactly the whole), the last turn
+followed by the generation prompt. Earlier replies then lose what the template drops (Qwen3:
+the empty think block, reasoning) and are re-tokenized from their text; the learner trains on
+the template's rendering of the whole conversation. A turn's `frame` counts its leading ids
+that are the template's framing (the role header): context, never trained.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from rose_ray.types import Turn
+
 _MARK = "\x1fROSE_RAY_TEXT\x1f"
+HISTORIES: tuple[str, ...] = ("sampled", "template")
 
 
 class ChatTemplateError(ValueError):
@@ -39,9 +53,12 @@ class ChatFormat:
     False puts an empty think block into the generation prompt so the model answers directly.
     """
 
-    def __init__(self, tokenizer: Any, enable_thinking: bool = False) -> None:
+    def __init__(self, tokenizer: Any, enable_thinking: bool = False, history: str = "sampled") -> None:
+        if history not in HISTORIES:
+            raise ValueError(f"chat.history: must be one of {HISTORIES}, got {history!r}")
         self.tokenizer = tokenizer
         self.enable_thinking = bool(enable_thinking)
+        self.history = history
         end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
         self.eos_id: int = end if end is not None else tokenizer.eos_token_id
         if self.eos_id is None:
@@ -55,6 +72,13 @@ class ChatFormat:
         # differently from the same turn once a user turn follows (Qwen3 does)?
         closed = self.render_text(probe, add_generation_prompt=False)
         self.rewrites_history = not closed.startswith(head)
+        # Template history: end-of-turn ids a template renders beyond one per message (a
+        # default system prompt), and the framing that opens a user and an assistant turn.
+        self._extra_ends = self.encode(self.render_text(probe[:1], False)).count(self.eos_id) - 1
+        marked = self.render_text([probe[0], {"role": "assistant", "content": _MARK}, probe[0]], False)
+        before = marked.split(_MARK)[0]
+        self._frames = {"user": len(self.encode(self.user_prefix)),
+                        "assistant": len(self.encode(before[before.rfind(self.end_text) + len(self.end_text):]))}
 
     def _split_user_turn(self, messages: list[dict[str, str]]) -> tuple[str, str, str]:
         """Render `messages` + a marked user turn with the generation prompt; return (the
@@ -114,6 +138,40 @@ class ChatFormat:
     def decode(self, ids: list[int]) -> str:
         """Text of an assistant turn (end-of-turn token dropped)."""
         return self.tokenizer.decode([i for i in ids if i != self.eos_id], skip_special_tokens=False)
+
+    def template_pieces(self, messages: list[dict[str, str]],
+                        add_generation_prompt: bool) -> tuple[list[list[int]], list[int]]:
+        """The template's own rendering of `messages`, tokenized whole as a chat API does, cut
+        after each message's end-of-turn id: (each message's ids, the ids after the last one:
+        the generation prompt, or what closes the conversation). A template's extra turns (a
+        default system prompt) go with the first message."""
+        ids = self.encode(self.render_text(messages, add_generation_prompt))
+        ends = [i for i, t in enumerate(ids) if t == self.eos_id]
+        # A text that spells the end-of-turn token is tokenized to it (as a chat API does): it
+        # belongs to its message, whose own end-of-turn id comes after.
+        last, at = [], self._extra_ends - 1
+        for m in messages:
+            at += 1 + m["content"].count(self.end_text)
+            last.append(at)
+        if len(ends) != last[-1] + 1:
+            raise ChatTemplateError(f"the template's rendering of {len(messages)} messages has {len(ends)} "
+                                    f"{self.end_text!r} tokens, not the {last[-1] + 1} its texts make")
+        ends = [ends[i] for i in last]
+        starts = [0] + [e + 1 for e in ends[:-1]]
+        return [ids[a : e + 1] for a, e in zip(starts, ends)], ids[ends[-1] + 1 :]
+
+    def apply_template(self, turns: list[Turn], add_generation_prompt: bool) -> list[Turn]:
+        """The turns with the ids of the template's rendering of their texts (`template_pieces`):
+        the last turn also holds the generation prompt (or the close), each turn's `frame` counts
+        its role header. Replies keep their text; their sampled ids and logprobs give way."""
+        pieces, tail = self.template_pieces([{"role": t.role, "content": t.text} for t in turns],
+                                            add_generation_prompt)
+        out = []
+        for i, (t, ids) in enumerate(zip(turns, pieces)):
+            last = i == len(turns) - 1
+            out.append(replace(t, token_ids=ids + tail if last else ids, frame=self._frames[t.role] if i else 0,
+                               logprobs=None if t.role == "assistant" else t.logprobs))
+        return out
 
     def pieces(self) -> dict[str, str]:
         """The text around a user turn's content (what `rose-ray check` shows)."""

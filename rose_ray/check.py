@@ -4,11 +4,13 @@ Loads the config and the student's and teacher's tokenizers (not their weights),
 engine's server whether it serves the model with enough context and logprobs, renders a
 sample conversation through each chat template and shows its turn pieces, checks that OPD's
 teacher shares the student's tokenizer, counts the games of every split and id list the
-config uses, and plans placement on the cluster (or on nodes described with `--node`). The
-first problem stops it with exit status 2 and a message naming the key.
+config uses, plans placement on the cluster (or on nodes described with `--node`) and each
+role's memory per GPU (rose_ray/memory.py: from the models' config.json, `--model-config-for`
+stand-ins or the shipped Qwen3 sizes; the GPU's size from `--gpu-memory` or the nodes'
+`accelerator_type:`). The first problem stops it with exit status 2 and a message naming the key.
 
     rose-ray check configs/rose_qwen3_1p7b_32b.yaml \\
-        --tokenizer-for Qwen/Qwen3-1.7B=/models/qwen3-1.7b --node CPU=64,GPU=8
+        --tokenizer-for Qwen/Qwen3-1.7B=/models/qwen3-1.7b --node CPU=64,GPU=8 --gpu-memory 80
 """
 
 from __future__ import annotations
@@ -27,39 +29,18 @@ SAMPLE_OBSERVATIONS = (
 SAMPLE_REPLY = "Thought: water boils on a hot stove, so I turn the stove on first.\nAction: activate stove"
 
 
-def parse_stand_ins(pairs: list[str]) -> dict[str, str]:
-    """`MODEL=DIR` pairs: a local tokenizer folder standing in for a model that is not on disk."""
+def parse_stand_ins(pairs: list[str], flag: str = "--tokenizer-for") -> dict[str, str]:
+    """`MODEL=DIR` pairs: a local folder standing in for a model that is not on disk (its
+    tokenizer for --tokenizer-for, its config.json for --model-config-for)."""
     out = {}
     for pair in pairs:
         model, sep, folder = pair.partition("=")
         if not sep or not model or not folder:
-            raise ValueError(f"--tokenizer-for: expected MODEL=DIR, got {pair!r}")
+            raise ValueError(f"{flag}: expected MODEL=DIR, got {pair!r}")
         if not Path(folder).is_dir():
-            raise ValueError(f"--tokenizer-for {pair}: {folder} is not a folder")
+            raise ValueError(f"{flag} {pair}: {folder} is not a folder")
         out[model] = folder
     return out
-
-
-def parse_nodes(specs: list[str]) -> list[Any]:
-    """`--node CPU=64,GPU=8[,env_node=1]` (repeatable; `Nx` in front for N such nodes)."""
-    from rose_ray.placement import NodeInfo
-
-    nodes = []
-    for spec in specs:
-        count, _, body = spec.partition("x") if spec.split("x", 1)[0].isdigit() else ("1", "", spec)
-        resources: dict[str, float] = {}
-        for item in body.split(","):
-            key, sep, value = item.partition("=")
-            try:
-                resources[key.strip()] = float(value)
-            except ValueError:
-                sep = ""
-            if not sep or not key.strip():
-                raise ValueError(f"--node: expected RESOURCE=NUMBER[,...] (e.g. CPU=64,GPU=8), got {spec!r}")
-        for _ in range(int(count)):
-            name = f"node{len(nodes)}"
-            nodes.append(NodeInfo(name, "described", dict(resources), dict(resources)))
-    return nodes
 
 
 def _tokenizer_path(cfg: TrainConfig, role: str, name: str, stand_ins: dict[str, str]) -> str:
@@ -89,7 +70,7 @@ def show_pieces(role: str, chat: Any, protocol: Any, budget: int) -> list[str]:
               ("reply", "a reply (sampled ids)", chat.assistant_ids(SAMPLE_REPLY)),
               ("env", "next observation + generation prompt", chat.user_ids(SAMPLE_OBSERVATIONS[1]))]
     lines = [f"{role} chat template: {'rewrites earlier turns (pieces cut before each user turn)' if chat.rewrites_history else 'appends turns as they are'}; "
-             f"thinking {'on' if chat.enable_thinking else 'off'}"]
+             f"thinking {'on' if chat.enable_thinking else 'off'}; history {chat.history}"]
     for owner, what, ids in pieces:
         text = chat.tokenizer.decode(ids, skip_special_tokens=False)
         shown = text if len(text) <= 160 else text[:70] + " ... " + text[-80:]
@@ -123,7 +104,8 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
 
 
 def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
-          address: str | None, use_total: bool) -> list[str]:
+          address: str | None, use_total: bool, gpu_gib: float | None = None,
+          config_for: dict[str, str] | None = None) -> list[str]:
     """Every check, in order; returns the report lines or raises naming the first problem."""
     from rose_ray.chat import ChatFormat, ChatTemplateError
     from rose_ray.envs.worlds import get_world
@@ -156,7 +138,7 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
         path = _tokenizer_path(cfg, role, name, stand_ins)
         toks[role] = load_tokenizer(path)
         try:
-            chat = ChatFormat(toks[role], cfg.chat.enable_thinking)
+            chat = ChatFormat(toks[role], cfg.chat.enable_thinking, cfg.chat.history)
         except ChatTemplateError as e:
             raise ValueError(f"{role}_engine.model: {name}: its chat template cannot be used: {e}") from None
         sampling = cfg.rollout.student_sampling if role == "student" else cfg.rollout.teacher_sampling
@@ -202,6 +184,14 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
     placed = check_cluster(cfg, use_total=use_total, nodes=nodes)
     out.append(f"placement on {where}: {len(demands(cfg))} roles fit")
     out += [("  " + line).rstrip() for line in format_plan(placed, nodes, use_total=use_total).splitlines()]
+
+    # Memory per GPU.
+    from rose_ray.memory import check_memory, format_memory, gpu_memory, memory_plan
+
+    gib, source = gpu_memory(gpu_gib, nodes)
+    memory = memory_plan(cfg, gib, config_for)
+    check_memory(memory)
+    out += format_memory(memory, source)
     return out
 
 
@@ -215,9 +205,12 @@ def check_main(args: Any) -> int:
     if not args.config:
         raise ValueError("check: give a CONFIG (or --backends)")
     cfg = load_config(args.config, args.overrides)
+    from rose_ray.placement import parse_nodes
+
     stand_ins = parse_stand_ins(args.tokenizer_for or [])
+    config_for = parse_stand_ins(args.model_config_for or [], "--model-config-for")
     nodes = parse_nodes(args.node) if args.node else None
-    for line in check(cfg, stand_ins, nodes, args.address, args.total):
+    for line in check(cfg, stand_ins, nodes, args.address, args.total, args.gpu_memory, config_for):
         print(line)
     print(f"check: {args.config}: OK")
     return 0

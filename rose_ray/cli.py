@@ -112,7 +112,14 @@ def world_args(g: argparse.ArgumentParser) -> None:
                    help=f"ScienceWorld's item-id mapping (default {mappings[0]})")
 
 
+def history_arg(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--history", choices=["template", "sampled"], default="template",
+                   help="earlier turns in each prompt: as the chat template renders the conversation, as a chat API "
+                        "does (the card's; default), or as their ids were sampled (chat.history)")
+
+
 def conversation_args(g: argparse.ArgumentParser) -> None:
+    history_arg(g)
     g.add_argument("--instruction-from", metavar="JSONL",
                    help="take the instruction and acknowledgement from a dataset's first row "
                         "(default: rose_ray's own wording; `continue`: each row's own)")
@@ -137,6 +144,13 @@ def served_args(g: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", help="tokenizer folder of the openai:URL models (prompts go as token ids)")
     g.add_argument("--served-model", default="", help="the model name the openai: server expects "
                                                       "(default: the server's own)")
+
+
+def context_args(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--context-tokens", type=int, default=16384, help="prompt + reply tokens (the card's 16,384)")
+    g.add_argument("--context-policy", choices=["end_episode", "drop_oldest"], default="end_episode",
+                   help="a prompt that no longer fits: end the episode there (AgentGym's rule, the default; "
+                        "its end reason is `context`) or drop the oldest action/observation pairs")
 
 
 def schema_arg(g: argparse.ArgumentParser) -> None:
@@ -169,12 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("train", help="online ROSE (or opd / teacher_sft) on a Ray cluster or this machine")
     g.add_argument("--config", help="YAML config (default: the embedded tiny config)")
-    g.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    g.add_argument("--resume", metavar="RUN", help="continue a run from its latest checkpoint: a run folder, "
+                                                 "or a run_dir such as runs/tiny (its latest version)")
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. steps=20")
     g.set_defaults(func="rose_ray.train:cli_main")
 
     g = sub.add_parser("export", help="a Hugging Face folder of the student from a run's kept checkpoint")
-    g.add_argument("run", metavar="RUN", help="the run directory (holds config.yaml and checkpoints/)")
+    g.add_argument("run", metavar="RUN", help="a run folder (holds config.yaml and checkpoints/), or a run_dir (its latest)")
     g.add_argument("--step", type=int, help="the learner step of a kept checkpoint (default: the latest)")
     g.add_argument("--out", required=True, help="the new folder to write")
     g.set_defaults(func="rose_ray.export:cli_main")
@@ -190,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plan on described nodes instead of a cluster, e.g. --node 2xCPU=64,GPU=8 (repeatable)")
     g.add_argument("--address", help="Ray cluster to plan on (default: RAY_ADDRESS, else a local cluster)")
     g.add_argument("--total", action="store_true", help="plan on total resources, not what is free now")
+    _memory_arguments(g)
     g.set_defaults(func="rose_ray.check:check_main")
 
     # --- plan (cluster) ---
@@ -197,7 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--config", help="YAML config (default: the embedded tiny config)")
     g.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local cluster)")
     g.add_argument("--total", action="store_true", help="plan on total resources, not what is free now")
+    g.add_argument("--node", action="append", metavar="[Nx]RES=N,...",
+                   help="plan on described nodes instead of a cluster, e.g. --node 2xCPU=64,GPU=8 (repeatable)")
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. env.workers=8")
+    _memory_arguments(g)
     g.set_defaults(func="rose_ray.placement:plan_main")
     # --- end plan ---
 
@@ -217,7 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--judge", metavar="MODEL",
                    help="discoveryworld: score knowledge with this judge (a local folder, or openai:URL)")
     g.add_argument("--judge-model", default="", metavar="NAME", help="the model name an openai: judge server expects")
-    g.add_argument("--judge-max-new-tokens", type=int, default=512)
+    g.add_argument("--judge-max-new-tokens", type=int, default=800, help="the judge's answer budget (the paper's 800)")
+    g.add_argument("--knowledge-from", choices=["thoughts", "report"], default="thoughts",
+                   help="what the judge reads: the agent's thoughts while playing (the paper's scorer, default) "
+                        "or its answer to a question asked when the episode ends")
     g.add_argument("--judge-thinking", choices=["on", "off"],
                    help="the judge's chat-template thinking switch (default: off for a local folder, "
                         "the server's own for openai:)")
@@ -225,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--handoff", type=int)
     g.add_argument("--concurrency", type=int, default=8, help="episodes at once")
     g.add_argument("--env-workers", type=int, default=1)
-    g.add_argument("--context-tokens", type=int, default=16384, help="prompt + reply tokens (the card's 16,384)")
+    context_args(g)
     conversation_args(g)
     backend_args(g)
     served_args(g)
@@ -239,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--max-new-tokens", type=int, default=512)
         g.add_argument("--concurrency", type=int, default=8, help="episodes at once")
         world_args(g)
-        g.add_argument("--context-tokens", type=int, default=16384, help="prompt + reply tokens (the card's 16,384)")
+        context_args(g)
         conversation_args(g)
         schema_arg(g)
         backend_args(g)
@@ -313,14 +335,27 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ranks", type=int, default=1, help="DeepSpeed data-parallel ranks")
     g.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3])
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    g.add_argument("--max-tokens", type=int, default=4096, help="tokens per packed row")
-    g.add_argument("--grad-accum", type=int, default=1)
+    g.add_argument("--max-tokens", type=int, default=4096,
+                   help="tokens per packed row, and per micro-batch (rows share one while they fit)")
     g.add_argument("--owners", default="student,teacher", help="owners whose tokens are trained")
+    g.add_argument("--history", choices=["template", "sampled"], default="template",
+                   help="train on the chat template's rendering of each whole conversation (the card's SFT; default) "
+                        "or on per-turn pieces as an engine with chat.history=sampled builds them")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     g.set_defaults(func="rose_ray.recipes.sft:cli_main")
     # --- end sft ---
     return p
+
+
+def _memory_arguments(g: argparse.ArgumentParser) -> None:
+    """The GPU memory plan's inputs (`plan` and `check`)."""
+    g.add_argument("--gpu-memory", type=float, metavar="GIB",
+                   help="memory of each GPU in GiB (an H100 80GB: 79.6, an H200: 140.4); default: from the "
+                        "nodes' accelerator_type, else the plan prints each role's needs without checking them")
+    g.add_argument("--model-config-for", action="append", metavar="MODEL=DIR",
+                   help="a folder with the config.json of a model that is not on disk (repeatable; the "
+                        "Qwen3 sizes ship with rose_ray)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -125,6 +125,8 @@ class PlayConfig:
     mapping: str | None
     context_tokens: int
     enable_thinking: bool
+    context_policy: str = "end_episode"
+    history: str = "template"
     backend: str = DEFAULT_COMMAND_BACKEND  # the engine of local models: auto, hf or vllm
     kv_cache_mb: float | None = None  # vllm on CPU (None: the engine's default)
     tokenizer: str | None = None  # the tokenizer folder of openai: models
@@ -142,7 +144,8 @@ class PlayConfig:
 
         def engine(model: str, flag: str) -> Any:
             return command_engine(model, flag, self.backend, self.tokenizer, self.served_model,
-                                  context_tokens=self.context_tokens, max_batch_size=self.concurrency, **vllm)
+                                  context_tokens=self.context_tokens, context_policy=self.context_policy,
+                                  max_batch_size=self.concurrency, **vllm)
 
         out = {self.model_flag: engine(self.model, self.model_flag)}
         if self.teacher is not None and self.teacher != self.model:
@@ -166,7 +169,8 @@ def _play(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol],
     check_command_engines(cfg.command, engines)  # a served model that cannot do the job fails now
     student = engines[cfg.model_flag]
     teacher = None if cfg.teacher is None else engines.get(cfg.teacher_flag, student)
-    with local_actors(env_cfg, student, teacher, cfg.max_turns, cfg.enable_thinking) as (runner, student, teacher):
+    with local_actors(env_cfg, student, teacher, cfg.max_turns, cfg.enable_thinking, cfg.history) as (
+            runner, student, teacher):
         sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
         # Prefixes and stitched rows are training data: no report question at their end.
         episode_cfg = EpisodeConfig(max_turns=cfg.max_turns, student_sampling=sampling, teacher_sampling=sampling,
@@ -268,7 +272,8 @@ def _play_config(args, model: str, teacher: str | None, handoff: str, max_turns:
     return PlayConfig(
         model=model, teacher=teacher, max_turns=max_turns, handoff=handoff, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
         concurrency=args.concurrency, world=args.world or "sciworld", mapping=args.mapping,
-        context_tokens=args.context_tokens, enable_thinking=args.enable_thinking, backend=args.backend,
+        context_tokens=args.context_tokens, enable_thinking=args.enable_thinking,
+        context_policy=args.context_policy, history=args.history, backend=args.backend,
         kv_cache_mb=args.kv_cache_mb, tokenizer=args.tokenizer, served_model=args.served_model,
         command=args.command, model_flag=model_flag,
     )

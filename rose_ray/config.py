@@ -9,6 +9,7 @@ by each section's `__post_init__` (also with the key named). Model names `tiny:s
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -108,6 +109,16 @@ class ChatConfig:
     # Passed to the template as `enable_thinking` (Qwen3's switch; other templates ignore it).
     # False: the generation prompt holds an empty think block and the model answers at once.
     enable_thinking: bool = False
+    # How earlier turns appear in each prompt and in what the learner trains on: `sampled`, the
+    # ids as they were sampled (on-policy; OPD's term needs them), or `template`, the chat
+    # template's own rendering of the conversation, as a chat API gives it (rose_ray/chat.py).
+    history: str = "sampled"
+
+    def __post_init__(self) -> None:
+        from rose_ray.chat import HISTORIES
+
+        if self.history not in HISTORIES:
+            raise ConfigError(f"chat.history: must be one of {HISTORIES}, got {self.history!r}")
 
 
 @dataclass
@@ -156,7 +167,9 @@ class ReliabilityConfig:
 @dataclass
 class TrainConfig:
     name: str = "run"
-    run_dir: str = "runs/${name}"
+    # Where this config's runs go, each in a new version_N folder (rose_ray/runs.py); under
+    # ROSE_RAY_RUNS when set (shared storage for a Ray job), else ./runs.
+    run_dir: str = "${oc.env:ROSE_RAY_RUNS,runs}/${name}"
     seed: int = 0
     algorithm: str = "rose"  # rose | opd | teacher_sft: a recipe (rose_ray/recipes/)
     mode: str = "async"  # async | sync
@@ -196,17 +209,31 @@ class TrainConfig:
                 f"{self.student_engine.context_tokens}; a packed row must hold whatever the engine kept "
                 "(the learner cuts a trajectory only where the engine did)"
             )
+        if recipe.teacher_scores_student(self) and self.teacher_engine.context_tokens < self.student_engine.context_tokens:
+            raise ConfigError(
+                f"teacher_engine.context_tokens: {self.teacher_engine.context_tokens} is less than "
+                f"student_engine.context_tokens {self.student_engine.context_tokens}; the teacher scores each "
+                "episode's student tokens in one pass over what the learner trains on, up to the student's context"
+            )
         if self.teacher_warmup.enabled and self.teacher_engine.backend == "openai":
             raise ConfigError("teacher_warmup.enabled: the warm-up trains a local teacher folder, but "
                               "teacher_engine.backend is openai (a served model, used as it is); set "
                               "teacher_warmup.enabled=false (or warm a folder with `rose-ray sft` and serve that)")
         recipe.check(self)
+        if self.chat.history == "template" and recipe.teacher_scores_student(self):
+            value: Any = self
+            for part in recipe.scoring_key.split("."):
+                value = getattr(value, part)
+            raise ConfigError(f"chat.history: 'template' re-renders earlier turns from their text, but the OPD "
+                              f"term ({recipe.scoring_key}={value}) needs the ids that were sampled; "
+                              "use chat.history=sampled")
 
 
 # Keys that no longer exist, and what took their place: an old config gets told, by key.
 REMOVED_KEYS = {
     "learner.algorithm": "set `algorithm` only (rose, opd or teacher_sft); its recipe chooses the learner's loss",
     "learner.context_policy": "the learner cuts a trajectory where the engine cut it (student_engine.context_policy)",
+    "learner.grad_accum": "micro-batches follow a token budget (learner.max_tokens each); their number follows from the batch",
 }
 
 
@@ -236,6 +263,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 else:
                     raise ConfigError(f"key {key!r}: removed; {why}")
         merged = OmegaConf.merge(schema, *layers)
+        # A variable set to nothing (`ROSE_RAY_RUNS=$UNSET`) would put runs at /<name>.
+        if os.environ.get("ROSE_RAY_RUNS") == "" and "ROSE_RAY_RUNS" in str(
+                OmegaConf.to_container(merged, resolve=False)["run_dir"]):
+            raise ConfigError("run_dir: ROSE_RAY_RUNS is set but empty; unset it (runs go to ./runs) or name a folder")
         return OmegaConf.to_object(merged)  # runs every section's __post_init__ checks
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)

@@ -8,8 +8,9 @@ totals and a per-task table. `--handoff K --teacher T` evaluates student-then-te
 `rose-ray eval --compare A.json B.json` prints results side by side.
 
 DiscoveryWorld is also scored as its paper scores it (the world's `paper_tables`): completion, process
-score and, with `--judge MODEL`, explanatory knowledge (`judge`), from the agent's answer to
-the report question asked when each episode ends.
+score and, with `--judge MODEL`, explanatory knowledge (`judge`), from the agent's thoughts as the
+paper's scorer reads them (`--knowledge-from thoughts`, the default) or from its answer to a
+report question asked when each episode ends (`--knowledge-from report`).
 """
 
 from __future__ import annotations
@@ -46,9 +47,12 @@ class EvalJob:
     concurrency: int = 8
     env_workers: int = 1
     context_tokens: int = 16384  # the card's context
+    # AgentGym's rule: the episode ends when its prompt no longer fits (drop_oldest: drop old turns)
+    context_policy: str = "end_episode"
     dtype: str = "auto"
     instruction_from: str | None = None  # a dataset whose first row gives the instruction
     enable_thinking: bool = False  # passed to the chat template (Qwen3)
+    history: str = "template"  # earlier turns as the template renders them (the card's chat API), or "sampled"
     tokenizer: str | None = None  # the tokenizer folder of openai: models (--model and --teacher)
     served_model: str = ""  # the model name an openai: server expects
     backend: str = DEFAULT_COMMAND_BACKEND  # the engine of local models: auto, hf or vllm
@@ -56,8 +60,9 @@ class EvalJob:
     out: str = "eval"  # results go to <out>.json and <out>.md
     judge: str | None = None  # DiscoveryWorld's knowledge judge: a local folder or openai:URL
     judge_model: str = ""  # the model name an openai: judge server expects
-    judge_max_new_tokens: int = 512
+    judge_max_new_tokens: int = 800  # the paper's scorer's budget
     judge_thinking: bool | None = None  # the judge's chat-template thinking switch (None: its default)
+    knowledge_from: str = "thoughts"  # what the judge reads: the agent's thoughts (the paper's) or its report
 
     def __post_init__(self) -> None:
         from rose_ray.envs.worlds import get_world
@@ -70,10 +75,22 @@ class EvalJob:
             raise ValueError("eval: --judge-model names the model of an openai: --judge; give --judge")
         if self.judge and self.world != "discoveryworld":
             raise ValueError(f"eval: --judge scores DiscoveryWorld's critical questions; {self.world} has none")
+        from rose_ray.judge import KNOWLEDGE_SOURCES
+
+        if self.knowledge_from not in KNOWLEDGE_SOURCES:
+            raise ValueError(f"eval: --knowledge-from must be one of {KNOWLEDGE_SOURCES}, got {self.knowledge_from!r}")
         if self.judge_max_new_tokens < 1:
             raise ValueError(f"eval: --judge-max-new-tokens must be >= 1, got {self.judge_max_new_tokens}")
         if (self.handoff is None) != (self.teacher is None):
             raise ValueError("eval: --handoff and --teacher go together")
+        from rose_ray.chat import HISTORIES
+        from rose_ray.inference.engine import CONTEXT_POLICIES
+
+        if self.history not in HISTORIES:
+            raise ValueError(f"eval: --history must be one of {HISTORIES}, got {self.history!r}")
+
+        if self.context_policy not in CONTEXT_POLICIES:
+            raise ValueError(f"eval: --context-policy must be one of {CONTEXT_POLICIES}, got {self.context_policy!r}")
         if self.handoff is not None and self.handoff < 0:
             raise ValueError(f"eval: --handoff must be >= 0, got {self.handoff}")
         for key in ("max_turns", "concurrency", "env_workers", "max_new_tokens"):
@@ -86,6 +103,8 @@ class EvalJob:
 # --------------------------------------------------------------------------- metrics
 def game_record(t: Trajectory) -> dict[str, Any]:
     """One finished game as a flat record (the partial file's rows, the JSON's `games`)."""
+    from rose_ray.judge import episode_thoughts
+
     actions = max(t.rounds, 1)
     return {
         "item_id": t.game.item_id, "task": t.game.task, "var": t.game.variation,
@@ -98,6 +117,9 @@ def game_record(t: Trajectory) -> dict[str, Any]:
         # DiscoveryWorld: the package's own score (the paper's process score) and what the judge needs
         **({"process": t.scoring["process"]} if "process" in t.scoring else {}),
         **{k: t.scoring[k] for k in ("task_description", "critical_questions") if k in t.scoring},
+        # what the judge reads by default: the agent's thoughts, numbered (games with questions)
+        **({"thoughts": episode_thoughts([u.text for u in t.turns if u.role == "assistant" and u.owner != "prompt"])}
+           if "critical_questions" in t.scoring else {}),
     }
 
 
@@ -135,8 +157,9 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
 
         verdicts = [v for r in records for v in r.get("verdicts") or []]
         counted = verdict_counts(verdicts)
+        sources = sorted({r["knowledge_from"] for r in records if r.get("knowledge_from")})
         out["overall"].update(judged_questions=len(verdicts), unparsed_verdicts=counted["unparsed"],
-                              judge_errors=counted["errors"])
+                              judge_errors=counted["errors"], knowledge_from=" and ".join(sources) or None)
     return out
 
 
@@ -165,7 +188,8 @@ def markdown(summary: dict[str, Any], title: str) -> str:
                   f"Average rows are below): completion {o['completion']:.3f}, process {o['process']:.3f}; "
                   + ("knowledge – (no game judged: needs --judge, and games with critical questions)."
                      if o["knowledge"] is None else
-                     f"knowledge {o['knowledge']:.3f} over the {o['knowledge_games']} games with critical questions "
+                     f"knowledge {o['knowledge']:.3f} (judged on the agent's {o.get('knowledge_from') or 'report'}) "
+                     f"over the {o['knowledge_games']} games with critical questions "
                      f"({o['judged_questions']} questions judged, {o['unparsed_verdicts']} unparsed verdicts and "
                      f"{o['judge_errors']} judge errors, which count 0)."), "",
                   paper_markdown(summary["paper"]).rstrip()]
@@ -231,7 +255,8 @@ def _engine_config(model: str, flag: str, cfg: EvalJob):
 
     vllm = {} if cfg.kv_cache_mb is None else {"kv_cache_mb": cfg.kv_cache_mb}
     return command_engine(model, flag, cfg.backend, cfg.tokenizer, cfg.served_model, dtype=cfg.dtype,
-                          context_tokens=cfg.context_tokens, max_batch_size=cfg.concurrency, **vllm)
+                          context_tokens=cfg.context_tokens,
+                          context_policy=cfg.context_policy, max_batch_size=cfg.concurrency, **vllm)
 
 
 def run_eval(cfg: EvalJob) -> dict[str, Any]:
@@ -273,11 +298,13 @@ def run_eval(cfg: EvalJob) -> dict[str, Any]:
                             games_per_worker=max(1, -(-min(cfg.concurrency, len(todo)) // cfg.env_workers)),
                             mapping=cfg.mapping, world=cfg.world, cpus_per_worker=0.5)
         with local_actors(env_cfg, engines["--model"], engines.get("--teacher"), cfg.max_turns,
-                          cfg.enable_thinking) as (runner, student, teacher):
+                          cfg.enable_thinking, cfg.history) as (runner, student, teacher):
             sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                                       seed=cfg.seed if cfg.temperature > 0 else None)
+            # The report question is asked only when the judge is to read its answer.
             episode_cfg = EpisodeConfig(max_turns=max_turns, student_sampling=sampling,
-                                        teacher_sampling=SamplingParams(0.0, max_new_tokens=cfg.max_new_tokens))
+                                        teacher_sampling=SamplingParams(0.0, max_new_tokens=cfg.max_new_tokens),
+                                        report="ask" if cfg.knowledge_from == "report" else "off")
             handoff_cfg = HandoffConfig("fixed", k=cfg.handoff) if cfg.handoff is not None else HandoffConfig("none")
             _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial, done, header,
                                 protocol)
@@ -288,9 +315,10 @@ def run_eval(cfg: EvalJob) -> dict[str, Any]:
 
         # Kept after the eval: a rerun (or a resumed eval) with this judge asks nothing twice.
         cache = VerdictCache(out.with_name(out.name + ".verdicts.jsonl"))
-        counts = judge_records(records, judge, cache)
-        print(f"eval: judge {judge.name}: {counts['questions']} critical questions, {counts['asked']} asked, "
-              f"{counts['cached']} from the cache, {counts['unparsed']} unparsed, {counts['errors']} errors")
+        counts = judge_records(records, judge, cache, cfg.knowledge_from)
+        print(f"eval: judge {judge.name} on the agent's {cfg.knowledge_from}: {counts['questions']} critical "
+              f"questions, {counts['asked']} asked, {counts['cached']} from the cache, {counts['unparsed']} "
+              f"unparsed, {counts['errors']} errors, {counts['cut']} games' {cfg.knowledge_from} cut to fit")
     summary = summarise(records)
     result = {"config": asdict(cfg), "summary": summary, "games": records,
               "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -330,7 +358,8 @@ def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg
 
 
 RESUME_KEYS = ("model", "teacher", "handoff", "max_turns", "temperature", "max_new_tokens",
-               "world", "mapping", "seed", "context_tokens", "instruction_from", "enable_thinking", "tasks")
+               "world", "mapping", "seed", "context_tokens", "context_policy", "instruction_from",
+               "enable_thinking", "history", "tasks")
 
 
 def resume_header(cfg: EvalJob) -> dict[str, Any]:
@@ -339,10 +368,10 @@ def resume_header(cfg: EvalJob) -> dict[str, Any]:
     from rose_ray.envs.worlds import get_world
 
     world = get_world(cfg.world)
-    # report: the world asks what the agent discovered when a game ends (DiscoveryWorld; files
-    # from before the question lack it, and their games lack the report the judge needs)
+    # report: the world asks what the agent discovered when a game ends (DiscoveryWorld, when the
+    # judge reads the report; files from before the question lack it, and their games the report)
     return {**{k: getattr(cfg, k) for k in RESUME_KEYS}, "mapping": world.catalogue(cfg.mapping).mapping,
-            "report": world.protocol.report_question is not None}
+            "report": world.protocol.report_question is not None and cfg.knowledge_from == "report"}
 
 
 def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -359,7 +388,8 @@ def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]
             if "eval_config" in record:
                 # files from before a key existed: its default then
                 if {"world": "sciworld", "instruction_from": None, "enable_thinking": False, "report": False,
-                    "tasks": [], **record["eval_config"]} != want:
+                    "tasks": [], "context_policy": "drop_oldest", "history": "sampled",
+                    **record["eval_config"]} != want:
                     raise ValueError(
                         f"{path}: partial results of an eval with other settings "
                         f"({record['eval_config']}); use another --out or delete the file"
@@ -389,12 +419,13 @@ def cli_main(args) -> int:
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, world=args.world or "sciworld",
         mapping=args.mapping,
         teacher=args.teacher, handoff=args.handoff, concurrency=args.concurrency,
-        env_workers=args.env_workers, context_tokens=args.context_tokens, tokenizer=args.tokenizer,
-        served_model=args.served_model, backend=args.backend, kv_cache_mb=args.kv_cache_mb,
-        instruction_from=args.instruction_from,
-        enable_thinking=args.enable_thinking,
+        env_workers=args.env_workers, context_tokens=args.context_tokens, context_policy=args.context_policy,
+        tokenizer=args.tokenizer, served_model=args.served_model, backend=args.backend,
+        kv_cache_mb=args.kv_cache_mb, instruction_from=args.instruction_from,
+        enable_thinking=args.enable_thinking, history=args.history,
         out=args.out or f"runs/eval/{Path(args.model or 'model').name}_{args.split}",
         judge=args.judge, judge_model=args.judge_model, judge_max_new_tokens=args.judge_max_new_tokens,
+        knowledge_from=args.knowledge_from,
         judge_thinking=None if args.judge_thinking is None else args.judge_thinking == "on",
     )
     result = run_eval(cfg)

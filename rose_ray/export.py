@@ -1,6 +1,6 @@
 """The trained student as a Hugging Face folder.
 
-    rose-ray export RUN [--step N] --out DIR
+    rose-ray export RUN [--step N] --out DIR     # RUN: a run folder, or a run_dir (its latest run)
 
 Every run writes `<run_dir>/model/` when it ends; this command writes one from any kept
 checkpoint (`<run_dir>/checkpoints/step_N`, default the latest). DeepSpeed checkpoints are
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rose_ray.config import TrainConfig, load_config
+from rose_ray.runs import resolve_run
 
 MODEL_INFO = "rose_ray_model.json"
 
@@ -54,11 +55,9 @@ def model_info(cfg: TrainConfig, run_dir: str | Path, step: int, version: int, b
 
 
 def check_request(run_dir: str | Path, out: str | Path, step: int | None) -> tuple[TrainConfig, int]:
-    """The run's config and the step to export; every problem is a ValueError naming it, raised
+    """The config of a run folder and the step to export; every problem is a ValueError naming it, raised
     before anything starts or is written."""
     run = Path(run_dir)
-    if not (run / "config.yaml").is_file():
-        raise ValueError(f"{run}: not a run directory (no config.yaml there)")
     steps = kept_steps(run)
     if not steps:
         raise ValueError(f"{run}: no checkpoint kept under {run / 'checkpoints'}")
@@ -73,12 +72,14 @@ def check_request(run_dir: str | Path, out: str | Path, step: int | None) -> tup
 
 
 def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> dict[str, Any]:
-    """Load step `step` (default: the latest kept) of a run into a learner group and export it."""
+    """Load step `step` (default: the latest kept) of a run (a run_dir: its latest) into a
+    learner group and export it."""
     import ray
 
     from rose_ray.learner.learner import LearnerGroup
     from rose_ray.rollout.actors import init_ray
 
+    run_dir = resolve_run(run_dir)
     cfg, step = check_request(run_dir, out, step)
     base = student_model(cfg)
     started = not ray.is_initialized()
@@ -102,13 +103,13 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     finally:
         if started:
             ray.shutdown()
-    return {**result, "step": int(state["step"]), "version": int(state["version"])}
+    return {**result, "run": str(run_dir), "step": int(state["step"]), "version": int(state["version"])}
 
 
 def cli_main(args: Any) -> int:
     """The `export` subcommand (arguments in rose_ray/cli.py)."""
     result = export_run(args.run, args.out, args.step)
-    print(f"export: step {result['step']} (policy version {result['version']}) of {args.run} -> "
+    print(f"export: step {result['step']} (policy version {result['version']}) of {result['run']} -> "
           f"{result['path']} ({result['tensors']} tensors, {result['mb']:.1f} MB, {result['dtype']})")
     print(f"export: try it with  rose-ray eval --model {result['path']}")
     return 0

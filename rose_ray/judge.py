@@ -1,14 +1,22 @@
-"""DiscoveryWorld's explanatory-knowledge score: a language model judges, one critical question
-at a time, whether the agent's report (what it says it discovered, asked when the episode
-ended) answers the question. Knowledge = the fraction of a game's critical questions judged 1.
+"""DiscoveryWorld's explanatory-knowledge score, as the paper's scorer (allenai/discoveryworld,
+`scripts/knowledgeScorer.py`) computes it: a language model reads the task description, the
+agent's knowledge and one of the scenario's critical questions at a time, and answers a JSON
+object with the question, an `evaluation` of 1 (the knowledge shows the discovery) or 0, and an
+`explanation`; greedy, with an 800-token budget. Knowledge = the fraction of a game's critical
+questions evaluated 1.
+
+The agent's knowledge is, by default, what the paper judged for its ReAct agent: the thoughts
+it wrote while playing, numbered (`Thought 1: ...`), every turn's `Thought:` part
+(`--knowledge-from thoughts`); `--knowledge-from report` judges instead its answer to a
+question asked when the episode ended (rollout/report.py).
 
 The judge is any model `eval` takes: a local folder (an engine actor; the prompt is built with
-its tokenizer's chat template) or `openai:URL` (chat completions, so the server applies its own
-template; vLLM, `rose-ray serve`, or OpenAI's API). Greedy. Each answer is parsed for a 0/1
-verdict and a short reason; an answer without a readable verdict counts 0 and is counted as
-unparsed, a request the server refuses counts 0 and is counted as an error. Verdicts are cached
-in a JSONL file keyed by a hash of (question, knowledge) and the judge's name, so a resumed or
-repeated eval does not ask twice.
+its tokenizer's chat template) or `openai:URL` (chat completions in JSON mode, as the paper
+asked GPT-4o, so the server applies its own template; vLLM, `rose-ray serve`, or OpenAI's API).
+An answer whose JSON does not hold an integer `evaluation` of 0 or 1 counts 0 and is counted as
+unparsed (the paper's scorer counts only an integer too); a request the server refuses counts 0
+and is counted as an error. Verdicts are cached in a JSONL file keyed by a hash of (question,
+knowledge) and the judge's name, so a resumed or repeated eval does not ask twice.
 """
 
 from __future__ import annotations
@@ -21,36 +29,62 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from rose_ray.envs.protocol import strip_thinking
+from rose_ray.envs.protocol import parse_thought, strip_thinking
 from rose_ray.types import SamplingParams
 
-MAX_REPORT_CHARS = 6000  # a report longer than this is cut: the judge's context is finite
+KNOWLEDGE_SOURCES = ("thoughts", "report")
+CHARS_PER_TOKEN = 3  # a low estimate, so that a knowledge cut to the judge's context fits it
+PROMPT_TOKENS = 1024  # the judge's prompt without the knowledge: task description, question, rules
 
-JUDGE_PROMPT = """You are checking what an agent found out while playing a scientific discovery game.
+JUDGE_PROMPT = """You are grading what an agent found out while playing a game about scientific discovery: \
+has it worked out the discovery that its task asks for?
 
-The agent's task was:
+You get three things: (1) the task description, (2) the agent's knowledge, and (3) one critical \
+question about the discovery, which you answer with true (1) or false (0).
+
+Task description:
+```
 {task}
+```
 
-When the game ended, the agent reported what it had discovered:
-<report>
+Agent's knowledge:
+```
 {knowledge}
-</report>
+```
 
-Question about the report: {question}
+Critical question:
+```
+{question}
+```
 
-Judge only what the report itself says, not what the agent may have done. Answer 1 if the report \
-clearly and correctly states what the question asks about, and 0 if it does not (missing, wrong, \
-or too vague to count). Reply with exactly two lines:
-Reason: <one short sentence>
-Verdict: <1 or 0>"""
+Answer 1 if the agent's knowledge shows that it has found out what the critical question asks \
+about, and 0 otherwise. Reply with one JSON object with exactly these three keys:
+{{"criticalQuestion": "<the critical question, repeated>", "evaluation": <0 or 1, as an integer>, \
+"explanation": "<a short reason for the evaluation, referring to the agent's knowledge and whether it \
+shows what the critical question asks>"}}"""
+
+
+def episode_thoughts(replies: list[str]) -> str:
+    """The agent's knowledge as the paper's scorer reads a ReAct agent's: each reply's thought
+    (its `Thought:` part, without reasoning in think blocks), numbered, one per line; replies
+    without one are skipped."""
+    thoughts = [t for t in (parse_thought(r) for r in replies) if t]
+    return "".join(f"Thought {n}: {t}\n" for n, t in enumerate(thoughts, 1))
 
 
 def judge_messages(task: str, knowledge: str, question: str) -> list[dict[str, str]]:
     """The judge's one user message for one critical question."""
-    if len(knowledge) > MAX_REPORT_CHARS:
-        knowledge = knowledge[:MAX_REPORT_CHARS] + " [...]"
     return [{"role": "user", "content": JUDGE_PROMPT.format(task=task.strip() or "(not given)",
                                                             knowledge=knowledge, question=question.strip())}]
+
+
+def fit_knowledge(knowledge: str, max_chars: int) -> tuple[str, bool]:
+    """(the knowledge, whether it was cut): past `max_chars` the oldest part goes, so the latest
+    thoughts (where discoveries are made) stay."""
+    if len(knowledge) <= max_chars:
+        return knowledge, False
+    kept = knowledge[len(knowledge) - max_chars:]
+    return f"[... {len(knowledge) - len(kept)} earlier characters cut to fit the judge ...]\n{kept}", True
 
 
 PROMPT_HASH = hashlib.sha256(JUDGE_PROMPT.encode()).hexdigest()[:8]  # in the cache's judge name
@@ -65,7 +99,7 @@ class Verdict:
     question: str
     verdict: int
     parsed: bool
-    reason: str = ""
+    explanation: str = ""
     error: str = ""
     cached: bool = False
 
@@ -73,54 +107,39 @@ class Verdict:
         return {k: v for k, v in asdict(self).items() if k != "cached"}
 
 
-_LABEL = r"(?:verdict|score|answer|judg(?:e)?ment|grade|rating)"
-_VALUE = r"(?P<v>[01](?!\d|\.\d)|yes|no|true|false|correct|incorrect)\b"
-_LABELLED = re.compile(_LABEL + r"[\s*_`'\"]*(?:is|[:=\-])?[\s*_`'\"]*" + _VALUE, re.IGNORECASE)
-# A `Verdict:` label at a line's start (what the prompt asks for) wins over any other label:
-# a reason may say "the correct answer is 1 part A" after it.
-_VERDICT_LINE = re.compile(r"^[\s*_`#>\-]*verdict[\s*_`'\"]*(?:is|[:=\-])?[\s*_`'\"]*" + _VALUE,
-                           re.IGNORECASE | re.MULTILINE)
-_REASON = re.compile(r"(?:reason|explanation|because)[\s*_`]*[:\-]?[\s*_`]*(?P<r>.+?)(?=\n[\s*_`]*" + _LABEL
-                     + r"\b|\Z)", re.IGNORECASE | re.DOTALL)
-_WORDS = {"1": 1, "0": 0, "yes": 1, "no": 0, "true": 1, "false": 0, "correct": 1, "incorrect": 0}
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """The answer's JSON object: the whole answer (JSON mode), the inside of a ```json fence, or
+    else the one {...} object in it; None when there is none (or several)."""
+    fenced = _FENCE.match(text)
+    candidates = [fenced.group(1) if fenced else text]
+    if not fenced:
+        start, end = text.find("{"), text.rfind("}")
+        if 0 <= start < end:
+            candidates.append(text[start:end + 1])
+    for candidate in candidates:
+        try:
+            obj = json.loads(candidate)
+        except ValueError:
+            continue
+        return obj if isinstance(obj, dict) else None
+    return None
 
 
 def parse_verdict(text: str, question: str = "") -> Verdict:
-    """A judge's answer as a Verdict. Read, in order: a JSON object with a verdict/score/answer
-    key; the last labelled verdict (`Verdict: 1`, `**Verdict**: no`, `score = 0`); an answer
-    that is only `0` or `1`. Anything else is unparsed (verdict 0)."""
-    text = strip_thinking(str(text or "")).strip()
-    verdict: int | None = None
-    reason = ""
-    for m in re.finditer(r"\{[^{}]*\}", text):  # a JSON answer, e.g. {"verdict": 1, "reason": "..."}
-        try:
-            obj = json.loads(m.group())
-        except ValueError:
-            continue
-        if not isinstance(obj, dict):
-            continue
-        low = {str(k).lower(): v for k, v in obj.items()}
-        value = next((low[k] for k in ("verdict", "score", "answer", "judgement", "judgment") if k in low), None)
-        word = str(value).strip().lower() if isinstance(value, (int, str, bool)) else ""
-        if isinstance(value, bool):
-            word = "true" if value else "false"
-        if word in _WORDS:
-            verdict = _WORDS[word]
-            reason = str(low.get("reason") or low.get("explanation") or "")
-    json_answer = verdict is not None
-    if verdict is None:
-        labelled = list(_VERDICT_LINE.finditer(text)) or list(_LABELLED.finditer(text))
-        if labelled:
-            verdict = _WORDS[labelled[-1].group("v").lower()]
-        elif text in ("0", "1"):
-            verdict = int(text)
-    if not reason and not json_answer:
-        m = _REASON.search(text)  # the labelled reason, else the whole answer (it is short)
-        reason = m.group("r") if m else ("" if text in ("0", "1") else text)
-    reason = " ".join(reason.split())[:500]
-    if verdict is None:
-        return Verdict(question, 0, False, reason)
-    return Verdict(question, verdict, True, reason)
+    """A judge's answer as a Verdict: its JSON object's `evaluation`, an integer 0 or 1, and its
+    `explanation`. Anything else (no JSON object, no `evaluation`, "1" as a string, 2, true)
+    is unparsed: verdict 0."""
+    obj = _json_object(strip_thinking(str(text or "")).strip())
+    if obj is None:
+        return Verdict(question, 0, False)
+    explanation = " ".join(str(obj.get("explanation") or "").split())[:500]
+    value = obj.get("evaluation")
+    if type(value) is not int or value not in (0, 1):  # bool is not an int here, as in the paper's scorer
+        return Verdict(question, 0, False, explanation)
+    return Verdict(question, value, True, explanation)
 
 
 # --------------------------------------------------------------------------- cache
@@ -148,11 +167,13 @@ class VerdictCache:
         row = self.entries.get((judge, verdict_key(question, knowledge)))
         if row is None:
             return None
-        return Verdict(question, int(row["verdict"]), bool(row["parsed"]), str(row.get("reason", "")), cached=True)
+        return Verdict(question, int(row["verdict"]), bool(row["parsed"]), str(row.get("explanation", "")),
+                       cached=True)
 
     def put(self, judge: str, knowledge: str, verdict: Verdict, raw: str) -> None:
         row = {"judge": judge, "key": verdict_key(verdict.question, knowledge), "question": verdict.question,
-               "verdict": verdict.verdict, "parsed": verdict.parsed, "reason": verdict.reason, "raw": raw[:2000]}
+               "verdict": verdict.verdict, "parsed": verdict.parsed, "explanation": verdict.explanation,
+               "raw": raw[:2000]}
         self.entries[(judge, row["key"])] = row
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
@@ -163,12 +184,12 @@ class VerdictCache:
 class JudgeConfig:
     model: str  # a local folder, or openai:URL
     served_model: str = ""  # the name an openai: server expects (default: its own default)
-    max_new_tokens: int = 512
+    max_new_tokens: int = 800  # the paper's scorer's budget
     thinking: bool | None = None  # the chat template's enable_thinking (None: off locally, unsent to a server)
     concurrency: int = 8
-    # A local judge's prompt + answer: the task (~0.5k tokens), a report cut at MAX_REPORT_CHARS
-    # (~1.5k) and the question fit, and every current model has this many positions.
-    context_tokens: int = 4096
+    # Prompt + answer; the knowledge is cut to fit it. A served judge: Qwen3-32B's native
+    # context; a local folder: at most its positions (check_judge).
+    context_tokens: int = 32768
     dtype: str = "auto"
 
     @property
@@ -185,6 +206,11 @@ class JudgeConfig:
         """The cache's name: the judge and what changes its greedy answers (the prompt, thinking,
         the token budget: an answer cut short may be whole with a larger one)."""
         return f"{self.name}|thinking={self.thinking}|max_new_tokens={self.max_new_tokens}|prompt={PROMPT_HASH}"
+
+    @property
+    def knowledge_chars(self) -> int:
+        """The most characters of knowledge one prompt carries (fit_knowledge)."""
+        return CHARS_PER_TOKEN * max(self.context_tokens - self.max_new_tokens - PROMPT_TOKENS, 256)
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
@@ -275,7 +301,8 @@ class Judge:
 
         if self.cfg.served:
             try:
-                text, _ = await asyncio.to_thread(self.engine.chat, messages, self.cfg.sampling(), self.cfg.thinking)
+                text, _ = await asyncio.to_thread(self.engine.chat, messages, self.cfg.sampling(), self.cfg.thinking,
+                                                  json_object=True)
             except OpenAIServerGone as e:
                 raise JudgeUnavailable(f"judge {self.cfg.model}: {e}") from None
             except OpenAIServerError as e:  # a refused request, or an answer without a message
@@ -299,14 +326,19 @@ class Judge:
 
 
 # --------------------------------------------------------------------------- scoring
-def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: VerdictCache) -> dict[str, int]:
-    """Judge every critical question of every record that has some; sets each such record's
-    `verdicts`, `knowledge` and `judge`. The judge is started only when the cache lacks an
-    answer. Returns counts: questions, asked, cached, unparsed, errors."""
-    jobs: list[tuple[dict[str, Any], str, str]] = []
-    for r in records:
-        for q in r.get("critical_questions") or []:
-            jobs.append((r, q, (r.get("report") or "").strip()))
+def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: VerdictCache,
+                  source: str = "thoughts") -> dict[str, int]:
+    """Judge every critical question of every record that has some, on the record's `source`
+    text (`thoughts` or `report`, cut to fit the judge); sets each such record's `verdicts`,
+    `knowledge`, `knowledge_from` and `judge`. The judge is started only when the cache lacks
+    an answer. Returns counts: questions, asked, cached, unparsed, errors, and `cut` (records
+    whose knowledge was cut to fit)."""
+    if source not in KNOWLEDGE_SOURCES:
+        raise ValueError(f"knowledge from: must be one of {KNOWLEDGE_SOURCES}, got {source!r}")
+    knowledge_of: dict[int, tuple[str, bool]] = {
+        id(r): fit_knowledge((r.get(source) or "").strip(), cfg.knowledge_chars)
+        for r in records if r.get("critical_questions")}
+    jobs = [(r, q, knowledge_of[id(r)][0]) for r in records for q in r.get("critical_questions") or []]
     verdicts: dict[tuple[str, str], Verdict] = {}
     todo: dict[tuple[str, str], str] = {}  # (question, knowledge) -> the task description
     for r, q, knowledge in jobs:
@@ -316,8 +348,9 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
         hit = cache.get(cfg.cache_name, q, knowledge)
         if hit is not None:
             verdicts[key] = hit
-        elif not knowledge:  # nothing reported: nothing to judge
-            verdicts[key] = Verdict(q, 0, True, "the agent reported nothing")
+        elif not knowledge:  # the agent wrote nothing: nothing to judge
+            verdicts[key] = Verdict(q, 0, True, f"the agent's {source} are empty" if source == "thoughts"
+                                    else "the agent reported nothing")
         else:
             todo[key] = str(r.get("task_description") or "")
     if todo:
@@ -326,16 +359,17 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
             verdicts.update(asyncio.run(_ask_all(judge, todo, cache)))
         finally:
             judge.close()
-    counts = {"questions": len(jobs), "asked": len(todo), "cached": 0, "unparsed": 0, "errors": 0}
+    counts = {"questions": len(jobs), "asked": len(todo), "cached": 0, "unparsed": 0, "errors": 0, "cut": 0}
     for r in records:
-        qs = r.get("critical_questions") or []
-        if not qs:
+        if id(r) not in knowledge_of:
             continue
-        knowledge = (r.get("report") or "").strip()
-        got = [verdicts[(q, knowledge)] for q in qs]
+        knowledge, cut = knowledge_of[id(r)]
+        got = [verdicts[(q, knowledge)] for q in r["critical_questions"]]
         r["verdicts"] = [v.to_dict() for v in got]
         r["knowledge"] = sum(v.verdict for v in got) / len(got)
+        r["knowledge_from"] = source
         r["judge"] = cfg.name
+        counts["cut"] += cut
         counts["cached"] += sum(v.cached for v in got)
         counted = verdict_counts(r["verdicts"])
         counts["unparsed"] += counted["unparsed"]

@@ -77,6 +77,10 @@ def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, floa
     handoffs = [t.handoff_turn for t in batch if t.handoff_turn is not None]
     actions = sum(t.rounds for t in batch) or 1
     scalars = {f"learner/{k}": learner.get(k, 0.0) for k in ("loss", "grad_norm", "lr", "tokens_per_s")}
+    # OPD: the mean importance ratio π_now/π_behaviour (1 when the learner scores exactly the
+    # ids and logprobs the engine sampled, at the same weights) and the reverse-KL estimate.
+    scalars.update({f"learner/{k}": learner[k] for k in ("opd_ratio", "opd_reverse_kl", "opd_clip_frac")
+                    if k in learner})
     scalars.update({
         # The CE term trains teacher tokens (rose, teacher_sft); 0 = no such term this step.
         "learner/loss_teacher_ce": learner.get("loss_ce", 0.0),
@@ -90,6 +94,10 @@ def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, floa
         "rollout/truncated_rate": sum(t.truncated_turns for t in batch) / actions,
         "rollout/cut_before_action_rate": sum(t.cut_before_action for t in batch) / actions,
     })
+    read = sum(t.timing.get("teacher_scored_tokens", 0.0) for t in batch)
+    if read:  # OPD: tokens the teacher read to score the student's, per student token scored
+        scored = sum(len(x.teacher_logprobs) for t in batch for x in t.turns if x.teacher_logprobs is not None)
+        scalars["rollout/teacher_read_per_scored_token"] = read / max(scored, 1)
     ps = [t.handoff_p for t in batch if t.handoff_p is not None]
     if ps:  # decay: the takeover probability this batch's episodes played under
         scalars["rollout/handoff_p"] = sum(ps) / len(ps)

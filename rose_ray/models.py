@@ -191,6 +191,25 @@ def build_tiny_model(tokenizer: Any, size: TinySize, seed: int, max_positions: i
     return Qwen3ForCausalLM(config).eval()
 
 
+# Qwen3's vocabulary size (Qwen3-1.7B and Qwen3-32B): at this size the LM head, not the body,
+# decides the learner's memory, which the tiny models (8k vocabulary) cannot show.
+QWEN3_VOCAB_SIZE = 151_936
+QWEN3_VOCAB_SIZE_TINY = TinySize(64, 2, 4, 2, 16, 128)
+
+
+def build_qwen3_vocab_model(seed: int = 0, max_positions: int = 16384) -> Any:
+    """A 2-layer, 64-wide Qwen3 with Qwen3's vocabulary size and special-token ids, randomly
+    initialised (no tokenizer: token ids only), for the learner's memory and equality tests."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=QWEN3_VOCAB_SIZE, max_position_embeddings=max_positions,
+                         tie_word_embeddings=True, bos_token_id=None, eos_token_id=151645,
+                         pad_token_id=151643, **asdict(QWEN3_VOCAB_SIZE_TINY))
+    return Qwen3ForCausalLM(config).eval()
+
+
 def init_tiny(out_dir: str | Path, seed: int = 0, vocab_size: int = 8192, style: str = "plain") -> dict[str, Path]:
     """Make (or reuse) `out_dir/student` and `out_dir/teacher`; returns their paths."""
     out = Path(out_dir)

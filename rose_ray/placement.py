@@ -49,6 +49,8 @@ def demands(cfg: Any) -> list[RoleDemand]:
     student_n = int(getattr(r, "student_replicas", 1))
     teacher_n = int(getattr(r, "teacher_replicas", 1))
     learner = {"CPU": cfg.learner.cpus_per_rank, "GPU": cfg.learner.gpus_per_rank}
+    check_engine_gpus("student", cfg.student_engine, r.student_gpus)
+    check_engine_gpus("teacher", cfg.teacher_engine, r.teacher_gpus)
     student = {"CPU": r.student_cpus, "GPU": r.student_gpus}
     teacher = {"CPU": r.teacher_cpus, "GPU": r.teacher_gpus}
     if colocate and student_n > cfg.learner.ranks:
@@ -66,6 +68,19 @@ def demands(cfg: Any) -> list[RoleDemand]:
         RoleDemand("teacher engine", teacher_n, teacher, "PACK", group("teacher", teacher)),
         RoleDemand("learner ranks", cfg.learner.ranks, learner, "PACK", group("learner", learner)),
     ]
+
+
+def check_engine_gpus(role: str, engine: Any, gpus: float) -> None:
+    """A vllm engine's bundle holds one GPU per tensor-parallel rank (a fraction of one GPU
+    without tensor parallelism shares it with a colocated learner); only vllm splits a model."""
+    tp = int(engine.tensor_parallel_size)
+    if tp > 1 and engine.backend != "vllm":
+        raise PlacementError(f"{role}_engine.tensor_parallel_size: {tp}, but only the vllm backend splits a "
+                             f"model over GPUs ({role}_engine.backend is {engine.backend!r})")
+    if engine.backend == "vllm" and gpus > 0 and gpus != tp and not (tp == 1 and gpus < 1):
+        raise PlacementError(f"resources.{role}_gpus: {gpus:g}, but {role}_engine.tensor_parallel_size is {tp}: "
+                             f"the engine uses one GPU per tensor-parallel rank; set resources.{role}_gpus: {tp} "
+                             f"or {role}_engine.tensor_parallel_size: {gpus:g}")
 
 
 def check_fits(roles: list[RoleDemand], available: dict[str, float]) -> None:
@@ -138,6 +153,25 @@ class NodeInfo:
     @property
     def name(self) -> str:
         return f"{self.node_id[:8]} ({self.address})"
+
+
+def parse_nodes(specs: list[str]) -> list[NodeInfo]:
+    """`--node CPU=64,GPU=8[,env_node=1]` (repeatable; `Nx` in front for N such nodes)."""
+    nodes = []
+    for spec in specs:
+        count, _, body = spec.partition("x") if spec.split("x", 1)[0].isdigit() else ("1", "", spec)
+        res: dict[str, float] = {}
+        for item in body.split(","):
+            key, sep, value = item.partition("=")
+            try:
+                res[key.strip()] = float(value)
+            except ValueError:
+                sep = ""
+            if not sep or not key.strip():
+                raise ValueError(f"--node: expected RESOURCE=NUMBER[,...] (e.g. CPU=64,GPU=8), got {spec!r}")
+        for _ in range(int(count)):
+            nodes.append(NodeInfo(f"node{len(nodes)}", "described", dict(res), dict(res)))
+    return nodes
 
 
 def cluster_nodes() -> list[NodeInfo]:
@@ -295,24 +329,38 @@ class PlacementGroups:
 
 # --------------------------------------------------------------------------- rose-ray plan
 def plan_main(args: Any) -> int:
-    """`rose-ray plan`: print where each actor would go; exit 2 (PlacementError) when it can't fit."""
+    """`rose-ray plan`: print where each actor would go and each role's memory per GPU; exit 2
+    (PlacementError) when the cluster cannot hold it or a role cannot fit its GPUs."""
+    from rose_ray.check import parse_stand_ins
     from rose_ray.config import load_config
-    from rose_ray.rollout.actors import init_ray
+    from rose_ray.memory import check_memory, format_memory, gpu_memory, memory_plan
 
     cfg = load_config(args.config, args.overrides)
-    init_ray(args.address or cfg.ray_address)
-    nodes = cluster_nodes()
+    use_total = args.total
+    if args.node:
+        nodes, use_total = parse_nodes(args.node), True
+    else:
+        from rose_ray.rollout.actors import init_ray
+
+        init_ray(args.address or cfg.ray_address)
+        nodes = cluster_nodes()
     totals: dict[str, float] = {}
     for n in nodes:
         for k, v in _shown(n.total).items():
             totals[k] = totals.get(k, 0.0) + v
-    print(f"cluster: {len(nodes)} node(s), {_fmt(totals)}")
+    print(f"{'described' if args.node else 'cluster'}: {len(nodes)} node(s), {_fmt(totals)}")
     roles = demands(cfg)
     for d in roles:
         print(f"  {d.role:<16} {d.replicas} x {_fmt({k: v for k, v in d.per_replica.items() if v})}"
               f"  {d.strategy}{'  group ' + d.group if d.group else ''}")
-    placed = check_cluster(cfg, use_total=args.total, nodes=nodes)
+    placed = check_cluster(cfg, use_total=use_total, nodes=nodes)
     print()
-    print(format_plan(placed, nodes, use_total=args.total))
-    print(f"\nplan: the cluster can hold {cfg.name!r} ({len(placed)} units on {len({a.node.node_id for a in placed})} node(s))")
+    print(format_plan(placed, nodes, use_total=use_total))
+    gib, source = gpu_memory(args.gpu_memory, nodes)
+    memory = memory_plan(cfg, gib, parse_stand_ins(args.model_config_for or [], "--model-config-for"))
+    print()
+    print("\n".join(format_memory(memory, source)))
+    check_memory(memory)
+    print(f"\nplan: the cluster can hold {cfg.name!r} ({len(placed)} units on {len({a.node.node_id for a in placed})} node(s))"
+          + ("" if gib is None else "; every role fits its GPUs"))
     return 0

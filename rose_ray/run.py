@@ -45,11 +45,13 @@ class Run:
         self.rollout_window: list[Trajectory] = []
         self.t_start = time.time()
         self.weights_ms = 0.0
+        self.learn_s = 0.0  # wall seconds in learn_step: batching, the learner's step, publication
         self.replies = {"replies": 0, "truncated": 0, "cut_before_action": 0}  # trained episodes' replies
-        self.session = f"{run_dir.name}-{os.urandom(3).hex()}"
+        self.session = f"{cfg.name}-{os.urandom(3).hex()}"  # names its engines (a run folder is version_N)
         self.fatal: RoleFailed | None = None  # why the run must stop (a role lost for good, a stall)
         self.failed_in_a_row = 0  # episodes failed since the last one that finished
-        self.learner_restarts = 0
+        self.learner_restarts = 0  # in this process (reliability.max_restarts counts these)
+        self.restarts_before: dict[str, int] = {}  # per role, in the processes before a --resume
         self.producer: asyncio.Task | None = None
         self.episode_tasks: set[asyncio.Task] = set()
         self.eval_task: asyncio.Task | None = None
@@ -95,7 +97,7 @@ class Run:
             # Named, so the dashboard (and bench/chaos.py) can tell them apart.
             student_options={**self.groups.options("student engine"), "name": f"rose_ray {self.session} student engine"},
             teacher_options={**self.groups.options("teacher engine"), "name": f"rose_ray {self.session} teacher engine"},
-            enable_thinking=cfg.chat.enable_thinking,
+            enable_thinking=cfg.chat.enable_thinking, history=cfg.chat.history,
         )
         r = cfg.reliability  # a lost engine is replaced on its placement; past max_restarts the run stops
         self.engines = EngineSupervisor(r.max_restarts, r.health_every_s, r.health_timeout_s, r.start_timeout_s,
@@ -129,13 +131,16 @@ class Run:
         self.start_state = self.checkpoint_state()  # where "back to the latest checkpoint" goes without one
         self.start_state["ledger"]["offset"] = 0
         if self.resume:
-            self.load_checkpoint()
+            self.restarts_before = dict(self.load_checkpoint().get("restarts", {}))
 
     def new_buffer(self, counters: Any = None) -> Any:
         from rose_ray.rollout.buffer import TrajectoryBuffer
 
+        # Lag makes only the student's own tokens off-policy: a recipe that trains none of them
+        # (ROSE without its OPD term) keeps every episode.
         return TrajectoryBuffer(self.cfg.rollout.batch_episodes, self.cfg.rollout.max_lag, counters,
-                                on_drop=lambda t: self.ledger.record(t.episode_id, "dropped_stale"))
+                                on_drop=lambda t: self.ledger.record(t.episode_id, "dropped_stale"),
+                                drop_stale=self.token_weights.trains("student"))
 
     # ----------------------------------------------------------------- checkpoints
     @property
@@ -148,7 +153,8 @@ class Run:
         return {"step": self.step, "version": self.learner.version, "ledger": self.ledger.state(),
                 "buffer": self.buffer.resumable_counters().as_dict(),
                 "runner": self.runner.resumable_counters(len(self.buffer.items)).as_dict(),
-                "replies": dict(self.replies), "history": copy.deepcopy(self.history)}
+                "replies": dict(self.replies), "history": copy.deepcopy(self.history),
+                "restarts": self.restarts()}
 
     def save_checkpoint(self, state: dict[str, Any] | None = None) -> None:
         state = state or self.checkpoint_state()
@@ -180,9 +186,10 @@ class Run:
             self.learner_unsure = True
             raise
 
-    def load_checkpoint(self, publish: bool = True) -> None:
+    def load_checkpoint(self, publish: bool = True) -> dict[str, Any]:
         """Back to the latest checkpoint (or the start, without one): the learner, the game order
-        and the episodes open then (played again first), counters, and the logs cut to match."""
+        and the episodes open then (played again first), counters, and the logs cut to match.
+        Returns the trainer's state it went back to."""
         from rose_ray.rollout.buffer import BufferCounters
         from rose_ray.rollout.ledger import keep_steps
         from rose_ray.rollout.runner import RunnerCounters
@@ -206,6 +213,7 @@ class Run:
             self.publish_now(self.student.engine)  # the student engine starts from the checkpoint's weights
         print(f"train: {self.run_dir} at step {self.step} (policy version {self.learner.version}); "
               f"{len(self.ledger.replay)} open episodes to play again", flush=True)
+        return state
 
     @property
     def model_dir(self) -> Path:
@@ -345,6 +353,7 @@ class Run:
         p50 = [h["step_ms_p50"] for h in health if h["step_ms_p50"] is not None]
         p95 = [h["step_ms_p95"] for h in health if h["step_ms_p95"] is not None]
         lags = self.buffer.lags[-len(batch):]
+        restarts = self.restarts()
         return {
             "rollout/episodes_per_s": len(self.rollout_window) / window_s,
             "async/policy_lag": sum(lags) / len(lags) if lags else 0.0,
@@ -355,8 +364,8 @@ class Run:
             "env/restarts": float(self.runner.counters.restarts + sum(h["restarts"] for h in health)),
             "weights/sync_ms": self.weights_ms,
             "weights/version": float(self.learner.version),
-            "reliability/engine_restarts": float(sum(self.engines.restarts().values())),
-            "reliability/learner_restarts": float(self.learner_restarts),
+            "reliability/engine_restarts": float(sum(n for role, n in restarts.items() if role != "learner")),
+            "reliability/learner_restarts": float(restarts["learner"]),
         }
 
     async def final_checkpoint(self) -> bool:
@@ -392,6 +401,13 @@ class Run:
         lines += await ping_pools(self.pools) or [f"env pools: all {len(self.pools)} answer a ping"]
         return "\n  ".join(lines)
 
+    def restarts(self) -> dict[str, int]:
+        """Replacements per role over the whole run: this process's, plus those before a resume
+        (kept in each checkpoint; a learner group going back to one keeps counting on)."""
+        now = {**self.engines.restarts(), "learner": self.learner_restarts}
+        roles = {**self.restarts_before, **now}
+        return {role: self.restarts_before.get(role, 0) + now.get(role, 0) for role in roles}
+
     def doing(self, what: str) -> None:
         self.phase = (what, time.monotonic())
 
@@ -408,7 +424,7 @@ class Run:
             "buffer": self.buffer.counters.as_dict(), "runner": self.runner.counters.as_dict(),
             "replies": self.replies,
             "accounting_holds": self.buffer.accounting_holds(),
-            "restarts": {**self.engines.restarts(), "learner": self.learner_restarts},
+            "restarts": self.restarts(),
             "episodes": dict(self.ledger.outcomes),  # outcomes in episodes.jsonl
         }
 

@@ -3,7 +3,8 @@
 Tokens in, tokens out: a trajectory's turns carry the ids the engine produced or appended,
 and those ids are concatenated as they are (an empty list means the turn's ids live in an
 earlier turn, like the acknowledgement inside the opening). Text-only turns (dataset rows)
-are rendered with `ChatFormat` the way rollouts build them.
+are rendered with `ChatFormat` the way rollouts build them: per-turn pieces, or under
+`history="template"` the template's rendering of the whole conversation.
 
 A trajectory is cut once, where the engine cut it: `Trajectory.context_cut` lists the turns
 the engine's context policy left out of its last prompt, and they are left out here too. What
@@ -19,7 +20,7 @@ produced: that id gets no weight (`Sequence.trainable`), the sampled ids keep th
 
 Packed rows: several sequences share a row; `attention_mask` holds the 1-based segment number of
 each token (0 = padding), from which the learner derives position ids that restart at every
-segment (and a block-diagonal mask: learner/worker.segment_mask).
+segment and the segment boundaries its attention keeps apart (learner/attention.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from rose_ray.chat import ChatFormat
+from rose_ray.learner.batching import first_fit
 from rose_ray.types import OWNERS, Batch, Trajectory, Turn
 
 OWNER_INDEX = {o: i for i, o in enumerate(OWNERS)}
@@ -105,7 +107,10 @@ def turn_ids(turns: list[Turn], fmt: ChatFormat | None) -> list[list[int]]:
 
 
 def with_ids(turns: list[Turn], fmt: ChatFormat | None) -> list[Turn]:
-    """The turns with their ids filled in (`turn_ids`), so later steps need not render again."""
+    """The turns with their ids filled in (`turn_ids`), so later steps need not render again;
+    text-only turns under a template-history format get the template's whole rendering."""
+    if fmt is not None and fmt.history == "template" and not any(t.token_ids for t in turns):
+        return fmt.apply_template(turns, add_generation_prompt=False)
     return [replace(t, token_ids=ids) for t, ids in zip(turns, turn_ids(turns, fmt))]
 
 
@@ -121,7 +126,9 @@ def render(traj: Trajectory | list[Turn], fmt: ChatFormat | None = None, cut: It
     """
     turns = traj.turns if isinstance(traj, Trajectory) else traj
     left_out = set(cut) | (set(traj.context_cut) if isinstance(traj, Trajectory) else set())
-    ids = turn_ids(turns, fmt)
+    if not any(t.token_ids for t in turns):  # text only (a dataset row): render it
+        turns = with_ids(turns, fmt)
+    ids = [t.token_ids for t in turns]
     kept = [i for i in range(len(turns)) if i not in left_out]
     if max_tokens is not None:
         last = max((i for i, t in enumerate(turns) if t.role == "assistant" and t.owner != "prompt"), default=-1)
@@ -148,7 +155,7 @@ def render(traj: Trajectory | list[Turn], fmt: ChatFormat | None = None, cut: It
                 raise ValueError(f"turn {index}: {len(t.teacher_logprobs)} teacher logprobs for {n} token ids")
             teacher[: len(t.teacher_logprobs)] = t.teacher_logprobs
         seq.teacher_logprobs += teacher
-        keep = [True] * n
+        keep = [i >= t.frame for i in range(n)]  # a template's role header is context
         if n and t.truncated and t.role == "assistant":
             keep[-1] = False  # the end-of-turn id appended after the cut
         seq.trainable += keep
@@ -173,21 +180,11 @@ def loss_turns(seq: Sequence, n_turns: int, weights: TokenWeights) -> list[bool]
 
 def pack(lengths: list[int], max_tokens: int) -> list[list[int]]:
     """Sequence indices per row, first-fit decreasing, each row at most max_tokens."""
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        if lengths[i] > max_tokens:
-            raise ValueError(f"sequence {i} has {lengths[i]} tokens > max_tokens={max_tokens} "
+    for i, n in enumerate(lengths):
+        if n > max_tokens:
+            raise ValueError(f"sequence {i} has {n} tokens > max_tokens={max_tokens} "
                              "(learner.max_tokens must hold the engine's whole context)")
-        for r, free in enumerate(room):
-            if lengths[i] <= free:
-                rows[r].append(i)
-                room[r] -= lengths[i]
-                break
-        else:
-            rows.append([i])
-            room.append(max_tokens - lengths[i])
-    return rows
+    return first_fit(lengths, max_tokens)
 
 
 def make_batch(seqs: list[Sequence], weights: TokenWeights, max_tokens: int, pad_id: int = 0) -> Batch:

@@ -2,6 +2,9 @@
 
     rose-ray train [--config configs/tiny.yaml] [key=value ...] [--resume RUN_DIR]
 
+Each fresh run gets its own folder, `<run_dir>/version_N` (`runs.py`); `--resume <run_dir>` goes
+on with the latest of them.
+
 1. The run's actors start (`run.py`): env pools, a student and a teacher engine, the learner.
    The algorithm is a recipe (`recipes/`): who acts at each turn (the handoff), whether the
    teacher scores the student's tokens, and which tokens train.
@@ -32,10 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rose_ray.config import load_config, to_yaml
+from rose_ray.config import TrainConfig, load_config, to_yaml
 from rose_ray.learner.learner import LearnerLost
 from rose_ray.reliability import RoleFailed, describe_error
 from rose_ray.run import Run, results_table
+from rose_ray.runs import holds_run, new_version, resolve_run
 from rose_ray.types import Trajectory
 
 
@@ -189,6 +193,7 @@ class Trainer(Run):
     async def learn_step(self, batch: list[Trajectory]) -> dict[str, float]:
         from rose_ray.tokens import loss_turns, make_batch, render
 
+        t0 = time.perf_counter()
         # Trajectories to tokens, each cut where its engine cut it, with the recipe's weights.
         seqs = [render(t, max_tokens=self.cfg.learner.max_tokens) for t in batch]
         made = make_batch(seqs, self.token_weights, self.cfg.learner.max_tokens, self.pad_id)
@@ -205,6 +210,7 @@ class Trainer(Run):
         if self.step % self.cfg.publish_every == 0:
             self.doing("publishing weights")
             await self.publish()
+        self.learn_s += time.perf_counter() - t0  # the learner's side of a step (bench/pipeline.py's L)
         return metrics
 
     async def log_step(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
@@ -258,24 +264,26 @@ class Trainer(Run):
 
 # --------------------------------------------------------------------------- entry point
 def train(config: str | None = None, overrides: list[str] | None = None, resume: str | None = None) -> dict[str, Any]:
+    """A fresh run in a new `version_N` folder under the config's run_dir (or exactly in a
+    `run_dir=` given as an override), or `resume`: a run folder, or a run_dir meaning its latest."""
     from rose_ray.check import check_served_engines
 
     if resume:
-        run_dir = Path(resume)
-        saved = run_dir / "config.yaml"
-        if not saved.is_file():
-            raise ValueError(f"--resume {resume}: no config.yaml there (not a run directory)")
-        cfg = load_config(saved, overrides, saved=True)
+        try:
+            run_dir = resolve_run(resume)
+        except ValueError as e:
+            raise ValueError(f"--resume {e}") from None
+        cfg = load_config(run_dir / "config.yaml", overrides, saved=True)
     else:
         cfg = load_config(config, overrides)
-        run_dir = Path(cfg.run_dir)
-        if (run_dir / "checkpoints" / "latest").exists():
-            raise ValueError(f"run_dir {run_dir} already holds a run: use --resume {run_dir} or another name=")
     for line in check_served_engines(cfg):  # a served model that cannot do the job: exit 2, nothing written
         print(f"train: {line}", flush=True)
     if not resume:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = fresh_run_dir(cfg, named=any(o.partition("=")[0].strip() == "run_dir" for o in overrides or []))
+        # The config as given: its run_dir is where runs go, so training from this file again
+        # makes the next version.
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        print(f"train: new run in {run_dir}", flush=True)
     trainer = Trainer(cfg, run_dir, resume=bool(resume))
     try:
         trainer.start()
@@ -287,6 +295,24 @@ def train(config: str | None = None, overrides: list[str] | None = None, resume:
     print(f"train: {summary['steps']} steps; model in {summary['model']} (rose-ray eval --model {summary['model']})")
     print(f"train: run in {run_dir} (TensorBoard: tensorboard --logdir {run_dir}/tb)")
     return summary
+
+
+def fresh_run_dir(cfg: TrainConfig, named: bool) -> Path:
+    """Where a fresh run goes: a new version under the config's run_dir; with `named` (run_dir=
+    on the command line) that folder itself. A run already there is refused, never overwritten."""
+    where = Path(cfg.run_dir)
+    if named:
+        if holds_run(where):
+            raise ValueError(f"run_dir {where} already holds a run: continue it with --resume {where}, or "
+                             "give another run_dir= (without run_dir=, each run gets a new version_N folder "
+                             "under the config's run_dir)")
+        where.mkdir(parents=True, exist_ok=True)
+        return where
+    if (where / "config.yaml").is_file():  # one run, not a folder of versions (an older layout)
+        raise ValueError(f"run_dir {where} holds a run itself (its config.yaml): continue it with --resume "
+                         f"{where}, or move it away (mv {where} {where}_old) so that runs go to "
+                         f"{where}/version_N, or give another name=")
+    return new_version(where)
 
 
 def cli_main(args) -> int:

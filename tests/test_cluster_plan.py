@@ -43,16 +43,33 @@ def test_an_actor_must_fit_on_one_node_not_just_in_total():
     assert a.node.address == "10.0.0.c"
 
 
-def test_seed_config_fits_a_four_gpu_node_with_env_nodes_and_not_two_gpus():
+def test_seed_config_fits_an_eight_gpu_node_with_env_nodes_and_not_four_gpus():
     cfg = load_config(SEED, ["env.resources.env_node=1"])
-    nodes = [node("g", CPU=32, GPU=4), node("e", CPU=64, env_node=1000), node("f", CPU=64, env_node=1000)]
+    nodes = [node("g", CPU=32, GPU=8), node("e", CPU=64, env_node=1000), node("f", CPU=64, env_node=1000)]
     placed = plan(demands(cfg), nodes)
     where = {a.unit.label: a.node.address for a in placed}
     assert where["student engine"] == where["teacher engine"] == where["learner ranks #0"] == "10.0.0.g"
     env = [a.node.address for a in placed if a.unit.label.startswith("env workers")]
     assert len(env) == 8 and env.count("10.0.0.e") == env.count("10.0.0.f") == 4  # spread evenly
-    with pytest.raises(PlacementError, match=r"learner ranks #\d .*GPU"):
-        plan(demands(cfg), [node("g", CPU=32, GPU=2)] + nodes[1:])
+    with pytest.raises(PlacementError, match=r"(student engine|learner ranks #\d) .*GPU"):
+        plan(demands(cfg), [node("g", CPU=32, GPU=4)] + nodes[1:])  # the teacher takes all four
+
+
+def test_a_tensor_parallel_engine_reserves_one_bundle_of_its_gpus():
+    cfg = load_config(SEED)  # teacher_engine.tensor_parallel_size 4 on vllm
+    teacher = next(u for u in units(demands(cfg)) if u.label == "teacher engine")
+    assert teacher.resources["GPU"] == 4 and teacher.group == "teacher"
+    # Two 4-GPU nodes: the teacher's four land together on one of them.
+    placed = plan(demands(cfg), [node("a", CPU=32, GPU=4), node("b", CPU=32, GPU=4)])
+    assert len({a.node.address for a in placed if a.unit.label == "teacher engine"}) == 1
+    with pytest.raises(PlacementError, match=r"resources.teacher_gpus: 2, but teacher_engine.tensor_parallel_size is 4.*"
+                                             r"set resources.teacher_gpus: 4"):
+        demands(load_config(SEED, ["resources.teacher_gpus=2"]))
+    with pytest.raises(PlacementError, match=r"resources.student_gpus: 2, but student_engine.tensor_parallel_size is 1"):
+        demands(load_config(SEED, ["resources.student_gpus=2"]))
+    with pytest.raises(PlacementError, match=r"teacher_engine.tensor_parallel_size: 4, but only the vllm backend"):
+        demands(load_config(SEED, ["teacher_engine.backend=hf"]))
+    demands(load_config(SEED, ["teacher_engine.tensor_parallel_size=2", "resources.teacher_gpus=2"]))
 
 
 def test_separate_gpu_sets_by_default_and_colocation_shares_bundles():
@@ -107,6 +124,8 @@ def test_plan_prints_where_each_actor_goes(cluster, capsys):
     assert {env_nodes[0][:8], env_nodes[1][:8]} == {n[:8] for n in env_nodes
                                                     if any(n[:8] in rows[k] for k in ("env workers #0", "env workers #1"))}
     assert "plan: the cluster can hold 'tiny'" in out
+    # Memory per GPU: printed, not checked, when no one says how big the GPUs are.
+    assert "GPU: unknown (pass --gpu-memory GiB to check that each role fits)" in out
 
 
 def test_plan_rejects_what_the_cluster_cannot_hold(cluster, capsys):

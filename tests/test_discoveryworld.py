@@ -31,35 +31,43 @@ def game():
     g.close()
 
 
-def test_catalogue_lists_35_pairs_by_5_seeds_in_the_packages_order():
+def test_catalogue_lists_35_pairs_by_10_seeds_and_tests_on_the_benchmarks_instances():
     from discoveryworld.ScenarioMaker import SCENARIO_INFOS
 
     package_pairs = [(name, d) for name, info in SCENARIO_INFOS.items() for d in info["difficulty"]]
     assert list(PAIRS) == package_pairs and len(PAIRS) == 35
-    assert len(CATALOGUE) == 175 and len(CATALOGUE.task_names()) == 35
-    assert {g.variation for g in CATALOGUE.games} == {1, 2, 3, 4, 5}
-    # Split by seed: 1-3 train, 4 dev, 5 test, every pair in every split.
-    sizes = {s: len(CATALOGUE.split(s)) for s in ("train", "dev", "test")}
-    assert sizes == {"train": 105, "dev": 35, "test": 35}
-    assert {g.variation for g in CATALOGUE.split("test")} == {5}
-    assert all(c == {"all": 5, "train": 3, "dev": 1, "test": 1} for c in CATALOGUE.task_counts().values())
-    g = CATALOGUE.game("discoveryworld_7")
+    assert len(CATALOGUE) == 350 and len(CATALOGUE.task_names()) == 35
+    assert {g.variation for g in CATALOGUE.games} == set(range(10))
+    # test = the benchmark: seeds 0-4 of the paper's 24 theme pairs and 10 unit tests;
+    # training never sees a benchmark instance.
+    test = CATALOGUE.split("test")
+    assert len(test) == 170 and {g.variation for g in test} == {0, 1, 2, 3, 4}
+    assert {CATALOGUE.scenario(g).kind for g in test} == {"theme", "unit test"}
+    assert {g.variation for g in CATALOGUE.split("dev")} == {9} and len(CATALOGUE.split("dev")) == 35
+    train = CATALOGUE.split("train")
+    assert len(train) == 34 * 4 + 9 and not set(train) & set(test)
+    assert all(g.variation >= 5 for g in train if CATALOGUE.scenario(g).kind != "tutorial")
+    counts = CATALOGUE.task_counts()
+    assert counts["tutorial-normal"] == {"all": 10, "train": 9, "dev": 1, "test": 0}
+    assert all(c == {"all": 10, "train": 4, "dev": 1, "test": 5} for t, c in counts.items() if t != "tutorial-normal")
+    g = CATALOGUE.game("discoveryworld_13")
     assert CATALOGUE.scenario(g).name == "Combinatorial Chemistry" and CATALOGUE.scenario(g).seed == 3
-    assert g.world == "discoveryworld" and CATALOGUE.game(7) == g
+    assert g.world == "discoveryworld" and CATALOGUE.game(13) == g
+    assert CATALOGUE.game("discoveryworld_10") == CATALOGUE.find("combinatorial-chemistry-easy", 0)
     with pytest.raises(ValueError, match="is a sciworld game, not discoveryworld; pass --world sciworld"):
         CATALOGUE.game("sciworld_7")
     with pytest.raises(ValueError, match="not an item id"):
         CATALOGUE.game("jar_7")
     with pytest.raises(KeyError, match="outside"):
-        CATALOGUE.game("discoveryworld_175")
+        CATALOGUE.game("discoveryworld_350")
 
 
-def test_the_same_seed_gives_the_same_game_in_two_processes():
+def test_seed_0_loads_and_gives_the_same_game_in_two_processes():
     a, b = DiscoveryWorldGame(), DiscoveryWorldGame()
     try:
         assert a.pid != b.pid
-        for task in CATALOGUE.task_names():  # every scenario, seed 2
-            g = CATALOGUE.find(task, 2)
+        for task in CATALOGUE.task_names():  # every scenario, seed 0 (a benchmark seed; 0 is falsy)
+            g = CATALOGUE.find(task, 0)
             assert a.load(g).observation == b.load(g).observation, task
             for action in ("move east", "face north", "read feed"):
                 assert a.step(action).observation == b.step(action).observation, (task, action)
@@ -147,7 +155,7 @@ def test_gold_says_plainly_that_there_is_none(game, tmp_path):
 def test_check_data_knows_discoveryworld_ids(tmp_path):
     from rose_ray.rows import write_jsonl
 
-    row = {"item_id": "discoveryworld_5", "task": "combinatorial-chemistry-easy", "var": 1, "score": 0.0,
+    row = {"item_id": "discoveryworld_11", "task": "combinatorial-chemistry-easy", "var": 1, "score": 0.0,
            "success": False, "rounds": 0,
            "conversations": [{"from": "human", "value": "instr", "owner": "prompt"},
                              {"from": "gpt", "value": "ok", "owner": "prompt"},
@@ -165,18 +173,18 @@ def test_check_data_knows_discoveryworld_ids(tmp_path):
 def test_env_pool_hosts_discoveryworld_and_replaces_a_killed_worker():
     pool = EnvPool(num_games=2, world="discoveryworld", max_turns=10)
     try:
-        assert pool.reset(0, "discoveryworld_5").observation.startswith("Task: ")
-        pool.reset(1, "discoveryworld_6")
+        assert pool.reset(0, "discoveryworld_11").observation.startswith("Task: ")
+        pool.reset(1, "discoveryworld_12")
         results = pool.step_many({0: "teleport to jar", 1: "face north"})
         assert not results[0].interrupted and not results[1].interrupted
         old = pool.pids()[0]
         os.kill(old, signal.SIGKILL)
         r = pool.step(0, "pick up jar")
-        assert r.interrupted and r.done and r.game == CATALOGUE.game("discoveryworld_5")
+        assert r.interrupted and r.done and r.game == CATALOGUE.game("discoveryworld_11")
         health = pool.health()
         assert health[0]["restarts"] == 1 and health[0]["alive"] and pool.pids()[0] != old
         assert health[1]["restarts"] == 0 and health[1]["world"] == "discoveryworld"
-        assert pool.reset(0, "discoveryworld_5").observation.startswith("Task: ")
+        assert pool.reset(0, "discoveryworld_11").observation.startswith("Task: ")
         assert not pool.step(0, "teleport to jar").interrupted
         # A slot asked for a game of the other world swaps its process for that world's.
         from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
@@ -194,7 +202,8 @@ def test_env_pool_hosts_discoveryworld_and_replaces_a_killed_worker():
 def test_eval_of_the_tiny_student_on_easy_games(tiny_models, ray_cluster, tmp_path):
     from rose_ray.evaluate import EvalJob, run_eval
 
-    easy = [g.item_id for g in CATALOGUE.split("test") if g.task.endswith("-easy")][:3]
+    easy = [CATALOGUE.find(f"{theme}-easy", 0).item_id  # benchmark instances, three themes
+            for theme in ("combinatorial-chemistry", "archaeology-dating", "plant-nutrients")]
     ids = tmp_path / "easy.json"
     ids.write_text(json.dumps(easy))
     cfg = EvalJob(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=None,
@@ -285,7 +294,7 @@ def test_a_worker_ends_when_its_parent_is_killed(tmp_path):
 def test_cli_takes_the_world_from_the_item_id(capsys):
     from rose_ray.cli import main
 
-    assert main(["games", "--show", "discoveryworld_170"]) == 0
-    assert capsys.readouterr().out.startswith("discoveryworld_170  task=small-skills-moving-agents-test-normal")
+    assert main(["games", "--show", "discoveryworld_340"]) == 0
+    assert capsys.readouterr().out.startswith("discoveryworld_340  task=small-skills-moving-agents-test-normal")
     assert main(["games", "--world", "discoveryworld", "--show", "sciworld_3"]) == 2
     assert "is a sciworld game, not discoveryworld; pass --world sciworld" in capsys.readouterr().err

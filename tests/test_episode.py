@@ -58,9 +58,13 @@ class ScriptedEngine:
 
     def __init__(self, chat: ChatFormat, actions: list[str], version: int = 7, dropped: int = 0) -> None:
         self.chat, self.actions, self.version, self.dropped = chat, list(actions), version, dropped
-        self.requests = []
+        self.requests, self.scored = [], []
         self.generate = Remote(self._generate)
-        self.score = Remote(lambda prompt, ids: [-0.25] * len(ids))
+        self.score = Remote(self._score)
+
+    def _score(self, prompt: list[int], ids: list[int]) -> list[float]:
+        self.scored.append((list(prompt), list(ids)))
+        return [-0.25] * len(ids)
 
     def _generate(self, request) -> GenerationResult:
         self.requests.append(request)
@@ -155,14 +159,34 @@ def test_the_engines_context_cut_is_recorded_and_the_learner_leaves_it_out(chats
     assert seq.input_ids == [i for n, x in enumerate(t.turns) if n not in (3, 4) for i in x.token_ids]
 
 
-def test_opd_scores_every_student_token_with_the_teacher(chats):
+@pytest.mark.parametrize("dropped", [0, 2])
+def test_opd_scores_every_student_token_in_one_pass_over_what_the_learner_trains_on(chats, dropped):
     chat = chats["student"]
-    student = Agent(ScriptedEngine(chat, ["a", "b"]), chat, "student")
-    teacher = Agent(ScriptedEngine(chat, []), chat, "teacher", context_tokens=4096)
-    t = play(student, teacher, HandoffConfig("none"), max_turns=2, scored=True)
-    assert owners(t) == ["student", "student"]
-    for x in t.turns:
-        if x.owner == "student":
-            assert x.teacher_logprobs == [-0.25] * len(x.token_ids)
+    student = Agent(ScriptedEngine(chat, ["a", "b", "c"], dropped=dropped), chat, "student")
+    teacher_engine = ScriptedEngine(chat, [])
+    teacher = Agent(teacher_engine, chat, "teacher", context_tokens=4096)
+    t = play(student, teacher, HandoffConfig("none"), max_turns=3, scored=True)
+    assert owners(t) == ["student"] * 3
+    for n, x in enumerate(t.turns):
+        if x.owner == "student":  # a turn the learner leaves out is not scored
+            assert x.teacher_logprobs == (None if n in t.context_cut else [-0.25] * len(x.token_ids))
+    # The teacher read the episode once (not once per turn), as the learner will see it: the
+    # turns the engine's last prompt left out are left out of the teacher's pass too.
+    assert len(teacher_engine.scored) == 1
     seq = render(t)
-    assert sum(v == -0.25 for v in seq.teacher_logprobs) == sum(len(x.token_ids) for x in t.turns if x.owner == "student")
+    prompt, ids = teacher_engine.scored[0]
+    assert prompt + ids == seq.input_ids[: len(prompt) + len(ids)]
+    first_student = next(a for (i, n), a in zip(seq.turn_spans, _starts(seq)) if t.turns[i].owner == "student")
+    assert len(prompt) == first_student
+    assert t.timing["teacher_scored_tokens"] == len(prompt) + len(ids) < sum(len(x.token_ids) for x in t.turns)
+    assert sum(v == -0.25 for v in seq.teacher_logprobs) == sum(
+        len(x.token_ids) for n, x in enumerate(t.turns) if x.owner == "student" and n not in t.context_cut)
+    assert len(t.context_cut) == dropped
+
+
+def _starts(seq) -> list[int]:
+    out, at = [], 0
+    for _, n in seq.turn_spans:
+        out.append(at)
+        at += n
+    return out

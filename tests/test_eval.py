@@ -34,7 +34,7 @@ def test_metrics_on_hand_made_trajectories():
 
 def test_success_is_the_worlds_not_a_score_threshold():
     # DiscoveryWorld: success is `completedSuccessfully`, whatever the sub-goal score.
-    game = GameId("tutorial-normal", 1, "discoveryworld_0", world="discoveryworld")
+    game = GameId("tutorial-normal", 0, "discoveryworld_0", world="discoveryworld")
     done = game_record(Trajectory(game=game, turns=[], score=0.6, raw_score=60, success=True, rounds=3))
     partial = game_record(Trajectory(game=game, turns=[], score=1.0, raw_score=100, success=False, rounds=3))
     o = summarise([done, partial])["overall"]
@@ -121,3 +121,20 @@ def test_eval_takes_a_runs_tasks_and_picks_its_eval_games(tmp_path, capsys):
     assert main(["eval", "--model", str(tmp_path), "--tasks", "find-plant,boil-everything",
                  "--out", str(tmp_path / "e")]) == 2
     assert "tasks: unknown task(s) ['boil-everything']" in capsys.readouterr().err
+
+
+def test_eval_ends_an_episode_at_the_context_by_default(tiny_models, ray_cluster, tmp_path):
+    """AgentGym's rule is the default of `rose-ray eval` (and collect, continue): a prompt that
+    no longer fits ends the episode, recorded as end reason `context`; `--context-policy
+    drop_oldest` plays on by dropping old turns."""
+    from rose_ray.cli import main
+
+    base = ["eval", "--model", str(tiny_models["student"]), "--n", "1", "--max-turns", "12",
+            "--max-new-tokens", "32", "--context-tokens", "900", "--concurrency", "1"]
+    assert main([*base, "--out", str(tmp_path / "end")]) == 0
+    [ended] = json.loads((tmp_path / "end.json").read_text())["games"]
+    assert ended["end_reason"] == "context" and 0 < ended["turns"] < 12
+    assert main([*base, "--context-policy", "drop_oldest", "--out", str(tmp_path / "drop")]) == 0
+    [dropped] = json.loads((tmp_path / "drop.json").read_text())["games"]
+    assert dropped["item_id"] == ended["item_id"] and dropped["turns"] > ended["turns"]
+    assert dropped["end_reason"] != "context"

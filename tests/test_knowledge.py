@@ -1,6 +1,7 @@
-"""DiscoveryWorld scored as its paper scores it: the report turn on real games, the judge
-(parse, cache, a `rose-ray serve` judge over HTTP and a local-folder judge), the tables in the
-shape of the paper's Tables 4 and 5, and the paper's step limits.
+"""DiscoveryWorld scored as its paper scores it: the agent's thoughts (or its report, asked after
+the last observation) judged one critical question at a time with a JSON answer (parse, cache, a
+`rose-ray serve` judge over HTTP and a local-folder judge), the tables in the shape of the
+paper's Tables 4 and 5, and the paper's step limits.
 
 The judges here are tiny untrained models: their verdicts are noise. The tests check the
 mechanics (every question asked once and recorded, answers parsed or counted as unparsed,
@@ -27,48 +28,74 @@ from rose_ray.judge import (
     JudgeUnavailable,
     VerdictCache,
     check_judge,
+    episode_thoughts,
+    fit_knowledge,
+    judge_messages,
     judge_records,
     parse_verdict,
 )
 
 CATALOGUE = DiscoveryWorldCatalogue()
-CHEMISTRY = CATALOGUE.find("combinatorial-chemistry-easy", 5)
-ARCHAEOLOGY = CATALOGUE.find("archaeology-dating-easy", 5)
+CHEMISTRY = CATALOGUE.find("combinatorial-chemistry-easy", 0)
+ARCHAEOLOGY = CATALOGUE.find("archaeology-dating-easy", 0)
 NAME = "tiny-judge"
 
 
 # --------------------------------------------------------------------------- parsing and cache
+ANSWER = '{"criticalQuestion": "Q?", "evaluation": %s, "explanation": "it names the compound"}'
+
+
 @pytest.mark.parametrize("answer, verdict, parsed", [
-    ("Reason: the report names the mixture.\nVerdict: 1", 1, True),
-    ("**Verdict:** 0\nReason: it never mentions the key", 0, True),
-    ('{"verdict": 1, "reason": "states the compound"}', 1, True),
-    ("<think>Verdict: 0 at first</think>Reason: it does.\nVerdict: yes", 1, True),
-    ("Verdict = no", 0, True),
-    ("1", 1, True),
-    ("Verdict: 2", 0, False),  # not a verdict: counts 0, as unparsed
-    ("Verdict: 0.5", 0, False),
-    ("Thought: go north\nAction: move north", 0, False),
+    (ANSWER % 1, 1, True),
+    (ANSWER % 0, 0, True),
+    ("```json\n" + ANSWER % 1 + "\n```", 1, True),  # a local judge without JSON mode fences it
+    ("Here is my answer: " + ANSWER % 1, 1, True),
+    ("<think>evaluation 0 at first</think>" + ANSWER % 1, 1, True),
+    (ANSWER % '"1"', 0, False),  # a string: the paper's scorer does not count it either
+    (ANSWER % "true", 0, False),
+    (ANSWER % 2, 0, False),
+    (ANSWER % 0.5, 0, False),
+    ('{"criticalQuestion": "Q?", "explanation": "no key"}', 0, False),
+    ("Reason: it does.\nVerdict: 1", 0, False),  # the old two-line answer is no JSON
+    ('[{"evaluation": 1}]', 0, False),
     ("", 0, False),
-    ("<think>Verdict: 1, I think, but", 0, False),  # cut while thinking: nothing is an answer
-    ("Verdict: 0\nReason: the correct answer is 1 part A", 0, True),  # the Verdict line wins
-    ("Reason: it does.\nVerdict: 1\n\nNote: my answer is no longer certain", 1, True),
-    # `<think>` was in the prompt (some templates): only what follows `</think>` is the answer
-    ("the reasoning</think>\nVerdict: 1", 1, True),
-    ("the reasoning says Verdict: 1 at first</think>\nReason: unsure", 0, False),
+    ('<think>{"evaluation": 1}, I think, but', 0, False),  # cut while thinking: nothing is an answer
 ])
-def test_verdicts_are_parsed_and_malformed_ones_count_zero(answer, verdict, parsed):
+def test_verdicts_are_the_json_evaluation_and_malformed_ones_count_zero(answer, verdict, parsed):
     v = parse_verdict(answer, "Q?")
     assert (v.verdict, v.parsed, v.question) == (verdict, parsed, "Q?")
-    if answer.startswith("Reason: the report"):
-        assert v.reason == "the report names the mixture."
-    if answer.startswith("{"):
-        assert v.reason == "states the compound"
+    if parsed:
+        assert v.explanation == "it names the compound"
+
+
+def test_the_judge_reads_the_agents_thoughts_as_the_papers_scorer_does():
+    replies = ["Thought: the jar looks useful.\nAction: pick up jar", "<think>hm</think>Action: move north",
+               "Thought: mixing A and C removed the rust!\nAction: done", "no format at all"]
+    assert episode_thoughts(replies) == ("Thought 1: the jar looks useful.\n"
+                                         "Thought 2: mixing A and C removed the rust!\nThought 3: no format at all\n")
+    [message] = judge_messages("Find the rust remover.", "Thought 1: A and C.\n", "Does it clearly state A?")
+    text = message["content"]
+    for part in ("Find the rust remover.", "Thought 1: A and C.", "Does it clearly state A?",
+                 '"criticalQuestion"', '"evaluation"', '"explanation"', "JSON"):
+        assert part in text
+    # The paper's settings: greedy, 800 new tokens, thoughts by default.
+    from rose_ray.evaluate import EvalJob
+
+    cfg = JudgeConfig(model="m")
+    assert (cfg.sampling().temperature, cfg.sampling().max_new_tokens) == (0.0, 800)
+    job = EvalJob(model="m", world="discoveryworld")
+    assert job.knowledge_from == "thoughts" and job.judge_max_new_tokens == 800
+    # Too long for the judge: the oldest thoughts go, the latest stay, and it says so.
+    kept, cut = fit_knowledge("Thought 1: old\n" + "x" * 50 + "Thought 9: new\n", 30)
+    assert cut and kept.endswith("Thought 9: new\n") and "earlier characters cut" in kept
+    assert fit_knowledge("short", 30) == ("short", False)
+    assert JudgeConfig(model="m", context_tokens=4096).knowledge_chars == 3 * (4096 - 800 - 1024)
 
 
 def test_the_cache_keys_on_judge_question_and_knowledge(tmp_path):
     path = tmp_path / "v.jsonl"
     cache = VerdictCache(path)
-    cache.put("judge-a", "I found that X rusts.", parse_verdict("Reason: yes\nVerdict: 1", "Q1?"), "raw")
+    cache.put("judge-a", "I found that X rusts.", parse_verdict(ANSWER % 1, "Q1?"), "raw")
     cache.put("judge-a", "I found that X rusts.", parse_verdict("gibberish", "Q2?"), "gibberish")
     with path.open("a") as f:
         f.write('{"judge": "judge-a", "key": "cut sho')  # a write cut short by a kill
@@ -105,7 +132,7 @@ def _record(item: str, success: bool, process: float, knowledge: float | None = 
          "success": success, "pass": process > 0, "turns": 3, "invalid_actions": 0, "process": process, **extra}
     if knowledge is not None:
         r["knowledge"] = knowledge
-        r["verdicts"] = [{"question": "Q", "verdict": int(knowledge >= 0.5), "parsed": True, "reason": ""}]
+        r["verdicts"] = [{"question": "Q", "verdict": int(knowledge >= 0.5), "parsed": True, "explanation": ""}]
     return r
 
 
@@ -263,19 +290,21 @@ def served_judge(tiny_models):
 
 
 def _hand_made(questions: list[str]) -> list[dict]:
-    return [{"item_id": "discoveryworld_9", "task_description": "Find the rust remover.",
-             "critical_questions": questions, "report": "Mixing chemical A and chemical C removes the rust."},
-            {"item_id": "discoveryworld_14", "task_description": "Find the rust remover.",
-             "critical_questions": questions[:1], "report": "   "}]  # nothing reported: not asked
+    return [{"item_id": "discoveryworld_10", "task_description": "Find the rust remover.",
+             "critical_questions": questions, "thoughts": "Thought 1: mixing chemical A and C removes the rust.\n",
+             "report": "Mixing chemical A and chemical C removes the rust."},
+            {"item_id": "discoveryworld_20", "task_description": "Find the rust remover.",
+             "critical_questions": questions[:1], "thoughts": "", "report": "   "}]  # nothing written: not asked
 
 
 def test_eval_with_a_served_judge_end_to_end(tiny_models, ray_cluster, served_judge, tmp_path):
-    from rose_ray.evaluate import EvalJob, run_eval
+    from rose_ray.evaluate import EvalJob, resume_header, run_eval
 
     proc, url = served_judge
     ids = tmp_path / "easy.json"
     ids.write_text(json.dumps([CHEMISTRY.item_id, ARCHAEOLOGY.item_id]))
-    # Sampled: the greedy untrained student answers the report question with its end-of-turn token.
+    # Sampled, so the untrained student writes something; the judge reads its thoughts (the
+    # default) and no report question is asked.
     cfg = EvalJob(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=None,
                      max_turns=2, max_new_tokens=16, temperature=1.0, seed=1, concurrency=2, context_tokens=2048,
                      out=str(tmp_path / "dw"), judge=f"openai:{url}", judge_model=NAME, judge_max_new_tokens=24)
@@ -283,41 +312,49 @@ def test_eval_with_a_served_judge_end_to_end(tiny_models, ray_cluster, served_ju
     games = result["games"]
     assert [g["item_id"] for g in games] == [CHEMISTRY.item_id, ARCHAEOLOGY.item_id]
     for g in games:
-        assert isinstance(g["report"], str) and g["critical_questions"] and g["judge"] == f"openai:{url}@{NAME}"
+        assert "report" not in g and isinstance(g["thoughts"], str) and g["critical_questions"]
+        assert g["judge"] == f"openai:{url}@{NAME}" and g["knowledge_from"] == "thoughts"
         assert [v["question"] for v in g["verdicts"]] == g["critical_questions"]
         assert all(v["verdict"] in (0, 1) and not v["error"] for v in g["verdicts"])
         assert g["knowledge"] == pytest.approx(sum(v["verdict"] for v in g["verdicts"]) / len(g["verdicts"]))
-    reported = [g for g in games if g["report"]]
-    assert reported  # the judge was asked about real reports, one request per question
-    assert all(v["reason"] != "the agent reported nothing" for g in reported for v in g["verdicts"])
+    thought = [g for g in games if g["thoughts"]]
+    assert thought and all(g["thoughts"].startswith("Thought 1: ") for g in thought)
     asked = [json.loads(line) for line in (tmp_path / "dw.verdicts.jsonl").read_text().splitlines()]
-    assert sorted(r["question"] for r in asked) == sorted(q for g in reported for q in g["critical_questions"])
+    assert sorted(r["question"] for r in asked) == sorted(q for g in thought for q in g["critical_questions"])
     o = result["summary"]["overall"]
     assert o["judged_questions"] == sum(len(g["critical_questions"]) for g in games)
     assert o["knowledge"] == pytest.approx(sum(g["knowledge"] for g in games) / 2)
+    assert o["knowledge_from"] == "thoughts"
     md = (tmp_path / "dw.md").read_text()
     assert "Easy Knowl." in md and "| Combinatorial Chemistry |" in md and "| Archaeology Dating |" in md
-    assert "critical questions" in md
+    assert "judged on the agent's thoughts" in md
+    # --knowledge-from report asks the report question at each episode's end (its own resume header).
+    assert resume_header(replace(cfg, knowledge_from="report"))["report"] and not resume_header(cfg)["report"]
 
-    # The same judge on hand-made reports: every question with a report is asked once, its
-    # answer parsed or counted as unparsed, and cached; a second pass asks nothing, even with
-    # the server gone.
+    # The same judge on hand-made records, from their thoughts and from their reports: every
+    # question with something written is asked once, its answer parsed or counted as unparsed,
+    # and cached; a second pass asks nothing, even with the server gone.
     questions = ["Does it clearly state that chemical A is needed?", "Does it clearly state the mixture?"]
-    records = _hand_made(questions)
     cache_path = tmp_path / "hand.verdicts.jsonl"
     judge = JudgeConfig(model=f"openai:{url}", served_model=NAME, max_new_tokens=24)
-    counts = judge_records(records, judge, VerdictCache(cache_path))
-    assert counts == {**counts, "questions": 3, "asked": 2, "cached": 0, "errors": 0}
-    assert records[1]["knowledge"] == 0.0 and records[1]["verdicts"][0]["reason"] == "the agent reported nothing"
-    unparsed = sum(not v["parsed"] for v in records[0]["verdicts"])
-    assert counts["unparsed"] == unparsed
-    assert len(cache_path.read_text().splitlines()) == 2
+    judged = {}
+    for source in ("thoughts", "report"):
+        records = _hand_made(questions)
+        counts = judge_records(records, judge, VerdictCache(cache_path), source)
+        assert counts == {**counts, "questions": 3, "asked": 2, "cached": 0, "errors": 0, "cut": 0}
+        assert records[1]["knowledge"] == 0.0 and records[1]["verdicts"][0]["parsed"]
+        assert counts["unparsed"] == sum(not v["parsed"] for v in records[0]["verdicts"])
+        assert records[0]["knowledge_from"] == source
+        judged[source] = records[0]["verdicts"]
+    assert len(cache_path.read_text().splitlines()) == 4  # thoughts and report are other knowledge
     proc.terminate()
     proc.wait(timeout=30)
     again = _hand_made(questions)
-    counts = judge_records(again, judge, VerdictCache(cache_path))
+    counts = judge_records(again, judge, VerdictCache(cache_path), "thoughts")
     assert counts["asked"] == 0 and counts["cached"] == 2
-    assert again[0]["verdicts"] == records[0]["verdicts"]
+    assert again[0]["verdicts"] == judged["thoughts"]
+    with pytest.raises(ValueError, match="knowledge from: must be one of"):
+        judge_records(again, judge, VerdictCache(cache_path), "actions")
     # A judge that is not there: a clear error before any game is played.
     with pytest.raises(JudgeUnavailable, match="cannot reach"):
         check_judge(judge)
@@ -352,4 +389,7 @@ def test_a_local_folder_judge(tiny_models, ray_cluster, tmp_path, capsys):
     assert main([*args, "--judge", str(tiny_models["teacher"])]) == 2  # ScienceWorld has no critical questions
     assert "sciworld has none" in capsys.readouterr().err
     assert main([*args, "--world", "discoveryworld", "--judge-model", "x"]) == 2
+    with pytest.raises(SystemExit):  # argparse names the choices
+        main([*args, "--world", "discoveryworld", "--knowledge-from", "actions"])
+    assert "--knowledge-from: invalid choice: 'actions'" in capsys.readouterr().err
     assert not list(tmp_path.glob("x*"))

@@ -36,11 +36,19 @@ def test_seed_configs_load_with_the_seed_setup(name):
     assert sorted(d.group for d in gpus) == ["learner", "student", "teacher"]
 
 
-def test_run_dir_follows_rose_ray_runs(monkeypatch):
+SHIPPED = sorted([*ROOT.glob("configs/*.yaml"), *ROOT.glob("rose_ray/configs/*.yaml")])
+
+
+@pytest.mark.parametrize("config", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shipped_config_puts_runs_under_rose_ray_runs(config, monkeypatch):
+    name = load_config(config).name
     monkeypatch.setenv("ROSE_RAY_RUNS", "/shared/runs")
-    assert load_config(ROOT / SEEDS["rose"]).run_dir == "/shared/runs/rose_qwen3_1p7b_32b"
+    assert load_config(config).run_dir == f"/shared/runs/{name}"
     monkeypatch.delenv("ROSE_RAY_RUNS")
-    assert load_config(ROOT / SEEDS["rose"]).run_dir == "runs/rose_qwen3_1p7b_32b"
+    assert load_config(config).run_dir == f"runs/{name}"
+    monkeypatch.setenv("ROSE_RAY_RUNS", "")  # set to nothing: refused, not runs at /<name>
+    with pytest.raises(ValueError, match="ROSE_RAY_RUNS is set but empty"):
+        load_config(config)
 
 
 def _nodes(node_types: dict[str, tuple[dict[str, float], int]]) -> list[NodeInfo]:

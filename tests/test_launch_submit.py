@@ -1,5 +1,6 @@
 """launch/submit.sh against a real local Ray head with a dashboard: the job runs `rose-ray
-train` on the tiny config and writes TensorBoard files into the shared run_dir.
+train` on the tiny config, and its run folder (summary.json, model/, TensorBoard files) is
+found where submit.sh said, after the job and its working directory are gone.
 
 The head is this test's own: a private --temp-dir, free ports for every listener, and
 `ray start --block` in a new session, so stopping it kills exactly the processes it started
@@ -8,6 +9,7 @@ The head is this test's own: a private --temp-dir, free ports for every listener
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -84,26 +86,33 @@ class LocalHead:
 
 
 @pytest.mark.slow
-def test_submit_sh_runs_tiny_training_as_a_job(tmp_path):
+def test_a_submitted_run_lands_in_the_submitting_directory_and_outlives_the_job(tmp_path):
+    """No ROSE_RAY_RUNS and a head on this machine: submit.sh sends the run to ./runs here
+    (absolute), not into the job's uploaded copy of the repository, which goes with the job."""
     head = LocalHead(num_cpus=2)
     try:
         head.wait_ready()
-        run_dir = tmp_path / "run"
-        env = {**os.environ, "RAY_ADDRESS": head.dashboard, "RAY_AUTH_MODE": "disabled"}
-        overrides = ["steps=2", "eval.n=2", "eval.max_turns=3", "rollout.max_turns=3",
-                     "teacher_warmup.enabled=false", f"tiny_dir={tmp_path / 'tiny'}", f"run_dir={run_dir}",
+        env = {k: v for k, v in os.environ.items() if k != "ROSE_RAY_RUNS"}
+        env.update(RAY_ADDRESS=head.dashboard, RAY_AUTH_MODE="disabled")
+        overrides = ["steps=2", "rollout.max_turns=3", "teacher_warmup.enabled=false", f"tiny_dir={tmp_path / 'tiny'}",
                      "rollout.batch_episodes=2", "rollout.student_sampling.max_new_tokens=16",
-                     "rollout.teacher_sampling.max_new_tokens=16", "eval.max_new_tokens=16",
-                     "eval.teacher=false", "eval.before=false"]  # keeps the job short on 2 cores
+                     "rollout.teacher_sampling.max_new_tokens=16", "eval.before=false", "eval.teacher=false",
+                     "eval.after=false"]  # keeps the job short on 2 cores
         job = subprocess.run(["bash", str(ROOT / "launch/submit.sh"), "--job-id", "rr-test-submit",
                               "configs/tiny.yaml", *overrides],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         out = job.stdout + job.stderr
         assert job.returncode == 0, out[-4000:]
         assert "succeeded" in out.lower(), out[-2000:]
+        runs = tmp_path / "runs" / "tiny"
+        assert f"submit.sh: the run goes to a new version_N folder in {runs} " in out
+        run_dir = runs / "version_0"
+        assert (runs / "latest").read_text() == "version_0\n"
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["steps"] == 2 and summary["run_dir"] == str(run_dir)
+        assert summary["model"] == str(run_dir / "model") and (run_dir / "model" / "model.safetensors").is_file()
         events = list((run_dir / "tb").glob("events.out.tfevents.*"))
         assert events and all(e.stat().st_size > 0 for e in events), sorted(p.name for p in run_dir.rglob("*"))
-        assert (run_dir / "summary.json").is_file()
         # The job's record in the dashboard says the same.
         status = subprocess.run(["ray", "job", "status", "--address", head.dashboard, "rr-test-submit"],
                                 env=env, capture_output=True, text=True, timeout=60)
@@ -111,6 +120,24 @@ def test_submit_sh_runs_tiny_training_as_a_job(tmp_path):
     finally:
         head.stop()
     assert _session_pids(head.proc.pid) == [], "processes of the test's Ray head are still running"
+
+
+def test_submit_sh_refuses_runs_it_cannot_place_before_uploading(tmp_path):
+    """Where runs go is settled before anything is sent: a relative run_dir, or no ROSE_RAY_RUNS
+    with a head it cannot tell is this machine (here: no cluster answers), is refused naming
+    what to set."""
+    env = {k: v for k, v in os.environ.items() if k != "ROSE_RAY_RUNS"}
+    env.update(RAY_ADDRESS="http://127.0.0.1:9", RAY_AUTH_MODE="disabled")
+    submit = ["bash", str(ROOT / "launch/submit.sh"), "configs/tiny.yaml"]
+    out = subprocess.run([*submit, "run_dir=mine"], cwd=tmp_path, env={**env, "ROSE_RAY_RUNS": "/shared/runs"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "run_dir mine is relative and does not follow ROSE_RAY_RUNS" in out.stderr
+    out = subprocess.run(submit, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "cannot ask the Ray cluster at http://127.0.0.1:9 where its head runs" in out.stderr
+    assert "set ROSE_RAY_RUNS" in out.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_submit_sh_rejects_a_bad_override_before_uploading(tmp_path):

@@ -3,6 +3,8 @@ publication to a real engine actor. One 2-rank group is shared by the tests of t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -52,8 +54,8 @@ def sequences(tiny_models):
 
 
 def config(model, **kw) -> LearnerConfig:
-    base = dict(model=str(model), lr=3e-3, threads=1, max_tokens=256,
-                grad_accum=2, grad_clip=1.0, seed=0)
+    base = dict(model=str(model), lr=3e-3, threads=1, max_tokens=256, logprob_chunk=32,
+                grad_clip=1.0, seed=0)
     return LearnerConfig(**{**base, **kw})
 
 
@@ -76,23 +78,45 @@ def test_config_errors_name_the_key():
 
 
 def test_zero_stages_and_ranks_agree(group, tiny_models, sequences):
+    """Every ZeRO stage, 1 and 2 ranks, on the lean paths (sdpa per segment, the head in chunks
+    of 32 tokens, several micro-batches) gives the original path's steps: one rank, ZeRO 0, the
+    dense L×L mask and whole logits."""
     single = LearnerGroup(config(tiny_models["student"], ranks=1))
     batch = make_batch(sequences, WEIGHTS, 256)
     results = {}
     try:
+        single.setup(zero_stage=0, attn_implementation="dense_mask", logprob_chunk=0)
+        results["dense"] = [single.train_step(batch) for _ in range(2)]
         for stage in (0, 2, 3):
             for g in (single, group):
-                g.setup(zero_stage=stage)
+                info = g.setup(zero_stage=stage, attn_implementation="auto", logprob_chunk=32)
+                assert info["attn_implementation"] == "sdpa_varlen"
                 results[(stage, g.config.ranks)] = [g.train_step(batch) for _ in range(2)]
     finally:
         single.shutdown()
-    ref = results[(0, 1)]
+    ref = results["dense"]
     assert ref[0]["loss_ce"] > 0 and ref[0]["loss_opd"] != 0 and ref[1]["loss"] < ref[0]["loss"]
+    assert results[(0, 1)][0]["micro_batches"] >= 2  # gradients accumulate over micro-batches
     for key, steps in results.items():
         assert steps[0]["loss"] == pytest.approx(ref[0]["loss"], rel=1e-5), key  # same weights
         assert steps[1]["loss"] == pytest.approx(ref[1]["loss"], rel=1e-4), key  # same update
         assert steps[0]["grad_norm"] == pytest.approx(ref[0]["grad_norm"], rel=1e-3), key
         assert steps[0]["tokens"] == sum(len(s) for s in sequences)
+
+
+def test_the_seed_settings_train(group, sequences):
+    """The seed's learner settings (bf16, ZeRO-2, gradient checkpointing) on the lean paths:
+    the first loss is the fp32 one to bf16 precision, and a second step lowers it."""
+    batch = make_batch(sequences, WEIGHTS, 256)
+    group.setup(zero_stage=2)
+    fp32 = group.train_step(batch)
+    try:
+        group.setup(zero_stage=2, dtype="bfloat16", gradient_checkpointing=True)
+        steps = [group.train_step(batch) for _ in range(2)]
+    finally:  # the next test's setup builds from the module's settings again
+        group.config = replace(group.config, dtype="float32", gradient_checkpointing=False)
+    assert steps[0]["loss"] == pytest.approx(fp32["loss"], rel=2e-2)
+    assert steps[1]["loss"] < steps[0]["loss"]
 
 
 def test_resume_is_exact(group, tmp_path, sequences):

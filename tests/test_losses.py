@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from rose_ray.config import ConfigError, load_config
-from rose_ray.learner.batching import split_batch
-from rose_ray.learner.losses import denominators, loss, token_logprobs
+from rose_ray.learner.batching import micro_batches
+from rose_ray.learner.losses import aligned, denominators, loss, token_logprobs
 from rose_ray.recipes import get_recipe, recipes
 from rose_ray.recipes.teacher_sft import imitate
 from rose_ray.tokens import TokenWeights, make_batch, render
@@ -40,11 +40,10 @@ def recipe_weights(algorithm: str, *overrides: str) -> TokenWeights:
 def run_loss(weights: TokenWeights, logits, seq, clip_eps=0.2):
     batch = make_batch([seq], weights, max_tokens=64)
     den = denominators(batch)
-    (part,) = split_batch(batch, 1)
+    ((part,),) = micro_batches(batch, 1, 64)
     t = {k: torch.from_numpy(v) for k, v in part.items()}
     logp = token_logprobs(logits, t["input_ids"])
-    aligned = {k: v[:, 1:] for k, v in t.items() if k not in ("input_ids", "position_ids")}
-    return loss(logp, aligned, den, clip_eps), batch
+    return loss(logp, aligned(t), den, clip_eps), batch
 
 
 @pytest.mark.parametrize("algorithm, overrides, trained", [

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -78,6 +79,104 @@ def test_chat_pieces_hold_for_a_template_that_rewrites_history(tiny_qwen3, think
         "<|im_start|>assistant\n" if thinking else "<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
+# Written here to behave exactly as Qwen3's own chat template does on a conversation's history
+# (text and tool responses, no tool calls): the last query is the last user message that is not a
+# wrapped tool response; an assistant message's reasoning (`reasoning_content`, else what comes
+# before `</think>`) is dropped, and it gets a think block only after the last query, when it is
+# the last message or has reasoning.
+QWEN3_HISTORY = (
+    "{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- set query = namespace(found=false, index=messages|length - 1) %}"
+    "{%- for m in messages|reverse %}"
+    "{%- if not query.found and m.role == 'user' and m.content is string and not "
+    "(m.content.startswith('<tool_response>') and m.content.endswith('</tool_response>')) %}"
+    "{%- set query.found = true %}{%- set query.index = messages|length - loop.index %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}"
+    "{%- set text = m.content if m.content is string else '' %}"
+    "{%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + m.role + '\n' + text + '<|im_end|>\n' }}"
+    "{%- elif m.role == 'assistant' %}"
+    "{%- set thought = '' %}"
+    "{%- if m.reasoning_content is string %}{%- set thought = m.reasoning_content %}"
+    "{%- elif '</think>' in text %}"
+    "{%- set thought = text.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}"
+    "{%- set text = text.split('</think>')[-1].lstrip('\n') %}"
+    "{%- endif %}"
+    "{%- if loop.index0 > query.index and (loop.last or thought) %}"
+    "{{- '<|im_start|>assistant\n<think>\n' + thought.strip('\n') + '\n</think>\n\n' + text.lstrip('\n') }}"
+    "{%- else %}{{- '<|im_start|>assistant\n' + text }}{%- endif %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+# The last one spells the end-of-turn token: a chat API tokenizes it to that token, and so do we.
+REPLIES = [REPLY, "<think>\nheat first\n</think>\n\n" + REPLY, "\n\n  Thought: odd<|im_end|> spacing\nAction: wait"]
+
+
+def _conversation(n_replies: int) -> list[dict[str, str]]:
+    conv = msgs(("user", INSTR), ("assistant", ACK), ("user", OBS[0]))
+    for i in range(n_replies):
+        conv += msgs(("assistant", REPLIES[i]), ("user", f"observation {i + 1}"))
+    return conv
+
+
+def _sampled_prompt(chat: ChatFormat, conv: list[dict[str, str]]) -> list[int]:
+    """The prompt for `conv` as chat.history=sampled builds it (replies' ids as if sampled from their text)."""
+    return chat.opening_ids([(m["role"], m["content"]) for m in conv[:2]]) + sum(
+        (chat.user_ids(m["content"]) if m["role"] == "user" else chat.assistant_ids(m["content"])
+         for m in conv[2:]), [])
+
+
+def _turns(conv: list[dict[str, str]]):
+    from rose_ray.types import Turn
+
+    owners = ["prompt", "prompt"] + ["env" if m["role"] == "user" else "teacher" for m in conv[2:]]
+    return [Turn(m["role"], m["content"], o) for m, o in zip(conv, owners)]
+
+
+@pytest.mark.parametrize("template", ["stand-in", "qwen3-history"])
+@pytest.mark.parametrize("thinking", [False, True])
+def test_template_history_gives_the_templates_own_rendering(tiny_qwen3, template, thinking):
+    """chat.history=template: every prompt is the template's rendering of the conversation so far,
+    tokenized whole (what a chat API sends the model), and the learner's sequence is its
+    rendering of the whole conversation, trained on the replies as the template shows them."""
+    from rose_ray.tokens import TokenWeights, make_batch
+    from rose_ray.tokens import render as render_seq
+
+    tok = load_tokenizer(tiny_qwen3["student"])
+    if template == "qwen3-history":
+        stand_in = tok.chat_template
+        tok.chat_template = QWEN3_HISTORY
+        for k in range(4):  # the stand-in renders history exactly as Qwen3's does
+            assert render(tok, _conversation(k), True, enable_thinking=thinking) == tok.apply_chat_template(
+                _conversation(k), tokenize=False, add_generation_prompt=True, enable_thinking=thinking,
+                chat_template=stand_in)
+    chat, sampled = ChatFormat(tok, thinking, "template"), ChatFormat(tok, thinking)
+    for k in range(4):
+        conv = _conversation(k)
+        ids = [i for t in chat.apply_template(_turns(conv), True) for i in t.token_ids]
+        api = tok.apply_chat_template(conv, tokenize=True, add_generation_prompt=True, enable_thinking=thinking)
+        assert ids == chat.render_ids(conv, True) == list(api["input_ids"])
+        # Sampled history keeps each earlier reply as it was (thinking off: after an empty think block).
+        assert (_sampled_prompt(sampled, conv) == ids) == (k == 0 or (thinking and k == 1))
+    # The learner: the whole conversation as the template renders it; only the replies' text
+    # (as the template shows it) and their end-of-turn ids train, never a role header.
+    conv = _conversation(3)
+    turns = chat.apply_template(_turns(conv), add_generation_prompt=False)
+    seq = render_seq(turns)
+    assert seq.input_ids == chat.render_ids(conv, False)
+    batch = make_batch([seq], TokenWeights(ce={"teacher": 1.0}), max_tokens=len(seq))
+    trained = tok.decode([int(i) for i, w in zip(batch.input_ids[0], batch.ce_weights[0]) if w > 0])
+    shown = [r.split("</think>")[-1].lstrip("\n") if "</think>" in r else r for r in REPLIES]
+    assert trained == "".join(f"{r}<|im_end|>" for r in shown)
+    # A dataset row (text only) under template history renders the same: `rose-ray sft --history template`.
+    assert render_seq(_turns(conv), chat).input_ids == seq.input_ids
+
+
 def test_the_plain_template_is_not_a_rewriter(tiny_models):
     assert not ChatFormat(load_tokenizer(tiny_models["student"])).rewrites_history
 
@@ -88,7 +187,23 @@ def test_actions_are_parsed_outside_the_think_block():
     assert parse_action("Thought: x\nAction: wait\n<think>more").action == "wait"
 
 
-async def _one_episode(tiny_qwen3, student_tokens: int):
+class _Recorded:
+    """A real engine actor whose every generation request is kept as (the conversation's
+    messages, the prompt's ids) on its way to the actor; the actor answers it."""
+
+    def __init__(self, actor, log: list) -> None:
+        outer = self
+
+        class _Generate:
+            def remote(self, request):
+                log.append(([{"role": t.role, "content": t.text} for t in request.turns],
+                            [i for t in request.turns for i in t.token_ids]))
+                return outer.actor.generate.remote(request)
+
+        self.actor, self.generate = actor, _Generate()
+
+
+async def _one_episode(tiny_qwen3, student_tokens: int, history: str = "sampled", log: list | None = None):
     from rose_ray.envs.config import EnvConfig
     from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
     from rose_ray.rollout.actors import (
@@ -102,7 +217,12 @@ async def _one_episode(tiny_qwen3, student_tokens: int):
 
     pools = start_env_pools(EnvConfig(games_per_worker=1, cpus_per_worker=0.25), max_turns=4)
     student, teacher = start_agents(*(engine_config(tiny_qwen3[o]) for o in ("student", "teacher")),
-                                    student_cpus=0.25, teacher_cpus=0.25)
+                                    student_cpus=0.25, teacher_cpus=0.25, history=history)
+    actors = (student, teacher)
+    if log is not None:
+        from dataclasses import replace
+
+        student, teacher = (replace(a, engine=_Recorded(a.engine, log)) for a in actors)
     try:
         config = EpisodeConfig(max_turns=4, student_sampling=SamplingParams(1.0, 1.0, student_tokens, seed=3),
                                teacher_sampling=SamplingParams(0.0, 1.0, 24))
@@ -110,7 +230,7 @@ async def _one_episode(tiny_qwen3, student_tokens: int):
                                  config, HandoffConfig("fixed", k=2), protocol=PROTOCOL)
     finally:
         close_pools(pools)
-        stop_agents(student, teacher)
+        stop_agents(*actors)
 
 
 def engine_config(path):
@@ -158,6 +278,47 @@ def test_the_learner_trains_on_the_ids_the_engines_sampled(tiny_qwen3, ray_clust
     trained = [int(i) for i, w in zip(batch.input_ids[0], batch.ce_weights[0]) if w > 0]
     expected = [i for t in replies for i in (t.token_ids[:-1] if t.truncated else t.token_ids)]
     assert trained == expected
+
+
+def test_a_template_history_episode_prompts_as_a_chat_api_would(tiny_qwen3, ray_cluster):
+    """A real episode with chat.history=template: each prompt the student's and the teacher's
+    engines got is the template's rendering of the conversation at that turn, and the trajectory
+    the learner trains on is its rendering of the whole conversation."""
+    from rose_ray.tokens import TokenWeights, make_batch
+    from rose_ray.tokens import render as render_seq
+
+    log: list = []
+    traj = asyncio.run(_one_episode(tiny_qwen3, student_tokens=6, history="template", log=log))
+    chat = ChatFormat(load_tokenizer(tiny_qwen3["student"]), history="template")
+    assert len(log) == traj.rounds >= 3
+    for messages, prompt in log:
+        assert messages[-1]["role"] == "user" and prompt == chat.render_ids(messages, True)
+    # Sampled history would have kept the empty think block before each earlier reply.
+    assert len(_sampled_prompt(ChatFormat(chat.tokenizer), log[-1][0])) > len(log[-1][1])
+    conv = [{"role": t.role, "content": t.text} for t in traj.turns]
+    seq = render_seq(traj)
+    assert seq.input_ids == chat.render_ids(conv, False)
+    batch = make_batch([seq], TokenWeights(ce={"teacher": 1.0}), max_tokens=len(seq))
+    trained = [int(i) for i, w in zip(batch.input_ids[0], batch.ce_weights[0]) if w > 0]
+    teacher = [t for t in traj.turns if t.owner == "teacher"]
+    assert teacher and trained == [i for t in teacher for i in (t.token_ids[t.frame:-1] if t.truncated
+                                                                 else t.token_ids[t.frame:])]
+    assert all(t.logprobs is None for t in traj.turns if t.role == "assistant")
+
+
+def test_template_history_is_refused_where_the_opd_term_needs_sampled_ids():
+    from rose_ray.config import ConfigError, load_config
+
+    assert load_config(None, ["chat.history=template"]).chat.history == "template"  # rose, lam 0
+    for extra, says in ((["algorithm=opd"], r"\(algorithm=opd\)"), (["learner.lam=0.5"], r"\(learner.lam=0.5\)")):
+        with pytest.raises(ConfigError, match=r"chat.history: 'template' .* OPD term " + says):
+            load_config(None, ["chat.history=template", *extra])
+    with pytest.raises(ConfigError, match="chat.history: must be one of"):
+        load_config(None, ["chat.history=rendered"])
+    # The seed configs follow the card: template where it trained on rendered conversations.
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    histories = {name: load_config(configs / f"{name}_qwen3_1p7b_32b.yaml").chat.history for name in ("rose", "sft", "opd")}
+    assert histories == {"rose": "template", "sft": "template", "opd": "sampled"}
 
 
 @pytest.fixture(scope="module")

@@ -363,9 +363,71 @@ def test_a_run_survives_a_killed_student_a_hung_teacher_and_a_killed_learner_ran
     assert summary["accounting_holds"]
     check_exactly_once(run_dir, steps)
 
+    # Resumed, and the student engine lost once more: summary.json counts over the whole run.
+    steps_after = steps + 4  # steps enough that the run cannot end on buffered episodes alone
+    cfg = load_config(None, overrides(tiny_models, run_dir, steps_after, "learner.ranks=2", "learner.cpus_per_rank=0.25"))
+    resumed = Trainer(cfg, run_dir, resume=True)
+
+    async def kill_student(t: Trainer) -> None:
+        await until("a step after the resume", lambda: t.step > steps)
+        engine = t.student.engine
+        os.kill((await engine.health.remote())["pid"], signal.SIGKILL)
+        await until("the student's replacement", lambda: t.engines.restarts()["student engine"] == 1
+                    and t.student.engine is not engine)
+
+    try:
+        resumed.start()
+        summary, error = drive(resumed, kill_student)
+    finally:
+        resumed.close()
+    assert error is None, error
+    assert summary["steps"] == steps_after
+    assert summary["restarts"] == {"student engine": 2, "teacher engine": 1, "learner": 1}
+    logged = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
+    assert logged[-1]["reliability/engine_restarts"] == 3 and logged[-1]["reliability/learner_restarts"] == 1
+    check_exactly_once(run_dir, steps_after)
+
 
 async def _health(engine) -> dict:
     return await engine.health.remote()
+
+
+def test_a_killed_vllm_student_engine_is_replaced_and_serves_the_latest_weights(tiny_models, ray_cluster, tmp_path):
+    """Both engines on vLLM, sync, ROSE with its OPD term: the student engine is killed after a
+    publication; its replacement gets the learner's weights before it serves, so every later
+    step's importance ratio (learner vs engine logprobs of the same ids) is still 1."""
+    pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
+    run_dir = tmp_path / "run"
+    steps = 4
+    cfg = load_config(None, overrides(tiny_models, run_dir, steps, "mode=sync", "learner.lam=0.5",
+                                      "student_engine.backend=vllm", "teacher_engine.backend=vllm",
+                                      "student_engine.kv_cache_mb=64", "teacher_engine.kv_cache_mb=64"))
+    run_dir.mkdir()
+    trainer = Trainer(cfg, run_dir, resume=False)
+    killed_at: list[int] = []
+
+    async def kill_student(t: Trainer) -> None:
+        await until("step 2", lambda: t.step >= 2)
+        engine = t.student.engine
+        killed_at.append(t.step)
+        os.kill((await engine.health.remote())["pid"], signal.SIGKILL)
+        await until("the student's replacement", lambda: t.engines.restarts()["student engine"] == 1
+                    and t.student.engine is not engine)
+
+    try:
+        trainer.start()
+        summary, error = drive(trainer, kill_student)
+        version = asyncio.run(_health(trainer.student.engine))["version"]
+    finally:
+        trainer.close()
+    assert error is None, error
+    assert summary["steps"] == steps and version == steps
+    assert summary["restarts"]["student engine"] == 1
+    logged = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
+    assert len(logged) == steps and killed_at[0] < steps
+    for m in logged:  # before the loss and after it: the engine served the learner's weights
+        assert m["learner/opd_ratio"] == pytest.approx(1.0, abs=1e-3), m
+    check_exactly_once(run_dir, steps)
 
 
 def test_the_watchdog_names_a_hung_env_pool_then_checkpoints_and_stops(tiny_models, ray_cluster, tmp_path, capsys):

@@ -62,6 +62,25 @@ def test_buffer_drops_and_counts_stale_samples():
     asyncio.run(main())
 
 
+def test_buffer_keeps_lagging_episodes_when_only_teacher_tokens_train():
+    """ROSE without its OPD term trains the frozen teacher's tokens only: no lag makes them
+    off-policy, so nothing is dropped (backpressure still bounds how far rollouts run ahead)."""
+    async def main():
+        buf = TrajectoryBuffer(batch_episodes=2, max_lag=1, drop_stale=False)
+        for _ in range(4):
+            await buf.admit()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(buf.admit(), 0.2)
+        assert await buf.add(traj(0, 0), learner_version=5)  # lag 5: kept
+        assert await buf.add(traj(1, 4), learner_version=5)
+        batch = await asyncio.wait_for(buf.take_batch(7), 1)
+        assert [t.episode_id for t in batch] == ["e0", "e1"] and buf.counters.dropped_stale == 0
+        assert buf.lags == [7, 3]  # lags are still recorded (async/policy_lag)
+        assert buf.accounting_holds()
+
+    asyncio.run(main())
+
+
 def test_handoff_policies():
     assert HandoffConfig("fixed", k=5).student_turns(100) == 5
     cur = HandoffConfig("curriculum", k_start=1, k_max=4, grow_every=10)

@@ -2,7 +2,8 @@
 learner on 2 ranks under ZeRO-3, rose with λ > 0, and the `decay` handoff policy.
 
 - `<run_dir>/model/`: a Hugging Face folder of the last step that `rose-ray eval` plays;
-- `rose-ray export RUN --step N`: the same weights from a kept checkpoint; bad input exits 2;
+- `rose-ray export RUN --step N`: the same weights from a kept checkpoint (RUN may be the
+  config's run_dir: its latest version); bad input exits 2;
 - trajectories.jsonl: decay's p and seed per trajectory, loss flags under λ > 0.
 """
 
@@ -18,6 +19,7 @@ from test_train import overrides, read_jsonl
 from rose_ray.cli import main
 from rose_ray.export import MODEL_INFO, kept_steps
 from rose_ray.rollout.episode import decay_takes_over
+from rose_ray.runs import new_version
 from rose_ray.train import train
 
 P0 = 0.6
@@ -25,11 +27,19 @@ P0 = 0.6
 
 @pytest.fixture(scope="module")
 def run(tiny_models, ray_cluster, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("outputs") / "run"
-    summary = train(None, overrides(tiny_models, run_dir, steps=2) + [
-        "mode=sync", "checkpoint_every=1", "learner.ranks=2", "learner.zero_stage=3", "learner.lam=0.5",
-        "rollout.handoff.policy=decay", f"rollout.handoff.p0={P0}", "rollout.handoff.decay_steps=1",
-        "eval.before=false", "eval.after=false", "eval.teacher=false"])
+    """The second run of the tiny config under ROSE_RAY_RUNS (an earlier one started there and
+    stopped before its first checkpoint): it gets the next version folder."""
+    runs = tmp_path_factory.mktemp("outputs")
+    earlier = new_version(runs / "tiny")
+    (earlier / "config.yaml").write_text("name: tiny\n")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("ROSE_RAY_RUNS", str(runs))
+        summary = train(None, overrides(tiny_models, None, steps=2) + [
+            "mode=sync", "checkpoint_every=1", "learner.ranks=2", "learner.zero_stage=3", "learner.lam=0.5",
+            "rollout.handoff.policy=decay", f"rollout.handoff.p0={P0}", "rollout.handoff.decay_steps=1",
+            "eval.before=false", "eval.after=false", "eval.teacher=false"])
+    run_dir = runs / "tiny" / "version_1"
+    assert summary["run_dir"] == str(run_dir) and (runs / "tiny" / "latest").read_text() == "version_1\n"
     return run_dir, summary
 
 
@@ -67,8 +77,9 @@ def test_export_of_a_kept_step_gives_the_learners_weights(run, tmp_path, capsys)
     run_dir, _ = run
     assert kept_steps(run_dir) == [1, 2]
     last, first = tmp_path / "last", tmp_path / "first"
-    assert main(["export", str(run_dir), "--out", str(last)]) == 0  # default: the latest
-    assert "step 2" in capsys.readouterr().out
+    # The config's run_dir stands for its latest run; the default step is the latest kept.
+    assert main(["export", str(run_dir.parent), "--out", str(last)]) == 0
+    assert f"step 2 (policy version 2) of {run_dir} ->" in capsys.readouterr().out
     assert main(["export", str(run_dir), "--step", "1", "--out", str(first)]) == 0
     final, at_last, at_first = weights(run_dir / "model"), weights(last), weights(first)
     assert final.keys() == at_last.keys() == at_first.keys()

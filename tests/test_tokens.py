@@ -11,7 +11,7 @@ import torch
 
 from rose_ray.chat import ChatFormat
 from rose_ray.config import load_config
-from rose_ray.learner.batching import position_ids, split_batch
+from rose_ray.learner.batching import micro_batches, position_ids
 from rose_ray.recipes import get_recipe
 from rose_ray.recipes.sft import row_cut
 from rose_ray.rows import row_to_trajectory
@@ -183,19 +183,16 @@ def test_packing_masks_attention_between_sequences(tiny_models):
     assert all(sum(len(seqs[i]) for i in r) <= 16 for r in rows)
     batch = make_batch(seqs, TokenWeights(ce={"env": 1.0}), max_tokens=16)
     assert batch.input_ids.shape[1] <= 16 and batch.num_sequences == 4
-    (part,) = split_batch(batch, 1)
+    ((part,),) = micro_batches(batch, 1, 64)  # every row in one padding-free micro-batch
     # (no cache: transformers then derives the block-diagonal mask from the position ids)
     with torch.no_grad():
         packed = model(input_ids=torch.from_numpy(part["input_ids"]),
-                       position_ids=torch.from_numpy(part["position_ids"]), use_cache=False).logits
-        for s in seqs:  # find each sequence in the packed rows and compare its logits
+                       position_ids=torch.from_numpy(part["position_ids"]), use_cache=False).logits[0]
+        for s in seqs:  # find each sequence in the packed row and compare its logits
             ids = torch.tensor([s.input_ids])
             alone = model(input_ids=ids).logits[0]
-            r, c = next((r, c) for r in range(len(part["input_ids"]))
-                        for c in range(part["input_ids"].shape[1] - len(s) + 1)
-                        if part["input_ids"][r, c:c + len(s)].tolist() == s.input_ids
-                        and part["position_ids"][r, c] == 0)
-            torch.testing.assert_close(packed[r, c:c + len(s)], alone, atol=1e-4, rtol=1e-4)
+            c = next(c for c in part["cu_seq_lens"][:-1] if part["input_ids"][0, c:c + len(s)].tolist() == s.input_ids)
+            torch.testing.assert_close(packed[c:c + len(s)], alone, atol=1e-4, rtol=1e-4)
 
 
 def test_position_ids_restart_per_segment():
@@ -203,21 +200,12 @@ def test_position_ids_restart_per_segment():
     assert position_ids(seg).tolist() == [[0, 1, 2, 0, 1, 0, 1]]
 
 
-def test_split_balances_and_pads_empty_parts():
-    seqs = [render([Turn("user", "", "env", list(range(1, n + 1)))]) for n in (8, 7, 3)]
-    batch = make_batch(seqs, TokenWeights(ce={"env": 1.0}), max_tokens=8)
-    parts = split_batch(batch, 4)
-    assert sorted(int((p["attention_mask"] > 0).sum()) for p in parts) == [0, 3, 7, 8]
-    empty = next(p for p in parts if not (p["attention_mask"] > 0).any())
-    assert not empty["ce_weights"].any() and not empty["opd_weights"].any()
-
-
 def test_packed_segments_do_not_attend_to_each_other(tiny_models):
     """A sequence packed after another gets the logits it gets alone."""
     import torch
 
+    from rose_ray.learner.attention import segment_mask
     from rose_ray.learner.batching import position_ids
-    from rose_ray.learner.worker import segment_mask
     from rose_ray.models import load_model
 
     model = load_model(tiny_models["student"])

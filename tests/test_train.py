@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,8 +30,9 @@ LISTED_SCALARS = [
 
 
 def overrides(tiny_models, run_dir, steps: int) -> list[str]:
+    """A short tiny run; run_dir None: the config's run_dir (a new version folder under it)."""
     return [
-        f"tiny_dir={tiny_models['student'].parent}", f"run_dir={run_dir}", f"steps={steps}",
+        f"tiny_dir={tiny_models['student'].parent}", *([f"run_dir={run_dir}"] if run_dir else []), f"steps={steps}",
         "teacher_warmup.enabled=false", "checkpoint_every=2", "rollout.batch_episodes=2",
         "rollout.max_turns=4", f"rollout.handoff.k={K}", "rollout.student_sampling.max_new_tokens=16",
         "rollout.teacher_sampling.max_new_tokens=16", "eval.n=2", "eval.max_turns=2",
@@ -40,9 +42,12 @@ def overrides(tiny_models, run_dir, steps: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_models, ray_cluster, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("train") / "run"
-    summary = train(None, overrides(tiny_models, run_dir, steps=3))
-    return run_dir, summary
+    """A run started as a user starts one, without run_dir=: into the config's run_dir, which
+    follows ROSE_RAY_RUNS."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("ROSE_RAY_RUNS", str(tmp_path_factory.mktemp("train")))
+        summary = train(None, overrides(tiny_models, None, steps=3))
+    return Path(summary["run_dir"]), summary
 
 
 def read_jsonl(path):
@@ -102,10 +107,12 @@ def model_step(run_dir) -> int:
 
 def test_checkpoint_and_resume_continue_from_the_step(tiny_run, tiny_models):
     run_dir, summary = tiny_run
+    runs = run_dir.parent  # the config's run_dir: $ROSE_RAY_RUNS/tiny
+    assert runs.name == "tiny" and run_dir.name == "version_0" and (runs / "latest").read_text() == "version_0\n"
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_3"
     assert summary["model"] == str(run_dir / "model") and model_step(run_dir) == 3
-    summary = train(None, ["steps=5"], resume=str(run_dir))
-    assert summary["steps"] == 5 and summary["version"] == 5
+    summary = train(None, ["steps=5"], resume=str(runs))  # the config's run_dir: its latest run
+    assert summary["run_dir"] == str(run_dir) and summary["steps"] == 5 and summary["version"] == 5
     assert model_step(run_dir) == 5  # a resumed run rewrites model/ when it ends
     steps = [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
     assert steps == [1, 2, 3, 4, 5]
@@ -181,8 +188,41 @@ def test_bad_config_is_rejected_with_the_key_named(tmp_path, capsys):
     assert main(["train", f"run_dir={tmp_path}/r", "learner.context_policy=end_episode"]) == 2
     assert "key 'learner.context_policy': removed; the learner cuts a trajectory where the engine cut it" in (
         capsys.readouterr().err)
+    assert main(["train", f"run_dir={tmp_path}/r", "learner.grad_accum=2"]) == 2
+    assert "key 'learner.grad_accum': removed; micro-batches follow a token budget" in capsys.readouterr().err
+    assert main(["train", f"run_dir={tmp_path}/r", "learner.attn_implementation=flex"]) == 2
+    assert "learner.attn_implementation: must be one of" in capsys.readouterr().err
     for bad, key in (("rollout.handoff.p0=1.5", "rollout.handoff.p0"),
                      ("rollout.handoff.decay_steps=0", "rollout.handoff.decay_steps")):
         assert main(["train", f"run_dir={tmp_path}/r", "rollout.handoff.policy=decay", bad]) == 2
         assert f"{key}: must be" in capsys.readouterr().err
+    # OPD's teacher reads each episode in one pass: it needs at least the student's context.
+    assert main(["train", f"run_dir={tmp_path}/r", "algorithm=opd", "teacher_engine.context_tokens=1024"]) == 2
+    assert "teacher_engine.context_tokens: 1024 is less than student_engine.context_tokens 2048" in capsys.readouterr().err
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("algorithm", ["rose", "opd"])
+def test_two_steps_on_vllm_engines_train_on_exactly_the_sampled_ids(tiny_models, ray_cluster, tmp_path, algorithm):
+    """Both engines on vLLM; sync, so every token trained was sampled by the learner's own
+    weights: the learner's logprob of each sampled id equals the engine's (importance ratio 1,
+    none clipped), which it would not be if the learner trained on other ids or the engine
+    served other weights after a publication."""
+    pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
+    run_dir = tmp_path / "run"
+    extra = [f"algorithm={algorithm}", "mode=sync", "eval.before=false", "eval.after=false", "eval.teacher=false",
+             "student_engine.backend=vllm", "teacher_engine.backend=vllm",
+             "student_engine.kv_cache_mb=64", "teacher_engine.kv_cache_mb=64"]
+    if algorithm == "rose":
+        extra.append("learner.lam=0.5")  # + OPD on the student's tokens, whose ratio is checked
+    summary = train(None, overrides(tiny_models, run_dir, steps=2) + extra)
+    assert summary["steps"] == 2 and summary["version"] == 2
+    steps = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
+    assert len(steps) == 2
+    for m in steps:
+        assert m["learner/opd_ratio"] == pytest.approx(1.0, abs=1e-3), m
+        assert m["learner/opd_clip_frac"] == 0.0
+    rows = read_jsonl(run_dir / "trajectories.jsonl")
+    assert {r["student_version"] for r in rows if r["step"] == 2} == {1}  # sampled after the publication
+    owners = {m["owner"] for r in rows for m in r["conversations"] if m["role"] == "assistant" and m["owner"] != "prompt"}
+    assert owners == ({"student", "teacher"} if algorithm == "rose" else {"student"})

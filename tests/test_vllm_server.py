@@ -110,6 +110,9 @@ def test_greedy_ids_logprobs_and_scores_agree_with_the_in_process_engine(server,
         here = [local.generate([r])[0] for r in requests]
         # OPD: the teacher scores a student's reply (here each greedy reply) after its prompt.
         pairs = [(p, r.token_ids) for p, r in zip(prompts, here)]
+        # OPD scores a whole episode in one pass: up to the full context, which must fit too.
+        full = (prompts[1] * (CONTEXT // len(prompts[1]) + 1))[:CONTEXT]
+        pairs.append((full[:-100], full[-100:]))
         served_scores = [remote.score(*pair) for pair in pairs]
         local_scores = [local.score(*pair) for pair in pairs]
     finally:
@@ -118,6 +121,7 @@ def test_greedy_ids_logprobs_and_scores_agree_with_the_in_process_engine(server,
     assert [r.token_ids for r in served] == [r.token_ids for r in here]
     assert len({tuple(r.token_ids) for r in here}) == len(prompts)  # the replies depend on the prompt
     logprob_gap = max(abs(a - b) for s, h in zip(served, here) for a, b in zip(s.logprobs, h.logprobs))
+    assert [len(x) for x in served_scores] == [len(c) for _, c in pairs]
     score_gap = max(abs(a - b) for s, h in zip(served_scores, local_scores) for a, b in zip(s, h))
     sampled_vs_scored = max(abs(a - b) for r, s in zip(here, local_scores) for a, b in zip(r.logprobs, s))
     print(f"served vs in-process: greedy ids equal ({sum(len(r.token_ids) for r in here)} tokens), logprobs "

@@ -83,7 +83,8 @@ class GameCatalogue:
         return self.load_id_list(path)
 
     def load_id_list(self, path: str | Path) -> list[GameId]:
-        """A JSON list of integer item indices or `<prefix><n>` strings."""
+        """A JSON list of integer item indices, `<prefix><n>` strings, or rows that carry an
+        `item_id` (a dataset file as AgentGym publishes it, e.g. AgentTraj-L's sciworld_train.json)."""
         try:
             items = json.loads(Path(path).read_text() if isinstance(path, str) else path.read_text())
         except json.JSONDecodeError as e:
@@ -92,6 +93,10 @@ class GameCatalogue:
             raise ValueError(f"{path}: expected a JSON list of item ids, got {type(items).__name__}")
         games = []
         for i, item in enumerate(items):
+            if isinstance(item, dict):
+                if "item_id" not in item:
+                    raise ValueError(f"{path}: entry {i} is an object without an 'item_id'")
+                item = item["item_id"]
             try:
                 games.append(self.game(item))
             except (KeyError, ValueError) as e:

@@ -55,6 +55,16 @@ def parse_action(text: str) -> ParsedAction:
     return ParsedAction("", False)
 
 
+def parse_thought(text: str) -> str:
+    """A reply's thought: what it wrote before its last `Action:` marker (outside any
+    `<think>` block), without the `Thought:` label; the whole reply when it has no marker."""
+    text = strip_thinking(text)
+    marker = text.rfind("Action:")
+    before = text[:marker] if marker >= 0 else text
+    label = before.find("Thought:")
+    return (before[label + len("Thought:"):] if label >= 0 else before).strip()
+
+
 @dataclass(frozen=True)
 class Protocol:
     """A world's conversation rules: the instruction and acknowledgement that open every

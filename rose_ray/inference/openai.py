@@ -364,11 +364,12 @@ class OpenAIEngine:
         return [float(x) for x in lps[-n:]]
 
     def chat(self, messages: list[dict[str, str]], sampling: SamplingParams,
-             enable_thinking: bool | None = None) -> tuple[str, str]:
+             enable_thinking: bool | None = None, json_object: bool = False) -> tuple[str, str]:
         """One chat completion, the server applying its own chat template: (text, finish
         reason). Needs no local tokenizer, so it reaches any OpenAI-compatible server, OpenAI's
         own included (a judge). `enable_thinking` goes as vLLM's `chat_template_kwargs` only
-        when given (other servers may refuse the field)."""
+        when given (other servers may refuse the field); `json_object` asks for JSON mode
+        (`response_format`; a server without it, as `rose-ray serve`, ignores the field)."""
         validate_sampling(sampling)
         body: dict[str, Any] = {**self._model_field(), "messages": messages,
                                 "max_tokens": sampling.max_new_tokens, "temperature": sampling.temperature}
@@ -376,6 +377,8 @@ class OpenAIEngine:
             body["seed"] = sampling.seed
         if enable_thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
+        if json_object:
+            body["response_format"] = {"type": "json_object"}
         out = self._request("POST", "/chat/completions", body)
         try:
             choice = out["choices"][0]

@@ -47,10 +47,20 @@ from rose_ray.inference.engine import (
 VLLM_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process: weights pass as tensors
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # share the cores Ray gave this actor; do not pin
-    "VLLM_LOGGING_LEVEL": "WARNING",
+    "VLLM_LOGGING_LEVEL": "ERROR",  # its warnings are about CPU builds and settings we chose
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_DO_NOT_TRACK": "1",
 }
+
+
+def _torch_thread_setter() -> Any:
+    """torch.set_num_threads as it is before vLLM's CPU worker replaces it with a no-op."""
+    import torch
+
+    return torch.set_num_threads
+
+
+_SET_TORCH_THREADS = _torch_thread_setter()
 
 
 class EngineFailed(RuntimeError):
@@ -93,13 +103,17 @@ class VLLMEngine:
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._ids = itertools.count()
         self._failure: BaseException | None = None
+        self._closing = False
         self._checkpoint_names: dict[str, tuple[int, ...]] | None = None
         self._counters: dict[str, Any] = {
             "requests": 0, "generated_tokens": 0, "prompt_tokens": 0, "prefix_cached_tokens": 0,
             "score_calls": 0, "weight_updates": 0, "steps": 0, "busy_s": 0.0, "weights_s": 0.0}
         self._running_sizes: deque[int] = deque(maxlen=1024)
         started: concurrent.futures.Future = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._run, args=(started,), name="vllm-engine", daemon=True)
+        import torch
+
+        self._thread = threading.Thread(target=self._run, args=(started, torch.get_num_threads()),
+                                        name="vllm-engine", daemon=True)
         self._thread.start()
         started.result()  # what the engine's start raised, raised here
 
@@ -120,8 +134,8 @@ class VLLMEngine:
 
     def submit(self, kind: str, payload: Any) -> concurrent.futures.Future:
         """Queue a job for the engine thread; its future holds the result."""
-        if self._failure is not None:
-            raise EngineFailed(f"vllm engine stopped: {self._failure!r}") from self._failure
+        if self._failure is not None or self._closing or not self._thread.is_alive():
+            raise EngineFailed(f"vllm engine stopped: {self._failure or 'closed'!r}") from self._failure
         job = _Job(kind, payload)
         if kind == "generate":
             validate_sampling(payload.sampling)  # a bad request fails its caller, not the engine
@@ -172,6 +186,7 @@ class VLLMEngine:
         return VLLMFrontend(self)
 
     def close(self) -> None:
+        self._closing = True
         if self._thread.is_alive():
             self._jobs.put(_Job("close", None))
             self._thread.join(timeout=60)
@@ -198,7 +213,11 @@ class VLLMEngine:
             **kwargs,
         )
 
-    def _run(self, started: concurrent.futures.Future) -> None:
+    def _run(self, started: concurrent.futures.Future, threads: int) -> None:
+        # OpenMP's thread count is per thread, and vLLM's CPU kernels read it where they run: a
+        # new thread starts at the machine's core count, whatever the caller set. This thread
+        # builds and steps the engine at the caller's count (vLLM then makes torch's setter a no-op).
+        _SET_TORCH_THREADS(threads)
         try:
             self._llm = self._start()
         except BaseException as e:  # noqa: BLE001 - the constructor raises it
@@ -418,4 +437,4 @@ class VLLMFrontend:
         return {}
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.engine.close)
+        """Nothing of its own to stop: the engine stays up for other callers (`engine.close()` ends it)."""

@@ -1,7 +1,13 @@
-"""A global batch into per-rank micro-batches, and the position ids of packed rows.
+"""A global batch into per-rank micro-batches by a token budget, each one padding-free row.
 
 A `Batch` arrives packed (rose_ray/tokens.py): `attention_mask` holds each token's 1-based
-segment number (0 = padding); positions restart at every segment.
+segment number (0 = padding). Rows are dealt to ranks balanced by tokens, and each rank's rows
+are packed into micro-batches of at most `max_tokens` tokens (several rows share a micro-batch
+only while they fit), so one long trajectory does not set the size of every micro-batch. A
+micro-batch is its rows' tokens laid end to end with the padding dropped: one row of
+segments, positions restarting at each, and `cu_seq_lens` (the segment boundaries) for the
+attention (learner/attention.py). Every rank gets the same number of micro-batches (ZeRO's
+collectives run once per forward and backward), the missing ones empty.
 """
 
 from __future__ import annotations
@@ -24,29 +30,70 @@ def position_ids(segments: np.ndarray) -> np.ndarray:
     return (idx - starts).astype(np.int64)
 
 
-def split_batch(batch: Batch, parts: int) -> list[dict[str, np.ndarray]]:
-    """Rows dealt into `parts` micro-batches balanced by tokens (longest row to the lightest
-    part), each trimmed to its longest row. A part with no row gets one zero-weight row, so
-    every rank still runs a forward and backward (ZeRO-3 gathers need all ranks)."""
-    mask = np.asarray(batch.attention_mask)
-    lengths = (mask > 0).sum(axis=1)
-    load = [0] * parts
-    members: list[list[int]] = [[] for _ in range(parts)]
+def first_fit(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices grouped so each group's lengths sum to at most `budget`, first-fit decreasing
+    (a length over the budget gets a group of its own)."""
+    groups: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        for g, free in enumerate(room):
+            if lengths[i] <= free:
+                groups[g].append(i)
+                room[g] -= lengths[i]
+                break
+        else:
+            groups.append([i])
+            room.append(budget - lengths[i])
+    return groups
+
+
+def _flat_row(arrays: dict[str, np.ndarray], rows: list[int]) -> dict[str, np.ndarray]:
+    """The rows' tokens end to end, padding dropped, segments renumbered 1..S."""
+    mask = arrays["attention_mask"]
+    keep = [np.flatnonzero(mask[r] > 0) for r in rows]
+    part = {k: np.concatenate([v[r, cols] for r, cols in zip(rows, keep)])[None] for k, v in arrays.items()}
+    row_of = np.concatenate([np.full(len(cols), i) for i, cols in enumerate(keep)])
+    seg = part["attention_mask"][0]
+    starts = np.ones(len(seg), dtype=bool)
+    starts[1:] = (seg[1:] != seg[:-1]) | (row_of[1:] != row_of[:-1])
+    part["attention_mask"] = np.cumsum(starts).astype(np.int32)[None]
+    return part
+
+
+def _empty_part(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Two padding tokens with no weight: a rank with nothing to do still runs forward/backward."""
+    part = {k: v[:1, :2].copy() for k, v in arrays.items()}
+    part["ce_weights"][:] = 0.0
+    part["opd_weights"][:] = 0.0
+    part["attention_mask"][:] = 0  # padding: counts as no token
+    return part
+
+
+def micro_batches(batch: Batch, ranks: int, max_tokens: int) -> list[list[dict[str, np.ndarray]]]:
+    """Per rank, its micro-batches: dicts of [1, n] arrays (the batch's fields, `attention_mask`
+    renumbered per micro-batch) plus `position_ids` and `cu_seq_lens` ([S+1] int32)."""
+    arrays = {k: np.asarray(getattr(batch, k)) for k in FIELDS}
+    lengths = (arrays["attention_mask"] > 0).sum(axis=1)
+    longest = int(lengths.max()) if lengths.size else 0
+    if longest > max_tokens:
+        raise ValueError(f"a row holds {longest} tokens > learner.max_tokens={max_tokens}")
+    load = [0] * ranks
+    members: list[list[int]] = [[] for _ in range(ranks)]
     for r in sorted(range(len(lengths)), key=lambda r: -int(lengths[r])):
-        p = min(range(parts), key=lambda p: load[p])
+        if lengths[r] == 0:
+            continue
+        p = min(range(ranks), key=lambda p: load[p])
         members[p].append(r)
         load[p] += int(lengths[r])
-    arrays = {k: np.asarray(getattr(batch, k)) for k in FIELDS}
-    out = []
-    for rows in members:
-        if not rows:
-            part = {k: v[:1, :2].copy() for k, v in arrays.items()}
-            part["ce_weights"][:] = 0.0
-            part["opd_weights"][:] = 0.0
-            part["attention_mask"][:] = 0  # padding: counts as no token
-        else:
-            width = int(max(lengths[r] for r in rows))
-            part = {k: v[sorted(rows), :width] for k, v in arrays.items()}
-        part["position_ids"] = position_ids(part["attention_mask"])
-        out.append(part)
-    return out
+    per_rank = [[_flat_row(arrays, sorted(rows[i] for i in group))
+                 for group in first_fit([int(lengths[r]) for r in rows], max_tokens)]
+                for rows in members]
+    count = max(1, max(len(parts) for parts in per_rank))
+    for parts in per_rank:
+        parts += [_empty_part(arrays) for _ in range(count - len(parts))]
+        for part in parts:
+            seg = part["attention_mask"]
+            part["position_ids"] = position_ids(seg)
+            starts = np.flatnonzero(np.r_[True, seg[0, 1:] != seg[0, :-1]])
+            part["cu_seq_lens"] = np.r_[starts, seg.shape[1]].astype(np.int32)
+    return per_rank

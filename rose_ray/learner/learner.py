@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from rose_ray.learner.batching import split_batch
+from rose_ray.learner.batching import micro_batches
 from rose_ray.learner.losses import denominators
 from rose_ray.learner.worker import SUMMED, LearnerWorker
 from rose_ray.types import OWNERS, Batch
@@ -38,6 +38,9 @@ SCHEDULES = ("constant", "linear", "cosine")
 LEARNER_DTYPES = ("float32", "bfloat16")
 EXPORT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 DIST_BACKENDS = ("auto", "gloo", "nccl")
+# learner/attention.py: how packed segments are kept apart (auto: flash_attention_2 on GPUs with
+# flash-attn under bf16, else sdpa_varlen; dense_mask is the L×L-mask reference path)
+ATTN_IMPLEMENTATIONS = ("auto", "sdpa_varlen", "flash_attention_2", "dense_mask")
 
 
 @dataclass
@@ -59,9 +62,12 @@ class LearnerConfig:
     warmup_steps: int = 0
     total_steps: int = 0  # needed by linear / cosine
     min_lr_ratio: float = 0.0
-    grad_accum: int = 1
     grad_clip: float = 1.0  # 0 disables
-    max_tokens: int = 4096  # tokens per packed row: at least the student engine's context
+    # tokens per packed row, at least the student engine's context; also the token budget of a
+    # micro-batch (rows share one only while they fit; their number follows from the batch)
+    max_tokens: int = 4096
+    attn_implementation: str = "auto"
+    logprob_chunk: int = 1024  # tokens per pass through the LM head (0: the whole micro-batch at once)
     seed: int = 0
     threads: int = 1  # torch threads per rank
     cpus_per_rank: float = 1.0
@@ -90,9 +96,13 @@ class LearnerConfig:
         need(self.schedule == "constant" or self.total_steps > self.warmup_steps, "total_steps",
              f"must exceed warmup_steps for a {self.schedule} schedule")
         need(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
-        need(self.grad_accum >= 1, "grad_accum", "must be >= 1")
         need(self.grad_clip >= 0, "grad_clip", "must be >= 0")
         need(self.max_tokens >= 2, "max_tokens", "must be >= 2")
+        need(self.attn_implementation in ATTN_IMPLEMENTATIONS, "attn_implementation",
+             f"must be one of {ATTN_IMPLEMENTATIONS}")
+        need(self.attn_implementation != "flash_attention_2" or (self.dtype == "bfloat16" and self.gpus_per_rank > 0),
+             "attn_implementation", "flash_attention_2 needs learner.dtype=bfloat16 and GPUs (learner.gpus_per_rank > 0)")
+        need(self.logprob_chunk >= 0, "logprob_chunk", "must be >= 0")
         need(self.threads >= 1, "threads", "must be >= 1")
         need(self.cpus_per_rank > 0, "cpus_per_rank", "must be > 0")
         need(self.gpus_per_rank >= 0, "gpus_per_rank", "must be >= 0")
@@ -195,11 +205,10 @@ class LearnerGroup:
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on a global batch; returns metrics (means over the batch)."""
         den = denominators(batch)
-        g = self.config.grad_accum
-        parts = split_batch(batch, self.config.ranks * g)
+        parts = micro_batches(batch, self.config.ranks, self.config.max_tokens)
         with self._lock:
             start = time.perf_counter()
-            results = self._get([w.train_step.remote(parts[r * g : (r + 1) * g], den)
+            results = self._get([w.train_step.remote(parts[r], den)
                                  for r, w in enumerate(self.workers)], "train_step")
             elapsed = time.perf_counter() - start
             self.step += 1
@@ -213,7 +222,7 @@ class LearnerGroup:
         versions = np.asarray(batch.versions) if batch.versions is not None else np.zeros((0,))
         sampled = versions[versions >= 0]
         metrics.update(
-            grad_norm=first["grad_norm"], lr=first["lr"], step_s=elapsed,
+            grad_norm=first["grad_norm"], lr=first["lr"], step_s=elapsed, micro_batches=first["micro_batches"],
             tokens_per_s=metrics.get("tokens", 0.0) / elapsed,
             policy_lag=float((self.version - 1 - sampled).mean()) if sampled.size else 0.0,
             dropped_turns=float(batch.meta.get("dropped_turns", 0)),

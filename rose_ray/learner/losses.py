@@ -36,6 +36,12 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return -nll.view(b, length - 1)
 
 
+def aligned(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A micro-batch's per-token fields shifted to the targets they weigh (columns 1..L-1),
+    the shape of `token_logprobs`; what the model reads (ids, positions, boundaries) is left out."""
+    return {k: v[:, 1:] for k, v in t.items() if k not in ("input_ids", "position_ids", "cu_seq_lens")}
+
+
 def denominators(batch: Batch) -> dict[str, float]:
     """Token counts of each term over the whole (global) batch; checks the OPD inputs."""
     ce = np.asarray(batch.ce_weights)[:, 1:] > 0

@@ -1,9 +1,16 @@
 """One learner rank: a DeepSpeed engine in a Ray actor, one member of a torch.distributed group.
 
-The driver (`LearnerGroup`) computes global token counts and deals micro-batches; a rank runs
-its micro-batches through forward/backward/step and returns its share of every metric. The
-loss is scaled by world_size × grad_accum before `engine.backward`, because DeepSpeed divides by
-grad_accum and averages gradients over ranks, while our loss shares are already global means.
+The driver (`LearnerGroup`) computes global token counts and deals micro-batches (as many to
+every rank, each one padding-free row under a token budget); a rank runs them through forward
+and backward, then one optimizer step, and returns its share of every metric. DeepSpeed is told
+where the accumulation boundary is (the last micro-batch), so their number may change from step
+to step. The loss is scaled by world_size before `engine.backward`, because DeepSpeed averages
+gradients over ranks, while our loss shares are already global means.
+
+The forward stops at the final hidden states (captured from the model body); token logprobs
+and logits come from the LM head in chunks (learner/forward.py), and packed segments are kept
+apart by `learner.attn_implementation` (learner/attention.py), with no L×L mask but on the
+`dense_mask` reference path.
 """
 
 from __future__ import annotations
@@ -17,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from rose_ray.learner.losses import aligned
 from rose_ray.learner.losses import loss as batch_loss
-from rose_ray.learner.losses import token_logprobs
 
 SUMMED = "sum/"  # prefix of metrics that are shares of a global value (the driver adds them)
 
@@ -29,9 +36,10 @@ def ds_config(cfg: Any, world_size: int) -> dict[str, Any]:
     if cfg.zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = False
     return {
-        "train_micro_batch_size_per_gpu": 1,  # rows per micro-batch vary; DS only checks this
-        "gradient_accumulation_steps": cfg.grad_accum,
-        "train_batch_size": world_size * cfg.grad_accum,
+        # Micro-batches vary in size and number; the worker marks the accumulation boundary.
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world_size,
         "gradient_clipping": cfg.grad_clip,
         "zero_optimization": zero,
         "bf16": {"enabled": cfg.dtype == "bfloat16"},
@@ -77,23 +85,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def segment_mask(segments: Any) -> Any:
-    """[B, 1, L, L] boolean mask: causal attention within each packed segment only.
-
-    Restarting position ids alone does not stop a token attending to the sequence packed
-    before it (transformers' sdpa path keeps plain causal masking), so the block-diagonal
-    mask is explicit. Padding (segment 0) attends to itself only, which keeps softmax finite.
-    """
-    import torch
-
-    length = segments.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=segments.device).tril()
-    same = segments[:, :, None] == segments[:, None, :]
-    allowed = causal & same & (segments[:, :, None] > 0)
-    allowed |= torch.eye(length, dtype=torch.bool, device=segments.device)
-    return allowed[:, None]
-
-
 class LearnerWorker:
     """A learner rank. Wrapped with ray.remote by LearnerGroup."""
 
@@ -137,16 +128,25 @@ class LearnerWorker:
         import torch
         from transformers import AutoModelForCausalLM
 
+        from rose_ray.learner import attention
+        from rose_ray.learner.forward import PackedForward
+
         self.engine = None
         self.cfg = cfg
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
+        self.attn = attention.resolve(cfg.attn_implementation, cfg.dtype)
         # fp32 master weights; under bf16 DeepSpeed casts the module's parameters itself.
-        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32,
+                                                     attn_implementation=attention.transformers_name(self.attn))
+        if getattr(model.config, "final_logit_softcapping", None):
+            raise ValueError(f"learner.model: {cfg.model} caps its logits after the head, which the "
+                             "chunked head does not do")
         model.config.use_cache = False
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
+        self.packed = PackedForward(model, self.attn, cfg.logprob_chunk)
         buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
         opt = torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
@@ -160,7 +160,8 @@ class LearnerWorker:
         self._restore_buffers(buffers)
         self.engine.train()
         return {"parameters": int(sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
-                                      for p in self.engine.module.parameters()))}
+                                      for p in self.engine.module.parameters())),
+                "attn_implementation": self.attn}
 
     def _restore_buffers(self, original: dict[str, Any]) -> None:
         """Keep buffers (e.g. rotary inv_freq) in the dtype the model defines them in."""
@@ -178,37 +179,28 @@ class LearnerWorker:
         # np.array copies: Ray hands actors read-only views of numpy arguments
         return {k: torch.from_numpy(np.array(v)).to(self.engine.device) for k, v in part.items()}
 
-    def _logits(self, t: dict[str, Any]) -> Any:
-        mask = segment_mask(t["attention_mask"]) if "attention_mask" in t else None
-        out = self.engine(input_ids=t["input_ids"], position_ids=t["position_ids"],
-                          attention_mask=mask, use_cache=False)
-        return out.logits
-
     def train_step(self, parts: list[dict[str, np.ndarray]], den: dict[str, float]) -> dict[str, float]:
-        """One optimizer step over this rank's micro-batches (exactly grad_accum of them)."""
-        if len(parts) != self.cfg.grad_accum:
-            raise ValueError(f"rank {self.rank}: {len(parts)} micro-batches, grad_accum={self.cfg.grad_accum}")
+        """One optimizer step over this rank's micro-batches (every rank gets as many)."""
         start = time.perf_counter()
         sums: dict[str, float] = {}
         lr = float(self.engine.get_lr()[0])
-        own_norm = None
-        for part in parts:
+        for i, part in enumerate(parts):
+            # Gradients are reduced once, after the last micro-batch; then one optimizer step.
+            self.engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
             t = self._tensors(part)
-            logp = token_logprobs(self._logits(t), t["input_ids"])
-            aligned = {k: v[:, 1:] for k, v in t.items() if k not in ("input_ids", "position_ids")}
-            loss, metrics = batch_loss(logp, aligned, den, self.cfg.clip_eps)
-            self.engine.backward(loss * (self.world_size * self.cfg.grad_accum))
-            if self.engine.is_gradient_accumulation_boundary():
-                own_norm = self._grad_norm()
-            self.engine.step()
+            logp = self.packed.token_logprobs(self.packed.hidden_states(self.engine, t), t["input_ids"])
+            loss, metrics = batch_loss(logp, aligned(t), den, self.cfg.clip_eps)
+            self.engine.backward(loss * self.world_size)
             metrics["loss"] = loss.item()
             metrics["tokens"] = float((part["attention_mask"] > 0).sum())
             for k, v in metrics.items():
                 sums[SUMMED + k] = sums.get(SUMMED + k, 0.0) + v
+        own_norm = self._grad_norm()
+        self.engine.step()
         norm = self.engine.get_global_grad_norm()
         norm = own_norm if norm is None else norm
         sums.update(grad_norm=float(norm) if norm is not None else float("nan"), lr=lr,
-                    rank_step_s=time.perf_counter() - start)
+                    micro_batches=float(len(parts)), rank_step_s=time.perf_counter() - start)
         return sums
 
     def _grad_norm(self) -> float | None:
@@ -222,14 +214,17 @@ class LearnerWorker:
         return float(torch.stack(grads).norm()) if grads else 0.0
 
     def logits(self, input_ids: np.ndarray) -> np.ndarray | None:
-        """Logits of unpacked rows (every rank runs the forward; rank 0 returns them)."""
+        """Logits of unpacked rows (every rank runs the forward; rank 0 returns them), from the
+        head in chunks: the float32 result is the only [B, L, V] there is."""
         import torch
 
         ids = torch.from_numpy(np.array(input_ids, dtype=np.int64)).to(self.engine.device)
         pos = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        vocab = self.packed.head.out_features
+        out = torch.empty((*ids.shape, vocab), dtype=torch.float32) if self.rank == 0 else None
         with torch.no_grad():
-            out = self._logits({"input_ids": ids, "position_ids": pos}).float().cpu().numpy()
-        return out if self.rank == 0 else None
+            self.packed.logits_into(self.packed.hidden_states(self.engine, {"input_ids": ids, "position_ids": pos}), out)
+        return out.numpy() if out is not None else None
 
     # -- checkpoints ---------------------------------------------------------------------
 

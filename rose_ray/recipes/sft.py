@@ -24,10 +24,13 @@ def train_sft(
     epochs: int = 1,
     batch_size: int = 8,
     log: Any = print,
+    history: str = "sampled",
     **learner: Any,
 ) -> dict[str, Any]:
     """Train on every row `epochs` times in shuffled batches of `batch_size` rows, export to
-    `out`. `learner` holds LearnerConfig fields (lr, ranks, zero_stage, dtype, ...)."""
+    `out`. `learner` holds LearnerConfig fields (lr, ranks, zero_stage, dtype, ...). `history`:
+    rows as per-turn pieces (`sampled`, what an engine builds) or as the chat template renders
+    each whole conversation (`template`, SFT as the card did it)."""
     import ray
 
     from rose_ray.chat import ChatFormat
@@ -48,7 +51,7 @@ def train_sft(
     config = LearnerConfig(model=str(model), **learner)
     weights = imitate(config.sft_owners)
     tokenizer = load_tokenizer(model)
-    fmt = ChatFormat(tokenizer)
+    fmt = ChatFormat(tokenizer, history=history)
     seqs = []
     for n, row in enumerate(rows, 1):
         turns = row_to_trajectory(row).turns
@@ -119,12 +122,12 @@ def cli_main(args: Any) -> int:
     """The `sft` subcommand (arguments in rose_ray/cli.py)."""
     learner = {
         "lr": args.lr, "ranks": args.ranks, "zero_stage": args.zero_stage, "dtype": args.dtype,
-        "max_tokens": args.max_tokens, "grad_accum": args.grad_accum, "seed": args.seed,
+        "max_tokens": args.max_tokens, "seed": args.seed,
         "threads": args.threads, "sft_owners": args.owners.split(","),
         "schedule": args.schedule, "warmup_steps": args.warmup_steps,
     }
     result = train_sft(args.data, args.model, args.out, epochs=args.epochs,
-                       batch_size=args.batch_size, **learner)
+                       batch_size=args.batch_size, history=args.history, **learner)
     last = result["history"][-1]["loss"] if result["history"] else float("nan")
     print(f"sft: {result['rows']} rows, {result['steps']} steps, final loss {last:.4f}; "
           f"model in {result['export']['path']}")

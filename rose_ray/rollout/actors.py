@@ -68,12 +68,12 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
                  teacher_cpus: float = 1, student_gpus: float = 0,
                  teacher_gpus: float = 0, student_options: dict[str, Any] | None = None,
                  teacher_options: dict[str, Any] | None = None,
-                 enable_thinking: bool = False) -> tuple[Agent, Agent | None]:
+                 enable_thinking: bool = False, history: str = "sampled") -> tuple[Agent, Agent | None]:
     """Engine actors for a student and an optional teacher (EngineConfigs), with chat formats.
 
     When both tokenizers give the same ids the agents share one ChatFormat, so an episode
     keeps one id list and the teacher can score student tokens (OPD). `enable_thinking` goes
-    to both chat templates.
+    to both chat templates; `history` (sampled | template) is how both render earlier turns.
     """
     from rose_ray.chat import ChatFormat
     from rose_ray.inference.actor import engine_actor
@@ -90,7 +90,7 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
         return spawn
 
     student_tok = load_tokenizer(student.tokenizer or student.model)
-    student_chat = ChatFormat(student_tok, enable_thinking)
+    student_chat = ChatFormat(student_tok, enable_thinking, history)
     spawn = spawner(student, student_cpus, student_gpus, student_options)
     student_agent = Agent(spawn(), student_chat, student.model, student.context_tokens, student.keep_first_turns,
                           spawn=spawn)
@@ -99,7 +99,8 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
     if teacher == student:  # one engine serves both roles (e.g. `continue` without a student)
         return student_agent, student_agent
     teacher_tok = load_tokenizer(teacher.tokenizer or teacher.model)
-    chat = student_chat if same_tokenizer(student_tok, teacher_tok) else ChatFormat(teacher_tok, enable_thinking)
+    chat = (student_chat if same_tokenizer(student_tok, teacher_tok)
+            else ChatFormat(teacher_tok, enable_thinking, history))
     spawn = spawner(teacher, teacher_cpus, teacher_gpus, teacher_options)
     teacher_agent = Agent(spawn(), chat, teacher.model or teacher.base_url, teacher.context_tokens,
                           teacher.keep_first_turns, spawn=spawn)
@@ -147,7 +148,7 @@ async def ping_pools(pools: list[Any], timeout_s: float = 5.0) -> list[str]:
 
 @contextmanager
 def local_actors(env: EnvConfig, student: Any, teacher: Any | None, max_turns: int | None,
-                 enable_thinking: bool = False) -> Iterator[tuple[Any, Agent, Agent | None]]:
+                 enable_thinking: bool = False, history: str = "sampled") -> Iterator[tuple[Any, Agent, Agent | None]]:
     """(an EpisodeRunner over new env pools, the student agent, the teacher agent or None) for
     a one-off command on Ray (joined or started); every actor is ended on the way out."""
     import ray
@@ -168,7 +169,8 @@ def local_actors(env: EnvConfig, student: Any, teacher: Any | None, max_turns: i
         return 0.0 if config is None or config.backend == "openai" else share
 
     try:
-        agents = start_agents(student, teacher, cpus(student), cpus(teacher), enable_thinking=enable_thinking)
+        agents = start_agents(student, teacher, cpus(student), cpus(teacher), enable_thinking=enable_thinking,
+                              history=history)
         yield EpisodeRunner(pools, env.games_per_worker), agents[0], agents[1]
     finally:
         close_pools(pools)

@@ -2,8 +2,11 @@
 
 Backpressure: a new episode is admitted only while in_flight + buffered <=
 (max_lag + 1) * batch_episodes, so rollouts never run more than max_lag policy versions
-ahead of the learner. A finished episode whose oldest student token lags the learner's
-version by more than max_lag is dropped and counted. Each trajectory is handed out once.
+ahead of the learner. With `drop_stale` (the recipe trains tokens the student sampled, whose
+behaviour logprobs go stale), a finished episode whose oldest student token lags the
+learner's version by more than max_lag is dropped and counted; without it (only the frozen
+teacher's tokens train, which no lag makes off-policy) every episode is kept. Each
+trajectory is handed out once.
 
 Accounting (always): admitted = trained + buffered + dropped_stale + failed + in_flight.
 A resumed run starts from counters saved without its open episodes (in flight or buffered at
@@ -33,8 +36,8 @@ class BufferCounters:
 
 class TrajectoryBuffer:
     def __init__(self, batch_episodes: int, max_lag: int, counters: BufferCounters | None = None,
-                 on_drop: Callable[[Trajectory], None] | None = None) -> None:
-        self.batch_episodes, self.max_lag = batch_episodes, max_lag
+                 on_drop: Callable[[Trajectory], None] | None = None, drop_stale: bool = True) -> None:
+        self.batch_episodes, self.max_lag, self.drop_stale = batch_episodes, max_lag, drop_stale
         self.capacity = (max_lag + 1) * batch_episodes
         self.items: list[Trajectory] = []
         self.in_flight = 0
@@ -45,6 +48,9 @@ class TrajectoryBuffer:
 
     def lag(self, t: Trajectory, learner_version: int) -> int:
         return 0 if t.student_version is None else learner_version - t.student_version
+
+    def stale(self, t: Trajectory, learner_version: int) -> bool:
+        return self.drop_stale and self.lag(t, learner_version) > self.max_lag
 
     async def admit(self) -> None:
         """Wait for room, then count one episode in flight."""
@@ -57,7 +63,7 @@ class TrajectoryBuffer:
         """A finished episode; False if it was dropped as stale."""
         async with self._changed:
             self.in_flight -= 1
-            if self.lag(t, learner_version) > self.max_lag:
+            if self.stale(t, learner_version):
                 self._drop(t)
                 accepted = False
             else:
@@ -78,9 +84,9 @@ class TrajectoryBuffer:
         """Wait for `batch_episodes` fresh trajectories; stale ones are dropped on the way."""
         async with self._changed:
             while True:
-                fresh = [t for t in self.items if self.lag(t, learner_version) <= self.max_lag]
+                fresh = [t for t in self.items if not self.stale(t, learner_version)]
                 for t in self.items:
-                    if self.lag(t, learner_version) > self.max_lag:
+                    if self.stale(t, learner_version):
                         self._drop(t)
                 self.items = fresh
                 if len(self.items) >= self.batch_episodes:

@@ -24,7 +24,7 @@ from typing import Any
 from rose_ray.chat import ChatFormat
 from rose_ray.envs.protocol import Protocol, parse_action
 from rose_ray.envs.worlds import get_world
-from rose_ray.inference.engine import GenerationRequest, droppable_from, fit_context
+from rose_ray.inference.engine import GenerationRequest, droppable_from
 from rose_ray.rollout.report import REPORT_MODES, ask_report
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
@@ -226,6 +226,8 @@ async def run_episode(
         agent = teacher if teacher_acts else student
         sampling = config.teacher_sampling if teacher_acts else config.student_sampling
         view = teacher_turns if (teacher_acts and teacher_turns is not None) else turns
+        if agent.chat.history == "template":  # the template renders the conversation, as a chat API does
+            view[:] = agent.chat.apply_template(view, add_generation_prompt=True)
         request = GenerationRequest(
             sampling=sampling, turns=view, request_id=f"{request_prefix}{game.item_id}/t{turn}"
         )
@@ -247,16 +249,7 @@ async def run_episode(
         else:
             ids, logprobs = student.chat.finish_sampled(result.token_ids), list(result.logprobs)
             version = None if teacher_acts else result.version
-        new_turn = Turn("assistant", result.text, owner, ids, logprobs, version, truncated=truncated)
-        if not teacher_acts and config.score_student_with_teacher and teacher is not None and shared:
-            t0 = time.perf_counter()
-            # The teacher scores under its own context budget, dropping old turns as the engine would.
-            # Every trained id is scored, the end-of-turn token appended after a cut-off included.
-            kept, _ = fit_context(turns, teacher.context_tokens - len(ids), "drop_oldest")
-            prompt = [i for t in kept for i in t.token_ids]
-            new_turn.teacher_logprobs = await teacher.engine.score.remote(prompt, ids)
-            timing["teacher_score_s"] += time.perf_counter() - t0
-        turns.append(new_turn)
+        turns.append(Turn("assistant", result.text, owner, ids, logprobs, version, truncated=truncated))
         if teacher_turns is not None:
             teacher_turns.append(
                 Turn("assistant", result.text, owner,
@@ -296,6 +289,10 @@ async def run_episode(
                                                 teacher, config, f"{request_prefix}{game.item_id}/report", timing)
         if config.report == "train":
             turns[-1:] = report_turns  # the last observation with the question, then the answer
+    if config.score_student_with_teacher and teacher is not None and shared:
+        await score_student_tokens(turns, cut, teacher, timing)
+    if student.chat.history == "template":  # the learner trains on the template's rendering of it all
+        turns[:] = student.chat.apply_template(turns, add_generation_prompt=False)
     timing["total_s"] = time.perf_counter() - t_start
     versions = [t.policy_version for t in turns if t.owner == "student" and t.policy_version is not None]
     return Trajectory(
@@ -320,6 +317,30 @@ async def run_episode(
         report_turns=report_turns,
         scoring=scoring,
     )
+
+
+async def score_student_tokens(turns: list[Turn], cut: list[int], teacher: Agent, timing: dict[str, float]) -> None:
+    """OPD: the teacher's logprob of every student token (the end-of-turn id appended after a
+    cut-off included), set on the student's turns. One pass over the conversation the learner
+    trains on (the turns less the engine's last cut): the teacher reads an episode once, not
+    once per turn, and scores each token in the context the learner sees it in."""
+    left_out = set(cut)
+    spans, at = [], 0
+    for i, t in enumerate(turns):
+        if i not in left_out:
+            spans.append((t, at, at + len(t.token_ids)))
+            at += len(t.token_ids)
+    ids = [i for j, t in enumerate(turns) if j not in left_out for i in t.token_ids]
+    scored = [(t, a, b) for t, a, b in spans if t.role == "assistant" and t.owner == "student" and b > a]
+    if not scored:
+        return
+    start, end = scored[0][1], scored[-1][2]
+    t0 = time.perf_counter()
+    logprobs = await teacher.engine.score.remote(ids[:start], ids[start:end])
+    timing["teacher_score_s"] += time.perf_counter() - t0
+    timing["teacher_scored_tokens"] = float(end)  # what the teacher read
+    for t, a, b in scored:
+        t.teacher_logprobs = logprobs[a - start : b - start]
 
 
 def _check_observation(game: GameId, turn: int, expected: str, got: str) -> None:

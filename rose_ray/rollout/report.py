@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from rose_ray.envs.protocol import strip_thinking
-from rose_ray.inference.engine import GenerationRequest, fit_context
+from rose_ray.inference.engine import GenerationRequest
 from rose_ray.types import Turn
 
 if TYPE_CHECKING:
@@ -46,6 +46,8 @@ async def ask_report(question: str, turns: list[Turn], teacher_turns: list[Turn]
         view = teacher_turns[:-1] + [Turn("user", text, last.owner, teacher.chat.user_ids(text))]
     else:
         view = turns[:-1] + [ask]
+    if agent.chat.history == "template":
+        view = agent.chat.apply_template(view, add_generation_prompt=True)
     sampling = config.teacher_sampling if by_teacher else config.student_sampling
     t0 = time.perf_counter()
     result = await agent.engine.generate.remote(GenerationRequest(sampling=sampling, turns=view,
@@ -60,9 +62,4 @@ async def ask_report(question: str, turns: list[Turn], teacher_turns: list[Turn]
         version = None if by_teacher else result.version
     reply = Turn("assistant", result.text, "teacher" if by_teacher else "student", ids, logprobs, version,
                  truncated=result.finish_reason == "length")
-    if (config.report == "train" and not by_teacher and config.score_student_with_teacher
-            and teacher is not None and teacher.chat is student.chat):
-        # OPD trains this reply too: the teacher scores it as it scores every student turn.
-        kept, _ = fit_context(turns[:-1] + [ask], teacher.context_tokens - len(ids), "drop_oldest")
-        reply.teacher_logprobs = await teacher.engine.score.remote([i for t in kept for i in t.token_ids], ids)
     return strip_thinking(result.text).strip(), [ask, reply]

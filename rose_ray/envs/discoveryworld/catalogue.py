@@ -1,10 +1,16 @@
-"""DiscoveryWorld's games: 35 (scenario, difficulty) pairs x seeds 1..5 = 175 games.
+"""DiscoveryWorld's games: 35 (scenario, difficulty) pairs x seeds 0..9 = 350 games.
 
-Item ids are `discoveryworld_<n>`, n = 5 * pair + (seed - 1), pairs in the package's own
-order (`getValidScenarios()`: Tutorial, the 8 discovery themes each Easy/Normal/Challenge,
-the 10 Small Skills). Split by seed, the same for every pair: seeds 1-3 train, seed 4 dev,
-seed 5 test, so every scenario is in every split and a held-out game is a world the model
-has not seen. A task is a pair, named as a slug (`combinatorial-chemistry-easy`).
+Item ids are `discoveryworld_<n>`, n = 10 * pair + seed, pairs in the package's own order
+(`getValidScenarios()`: Tutorial, the 8 discovery themes each Easy/Normal/Challenge, the 10
+Small Skills). A task is a pair, named as a slug (`combinatorial-chemistry-easy`).
+
+Splits follow the benchmark: its instances are seeds 0-4 of the pairs the paper runs (the
+8 themes x 3 difficulties and the 10 unit tests; the package's README: "the seed is nominally
+0-4 ... other higher values ... are officially outside of the benchmark"), and they are the
+`test` split, 170 games. Training never sees them: `train` is seeds 5-8 of every pair and the
+Tutorial's seeds 0-8 (it is no benchmark instance), `dev` is seed 9 of every pair. Seeds 5-9
+give new worlds (other layouts), but several themes pick their hidden answer by seed mod 5,
+so a training seed can share its answer with a benchmark instance (README, DiscoveryWorld).
 
 Listing games never imports the package.
 """
@@ -18,8 +24,9 @@ from rose_ray.envs.catalogue import GameCatalogue
 from rose_ray.types import GameId
 
 ITEM_PREFIX = "discoveryworld_"
-SEEDS = (1, 2, 3, 4, 5)
-SPLIT_OF_SEED = {1: "train", 2: "train", 3: "train", 4: "dev", 5: "test"}
+SEEDS = tuple(range(10))
+BENCHMARK_SEEDS = (0, 1, 2, 3, 4)  # the benchmark's instances: the test split
+DEV_SEED = 9
 THEMES = ("Combinatorial Chemistry", "Archaeology Dating", "Plant Nutrients", "Reactor Lab",
           "Lost in Translation", "Space Sick", "Proteomics", "It's (not) Rocket Science!")
 SKILLS = ("Dialog Test", "Pick and Place Test", "Pick and Give Test", "Instrument Measurement Test",
@@ -72,12 +79,15 @@ class DiscoveryWorldCatalogue(GameCatalogue):
             raise ValueError(f"discoveryworld has one catalogue mapping ({self.mapping!r}), not {mapping!r}")
         self._pairs = {slug(s, d): (s, d) for s, d in PAIRS}
         super().__init__([
-            GameId(slug(s, d), seed, f"{ITEM_PREFIX}{5 * p + seed - 1}", world=self.world)
+            GameId(slug(s, d), seed, f"{ITEM_PREFIX}{len(SEEDS) * p + seed}", world=self.world)
             for p, (s, d) in enumerate(PAIRS) for seed in SEEDS
         ])
 
     def split_of(self, game: GameId) -> str:
-        return SPLIT_OF_SEED[game.variation]
+        """`test` for the benchmark's instances, `dev` for seed 9, else `train`."""
+        if game.variation in BENCHMARK_SEEDS and self.scenario(game).kind != "tutorial":
+            return "test"
+        return "dev" if game.variation == DEV_SEED else "train"
 
     def scenario(self, game: GameId) -> Scenario:
         """The package's (scenario name, difficulty, seed) of a game."""

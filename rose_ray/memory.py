@@ -1,0 +1,428 @@
+"""The GPU memory plan: what each role holds on each of its GPUs, from the models' config.json.
+
+    roles = memory_plan(cfg, gpu_gib=80)       # a RoleMemory per GPU role
+    print("\\n".join(format_memory(roles, "80 GiB per GPU (--gpu-memory)")))
+    check_memory(roles)                         # PlacementError naming the role and its numbers
+
+No weights are loaded and nothing here imports torch. A model's sizes come from its config.json
+(a local folder, the tiny models, a `--model-config-for NAME=DIR` stand-in, the local Hugging
+Face cache) or, for the Qwen3 models, from the table shipped with the package
+(`qwen3_sizes.json`). The counts are for dense decoder-only models shaped like Qwen3 or Llama.
+
+Per GPU:
+- **Engines** (vllm, hf): weights (parameters × dtype bytes, split over `tensor_parallel_size`),
+  the KV cache of `max_batch_size` sequences at `context_tokens` (2 × layers × KV heads ×
+  head_dim × dtype bytes per token, KV heads split over the tensor-parallel ranks), prefill
+  activations and a runtime allowance. vLLM must hold all of it in `gpu_memory_utilization` ×
+  the GPU (it gives the KV cache whatever is left; the plan asks that the whole batch fits at
+  full context, so no sequence is ever preempted for memory); an hf engine has the whole GPU.
+  An engine that scores (the OPD teacher) also needs its prompt-logprob logits, which vLLM
+  computes outside the share it profiled: they must fit in the rest of the GPU.
+- **Learner ranks**: parameters, gradients and Adam states as DeepSpeed keeps them (its own
+  estimator's accounting) under the ZeRO stage over the ranks, and the activations of one
+  micro-batch (a packed row of `learner.max_tokens` tokens) with or without gradient
+  checkpointing, the LM head run in chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from rose_ray.inference.engine import resolve_dtype
+from rose_ray.placement import NodeInfo, PlacementError
+
+GIB = 2**30
+MIB = 2**20
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+# Every GPU a role uses: the CUDA context, cuBLAS and NCCL workspaces and the allocator's slack.
+# An allowance (a CUDA context alone is ~0.5 GiB), not a measurement.
+GPU_RUNTIME_BYTES = 1.5 * GIB
+# vLLM captures CUDA graphs for decode batches up to max_num_seqs (`cuda_graphs: true`).
+CUDA_GRAPHS_BYTES = 1.0 * GIB
+# The learner's LM head runs this many tokens at a time (issue 28's chunked token logprobs);
+# `learner.logprob_chunk` replaces it where the config has that key.
+LOGPROB_CHUNK = 1024
+# DeepSpeed's default reduce and all-gather buckets (elements each) under ZeRO stages 1 and 2.
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
+# Scoring (prompt logprobs): vLLM takes each scheduled prompt token's logits (model dtype), their
+# fp32 log-softmax and a boolean rank mask, ~2 + 4 + 1 bytes a logit, plus the tensor-parallel
+# gather: 8 bytes a logit, the whole vocabulary on every rank.
+SCORE_BYTES_PER_LOGIT = 8
+# GPU memory as Ray's `accelerator_type:` names the GPU (GiB that nvidia-smi reports in all).
+ACCELERATOR_GIB = {"A100-40G": 40.0, "A100-80G": 80.0, "H100": 79.6, "H200": 140.4,
+                   "L4": 22.5, "A10G": 22.5, "L40S": 45.0}
+SHIPPED_TABLE = "the Qwen3 sizes shipped with rose_ray"
+
+
+def vllm_batched_tokens(gpu_bytes: float | None) -> int:
+    """The prefill chunk vLLM 0.32 picks for an `LLM` object when the engine leaves
+    max_num_batched_tokens unset: 16,384 tokens on GPUs of 70 GiB or more (not A100s), else 8,192."""
+    return 16384 if gpu_bytes is not None and gpu_bytes >= 70 * GIB else 8192
+
+
+# --------------------------------------------------------------------------- model sizes
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a dense decoder-only LM that its memory depends on (config.json's names)."""
+
+    name: str
+    source: str  # where the sizes came from
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_config(cls, name: str, source: str, config: dict[str, Any]) -> ModelShape:
+        config = config.get("text_config", config) if "hidden_size" not in config else config
+        if config.get("num_experts") or config.get("num_local_experts"):
+            raise ValueError(f"{name} ({source}): a mixture-of-experts model; the memory plan counts dense models only")
+        try:
+            heads = int(config["num_attention_heads"])
+            hidden = int(config["hidden_size"])
+            return cls(name, source, hidden, int(config["num_hidden_layers"]), heads,
+                       int(config.get("num_key_value_heads") or heads),
+                       int(config.get("head_dim") or hidden // heads),
+                       int(config["intermediate_size"]), int(config["vocab_size"]),
+                       bool(config.get("tie_word_embeddings", False)))  # untied counts the head: the larger
+        except KeyError as e:
+            raise ValueError(f"{name} ({source}): the model config has no {e.args[0]!r}") from None
+
+    @property
+    def q_width(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    def layer_parameters(self) -> int:
+        h = self.hidden_size
+        attention = h * (self.q_width + 2 * self.kv_width) + self.q_width * h + 2 * self.head_dim  # q k v o, q/k norms
+        return attention + 3 * h * self.intermediate_size + 2 * h  # gate, up, down; two norms
+
+    def embedding_parameters(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def parameters(self) -> int:
+        heads = 1 if self.tie_word_embeddings else 2  # the input embedding and the LM head
+        return self.num_hidden_layers * self.layer_parameters() + heads * self.embedding_parameters() + self.hidden_size
+
+    def kv_bytes_per_token(self, dtype_bytes: int, tensor_parallel: int = 1) -> int:
+        """Keys and values of one token on one GPU: KV heads split over the tensor-parallel
+        ranks (vLLM keeps one head per rank, replicated, past the head count)."""
+        kv_heads = max(self.num_key_value_heads // tensor_parallel, 1)
+        return 2 * self.num_hidden_layers * kv_heads * self.head_dim * dtype_bytes
+
+
+def shipped_sizes() -> dict[str, dict[str, Any]]:
+    table = json.loads(resources.files("rose_ray").joinpath("qwen3_sizes.json").read_text())
+    return {k: v for k, v in table.items() if not k.startswith("_")}
+
+
+def _hub_cached_config(name: str) -> str | None:
+    """config.json of `name` in the local Hugging Face cache, without asking the hub."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json")
+    except Exception:  # not a repo id (a path, `tiny:`), or no cache
+        return None
+    return found if isinstance(found, str) else None
+
+
+def model_shape(name: str, key: str, tiny_dir: str, config_for: dict[str, str]) -> ModelShape:
+    """The sizes of the model `name` that the config key `key` names: from a stand-in folder,
+    the tiny models, a local folder or the hub cache (their config.json), else the shipped
+    Qwen3 table; a ValueError naming the key when none has it."""
+    folder: Path | None = None
+    if name in config_for:
+        folder = Path(config_for[name])
+    elif name.startswith("tiny:"):
+        from rose_ray.models import init_tiny
+
+        folder = init_tiny(Path(tiny_dir).expanduser(), seed=0)[name[5:]]
+    elif Path(name).is_dir():
+        folder = Path(name)
+    elif (cached := _hub_cached_config(name)) is not None:
+        folder = Path(cached).parent
+    if folder is not None:
+        file = folder / "config.json"
+        if not file.is_file():
+            raise ValueError(f"{key}: {folder} holds no config.json (the memory plan reads the model's sizes there)")
+        return ModelShape.from_config(name, str(file), json.loads(file.read_text()))
+    table = shipped_sizes()
+    if name in table:
+        return ModelShape.from_config(name, SHIPPED_TABLE, table[name])
+    raise ValueError(f"{key}: {name!r} has no config.json on this machine and is not one of the shipped "
+                     f"Qwen3 sizes ({', '.join(table)}); pass --model-config-for {name}=DIR with a folder "
+                     "holding its config.json")
+
+
+# --------------------------------------------------------------------------- per role
+@dataclass
+class RoleMemory:
+    """One role's memory on each of its GPUs (bytes) and what it may use there."""
+
+    role: str  # as placement names it: "student engine", "teacher engine", "learner ranks"
+    model: ModelShape
+    setup: str  # backend or ZeRO stage, dtype, GPUs, batch
+    parts: dict[str, float]  # weights, KV cache, gradients, optimizer states, activations, runtime
+    on_gpu: bool
+    budget: float | None = None  # bytes per GPU the parts must fit in; None: on CPU, or GPU size unknown
+    budget_why: str = ""  # how the budget was set, e.g. "teacher_engine.gpu_memory_utilization 0.9 x 80 GiB"
+    notes: list[str] = field(default_factory=list)
+    problem: str | None = None  # why it does not fit, with the numbers and what would (None: it fits)
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:.1f}"
+
+
+def _sequences(n: int) -> str:
+    return f"{n} sequence{'' if n == 1 else 's'}"
+
+
+def _breakdown(parts: dict[str, float]) -> str:
+    return " + ".join(f"{_gib(v)} GiB {k}" for k, v in parts.items() if v)
+
+
+def prefill_bytes_per_token(shape: ModelShape, dtype_bytes: int, tensor_parallel: int = 1) -> float:
+    """Inference activations of one layer (freed before the next) per prompt token: the residual
+    stream and its norm, q/k/v, the attention output, gate/up and their product."""
+    split = shape.q_width + 2 * shape.kv_width + 3 * shape.intermediate_size
+    return (4 * shape.hidden_size + split / tensor_parallel) * dtype_bytes
+
+
+def _engine_parts(engine: Any, shape: ModelShape, dtype_bytes: int, tp: int, gpu_bytes: float | None,
+                  on_gpu: bool) -> dict[str, float]:
+    vllm = engine.backend == "vllm"
+    kv = engine.max_batch_size * engine.context_tokens * shape.kv_bytes_per_token(dtype_bytes, tp)
+    if not vllm:  # hf keeps past conversations' keys and values for reuse, up to prefix_cache_mb
+        kv += engine.prefix_cache_mb * MIB
+    # vLLM prefills at most its batched-token chunk per step; hf prefills a whole batch at once.
+    batch_tokens = engine.max_batch_size * engine.context_tokens
+    prefill = min(vllm_batched_tokens(gpu_bytes), batch_tokens) if vllm else batch_tokens
+    parts = {"weights": shape.parameters() * dtype_bytes / tp, "KV cache": float(kv),
+             "activations": prefill * prefill_bytes_per_token(shape, dtype_bytes, tp)}
+    if on_gpu:
+        parts["runtime"] = GPU_RUNTIME_BYTES + (CUDA_GRAPHS_BYTES if vllm and engine.cuda_graphs else 0.0)
+    return parts
+
+
+def engine_memory(role: str, engine: Any, gpus: float, shape: ModelShape, gpu_bytes: float | None,
+                  gpu_note: str, scores: bool) -> RoleMemory:
+    """An engine's memory per GPU, and whether `max_batch_size` sequences at full context fit."""
+    key = role.split()[0]  # "student" / "teacher"
+    on_gpu, vllm = gpus > 0, engine.backend == "vllm"
+    dtype = resolve_dtype(engine.dtype, "cuda" if on_gpu else "cpu")
+    e = DTYPE_BYTES[dtype]
+    tp = engine.tensor_parallel_size if vllm else 1
+    where = f"{tp} GPUs (tensor parallel)" if tp > 1 else ("1 GPU" if on_gpu else "CPU")
+    setup = (f"{engine.backend}, {dtype}, {where}, {engine.max_batch_size} sequences x "
+             f"{engine.context_tokens:,} tokens ({shape.kv_bytes_per_token(e) / 1024:,.0f} KiB of KV a token)")
+    mem = RoleMemory(role, shape, setup, _engine_parts(engine, shape, e, tp, gpu_bytes, on_gpu), on_gpu)
+    per_sequence = engine.context_tokens * shape.kv_bytes_per_token(e, tp)
+    if not on_gpu and vllm:
+        mem.notes.append(f"{key}_engine.kv_cache_mb {engine.kv_cache_mb:g} holds "
+                         f"{_sequences(int(engine.kv_cache_mb * MIB // per_sequence))} at full context "
+                         f"({engine.max_batch_size} wanted)")
+    if not on_gpu or gpu_bytes is None:
+        return mem
+    util = float(engine.gpu_memory_utilization)
+    if vllm:  # vLLM's share of the GPU; it gives the KV cache what the rest leaves
+        mem.budget, mem.budget_why = util * gpu_bytes, f"{key}_engine.gpu_memory_utilization {util:g} x {gpu_note}"
+    else:
+        mem.budget, mem.budget_why = gpu_bytes, f"the whole {gpu_note} GPU"
+    fitting = max(int((mem.budget - mem.total + mem.parts["KV cache"]) // per_sequence), 0)
+    if vllm:
+        mem.notes.append(f"{_sequences(fitting)} fit at full context ({engine.max_batch_size} wanted)")
+    if mem.total > mem.budget:
+        mem.problem = _engine_too_big(mem, engine, key, tp, e, gpu_bytes, fitting)
+    if scores and vllm and mem.problem is None:
+        mem.problem = _scoring_problem(mem, engine, key, gpu_bytes, gpu_note)
+    return mem
+
+
+def _engine_too_big(mem: RoleMemory, engine: Any, key: str, tp: int, dtype_bytes: int, gpu_bytes: float,
+                    fitting: int) -> str:
+    """Why an engine's batch does not fit at full context, and what would."""
+    vllm = engine.backend == "vllm"
+    fixes = [f"lower {key}_engine.max_batch_size to {fitting}"] if vllm and fitting else []
+    for bigger in (2, 4, 8) if vllm else ():
+        if bigger > tp and mem.model.num_attention_heads % bigger == 0 and \
+                sum(_engine_parts(engine, mem.model, dtype_bytes, bigger, gpu_bytes, True).values()) <= mem.budget:
+            fixes.append(f"set {key}_engine.tensor_parallel_size: {bigger} with resources.{key}_gpus: {bigger}")
+            break
+    if not vllm:
+        fixes.append(f"use {key}_engine.backend: vllm (paged KV, tensor parallel)")
+    short = (f"at full context {fitting} of its {engine.max_batch_size} sequences fit at once" if vllm
+             else f"{_sequences(engine.max_batch_size)} at full context do not")
+    return (f"the {mem.role} cannot fit its GPU{'s' if tp > 1 else ''}: {mem.model.name} needs "
+            f"{_breakdown(mem.parts)} = {_gib(mem.total)} GiB per GPU, more than {mem.budget_why} = "
+            f"{_gib(mem.budget)} GiB; {short}" + (f"; {' or '.join(fixes)}" if fixes else ""))
+
+
+def _scoring_problem(mem: RoleMemory, engine: Any, key: str, gpu_bytes: float, gpu_note: str) -> str | None:
+    """vLLM computes prompt logprobs outside the memory it profiled: they need the rest of the GPU."""
+    tokens = min(vllm_batched_tokens(gpu_bytes), engine.context_tokens)
+    logits = tokens * mem.model.vocab_size * SCORE_BYTES_PER_LOGIT
+    rest = gpu_bytes - mem.budget
+    mem.notes.append(f"scoring (prompt logprobs of a {tokens:,}-token chunk): {_gib(logits)} GiB beside "
+                     f"vLLM's share, {_gib(rest)} GiB left there")
+    if logits <= rest:
+        return None
+    most = math.floor((1 - logits / gpu_bytes) * 20) / 20  # in steps of 0.05
+    return (f"the {mem.role} cannot fit its GPU{'s' if engine.tensor_parallel_size > 1 else ''}: scoring the "
+            f"student's tokens (prompt logprobs of a {tokens:,}-token chunk x {mem.model.vocab_size:,} vocabulary) "
+            f"needs {_gib(logits)} GiB outside vLLM's share, but {key}_engine.gpu_memory_utilization "
+            f"{engine.gpu_memory_utilization:g} leaves {_gib(rest)} GiB of each {gpu_note} GPU; set it to "
+            f"{most:g} or lower")
+
+
+def learner_activations(shape: ModelShape, tokens: int, chunk: int, checkpointing: bool,
+                        dtype_bytes: int) -> dict[str, float]:
+    """Peak activation bytes of one micro-batch of `tokens` tokens as the learner runs it: packed
+    segments without an L×L mask and the LM head `chunk` tokens at a time (0: all at once);
+    the learner's own measured formula (rose_ray/learner/memory.py)."""
+    from rose_ray.learner.memory import learner_activation_bytes
+
+    act = learner_activation_bytes(asdict(shape), tokens, chunk, checkpointing, dtype_bytes)
+    return {"layers": float(act["body"]), "head": float(act["head"])}
+
+
+def learner_memory(learner: Any, shape: ModelShape, gpu_bytes: float | None, gpu_note: str,
+                   colocated: RoleMemory | None = None) -> RoleMemory:
+    """A learner rank's memory on its GPU under its ZeRO stage, ranks, dtype and checkpointing."""
+    p, n, stage = shape.parameters(), learner.ranks, learner.zero_stage
+    e = DTYPE_BYTES[learner.dtype]
+
+    def split(nbytes: float, from_stage: int) -> float:  # partitioned over the ranks from this stage on
+        return nbytes / n if stage >= from_stage else nbytes
+
+    if e == 2:  # mixed precision: 16-bit weights and gradients, fp32 gradients, master weights and Adam moments
+        weights, grads, optim = split(2 * p, 3), split(2 * p, 2) + split(4 * p, 1), split(12 * p, 1)
+    else:  # fp32: weights, gradients, Adam moments
+        weights, grads, optim = split(4 * p, 3), split(4 * p, 2), split(8 * p, 1)
+    if stage == 3:  # a gathered layer (and the next, prefetched) in 16-bit, as DeepSpeed's estimator counts
+        weights += 2 * e * max(shape.layer_parameters(), shape.embedding_parameters())
+    chunk = int(getattr(learner, "logprob_chunk", LOGPROB_CHUNK))
+    act = learner_activations(shape, learner.max_tokens, chunk, learner.gradient_checkpointing, e)
+    on_gpu = learner.gpus_per_rank > 0
+    parts = {"weights": float(weights), "gradients": float(grads), "optimizer states": float(optim),
+             "activations": act["layers"] + act["head"]}
+    if on_gpu:
+        buckets = 2 * min(p, DEEPSPEED_BUCKET_ELEMENTS) * e if stage in (1, 2) else 0
+        parts["runtime"] = GPU_RUNTIME_BYTES + buckets
+    setup = (f"ZeRO-{stage} over {n} rank{'s' if n > 1 else ''} x {learner.gpus_per_rank:g} GPU, "
+             f"{learner.dtype}, gradient checkpointing {'on' if learner.gradient_checkpointing else 'off'}, "
+             f"rows of {learner.max_tokens:,} tokens (LM head {chunk:,} tokens at a time)")
+    mem = RoleMemory("learner ranks", shape, setup, parts, on_gpu)
+    mem.notes.append(f"activations: {_gib(act['layers'])} GiB in the layers, {_gib(act['head'])} GiB in the LM head")
+    if not on_gpu or gpu_bytes is None:
+        return mem
+    mem.budget, mem.budget_why = gpu_bytes, f"the {gpu_note} GPU"
+    if colocated is not None:  # the student engine on the same GPU takes its share first
+        taken = colocated.budget if colocated.budget is not None else colocated.total
+        mem.budget -= taken
+        mem.budget_why += f" less the colocated student engine's {_gib(taken)} GiB"
+    if mem.total > mem.budget:
+        fixes = [f for ok, f in ((not learner.gradient_checkpointing, "learner.gradient_checkpointing: true"),
+                                 (stage < 3, f"learner.zero_stage: {stage + 1}"),
+                                 (True, "more learner.ranks"), (True, "a lower learner.max_tokens")) if ok]
+        mem.problem = (f"the learner ranks cannot fit their GPUs: {shape.name} under ZeRO-{stage} over {n} "
+                       f"rank{'s' if n > 1 else ''} needs {_breakdown(parts)} = {_gib(mem.total)} GiB per GPU, "
+                       f"more than {mem.budget_why} = {_gib(mem.budget)} GiB; try {', '.join(fixes)}")
+    return mem
+
+
+# --------------------------------------------------------------------------- the plan
+def gpu_memory(gib: float | None, nodes: list[NodeInfo] | None) -> tuple[float | None, str]:
+    """GiB per GPU, and where that came from: `--gpu-memory`, else the smallest GPU Ray's
+    `accelerator_type:` resources name on the nodes, else unknown (None)."""
+    if gib is not None:
+        if gib <= 0:
+            raise ValueError(f"--gpu-memory: must be > 0 GiB, got {gib:g}")
+        return gib, f"{gib:g} GiB per GPU (--gpu-memory)"
+    named = {key.split(":", 1)[1] for n in nodes or [] if n.total.get("GPU", 0) > 0
+             for key in n.total if key.startswith("accelerator_type:")}
+    known = {name: ACCELERATOR_GIB[name] for name in named if name in ACCELERATOR_GIB}
+    if not known:
+        return None, "unknown (pass --gpu-memory GiB to check that each role fits)"
+    name = min(known, key=known.__getitem__)
+    return known[name], f"{known[name]:g} GiB per GPU ({name}, from the nodes' accelerator_type)"
+
+
+def memory_plan(cfg: Any, gpu_gib: float | None, config_for: dict[str, str] | None = None) -> list[RoleMemory]:
+    """Each model-holding role of a TrainConfig, per GPU (an openai teacher is served elsewhere)."""
+    from rose_ray.recipes import get_recipe
+
+    gpu_bytes = gpu_gib * GIB if gpu_gib else None
+    gpu_note = f"{gpu_gib:g} GiB" if gpu_gib else "unknown"
+    shapes: dict[str, ModelShape] = {}
+
+    def shape(name: str, key: str) -> ModelShape:
+        if name not in shapes:
+            shapes[name] = model_shape(name, key, cfg.tiny_dir, config_for or {})
+        return shapes[name]
+
+    r = cfg.resources
+    roles = []
+    student = None
+    if cfg.student_engine.backend != "openai":
+        student = engine_memory("student engine", cfg.student_engine, r.student_gpus,
+                                shape(cfg.student_engine.model, "student_engine.model"), gpu_bytes, gpu_note, False)
+        roles.append(student)
+    if cfg.teacher_engine.backend != "openai":
+        scores = get_recipe(cfg.algorithm).teacher_scores_student(cfg)
+        roles.append(engine_memory("teacher engine", cfg.teacher_engine, r.teacher_gpus,
+                                   shape(cfg.teacher_engine.model, "teacher_engine.model"), gpu_bytes, gpu_note, scores))
+    shared = student if r.colocate and student is not None and student.on_gpu else None
+    roles.append(learner_memory(cfg.learner, shape(cfg.learner.model, "learner.model"), gpu_bytes, gpu_note, shared))
+    return roles
+
+
+COLUMNS = ("weights", "KV cache", "gradients", "optimizer states", "activations", "runtime")
+
+
+def format_memory(roles: list[RoleMemory], gpu_source: str) -> list[str]:
+    """A table of GiB per GPU for each role, then each role's model, setup and notes."""
+    heads = ("weights", "KV", "grads", "optim", "activ", "runtime", "total", "budget")
+    lines = [f"memory per GPU in GiB (roles on CPU: host memory; model sizes from config.json, no weights "
+             f"loaded); GPU: {gpu_source}",
+             f"  {'role':<16}" + "".join(f"{h:>9}" for h in heads) + "  fits"]
+    for m in roles:
+        cells = [_gib(m.parts[c]) if m.parts.get(c) else "-" for c in COLUMNS]
+        budget = _gib(m.budget) if m.budget is not None else "-"
+        verdict = "on CPU" if not m.on_gpu else ("?" if m.budget is None else ("yes" if m.problem is None else "NO"))
+        lines.append(f"  {m.role:<16}" + "".join(f"{c:>9}" for c in [*cells, _gib(m.total), budget]) + f"  {verdict}")
+    for m in roles:
+        p = m.model.parameters()
+        count = f"{p / 1e9:.2f}B" if p >= 1e9 else f"{p / 1e6:.1f}M"
+        lines.append(f"  {m.role}: {m.model.name} ({count} parameters, sizes from "
+                     f"{m.model.source}); {m.setup}")
+        if m.budget is not None:
+            lines.append(f"    budget: {m.budget_why}")
+        lines += [f"    {note}" for note in m.notes]
+    return lines
+
+
+def check_memory(roles: list[RoleMemory]) -> None:
+    """Raise PlacementError with the first role that cannot fit its GPUs."""
+    for m in roles:
+        if m.problem is not None:
+            raise PlacementError(m.problem)

@@ -1,0 +1,72 @@
+"""Versioned run folders: every fresh run gets its own folder, the latest is easy to reach.
+
+    runs/tiny/version_0/   a run (config.yaml, checkpoints/, tb/, model/, summary.json, ...)
+    runs/tiny/version_1/
+    runs/tiny/latest       a one-line file naming the newest run: "version_1"
+
+`version_N` as Lightning's loggers number runs: short, ordered, and free of clocks. N is one
+past the highest there, claimed by an atomic `mkdir`, so two runs started at once never share
+a folder. `latest` is a plain file (as DeepSpeed's `checkpoints/latest`), not a symlink:
+TensorBoard follows symlinks, so a `latest` link would show the newest run twice under
+`tensorboard --logdir runs/tiny`, and some shared file systems have no symlinks at all.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+VERSION = "version_"
+LATEST = "latest"
+
+
+def new_version(parent: str | Path) -> Path:
+    """A new, empty `parent/version_N` (N one past the highest there), named by `parent/latest`."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    n = 1 + max((int(p.name[len(VERSION):]) for p in parent.glob(f"{VERSION}*")
+                 if p.name[len(VERSION):].isdigit()), default=-1)
+    while True:
+        try:
+            (parent / f"{VERSION}{n}").mkdir()
+            break
+        except FileExistsError:  # another run took N meanwhile
+            n += 1
+    tmp = parent / f".{LATEST}.{os.getpid()}.tmp"
+    tmp.write_text(f"{VERSION}{n}\n")
+    os.replace(tmp, parent / LATEST)  # readers see the old name or the new, never half of one
+    return parent / f"{VERSION}{n}"
+
+
+def holds_run(folder: str | Path) -> bool:
+    """Whether a run (one that checkpointed) or a set of versioned runs is already there."""
+    folder = Path(folder)
+    return (folder / "checkpoints" / "latest").exists() or (folder / LATEST).is_file()
+
+
+def resolve_run(path: str | Path) -> Path:
+    """The run a path names: a run folder itself (any that holds config.yaml, those from before
+    versioned folders too), or a folder of versioned runs, meaning the one its `latest` names."""
+    path = Path(path)
+    if (path / "config.yaml").is_file():
+        return path
+    if (path / LATEST).is_file():
+        run = path / (path / LATEST).read_text().strip()
+        if (run / "config.yaml").is_file():
+            return run
+        raise ValueError(f"{path}: its `{LATEST}` file names {run}, which holds no run (no config.yaml)")
+    raise ValueError(f"{path}: not a run directory (no config.yaml there, nor a `{LATEST}` file naming one)")
+
+
+def keep_result(out: str | Path, text: str, version: Path | None = None) -> Path:
+    """Write a result file without losing the last: into `version` (default: a new
+    `<out without suffix>/version_N/`) under `out`'s name, and to `out` itself, the stable name of
+    the latest. Returns the versioned copy."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    kept = (version or new_version(out.parent / out.stem)) / out.name
+    kept.write_text(text)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, out)
+    return kept
