@@ -96,10 +96,19 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
 
     out = []
     for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine)):
-        if engine.backend == "openai":
-            scores = role == "teacher" and get_recipe(cfg.algorithm).teacher_scores_student(cfg)
-            served = replace(engine, model=resolve_tiny(cfg, engine.model))  # served under its folder's name
-            out.append(f"{role} engine: {check_served(served, SettingNames.of_section(f'{role}_engine'), scores)}")
+        if engine.backend != "openai":
+            continue
+        scores = role == "teacher" and get_recipe(cfg.algorithm).teacher_scores_student(cfg)
+        config = replace(engine, model=resolve_tiny(cfg, engine.model))  # served under its folder's name
+        served = check_served(config, SettingNames.of_section(f"{role}_engine"), scores)
+        longest = cfg.student_engine.context_tokens  # the teacher scores whole episodes, up to this
+        if scores and served.max_model_len is not None and served.max_model_len <= longest:
+            raise ValueError(f"student_engine.context_tokens: the teacher scores episodes of up to {longest} tokens, "
+                             f"and a server scores a sequence as a prompt with one token to generate: "
+                             f"{served.name!r} at {served.url} needs max_model_len {longest + 1} or more, it has "
+                             f"{served.max_model_len} (serve it with --max-model-len {longest + 1}, or lower "
+                             "student_engine.context_tokens)")
+        out.append(f"{role} engine: {served}")
     return out
 
 

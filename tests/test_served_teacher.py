@@ -99,8 +99,9 @@ def test_check_asks_the_served_teacher(server, mismatched, tiny_models, extra, m
 
 
 def test_commands_take_served_models(server, mismatched, tiny_models, ray_cluster, tmp_path, capsys):
-    """collect with a served student, continue with a served teacher: each names the served model
-    it checked; a served model without --tokenizer is refused by flag before anything starts."""
+    """collect with a served student, continue and eval with a served teacher: each names the
+    served model it checked; a served model without --tokenizer is refused by flag before anything
+    starts."""
     prefixes, stitched = tmp_path / "prefixes.jsonl", tmp_path / "stitched.jsonl"
     served = [f"openai:{server.url}", "--tokenizer", str(mismatched), "--served-model", NAME]
     common = ["--max-new-tokens", "8", "--context-tokens", "2048", "--concurrency", "1"]
@@ -112,9 +113,18 @@ def test_commands_take_served_models(server, mismatched, tiny_models, ray_cluste
     assert f"collect: --model: '{NAME}' served at {server.url}" in capsys.readouterr().out
     assert main(["continue", "--teacher", *served, "--in", str(prefixes), "--max-turns", "2", "--out", str(stitched),
                  *common]) == 0
-    assert f"continue: --teacher: '{NAME}' served at {server.url}" in capsys.readouterr().out
-    (row,) = [json.loads(line) for line in stitched.read_text().splitlines()]
-    assert [m["owner"] for m in row["conversations"] if m["role"] == "assistant"][1:] == ["student", "teacher"]
+    out, err = capsys.readouterr()
+    assert f"continue: --teacher: '{NAME}' served at {server.url}" in out
+    rows = [json.loads(line) for line in stitched.read_text().splitlines()]
+    assert len(rows) == 1, err
+    assert [m["owner"] for m in rows[0]["conversations"] if m["role"] == "assistant"][1:] == ["student", "teacher"]
+    # eval hands over to the served teacher (its --tokenizer is the teacher's too); on a game whose
+    # task names the word the server fails the teacher's request: said plainly, exit 1.
+    assert main(["eval", "--model", str(tiny_models["student"]), "--teacher", *served, "--handoff", "1",
+                 "--tasks", "find-animal", "--n", "1", "--max-turns", "2", "--backend", "hf",
+                 "--out", str(tmp_path / "ev"), *common]) == 1
+    assert "rose-ray eval: error: a served model failed: OpenAIRequestFailed: 500: internal server error: " \
+           "IndexError" in capsys.readouterr().err
 
 
 def test_a_request_the_server_always_fails_is_its_own_failure(server, mismatched):
@@ -139,10 +149,21 @@ def test_a_request_the_server_always_fails_is_its_own_failure(server, mismatched
     assert took < 30, took  # two tries and a probe, not retry_s
 
 
+def first_draws(tasks: list[str], seed: int, n: int) -> list[str]:
+    """The tasks of a run's first `n` games (its GameSampler over the train split)."""
+    from rose_ray.rollout.ledger import GameSampler
+
+    sampler = GameSampler(CATALOGUE.sample("train", None, seed, tasks=tasks), seed=seed)
+    return [sampler.next().task for _ in range(n)]
+
+
 def test_a_run_fails_only_the_episodes_the_server_rejects(server, mismatched, tiny_models, ray_cluster, tmp_path):
     run_dir = tmp_path / "run"
+    tasks = ["find-animal", "find-plant"]
+    # A seed whose first two games (played at once) are one of each: one fails at once, one trains.
+    seed = next(s for s in range(100) if sorted(first_draws(tasks, s, 2)) == tasks)
     assert main(["train", f"tiny_dir={tiny_models['student'].parent}", f"run_dir={run_dir}", "steps=2",
-                 "tasks=[find-animal,find-plant]", "teacher_warmup.enabled=false", "rollout.batch_episodes=2",
+                 f"seed={seed}", "tasks=[find-animal,find-plant]", "teacher_warmup.enabled=false", "rollout.batch_episodes=2",
                  "rollout.max_turns=3", "rollout.handoff.k=1", "rollout.student_sampling.max_new_tokens=12",
                  "rollout.teacher_sampling.max_new_tokens=12", "env.games_per_worker=2", "eval.before=false",
                  "eval.after=false", "eval.teacher=false", "checkpoint_every=2",

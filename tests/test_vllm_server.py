@@ -24,7 +24,7 @@ from served import Served, free_port, start_server
 
 from rose_ray.cli import main
 from rose_ray.inference.engine import EngineConfig, GenerationRequest
-from rose_ray.inference.openai import OpenAIEngine, OpenAIServerGone
+from rose_ray.inference.openai import OpenAIEngine, OpenAIServerError, OpenAIServerGone
 from rose_ray.types import SamplingParams
 
 pytest.importorskip("vllm", reason="vLLM's server needs vLLM (launch/setup.sh installs it)")
@@ -110,9 +110,15 @@ def test_greedy_ids_logprobs_and_scores_agree_with_the_in_process_engine(server,
         here = [local.generate([r])[0] for r in requests]
         # OPD: the teacher scores a student's reply (here each greedy reply) after its prompt.
         pairs = [(p, r.token_ids) for p, r in zip(prompts, here)]
-        # OPD scores a whole episode in one pass: up to the full context, which must fit too.
+        # OPD scores a whole episode in one pass. vLLM scores a sequence as a prompt with one token
+        # to generate: the longest it scores is one short of its context; a longer one is refused
+        # (it used to stop the in-process engine's thread, and its caller waited for ever).
         full = (prompts[1] * (CONTEXT // len(prompts[1]) + 1))[:CONTEXT]
-        pairs.append((full[:-100], full[-100:]))
+        with pytest.raises(OpenAIServerError, match="400"):
+            remote.score(full[:-100], full[-100:])
+        with pytest.raises(ValueError, match="scores at most context_tokens - 1"):
+            local.score(full[:-100], full[-100:])
+        pairs.append((full[:-100], full[-100:-1]))
         served_scores = [remote.score(*pair) for pair in pairs]
         local_scores = [local.score(*pair) for pair in pairs]
     finally:
@@ -167,6 +173,11 @@ def test_a_short_opd_run_against_the_served_teacher(server, teacher_dir, tiny_mo
     short.append("teacher_warmup.enabled=false")
     assert main(["train", *served, "teacher_engine.model=tiny-student", *short]) == 2
     assert "teacher_engine.model: the server at" in capsys.readouterr().err and not run_dir.exists()
+    # The tiny student's 2,048 tokens: a whole episode could not be scored by a 2,048-token server.
+    assert main(["train", *served, f"teacher_engine.model={NAME}", *short]) == 2
+    assert f"student_engine.context_tokens: the teacher scores episodes of up to {CONTEXT} tokens" in \
+        capsys.readouterr().err and not run_dir.exists()
+    short.append(f"student_engine.context_tokens={CONTEXT - 1}")
 
     t0 = time.monotonic()
     assert main(["train", *served, f"teacher_engine.model={NAME}", *short]) == 0

@@ -112,7 +112,7 @@ def check_command_engines(command: str, engines: dict[str, EngineConfig]) -> Non
         if config.backend == "openai":
             names = SettingNames(base_url=flag, model="--served-model", context_tokens="--context-tokens",
                                  tokenizer="--tokenizer")
-            lines.append(f"{command}: {flag}: {check_served(config, names)}")
+            lines.append(f"{command}: {flag}: {check_served(config, names)}")  # the commands score nothing
         else:
             lines.append(f"{command}: {flag}: {config.model} on the {config.backend} backend "
                          f"({backend_version(config.backend)})")

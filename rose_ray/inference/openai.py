@@ -426,12 +426,26 @@ class SettingNames:
         return cls(*(f"{section}.{key}" for key in ("base_url", "model", "context_tokens", "tokenizer")))
 
 
-def check_served(config: EngineConfig, names: SettingNames, scores: bool = False) -> str:
+@dataclass(frozen=True)
+class ServedModel:
+    """What a server said about the model a run will use."""
+
+    name: str
+    url: str
+    max_model_len: int | None  # None where the server does not say
+    scores: bool  # prompt scoring was checked too
+
+    def __str__(self) -> str:
+        context = f"max_model_len {self.max_model_len}" if self.max_model_len is not None else "context not said"
+        return f"{self.name!r} served at {self.url} ({context}; logprobs{' and scoring' if self.scores else ''} checked)"
+
+
+def check_served(config: EngineConfig, names: SettingNames, scores: bool = False) -> ServedModel:
     """Before a run: the server at `config.base_url` serves `config.model` (or, without one, a
     default model), with a context (`max_model_len`) of at least `config.context_tokens`, and
     gives the sampled tokens' ids and logprobs (and prompt logprobs when the run `scores`
     tokens: OPD); the local tokenizer loads. The server is asked once, without retries.
-    Returns a one-line description; raises ServedModelMismatch (exit 2) naming the setting."""
+    Raises ServedModelMismatch (exit 2) naming the setting."""
     from rose_ray.models import ModelNotAvailable, load_tokenizer
 
     url = config.base_url
@@ -475,5 +489,4 @@ def check_served(config: EngineConfig, names: SettingNames, scores: bool = False
                                       f"{e}") from None
     finally:
         engine.close()
-    context = f"max_model_len {limit}" if limit is not None else "context not said"
-    return f"{name!r} served at {url} ({context}; logprobs{' and scoring' if scores else ''} checked)"
+    return ServedModel(name, url, limit, scores)

@@ -149,9 +149,10 @@ class VLLMEngine:
             prompt, completion = payload
             if not prompt:
                 raise ValueError("score: empty prompt (the first token has no logprob)")
-            if len(prompt) + len(completion) > self.config.context_tokens:
-                raise ValueError(f"score: {len(prompt) + len(completion)} tokens, context_tokens is "
-                                 f"{self.config.context_tokens}")
+            if len(prompt) + len(completion) >= self.config.context_tokens:
+                # vLLM scores a sequence as a prompt with one token to generate, within max_model_len
+                raise ValueError(f"score: {len(prompt) + len(completion)} tokens; the vllm engine scores at most "
+                                 f"context_tokens - 1 = {self.config.context_tokens - 1}")
             if not completion:
                 job.future.set_result([])
                 return job.future
@@ -227,6 +228,13 @@ class VLLMEngine:
         self._cache = {"kv_cache_bytes": cache.kv_cache_memory_bytes, "kv_blocks": cache.num_gpu_blocks,
                        "kv_block_tokens": cache.block_size}
         started.set_result(None)
+        refused: tuple[type[BaseException], ...] = (ValueError,)
+        try:  # vLLM's validation errors (max_tokens, lengths) are not ValueErrors
+            from vllm.exceptions import VLLMClientError
+
+            refused += (VLLMClientError,)
+        except ImportError:
+            pass
         running: dict[str, _Job] = {}
         waiting: deque[_Job] = deque()  # in submission order; a weights job holds back the rest
         try:
@@ -250,7 +258,10 @@ class VLLMEngine:
                         continue
                     waiting.popleft()
                     if not job.future.cancelled():
-                        self._add(job, running)
+                        try:
+                            self._add(job, running)
+                        except refused as e:  # vLLM refused this request: its caller's error, not the engine's
+                            _deliver(job, error=ValueError(f"vllm refused the request: {e}"))
                 if running:
                     self._step(running)
         except _Closed:
