@@ -58,7 +58,10 @@ def server(teacher_dir, tmp_path_factory) -> Served:
     # As a user starts it: the engine core in its own process (a test process that ran vLLM
     # in-process has VLLM_ENABLE_V1_MULTIPROCESSING=0 set), threads not pinned to cores.
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_NO_USAGE_STATS="1", VLLM_DO_NOT_TRACK="1")
+    # One thread, as the in-process engine it is compared with: kernels reduce in another order
+    # with another thread count (logprobs then differ by ~2e-5).
+    env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1", VLLM_NO_USAGE_STATS="1",
+               VLLM_DO_NOT_TRACK="1")
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(teacher_dir),
            "--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port), *SERVER_FLAGS]
     t0 = time.monotonic()
@@ -102,7 +105,7 @@ def test_greedy_ids_logprobs_and_scores_agree_with_the_in_process_engine(server,
     requests = [GenerationRequest(p, greedy, request_id=f"r{i}") for i, p in enumerate(prompts)]
     remote = client(server, teacher_dir)
     local = VLLMEngine(EngineConfig(backend="vllm", model=str(teacher_dir), dtype="float32", context_tokens=CONTEXT,
-                                    max_batch_size=8, kv_cache_mb=256))
+                                    max_batch_size=8, kv_cache_mb=256, threads=1))
     try:
         # One request at a time on both sides: the same batch shapes, so the same kernels (across
         # batch compositions fp32 logprobs move by ~1e-5 within one engine too).
@@ -111,13 +114,19 @@ def test_greedy_ids_logprobs_and_scores_agree_with_the_in_process_engine(server,
         # OPD: the teacher scores a student's reply (here each greedy reply) after its prompt.
         pairs = [(p, r.token_ids) for p, r in zip(prompts, here)]
         # OPD scores a whole episode in one pass. vLLM scores a sequence as a prompt with one token
-        # to generate: the longest it scores is one short of its context; a longer one is refused
-        # (it used to stop the in-process engine's thread, and its caller waited for ever).
+        # to generate: a server scores one token less than its max_model_len (a longer sequence is
+        # refused, 400), the in-process engine keeps that token of room beyond its context.
         full = (prompts[1] * (CONTEXT // len(prompts[1]) + 1))[:CONTEXT]
         with pytest.raises(OpenAIServerError, match="400"):
             remote.score(full[:-100], full[-100:])
-        with pytest.raises(ValueError, match="scores at most context_tokens - 1"):
-            local.score(full[:-100], full[-100:])
+        assert len(local.score(full[:-100], full[-100:])) == 100
+        with pytest.raises(ValueError, match=f"scores at most {CONTEXT}"):
+            local.score(full, [5])
+        # A request vLLM itself refuses fails its caller; the engine thread serves on (it used to
+        # stop, leaving the caller waiting for ever).
+        with pytest.raises(ValueError, match="vllm refused the request"):
+            local.generate([GenerationRequest([10**6], greedy)])
+        assert local.failure is None
         pairs.append((full[:-100], full[-100:-1]))
         served_scores = [remote.score(*pair) for pair in pairs]
         local_scores = [local.score(*pair) for pair in pairs]
