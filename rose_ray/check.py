@@ -1,6 +1,7 @@
 """`rose-ray check CONFIG [k=v ...]`: what to run before asking for GPUs.
 
-Loads the config and the student's and teacher's tokenizers (not their weights), renders a
+Loads the config and the student's and teacher's tokenizers (not their weights), asks a served
+engine's server whether it serves the model with enough context and logprobs, renders a
 sample conversation through each chat template and shows its turn pieces, checks that OPD's
 teacher shares the student's tokenizer, counts the games of every split and id list the
 config uses, plans placement on the cluster (or on nodes described with `--node`) and each
@@ -83,6 +84,34 @@ def show_pieces(role: str, chat: Any, protocol: Any, budget: int) -> list[str]:
     return lines
 
 
+def check_served_engines(cfg: TrainConfig) -> list[str]:
+    """Each engine with backend openai, asked before a run whether it can do its job (its served
+    model's name, context and logprobs, and prompt scoring for a teacher that scores: OPD);
+    a ServedModelMismatch (exit 2) names the key. One line per served engine."""
+    from dataclasses import replace
+
+    from rose_ray.inference.openai import SettingNames, check_served
+    from rose_ray.recipes import get_recipe
+    from rose_ray.recipes.warmup import resolve_tiny
+
+    out = []
+    for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine)):
+        if engine.backend != "openai":
+            continue
+        scores = role == "teacher" and get_recipe(cfg.algorithm).teacher_scores_student(cfg)
+        config = replace(engine, model=resolve_tiny(cfg, engine.model))  # served under its folder's name
+        served = check_served(config, SettingNames.of_section(f"{role}_engine"), scores)
+        longest = cfg.student_engine.context_tokens  # the teacher scores whole episodes, up to this
+        if scores and served.max_model_len is not None and served.max_model_len <= longest:
+            raise ValueError(f"student_engine.context_tokens: the teacher scores episodes of up to {longest} tokens, "
+                             f"and a server scores a sequence as a prompt with one token to generate: "
+                             f"{served.name!r} at {served.url} needs max_model_len {longest + 1} or more, it has "
+                             f"{served.max_model_len} (serve it with --max-model-len {longest + 1}, or lower "
+                             "student_engine.context_tokens)")
+        out.append(f"{role} engine: {served}")
+    return out
+
+
 def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
           address: str | None, use_total: bool, gpu_gib: float | None = None,
           config_for: dict[str, str] | None = None) -> list[str]:
@@ -109,6 +138,7 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
         if problem is not None:
             raise ValueError(f"{role}_engine.backend: {problem}")
         out.append(f"{role} engine: backend {engine.backend}")
+    out += check_served_engines(cfg)
 
     # Tokenizers and chat templates.
     toks = {}

@@ -127,6 +127,25 @@ def conversation_args(g: argparse.ArgumentParser) -> None:
                    help="turn the chat template's thinking mode on (Qwen3); off by default")
 
 
+def backend_args(g: argparse.ArgumentParser) -> None:
+    """`--backend` and the vllm backend's KV cache, for commands that run local models."""
+    from rose_ray.inference.backends import COMMAND_BACKENDS, DEFAULT_COMMAND_BACKEND
+    from rose_ray.inference.engine import EngineConfig
+
+    g.add_argument("--backend", choices=COMMAND_BACKENDS, default=DEFAULT_COMMAND_BACKEND,
+                   help="the engine of a local model: vllm (vLLM's engine), hf (transformers), or auto: "
+                        f"vllm where it is installed, else hf (default {DEFAULT_COMMAND_BACKEND})")
+    g.add_argument("--kv-cache-mb", type=float, metavar="MB",
+                   help=f"vllm on CPU: the KV cache's size (default {EngineConfig.kv_cache_mb:g})")
+
+
+def served_args(g: argparse.ArgumentParser) -> None:
+    """What a served model (`openai:URL`) needs: its tokenizer here, and the name it is served as."""
+    g.add_argument("--tokenizer", help="tokenizer folder of the openai:URL models (prompts go as token ids)")
+    g.add_argument("--served-model", default="", help="the model name the openai: server expects "
+                                                      "(default: the server's own)")
+
+
 def context_args(g: argparse.ArgumentParser) -> None:
     g.add_argument("--context-tokens", type=int, default=16384, help="prompt + reply tokens (the card's 16,384)")
     g.add_argument("--context-policy", choices=["end_episode", "drop_oldest"], default="end_episode",
@@ -230,8 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--env-workers", type=int, default=1)
     context_args(g)
     conversation_args(g)
-    g.add_argument("--tokenizer", help="tokenizer folder (needed for openai: models)")
-    g.add_argument("--served-model", default="", help="model name an openai: server expects")
+    backend_args(g)
+    served_args(g)
     g.add_argument("--out", help="results prefix: writes OUT.json and OUT.md")
     g.add_argument("--compare", nargs="+", metavar="RESULT.json", help="print results side by side")
     g.set_defaults(func="rose_ray.evaluate:cli_main")
@@ -245,9 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
         context_args(g)
         conversation_args(g)
         schema_arg(g)
+        backend_args(g)
+        served_args(g)
 
     g = sub.add_parser("collect", help="write student prefixes: the first K turns of each game")
-    g.add_argument("--model", required=True)
+    g.add_argument("--model", required=True, help="local model folder, or openai:URL of a served model")
     g.add_argument("--turns", type=int, default=5)
     g.add_argument("--split", default="train")
     g.add_argument("--n", type=int, default=0, help="a task-stratified sample (0 = the whole split)")
@@ -256,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func="rose_ray.collect:collect_main")
 
     g = sub.add_parser("continue", help="replay recorded prefixes, then let the teacher play on")
-    g.add_argument("--teacher", required=True)
+    g.add_argument("--teacher", required=True, help="local model folder, or openai:URL of a served model")
     g.add_argument("--student", help="tokenizer owner of the output ids (default: the teacher's)")
     g.add_argument("--in", dest="input", required=True)
     g.add_argument("--max-turns", type=int, default=10, help="turns in all, prefix included")
@@ -286,8 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func="rose_ray.collect:check_data_main")
 
     # --- serve (inference) ---
-    g = sub.add_parser("serve", help="OpenAI-compatible server over a transformers engine")
+    g = sub.add_parser("serve", help="OpenAI-compatible server over a vLLM or transformers engine")
     g.add_argument("model", help="local HF model folder")
+    backend_args(g)
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--host", default="127.0.0.1", help="bind address (default: localhost only)")
     g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (default: $ROSE_RAY_API_KEY)")
@@ -342,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(func, str):  # "module:function", imported only when used
         module, name = func.split(":")
         func = getattr(importlib.import_module(module), name)
+    from rose_ray.inference.openai import OpenAIServerError
     from rose_ray.models import ModelNotAvailable
 
     try:
@@ -352,6 +375,13 @@ def main(argv: list[str] | None = None) -> int:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"rose-ray {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except OpenAIServerError as e:  # a served model failed a command (not bad input): exit 1, said plainly
+        if os.environ.get("ROSE_RAY_DEBUG"):
+            raise
+        from rose_ray.reliability import describe_error
+
+        print(f"rose-ray {args.command}: error: a served model failed: {describe_error(e)}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # output piped into `head`
         sys.stderr.close()
         return 0

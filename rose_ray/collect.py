@@ -32,6 +32,7 @@ from rose_ray.envs.base import StepResult
 from rose_ray.envs.catalogue import GameCatalogue, parse_item
 from rose_ray.envs.protocol import Protocol
 from rose_ray.envs.worlds import get_world, world_protocol
+from rose_ray.inference.backends import DEFAULT_COMMAND_BACKEND
 from rose_ray.rows import message_text, read_jsonl, row_schema, row_to_turns, write_jsonl
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
@@ -126,6 +127,30 @@ class PlayConfig:
     enable_thinking: bool
     context_policy: str = "end_episode"
     history: str = "template"
+    backend: str = DEFAULT_COMMAND_BACKEND  # the engine of local models: auto, hf or vllm
+    kv_cache_mb: float | None = None  # vllm on CPU (None: the engine's default)
+    tokenizer: str | None = None  # the tokenizer folder of openai: models
+    served_model: str = ""  # the model name an openai: server expects
+    command: str = "collect"  # the command and the flags naming `model` and `teacher`, for its messages
+    model_flag: str = "--model"
+    teacher_flag: str = "--teacher"
+
+    def engines(self) -> dict[str, Any]:
+        """The flag naming each model -> its EngineConfig (a teacher that is the model itself,
+        as in `continue` without --student, is one engine)."""
+        from rose_ray.inference.backends import command_engine
+
+        vllm = {} if self.kv_cache_mb is None else {"kv_cache_mb": self.kv_cache_mb}
+
+        def engine(model: str, flag: str) -> Any:
+            return command_engine(model, flag, self.backend, self.tokenizer, self.served_model,
+                                  context_tokens=self.context_tokens, context_policy=self.context_policy,
+                                  max_batch_size=self.concurrency, **vllm)
+
+        out = {self.model_flag: engine(self.model, self.model_flag)}
+        if self.teacher is not None and self.teacher != self.model:
+            out[self.teacher_flag] = engine(self.teacher, self.teacher_flag)
+        return out
 
 
 def _play(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol],
@@ -133,20 +158,19 @@ def _play(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol],
     """Episodes over Ray actors, each opened by its protocol; with `replays`, each game first
     replays its recorded turns."""
     from rose_ray.envs.config import EnvConfig
-    from rose_ray.inference.engine import EngineConfig
+    from rose_ray.inference.backends import check_command_engines
     from rose_ray.rollout.actors import local_actors
     from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig, ReplayMismatch
     from rose_ray.rollout.runner import play_games
 
     env_cfg = EnvConfig(workers=1, games_per_worker=max(1, min(cfg.concurrency, len(games))),
                         mapping=cfg.mapping, world=cfg.world, cpus_per_worker=0.5)
-
-    def engine(model: str) -> EngineConfig:
-        return EngineConfig(model=model, context_tokens=cfg.context_tokens, context_policy=cfg.context_policy,
-                            max_batch_size=cfg.concurrency)
-
-    with local_actors(env_cfg, engine(cfg.model), engine(cfg.teacher) if cfg.teacher else None, cfg.max_turns,
-                      cfg.enable_thinking, cfg.history) as (runner, student, teacher):
+    engines = cfg.engines()
+    check_command_engines(cfg.command, engines)  # a served model that cannot do the job fails now
+    student = engines[cfg.model_flag]
+    teacher = None if cfg.teacher is None else engines.get(cfg.teacher_flag, student)
+    with local_actors(env_cfg, student, teacher, cfg.max_turns, cfg.enable_thinking, cfg.history) as (
+            runner, student, teacher):
         sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
         # Prefixes and stitched rows are training data: no report question at their end.
         episode_cfg = EpisodeConfig(max_turns=cfg.max_turns, student_sampling=sampling, teacher_sampling=sampling,
@@ -244,12 +268,14 @@ def gold_main(args) -> int:
     return 0
 
 
-def _play_config(args, model: str, teacher: str | None, handoff: str, max_turns: int) -> PlayConfig:
+def _play_config(args, model: str, teacher: str | None, handoff: str, max_turns: int, model_flag: str) -> PlayConfig:
     return PlayConfig(
         model=model, teacher=teacher, max_turns=max_turns, handoff=handoff, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
         concurrency=args.concurrency, world=args.world or "sciworld", mapping=args.mapping,
         context_tokens=args.context_tokens, enable_thinking=args.enable_thinking,
-        context_policy=args.context_policy, history=args.history,
+        context_policy=args.context_policy, history=args.history, backend=args.backend,
+        kv_cache_mb=args.kv_cache_mb, tokenizer=args.tokenizer, served_model=args.served_model,
+        command=args.command, model_flag=model_flag,
     )
 
 
@@ -257,7 +283,7 @@ def collect_main(args) -> int:
     catalogue = _catalogue(args)
     protocol = world_protocol(args.world, args.instruction_from)
     games = catalogue.sample(args.split, args.n, args.seed) if args.n else catalogue.split(args.split)
-    trajectories, problems = _play(_play_config(args, args.model, None, "none", args.turns), games,
+    trajectories, problems = _play(_play_config(args, args.model, None, "none", args.turns, "--model"), games,
                                    [protocol] * len(games))
     for p in problems:
         print(f"collect: {p}", file=sys.stderr)
@@ -282,7 +308,8 @@ def continue_main(args) -> int:
         protocol = get_world(args.world).protocol
         protocols = [protocol.with_opening_of(r, f"{args.input} row {n}") for n, r in enumerate(rows, 1)]
     # The student's engine only lends its tokenizer here; by default the teacher's is used.
-    cfg = _play_config(args, args.student or args.teacher, args.teacher, "teacher_only", args.max_turns)
+    cfg = _play_config(args, args.student or args.teacher, args.teacher, "teacher_only", args.max_turns,
+                       "--student" if args.student else "--teacher")
     trajectories, problems = _play(cfg, games, protocols, replays)
     for p in problems:
         print(f"continue: {p}", file=sys.stderr)

@@ -149,10 +149,14 @@ class ReliabilityConfig:
     # No learner step and no finished episode for watchdog_s: print which role waits on
     # what; for a second watchdog_s: checkpoint and exit 1. 0 turns the watchdog off.
     watchdog_s: float = 600.0
+    # This many episodes failing one after another, none finishing between them (every request
+    # to a served teacher refused, say): checkpoint and exit 1 naming the last error. 0 = never.
+    max_failed_in_a_row: int = 16
 
     def __post_init__(self) -> None:
-        if self.max_restarts < 0:
-            raise ConfigError(f"reliability.max_restarts: must be >= 0, got {self.max_restarts!r}")
+        for key in ("max_restarts", "max_failed_in_a_row"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"reliability.{key}: must be >= 0, got {getattr(self, key)!r}")
         for key in ("health_every_s", "health_timeout_s", "start_timeout_s"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"reliability.{key}: must be > 0, got {getattr(self, key)!r}")
@@ -211,6 +215,10 @@ class TrainConfig:
                 f"student_engine.context_tokens {self.student_engine.context_tokens}; the teacher scores each "
                 "episode's student tokens in one pass over what the learner trains on, up to the student's context"
             )
+        if self.teacher_warmup.enabled and self.teacher_engine.backend == "openai":
+            raise ConfigError("teacher_warmup.enabled: the warm-up trains a local teacher folder, but "
+                              "teacher_engine.backend is openai (a served model, used as it is); set "
+                              "teacher_warmup.enabled=false (or warm a folder with `rose-ray sft` and serve that)")
         recipe.check(self)
         if self.chat.history == "template" and recipe.teacher_scores_student(self):
             value: Any = self

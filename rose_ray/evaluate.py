@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rose_ray.inference.backends import DEFAULT_COMMAND_BACKEND
 from rose_ray.types import GameId, SamplingParams, Trajectory
 
 
@@ -52,8 +53,10 @@ class EvalJob:
     instruction_from: str | None = None  # a dataset whose first row gives the instruction
     enable_thinking: bool = False  # passed to the chat template (Qwen3)
     history: str = "template"  # earlier turns as the template renders them (the card's chat API), or "sampled"
-    tokenizer: str | None = None  # needed for openai: models
+    tokenizer: str | None = None  # the tokenizer folder of openai: models (--model and --teacher)
     served_model: str = ""  # the model name an openai: server expects
+    backend: str = DEFAULT_COMMAND_BACKEND  # the engine of local models: auto, hf or vllm
+    kv_cache_mb: float | None = None  # vllm on CPU (None: the engine's default)
     out: str = "eval"  # results go to <out>.json and <out>.md
     judge: str | None = None  # DiscoveryWorld's knowledge judge: a local folder or openai:URL
     judge_model: str = ""  # the model name an openai: judge server expects
@@ -247,18 +250,13 @@ async def evaluate_games(runner, games: list[GameId], student, teacher, episode_
     return [records[id(t)] for t in played]
 
 
-def _engine_config(model: str, cfg: EvalJob, tokenizer: str | None):
-    from rose_ray.inference.engine import EngineConfig
+def _engine_config(model: str, flag: str, cfg: EvalJob):
+    from rose_ray.inference.backends import command_engine
 
-    if model.startswith("openai:"):
-        base_url = model[len("openai:") :]
-        if not tokenizer:
-            raise ValueError("eval: an openai: model needs --tokenizer (a local tokenizer folder)")
-        return EngineConfig(backend="openai", base_url=base_url, model=cfg.served_model,
-                            tokenizer=tokenizer, context_tokens=cfg.context_tokens,
-                            context_policy=cfg.context_policy, max_batch_size=cfg.concurrency)
-    return EngineConfig(model=model, dtype=cfg.dtype, context_tokens=cfg.context_tokens,
-                        context_policy=cfg.context_policy, max_batch_size=cfg.concurrency)
+    vllm = {} if cfg.kv_cache_mb is None else {"kv_cache_mb": cfg.kv_cache_mb}
+    return command_engine(model, flag, cfg.backend, cfg.tokenizer, cfg.served_model, dtype=cfg.dtype,
+                          context_tokens=cfg.context_tokens,
+                          context_policy=cfg.context_policy, max_batch_size=cfg.concurrency, **vllm)
 
 
 def run_eval(cfg: EvalJob) -> dict[str, Any]:
@@ -277,6 +275,12 @@ def run_eval(cfg: EvalJob) -> dict[str, Any]:
         from rose_ray.judge import check_judge
 
         judge = check_judge(judge)  # a judge that is not there fails now, not after every game is played
+    from rose_ray.inference.backends import check_command_engines
+
+    engines = {"--model": _engine_config(cfg.model, "--model", cfg)}
+    if cfg.teacher:
+        engines["--teacher"] = _engine_config(cfg.teacher, "--teacher", cfg)
+    check_command_engines("eval", engines)  # a served model that cannot do the job fails now
     # Without --max-turns each game ends at its world's own limit; the episode loop allows the longest.
     max_turns = cfg.max_turns or max((catalogue.turn_limit(g) for g in games), default=1)
     out = Path(cfg.out[: -len(".json")] if cfg.out.endswith(".json") else cfg.out)
@@ -293,8 +297,7 @@ def run_eval(cfg: EvalJob) -> dict[str, Any]:
         env_cfg = EnvConfig(workers=cfg.env_workers,
                             games_per_worker=max(1, -(-min(cfg.concurrency, len(todo)) // cfg.env_workers)),
                             mapping=cfg.mapping, world=cfg.world, cpus_per_worker=0.5)
-        teacher_cfg = _engine_config(cfg.teacher, cfg, None) if cfg.teacher else None
-        with local_actors(env_cfg, _engine_config(cfg.model, cfg, cfg.tokenizer), teacher_cfg, cfg.max_turns,
+        with local_actors(env_cfg, engines["--model"], engines.get("--teacher"), cfg.max_turns,
                           cfg.enable_thinking, cfg.history) as (runner, student, teacher):
             sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                                       seed=cfg.seed if cfg.temperature > 0 else None)
@@ -417,8 +420,8 @@ def cli_main(args) -> int:
         mapping=args.mapping,
         teacher=args.teacher, handoff=args.handoff, concurrency=args.concurrency,
         env_workers=args.env_workers, context_tokens=args.context_tokens, context_policy=args.context_policy,
-        tokenizer=args.tokenizer,
-        served_model=args.served_model, instruction_from=args.instruction_from,
+        tokenizer=args.tokenizer, served_model=args.served_model, backend=args.backend,
+        kv_cache_mb=args.kv_cache_mb, instruction_from=args.instruction_from,
         enable_thinking=args.enable_thinking, history=args.history,
         out=args.out or f"runs/eval/{Path(args.model or 'model').name}_{args.split}",
         judge=args.judge, judge_model=args.judge_model, judge_max_new_tokens=args.judge_max_new_tokens,

@@ -53,3 +53,12 @@ class Watchdog:
             elif idle >= 2 * self.period_s:
                 raise Stalled(f"no learner step and no finished episode for {idle:.0f} s "
                               f"(2 x reliability.watchdog_s {self.period_s:g}); waiting:\n  {await self.report()}")
+
+
+def describe_error(error: BaseException | None) -> str:
+    """`Type: first line` of what went wrong: a Ray task error's cause (what the actor raised)."""
+    if error is None:
+        return "unknown cause"
+    error = getattr(error, "cause", None) or error  # a RayTaskError: what the actor raised
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:300] if text else ''}"

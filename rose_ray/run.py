@@ -49,6 +49,7 @@ class Run:
         self.replies = {"replies": 0, "truncated": 0, "cut_before_action": 0}  # trained episodes' replies
         self.session = f"{cfg.name}-{os.urandom(3).hex()}"  # names its engines (a run folder is version_N)
         self.fatal: RoleFailed | None = None  # why the run must stop (a role lost for good, a stall)
+        self.failed_in_a_row = 0  # episodes failed since the last one that finished
         self.learner_restarts = 0  # in this process (reliability.max_restarts counts these)
         self.restarts_before: dict[str, int] = {}  # per role, in the processes before a --resume
         self.producer: asyncio.Task | None = None

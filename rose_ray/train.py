@@ -37,7 +37,7 @@ from typing import Any
 
 from rose_ray.config import TrainConfig, load_config, to_yaml
 from rose_ray.learner.learner import LearnerLost
-from rose_ray.reliability import RoleFailed
+from rose_ray.reliability import RoleFailed, describe_error
 from rose_ray.run import Run, results_table
 from rose_ray.runs import holds_run, new_version, resolve_run
 from rose_ray.types import Trajectory
@@ -154,11 +154,21 @@ class Trainer(Run):
         except RoleFailed:
             return  # the run is stopping: the episode stays open (in flight at the stop)
         except Exception as e:  # noqa: BLE001 - one bad episode must not stop the run
+            # e.g. "teacher engine: OpenAIRequestFailed: 500: <the server's message>"
+            role = self.engines.whose(e)
+            error = f"{role + ': ' if role else ''}{describe_error(e)}"
             if not isinstance(e, EpisodeInterrupted):
-                print(f"\ntrain: episode on {game.item_id} failed: {type(e).__name__}: {e}", flush=True)
-            self.ledger.record(draw.episode_id, "failed", error=f"{type(e).__name__}: {e}"[:300])
+                print(f"\ntrain: episode on {game.item_id} failed: {error}", flush=True)
+            self.ledger.record(draw.episode_id, "failed", error=error)
             await self.buffer.fail()
+            self.failed_in_a_row += 1
+            limit = self.cfg.reliability.max_failed_in_a_row
+            if limit and self.failed_in_a_row == limit:  # nothing works: stop, naming why, not draw on
+                self._role_failed(RoleFailed(
+                    f"{limit} episodes in a row failed, none finishing between them "
+                    f"(reliability.max_failed_in_a_row={limit}); the last: {error}"))
             return
+        self.failed_in_a_row = 0
         t.timing["finished_at"] = time.time()
         t.episode_id = draw.episode_id
         self.watchdog.progress()
@@ -256,6 +266,8 @@ class Trainer(Run):
 def train(config: str | None = None, overrides: list[str] | None = None, resume: str | None = None) -> dict[str, Any]:
     """A fresh run in a new `version_N` folder under the config's run_dir (or exactly in a
     `run_dir=` given as an override), or `resume`: a run folder, or a run_dir meaning its latest."""
+    from rose_ray.check import check_served_engines
+
     if resume:
         try:
             run_dir = resolve_run(resume)
@@ -264,6 +276,9 @@ def train(config: str | None = None, overrides: list[str] | None = None, resume:
         cfg = load_config(run_dir / "config.yaml", overrides, saved=True)
     else:
         cfg = load_config(config, overrides)
+    for line in check_served_engines(cfg):  # a served model that cannot do the job: exit 2, nothing written
+        print(f"train: {line}", flush=True)
+    if not resume:
         run_dir = fresh_run_dir(cfg, named=any(o.partition("=")[0].strip() == "run_dir" for o in overrides or []))
         # The config as given: its run_dir is where runs go, so training from this file again
         # makes the next version.

@@ -1,7 +1,7 @@
 """Every role's loss, on a real local Ray cluster: engines killed (SIGKILL) or hung (SIGSTOP) are
 replaced and their episodes replayed; a killed learner rank sends the group back to the latest
 checkpoint; a hung env pool trips the watchdog (report, checkpoint, exit); a teacher server that
-stays away stops the run naming the role; and a run killed between checkpoints, then resumed,
+goes away for good stops the run naming the role; and a run killed between checkpoints, then resumed,
 gives every sampled game exactly one outcome. Nothing here is faked: processes are stopped or
 killed with signals, an absent server is a closed port."""
 
@@ -464,20 +464,31 @@ def test_the_watchdog_names_a_hung_env_pool_then_checkpoints_and_stops(tiny_mode
     assert Counter(r["outcome"] for r in records)["in_flight"] >= 1  # what the stall held up
 
 
-def test_a_teacher_server_that_stays_away_stops_the_run_naming_the_role(tiny_models, ray_cluster, tmp_path, capsys):
+def test_a_teacher_server_that_goes_away_stops_the_run_naming_the_role(tiny_models, ray_cluster, tmp_path, capsys):
+    """The server answers the run's check at its start (model, context, logprobs), then is gone
+    for good: the teacher engine is replaced until the role has failed."""
     from rose_ray.cli import main
+    from rose_ray.inference.hf import HFEngine
+    from rose_ray.inference.server import OpenAIServer
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    teacher = str(tiny_models["teacher"])  # tiny:teacher, served under its folder's name
+    engine = HFEngine(EngineConfig(model=teacher, dtype="float32", threads=1, context_tokens=2048))
+    server = OpenAIServer(engine, teacher).start_background()
     run_dir = tmp_path / "run"
+
+    def go_away() -> None:  # once the run's actors start, its check of the server is behind it
+        while not (run_dir / "episodes.jsonl").exists():
+            time.sleep(0.05)
+        server.stop()
+
+    threading.Thread(target=go_away, daemon=True).start()
     code = main(["train", *overrides(tiny_models, run_dir, 3, "teacher_engine.backend=openai",
-                                     f"teacher_engine.base_url=http://127.0.0.1:{port}/v1",
+                                     f"teacher_engine.base_url={server.url}",
                                      "teacher_engine.retry_s=1", "reliability.max_restarts=1")])
     err = capsys.readouterr().err
     assert code == 1, err
     assert "rose-ray train: error: teacher engine: lost 2 times, more than reliability.max_restarts=1" in err
-    assert f"http://127.0.0.1:{port}/v1: no answer after" in err
+    assert f"{server.url}: no answer after" in err
     assert "the stop wrote checkpoint step_0" in err
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_0"
     records = read_jsonl(run_dir / "episodes.jsonl")

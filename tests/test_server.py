@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from served import free_port, start_server
 from test_inference_engine import sharpened_state
 
 from rose_ray.inference.engine import EngineConfig, GenerationRequest
@@ -254,30 +252,27 @@ def test_concurrent_http_requests_are_batched(client, engine, prompt):
     assert [r.token_ids for r in results] == [r.token_ids for r in engine.generate(reqs)]
 
 
-def test_rose_ray_serve_command(tiny_models):
-    """The CLI end to end: a subprocess serving on a free port, with a key."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+@pytest.mark.parametrize("backend", ["hf", "vllm"])
+def test_rose_ray_serve_command(backend, tiny_models, tmp_path):
+    """The CLI end to end: a subprocess serving on a free port, with a key, on each backend
+    (vllm: vLLM's engine batching continuously behind the same endpoints)."""
+    if backend == "vllm":
+        pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
+    port = free_port()
     env = {**os.environ, "ROSE_RAY_API_KEY": KEY}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rose_ray.cli", "serve", str(tiny_models["student"]), "--port", str(port),
-         "--served-model-name", NAME, "--threads", "1", "--dtype", "float32"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = [sys.executable, "-m", "rose_ray.cli", "serve", str(tiny_models["student"]), "--port", str(port),
+           "--served-model-name", NAME, "--threads", "1", "--dtype", "float32", "--backend", backend,
+           "--kv-cache-mb", "64"]
+    srv = start_server(cmd, tmp_path / "serve.log", env, port, timeout_s=300)
     try:
-        url = f"http://127.0.0.1:{port}/v1"
-        deadline = time.time() + 120
-        while True:
-            try:
-                status, out = post(url + "/completions", {"model": NAME, "prompt": "look", "max_tokens": 3,
-                                                         "temperature": 0})
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert proc.poll() is None, proc.stdout.read()
-                assert time.time() < deadline, "server did not come up"
-                time.sleep(0.5)
+        status, out = post(srv.url + "/completions", {"model": NAME, "prompt": "look", "max_tokens": 3,
+                                                      "temperature": 0})
         assert status == 200 and len(out["choices"][0]["token_ids"]) == 3
-        assert post(url + "/completions", {"prompt": "look"}, key="nope")[0] == 401
+        status, scored = post(srv.url + "/completions", {"prompt": [5, 6, 7, 8], "max_tokens": 1,
+                                                         "prompt_logprobs": 0})
+        lps = [next(iter(e.values()))["logprob"] for e in scored["choices"][0]["prompt_logprobs"][1:]]
+        assert status == 200 and len(lps) == 3 and all(lp < 0 for lp in lps)
+        assert post(srv.url + "/completions", {"prompt": "look"}, key="nope")[0] == 401
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        srv.stop()
+    assert f"with the {backend} backend" in srv.log.read_text()

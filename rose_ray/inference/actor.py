@@ -46,17 +46,18 @@ class EngineActorImpl:
 
     @contextlib.contextmanager
     def _call(self) -> Iterator[None]:
-        """Count a call in flight; its end is progress. A server that stayed away is tagged
-        with this actor's id, so the run knows which engine to replace."""
+        """Count a call in flight; its end is progress. A served model's error is tagged with
+        this actor's id, so the run knows which engine to replace (a server that stayed away)
+        or whose request failed (named in the episode's record)."""
         if self._in_flight == 0:
             self._progress_at = time.monotonic()
         self._in_flight += 1
         try:
             yield
         except Exception as e:
-            from rose_ray.inference.openai import OpenAIServerGone
+            from rose_ray.inference.openai import OpenAIServerError
 
-            if isinstance(e, OpenAIServerGone) and e.actor_id is None:
+            if isinstance(e, OpenAIServerError) and e.actor_id is None:
                 e.actor_id = ray.get_runtime_context().get_actor_id()
             raise
         finally:

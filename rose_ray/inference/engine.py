@@ -123,7 +123,8 @@ class EngineConfig:
     api_key: str | None = None
     timeout_s: float = 600.0
     # How long to keep retrying a server that does not answer (down, restarting, overloaded),
-    # with backoff from 0.5 s to 10 s between attempts, before giving up with an error.
+    # from a request's first failure, with backoff from 0.5 s to 10 s between attempts, before
+    # giving up with an error (the run then replaces the engine).
     retry_s: float = 60.0
     tokenizer: str | None = None
 

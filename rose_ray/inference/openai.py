@@ -1,11 +1,22 @@
 """The `openai` engine backend: a client for any OpenAI-compatible server.
 
-Talks to `vllm serve` on a GPU node or to `rose-ray serve`, which is how a frozen teacher
-can run outside the Ray job. Prompts go as token ids and sampled ids come back exactly
+Talks to vLLM's OpenAI server on a GPU node or to `rose-ray serve`, which is how a frozen
+teacher can run outside the Ray job. Prompts go as token ids and sampled ids come back exactly
 (`return_token_ids`, with "token_id:N" token strings as a fallback), so the learner trains
 on the ids the server sampled. Scoring uses vLLM's `prompt_logprobs`, falling back to
 `echo` + `logprobs`. Standard library only (urllib); a batch's requests go out concurrently
 from a thread pool so the server can batch them.
+
+What a failure means (README: Reliability):
+- a 4xx is the request's fault: raised at once (`OpenAIServerError`), it fails one episode;
+- a server that does not answer, or answers 5xx, gets `retry_s` to come back, then the engine
+  gives up (`OpenAIServerGone`: the run replaces the engine, counting a restart of its role);
+- a 500 that the same request gets again while the server answers other requests (or a probe)
+  is that request's own failure (`OpenAIRequestFailed`, a prompt the served model rejects): it
+  fails its episode only, and uses up no restart;
+- a server going away (stopped gracefully: it takes no new connections but leaves requests in
+  flight unanswered) is noticed within `LIVENESS_S` by a connection probe: the requests in
+  flight are cut off and retried as above, rather than waiting for an answer that never comes.
 """
 
 from __future__ import annotations
@@ -13,10 +24,15 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rose_ray.inference.engine import (
@@ -30,30 +46,37 @@ from rose_ray.inference.engine import (
 from rose_ray.types import SamplingParams
 
 MAX_BACKOFF_S = 10.0
+# While a request is out this long, the server is probed (a TCP connect) this often: a server
+# that refuses connections is going away, and its requests in flight would never be answered.
+LIVENESS_S = 2.0
+PROBE_TIMEOUT_S = 5.0
 
 
 class OpenAIServerError(RuntimeError):
-    """The server answered with an error (status and its message), or could not be reached."""
+    """The server answered with an error (status and its message), or could not be reached.
+    `actor_id`: the engine actor whose call it was (set by the actor), so a run can name the role."""
 
-    def __init__(self, status: int | None, message: str) -> None:
+    def __init__(self, status: int | None, message: str, actor_id: str | None = None) -> None:
         super().__init__(f"{status}: {message}" if status else message)
-        self.status, self.message = status, message
+        self.status, self.message, self.actor_id = status, message, actor_id
 
     def __reduce__(self):  # crosses Ray intact (the default would call __init__ with one argument)
-        return type(self), (self.status, self.message)
+        return type(self), (self.status, self.message, self.actor_id)
 
 
 class OpenAIServerGone(OpenAIServerError):
     """The server stayed unreachable (or kept failing) for `retry_s`: the engine cannot serve.
     A run treats it as the loss of that engine (the role is named), where a client error
-    fails only its episode. `actor_id`: the engine actor that gave up (set by the actor)."""
+    fails only its episode."""
 
-    def __init__(self, status: int | None, message: str, actor_id: str | None = None) -> None:
-        super().__init__(status, message)
-        self.actor_id = actor_id
 
-    def __reduce__(self):
-        return type(self), (self.status, self.message, self.actor_id)
+class OpenAIRequestFailed(OpenAIServerError):
+    """The server failed this request again (500) while it answered others: the request's own
+    failure, not the server's. A run fails only its episode (no engine restart)."""
+
+
+class ServedModelMismatch(ValueError):
+    """A served model that cannot do what a run asks of it (named by the setting's key)."""
 
 
 def _token_id(s: str) -> int:
@@ -61,6 +84,54 @@ def _token_id(s: str) -> int:
         raise OpenAIServerError(None, f"server returned token {s!r}, expected 'token_id:N' "
                                 "(does it support return_tokens_as_token_ids?)")
     return int(s.split(":", 1)[1])
+
+
+class _Call:
+    """One HTTP exchange in flight: when it went out, its socket once connected, and why it was
+    cut off (None unless it was)."""
+
+    def __init__(self) -> None:
+        self.since = time.monotonic()
+        self.sock: socket.socket | None = None
+        self.cut: str | None = None
+
+    def cut_off(self, why: str) -> None:
+        self.cut = why
+        if self.sock is not None:
+            try:  # wakes the thread blocked reading the answer
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class _CutOff(ConnectionError):
+    """A request cut off because its server went away (`_Call.cut_off`)."""
+
+
+def _tracking_opener(on_connect: Callable[[socket.socket], None]) -> urllib.request.OpenerDirector:
+    """urllib's opener (proxies, redirects, HTTPError and all), whose connections hand their
+    socket to `on_connect`, so a request in flight can be cut off."""
+
+    class Tracked:
+        def connect(self) -> None:
+            super().connect()  # type: ignore[misc]
+            on_connect(self.sock)  # type: ignore[attr-defined]
+
+    class HTTP(Tracked, http.client.HTTPConnection):
+        pass
+
+    class HTTPS(Tracked, http.client.HTTPSConnection):
+        pass
+
+    class HTTPHandler(urllib.request.HTTPHandler):
+        def http_open(self, req: urllib.request.Request) -> Any:
+            return self.do_open(HTTP, req)
+
+    class HTTPSHandler(urllib.request.HTTPSHandler):
+        def https_open(self, req: urllib.request.Request) -> Any:
+            return self.do_open(HTTPS, req, context=self._context)
+
+    return urllib.request.build_opener(HTTPHandler, HTTPSHandler)
 
 
 class OpenAIEngine:
@@ -71,7 +142,20 @@ class OpenAIEngine:
         self.base_url = config.base_url.rstrip("/")
         self.api_key = config.api_key or os.environ.get("ROSE_RAY_API_KEY")
         self._pool = ThreadPoolExecutor(max_workers=config.max_batch_size, thread_name_prefix="openai")
-        self._counters = {"requests": 0, "generated_tokens": 0, "score_calls": 0, "http_s": 0.0, "retries": 0}
+        self._counters = {"requests": 0, "generated_tokens": 0, "score_calls": 0, "http_s": 0.0, "retries": 0,
+                          "cut_off": 0}
+        self._answered_at = 0.0  # when the server last answered a request (any)
+        self._local = threading.local()  # the calling thread's _Call
+        self._opener = _tracking_opener(self._connected)
+        self._calls: set[_Call] = set()
+        self._calls_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._watcher: threading.Thread | None = None
+        url = urllib.parse.urlsplit(self.base_url)
+        self._address = (url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 80))
+        # Through a proxy a refused direct connection says nothing about the server: no probes.
+        proxied = urllib.request.getproxies().get(url.scheme) and not urllib.request.proxy_bypass(self._address[0])
+        self._probe_liveness = not proxied
 
     @property
     def version(self) -> int:
@@ -83,50 +167,132 @@ class OpenAIEngine:
     # ------------------------------------------------------------------ HTTP
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
         url = self.base_url + path
-        start, attempt = time.monotonic(), 0
+        attempt = 0
+        failing_since: float | None = None  # retry_s counts from the first failure, not from a long wait
+        rejected_at: float | None = None  # this request's first 500
         while True:  # a server that is down, restarting or overloaded gets retry_s to come back
             attempt += 1
-            req = urllib.request.Request(url, data=data, headers=headers, method=method)
             t0 = time.perf_counter()
             try:
-                with urllib.request.urlopen(req, timeout=self.config.timeout_s) as resp:
-                    out = json.loads(resp.read())
+                out = self._send(method, url, data)
                 self._counters["http_s"] += time.perf_counter() - t0
+                self._answered_at = time.monotonic()
                 return out
             except urllib.error.HTTPError as e:
+                message = _error_message(e)
                 if e.code < 500 and e.code != 429:  # a client error will not heal; a rate limit will
-                    raise OpenAIServerError(e.code, _error_message(e)) from None
-                error = f"{e.code}: {_error_message(e)}"
+                    raise OpenAIServerError(e.code, message) from None
+                if e.code == 500:  # the request's own failure, or the server's?
+                    if rejected_at is not None and self._answers_others(rejected_at):
+                        raise OpenAIRequestFailed(500, f"{message} (this request failed {attempt} times while "
+                                                       f"{self.base_url} answered others)") from None
+                    rejected_at = rejected_at or time.monotonic()
+                error = f"{e.code}: {message}"
                 if e.code == 429:  # wait at least what the server asks for
                     try:
                         retry_after = float(e.headers.get("Retry-After") or 0)
                     except ValueError:
                         retry_after = 0.0
-                    if retry_after > 0 and time.monotonic() - start + retry_after <= self.config.retry_s:
+                    failing_since = failing_since or time.monotonic()
+                    if retry_after > 0 and time.monotonic() - failing_since + retry_after <= self.config.retry_s:
                         self._counters["retries"] += 1
                         time.sleep(min(retry_after, MAX_BACKOFF_S * 4))
                         continue
+            except _CutOff as e:
+                error = str(e)
             except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
                 error = f"cannot reach {url}: {getattr(e, 'reason', e)}"
+            failing_since = failing_since or time.monotonic()
             pause = min(0.5 * 2 ** (attempt - 1), MAX_BACKOFF_S)
-            waited = time.monotonic() - start
+            waited = time.monotonic() - failing_since
             if waited + pause > self.config.retry_s:
                 raise OpenAIServerGone(None, f"{self.base_url}: no answer after {attempt} attempts over "
                                              f"{waited:.1f} s (engine retry_s {self.config.retry_s:g}): {error}")
             self._counters["retries"] += 1
             time.sleep(pause)
 
+    def _send(self, method: str, url: str, data: bytes | None, timeout_s: float | None = None) -> dict[str, Any]:
+        """One HTTP exchange, watched (`_watch`) while it is out; its JSON answer."""
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(url, data=data, headers=headers, method=method)
+        call = self._local.call = _Call()
+        with self._calls_lock:
+            self._calls.add(call)
+            if self._watcher is None and self._probe_liveness:
+                self._watcher = threading.Thread(target=self._watch, name="openai-liveness", daemon=True)
+                self._watcher.start()
+        try:
+            with self._opener.open(req, timeout=timeout_s or self.config.timeout_s) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError:
+            raise  # the server answered
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+            if call.cut is not None:
+                self._counters["cut_off"] += 1
+                raise _CutOff(call.cut) from e
+            raise
+        finally:
+            with self._calls_lock:
+                self._calls.discard(call)
+
+    def _connected(self, sock: socket.socket) -> None:
+        self._local.call.sock = sock
+
+    def _watch(self) -> None:
+        """While requests are out for LIVENESS_S or longer, check every LIVENESS_S that the
+        server still takes connections; when it does not, cut those requests off."""
+        while not self._closing.wait(LIVENESS_S):
+            now = time.monotonic()
+            with self._calls_lock:
+                waiting = [c for c in self._calls if now - c.since >= LIVENESS_S]
+            if not waiting:
+                continue
+            why = self._unreachable()
+            if why is not None:
+                for call in waiting:
+                    call.cut_off(f"{self.base_url} stopped taking connections ({why}) while the request was "
+                                 "out: the server is going away")
+
+    def _unreachable(self) -> str | None:
+        """Why the server's address refuses a TCP connection, or None when it takes one."""
+        try:
+            socket.create_connection(self._address, timeout=PROBE_TIMEOUT_S).close()
+            return None
+        except OSError as e:
+            return str(e) or type(e).__name__
+
+    def _answers_others(self, since: float) -> bool:
+        """Whether the server answered another request after `since`, or answers a probe now (a
+        one-token completion): then a request it keeps failing is that request's own failure."""
+        if self._answered_at > since:
+            return True
+        probe = {**self._model_field(), "prompt": [0], "max_tokens": 1, "temperature": 0.0}
+        try:
+            self._send("POST", self.base_url + "/completions", json.dumps(probe).encode(),
+                       timeout_s=min(self.config.timeout_s, 60.0))
+            return True
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
+            return False
+
     def _model_field(self) -> dict[str, str]:
         """No model name: the server's default model (vLLM and rose-ray serve allow that)."""
         return {"model": self.config.model} if self.config.model else {}
 
+    def served(self) -> dict[str, int | None]:
+        """The served models (GET /models): name -> its context (`max_model_len`, which vLLM and
+        rose-ray serve give; None where a server does not say), under timeout_s and retry_s."""
+        out: dict[str, int | None] = {}
+        for m in self._request("GET", "/models")["data"]:
+            limit = m.get("max_model_len")
+            out[str(m["id"])] = int(limit) if isinstance(limit, int) else None
+        return out
+
     def models(self) -> list[str]:
-        """The served model names (GET /models), under the config's timeout_s and retry_s."""
-        return [str(m["id"]) for m in self._request("GET", "/models")["data"]]
+        """The served model names."""
+        return list(self.served())
 
     # ------------------------------------------------------------------ engine API
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -229,6 +395,7 @@ class OpenAIEngine:
         raise NotImplementedError("the openai backend serves a frozen model; weights cannot be updated")
 
     def close(self) -> None:
+        self._closing.set()
         self._pool.shutdown(wait=False)
 
 
@@ -241,3 +408,85 @@ def _error_message(e: urllib.error.HTTPError) -> str:
     if isinstance(err, dict):
         return str(err.get("message", err))
     return str(err)
+
+
+@dataclass(frozen=True)
+class SettingNames:
+    """What a caller calls an openai engine's settings (config keys, or a command's flags), so
+    that a served model that does not fit is reported in the words the user can change."""
+
+    base_url: str
+    model: str
+    context_tokens: str
+    tokenizer: str
+
+    @classmethod
+    def of_section(cls, section: str) -> SettingNames:
+        """The keys of a config section, e.g. `teacher_engine`."""
+        return cls(*(f"{section}.{key}" for key in ("base_url", "model", "context_tokens", "tokenizer")))
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What a server said about the model a run will use."""
+
+    name: str
+    url: str
+    max_model_len: int | None  # None where the server does not say
+    scores: bool  # prompt scoring was checked too
+
+    def __str__(self) -> str:
+        context = f"max_model_len {self.max_model_len}" if self.max_model_len is not None else "context not said"
+        return f"{self.name!r} served at {self.url} ({context}; logprobs{' and scoring' if self.scores else ''} checked)"
+
+
+def check_served(config: EngineConfig, names: SettingNames, scores: bool = False) -> ServedModel:
+    """Before a run: the server at `config.base_url` serves `config.model` (or, without one, a
+    default model), with a context (`max_model_len`) of at least `config.context_tokens`, and
+    gives the sampled tokens' ids and logprobs (and prompt logprobs when the run `scores`
+    tokens: OPD); the local tokenizer loads. The server is asked once, without retries.
+    Raises ServedModelMismatch (exit 2) naming the setting."""
+    from rose_ray.models import ModelNotAvailable, load_tokenizer
+
+    url = config.base_url
+    try:
+        load_tokenizer(config.tokenizer or config.model)
+    except ModelNotAvailable as e:
+        raise ServedModelMismatch(f"{names.tokenizer}: an openai engine needs the served model's tokenizer on this "
+                                  f"machine (prompts go as token ids): {e}") from None
+    # Asked once (retry_s 0): a server that is not there now is an error now, not after backoff.
+    engine = OpenAIEngine(replace(config, max_batch_size=1, retry_s=0.0))
+    try:
+        try:
+            served = engine.served()
+        except OpenAIServerGone as e:
+            raise ServedModelMismatch(f"{names.base_url}: {e}") from None
+        except OpenAIServerError as e:
+            hint = " (set ROSE_RAY_API_KEY)" if e.status in (401, 403) else ""
+            raise ServedModelMismatch(f"{names.base_url}: {url}/models: {e}{hint}") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise ServedModelMismatch(f"{names.base_url}: {url}/models is not an OpenAI-compatible model list "
+                                      f"({type(e).__name__}: {e})") from None
+        if not served:
+            raise ServedModelMismatch(f"{names.base_url}: the server at {url} serves no model")
+        if config.model and config.model not in served:
+            raise ServedModelMismatch(f"{names.model}: the server at {url} does not serve {config.model!r}; it "
+                                      f"serves {sorted(served)}")
+        name = config.model or next(iter(served))  # without a name the server answers with its first
+        limit = served[name]
+        if limit is not None and config.context_tokens > limit:
+            raise ServedModelMismatch(f"{names.context_tokens}: {config.context_tokens} tokens is more than the "
+                                      f"served model's context ({name!r} at {url}: max_model_len {limit}); set "
+                                      f"{limit} or less, or serve it with a longer --max-model-len")
+        try:
+            engine.generate([GenerationRequest([0, 1], SamplingParams(0.0, max_new_tokens=1))])
+            if scores:
+                engine.score([0], [1])
+        except OpenAIServerError as e:
+            what = "token ids and logprobs of sampled tokens" + (", and prompt logprobs to score tokens"
+                                                                  if scores else "")
+            raise ServedModelMismatch(f"{names.model}: {name!r} at {url} does not give what a run needs ({what}): "
+                                      f"{e}") from None
+    finally:
+        engine.close()
+    return ServedModel(name, url, limit, scores)

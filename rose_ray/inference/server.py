@@ -1,11 +1,13 @@
-"""`rose-ray serve`: an OpenAI-compatible HTTP endpoint over a transformers engine.
+"""`rose-ray serve`: an OpenAI-compatible HTTP endpoint over an engine (`--backend`: vLLM's
+engine, or transformers).
 
 Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
 Besides the OpenAI fields it speaks the vLLM extensions the learner relies on:
 `prompt_logprobs` (teacher scoring of given tokens; also `echo` + `logprobs`),
 `return_tokens_as_token_ids` ("token_id:N" token strings), and every choice carries
 `token_ids` / `prompt_token_ids` so sampled ids survive the round trip exactly.
-Concurrent requests are batched by an AsyncBatcher. Binds 127.0.0.1 unless told otherwise.
+Concurrent requests are batched by the engine's own frontend (vllm: continuous batching) or an
+AsyncBatcher (hf). Binds 127.0.0.1 unless told otherwise.
 
 Bad input never takes the server down: every bad request gets a 4xx JSON error naming what
 was wrong (a body over the limit, sized from context_tokens, gets 413), and a client that
@@ -27,7 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rose_ray.inference.batcher import AsyncBatcher
+from rose_ray.inference.batcher import async_frontend
 from rose_ray.inference.engine import GenerationRequest, GenerationResult
 from rose_ray.inference.protocol import (
     MAX_PROMPTS,
@@ -38,7 +40,7 @@ from rose_ray.inference.protocol import (
     token_strings,
 )
 
-BATCHER = web.AppKey("batcher", AsyncBatcher)
+BATCHER = web.AppKey("batcher", object)  # an AsyncBatcher, or the engine's own frontend (vllm)
 PARSER = web.AppKey("parser", ThreadPoolExecutor)
 # Bodies above this are parsed off the event loop: tokenizing the 3 MiB a 4,096-token context
 # allows takes ~3 s (the tokenizer lets go of the GIL), and no other client would be answered.
@@ -68,7 +70,7 @@ class OpenAIServer:
         app.router.add_post("/v1/chat/completions", self._chat)
 
         async def start(app: web.Application) -> None:
-            app[BATCHER] = AsyncBatcher(self.engine)
+            app[BATCHER] = async_frontend(self.engine)  # vllm batches by itself; others get an AsyncBatcher
             app[PARSER] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parse")
 
         async def stop(app: web.Application) -> None:
@@ -96,9 +98,11 @@ class OpenAIServer:
             return _error(400, str(e), None)
         except ConnectionError:  # the client went away mid-body; nobody reads this answer
             return _error(400, "the request body ended early (the client went away)", None)
-        except Exception:  # a bug, not bad input: say so in JSON, log it, keep serving
+        except Exception as e:  # not bad input we could name: say what failed, log it, keep serving
             log.exception("error handling %s %s", request.method, request.path)
-            return _error(500, "internal server error (logged by the server)", None, kind="server_error")
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            return _error(500, f"internal server error: {type(e).__name__}: {first} (logged by the server)", None,
+                          kind="server_error")
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -112,6 +116,9 @@ class OpenAIServer:
 
     # ------------------------------------------------------------------ handlers
     async def _health(self, request: web.Request) -> web.Response:
+        failure = getattr(self.engine, "failure", None)  # an engine thread that stopped (vllm) serves no more
+        if failure is not None:
+            return _error(503, f"the engine stopped: {failure!r}", None, kind="server_error")
         return web.json_response({"status": "ok", "version": self.engine.version})
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -169,7 +176,7 @@ class OpenAIServer:
             "rose_ray": {"version": self.engine.version},
         })
 
-    async def _complete_one(self, batcher: AsyncBatcher, index: int, prompt: list[int],
+    async def _complete_one(self, batcher: Any, index: int, prompt: list[int],
                             p: Any) -> dict[str, Any]:
         result, prompt_lps = await self._run(batcher, prompt, p, top=p.logprobs or 0)
         tok = self.engine.tokenizer
@@ -207,7 +214,7 @@ class OpenAIServer:
             choice["prompt_logprobs"] = _vllm_prompt_logprobs(tok, prompt, prompt_lps)
         return choice
 
-    async def _run(self, batcher: AsyncBatcher, prompt: list[int], p: Any, top: int
+    async def _run(self, batcher: Any, prompt: list[int], p: Any, top: int
                    ) -> tuple[GenerationResult | None, list[float]]:
         """Generation (unless max_tokens is 0) and prompt scoring (when asked), concurrently."""
         want_prompt = p.prompt_logprobs is not None or (p.echo and p.logprobs is not None)
@@ -344,24 +351,33 @@ def _vllm_prompt_logprobs(tok: Any, prompt: list[int], lps: list[float]) -> list
 
 
 def cli_main(args: Any) -> int:
-    """Entry for `rose-ray serve MODEL --port P [--host H] [--api-key K] ...`."""
+    """Entry for `rose-ray serve MODEL --port P [--backend B] [--host H] [--api-key K] ...`."""
     import os
 
-    from rose_ray.inference.engine import EngineConfig
-    from rose_ray.inference.hf import HFEngine
+    import torch
 
-    config = EngineConfig(
-        backend="hf", model=args.model, dtype=args.dtype, max_batch_size=args.max_batch_size,
-        max_wait_ms=args.max_wait_ms, context_tokens=args.context_tokens, threads=args.threads,
-    )
+    from rose_ray.inference.backends import backend_version, command_engine, make_engine
+
+    if args.model.startswith("openai:"):
+        raise ValueError(f"serve {args.model}: serve a local model folder (this command is the server)")
+    vllm = {} if args.kv_cache_mb is None else {"kv_cache_mb": args.kv_cache_mb}
+    config = command_engine(args.model, "MODEL", args.backend, dtype=args.dtype, max_batch_size=args.max_batch_size,
+                            max_wait_ms=args.max_wait_ms, context_tokens=args.context_tokens, threads=args.threads,
+                            **vllm)
+    if args.threads > 0:  # before the engine: in-process vLLM makes later calls no-ops
+        torch.set_num_threads(args.threads)
     api_key = args.api_key or os.environ.get("ROSE_RAY_API_KEY")
     host = args.host
-    engine = HFEngine(config)
+    engine = make_engine(config)
     name = args.served_model_name or args.model
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         print(f"warning: serving on {host} without an API key", flush=True)
     server = OpenAIServer(engine, name, api_key)
-    print(f"serving {args.model} as {name!r} on http://{host}:{args.port}/v1 (request bodies up to "
-          f"{server.max_body / 2**20:.1f} MiB)", flush=True)
-    server.run(host, args.port)
+    print(f"serving {args.model} as {name!r} on http://{host}:{args.port}/v1 with the {config.backend} backend "
+          f"({backend_version(config.backend)}; request bodies up to {server.max_body / 2**20:.1f} MiB)", flush=True)
+    try:
+        server.run(host, args.port)
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
     return 0

@@ -113,7 +113,8 @@ class VLLMEngine:
         started: concurrent.futures.Future = concurrent.futures.Future()
         import torch
 
-        self._thread = threading.Thread(target=self._run, args=(started, torch.get_num_threads()),
+        threads = self.config.threads or torch.get_num_threads()  # the config's, else the caller's
+        self._thread = threading.Thread(target=self._run, args=(started, threads),
                                         name="vllm-engine", daemon=True)
         self._thread.start()
         started.result()  # what the engine's start raised, raised here
@@ -150,9 +151,10 @@ class VLLMEngine:
             prompt, completion = payload
             if not prompt:
                 raise ValueError("score: empty prompt (the first token has no logprob)")
-            if len(prompt) + len(completion) > self.config.context_tokens:
-                raise ValueError(f"score: {len(prompt) + len(completion)} tokens, context_tokens is "
-                                 f"{self.config.context_tokens}")
+            longest = min(self.config.context_tokens, self.max_model_len - 1)  # vLLM generates one token
+            if len(prompt) + len(completion) > longest:
+                raise ValueError(f"score: {len(prompt) + len(completion)} tokens; this vllm engine scores at most "
+                                 f"{longest} (vLLM generates a token within max_model_len {self.max_model_len})")
             if not completion:
                 job.future.set_result([])
                 return job.future
@@ -205,14 +207,25 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = float(c.gpu_memory_utilization)
         else:  # vLLM would otherwise take a share of host memory for its KV cache
             kwargs["kv_cache_memory_bytes"] = int(c.kv_cache_mb * 2**20)
+        self.max_model_len = self._model_len()
         return LLM(
             model=c.model, tokenizer=c.tokenizer or c.model, dtype=resolve_dtype(c.dtype, self.device),
-            max_model_len=c.context_tokens, max_num_seqs=c.max_batch_size,
+            max_model_len=self.max_model_len, max_num_seqs=c.max_batch_size,
             tensor_parallel_size=c.tensor_parallel_size,
             enforce_eager=not (on_gpu and c.cuda_graphs), enable_prefix_caching=True,
             logprobs_mode="raw_logprobs", seed=0, disable_log_stats=True, use_tqdm_on_load=False,
             **kwargs,
         )
+
+    def _model_len(self) -> int:
+        """vLLM's max_model_len: context_tokens and one more where the model's positions allow,
+        since vLLM scores a sequence as a prompt with one token to generate (generation stays
+        within context_tokens). More context than positions is vLLM's error at start."""
+        from transformers import AutoConfig
+
+        ctx = self.config.context_tokens
+        positions = getattr(AutoConfig.from_pretrained(self.config.model), "max_position_embeddings", None)
+        return ctx + 1 if positions is None or positions > ctx else ctx
 
     def _run(self, started: concurrent.futures.Future, threads: int) -> None:
         # OpenMP's thread count is per thread, and vLLM's CPU kernels read it where they run: a
@@ -228,6 +241,13 @@ class VLLMEngine:
         self._cache = {"kv_cache_bytes": cache.kv_cache_memory_bytes, "kv_blocks": cache.num_gpu_blocks,
                        "kv_block_tokens": cache.block_size}
         started.set_result(None)
+        refused: tuple[type[BaseException], ...] = (ValueError,)
+        try:  # vLLM's validation errors (max_tokens, lengths) are not ValueErrors
+            from vllm.exceptions import VLLMClientError
+
+            refused += (VLLMClientError,)
+        except ImportError:
+            pass
         running: dict[str, _Job] = {}
         waiting: deque[_Job] = deque()  # in submission order; a weights job holds back the rest
         wave = 1  # requests the last wave started from idle held
@@ -253,7 +273,10 @@ class VLLMEngine:
                         continue
                     waiting.popleft()
                     if not job.future.cancelled():
-                        self._add(job, running)
+                        try:
+                            self._add(job, running)
+                        except refused as e:  # vLLM refused this request: its caller's error, not the engine's
+                            _deliver(job, error=ValueError(f"vllm refused the request: {e}"))
                 if running:
                     self._step(running)
         except _Closed:

@@ -16,15 +16,19 @@ from typing import Any
 from rose_ray.config import TrainConfig, to_dict
 
 
+def resolve_tiny(cfg: TrainConfig, model: str) -> str:
+    """A model name as it runs: `tiny:student` / `tiny:teacher` become the tiny models' folders
+    (built under `tiny_dir` on first use); other names stay."""
+    if not model.startswith("tiny:"):
+        return model
+    from rose_ray.models import init_tiny
+
+    return str(init_tiny(Path(cfg.tiny_dir).expanduser(), seed=0)[model[5:]])
+
+
 def resolve_models(cfg: TrainConfig) -> tuple[str, str]:
     """Student and teacher model paths, building tiny models and warming the teacher if asked."""
-    student, teacher = cfg.student_engine.model, cfg.teacher_engine.model
-    if student.startswith("tiny:") or teacher.startswith("tiny:"):
-        from rose_ray.models import init_tiny
-
-        tiny = init_tiny(Path(cfg.tiny_dir).expanduser(), seed=0)
-        student = str(tiny[student[5:]]) if student.startswith("tiny:") else student
-        teacher = str(tiny[teacher[5:]]) if teacher.startswith("tiny:") else teacher
+    student, teacher = resolve_tiny(cfg, cfg.student_engine.model), resolve_tiny(cfg, cfg.teacher_engine.model)
     if cfg.teacher_warmup.enabled:
         from rose_ray.envs.worlds import get_world
 

@@ -151,13 +151,26 @@ def local_actors(env: EnvConfig, student: Any, teacher: Any | None, max_turns: i
                  enable_thinking: bool = False, history: str = "sampled") -> Iterator[tuple[Any, Agent, Agent | None]]:
     """(an EpisodeRunner over new env pools, the student agent, the teacher agent or None) for
     a one-off command on Ray (joined or started); every actor is ended on the way out."""
+    import ray
+
     from rose_ray.rollout.runner import EpisodeRunner
 
     init_ray()
     pools = start_env_pools(env, max_turns=max_turns)
     agents: tuple[Agent | None, Agent | None] = (None, None)
+    # An engine that computes gets a CPU, or its share of what the env pools leave (on a 2-core
+    # machine two engines and a pool would not fit otherwise, and the second would never start);
+    # a served model's client computes nothing.
+    computing = {id(c) for c in (student, teacher) if c is not None and c.backend != "openai"}
+    left = ray.cluster_resources().get("CPU", 1.0) - env.workers * env.cpus_per_worker
+    share = min(1.0, max(left, 0.25) / max(len(computing), 1))
+
+    def cpus(config: Any) -> float:
+        return 0.0 if config is None or config.backend == "openai" else share
+
     try:
-        agents = start_agents(student, teacher, enable_thinking=enable_thinking, history=history)
+        agents = start_agents(student, teacher, cpus(student), cpus(teacher), enable_thinking=enable_thinking,
+                              history=history)
         yield EpisodeRunner(pools, env.games_per_worker), agents[0], agents[1]
     finally:
         close_pools(pools)

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rose_ray.reliability import RoleFailed
+from rose_ray.reliability import RoleFailed, describe_error
 from rose_ray.rollout.episode import Agent
 
 
@@ -80,10 +80,13 @@ class EngineSupervisor:
         from rose_ray.inference.openai import OpenAIServerGone
 
         if isinstance(error, (ray.exceptions.RayActorError, OpenAIServerGone)):
-            for w in self.watched.values():
-                if error.actor_id in w.ids:
-                    return w.role
+            return self.whose(error)
         return None
+
+    def whose(self, error: BaseException) -> str | None:
+        """The role whose engine (present or past) raised `error`, when it names its actor."""
+        actor = getattr(error, "actor_id", None)
+        return next((w.role for w in self.watched.values() if actor is not None and actor in w.ids), None)
 
     async def recover(self, role: str, error: BaseException | None = None, handle: Any = None) -> None:
         """Return once `role` has an engine serving that is not the lost one (the actor named
@@ -118,7 +121,7 @@ class EngineSupervisor:
                     except Exception:  # noqa: BLE001 - already gone
                         pass
                     raise self._fail(w, cause)
-                print(f"\ntrain: {w.role} lost ({_describe(cause)}); starting a replacement "
+                print(f"\ntrain: {w.role} lost ({describe_error(cause)}); starting a replacement "
                       f"({w.restarts}/{self.max_restarts})", flush=True)
                 t0 = time.monotonic()
                 try:
@@ -146,7 +149,7 @@ class EngineSupervisor:
     def _fail(self, w: _Watched, cause: BaseException | None) -> RoleFailed:
         if self.failed is None:
             self.failed = RoleFailed(f"{w.role}: lost {w.restarts} times, more than reliability.max_restarts="
-                                     f"{self.max_restarts}; the last time: {_describe(cause)}")
+                                     f"{self.max_restarts}; the last time: {describe_error(cause)}")
             if self.on_failed is not None:
                 self.on_failed(self.failed)
         return self.failed
@@ -195,11 +198,3 @@ class EngineSupervisor:
             return f"{w.role}: answers (version {h['version']}, {waiting})"
 
         return list(await asyncio.gather(*(one(w) for w in self.watched.values())))
-
-
-def _describe(error: BaseException | None) -> str:
-    if error is None:
-        return "unknown cause"
-    error = getattr(error, "cause", None) or error  # a RayTaskError: what the actor raised
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:300] if text else ''}"
