@@ -297,12 +297,13 @@ class VLLMEngine:
         backend's batcher does): episodes that shared the last wave come back at slightly
         different times (each had an env step in between), and on a CPU a decode step costs
         about the same for one sequence as for several. Up to `max_wait_ms` for any request,
-        and REGROUP_FACTOR times that while fewer have come than the last wave held."""
+        and REGROUP_FACTOR times that while fewer have come than the last wave held. A weights
+        job or a close ends the wait at once (what follows it waits for it anyway)."""
         from rose_ray.inference.batcher import REGROUP_FACTOR
 
         start, wait = time.perf_counter(), self.config.max_wait_ms / 1000
         target = min(wave, self.config.max_batch_size)
-        while waiting[-1].kind != "close":
+        while waiting[-1].kind not in ("close", "weights"):
             generating = sum(j.kind == "generate" for j in waiting)
             limit = wait * (REGROUP_FACTOR if generating < target else 1)
             remaining = start + limit - time.perf_counter()
