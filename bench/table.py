@@ -1,29 +1,40 @@
-"""The seed's table at tiny scale: the base student, SFT on teacher trajectories, online ROSE
-(fixed K, curriculum, decay), OPD and the teacher, on the same held-out games and the same
-number of learner steps per arm.
+"""The seed's table on this machine: the base student, SFT on teacher trajectories, online ROSE
+(fixed K, curriculum, decay), OPD and the teacher, on the same held-out games, with the same
+number of learner steps and episodes per arm, several seeds and 95% bootstrap intervals.
 
-Every arm starts from the tiny config (rose_ray/configs/tiny.yaml: the four "find" tasks, the
-warmed tiny teacher, 16 held-out test games at 8 turns) and trains the same base student for
-`--steps` learner steps of `rollout.batch_episodes` episodes:
+Every arm starts from one config (`--config`: `small`, the tier built to tell the arms apart,
+configs/small.yaml; or `tiny`, the embedded default) and trains its base student for `--steps`
+learner steps of `rollout.batch_episodes` episodes, on the same training games in the same
+order for a seed:
 
 - `sft`: the teacher plays steps x batch training games once, offline (greedy, whole
   episodes), then `sft` trains the student on them: one epoch, the same batch and lr;
-- `rose_fixed`: online ROSE, the student plays K=2 turns, then the teacher (the tiny default);
+- `rose_fixed`: online ROSE, the student plays K turns (the config's), then the teacher;
 - `rose_curriculum`: K grows from 1 to 4 over the run;
 - `rose_decay`: at each student turn the teacher takes over with p falling from 0.5 to 0;
 - `opd`: the student plays whole episodes, the teacher scores every student token.
 
+The budget held equal is learner steps x episodes per step (the same games, in the same
+order): what each method makes of one episode is the comparison. Trained tokens then differ by
+design (ROSE trains on the teacher's turns after the handoff, SFT on all of them, OPD on the
+student's), so each arm's trained tokens are reported beside it.
+
 The base student and the teacher are evaluated once (greedy decoding of fixed weights gives
 the same numbers every time); each training arm runs under `--seeds` seeds (game order,
-learner seed, decay draws; the student's sampling is not seeded) and the table shows the mean
-and the spread (max - min) over them.
+learner seed, decay draws; the student's sampling is not seeded). Every cell is the mean over
+seeds and held-out games with a 95% bootstrap interval: games resampled (the same games for
+every seed and arm) and seeds resampled. `ROSE - SFT` rows give the paired difference.
 
-    python bench/table.py              # 2 seeds x the tiny config's steps (~40 min on 2 cores, teacher cached)
-    python bench/table.py --quick      # smoke run: 1 seed x 2 steps, 4 games
+    python bench/table.py --config small   # 3 seeds, 48 test games (82 min on 2 cores, tier built)
+    python bench/table.py                  # the tiny default, 3 seeds (~50 min, teacher cached)
+    python bench/table.py --quick          # smoke run: 1 seed x 2 steps, 4 games
+    python bench/table.py --config small --resume   # finish the latest run's missing arms
 
-Prints the table and writes each run into a new folder, bench/results/table/version_N/ (its
-table.json and every arm's run, curves included; `latest` names it), and the latest table to
-bench/results/table.json. Every run's curves side by side: tensorboard --logdir bench/results/table
+Build the small tier first (cached; the table builds it otherwise): rose-ray warmup --config configs/small.yaml
+
+Prints the table and writes each run into a new folder, bench/results/table[_small]/version_N/
+(its table.json and every arm's run, curves and eval games; `latest` names it), and the latest
+table to bench/results/table[_small].json. Curves side by side: tensorboard --logdir bench/results/table_small
 """
 
 from __future__ import annotations
@@ -32,9 +43,12 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from rose_ray.runs import keep_result, new_version
 
@@ -43,6 +57,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 RESULTS = Path(__file__).resolve().parent / "results"
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 ONLINE_ARMS = {
     "rose_fixed": [],
     "rose_curriculum": ["rollout.handoff.policy=curriculum", "rollout.handoff.k_start=1", "rollout.handoff.k_max=4"],
@@ -51,6 +66,17 @@ ONLINE_ARMS = {
 }
 ARMS = ("student", "sft", *ONLINE_ARMS, "teacher")
 METRICS = ("score", "success", "pass")
+
+
+def config_path(name: str) -> str | None:
+    """`tiny` (the embedded default: None), a name under configs/ (`small`), or a YAML path."""
+    if name == "tiny":
+        return None
+    if Path(name).is_file():
+        return name
+    if (CONFIGS / f"{name}.yaml").is_file():
+        return str(CONFIGS / f"{name}.yaml")
+    raise SystemExit(f"table: --config {name!r}: neither a file nor a config in {CONFIGS} (small, tiny)")
 
 
 def arm_overrides(arm: str, steps: int) -> list[str]:
@@ -62,48 +88,46 @@ def arm_overrides(arm: str, steps: int) -> list[str]:
     return extra
 
 
-def run_online(arm: str, seed: int, steps: int, common: list[str], run_root: Path) -> dict[str, Any]:
-    """One online run through `train` (its eval after is the arm's result)."""
+def eval_model(model: str, cfg: Any, out: Path, backend: str) -> dict[str, Any]:
+    """Greedy eval on the config's held-out games, as `train` evaluates: the summary and every game."""
+    from rose_ray.evaluate import run_eval, train_eval_job
+
+    result = run_eval(train_eval_job(cfg, model, str(out / "eval"), backend=backend))
+    return {"after": result["summary"]["overall"], "games": [
+        {"item_id": g["item_id"], "task": g["task"], **{m: float(g[m]) for m in METRICS}} for g in result["games"]]}
+
+
+def trained_tokens(history: list[dict[str, Any]]) -> float:
+    return float(sum(m.get("trained_tokens", m.get("learner/trained_tokens", 0.0)) for m in history))
+
+
+def run_online(arm: str, seed: int, steps: int, config: str | None, common: list[str], run_dir: Path,
+               backend: str) -> dict[str, Any]:
+    """One online run through `train` (no evals inside), then the held-out eval of its model."""
+    from rose_ray.config import load_config
     from rose_ray.train import train
 
-    run_dir = run_root / f"{arm}_seed{seed}"
     t0 = time.time()
-    summary = train(None, [*common, *arm_overrides(arm, steps), f"seed={seed}", f"steps={steps}",
-                           f"run_dir={run_dir}", "eval.before=false", "eval.teacher=false"])
-    return {"after": summary["after"], "wall_s": time.time() - t0}
+    summary = train(config, [*common, *arm_overrides(arm, steps), f"seed={seed}", f"steps={steps}",
+                             f"run_dir={run_dir}", "eval.before=false", "eval.after=false", "eval.teacher=false"])
+    history = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    cfg = load_config(config, common)
+    return {**eval_model(summary["model"], cfg, run_dir, backend), "wall_s": time.time() - t0,
+            "steps": summary["steps"], "trained_tokens": trained_tokens(history)}
 
 
-def eval_model(model: str, cfg: Any, out: Path) -> dict[str, Any]:
-    """Greedy eval on the config's held-out games, as `train` evaluates (same games, turns, tokens)."""
-    from rose_ray.envs.worlds import get_world
-    from rose_ray.evaluate import EvalJob, run_eval
-
-    catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
-    games = catalogue.sample(cfg.eval.split, cfg.eval.n, cfg.eval.seed, tasks=cfg.tasks)
-    out.mkdir(parents=True, exist_ok=True)
-    ids = out / "eval_games.json"
-    ids.write_text(json.dumps([g.item_id for g in games]))
-    result = run_eval(EvalJob(
-        model=model, split=str(ids), n=None, max_turns=cfg.eval.max_turns, max_new_tokens=cfg.eval.max_new_tokens,
-        temperature=0.0, world=cfg.env.world, mapping=cfg.env.mapping, concurrency=cfg.env.games_per_worker,
-        context_tokens=cfg.student_engine.context_tokens, dtype=cfg.student_engine.dtype,
-        instruction_from=cfg.env.instruction_from, enable_thinking=cfg.chat.enable_thinking, out=str(out / "eval")))
-    return result["summary"]["overall"]
-
-
-def run_reference(who: str, common: list[str], run_root: Path) -> dict[str, Any]:
+def run_reference(who: str, config: str | None, common: list[str], run_dir: Path, backend: str) -> dict[str, Any]:
     """The base student or the (warmed) teacher, evaluated once."""
     from rose_ray.config import load_config
     from rose_ray.recipes.warmup import resolve_models
 
     t0 = time.time()
-    cfg = load_config(None, common)
+    cfg = load_config(config, common)
     student, teacher = resolve_models(cfg)
-    after = eval_model(student if who == "student" else teacher, cfg, run_root / who)
-    return {"after": after, "wall_s": time.time() - t0}
+    return {**eval_model(student if who == "student" else teacher, cfg, run_dir, backend), "wall_s": time.time() - t0}
 
 
-def run_sft(seed: int, steps: int, common: list[str], run_root: Path) -> dict[str, Any]:
+def run_sft(seed: int, steps: int, config: str | None, common: list[str], run_dir: Path, backend: str) -> dict[str, Any]:
     """The teacher plays steps x batch training games offline; `sft` trains the student on them."""
     from rose_ray.collect import PlayConfig, _play
     from rose_ray.config import load_config
@@ -115,9 +139,8 @@ def run_sft(seed: int, steps: int, common: list[str], run_root: Path) -> dict[st
     from rose_ray.rows import write_jsonl
 
     t0 = time.time()
-    cfg = load_config(None, [*common, f"seed={seed}", f"steps={steps}"])
-    run_dir = run_root / f"sft_seed{seed}"
-    run_dir.mkdir(parents=True)
+    cfg = load_config(config, [*common, f"seed={seed}", f"steps={steps}"])
+    run_dir.mkdir(parents=True, exist_ok=True)
     student, teacher = resolve_models(cfg)
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
     # The games an online run of this seed starts with, in its order.
@@ -143,91 +166,184 @@ def run_sft(seed: int, steps: int, common: list[str], run_root: Path) -> dict[st
     result = train_sft(data, student, run_dir / "model", epochs=1, batch_size=cfg.rollout.batch_episodes,
                        lr=cfg.learner.lr, max_tokens=cfg.learner.max_tokens, seed=seed,
                        sft_owners=["teacher"], threads=cfg.learner.threads, log=lambda line: None)
-    after = eval_model(str(run_dir / "model"), cfg, run_dir)
+    evaluated = eval_model(str(run_dir / "model"), cfg, run_dir, backend)
     metrics = MetricsLogger(run_dir, console=False)  # the tags online runs use, so the curves overlay
     for m in result["history"]:
         metrics.log(int(m["step"]), {"learner/loss": m["loss"], "learner/loss_teacher_ce": m.get("loss_ce", m["loss"]),
-                                     "learner/lr": m["lr"], "learner/grad_norm": m["grad_norm"]})
+                                     "learner/lr": m["lr"], "learner/grad_norm": m["grad_norm"],
+                                     "learner/trained_tokens": m.get("trained_tokens", 0.0)})
+    after = evaluated["after"]
     metrics.log(steps, {"eval/score": after["score"], "eval/success": after["success"], "eval/pass": after["pass"]})
     metrics.close()
-    return {"after": after, "wall_s": time.time() - t0, "play_s": t_play, "rows": len(rows),
-            "steps": result["steps"]}
+    return {**evaluated, "wall_s": time.time() - t0, "play_s": t_play, "rows": len(rows),
+            "steps": result["steps"], "trained_tokens": trained_tokens(result["history"])}
 
 
-def spread(values: list[float]) -> float:
-    return max(values) - min(values) if values else 0.0
+def game_matrix(runs: list[dict[str, Any]], metric: str) -> np.ndarray:
+    """[seeds, games] of one metric, games in one order (by item id) for every run."""
+    return np.array([[g[metric] for g in sorted(r["games"], key=lambda g: g["item_id"])] for r in runs])
+
+
+def bootstrap_mean(values: np.ndarray, resamples: int = 4000, level: float = 0.95,
+                   seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high) of `values[seed, game]`: games resampled with replacement (the same
+    draw for every seed, as every seed plays the same games) and seeds resampled too."""
+    rng = np.random.default_rng(seed)
+    n_seeds, n_games = values.shape
+    s = rng.integers(0, n_seeds, (resamples, n_seeds))
+    g = rng.integers(0, n_games, (resamples, n_games))
+    means = values[s[:, :, None], g[:, None, :]].mean(axis=(1, 2))
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(values.mean()), float(low), float(high)
+
+
+def bootstrap_difference(a: np.ndarray, b: np.ndarray, resamples: int = 4000, level: float = 0.95,
+                         seed: int = 0) -> tuple[float, float, float]:
+    """(mean a - mean b, low, high): games resampled once for both arms (paired: the same held-out
+    games), each arm's seeds resampled on their own."""
+    rng = np.random.default_rng(seed)
+    n_games = a.shape[1]
+    if b.shape[1] != n_games:
+        raise ValueError(f"bootstrap_difference: {a.shape[1]} games against {b.shape[1]}")
+    g = rng.integers(0, n_games, (resamples, n_games))
+
+    def means(v: np.ndarray) -> np.ndarray:
+        s = rng.integers(0, v.shape[0], (resamples, v.shape[0]))
+        return v[s[:, :, None], g[:, None, :]].mean(axis=(1, 2))
+
+    diffs = means(a) - means(b)
+    low, high = np.quantile(diffs, [(1 - level) / 2, (1 + level) / 2])
+    return float(a.mean() - b.mean()), float(low), float(high)
+
+
+def table_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    rows = []
+    for arm in (a for a in ARMS if runs.get(a)):
+        rs = runs[arm]
+        games = {len(r["games"]) for r in rs}
+        if len(games) != 1:
+            raise ValueError(f"table: arm {arm}: runs evaluated on different numbers of games {sorted(games)}")
+        row = {"arm": arm, "seeds": len(rs), "games": games.pop(), "wall_s": sum(r["wall_s"] for r in rs),
+               "trained_tokens": float(np.mean([r["trained_tokens"] for r in rs])) if "trained_tokens" in rs[0] else None}
+        for m in METRICS:
+            row[m], row[f"{m}_low"], row[f"{m}_high"] = bootstrap_mean(game_matrix(rs, m))
+            row[f"{m}_seeds"] = [r["after"][m] for r in rs]
+        rows.append(row)
+    return rows
+
+
+def difference_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each online arm minus SFT, per metric, paired over games."""
+    out = []
+    for arm in (a for a in ONLINE_ARMS if runs.get(a) and runs.get("sft")):
+        row: dict[str, Any] = {"arm": f"{arm} - sft"}
+        for m in METRICS:
+            row[m], row[f"{m}_low"], row[f"{m}_high"] = bootstrap_difference(game_matrix(runs[arm], m),
+                                                                             game_matrix(runs["sft"], m))
+        out.append(row)
+    return out
+
+
+def markdown(rows: list[dict[str, Any]], diffs: list[dict[str, Any]]) -> str:
+    def cell(r: dict[str, Any], m: str) -> str:
+        digits = 4 if m == "score" else 3
+        return f"{r[m]:+.{digits}f} [{r[m + '_low']:+.{digits}f}, {r[m + '_high']:+.{digits}f}]" if " - " in r["arm"] \
+            else f"{r[m]:.{digits}f} [{r[m + '_low']:.{digits}f}, {r[m + '_high']:.{digits}f}]"
+
+    lines = ["| model | seeds | trained tokens | Score [95%] | Success [95%] | Pass [95%] |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        tokens = f"{r['trained_tokens']:,.0f}" if r.get("trained_tokens") is not None else "-"
+        lines.append(f"| {r['arm']} | {r['seeds']} | {tokens} | " + " | ".join(cell(r, m) for m in METRICS) + " |")
+    for r in diffs:
+        lines.append(f"| {r['arm']} | | | " + " | ".join(cell(r, m) for m in METRICS) + " |")
+    return "\n".join(lines)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="tiny", help="small (configs/small.yaml), tiny (the embedded default) or a YAML path")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 seed x 2 steps, 4 eval games, 2 turns")
-    p.add_argument("--steps", type=int, default=None, help="learner steps per arm (default: the tiny config's)")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per training arm (default 2)")
+    p.add_argument("--steps", type=int, default=None, help="learner steps per arm (default: the config's)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per training arm (default 3)")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--backend", choices=["hf", "vllm", "auto"], default="hf", help="the engine of the held-out evals")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides for every arm")
-    p.add_argument("--out", default=str(RESULTS / "table.json"), help="the latest table (each run keeps its own)")
-    p.add_argument("--tb", default=str(RESULTS / "table"),
-                   help="where each run gets a new version_N folder: its table and every arm's run and curves")
+    p.add_argument("--resume", action="store_true", help="continue the latest run of this config: keep its finished arms")
+    p.add_argument("--out", default=None, help="the latest table (default bench/results/table[_CONFIG].json)")
+    p.add_argument("--tb", default=None, help="where each run gets a new version_N folder "
+                                             "(default bench/results/table[_CONFIG])")
     args = p.parse_args()
     from rose_ray.config import load_config
 
-    steps = args.steps or (2 if args.quick else load_config(None).steps)
-    seeds = args.seeds or (1 if args.quick else 2)
+    config = config_path(args.config)
+    stem = "table" if args.config == "tiny" else f"table_{Path(args.config).stem}"
+    out, tb = args.out or str(RESULTS / f"{stem}.json"), Path(args.tb or RESULTS / stem)
+    steps = args.steps or (2 if args.quick else load_config(config).steps)
+    seeds = args.seeds or (1 if args.quick else 3)
     quick = ["eval.n=4", "eval.max_turns=2", "rollout.max_turns=3"] if args.quick else []
     common = ["checkpoint_every=1000000", *quick, *args.set]
-    run_root = new_version(args.tb)  # this run's; earlier runs' arms stay beside it
-    print(f"table: this run goes to {run_root}", flush=True)
+    settings = {"config": args.config, "steps": steps, "overrides": common, "backend": args.backend}
+    if args.resume and (tb / "latest").is_file():
+        run_root = tb / (tb / "latest").read_text().strip()
+        before = json.loads((run_root / "settings.json").read_text())
+        if before != settings:
+            raise SystemExit(f"table: --resume: {run_root} ran with {before}, not {settings}; run without --resume")
+        print(f"table: resuming {run_root}", flush=True)
+    else:
+        run_root = new_version(tb)  # this run's; earlier runs' arms stay beside it
+        print(f"table: this run goes to {run_root}", flush=True)
+        (run_root / "settings.json").write_text(json.dumps(settings))
 
     from rose_ray.rollout.actors import init_ray
 
     init_ray()  # one private cluster for every arm
     t_start, load_start = time.time(), os.getloadavg()
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+
+    def run_once(arm: str, seed: int | None, make: Any) -> None:
+        """One arm (and seed): its result.json, or run it now and write that when it is done."""
+        name = arm if seed is None else f"{arm}_seed{seed}"
+        done = run_root / name / "result.json"
+        if done.is_file():
+            print(f"table: {name} done before, kept", flush=True)
+        else:
+            print(f"\n=== table: {name} ===", flush=True)
+            if (run_root / name).exists():  # an arm interrupted before: run again from nothing
+                shutil.rmtree(run_root / name)
+            result = make(run_root / name)
+            tmp = done.with_name(".result.json.tmp")
+            tmp.write_text(json.dumps(result, default=str))
+            os.replace(tmp, done)  # an interrupted arm is run again, a finished one never
+        runs[arm].append(json.loads(done.read_text()))
+
     for who in ("student", "teacher"):
         if who in args.arms:
-            print(f"\n=== table: {who} ===", flush=True)
-            runs[who].append(run_reference(who, common, run_root))
+            run_once(who, None, lambda d, w=who: run_reference(w, config, common, d, args.backend))
     for seed in range(seeds):
         for arm in (a for a in ONLINE_ARMS if a in args.arms):
-            print(f"\n=== table: {arm}, seed {seed} ===", flush=True)
-            runs[arm].append(run_online(arm, seed, steps, common, run_root))
+            run_once(arm, seed, lambda d, a=arm, s=seed: run_online(a, s, steps, config, common, d, args.backend))
         if "sft" in args.arms:
-            print(f"\n=== table: sft, seed {seed} ===", flush=True)
-            runs["sft"].append(run_sft(seed, steps, common, run_root))
+            run_once("sft", seed, lambda d, s=seed: run_sft(s, steps, config, common, d, args.backend))
 
-    rows = []
-    for arm in (a for a in ARMS if runs[a]):
-        afters = [r["after"] for r in runs[arm] if r.get("after")]
-        row = {"arm": arm, "seeds": len(afters), "games": afters[0]["games"] if afters else 0,
-               "wall_s": sum(r["wall_s"] for r in runs[arm])}
-        for m in METRICS:
-            values = [a[m] for a in afters]
-            row[m] = sum(values) / len(values) if values else float("nan")
-            row[f"{m}_spread"] = spread(values)
-            row[f"{m}_values"] = values
-        rows.append(row)
-
-    print(f"\nThe seed's table at tiny scale: {steps} learner steps per arm, {seeds} seed(s), "
-          f"{rows[0]['games'] if rows else 0} held-out games (mean over seeds; ± = max - min)")
-    print("| model | seeds | Score | Success | Pass |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        cells = " | ".join(f"{r[m]:.4f} ± {r[m + '_spread']:.4f}" if m == "score" else f"{r[m]:.3f} ± {r[m + '_spread']:.3f}"
-                           for m in METRICS)
-        print(f"| {r['arm']} | {r['seeds']} | {cells} |")
+    rows, diffs = table_rows(runs), difference_rows(runs)
     total = time.time() - t_start
+    games = rows[0]["games"] if rows else 0
+    print(f"\nThe seed's table, {args.config} config: {steps} learner steps per arm, {seeds} seed(s), {games} held-out "
+          "games; mean over seeds and games [95% bootstrap interval over games and seeds]")
+    print(markdown(rows, diffs))
     print(f"total {total / 60:.1f} min; load average (1/5/15 min) start {load_start}, end {os.getloadavg()} "
           f"on {os.cpu_count()} cores")
-    print("student and teacher: one greedy eval of fixed weights (no spread); the others: trained per seed")
-    kept = keep_result(args.out, json.dumps({
-        "bench": "table", "quick": args.quick, "steps": steps, "seeds": seeds, "overrides": common,
-        "rows": rows, "runs": {a: rs for a, rs in runs.items() if rs},
-        "total_s": total, "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
-        "cpu_count": os.cpu_count(), "machine": platform.machine(),
+    print("student and teacher: one greedy eval of fixed weights (an interval over games only); "
+          "trained tokens: per seed, tokens carrying a loss term")
+    kept = keep_result(out, json.dumps({
+        "bench": "table", "config": args.config, "quick": args.quick, "steps": steps, "seeds": seeds,
+        "overrides": common, "rows": rows, "differences": diffs, "markdown": markdown(rows, diffs),
+        "runs": {a: rs for a, rs in runs.items() if rs}, "total_s": total, "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(), "cpu_count": os.cpu_count(), "machine": platform.machine(),
         "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
     }, indent=1, default=str), version=run_root)
-    print(f"wrote {args.out} and {kept}; curves: tensorboard --logdir {run_root} (this run) "
-          f"or {args.tb} (every run)")
+    print(f"wrote {out} and {kept}; curves: tensorboard --logdir {run_root} (this run) or {tb} (every run)")
 
 
 if __name__ == "__main__":

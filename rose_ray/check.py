@@ -160,8 +160,9 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
     # Games.
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
     splits = {"rollout.split": cfg.rollout.split, "eval.split": cfg.eval.split}
-    if cfg.teacher_warmup.enabled:
-        splits["teacher_warmup (rollout.split)"] = cfg.rollout.split
+    for role in ("teacher", "student"):
+        if getattr(cfg, f"{role}_warmup").enabled:
+            splits[f"{role}_warmup (rollout.split)"] = cfg.rollout.split
     chosen = {}
     for key, split in splits.items():
         try:

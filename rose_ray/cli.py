@@ -188,6 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. steps=20")
     g.set_defaults(func="rose_ray.train:cli_main")
 
+    g = sub.add_parser("warmup", help="build a config's tiny models and warm-ups (cached), e.g. the small tier")
+    g.add_argument("--config", help="YAML config (default: the embedded tiny config)")
+    g.add_argument("--eval", metavar="SPLIT", choices=["train", "dev", "test"],
+                   help="then evaluate the base student and the teacher on the config's eval games of SPLIT")
+    g.add_argument("--backend", choices=["auto", "hf", "vllm"], default="hf", help="the engine of --eval")
+    g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    g.set_defaults(func="rose_ray.recipes.warmup:cli_main")
+
     g = sub.add_parser("export", help="a Hugging Face folder of the student from a run's kept checkpoint")
     g.add_argument("run", metavar="RUN", help="a run folder (holds config.yaml and checkpoints/), or a run_dir (its latest)")
     g.add_argument("--step", type=int, help="the learner step of a kept checkpoint (default: the latest)")
@@ -290,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--n", type=int, default=0, help="a task-stratified sample (0 = the whole split)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--workers", type=int, default=2, help="games at once")
+    g.add_argument("--observe", action="store_true",
+                   help="paths that look before they choose and name things as the game shows them, "
+                        "replayed to check they still succeed (the small tier's teacher warm-up)")
     world_args(g)
     g.add_argument("--instruction-from", metavar="JSONL",
                    help="take the instruction and acknowledgement from a dataset's first row")

@@ -23,6 +23,7 @@ conversations` of `role`/`content` messages) unless `--schema agentgym` asks for
 from __future__ import annotations
 
 import asyncio
+import random
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from typing import Any
 
 from rose_ray.envs.base import StepResult
 from rose_ray.envs.catalogue import GameCatalogue, parse_item
-from rose_ray.envs.protocol import Protocol
+from rose_ray.envs.protocol import Protocol, parse_action
 from rose_ray.envs.worlds import get_world, world_protocol
 from rose_ray.inference.backends import DEFAULT_COMMAND_BACKEND
 from rose_ray.rows import message_text, read_jsonl, row_schema, row_to_turns, write_jsonl
@@ -48,10 +49,14 @@ def gold_thought(action: str, location: str | None = None) -> str:
 
 
 def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str]],
-                last: StepResult, protocol: Protocol, schema: str = "card") -> dict[str, Any]:
-    """A gold episode as a dataset row (teacher-owned assistant turns)."""
+                last: StepResult, protocol: Protocol, schema: str = "card",
+                detour: list[tuple[str, str]] = ()) -> dict[str, Any]:
+    """A gold episode as a dataset row (teacher-owned assistant turns), after the `detour`
+    replies and observations, if any (student-owned: context that trains nothing)."""
     turns = [Turn("user", protocol.instruction, "prompt"), Turn("assistant", protocol.acknowledgement, "prompt"),
              Turn("user", first_observation, "env")]
+    for reply, observation in detour:
+        turns += [Turn("assistant", reply, "student"), Turn("user", observation, "env")]
     location = protocol.location_of(first_observation)
     for action, observation in steps:
         turns.append(Turn("assistant", f"Thought: {gold_thought(action, location)}\nAction: {action}", "teacher"))
@@ -62,9 +67,35 @@ def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str
     return t.to_record(schema)
 
 
+def detour_replies(game: GameId, rate: float, actions: tuple[str, ...]) -> list[str]:
+    """The replies a demonstration opens with before its gold path: none for a share `1 - rate`
+    of games; else one or two, each a harmless action of the world's (`actions`) or a cut-off
+    reply with no action, as a small student gives. Drawn from the game's id: the same every time."""
+    rng = random.Random(f"detour:{game.item_id}")
+    if rate <= 0 or rng.random() >= rate:
+        return []
+    replies = []
+    for _ in range(rng.choice((1, 2))):
+        action = rng.choice(actions)
+        if rng.random() < 0.5:
+            replies.append(f"Thought: {gold_thought(action)}\nAction: {action}")
+        else:  # a reply cut before its action: the game gets the thought as its action
+            words = gold_thought(action).split()
+            replies.append("Thought: " + " ".join(words[: rng.randint(2, len(words) - 1)]))
+    return replies
+
+
 def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, progress: bool = True,
-              protocol: Protocol | None = None, schema: str = "card") -> tuple[list[dict[str, Any]], list[str]]:
-    """Play each game's gold path on `workers` game processes; returns (rows, problems)."""
+              protocol: Protocol | None = None, schema: str = "card", observe: bool = False,
+              detours: float = 0.0) -> tuple[list[dict[str, Any]], list[str]]:
+    """Play each game's gold path on `workers` game processes; returns (rows, problems).
+
+    `observe`: the world's observed gold paths (`World.observed_gold`: look before choosing,
+    things named as the game shows them), replayed; a game whose observed path does not score
+    as its gold path did keeps the gold path (and says so in problems).
+    `detours`: the share of demonstrations that open with one or two student-owned replies
+    (`detour_replies`: the world's harmless actions, or a reply with no action) before the gold
+    path, so that a teacher warmed on them carries on from a student's first turns."""
     from rose_ray.envs.pool import EnvPool
 
     worlds = {g.world for g in games}
@@ -75,28 +106,57 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
     if len(worlds) > 1:
         raise ValueError(f"gold: games of several worlds ({sorted(worlds)}); make one dataset per world")
     world = get_world(worlds.pop() if worlds else None)
+    if (observe or detours) and world.observed_gold is None:
+        raise ValueError(f"gold: {world.name} has no observed gold paths or detours (observe, detours); "
+                         "use its gold paths as they are")
     protocol = protocol or world.protocol
     pool = EnvPool(num_games=max(1, min(workers, len(games))), world=world.name)
     free: list[int] = list(range(pool.num_games()))
     problems: list[str] = []
 
+    def start(slot: int, game: GameId, gold: bool) -> tuple[StepResult, list[tuple[str, str]]]:
+        """The game loaded, and its detour played (state-preserving replies)."""
+        first = pool.reset(slot, game, gold=gold)
+        detour = []
+        for reply in detour_replies(game, detours, world.observed_gold.DETOURS if detours else ()):
+            detour.append((reply, pool.step(slot, parse_action(reply).action).observation))
+        return first, detour
+
+    def replay(slot: int, first: StepResult, actions: list[str]) -> tuple[StepResult, list[tuple[str, str]], Any]:
+        steps, result = [], first
+        for action in actions:
+            result = pool.step(slot, action)
+            if result.interrupted:
+                return first, steps, None
+            steps.append((action, result.observation))
+            if result.done:
+                break
+        return first, steps, result
+
     def play(game: GameId) -> dict[str, Any] | None:
         slot = free.pop()
         try:
-            first = pool.reset(slot, game, gold=True)
-            actions = pool.gold_actions(slot)[:max_actions]
-            steps, result = [], first
-            for action in actions:
-                result = pool.step(slot, action)
-                if result.interrupted:
-                    problems.append(f"{game.item_id}: game process died during replay")
-                    return None
-                steps.append((action, result.observation))
-                if result.done:
-                    break
+            first, detour = start(slot, game, gold=True)
+            actions = pool.gold_actions(slot)
+            if observe:
+                actions = world.observed_gold.look_before_focus(actions)
+            first, steps, result = replay(slot, first, actions[:max_actions])
+            if result is not None and observe:
+                played = [a for a, _ in steps]
+                renamed = world.observed_gold.visible_names(played, [o for _, o in steps])
+                if renamed != played:
+                    again = replay(slot, start(slot, game, gold=False)[0], renamed)
+                    if again[2] is not None and (again[2].raw_score, again[2].success) == (result.raw_score,
+                                                                                         result.success):
+                        first, steps, result = again
+                    else:
+                        problems.append(f"{game.item_id}: the observed path did not score as the gold path; kept gold")
+            if result is None:
+                problems.append(f"{game.item_id}: game process died during replay")
+                return None
             if not result.success:
                 problems.append(f"{game.item_id}: gold path reached {result.raw_score}, not success")
-            return gold_record(game, first.observation, steps, result, protocol, schema)
+            return gold_record(game, first.observation, steps, result, protocol, schema, detour)
         finally:
             free.append(slot)
 
@@ -260,7 +320,8 @@ def gold_main(args) -> int:
     catalogue = _catalogue(args)
     protocol = world_protocol(args.world, args.instruction_from)
     games = catalogue.sample(args.split, args.n, args.seed) if args.n else catalogue.split(args.split)
-    rows, problems = gold_rows(games, workers=args.workers, protocol=protocol, schema=args.schema)
+    rows, problems = gold_rows(games, workers=args.workers, protocol=protocol, schema=args.schema,
+                               observe=args.observe)
     for p in problems:
         print(f"gold: {p}", file=sys.stderr)
     n = write_jsonl(args.out, rows)

@@ -82,9 +82,17 @@ class EvalConfig:
 class TeacherWarmupConfig:
     """SFT of the teacher on gold demonstrations before training (for tiny teachers)."""
 
+    KEY = "teacher_warmup"  # its key in the config, for errors (a class attribute, not a field)
     enabled: bool = False
     gold_games: int = 40
     max_turns: int = 8  # the opening of each gold path: what short episodes need most
+    # gold paths that look before they choose and name things as the game shows them
+    # (ScienceWorld: `envs/sciworld/gold.py`), replayed to check they still succeed
+    observe: bool = False
+    # the share of demonstrations opening with one or two student-owned replies that change
+    # nothing (a harmless action, a reply with no action) before the gold path: a teacher that
+    # carries on from a small student's first turns (`collect.detour_replies`)
+    detours: float = 0.0
     epochs: int = 10
     lr: float = 1e-3
     schedule: str = "constant"  # constant | linear | cosine (over the warm-up's steps)
@@ -95,11 +103,22 @@ class TeacherWarmupConfig:
     def __post_init__(self) -> None:
         for key in ("gold_games", "max_turns", "epochs", "batch_episodes", "threads"):
             if getattr(self, key) < 1:
-                raise ConfigError(f"teacher_warmup.{key}: must be >= 1, got {getattr(self, key)!r}")
+                raise ConfigError(f"{self.KEY}.{key}: must be >= 1, got {getattr(self, key)!r}")
         if self.lr <= 0:
-            raise ConfigError(f"teacher_warmup.lr: must be > 0, got {self.lr!r}")
+            raise ConfigError(f"{self.KEY}.lr: must be > 0, got {self.lr!r}")
+        if not 0.0 <= self.detours <= 1.0:
+            raise ConfigError(f"{self.KEY}.detours: a share of demonstrations, from 0 to 1; got {self.detours!r}")
         if self.schedule not in ("constant", "linear", "cosine"):
-            raise ConfigError(f"teacher_warmup.schedule: must be constant, linear or cosine, got {self.schedule!r}")
+            raise ConfigError(f"{self.KEY}.schedule: must be constant, linear or cosine, got {self.schedule!r}")
+
+
+@dataclass
+class StudentWarmupConfig(TeacherWarmupConfig):
+    """The same SFT for the base student (off by default): a short one on fewer or shorter
+    demonstrations gives a partly competent base student, as a real base model is."""
+
+    KEY = "student_warmup"
+
 
 
 @dataclass
@@ -191,6 +210,7 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     teacher_warmup: TeacherWarmupConfig = field(default_factory=TeacherWarmupConfig)
+    student_warmup: StudentWarmupConfig = field(default_factory=StudentWarmupConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
 
@@ -219,6 +239,9 @@ class TrainConfig:
             raise ConfigError("teacher_warmup.enabled: the warm-up trains a local teacher folder, but "
                               "teacher_engine.backend is openai (a served model, used as it is); set "
                               "teacher_warmup.enabled=false (or warm a folder with `rose-ray sft` and serve that)")
+        if self.student_warmup.enabled and self.student_engine.backend == "openai":
+            raise ConfigError("student_warmup.enabled: the warm-up trains a local student folder, but "
+                              "student_engine.backend is openai; set student_warmup.enabled=false")
         recipe.check(self)
         if self.chat.history == "template" and recipe.teacher_scores_student(self):
             value: Any = self

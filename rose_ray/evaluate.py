@@ -259,6 +259,19 @@ def _engine_config(model: str, flag: str, cfg: EvalJob):
                           context_policy=cfg.context_policy, max_batch_size=cfg.concurrency, **vllm)
 
 
+def train_eval_job(cfg: Any, model: str, out: str, split: str | None = None, backend: str = "hf") -> EvalJob:
+    """The held-out eval a training run of `cfg` (a TrainConfig) does, as an `EvalJob`: its games
+    (`eval.split`, `eval.n`, `eval.seed`, `tasks`), turns, reply tokens, context and chat; greedy.
+    `split`: another split's games (the warm-ups are tuned on dev, never on the test games)."""
+    return EvalJob(
+        model=model, split=split or cfg.eval.split, n=cfg.eval.n, seed=cfg.eval.seed, tasks=list(cfg.tasks),
+        max_turns=cfg.eval.max_turns, max_new_tokens=cfg.eval.max_new_tokens, temperature=0.0,
+        world=cfg.env.world, mapping=cfg.env.mapping, concurrency=cfg.env.games_per_worker,
+        context_tokens=cfg.student_engine.context_tokens, dtype=cfg.student_engine.dtype,
+        instruction_from=cfg.env.instruction_from, enable_thinking=cfg.chat.enable_thinking,
+        history=cfg.chat.history, backend=backend, out=out)
+
+
 def run_eval(cfg: EvalJob) -> dict[str, Any]:
     """Evaluate `cfg.model` on its games; resumes from `<out>.partial.jsonl` if present."""
     from rose_ray.envs.config import EnvConfig

@@ -291,7 +291,8 @@ def train(config: str | None = None, overrides: list[str] | None = None, resume:
     finally:
         trainer.close()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(results_table(summary))
+    if any(summary[k] is not None for k in ("before", "after", "teacher")):  # no evals asked: no table
+        print(results_table(summary))
     print(f"train: {summary['steps']} steps; model in {summary['model']} (rose-ray eval --model {summary['model']})")
     print(f"train: run in {run_dir} (TensorBoard: tensorboard --logdir {run_dir}/tb)")
     return summary

@@ -117,6 +117,9 @@ def test_the_seed_settings_train(group, sequences):
         group.config = replace(group.config, dtype="float32", gradient_checkpointing=False)
     assert steps[0]["loss"] == pytest.approx(fp32["loss"], rel=2e-2)
     assert steps[1]["loss"] < steps[0]["loss"]
+    # trained tokens: the batch's tokens carrying the CE term plus those carrying the OPD term
+    ce, opd = (int((np.asarray(w)[:, 1:] > 0).sum()) for w in (batch.ce_weights, batch.opd_weights))
+    assert ce > 0 and opd > 0 and fp32["trained_tokens"] == ce + opd
 
 
 def test_resume_is_exact(group, tmp_path, sequences):

@@ -39,6 +39,9 @@ class World:
     # a module scoring results as the world's paper does (DiscoveryWorld's Tables 4 and 5:
     # `cell`, `paper_summary`, `paper_markdown`, `compare_paper`), or None
     paper_tables: Any = None
+    # a module making gold paths a model can copy from what it sees (`look_before_focus`,
+    # `visible_names`: ScienceWorld's `gold.py`), or None: gold paths are used as they are
+    observed_gold: Any = None
 
 
 def get_world(name: str | None) -> World:

@@ -224,6 +224,7 @@ class LearnerGroup:
         metrics.update(
             grad_norm=first["grad_norm"], lr=first["lr"], step_s=elapsed, micro_batches=first["micro_batches"],
             tokens_per_s=metrics.get("tokens", 0.0) / elapsed,
+            trained_tokens=den["ce"] + den["opd"],  # tokens carrying a loss term (a token in both counts twice)
             policy_lag=float((self.version - 1 - sampled).mean()) if sampled.size else 0.0,
             dropped_turns=float(batch.meta.get("dropped_turns", 0)),
             step=float(self.step), version=float(self.version),

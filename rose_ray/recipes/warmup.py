@@ -1,6 +1,6 @@
-"""Models before training: tiny local models built on first use, and the teacher warm-up (SFT
-of a tiny teacher on gold demonstrations, so that it is honestly better than the student),
-cached by its settings.
+"""Models before training: tiny local models built on first use, and the warm-ups (SFT of a
+tiny teacher on gold demonstrations, so that it is honestly better than the student; of the
+student on fewer or shorter ones, so that it starts partly competent), cached by their settings.
 
     python -m rose_ray.recipes.warmup     # rewrite the shipped demonstrations of the tiny default
 """
@@ -27,43 +27,52 @@ def resolve_tiny(cfg: TrainConfig, model: str) -> str:
 
 
 def resolve_models(cfg: TrainConfig) -> tuple[str, str]:
-    """Student and teacher model paths, building tiny models and warming the teacher if asked."""
-    student, teacher = resolve_tiny(cfg, cfg.student_engine.model), resolve_tiny(cfg, cfg.teacher_engine.model)
-    if cfg.teacher_warmup.enabled:
-        from rose_ray.envs.worlds import get_world
+    """Student and teacher model paths, building tiny models and warming them if asked."""
+    from rose_ray.envs.worlds import get_world
 
+    models = {"student": resolve_tiny(cfg, cfg.student_engine.model),
+              "teacher": resolve_tiny(cfg, cfg.teacher_engine.model)}
+    for role in ("teacher", "student"):
+        if not warmup_of(cfg, role).enabled:
+            continue
         if get_world(cfg.env.world).has_gold:
-            teacher = warm_teacher(cfg, teacher)
+            models[role] = warm_model(cfg, models[role], role)
         else:
-            print(f"train: no teacher warm-up: {cfg.env.world} has no gold demonstrations; "
-                  "the teacher is used as it is", flush=True)
-    return student, teacher
+            print(f"train: no {role} warm-up: {cfg.env.world} has no gold demonstrations; "
+                  f"the {role} is used as it is", flush=True)
+    return models["student"], models["teacher"]
+
+
+def warmup_of(cfg: TrainConfig, role: str) -> Any:
+    """`teacher_warmup` or `student_warmup`."""
+    return cfg.teacher_warmup if role == "teacher" else cfg.student_warmup
 
 
 SHIPPED_GOLD = "tiny_warmup_gold.jsonl"  # in rose_ray/envs/data, with its `.meta.json`
 
 
-def warm_teacher(cfg: TrainConfig, teacher: str) -> str:
-    """SFT the teacher on gold demonstrations of training games; cached by its settings.
+def warm_model(cfg: TrainConfig, model: str, role: str = "teacher") -> str:
+    """SFT a model (the teacher, or the base student) on gold demonstrations of training
+    games, with `teacher_warmup` or `student_warmup`; cached by its settings.
 
     The demonstrations are the shipped ones when they are what the settings ask for (the tiny
     default's: ScienceWorld can give another gold path for the same game after a reload, so
     playing them live would differ between machines); otherwise gold paths are played now.
     Training is seeded (and gave the same weights with 1 and 2 threads here), so the same
-    settings give the same teacher: its weights' digest is printed and cached with it.
+    settings give the same model: its weights' digest is printed and cached with it.
     """
     from rose_ray.recipes.sft import train_sft
     from rose_ray.rows import write_jsonl
 
-    w = cfg.teacher_warmup
-    key, out = warmup_cache(cfg, teacher)
+    w = warmup_of(cfg, role)
+    key, out = warmup_cache(cfg, model, role)
     if (out / "rose_ray_warmup.json").is_file():
         return str(out)
     rows = shipped_gold(key)
     source = "shipped" if rows is not None else "played now"
     if rows is None:
-        rows = play_gold(cfg)
-    print(f"train: warming the teacher on {len(rows)} gold demonstrations ({source}) ...", flush=True)
+        rows = play_gold(cfg, role)
+    print(f"train: warming the {role} on {len(rows)} gold demonstrations ({source}) ...", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     data = out.with_name(out.name + "_gold.jsonl")
     write_jsonl(data, rows)
@@ -72,9 +81,9 @@ def warm_teacher(cfg: TrainConfig, teacher: str) -> str:
     def log(line: str) -> None:  # "step N/M epoch ..." lines from train_sft, a few of them
         step, total = line.split()[1].split("/")
         if int(step) % 16 == 0 or step == total:
-            print(f"train: warm-up {line}", flush=True)
+            print(f"train: {role} warm-up {line}", flush=True)
 
-    result = train_sft(data, teacher, tmp, epochs=w.epochs, batch_size=w.batch_episodes, lr=w.lr,
+    result = train_sft(data, model, tmp, epochs=w.epochs, batch_size=w.batch_episodes, lr=w.lr,
                        schedule=w.schedule, max_tokens=cfg.learner.max_tokens, seed=w.seed, log=log,
                        sft_owners=["teacher"], threads=w.threads)
     loss = result["history"][-1]["loss"]
@@ -84,33 +93,34 @@ def warm_teacher(cfg: TrainConfig, teacher: str) -> str:
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
-    print(f"train: teacher warmed ({result['steps']} steps, loss {loss:.3f}, weights {weights[:12]})")
+    print(f"train: {role} warmed ({result['steps']} steps, loss {loss:.3f}, weights {weights[:12]})")
     return str(out)
 
 
-def gold_games(cfg: TrainConfig) -> list[Any]:
-    """The training games the warm-up demonstrates: the catalogue's sample of its settings."""
+def gold_games(cfg: TrainConfig, role: str = "teacher") -> list[Any]:
+    """The training games a warm-up demonstrates: the catalogue's sample of its settings."""
     from rose_ray.envs.worlds import get_world
 
-    w = cfg.teacher_warmup
+    w = warmup_of(cfg, role)
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
     return catalogue.sample(cfg.rollout.split, w.gold_games, w.seed, tasks=cfg.tasks)
 
 
-def play_gold(cfg: TrainConfig) -> list[dict[str, Any]]:
-    """Gold demonstrations of `teacher_warmup.gold_games` training games, played now."""
+def play_gold(cfg: TrainConfig, role: str = "teacher") -> list[dict[str, Any]]:
+    """Gold demonstrations of a warm-up's `gold_games` training games, played now."""
     from rose_ray.collect import gold_rows
 
-    w = cfg.teacher_warmup
-    games = gold_games(cfg)
-    rows, _ = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False, protocol=cfg.env.protocol())
+    w = warmup_of(cfg, role)
+    games = gold_games(cfg, role)
+    rows, _ = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False, protocol=cfg.env.protocol(),
+                        observe=w.observe, detours=w.detours)
     return rows
 
 
 def gold_key(key: dict[str, Any]) -> dict[str, Any]:
     """The settings that decide which gold demonstrations a warm-up uses."""
     return {k: key[k] for k in ("world", "tasks", "split", "mapping", "seed", "gold_games", "max_turns", "opening",
-                                "games")}
+                                "games", "observe", "detours") if k in key}  # those two only where on
 
 
 def shipped_gold(key: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -149,24 +159,56 @@ def weights_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def warmup_cache(cfg: TrainConfig, teacher: str) -> tuple[dict[str, Any], Path]:
-    """The settings a warmed teacher depends on, and the folder it is cached in."""
+def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher") -> tuple[dict[str, Any], Path]:
+    """The settings a warmed model depends on, and the folder it is cached in."""
     from rose_ray.envs.worlds import get_world
 
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
     opening = _digest(cfg.env.protocol().opening())  # the instruction the demonstrations open with
     # The demonstrated games themselves: a teacher warmed on other games (another way of
     # sampling them, an older shipped file) is another teacher.
-    games = _digest([g.item_id for g in gold_games(cfg)])
-    key = {"teacher": teacher, "world": cfg.env.world, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
-           "mapping": catalogue.mapping, "opening": opening, "games": games, **to_dict(cfg)["teacher_warmup"]}
-    return key, Path(cfg.tiny_dir).expanduser() / f"teacher_warm_{_digest(key)}"
+    games = _digest([g.item_id for g in gold_games(cfg, role)])
+    settings = to_dict(cfg)[f"{role}_warmup"]
+    for option in ("observe", "detours"):  # off: the key of every teacher warmed before they existed
+        if not settings[option]:
+            del settings[option]
+    key = {role: model, "world": cfg.env.world, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
+           "mapping": catalogue.mapping, "opening": opening, "games": games, **settings}
+    return key, Path(cfg.tiny_dir).expanduser() / f"{role}_warm_{_digest(key)}"
 
 
 def _digest(obj: Any) -> str:
     import hashlib
 
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def cli_main(args: Any) -> int:
+    """`rose-ray warmup`: build a config's models and warm-ups (cached), and optionally evaluate
+    the base student and the teacher greedily on the config's eval games of a split."""
+    import time
+
+    from rose_ray.config import load_config
+    from rose_ray.evaluate import run_eval, train_eval_job
+
+    cfg = load_config(args.config, args.overrides)
+    t0 = time.time()
+    student, teacher = resolve_models(cfg)
+    print(f"warmup: built or found in {time.time() - t0:.0f} s (cached under {Path(cfg.tiny_dir).expanduser()})")
+    for role, path in (("student", student), ("teacher", teacher)):
+        print(f"  {role}: {path} (weights {weights_digest(Path(path))[:12]})")
+    if not args.eval:
+        return 0
+    rows = []
+    for role, path in (("student", student), ("teacher", teacher)):
+        out = Path(path).with_name(f"{Path(path).name}_eval_{args.eval}")
+        result = run_eval(train_eval_job(cfg, path, str(out), split=args.eval, backend=args.backend))
+        rows.append((role, result["summary"]["overall"]))
+    print(f"\n{cfg.eval.n} games of {args.eval!r}, {cfg.eval.max_turns} turns, greedy")
+    print("| model | Score | Success | Pass |\n| --- | ---: | ---: | ---: |")
+    for role, o in rows:
+        print(f"| {role} | {o['score']:.4f} | {o['success']:.3f} | {o['pass']:.3f} |")
+    return 0
 
 
 if __name__ == "__main__":  # python -m rose_ray.recipes.warmup: rewrite the shipped demonstrations

@@ -3,6 +3,7 @@
 the shipped data. The game (py4j, scienceworld) is imported only when one is started."""
 
 from rose_ray.envs.config import DEFAULT_HEAP
+from rose_ray.envs.sciworld import gold
 from rose_ray.envs.sciworld.catalogue import MAPPINGS, SciWorldCatalogue
 from rose_ray.envs.sciworld.protocol import PROTOCOL
 from rose_ray.envs.worlds import World
@@ -15,4 +16,4 @@ def _game(call_timeout_s: float = 60.0, max_turns: int | None = None, heap: str 
 
 
 WORLD = World(name="sciworld", catalogue=SciWorldCatalogue, protocol=PROTOCOL, game=_game,
-              has_gold=True, mappings=tuple(MAPPINGS), jvm=True)
+              has_gold=True, mappings=tuple(MAPPINGS), jvm=True, observed_gold=gold)

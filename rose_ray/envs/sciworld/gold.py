@@ -1,0 +1,51 @@
+"""Gold paths a model can copy from what it sees.
+
+ScienceWorld's gold paths act on things the agent has not looked at (the lifespan tasks walk
+outside and focus on an animal without a `look around`) and name them by internal referents
+(`focus on egg giant tortoise`, `focus on cloth sittable`) where the game says "the giant
+tortoise egg" and "the mattress". A model that imitates such a path can only guess. The
+observed path looks around before the first focus after a move, and names each focused thing
+as the game named it; `collect.gold_rows(observe=True)` replays it and keeps it only when it
+scores as the original does.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Actions that change nothing in the game: a demonstration's detour (`collect.detour_replies`)
+DETOURS = ("look around", "inventory", "task")
+_FOCUSED = re.compile(r"^You focus on (?:the |a |an )?(.+?)\.\s*$")
+
+
+def look_before_focus(actions: list[str]) -> list[str]:
+    """Insert `look around` before the first `focus on` that follows a move with no look since."""
+    out: list[str] = []
+    moved = False  # the agent arrived somewhere it has not looked at
+    for action in actions:
+        if action.startswith("focus on") and moved:
+            out.append("look around")
+        if action.startswith("go to") or action.startswith("teleport to"):
+            moved = True
+        elif action.startswith("focus on") or action == "look around":
+            moved = False
+        out.append(action)
+    return out
+
+
+def visible_names(actions: list[str], observations: list[str]) -> list[str]:
+    """`actions` with every focused referent renamed as the game named it on focusing
+    ("focus on egg giant tortoise" -> "You focus on the giant tortoise egg." -> "focus on
+    giant tortoise egg"), in that action and in later ones that name the same referent."""
+    renames: dict[str, str] = {}
+    out = []
+    for action, observation in zip(actions, observations, strict=True):
+        if action.startswith("focus on "):
+            found = _FOCUSED.match(observation.strip())
+            referent = action[len("focus on "):].strip()
+            if found and found.group(1) != referent:
+                renames[referent] = found.group(1)
+        for referent, name in renames.items():
+            action = re.sub(rf"(?<!\w){re.escape(referent)}(?!\w)", name, action)
+        out.append(action)
+    return out

@@ -1,0 +1,197 @@
+"""The small tier (configs/small.yaml): gold paths that look before they choose, a warmed base
+student, `rose-ray warmup`, and the table's bootstrap intervals (bench/table.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rose_ray.cli import main
+from rose_ray.config import ConfigError, load_config
+from rose_ray.envs.sciworld.gold import look_before_focus, visible_names
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = str(ROOT / "configs" / "small.yaml")
+
+
+def load_table():
+    spec = importlib.util.spec_from_file_location("bench_table", ROOT / "bench" / "table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_look_before_focus_after_a_move_only():
+    moved = ["open door to outside", "go to outside", "focus on crocodile", "wait1"]
+    assert look_before_focus(moved) == ["open door to outside", "go to outside", "look around",
+                                        "focus on crocodile", "wait1"]
+    looked = ["go to workshop", "look around", "focus on orange wire", "move orange wire to orange box"]
+    assert look_before_focus(looked) == looked  # ScienceWorld's find paths already look
+    here = ["focus on egg parrot", "focus on baby baby mouse", "wait1"]  # starts where the animals are
+    assert look_before_focus(here) == here
+    # a second focus right after the first needs no second look
+    assert look_before_focus(["go to outside", "focus on a", "focus on b"]) == [
+        "go to outside", "look around", "focus on a", "focus on b"]
+
+
+def test_visible_names_follow_what_the_game_said():
+    actions = ["look around", "focus on cloth sittable", "move cloth sittable to blue box"]
+    observations = ["This room is called the bedroom. ... a mattress ...", "You focus on the mattress.",
+                    "You move the mattress to the blue box."]
+    assert visible_names(actions, observations) == ["look around", "focus on mattress", "move mattress to blue box"]
+    # the same name, or an observation of another shape: unchanged
+    assert visible_names(["focus on drawing"], ["You focus on the drawing."]) == ["focus on drawing"]
+    assert visible_names(["focus on x"], ["No known action matches that input."]) == ["focus on x"]
+    with pytest.raises(ValueError):
+        visible_names(["a", "b"], ["only one"])
+
+
+def test_observed_gold_paths_see_what_they_choose():
+    """Real games: ScienceWorld's lifespan gold paths focus on an animal never looked at, under
+    an internal name; the observed paths look first, use the name the game shows, and still win."""
+    from rose_ray.collect import gold_rows
+    from rose_ray.envs.protocol import parse_action
+    from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
+
+    cfg = load_config(SMALL)
+    games = SciWorldCatalogue(cfg.env.mapping).sample("train", 6, 0, tasks=cfg.tasks)
+    plain, _ = gold_rows(games, workers=2, progress=False)
+    observed, problems = gold_rows(games, workers=2, progress=False, observe=True)
+    assert problems == [] and len(observed) == len(games) and all(r["success"] for r in observed)
+
+    def path(row):
+        conv = row["conversations"]
+        return [(parse_action(a["content"]).action, o["content"]) for a, o in zip(conv[3::2], conv[4::2])]
+
+    unseen = 0
+    for before, after in zip(plain, observed):
+        view = before["conversations"][2]["content"]  # the last room the agent saw described
+        for action, observation in path(after):
+            if action.startswith("focus on"):
+                assert action[len("focus on "):] in view, (after["item_id"], action, view[:200])
+            if action.startswith("go to"):
+                view = ""  # a new place, not seen until it looks
+            if "you see:" in observation:
+                view = observation
+        first_focus = [a for a, _ in path(before) if a.startswith("focus on")][0]
+        unseen += first_focus[len("focus on "):] not in "".join(o for _, o in path(before))
+    assert unseen > 0  # the plain gold paths of these games name things the game never showed
+
+    # Detours: student-owned replies first, then the same gold turns, and still a win.
+    detoured, problems = gold_rows(games, workers=2, progress=False, observe=True, detours=1.0)
+    assert problems == [] and all(r["success"] for r in detoured)
+    for clean, row in zip(observed, detoured):
+        owners = [m["owner"] for m in row["conversations"][3::2]]
+        n = owners.count("student")
+        assert n in (1, 2) and owners == ["student"] * n + ["teacher"] * (len(owners) - n)
+        assert [a["content"] for a in row["conversations"][3 + 2 * n::2]] == \
+            [a["content"] for a in clean["conversations"][3::2]]
+
+
+def test_detours_are_harmless_replies_drawn_from_the_game():
+    from rose_ray.collect import detour_replies
+    from rose_ray.envs.protocol import parse_action
+    from rose_ray.envs.sciworld.gold import DETOURS
+    from rose_ray.types import GameId
+
+    games = [GameId("find-animal", i, f"sciworld_{i}") for i in range(200)]
+    assert all(detour_replies(g, 0.0, DETOURS) == [] for g in games)
+    drawn = [detour_replies(g, 0.5, DETOURS) for g in games]
+    assert drawn == [detour_replies(g, 0.5, DETOURS) for g in games]  # the same every time
+    assert 60 < sum(bool(d) for d in drawn) < 140 and {len(d) for d in drawn} == {0, 1, 2}
+    cut = acted = 0
+    for reply in (r for d in drawn for r in d):
+        assert reply.startswith("Thought: ")
+        if "\nAction: " in reply:
+            acted += 1
+            assert parse_action(reply).action in DETOURS
+        else:
+            cut += 1
+    assert cut and acted
+
+
+def test_warm_up_errors_name_their_section():
+    with pytest.raises(ConfigError, match="student_warmup.epochs"):
+        load_config(SMALL, ["student_warmup.epochs=0"])
+    with pytest.raises(ConfigError, match="teacher_warmup.schedule"):
+        load_config(SMALL, ["teacher_warmup.schedule=cyclic"])
+    assert main(["warmup", "--config", SMALL, "student_warmup.lr=0"]) == 2
+
+
+def test_the_small_tier_leaves_room_for_whole_games():
+    """Turn limits above the tier's gold lengths (find-non-living-thing up to 7 actions, lifespan
+    up to 9, each plus one look), the teacher warmed on whole paths, 48 held-out games."""
+    cfg = load_config(SMALL)
+    assert cfg.eval.n >= 48 and cfg.eval.split == "test" and cfg.rollout.split == "train"
+    assert min(cfg.eval.max_turns, cfg.rollout.max_turns, cfg.teacher_warmup.max_turns) >= 10 + 2
+    assert cfg.teacher_warmup.observe and cfg.student_warmup.enabled
+    assert cfg.student_warmup.max_turns < cfg.teacher_warmup.max_turns  # the base student sees openings only
+
+
+def test_rose_ray_warmup_builds_a_partly_trained_student_and_caches_it(tmp_path, capsys, ray_cluster):
+    """`rose-ray warmup`: the base student SFT'd on short observed demonstrations (its own cache
+    folder and record), the teacher untouched when its warm-up is off; a second call is cached."""
+    from rose_ray.recipes.warmup import weights_digest
+
+    args = ["warmup", "--config", SMALL, f"tiny_dir={tmp_path}", "teacher_warmup.enabled=false",
+            "student_warmup.gold_games=4", "student_warmup.max_turns=2", "student_warmup.epochs=1"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "warming the student on 4 gold demonstrations (played now)" in out
+    student = Path(out.split("student: ")[-1].split(" (weights")[0])
+    assert student.parent == tmp_path and student.name.startswith("student_warm_")
+    info = json.loads((student / "rose_ray_warmup.json").read_text())
+    assert info["student"] == str(tmp_path / "student") and info["observe"] is True and info["max_turns"] == 2
+    assert weights_digest(student) != weights_digest(tmp_path / "student")  # it trained
+    assert f"teacher: {tmp_path / 'teacher'} " in out
+    stamp = student.stat().st_mtime_ns
+    assert main(args) == 0
+    assert "warming" not in capsys.readouterr().out and student.stat().st_mtime_ns == stamp
+
+
+def test_bootstrap_intervals():
+    table = load_table()
+    rng = np.random.default_rng(0)
+    wins = (rng.random((3, 48)) < 0.3).astype(float)
+    mean, low, high = table.bootstrap_mean(wins)
+    assert low < mean < high and mean == pytest.approx(wins.mean())
+    assert 0.1 < high - low < 0.4  # about ±2 standard errors of 144 coin flips at p=0.3
+    assert table.bootstrap_mean(np.full((3, 48), 0.25))[1:] == (0.25, 0.25)  # no spread, no width
+    # more games, a narrower interval
+    many = (rng.random((3, 480)) < 0.3).astype(float)
+    _, lo2, hi2 = table.bootstrap_mean(many)
+    assert hi2 - lo2 < (high - low) / 2
+    # an arm against itself differs by 0, inside its interval; against a better arm, below 0
+    d, dlo, dhi = table.bootstrap_difference(wins, wins)
+    assert d == 0 and dlo <= 0 <= dhi
+    better = np.clip(wins + (rng.random((3, 48)) < 0.5), 0, 1)
+    d, dlo, dhi = table.bootstrap_difference(wins, better)
+    assert d < 0 and dhi < 0
+    with pytest.raises(ValueError, match="48 games against 47"):
+        table.bootstrap_difference(wins, wins[:, :47])
+
+
+def test_table_rows_use_every_game_of_every_seed():
+    table = load_table()
+
+    def run(scores):
+        games = [{"item_id": f"sciworld_{i}", "task": "t", "score": s, "success": float(s == 1), "pass": float(s > 0)}
+                 for i, s in enumerate(scores)]
+        return {"games": games[::-1], "after": {"score": float(np.mean(scores)), "success": 0.0, "pass": 0.0},
+                "wall_s": 1.0, "trained_tokens": 10.0}
+
+    runs = {"sft": [run([0, 0.5, 1, 0]), run([0, 0.5, 0, 0])], "rose_fixed": [run([1, 1, 1, 0]), run([1, 1, 0, 0])]}
+    rows = table.table_rows(runs)
+    assert [r["arm"] for r in rows] == ["sft", "rose_fixed"]
+    assert rows[0]["score"] == pytest.approx(2 / 8) and rows[0]["seeds"] == 2 and rows[0]["games"] == 4
+    assert rows[1]["success"] == pytest.approx(5 / 8)
+    diff = table.difference_rows(runs)[0]
+    assert diff["arm"] == "rose_fixed - sft" and diff["score"] == pytest.approx(5 / 8 - 2 / 8)
+    assert "| rose_fixed - sft |" in table.markdown(rows, [diff])
+    runs["sft"][1]["games"] = runs["sft"][1]["games"][:3]
+    with pytest.raises(ValueError, match="different numbers of games"):
+        table.table_rows(runs)
