@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from rose_ray.learner.batching import micro_batches
-from rose_ray.learner.losses import denominators
 from rose_ray.learner.worker import SUMMED, LearnerWorker
 from rose_ray.types import OWNERS, Batch
 
@@ -204,6 +203,8 @@ class LearnerGroup:
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on a global batch; returns metrics (means over the batch)."""
+        from rose_ray.learner.losses import denominators  # torch: only where a step is taken
+
         den = denominators(batch)
         parts = micro_batches(batch, self.config.ranks, self.config.max_tokens)
         with self._lock:

@@ -24,9 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from rose_ray.learner.losses import aligned
-from rose_ray.learner.losses import loss as batch_loss
-
 SUMMED = "sum/"  # prefix of metrics that are shares of a global value (the driver adds them)
 
 
@@ -181,6 +178,9 @@ class LearnerWorker:
 
     def train_step(self, parts: list[dict[str, np.ndarray]], den: dict[str, float]) -> dict[str, float]:
         """One optimizer step over this rank's micro-batches (every rank gets as many)."""
+        from rose_ray.learner.losses import aligned
+        from rose_ray.learner.losses import loss as batch_loss
+
         start = time.perf_counter()
         sums: dict[str, float] = {}
         lr = float(self.engine.get_lr()[0])
