@@ -68,13 +68,22 @@ def head_is_here(address: str) -> bool:
     import psutil
     from ray.util.state import list_nodes
 
-    try:
-        heads = list_nodes(address=address, filters=[("is_head_node", "=", True)], timeout=30)
-    except Exception as e:  # noqa: BLE001 - any failure: we cannot tell, so we do not guess
-        sys.exit(f"submit.sh: cannot ask the Ray cluster at {address} where its head runs "
-                 f"({type(e).__name__}); set ROSE_RAY_RUNS to where runs go")
+    import time
+
+    heads, deadline = [], time.monotonic() + 30
+    while not heads:  # a head that has just started may not list itself yet (seen on a loaded machine)
+        try:
+            heads = list_nodes(address=address, filters=[("is_head_node", "=", True)], timeout=30)
+        except Exception as e:  # noqa: BLE001 - any failure: we cannot tell, so we do not guess
+            sys.exit(f"submit.sh: cannot ask the Ray cluster at {address} where its head runs "
+                     f"({type(e).__name__}); set ROSE_RAY_RUNS to where runs go")
+        if not heads and time.monotonic() > deadline:
+            sys.exit(f"submit.sh: the Ray cluster at {address} lists no head node; set ROSE_RAY_RUNS "
+                     "to where runs go")
+        if not heads:
+            time.sleep(1)
     mine = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
-    return bool(heads) and heads[0].node_ip in mine
+    return heads[0].node_ip in mine
 
 
 try:

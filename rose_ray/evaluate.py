@@ -267,9 +267,9 @@ def train_eval_job(cfg: Any, model: str, out: str, split: str | None = None, bac
         model=model, split=split or cfg.eval.split, n=cfg.eval.n, seed=cfg.eval.seed, tasks=list(cfg.tasks),
         max_turns=cfg.eval.max_turns, max_new_tokens=cfg.eval.max_new_tokens, temperature=0.0,
         world=cfg.env.world, mapping=cfg.env.mapping, concurrency=cfg.env.games_per_worker,
-        context_tokens=cfg.student_engine.context_tokens, dtype=cfg.student_engine.dtype,
-        instruction_from=cfg.env.instruction_from, enable_thinking=cfg.chat.enable_thinking,
-        history=cfg.chat.history, backend=backend, out=out)
+        context_tokens=cfg.student_engine.context_tokens, context_policy=cfg.student_engine.context_policy,
+        dtype=cfg.student_engine.dtype, instruction_from=cfg.env.instruction_from,
+        enable_thinking=cfg.chat.enable_thinking, history=cfg.chat.history, backend=backend, out=out)
 
 
 def run_eval(cfg: EvalJob) -> dict[str, Any]:
