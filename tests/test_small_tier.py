@@ -149,8 +149,15 @@ def test_rose_ray_warmup_builds_a_partly_trained_student_and_caches_it(tmp_path,
     assert weights_digest(student) != weights_digest(tmp_path / "student")  # it trained
     assert f"teacher: {tmp_path / 'teacher'} " in out
     stamp = student.stat().st_mtime_ns
-    assert main(args) == 0
-    assert "warming" not in capsys.readouterr().out and student.stat().st_mtime_ns == stamp
+    # cached: nothing trains again; --eval plays both on the config's eval games of dev
+    assert main(["warmup", "--eval", "dev", *args[1:], "eval.n=2", "eval.max_turns=1"]) == 0
+    out = capsys.readouterr().out
+    assert "warming" not in out and student.stat().st_mtime_ns == stamp
+    assert "2 games of 'dev', 1 turns, greedy" in out
+    assert [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| student") or
+            line.startswith("| teacher")] == ["| student", "| teacher"]
+    result = json.loads((student.with_name(student.name + "_eval_dev.json")).read_text())
+    assert result["config"]["context_policy"] == "drop_oldest" and len(result["games"]) == 2
 
 
 def test_bootstrap_intervals():
