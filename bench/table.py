@@ -129,7 +129,7 @@ def run_reference(who: str, config: str | None, common: list[str], run_dir: Path
 
 def run_sft(seed: int, steps: int, config: str | None, common: list[str], run_dir: Path, backend: str) -> dict[str, Any]:
     """The teacher plays steps x batch training games offline; `sft` trains the student on them."""
-    from rose_ray.collect import PlayConfig, _play
+    from rose_ray.collect import PlayConfig, play_episodes
     from rose_ray.config import load_config
     from rose_ray.envs.worlds import get_world
     from rose_ray.metrics import MetricsLogger
@@ -151,7 +151,7 @@ def run_sft(seed: int, steps: int, config: str | None, common: list[str], run_di
                       handoff="none", temperature=s.temperature, max_new_tokens=s.max_new_tokens,
                       concurrency=cfg.env.games_per_worker, world=cfg.env.world, mapping=cfg.env.mapping,
                       context_tokens=cfg.teacher_engine.context_tokens, enable_thinking=cfg.chat.enable_thinking)
-    played, _ = _play(play, games, [cfg.env.protocol()] * len(games))
+    played, _ = play_episodes(play, games, [cfg.env.protocol()] * len(games))
     rows = []
     for t in played:
         if t is None:

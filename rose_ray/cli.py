@@ -370,7 +370,14 @@ def _memory_arguments(g: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # KEY=VALUE overrides after a flag (`warmup --eval dev seed=1`): argparse leaves them over
+    if extra and isinstance(getattr(args, "overrides", None), list) and all(
+            "=" in e and not e.startswith("-") for e in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     func = args.func
     if isinstance(func, str):  # "module:function", imported only when used
         module, name = func.split(":")

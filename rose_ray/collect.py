@@ -213,7 +213,7 @@ class PlayConfig:
         return out
 
 
-def _play(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol],
+def play_episodes(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol],
           replays: list[list[Turn]] | None = None) -> tuple[list[Trajectory | None], list[str]]:
     """Episodes over Ray actors, each opened by its protocol; with `replays`, each game first
     replays its recorded turns."""
@@ -344,7 +344,7 @@ def collect_main(args) -> int:
     catalogue = _catalogue(args)
     protocol = world_protocol(args.world, args.instruction_from)
     games = catalogue.sample(args.split, args.n, args.seed) if args.n else catalogue.split(args.split)
-    trajectories, problems = _play(_play_config(args, args.model, None, "none", args.turns, "--model"), games,
+    trajectories, problems = play_episodes(_play_config(args, args.model, None, "none", args.turns, "--model"), games,
                                    [protocol] * len(games))
     for p in problems:
         print(f"collect: {p}", file=sys.stderr)
@@ -371,7 +371,7 @@ def continue_main(args) -> int:
     # The student's engine only lends its tokenizer here; by default the teacher's is used.
     cfg = _play_config(args, args.student or args.teacher, args.teacher, "teacher_only", args.max_turns,
                        "--student" if args.student else "--teacher")
-    trajectories, problems = _play(cfg, games, protocols, replays)
+    trajectories, problems = play_episodes(cfg, games, protocols, replays)
     for p in problems:
         print(f"continue: {p}", file=sys.stderr)
     kept = [t.to_record(args.schema) for t in trajectories if t is not None]

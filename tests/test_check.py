@@ -67,6 +67,17 @@ def test_problems_exit_2_naming_the_key(tiny_qwen3, extra, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_overrides_may_follow_flags(tiny_qwen3, capsys):
+    """KEY=VALUE after a flag is an override, as before it; anything else left over is an error."""
+    seed = str(ROOT / "configs/rose_qwen3_1p7b_32b.yaml")
+    assert main(["check", seed, *stand_ins(tiny_qwen3), *GPU_NODE, "learner.max_tokens=8192"]) == 2
+    assert "learner.max_tokens: 8192 is less than" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["check", seed, *GPU_NODE, "learner.max_tokens=8192", "--no-such-flag"])
+    assert exit_.value.code == 2 and "unrecognized arguments: learner.max_tokens=8192 --no-such-flag" in \
+        capsys.readouterr().err
+
+
 def test_opd_needs_one_tokenizer(tiny_qwen3, tiny_models, capsys):
     seed = str(ROOT / "configs/opd_qwen3_1p7b_32b.yaml")
     args = ["--tokenizer-for", f"Qwen/Qwen3-1.7B={tiny_qwen3['student']}",
