@@ -88,7 +88,8 @@ def timed_run(runner: Any, games: list, student: Any, args: argparse.Namespace) 
     import ray
 
     from rose_ray.evaluate import game_record
-    from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig, run_episode
+    from rose_ray.rollout.episode import EpisodeConfig, run_episode
+    from rose_ray.rollout.handoff import StudentOnly
     from rose_ray.types import SamplingParams
 
     episode_cfg = EpisodeConfig(
@@ -100,7 +101,7 @@ def timed_run(runner: Any, games: list, student: Any, args: argparse.Namespace) 
     ray.get(student.engine.__ray_call__.remote(lambda self: self.engine.clear_prefix_cache()))
     before = engine_counters(student.engine)
     busy0, t0 = cpu_busy_seconds(), time.perf_counter()
-    trajectories = asyncio.run(play_all(runner, games, student, episode_cfg, HandoffConfig("none"), run_episode))
+    trajectories = asyncio.run(play_all(runner, games, student, episode_cfg, StudentOnly(), run_episode))
     seconds = time.perf_counter() - t0
     busy = cpu_busy_seconds() - busy0
     after = engine_counters(student.engine)

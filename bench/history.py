@@ -68,7 +68,8 @@ def play(models: dict[str, Path], thinking: bool, args: argparse.Namespace) -> l
     from rose_ray.envs.worlds import get_world
     from rose_ray.inference.engine import EngineConfig
     from rose_ray.rollout.actors import local_actors
-    from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
+    from rose_ray.rollout.episode import EpisodeConfig
+    from rose_ray.rollout.handoff import StudentOnly
     from rose_ray.rollout.runner import play_games
     from rose_ray.types import SamplingParams
 
@@ -78,7 +79,7 @@ def play(models: dict[str, Path], thinking: bool, args: argparse.Namespace) -> l
     with local_actors(env, engine, None, args.turns, thinking, "sampled") as (runner, student, _):
         sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)
         config = EpisodeConfig(max_turns=args.turns, student_sampling=sampling, report="off")
-        return asyncio.run(play_games(runner, games, student, None, config, HandoffConfig("none")))
+        return asyncio.run(play_games(runner, games, student, None, config, StudentOnly()))
 
 
 def main() -> None:

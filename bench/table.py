@@ -60,8 +60,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 ONLINE_ARMS = {
     "rose_fixed": [],
-    "rose_curriculum": ["rollout.handoff.policy=curriculum", "rollout.handoff.k_start=1", "rollout.handoff.k_max=4"],
-    "rose_decay": ["rollout.handoff.policy=decay", "rollout.handoff.p0=0.5"],
+    "rose_curriculum": ["algorithm.handoff.policy=curriculum", "algorithm.handoff.k_start=1", "algorithm.handoff.k_max=4"],
+    "rose_decay": ["algorithm.handoff.policy=decay", "algorithm.handoff.p0=0.5"],
     "opd": ["algorithm=opd"],
 }
 ARMS = ("student", "sft", *ONLINE_ARMS, "teacher")
@@ -82,9 +82,9 @@ def config_path(name: str) -> str | None:
 def arm_overrides(arm: str, steps: int) -> list[str]:
     extra = list(ONLINE_ARMS[arm])
     if arm == "rose_curriculum":
-        extra.append(f"rollout.handoff.grow_every={max(steps // 4, 1)}")  # K: 1, 2, 3, 4 over the run
+        extra.append(f"algorithm.handoff.grow_every={max(steps // 4, 1)}")  # K: 1, 2, 3, 4 over the run
     if arm == "rose_decay":
-        extra.append(f"rollout.handoff.decay_steps={steps}")
+        extra.append(f"algorithm.handoff.decay_steps={steps}")
     return extra
 
 

@@ -91,14 +91,13 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
     from dataclasses import replace
 
     from rose_ray.inference.openai import SettingNames, check_served
-    from rose_ray.recipes import get_recipe
     from rose_ray.recipes.warmup import resolve_tiny
 
     out = []
     for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine)):
         if engine.backend != "openai":
             continue
-        scores = role == "teacher" and get_recipe(cfg.algorithm).teacher_scores_student(cfg)
+        scores = role == "teacher" and cfg.algorithm.teacher_scores_student()
         config = replace(engine, model=resolve_tiny(cfg, engine.model))  # served under its folder's name
         served = check_served(config, SettingNames.of_section(f"{role}_engine"), scores)
         longest = cfg.student_engine.context_tokens  # the teacher scores whole episodes, up to this
@@ -121,10 +120,9 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
     from rose_ray.inference.engine import prompt_budget
     from rose_ray.models import load_tokenizer
     from rose_ray.placement import check_cluster, cluster_nodes, demands, format_plan
-    from rose_ray.recipes import get_recipe
     from rose_ray.rollout.episode import same_tokenizer
 
-    out = [f"config {cfg.name!r}: algorithm {cfg.algorithm}, {cfg.mode}, {cfg.steps} steps, "
+    out = [f"config {cfg.name!r}: algorithm {cfg.algorithm.describe()}, {cfg.mode}, {cfg.steps} steps, "
            f"world {cfg.env.world}"]
     protocol = cfg.env.protocol()
     if cfg.env.instruction_from:
@@ -155,7 +153,7 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
         out += show_pieces(role, chat, protocol, prompt_budget(engine, sampling))
     shared = same_tokenizer(toks["student"], toks["teacher"])
     out.append(f"student and teacher {'share one tokenizer' if shared else 'have different tokenizers'}")
-    get_recipe(cfg.algorithm).check_agents(cfg, shared)
+    cfg.algorithm.check_agents(cfg, shared)
 
     # Games.
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)

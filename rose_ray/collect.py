@@ -220,7 +220,8 @@ def play_episodes(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol
     from rose_ray.envs.config import EnvConfig
     from rose_ray.inference.backends import check_command_engines
     from rose_ray.rollout.actors import local_actors
-    from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig, ReplayMismatch
+    from rose_ray.rollout.episode import EpisodeConfig, ReplayMismatch
+    from rose_ray.rollout.handoff import turn_policy
     from rose_ray.rollout.runner import play_games
 
     env_cfg = EnvConfig(workers=1, games_per_worker=max(1, min(cfg.concurrency, len(games))),
@@ -235,7 +236,7 @@ def play_episodes(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol
         # Prefixes and stitched rows are training data: no report question at their end.
         episode_cfg = EpisodeConfig(max_turns=cfg.max_turns, student_sampling=sampling, teacher_sampling=sampling,
                                     report="off")
-        played = asyncio.run(play_games(runner, games, student, teacher, episode_cfg, HandoffConfig(cfg.handoff),
+        played = asyncio.run(play_games(runner, games, student, teacher, episode_cfg, turn_policy(cfg.handoff),
                                         protocols, replays=replays, skip=(ReplayMismatch,)))
     problems = [f"skipped: {t}" for t in played if isinstance(t, ReplayMismatch)]
     return [None if isinstance(t, ReplayMismatch) else t for t in played], problems

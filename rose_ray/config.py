@@ -19,17 +19,16 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rose_ray.envs.config import EnvConfig
+from rose_ray.errors import ConfigError
 from rose_ray.inference.engine import EngineConfig
 from rose_ray.learner.learner import LearnerConfig
-from rose_ray.rollout.episode import HandoffConfig
+from rose_ray.recipes import Recipe, get_recipe
 from rose_ray.rollout.report import REPORT_MODES
 from rose_ray.types import SamplingParams
 
+__all__ = ["ConfigError", "TrainConfig", "load_config", "to_dict", "to_yaml"]
+
 MODES = ("async", "sync")
-
-
-class ConfigError(ValueError):
-    """A config that cannot run; the message names the key."""
 
 
 @dataclass
@@ -38,7 +37,6 @@ class RolloutConfig:
     max_lag: int = 1  # policy versions a trained sample may lag behind
     max_turns: int = 10
     split: str = "train"
-    handoff: HandoffConfig = field(default_factory=HandoffConfig)
     student_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(1.0, 1.0, 512))
     teacher_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(0.0, 1.0, 512))
     max_retries: int = 5
@@ -190,7 +188,9 @@ class TrainConfig:
     # ROSE_RAY_RUNS when set (shared storage for a Ray job), else ./runs.
     run_dir: str = "${oc.env:ROSE_RAY_RUNS,runs}/${name}"
     seed: int = 0
-    algorithm: str = "rose"  # rose | opd | teacher_sft: a recipe (rose_ray/recipes/)
+    # The algorithm and its settings, a recipe chosen by name (rose_ray/recipes/): `rose`,
+    # `{name: rose, handoff: {policy: fixed, k: 5}, lam: 0.0}`, `opd`, `{name: teacher_sft, owners: [...]}`
+    algorithm: Any = "rose"
     mode: str = "async"  # async | sync
     steps: int = 100  # learner steps
     publish_every: int = 1  # learner steps between weight publications
@@ -215,9 +215,8 @@ class TrainConfig:
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
 
     def __post_init__(self) -> None:
-        from rose_ray.recipes import get_recipe
-
-        recipe = get_recipe(self.algorithm)  # an unknown name fails here, naming the key
+        self.algorithm: Recipe = get_recipe(self.algorithm)  # an unknown name or key fails here, named
+        recipe = self.algorithm
         if self.mode not in MODES:
             raise ConfigError(f"mode: must be one of {MODES}, got {self.mode!r}")
         for key in ("steps", "publish_every", "checkpoint_every", "keep_checkpoints"):
@@ -229,7 +228,7 @@ class TrainConfig:
                 f"{self.student_engine.context_tokens}; a packed row must hold whatever the engine kept "
                 "(the learner cuts a trajectory only where the engine did)"
             )
-        if recipe.teacher_scores_student(self) and self.teacher_engine.context_tokens < self.student_engine.context_tokens:
+        if recipe.teacher_scores_student() and self.teacher_engine.context_tokens < self.student_engine.context_tokens:
             raise ConfigError(
                 f"teacher_engine.context_tokens: {self.teacher_engine.context_tokens} is less than "
                 f"student_engine.context_tokens {self.student_engine.context_tokens}; the teacher scores each "
@@ -243,17 +242,24 @@ class TrainConfig:
             raise ConfigError("student_warmup.enabled: the warm-up trains a local student folder, but "
                               "student_engine.backend is openai; set student_warmup.enabled=false")
         recipe.check(self)
-        if self.chat.history == "template" and recipe.teacher_scores_student(self):
-            value: Any = self
-            for part in recipe.scoring_key.split("."):
-                value = getattr(value, part)
+        if self.chat.history == "template" and recipe.teacher_scores_student():
+            value = recipe.name if recipe.scoring_key == "algorithm" else recipe.lam
             raise ConfigError(f"chat.history: 'template' re-renders earlier turns from their text, but the OPD "
                               f"term ({recipe.scoring_key}={value}) needs the ids that were sampled; "
                               "use chat.history=sampled")
 
 
 # Keys that no longer exist, and what took their place: an old config gets told, by key.
+# A run's own saved config (a resume) has the moved ones carried to their new place.
+MOVED_KEYS = {
+    "rollout.handoff": "algorithm.handoff",
+    "learner.lam": "algorithm.lam",
+    "learner.sft_owners": "algorithm.owners",
+}
 REMOVED_KEYS = {
+    "rollout.handoff": "moved to algorithm.handoff (rose's turn policy: algorithm: {name: rose, handoff: {policy: fixed, k: 5}})",
+    "learner.lam": "moved to algorithm.lam (rose's OPD weight: algorithm: {name: rose, lam: 0.5})",
+    "learner.sft_owners": "moved to algorithm.owners (algorithm: {name: teacher_sft, owners: [teacher]})",
     "learner.algorithm": "set `algorithm` only (rose, opd or teacher_sft); its recipe chooses the learner's loss",
     "learner.context_policy": "the learner cuts a trajectory where the engine cut it (student_engine.context_policy)",
     "learner.grad_accum": "micro-batches follow a token budget (learner.max_tokens each); their number follows from the batch",
@@ -275,17 +281,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError(f"config file {path} does not exist")
     try:
         schema = OmegaConf.structured(TrainConfig)
-        layers = [OmegaConf.load(path), OmegaConf.from_dotlist(overrides or [])]
+        # One layer per override, so that `algorithm=teacher_sft algorithm.owners=[teacher]`
+        # reads as written: the name, then a key of that recipe (see _algorithm_of).
+        layers = [OmegaConf.load(path), *(OmegaConf.from_dotlist([o]) for o in overrides or [])]
         for n, layer in enumerate(layers):
             for key, why in REMOVED_KEYS.items():
                 if OmegaConf.select(layer, key, default=None) is None:
                     continue
                 if saved and n == 0:
-                    section, leaf = key.rsplit(".", 1)
-                    OmegaConf.select(layer, section).pop(leaf)
+                    _carry_saved(layer, key)
                 else:
                     raise ConfigError(f"key {key!r}: removed; {why}")
+        algorithm = _algorithm_of(layers)
         merged = OmegaConf.merge(schema, *layers)
+        merged.algorithm = algorithm
         # A variable set to nothing (`ROSE_RAY_RUNS=$UNSET`) would put runs at /<name>.
         if os.environ.get("ROSE_RAY_RUNS") == "" and "ROSE_RAY_RUNS" in str(
                 OmegaConf.to_container(merged, resolve=False)["run_dir"]):
@@ -296,6 +305,50 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError(f"{path}: {'key ' + repr(key) + ': ' if key else ''}{_first_line(e)}") from None
     except ValueError as e:
         raise ConfigError(f"{path}: {e}") from None
+
+
+def _carry_saved(layer: Any, key: str) -> None:
+    """A run's saved config from before a key moved: the value goes where it lives now, when
+    the saved algorithm has that setting (rose's handoff and lam, teacher_sft's owners)."""
+    section, leaf = key.rsplit(".", 1)
+    value = OmegaConf.select(layer, section).pop(leaf)
+    moved = MOVED_KEYS.get(key)
+    algorithm = layer.get("algorithm", "rose")
+    name = algorithm if isinstance(algorithm, str) else algorithm.get("name", "rose")
+    field_ = moved.split(".")[1] if moved else None
+    if field_ and field_ in OmegaConf.structured(get_recipe(name)):
+        if isinstance(algorithm, str):
+            layer.algorithm = {"name": name}
+        if field_ not in layer.algorithm:
+            layer.algorithm[field_] = value
+
+
+def _algorithm_of(layers: list[Any]) -> dict[str, Any]:
+    """The `algorithm` section over the layers (popped from them). A layer that names another
+    recipe, or another turn policy, starts that section afresh: `algorithm=opd` over a rose
+    YAML, or `algorithm.handoff.policy=decay` over `{policy: fixed, k: 2}`, keeps none of the
+    other kind's keys (which the new kind would refuse)."""
+    section: dict[str, Any] = {"name": "rose"}
+    for layer in layers:
+        if "algorithm" not in layer:
+            continue
+        value = layer.pop("algorithm")
+        value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+        section = _layered(section, value, "name", {"handoff": "policy"})
+    return section
+
+
+def _layered(old: dict[str, Any], new: Any, tag: str, nested: dict[str, str]) -> Any:
+    if not isinstance(new, dict):
+        if not isinstance(new, str):
+            return new  # the recipe's own check names it
+        new = {tag: new}
+    out = dict(old) if new.get(tag, old.get(tag)) == old.get(tag) else {}
+    for key, value in new.items():
+        if key in nested and isinstance(out.get(key), dict):
+            value = _layered(out[key], value, nested[key], {})
+        out[key] = value
+    return out
 
 
 def to_yaml(cfg: TrainConfig) -> str:

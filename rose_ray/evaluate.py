@@ -277,7 +277,8 @@ def run_eval(cfg: EvalJob) -> dict[str, Any]:
     from rose_ray.envs.config import EnvConfig
     from rose_ray.envs.worlds import get_world, world_protocol
     from rose_ray.rollout.actors import local_actors
-    from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
+    from rose_ray.rollout.episode import EpisodeConfig
+    from rose_ray.rollout.handoff import turn_policy
 
     catalogue = get_world(cfg.world).catalogue(cfg.mapping)
     protocol = world_protocol(cfg.world, cfg.instruction_from)  # a bad file fails before any actor
@@ -318,7 +319,7 @@ def run_eval(cfg: EvalJob) -> dict[str, Any]:
             episode_cfg = EpisodeConfig(max_turns=max_turns, student_sampling=sampling,
                                         teacher_sampling=SamplingParams(0.0, max_new_tokens=cfg.max_new_tokens),
                                         report="ask" if cfg.knowledge_from == "report" else "off")
-            handoff_cfg = HandoffConfig("fixed", k=cfg.handoff) if cfg.handoff is not None else HandoffConfig("none")
+            handoff_cfg = turn_policy("fixed", k=cfg.handoff) if cfg.handoff is not None else turn_policy("none")
             _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial, done, header,
                                 protocol)
 

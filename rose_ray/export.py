@@ -50,7 +50,7 @@ def model_info(cfg: TrainConfig, run_dir: str | Path, step: int, version: int, b
     """The provenance file of an exported model: which run, step and policy version."""
     return json.dumps({
         "run_dir": str(Path(run_dir).resolve()), "step": step, "policy_version": version,
-        "algorithm": cfg.algorithm, "base_model": cfg.student_engine.model, "base_path": base,
+        "algorithm": cfg.algorithm.name, "base_model": cfg.student_engine.model, "base_path": base,
     }, indent=1) + "\n"
 
 

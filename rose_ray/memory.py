@@ -369,7 +369,6 @@ def gpu_memory(gib: float | None, nodes: list[NodeInfo] | None) -> tuple[float |
 
 def memory_plan(cfg: Any, gpu_gib: float | None, config_for: dict[str, str] | None = None) -> list[RoleMemory]:
     """Each model-holding role of a TrainConfig, per GPU (an openai teacher is served elsewhere)."""
-    from rose_ray.recipes import get_recipe
 
     gpu_bytes = gpu_gib * GIB if gpu_gib else None
     gpu_note = f"{gpu_gib:g} GiB" if gpu_gib else "unknown"
@@ -388,7 +387,7 @@ def memory_plan(cfg: Any, gpu_gib: float | None, config_for: dict[str, str] | No
                                 shape(cfg.student_engine.model, "student_engine.model"), gpu_bytes, gpu_note, False)
         roles.append(student)
     if cfg.teacher_engine.backend != "openai":
-        scores = get_recipe(cfg.algorithm).teacher_scores_student(cfg)
+        scores = cfg.algorithm.teacher_scores_student()
         roles.append(engine_memory("teacher engine", cfg.teacher_engine, r.teacher_gpus,
                                    shape(cfg.teacher_engine.model, "teacher_engine.model"), gpu_bytes, gpu_note, scores))
     shared = student if r.colocate and student is not None and student.on_gpu else None

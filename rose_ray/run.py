@@ -28,7 +28,6 @@ from typing import Any
 
 from rose_ray.config import TrainConfig
 from rose_ray.learner.learner import LearnerLost
-from rose_ray.recipes import get_recipe
 from rose_ray.recipes.warmup import resolve_models
 from rose_ray.reliability import RoleFailed, Watchdog
 from rose_ray.types import Trajectory
@@ -105,9 +104,9 @@ class Run:
         self.engines.watch("student engine", self.student)
         self.engines.watch("teacher engine", self.teacher)
         self.protocol = cfg.env.protocol()
-        self.recipe = get_recipe(cfg.algorithm)  # who acts when, which tokens train (rose_ray/recipes/)
+        self.recipe = cfg.algorithm  # who acts when, which tokens train (rose_ray/recipes/)
         self.recipe.check_agents(cfg, self.teacher.chat is self.student.chat)
-        self.token_weights = self.recipe.token_weights(cfg)
+        self.token_weights = self.recipe.token_weights()
         self.pools = start_env_pools(cfg.env, max_turns=cfg.rollout.max_turns)
         self.runner = EpisodeRunner(self.pools, cfg.env.games_per_worker, cfg.rollout.max_retries, self.engines)
         self.eval_pools: list = []  # started at the first eval (none if evals are off)
@@ -115,10 +114,10 @@ class Run:
             max_turns=cfg.rollout.max_turns,
             student_sampling=cfg.rollout.student_sampling,
             teacher_sampling=cfg.rollout.teacher_sampling,
-            score_student_with_teacher=self.recipe.teacher_scores_student(cfg),
+            score_student_with_teacher=self.recipe.teacher_scores_student(),
             report=cfg.rollout.report,
         )
-        self.handoff = self.recipe.handoff(cfg)
+        self.handoff = self.recipe.turn_policy()
         self.ledger = EpisodeLedger(self.run_dir / "episodes.jsonl", self.sampler, fresh=not self.resume)
         self.buffer = self.new_buffer()
         self.learner = LearnerGroup(replace(cfg.learner, model=student_path),

@@ -13,8 +13,9 @@ only when it would not fit `max_tokens`, so a sequence is never longer than the 
 context.
 
 Which tokens train, and how much, is decided here and nowhere else: a recipe's
-`TokenWeights` give each owner a weight in the cross-entropy term and in the OPD term, and
-`make_batch` writes them per token (`ce_weights`, `opd_weights`). The learner only multiplies.
+`TokenWeights` give each owner a weight in each loss term it names (`ce`, `opd`: the terms
+registered in learner/losses.py), and `make_batch` writes them per token (`Batch.weights`).
+The learner only multiplies.
 A reply cut at max_new_tokens (`Turn.truncated`) ends with an end-of-turn id the model never
 produced: that id gets no weight (`Sequence.trainable`), the sampled ids keep theirs.
 
@@ -39,24 +40,27 @@ OWNER_INDEX = {o: i for i, o in enumerate(OWNERS)}
 NAN = float("nan")
 
 
-@dataclass(frozen=True)
 class TokenWeights:
-    """Per owner, the weight of its tokens in each loss term (absent = 0: context only).
+    """Per loss term, per owner, the weight of its tokens (absent = 0: context only):
+    `TokenWeights(ce={"teacher": 1.0}, opd={"student": 0.5})`. A term is a name registered in
+    learner/losses.py: `ce`, cross entropy (imitation); `opd`, the on-policy-distillation
+    surrogate, which needs the teacher's logprobs of those tokens."""
 
-    `ce`: cross entropy (imitation); `opd`: the on-policy-distillation surrogate, which needs
-    the teacher's logprobs of those tokens."""
-
-    ce: dict[str, float] = field(default_factory=dict)
-    opd: dict[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for term in ("ce", "opd"):
-            unknown = set(getattr(self, term)) - set(OWNERS)
+    def __init__(self, **terms: dict[str, float]) -> None:
+        for term, per_owner in terms.items():
+            unknown = set(per_owner) - set(OWNERS)
             if unknown:
                 raise ValueError(f"token weights ({term}): unknown owners {sorted(unknown)}; expected {OWNERS}")
+        self.terms = {term: dict(per_owner) for term, per_owner in terms.items()}
 
     def trains(self, owner: str) -> bool:
-        return self.ce.get(owner, 0.0) > 0 or self.opd.get(owner, 0.0) > 0
+        return any(per_owner.get(owner, 0.0) > 0 for per_owner in self.terms.values())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TokenWeights) and self.terms == other.terms
+
+    def __repr__(self) -> str:
+        return f"TokenWeights({', '.join(f'{k}={v}' for k, v in self.terms.items())})"
 
 
 @dataclass
@@ -192,19 +196,18 @@ def make_batch(seqs: list[Sequence], weights: TokenWeights, max_tokens: int, pad
     starts, which have no prediction inside their own sequence)."""
     if not seqs:
         raise ValueError("make_batch: no sequences")
-    ce_of = np.array([float(weights.ce.get(o, 0.0)) for o in OWNERS], dtype=np.float32)
-    opd_of = np.array([float(weights.opd.get(o, 0.0)) for o in OWNERS], dtype=np.float32)
+    of_owner = {term: np.array([float(per_owner.get(o, 0.0)) for o in OWNERS], dtype=np.float32)
+                for term, per_owner in weights.terms.items()}
     rows = pack([len(s) for s in seqs], max_tokens)
     shape = (len(rows), max(sum(len(seqs[i]) for i in row) for row in rows))
     b = {
         "input_ids": np.full(shape, pad_id, dtype=np.int64),
         "attention_mask": np.zeros(shape, dtype=np.int32),
-        "ce_weights": np.zeros(shape, dtype=np.float32),
-        "opd_weights": np.zeros(shape, dtype=np.float32),
         "old_logprobs": np.full(shape, np.nan, dtype=np.float32),
         "teacher_logprobs": np.full(shape, np.nan, dtype=np.float32),
         "versions": np.full(shape, -1, dtype=np.int64),
     }
+    terms = {term: np.zeros(shape, dtype=np.float32) for term in of_owner}
     for r, row in enumerate(rows):
         at = 0
         for seg, i in enumerate(row, start=1):
@@ -213,9 +216,9 @@ def make_batch(seqs: list[Sequence], weights: TokenWeights, max_tokens: int, pad
             trainable = np.asarray(s.trainable, dtype=np.float32) if s.trainable else 1.0
             b["input_ids"][r, at:end] = s.input_ids
             b["attention_mask"][r, at:end] = seg
-            for key, of in (("ce_weights", ce_of), ("opd_weights", opd_of)):
-                b[key][r, at:end] = of[owners] * trainable
-                b[key][r, at] = 0.0
+            for term, of in of_owner.items():
+                terms[term][r, at:end] = of[owners] * trainable
+                terms[term][r, at] = 0.0
             b["old_logprobs"][r, at:end] = s.old_logprobs
             b["teacher_logprobs"][r, at:end] = s.teacher_logprobs
             b["versions"][r, at:end] = s.versions
@@ -225,4 +228,4 @@ def make_batch(seqs: list[Sequence], weights: TokenWeights, max_tokens: int, pad
         "dropped_turns": int(sum(s.dropped_turns for s in seqs)),
         "max_tokens": max_tokens,
     }
-    return Batch(**b, num_sequences=len(seqs), meta=meta)
+    return Batch(**b, weights=terms, num_sequences=len(seqs), meta=meta)

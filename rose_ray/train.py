@@ -236,13 +236,14 @@ class Trainer(Run):
     async def evaluate(self, who: str) -> dict[str, Any]:
         """Greedy play of the held-out games by the student (or the teacher) alone."""
         from rose_ray.evaluate import evaluate_games, summarise
-        from rose_ray.rollout.episode import EpisodeConfig, HandoffConfig
+        from rose_ray.rollout.episode import EpisodeConfig
+        from rose_ray.rollout.handoff import StudentOnly
         from rose_ray.types import SamplingParams
 
         agent = self.teacher if who == "teacher" else self.student
         ep = EpisodeConfig(max_turns=self.cfg.eval.max_turns, report=self.cfg.rollout.report,
                            student_sampling=SamplingParams(0.0, 1.0, self.cfg.eval.max_new_tokens))
-        records = await evaluate_games(self.eval_runner(), self.eval_games, agent, None, ep, HandoffConfig("none"),
+        records = await evaluate_games(self.eval_runner(), self.eval_games, agent, None, ep, StudentOnly(),
                                        protocol=self.protocol)
         return summarise(records)["overall"]
 

@@ -151,8 +151,8 @@ class Batch:
     """Token-level training batch, packed: every field is [rows][row_len] (arrays).
 
     `attention_mask` holds each token's 1-based segment (sequence) number in its row, 0 for
-    padding. `ce_weights` and `opd_weights` are each token's weight in the cross-entropy and
-    the OPD term (0: context only), decided by the recipe (rose_ray/tokens.py). `old_logprobs`
+    padding. `weights` holds, per loss term (`ce`, `opd`, ...: learner/losses.py), each token's
+    weight in it (0: context only), decided by the recipe (rose_ray/tokens.py). `old_logprobs`
     are the behaviour policy's logprobs of each token (NaN where unknown: 0 is a real
     logprob); `teacher_logprobs` the teacher's (OPD, NaN where unscored); `versions` the policy
     version that sampled each token (-1 for tokens without an old logprob).
@@ -160,8 +160,7 @@ class Batch:
 
     input_ids: Any
     attention_mask: Any
-    ce_weights: Any
-    opd_weights: Any
+    weights: dict[str, Any]
     old_logprobs: Any = None
     teacher_logprobs: Any = None
     versions: Any = None

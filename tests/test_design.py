@@ -6,6 +6,7 @@ inside functions too): a change that breaks one fails here, naming the module an
   token rendering or the recipes; a Batch arrives ready.
 - Worlds are reached by name (envs/worlds.py): nothing outside envs/ imports a concrete world.
 - inference/engine.py, the engine contract, imports no backend (no circle with hf/openai).
+- The algorithm recipes and the turn policies import no config (the config imports them).
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ def test_nothing_outside_envs_names_a_concrete_world():
 def test_the_engine_contract_imports_no_backend():
     assert not breaks([PACKAGE / "inference" / "engine.py"], ("rose_ray.inference.hf", "rose_ray.inference.openai",
                                                               "rose_ray.inference.backends", "torch"))
+
+
+def test_recipes_and_turn_policies_import_no_config():
+    recipes = [PACKAGE / "recipes" / f for f in ("__init__.py", "rose.py", "opd.py", "teacher_sft.py")]
+    assert not breaks([*recipes, PACKAGE / "rollout" / "handoff.py", PACKAGE / "errors.py"], ("rose_ray.config",))
 
 
 def test_the_rules_see_what_they_forbid(tmp_path):

@@ -16,10 +16,9 @@ from rose_ray.models import load_tokenizer
 from rose_ray.rollout.episode import (
     Agent,
     EpisodeConfig,
-    HandoffConfig,
-    decay_takes_over,
     run_episode,
 )
+from rose_ray.rollout.handoff import decay_takes_over, turn_policy
 from rose_ray.tokens import render
 from rose_ray.types import GameId, SamplingParams
 
@@ -96,7 +95,7 @@ def test_on_failure_hands_over_after_the_students_first_invalid_action(chats):
     student = Agent(ScriptedEngine(chat, ["look around", "eat rock", "x", "y"]), chat, "student")
     teacher = Agent(ScriptedEngine(chat, ["open door", "go to hallway"]), chat, "teacher")
     game = ScriptedGame(bad=("eat rock",))
-    t = play(student, teacher, HandoffConfig("on_failure"), game=game)
+    t = play(student, teacher, turn_policy("on_failure"), game=game)
     assert owners(t) == ["student", "student", "teacher", "teacher"]
     assert t.handoff_turn == 3 and t.invalid_actions == 1
     assert game.actions == ["look around", "eat rock", "open door", "go to hallway"]
@@ -109,7 +108,7 @@ def test_on_failure_hands_over_after_the_students_first_invalid_action(chats):
 @pytest.mark.parametrize("p0", [0.0, 0.5, 1.0])
 def test_decay_takes_over_where_the_seeded_draws_say(chats, p0):
     chat = chats["student"]
-    handoff = HandoffConfig("decay", p0=p0, decay_steps=100)
+    handoff = turn_policy("decay", p0=p0, decay_steps=100)
 
     def once():
         student = Agent(ScriptedEngine(chat, ["a", "b", "c", "d"]), chat, "student")
@@ -133,7 +132,7 @@ def test_a_teacher_with_another_tokenizer_sees_its_own_ids_and_trains_in_the_stu
     teacher_engine = ScriptedEngine(teacher_chat, ["open door", "go to hallway"])
     student = Agent(ScriptedEngine(student_chat, ["look around"]), student_chat, "student")
     teacher = Agent(teacher_engine, teacher_chat, "teacher")
-    t = play(student, teacher, HandoffConfig("fixed", k=1), max_turns=3)
+    t = play(student, teacher, turn_policy("fixed", k=1), max_turns=3)
     assert owners(t) == ["student", "teacher", "teacher"]
     # The teacher was asked in its own ids: its opening, observations and earlier replies.
     first = teacher_engine.requests[0].turns
@@ -152,7 +151,7 @@ def test_the_engines_context_cut_is_recorded_and_the_learner_leaves_it_out(chats
     chat = chats["student"]
     # The last call's prompt had 2 turns dropped after the opening and the first observation.
     student = Agent(ScriptedEngine(chat, ["a", "b", "c"], dropped=2), chat, "student", keep_first_turns=1)
-    t = play(student, None, HandoffConfig("none"), max_turns=3)
+    t = play(student, None, turn_policy("none"), max_turns=3)
     assert t.context_cut == [3, 4]
     seq = render(t)
     assert [i for i, _ in seq.turn_spans] == [0, 1, 2, 5, 6, 7, 8]
@@ -165,7 +164,7 @@ def test_opd_scores_every_student_token_in_one_pass_over_what_the_learner_trains
     student = Agent(ScriptedEngine(chat, ["a", "b", "c"], dropped=dropped), chat, "student")
     teacher_engine = ScriptedEngine(chat, [])
     teacher = Agent(teacher_engine, chat, "teacher", context_tokens=4096)
-    t = play(student, teacher, HandoffConfig("none"), max_turns=3, scored=True)
+    t = play(student, teacher, turn_policy("none"), max_turns=3, scored=True)
     assert owners(t) == ["student"] * 3
     for n, x in enumerate(t.turns):
         if x.owner == "student":  # a turn the learner leaves out is not scored
@@ -190,3 +189,33 @@ def _starts(seq) -> list[int]:
         out.append(at)
         at += n
     return out
+
+
+def test_a_new_turn_policy_is_one_class(chats):
+    """Adding a handoff policy is one TurnPolicy subclass: the config takes it by name and
+    checks its keys, and the episode plays it."""
+    from dataclasses import dataclass
+
+    from rose_ray.config import ConfigError, load_config
+    from rose_ray.rollout.handoff import TurnPolicy
+
+    @dataclass
+    class FromTurn(TurnPolicy):
+        policy: str = "from_turn"
+        turn: int = 3
+
+        def takes_over(self, turn, state):
+            return turn >= self.turn
+
+    try:
+        cfg = load_config(None, ["algorithm.handoff.policy=from_turn", "algorithm.handoff.turn=2"])
+        assert cfg.algorithm.turn_policy() == FromTurn(turn=2)
+        with pytest.raises(ConfigError, match="algorithm.handoff.k: from_turn has no such key"):
+            load_config(None, ["algorithm.handoff={policy: from_turn, k: 2}"])
+        chat = chats["student"]
+        student = Agent(ScriptedEngine(chat, ["a", "b", "c", "d"]), chat, "student")
+        teacher = Agent(ScriptedEngine(chat, ["e", "f", "g", "h"]), chat, "teacher")
+        t = play(student, teacher, cfg.algorithm.turn_policy())
+        assert owners(t) == ["student", "teacher", "teacher", "teacher"] and t.handoff_turn == 2
+    finally:
+        del TurnPolicy.KINDS["from_turn"]

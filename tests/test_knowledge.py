@@ -215,7 +215,8 @@ async def _episodes(tiny_models):
         start_env_pools,
         stop_agents,
     )
-    from rose_ray.rollout.episode import EnvSlot, EpisodeConfig, HandoffConfig, run_episode
+    from rose_ray.rollout.episode import EnvSlot, EpisodeConfig, run_episode
+    from rose_ray.rollout.handoff import turn_policy
     from rose_ray.types import SamplingParams
 
     pools = start_env_pools(EnvConfig(world="discoveryworld", games_per_worker=2, cpus_per_worker=0.25), max_turns=2)
@@ -226,8 +227,8 @@ async def _episodes(tiny_models):
         ask = EpisodeConfig(max_turns=2, student_sampling=sampling, teacher_sampling=sampling)
         train = EpisodeConfig(max_turns=2, student_sampling=sampling, teacher_sampling=sampling, report="train")
         return await asyncio.gather(
-            run_episode(CHEMISTRY, EnvSlot(pools[0], 0), student, None, ask, HandoffConfig("none")),
-            run_episode(ARCHAEOLOGY, EnvSlot(pools[0], 1), student, teacher, train, HandoffConfig("fixed", k=1)),
+            run_episode(CHEMISTRY, EnvSlot(pools[0], 0), student, None, ask, turn_policy("none")),
+            run_episode(ARCHAEOLOGY, EnvSlot(pools[0], 1), student, teacher, train, turn_policy("fixed", k=1)),
         )
     finally:
         close_pools(pools)

@@ -13,6 +13,7 @@ import yaml
 
 from rose_ray.config import load_config
 from rose_ray.placement import NodeInfo, PlacementError, demands, plan
+from rose_ray.rollout.handoff import turn_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = {"rose": "configs/rose_qwen3_1p7b_32b.yaml", "opd": "configs/opd_qwen3_1p7b_32b.yaml",
@@ -26,11 +27,13 @@ def test_seed_configs_load_with_the_seed_setup(name):
     assert cfg.student_engine.model == "Qwen/Qwen3-1.7B" and cfg.teacher_engine.model == "Qwen/Qwen3-32B"
     assert cfg.learner.model == "Qwen/Qwen3-1.7B"
     assert cfg.rollout.max_turns == 10
-    assert (cfg.rollout.handoff.policy, cfg.rollout.handoff.k) == ("fixed", 5)
+    # the seed's K=5 for ROSE; OPD and SFT state no handoff, their recipes' policy is fixed
+    assert cfg.algorithm.turn_policy() == {"rose": turn_policy("fixed", k=5), "opd": turn_policy("none"),
+                                           "sft": turn_policy("teacher_only")}[name]
     assert cfg.rollout.student_sampling.temperature == 1.0
     assert cfg.rollout.student_sampling.max_new_tokens == cfg.rollout.teacher_sampling.max_new_tokens == 512
     assert cfg.student_engine.context_tokens == cfg.teacher_engine.context_tokens == 16384
-    assert cfg.algorithm == {"rose": "rose", "opd": "opd", "sft": "teacher_sft"}[name]
+    assert cfg.algorithm.name == {"rose": "rose", "opd": "opd", "sft": "teacher_sft"}[name]
     # Student, teacher and learner on separate GPU sets.
     gpus = [d for d in demands(cfg) if d.per_replica.get("GPU")]
     assert sorted(d.group for d in gpus) == ["learner", "student", "teacher"]

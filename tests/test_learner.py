@@ -71,8 +71,6 @@ def test_config_errors_name_the_key():
         LearnerConfig(model="m", zero_stage=4)
     with pytest.raises(ValueError, match="learner.total_steps"):
         LearnerConfig(model="m", schedule="cosine", warmup_steps=10, total_steps=5)
-    with pytest.raises(ValueError, match="learner.lam"):
-        LearnerConfig(model="m", lam=-0.1)
     with pytest.raises(ValueError, match="learner.clip_eps"):
         LearnerConfig(model="m", clip_eps=1.5)
 
@@ -118,7 +116,7 @@ def test_the_seed_settings_train(group, sequences):
     assert steps[0]["loss"] == pytest.approx(fp32["loss"], rel=2e-2)
     assert steps[1]["loss"] < steps[0]["loss"]
     # trained tokens: the batch's tokens carrying the CE term plus those carrying the OPD term
-    ce, opd = (int((np.asarray(w)[:, 1:] > 0).sum()) for w in (batch.ce_weights, batch.opd_weights))
+    ce, opd = (int((np.asarray(w)[:, 1:] > 0).sum()) for w in (batch.weights["ce"], batch.weights["opd"]))
     assert ce > 0 and opd > 0 and fp32["trained_tokens"] == ce + opd
 
 

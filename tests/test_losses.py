@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from rose_ray.config import ConfigError, load_config
 from rose_ray.learner.batching import micro_batches
 from rose_ray.learner.losses import aligned, denominators, loss, token_logprobs
-from rose_ray.recipes import get_recipe, recipes
+from rose_ray.recipes import recipes
 from rose_ray.recipes.teacher_sft import imitate
 from rose_ray.tokens import TokenWeights, make_batch, render
 from rose_ray.types import OWNERS, Turn
@@ -34,7 +34,7 @@ def trajectory(teacher_student=-0.5):
 
 
 def recipe_weights(algorithm: str, *overrides: str) -> TokenWeights:
-    return get_recipe(algorithm).token_weights(load_config(None, [f"algorithm={algorithm}", *overrides]))
+    return load_config(None, [f"algorithm={algorithm}", *overrides]).algorithm.token_weights()
 
 
 def run_loss(weights: TokenWeights, logits, seq, clip_eps=0.2):
@@ -49,8 +49,8 @@ def run_loss(weights: TokenWeights, logits, seq, clip_eps=0.2):
 @pytest.mark.parametrize("algorithm, overrides, trained", [
     ("rose", [], {"teacher"}),
     ("opd", [], {"student"}),
-    ("rose", ["learner.lam=0.5"], {"teacher", "student"}),
-    ("teacher_sft", ["learner.sft_owners=[teacher]"], {"teacher"}),
+    ("rose", ["algorithm.lam=0.5"], {"teacher", "student"}),
+    ("teacher_sft", ["algorithm.owners=[teacher]"], {"teacher"}),
 ])
 def test_gradient_reaches_only_the_trained_owners(algorithm, overrides, trained):
     seq = trajectory()
@@ -106,7 +106,7 @@ def test_losses_are_exact_means():
     teacher_ce = ce_all[[o == "teacher" for o in owners]].mean()
     (sft, m), _ = run_loss(imitate(["teacher"]), logits, seq)
     torch.testing.assert_close(sft, teacher_ce)
-    (rose, m), _ = run_loss(recipe_weights("rose", "learner.lam=0.25"), logits, seq)
+    (rose, m), _ = run_loss(recipe_weights("rose", "algorithm.lam=0.25"), logits, seq)
     (opd, mo), _ = run_loss(recipe_weights("opd"), logits, seq)
     torch.testing.assert_close(rose, teacher_ce + 0.25 * opd)
     assert m["loss_ce"] == pytest.approx(float(teacher_ce)) and "loss_opd" in mo
@@ -116,12 +116,61 @@ def test_recipes_by_name_and_opd_inputs():
     assert set(recipes()) == {"rose", "opd", "teacher_sft"}
     with pytest.raises(ConfigError, match="algorithm: must be one of .*got 'ppo'"):
         load_config(None, ["algorithm=ppo"])
-    with pytest.raises(ConfigError, match="learner.lam: must be >= 0"):
-        load_config(None, ["learner.lam=-1"])
-    with pytest.raises(ConfigError, match="learner.sft_owners: \\['student'\\] leaves out the teacher"):
-        load_config(None, ["algorithm=teacher_sft", "learner.sft_owners=[student]"])
-    with pytest.raises(ConfigError, match="rollout.handoff.policy: 'none' never hands off"):
-        load_config(None, ["rollout.handoff.policy=none"])
+    with pytest.raises(ConfigError, match="algorithm.lam: must be >= 0"):
+        load_config(None, ["algorithm.lam=-1"])
+    with pytest.raises(ConfigError, match="algorithm.owners: \\['student'\\] leaves out the teacher"):
+        load_config(None, ["algorithm=teacher_sft", "algorithm.owners=[student]"])
+    with pytest.raises(ConfigError, match="algorithm.handoff.policy: 'none' never hands off"):
+        load_config(None, ["algorithm.handoff.policy=none"])
     seq = render([Turn("user", "", "prompt", [1]), Turn("assistant", "", "student", [6, 7])])
     with pytest.raises(ValueError, match="teacher_logprobs are missing"):
         denominators(make_batch([seq], recipe_weights("opd"), 8))
+
+
+def test_a_third_loss_term_is_one_function_and_a_recipe():
+    """Adding a loss term: one registered function (learner/losses.py) and a recipe whose token
+    weights name it; batching, the denominators and the loss carry it unchanged."""
+    from dataclasses import dataclass
+
+    from rose_ray.learner.losses import TERMS, loss_term
+    from rose_ray.recipes import Recipe
+    from rose_ray.rollout.handoff import turn_policy
+
+    @loss_term("unlikelihood")  # push down the student's own tokens: −log(1 − p)
+    def unlikelihood(logp, mask, weights, t, clip_eps):
+        p = logp.exp().clamp(max=1 - 1e-6)
+        return torch.where(mask, -torch.log1p(-p) * weights, 0.0).sum(), {"unlikely_p": float(torch.where(mask, p.detach(), 0).sum())}
+
+    @dataclass
+    class RoseUnlikely(Recipe):
+        name: str = "rose_unlikely"
+        beta: float = 0.5
+
+        def turn_policy(self):
+            return turn_policy("fixed", k=1)
+
+        def token_weights(self):
+            return TokenWeights(ce={"teacher": 1.0}, unlikelihood={"student": self.beta})
+
+    try:
+        weights = load_config(None, ["algorithm={name: rose_unlikely, beta: 0.25}"]).algorithm.token_weights()
+        seq = trajectory()
+        logits = torch.randn(1, len(seq), V, generator=torch.Generator().manual_seed(2), requires_grad=True)
+        (total, metrics), batch = run_loss(weights, logits, seq)
+        logp = -F.cross_entropy(logits[0, :-1].detach(), torch.tensor(seq.input_ids[1:]), reduction="none")
+        owners = [OWNERS[o] for o in seq.owners[1:]]
+        student = torch.tensor([o == "student" for o in owners]) & torch.tensor(seq.trainable[1:] or [True] * len(owners))
+        teacher = torch.tensor([o == "teacher" for o in owners]) & torch.tensor(seq.trainable[1:] or [True] * len(owners))
+        assert denominators(batch) == {"ce": float(teacher.sum()), "unlikelihood": float(student.sum())}
+        expected = -logp[teacher].mean() + 0.25 * (-torch.log1p(-logp[student].exp())).mean()
+        torch.testing.assert_close(total.detach(), expected)
+        assert metrics["loss_unlikelihood"] == pytest.approx(0.25 * float((-torch.log1p(-logp[student].exp())).mean()),
+                                                            rel=1e-5)
+        assert metrics["unlikely_p"] == pytest.approx(float(logp[student].exp().mean()), rel=1e-5)
+        total.backward()
+        touched = {OWNERS[seq.owners[t + 1]] for t in range(len(seq) - 1) if logits.grad[0, t].abs().sum() > 0}
+        assert touched == {"student", "teacher"}
+    finally:
+        del TERMS["unlikelihood"], Recipe.KINDS["rose_unlikely"]
+    with pytest.raises(ValueError, match="loss term 'unlikelihood': not registered"):
+        denominators(batch)

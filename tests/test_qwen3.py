@@ -170,7 +170,7 @@ def test_template_history_gives_the_templates_own_rendering(tiny_qwen3, template
     seq = render_seq(turns)
     assert seq.input_ids == chat.render_ids(conv, False)
     batch = make_batch([seq], TokenWeights(ce={"teacher": 1.0}), max_tokens=len(seq))
-    trained = tok.decode([int(i) for i, w in zip(batch.input_ids[0], batch.ce_weights[0]) if w > 0])
+    trained = tok.decode([int(i) for i, w in zip(batch.input_ids[0], batch.weights["ce"][0]) if w > 0])
     shown = [r.split("</think>")[-1].lstrip("\n") if "</think>" in r else r for r in REPLIES]
     assert trained == "".join(f"{r}<|im_end|>" for r in shown)
     # A dataset row (text only) under template history renders the same: `rose-ray sft --history template`.
@@ -212,7 +212,8 @@ async def _one_episode(tiny_qwen3, student_tokens: int, history: str = "sampled"
         start_env_pools,
         stop_agents,
     )
-    from rose_ray.rollout.episode import EnvSlot, EpisodeConfig, HandoffConfig, run_episode
+    from rose_ray.rollout.episode import EnvSlot, EpisodeConfig, run_episode
+    from rose_ray.rollout.handoff import turn_policy
     from rose_ray.types import SamplingParams
 
     pools = start_env_pools(EnvConfig(games_per_worker=1, cpus_per_worker=0.25), max_turns=4)
@@ -227,7 +228,7 @@ async def _one_episode(tiny_qwen3, student_tokens: int, history: str = "sampled"
         config = EpisodeConfig(max_turns=4, student_sampling=SamplingParams(1.0, 1.0, student_tokens, seed=3),
                                teacher_sampling=SamplingParams(0.0, 1.0, 24))
         return await run_episode(SciWorldCatalogue().find("find-plant", 100), EnvSlot(pools[0], 0), student, teacher,
-                                 config, HandoffConfig("fixed", k=2), protocol=PROTOCOL)
+                                 config, turn_policy("fixed", k=2), protocol=PROTOCOL)
     finally:
         close_pools(pools)
         stop_agents(*actors)
@@ -275,7 +276,7 @@ def test_the_learner_trains_on_the_ids_the_engines_sampled(tiny_qwen3, ray_clust
     seq = render_seq(traj)
     assert seq.input_ids == [i for t in traj.turns for i in t.token_ids]
     batch = make_batch([seq], TokenWeights(ce={"teacher": 1.0, "student": 1.0}), max_tokens=len(seq))
-    trained = [int(i) for i, w in zip(batch.input_ids[0], batch.ce_weights[0]) if w > 0]
+    trained = [int(i) for i, w in zip(batch.input_ids[0], batch.weights["ce"][0]) if w > 0]
     expected = [i for t in replies for i in (t.token_ids[:-1] if t.truncated else t.token_ids)]
     assert trained == expected
 
@@ -299,7 +300,7 @@ def test_a_template_history_episode_prompts_as_a_chat_api_would(tiny_qwen3, ray_
     seq = render_seq(traj)
     assert seq.input_ids == chat.render_ids(conv, False)
     batch = make_batch([seq], TokenWeights(ce={"teacher": 1.0}), max_tokens=len(seq))
-    trained = [int(i) for i, w in zip(batch.input_ids[0], batch.ce_weights[0]) if w > 0]
+    trained = [int(i) for i, w in zip(batch.input_ids[0], batch.weights["ce"][0]) if w > 0]
     teacher = [t for t in traj.turns if t.owner == "teacher"]
     assert teacher and trained == [i for t in teacher for i in (t.token_ids[t.frame:-1] if t.truncated
                                                                  else t.token_ids[t.frame:])]
@@ -310,7 +311,7 @@ def test_template_history_is_refused_where_the_opd_term_needs_sampled_ids():
     from rose_ray.config import ConfigError, load_config
 
     assert load_config(None, ["chat.history=template"]).chat.history == "template"  # rose, lam 0
-    for extra, says in ((["algorithm=opd"], r"\(algorithm=opd\)"), (["learner.lam=0.5"], r"\(learner.lam=0.5\)")):
+    for extra, says in ((["algorithm=opd"], r"\(algorithm=opd\)"), (["algorithm.lam=0.5"], r"\(algorithm.lam=0.5\)")):
         with pytest.raises(ConfigError, match=r"chat.history: 'template' .* OPD term " + says):
             load_config(None, ["chat.history=template", *extra])
     with pytest.raises(ConfigError, match="chat.history: must be one of"):
@@ -325,7 +326,7 @@ def test_template_history_is_refused_where_the_opd_term_needs_sampled_ids():
 def q3_overrides(tiny_qwen3):
     return [f"student_engine.model={tiny_qwen3['student']}", f"teacher_engine.model={tiny_qwen3['teacher']}",
             "teacher_warmup.enabled=false", "rollout.batch_episodes=2", "rollout.max_turns=3",
-            "rollout.handoff.k=1", "rollout.student_sampling.max_new_tokens=6",
+            "algorithm.handoff.k=1", "rollout.student_sampling.max_new_tokens=6",
             "rollout.teacher_sampling.max_new_tokens=16", "eval.n=2", "eval.max_turns=2",
             "eval.max_new_tokens=8", "env.games_per_worker=2", "checkpoint_every=2"]
 

@@ -38,7 +38,7 @@ def overrides(tiny_models, run_dir, steps: int, *extra: str) -> list[str]:
     return [
         f"tiny_dir={tiny_models['student'].parent}", f"run_dir={run_dir}", f"steps={steps}",
         "teacher_warmup.enabled=false", "checkpoint_every=2", f"rollout.batch_episodes={BATCH}",
-        "rollout.max_turns=4", "rollout.handoff.k=2", "rollout.student_sampling.max_new_tokens=16",
+        "rollout.max_turns=4", "algorithm.handoff.k=2", "rollout.student_sampling.max_new_tokens=16",
         "rollout.teacher_sampling.max_new_tokens=16", "env.games_per_worker=2",
         "eval.before=false", "eval.after=false", "eval.teacher=false",
         "reliability.health_every_s=1", "reliability.health_timeout_s=12", "reliability.start_timeout_s=120",
@@ -399,7 +399,7 @@ def test_a_killed_vllm_student_engine_is_replaced_and_serves_the_latest_weights(
     pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
     run_dir = tmp_path / "run"
     steps = 4
-    cfg = load_config(None, overrides(tiny_models, run_dir, steps, "mode=sync", "learner.lam=0.5",
+    cfg = load_config(None, overrides(tiny_models, run_dir, steps, "mode=sync", "algorithm.lam=0.5",
                                       "student_engine.backend=vllm", "teacher_engine.backend=vllm",
                                       "student_engine.kv_cache_mb=64", "teacher_engine.kv_cache_mb=64"))
     run_dir.mkdir()

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from rose_ray.rollout.buffer import TrajectoryBuffer
-from rose_ray.rollout.episode import HandoffConfig, decay_takes_over
+from rose_ray.rollout.handoff import decay_takes_over, turn_policy
 from rose_ray.rollout.ledger import GameSampler
 from rose_ray.types import GameId, Trajectory
 
@@ -82,28 +82,71 @@ def test_buffer_keeps_lagging_episodes_when_only_teacher_tokens_train():
 
 
 def test_handoff_policies():
-    assert HandoffConfig("fixed", k=5).student_turns(100) == 5
-    cur = HandoffConfig("curriculum", k_start=1, k_max=4, grow_every=10)
+    assert turn_policy("fixed", k=5).student_turns(100) == 5
+    cur = turn_policy("curriculum", k_start=1, k_max=4, grow_every=10)
     assert [cur.student_turns(s) for s in (0, 9, 10, 25, 1000)] == [1, 1, 2, 3, 4]
-    assert HandoffConfig("teacher_only").student_turns() == 0
-    assert HandoffConfig("none").student_turns() is None
-    assert HandoffConfig("on_failure").student_turns() is None
+    assert turn_policy("teacher_only").student_turns() == 0
+    assert turn_policy("none").student_turns() is None
+    assert turn_policy("on_failure").student_turns() is None
     with pytest.raises(ValueError, match="handoff.policy"):
-        HandoffConfig("sometimes")
+        turn_policy("sometimes")
     with pytest.raises(ValueError, match="handoff.k"):
-        HandoffConfig("fixed", k=-1)
+        turn_policy("fixed", k=-1)
 
 
 def test_decay_probability_falls_linearly_to_zero():
-    d = HandoffConfig("decay", p0=0.6, decay_steps=10)
+    d = turn_policy("decay", p0=0.6, decay_steps=10)
     assert [d.takeover_p(s) for s in (0, 5, 10, 11, 1000)] == pytest.approx([0.6, 0.3, 0.0, 0.0, 0.0])
     assert d.student_turns(0) is None  # decided turn by turn, not by a fixed K
-    assert HandoffConfig("decay", p0=1.0, decay_steps=1).takeover_p(0) == 1.0
-    for bad, key in ((dict(p0=1.5), "rollout.handoff.p0"), (dict(p0=-0.1), "rollout.handoff.p0"),
-                     (dict(p0=float("nan")), "rollout.handoff.p0"),
-                     (dict(decay_steps=0), "rollout.handoff.decay_steps")):
+    assert turn_policy("decay", p0=1.0, decay_steps=1).takeover_p(0) == 1.0
+    for bad, key in ((dict(p0=1.5), "algorithm.handoff.p0"), (dict(p0=-0.1), "algorithm.handoff.p0"),
+                     (dict(p0=float("nan")), "algorithm.handoff.p0"),
+                     (dict(decay_steps=0), "algorithm.handoff.decay_steps")):
         with pytest.raises(ValueError, match=key):
-            HandoffConfig("decay", **bad)
+            turn_policy("decay", **bad)
+
+
+def test_the_algorithm_section_is_its_recipes_and_a_new_name_starts_it_afresh(tmp_path):
+    """`algorithm` is one typed section chosen by name; a later layer that names another recipe
+    or turn policy keeps none of the old kind's keys, a key the kind lacks is named."""
+    from rose_ray.config import ConfigError, load_config, to_yaml
+
+    rose = load_config(None).algorithm  # the tiny YAML: {name: rose, handoff: {policy: fixed, k: 2}}
+    assert (rose.name, rose.turn_policy(), rose.lam) == ("rose", turn_policy("fixed", k=2), 0.0)
+    assert load_config(None, ["algorithm=opd"]).algorithm.turn_policy() == turn_policy("none")
+    decay = load_config(None, ["algorithm.handoff.policy=decay", "algorithm.handoff.p0=0.3"]).algorithm
+    assert decay.turn_policy() == turn_policy("decay", p0=0.3) and decay.lam == 0.0
+    sft = load_config(None, ["algorithm=teacher_sft", "algorithm.owners=[teacher]"]).algorithm
+    assert (sft.turn_policy(), sft.token_weights().terms["ce"]) == (turn_policy("teacher_only"), {"teacher": 1.0})
+    for overrides, says in ((["algorithm.handoff.p0=0.3"], "algorithm.handoff.p0: fixed has no such key"),
+                            (["algorithm=opd", "algorithm.lam=0.5"], "algorithm.lam: opd has no such key"),
+                            (["algorithm.handoff.policy=sometimes"], "algorithm.handoff.policy: must be one of"),
+                            (["algorithm.lam=x"], "algorithm.lam: Value 'x'")):
+        with pytest.raises(ConfigError, match=says):
+            load_config(None, overrides)
+    # The section is written out whole, and a run's config.yaml reads back the same.
+    saved = tmp_path / "config.yaml"
+    saved.write_text(to_yaml(load_config(None, ["algorithm.handoff=on_failure", "algorithm.lam=0.5"])))
+    assert load_config(saved, saved=True).algorithm == load_config(None, ["algorithm.handoff=on_failure",
+                                                                           "algorithm.lam=0.5"]).algorithm
+
+
+def test_moved_keys_are_refused_by_name_and_carried_in_a_saved_run(tmp_path):
+    from rose_ray.config import ConfigError, load_config
+
+    for key, place in (("rollout.handoff.k=1", "algorithm.handoff"), ("learner.lam=0.5", "algorithm.lam"),
+                       ("learner.sft_owners=[teacher]", "algorithm.owners")):
+        with pytest.raises(ConfigError, match=f"key '{key.split('=')[0].replace('.k', '')}': removed; moved to {place}"):
+            load_config(None, [key])
+    # A run saved before the move resumes with its settings where they live now.
+    old = tmp_path / "config.yaml"
+    old.write_text("algorithm: rose\nrollout:\n  handoff: {policy: decay, p0: 0.25}\nlearner:\n  lam: 0.5\n"
+                   "  sft_owners: [student, teacher]\n")
+    assert load_config(old, saved=True).algorithm == load_config(
+        None, ["algorithm={name: rose, handoff: {policy: decay, p0: 0.25}, lam: 0.5}"]).algorithm
+    old.write_text("algorithm: teacher_sft\nrollout:\n  handoff: {policy: fixed, k: 5}\nlearner:\n"
+                   "  sft_owners: [teacher]\n")
+    assert load_config(old, saved=True).algorithm.owners == ["teacher"]
 
 
 def test_decay_draws_are_seeded_and_follow_p():

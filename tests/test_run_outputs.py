@@ -18,7 +18,7 @@ from test_train import overrides, read_jsonl
 
 from rose_ray.cli import main
 from rose_ray.export import MODEL_INFO, kept_steps
-from rose_ray.rollout.episode import decay_takes_over
+from rose_ray.rollout.handoff import decay_takes_over
 from rose_ray.runs import new_version
 from rose_ray.train import train
 
@@ -35,8 +35,8 @@ def run(tiny_models, ray_cluster, tmp_path_factory):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("ROSE_RAY_RUNS", str(runs))
         summary = train(None, overrides(tiny_models, None, steps=2) + [
-            "mode=sync", "checkpoint_every=1", "learner.ranks=2", "learner.zero_stage=3", "learner.lam=0.5",
-            "rollout.handoff.policy=decay", f"rollout.handoff.p0={P0}", "rollout.handoff.decay_steps=1",
+            "mode=sync", "checkpoint_every=1", "learner.ranks=2", "learner.zero_stage=3", "algorithm.lam=0.5",
+            "algorithm.handoff.policy=decay", f"algorithm.handoff.p0={P0}", "algorithm.handoff.decay_steps=1",
             "eval.before=false", "eval.after=false", "eval.teacher=false"])
     run_dir = runs / "tiny" / "version_1"
     assert summary["run_dir"] == str(run_dir) and (runs / "tiny" / "latest").read_text() == "version_1\n"

@@ -164,7 +164,7 @@ def test_a_run_fails_only_the_episodes_the_server_rejects(server, mismatched, ti
     seed = next(s for s in range(100) if sorted(first_draws(tasks, s, 2)) == tasks)
     assert main(["train", f"tiny_dir={tiny_models['student'].parent}", f"run_dir={run_dir}", "steps=2",
                  f"seed={seed}", "tasks=[find-animal,find-plant]", "teacher_warmup.enabled=false", "rollout.batch_episodes=2",
-                 "rollout.max_turns=3", "rollout.handoff.k=1", "rollout.student_sampling.max_new_tokens=12",
+                 "rollout.max_turns=3", "algorithm.handoff.k=1", "rollout.student_sampling.max_new_tokens=12",
                  "rollout.teacher_sampling.max_new_tokens=12", "env.games_per_worker=2", "eval.before=false",
                  "eval.after=false", "eval.teacher=false", "checkpoint_every=2",
                  "teacher_engine.backend=openai", f"teacher_engine.base_url={server.url}",
@@ -189,7 +189,7 @@ def test_a_run_whose_every_episode_fails_stops_naming_why(server, mismatched, ti
     run_dir = tmp_path / "run"
     t0 = time.monotonic()
     assert main(["train", *served_teacher(server, mismatched, tiny_models), f"run_dir={run_dir}", "steps=2",
-                 "tasks=[find-animal]", "rollout.batch_episodes=2", "rollout.max_turns=2", "rollout.handoff.k=1",
+                 "tasks=[find-animal]", "rollout.batch_episodes=2", "rollout.max_turns=2", "algorithm.handoff.k=1",
                  "rollout.student_sampling.max_new_tokens=8", "env.games_per_worker=2", "eval.before=false",
                  "eval.after=false", "eval.teacher=false", "reliability.max_failed_in_a_row=3",
                  "teacher_engine.retry_s=20"]) == 1

@@ -12,7 +12,6 @@ import torch
 from rose_ray.chat import ChatFormat
 from rose_ray.config import load_config
 from rose_ray.learner.batching import micro_batches, position_ids
-from rose_ray.recipes import get_recipe
 from rose_ray.recipes.sft import row_cut
 from rose_ray.rows import row_to_trajectory
 from rose_ray.tokens import TokenWeights, loss_turns, make_batch, pack, render
@@ -23,11 +22,16 @@ EOS = 99
 
 def weights_of(algorithm: str, *overrides: str) -> TokenWeights:
     """The token weights of a recipe, under the tiny default config with these overrides."""
-    return get_recipe(algorithm).token_weights(load_config(None, [f"algorithm={algorithm}", *overrides]))
+    return load_config(None, [f"algorithm={algorithm}", *overrides]).algorithm.token_weights()
+
+
+def term(batch, name: str) -> np.ndarray:
+    """A loss term's per-token weights (zeros where the recipe names no such term)."""
+    return batch.weights.get(name, np.zeros_like(batch.input_ids, dtype=np.float32))
 
 
 def trained(batch) -> np.ndarray:
-    return (batch.ce_weights[0] > 0) | (batch.opd_weights[0] > 0)
+    return (term(batch, "ce")[0] > 0) | (term(batch, "opd")[0] > 0)
 
 
 def hand_trajectory() -> Trajectory:
@@ -74,18 +78,18 @@ def test_the_end_of_turn_appended_to_a_cut_reply_carries_no_loss(algo):
 
 
 @pytest.mark.parametrize("algo, overrides, ce, opd", [
-    ("rose", [], {"teacher"}, set()), ("rose", ["learner.lam=0.5"], {"teacher"}, {"student"}),
+    ("rose", [], {"teacher"}, set()), ("rose", ["algorithm.lam=0.5"], {"teacher"}, {"student"}),
     ("opd", [], set(), {"student"}), ("teacher_sft", [], {"student", "teacher"}, set()),
 ])
 def test_each_recipe_decides_which_tokens_train_in_which_term(algo, overrides, ce, opd):
     seq = render(hand_trajectory())
     batch = make_batch([seq], weights_of(algo, *overrides), max_tokens=64)
     owners = [OWNERS[o] for o in seq.owners]
-    assert {o for o, w in zip(owners, batch.ce_weights[0]) if w > 0} == ce
-    assert {o for o, w in zip(owners, batch.opd_weights[0]) if w > 0} == opd
-    assert int((batch.opd_weights[0] > 0).sum()) == sum(o in opd for o in owners[1:])
+    assert {o for o, w in zip(owners, term(batch, "ce")[0]) if w > 0} == ce
+    assert {o for o, w in zip(owners, term(batch, "opd")[0]) if w > 0} == opd
+    assert int((term(batch, "opd")[0] > 0).sum()) == sum(o in opd for o in owners[1:])
     if overrides:  # rose's λ is the weight of the student's tokens in the OPD term
-        assert set(batch.opd_weights[0][batch.opd_weights[0] > 0].tolist()) == {0.5}
+        assert set(term(batch, "opd")[0][term(batch, "opd")[0] > 0].tolist()) == {0.5}
 
 
 def test_text_rows_render_like_the_chat_template(tiny_models):
@@ -143,8 +147,8 @@ def test_offline_rows_are_cut_as_an_engine_would():
 
 
 @pytest.mark.parametrize("algo, overrides, trained_owners", [
-    ("rose", [], {"teacher"}), ("rose", ["learner.lam=0.5"], {"student", "teacher"}), ("opd", [], {"student"}),
-    ("teacher_sft", ["learner.sft_owners=[env,teacher]"], {"env", "teacher"}),
+    ("rose", [], {"teacher"}), ("rose", ["algorithm.lam=0.5"], {"student", "teacher"}), ("opd", [], {"student"}),
+    ("teacher_sft", ["algorithm.owners=[env,teacher]"], {"env", "teacher"}),
 ])
 def test_loss_turns_say_which_turns_make_batch_trains(algo, overrides, trained_owners):
     """The per-turn flags of trajectories.jsonl agree with make_batch's weights, token by token."""

@@ -34,7 +34,7 @@ def overrides(tiny_models, run_dir, steps: int) -> list[str]:
     return [
         f"tiny_dir={tiny_models['student'].parent}", *([f"run_dir={run_dir}"] if run_dir else []), f"steps={steps}",
         "teacher_warmup.enabled=false", "checkpoint_every=2", "rollout.batch_episodes=2",
-        "rollout.max_turns=4", f"rollout.handoff.k={K}", "rollout.student_sampling.max_new_tokens=16",
+        "rollout.max_turns=4", f"algorithm.handoff.k={K}", "rollout.student_sampling.max_new_tokens=16",
         "rollout.teacher_sampling.max_new_tokens=16", "eval.n=2", "eval.max_turns=2",
         "eval.max_new_tokens=8", "env.games_per_worker=2",
     ]
@@ -185,6 +185,8 @@ def test_bad_config_is_rejected_with_the_key_named(tmp_path, capsys):
     # The keys this redesign removed are named, with what took their place.
     assert main(["train", f"run_dir={tmp_path}/r", "learner.algorithm=opd"]) == 2
     assert "key 'learner.algorithm': removed; set `algorithm` only" in capsys.readouterr().err
+    assert main(["train", f"run_dir={tmp_path}/r", "rollout.handoff.k=3"]) == 2
+    assert "key 'rollout.handoff': removed; moved to algorithm.handoff" in capsys.readouterr().err
     assert main(["train", f"run_dir={tmp_path}/r", "learner.context_policy=end_episode"]) == 2
     assert "key 'learner.context_policy': removed; the learner cuts a trajectory where the engine cut it" in (
         capsys.readouterr().err)
@@ -192,9 +194,9 @@ def test_bad_config_is_rejected_with_the_key_named(tmp_path, capsys):
     assert "key 'learner.grad_accum': removed; micro-batches follow a token budget" in capsys.readouterr().err
     assert main(["train", f"run_dir={tmp_path}/r", "learner.attn_implementation=flex"]) == 2
     assert "learner.attn_implementation: must be one of" in capsys.readouterr().err
-    for bad, key in (("rollout.handoff.p0=1.5", "rollout.handoff.p0"),
-                     ("rollout.handoff.decay_steps=0", "rollout.handoff.decay_steps")):
-        assert main(["train", f"run_dir={tmp_path}/r", "rollout.handoff.policy=decay", bad]) == 2
+    for bad, key in (("algorithm.handoff.p0=1.5", "algorithm.handoff.p0"),
+                     ("algorithm.handoff.decay_steps=0", "algorithm.handoff.decay_steps")):
+        assert main(["train", f"run_dir={tmp_path}/r", "algorithm.handoff.policy=decay", bad]) == 2
         assert f"{key}: must be" in capsys.readouterr().err
     # OPD's teacher reads each episode in one pass: it needs at least the student's context.
     assert main(["train", f"run_dir={tmp_path}/r", "algorithm=opd", "teacher_engine.context_tokens=1024"]) == 2
@@ -214,7 +216,7 @@ def test_two_steps_on_vllm_engines_train_on_exactly_the_sampled_ids(tiny_models,
              "student_engine.backend=vllm", "teacher_engine.backend=vllm",
              "student_engine.kv_cache_mb=64", "teacher_engine.kv_cache_mb=64"]
     if algorithm == "rose":
-        extra.append("learner.lam=0.5")  # + OPD on the student's tokens, whose ratio is checked
+        extra.append("algorithm.lam=0.5")  # + OPD on the student's tokens, whose ratio is checked
     summary = train(None, overrides(tiny_models, run_dir, steps=2) + extra)
     assert summary["steps"] == 2 and summary["version"] == 2
     steps = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]

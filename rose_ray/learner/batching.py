@@ -16,8 +16,8 @@ import numpy as np
 
 from rose_ray.types import Batch
 
-FIELDS = ("input_ids", "attention_mask", "ce_weights", "opd_weights", "old_logprobs",
-          "teacher_logprobs", "versions")
+FIELDS = ("input_ids", "attention_mask", "old_logprobs", "teacher_logprobs", "versions")
+WEIGHTS = "_weights"  # each loss term's per-token weights: `<term>_weights` (learner/losses.py)
 
 
 def position_ids(segments: np.ndarray) -> np.ndarray:
@@ -63,8 +63,9 @@ def _flat_row(arrays: dict[str, np.ndarray], rows: list[int]) -> dict[str, np.nd
 def _empty_part(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Two padding tokens with no weight: a rank with nothing to do still runs forward/backward."""
     part = {k: v[:1, :2].copy() for k, v in arrays.items()}
-    part["ce_weights"][:] = 0.0
-    part["opd_weights"][:] = 0.0
+    for key in part:
+        if key.endswith(WEIGHTS):
+            part[key][:] = 0.0
     part["attention_mask"][:] = 0  # padding: counts as no token
     return part
 
@@ -73,6 +74,7 @@ def micro_batches(batch: Batch, ranks: int, max_tokens: int) -> list[list[dict[s
     """Per rank, its micro-batches: dicts of [1, n] arrays (the batch's fields, `attention_mask`
     renumbered per micro-batch) plus `position_ids` and `cu_seq_lens` ([S+1] int32)."""
     arrays = {k: np.asarray(getattr(batch, k)) for k in FIELDS}
+    arrays.update({term + WEIGHTS: np.asarray(w) for term, w in batch.weights.items()})
     lengths = (arrays["attention_mask"] > 0).sum(axis=1)
     longest = int(lengths.max()) if lengths.size else 0
     if longest > max_tokens:

@@ -7,9 +7,9 @@
     group.publish_weights(engine_actors)       # new weights + version to the student engines
     group.restart()                            # new ranks on the same placement, after a rank's loss
 
-The learner sees tokens only: a `Batch` carries each token's weight in the cross-entropy and
-the OPD term, chosen by the recipe (rose_ray/recipes/), and the learner's one loss
-(`losses.py`) multiplies. It never branches on an algorithm and imports nothing from
+The learner sees tokens only: a `Batch` carries each token's weight in each loss term (the
+terms registered in `losses.py`: cross entropy, OPD), chosen by the recipe (rose_ray/recipes/),
+and the loss multiplies and sums. It never branches on an algorithm and imports nothing from
 inference, rollout, envs or the data modules.
 
 A rank that dies fails the call at once (the others are not waited on: they may be stuck in a
@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import numpy as np
 
 from rose_ray.learner.batching import micro_batches
 from rose_ray.learner.worker import SUMMED, LearnerWorker
-from rose_ray.types import OWNERS, Batch
+from rose_ray.types import Batch
 
 SCHEDULES = ("constant", "linear", "cosine")
 LEARNER_DTYPES = ("float32", "bfloat16")
@@ -45,9 +45,6 @@ ATTN_IMPLEMENTATIONS = ("auto", "sdpa_varlen", "flash_attention_2", "dense_mask"
 @dataclass
 class LearnerConfig:
     model: str = ""
-    # Read by the recipes (rose_ray/recipes/), which turn them into token weights:
-    lam: float = 0.0  # rose: weight of OPD on student tokens
-    sft_owners: list[str] = field(default_factory=lambda: ["student", "teacher"])  # sft: owners to imitate
     clip_eps: float = 0.2  # the OPD term's importance-ratio clip
     ranks: int = 1
     zero_stage: int = 0
@@ -108,9 +105,6 @@ class LearnerConfig:
         need(self.backend in DIST_BACKENDS, "backend", f"must be one of {DIST_BACKENDS}")
         need(self.export_dtype in EXPORT_DTYPES, "export_dtype", f"must be one of {EXPORT_DTYPES}")
         need(self.initial_version >= 0, "initial_version", "must be >= 0")
-        bad = [o for o in self.sft_owners if o not in OWNERS]
-        need(bool(self.sft_owners) and not bad, "sft_owners", f"must be a non-empty subset of {OWNERS}")
-        need(self.lam >= 0, "lam", "must be >= 0")
         need(0.0 < self.clip_eps < 1.0, "clip_eps", "must be in (0, 1)")
 
 
@@ -225,7 +219,7 @@ class LearnerGroup:
         metrics.update(
             grad_norm=first["grad_norm"], lr=first["lr"], step_s=elapsed, micro_batches=first["micro_batches"],
             tokens_per_s=metrics.get("tokens", 0.0) / elapsed,
-            trained_tokens=den["ce"] + den["opd"],  # tokens carrying a loss term (a token in both counts twice)
+            trained_tokens=sum(den.values()),  # tokens carrying a loss term (a token in two terms counts twice)
             policy_lag=float((self.version - 1 - sampled).mean()) if sampled.size else 0.0,
             dropped_turns=float(batch.meta.get("dropped_turns", 0)),
             step=float(self.step), version=float(self.version),

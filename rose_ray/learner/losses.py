@@ -1,9 +1,11 @@
-"""The learner's one loss: two weighted terms over the tokens the batch says train.
+"""The learner's loss: registered terms, each weighted per token, summed.
 
 The learner is algorithm-blind: which tokens train, in which term and how much, arrives with
-the batch (`ce_weights`, `opd_weights`; a recipe decides them, rose_ray/recipes/). The
-learner computes each target token's logprob under the current model and this module turns
-it into a loss. Each term is a weighted mean over its own tokens:
+the batch (one weight array per term, `<term>_weights`; a recipe decides them,
+rose_ray/recipes/). The learner computes each target token's logprob under the current model
+and this module turns it into a loss. A term is one function registered by name
+(`@loss_term`): Σ over its tokens of w·(its per-token loss), and sums of its diagnostics.
+Each term is a weighted mean over its own tokens:
 
     ce  = Σ w_ce·(−logp) / n_ce          over tokens with w_ce > 0
     opd = Σ w_opd·surrogate / n_opd      over tokens with w_opd > 0
@@ -11,6 +13,7 @@ it into a loss. Each term is a weighted mean over its own tokens:
 where n counts the term's tokens with w > 0 in the whole global batch (all ranks, all
 micro-batches; `denominators`). Every value `loss` returns is a micro-batch's share of a
 global mean, so the learner sums them across micro-batches and ranks and gets exact means.
+A new term is one function here and a recipe whose `TokenWeights` name it.
 
 OPD surrogate (on-policy distillation): advantage A = −(logp_behaviour − logp_teacher), the
 negative per-token reverse-KL estimate; PPO-clipped importance ratio r = π_now/π_behaviour
@@ -20,11 +23,50 @@ raises the logprob of tokens the teacher likes more than the student.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rose_ray.learner.batching import WEIGHTS  # a term's weights in a micro-batch: `<term>_weights`
 from rose_ray.types import Batch
+
+
+@dataclass(frozen=True)
+class LossTerm:
+    """`value(logp, mask, weights, fields, clip_eps)`: Σ over masked tokens of w·(per-token
+    loss), and sums of its diagnostics; `needs`: batch fields that must be known on its
+    tokens, with what to do when they are not."""
+
+    name: str
+    value: Callable[..., tuple[torch.Tensor, dict[str, float]]]
+    needs: dict[str, str] = field(default_factory=dict)
+
+
+TERMS: dict[str, LossTerm] = {}
+
+
+def loss_term(name: str, needs: dict[str, str] | None = None) -> Callable:
+    """Register a function as the loss term `name` (what TokenWeights and recipes call it)."""
+    def register(fn: Callable) -> Callable:
+        TERMS[name] = LossTerm(name, fn, needs or {})
+        return fn
+    return register
+
+
+@loss_term("ce")
+def cross_entropy(logp: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor, t: dict[str, torch.Tensor],
+                  clip_eps: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Imitation: −logp of each trained token."""
+    return torch.where(mask, -logp * weights, 0.0).sum(), {}
+
+
+@loss_term("opd", needs={"teacher_logprobs": "score them with the teacher engine"})
+def on_policy_distillation(logp: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor,
+                           t: dict[str, torch.Tensor], clip_eps: float) -> tuple[torch.Tensor, dict[str, float]]:
+    return opd_surrogate(logp, mask, weights, t["old_logprobs"], t["teacher_logprobs"], clip_eps)
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -43,13 +85,17 @@ def aligned(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def denominators(batch: Batch) -> dict[str, float]:
-    """Token counts of each term over the whole (global) batch; checks the OPD inputs."""
-    ce = np.asarray(batch.ce_weights)[:, 1:] > 0
-    opd = np.asarray(batch.opd_weights)[:, 1:] > 0
-    if opd.any() and np.isnan(np.asarray(batch.teacher_logprobs)[:, 1:][opd]).any():
-        raise ValueError("teacher_logprobs are missing for some tokens of the OPD term "
-                         "(score them with the teacher engine)")
-    return {"ce": float(ce.sum()), "opd": float(opd.sum())}
+    """Token counts of each term over the whole (global) batch; checks each term's inputs."""
+    den = {}
+    for name, weights in batch.weights.items():
+        if name not in TERMS:
+            raise ValueError(f"loss term {name!r}: not registered (learner/losses.py has {tuple(TERMS)})")
+        mask = np.asarray(weights)[:, 1:] > 0
+        for key, remedy in TERMS[name].needs.items():
+            if mask.any() and np.isnan(np.asarray(getattr(batch, key))[:, 1:][mask]).any():
+                raise ValueError(f"{key} are missing for some tokens of the {name.upper()} term ({remedy})")
+        den[name] = float(mask.sum())
+    return den
 
 
 def loss(logp: torch.Tensor, t: dict[str, torch.Tensor], den: dict[str, float],
@@ -60,17 +106,14 @@ def loss(logp: torch.Tensor, t: dict[str, torch.Tensor], den: dict[str, float],
     """
     total = logp.sum() * 0.0  # keeps a graph when this micro-batch has no trained token
     metrics: dict[str, float] = {}
-    if den.get("ce", 0) > 0:
-        w = t["ce_weights"]
-        ce = torch.where(w > 0, -logp * w, 0.0).sum() / den["ce"]
-        total = total + ce
-        metrics["loss_ce"] = ce.item()
-    if den.get("opd", 0) > 0:
-        w = t["opd_weights"]
-        term, extra = opd_surrogate(logp, w > 0, w, t["old_logprobs"], t["teacher_logprobs"], clip_eps)
-        total = total + term / den["opd"]
-        metrics["loss_opd"] = term.item() / den["opd"]
-        metrics.update({k: v / den["opd"] for k, v in extra.items()})
+    for name, n in den.items():
+        if n <= 0:
+            continue
+        w = t[name + WEIGHTS]
+        term, extra = TERMS[name].value(logp, w > 0, w, t, clip_eps)
+        total = total + term / n
+        metrics[f"loss_{name}"] = term.item() / n
+        metrics.update({k: v / n for k, v in extra.items()})
     return total, metrics
 
 

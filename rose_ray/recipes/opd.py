@@ -2,30 +2,30 @@
 student token, and the student is pushed toward the tokens the teacher likes more than it
 does (reverse KL as a clipped policy-gradient surrogate, rose_ray/learner/losses.py).
 
+    algorithm: {name: opd}
+
     handoff   none: the student acts at every turn
     tokens    OPD on the student's tokens (the teacher must share the student's tokenizer)
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rose_ray.recipes import Recipe
+from rose_ray.rollout.handoff import StudentOnly, TurnPolicy
 from rose_ray.tokens import TokenWeights
 
 
+@dataclass
 class OnPolicyDistillation(Recipe):
-    name = "opd"
-    scoring_key = "algorithm"
+    name: str = "opd"
 
-    def handoff(self, cfg):
-        from rose_ray.rollout.episode import HandoffConfig
+    def turn_policy(self) -> TurnPolicy:
+        return StudentOnly()
 
-        return HandoffConfig("none")
-
-    def teacher_scores_student(self, cfg) -> bool:
+    def teacher_scores_student(self) -> bool:
         return True
 
-    def token_weights(self, cfg) -> TokenWeights:
+    def token_weights(self) -> TokenWeights:
         return TokenWeights(opd={"student": 1.0})
-
-
-OPD = OnPolicyDistillation()

@@ -2,37 +2,45 @@
 same game and conversation; the student learns to imitate the teacher's turns from the states
 its own turns led to.
 
-    handoff   rollout.handoff (fixed K, curriculum, on_failure or decay)
-    tokens    cross entropy on the teacher's tokens; with learner.lam > 0 also λ·OPD on the
-              student's own tokens (then the teacher scores them); otherwise the student's
-              turns are context only
+    algorithm: {name: rose, handoff: {policy: fixed, k: 5}, lam: 0.0}
+
+    handoff   who acts when (rollout/handoff.py: fixed K, curriculum, on_failure, decay, ...)
+    tokens    cross entropy on the teacher's tokens; with lam > 0 also λ·OPD on the student's
+              own tokens (then the teacher scores them); otherwise the student's turns are
+              context only
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from rose_ray.errors import ConfigError
 from rose_ray.recipes import Recipe
+from rose_ray.rollout.handoff import StudentOnly, TurnPolicy, turn_policy
 from rose_ray.tokens import TokenWeights
 
 
+@dataclass
 class Rose(Recipe):
-    name = "rose"
-    scoring_key = "learner.lam"
+    name: str = "rose"
+    handoff: Any = field(default_factory=lambda: {"policy": "fixed"})  # a turn policy's section
+    lam: float = 0.0  # weight of the OPD term on the student's own tokens
+    scoring_key: ClassVar[str] = "algorithm.lam"
 
-    def check(self, cfg) -> None:
-        from rose_ray.config import ConfigError
+    def __post_init__(self) -> None:
+        self.handoff = turn_policy(self.handoff)
+        if not self.lam >= 0:
+            raise ConfigError(f"algorithm.lam: must be >= 0, got {self.lam!r}")
+        if isinstance(self.handoff, StudentOnly) and self.lam == 0:
+            raise ConfigError("algorithm.handoff.policy: 'none' never hands off to the teacher, so rose with "
+                              "algorithm.lam=0 has no token to train (use algorithm opd for student-only episodes)")
 
-        if cfg.rollout.handoff.policy == "none" and cfg.learner.lam == 0:
-            raise ConfigError("rollout.handoff.policy: 'none' never hands off to the teacher, so rose with "
-                              "learner.lam=0 has no token to train (use algorithm opd for student-only episodes)")
+    def turn_policy(self) -> TurnPolicy:
+        return self.handoff
 
-    def handoff(self, cfg):
-        return cfg.rollout.handoff
+    def teacher_scores_student(self) -> bool:
+        return self.lam > 0
 
-    def teacher_scores_student(self, cfg) -> bool:
-        return cfg.learner.lam > 0
-
-    def token_weights(self, cfg) -> TokenWeights:
-        return TokenWeights(ce={"teacher": 1.0}, opd={"student": float(cfg.learner.lam)} if cfg.learner.lam > 0 else {})
-
-
-ROSE = Rose()
+    def token_weights(self) -> TokenWeights:
+        return TokenWeights(ce={"teacher": 1.0}, opd={"student": float(self.lam)} if self.lam > 0 else {})

@@ -25,12 +25,14 @@ def train_sft(
     batch_size: int = 8,
     log: Any = print,
     history: str = "sampled",
+    sft_owners: list[str] | tuple[str, ...] = ("student", "teacher"),
     **learner: Any,
 ) -> dict[str, Any]:
     """Train on every row `epochs` times in shuffled batches of `batch_size` rows, export to
     `out`. `learner` holds LearnerConfig fields (lr, ranks, zero_stage, dtype, ...). `history`:
     rows as per-turn pieces (`sampled`, what an engine builds) or as the chat template renders
-    each whole conversation (`template`, SFT as the card did it)."""
+    each whole conversation (`template`, SFT as the card did it). `sft_owners`: whose tokens
+    are imitated."""
     import ray
 
     from rose_ray.chat import ChatFormat
@@ -39,17 +41,20 @@ def train_sft(
     from rose_ray.recipes.teacher_sft import imitate
     from rose_ray.rows import read_jsonl, row_to_trajectory
     from rose_ray.tokens import make_batch, render, with_ids
+    from rose_ray.types import OWNERS
 
     if epochs < 1:
         raise ValueError(f"sft.epochs: must be >= 1, got {epochs!r}")
     if batch_size < 1:
         raise ValueError(f"sft.batch_size: must be >= 1, got {batch_size!r}")
+    if not sft_owners or set(sft_owners) - set(OWNERS):
+        raise ValueError(f"sft.owners: must be a non-empty subset of {OWNERS}, got {list(sft_owners)}")
     rows = read_jsonl(data)  # bad data fails here, before any actor starts
     steps = epochs * math.ceil(len(rows) / batch_size)
     if learner.get("schedule", "constant") != "constant":
         learner.setdefault("total_steps", steps)
     config = LearnerConfig(model=str(model), **learner)
-    weights = imitate(config.sft_owners)
+    weights = imitate(sft_owners)
     tokenizer = load_tokenizer(model)
     fmt = ChatFormat(tokenizer, history=history)
     seqs = []
@@ -123,11 +128,10 @@ def cli_main(args: Any) -> int:
     learner = {
         "lr": args.lr, "ranks": args.ranks, "zero_stage": args.zero_stage, "dtype": args.dtype,
         "max_tokens": args.max_tokens, "seed": args.seed,
-        "threads": args.threads, "sft_owners": args.owners.split(","),
-        "schedule": args.schedule, "warmup_steps": args.warmup_steps,
+        "threads": args.threads, "schedule": args.schedule, "warmup_steps": args.warmup_steps,
     }
-    result = train_sft(args.data, args.model, args.out, epochs=args.epochs,
-                       batch_size=args.batch_size, history=args.history, **learner)
+    result = train_sft(args.data, args.model, args.out, epochs=args.epochs, batch_size=args.batch_size,
+                       history=args.history, sft_owners=args.owners.split(","), **learner)
     last = result["history"][-1]["loss"] if result["history"] else float("nan")
     print(f"sft: {result['rows']} rows, {result['steps']} steps, final loss {last:.4f}; "
           f"model in {result['export']['path']}")

@@ -1,15 +1,21 @@
 """Teacher SFT, online: the teacher plays whole episodes and the student imitates them (the
 seed table's SFT row, with episodes played as training goes instead of read from a file).
 
+    algorithm: {name: teacher_sft, owners: [student, teacher]}
+
     handoff   teacher_only: the teacher acts from the first turn
-    tokens    cross entropy on the tokens of learner.sft_owners (default student and teacher;
-              in teacher-only episodes that is the teacher's)
+    tokens    cross entropy on the tokens of `owners` (in teacher-only episodes, the teacher's)
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from rose_ray.errors import ConfigError
 from rose_ray.recipes import Recipe
+from rose_ray.rollout.handoff import TeacherOnly, TurnPolicy
 from rose_ray.tokens import TokenWeights
+from rose_ray.types import OWNERS
 
 
 def imitate(owners: list[str] | tuple[str, ...]) -> TokenWeights:
@@ -17,23 +23,21 @@ def imitate(owners: list[str] | tuple[str, ...]) -> TokenWeights:
     return TokenWeights(ce={o: 1.0 for o in owners})
 
 
+@dataclass
 class TeacherSFT(Recipe):
-    name = "teacher_sft"
+    name: str = "teacher_sft"
+    owners: list[str] = field(default_factory=lambda: ["student", "teacher"])  # whose tokens to imitate
 
-    def check(self, cfg) -> None:
-        from rose_ray.config import ConfigError
-
-        if "teacher" not in cfg.learner.sft_owners:
-            raise ConfigError(f"learner.sft_owners: {list(cfg.learner.sft_owners)} leaves out the teacher, who "
+    def __post_init__(self) -> None:
+        bad = [o for o in self.owners if o not in OWNERS]
+        if not self.owners or bad:
+            raise ConfigError(f"algorithm.owners: must be a non-empty subset of {OWNERS}, got {list(self.owners)}")
+        if "teacher" not in self.owners:
+            raise ConfigError(f"algorithm.owners: {list(self.owners)} leaves out the teacher, who "
                               "plays every turn under teacher_sft, so no token would train")
 
-    def handoff(self, cfg):
-        from rose_ray.rollout.episode import HandoffConfig
+    def turn_policy(self) -> TurnPolicy:
+        return TeacherOnly()
 
-        return HandoffConfig("teacher_only")
-
-    def token_weights(self, cfg) -> TokenWeights:
-        return imitate(cfg.learner.sft_owners)
-
-
-TEACHER_SFT = TeacherSFT()
+    def token_weights(self) -> TokenWeights:
+        return imitate(self.owners)

@@ -1,14 +1,6 @@
 """One episode: the student acts for turns 1..K, then the teacher takes over, in the same game
-and the same conversation. Read top to bottom, this is the ROSE rollout.
-
-Who acts when is a handoff policy chosen by name:
-- `fixed`: the teacher takes over after K student turns (the seed: K=5, then 5 teacher turns).
-- `curriculum`: K grows with the learner step (k_start, +1 every `grow_every` steps, to k_max).
-- `on_failure`: the teacher takes over after the student's first invalid or repeated action.
-- `decay`: at each student turn the teacher takes over with probability p, which falls
-  linearly from p0 to 0 over `decay_steps` learner steps; each draw is seeded by the episode's
-  seed and the turn, so a restarted or repeated episode decides the same.
-- `none`: the student plays the whole episode (eval, OPD); `teacher_only`: K = 0.
+and the same conversation. Read top to bottom, this is the ROSE rollout. Who acts when is the
+recipe's turn policy (rollout/handoff.py), asked before each turn the student would play.
 
 Episodes talk to an EnvPool slot and to engine actors through Ray; every call is awaited,
 so many episodes run concurrently in one event loop.
@@ -16,7 +8,6 @@ so many episodes run concurrently in one event loop.
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,10 +16,9 @@ from rose_ray.chat import ChatFormat
 from rose_ray.envs.protocol import Protocol, parse_action
 from rose_ray.envs.worlds import get_world
 from rose_ray.inference.engine import GenerationRequest, droppable_from
+from rose_ray.rollout.handoff import TurnPolicy, TurnState
 from rose_ray.rollout.report import REPORT_MODES, ask_report
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
-
-HANDOFF_POLICIES = ("fixed", "curriculum", "on_failure", "decay", "none", "teacher_only")
 
 
 class ReplayMismatch(ValueError):
@@ -41,48 +31,6 @@ class EpisodeInterrupted(RuntimeError):
     def __init__(self, game: GameId, detail: str = "") -> None:
         super().__init__(f"episode on {game.item_id} interrupted: {detail}")
         self.game = game
-
-
-@dataclass
-class HandoffConfig:
-    policy: str = "fixed"
-    k: int = 5  # student turns before the teacher takes over (fixed)
-    k_start: int = 1  # curriculum
-    k_max: int = 10
-    grow_every: int = 10  # learner steps per +1 student turn
-    p0: float = 0.5  # decay: takeover probability per student turn at learner step 0
-    decay_steps: int = 100  # decay: learner steps over which p falls linearly to 0
-
-    def __post_init__(self) -> None:
-        if self.policy not in HANDOFF_POLICIES:
-            raise ValueError(f"rollout.handoff.policy: must be one of {HANDOFF_POLICIES}, got {self.policy!r}")
-        for key in ("k", "k_start", "k_max", "grow_every", "decay_steps"):
-            least = 1 if key in ("grow_every", "decay_steps") else 0
-            if int(getattr(self, key)) < least:
-                raise ValueError(f"rollout.handoff.{key}: must be >= {least}, got {getattr(self, key)!r}")
-        if not 0.0 <= self.p0 <= 1.0:  # NaN fails too
-            raise ValueError(f"rollout.handoff.p0: must be in [0, 1], got {self.p0!r}")
-
-    def student_turns(self, learner_step: int = 0) -> int | None:
-        """Turns the student plays before the handoff; None = no fixed limit."""
-        if self.policy == "fixed":
-            return self.k
-        if self.policy == "curriculum":
-            return min(self.k_max, self.k_start + learner_step // self.grow_every)
-        if self.policy == "teacher_only":
-            return 0
-        return None  # on_failure and decay decide during the episode; none never hands off
-
-    def takeover_p(self, learner_step: int) -> float:
-        """decay: the teacher's takeover probability at each student turn, at this learner step."""
-        return self.p0 * max(0.0, 1.0 - learner_step / self.decay_steps)
-
-
-def decay_takes_over(seed: str, turn: int, p: float) -> bool:
-    """Whether the teacher takes over at `turn` (decay): one uniform draw from a generator
-    seeded by the episode's seed and the turn, below p. String seeds hash the same in every
-    process, so the decision depends on nothing else (not on timing, nor on other episodes)."""
-    return random.Random(f"{seed}/turn{turn}").random() < p
 
 
 @dataclass
@@ -133,7 +81,7 @@ async def run_episode(
     student: Agent,
     teacher: Agent | None,
     config: EpisodeConfig,
-    handoff: HandoffConfig,
+    handoff: TurnPolicy,
     protocol: Protocol | None = None,
     learner_step: int = 0,
     request_prefix: str = "",
@@ -155,14 +103,11 @@ async def run_episode(
     timing = {"env_s": 0.0, "student_s": 0.0, "teacher_s": 0.0, "teacher_score_s": 0.0}
     # Agents built with `same_tokenizer` share one ChatFormat: then one id list serves both.
     shared = teacher is None or teacher.chat is student.chat
-    k = handoff.student_turns(learner_step)
-    if teacher is None and handoff.policy not in ("none",) and k != 0:
-        k = None  # no teacher: the student plays on (eval without a teacher)
-    if teacher is None and k == 0:
-        raise ValueError("handoff.policy teacher_only needs a teacher")
-    decay = handoff.policy == "decay" and teacher is not None
-    p = handoff.takeover_p(learner_step) if decay else None
-    seed = handoff_seed if handoff_seed is not None else game.item_id
+    if teacher is None and handoff.needs_teacher:
+        raise ValueError(f"handoff policy {handoff.policy} needs a teacher")
+    # No teacher: the student plays on whatever the policy says (eval without a teacher).
+    state = TurnState(learner_step, handoff_seed if handoff_seed is not None else game.item_id)
+    p = handoff.takeover_p(learner_step) if teacher is not None else None
 
     # The conversation, in the student's ids and (when the tokenizers differ) the teacher's.
     opening = protocol.opening()
@@ -211,18 +156,12 @@ async def run_episode(
             replayed += 1
             if step.done:
                 done, end_reason = True, step.end_reason
-        if replayed and k is not None:
-            k = max(k, replayed)  # recorded turns count against the student's share
     for turn in range(replayed + 1, config.max_turns + 1):
         if done:
             break
-        if decay and handoff_turn is None and decay_takes_over(seed, turn, p):
+        if teacher is not None and handoff_turn is None and handoff.takes_over(turn, state):
             handoff_turn = turn  # the teacher acts from this turn to the end
-        teacher_acts = teacher is not None and (
-            handoff_turn is not None or (k is not None and turn > k)
-        )
-        if teacher_acts and handoff_turn is None:
-            handoff_turn = turn
+        teacher_acts = handoff_turn is not None
         agent = teacher if teacher_acts else student
         sampling = config.teacher_sampling if teacher_acts else config.student_sampling
         view = teacher_turns if (teacher_acts and teacher_turns is not None) else turns
@@ -267,11 +206,8 @@ async def run_episode(
         invalid += bad
         truncated_turns += truncated
         cut_before_action += truncated and not parsed.valid_format
-        if (
-            handoff.policy == "on_failure" and not teacher_acts and teacher is not None
-            and (bad or parsed.action == last_action)
-        ):
-            handoff_turn = turn + 1  # the teacher acts from the next turn
+        if not teacher_acts:
+            state.student_failed = bad or parsed.action == last_action
         last_action = parsed.action
         last = step
         add_observation(step.observation)
@@ -311,7 +247,7 @@ async def run_episode(
         truncated_turns=int(truncated_turns),
         cut_before_action=int(cut_before_action),
         handoff_p=p,
-        handoff_seed=seed if decay else None,
+        handoff_seed=state.seed if p is not None else None,
         timing=timing,
         report=report,
         report_turns=report_turns,
