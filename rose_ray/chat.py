@@ -36,13 +36,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from rose_ray.errors import ConfigError, InputError
 from rose_ray.types import Turn
 
 _MARK = "\x1fROSE_RAY_TEXT\x1f"
 HISTORIES: tuple[str, ...] = ("sampled", "template")
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(InputError):
     """A chat template whose turns cannot be cut into per-turn pieces."""
 
 
@@ -55,7 +56,7 @@ class ChatFormat:
 
     def __init__(self, tokenizer: Any, enable_thinking: bool = False, history: str = "sampled") -> None:
         if history not in HISTORIES:
-            raise ValueError(f"chat.history: must be one of {HISTORIES}, got {history!r}")
+            raise ConfigError(f"chat.history: must be one of {HISTORIES}, got {history!r}")
         self.tokenizer = tokenizer
         self.enable_thinking = bool(enable_thinking)
         self.history = history

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rose_ray.config import TrainConfig, load_config
+from rose_ray.errors import InputError
 
 SAMPLE_OBSERVATIONS = (
     "Your task is to boil water. First, focus on the substance. Then, take actions that will "
@@ -36,9 +37,9 @@ def parse_stand_ins(pairs: list[str], flag: str = "--tokenizer-for") -> dict[str
     for pair in pairs:
         model, sep, folder = pair.partition("=")
         if not sep or not model or not folder:
-            raise ValueError(f"{flag}: expected MODEL=DIR, got {pair!r}")
+            raise InputError(f"{flag}: expected MODEL=DIR, got {pair!r}")
         if not Path(folder).is_dir():
-            raise ValueError(f"{flag} {pair}: {folder} is not a folder")
+            raise InputError(f"{flag} {pair}: {folder} is not a folder")
         out[model] = folder
     return out
 
@@ -56,7 +57,7 @@ def _tokenizer_path(cfg: TrainConfig, role: str, name: str, stand_ins: dict[str,
         try:
             load_tokenizer(name)  # the local Hugging Face cache may hold it
         except ModelNotAvailable:
-            raise ValueError(
+            raise InputError(
                 f"{role}_engine.model: {name!r} is not on this machine; pass "
                 f"--tokenizer-for {name}=DIR with a folder holding its tokenizer"
             ) from None
@@ -78,7 +79,7 @@ def show_pieces(role: str, chat: Any, protocol: Any, budget: int) -> list[str]:
     first = len(pieces[0][2]) + len(pieces[1][2])
     lines.append(f"  the first prompt is {first} ids; the engine allows {budget} before a reply")
     if first > budget:
-        raise ValueError(f"{role}_engine.context_tokens: the instruction and a first observation take "
+        raise InputError(f"{role}_engine.context_tokens: the instruction and a first observation take "
                          f"{first} ids, more than the {budget} left for a prompt (context_tokens minus "
                          "max_new_tokens)")
     return lines
@@ -102,7 +103,7 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
         served = check_served(config, SettingNames.of_section(f"{role}_engine"), scores)
         longest = cfg.student_engine.context_tokens  # the teacher scores whole episodes, up to this
         if scores and served.max_model_len is not None and served.max_model_len <= longest:
-            raise ValueError(f"student_engine.context_tokens: the teacher scores episodes of up to {longest} tokens, "
+            raise InputError(f"student_engine.context_tokens: the teacher scores episodes of up to {longest} tokens, "
                              f"and a server scores a sequence as a prompt with one token to generate: "
                              f"{served.name!r} at {served.url} needs max_model_len {longest + 1} or more, it has "
                              f"{served.max_model_len} (serve it with --max-model-len {longest + 1}, or lower "
@@ -134,7 +135,7 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
     for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine)):
         problem = backend_problem(engine.backend, import_it=True)
         if problem is not None:
-            raise ValueError(f"{role}_engine.backend: {problem}")
+            raise InputError(f"{role}_engine.backend: {problem}")
         out.append(f"{role} engine: backend {engine.backend}")
     out += check_served_engines(cfg)
 
@@ -147,7 +148,7 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
         try:
             chat = ChatFormat(toks[role], cfg.chat.enable_thinking, cfg.chat.history)
         except ChatTemplateError as e:
-            raise ValueError(f"{role}_engine.model: {name}: its chat template cannot be used: {e}") from None
+            raise InputError(f"{role}_engine.model: {name}: its chat template cannot be used: {e}") from None
         sampling = cfg.rollout.student_sampling if role == "student" else cfg.rollout.teacher_sampling
         out.append(f"{role}: {name} (tokenizer from {path}, {len(toks[role])} tokens)")
         out += show_pieces(role, chat, protocol, prompt_budget(engine, sampling))
@@ -166,18 +167,18 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
         try:
             games = catalogue.split(split)
         except (KeyError, ValueError) as e:
-            raise ValueError(f"{key}: {e.args[0] if e.args else e}") from None
+            raise InputError(f"{key}: {e.args[0] if e.args else e}") from None
         if cfg.tasks:
             games = [g for g in games if g.task in cfg.tasks]
         if not games:
-            raise ValueError(f"{key}: {split!r} holds no games{' of tasks ' + str(cfg.tasks) if cfg.tasks else ''}")
+            raise InputError(f"{key}: {split!r} holds no games{' of tasks ' + str(cfg.tasks) if cfg.tasks else ''}")
         chosen[key] = {g.item_id for g in games}
         used = min(len(games), cfg.eval.n) if key == "eval.split" else len(games)
         out.append(f"{key}: {split!r} under mapping {catalogue.mapping!r}: {len(games)} games"
                    f"{f', {used} evaluated' if key == 'eval.split' else ''}")
     overlap = chosen["rollout.split"] & chosen["eval.split"]
     if overlap:
-        raise ValueError(f"eval.split: {len(overlap)} of its games are also training games "
+        raise InputError(f"eval.split: {len(overlap)} of its games are also training games "
                          f"(e.g. {sorted(overlap)[0]}); the eval would not be held out")
 
     # Placement.
@@ -211,7 +212,7 @@ def check_main(args: Any) -> int:
             print(f"check: backend {line}")
         return 0
     if not args.config:
-        raise ValueError("check: give a CONFIG (or --backends)")
+        raise InputError("check: give a CONFIG (or --backends)")
     cfg = load_config(args.config, args.overrides)
     from rose_ray.placement import parse_nodes
 

@@ -12,8 +12,10 @@ import importlib
 import os
 import sys
 
+from rose_ray.errors import InputError
 
-class UsageError(Exception):
+
+class UsageError(InputError):
     """Bad user input: printed as `rose-ray: error: ...`, exit status 2."""
 
 
@@ -387,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(func(args) or 0)
-    except (UsageError, ValueError, KeyError, FileNotFoundError, ModelNotAvailable) as e:
+    except (InputError, FileNotFoundError, ModelNotAvailable) as e:  # bad input: its one line; a bug keeps its traceback
         if os.environ.get("ROSE_RAY_DEBUG"):
             raise
         message = e.args[0] if isinstance(e, KeyError) and e.args else e

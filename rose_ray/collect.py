@@ -33,6 +33,7 @@ from rose_ray.envs.base import StepResult
 from rose_ray.envs.catalogue import GameCatalogue, parse_item
 from rose_ray.envs.protocol import Protocol, parse_action
 from rose_ray.envs.worlds import get_world, world_protocol
+from rose_ray.errors import InputError
 from rose_ray.inference.backends import DEFAULT_COMMAND_BACKEND
 from rose_ray.rows import message_text, read_jsonl, row_schema, row_to_turns, write_jsonl
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
@@ -46,6 +47,7 @@ def gold_thought(action: str, location: str | None = None) -> str:
     if action.strip().isdigit():
         return f"{where}The game asks which one I meant; option {action.strip()} is the right one."
     return f"{where}To make progress on the task, I will {action} next."
+
 
 
 def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str]],
@@ -101,13 +103,13 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
     worlds = {g.world for g in games}
     for name in worlds:
         if not get_world(name).has_gold:
-            raise ValueError(f"{name} has no gold action paths for any of its games, so there are no "
+            raise InputError(f"{name} has no gold action paths for any of its games, so there are no "
                              "gold demonstrations to write; eval, collect and train work without them")
     if len(worlds) > 1:
-        raise ValueError(f"gold: games of several worlds ({sorted(worlds)}); make one dataset per world")
+        raise InputError(f"gold: games of several worlds ({sorted(worlds)}); make one dataset per world")
     world = get_world(worlds.pop() if worlds else None)
     if (observe or detours) and world.observed_gold is None:
-        raise ValueError(f"gold: {world.name} has no observed gold paths or detours (observe, detours); "
+        raise InputError(f"gold: {world.name} has no observed gold paths or detours (observe, detours); "
                          "use its gold paths as they are")
     protocol = protocol or world.protocol
     pool = EnvPool(num_games=max(1, min(workers, len(games))), world=world.name)
@@ -256,7 +258,7 @@ def _replay_turns(row: dict[str, Any]) -> list[Turn]:
             turn.owner = "student"
     start = next((i for i, t in enumerate(turns) if t.owner == "env"), None)
     if start is None:
-        raise ValueError(f"{row['item_id']}: no observation in the conversation")
+        raise InputError(f"{row['item_id']}: no observation in the conversation")
     rest = turns[start:]
     if len(rest) % 2 == 0:
         rest = rest[:-1]  # a trailing action without its observation cannot be checked
@@ -316,7 +318,7 @@ def _catalogue(args) -> GameCatalogue:
 
 def gold_main(args) -> int:
     if not get_world(args.world).has_gold:
-        raise ValueError(f"{args.world} has no gold action paths for any of its games, so there is "
+        raise InputError(f"{args.world} has no gold action paths for any of its games, so there is "
                          "nothing to write; eval, collect and train work without gold demonstrations")
     catalogue = _catalogue(args)
     protocol = world_protocol(args.world, args.instruction_from)

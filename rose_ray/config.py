@@ -15,11 +15,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rose_ray.envs.config import EnvConfig
-from rose_ray.errors import ConfigError
+from rose_ray.errors import ConfigError, InputError
 from rose_ray.inference.engine import EngineConfig
 from rose_ray.learner.learner import LearnerConfig
 from rose_ray.recipes import Recipe, get_recipe
@@ -283,12 +283,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         schema = OmegaConf.structured(TrainConfig)
         # One layer per override, so that `algorithm=teacher_sft algorithm.owners=[teacher]`
         # reads as written: the name, then a key of that recipe (see _algorithm_of).
-        layers = [OmegaConf.load(path), *(OmegaConf.from_dotlist([o]) for o in overrides or [])]
+        files = yaml_layers(path)
+        layers = [*files, *(OmegaConf.from_dotlist([o]) for o in overrides or [])]
         for n, layer in enumerate(layers):
             for key, why in REMOVED_KEYS.items():
                 if OmegaConf.select(layer, key, default=None) is None:
                     continue
-                if saved and n == 0:
+                if saved and n < len(files):
                     _carry_saved(layer, key)
                 else:
                     raise ConfigError(f"key {key!r}: removed; {why}")
@@ -303,8 +304,21 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
         raise ConfigError(f"{path}: {'key ' + repr(key) + ': ' if key else ''}{_first_line(e)}") from None
-    except ValueError as e:
+    except InputError as e:  # a section's check, naming its key; anything else is a bug
         raise ConfigError(f"{path}: {e}") from None
+
+
+def yaml_layers(path: Path, seen: tuple[Path, ...] = ()) -> list[Any]:
+    """A YAML file as config layers: those of its `base:` file (a path relative to it) first,
+    then its own keys. The seed configs share one base and state only what differs."""
+    path = Path(path).resolve()
+    if path in seen:
+        raise ConfigError(f"{path}: base: {' -> '.join(p.name for p in (*seen, path))} is a cycle")
+    if not path.is_file():
+        raise ConfigError(f"{seen[-1]}: base: {path} does not exist" if seen else f"config file {path} does not exist")
+    layer = OmegaConf.load(path)
+    base = layer.pop("base", None) if isinstance(layer, DictConfig) else None
+    return [*(yaml_layers(path.parent / base, (*seen, path)) if base else []), layer]
 
 
 def _carry_saved(layer: Any, key: str) -> None:

@@ -21,6 +21,10 @@ class ConfigError(InputError):
     """A config that cannot run; the message names the key."""
 
 
+class UnknownItem(InputError, KeyError):
+    """A game, task or variation a catalogue does not have (a KeyError too, for lookups)."""
+
+
 def chosen_section(kinds: Mapping[str, type], tag: str, value: Any, key: str) -> Any:
     """A config section that is one of several dataclasses, chosen by its `tag` field
     (`algorithm: {name: rose, ...}`, `handoff: {policy: decay, ...}`; a bare name stands for

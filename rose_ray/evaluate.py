@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rose_ray.errors import InputError
 from rose_ray.inference.backends import DEFAULT_COMMAND_BACKEND
 from rose_ray.types import GameId, SamplingParams, Trajectory
 
@@ -68,36 +69,36 @@ class EvalJob:
         from rose_ray.envs.worlds import get_world
 
         if not self.model:
-            raise ValueError("eval: --model is required")
+            raise InputError("eval: --model is required")
         if self.max_turns is None and not hasattr(get_world(self.world).catalogue, "turn_limit"):
             self.max_turns = 20  # worlds without limits of their own
         if self.judge_model and not self.judge:
-            raise ValueError("eval: --judge-model names the model of an openai: --judge; give --judge")
+            raise InputError("eval: --judge-model names the model of an openai: --judge; give --judge")
         if self.judge and self.world != "discoveryworld":
-            raise ValueError(f"eval: --judge scores DiscoveryWorld's critical questions; {self.world} has none")
+            raise InputError(f"eval: --judge scores DiscoveryWorld's critical questions; {self.world} has none")
         from rose_ray.judge import KNOWLEDGE_SOURCES
 
         if self.knowledge_from not in KNOWLEDGE_SOURCES:
-            raise ValueError(f"eval: --knowledge-from must be one of {KNOWLEDGE_SOURCES}, got {self.knowledge_from!r}")
+            raise InputError(f"eval: --knowledge-from must be one of {KNOWLEDGE_SOURCES}, got {self.knowledge_from!r}")
         if self.judge_max_new_tokens < 1:
-            raise ValueError(f"eval: --judge-max-new-tokens must be >= 1, got {self.judge_max_new_tokens}")
+            raise InputError(f"eval: --judge-max-new-tokens must be >= 1, got {self.judge_max_new_tokens}")
         if (self.handoff is None) != (self.teacher is None):
-            raise ValueError("eval: --handoff and --teacher go together")
+            raise InputError("eval: --handoff and --teacher go together")
         from rose_ray.chat import HISTORIES
         from rose_ray.inference.engine import CONTEXT_POLICIES
 
         if self.history not in HISTORIES:
-            raise ValueError(f"eval: --history must be one of {HISTORIES}, got {self.history!r}")
+            raise InputError(f"eval: --history must be one of {HISTORIES}, got {self.history!r}")
 
         if self.context_policy not in CONTEXT_POLICIES:
-            raise ValueError(f"eval: --context-policy must be one of {CONTEXT_POLICIES}, got {self.context_policy!r}")
+            raise InputError(f"eval: --context-policy must be one of {CONTEXT_POLICIES}, got {self.context_policy!r}")
         if self.handoff is not None and self.handoff < 0:
-            raise ValueError(f"eval: --handoff must be >= 0, got {self.handoff}")
+            raise InputError(f"eval: --handoff must be >= 0, got {self.handoff}")
         for key in ("max_turns", "concurrency", "env_workers", "max_new_tokens"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
-                raise ValueError(f"eval: --{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
+                raise InputError(f"eval: --{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
         if self.n is not None and self.n < 1:
-            raise ValueError(f"eval: --n must be >= 1, got {self.n}")
+            raise InputError(f"eval: --n must be >= 1, got {self.n}")
 
 
 # --------------------------------------------------------------------------- metrics
@@ -209,7 +210,7 @@ def compare(paths: list[str]) -> str:
             result = json.loads(Path(p).read_text())
             result["summary"]["overall"]["score"]
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{p}: not an eval result ({type(e).__name__}: {e})") from None
+            raise InputError(f"{p}: not an eval result ({type(e).__name__}: {e})") from None
         results.append((p, result))
     paper = any("paper" in r["summary"] for _, r in results)
     head = "| model | games | Score | Success | Pass |" + (" Completion | Process | Knowledge |" if paper else "")
@@ -404,7 +405,7 @@ def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]
                 if {"world": "sciworld", "instruction_from": None, "enable_thinking": False, "report": False,
                     "tasks": [], "context_policy": "drop_oldest", "history": "sampled",
                     **record["eval_config"]} != want:
-                    raise ValueError(
+                    raise InputError(
                         f"{path}: partial results of an eval with other settings "
                         f"({record['eval_config']}); use another --out or delete the file"
                     )
@@ -413,7 +414,7 @@ def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]
         except (json.JSONDecodeError, KeyError, TypeError):
             if n == len(lines):  # the last line of a killed run can be cut short
                 continue
-            raise ValueError(f"{path}:{n}: unreadable partial result; delete the file to start over") from None
+            raise InputError(f"{path}:{n}: unreadable partial result; delete the file to start over") from None
     return done
 
 

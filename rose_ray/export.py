@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rose_ray.config import TrainConfig, load_config
+from rose_ray.errors import InputError
 from rose_ray.runs import resolve_run
 
 MODEL_INFO = "rose_ray_model.json"
@@ -60,14 +61,14 @@ def check_request(run_dir: str | Path, out: str | Path, step: int | None) -> tup
     run = Path(run_dir)
     steps = kept_steps(run)
     if not steps:
-        raise ValueError(f"{run}: no checkpoint kept under {run / 'checkpoints'}")
+        raise InputError(f"{run}: no checkpoint kept under {run / 'checkpoints'}")
     if step is None:
         step = steps[-1]
     elif step not in steps:
-        raise ValueError(f"{run}: no checkpoint of step {step}; kept steps: {', '.join(map(str, steps))}")
+        raise InputError(f"{run}: no checkpoint of step {step}; kept steps: {', '.join(map(str, steps))}")
     target = Path(out)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise ValueError(f"--out {target}: already exists and is not an empty folder; give a new one")
+        raise InputError(f"--out {target}: already exists and is not an empty folder; give a new one")
     return load_config(run / "config.yaml"), step
 
 

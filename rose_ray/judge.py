@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rose_ray.envs.protocol import parse_thought, strip_thinking
+from rose_ray.errors import InputError
 from rose_ray.types import SamplingParams
 
 KNOWLEDGE_SOURCES = ("thoughts", "report")
@@ -334,7 +335,7 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
     an answer. Returns counts: questions, asked, cached, unparsed, errors, and `cut` (records
     whose knowledge was cut to fit)."""
     if source not in KNOWLEDGE_SOURCES:
-        raise ValueError(f"knowledge from: must be one of {KNOWLEDGE_SOURCES}, got {source!r}")
+        raise InputError(f"knowledge from: must be one of {KNOWLEDGE_SOURCES}, got {source!r}")
     knowledge_of: dict[int, tuple[str, bool]] = {
         id(r): fit_knowledge((r.get(source) or "").strip(), cfg.knowledge_chars)
         for r in records if r.get("critical_questions")}

@@ -33,6 +33,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rose_ray.errors import InputError
 from rose_ray.inference.engine import resolve_dtype
 from rose_ray.placement import NodeInfo, PlacementError
 
@@ -86,7 +87,7 @@ class ModelShape:
     def from_config(cls, name: str, source: str, config: dict[str, Any]) -> ModelShape:
         config = config.get("text_config", config) if "hidden_size" not in config else config
         if config.get("num_experts") or config.get("num_local_experts"):
-            raise ValueError(f"{name} ({source}): a mixture-of-experts model; the memory plan counts dense models only")
+            raise InputError(f"{name} ({source}): a mixture-of-experts model; the memory plan counts dense models only")
         try:
             heads = int(config["num_attention_heads"])
             hidden = int(config["hidden_size"])
@@ -96,7 +97,7 @@ class ModelShape:
                        int(config["intermediate_size"]), int(config["vocab_size"]),
                        bool(config.get("tie_word_embeddings", False)))  # untied counts the head: the larger
         except KeyError as e:
-            raise ValueError(f"{name} ({source}): the model config has no {e.args[0]!r}") from None
+            raise InputError(f"{name} ({source}): the model config has no {e.args[0]!r}") from None
 
     @property
     def q_width(self) -> int:
@@ -159,12 +160,12 @@ def model_shape(name: str, key: str, tiny_dir: str, config_for: dict[str, str]) 
     if folder is not None:
         file = folder / "config.json"
         if not file.is_file():
-            raise ValueError(f"{key}: {folder} holds no config.json (the memory plan reads the model's sizes there)")
+            raise InputError(f"{key}: {folder} holds no config.json (the memory plan reads the model's sizes there)")
         return ModelShape.from_config(name, str(file), json.loads(file.read_text()))
     table = shipped_sizes()
     if name in table:
         return ModelShape.from_config(name, SHIPPED_TABLE, table[name])
-    raise ValueError(f"{key}: {name!r} has no config.json on this machine and is not one of the shipped "
+    raise InputError(f"{key}: {name!r} has no config.json on this machine and is not one of the shipped "
                      f"Qwen3 sizes ({', '.join(table)}); pass --model-config-for {name}=DIR with a folder "
                      "holding its config.json")
 
@@ -356,7 +357,7 @@ def gpu_memory(gib: float | None, nodes: list[NodeInfo] | None) -> tuple[float |
     `accelerator_type:` resources name on the nodes, else unknown (None)."""
     if gib is not None:
         if gib <= 0:
-            raise ValueError(f"--gpu-memory: must be > 0 GiB, got {gib:g}")
+            raise InputError(f"--gpu-memory: must be > 0 GiB, got {gib:g}")
         return gib, f"{gib:g} GiB per GPU (--gpu-memory)"
     named = {key.split(":", 1)[1] for n in nodes or [] if n.total.get("GPU", 0) > 0
              for key in n.total if key.startswith("accelerator_type:")}

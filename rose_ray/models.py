@@ -24,6 +24,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rose_ray.errors import InputError
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -126,7 +128,7 @@ def load_model(name_or_path: str | Path, dtype: str = "float32", device: str = "
     _quiet_transformers()
     torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype, None)
     if torch_dtype is None:
-        raise ValueError(f"dtype must be float32, bfloat16, float16 or auto, not {dtype!r}")
+        raise InputError(f"dtype must be float32, bfloat16, float16 or auto, not {dtype!r}")
     try:
         model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=torch_dtype)
     except (OSError, ValueError) as e:
@@ -144,7 +146,7 @@ def build_tokenizer(vocab_size: int = 8192, style: str = "plain") -> Any:
     from transformers import PreTrainedTokenizerFast
 
     if style not in STYLES:
-        raise ValueError(f"tiny style: must be one of {STYLES}, got {style!r}")
+        raise InputError(f"tiny style: must be one of {STYLES}, got {style!r}")
     tok = Tokenizer(models.BPE())
     if style == "qwen3":
         tok.pre_tokenizer = pre_tokenizers.Sequence([

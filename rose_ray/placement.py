@@ -18,11 +18,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from rose_ray.errors import InputError
+
 # Resources Ray reports per node that no role asks for; left out of tables.
 _HIDDEN = ("memory", "object_store_memory", "node:", "accelerator_type:")
 
 
-class PlacementError(ValueError):
+
+class PlacementError(InputError):
     """The cluster cannot hold the config; the message names the role and the resource."""
 
 
@@ -168,7 +171,7 @@ def parse_nodes(specs: list[str]) -> list[NodeInfo]:
             except ValueError:
                 sep = ""
             if not sep or not key.strip():
-                raise ValueError(f"--node: expected RESOURCE=NUMBER[,...] (e.g. CPU=64,GPU=8), got {spec!r}")
+                raise InputError(f"--node: expected RESOURCE=NUMBER[,...] (e.g. CPU=64,GPU=8), got {spec!r}")
         for _ in range(int(count)):
             nodes.append(NodeInfo(f"node{len(nodes)}", "described", dict(res), dict(res)))
     return nodes

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rose_ray.errors import InputError
 from rose_ray.types import OWNERS, GameId, Trajectory, Turn
 
 # Per schema: (role key, text key, {the schema's role name: our role}).
@@ -33,7 +34,7 @@ MESSAGE_KEYS: dict[str, tuple[str, str, dict[str, str]]] = {
 _OPTIONAL = {"task": str, "var": int, "rounds": int}
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """A dataset row that does not follow the schema; the message names file:line and key."""
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from rose_ray.errors import InputError
+
 VERSION = "version_"
 LATEST = "latest"
 
@@ -54,8 +56,8 @@ def resolve_run(path: str | Path) -> Path:
         run = path / (path / LATEST).read_text().strip()
         if (run / "config.yaml").is_file():
             return run
-        raise ValueError(f"{path}: its `{LATEST}` file names {run}, which holds no run (no config.yaml)")
-    raise ValueError(f"{path}: not a run directory (no config.yaml there, nor a `{LATEST}` file naming one)")
+        raise InputError(f"{path}: its `{LATEST}` file names {run}, which holds no run (no config.yaml)")
+    raise InputError(f"{path}: not a run directory (no config.yaml there, nor a `{LATEST}` file naming one)")
 
 
 def keep_result(out: str | Path, text: str, version: Path | None = None) -> Path:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rose_ray.config import TrainConfig, load_config, to_yaml
+from rose_ray.errors import InputError
 from rose_ray.learner.learner import LearnerLost
 from rose_ray.reliability import RoleFailed, describe_error
 from rose_ray.run import Run, results_table
@@ -272,8 +273,8 @@ def train(config: str | None = None, overrides: list[str] | None = None, resume:
     if resume:
         try:
             run_dir = resolve_run(resume)
-        except ValueError as e:
-            raise ValueError(f"--resume {e}") from None
+        except InputError as e:
+            raise InputError(f"--resume {e}") from None
         cfg = load_config(run_dir / "config.yaml", overrides, saved=True)
     else:
         cfg = load_config(config, overrides)
@@ -305,13 +306,13 @@ def fresh_run_dir(cfg: TrainConfig, named: bool) -> Path:
     where = Path(cfg.run_dir)
     if named:
         if holds_run(where):
-            raise ValueError(f"run_dir {where} already holds a run: continue it with --resume {where}, or "
+            raise InputError(f"run_dir {where} already holds a run: continue it with --resume {where}, or "
                              "give another run_dir= (without run_dir=, each run gets a new version_N folder "
                              "under the config's run_dir)")
         where.mkdir(parents=True, exist_ok=True)
         return where
     if (where / "config.yaml").is_file():  # one run, not a folder of versions (an older layout)
-        raise ValueError(f"run_dir {where} holds a run itself (its config.yaml): continue it with --resume "
+        raise InputError(f"run_dir {where} holds a run itself (its config.yaml): continue it with --resume "
                          f"{where}, or move it away (mv {where} {where}_old) so that runs go to "
                          f"{where}/version_N, or give another name=")
     return new_version(where)

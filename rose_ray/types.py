@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rose_ray.errors import InputError
+
 Owner = Literal["prompt", "env", "student", "teacher"]
 Role = Literal["user", "assistant"]
 OWNERS: tuple[str, ...] = ("prompt", "env", "student", "teacher")
@@ -99,7 +101,7 @@ class Trajectory:
         and AgentGym's mark every student and teacher reply (what a dataset offers to train).
         """
         if schema not in SCHEMAS:
-            raise ValueError(f"schema: must be one of {SCHEMAS}, got {schema!r}")
+            raise InputError(f"schema: must be one of {SCHEMAS}, got {schema!r}")
         if loss is not None and len(loss) != len(self.turns):
             raise ValueError(f"loss: {len(loss)} flags for {len(self.turns)} turns")
         conversations = []

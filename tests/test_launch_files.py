@@ -21,6 +21,32 @@ SEEDS = {"rose": "configs/rose_qwen3_1p7b_32b.yaml", "opd": "configs/opd_qwen3_1
 PIN = ["env.resources.env_node=1"]  # what every cluster launcher adds
 
 
+def test_seed_configs_share_a_base_and_state_only_what_differs(tmp_path):
+    from rose_ray.config import ConfigError, to_dict
+
+    base = to_dict(load_config(ROOT / "configs/base_qwen3_1p7b_32b.yaml"))
+    differs = {"rose": {"name", "algorithm"}, "sft": {"name", "algorithm"},
+               "opd": {"name", "algorithm", "chat", "teacher_engine"}}
+    for name, path in SEEDS.items():
+        own = yaml.safe_load((ROOT / path).read_text())
+        assert own.pop("base") == "base_qwen3_1p7b_32b.yaml" and set(own) == differs[name]
+        cfg = to_dict(load_config(ROOT / path))
+        # run_dir follows the name; the base alone runs rose with K=5 too
+        assert {k for k in cfg if cfg[k] != base[k]} == differs[name] - ({"algorithm"} if name == "rose" else set()) | {"run_dir"}
+    # A base of a base, overrides over both, a missing base and a cycle, each named.
+    (tmp_path / "a.yaml").write_text("steps: 7\nmode: sync\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\nsteps: 9\n")
+    (tmp_path / "c.yaml").write_text("base: b.yaml\nname: c\n")
+    cfg = load_config(tmp_path / "c.yaml", ["mode=async"])
+    assert (cfg.name, cfg.steps, cfg.mode) == ("c", 9, "async")
+    (tmp_path / "d.yaml").write_text("base: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match="d.yaml: base: .*nowhere.yaml does not exist"):
+        load_config(tmp_path / "d.yaml")
+    (tmp_path / "a.yaml").write_text("base: c.yaml\n")
+    with pytest.raises(ConfigError, match="base: c.yaml -> b.yaml -> a.yaml -> c.yaml is a cycle"):
+        load_config(tmp_path / "c.yaml")
+
+
 @pytest.mark.parametrize("name", sorted(SEEDS))
 def test_seed_configs_load_with_the_seed_setup(name):
     cfg = load_config(ROOT / SEEDS[name])

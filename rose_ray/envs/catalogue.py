@@ -13,6 +13,7 @@ import random
 from importlib import resources
 from pathlib import Path
 
+from rose_ray.errors import InputError, UnknownItem
 from rose_ray.types import GameId
 
 SPLITS = ("train", "dev", "test", "all")
@@ -51,11 +52,11 @@ class GameCatalogue:
 
             other = world_of_item(item)
             if other is not None and other != self.world:
-                raise ValueError(f"item {item!r} is a {other} game, not {self.world}; "
+                raise InputError(f"item {item!r} is a {other} game, not {self.world}; "
                                  f"pass --world {other} (env.world={other} for train)") from None
             raise
         if not 0 <= index < len(self.games):
-            raise KeyError(
+            raise UnknownItem(
                 f"item {item!r} is outside the {self.mapping!r} mapping (0..{len(self.games) - 1})"
             )
         return self.games[index]
@@ -69,14 +70,14 @@ class GameCatalogue:
         if name in self.named_id_lists:
             filename, mapping = self.named_id_lists[name]
             if mapping != self.mapping:
-                raise ValueError(
+                raise InputError(
                     f"split {name!r} lists item ids of the {mapping!r} mapping, "
                     f"not {self.mapping!r}; pass --mapping {mapping}"
                 )
             return self.load_id_list(resources.files("rose_ray.envs").joinpath("data", filename))
         path = Path(name)
         if not path.exists():
-            raise ValueError(
+            raise InputError(
                 f"unknown split {str(name)!r}: use one of {list(SPLITS) + list(self.named_id_lists)} "
                 "or the path of a JSON id-list file"
             )
@@ -88,19 +89,19 @@ class GameCatalogue:
         try:
             items = json.loads(Path(path).read_text() if isinstance(path, str) else path.read_text())
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from e
+            raise InputError(f"{path}: not valid JSON ({e})") from e
         if not isinstance(items, list):
-            raise ValueError(f"{path}: expected a JSON list of item ids, got {type(items).__name__}")
+            raise InputError(f"{path}: expected a JSON list of item ids, got {type(items).__name__}")
         games = []
         for i, item in enumerate(items):
             if isinstance(item, dict):
                 if "item_id" not in item:
-                    raise ValueError(f"{path}: entry {i} is an object without an 'item_id'")
+                    raise InputError(f"{path}: entry {i} is an object without an 'item_id'")
                 item = item["item_id"]
             try:
                 games.append(self.game(item))
             except (KeyError, ValueError) as e:
-                raise ValueError(f"{path}: entry {i} ({item!r}): {e.args[0]}") from None
+                raise InputError(f"{path}: entry {i} ({item!r}): {e.args[0]}") from None
         return games
 
     def sample(self, split: str | Path, n: int | None, seed: int = 0,
@@ -120,7 +121,7 @@ class GameCatalogue:
             known = set(self.task_names())
             unknown = [t for t in tasks if t not in known]
             if unknown:
-                raise ValueError(f"tasks: unknown task(s) {unknown} in {self.world} (mapping {self.mapping!r}); "
+                raise InputError(f"tasks: unknown task(s) {unknown} in {self.world} (mapping {self.mapping!r}); "
                                  f"`rose-ray games --world {self.world}` lists them")
             wanted = set(tasks)
             pool = [g for g in pool if g.task in wanted]
@@ -151,7 +152,7 @@ class GameCatalogue:
 def parse_item(item: int | str, prefix: str = "") -> int:
     """`<prefix>12` (`sciworld_12`), `12` or 12 -> 12; anything else is a ValueError naming the value."""
     if isinstance(item, bool):
-        raise ValueError(f"not an item id: {item!r}")
+        raise InputError(f"not an item id: {item!r}")
     if isinstance(item, int):
         return item
     if isinstance(item, str):
@@ -159,5 +160,5 @@ def parse_item(item: int | str, prefix: str = "") -> int:
         if text.isdigit():
             return int(text)
     expected = f"an integer or '{prefix}<n>'" if prefix else "an integer"
-    raise ValueError(f"not an item id: {item!r} (expected {expected})")
+    raise InputError(f"not an item id: {item!r} (expected {expected})")
 

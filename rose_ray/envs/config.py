@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rose_ray.errors import ConfigError, InputError
+
 DEFAULT_HEAP = "256m"  # ScienceWorld's JVM heap cap (-Xmx); 128m runs out of memory generating gold paths
 
 
@@ -27,17 +29,17 @@ class EnvConfig:
     def __post_init__(self) -> None:
         for key in ("workers", "games_per_worker"):
             if int(getattr(self, key)) < 1:
-                raise ValueError(f"env.{key}: must be >= 1, got {getattr(self, key)!r}")
+                raise ConfigError(f"env.{key}: must be >= 1, got {getattr(self, key)!r}")
         if self.call_timeout_s <= 0:
-            raise ValueError(f"env.call_timeout_s: must be > 0, got {self.call_timeout_s!r}")
+            raise ConfigError(f"env.call_timeout_s: must be > 0, got {self.call_timeout_s!r}")
         from rose_ray.envs.worlds import WORLDS, get_world
 
         if self.world not in WORLDS:
-            raise ValueError(f"env.world: must be one of {sorted(WORLDS)}, got {self.world!r}")
+            raise ConfigError(f"env.world: must be one of {sorted(WORLDS)}, got {self.world!r}")
         try:
             get_world(self.world).catalogue(self.mapping)
-        except ValueError as e:
-            raise ValueError(f"env.mapping: {e}") from None
+        except InputError as e:
+            raise ConfigError(f"env.mapping: {e}") from None
         if self.instruction_from:
             self.protocol()  # an unreadable file fails at load, naming the key
 
@@ -47,5 +49,5 @@ class EnvConfig:
 
         try:
             return world_protocol(self.world, self.instruction_from)
-        except ValueError as e:
-            raise ValueError(f"env.instruction_from: {e}") from None
+        except InputError as e:
+            raise ConfigError(f"env.instruction_from: {e}") from None

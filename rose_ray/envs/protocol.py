@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from rose_ray.errors import InputError
+
 
 @dataclass(frozen=True)
 class ParsedAction:
@@ -102,7 +104,7 @@ class Protocol:
         conv = validate_conversation(row.get("conversations"), where)
         roles = [message_text(m)[0] for m in conv[:2]]
         if roles != ["user", "assistant"]:
-            raise ValueError(f"{where}: conversations: the first two messages must be the instruction "
+            raise InputError(f"{where}: conversations: the first two messages must be the instruction "
                              f"(user) and its acknowledgement (assistant), got {roles}")
         return replace(self, instruction=message_text(conv[0])[1], acknowledgement=message_text(conv[1])[1])
 
@@ -110,7 +112,7 @@ class Protocol:
         """This protocol with the instruction and acknowledgement of a JSONL dataset's first row."""
         path = Path(path)
         if not path.is_file():
-            raise ValueError(f"instruction from {path}: no such file")
+            raise InputError(f"instruction from {path}: no such file")
         with path.open(encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
@@ -118,7 +120,7 @@ class Protocol:
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); cannot read the "
+                    raise InputError(f"{path}:{lineno}: not valid JSON ({e.msg}); cannot read the "
                                      "instruction from it") from None
                 return self.with_opening_of(row, f"{path}:{lineno}")
-        raise ValueError(f"{path}: no rows to read an instruction from")
+        raise InputError(f"{path}: no rows to read an instruction from")

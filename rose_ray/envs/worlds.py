@@ -17,12 +17,14 @@ from typing import Any
 
 from rose_ray.envs.base import Game
 from rose_ray.envs.protocol import Protocol
+from rose_ray.errors import InputError
 
 WORLDS: dict[str, str] = {
     "sciworld": "rose_ray.envs.sciworld",
     "discoveryworld": "rose_ray.envs.discoveryworld",
 }
 DEFAULT_WORLD = "sciworld"
+
 
 
 @dataclass(frozen=True)
@@ -48,11 +50,11 @@ def get_world(name: str | None) -> World:
     """The world called `name` (None = sciworld); a clear error for an unknown or missing one."""
     name = name or DEFAULT_WORLD
     if name not in WORLDS:
-        raise ValueError(f"unknown world {name!r}; choose from {sorted(WORLDS)}")
+        raise InputError(f"unknown world {name!r}; choose from {sorted(WORLDS)}")
     try:
         module = importlib.import_module(WORLDS[name])
     except ImportError as e:
-        raise ValueError(f"world {name!r} needs a package that is not installed ({e.name}): "
+        raise InputError(f"world {name!r} needs a package that is not installed ({e.name}): "
                          f"pip install -e '.[{name}]'") from e
     return module.WORLD
 
@@ -61,7 +63,7 @@ def paper_tables(name: str = "discoveryworld") -> Any:
     """The paper scoring of a world (`World.paper_tables`); a ValueError for a world without."""
     tables = get_world(name).paper_tables
     if tables is None:
-        raise ValueError(f"world {name!r} has no paper tables")
+        raise InputError(f"world {name!r} has no paper tables")
     return tables
 
 

@@ -12,6 +12,7 @@ import importlib.metadata
 import importlib.util
 from typing import Any
 
+from rose_ray.errors import InputError
 from rose_ray.inference.engine import EngineConfig, GenerationEngine
 
 # `--backend` of the one-off commands (eval, collect, continue, serve): auto = resolve_backend.
@@ -88,16 +89,16 @@ def command_engine(model: str, flag: str, backend: str, tokenizer: str | None = 
     if model.startswith(SERVED_PREFIX):
         base_url = model[len(SERVED_PREFIX):]
         if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"{flag} {model}: expected openai:http://HOST:PORT/v1")
+            raise InputError(f"{flag} {model}: expected openai:http://HOST:PORT/v1")
         if not tokenizer:
-            raise ValueError(f"{flag} {model}: a served model needs --tokenizer (a local folder with its tokenizer: "
+            raise InputError(f"{flag} {model}: a served model needs --tokenizer (a local folder with its tokenizer: "
                              "prompts go to the server as token ids)")
         return EngineConfig(backend="openai", base_url=base_url, model=served_model, tokenizer=tokenizer, **settings)
     name = resolve_backend(backend)
     if name not in COMMAND_BACKENDS:
-        raise ValueError(f"--backend: must be one of {COMMAND_BACKENDS}, got {backend!r}")
+        raise InputError(f"--backend: must be one of {COMMAND_BACKENDS}, got {backend!r}")
     if (problem := backend_problem(name)) is not None:
-        raise ValueError(f"--backend {backend}: {problem}")
+        raise InputError(f"--backend {backend}: {problem}")
     return EngineConfig(backend=name, model=model, **settings)
 
 

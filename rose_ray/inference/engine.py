@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from rose_ray.errors import ConfigError, InputError
 from rose_ray.types import SamplingParams, Turn
 
 FinishReason = Literal["stop", "length", "context"]
@@ -23,6 +24,7 @@ ContextPolicy = Literal["drop_oldest", "end_episode"]
 CONTEXT_POLICIES: tuple[str, ...] = ("drop_oldest", "end_episode")
 BACKENDS: tuple[str, ...] = ("hf", "vllm", "openai")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16")
+
 
 
 def cpu_supports_bf16() -> bool:
@@ -130,40 +132,40 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise ValueError(f"engine.backend: must be one of {BACKENDS}, got {self.backend!r}")
+            raise ConfigError(f"engine.backend: must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend in ("hf", "vllm") and not self.model:
-            raise ValueError(f"engine.model: a model folder or name is required for backend {self.backend!r}")
+            raise ConfigError(f"engine.model: a model folder or name is required for backend {self.backend!r}")
         if self.dtype not in DTYPES:
-            raise ValueError(f"engine.dtype: must be one of {DTYPES}, got {self.dtype!r}")
+            raise ConfigError(f"engine.dtype: must be one of {DTYPES}, got {self.dtype!r}")
         if self.context_policy not in CONTEXT_POLICIES:
-            raise ValueError(
+            raise ConfigError(
                 f"engine.context_policy: must be one of {CONTEXT_POLICIES}, got {self.context_policy!r}"
             )
         for key in ("max_batch_size", "context_tokens", "tensor_parallel_size"):
             if int(getattr(self, key)) < 1:
-                raise ValueError(f"engine.{key}: must be >= 1, got {getattr(self, key)!r}")
+                raise ConfigError(f"engine.{key}: must be >= 1, got {getattr(self, key)!r}")
         for key in ("max_wait_ms", "timeout_s", "prefix_cache_mb", "retry_s"):
             if float(getattr(self, key)) < 0:
-                raise ValueError(f"engine.{key}: must be >= 0, got {getattr(self, key)!r}")
+                raise ConfigError(f"engine.{key}: must be >= 0, got {getattr(self, key)!r}")
         if not float(self.kv_cache_mb) > 0:
-            raise ValueError(f"engine.kv_cache_mb: must be > 0, got {self.kv_cache_mb!r}")
+            raise ConfigError(f"engine.kv_cache_mb: must be > 0, got {self.kv_cache_mb!r}")
         if not 0 < float(self.gpu_memory_utilization) <= 1:
-            raise ValueError(f"engine.gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization!r}")
+            raise ConfigError(f"engine.gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization!r}")
         for key in ("keep_first_turns", "threads"):
             if int(getattr(self, key)) < 0:
-                raise ValueError(f"engine.{key}: must be >= 0, got {getattr(self, key)!r}")
+                raise ConfigError(f"engine.{key}: must be >= 0, got {getattr(self, key)!r}")
 
 
 def validate_sampling(s: SamplingParams) -> None:
     """Raise ValueError naming the bad field."""
     if s.temperature < 0:
-        raise ValueError(f"sampling.temperature: must be >= 0, got {s.temperature!r}")
+        raise InputError(f"sampling.temperature: must be >= 0, got {s.temperature!r}")
     if not 0 < s.top_p <= 1:
-        raise ValueError(f"sampling.top_p: must be in (0, 1], got {s.top_p!r}")
+        raise InputError(f"sampling.top_p: must be in (0, 1], got {s.top_p!r}")
     if s.max_new_tokens < 0:
-        raise ValueError(f"sampling.max_new_tokens: must be >= 0, got {s.max_new_tokens!r}")
+        raise InputError(f"sampling.max_new_tokens: must be >= 0, got {s.max_new_tokens!r}")
     if any(not isinstance(x, str) or not x for x in s.stop):
-        raise ValueError(f"sampling.stop: must be non-empty strings, got {s.stop!r}")
+        raise InputError(f"sampling.stop: must be non-empty strings, got {s.stop!r}")
 
 
 def _length(turn: Turn) -> int:

@@ -29,6 +29,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from rose_ray.chat import ChatFormat
+from rose_ray.errors import ConfigError
 from rose_ray.inference.engine import (
     EngineConfig,
     GenerationRequest,
@@ -43,6 +44,7 @@ from rose_ray.types import SamplingParams
 
 # Bound on logits materialised at once when scoring (elements; 2^27 fp32 = 512 MiB).
 SCORE_LOGITS_BUDGET = 1 << 27
+
 
 
 def kv_bytes_per_token(model: Any) -> int:
@@ -105,7 +107,7 @@ class HFEngine:
             self.model.set_attn_implementation(config.attn_implementation)
         limit = getattr(self.model.config, "max_position_embeddings", None)
         if limit is not None and config.context_tokens > limit:
-            raise ValueError(f"engine.context_tokens: {config.context_tokens} is more than the model's "
+            raise ConfigError(f"engine.context_tokens: {config.context_tokens} is more than the model's "
                              f"max_position_embeddings ({limit})")
         self.chat = ChatFormat(tokenizer)
         self.stop_ids = {self.chat.eos_id}

@@ -29,6 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
+from rose_ray.errors import InputError
 from rose_ray.inference.batcher import async_frontend
 from rose_ray.inference.engine import GenerationRequest, GenerationResult
 from rose_ray.inference.protocol import (
@@ -359,7 +360,7 @@ def cli_main(args: Any) -> int:
     from rose_ray.inference.backends import backend_version, command_engine, make_engine
 
     if args.model.startswith("openai:"):
-        raise ValueError(f"serve {args.model}: serve a local model folder (this command is the server)")
+        raise InputError(f"serve {args.model}: serve a local model folder (this command is the server)")
     vllm = {} if args.kv_cache_mb is None else {"kv_cache_mb": args.kv_cache_mb}
     config = command_engine(args.model, "MODEL", args.backend, dtype=args.dtype, max_batch_size=args.max_batch_size,
                             max_wait_ms=args.max_wait_ms, context_tokens=args.context_tokens, threads=args.threads,

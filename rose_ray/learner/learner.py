@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from rose_ray.errors import ConfigError
 from rose_ray.learner.batching import micro_batches
 from rose_ray.learner.worker import SUMMED, LearnerWorker
 from rose_ray.types import Batch
@@ -76,7 +77,7 @@ class LearnerConfig:
     def __post_init__(self) -> None:
         def need(ok: bool, key: str, msg: str) -> None:
             if not ok:
-                raise ValueError(f"learner.{key}: {msg}, got {getattr(self, key)!r}")
+                raise ConfigError(f"learner.{key}: {msg}, got {getattr(self, key)!r}")
 
         need(isinstance(self.model, str) and bool(self.model), "model", "a model path or name is required")
         need(self.ranks >= 1, "ranks", "must be >= 1")

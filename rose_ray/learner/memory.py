@@ -28,16 +28,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rose_ray.errors import InputError
+
 # The seed configs' student (configs/*_qwen3_1p7b_32b.yaml), from its config.json.
 QWEN3_1P7B = {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
               "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
               "vocab_size": 151936, "tie_word_embeddings": True}
 
 
+
 def _get(config: Any, key: str, default: Any = None) -> Any:
     value = config.get(key, default) if isinstance(config, Mapping) else getattr(config, key, default)
     if value is None:
-        raise ValueError(f"model config: {key} is required")
+        raise InputError(f"model config: {key} is required")
     return value
 
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from rose_ray.errors import InputError
+
 SUMMED = "sum/"  # prefix of metrics that are shares of a global value (the driver adds them)
 
 
@@ -138,7 +140,7 @@ class LearnerWorker:
         model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32,
                                                      attn_implementation=attention.transformers_name(self.attn))
         if getattr(model.config, "final_logit_softcapping", None):
-            raise ValueError(f"learner.model: {cfg.model} caps its logits after the head, which the "
+            raise InputError(f"learner.model: {cfg.model} caps its logits after the head, which the "
                              "chunked head does not do")
         model.config.use_cache = False
         if cfg.gradient_checkpointing:

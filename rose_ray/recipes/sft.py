@@ -16,6 +16,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from rose_ray.errors import InputError
+
 
 def train_sft(
     data: str | Path,
@@ -44,11 +46,11 @@ def train_sft(
     from rose_ray.types import OWNERS
 
     if epochs < 1:
-        raise ValueError(f"sft.epochs: must be >= 1, got {epochs!r}")
+        raise InputError(f"sft.epochs: must be >= 1, got {epochs!r}")
     if batch_size < 1:
-        raise ValueError(f"sft.batch_size: must be >= 1, got {batch_size!r}")
+        raise InputError(f"sft.batch_size: must be >= 1, got {batch_size!r}")
     if not sft_owners or set(sft_owners) - set(OWNERS):
-        raise ValueError(f"sft.owners: must be a non-empty subset of {OWNERS}, got {list(sft_owners)}")
+        raise InputError(f"sft.owners: must be a non-empty subset of {OWNERS}, got {list(sft_owners)}")
     rows = read_jsonl(data)  # bad data fails here, before any actor starts
     steps = epochs * math.ceil(len(rows) / batch_size)
     if learner.get("schedule", "constant") != "constant":
@@ -64,7 +66,7 @@ def train_sft(
             turns = with_ids(turns, fmt)  # tokenized once, for the cut and the sequence
             seqs.append(render(turns, cut=row_cut(turns, fmt, config.max_tokens)))
         except ValueError as e:
-            raise ValueError(f"{data}:{n}: {e}") from None
+            raise InputError(f"{data}:{n}: {e}") from None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else fmt.eos_id
 
     started_ray = not ray.is_initialized()
@@ -118,7 +120,7 @@ def row_cut(turns: list[Any], fmt: Any, max_tokens: int) -> list[int]:
             kept.append(t)
             total += len(t.token_ids)
     if not any(t.role == "assistant" and t.owner != "prompt" for t in kept):
-        raise ValueError(f"the row cannot be cut to max_tokens={max_tokens} and keep a trained turn")
+        raise InputError(f"the row cannot be cut to max_tokens={max_tokens} and keep a trained turn")
     kept_ids = {id(t) for t in kept}
     return [i for i, t in enumerate(work) if id(t) not in kept_ids]
 

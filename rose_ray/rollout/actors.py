@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rose_ray.envs.config import EnvConfig
+from rose_ray.errors import InputError
 from rose_ray.rollout.episode import Agent, same_tokenizer
 
 
@@ -61,7 +62,7 @@ def check_backends_here(*configs: Any) -> None:
         return
     for config in configs:
         if config is not None and (problem := backend_problem(config.backend)) is not None:
-            raise ValueError(f"engine {config.model or config.base_url}: {problem}")
+            raise InputError(f"engine {config.model or config.base_url}: {problem}")
 
 
 def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rose_ray.errors import InputError
 from rose_ray.types import GameId
 
 OUTCOMES = ("trained", "dropped_stale", "failed", "in_flight")
@@ -34,7 +35,7 @@ class GameSampler:
 
     def __init__(self, games: list[GameId], seed: int = 0) -> None:
         if not games:
-            raise ValueError("the game split is empty")
+            raise InputError("the game split is empty")
         self.games, self.seed = list(games), seed
         self.epoch, self.position = 0, 0
         self._order = self._shuffle(0)

@@ -6,13 +6,14 @@ from rose_ray.envs.discoveryworld import paper_tables
 from rose_ray.envs.discoveryworld.catalogue import DiscoveryWorldCatalogue
 from rose_ray.envs.discoveryworld.protocol import PROTOCOL
 from rose_ray.envs.worlds import World
+from rose_ray.errors import InputError
 
 
 def _game(call_timeout_s: float = 60.0, max_turns: int | None = None):
     import importlib.util
 
     if importlib.util.find_spec("discoveryworld") is None:
-        raise ValueError("world 'discoveryworld' needs the discoveryworld package: pip install -e '.[discoveryworld]'")
+        raise InputError("world 'discoveryworld' needs the discoveryworld package: pip install -e '.[discoveryworld]'")
     from rose_ray.envs.discoveryworld.game import DiscoveryWorldGame
 
     return DiscoveryWorldGame(call_timeout_s=call_timeout_s, max_turns=max_turns)

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 
 from rose_ray.envs.catalogue import GameCatalogue
+from rose_ray.errors import InputError, UnknownItem
 from rose_ray.types import GameId
 
 ITEM_PREFIX = "discoveryworld_"
@@ -76,7 +77,7 @@ class DiscoveryWorldCatalogue(GameCatalogue):
 
     def __init__(self, mapping: str | None = None) -> None:
         if mapping not in (None, self.mapping):
-            raise ValueError(f"discoveryworld has one catalogue mapping ({self.mapping!r}), not {mapping!r}")
+            raise InputError(f"discoveryworld has one catalogue mapping ({self.mapping!r}), not {mapping!r}")
         self._pairs = {slug(s, d): (s, d) for s, d in PAIRS}
         super().__init__([
             GameId(slug(s, d), seed, f"{ITEM_PREFIX}{len(SEEDS) * p + seed}", world=self.world)
@@ -94,14 +95,14 @@ class DiscoveryWorldCatalogue(GameCatalogue):
         try:
             name, difficulty = self._pairs[game.task]
         except KeyError:
-            raise KeyError(f"task {game.task!r} is not a DiscoveryWorld scenario") from None
+            raise UnknownItem(f"task {game.task!r} is not a DiscoveryWorld scenario") from None
         return Scenario(name, difficulty, int(game.variation))
 
     def find(self, task: str, seed: int) -> GameId:
         for g in self.games:
             if g.task == task and g.variation == seed:
                 return g
-        raise KeyError(f"no DiscoveryWorld game {task!r} with seed {seed} (seeds {SEEDS[0]}..{SEEDS[-1]})")
+        raise UnknownItem(f"no DiscoveryWorld game {task!r} with seed {seed} (seeds {SEEDS[0]}..{SEEDS[-1]})")
 
     def turn_limit(self, game: GameId) -> int:
         """The paper's step limit for a game: 100 for Easy and unit tests, else 1,000."""

@@ -19,6 +19,7 @@ from functools import cache
 from importlib import resources
 
 from rose_ray.envs.catalogue import GameCatalogue
+from rose_ray.errors import InputError, UnknownItem
 from rose_ray.types import GameId
 
 EXCLUDED_AGENTGYM = frozenset({"5-1", "5-2", "9-1", "9-2", "9-3", "10-1", "10-2"})
@@ -50,7 +51,7 @@ class TaskInfo:
             start, end = getattr(self, name)
             if start <= variation < end:
                 return name
-        raise ValueError(f"variation {variation} out of range for task {self.task}")
+        raise InputError(f"variation {variation} out of range for task {self.task}")
 
 
 @cache
@@ -76,7 +77,7 @@ class SciWorldCatalogue(GameCatalogue):
     def __init__(self, mapping: str | None = None) -> None:
         mapping = mapping or "agentgym"
         if mapping not in MAPPINGS:
-            raise ValueError(f"unknown catalogue mapping {mapping!r}; choose from {sorted(MAPPINGS)}")
+            raise InputError(f"unknown catalogue mapping {mapping!r}; choose from {sorted(MAPPINGS)}")
         self.mapping = mapping
         self.tasks = tuple(t for t in all_tasks() if t.task_id not in MAPPINGS[mapping])
         games: list[GameId] = []
@@ -93,12 +94,12 @@ class SciWorldCatalogue(GameCatalogue):
         try:
             return self._task_by_name[name]
         except KeyError:
-            raise KeyError(f"task {name!r} is not in the {self.mapping!r} mapping") from None
+            raise UnknownItem(f"task {name!r} is not in the {self.mapping!r} mapping") from None
 
     def find(self, task: str, variation: int) -> GameId:
         info = self.task(task)
         if not 0 <= variation < info.num_variations:
-            raise KeyError(f"task {task!r} has variations 0..{info.num_variations - 1}, not {variation}")
+            raise UnknownItem(f"task {task!r} has variations 0..{info.num_variations - 1}, not {variation}")
         return self.games[self._first[task] + variation]
 
     def split_of(self, game: GameId) -> str:
