@@ -109,7 +109,7 @@ def world_args(g: argparse.ArgumentParser) -> None:
 
     g.add_argument("--world", choices=sorted(WORLDS),
                    help=f"default: the world an item id names, else {DEFAULT_WORLD}")
-    mappings = get_world("sciworld").mappings
+    mappings = get_world(DEFAULT_WORLD).mappings
     g.add_argument("--mapping", choices=list(mappings),
                    help=f"ScienceWorld's item-id mapping (default {mappings[0]})")
 
@@ -314,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("check-data", help="validate a JSONL dataset and tell its item-id mapping")
     g.add_argument("file")
-    g.add_argument("--mapping", choices=list(get_world("sciworld").mappings), help="fail unless it is this one")
+    g.add_argument("--mapping", choices=list(get_world(None).mappings), help="fail unless it is this one")
     g.add_argument("--sample", type=int, default=20, help="rows whose task description is checked")
     g.add_argument("--no-jvm", action="store_true", help="check only the rows' task names")
     g.set_defaults(func="rose_ray.collect:check_data_main")

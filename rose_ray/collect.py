@@ -29,10 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from rose_ray.envs import DEFAULT_WORLD
 from rose_ray.envs.base import StepResult
 from rose_ray.envs.catalogue import GameCatalogue, parse_item
 from rose_ray.envs.protocol import Protocol, parse_action
-from rose_ray.envs.worlds import get_world, world_protocol
+from rose_ray.envs.worlds import get_world, world_of_item, world_protocol
 from rose_ray.errors import InputError
 from rose_ray.inference.backends import DEFAULT_COMMAND_BACKEND
 from rose_ray.rows import message_text, read_jsonl, row_schema, row_to_turns, write_jsonl
@@ -266,10 +267,11 @@ def _replay_turns(row: dict[str, Any]) -> list[Turn]:
 
 
 # --------------------------------------------------------------------------- check-data
-def detect_mapping(rows: list[dict[str, Any]], sample: int = 20, live: bool = True) -> dict[str, Any]:
-    """Which mapping the rows' item ids follow: by their `task` fields and, with `live`, by
-    comparing each sampled row's task description with the game's under each mapping."""
-    world = get_world("sciworld")
+def detect_mapping(rows: list[dict[str, Any]], sample: int = 20, live: bool = True,
+                   world_name: str | None = None) -> dict[str, Any]:
+    """Which of a world's mappings the rows' item ids follow: by their `task` fields and, with
+    `live`, by comparing each sampled row's task description with the game's under each mapping."""
+    world = get_world(world_name)
     votes: dict[str, dict[str, int]] = {m: {"agree": 0, "disagree": 0} for m in world.mappings}
     catalogues = {m: world.catalogue(m) for m in world.mappings}
     prefix = catalogues[world.mappings[0]].item_prefix
@@ -335,7 +337,7 @@ def gold_main(args) -> int:
 def _play_config(args, model: str, teacher: str | None, handoff: str, max_turns: int, model_flag: str) -> PlayConfig:
     return PlayConfig(
         model=model, teacher=teacher, max_turns=max_turns, handoff=handoff, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-        concurrency=args.concurrency, world=args.world or "sciworld", mapping=args.mapping,
+        concurrency=args.concurrency, world=args.world or DEFAULT_WORLD, mapping=args.mapping,
         context_tokens=args.context_tokens, enable_thinking=args.enable_thinking,
         context_policy=args.context_policy, history=args.history, backend=args.backend,
         kv_cache_mb=args.kv_cache_mb, tokenizer=args.tokenizer, served_model=args.served_model,
@@ -359,8 +361,6 @@ def collect_main(args) -> int:
 def continue_main(args) -> int:
     rows = read_jsonl(args.input)
     if args.world is None and rows:  # the rows' item ids name their world
-        from rose_ray.envs.worlds import world_of_item
-
         args.world = world_of_item(rows[0]["item_id"])
     catalogue = _catalogue(args)
     games = _games_of_rows(rows, catalogue)
@@ -394,9 +394,11 @@ def check_data_main(args) -> int:
         schemas[row_schema(r)] = schemas.get(row_schema(r), 0) + 1
     found = ", ".join(f"{SCHEMA_NAMES[k]}: {v} rows" for k, v in schemas.items())
     print(f"{args.file}: {len(rows)} rows, schema OK ({found}); messages by owner: {owners}")
-    if rows and all(str(r["item_id"]).startswith("discoveryworld_") for r in rows):
-        return _check_discoveryworld(rows)
-    found = detect_mapping(rows, sample=args.sample, live=not args.no_jvm)
+    named = {world_of_item(str(r["item_id"])) for r in rows}
+    world = get_world(named.pop() if len(named) == 1 and None not in named else None)
+    if len(world.mappings) == 1:
+        return _check_one_catalogue(rows, world)
+    found = detect_mapping(rows, sample=args.sample, live=not args.no_jvm, world_name=world.name)
     for name, v in found["votes"].items():
         print(f"  mapping {name}: {v['agree']} agree, {v['disagree']} disagree")
     if found["mapping"]:
@@ -416,9 +418,9 @@ def check_data_main(args) -> int:
 SCHEMA_NAMES = {"card": "the card's schema (role/content)", "agentgym": "AgentGym's schema (from/value)"}
 
 
-def _check_discoveryworld(rows: list[dict[str, Any]]) -> int:
-    """DiscoveryWorld has one catalogue: every row's task must be its item id's scenario."""
-    catalogue = get_world("discoveryworld").catalogue(None)
+def _check_one_catalogue(rows: list[dict[str, Any]], world: Any) -> int:
+    """A world with one catalogue (DiscoveryWorld): every row's task must be its item id's game's."""
+    catalogue = world.catalogue(None)
     wrong = []
     for n, r in enumerate(rows, 1):
         try:
@@ -429,8 +431,8 @@ def _check_discoveryworld(rows: list[dict[str, Any]]) -> int:
         if r.get("task") and r["task"] != game.task:
             wrong.append(f"row {n}: {r['item_id']} is {game.task!r}, the row says {r['task']!r}")
     if wrong:
-        print("error: rows that do not match the discoveryworld catalogue:\n  " + "\n  ".join(wrong[:10]),
+        print(f"error: rows that do not match the {world.name} catalogue:\n  " + "\n  ".join(wrong[:10]),
               file=sys.stderr)
         return 1
-    print("item ids follow the 'discoveryworld' catalogue")
+    print(f"item ids follow the {world.name!r} catalogue")
     return 0

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rose_ray.envs import DEFAULT_WORLD
 from rose_ray.errors import InputError
 from rose_ray.inference.backends import DEFAULT_COMMAND_BACKEND
 from rose_ray.types import GameId, SamplingParams, Trajectory
@@ -41,7 +42,7 @@ class EvalJob:
     max_turns: int | None = None  # None: the world's own limits (DiscoveryWorld: the paper's), else 20
     temperature: float = 0.0
     max_new_tokens: int = 512
-    world: str = "sciworld"
+    world: str = DEFAULT_WORLD
     mapping: str | None = None  # None: the world's default mapping
     teacher: str | None = None
     handoff: int | None = None  # student turns before the teacher takes over
@@ -74,7 +75,7 @@ class EvalJob:
             self.max_turns = 20  # worlds without limits of their own
         if self.judge_model and not self.judge:
             raise InputError("eval: --judge-model names the model of an openai: --judge; give --judge")
-        if self.judge and self.world != "discoveryworld":
+        if self.judge and not get_world(self.world).judged:
             raise InputError(f"eval: --judge scores DiscoveryWorld's critical questions; {self.world} has none")
         from rose_ray.judge import KNOWLEDGE_SOURCES
 
@@ -402,7 +403,7 @@ def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]
             record = json.loads(line)
             if "eval_config" in record:
                 # files from before a key existed: its default then
-                if {"world": "sciworld", "instruction_from": None, "enable_thinking": False, "report": False,
+                if {"world": DEFAULT_WORLD, "instruction_from": None, "enable_thinking": False, "report": False,
                     "tasks": [], "context_policy": "drop_oldest", "history": "sampled",
                     **record["eval_config"]} != want:
                     raise InputError(
@@ -431,7 +432,7 @@ def cli_main(args) -> int:
     cfg = EvalJob(
         model=args.model or "", split=args.split, n=args.n or None, seed=args.seed, max_turns=args.max_turns,
         tasks=[t.strip() for t in args.tasks.split(",") if t.strip()],
-        temperature=args.temperature, max_new_tokens=args.max_new_tokens, world=args.world or "sciworld",
+        temperature=args.temperature, max_new_tokens=args.max_new_tokens, world=args.world or DEFAULT_WORLD,
         mapping=args.mapping,
         teacher=args.teacher, handoff=args.handoff, concurrency=args.concurrency,
         env_workers=args.env_workers, context_tokens=args.context_tokens, context_policy=args.context_policy,

@@ -217,7 +217,7 @@ class JudgeConfig:
         return SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
 
 
-class JudgeUnavailable(ValueError):
+class JudgeUnavailable(InputError):
     """The judge cannot be reached or loaded (a clear error, before or while judging)."""
 
 

@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 from dataclasses import asdict, dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -136,8 +135,11 @@ def load_model(name_or_path: str | Path, dtype: str = "float32", device: str = "
     return model.to(device).eval()
 
 
-def sciworld_corpus() -> str:
-    return resources.files("rose_ray.envs").joinpath("data/sciworld_corpus.txt").read_text()
+def world_corpus() -> str:
+    """The default world's text (ScienceWorld's), the tiny tokenizers' training data."""
+    from rose_ray.envs.worlds import get_world
+
+    return get_world(None).corpus()
 
 
 def build_tokenizer(vocab_size: int = 8192, style: str = "plain") -> Any:
@@ -162,7 +164,7 @@ def build_tokenizer(vocab_size: int = 8192, style: str = "plain") -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    text = sciworld_corpus()
+    text = world_corpus()
     tok.train_from_iterator(text.split("\n\n"), trainer=trainer)  # deterministic for a corpus
     if style == "qwen3":  # single tokens, not special: decoding keeps them (as Qwen3's do)
         tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])

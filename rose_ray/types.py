@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rose_ray.envs import DEFAULT_WORLD
 from rose_ray.errors import InputError
 
 Owner = Literal["prompt", "env", "student", "teacher"]
@@ -27,7 +28,7 @@ class GameId:
     task: str
     variation: int
     item_id: str
-    world: str = "sciworld"
+    world: str = DEFAULT_WORLD
 
     @property
     def index(self) -> int:

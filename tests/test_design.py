@@ -4,7 +4,9 @@ inside functions too): a change that breaks one fails here, naming the module an
 - envs/ (worlds, pools, games) runs on CPU workers: no torch, no inference, no learner.
 - learner/ sees tokens only: nothing from inference, rollout, envs, the data modules, the
   token rendering or the recipes; a Batch arrives ready.
-- Worlds are reached by name (envs/worlds.py): nothing outside envs/ imports a concrete world.
+- Worlds are reached by name (envs/worlds.py): nothing outside envs/ imports a concrete world
+  or names one in its code (a string that is a world's name or item-id prefix).
+- train.py and run.py (the online loop and its house) are imported only by the CLI.
 - inference/engine.py, the engine contract, imports no backend (no circle with hf/openai).
 - The algorithm recipes and the turn policies import no config (the config imports them).
 """
@@ -59,6 +61,30 @@ def test_nothing_outside_envs_names_a_concrete_world():
     assert not breaks(outside, CONCRETE_WORLDS)
 
 
+def world_names(paths: list[Path]) -> list[str]:
+    """String constants in code that are a world's name or its item-id prefix (`"sciworld"`,
+    `"discoveryworld_"`); prose that mentions one (a docstring, a help text) is not code."""
+    from rose_ray.envs.worlds import WORLDS
+
+    named = {w for w in WORLDS} | {f"{w}_" for w in WORLDS}
+    return [f"{p.relative_to(PACKAGE.parent) if PACKAGE in p.parents else p.name}:{node.lineno} names {node.value!r}"
+            for p in paths for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, ast.Constant) and node.value in named]
+
+
+def test_nothing_outside_envs_names_a_world_in_code():
+    outside = [p for p in modules("") if (PACKAGE / "envs") not in p.parents]
+    assert not world_names(outside)
+
+
+def test_the_loop_is_imported_only_by_the_cli():
+    """cli.py reaches train.py by name ("rose_ray.train:cli_main"); nothing else in the package
+    imports the loop or its house, train.py aside (its Run)."""
+    others = [p for p in modules("") if p.name not in ("cli.py", "train.py") or p.parent != PACKAGE]
+    assert not breaks(others, ("rose_ray.train", "rose_ray.run"))
+    assert "rose_ray.train:cli_main" in (PACKAGE / "cli.py").read_text()
+
+
 def test_the_engine_contract_imports_no_backend():
     assert not breaks([PACKAGE / "inference" / "engine.py"], ("rose_ray.inference.hf", "rose_ray.inference.openai",
                                                               "rose_ray.inference.backends", "torch"))
@@ -74,6 +100,8 @@ def test_the_rules_see_what_they_forbid(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("def f():\n    from rose_ray.inference.engine import fit_context\n    import torch\n")
     assert breaks([f], ("rose_ray.inference",)) and breaks([f], ("torch",))
+    f.write_text('"""A docstring about sciworld."""\nif world == "discoveryworld":\n    item = "sciworld_" + n\n')
+    assert [line.split(" names ")[1] for line in world_names([f])] == ["'discoveryworld'", "'sciworld_'"]
 
 
 @pytest.mark.parametrize("module", ["rose_ray.envs.worlds", "rose_ray.envs.pool", "rose_ray.envs.catalogue"])

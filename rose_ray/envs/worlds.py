@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rose_ray.envs import DEFAULT_WORLD
 from rose_ray.envs.base import Game
 from rose_ray.envs.protocol import Protocol
 from rose_ray.errors import InputError
@@ -23,7 +24,6 @@ WORLDS: dict[str, str] = {
     "sciworld": "rose_ray.envs.sciworld",
     "discoveryworld": "rose_ray.envs.discoveryworld",
 }
-DEFAULT_WORLD = "sciworld"
 
 
 
@@ -44,10 +44,14 @@ class World:
     # a module making gold paths a model can copy from what it sees (`look_before_focus`,
     # `visible_names`: ScienceWorld's `gold.py`), or None: gold paths are used as they are
     observed_gold: Any = None
+    # its games carry critical questions that a knowledge judge scores (rose_ray/judge.py, eval --judge)
+    judged: bool = False
+    # text of the world to train a tiny tokenizer on (models.build_tokenizer), or None
+    corpus: Callable[[], str] | None = None
 
 
 def get_world(name: str | None) -> World:
-    """The world called `name` (None = sciworld); a clear error for an unknown or missing one."""
+    """The world called `name` (None = DEFAULT_WORLD); a clear error for an unknown or missing one."""
     name = name or DEFAULT_WORLD
     if name not in WORLDS:
         raise InputError(f"unknown world {name!r}; choose from {sorted(WORLDS)}")

@@ -21,4 +21,4 @@ def _game(call_timeout_s: float = 60.0, max_turns: int | None = None):
 
 WORLD = World(name="discoveryworld", catalogue=DiscoveryWorldCatalogue, protocol=PROTOCOL,
               game=_game, has_gold=False, mappings=(DiscoveryWorldCatalogue.mapping,),
-              paper_tables=paper_tables)
+              paper_tables=paper_tables, judged=True)

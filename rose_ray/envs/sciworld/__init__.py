@@ -9,6 +9,12 @@ from rose_ray.envs.sciworld.protocol import PROTOCOL
 from rose_ray.envs.worlds import World
 
 
+def _corpus() -> str:
+    from importlib import resources
+
+    return resources.files("rose_ray.envs").joinpath("data/sciworld_corpus.txt").read_text()
+
+
 def _game(call_timeout_s: float = 60.0, max_turns: int | None = None, heap: str | None = DEFAULT_HEAP):
     from rose_ray.envs.sciworld.game import SciWorldGame
 
@@ -16,4 +22,4 @@ def _game(call_timeout_s: float = 60.0, max_turns: int | None = None, heap: str 
 
 
 WORLD = World(name="sciworld", catalogue=SciWorldCatalogue, protocol=PROTOCOL, game=_game,
-              has_gold=True, mappings=tuple(MAPPINGS), jvm=True, observed_gold=gold)
+              has_gold=True, mappings=tuple(MAPPINGS), jvm=True, observed_gold=gold, corpus=_corpus)
