@@ -15,7 +15,8 @@ from typing import Any
 from rose_ray.chat import ChatFormat
 from rose_ray.envs.protocol import Protocol, parse_action
 from rose_ray.envs.worlds import get_world
-from rose_ray.inference.engine import GenerationRequest, droppable_from
+from rose_ray.inference.engine import GenerationRequest
+from rose_ray.rollout.conversation import Conversation
 from rose_ray.rollout.handoff import TurnPolicy, TurnState
 from rose_ray.rollout.report import REPORT_MODES, ask_report
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
@@ -101,157 +102,85 @@ async def run_episode(
     protocol = protocol or get_world(game.world).protocol
     t_start = time.perf_counter()
     timing = {"env_s": 0.0, "student_s": 0.0, "teacher_s": 0.0, "teacher_score_s": 0.0}
-    # Agents built with `same_tokenizer` share one ChatFormat: then one id list serves both.
-    shared = teacher is None or teacher.chat is student.chat
     if teacher is None and handoff.needs_teacher:
         raise ValueError(f"handoff policy {handoff.policy} needs a teacher")
     # No teacher: the student plays on whatever the policy says (eval without a teacher).
     state = TurnState(learner_step, handoff_seed if handoff_seed is not None else game.item_id)
     p = handoff.takeover_p(learner_step) if teacher is not None else None
+    conv = Conversation(protocol, student, teacher)
 
-    # The conversation, in the student's ids and (when the tokenizers differ) the teacher's.
-    opening = protocol.opening()
-    turns = [
-        Turn("user", opening[0][1], "prompt", student.chat.opening_ids(opening)),
-        Turn("assistant", opening[1][1], "prompt", []),
-    ]
-    teacher_turns = None
-    if not shared:
-        teacher_turns = [Turn("user", opening[0][1], "prompt", teacher.chat.opening_ids(opening)),
-                         Turn("assistant", opening[1][1], "prompt", [])]
+    async def step(action: str | None) -> Any:
+        """The game's answer to an action (None: the game loaded), into the conversation."""
+        t0 = time.perf_counter()
+        result = await env.reset(game) if action is None else await env.step(action)
+        timing["env_s"] += time.perf_counter() - t0
+        if result.interrupted:
+            raise EpisodeInterrupted(game, result.info.get("error", ""))
+        conv.add_observation(result.observation)
+        return result
 
-    def add_observation(text: str) -> None:
-        turns.append(Turn("user", text, "env", student.chat.user_ids(text)))
-        if teacher_turns is not None:
-            teacher_turns.append(Turn("user", text, "env", teacher.chat.user_ids(text)))
-
-    t0 = time.perf_counter()
-    first = await env.reset(game)
-    timing["env_s"] += time.perf_counter() - t0
-    add_observation(first.observation)
+    last = first = await step(None)  # the latest observation: its scores are the episode's
     scoring = dict(first.info.get("scoring") or {})
-
     handoff_turn: int | None = None
     invalid = truncated_turns = cut_before_action = 0
-    last_action = None
-    last = first  # the latest observation: its scores are the episode's
-    done, end_reason, cut = False, "turn_limit", []
-    replayed = 0
-    if replay:
+    last_action, done, end_reason, replayed = None, False, "turn_limit", 0
+    if replay:  # the recorded replies first, each observation checked against the record
         _check_observation(game, 0, replay[0].text, first.observation)
-        for i in range(1, len(replay) - 1, 2):
-            action_turn, expected = replay[i], replay[i + 1]
-            turns.append(Turn("assistant", action_turn.text, action_turn.owner,
-                              student.chat.assistant_ids(action_turn.text),
-                              truncated=action_turn.truncated))
-            if teacher_turns is not None:
-                teacher_turns.append(Turn("assistant", action_turn.text, action_turn.owner,
-                                          teacher.chat.assistant_ids(action_turn.text)))
-            step = await env.step(parse_action(action_turn.text).action)
-            if step.interrupted:
-                raise EpisodeInterrupted(game, step.info.get("error", ""))
-            _check_observation(game, i // 2 + 1, expected.text, step.observation)
-            last = step
-            add_observation(step.observation)
-            replayed += 1
-            if step.done:
-                done, end_reason = True, step.end_reason
+        for replayed, (reply, expected) in enumerate(zip(replay[1::2], replay[2::2]), 1):
+            conv.add_recorded(reply)
+            last = await step(parse_action(reply.text).action)
+            _check_observation(game, replayed, expected.text, last.observation)
+            if last.done:
+                done, end_reason = True, last.end_reason
     for turn in range(replayed + 1, config.max_turns + 1):
         if done:
             break
         if teacher is not None and handoff_turn is None and handoff.takes_over(turn, state):
             handoff_turn = turn  # the teacher acts from this turn to the end
-        teacher_acts = handoff_turn is not None
-        agent = teacher if teacher_acts else student
-        sampling = config.teacher_sampling if teacher_acts else config.student_sampling
-        view = teacher_turns if (teacher_acts and teacher_turns is not None) else turns
-        if agent.chat.history == "template":  # the template renders the conversation, as a chat API does
-            view[:] = agent.chat.apply_template(view, add_generation_prompt=True)
-        request = GenerationRequest(
-            sampling=sampling, turns=view, request_id=f"{request_prefix}{game.item_id}/t{turn}"
-        )
+        owner = "student" if handoff_turn is None else "teacher"
+        request = GenerationRequest(sampling=config.teacher_sampling if owner == "teacher" else config.student_sampling,
+                                    turns=conv.prompt(owner), request_id=f"{request_prefix}{game.item_id}/t{turn}")
         t0 = time.perf_counter()
-        result = await agent.engine.generate.remote(request)
-        timing["teacher_s" if teacher_acts else "student_s"] += time.perf_counter() - t0
+        result = await conv.agent(owner).engine.generate.remote(request)
+        timing[f"{owner}_s"] += time.perf_counter() - t0
         if result.finish_reason == "context":
             end_reason = "context"
             break
-        # What the engine left out of this prompt (drop_oldest drops whole pairs from where
-        # fit_context starts): the learner leaves out what the last prompt did.
-        start = droppable_from(view, agent.keep_first_turns)
-        cut = list(range(start, start + result.dropped_turns))
-
-        owner = "teacher" if teacher_acts else "student"
-        truncated = result.finish_reason == "length"  # its end-of-turn id is appended below
-        if teacher_acts and not shared:
-            ids, logprobs, version = student.chat.assistant_ids(result.text), None, None
-        else:
-            ids, logprobs = student.chat.finish_sampled(result.token_ids), list(result.logprobs)
-            version = None if teacher_acts else result.version
-        turns.append(Turn("assistant", result.text, owner, ids, logprobs, version, truncated=truncated))
-        if teacher_turns is not None:
-            teacher_turns.append(
-                Turn("assistant", result.text, owner,
-                     teacher.chat.finish_sampled(result.token_ids) if teacher_acts
-                     else teacher.chat.assistant_ids(result.text))
-            )
-
+        reply = conv.add_reply(owner, result)
         parsed = parse_action(result.text)
-        t0 = time.perf_counter()
-        step = await env.step(parsed.action)
-        timing["env_s"] += time.perf_counter() - t0
-        if step.interrupted:
-            raise EpisodeInterrupted(game, step.info.get("error", ""))
-        bad = not parsed.valid_format or protocol.is_invalid(step.observation)
+        last = await step(parsed.action)
+        bad = not parsed.valid_format or protocol.is_invalid(last.observation)
         invalid += bad
-        truncated_turns += truncated
-        cut_before_action += truncated and not parsed.valid_format
-        if not teacher_acts:
+        truncated_turns += reply.truncated
+        cut_before_action += reply.truncated and not parsed.valid_format
+        if owner == "student":
             state.student_failed = bad or parsed.action == last_action
         last_action = parsed.action
-        last = step
-        add_observation(step.observation)
-        if step.done:
-            done, end_reason = True, step.end_reason
-            break
+        if last.done:
+            done, end_reason = True, last.end_reason
 
-    rounds = sum(1 for t in turns if t.role == "assistant" and t.owner != "prompt")
+    rounds = conv.rounds()
     if handoff_turn is not None and handoff_turn > rounds:
         handoff_turn = None  # the episode ended before the teacher acted
     scoring.update(last.info.get("scoring") or {})
     report, report_turns = None, []
     if config.report != "off" and protocol.report_question:
-        report, report_turns = await ask_report(protocol.report_question, turns, teacher_turns, student,
-                                                teacher, config, f"{request_prefix}{game.item_id}/report", timing)
+        report, report_turns = await ask_report(protocol.report_question, conv, config,
+                                                f"{request_prefix}{game.item_id}/report", timing)
         if config.report == "train":
-            turns[-1:] = report_turns  # the last observation with the question, then the answer
-    if config.score_student_with_teacher and teacher is not None and shared:
-        await score_student_tokens(turns, cut, teacher, timing)
-    if student.chat.history == "template":  # the learner trains on the template's rendering of it all
-        turns[:] = student.chat.apply_template(turns, add_generation_prompt=False)
+            conv.turns[-1:] = report_turns  # the last observation with the question, then the answer
+    if config.score_student_with_teacher and teacher is not None and conv.shared:
+        await score_student_tokens(conv.turns, conv.cut, teacher, timing)
+    turns = conv.for_learner()
     timing["total_s"] = time.perf_counter() - t_start
     versions = [t.policy_version for t in turns if t.owner == "student" and t.policy_version is not None]
     return Trajectory(
-        game=game,
-        turns=turns,
-        score=float(last.score),
-        raw_score=int(last.raw_score),
-        success=bool(last.success),
-        rounds=rounds,
-        handoff_turn=handoff_turn,
-        student_version=min(versions) if versions else None,
-        done=done,
-        end_reason=end_reason,
-        context_cut=cut,
-        invalid_actions=int(invalid),
-        truncated_turns=int(truncated_turns),
-        cut_before_action=int(cut_before_action),
-        handoff_p=p,
-        handoff_seed=state.seed if p is not None else None,
-        timing=timing,
-        report=report,
-        report_turns=report_turns,
-        scoring=scoring,
+        game=game, turns=turns, score=float(last.score), raw_score=int(last.raw_score), success=bool(last.success),
+        rounds=rounds, handoff_turn=handoff_turn, student_version=min(versions) if versions else None,
+        done=done, end_reason=end_reason, context_cut=conv.cut, invalid_actions=int(invalid),
+        truncated_turns=int(truncated_turns), cut_before_action=int(cut_before_action),
+        handoff_p=p, handoff_seed=state.seed if p is not None else None, timing=timing,
+        report=report, report_turns=report_turns, scoring=scoring,
     )
 
 

@@ -18,7 +18,8 @@ from rose_ray.inference.engine import GenerationRequest
 from rose_ray.types import Turn
 
 if TYPE_CHECKING:
-    from rose_ray.rollout.episode import Agent, EpisodeConfig
+    from rose_ray.rollout.conversation import Conversation
+    from rose_ray.rollout.episode import EpisodeConfig
 
 REPORT_MODES = ("ask", "train", "off")
 
@@ -28,38 +29,31 @@ def with_question(observation: str, question: str) -> str:
     return f"{observation.rstrip()}\n\n{question}"
 
 
-async def ask_report(question: str, turns: list[Turn], teacher_turns: list[Turn] | None, student: Agent,
-                     teacher: Agent | None, config: EpisodeConfig, request_id: str,
+async def ask_report(question: str, conv: Conversation, config: EpisodeConfig, request_id: str,
                      timing: dict[str, float]) -> tuple[str, list[Turn]]:
     """(the answer without any think block, [the last observation with the question, the
     reply]) in the student's ids. A conversation with no room left for a reply gets an empty
     answer and the question turn alone."""
+    turns = conv.turns
     last = turns[-1]
     if last.role != "user":
         raise ValueError("the report question follows an observation (a user turn)")
-    by_teacher = teacher is not None and next(
-        (t.owner for t in reversed(turns) if t.role == "assistant" and t.owner != "prompt"), "student") == "teacher"
-    agent = teacher if by_teacher else student
+    last_owner = next((t.owner for t in reversed(turns) if t.role == "assistant" and t.owner != "prompt"), "student")
+    owner = "teacher" if conv.teacher is not None and last_owner == "teacher" else "student"
+    agent = conv.agent(owner)
     text = with_question(last.text, question)
-    ask = Turn("user", text, last.owner, student.chat.user_ids(text))
-    if by_teacher and teacher_turns is not None:  # the teacher reads its own tokenizer's ids
-        view = teacher_turns[:-1] + [Turn("user", text, last.owner, teacher.chat.user_ids(text))]
+    ask = Turn("user", text, last.owner, conv.student.chat.user_ids(text))
+    if owner == "teacher" and conv.teacher_turns is not None:  # the teacher reads its own tokenizer's ids
+        view = conv.teacher_turns[:-1] + [Turn("user", text, last.owner, conv.teacher.chat.user_ids(text))]
     else:
         view = turns[:-1] + [ask]
     if agent.chat.history == "template":
         view = agent.chat.apply_template(view, add_generation_prompt=True)
-    sampling = config.teacher_sampling if by_teacher else config.student_sampling
+    sampling = config.teacher_sampling if owner == "teacher" else config.student_sampling
     t0 = time.perf_counter()
     result = await agent.engine.generate.remote(GenerationRequest(sampling=sampling, turns=view,
                                                                   request_id=request_id))
     timing["report_s"] = time.perf_counter() - t0
     if result.finish_reason == "context":
         return "", [ask]
-    if by_teacher and teacher.chat is not student.chat:
-        ids, logprobs, version = student.chat.assistant_ids(result.text), None, None
-    else:
-        ids, logprobs = student.chat.finish_sampled(result.token_ids), list(result.logprobs)
-        version = None if by_teacher else result.version
-    reply = Turn("assistant", result.text, "teacher" if by_teacher else "student", ids, logprobs, version,
-                 truncated=result.finish_reason == "length")
-    return strip_thinking(result.text).strip(), [ask, reply]
+    return strip_thinking(result.text).strip(), [ask, conv.reply_turn(owner, result)]

@@ -1,0 +1,101 @@
+"""One episode's conversation: its turns in the student's ids (what the learner trains on) and,
+when the two tokenizers differ, the teacher's view of the same turns in its own ids.
+
+It builds each agent's prompt under that agent's chat settings, turns an engine's reply into a
+turn of each view (the student's ids, logprobs and policy version only where the student's
+tokenizer sampled them), and records the cut the engine made of the last prompt, once: the
+learner, the teacher's scoring and the trajectory read `cut`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rose_ray.inference.engine import droppable_from
+from rose_ray.types import Turn
+
+if TYPE_CHECKING:
+    from rose_ray.envs.protocol import Protocol
+    from rose_ray.rollout.episode import Agent
+
+
+class Conversation:
+    def __init__(self, protocol: Protocol, student: Agent, teacher: Agent | None) -> None:
+        self.student, self.teacher = student, teacher
+        # Agents built with `same_tokenizer` share one ChatFormat: then one id list serves both.
+        self.shared = teacher is None or teacher.chat is student.chat
+        (_, instruction), (_, acknowledgement) = opening = protocol.opening()
+        self.turns = [Turn("user", instruction, "prompt", student.chat.opening_ids(opening)),
+                      Turn("assistant", acknowledgement, "prompt", [])]
+        self.teacher_turns: list[Turn] | None = None
+        if not self.shared:
+            self.teacher_turns = [Turn("user", instruction, "prompt", teacher.chat.opening_ids(opening)),
+                                  Turn("assistant", acknowledgement, "prompt", [])]
+        self.cut: list[int] = []  # turns the engine left out of the last prompt
+
+    def view(self, owner: str) -> list[Turn]:
+        """The turns in the ids of the agent that plays `owner`."""
+        return self.teacher_turns if owner == "teacher" and self.teacher_turns is not None else self.turns
+
+    def add_observation(self, text: str) -> None:
+        self.turns.append(Turn("user", text, "env", self.student.chat.user_ids(text)))
+        if self.teacher_turns is not None:
+            self.teacher_turns.append(Turn("user", text, "env", self.teacher.chat.user_ids(text)))
+
+    def add_recorded(self, turn: Turn) -> None:
+        """A recorded reply (a replayed prefix), tokenized for each view from its text."""
+        self.turns.append(Turn("assistant", turn.text, turn.owner, self.student.chat.assistant_ids(turn.text),
+                               truncated=turn.truncated))
+        if self.teacher_turns is not None:
+            self.teacher_turns.append(Turn("assistant", turn.text, turn.owner,
+                                           self.teacher.chat.assistant_ids(turn.text)))
+
+    def prompt(self, owner: str) -> list[Turn]:
+        """What the agent playing `owner` reads: its view, rendered by its chat template when its
+        history is `template` (as a chat API renders a conversation)."""
+        agent, view = self.agent(owner), self.view(owner)
+        if agent.chat.history == "template":
+            view[:] = agent.chat.apply_template(view, add_generation_prompt=True)
+        return view
+
+    def agent(self, owner: str) -> Agent:
+        return self.teacher if owner == "teacher" else self.student
+
+    def add_reply(self, owner: str, result: Any) -> Turn:
+        """The engine's reply to `prompt(owner)`: the cut it made of that prompt is recorded (the
+        learner leaves out what the last prompt did; drop_oldest drops whole pairs from where
+        fit_context starts), and the reply joins each view. Returns the student's-ids turn."""
+        start = droppable_from(self.view(owner), self.agent(owner).keep_first_turns)
+        self.cut = list(range(start, start + result.dropped_turns))
+        turn = self.reply_turn(owner, result)
+        self.turns.append(turn)
+        if self.teacher_turns is not None:
+            by_teacher = owner == "teacher"
+            self.teacher_turns.append(Turn("assistant", result.text, owner,
+                                           self.teacher.chat.finish_sampled(result.token_ids) if by_teacher
+                                           else self.teacher.chat.assistant_ids(result.text)))
+        return turn
+
+    def reply_turn(self, owner: str, result: Any) -> Turn:
+        """A reply in the student's ids. Sampled ids and logprobs where they are the student's
+        tokenizer's (a teacher with another tokenizer: its text re-tokenized, no logprobs); the
+        policy version only for the student's own replies. A reply cut at max_new_tokens gets
+        its end-of-turn id appended (`truncated`)."""
+        by_teacher = owner == "teacher"
+        if by_teacher and not self.shared:
+            ids, logprobs, version = self.student.chat.assistant_ids(result.text), None, None
+        else:
+            ids, logprobs = self.student.chat.finish_sampled(result.token_ids), list(result.logprobs)
+            version = None if by_teacher else result.version
+        return Turn("assistant", result.text, owner, ids, logprobs, version,
+                    truncated=result.finish_reason == "length")
+
+    def rounds(self) -> int:
+        return sum(1 for t in self.turns if t.role == "assistant" and t.owner != "prompt")
+
+    def for_learner(self) -> list[Turn]:
+        """The turns the learner trains on: under `template` history, the template's rendering
+        of the whole conversation."""
+        if self.student.chat.history == "template":
+            self.turns[:] = self.student.chat.apply_template(self.turns, add_generation_prompt=False)
+        return self.turns
