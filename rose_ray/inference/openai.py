@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rose_ray.errors import InputError
 from rose_ray.inference.engine import (
     EngineConfig,
     GenerationRequest,
@@ -75,7 +76,7 @@ class OpenAIRequestFailed(OpenAIServerError):
     failure, not the server's. A run fails only its episode (no engine restart)."""
 
 
-class ServedModelMismatch(ValueError):
+class ServedModelMismatch(InputError):
     """A served model that cannot do what a run asks of it (named by the setting's key)."""
 
 

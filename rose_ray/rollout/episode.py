@@ -15,6 +15,7 @@ from typing import Any
 from rose_ray.chat import ChatFormat
 from rose_ray.envs.protocol import Protocol, parse_action
 from rose_ray.envs.worlds import get_world
+from rose_ray.errors import InputError
 from rose_ray.inference.engine import GenerationRequest
 from rose_ray.rollout.conversation import Conversation
 from rose_ray.rollout.handoff import TurnPolicy, TurnState
@@ -22,7 +23,7 @@ from rose_ray.rollout.report import REPORT_MODES, ask_report
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
 
-class ReplayMismatch(ValueError):
+class ReplayMismatch(InputError):
     """A replayed prefix's observation differs from the recorded one."""
 
 

@@ -20,12 +20,13 @@ from typing import Any
 
 from rose_ray.envs.base import GameError, ProcessGame, StepResult, kill_process
 from rose_ray.envs.discoveryworld.catalogue import DiscoveryWorldCatalogue
+from rose_ray.errors import InputError
 from rose_ray.types import GameId
 
 WORKDIR_PREFIX = "rose_ray_dw_"  # each worker's private folder; the worker removes its own on exit
 
 
-class NoGoldPath(ValueError):
+class NoGoldPath(InputError):
     """The world has no gold action paths for its scenarios."""
 
 
