@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -316,7 +317,13 @@ def yaml_layers(path: Path, seen: tuple[Path, ...] = ()) -> list[Any]:
         raise ConfigError(f"{path}: base: {' -> '.join(p.name for p in (*seen, path))} is a cycle")
     if not path.is_file():
         raise ConfigError(f"{seen[-1]}: base: {path} does not exist" if seen else f"config file {path} does not exist")
-    layer = OmegaConf.load(path)
+    try:
+        layer = OmegaConf.load(path)
+    except yaml.YAMLError as e:  # a file that is not YAML: its line, not a traceback
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        which = f"base {path}: " if seen else ""  # load_config names the top file
+        raise ConfigError(f"{which}not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
     base = layer.pop("base", None) if isinstance(layer, DictConfig) else None
     return [*(yaml_layers(path.parent / base, (*seen, path)) if base else []), layer]
 

@@ -186,3 +186,12 @@ def test_game_sampler_is_seeded_epoch_by_epoch_and_resumable():
     assert [c.next() for _ in range(3)] == rest
     with pytest.raises(ValueError):
         GameSampler([], seed=0)
+
+
+def test_a_file_that_is_not_yaml_is_named_with_its_line(tmp_path, capsys):
+    from rose_ray.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: [1,\nmode: sync\n")
+    assert main(["check", str(bad)]) == 2
+    assert f"{bad}: not valid YAML at line 3, column 1" in capsys.readouterr().err
