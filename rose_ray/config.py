@@ -285,7 +285,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         # One layer per override, so that `algorithm=teacher_sft algorithm.owners=[teacher]`
         # reads as written: the name, then a key of that recipe (see _algorithm_of).
         files = yaml_layers(path)
-        layers = [*files, *(OmegaConf.from_dotlist([o]) for o in overrides or [])]
+        layers = [*files, *(_override(o) for o in overrides or [])]
         for n, layer in enumerate(layers):
             for key, why in REMOVED_KEYS.items():
                 if OmegaConf.select(layer, key, default=None) is None:
@@ -307,6 +307,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError(f"{path}: {'key ' + repr(key) + ': ' if key else ''}{_first_line(e)}") from None
     except InputError as e:  # a section's check, naming its key; anything else is a bug
         raise ConfigError(f"{path}: {e}") from None
+
+
+def _override(item: str) -> Any:
+    """One `key=value` as a config layer; a value that is not YAML is named, not a traceback."""
+    try:
+        return OmegaConf.from_dotlist([item])
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {item!r}: its value is not valid YAML ({getattr(e, 'problem', None) or e})") from None
 
 
 def yaml_layers(path: Path, seen: tuple[Path, ...] = ()) -> list[Any]:

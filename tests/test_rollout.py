@@ -195,3 +195,7 @@ def test_a_file_that_is_not_yaml_is_named_with_its_line(tmp_path, capsys):
     bad.write_text("steps: [1,\nmode: sync\n")
     assert main(["check", str(bad)]) == 2
     assert f"{bad}: not valid YAML at line 3, column 1" in capsys.readouterr().err
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("steps: 1\n")
+    assert main(["check", str(ok), "algorithm={name"]) == 2
+    assert "override 'algorithm={name': its value is not valid YAML" in capsys.readouterr().err
