@@ -213,16 +213,17 @@ def test_a_server_stopped_gracefully_fails_its_requests_in_flight_fast(server, t
     def ask() -> None:
         t0 = time.monotonic()
         try:
-            outcome["result"] = engine.generate([long])
+            outcome["result"] = engine.generate([long] * 8)
         except Exception as e:  # noqa: BLE001 - what the test looks at
             outcome["error"] = e
         outcome["s"] = time.monotonic() - t0
 
     thread = threading.Thread(target=ask)
     thread.start()
-    # The request is being generated: 2,040 tokens take the tiny teacher ~4 s here, or under 3 s
-    # on a quiet machine (a 3 s wait once saw the answer complete first).
-    time.sleep(1.0)
+    # The requests are being generated: 8 x 2,040 tokens take the tiny teacher several seconds;
+    # one alone took ~1 s on a quiet machine and twice finished before a 1 s wait ended. A
+    # request not yet sent when the server stops fails the same way (refused, then gone).
+    time.sleep(0.5)
     assert "s" not in outcome, f"the request ended before the server was stopped: {outcome}"
     stopped_at = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
