@@ -3,7 +3,7 @@ and the fraction of the overlap bound async reaches.
 
 Each mode runs the embedded tiny config (rose_ray/configs/tiny.yaml) with the same
 overrides — no before/after/teacher evals, no checkpoints inside the budget, `steps` too
-large to reach — for the same wall-clock budget after start-up. The bench drives `Trainer`
+large to reach — for the same wall-clock budget after start-up. The bench drives the `Trainer`
 itself: `start()` (actors, untimed), then `run()` under asyncio with a timer that snapshots
 the counters at the budget and sets `trainer.stop`.
 
@@ -66,17 +66,17 @@ def actor_info(handle: Any) -> dict[str, Any]:
     return ray.get(handle.__ray_call__.remote(probe), timeout=60)
 
 
-def role_processes(trainer: Any) -> dict[str, dict[str, Any]]:
-    """Process ids of every role of a started Trainer: {name: {pid, torch_threads, role}}."""
+def role_processes(parts: Any) -> dict[str, dict[str, Any]]:
+    """Process ids of every role of a started run (RunParts): {name: {pid, torch_threads, role}}."""
     import psutil
 
     out: dict[str, dict[str, Any]] = {}
-    for n, w in enumerate(trainer.learner.workers):
+    for n, w in enumerate(parts.learner.workers):
         out[f"learner rank {n}"] = {"role": "learner", **actor_info(w)}
-    out["student engine"] = {"role": "rollout", **actor_info(trainer.student.engine)}
-    if trainer.teacher is not None and trainer.teacher.engine is not trainer.student.engine:
-        out["teacher engine"] = {"role": "rollout", **actor_info(trainer.teacher.engine)}
-    for kind, pools in (("env pool", trainer.pools), ("eval env pool", trainer.eval_pools)):
+    out["student engine"] = {"role": "rollout", **actor_info(parts.student.engine)}
+    if parts.teacher is not None and parts.teacher.engine is not parts.student.engine:
+        out["teacher engine"] = {"role": "rollout", **actor_info(parts.teacher.engine)}
+    for kind, pools in (("env pool", parts.pools), ("eval env pool", parts.eval_pools)):
         for n, pool in enumerate(pools):
             info = actor_info(pool)
             out[f"{kind} {n}"] = {"role": "rollout", **info}
@@ -117,13 +117,13 @@ def cpu_seconds(procs: dict[str, dict[str, Any]]) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- one mode
-def engine_steps(trainer: Any) -> dict[str, list[float]]:
+def engine_steps(parts: Any) -> dict[str, list[float]]:
     """Per engine: [decode steps, sequences summed over those steps] so far (vllm engines count
     both; the hf engine counts neither)."""
     import ray
 
     out = {}
-    for role, agent in (("student", trainer.student), ("teacher", trainer.teacher)):
+    for role, agent in (("student", parts.student), ("teacher", parts.teacher)):
         stats = ray.get(agent.engine.stats.remote(), timeout=60)
         out[role] = [float(stats.get("steps", 0)), float(stats.get("sequence_steps", 0))]
     return out
@@ -145,7 +145,7 @@ async def drive(trainer: Any, budget_s: float, procs: dict[str, dict[str, Any]])
     while trainer.stop is None and not run.done():  # run() makes its stop event first thing
         await asyncio.sleep(0.01)
     cpu0, t0, learn0 = cpu_seconds(procs), time.perf_counter(), trainer.learn_s
-    steps0 = await asyncio.to_thread(engine_steps, trainer)
+    steps0 = await asyncio.to_thread(engine_steps, trainer.parts)
     done, _ = await asyncio.wait({run}, timeout=budget_s)
     if done:  # the loop ended early: an error (raise it) or an unexpected finish
         run.result()
@@ -153,7 +153,7 @@ async def drive(trainer: Any, budget_s: float, procs: dict[str, dict[str, Any]])
     seconds = time.perf_counter() - t0
     snap = counters(trainer)
     snap["learn_s"] -= learn0
-    steps1 = await asyncio.to_thread(engine_steps, trainer)
+    steps1 = await asyncio.to_thread(engine_steps, trainer.parts)
     snap["engine_mean_batch"] = {role: (steps1[role][1] - steps0[role][1]) / (steps1[role][0] - steps0[role][0])
                                  for role in steps1 if steps1[role][0] > steps0[role][0]}
     cpu1 = cpu_seconds(procs)
@@ -171,35 +171,36 @@ def run_mode(mode: str, args: argparse.Namespace, overrides: list[str], work: Pa
 
     from rose_ray.config import load_config
     from rose_ray.rollout.actors import init_ray
+    from rose_ray.run import RunParts
     from rose_ray.train import Trainer
 
     run_dir = work / mode
     cfg = load_config(None, [*overrides, f"mode={mode}", f"name=bench_{mode}", f"run_dir={run_dir}"])
     run_dir.mkdir(parents=True, exist_ok=True)
     init_ray()
-    trainer = Trainer(cfg, run_dir, resume=False)
+    parts = RunParts(cfg, run_dir, resume=False)
     try:
         t0 = time.perf_counter()
-        trainer.start()
+        parts.start()
         startup_s = time.perf_counter() - t0
-        procs = role_processes(trainer)
+        procs = role_processes(parts)
         pinned = {}
         if not args.no_pin:
             for name, info in procs.items():
                 core = args.learner_core if info["role"] == "learner" else args.rollout_core
                 pinned[name] = pin(info["pid"], {core})
         print(f"pipeline[{mode}]: started in {startup_s:.0f}s; running {args.budget:g}s ...", flush=True)
-        result = asyncio.run(drive(trainer, args.budget, procs))
+        result = asyncio.run(drive(Trainer(parts), args.budget, procs))
         for info in procs.values():
             try:
                 info["affinity"] = sorted(os.sched_getaffinity(info["pid"]))
             except ProcessLookupError:
                 info["affinity"] = None
     finally:
-        agents = (getattr(trainer, "student", None), getattr(trainer, "teacher", None))
+        agents = (getattr(parts, "student", None), getattr(parts, "teacher", None))
         engines = {id(a.engine): a.engine for a in agents if a is not None}.values()
-        trainer.close()
-        for engine in engines:  # Trainer.close leaves the engine actors to the Ray session
+        parts.close()
+        for engine in engines:  # RunParts.close leaves the engine actors to the Ray session
             ray.kill(engine)
         pin(os.getpid(), set(range(os.cpu_count() or 1)))  # unpin the driver for the next mode
         ray.shutdown()

@@ -5,9 +5,10 @@
 Each fresh run gets its own folder, `<run_dir>/version_N` (`runs.py`); `--resume <run_dir>` goes
 on with the latest of them.
 
-1. The run's actors start (`run.py`): env pools, a student and a teacher engine, the learner.
-   The algorithm is a recipe (`recipes/`): who acts at each turn (the handoff), whether the
-   teacher scores the student's tokens, and which tokens train.
+1. The run's parts start (`run.py`: env pools, a student and a teacher engine, the learner,
+   the buffer, the publisher, the failure channel) and are handed to the `Trainer`, which
+   drives them. The algorithm is a recipe (`recipes/`): who acts at each turn (the handoff),
+   whether the teacher scores the student's tokens, and which tokens train.
 2. Eval before training (student and teacher) on held-out games: the catalogue's sample of
    `eval.n` games, the same ones `rose-ray eval --n` picks at that seed.
 3. The loop (async): episode tasks keep the buffer full (`play_one`: the student plays the
@@ -20,7 +21,11 @@ on with the latest of them.
 
 Ctrl-C stops cleanly: the step in progress finishes, a final checkpoint and `model/` are
 written, and every JVM is closed. A lost env worker, engine or learner rank costs only the
-episodes or steps it was running (README: Reliability; `run.py`).
+episodes or steps it was running (README: Reliability). A failure the parts cannot handle
+themselves reaches the loop as one exception from the run's failure channel, raised where it
+waits for a batch: a lost learner rank (LearnerLost) sends it back to the latest checkpoint
+with new ranks; a role lost for good or a stall (RoleFailed) ends the loop, and the stop writes
+a final checkpoint when the learner's state is known, then raises it naming that checkpoint.
 """
 
 from __future__ import annotations
@@ -38,13 +43,42 @@ from typing import Any
 from rose_ray.config import TrainConfig, load_config, to_yaml
 from rose_ray.errors import InputError
 from rose_ray.learner.learner import LearnerLost
-from rose_ray.reliability import RoleFailed, describe_error
-from rose_ray.run import Run, results_table
+from rose_ray.reliability import RoleFailed, Watchdog, describe_error
+from rose_ray.run import RunParts, results_table
 from rose_ray.runs import holds_run, new_version, resolve_run
 from rose_ray.types import Trajectory
 
 
-class Trainer(Run):
+class Trainer:
+    """The loop over a started run's parts (`RunParts`): the runner plays episodes into the
+    buffer, the learner group trains on its batches, the publisher sends weights to the student
+    engine, the engine supervisor keeps the engines serving, and the failure channel brings
+    whatever they cannot handle to the loop."""
+
+    def __init__(self, parts: RunParts) -> None:
+        self.parts, self.cfg, self.progress = parts, parts.cfg, parts.progress
+        # What the loop drives.
+        self.runner, self.buffer, self.ledger = parts.runner, parts.buffer, parts.ledger
+        self.learner, self.publisher, self.engines = parts.learner, parts.publisher, parts.engines
+        self.failures, self.metrics = parts.failures, parts.metrics
+        self.stop: asyncio.Event | None = None  # made inside the event loop
+        self.producer: asyncio.Task | None = None
+        self.episode_tasks: set[asyncio.Task] = set()
+        self.eval_task: asyncio.Task | None = None
+        self.failed_in_a_row = 0  # episodes failed since the last one that finished
+        # A learner call cut short (its thread goes on) or a restart not finished: the learner's
+        # state is unknown, so the stop writes no checkpoint and no model/ over the latest good ones.
+        self.learner_unsure = False
+        self.restarting_learner = False
+        self.rollout_window: list[Trajectory] = []
+        self.t_start = time.time()
+        self.learn_s = 0.0  # wall seconds in learn_step: batching, the learner's step, publication
+        self.doing("starting")
+
+    @property
+    def step(self) -> int:
+        return self.progress.step
+
     async def run(self) -> dict[str, Any]:
         """Evals before, the loop under the run's supervision, the stop, the eval after."""
         self.stop = asyncio.Event()
@@ -52,27 +86,27 @@ class Trainer(Run):
         loop.add_signal_handler(signal.SIGINT, self._interrupt)
         loop.add_signal_handler(signal.SIGTERM, self._interrupt)
         cfg = self.cfg
-        if not self.resume:
+        if not self.parts.resume:
             if cfg.eval.before:
                 await self.log_eval(0, "student", await self.evaluate("student"))
             if cfg.eval.teacher:
                 await self.log_eval(0, "teacher", await self.evaluate("teacher"))
-            self.start_state["history"] = copy.deepcopy(self.history)  # a restart keeps them
+            self.parts.start_state["history"] = copy.deepcopy(self.progress.history)  # a restart keeps them
         try:
-            await self.supervise(self.train_loop())  # beside the engines' monitor and the watchdog
+            failure = await self.supervise(self.train_loop())  # beside the engines' monitor and the watchdog
         finally:
             self.stop.set()
             await self.stop_rollouts()
             self.metrics.end_progress()
         if self.eval_task is not None and not self.eval_task.done():
             self.eval_task.cancel()
-        await self.wind_down()  # the final checkpoint and model/; raises if a role was lost
+        await self.wind_down(failure)  # the final checkpoint and model/; raises the failure
         if cfg.eval.after and self.step >= cfg.steps:
             await self.log_eval(self.step, "student", await self.evaluate("student"))
         return self.summary()
 
     async def train_loop(self) -> None:
-        """Batches through the learner until `steps`, a stop, or a role lost for good."""
+        """Batches through the learner until `steps`, a stop, or a failure the loop cannot mend."""
         cfg = self.cfg
         self.start_rollouts()
         while self.step < cfg.steps and not self.stop.is_set():
@@ -81,11 +115,7 @@ class Trainer(Run):
                 await self.sync_rollout()
             try:
                 self.doing("waiting for a batch")
-                batch = await self.next_batch()
-                if self.learner_lost is not None:  # met while publishing to a replacement engine
-                    lost, self.learner_lost = self.learner_lost, None
-                    self.learner_lost_event.clear()
-                    raise lost
+                batch = await self.next_batch()  # raises what the parts reported meanwhile
                 if batch is None:
                     break
                 metrics = await self.learn_step(batch)
@@ -98,13 +128,16 @@ class Trainer(Run):
                     self.doing("checkpointing")
                     await self.checkpoint()
             except LearnerLost as lost:
-                # New ranks, back to the latest checkpoint; the steps after it are trained
-                # again on the same games (RoleFailed past max_restarts).
+                # New ranks, back to the latest checkpoint; the steps after it are trained again
+                # on the same games (RoleFailed past max_restarts).
                 await self.stop_rollouts()
                 if self.eval_task is not None and not self.eval_task.done():
                     self.eval_task.cancel()  # it plays weights that are about to roll back
                 await self.restart_learner(lost)
                 self.start_rollouts()
+        pending = self.failures.take()  # reported after the last batch; a lost learner is the stop's to meet
+        if pending is not None and not isinstance(pending, LearnerLost):
+            raise pending
 
     # ----------------------------------------------------------------- episodes
     def start_rollouts(self) -> None:
@@ -139,14 +172,14 @@ class Trainer(Run):
         """One admitted episode (a ledger Draw), from its game to the buffer or the ledger."""
         from rose_ray.rollout.episode import EpisodeInterrupted, run_episode
 
-        game = draw.game
+        parts, game = self.parts, draw.game
         # The decay policy's draws: the run's seed and the game's place in the (checkpointed)
         # game order, so a rerun or a resumed run decides the same, whatever the timing.
         handoff_seed = f"{self.cfg.seed}/{draw.epoch}/{draw.position}/{game.item_id}"
 
         async def episode(g, slot):
-            return await run_episode(g, slot, self.student, self.teacher, self.episode_cfg, self.handoff,
-                                     protocol=self.protocol, learner_step=self.step,
+            return await run_episode(g, slot, parts.student, parts.teacher, parts.episode_cfg, parts.handoff,
+                                     protocol=parts.protocol, learner_step=self.step,
                                      request_prefix=f"s{self.step}/", handoff_seed=handoff_seed)
         try:
             t = await self.runner.play(game, episode)
@@ -165,7 +198,7 @@ class Trainer(Run):
             self.failed_in_a_row += 1
             limit = self.cfg.reliability.max_failed_in_a_row
             if limit and self.failed_in_a_row == limit:  # nothing works: stop, naming why, not draw on
-                self._role_failed(RoleFailed(
+                self.failures.report(RoleFailed(
                     f"{limit} episodes in a row failed, none finishing between them "
                     f"(reliability.max_failed_in_a_row={limit}); the last: {error}"))
             return
@@ -177,42 +210,62 @@ class Trainer(Run):
 
     # ----------------------------------------------------------------- learning
     async def next_batch(self) -> list[Trajectory] | None:
-        """The learner's next batch from the buffer; None when the run is told to stop first, or
-        the learner was found lost meanwhile."""
+        """The learner's next batch from the buffer; None when the run is told to stop first.
+        A failure the parts reported is raised here, before a batch is taken or instead of one
+        (a batch taken is always trained)."""
+        failure = self.failures.take()
+        if failure is not None:
+            raise failure
         batch_task = asyncio.create_task(self.buffer.take_batch(self.learner.version))
-        stop_task = asyncio.create_task(self.stop.wait())
-        lost_task = asyncio.create_task(self.learner_lost_event.wait())
+        waits = {batch_task, asyncio.create_task(self.stop.wait()), asyncio.create_task(self.failures.reported.wait())}
         try:
-            await asyncio.wait({batch_task, stop_task, lost_task}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stop_task.cancel()
-            lost_task.cancel()
-            if not batch_task.done():
-                batch_task.cancel()
-        return batch_task.result() if batch_task.done() and not batch_task.cancelled() else None
+            for task in waits:
+                if not task.done():
+                    task.cancel()
+        if batch_task.done() and not batch_task.cancelled():
+            return batch_task.result()
+        failure = self.failures.take()
+        if failure is not None:
+            raise failure
+        return None
 
     async def learn_step(self, batch: list[Trajectory]) -> dict[str, float]:
         from rose_ray.tokens import loss_turns, make_batch, render
 
         t0 = time.perf_counter()
+        weights = self.parts.token_weights
         # Trajectories to tokens, each cut where its engine cut it, with the recipe's weights.
         seqs = [render(t, max_tokens=self.cfg.learner.max_tokens) for t in batch]
-        made = make_batch(seqs, self.token_weights, self.cfg.learner.max_tokens, self.pad_id)
+        made = make_batch(seqs, weights, self.cfg.learner.max_tokens, self.parts.pad_id)
         self.doing("train_step")
         metrics = await self.in_learner(self.learner.train_step, made)
-        self.step += 1
+        self.progress.step += 1
         self.watchdog.progress()
-        with (self.run_dir / "trajectories.jsonl").open("a") as f:  # what the learner trained on
+        with (self.parts.run_dir / "trajectories.jsonl").open("a") as f:  # what the learner trained on
             for t, seq in zip(batch, seqs):  # `loss` per turn: did its tokens carry loss this step
-                record = t.to_record(loss=loss_turns(seq, len(t.turns), self.token_weights))
+                record = t.to_record(loss=loss_turns(seq, len(t.turns), weights))
                 f.write(json.dumps({"step": self.step, **record}) + "\n")
         for t in batch:
             self.ledger.record(t.episode_id, "trained", step=self.step)
         if self.step % self.cfg.publish_every == 0:
             self.doing("publishing weights")
-            await self.publish()
+            await self.publisher.publish()
         self.learn_s += time.perf_counter() - t0  # the learner's side of a step (bench/pipeline.py's L)
         return metrics
+
+    async def in_learner(self, fn: Any, *args: Any) -> Any:
+        """`fn(*args)` on the learner, in a thread. Cancelled meanwhile (a stall, a lost role),
+        the thread goes on, so the learner's state is unknown from then on."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except asyncio.CancelledError:
+            self.learner_unsure = True
+            raise
+
+    async def checkpoint(self) -> None:
+        await self.in_learner(self.parts.save_checkpoint, self.parts.checkpoint_state())
 
     async def log_step(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
         from rose_ray.metrics import batch_scalars, trajectory_markdown
@@ -220,9 +273,9 @@ class Trainer(Run):
         scalars = {**batch_scalars(batch, metrics), **await self.run_scalars(batch)}
         self.metrics.log(self.step, scalars)
         for t in batch:
-            self.replies["replies"] += t.rounds
-            self.replies["truncated"] += t.truncated_turns
-            self.replies["cut_before_action"] += t.cut_before_action
+            self.progress.replies["replies"] += t.rounds
+            self.progress.replies["truncated"] += t.truncated_turns
+            self.progress.replies["cut_before_action"] += t.cut_before_action
         if self.step == 1 or self.step % max(self.cfg.steps // 4, 1) == 0:
             for t in batch[: self.cfg.samples_to_log]:
                 self.metrics.text(self.step, "samples/trajectory", trajectory_markdown(t.to_record()))
@@ -233,6 +286,34 @@ class Trainer(Run):
             f"v{self.learner.version} {time.time() - self.t_start:.0f}s"
         )
 
+    async def run_scalars(self, batch: list[Trajectory]) -> dict[str, float]:
+        """A step's numbers from the parts' counters: throughput, lag, env pools, weights, restarts."""
+        now = time.time()
+        self.rollout_window = [t for t in self.rollout_window + batch if now - t.timing["finished_at"] < 60]
+        window_s = max(now - min(t.timing["finished_at"] for t in self.rollout_window), 1e-3)
+        try:  # awaited, never blocking the loop; a hung pool costs its numbers, not the step
+            health = [h for hs in await asyncio.wait_for(asyncio.gather(
+                *(p.health.remote() for p in self.parts.pools)), 5) for h in hs]
+        except Exception:  # noqa: BLE001
+            health = []
+        p50 = [h["step_ms_p50"] for h in health if h["step_ms_p50"] is not None]
+        p95 = [h["step_ms_p95"] for h in health if h["step_ms_p95"] is not None]
+        lags = self.buffer.lags[-len(batch):]
+        restarts = self.parts.restarts()
+        return {
+            "rollout/episodes_per_s": len(self.rollout_window) / window_s,
+            "async/policy_lag": sum(lags) / len(lags) if lags else 0.0,
+            "async/buffer_size": float(len(self.buffer.items)),
+            "async/dropped_stale": float(self.buffer.counters.dropped_stale),
+            "env/step_ms_p50": sorted(p50)[len(p50) // 2] if p50 else 0.0,
+            "env/step_ms_p95": max(p95) if p95 else 0.0,
+            "env/restarts": float(self.runner.counters.restarts + sum(h["restarts"] for h in health)),
+            "weights/sync_ms": self.publisher.weights_ms,
+            "weights/version": float(self.learner.version),
+            "reliability/engine_restarts": float(sum(n for role, n in restarts.items() if role != "learner")),
+            "reliability/learner_restarts": float(restarts["learner"]),
+        }
+
     # ----------------------------------------------------------------- evals
     async def evaluate(self, who: str) -> dict[str, Any]:
         """Greedy play of the held-out games by the student (or the teacher) alone."""
@@ -241,15 +322,15 @@ class Trainer(Run):
         from rose_ray.rollout.handoff import StudentOnly
         from rose_ray.types import SamplingParams
 
-        agent = self.teacher if who == "teacher" else self.student
+        agent = self.parts.teacher if who == "teacher" else self.parts.student
         ep = EpisodeConfig(max_turns=self.cfg.eval.max_turns, report=self.cfg.rollout.report,
                            student_sampling=SamplingParams(0.0, 1.0, self.cfg.eval.max_new_tokens))
-        records = await evaluate_games(self.eval_runner(), self.eval_games, agent, None, ep, StudentOnly(),
-                                       protocol=self.protocol)
+        records = await evaluate_games(self.parts.eval_runner(), self.parts.eval_games, agent, None, ep,
+                                       StudentOnly(), protocol=self.parts.protocol)
         return summarise(records)["overall"]
 
     async def log_eval(self, step: int, who: str, result: dict[str, Any]) -> None:
-        self.history["eval"].append({"step": step, "who": who, **result})
+        self.progress.history["eval"].append({"step": step, "who": who, **result})
         if who == "student":
             self.metrics.log(step, {"eval/score": result["score"], "eval/success": result["success"],
                                     "eval/pass": result["pass"]})
@@ -257,11 +338,134 @@ class Trainer(Run):
     async def _eval_in_background(self, step: int) -> None:
         await self.log_eval(step, "student", await self.evaluate("student"))
 
+    # ----------------------------------------------------------------- failures
+    async def supervise(self, loop: Any) -> BaseException | None:
+        """Run `loop` beside the engines' monitor (a lost engine is replaced) and a watchdog
+        that gives up on it when nothing moves for too long. Returns what ended it, if not the
+        loop's own end: a role lost for good or a stall (RoleFailed), or a crash."""
+        reliability = self.cfg.reliability
+        # A role being replaced is not a stall (each replacement has its own time limit).
+        self.watchdog = Watchdog(reliability.watchdog_s, self.waiting_report,
+                                 busy=lambda: self.restarting_learner or self.engines.replacing())
+        monitor = asyncio.create_task(self.engines.monitor())
+        try:
+            self.watchdog.progress()
+            waits = {asyncio.create_task(loop)}
+            if reliability.watchdog_s:
+                waits.add(asyncio.create_task(self.watchdog.run()))
+            done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            return next((task.exception() for task in done if task.exception() is not None), None)
+        finally:
+            monitor.cancel()
+
+    async def restart_learner(self, lost: LearnerLost) -> None:
+        """A rank is gone: new ranks on the same placement, back to the latest checkpoint and
+        its weights published; RoleFailed past `reliability.max_restarts`."""
+        limit = self.cfg.reliability.max_restarts
+        self.learner_unsure, self.restarting_learner = True, True
+        while True:
+            self.progress.learner_restarts += 1
+            if self.progress.learner_restarts > limit:
+                raise RoleFailed(f"learner: lost {self.progress.learner_restarts} times, more than "
+                                 f"reliability.max_restarts={limit}; the last time: {lost}") from lost
+            print(f"\ntrain: {lost}; restarting the learner group from the latest checkpoint "
+                  f"({self.progress.learner_restarts}/{limit})", flush=True)
+            self.doing("restarting the learner group")
+            try:
+                await asyncio.to_thread(self.learner.restart)
+                await asyncio.to_thread(self.parts.load_checkpoint, False)
+                await self.publisher.publish()
+                break
+            except LearnerLost as again:
+                lost = again
+        self.learner_unsure, self.restarting_learner = False, False
+        self.watchdog.progress()
+
+    async def wind_down(self, failure: BaseException | None) -> None:
+        """The stop: a final checkpoint and model/ (when the learner's state is known), the
+        ledger's open episodes marked; then the failure, if any, is raised: a lost role naming
+        the checkpoint a `--resume` goes on from, a crash as it was."""
+        try:
+            saved = await self.final_checkpoint(failure)
+            if saved:
+                try:
+                    await asyncio.to_thread(self.parts.export_model)  # before the eval: a failing eval keeps it
+                except Exception as e:
+                    if failure is None:
+                        raise
+                    print(f"\ntrain: no model/ at the stop: {type(e).__name__}: {e}", flush=True)
+        finally:
+            self.ledger.stop()  # after the checkpoint: a resume plays these again
+        if failure is None:
+            return
+        if not isinstance(failure, RoleFailed):
+            raise failure
+        latest = self.parts.latest_checkpoint()
+        where = f"checkpoint {latest}" if latest else "no checkpoint"
+        raise type(failure)(f"{failure}\n{'the stop wrote' if saved else 'the stop could not write one; the latest is'} "
+                            f"{where} (rose-ray train --resume {self.parts.run_dir} goes on from it)")
+
+    async def final_checkpoint(self, failure: BaseException | None) -> bool:
+        """The stop's checkpoint; False when the learner's state is unknown (a call cut short, a
+        restart unfinished: the latest checkpoint stands), or when it cannot write one (gone,
+        or hung: then its ranks are ended, which frees every thread still waiting on them)."""
+        if self.learner_unsure:
+            print("\ntrain: no checkpoint at the stop: a learner call was cut short, so its state is "
+                  "unknown; the latest checkpoint stands", flush=True)
+            return False
+        try:
+            # After a failure the learner itself may hang: then it gets a bounded time to answer.
+            bound = max(self.cfg.reliability.watchdog_s, 120) if failure is not None else None
+            await asyncio.wait_for(self.checkpoint(), bound)
+            return True
+        except Exception as e:
+            if failure is None and not isinstance(e, LearnerLost):
+                raise
+            print(f"\ntrain: no checkpoint at the stop: {type(e).__name__}: {e}", flush=True)
+            self.learner.shutdown()
+            return False
+
+    async def waiting_report(self) -> str:
+        """Which role waits on what (the watchdog's report), one line each."""
+        from rose_ray.rollout.actors import ping_pools
+
+        what, since = self.phase
+        lines = [f"driver: {what} for {time.monotonic() - since:.0f} s (step {self.step}/{self.cfg.steps}; "
+                 f"{len(self.buffer.items)} of {self.cfg.rollout.batch_episodes} episodes ready, "
+                 f"{self.buffer.in_flight} in flight)"]
+        lines += self.runner.waiting()
+        lines += await self.engines.describe()
+        lines += await ping_pools(self.parts.pools) or [f"env pools: all {len(self.parts.pools)} answer a ping"]
+        return "\n  ".join(lines)
+
+    def doing(self, what: str) -> None:
+        self.phase = (what, time.monotonic())
+
     def _interrupt(self) -> None:
         if self.stop.is_set():  # a second Ctrl-C: stop waiting
             raise KeyboardInterrupt
         print("\ntrain: stopping after the current step (Ctrl-C again to force)", flush=True)
         self.stop.set()
+
+    def summary(self) -> dict[str, Any]:
+        evals = self.progress.history["eval"]
+        student = [e for e in evals if e["who"] == "student"]
+        teacher = [e for e in evals if e["who"] == "teacher"]
+        return {
+            "run_dir": str(self.parts.run_dir), "steps": self.step, "version": self.learner.version,
+            "model": str(self.parts.model_dir),
+            "before": student[0] if student and student[0]["step"] == 0 else None,
+            "after": student[-1] if student and student[-1]["step"] == self.step and self.step else None,
+            "teacher": teacher[0] if teacher else None,
+            "buffer": self.buffer.counters.as_dict(), "runner": self.runner.counters.as_dict(),
+            "replies": self.progress.replies,
+            "accounting_holds": self.buffer.accounting_holds(),
+            "restarts": self.parts.restarts(),
+            "episodes": dict(self.ledger.outcomes),  # outcomes in episodes.jsonl
+        }
 
 
 # --------------------------------------------------------------------------- entry point
@@ -286,12 +490,12 @@ def train(config: str | None = None, overrides: list[str] | None = None, resume:
         # makes the next version.
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         print(f"train: new run in {run_dir}", flush=True)
-    trainer = Trainer(cfg, run_dir, resume=bool(resume))
+    parts = RunParts(cfg, run_dir, resume=bool(resume))
     try:
-        trainer.start()
-        summary = asyncio.run(trainer.run())
+        parts.start()
+        summary = asyncio.run(Trainer(parts).run())
     finally:
-        trainer.close()
+        parts.close()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     if any(summary[k] is not None for k in ("before", "after", "teacher")):  # no evals asked: no table
         print(results_table(summary))

@@ -27,6 +27,7 @@ from rose_ray.inference.engine import EngineConfig
 from rose_ray.inference.openai import OpenAIEngine, OpenAIServerError, OpenAIServerGone
 from rose_ray.reliability import RoleFailed, Stalled, Watchdog
 from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
+from rose_ray.run import RunParts
 from rose_ray.train import Trainer, train
 from rose_ray.types import GameId
 
@@ -83,8 +84,10 @@ def actor_pid(handle) -> int:
     return ray.get(handle.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
 
 
-def drive(trainer: Trainer, chaos) -> tuple[dict | None, BaseException | None]:
-    """Run the trainer's loop beside `chaos(trainer)`; (summary, None) or (None, the error)."""
+def drive(parts: RunParts, chaos) -> tuple[dict | None, BaseException | None]:
+    """Run the loop over the started `parts` beside `chaos(trainer)`; (summary, None) or (None, the error)."""
+    trainer = Trainer(parts)
+
     async def main():
         run = asyncio.create_task(trainer.run())
         while trainer.stop is None:
@@ -105,6 +108,28 @@ def drive(trainer: Trainer, chaos) -> tuple[dict | None, BaseException | None]:
 
 
 # --------------------------------------------------------------------------- no cluster
+def test_the_failure_channel_hands_each_failure_to_the_loop_once_in_order():
+    """What the parts report reaches the loop as exceptions, oldest first, each once; the loop's
+    wait (`reported`) is set while any is left."""
+    from rose_ray.learner.learner import LearnerLost
+    from rose_ray.run import Failures
+
+    async def main():
+        failures = Failures()
+        waiting = asyncio.create_task(failures.reported.wait())
+        await asyncio.sleep(0)
+        assert not waiting.done() and failures.take() is None
+        lost, failed = LearnerLost("learner rank 1 lost"), RoleFailed("teacher engine: lost 2 times")
+        failures.report(lost)
+        failures.report(failed)
+        await asyncio.wait_for(waiting, 1)
+        assert failures.take() is lost and failures.reported.is_set()
+        assert failures.take() is failed and not failures.reported.is_set()
+        assert failures.take() is None
+
+    asyncio.run(main())
+
+
 def test_the_ledger_gives_every_draw_one_outcome_across_going_back():
     games = [GameId("t", i, f"sciworld_{i}") for i in range(5)]
 
@@ -323,21 +348,21 @@ def test_a_run_survives_a_killed_student_a_hung_teacher_and_a_killed_learner_ran
     steps = 6
     cfg = load_config(None, overrides(tiny_models, run_dir, steps, "learner.ranks=2", "learner.cpus_per_rank=0.25"))
     run_dir.mkdir()
-    trainer = Trainer(cfg, run_dir, resume=False)
+    parts = RunParts(cfg, run_dir, resume=False)
     seen: dict = {}
 
     async def chaos(t: Trainer) -> None:
         await until("step 1", lambda: t.step >= 1)
-        seen["student"] = t.student.engine
-        os.kill((await t.student.engine.health.remote())["pid"], signal.SIGKILL)
+        seen["student"] = t.parts.student.engine
+        os.kill((await t.parts.student.engine.health.remote())["pid"], signal.SIGKILL)
         await until("the student's replacement", lambda: t.engines.restarts()["student engine"] == 1
-                    and t.student.engine is not seen["student"] and t.step >= 2)
+                    and t.parts.student.engine is not seen["student"] and t.step >= 2)
         # Hung, not dead: only the health ping (no answer within health_timeout_s) can tell.
-        hung = (await t.teacher.engine.health.remote())["pid"]
-        seen["teacher"] = t.teacher.engine
+        hung = (await t.parts.teacher.engine.health.remote())["pid"]
+        seen["teacher"] = t.parts.teacher.engine
         os.kill(hung, signal.SIGSTOP)
         try:
-            await until("the teacher's replacement", lambda: t.teacher.engine is not seen["teacher"])
+            await until("the teacher's replacement", lambda: t.parts.teacher.engine is not seen["teacher"])
         finally:
             try:
                 os.kill(hung, signal.SIGCONT)  # a no-op once the replacement's kill has landed
@@ -348,11 +373,11 @@ def test_a_run_survives_a_killed_student_a_hung_teacher_and_a_killed_learner_ran
         os.kill(await asyncio.to_thread(actor_pid, t.learner.workers[1]), signal.SIGKILL)
 
     try:
-        trainer.start()
-        summary, error = drive(trainer, chaos)
-        version = asyncio.run(_health(trainer.student.engine))["version"]
+        parts.start()
+        summary, error = drive(parts, chaos)
+        version = asyncio.run(_health(parts.student.engine))["version"]
     finally:
-        trainer.close()
+        parts.close()
     out = capsys.readouterr().out
     assert error is None, error
     assert summary["steps"] == steps and summary["version"] == steps
@@ -366,14 +391,14 @@ def test_a_run_survives_a_killed_student_a_hung_teacher_and_a_killed_learner_ran
     # Resumed, and the student engine lost once more: summary.json counts over the whole run.
     steps_after = steps + 4  # steps enough that the run cannot end on buffered episodes alone
     cfg = load_config(None, overrides(tiny_models, run_dir, steps_after, "learner.ranks=2", "learner.cpus_per_rank=0.25"))
-    resumed = Trainer(cfg, run_dir, resume=True)
+    resumed = RunParts(cfg, run_dir, resume=True)
 
     async def kill_student(t: Trainer) -> None:
         await until("a step after the resume", lambda: t.step > steps)
-        engine = t.student.engine
+        engine = t.parts.student.engine
         os.kill((await engine.health.remote())["pid"], signal.SIGKILL)
         await until("the student's replacement", lambda: t.engines.restarts()["student engine"] == 1
-                    and t.student.engine is not engine)
+                    and t.parts.student.engine is not engine)
 
     try:
         resumed.start()
@@ -403,23 +428,23 @@ def test_a_killed_vllm_student_engine_is_replaced_and_serves_the_latest_weights(
                                       "student_engine.backend=vllm", "teacher_engine.backend=vllm",
                                       "student_engine.kv_cache_mb=64", "teacher_engine.kv_cache_mb=64"))
     run_dir.mkdir()
-    trainer = Trainer(cfg, run_dir, resume=False)
+    parts = RunParts(cfg, run_dir, resume=False)
     killed_at: list[int] = []
 
     async def kill_student(t: Trainer) -> None:
         await until("step 2", lambda: t.step >= 2)
-        engine = t.student.engine
+        engine = t.parts.student.engine
         killed_at.append(t.step)
         os.kill((await engine.health.remote())["pid"], signal.SIGKILL)
         await until("the student's replacement", lambda: t.engines.restarts()["student engine"] == 1
-                    and t.student.engine is not engine)
+                    and t.parts.student.engine is not engine)
 
     try:
-        trainer.start()
-        summary, error = drive(trainer, kill_student)
-        version = asyncio.run(_health(trainer.student.engine))["version"]
+        parts.start()
+        summary, error = drive(parts, kill_student)
+        version = asyncio.run(_health(parts.student.engine))["version"]
     finally:
-        trainer.close()
+        parts.close()
     assert error is None, error
     assert summary["steps"] == steps and version == steps
     assert summary["restarts"]["student engine"] == 1
@@ -434,22 +459,22 @@ def test_the_watchdog_names_a_hung_env_pool_then_checkpoints_and_stops(tiny_mode
     run_dir = tmp_path / "run"
     cfg = load_config(None, overrides(tiny_models, run_dir, 100, "reliability.watchdog_s=6"))
     run_dir.mkdir()
-    trainer = Trainer(cfg, run_dir, resume=False)
+    parts = RunParts(cfg, run_dir, resume=False)
     pids: list[int] = []
 
     async def chaos(t: Trainer) -> None:
         await until("step 1", lambda: t.step >= 1)
-        pids.append(await asyncio.to_thread(actor_pid, t.pools[0]))
+        pids.append(await asyncio.to_thread(actor_pid, t.parts.pools[0]))
         os.kill(pids[0], signal.SIGSTOP)  # every env call now waits forever
 
     try:
-        trainer.start()
-        summary, error = drive(trainer, chaos)
-        step = trainer.step
+        parts.start()
+        summary, error = drive(parts, chaos)
+        step = parts.progress.step
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)  # so that closing it is quick
-        trainer.close()
+        parts.close()
     out = capsys.readouterr().out
     assert summary is None and isinstance(error, Stalled)
     message = str(error)

@@ -46,6 +46,13 @@ class TrajectoryBuffer:
         self.lags: list[int] = []  # lag of each trajectory handed to the learner
         self._changed = asyncio.Condition()
 
+    def restore(self, counters: BufferCounters) -> None:
+        """Back to a checkpoint's counters, empty: its open episodes are played again (the run
+        has cancelled every episode in flight first)."""
+        self.items, self.in_flight, self.lags = [], 0, []
+        self.counters = counters
+        self._changed = asyncio.Condition()
+
     def lag(self, t: Trajectory, learner_version: int) -> int:
         return 0 if t.student_version is None else learner_version - t.student_version
 
