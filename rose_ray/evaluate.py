@@ -105,7 +105,7 @@ class EvalJob:
 # --------------------------------------------------------------------------- metrics
 def game_record(t: Trajectory) -> dict[str, Any]:
     """One finished game as a flat record (the partial file's rows, the JSON's `games`)."""
-    from rose_ray.judge import episode_thoughts
+    from rose_ray.envs.worlds import knowledge_scorer, world_of_item
 
     actions = max(t.rounds, 1)
     return {
@@ -120,7 +120,8 @@ def game_record(t: Trajectory) -> dict[str, Any]:
         **({"process": t.scoring["process"]} if "process" in t.scoring else {}),
         **{k: t.scoring[k] for k in ("task_description", "critical_questions") if k in t.scoring},
         # what the judge reads by default: the agent's thoughts, numbered (games with questions)
-        **({"thoughts": episode_thoughts([u.text for u in t.turns if u.role == "assistant" and u.owner != "prompt"])}
+        **({"thoughts": knowledge_scorer(world_of_item(t.game.item_id)).episode_thoughts(
+            [u.text for u in t.turns if u.role == "assistant" and u.owner != "prompt"])}
            if "critical_questions" in t.scoring else {}),
     }
 
@@ -349,7 +350,7 @@ def _judge_config(cfg: EvalJob):
         return None
     from rose_ray.judge import JudgeConfig
 
-    return JudgeConfig(model=cfg.judge, served_model=cfg.judge_model, max_new_tokens=cfg.judge_max_new_tokens,
+    return JudgeConfig(model=cfg.judge, world=cfg.world, served_model=cfg.judge_model, max_new_tokens=cfg.judge_max_new_tokens,
                        thinking=cfg.judge_thinking, concurrency=cfg.concurrency, dtype=cfg.dtype)
 
 

@@ -1,22 +1,20 @@
-"""DiscoveryWorld's explanatory-knowledge score, as the paper's scorer (allenai/discoveryworld,
-`scripts/knowledgeScorer.py`) computes it: a language model reads the task description, the
-agent's knowledge and one of the scenario's critical questions at a time, and answers a JSON
-object with the question, an `evaluation` of 1 (the knowledge shows the discovery) or 0, and an
-`explanation`; greedy, with an 800-token budget. Knowledge = the fraction of a game's critical
-questions evaluated 1.
+"""Explanatory knowledge, judged by a language model: for each game with critical questions, a
+judge reads the task description, the agent's knowledge and one question at a time, and its
+answer is read as a verdict, 1 (the knowledge shows the discovery) or 0, greedy. Knowledge =
+the fraction of a game's critical questions judged 1. What the judge is asked and how its answer
+is read is the world's scorer (`World.knowledge`: DiscoveryWorld's paper's, in
+`envs/discoveryworld/knowledge.py`); this module asks the judge and keeps the verdicts.
 
-The agent's knowledge is, by default, what the paper judged for its ReAct agent: the thoughts
-it wrote while playing, numbered (`Thought 1: ...`), every turn's `Thought:` part
-(`--knowledge-from thoughts`); `--knowledge-from report` judges instead its answer to a
-question asked when the episode ended (rollout/report.py).
+The agent's knowledge is, by default, what the world's scorer reads for a ReAct agent: the
+thoughts it wrote while playing (`--knowledge-from thoughts`); `--knowledge-from report` judges
+instead its answer to a question asked when the episode ended (rollout/report.py).
 
 The judge is any model `eval` takes: a local folder (an engine actor; the prompt is built with
 its tokenizer's chat template) or `openai:URL` (chat completions in JSON mode, as the paper
 asked GPT-4o, so the server applies its own template; vLLM, `rose-ray serve`, or OpenAI's API).
-An answer whose JSON does not hold an integer `evaluation` of 0 or 1 counts 0 and is counted as
-unparsed (the paper's scorer counts only an integer too); a request the server refuses counts 0
-and is counted as an error. Verdicts are cached in a JSONL file keyed by a hash of (question,
-knowledge) and the judge's name, so a resumed or repeated eval does not ask twice.
+An answer the scorer cannot read counts 0 and is counted as unparsed; a request the server
+refuses counts 0 and is counted as an error. Verdicts are cached in a JSONL file keyed by a hash
+of (question, knowledge) and the judge's name, so a resumed or repeated eval does not ask twice.
 """
 
 from __future__ import annotations
@@ -24,59 +22,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from rose_ray.envs.protocol import parse_thought, strip_thinking
+from rose_ray.envs.worlds import knowledge_scorer
 from rose_ray.errors import InputError
 from rose_ray.types import SamplingParams
 
 KNOWLEDGE_SOURCES = ("thoughts", "report")
 CHARS_PER_TOKEN = 3  # a low estimate, so that a knowledge cut to the judge's context fits it
 PROMPT_TOKENS = 1024  # the judge's prompt without the knowledge: task description, question, rules
-
-JUDGE_PROMPT = """You are grading what an agent found out while playing a game about scientific discovery: \
-has it worked out the discovery that its task asks for?
-
-You get three things: (1) the task description, (2) the agent's knowledge, and (3) one critical \
-question about the discovery, which you answer with true (1) or false (0).
-
-Task description:
-```
-{task}
-```
-
-Agent's knowledge:
-```
-{knowledge}
-```
-
-Critical question:
-```
-{question}
-```
-
-Answer 1 if the agent's knowledge shows that it has found out what the critical question asks \
-about, and 0 otherwise. Reply with one JSON object with exactly these three keys:
-{{"criticalQuestion": "<the critical question, repeated>", "evaluation": <0 or 1, as an integer>, \
-"explanation": "<a short reason for the evaluation, referring to the agent's knowledge and whether it \
-shows what the critical question asks>"}}"""
-
-
-def episode_thoughts(replies: list[str]) -> str:
-    """The agent's knowledge as the paper's scorer reads a ReAct agent's: each reply's thought
-    (its `Thought:` part, without reasoning in think blocks), numbered, one per line; replies
-    without one are skipped."""
-    thoughts = [t for t in (parse_thought(r) for r in replies) if t]
-    return "".join(f"Thought {n}: {t}\n" for n, t in enumerate(thoughts, 1))
-
-
-def judge_messages(task: str, knowledge: str, question: str) -> list[dict[str, str]]:
-    """The judge's one user message for one critical question."""
-    return [{"role": "user", "content": JUDGE_PROMPT.format(task=task.strip() or "(not given)",
-                                                            knowledge=knowledge, question=question.strip())}]
 
 
 def fit_knowledge(knowledge: str, max_chars: int) -> tuple[str, bool]:
@@ -88,10 +44,6 @@ def fit_knowledge(knowledge: str, max_chars: int) -> tuple[str, bool]:
     return f"[... {len(knowledge) - len(kept)} earlier characters cut to fit the judge ...]\n{kept}", True
 
 
-PROMPT_HASH = hashlib.sha256(JUDGE_PROMPT.encode()).hexdigest()[:8]  # in the cache's judge name
-
-
-# --------------------------------------------------------------------------- parsing
 @dataclass
 class Verdict:
     """One critical question's verdict. `parsed`: the answer held a readable verdict (else the
@@ -108,39 +60,9 @@ class Verdict:
         return {k: v for k, v in asdict(self).items() if k != "cached"}
 
 
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
-
-
-def _json_object(text: str) -> dict[str, Any] | None:
-    """The answer's JSON object: the whole answer (JSON mode), the inside of a ```json fence, or
-    else the one {...} object in it; None when there is none (or several)."""
-    fenced = _FENCE.match(text)
-    candidates = [fenced.group(1) if fenced else text]
-    if not fenced:
-        start, end = text.find("{"), text.rfind("}")
-        if 0 <= start < end:
-            candidates.append(text[start:end + 1])
-    for candidate in candidates:
-        try:
-            obj = json.loads(candidate)
-        except ValueError:
-            continue
-        return obj if isinstance(obj, dict) else None
-    return None
-
-
-def parse_verdict(text: str, question: str = "") -> Verdict:
-    """A judge's answer as a Verdict: its JSON object's `evaluation`, an integer 0 or 1, and its
-    `explanation`. Anything else (no JSON object, no `evaluation`, "1" as a string, 2, true)
-    is unparsed: verdict 0."""
-    obj = _json_object(strip_thinking(str(text or "")).strip())
-    if obj is None:
-        return Verdict(question, 0, False)
-    explanation = " ".join(str(obj.get("explanation") or "").split())[:500]
-    value = obj.get("evaluation")
-    if type(value) is not int or value not in (0, 1):  # bool is not an int here, as in the paper's scorer
-        return Verdict(question, 0, False, explanation)
-    return Verdict(question, value, True, explanation)
+def parse_verdict(text: str, question: str, scorer: Any) -> Verdict:
+    """A judge's answer read by the world's scorer (`read_verdict`): unreadable counts 0, unparsed."""
+    return Verdict(question, *scorer.read_verdict(text))
 
 
 # --------------------------------------------------------------------------- cache
@@ -184,6 +106,7 @@ class VerdictCache:
 @dataclass
 class JudgeConfig:
     model: str  # a local folder, or openai:URL
+    world: str | None = None  # whose knowledge scorer asks and reads (World.knowledge)
     served_model: str = ""  # the name an openai: server expects (default: its own default)
     max_new_tokens: int = 800  # the paper's scorer's budget
     thinking: bool | None = None  # the chat template's enable_thinking (None: off locally, unsent to a server)
@@ -206,7 +129,13 @@ class JudgeConfig:
     def cache_name(self) -> str:
         """The cache's name: the judge and what changes its greedy answers (the prompt, thinking,
         the token budget: an answer cut short may be whole with a larger one)."""
-        return f"{self.name}|thinking={self.thinking}|max_new_tokens={self.max_new_tokens}|prompt={PROMPT_HASH}"
+        return (f"{self.name}|thinking={self.thinking}|max_new_tokens={self.max_new_tokens}"
+                f"|prompt={self.scorer.PROMPT_HASH}")
+
+    @property
+    def scorer(self) -> Any:
+        """The world's knowledge scorer: `judge_messages`, `read_verdict`, `PROMPT_HASH`."""
+        return knowledge_scorer(self.world)
 
     @property
     def knowledge_chars(self) -> int:
@@ -387,15 +316,16 @@ def verdict_counts(verdicts: list[dict[str, Any]]) -> dict[str, int]:
 async def _ask_all(judge: Judge, todo: dict[tuple[str, str], str],
                    cache: VerdictCache) -> dict[tuple[str, str], Verdict]:
     limit = asyncio.Semaphore(judge.cfg.concurrency)
+    scorer = judge.cfg.scorer
 
     async def one(n: int, key: tuple[str, str]) -> tuple[tuple[str, str], Verdict]:
         question, knowledge = key
         task = todo[key]
         async with limit:
-            text, error = await judge.answer(judge_messages(task, knowledge, question), f"judge/{n}")
+            text, error = await judge.answer(scorer.judge_messages(task, knowledge, question), f"judge/{n}")
         if error:  # not cached: a later run asks again
             return key, Verdict(question, 0, False, "", error)
-        verdict = parse_verdict(text, question)
+        verdict = parse_verdict(text, question, scorer)
         cache.put(judge.cfg.cache_name, knowledge, verdict, text)
         return key, verdict
 

@@ -22,20 +22,22 @@ from dataclasses import replace
 import pytest
 
 from rose_ray.envs.discoveryworld.catalogue import DiscoveryWorldCatalogue
+from rose_ray.envs.discoveryworld.knowledge import episode_thoughts, judge_messages
 from rose_ray.envs.discoveryworld.protocol import REPORT_QUESTION
+from rose_ray.envs.worlds import get_world
+from rose_ray.errors import InputError
 from rose_ray.judge import (
     JudgeConfig,
     JudgeUnavailable,
     VerdictCache,
     check_judge,
-    episode_thoughts,
     fit_knowledge,
-    judge_messages,
     judge_records,
     parse_verdict,
 )
 
 CATALOGUE = DiscoveryWorldCatalogue()
+SCORER = get_world("discoveryworld").knowledge  # the paper's knowledge scorer
 CHEMISTRY = CATALOGUE.find("combinatorial-chemistry-easy", 0)
 ARCHAEOLOGY = CATALOGUE.find("archaeology-dating-easy", 0)
 NAME = "tiny-judge"
@@ -62,7 +64,7 @@ ANSWER = '{"criticalQuestion": "Q?", "evaluation": %s, "explanation": "it names 
     ('<think>{"evaluation": 1}, I think, but', 0, False),  # cut while thinking: nothing is an answer
 ])
 def test_verdicts_are_the_json_evaluation_and_malformed_ones_count_zero(answer, verdict, parsed):
-    v = parse_verdict(answer, "Q?")
+    v = parse_verdict(answer, "Q?", SCORER)
     assert (v.verdict, v.parsed, v.question) == (verdict, parsed, "Q?")
     if parsed:
         assert v.explanation == "it names the compound"
@@ -81,7 +83,7 @@ def test_the_judge_reads_the_agents_thoughts_as_the_papers_scorer_does():
     # The paper's settings: greedy, 800 new tokens, thoughts by default.
     from rose_ray.evaluate import EvalJob
 
-    cfg = JudgeConfig(model="m")
+    cfg = JudgeConfig(world="discoveryworld", model="m")
     assert (cfg.sampling().temperature, cfg.sampling().max_new_tokens) == (0.0, 800)
     job = EvalJob(model="m", world="discoveryworld")
     assert job.knowledge_from == "thoughts" and job.judge_max_new_tokens == 800
@@ -89,14 +91,26 @@ def test_the_judge_reads_the_agents_thoughts_as_the_papers_scorer_does():
     kept, cut = fit_knowledge("Thought 1: old\n" + "x" * 50 + "Thought 9: new\n", 30)
     assert cut and kept.endswith("Thought 9: new\n") and "earlier characters cut" in kept
     assert fit_knowledge("short", 30) == ("short", False)
-    assert JudgeConfig(model="m", context_tokens=4096).knowledge_chars == 3 * (4096 - 800 - 1024)
+    assert JudgeConfig(world="discoveryworld", model="m", context_tokens=4096).knowledge_chars == 3 * (4096 - 800 - 1024)
+
+
+def test_the_judge_asks_and_reads_through_its_worlds_scorer():
+    """The prompt and the reading of answers are the world's (World.knowledge); the judge has none
+    of its own, and a world without critical questions has no scorer to judge with."""
+    import rose_ray.judge as judge
+
+    assert not hasattr(judge, "JUDGE_PROMPT") and not hasattr(judge, "judge_messages")
+    cfg = JudgeConfig(world="discoveryworld", model="m")
+    assert cfg.scorer is SCORER and cfg.cache_name.endswith(f"prompt={SCORER.PROMPT_HASH}")
+    with pytest.raises(InputError, match="world 'sciworld' has no critical questions"):
+        _ = JudgeConfig(world="sciworld", model="m").cache_name
 
 
 def test_the_cache_keys_on_judge_question_and_knowledge(tmp_path):
     path = tmp_path / "v.jsonl"
     cache = VerdictCache(path)
-    cache.put("judge-a", "I found that X rusts.", parse_verdict(ANSWER % 1, "Q1?"), "raw")
-    cache.put("judge-a", "I found that X rusts.", parse_verdict("gibberish", "Q2?"), "gibberish")
+    cache.put("judge-a", "I found that X rusts.", parse_verdict(ANSWER % 1, "Q1?", SCORER), "raw")
+    cache.put("judge-a", "I found that X rusts.", parse_verdict("gibberish", "Q2?", SCORER), "gibberish")
     with path.open("a") as f:
         f.write('{"judge": "judge-a", "key": "cut sho')  # a write cut short by a kill
     again = VerdictCache(path)
@@ -107,7 +121,7 @@ def test_the_cache_keys_on_judge_question_and_knowledge(tmp_path):
     assert again.get("judge-b", "Q1?", "I found that X rusts.") is None  # another judge asks again
     assert again.get("judge-a", "Q1?", "I found nothing.") is None  # other knowledge asks again
     # What changes a judge's greedy answers changes its cache name: the budget, thinking.
-    base = JudgeConfig(model="openai:http://127.0.0.1:1/v1", served_model=NAME)
+    base = JudgeConfig(world="discoveryworld", model="openai:http://127.0.0.1:1/v1", served_model=NAME)
     names = {base.cache_name, replace(base, max_new_tokens=4096).cache_name, replace(base, thinking=False).cache_name}
     assert len(names) == 3 and all(n.startswith(base.name) for n in names)
 
@@ -337,7 +351,7 @@ def test_eval_with_a_served_judge_end_to_end(tiny_models, ray_cluster, served_ju
     # and cached; a second pass asks nothing, even with the server gone.
     questions = ["Does it clearly state that chemical A is needed?", "Does it clearly state the mixture?"]
     cache_path = tmp_path / "hand.verdicts.jsonl"
-    judge = JudgeConfig(model=f"openai:{url}", served_model=NAME, max_new_tokens=24)
+    judge = JudgeConfig(world="discoveryworld", model=f"openai:{url}", served_model=NAME, max_new_tokens=24)
     judged = {}
     for source in ("thoughts", "report"):
         records = _hand_made(questions)
@@ -370,8 +384,8 @@ def test_a_local_folder_judge(tiny_models, ray_cluster, tmp_path, capsys):
 
     questions = ["Does it clearly state that chemical A is needed?"]
     records = _hand_made(questions)
-    judge = check_judge(JudgeConfig(model=str(tiny_models["teacher"]), max_new_tokens=24, concurrency=2,
-                                    context_tokens=1 << 20))
+    judge = check_judge(JudgeConfig(world="discoveryworld", model=str(tiny_models["teacher"]), max_new_tokens=24,
+                                    concurrency=2, context_tokens=1 << 20))
     assert judge.context_tokens == 16384  # capped at the tiny model's positions
     counts = judge_records(records, judge, VerdictCache(tmp_path / "v.jsonl"))
     assert counts["questions"] == 2 and counts["asked"] == 1 and counts["errors"] == 0
@@ -383,7 +397,7 @@ def test_a_local_folder_judge(tiny_models, ray_cluster, tmp_path, capsys):
     assert row["judge"].startswith(str(tiny_models["teacher"]))
     # Bad judges are clear errors (exit 2), never a traceback.
     with pytest.raises(JudgeUnavailable, match="no such model folder"):
-        check_judge(JudgeConfig(model=str(tmp_path / "nothing")))
+        check_judge(JudgeConfig(world="discoveryworld", model=str(tmp_path / "nothing")))
     args = ["eval", "--model", str(tiny_models["student"]), "--out", str(tmp_path / "x")]
     assert main([*args, "--world", "discoveryworld", "--judge", str(tmp_path / "nothing")]) == 2
     assert "no such model folder" in capsys.readouterr().err

@@ -44,10 +44,17 @@ class World:
     # a module making gold paths a model can copy from what it sees (`look_before_focus`,
     # `visible_names`: ScienceWorld's `gold.py`), or None: gold paths are used as they are
     observed_gold: Any = None
-    # its games carry critical questions that a knowledge judge scores (rose_ray/judge.py, eval --judge)
-    judged: bool = False
+    # its knowledge scorer, when its games carry critical questions that a judge model answers
+    # (`judge_messages`, `read_verdict`, `episode_thoughts`, `PROMPT_HASH`: DiscoveryWorld's
+    # knowledge.py; rose_ray/judge.py asks the judge, `eval --judge`), or None
+    knowledge: Any = None
     # text of the world to train a tiny tokenizer on (models.build_tokenizer), or None
     corpus: Callable[[], str] | None = None
+
+
+    @property
+    def judged(self) -> bool:
+        return self.knowledge is not None
 
 
 def get_world(name: str | None) -> World:
@@ -69,6 +76,14 @@ def paper_tables(name: str = "discoveryworld") -> Any:
     if tables is None:
         raise InputError(f"world {name!r} has no paper tables")
     return tables
+
+
+def knowledge_scorer(name: str | None) -> Any:
+    """A world's knowledge scorer (`World.knowledge`); a clear error for a world without one."""
+    scorer = get_world(name).knowledge
+    if scorer is None:
+        raise InputError(f"world {name or DEFAULT_WORLD!r} has no critical questions for a knowledge judge")
+    return scorer
 
 
 def world_of_item(item: object) -> str | None:

@@ -1,8 +1,9 @@
 """DiscoveryWorld as a world: 35 (scenario, difficulty) pairs x 5 seeds (`catalogue`), text
-actions with object ids (`protocol`), one worker process per game (`game`, `worker`), and its
-paper's scoring (`paper_tables`). Needs `pip install discoveryworld` only to play."""
+actions with object ids (`protocol`), one worker process per game (`game`, `worker`), its
+paper's scoring (`paper_tables`) and knowledge scorer (`knowledge`). Needs `pip install
+discoveryworld` only to play."""
 
-from rose_ray.envs.discoveryworld import paper_tables
+from rose_ray.envs.discoveryworld import knowledge, paper_tables
 from rose_ray.envs.discoveryworld.catalogue import DiscoveryWorldCatalogue
 from rose_ray.envs.discoveryworld.protocol import PROTOCOL
 from rose_ray.envs.worlds import World
@@ -21,4 +22,4 @@ def _game(call_timeout_s: float = 60.0, max_turns: int | None = None):
 
 WORLD = World(name="discoveryworld", catalogue=DiscoveryWorldCatalogue, protocol=PROTOCOL,
               game=_game, has_gold=False, mappings=(DiscoveryWorldCatalogue.mapping,),
-              paper_tables=paper_tables, judged=True)
+              paper_tables=paper_tables, knowledge=knowledge)
