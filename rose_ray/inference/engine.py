@@ -24,6 +24,9 @@ ContextPolicy = Literal["drop_oldest", "end_episode"]
 CONTEXT_POLICIES: tuple[str, ...] = ("drop_oldest", "end_episode")
 BACKENDS: tuple[str, ...] = ("hf", "vllm", "openai")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16")
+# Prompt + reply tokens, the dataset card's 16,384: the one default of every engine, command
+# (`--context-tokens`) and learner row (`learner.max_tokens` must hold a whole context).
+CONTEXT_TOKENS = 16384
 
 
 
@@ -109,7 +112,7 @@ class EngineConfig:
     dtype: str = "auto"
     max_batch_size: int = 16
     max_wait_ms: float = 5.0
-    context_tokens: int = 4096
+    context_tokens: int = CONTEXT_TOKENS
     context_policy: str = "drop_oldest"
     keep_first_turns: int = 1
     threads: int = 0

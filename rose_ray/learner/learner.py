@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from rose_ray.errors import ConfigError
+from rose_ray.inference.engine import CONTEXT_TOKENS
 from rose_ray.learner.batching import micro_batches
 from rose_ray.learner.worker import SUMMED, LearnerWorker
 from rose_ray.types import Batch
@@ -62,7 +63,7 @@ class LearnerConfig:
     grad_clip: float = 1.0  # 0 disables
     # tokens per packed row, at least the student engine's context; also the token budget of a
     # micro-batch (rows share one only while they fit; their number follows from the batch)
-    max_tokens: int = 4096
+    max_tokens: int = CONTEXT_TOKENS
     attn_implementation: str = "auto"
     logprob_chunk: int = 1024  # tokens per pass through the LM head (0: the whole micro-batch at once)
     seed: int = 0
