@@ -40,7 +40,7 @@ from rose_ray.errors import ConfigError
 from rose_ray.inference.backends import COMMAND_BACKENDS, DEFAULT_COMMAND_BACKEND
 from rose_ray.inference.engine import CONTEXT_POLICIES, DTYPES, EngineConfig
 from rose_ray.learner.learner import LEARNER_DTYPES, SCHEDULES, LearnerConfig
-from rose_ray.types import SamplingParams
+from rose_ray.types import SCHEMAS, SamplingParams
 
 __all__ = ["COMMANDS", "add_flags", "resolve"]
 
@@ -123,7 +123,7 @@ class ServedSettings:
 @dataclass
 class SchemaSetting:
     schema: str = setting("card", "rows as the dataset card writes them (role/content) or as AgentGym does "
-                                  "(from/value)", choices=("card", "agentgym"))
+                                  "(from/value)", choices=SCHEMAS)
 
 
 @dataclass

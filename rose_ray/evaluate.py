@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Any
 from rose_ray.envs import DEFAULT_WORLD
 from rose_ray.errors import InputError
 from rose_ray.inference.backends import DEFAULT_COMMAND_BACKEND
-from rose_ray.inference.engine import CONTEXT_TOKENS
-from rose_ray.types import GameId, SamplingParams, Trajectory
+from rose_ray.types import CONTEXT_TOKENS, GameId, SamplingParams, Trajectory
 
 if TYPE_CHECKING:
     from rose_ray.commands import EvalCommand

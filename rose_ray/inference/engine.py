@@ -17,16 +17,13 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from rose_ray.errors import ConfigError, InputError
-from rose_ray.types import SamplingParams, Turn
+from rose_ray.types import CONTEXT_TOKENS, SamplingParams, Turn
 
 FinishReason = Literal["stop", "length", "context"]
 ContextPolicy = Literal["drop_oldest", "end_episode"]
 CONTEXT_POLICIES: tuple[str, ...] = ("drop_oldest", "end_episode")
 BACKENDS: tuple[str, ...] = ("hf", "vllm", "openai")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16")
-# Prompt + reply tokens, the dataset card's 16,384: the one default of every engine, command
-# (`--context-tokens`) and learner row (`learner.max_tokens` must hold a whole context).
-CONTEXT_TOKENS = 16384
 
 
 

@@ -30,10 +30,9 @@ from typing import Any
 import numpy as np
 
 from rose_ray.errors import ConfigError
-from rose_ray.inference.engine import CONTEXT_TOKENS
 from rose_ray.learner.batching import micro_batches
 from rose_ray.learner.worker import SUMMED, LearnerWorker
-from rose_ray.types import Batch
+from rose_ray.types import CONTEXT_TOKENS, Batch
 
 SCHEDULES = ("constant", "linear", "cosine")
 LEARNER_DTYPES = ("float32", "bfloat16")
