@@ -317,7 +317,3 @@ def resolve(command: type, args: argparse.Namespace, name: str) -> Any:
             raise ConfigError(f"key {f.name!r}: must be one of {', '.join(map(str, choices))}; got {value!r}")
     return cfg
 
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    """A command's resolved settings, as plain data (what a YAML file for `--config` holds)."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg))  # type: ignore[return-value]
