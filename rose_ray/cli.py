@@ -114,52 +114,6 @@ def world_args(g: argparse.ArgumentParser) -> None:
                    help=f"ScienceWorld's item-id mapping (default {mappings[0]})")
 
 
-def history_arg(g: argparse.ArgumentParser) -> None:
-    g.add_argument("--history", choices=["template", "sampled"], default="template",
-                   help="earlier turns in each prompt: as the chat template renders the conversation, as a chat API "
-                        "does (the card's; default), or as their ids were sampled (chat.history)")
-
-
-def conversation_args(g: argparse.ArgumentParser) -> None:
-    history_arg(g)
-    g.add_argument("--instruction-from", metavar="JSONL",
-                   help="take the instruction and acknowledgement from a dataset's first row "
-                        "(default: rose_ray's own wording; `continue`: each row's own)")
-    g.add_argument("--enable-thinking", action="store_true",
-                   help="turn the chat template's thinking mode on (Qwen3); off by default")
-
-
-def backend_args(g: argparse.ArgumentParser) -> None:
-    """`--backend` and the vllm backend's KV cache, for commands that run local models."""
-    from rose_ray.inference.backends import COMMAND_BACKENDS, DEFAULT_COMMAND_BACKEND
-    from rose_ray.inference.engine import EngineConfig
-
-    g.add_argument("--backend", choices=COMMAND_BACKENDS, default=DEFAULT_COMMAND_BACKEND,
-                   help="the engine of a local model: vllm (vLLM's engine), hf (transformers), or auto: "
-                        f"vllm where it is installed, else hf (default {DEFAULT_COMMAND_BACKEND})")
-    g.add_argument("--kv-cache-mb", type=float, metavar="MB",
-                   help=f"vllm on CPU: the KV cache's size (default {EngineConfig.kv_cache_mb:g})")
-
-
-def served_args(g: argparse.ArgumentParser) -> None:
-    """What a served model (`openai:URL`) needs: its tokenizer here, and the name it is served as."""
-    g.add_argument("--tokenizer", help="tokenizer folder of the openai:URL models (prompts go as token ids)")
-    g.add_argument("--served-model", default="", help="the model name the openai: server expects "
-                                                      "(default: the server's own)")
-
-
-def context_args(g: argparse.ArgumentParser) -> None:
-    g.add_argument("--context-tokens", type=int, default=16384, help="prompt + reply tokens (the card's 16,384)")
-    g.add_argument("--context-policy", choices=["end_episode", "drop_oldest"], default="end_episode",
-                   help="a prompt that no longer fits: end the episode there (AgentGym's rule, the default; "
-                        "its end reason is `context`) or drop the oldest action/observation pairs")
-
-
-def schema_arg(g: argparse.ArgumentParser) -> None:
-    g.add_argument("--schema", choices=["card", "agentgym"], default="card",
-                   help="rows as the dataset card writes them (role/content) or as AgentGym does (from/value)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rose-ray", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -230,85 +184,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func="rose_ray.placement:plan_main")
     # --- end plan ---
 
-    g = sub.add_parser("eval", help="evaluate a model on held-out games (Score / Success / Pass)")
-    g.add_argument("--model", help="local model folder, or openai:URL of a served model")
-    g.add_argument("--split", default="test", help="train, dev, test, all, agenteval_test, or an id-list file")
-    g.add_argument("--n", type=int, default=200, help="games, a task-stratified sample (0 = the whole split)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--tasks", default="", help="comma-separated task names: only their games (a training run's "
-                                                 "`tasks:`; with the same --n and --seed, its eval games)")
-    g.add_argument("--max-turns", type=int,
-                   help="turns per game (default: sciworld 20; discoveryworld the paper's limits, 100 for Easy "
-                        "and unit tests, 1,000 for Normal and Challenge, which this replaces)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--max-new-tokens", type=int, default=512)
-    world_args(g)
-    g.add_argument("--judge", metavar="MODEL",
-                   help="discoveryworld: score knowledge with this judge (a local folder, or openai:URL)")
-    g.add_argument("--judge-model", default="", metavar="NAME", help="the model name an openai: judge server expects")
-    g.add_argument("--judge-max-new-tokens", type=int, default=800, help="the judge's answer budget (the paper's 800)")
-    g.add_argument("--knowledge-from", choices=["thoughts", "report"], default="thoughts",
-                   help="what the judge reads: the agent's thoughts while playing (the paper's scorer, default) "
-                        "or its answer to a question asked when the episode ends")
-    g.add_argument("--judge-thinking", choices=["on", "off"],
-                   help="the judge's chat-template thinking switch (default: off for a local folder, "
-                        "the server's own for openai:)")
-    g.add_argument("--teacher", help="with --handoff K: the teacher plays from turn K+1")
-    g.add_argument("--handoff", type=int)
-    g.add_argument("--concurrency", type=int, default=8, help="episodes at once")
-    g.add_argument("--env-workers", type=int, default=1)
-    context_args(g)
-    conversation_args(g)
-    backend_args(g)
-    served_args(g)
-    g.add_argument("--out", help="results prefix: writes OUT.json and OUT.md")
-    g.add_argument("--compare", nargs="+", metavar="RESULT.json", help="print results side by side")
-    g.set_defaults(func="rose_ray.evaluate:cli_main")
+    # The commands that run something: their settings are typed configs (commands.py), their
+    # flags made from the fields there; --config FILE.yaml and KEY=VALUE as for train.
+    from rose_ray.commands import COMMANDS, add_flags
 
-    def play_args(g: argparse.ArgumentParser, temperature: float) -> None:
-        g.add_argument("--seed", type=int, default=0)
-        g.add_argument("--temperature", type=float, default=temperature)
-        g.add_argument("--max-new-tokens", type=int, default=512)
-        g.add_argument("--concurrency", type=int, default=8, help="episodes at once")
-        world_args(g)
-        context_args(g)
-        conversation_args(g)
-        schema_arg(g)
-        backend_args(g)
-        served_args(g)
-
-    g = sub.add_parser("collect", help="write student prefixes: the first K turns of each game")
-    g.add_argument("--model", required=True, help="local model folder, or openai:URL of a served model")
-    g.add_argument("--turns", type=int, default=5)
-    g.add_argument("--split", default="train")
-    g.add_argument("--n", type=int, default=0, help="a task-stratified sample (0 = the whole split)")
-    g.add_argument("--out", required=True)
-    play_args(g, 1.0)
-    g.set_defaults(func="rose_ray.collect:collect_main")
-
-    g = sub.add_parser("continue", help="replay recorded prefixes, then let the teacher play on")
-    g.add_argument("--teacher", required=True, help="local model folder, or openai:URL of a served model")
-    g.add_argument("--student", help="tokenizer owner of the output ids (default: the teacher's)")
-    g.add_argument("--in", dest="input", required=True)
-    g.add_argument("--max-turns", type=int, default=10, help="turns in all, prefix included")
-    g.add_argument("--out", required=True)
-    play_args(g, 0.0)
-    g.set_defaults(func="rose_ray.collect:continue_main")
-
-    g = sub.add_parser("gold", help="write gold demonstrations (ScienceWorld's gold paths)")
-    g.add_argument("--split", default="train")
-    g.add_argument("--n", type=int, default=0, help="a task-stratified sample (0 = the whole split)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--workers", type=int, default=2, help="games at once")
-    g.add_argument("--observe", action="store_true",
-                   help="paths that look before they choose and name things as the game shows them, "
-                        "replayed to check they still succeed (the small tier's teacher warm-up)")
-    world_args(g)
-    g.add_argument("--instruction-from", metavar="JSONL",
-                   help="take the instruction and acknowledgement from a dataset's first row")
-    schema_arg(g)
-    g.add_argument("--out", required=True)
-    g.set_defaults(func="rose_ray.collect:gold_main")
+    for name, func, help_ in (
+            ("eval", "rose_ray.evaluate:cli_main", "evaluate a model on held-out games (Score / Success / Pass)"),
+            ("collect", "rose_ray.collect:collect_main", "write student prefixes: the first K turns of each game"),
+            ("continue", "rose_ray.collect:continue_main", "replay recorded prefixes, then let the teacher play on"),
+            ("gold", "rose_ray.collect:gold_main", "write gold demonstrations (ScienceWorld's gold paths)")):
+        g = sub.add_parser(name, help=help_)
+        add_flags(g, COMMANDS[name])
+        g.set_defaults(func=func)
 
     from rose_ray.envs.worlds import get_world
 
@@ -321,41 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     # --- serve (inference) ---
     g = sub.add_parser("serve", help="OpenAI-compatible server over a vLLM or transformers engine")
-    g.add_argument("model", help="local HF model folder")
-    backend_args(g)
-    g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--host", default="127.0.0.1", help="bind address (default: localhost only)")
-    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (default: $ROSE_RAY_API_KEY)")
-    g.add_argument("--served-model-name", default=None, help="the 'model' clients send (default: MODEL)")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    g.add_argument("--max-batch-size", type=int, default=16)
-    g.add_argument("--max-wait-ms", type=float, default=5.0)
-    g.add_argument("--context-tokens", type=int, default=4096)
-    g.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    add_flags(g, COMMANDS["serve"])
     g.set_defaults(func="rose_ray.inference.server:cli_main")
     # --- end serve ---
 
     # --- sft (learner) ---
     g = sub.add_parser("sft", help="offline SFT on AgentGym-schema JSONL conversations")
-    g.add_argument("--data", required=True)
-    g.add_argument("--model", required=True)
-    g.add_argument("--out", required=True, help="output Hugging Face folder")
-    g.add_argument("--epochs", type=int, default=1)
-    g.add_argument("--batch-size", type=int, default=8, help="rows per optimizer step")
-    g.add_argument("--lr", type=float, default=1e-5)
-    g.add_argument("--schedule", default="constant", choices=["constant", "linear", "cosine"])
-    g.add_argument("--warmup-steps", type=int, default=0)
-    g.add_argument("--ranks", type=int, default=1, help="DeepSpeed data-parallel ranks")
-    g.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3])
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    g.add_argument("--max-tokens", type=int, default=4096,
-                   help="tokens per packed row, and per micro-batch (rows share one while they fit)")
-    g.add_argument("--owners", default="student,teacher", help="owners whose tokens are trained")
-    g.add_argument("--history", choices=["template", "sampled"], default="template",
-                   help="train on the chat template's rendering of each whole conversation (the card's SFT; default) "
-                        "or on per-turn pieces as an engine with chat.history=sampled builds them")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    add_flags(g, COMMANDS["sft"])
     g.set_defaults(func="rose_ray.recipes.sft:cli_main")
     # --- end sft ---
     return p
@@ -388,7 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     from rose_ray.models import ModelNotAvailable
 
     try:
-        return int(func(args) or 0)
+        given: object = args
+        if getattr(args, "settings", None) is not None:  # a command with a typed config (commands.py)
+            from rose_ray.commands import resolve
+
+            given = resolve(args.settings, args, args.command)
+        return int(func(given) or 0)
     except (InputError, FileNotFoundError, ModelNotAvailable) as e:  # bad input: its one line; a bug keeps its traceback
         if os.environ.get("ROSE_RAY_DEBUG"):
             raise

@@ -27,7 +27,7 @@ import random
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rose_ray.envs import DEFAULT_WORLD
 from rose_ray.envs.base import StepResult
@@ -38,6 +38,15 @@ from rose_ray.errors import InputError
 from rose_ray.inference.backends import DEFAULT_COMMAND_BACKEND
 from rose_ray.rows import message_text, read_jsonl, row_schema, row_to_turns, write_jsonl
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
+
+if TYPE_CHECKING:
+    from rose_ray.commands import (
+        CollectCommand,
+        ContinueCommand,
+        GoldCommand,
+        PlaySettings,
+        WorldSettings,
+    )
 
 
 # --------------------------------------------------------------------------- gold
@@ -314,11 +323,11 @@ def _row_task_description(row: dict[str, Any]) -> str | None:
 
 
 # --------------------------------------------------------------------------- CLI
-def _catalogue(args) -> GameCatalogue:
+def _catalogue(args: WorldSettings) -> GameCatalogue:
     return get_world(args.world).catalogue(args.mapping)
 
 
-def gold_main(args) -> int:
+def gold_main(args: GoldCommand) -> int:
     if not get_world(args.world).has_gold:
         raise InputError(f"{args.world} has no gold action paths for any of its games, so there is "
                          "nothing to write; eval, collect and train work without gold demonstrations")
@@ -334,22 +343,23 @@ def gold_main(args) -> int:
     return 0
 
 
-def _play_config(args, model: str, teacher: str | None, handoff: str, max_turns: int, model_flag: str) -> PlayConfig:
+def _play_config(args: PlaySettings, command: str, model: str, teacher: str | None, handoff: str, max_turns: int,
+                 model_flag: str) -> PlayConfig:
     return PlayConfig(
         model=model, teacher=teacher, max_turns=max_turns, handoff=handoff, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
         concurrency=args.concurrency, world=args.world or DEFAULT_WORLD, mapping=args.mapping,
         context_tokens=args.context_tokens, enable_thinking=args.enable_thinking,
         context_policy=args.context_policy, history=args.history, backend=args.backend,
         kv_cache_mb=args.kv_cache_mb, tokenizer=args.tokenizer, served_model=args.served_model,
-        command=args.command, model_flag=model_flag,
+        command=command, model_flag=model_flag,
     )
 
 
-def collect_main(args) -> int:
+def collect_main(args: CollectCommand) -> int:
     catalogue = _catalogue(args)
     protocol = world_protocol(args.world, args.instruction_from)
     games = catalogue.sample(args.split, args.n, args.seed) if args.n else catalogue.split(args.split)
-    trajectories, problems = play_episodes(_play_config(args, args.model, None, "none", args.turns, "--model"), games,
+    trajectories, problems = play_episodes(_play_config(args, "collect", args.model, None, "none", args.turns, "--model"), games,
                                    [protocol] * len(games))
     for p in problems:
         print(f"collect: {p}", file=sys.stderr)
@@ -358,7 +368,7 @@ def collect_main(args) -> int:
     return 0
 
 
-def continue_main(args) -> int:
+def continue_main(args: ContinueCommand) -> int:
     rows = read_jsonl(args.input)
     if args.world is None and rows:  # the rows' item ids name their world
         args.world = world_of_item(rows[0]["item_id"])
@@ -372,7 +382,7 @@ def continue_main(args) -> int:
         protocol = get_world(args.world).protocol
         protocols = [protocol.with_opening_of(r, f"{args.input} row {n}") for n, r in enumerate(rows, 1)]
     # The student's engine only lends its tokenizer here; by default the teacher's is used.
-    cfg = _play_config(args, args.student or args.teacher, args.teacher, "teacher_only", args.max_turns,
+    cfg = _play_config(args, "continue", args.student or args.teacher, args.teacher, "teacher_only", args.max_turns,
                        "--student" if args.student else "--teacher")
     trajectories, problems = play_episodes(cfg, games, protocols, replays)
     for p in problems:

@@ -285,7 +285,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         # One layer per override, so that `algorithm=teacher_sft algorithm.owners=[teacher]`
         # reads as written: the name, then a key of that recipe (see _algorithm_of).
         files = yaml_layers(path)
-        layers = [*files, *(_override(o) for o in overrides or [])]
+        layers = [*files, *(override_layer(o) for o in overrides or [])]
         for n, layer in enumerate(layers):
             for key, why in REMOVED_KEYS.items():
                 if OmegaConf.select(layer, key, default=None) is None:
@@ -304,12 +304,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         return OmegaConf.to_object(merged)  # runs every section's __post_init__ checks
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
-        raise ConfigError(f"{path}: {'key ' + repr(key) + ': ' if key else ''}{_first_line(e)}") from None
+        raise ConfigError(f"{path}: {'key ' + repr(key) + ': ' if key else ''}{first_line(e)}") from None
     except InputError as e:  # a section's check, naming its key; anything else is a bug
         raise ConfigError(f"{path}: {e}") from None
 
 
-def _override(item: str) -> Any:
+def override_layer(item: str) -> Any:
     """One `key=value` as a config layer; a value that is not YAML is named, not a traceback."""
     try:
         return OmegaConf.from_dotlist([item])
@@ -388,5 +388,5 @@ def to_dict(cfg: TrainConfig) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0]

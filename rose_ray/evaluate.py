@@ -22,12 +22,15 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rose_ray.envs import DEFAULT_WORLD
 from rose_ray.errors import InputError
 from rose_ray.inference.backends import DEFAULT_COMMAND_BACKEND
-from rose_ray.types import GameId, SamplingParams, Trajectory
+from rose_ray.types import CONTEXT_TOKENS, GameId, SamplingParams, Trajectory
+
+if TYPE_CHECKING:
+    from rose_ray.commands import EvalCommand
 
 
 @dataclass
@@ -48,7 +51,7 @@ class EvalJob:
     handoff: int | None = None  # student turns before the teacher takes over
     concurrency: int = 8
     env_workers: int = 1
-    context_tokens: int = 16384  # the card's context
+    context_tokens: int = CONTEXT_TOKENS  # the card's context
     # AgentGym's rule: the episode ends when its prompt no longer fits (drop_oldest: drop old turns)
     context_policy: str = "end_episode"
     dtype: str = "auto"
@@ -426,12 +429,13 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def cli_main(args) -> int:
+def cli_main(args: EvalCommand) -> int:
+    """`rose-ray eval`: its settings (commands.EvalCommand) as the job they describe."""
     if args.compare:
         print(compare(args.compare))
         return 0
     cfg = EvalJob(
-        model=args.model or "", split=args.split, n=args.n or None, seed=args.seed, max_turns=args.max_turns,
+        model=args.model, split=args.split, n=args.n or None, seed=args.seed, max_turns=args.max_turns,
         tasks=[t.strip() for t in args.tasks.split(",") if t.strip()],
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, world=args.world or DEFAULT_WORLD,
         mapping=args.mapping,

@@ -18,6 +18,10 @@ OWNERS: tuple[str, ...] = ("prompt", "env", "student", "teacher")
 # Dataset row schemas: the dataset card's (role/content messages, success 0/1) and AgentGym's
 # (from/value messages with human/gpt).
 SCHEMAS: tuple[str, ...] = ("card", "agentgym")
+# Prompt + reply tokens, the dataset card's 16,384: the one default of every engine
+# (EngineConfig.context_tokens, which each command's --context-tokens reads) and of a learner's
+# packed row (learner.max_tokens, which must hold a whole context).
+CONTEXT_TOKENS = 16384
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from rose_ray.errors import ConfigError, InputError
-from rose_ray.types import SamplingParams, Turn
+from rose_ray.types import CONTEXT_TOKENS, SamplingParams, Turn
 
 FinishReason = Literal["stop", "length", "context"]
 ContextPolicy = Literal["drop_oldest", "end_episode"]
@@ -109,7 +109,7 @@ class EngineConfig:
     dtype: str = "auto"
     max_batch_size: int = 16
     max_wait_ms: float = 5.0
-    context_tokens: int = 4096
+    context_tokens: int = CONTEXT_TOKENS
     context_policy: str = "drop_oldest"
     keep_first_turns: int = 1
     threads: int = 0

@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -48,6 +48,9 @@ PARSER = web.AppKey("parser", ThreadPoolExecutor)
 PARSE_INLINE_BYTES = 1 << 16
 ROUTES = "GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions"
 log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from rose_ray.commands import ServeCommand
 
 
 class OpenAIServer:
@@ -351,7 +354,7 @@ def _vllm_prompt_logprobs(tok: Any, prompt: list[int], lps: list[float]) -> list
     return out
 
 
-def cli_main(args: Any) -> int:
+def cli_main(args: ServeCommand) -> int:
     """Entry for `rose-ray serve MODEL --port P [--backend B] [--host H] [--api-key K] ...`."""
     import os
 
@@ -361,10 +364,9 @@ def cli_main(args: Any) -> int:
 
     if args.model.startswith("openai:"):
         raise InputError(f"serve {args.model}: serve a local model folder (this command is the server)")
-    vllm = {} if args.kv_cache_mb is None else {"kv_cache_mb": args.kv_cache_mb}
     config = command_engine(args.model, "MODEL", args.backend, dtype=args.dtype, max_batch_size=args.max_batch_size,
                             max_wait_ms=args.max_wait_ms, context_tokens=args.context_tokens, threads=args.threads,
-                            **vllm)
+                            kv_cache_mb=args.kv_cache_mb)
     if args.threads > 0:  # before the engine: in-process vLLM makes later calls no-ops
         torch.set_num_threads(args.threads)
     api_key = args.api_key or os.environ.get("ROSE_RAY_API_KEY")

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rose_ray.chat import ChatFormat
+from rose_ray.errors import ConfigError
 from rose_ray.inference.engine import (
     EngineConfig,
     GenerationRequest,
@@ -220,11 +221,15 @@ class VLLMEngine:
     def _model_len(self) -> int:
         """vLLM's max_model_len: context_tokens and one more where the model's positions allow,
         since vLLM scores a sequence as a prompt with one token to generate (generation stays
-        within context_tokens). More context than positions is vLLM's error at start."""
+        within context_tokens). More context than positions is refused here, named, as the hf
+        backend refuses it (vLLM's own error at start is a long traceback)."""
         from transformers import AutoConfig
 
         ctx = self.config.context_tokens
         positions = getattr(AutoConfig.from_pretrained(self.config.model), "max_position_embeddings", None)
+        if positions is not None and ctx > positions:
+            raise ConfigError(f"engine.context_tokens: {ctx} is more than the model's "
+                              f"max_position_embeddings ({positions})")
         return ctx + 1 if positions is None or positions > ctx else ctx
 
     def _run(self, started: concurrent.futures.Future, threads: int) -> None:

@@ -32,7 +32,7 @@ import numpy as np
 from rose_ray.errors import ConfigError
 from rose_ray.learner.batching import micro_batches
 from rose_ray.learner.worker import SUMMED, LearnerWorker
-from rose_ray.types import Batch
+from rose_ray.types import CONTEXT_TOKENS, Batch
 
 SCHEDULES = ("constant", "linear", "cosine")
 LEARNER_DTYPES = ("float32", "bfloat16")
@@ -62,7 +62,7 @@ class LearnerConfig:
     grad_clip: float = 1.0  # 0 disables
     # tokens per packed row, at least the student engine's context; also the token budget of a
     # micro-batch (rows share one only while they fit; their number follows from the batch)
-    max_tokens: int = 4096
+    max_tokens: int = CONTEXT_TOKENS
     attn_implementation: str = "auto"
     logprob_chunk: int = 1024  # tokens per pass through the LM head (0: the whole micro-batch at once)
     seed: int = 0

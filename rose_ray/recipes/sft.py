@@ -14,9 +14,12 @@ import math
 import os
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rose_ray.errors import InputError
+
+if TYPE_CHECKING:
+    from rose_ray.commands import SftCommand
 
 
 def train_sft(
@@ -125,8 +128,8 @@ def row_cut(turns: list[Any], fmt: Any, max_tokens: int) -> list[int]:
     return [i for i, t in enumerate(work) if id(t) not in kept_ids]
 
 
-def cli_main(args: Any) -> int:
-    """The `sft` subcommand (arguments in rose_ray/cli.py)."""
+def cli_main(args: SftCommand) -> int:
+    """The `sft` subcommand (its settings: rose_ray/commands.py)."""
     learner = {
         "lr": args.lr, "ranks": args.ranks, "zero_stage": args.zero_stage, "dtype": args.dtype,
         "max_tokens": args.max_tokens, "seed": args.seed,

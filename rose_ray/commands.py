@@ -1,0 +1,319 @@
+"""One typed config for each command that runs something: `eval`, `collect`, `continue`,
+`gold`, `sft` and `serve`.
+
+Each command's settings are a dataclass below (EvalCommand, CollectCommand, ...), composed
+from small shared groups of settings (the world, the context, the conversation, the engine
+backend, ...). A setting is given in any of four layers, each over the one before:
+
+    dataclass default  <  --config FILE.yaml  <  --flag  <  KEY=VALUE
+
+    rose-ray collect --config collect.yaml --turns 3 seed=2
+
+The flags are made from the fields in one place (`add_flags`): the field `max_new_tokens`
+is `--max-new-tokens`, with the help and choices of the field's metadata, so a setting has
+one name, one type and one default however it is given. OmegaConf merges the layers, so an
+unknown key or a wrong type is refused naming the key (`resolve`: a ConfigError, exit 2), as
+is a required setting (no default) that no layer gives.
+
+`train`, `warmup`, `check` and `plan` take a training config the same way (config.py:
+TrainConfig). `games`, `play`, `init-tiny`, `export` and `check-data` are tools, not runs:
+plain argparse flags in cli.py.
+
+Importing this module loads no torch: each command imports its engines when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
+
+from rose_ray.chat import HISTORIES
+from rose_ray.config import first_line, override_layer, yaml_layers
+from rose_ray.envs.worlds import DEFAULT_WORLD, WORLDS, get_world
+from rose_ray.errors import ConfigError
+from rose_ray.inference.backends import COMMAND_BACKENDS, DEFAULT_COMMAND_BACKEND
+from rose_ray.inference.engine import CONTEXT_POLICIES, DTYPES, EngineConfig
+from rose_ray.learner.learner import LEARNER_DTYPES, SCHEDULES, LearnerConfig
+from rose_ray.types import SCHEMAS, SamplingParams
+
+__all__ = ["COMMANDS", "add_flags", "resolve"]
+
+MAPPINGS = tuple(get_world(DEFAULT_WORLD).mappings)
+
+
+def setting(default: Any = MISSING, help: str = "", choices: tuple[Any, ...] | None = None,
+            flag: str | None = None, metavar: str | None = None, nargs: str | None = None,
+            positional: bool = False) -> Any:
+    """A command's setting: its default (none: the setting is required) and what its flag
+    shows and accepts. `flag` names a flag other than `--field-name`; `positional`, an argument."""
+    meta = {"help": help, "choices": choices, "flag": flag, "metavar": metavar, "nargs": nargs,
+            "positional": positional}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# --------------------------------------------------------------------------- shared groups
+@dataclass
+class WorldSettings:
+    world: str | None = setting(None, f"default: the world an item id names, else {DEFAULT_WORLD}",
+                                choices=tuple(sorted(WORLDS)))
+    mapping: str | None = setting(None, f"ScienceWorld's item-id mapping (default {MAPPINGS[0]})", choices=MAPPINGS)
+
+
+@dataclass
+class ContextTokens:
+    context_tokens: int = setting(EngineConfig.context_tokens,
+                                  f"prompt + reply tokens (the card's {EngineConfig.context_tokens:,})")
+
+
+@dataclass
+class ContextSettings(ContextTokens):
+    context_policy: str = setting(
+        "end_episode", "a prompt that no longer fits: end the episode there (AgentGym's rule, the default; "
+        "its end reason is `context`) or drop the oldest action/observation pairs", choices=CONTEXT_POLICIES)
+
+
+@dataclass
+class HistorySetting:
+    history: str = setting("template", "earlier turns in each prompt (or each SFT row): as the chat template "
+                                       "renders the conversation, as a chat API does (the card's; default), "
+                                       "or as their ids were sampled (chat.history)", choices=HISTORIES)
+
+
+@dataclass
+class InstructionSetting:
+    instruction_from: str | None = setting(None, "take the instruction and acknowledgement from a dataset's "
+                                                 "first row (default: rose_ray's own wording; `continue`: "
+                                                 "each row's own)", metavar="JSONL")
+
+
+@dataclass
+class ConversationSettings(HistorySetting, InstructionSetting):
+    enable_thinking: bool = setting(False, "turn the chat template's thinking mode on (Qwen3); off by default")
+
+
+@dataclass
+class BackendSettings:
+    """The engine of a local model."""
+
+    backend: str = setting(DEFAULT_COMMAND_BACKEND,
+                           "the engine of a local model: vllm (vLLM's engine), hf (transformers), or auto: "
+                           f"vllm where it is installed, else hf (default {DEFAULT_COMMAND_BACKEND})",
+                           choices=COMMAND_BACKENDS)
+    kv_cache_mb: float = setting(EngineConfig.kv_cache_mb,
+                                 f"vllm on CPU: the KV cache's size (default {EngineConfig.kv_cache_mb:g})",
+                                 metavar="MB")
+
+
+@dataclass
+class ServedSettings:
+    """What a served model (`openai:URL`) needs: its tokenizer here, and the name it is served as."""
+
+    tokenizer: str | None = setting(None, "tokenizer folder of the openai:URL models (prompts go as token ids)")
+    served_model: str = setting("", "the model name the openai: server expects (default: the server's own)")
+
+
+@dataclass
+class SchemaSetting:
+    schema: str = setting("card", "rows as the dataset card writes them (role/content) or as AgentGym does "
+                                  "(from/value)", choices=SCHEMAS)
+
+
+@dataclass
+class PlaySettings(WorldSettings, ContextSettings, ConversationSettings, BackendSettings, ServedSettings):
+    """Episodes played by models: `eval`, `collect` and `continue`."""
+
+    seed: int = setting(0)
+    temperature: float = setting(0.0, "0 = greedy")
+    max_new_tokens: int = setting(SamplingParams.max_new_tokens, "reply tokens per turn")
+    concurrency: int = setting(8, "episodes at once")
+
+
+# --------------------------------------------------------------------------- the commands
+@dataclass
+class EvalCommand(PlaySettings):
+    """`rose-ray eval` (evaluate.py; its job is EvalJob)."""
+
+    model: str = setting("", "local model folder, or openai:URL of a served model")
+    split: str = setting("test", "train, dev, test, all, agenteval_test, or an id-list file")
+    n: int = setting(200, "games, a task-stratified sample (0 = the whole split)")
+    tasks: str = setting("", "comma-separated task names: only their games (a training run's `tasks:`; with "
+                             "the same --n and --seed, its eval games)")
+    max_turns: int | None = setting(None, "turns per game (default: sciworld 20; discoveryworld the paper's "
+                                          "limits, 100 for Easy and unit tests, 1,000 for Normal and Challenge, "
+                                          "which this replaces)")
+    judge: str | None = setting(None, "discoveryworld: score knowledge with this judge (a local folder, or "
+                                      "openai:URL)", metavar="MODEL")
+    judge_model: str = setting("", "the model name an openai: judge server expects", metavar="NAME")
+    judge_max_new_tokens: int = setting(800, "the judge's answer budget (the paper's 800)")
+    knowledge_from: str = setting("thoughts", "what the judge reads: the agent's thoughts while playing (the "
+                                              "paper's scorer, default) or its answer to a question asked when "
+                                              "the episode ends", choices=("thoughts", "report"))
+    judge_thinking: str | None = setting(None, "the judge's chat-template thinking switch (default: off for a "
+                                               "local folder, the server's own for openai:)", choices=("on", "off"))
+    teacher: str | None = setting(None, "with --handoff K: the teacher plays from turn K+1")
+    handoff: int | None = setting(None, "student turns before the teacher takes over")
+    env_workers: int = setting(1, "game processes")
+    out: str | None = setting(None, "results prefix: writes OUT.json and OUT.md "
+                                    "(default runs/eval/<model>_<split>)")
+    compare: list[str] = setting([], "print results side by side", metavar="RESULT.json", nargs="+")
+
+
+@dataclass
+class CollectCommand(PlaySettings, SchemaSetting):
+    """`rose-ray collect` (collect.py): the student's first K turns of each game."""
+
+    model: str = setting(help="local model folder, or openai:URL of a served model")
+    turns: int = setting(5, "turns per game")
+    split: str = setting("train")
+    n: int = setting(0, "a task-stratified sample (0 = the whole split)")
+    out: str = setting(help="the JSONL file to write")
+    temperature: float = setting(SamplingParams.temperature, "0 = greedy")
+
+
+@dataclass
+class ContinueCommand(PlaySettings, SchemaSetting):
+    """`rose-ray continue` (collect.py): recorded prefixes replayed, then the teacher plays on."""
+
+    teacher: str = setting(help="local model folder, or openai:URL of a served model")
+    student: str | None = setting(None, "tokenizer owner of the output ids (default: the teacher's)")
+    input: str = setting(help="the prefixes (JSONL) to continue", flag="--in")
+    max_turns: int = setting(10, "turns in all, prefix included")
+    out: str = setting(help="the JSONL file to write")
+
+
+@dataclass
+class GoldCommand(WorldSettings, InstructionSetting, SchemaSetting):
+    """`rose-ray gold` (collect.py): ScienceWorld's gold paths as demonstrations."""
+
+    split: str = setting("train")
+    n: int = setting(0, "a task-stratified sample (0 = the whole split)")
+    seed: int = setting(0)
+    workers: int = setting(2, "games at once")
+    observe: bool = setting(False, "paths that look before they choose and name things as the game shows them, "
+                                   "replayed to check they still succeed (the small tier's teacher warm-up)")
+    out: str = setting(help="the JSONL file to write")
+
+
+@dataclass
+class SftCommand(HistorySetting):
+    """`rose-ray sft` (recipes/sft.py); the learner's settings default as LearnerConfig's."""
+
+    data: str = setting(help="the rows (JSONL) to train on")
+    model: str = setting(help="the model folder to start from")
+    out: str = setting(help="output Hugging Face folder")
+    epochs: int = setting(1)
+    batch_size: int = setting(8, "rows per optimizer step")
+    lr: float = setting(LearnerConfig.lr)
+    schedule: str = setting(LearnerConfig.schedule, choices=SCHEDULES)
+    warmup_steps: int = setting(LearnerConfig.warmup_steps)
+    ranks: int = setting(LearnerConfig.ranks, "DeepSpeed data-parallel ranks")
+    zero_stage: int = setting(LearnerConfig.zero_stage, choices=(0, 1, 2, 3))
+    dtype: str = setting(LearnerConfig.dtype, choices=LEARNER_DTYPES)
+    max_tokens: int = setting(LearnerConfig.max_tokens, "tokens per packed row, and per micro-batch (rows share "
+                                                        "one while they fit)")
+    owners: str = setting("student,teacher", "owners whose tokens are trained")
+    seed: int = setting(LearnerConfig.seed)
+    threads: int = setting(LearnerConfig.threads, "torch threads per rank")
+
+
+@dataclass
+class ServeCommand(ContextTokens, BackendSettings):
+    """`rose-ray serve MODEL` (inference/server.py); the engine's settings default as EngineConfig's."""
+
+    model: str = setting(help="local HF model folder", positional=True)
+    port: int = setting(8000)
+    host: str = setting("127.0.0.1", "bind address (default: localhost only)")
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' (default: $ROSE_RAY_API_KEY)")
+    served_model_name: str | None = setting(None, "the 'model' clients send (default: MODEL)")
+    dtype: str = setting(EngineConfig.dtype, choices=DTYPES)
+    max_batch_size: int = setting(EngineConfig.max_batch_size)
+    max_wait_ms: float = setting(EngineConfig.max_wait_ms)
+    threads: int = setting(EngineConfig.threads, "torch threads (0: torch's default)")
+
+
+COMMANDS: dict[str, type] = {"eval": EvalCommand, "collect": CollectCommand, "continue": ContinueCommand,
+                             "gold": GoldCommand, "sft": SftCommand, "serve": ServeCommand}
+
+
+# --------------------------------------------------------------------------- flags and layers
+def add_flags(parser: argparse.ArgumentParser, command: type) -> None:
+    """Each field of `command` as a flag of `parser` (`--config` and KEY=VALUE too). A flag
+    not given is absent from the parsed arguments (argparse.SUPPRESS), so the layers under it
+    (the YAML file, the defaults) show through."""
+    hints = typing.get_type_hints(command)
+    own = vars(command).get("__annotations__", {})
+    for f in sorted(fields(command), key=lambda f: f.name not in own):  # the command's own first
+        meta = f.metadata
+        kind = _flag_type(hints[f.name])
+        required = f.default is MISSING
+        about = " ".join(filter(None, [meta["help"], "(required)" if required else ""]))
+        options: dict[str, Any] = {"help": about or None, "default": argparse.SUPPRESS}
+        if kind is bool:
+            options["action"] = "store_true"
+        else:
+            options.update(type=kind, choices=meta["choices"], metavar=meta["metavar"], nargs=meta["nargs"])
+        if meta["positional"]:
+            parser.add_argument(f.name, **options)
+        else:
+            parser.add_argument(meta["flag"] or "--" + f.name.replace("_", "-"), dest=f.name, **options)
+    name = parser.prog.split()[-1]
+    parser.add_argument("--config", metavar="FILE.yaml",
+                        help=f"a YAML mapping of {name}'s settings (the flags' names with _), under the flags")
+    parser.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="settings over the flags and the file, e.g. seed=1")
+    parser.set_defaults(settings=command)
+
+
+def _flag_type(hint: Any) -> Any:
+    """int for `int | None`, str for `list[str]` (the flag takes several), else the type."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is list or len(args) == 1:
+        return args[0]
+    return hint
+
+
+def resolve(command: type, args: argparse.Namespace, name: str) -> Any:
+    """The settings of command `name` from its defaults, `args.config` (YAML), the flags given
+    and `args.overrides` (KEY=VALUE), each over the one before; errors name the key."""
+    keys = [f.name for f in fields(command)]
+    layers: list[tuple[str, Any]] = []
+    if getattr(args, "config", None):
+        path = Path(args.config)
+        for layer in yaml_layers(path):
+            if not isinstance(layer, DictConfig):
+                raise ConfigError(f"{path}: not a mapping of {name}'s settings (its keys: {', '.join(keys)})")
+            layers.append((str(path), layer))
+    layers.append(("flags", {k: getattr(args, k) for k in keys if hasattr(args, k)}))
+    for item in getattr(args, "overrides", None) or []:
+        if "=" not in item:
+            raise ConfigError(f"{item!r}: not a setting; settings after the flags are KEY=VALUE")
+        layers.append((f"override {item!r}", override_layer(item)))
+    merged = OmegaConf.structured(command)
+    for source, layer in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as e:
+            key = getattr(e, "full_key", None) or "?"
+            why = (f"{name} has no such setting (its keys: {', '.join(keys)})" if isinstance(e, ConfigKeyError)
+                   else first_line(e))
+            raise ConfigError(f"{source}: key {key!r}: {why}") from None
+    try:
+        cfg = OmegaConf.to_object(merged)
+    except MissingMandatoryValue as e:
+        f = next(f for f in fields(command) if f.name == e.full_key)
+        flag = f.name.upper() if f.metadata["positional"] else f.metadata["flag"] or "--" + f.name.replace("_", "-")
+        raise ConfigError(f"{f.name} is required: give {flag} (or {f.name}=..., or {f.name}: in --config)") from None
+    for f in fields(command):
+        choices, value = f.metadata["choices"], getattr(cfg, f.name)
+        if choices is not None and value is not None and value not in choices:
+            raise ConfigError(f"key {f.name!r}: must be one of {', '.join(map(str, choices))}; got {value!r}")
+    return cfg
+
