@@ -314,6 +314,7 @@ def resolve(command: type, args: argparse.Namespace, name: str) -> Any:
     for f in fields(command):
         choices, value = f.metadata["choices"], getattr(cfg, f.name)
         if choices is not None and value is not None and value not in choices:
-            raise ConfigError(f"key {f.name!r}: must be one of {', '.join(map(str, choices))}; got {value!r}")
+            quote = " (YAML reads an unquoted on, off, yes or no as a boolean: quote it)" if value in ("True", "False") else ""
+            raise ConfigError(f"key {f.name!r}: must be one of {', '.join(map(str, choices))}; got {value!r}{quote}")
     return cfg
 

@@ -139,6 +139,17 @@ def test_a_value_outside_its_choices_exits_2_naming_the_key(capsys):
     assert "key 'history': must be one of" in capsys.readouterr().err
 
 
+def test_an_unquoted_on_in_yaml_is_named_with_the_fix(tmp_path, capsys):
+    """YAML 1.1 reads `judge_thinking: on` as a boolean; the error says to quote it, and quoted it works."""
+    config = tmp_path / "eval.yaml"
+    config.write_text("judge_thinking: on\n")
+    assert main(["eval", "--config", str(config), "--model", "m"]) == 2
+    assert "key 'judge_thinking'" in (err := capsys.readouterr().err) and "quote it" in err
+    config.write_text('judge_thinking: "on"\n')
+    args = build_parser().parse_args(["eval", "--config", str(config)])
+    assert resolve(COMMANDS["eval"], args, "eval").judge_thinking == "on"
+
+
 @pytest.mark.parametrize("argv, key, flag_", [
     (["collect", "--model", "m"], "out", "--out"),
     (["collect", "--out", "o"], "model", "--model"),
