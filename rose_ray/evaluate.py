@@ -22,52 +22,50 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from rose_ray.commands import EvalCommand as COMMAND
 from rose_ray.envs import DEFAULT_WORLD
 from rose_ray.errors import InputError
-from rose_ray.inference.backends import DEFAULT_COMMAND_BACKEND
-from rose_ray.types import CONTEXT_TOKENS, GameId, SamplingParams, Trajectory
-
-if TYPE_CHECKING:
-    from rose_ray.commands import EvalCommand
+from rose_ray.types import GameId, SamplingParams, Trajectory
 
 
 @dataclass
 class EvalJob:
-    """One `rose-ray eval` (a training run's evals are its `eval:` section, config.EvalConfig)."""
+    """One `rose-ray eval` (a training run's evals are its `eval:` section, config.EvalConfig). The
+    settings `rose-ray eval` takes default as its command config's (commands.EvalCommand)."""
 
     model: str = ""
-    split: str = "test"
-    n: int | None = 200
-    seed: int = 0
+    split: str = COMMAND.split
+    n: int | None = COMMAND.n
+    seed: int = COMMAND.seed
     tasks: list[str] = field(default_factory=list)  # only these tasks' games (empty: all)
     max_turns: int | None = None  # None: the world's own limits (DiscoveryWorld: the paper's), else 20
-    temperature: float = 0.0
-    max_new_tokens: int = 512
+    temperature: float = COMMAND.temperature
+    max_new_tokens: int = COMMAND.max_new_tokens
     world: str = DEFAULT_WORLD
     mapping: str | None = None  # None: the world's default mapping
     teacher: str | None = None
     handoff: int | None = None  # student turns before the teacher takes over
-    concurrency: int = 8
-    env_workers: int = 1
-    context_tokens: int = CONTEXT_TOKENS  # the card's context
+    concurrency: int = COMMAND.concurrency
+    env_workers: int = COMMAND.env_workers
+    context_tokens: int = COMMAND.context_tokens  # the card's context
     # AgentGym's rule: the episode ends when its prompt no longer fits (drop_oldest: drop old turns)
-    context_policy: str = "end_episode"
+    context_policy: str = COMMAND.context_policy
     dtype: str = "auto"
     instruction_from: str | None = None  # a dataset whose first row gives the instruction
-    enable_thinking: bool = False  # passed to the chat template (Qwen3)
-    history: str = "template"  # earlier turns as the template renders them (the card's chat API), or "sampled"
+    enable_thinking: bool = COMMAND.enable_thinking  # passed to the chat template (Qwen3)
+    history: str = COMMAND.history  # earlier turns as the template renders them (the card's chat API), or "sampled"
     tokenizer: str | None = None  # the tokenizer folder of openai: models (--model and --teacher)
-    served_model: str = ""  # the model name an openai: server expects
-    backend: str = DEFAULT_COMMAND_BACKEND  # the engine of local models: auto, hf or vllm
+    served_model: str = COMMAND.served_model  # the model name an openai: server expects
+    backend: str = COMMAND.backend  # the engine of local models: auto, hf or vllm
     kv_cache_mb: float | None = None  # vllm on CPU (None: the engine's default)
     out: str = "eval"  # results go to <out>.json and <out>.md
     judge: str | None = None  # DiscoveryWorld's knowledge judge: a local folder or openai:URL
-    judge_model: str = ""  # the model name an openai: judge server expects
-    judge_max_new_tokens: int = 800  # the paper's scorer's budget
+    judge_model: str = COMMAND.judge_model  # the model name an openai: judge server expects
+    judge_max_new_tokens: int = COMMAND.judge_max_new_tokens  # the paper's scorer's budget
     judge_thinking: bool | None = None  # the judge's chat-template thinking switch (None: its default)
-    knowledge_from: str = "thoughts"  # what the judge reads: the agent's thoughts (the paper's) or its report
+    knowledge_from: str = COMMAND.knowledge_from  # what the judge reads: the agent's thoughts (the paper's) or its report
 
     def __post_init__(self) -> None:
         from rose_ray.envs.worlds import get_world
@@ -429,7 +427,7 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def cli_main(args: EvalCommand) -> int:
+def cli_main(args: COMMAND) -> int:
     """`rose-ray eval`: its settings (commands.EvalCommand) as the job they describe."""
     if args.compare:
         print(compare(args.compare))

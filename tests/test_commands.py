@@ -174,6 +174,19 @@ def test_a_yaml_file_that_is_not_a_mapping_or_not_yaml_is_named(tmp_path, capsys
     assert "not valid YAML at line" in err
 
 
+def test_an_eval_job_defaults_as_the_eval_command():
+    """`rose-ray eval` turns its command config into an EvalJob; a setting both have has one default."""
+    from rose_ray.evaluate import EvalJob
+
+    job, command = EvalJob(model="m"), COMMANDS["eval"]
+    shared = [f.name for f in fields(EvalJob) if f.name in {g.name for g in fields(command)}]
+    assert len(shared) >= 15
+    differ = {k for k in shared if getattr(job, k) != getattr(command, k, None)}
+    # read into the job's own form: tasks "a,b" -> [a, b], world None -> the default world, max_turns
+    # None -> the world's limit, kv_cache_mb -> None (the engine's), out -> runs/eval/<model>_<split>
+    assert differ == {"model", "out", "max_turns", "kv_cache_mb", "tasks", "world"}, differ
+
+
 def test_context_tokens_has_one_default():
     defaults = {name: settings_of([name, *REQUIRED[name]]).context_tokens
                 for name, cls in COMMANDS.items() if "context_tokens" in {f.name for f in fields(cls)}}
