@@ -244,7 +244,8 @@ class TrainConfig:
                               "student_engine.backend is openai; set student_warmup.enabled=false")
         recipe.check(self)
         if self.chat.history == "template" and recipe.teacher_scores_student():
-            value = recipe.name if recipe.scoring_key == "algorithm" else recipe.lam
+            setting = recipe.scoring_key.split(".")[1:]  # `algorithm` itself, or one of its keys
+            value = getattr(recipe, setting[0]) if setting else recipe.name
             raise ConfigError(f"chat.history: 'template' re-renders earlier turns from their text, but the OPD "
                               f"term ({recipe.scoring_key}={value}) needs the ids that were sampled; "
                               "use chat.history=sampled")
@@ -252,15 +253,13 @@ class TrainConfig:
 
 # Keys that no longer exist, and what took their place: an old config gets told, by key.
 # A run's own saved config (a resume) has the moved ones carried to their new place.
-MOVED_KEYS = {
-    "rollout.handoff": "algorithm.handoff",
-    "learner.lam": "algorithm.lam",
-    "learner.sft_owners": "algorithm.owners",
+MOVED_KEYS = {  # the old key: (where it lives now, an example)
+    "rollout.handoff": ("algorithm.handoff", "rose's turn policy: algorithm: {name: rose, handoff: {policy: fixed, k: 5}}"),
+    "learner.lam": ("algorithm.lam", "rose's OPD weight: algorithm: {name: rose, lam: 0.5}"),
+    "learner.sft_owners": ("algorithm.owners", "algorithm: {name: teacher_sft, owners: [teacher]}"),
 }
 REMOVED_KEYS = {
-    "rollout.handoff": "moved to algorithm.handoff (rose's turn policy: algorithm: {name: rose, handoff: {policy: fixed, k: 5}})",
-    "learner.lam": "moved to algorithm.lam (rose's OPD weight: algorithm: {name: rose, lam: 0.5})",
-    "learner.sft_owners": "moved to algorithm.owners (algorithm: {name: teacher_sft, owners: [teacher]})",
+    **{key: f"moved to {new} ({example})" for key, (new, example) in MOVED_KEYS.items()},
     "learner.algorithm": "set `algorithm` only (rose, opd or teacher_sft); its recipe chooses the learner's loss",
     "learner.context_policy": "the learner cuts a trajectory where the engine cut it (student_engine.context_policy)",
     "learner.grad_accum": "micro-batches follow a token budget (learner.max_tokens each); their number follows from the batch",
@@ -344,7 +343,7 @@ def _carry_saved(layer: Any, key: str) -> None:
     moved = MOVED_KEYS.get(key)
     algorithm = layer.get("algorithm", "rose")
     name = algorithm if isinstance(algorithm, str) else algorithm.get("name", "rose")
-    field_ = moved.split(".")[1] if moved else None
+    field_ = moved[0].split(".")[1] if moved else None
     if field_ and field_ in OmegaConf.structured(get_recipe(name)):
         if isinstance(algorithm, str):
             layer.algorithm = {"name": name}

@@ -118,6 +118,9 @@ def test_the_algorithm_section_is_its_recipes_and_a_new_name_starts_it_afresh(tm
     assert decay.turn_policy() == turn_policy("decay", p0=0.3) and decay.lam == 0.0
     sft = load_config(None, ["algorithm=teacher_sft", "algorithm.owners=[teacher]"]).algorithm
     assert (sft.turn_policy(), sft.token_weights().terms["ce"]) == (turn_policy("teacher_only"), {"teacher": 1.0})
+    # One line in logs and `rose-ray check`, as the YAML writes the section.
+    assert decay.describe().startswith("rose handoff={policy: decay, p0: 0.3, ") and decay.describe().endswith("} lam=0.0")
+    assert sft.describe() == "teacher_sft owners=[teacher]"
     for overrides, says in ((["algorithm.handoff.p0=0.3"], "algorithm.handoff.p0: fixed has no such key"),
                             (["algorithm=opd", "algorithm.lam=0.5"], "algorithm.lam: opd has no such key"),
                             (["algorithm.handoff.policy=sometimes"], "algorithm.handoff.policy: must be one of"),

@@ -62,11 +62,14 @@ class Recipe:
                               f"share a tokenizer; {cfg.student_engine.model} and {cfg.teacher_engine.model} do not")
 
     def describe(self) -> str:
-        """One line for logs: the name and its settings."""
+        """One line for logs, as the config writes it: `rose handoff={policy: fixed, k: 5} lam=0.0`."""
         from dataclasses import asdict
 
-        settings = {k: v for k, v in asdict(self).items() if k != "name"}
-        return self.name + (f" {settings}" if settings else "")
+        import yaml
+
+        settings = [f"{k}={yaml.safe_dump(v, default_flow_style=True, sort_keys=False).strip().removesuffix('...').strip()}"
+                    for k, v in asdict(self).items() if k != "name"]
+        return " ".join([self.name, *settings])
 
 
 def recipes() -> dict[str, type[Recipe]]:
