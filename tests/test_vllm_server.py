@@ -213,17 +213,18 @@ def test_a_server_stopped_gracefully_fails_its_requests_in_flight_fast(server, t
     def ask() -> None:
         t0 = time.monotonic()
         try:
-            outcome["result"] = engine.generate([long] * 8)
+            outcome["result"] = engine.generate([long] * 64)
         except Exception as e:  # noqa: BLE001 - what the test looks at
             outcome["error"] = e
         outcome["s"] = time.monotonic() - t0
 
     thread = threading.Thread(target=ask)
     thread.start()
-    # The requests are being generated: 8 x 2,040 tokens take the tiny teacher several seconds;
-    # one alone took ~1 s on a quiet machine and twice finished before a 1 s wait ended. A
-    # request not yet sent when the server stops fails the same way (refused, then gone).
-    time.sleep(0.5)
+    # The requests are being generated: 64 x 2,040 tokens, sent 8 at a time (the client's
+    # max_batch_size), take the tiny teacher 8 rounds. On a quiet machine one request once took
+    # ~1 s and 8 at once 0.51 s, finishing before a 0.5 s wait ended; 8 rounds take 4 s at that
+    # speed. A request not yet sent when the server stops fails the same way (refused, then gone).
+    time.sleep(0.25)
     assert "s" not in outcome, f"the request ended before the server was stopped: {outcome}"
     stopped_at = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
