@@ -263,13 +263,18 @@ def add_flags(parser: argparse.ArgumentParser, command: type) -> None:
         if meta["positional"]:
             parser.add_argument(f.name, **options)
         else:
-            parser.add_argument(meta["flag"] or "--" + f.name.replace("_", "-"), dest=f.name, **options)
+            parser.add_argument(_flag(f), dest=f.name, **options)
     name = parser.prog.split()[-1]
     parser.add_argument("--config", metavar="FILE.yaml",
                         help=f"a YAML mapping of {name}'s settings (the flags' names with _), under the flags")
     parser.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE",
                         help="settings over the flags and the file, e.g. seed=1")
     parser.set_defaults(settings=command)
+
+
+def _flag(f: Any) -> str:
+    """A field's flag: `--field-name`, or the one its metadata names (`--in`)."""
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
 
 
 def _flag_type(hint: Any) -> Any:
@@ -309,7 +314,7 @@ def resolve(command: type, args: argparse.Namespace, name: str) -> Any:
         cfg = OmegaConf.to_object(merged)
     except MissingMandatoryValue as e:
         f = next(f for f in fields(command) if f.name == e.full_key)
-        flag = f.name.upper() if f.metadata["positional"] else f.metadata["flag"] or "--" + f.name.replace("_", "-")
+        flag = f.name.upper() if f.metadata["positional"] else _flag(f)
         raise ConfigError(f"{f.name} is required: give {flag} (or {f.name}=..., or {f.name}: in --config)") from None
     for f in fields(command):
         choices, value = f.metadata["choices"], getattr(cfg, f.name)
