@@ -122,15 +122,23 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
+    with path.open("rb") as f:  # bytes, decoded line by line: a bad byte is named by its line
+        for n, raw in enumerate(f, start=1):
+            where = f"{path}:{n}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
             if not line.strip():
                 continue
-            where = f"{path}:{n}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            except RecursionError:
+                raise DataError(f"{where}: JSON nested too deeply to read") from None
+            except ValueError as e:  # an integer longer than Python converts (sys.set_int_max_str_digits)
+                raise DataError(f"{where}: unreadable JSON value ({e})") from None
             rows.append(validate_row(row, where))
     if not rows:
         raise DataError(f"{path}: no rows")

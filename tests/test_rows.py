@@ -147,3 +147,17 @@ def test_trajectories_write_either_schema_and_read_back():
     assert [b.owner for b in row_to_turns(validate_row(card))][3] == "prompt"
     with pytest.raises(ValueError, match="loss: 2 flags for 6 turns"):
         t.to_record(loss=[True, False])
+
+
+@pytest.mark.parametrize("line, says", [
+    (b'{"item_id": "sciworld_1", "task": "caf\xe9"}', "not UTF-8 text (byte 0xe9 at column 39)"),
+    (b"[" * 100_000 + b"]" * 100_000, "JSON nested too deeply"),
+    (b'{"item_id": "sciworld_1", "var": ' + b"9" * 5000 + b"}", "unreadable JSON value"),
+], ids=["latin-1", "deep", "huge-int"])
+def test_unreadable_lines_are_data_errors_naming_the_line(tmp_path, line, says):
+    """Bytes that are not UTF-8, JSON nested past Python's recursion limit, and an integer
+    longer than Python converts: a DataError naming file and line, not a traceback."""
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(json.dumps(ROW).encode() + b"\n" + line + b"\n")
+    with pytest.raises(DataError, match=re.escape(f"{path}:2: {says}")):
+        read_jsonl(path)
