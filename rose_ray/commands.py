@@ -208,7 +208,8 @@ class SftCommand(HistorySetting):
 
     data: str = setting(help="the rows (JSONL) to train on")
     model: str = setting(help="the model folder to start from")
-    out: str = setting(help="output Hugging Face folder")
+    out: str = setting(help="output Hugging Face folder: new or empty")
+    overwrite: bool = setting(False, "replace --out when it is a model folder rose-ray wrote (never another folder)")
     epochs: int = setting(1)
     batch_size: int = setting(8, "rows per optimizer step")
     lr: float = setting(LearnerConfig.lr)

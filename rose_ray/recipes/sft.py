@@ -4,7 +4,9 @@ Rows (the dataset card's schema or AgentGym's) are rendered through the student'
 template and trained with the same DeepSpeed learner group the online loop uses: cross
 entropy on the chosen owners' tokens (`teacher_sft.imitate`). No engine played these rows, so
 a row longer than `max_tokens` is cut here, as an engine's drop_oldest policy would cut it.
-The result is a Hugging Face folder in DIR, with the per-step log in DIR/sft_log.jsonl.
+The result is a Hugging Face folder in DIR, with the per-step log in DIR/sft_log.jsonl. DIR
+must be new or empty; `--overwrite` replaces a model folder rose-ray wrote (never another
+folder), swapped in only once the new one is whole.
 """
 
 from __future__ import annotations
@@ -31,17 +33,20 @@ def train_sft(
     log: Any = print,
     history: str = "sampled",
     sft_owners: list[str] | tuple[str, ...] = ("student", "teacher"),
+    overwrite: bool = False,
     **learner: Any,
 ) -> dict[str, Any]:
     """Train on every row `epochs` times in shuffled batches of `batch_size` rows, export to
     `out`. `learner` holds LearnerConfig fields (lr, ranks, zero_stage, dtype, ...). `history`:
     rows as per-turn pieces (`sampled`, what an engine builds) or as the chat template renders
     each whole conversation (`template`, SFT as the card did it). `sft_owners`: whose tokens
-    are imitated."""
+    are imitated. `out` must be new or an empty folder, or with `overwrite` a model folder
+    rose_ray wrote (checked before anything starts)."""
     import ray
 
     from rose_ray.chat import ChatFormat
     from rose_ray.learner.learner import LearnerConfig, LearnerGroup
+    from rose_ray.learner.weights import check_model_out
     from rose_ray.models import load_tokenizer
     from rose_ray.recipes.teacher_sft import imitate
     from rose_ray.rows import read_jsonl, row_to_trajectory
@@ -54,6 +59,7 @@ def train_sft(
         raise InputError(f"sft.batch_size: must be >= 1, got {batch_size!r}")
     if not sft_owners or set(sft_owners) - set(OWNERS):
         raise InputError(f"sft.owners: must be a non-empty subset of {OWNERS}, got {list(sft_owners)}")
+    check_model_out(out, overwrite)
     rows = read_jsonl(data)  # bad data fails here, before any actor starts
     steps = epochs * math.ceil(len(rows) / batch_size)
     if learner.get("schedule", "constant") != "constant":
@@ -94,14 +100,12 @@ def train_sft(
                 log(f"step {int(metrics['step'])}/{steps} epoch {epoch} loss {metrics['loss']:.4f} "
                     f"grad_norm {metrics['grad_norm']:.3f} lr {metrics['lr']:.2e} "
                     f"tokens/s {metrics['tokens_per_s']:.0f}")
-        exported = group.export(out)
+        # The log goes in with the weights: the folder appears whole or not at all.
+        exported = group.export(out, {"sft_log.jsonl": "".join(json.dumps(m) + "\n" for m in history)})
     finally:
         group.shutdown()
         if started_ray:
             ray.shutdown()
-    with open(Path(out) / "sft_log.jsonl", "w", encoding="utf-8") as f:
-        for m in history:
-            f.write(json.dumps(m) + "\n")
     return {"rows": len(rows), "steps": len(history), "history": history, "export": exported}
 
 
@@ -136,7 +140,8 @@ def cli_main(args: SftCommand) -> int:
         "threads": args.threads, "schedule": args.schedule, "warmup_steps": args.warmup_steps,
     }
     result = train_sft(args.data, args.model, args.out, epochs=args.epochs, batch_size=args.batch_size,
-                       history=args.history, sft_owners=args.owners.split(","), **learner)
+                       history=args.history, sft_owners=args.owners.split(","), overwrite=args.overwrite,
+                       **learner)
     last = result["history"][-1]["loss"] if result["history"] else float("nan")
     print(f"sft: {result['rows']} rows, {result['steps']} steps, final loss {last:.4f}; "
           f"model in {result['export']['path']}")
