@@ -215,25 +215,44 @@ def build_qwen3_vocab_model(seed: int = 0, max_positions: int = 16384) -> Any:
 
 
 def init_tiny(out_dir: str | Path, seed: int = 0, vocab_size: int = 8192, style: str = "plain") -> dict[str, Path]:
-    """Make (or reuse) `out_dir/student` and `out_dir/teacher`; returns their paths."""
+    """Make (or reuse) `out_dir/student` and `out_dir/teacher`; returns their paths.
+
+    Runs sharing a cache build it once: the builder holds `out_dir/rose_ray_tiny.json.lock`
+    and writes into uniquely named temp folders; a run that waited for the lock finds the
+    models built and reuses them."""
+    from rose_ray.files import locked, swap_in, temp_sibling
+
     out = Path(out_dir)
     paths = {role: out / role for role in TINY_SIZES}
     marker = out / DONE_MARKER
     # Positions up to the card's 16,384-token context (Qwen3-1.7B allows 40,960).
     wanted = {"seed": seed, "vocab_size": vocab_size, "style": style, "max_positions": 16384}
-    if marker.exists() and json.loads(marker.read_text()) == wanted:
+
+    def built() -> bool:
+        return marker.exists() and json.loads(marker.read_text()) == wanted
+
+    if built():
         return paths
-    _quiet_transformers()
-    tokenizer = build_tokenizer(vocab_size, style)
-    for i, (role, size) in enumerate(TINY_SIZES.items()):
-        model = build_tiny_model(tokenizer, size, seed=seed * 1000 + i, max_positions=wanted["max_positions"])
-        tmp = paths[role].with_name(paths[role].name + ".tmp")
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        if paths[role].exists():
-            shutil.rmtree(paths[role])
-        os.replace(tmp, paths[role])  # never leave a half-written model folder
-    marker.write_text(json.dumps(wanted))
+    with locked(marker):
+        if built():  # another run built them while this one waited
+            return paths
+        try:
+            _quiet_transformers()
+            tokenizer = build_tokenizer(vocab_size, style)
+            for i, (role, size) in enumerate(TINY_SIZES.items()):
+                model = build_tiny_model(tokenizer, size, seed=seed * 1000 + i, max_positions=wanted["max_positions"])
+                tmp = temp_sibling(paths[role])
+                try:
+                    model.save_pretrained(tmp, safe_serialization=True)
+                    tokenizer.save_pretrained(tmp)
+                    swap_in(tmp, paths[role])  # never a half-written model folder, never none
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+            tmp_marker = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
+            tmp_marker.write_text(json.dumps(wanted))
+            os.replace(tmp_marker, marker)
+        except FileNotFoundError as e:  # a failed build, not a missing input: keep its traceback (exit 1)
+            raise RuntimeError(f"building the tiny models in {out} failed: {e}") from e
     return paths
 
 

@@ -148,7 +148,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
     """Validate and write rows atomically (a temp file renamed into place); returns the count."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(rows):x}.tmp")  # two writers never share one
     n = 0
     try:
         with tmp.open("w", encoding="utf-8") as f:

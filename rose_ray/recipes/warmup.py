@@ -8,7 +8,6 @@ student on fewer or shorter ones, so that it starts partly competent), cached by
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -60,41 +59,62 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher") -> str:
     playing them live would differ between machines); otherwise gold paths are played now.
     Training is seeded (and gave the same weights with 1 and 2 threads here), so the same
     settings give the same model: its weights' digest is printed and cached with it.
+
+    Runs sharing the cache warm each model once: the builder holds `<folder>.lock` and trains
+    into a uniquely named temp folder, swapped in whole; a run that waited for the lock finds
+    the warmed model and reuses it.
     """
+    from rose_ray.files import locked, swap_in, temp_sibling
+
+    key, out = warmup_cache(cfg, model, role)
+    if (out / "rose_ray_warmup.json").is_file():
+        return str(out)
+    with locked(out):
+        if (out / "rose_ray_warmup.json").is_file():  # warmed by another run while this one waited
+            print(f"train: {role} warmed by another run meanwhile: {out}", flush=True)
+            return str(out)
+        rows = shipped_gold(key)
+        source = "shipped" if rows is not None else "played now"
+        if rows is None:
+            rows = play_gold(cfg, role)
+        tmp = temp_sibling(out)
+        try:
+            _warm_into(cfg, model, role, key, rows, source, tmp)
+            swap_in(tmp, out)
+        except FileNotFoundError as e:  # a failed build, not a missing input: keep its traceback (exit 1)
+            raise RuntimeError(f"warming the {role} into {out} failed: {e}") from e
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(out)
+
+
+def _warm_into(cfg: TrainConfig, model: str, role: str, key: dict[str, Any], rows: list[dict[str, Any]],
+               source: str, tmp: Path) -> None:
+    """SFT `model` on `rows` into the empty folder `tmp`, with the warm-up's record in it."""
     from rose_ray.recipes.sft import train_sft
     from rose_ray.rows import write_jsonl
 
     w = warmup_of(cfg, role)
-    key, out = warmup_cache(cfg, model, role)
-    if (out / "rose_ray_warmup.json").is_file():
-        return str(out)
-    rows = shipped_gold(key)
-    source = "shipped" if rows is not None else "played now"
-    if rows is None:
-        rows = play_gold(cfg, role)
     print(f"train: warming the {role} on {len(rows)} gold demonstrations ({source}) ...", flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    data = out.with_name(out.name + "_gold.jsonl")
-    write_jsonl(data, rows)
-    tmp = out.with_name(out.name + ".tmp")
+    data = tmp.with_name(tmp.name + "_gold.jsonl")  # a unique name too (tmp's), removed after
 
     def log(line: str) -> None:  # "step N/M epoch ..." lines from train_sft, a few of them
         step, total = line.split()[1].split("/")
         if int(step) % 16 == 0 or step == total:
             print(f"train: {role} warm-up {line}", flush=True)
 
-    result = train_sft(data, model, tmp, epochs=w.epochs, batch_size=w.batch_episodes, lr=w.lr,
-                       schedule=w.schedule, max_tokens=cfg.learner.max_tokens, seed=w.seed, log=log,
-                       sft_owners=["teacher"], threads=w.threads)
+    try:
+        write_jsonl(data, rows)
+        result = train_sft(data, model, tmp, epochs=w.epochs, batch_size=w.batch_episodes, lr=w.lr,
+                           schedule=w.schedule, max_tokens=cfg.learner.max_tokens, seed=w.seed, log=log,
+                           sft_owners=["teacher"], threads=w.threads)
+    finally:
+        data.unlink(missing_ok=True)
     loss = result["history"][-1]["loss"]
     weights = weights_digest(tmp)
     (tmp / "rose_ray_warmup.json").write_text(json.dumps({**key, "gold": source, "final_loss": loss,
                                                           "weights_sha256": weights}))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
     print(f"train: {role} warmed ({result['steps']} steps, loss {loss:.3f}, weights {weights[:12]})")
-    return str(out)
 
 
 def gold_games(cfg: TrainConfig, role: str = "teacher") -> list[Any]:
