@@ -18,13 +18,20 @@ Rows are written in the dataset card's schema (`item_id, task, var, score, succe
 conversations` of `role`/`content` messages) unless `--schema agentgym` asks for AgentGym's
 `from`/`value` form; each message also keeps its `owner` (prompt, env, student, teacher).
 `--instruction-from FILE` takes the instruction and acknowledgement from a dataset's first row.
+
+`collect`, `continue` and `gold` stream each finished game's row into `<out>.partial` (appended
+and flushed: a crash or a kill keeps the finished rows) and write `<out>` when every game is
+done; rerun the same command to resume (games already there are skipped). An existing `<out>`
+is refused unless `--overwrite` (`rows.PartialRows`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,7 +43,7 @@ from rose_ray.envs.protocol import Protocol, parse_action
 from rose_ray.envs.worlds import get_world, world_of_item, world_protocol
 from rose_ray.errors import InputError
 from rose_ray.inference.backends import DEFAULT_COMMAND_BACKEND
-from rose_ray.rows import message_text, read_jsonl, row_schema, row_to_turns, write_jsonl
+from rose_ray.rows import PartialRows, digest, message_text, read_jsonl, row_schema, row_to_turns
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
 if TYPE_CHECKING:
@@ -99,8 +106,10 @@ def detour_replies(game: GameId, rate: float, actions: tuple[str, ...]) -> list[
 
 def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, progress: bool = True,
               protocol: Protocol | None = None, schema: str = "card", observe: bool = False,
-              detours: float = 0.0) -> tuple[list[dict[str, Any]], list[str]]:
+              detours: float = 0.0, on_row: Callable[[int, dict[str, Any]], None] | None = None,
+              ) -> tuple[list[dict[str, Any]], list[str]]:
     """Play each game's gold path on `workers` game processes; returns (rows, problems).
+    `on_row(i, row)` as game i's row is made (on a worker thread).
 
     `observe`: the world's observed gold paths (`World.observed_gold`: look before choosing,
     things named as the game shows them), replayed; a game whose observed path does not score
@@ -145,7 +154,13 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
                 break
         return first, steps, result
 
-    def play(game: GameId) -> dict[str, Any] | None:
+    def play(i: int, game: GameId) -> dict[str, Any] | None:
+        row = play_one(game)
+        if row is not None and on_row is not None:
+            on_row(i, row)
+        return row
+
+    def play_one(game: GameId) -> dict[str, Any] | None:
         slot = free.pop()
         try:
             first, detour = start(slot, game, gold=True)
@@ -176,7 +191,7 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
 
     try:
         with ThreadPoolExecutor(max_workers=pool.num_games()) as ex:
-            rows = list(tqdm(ex.map(play, games), total=len(games), desc="gold", unit="game",
+            rows = list(tqdm(ex.map(play, range(len(games)), games), total=len(games), desc="gold", unit="game",
                              disable=not progress))
     finally:
         pool.close()
@@ -226,9 +241,10 @@ class PlayConfig:
 
 
 def play_episodes(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol],
-          replays: list[list[Turn]] | None = None) -> tuple[list[Trajectory | None], list[str]]:
+                  replays: list[list[Turn]] | None = None,
+                  on_done: Callable[[int, Trajectory], None] | None = None) -> tuple[list[Trajectory | None], list[str]]:
     """Episodes over Ray actors, each opened by its protocol; with `replays`, each game first
-    replays its recorded turns."""
+    replays its recorded turns. `on_done(i, t)` as game i finishes."""
     from rose_ray.envs.config import EnvConfig
     from rose_ray.inference.backends import check_command_engines
     from rose_ray.rollout.actors import local_actors
@@ -248,8 +264,13 @@ def play_episodes(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol
         # Prefixes and stitched rows are training data: no report question at their end.
         episode_cfg = EpisodeConfig(max_turns=cfg.max_turns, student_sampling=sampling, teacher_sampling=sampling,
                                     report="off")
+        # Each game its own object, so that a trajectory (which holds its game) names its index
+        # even where rows of `continue` share a game.
+        games = [dataclasses.replace(g) for g in games]
+        index = {id(g): i for i, g in enumerate(games)}
+        done = None if on_done is None else (lambda t: on_done(index[id(t.game)], t))
         played = asyncio.run(play_games(runner, games, student, teacher, episode_cfg, turn_policy(cfg.handoff),
-                                        protocols, replays=replays, skip=(ReplayMismatch,)))
+                                        protocols, replays=replays, skip=(ReplayMismatch,), on_done=done))
     problems = [f"skipped: {t}" for t in played if isinstance(t, ReplayMismatch)]
     return [None if isinstance(t, ReplayMismatch) else t for t in played], problems
 
@@ -327,6 +348,19 @@ def _catalogue(args: WorldSettings) -> GameCatalogue:
     return get_world(args.world).catalogue(args.mapping)
 
 
+def rows_job(command: str, args: Any, games: list[str], **more: Any) -> dict[str, Any]:
+    """What makes a partial file of `command` the same job: the settings that decide its rows
+    and the games (in order), not where the rows go or how many play at once."""
+    settings = {k: v for k, v in dataclasses.asdict(args).items()
+                if k not in ("out", "overwrite", "concurrency", "workers", "kv_cache_mb", "input")}
+    return {"command": command, **settings, "games": digest(games), **more}
+
+
+def _resuming(command: str, stream: PartialRows, total: int) -> None:
+    if stream.done:
+        print(f"{command}: resuming {stream.path}: {len(stream.done)} of {total} games already done", flush=True)
+
+
 def gold_main(args: GoldCommand) -> int:
     if not get_world(args.world).has_gold:
         raise InputError(f"{args.world} has no gold action paths for any of its games, so there is "
@@ -334,11 +368,19 @@ def gold_main(args: GoldCommand) -> int:
     catalogue = _catalogue(args)
     protocol = world_protocol(args.world, args.instruction_from)
     games = catalogue.sample(args.split, args.n, args.seed) if args.n else catalogue.split(args.split)
-    rows, problems = gold_rows(games, workers=args.workers, protocol=protocol, schema=args.schema,
-                               observe=args.observe)
+    stream = PartialRows(args.out, rows_job("gold", args, [g.item_id for g in games]), args.overwrite)
+    _resuming("gold", stream, len(games))
+    todo = [i for i in range(len(games)) if i not in stream.done]
+    problems: list[str] = []
+    if todo:
+        with stream:
+            _, problems = gold_rows([games[i] for i in todo], workers=args.workers, protocol=protocol,
+                                    schema=args.schema, observe=args.observe,
+                                    on_row=lambda j, row: stream.add(todo[j], row))
     for p in problems:
         print(f"gold: {p}", file=sys.stderr)
-    n = write_jsonl(args.out, rows)
+    n = stream.finish()
+    rows = stream.done.values()
     print(f"gold: wrote {n} rows ({args.schema} schema) to {args.out} ({sum(r['success'] for r in rows)} succeed)")
     return 0
 
@@ -359,11 +401,18 @@ def collect_main(args: CollectCommand) -> int:
     catalogue = _catalogue(args)
     protocol = world_protocol(args.world, args.instruction_from)
     games = catalogue.sample(args.split, args.n, args.seed) if args.n else catalogue.split(args.split)
-    trajectories, problems = play_episodes(_play_config(args, "collect", args.model, None, "none", args.turns, "--model"), games,
-                                   [protocol] * len(games))
-    for p in problems:
-        print(f"collect: {p}", file=sys.stderr)
-    n = write_jsonl(args.out, [t.to_record(args.schema) for t in trajectories if t is not None])
+    stream = PartialRows(args.out, rows_job("collect", args, [g.item_id for g in games]), args.overwrite)
+    _resuming("collect", stream, len(games))
+    todo = [i for i in range(len(games)) if i not in stream.done]
+    if todo:
+        with stream:
+            _, problems = play_episodes(
+                _play_config(args, "collect", args.model, None, "none", args.turns, "--model"),
+                [games[i] for i in todo], [protocol] * len(todo),
+                on_done=lambda j, t: stream.add(todo[j], t.to_record(args.schema)))
+        for p in problems:
+            print(f"collect: {p}", file=sys.stderr)
+    n = stream.finish()
     print(f"collect: wrote {n} student prefixes ({args.turns} turns, {args.schema} schema) to {args.out}")
     return 0
 
@@ -381,14 +430,22 @@ def continue_main(args: ContinueCommand) -> int:
     else:
         protocol = get_world(args.world).protocol
         protocols = [protocol.with_opening_of(r, f"{args.input} row {n}") for n, r in enumerate(rows, 1)]
-    # The student's engine only lends its tokenizer here; by default the teacher's is used.
-    cfg = _play_config(args, "continue", args.student or args.teacher, args.teacher, "teacher_only", args.max_turns,
-                       "--student" if args.student else "--teacher")
-    trajectories, problems = play_episodes(cfg, games, protocols, replays)
-    for p in problems:
-        print(f"continue: {p}", file=sys.stderr)
-    kept = [t.to_record(args.schema) for t in trajectories if t is not None]
-    n = write_jsonl(args.out, kept)
+    # The games are the input's rows: a partial file of other prefixes is another job.
+    stream = PartialRows(args.out, rows_job("continue", args, [g.item_id for g in games], prefixes=digest(rows)),
+                         args.overwrite)
+    _resuming("continue", stream, len(rows))
+    todo = [i for i in range(len(rows)) if i not in stream.done]
+    if todo:
+        # The student's engine only lends its tokenizer here; by default the teacher's is used.
+        cfg = _play_config(args, "continue", args.student or args.teacher, args.teacher, "teacher_only",
+                           args.max_turns, "--student" if args.student else "--teacher")
+        with stream:
+            _, problems = play_episodes(cfg, [games[i] for i in todo], [protocols[i] for i in todo],
+                                        [replays[i] for i in todo],
+                                        on_done=lambda j, t: stream.add(todo[j], t.to_record(args.schema)))
+        for p in problems:
+            print(f"continue: {p}", file=sys.stderr)
+    n = stream.finish()
     print(f"continue: wrote {n} stitched rows ({args.schema} schema) to {args.out}; {len(rows) - n} skipped")
     return 0
 

@@ -127,6 +127,15 @@ class SchemaSetting:
 
 
 @dataclass
+class RowsOutput:
+    """A dataset command's --out: rows stream into `<out>.partial` as games finish (a rerun of
+    the same job resumes there) and `<out>` is written when all are done."""
+
+    overwrite: bool = setting(False, "replace --out if it exists (default: refuse), and start over from a "
+                                     "partial file of other settings")
+
+
+@dataclass
 class PlaySettings(WorldSettings, ContextSettings, ConversationSettings, BackendSettings, ServedSettings):
     """Episodes played by models: `eval`, `collect` and `continue`."""
 
@@ -167,30 +176,30 @@ class EvalCommand(PlaySettings):
 
 
 @dataclass
-class CollectCommand(PlaySettings, SchemaSetting):
+class CollectCommand(PlaySettings, SchemaSetting, RowsOutput):
     """`rose-ray collect` (collect.py): the student's first K turns of each game."""
 
     model: str = setting(help="local model folder, or openai:URL of a served model")
     turns: int = setting(5, "turns per game")
     split: str = setting("train")
     n: int = setting(0, "a task-stratified sample (0 = the whole split)")
-    out: str = setting(help="the JSONL file to write")
+    out: str = setting(help="the JSONL file to write (rows stream into OUT.partial meanwhile)")
     temperature: float = setting(SamplingParams.temperature, "0 = greedy")
 
 
 @dataclass
-class ContinueCommand(PlaySettings, SchemaSetting):
+class ContinueCommand(PlaySettings, SchemaSetting, RowsOutput):
     """`rose-ray continue` (collect.py): recorded prefixes replayed, then the teacher plays on."""
 
     teacher: str = setting(help="local model folder, or openai:URL of a served model")
     student: str | None = setting(None, "tokenizer owner of the output ids (default: the teacher's)")
     input: str = setting(help="the prefixes (JSONL) to continue", flag="--in")
     max_turns: int = setting(10, "turns in all, prefix included")
-    out: str = setting(help="the JSONL file to write")
+    out: str = setting(help="the JSONL file to write (rows stream into OUT.partial meanwhile)")
 
 
 @dataclass
-class GoldCommand(WorldSettings, InstructionSetting, SchemaSetting):
+class GoldCommand(WorldSettings, InstructionSetting, SchemaSetting, RowsOutput):
     """`rose-ray gold` (collect.py): ScienceWorld's gold paths as demonstrations."""
 
     split: str = setting("train")
@@ -199,7 +208,7 @@ class GoldCommand(WorldSettings, InstructionSetting, SchemaSetting):
     workers: int = setting(2, "games at once")
     observe: bool = setting(False, "paths that look before they choose and name things as the game shows them, "
                                    "replayed to check they still succeed (the small tier's teacher warm-up)")
-    out: str = setting(help="the JSONL file to write")
+    out: str = setting(help="the JSONL file to write (rows stream into OUT.partial meanwhile)")
 
 
 @dataclass

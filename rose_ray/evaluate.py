@@ -359,10 +359,12 @@ def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg
                         done: dict[str, dict[str, Any]], header: dict[str, Any], protocol=None) -> None:
     from tqdm import tqdm
 
+    from rose_ray.files import open_for_append
+
     bar = tqdm(total=len(todo), desc="eval", unit="game", dynamic_ncols=True)
-    new = not partial.exists()
-    with partial.open("a") as f:
-        if new:  # the header ties the partial results to the settings that made them
+    # A last line cut by a kill is dropped first: what is appended starts on a line of its own.
+    with open_for_append(partial) as f:
+        if partial.stat().st_size == 0:  # the header ties the partial results to the settings that made them
             f.write(json.dumps({"eval_config": header}) + "\n")
         def on_done(record: dict[str, Any]) -> None:
             f.write(json.dumps(record) + "\n")

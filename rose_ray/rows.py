@@ -17,13 +17,16 @@ Bad rows raise `DataError` naming the file, line and key.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from rose_ray.errors import InputError
+from rose_ray.files import open_for_append
 from rose_ray.types import OWNERS, GameId, Trajectory, Turn
 
 # Per schema: (role key, text key, {the schema's role name: our role}).
@@ -159,6 +162,86 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
     finally:
         tmp.unlink(missing_ok=True)
     return n
+
+
+def digest(obj: Any) -> str:
+    """A short sha256 of `obj` as JSON: what ties a partial file to the games it holds."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class PartialRows:
+    """A dataset file written as its rows come: `<out>.partial` holds a header line naming the
+    job (`{"partial_of": job}`) and one `{"game": i, "row": row}` line per finished game,
+    appended and flushed, so a crash or a kill loses only the line it cut. `finish` writes
+    `<out>` (atomically, rows in game order) and removes the partial file.
+
+    Opening refuses an existing `out` unless `overwrite`, resumes the partial file of the same
+    `job` (`done`: its rows by game), and refuses one of another job unless `overwrite` (then
+    it starts over)."""
+
+    def __init__(self, out: str | Path, job: dict[str, Any], overwrite: bool = False) -> None:
+        self.out = Path(out)
+        self.path = self.out.with_name(self.out.name + ".partial")
+        self.job = json.loads(json.dumps(job))  # as it reads back from the file
+        if self.out.is_dir():
+            raise InputError(f"--out {self.out}: a folder; give a file name")
+        if self.out.exists() and not overwrite:
+            raise InputError(f"--out {self.out}: already exists; give another --out, or --overwrite to replace it")
+        self.done: dict[int, dict[str, Any]] = {}
+        if self.path.exists():
+            header, self.done = self._read()
+            if header is not None and header != self.job:
+                if not overwrite:
+                    raise InputError(f"{self.path}: the rows of another job (other settings or games: "
+                                     f"{header}); give another --out, --overwrite to start over, or delete it")
+                self.path.unlink()
+                self.done = {}
+        self._lock = threading.Lock()
+        self._file: Any = None
+
+    def _read(self) -> tuple[dict[str, Any] | None, dict[int, dict[str, Any]]]:
+        """The header and rows of the partial file; a last line without its newline (cut by
+        a kill) is left out, and dropped before anything is appended."""
+        lines = self.path.read_bytes().split(b"\n")[:-1]  # the piece after the last newline: cut
+        header, done = None, {}
+        for n, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line)
+                if n == 1:
+                    header = record["partial_of"]
+                else:
+                    done[int(record["game"])] = validate_row(record["row"], f"{self.path}:{n}")
+            except (ValueError, KeyError, TypeError, RecursionError) as e:
+                raise InputError(f"{self.path}:{n}: unreadable partial row ({type(e).__name__}: {e}); "
+                                 "give --overwrite to start over, or delete the file") from None
+        return header, done
+
+    def __enter__(self) -> PartialRows:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open_for_append(self.path)
+        if self.path.stat().st_size == 0:  # new, or only a cut header was there
+            self._write({"partial_of": self.job})
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._file.close()
+
+    def _write(self, record: dict[str, Any]) -> None:
+        with self._lock:  # gold's games finish on several threads
+            self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._file.flush()
+
+    def add(self, game: int, row: dict[str, Any]) -> None:
+        """Game `game`'s row, on disk before this returns."""
+        validate_row(row, f"row of game {game}")
+        self._write({"game": game, "row": row})
+        self.done[game] = row
+
+    def finish(self) -> int:
+        """Write `out` from every row (game order) and remove the partial file; the row count."""
+        n = write_jsonl(self.out, [self.done[i] for i in sorted(self.done)])
+        self.path.unlink(missing_ok=True)
+        return n
 
 
 def row_to_turns(row: dict[str, Any]) -> list[Turn]:
