@@ -42,14 +42,14 @@ def run_until_killed(args: list[str], partial: Path, lines: int, timeout_s: floa
 def test_a_killed_collect_keeps_its_rows_and_a_rerun_resumes(tiny_models, ray_cluster, tmp_path, capsys):
     out = tmp_path / "prefixes.jsonl"
     partial = tmp_path / "prefixes.jsonl.partial"
-    args = ["collect", "--model", str(tiny_models["student"]), "--turns", "2", "--split", "train", "--n", "4",
-            "--concurrency", "1", "--max-new-tokens", "16", "--context-tokens", "2048", "--backend", "hf",
+    args = ["collect", "--model", str(tiny_models["student"]), "--turns", "2", "--split", "train", "--n", "3",
+            "--concurrency", "1", "--max-new-tokens", "8", "--context-tokens", "2048", "--backend", "hf",
             "--out", str(out)]
     run_until_killed(args, partial, lines=2)  # the header and one row
     assert not out.exists()
     *whole, cut = partial.read_bytes().split(b"\n")
     header, kept = json.loads(whole[0]), [json.loads(line) for line in whole[1:]]
-    assert header["partial_of"]["command"] == "collect" and 1 <= len(kept) < 4
+    assert header["partial_of"]["command"] == "collect" and 1 <= len(kept) < 3
     # Mark the rows the killed run wrote (a rerun that played them again would lose the mark),
     # and leave a cut line at the end, as a kill in the middle of a write does.
     for k in kept:
@@ -57,9 +57,9 @@ def test_a_killed_collect_keeps_its_rows_and_a_rerun_resumes(tiny_models, ray_cl
     partial.write_text("".join(json.dumps(r) + "\n" for r in [header, *kept]) + CUT)
 
     assert main(args) == 0
-    assert f"resuming {partial}: {len(kept)} of 4 games already done" in capsys.readouterr().out
+    assert f"resuming {partial}: {len(kept)} of 3 games already done" in capsys.readouterr().out
     rows = read_jsonl(out)
-    assert len(rows) == 4 and len({r["item_id"] for r in rows}) == 4
+    assert len(rows) == 3 and len({r["item_id"] for r in rows}) == 3
     assert sum(bool(r.get("resumed")) for r in rows) == len(kept)
     assert {r["item_id"] for r in rows if r.get("resumed")} == {k["row"]["item_id"] for k in kept}
     assert not partial.exists()
@@ -76,16 +76,16 @@ def test_an_eval_cut_mid_line_and_resumed_twice_stays_readable(tiny_models, ray_
     from rose_ray.evaluate import EvalJob, resume_header, run_eval
 
     model = str(tiny_models["student"])
-    cfg = EvalJob(model=model, split="test", n=4, max_turns=2, max_new_tokens=8, concurrency=1,
+    cfg = EvalJob(model=model, split="test", n=3, max_turns=2, max_new_tokens=8, concurrency=1,
                   context_tokens=2048, backend="hf", out=str(tmp_path / "r"))
-    games = SciWorldCatalogue().sample("test", 4, 0)
+    games = SciWorldCatalogue().sample("test", 3, 0)
     partial = tmp_path / "r.partial.jsonl"
     first = {"item_id": games[0].item_id, "task": games[0].task, "var": games[0].variation, "raw_score": 0,
              "score": 0.0, "success": False, "pass": False, "turns": 1, "invalid_actions": 0, "resumed": True}
     partial.write_text(json.dumps({"eval_config": resume_header(cfg)}) + "\n" + json.dumps(first) + "\n" + CUT)
 
     # Resume 1: a real eval, killed once it has appended a game after the cut line.
-    run_until_killed(["eval", "--model", model, "--split", "test", "--n", "4", "--max-turns", "2",
+    run_until_killed(["eval", "--model", model, "--split", "test", "--n", "3", "--max-turns", "2",
                       "--max-new-tokens", "8", "--concurrency", "1", "--context-tokens", "2048",
                       "--backend", "hf", "--out", str(tmp_path / "r")], partial, lines=3)
     with partial.open("a") as f:  # killed in the middle of a line again
