@@ -77,3 +77,22 @@ def test_a_named_run_dir_with_a_model_folder_of_the_users_is_refused_before_the_
     (tmp_path / "model" / "weights.npy").write_text("mine")
     assert cli(["train", f"run_dir={tmp_path}"]) == 2
     assert (tmp_path / "model" / "weights.npy").read_text() == "mine"
+
+
+def test_gold_streams_its_rows_and_refuses_to_replace_its_out_unasked(tmp_path, capsys):
+    """`gold` (as `collect` and `continue`): rows go through OUT.partial, OUT is written when
+    all are done, and an existing OUT is replaced only with --overwrite."""
+    from rose_ray.rows import read_jsonl
+
+    out = tmp_path / "gold.jsonl"
+    args = ["gold", "--split", "train", "--n", "1", "--workers", "1", "--out", str(out)]
+    assert main(args) == 0
+    rows = read_jsonl(out)
+    assert len(rows) == 1 and not (tmp_path / "gold.jsonl.partial").exists()
+    out.write_text(out.read_text() + "\n")  # the user's copy, changed
+    mine = out.read_bytes()
+    assert main(args) == 2
+    assert f"--out {out}: already exists; give another --out, or --overwrite" in capsys.readouterr().err
+    assert out.read_bytes() == mine
+    assert main([*args, "--overwrite"]) == 0
+    assert read_jsonl(out) == rows
