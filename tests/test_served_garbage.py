@@ -178,3 +178,22 @@ def test_the_shared_key_does_not_go_over_plain_http_to_another_host(monkeypatch,
     # An endpoint's own key goes where its config sends it, with a warning over plain http.
     assert key("http://10.1.2.3:8000/v1", api_key="own") == "own"
     assert "its api_key goes over plain http to another host" in capsys.readouterr().err
+
+
+def test_a_commands_flag_has_its_own_key(monkeypatch, tiny_models):
+    """`eval --teacher openai:URL` sends $ROSE_RAY_TEACHER_API_KEY to that URL, and the shared
+    key only to a served model without one of its own."""
+    from rose_ray.inference.backends import command_engine
+
+    monkeypatch.setenv("ROSE_RAY_API_KEY", "shared")
+    monkeypatch.setenv("ROSE_RAY_TEACHER_API_KEY", "teacher-only")
+    reply = completion([5], [-0.5])
+    with answering(reply) as (model_url, model_keys), answering(reply) as (teacher_url, teacher_keys):
+        for url, flag in ((model_url, "--model"), (teacher_url, "--teacher")):
+            config = command_engine(f"openai:{url}", flag, "auto", tokenizer=str(tiny_models["teacher"]), retry_s=0.0)
+            e = OpenAIEngine(config)
+            try:
+                e.generate([GenerationRequest([1, 2, 3], GREEDY)])
+            finally:
+                e.close()
+    assert (model_keys, teacher_keys) == (["Bearer shared"], ["Bearer teacher-only"])

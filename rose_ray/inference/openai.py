@@ -156,6 +156,13 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def flag_key_env(flag: str) -> str | None:
+    """The variable of the key of a one-off command's served model given by `flag` (`--teacher`:
+    ROSE_RAY_TEACHER_API_KEY), when it is set: that endpoint's own key."""
+    name = f"ROSE_RAY_{flag.lstrip('-').upper().replace('-', '_')}_API_KEY"
+    return name if os.environ.get(name) else None
+
+
 def endpoint_key(config: EngineConfig) -> tuple[str | None, str]:
     """The key an endpoint's requests carry, and where it came from (for messages): its own
     `api_key`, else the variable its `api_key_env` names (a name without a value is an
@@ -370,6 +377,13 @@ class OpenAIEngine:
             return None
         except OSError as e:
             return str(e) or type(e).__name__
+
+    def key_hint(self) -> str:
+        """Which key a refused request carried, for the error."""
+        if self.api_key:
+            return f"the key from {self.api_key_source} was refused"
+        return (f"no key was sent: set the endpoint's own key (api_key, api_key_env, ROSE_RAY_<FLAG>_API_KEY) or "
+                f"{SHARED_KEY_ENV}")
 
     def _answers_others(self, since: float) -> bool:
         """Whether the server answered another request after `since`, or answers a probe now (a
@@ -630,7 +644,7 @@ def check_served(config: EngineConfig, names: SettingNames, scores: bool = False
         except OpenAIServerGone as e:
             raise ServedModelMismatch(f"{names.base_url}: {e}") from None
         except OpenAIServerError as e:
-            hint = " (set ROSE_RAY_API_KEY)" if e.status in (401, 403) else ""
+            hint = f" ({engine.key_hint()})" if e.status in (401, 403) else ""
             raise ServedModelMismatch(f"{names.base_url}: {url}/models: {e}{hint}") from None
         except (ValueError, KeyError, TypeError) as e:
             raise ServedModelMismatch(f"{names.base_url}: {url}/models is not an OpenAI-compatible model list "
