@@ -88,10 +88,22 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     version, words, gauss = state["python"]
     random.setstate((version, tuple(words), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    np.random.set_state((kind, np.asarray(keys).astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _load_rng_state(path: Path) -> dict[str, Any]:
+    """An RNG file, read as tensors, numbers and lists only (`weights_only`). Numpy's array
+    rebuild is allowed for files from before the state was kept as tensors: torch's restricted
+    unpickler still refuses anything else."""
+    import torch
+
+    core = getattr(np, "_core", None) or np.core
+    numpy_arrays = [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    with torch.serialization.safe_globals(numpy_arrays):
+        return torch.load(path, weights_only=True)
 
 
 def fsync_tree(folder: Path) -> None:
@@ -321,7 +333,6 @@ class LearnerWorker:
         return bool(bad.item() == 0)
 
     def load_checkpoint(self, path: str, tag: str) -> dict[str, Any]:
-        import torch
 
         folder = Path(path) / tag
         try:
@@ -334,11 +345,9 @@ class LearnerWorker:
             raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {path}")
         rng_file = folder / f"rng_rank{self.rank}.pt"
         try:  # tensors, lists and numbers only: nothing in a run folder runs as code
-            rng = torch.load(rng_file, weights_only=True)
+            rng = _load_rng_state(rng_file)
         except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as e:
-            old = " (saved by a rose_ray from before RNG states were kept as tensors and numbers)" \
-                if "weights only" in str(e).lower() else ""
-            raise CheckpointUnreadable(f"{rng_file}: cannot be read{old} ({_first_line(e)})") from None
+            raise CheckpointUnreadable(f"{rng_file}: cannot be read ({_first_line(e)})") from None
         _set_rng_state(rng)
         return {k: v for k, v in (client or {}).items() if k in ("step", "version")}
 
