@@ -333,7 +333,6 @@ class LearnerWorker:
         return bool(bad.item() == 0)
 
     def load_checkpoint(self, path: str, tag: str) -> dict[str, Any]:
-
         folder = Path(path) / tag
         try:
             loaded, client = self.engine.load_checkpoint(
