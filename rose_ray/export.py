@@ -26,7 +26,8 @@ MODEL_INFO = "rose_ray_model.json"
 
 def kept_steps(run_dir: str | Path) -> list[int]:
     """Learner steps with a whole checkpoint: DeepSpeed's folder and the trainer's state
-    (written after it, so a checkpoint cut short by a crash is not listed)."""
+    `trainer_step_N.json`, which a run writes only once every file of the folder is on disk
+    (rose_ray/run.py: `save_checkpoint`), so a checkpoint whose save was cut short is not listed."""
     ckpt = Path(run_dir) / "checkpoints"
     steps = []
     for d in ckpt.glob("step_*"):
@@ -34,6 +35,21 @@ def kept_steps(run_dir: str | Path) -> list[int]:
         if d.is_dir() and n.isdigit() and (ckpt / f"trainer_{d.name}.json").is_file():
             steps.append(int(n))
     return sorted(steps)
+
+
+def unreadable_checkpoint(error: Exception, run_dir: str | Path, step: int, kept: list[int],
+                          command: str) -> InputError:
+    """The error for a kept checkpoint whose files cannot be read (a corrupt shard): it names
+    the checkpoint and the whole one before it to use instead."""
+    earlier = [n for n in kept if n < step]
+    if not earlier:
+        instead = "no earlier checkpoint is kept"
+    elif command == "export":
+        instead = f"export the one before it with --step {earlier[-1]}"
+    else:
+        instead = (f"move {Path(run_dir) / 'checkpoints' / f'step_{step}'} and trainer_step_{step}.json aside to "
+                   f"{command} from step {earlier[-1]}, the one before it")
+    return InputError(f"checkpoint step_{step} of {run_dir}: {error}; {instead}")
 
 
 def student_model(cfg: TrainConfig) -> str:
@@ -56,8 +72,8 @@ def model_info(cfg: TrainConfig, run_dir: str | Path, step: int, version: int, b
 
 
 def check_request(run_dir: str | Path, out: str | Path, step: int | None) -> tuple[TrainConfig, int]:
-    """The config of a run folder and the step to export; every problem is a ValueError naming it, raised
-    before anything starts or is written."""
+    """The config of a run folder and the step to export (default: the latest whole checkpoint);
+    every problem is an InputError naming it, raised before anything starts or is written."""
     run = Path(run_dir)
     steps = kept_steps(run)
     if not steps:
@@ -78,6 +94,7 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     import ray
 
     from rose_ray.learner.learner import LearnerGroup
+    from rose_ray.learner.worker import CheckpointUnreadable
     from rose_ray.rollout.actors import init_ray
 
     run_dir = resolve_run(run_dir)
@@ -96,7 +113,10 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
                           backend=lc.backend if gpus else "auto")
         group = LearnerGroup(learner)
         try:
-            state = group.load_checkpoint(Path(run_dir) / "checkpoints", f"step_{step}")
+            try:
+                state = group.load_checkpoint(Path(run_dir) / "checkpoints", f"step_{step}")
+            except CheckpointUnreadable as e:
+                raise unreadable_checkpoint(e, run_dir, step, kept_steps(run_dir), "export") from None
             info = model_info(cfg, run_dir, state["step"], state["version"], base)
             result = group.export(out, {MODEL_INFO: info})
         finally:

@@ -160,11 +160,11 @@ def _base_url(cfg: JudgeConfig) -> str:
 def _served_engine(cfg: JudgeConfig, timeout_s: float = 300.0, **retry: float) -> Any:
     """The client of a served judge (`retry`: the engine's retry_s, when not its default)."""
     from rose_ray.inference.engine import EngineConfig
-    from rose_ray.inference.openai import OpenAIEngine
+    from rose_ray.inference.openai import OpenAIEngine, flag_key_env
 
     return OpenAIEngine(EngineConfig(backend="openai", base_url=_base_url(cfg), model=cfg.served_model,
                                      context_tokens=cfg.context_tokens, max_batch_size=cfg.concurrency,
-                                     timeout_s=timeout_s, **retry))
+                                     timeout_s=timeout_s, api_key_env=flag_key_env("--judge"), **retry))
 
 
 def check_judge(cfg: JudgeConfig) -> JudgeConfig:
@@ -180,7 +180,7 @@ def check_judge(cfg: JudgeConfig) -> JudgeConfig:
         try:
             models = engine.models()
         except OpenAIServerError as e:  # no answer (the message says "cannot reach"), or refused
-            hint = " (set ROSE_RAY_API_KEY)" if e.status in (401, 403) else ""
+            hint = f" ({engine.key_hint()})" if e.status in (401, 403) else ""
             raise JudgeUnavailable(f"--judge {cfg.model}: {e}{hint}") from None
         except (ValueError, KeyError, TypeError) as e:
             raise JudgeUnavailable(f"--judge {cfg.model}: {engine.base_url}/models is not an OpenAI-compatible "

@@ -76,7 +76,8 @@ def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, floa
     student_tokens = sum(len(x.token_ids) for t in batch for x in t.turns if x.owner == "student")
     handoffs = [t.handoff_turn for t in batch if t.handoff_turn is not None]
     actions = sum(t.rounds for t in batch) or 1
-    scalars = {f"learner/{k}": learner.get(k, 0.0) for k in ("loss", "grad_norm", "lr", "tokens_per_s", "trained_tokens")}
+    scalars = {f"learner/{k}": learner.get(k, 0.0)
+               for k in ("loss", "grad_norm", "lr", "tokens_per_s", "trained_tokens", "skipped_nonfinite")}
     # OPD: the mean importance ratio π_now/π_behaviour (1 when the learner scores exactly the
     # ids and logprobs the engine sampled, at the same weights) and the reverse-KL estimate.
     scalars.update({f"learner/{k}": learner[k] for k in ("opd_ratio", "opd_reverse_kl", "opd_clip_frac")

@@ -195,33 +195,55 @@ class RunParts:
                 "restarts": self.restarts()}
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
+        """Complete before marked: the learner's files, then the loop's file (the mark that the
+        checkpoint is whole: `export.kept_steps`), then `latest`, each on disk before the next;
+        a save cut short anywhere leaves the previous checkpoint the latest whole one. Then the
+        oldest whole ones past `keep_checkpoints` go, with any left unfinished."""
+        from rose_ray.export import kept_steps
+        from rose_ray.learner.learner import write_latest
+        from rose_ray.learner.worker import fsync_dir
+
         tag = f"step_{self.learner.step}"
-        # The loop's file first: the learner writes `latest` last, so it never names a
-        # checkpoint whose loop state is missing.
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.ckpt_dir / f"trainer_{tag}.json.tmp"
-        tmp.write_text(json.dumps({**state, "sampler": state["ledger"]["sampler"], "tag": tag}))
-        os.replace(tmp, self.ckpt_dir / f"trainer_{tag}.json")
-        self.learner.save_checkpoint(self.ckpt_dir)
-        # Keep the newest `keep_checkpoints`.
-        tags = sorted((p.name for p in self.ckpt_dir.glob("step_*") if p.is_dir()),
-                      key=lambda t: int(t.split("_")[1]))
-        for old in tags[: -self.cfg.keep_checkpoints]:
-            shutil.rmtree(self.ckpt_dir / old, ignore_errors=True)
-            (self.ckpt_dir / f"trainer_{old}.json").unlink(missing_ok=True)
+        marker = self.ckpt_dir / f"trainer_{tag}.json"
+        if marker.exists():  # one of an earlier save of this step must not vouch for this one
+            marker.unlink()
+            fsync_dir(self.ckpt_dir)
+        self.learner.save_checkpoint(self.ckpt_dir, mark_latest=False)
+        tmp = marker.with_name(marker.name + ".tmp")
+        with tmp.open("w") as f:
+            f.write(json.dumps({**state, "sampler": state["ledger"]["sampler"], "tag": tag}))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, marker)
+        fsync_dir(self.ckpt_dir)
+        write_latest(self.ckpt_dir, tag)
+        whole = [f"step_{n}" for n in kept_steps(self.run_dir)]
+        keep = set(whole[-self.cfg.keep_checkpoints:])
+        for folder in self.ckpt_dir.glob("step_*"):
+            if folder.is_dir() and folder.name not in keep:
+                shutil.rmtree(folder, ignore_errors=True)
+                (self.ckpt_dir / f"trainer_{folder.name}.json").unlink(missing_ok=True)
 
     def load_checkpoint(self, publish: bool = True) -> dict[str, Any]:
-        """Back to the latest checkpoint (or the start, without one): the learner, the game order
-        and the episodes open then (played again first), counters, and the logs cut to match.
-        Returns the loop's state it went back to."""
+        """Back to the latest whole checkpoint (or the start, without one): the learner, the game
+        order and the episodes open then (played again first), counters, and the logs cut to
+        match. Returns the loop's state it went back to."""
+        from rose_ray.export import kept_steps, unreadable_checkpoint
+        from rose_ray.learner.worker import CheckpointUnreadable
         from rose_ray.rollout.buffer import BufferCounters
         from rose_ray.rollout.ledger import keep_steps
         from rose_ray.rollout.runner import RunnerCounters
 
         state = self.start_state
-        if (self.ckpt_dir / "latest").is_file():
-            info = self.learner.load_checkpoint(self.ckpt_dir)
-            state = json.loads((self.ckpt_dir / f"trainer_{info['tag']}.json").read_text())
+        steps = kept_steps(self.run_dir)  # a save cut short is not among them
+        if steps:
+            tag = f"step_{steps[-1]}"
+            try:
+                self.learner.load_checkpoint(self.ckpt_dir, tag)
+            except CheckpointUnreadable as e:
+                raise unreadable_checkpoint(e, self.run_dir, steps[-1], steps[:-1], "train --resume") from None
+            state = json.loads((self.ckpt_dir / f"trainer_{tag}.json").read_text())
         p = self.progress
         p.step = state["step"]
         p.history = copy.deepcopy(state["history"])  # a copy: the state may be restored again

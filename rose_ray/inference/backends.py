@@ -93,6 +93,9 @@ def command_engine(model: str, flag: str, backend: str, tokenizer: str | None = 
         if not tokenizer:
             raise InputError(f"{flag} {model}: a served model needs --tokenizer (a local folder with its tokenizer: "
                              "prompts go to the server as token ids)")
+        from rose_ray.inference.openai import flag_key_env
+
+        settings.setdefault("api_key_env", flag_key_env(flag))  # ROSE_RAY_<FLAG>_API_KEY: this endpoint's own
         return EngineConfig(backend="openai", base_url=base_url, model=served_model, tokenizer=tokenizer, **settings)
     name = resolve_backend(backend)
     if name not in COMMAND_BACKENDS:

@@ -22,9 +22,12 @@ What a failure means (README: Reliability):
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
+import math
 import os
 import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -51,6 +54,11 @@ MAX_BACKOFF_S = 10.0
 # that refuses connections is going away, and its requests in flight would never be answered.
 LIVENESS_S = 2.0
 PROBE_TIMEOUT_S = 5.0
+# The largest reply read (a 32k-token prompt's prompt_logprobs take a few MB; a reply past this
+# is a server gone wrong, and reading on would hold it all in memory).
+MAX_REPLY_BYTES = 64 * 2**20
+MAX_ERROR_BYTES = 64 * 2**10  # of an error reply's body, for its message
+SHARED_KEY_ENV = "ROSE_RAY_API_KEY"  # the key of an endpoint that names no key of its own
 
 
 class OpenAIServerError(RuntimeError):
@@ -76,15 +84,111 @@ class OpenAIRequestFailed(OpenAIServerError):
     failure, not the server's. A run fails only its episode (no engine restart)."""
 
 
+class OpenAIBadAnswer(OpenAIServerError):
+    """The server answered something a run cannot use: a reply too large, not JSON, without a
+    field it must have, or with a logprob that is not finite or is above 0, or a token id
+    outside the vocabulary. The served model's failure on that request: like
+    OpenAIRequestFailed, it fails its episode only, and nothing of it reaches the learner."""
+
+
 class ServedModelMismatch(InputError):
     """A served model that cannot do what a run asks of it (named by the setting's key)."""
 
 
-def _token_id(s: str) -> int:
-    if not s.startswith("token_id:"):
-        raise OpenAIServerError(None, f"server returned token {s!r}, expected 'token_id:N' "
-                                "(does it support return_tokens_as_token_ids?)")
+def _token_id(s: Any, where: str) -> int:
+    if not isinstance(s, str) or not s.startswith("token_id:") or not s[len("token_id:"):].isdigit():
+        raise OpenAIBadAnswer(None, f"the server's reply has token {s!r} at {where}, expected 'token_id:N' "
+                                    "(does it support return_tokens_as_token_ids?)")
     return int(s.split(":", 1)[1])
+
+
+_MISSING = object()
+
+
+def _dig(reply: Any, *path: str | int, kind: type | tuple[type, ...] | None = None, default: Any = _MISSING,
+         at: str = "") -> Any:
+    """`reply[path[0]][path[1]]...`, checked: a missing field (unless a `default` is given) or
+    one that is not of `kind` is an OpenAIBadAnswer naming the field (`at`: where `reply` is in
+    the whole reply), not a KeyError."""
+    value, where = reply, at
+    for key in path:
+        where += f"[{key}]" if isinstance(key, int) else (f".{key}" if where else key)
+        if isinstance(key, int):
+            found = isinstance(value, list) and -len(value) <= key < len(value)
+        else:
+            found = isinstance(value, dict) and key in value
+        if not found:
+            if default is not _MISSING:
+                return default
+            raise OpenAIBadAnswer(None, f"the server's reply has no {where} ({_shape(reply)})")
+        value = value[key]
+    if kind is not None and not isinstance(value, kind):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise OpenAIBadAnswer(None, f"the server's reply has {where} = {str(value)[:80]!r}, expected {names}")
+    return value
+
+
+def _shape(reply: Any) -> str:
+    """What a reply holds, briefly, for an error."""
+    if isinstance(reply, dict):
+        return f"its keys: {sorted(map(str, reply))[:10]}"
+    return f"it is {type(reply).__name__} {str(reply)[:80]!r}"
+
+
+def _logprob(value: Any, where: str) -> float:
+    """A logprob the server gave: a finite number, at most 0; else OpenAIBadAnswer naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise OpenAIBadAnswer(None, f"the server's reply has {where} = {str(value)[:80]!r}, expected a logprob "
+                                    "(a number)")
+    x = float(value)
+    if not math.isfinite(x) or x > 0.0:
+        raise OpenAIBadAnswer(None, f"the server's reply has logprob {x!r} at {where}: a logprob must be finite "
+                                    "and at most 0 (nothing of it is trained on)")
+    return x
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def flag_key_env(flag: str) -> str | None:
+    """The variable of the key of a one-off command's served model given by `flag` (`--teacher`:
+    ROSE_RAY_TEACHER_API_KEY), when it is set: that endpoint's own key."""
+    name = f"ROSE_RAY_{flag.lstrip('-').upper().replace('-', '_')}_API_KEY"
+    return name if os.environ.get(name) else None
+
+
+def endpoint_key(config: EngineConfig) -> tuple[str | None, str]:
+    """The key an endpoint's requests carry, and where it came from (for messages): its own
+    `api_key`, else the variable its `api_key_env` names (a name without a value is an
+    error), else $ROSE_RAY_API_KEY, the shared one. The shared key goes over plain http only
+    to this machine (loopback): anyone on the way could read it; to another host it is not
+    sent (said when the engine is made); an endpoint's own key is sent, with a warning."""
+    url = urllib.parse.urlsplit(config.base_url)
+    plain = url.scheme == "http" and not _loopback(url.hostname or "")
+    if config.api_key:
+        key, source = config.api_key, "its api_key"
+    elif config.api_key_env:
+        key, source = os.environ.get(config.api_key_env), f"${config.api_key_env} (its api_key_env)"
+        if not key:
+            raise InputError(f"engine.api_key_env: {config.api_key_env} is not set in the environment (the key of "
+                             f"{config.base_url})")
+    else:
+        key, source = os.environ.get(SHARED_KEY_ENV) or None, f"${SHARED_KEY_ENV}"
+        if key and plain:
+            print(f"openai engine: {config.base_url}: not sending ${SHARED_KEY_ENV} over plain http to another host "
+                  "(anyone on the network path could read it); use https, or name the variable of this "
+                  "endpoint's own key in api_key_env", file=sys.stderr, flush=True)
+            return None, "none"
+    if key and plain:
+        print(f"openai engine: {config.base_url}: warning: {source} goes over plain http to another host; anyone "
+              "on the network path can read it (use https)", file=sys.stderr, flush=True)
+    return key, source
 
 
 class _Call:
@@ -141,7 +245,8 @@ class OpenAIEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.base_url = config.base_url.rstrip("/")
-        self.api_key = config.api_key or os.environ.get("ROSE_RAY_API_KEY")
+        self.api_key, self.api_key_source = endpoint_key(config)
+        self._vocab: int | None = None  # the tokenizer's size, read at the first sampled ids
         self._pool = ThreadPoolExecutor(max_workers=config.max_batch_size, thread_name_prefix="openai")
         self._counters = {"requests": 0, "generated_tokens": 0, "score_calls": 0, "http_s": 0.0, "retries": 0,
                           "cut_off": 0}
@@ -227,7 +332,15 @@ class OpenAIEngine:
                 self._watcher.start()
         try:
             with self._opener.open(req, timeout=timeout_s or self.config.timeout_s) as resp:
-                return json.loads(resp.read())
+                raw = resp.read(MAX_REPLY_BYTES + 1)
+            if len(raw) > MAX_REPLY_BYTES:
+                raise OpenAIBadAnswer(None, f"{url}: the reply is larger than {MAX_REPLY_BYTES // 2**20} MiB; "
+                                            "not read further")
+            try:
+                return json.loads(raw)
+            except (ValueError, RecursionError) as e:
+                raise OpenAIBadAnswer(None, f"{url}: the reply is not JSON ({type(e).__name__}: {str(e)[:120]}): "
+                                            f"{raw[:80]!r}") from None
         except urllib.error.HTTPError:
             raise  # the server answered
         except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
@@ -265,6 +378,13 @@ class OpenAIEngine:
         except OSError as e:
             return str(e) or type(e).__name__
 
+    def key_hint(self) -> str:
+        """Which key a refused request carried, for the error."""
+        if self.api_key:
+            return f"the key from {self.api_key_source} was refused"
+        return (f"no key was sent: set the endpoint's own key (api_key, api_key_env, ROSE_RAY_<FLAG>_API_KEY) or "
+                f"{SHARED_KEY_ENV}")
+
     def _answers_others(self, since: float) -> bool:
         """Whether the server answered another request after `since`, or answers a probe now (a
         one-token completion): then a request it keeps failing is that request's own failure."""
@@ -274,6 +394,8 @@ class OpenAIEngine:
         try:
             self._send("POST", self.base_url + "/completions", json.dumps(probe).encode(),
                        timeout_s=min(self.config.timeout_s, 60.0))
+            return True
+        except OpenAIBadAnswer:  # an answer all the same
             return True
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
             return False
@@ -286,9 +408,11 @@ class OpenAIEngine:
         """The served models (GET /models): name -> its context (`max_model_len`, which vLLM and
         rose-ray serve give; None where a server does not say), under timeout_s and retry_s."""
         out: dict[str, int | None] = {}
-        for m in self._request("GET", "/models")["data"]:
-            limit = m.get("max_model_len")
-            out[str(m["id"])] = int(limit) if isinstance(limit, int) else None
+        models = _dig(self._request("GET", "/models"), "data", kind=list)
+        for i in range(len(models)):
+            name = _dig(models, i, "id", kind=str, at="data")
+            limit = _dig(models, i, "max_model_len", default=None, at="data")
+            out[name] = int(limit) if isinstance(limit, int) and not isinstance(limit, bool) else None
         return out
 
     def models(self) -> list[str]:
@@ -317,25 +441,73 @@ class OpenAIEngine:
             body["stop"] = s.stop
         if s.seed is not None:
             body["seed"] = s.seed
-        choice = self._request("POST", "/completions", body)["choices"][0]
-        lp = choice.get("logprobs") or {}
-        token_ids = choice.get("token_ids")
+        reply = self._request("POST", "/completions", body)
+        choice = _dig(reply, "choices", 0, kind=dict)
+        lp = _dig(choice, "logprobs", default=None, at="choices[0]") or {}
+        if not isinstance(lp, dict):
+            raise OpenAIBadAnswer(None, f"the server's reply has choices[0].logprobs = {str(lp)[:80]!r}, expected an "
+                                        "object")
+        token_ids = _dig(choice, "token_ids", default=None, at="choices[0]")
         if token_ids is None:
-            token_ids = [_token_id(t) for t in lp.get("tokens") or []]
-        logprobs = lp.get("token_logprobs")
-        if logprobs is None or len(logprobs) != len(token_ids):
+            tokens = _dig(lp, "tokens", kind=list, default=[], at="choices[0].logprobs")
+            token_ids = [_token_id(t, f"choices[0].logprobs.tokens[{i}]") for i, t in enumerate(tokens)]
+        where = "choices[0].token_ids"
+        if not isinstance(token_ids, list):
+            raise OpenAIBadAnswer(None, f"the server's reply has {where} = {str(token_ids)[:80]!r}, expected a list")
+        for i, tid in enumerate(token_ids):
+            self._check_id(tid, f"{where}[{i}]")
+        logprobs = _dig(lp, "token_logprobs", default=None, at="choices[0].logprobs")
+        if not isinstance(logprobs, list) or len(logprobs) != len(token_ids):
             raise OpenAIServerError(None, "server returned no per-token logprobs for the sampled tokens")
+        logprobs = [_logprob(x, f"choices[0].logprobs.token_logprobs[{i}]") for i, x in enumerate(logprobs)]
         top = None
         if request.top_logprobs > 0:
-            top = [{_token_id(k): v for k, v in (d or {}).items()} for d in lp.get("top_logprobs") or []]
-        finish = choice.get("finish_reason") or "length"
+            top = []
+            for i, d in enumerate(_dig(lp, "top_logprobs", kind=list, default=None, at="choices[0].logprobs") or []):
+                here = f"choices[0].logprobs.top_logprobs[{i}]"
+                if not isinstance(d or {}, dict):
+                    raise OpenAIBadAnswer(None, f"the server's reply has {here} = {str(d)[:80]!r}, expected an object")
+                entry = {}
+                for k, v in (d or {}).items():
+                    tid = self._check_id(_token_id(k, here), here)
+                    entry[tid] = _logprob(v, f"{here}[{k!r}]")
+                top.append(entry)
+        finish = _dig(choice, "finish_reason", default=None, at="choices[0]") or "length"
+        text = _dig(choice, "text", default="", at="choices[0]")
         self._counters["requests"] += 1
         self._counters["generated_tokens"] += len(token_ids)
         return GenerationResult(
-            text=choice.get("text", ""), token_ids=list(token_ids), logprobs=[float(x) for x in logprobs],
+            text=text if isinstance(text, str) else str(text), token_ids=list(token_ids), logprobs=logprobs,
             finish_reason="stop" if finish == "stop" else "length", prompt_tokens=len(ids),
             version=self.version, request_id=request.request_id, dropped_turns=dropped, top_logprobs=top,
         )
+
+    def _check_id(self, tid: Any, where: str) -> int:
+        """A token id the server gave: an int in [0, vocabulary) of the local tokenizer (which
+        the learner and the engines share); else OpenAIBadAnswer naming it."""
+        if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
+            raise OpenAIBadAnswer(None, f"the server's reply has token id {str(tid)[:40]} at {where}: a token id "
+                                        "is an int >= 0")
+        vocab = self.vocab_size()
+        if vocab is not None and tid >= vocab:
+            raise OpenAIBadAnswer(None, f"the server's reply has token id {tid} at {where}: outside the vocabulary "
+                                        f"[0, {vocab}) of {self.config.tokenizer or self.config.model}")
+        return tid
+
+    def vocab_size(self) -> int | None:
+        """The local tokenizer's size (the ids a run can train on), read once; None for an
+        engine without a tokenizer here (a judge talks text)."""
+        if self._vocab is None:
+            name = self.config.tokenizer or self.config.model
+            if not name:
+                return None
+            from rose_ray.models import ModelNotAvailable, load_tokenizer
+
+            try:
+                self._vocab = len(load_tokenizer(name))
+            except ModelNotAvailable:
+                return None
+        return self._vocab
 
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         if not prompt_ids:
@@ -345,24 +517,33 @@ class OpenAIEngine:
         ids = list(prompt_ids) + list(completion_ids)
         body = {**self._model_field(), "prompt": ids, "max_tokens": 1, "temperature": 0.0,
                 "prompt_logprobs": 0, "return_tokens_as_token_ids": True}
-        choice = self._request("POST", "/completions", body)["choices"][0]
+        choice = _dig(self._request("POST", "/completions", body), "choices", 0, kind=dict)
         self._counters["score_calls"] += 1
         n = len(completion_ids)
-        plp = choice.get("prompt_logprobs")
+        plp = _dig(choice, "prompt_logprobs", default=None, at="choices[0]")
         if plp is not None:
+            if not isinstance(plp, list) or len(plp) < n:
+                raise OpenAIBadAnswer(None, f"the server's reply has choices[0].prompt_logprobs of "
+                                            f"{len(plp) if isinstance(plp, list) else type(plp).__name__} entries "
+                                            f"for a prompt of {len(ids)} tokens")
             out = []
-            for tid, entry in zip(completion_ids, plp[-n:]):
-                hit = (entry or {}).get(str(tid))
+            for i, (tid, entry) in enumerate(zip(completion_ids, plp[-n:])):
+                where = f"choices[0].prompt_logprobs[{len(plp) - n + i}]"
+                hit = (entry or {}).get(str(tid)) if isinstance(entry, dict) or entry is None else None
                 if hit is None:
                     raise OpenAIServerError(None, f"prompt_logprobs lacks token {tid}")
-                out.append(float(hit["logprob"] if isinstance(hit, dict) else hit))
+                value = _dig(hit, "logprob", at=f"{where}[{str(tid)!r}]") if isinstance(hit, dict) else hit
+                out.append(_logprob(value, f"{where}[{str(tid)!r}]"))
             return out
         # Servers without prompt_logprobs: the legacy echo form.
         body = {**body, "echo": True, "logprobs": 0}
         body.pop("prompt_logprobs")
-        choice = self._request("POST", "/completions", body)["choices"][0]
-        lps = choice["logprobs"]["token_logprobs"][: len(ids)]
-        return [float(x) for x in lps[-n:]]
+        choice = _dig(self._request("POST", "/completions", body), "choices", 0, kind=dict)
+        lps = _dig(choice, "logprobs", "token_logprobs", kind=list, at="choices[0]")[: len(ids)]
+        if len(lps) < n:
+            raise OpenAIBadAnswer(None, f"the server's reply has {len(lps)} echoed logprobs for {n} tokens to score")
+        return [_logprob(x, f"choices[0].logprobs.token_logprobs[{len(lps) - n + i}]")
+                for i, x in enumerate(lps[-n:])]
 
     def chat(self, messages: list[dict[str, str]], sampling: SamplingParams,
              enable_thinking: bool | None = None, json_object: bool = False) -> tuple[str, str]:
@@ -402,8 +583,8 @@ class OpenAIEngine:
 
 def _error_message(e: urllib.error.HTTPError) -> str:
     try:
-        body = json.loads(e.read())
-    except (ValueError, OSError):
+        body = json.loads(e.read(MAX_ERROR_BYTES))
+    except (ValueError, OSError, RecursionError):
         return e.reason or "error"
     err = body.get("error", body) if isinstance(body, dict) else body
     if isinstance(err, dict):
@@ -463,7 +644,7 @@ def check_served(config: EngineConfig, names: SettingNames, scores: bool = False
         except OpenAIServerGone as e:
             raise ServedModelMismatch(f"{names.base_url}: {e}") from None
         except OpenAIServerError as e:
-            hint = " (set ROSE_RAY_API_KEY)" if e.status in (401, 403) else ""
+            hint = f" ({engine.key_hint()})" if e.status in (401, 403) else ""
             raise ServedModelMismatch(f"{names.base_url}: {url}/models: {e}{hint}") from None
         except (ValueError, KeyError, TypeError) as e:
             raise ServedModelMismatch(f"{names.base_url}: {url}/models is not an OpenAI-compatible model list "

@@ -20,6 +20,7 @@ turns.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ import numpy as np
 
 from rose_ray.errors import ConfigError
 from rose_ray.learner.batching import micro_batches
-from rose_ray.learner.worker import SUMMED, LearnerWorker
+from rose_ray.learner.worker import SUMMED, CheckpointUnreadable, LearnerWorker, fsync_dir
 from rose_ray.types import CONTEXT_TOKENS, Batch
 
 SCHEDULES = ("constant", "linear", "cosine")
@@ -109,6 +110,19 @@ class LearnerConfig:
         need(0.0 < self.clip_eps < 1.0, "clip_eps", "must be in (0, 1)")
 
 
+def write_latest(path: str | Path, tag: str) -> None:
+    """`path/latest` names checkpoint `tag`, atomically and on disk: written only once
+    everything of the checkpoint is (the mark that it is whole)."""
+    folder = Path(path)
+    tmp = folder / "latest.tmp"
+    with tmp.open("w") as f:
+        f.write(tag)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / "latest")
+    fsync_dir(folder)
+
+
 class LearnerLost(RuntimeError):
     """A learner rank died or stopped answering; the group must be restarted (`restart`)."""
 
@@ -121,6 +135,7 @@ class LearnerGroup:
         self.config = config
         self.step = 0
         self.version = config.initial_version
+        self.skipped_nonfinite = 0  # steps skipped for a non-finite loss or gradient norm
         self.worker_options = worker_options  # (rank) -> scheduling options, e.g. a placement-group bundle
         self._lock = threading.RLock()
         self.workers: list[Any] = []
@@ -193,7 +208,7 @@ class LearnerGroup:
             if overrides.get("ranks", self.config.ranks) != self.config.ranks:
                 raise ValueError("learner.ranks: a group cannot change its size; make a new group")
             self.config = LearnerConfig(**{**asdict(self.config), **overrides})
-        self.step, self.version = 0, self.config.initial_version
+        self.step, self.version, self.skipped_nonfinite = 0, self.config.initial_version, 0
         return self._all("setup", self.config)[0]
 
     def train_step(self, batch: Batch) -> dict[str, float]:
@@ -207,8 +222,14 @@ class LearnerGroup:
             results = self._get([w.train_step.remote(parts[r], den)
                                  for r, w in enumerate(self.workers)], "train_step")
             elapsed = time.perf_counter() - start
+            skipped = results[0]["skipped_nonfinite"] > 0  # every rank skips or none does
             self.step += 1
-            self.version += 1
+            if skipped:  # the weights are those of the last step: no new version to publish
+                self.skipped_nonfinite += 1
+                print(f"learner: step {self.step} skipped: its loss or gradient norm is not finite "
+                      f"({self.skipped_nonfinite} skipped so far); the weights stay as they were", flush=True)
+            else:
+                self.version += 1
         metrics: dict[str, float] = {}
         for res in results:
             for k, v in res.items():
@@ -223,6 +244,7 @@ class LearnerGroup:
             trained_tokens=sum(den.values()),  # tokens carrying a loss term (a token in two terms counts twice)
             policy_lag=float((self.version - 1 - sampled).mean()) if sampled.size else 0.0,
             dropped_turns=float(batch.meta.get("dropped_turns", 0)),
+            skipped_nonfinite=float(self.skipped_nonfinite),  # steps skipped so far (in this group)
             step=float(self.step), version=float(self.version),
         )
         return metrics
@@ -231,21 +253,34 @@ class LearnerGroup:
         """Logits of the current model for unpacked rows [B, L] -> [B, L, V]."""
         return self._all("logits", np.asarray(input_ids))[0]
 
-    def save_checkpoint(self, path: str | Path) -> str:
-        """Model, optimizer, scheduler, per-rank RNG, step and version under path/step_<n>."""
+    def save_checkpoint(self, path: str | Path, mark_latest: bool = True) -> str:
+        """Model, optimizer, scheduler, per-rank RNG, step and version under path/step_<n>, on
+        disk (fsynced) before `path/latest` names it (`mark_latest`; a caller that keeps more
+        beside it writes that itself, last: `write_latest`). Refused (NonFiniteWeights) when the
+        weights are not finite."""
         with self._lock:  # the step and version read are those of the weights saved
             tag = f"step_{self.step}"
             self._all("save_checkpoint", str(path), tag, {"step": self.step, "version": self.version})
+        if mark_latest:
+            write_latest(path, tag)
         return tag
 
     def load_checkpoint(self, path: str | Path, tag: str | None = None) -> dict[str, Any]:
-        """Resume exactly; `tag` defaults to the latest checkpoint under path."""
+        """Resume exactly; `tag` defaults to the latest checkpoint under path. A checkpoint whose
+        files cannot be read raises CheckpointUnreadable naming it."""
         latest = Path(path) / "latest"
         if tag is None:
             if not latest.is_file():
                 raise FileNotFoundError(f"no checkpoint under {path} (missing {latest})")
             tag = latest.read_text().strip()
-        state = self._all("load_checkpoint", str(path), tag)[0]
+        try:
+            state = self._all("load_checkpoint", str(path), tag)[0]
+        except Exception as e:
+            # A rank that met the bad file, or one stuck waiting for it (LearnerLost, its cause)
+            unreadable = next((x for x in (e, e.__cause__) if isinstance(x, CheckpointUnreadable)), None)
+            if unreadable is None:
+                raise
+            raise CheckpointUnreadable(str(unreadable.args[0]) if unreadable.args else str(unreadable)) from None
         self.step, self.version = int(state["step"]), int(state["version"])
         return {"tag": tag, **state}
 

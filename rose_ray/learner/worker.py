@@ -15,7 +15,9 @@ apart by `learner.attn_implementation` (learner/attention.py), with no L×L mask
 
 from __future__ import annotations
 
+import math
 import os
+import pickle
 import random
 import socket
 import time
@@ -66,9 +68,15 @@ def lr_lambda(cfg: Any) -> Any:
 
 
 def _rng_state() -> dict[str, Any]:
+    """Every RNG's state as tensors, lists and numbers only, so that `torch.load(...,
+    weights_only=True)` reads it back (a pickle of arbitrary objects would be code to run)."""
     import torch
 
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    version, words, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, list(words), gauss],
+             "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -77,11 +85,63 @@ def _rng_state() -> dict[str, Any]:
 def _set_rng_state(state: dict[str, Any]) -> None:
     import torch
 
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, words, gauss = state["python"]
+    random.setstate((version, tuple(words), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys).astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _load_rng_state(path: Path) -> dict[str, Any]:
+    """An RNG file, read as tensors, numbers and lists only (`weights_only`). Numpy's array
+    rebuild is allowed for files from before the state was kept as tensors: torch's restricted
+    unpickler still refuses anything else."""
+    import torch
+
+    core = getattr(np, "_core", None) or np.core
+    numpy_arrays = [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    with torch.serialization.safe_globals(numpy_arrays):
+        return torch.load(path, weights_only=True)
+
+
+def fsync_tree(folder: Path) -> None:
+    """Every file under `folder` and the folders themselves on disk (not only in the page
+    cache): a checkpoint marked complete must survive a crash of the machine."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            except FileNotFoundError:  # another rank's temporary file, renamed meanwhile
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(root))
+
+
+def fsync_dir(folder: Path) -> None:
+    """A folder's entries (a file created or renamed in it) on disk."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
+
+
+class CheckpointUnreadable(InputError):
+    """A checkpoint's files cannot be read (a shard cut short or corrupt)."""
+
+
+class NonFiniteWeights(RuntimeError):
+    """The weights hold NaN or infinity: no checkpoint is written from them."""
 
 
 class LearnerWorker:
@@ -192,17 +252,28 @@ class LearnerWorker:
             t = self._tensors(part)
             logp = self.packed.token_logprobs(self.packed.hidden_states(self.engine, t), t["input_ids"])
             loss, metrics = batch_loss(logp, aligned(t), den, self.cfg.clip_eps)
-            self.engine.backward(loss * self.world_size)
             metrics["loss"] = loss.item()
+            if not math.isfinite(metrics["loss"]):
+                # Every gradient NaN, so that every rank skips this step (the gradients are
+                # averaged over ranks): DeepSpeed's optimizers skip a step whose gradient norm
+                # is not finite, and the plain one's is checked below.
+                loss = loss * float("nan")
+            self.engine.backward(loss * self.world_size)
             metrics["tokens"] = float((part["attention_mask"] > 0).sum())
             for k, v in metrics.items():
                 sums[SUMMED + k] = sums.get(SUMMED + k, 0.0) + v
         own_norm = self._grad_norm()
-        self.engine.step()
-        norm = self.engine.get_global_grad_norm()
-        norm = own_norm if norm is None else norm
+        if own_norm is not None and not math.isfinite(own_norm):
+            self.engine.zero_grad()  # the plain optimizer (fp32, no ZeRO): no step, nothing learned from it
+            applied, norm = False, own_norm
+        else:
+            self.engine.step()
+            applied = self.engine.was_step_applied()
+            norm = self.engine.get_global_grad_norm()
+            norm = own_norm if norm is None else norm
         sums.update(grad_norm=float(norm) if norm is not None else float("nan"), lr=lr,
-                    micro_batches=float(len(parts)), rank_step_s=time.perf_counter() - start)
+                    micro_batches=float(len(parts)), rank_step_s=time.perf_counter() - start,
+                    skipped_nonfinite=0.0 if applied else 1.0)
         return sums
 
     def _grad_norm(self) -> float | None:
@@ -231,25 +302,52 @@ class LearnerWorker:
     # -- checkpoints ---------------------------------------------------------------------
 
     def save_checkpoint(self, path: str, tag: str, client_state: dict[str, Any]) -> None:
+        """This rank's share of checkpoint `path/tag`, on disk when this returns. Nobody marks it
+        complete here (no `latest`): the driver does once every rank has returned."""
         import torch
 
-        # RNG first: DeepSpeed writes `latest` last, so a crash never leaves it pointing at a
-        # checkpoint without its RNG files.
+        if not self._weights_finite():
+            raise NonFiniteWeights(f"learner: the weights after step {client_state.get('step')} hold NaN or "
+                                   f"infinity; no checkpoint {tag} is written from them")
         rng_file = Path(path) / tag / f"rng_rank{self.rank}.pt"
         rng_file.parent.mkdir(parents=True, exist_ok=True)
         torch.save(_rng_state(), rng_file.with_suffix(".tmp"))
         os.replace(rng_file.with_suffix(".tmp"), rng_file)
-        self.engine.save_checkpoint(path, tag=tag, client_state=client_state)
+        self.engine.save_checkpoint(path, tag=tag, client_state=client_state, save_latest=False)
+        fsync_tree(Path(path) / tag)
+
+    def _weights_finite(self) -> bool:
+        """Whether every rank's weights (its partitions under ZeRO-3) are finite; every rank
+        gets the same answer, so that all of them save or none does."""
+        import torch
+        import torch.distributed as dist
+
+        bad = torch.zeros((), device=self.engine.device)
+        with torch.no_grad():
+            for p in self.engine.module.parameters():
+                data = p.ds_tensor if hasattr(p, "ds_tensor") else p
+                if data.numel() and not torch.isfinite(data).all():
+                    bad += 1
+                    break
+        dist.all_reduce(bad)
+        return bool(bad.item() == 0)
 
     def load_checkpoint(self, path: str, tag: str) -> dict[str, Any]:
-        import torch
-
-        loaded, client = self.engine.load_checkpoint(
-            path, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
-        )
+        folder = Path(path) / tag
+        try:
+            loaded, client = self.engine.load_checkpoint(
+                path, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+            )
+        except (RuntimeError, OSError, EOFError, ValueError, KeyError, pickle.UnpicklingError) as e:
+            raise CheckpointUnreadable(f"{folder}: cannot be read ({_first_line(e)})") from None
         if loaded is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {path}")
-        _set_rng_state(torch.load(Path(path) / tag / f"rng_rank{self.rank}.pt", weights_only=False))
+        rng_file = folder / f"rng_rank{self.rank}.pt"
+        try:  # tensors, lists and numbers only: nothing in a run folder runs as code
+            rng = _load_rng_state(rng_file)
+        except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as e:
+            raise CheckpointUnreadable(f"{rng_file}: cannot be read ({_first_line(e)})") from None
+        _set_rng_state(rng)
         return {k: v for k, v in (client or {}).items() if k in ("step", "version")}
 
     # -- full weights: export and publication ----------------------------------------------

@@ -1,0 +1,199 @@
+"""What a served model answers is checked before a run uses it, and its key goes only where it
+is meant to (issue 36, points 4, 7 and 8: the client's side).
+
+The server here is a stand-in for a misbehaving OpenAI-compatible server (no real server can be
+made to answer garbage on purpose): a small http.server on 127.0.0.1 that answers what each test
+gives it and records the requests' Authorization headers. The client is the real one."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from rose_ray.errors import InputError
+from rose_ray.inference.engine import EngineConfig, GenerationRequest
+from rose_ray.inference.openai import (
+    MAX_REPLY_BYTES,
+    OpenAIBadAnswer,
+    OpenAIEngine,
+    OpenAIServerGone,
+    endpoint_key,
+)
+from rose_ray.types import SamplingParams
+
+GREEDY = SamplingParams(0.0, max_new_tokens=2)
+
+
+@contextmanager
+def answering(reply: object | bytes) -> Iterator[tuple[str, list[str | None]]]:
+    """A server answering every request with `reply` (JSON, or these bytes): (its /v1 URL, the
+    Authorization header of each request it got)."""
+    data = reply if isinstance(reply, bytes) else json.dumps(reply).encode()  # inf/nan as Infinity/NaN
+    keys: list[str | None] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            keys.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            try:
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):  # a client that stopped reading
+                pass
+
+        do_GET = do_POST = answer  # noqa: N815 - http.server's names
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1", keys
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def completion(token_ids: list, logprobs: list, **choice: object) -> dict:
+    return {"choices": [{"text": "x", "token_ids": token_ids, "finish_reason": "length",
+                         "logprobs": {"token_logprobs": logprobs}, **choice}]}
+
+
+def engine(url: str, **kw: object) -> OpenAIEngine:
+    return OpenAIEngine(EngineConfig(backend="openai", base_url=url, retry_s=0.0, **kw))
+
+
+def generate(url: str, **kw: object):
+    e = engine(url, **kw)
+    try:
+        return e.generate([GenerationRequest([1, 2, 3], GREEDY)])
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize(("logprob", "named"), [(float("inf"), "inf"), (float("-inf"), "-inf"),
+                                                (float("nan"), "nan"), (0.5, "0.5")])
+def test_a_logprob_that_is_not_finite_or_is_positive_fails_its_request(logprob, named):
+    with answering(completion([5, 6], [-0.1, logprob])) as (url, _):
+        with pytest.raises(OpenAIBadAnswer, match=rf"logprob {named} at choices\[0\]\.logprobs\.token_logprobs\[1\]"
+                                                  ) as failed:
+            generate(url)
+    assert not isinstance(failed.value, OpenAIServerGone)  # the request's failure: no engine restart
+
+
+def test_a_scored_logprob_that_is_not_finite_fails_its_request():
+    reply = {"choices": [{"text": "", "prompt_logprobs": [None, {"2": {"logprob": -1.0}},
+                                                          {"3": {"logprob": float("inf")}}]}]}
+    with answering(reply) as (url, _):
+        e = engine(url)
+        try:
+            with pytest.raises(OpenAIBadAnswer, match=r"logprob inf at choices\[0\]\.prompt_logprobs\[2\]\['3'\]"):
+                e.score([1], [2, 3])
+        finally:
+            e.close()
+
+
+def test_a_token_id_outside_the_vocabulary_fails_its_request(tiny_models):
+    from rose_ray.models import load_tokenizer
+
+    vocab = len(load_tokenizer(tiny_models["teacher"]))
+    with answering(completion([5, vocab], [-0.1, -0.2])) as (url, _):
+        with pytest.raises(OpenAIBadAnswer, match=rf"token id {vocab} at choices\[0\]\.token_ids\[1\]: outside the "
+                                                  rf"vocabulary \[0, {vocab}\)"):
+            generate(url, tokenizer=str(tiny_models["teacher"]))
+    with answering(completion([-1], [-0.1])) as (url, _):
+        with pytest.raises(OpenAIBadAnswer, match=r"token id -1 at choices\[0\]\.token_ids\[0\]"):
+            generate(url, tokenizer=str(tiny_models["teacher"]))
+    with answering(completion([5, vocab - 1], [-0.1, -0.2])) as (url, _):  # the last id is fine
+        assert generate(url, tokenizer=str(tiny_models["teacher"]))[0].token_ids == [5, vocab - 1]
+
+
+@pytest.mark.parametrize(("reply", "named"), [
+    ({"choices": []}, r"no choices\[0\] \(its keys: \['choices'\]\)"),
+    ({"object": "error"}, r"no choices \(its keys: \['object'\]\)"),
+    ([1, 2], r"no choices \(it is list"),
+    ({"choices": [{"token_ids": "5", "logprobs": {"token_logprobs": [-1.0]}}]},
+     r"choices\[0\]\.token_ids = '5', expected a list"),
+    ({"choices": [{"logprobs": {"tokens": ["hello"], "token_logprobs": [-1.0]}}]},
+     r"token 'hello' at choices\[0\]\.logprobs\.tokens\[0\]"),
+    (completion([5], ["-1"]), r"choices\[0\]\.logprobs\.token_logprobs\[0\] = '-1', expected a logprob"),
+    (b"<html>proxy error</html>", r"the reply is not JSON .*b'<html>proxy error"),
+])
+def test_an_odd_reply_is_a_served_models_error_naming_the_field(reply, named):
+    with answering(reply) as (url, _):
+        with pytest.raises(OpenAIBadAnswer, match=named):
+            generate(url)
+
+
+def test_an_odd_model_list_names_the_field():
+    with answering({"data": [{"name": "m"}]}) as (url, _):
+        e = engine(url)
+        try:
+            with pytest.raises(OpenAIBadAnswer, match=r"no data\[0\]\.id"):
+                e.served()
+        finally:
+            e.close()
+
+
+def test_a_reply_past_the_cap_is_not_read():
+    big = b'{"choices": [{"text": "' + b"x" * (MAX_REPLY_BYTES + 10) + b'"}]}'
+    with answering(big) as (url, _):
+        with pytest.raises(OpenAIBadAnswer, match=r"the reply is larger than 64 MiB"):
+            generate(url)
+
+
+def test_each_endpoint_gets_its_own_key(monkeypatch):
+    monkeypatch.setenv("ROSE_RAY_API_KEY", "shared")
+    monkeypatch.setenv("TEACHER_KEY", "teacher-only")
+    reply = completion([5], [-0.5])
+    with answering(reply) as (student_url, student_keys), answering(reply) as (teacher_url, teacher_keys):
+        generate(teacher_url, api_key_env="TEACHER_KEY")
+        generate(student_url)  # names no key: the shared one (this machine, so plain http is fine)
+        generate(student_url, api_key="own")
+    assert teacher_keys == ["Bearer teacher-only"]
+    assert student_keys == ["Bearer shared", "Bearer own"]
+    with pytest.raises(InputError, match="engine.api_key_env: JUDGE_KEY is not set"):
+        engine(teacher_url, api_key_env="JUDGE_KEY")
+
+
+def test_the_shared_key_does_not_go_over_plain_http_to_another_host(monkeypatch, capsys):
+    monkeypatch.setenv("ROSE_RAY_API_KEY", "shared")
+
+    def key(url: str, **kw: object) -> str | None:
+        return endpoint_key(EngineConfig(backend="openai", base_url=url, **kw))[0]
+
+    assert key("http://10.1.2.3:8000/v1") is None
+    assert "not sending $ROSE_RAY_API_KEY over plain http to another host" in capsys.readouterr().err
+    assert key("https://10.1.2.3/v1") == "shared"
+    assert key("http://localhost:8000/v1") == "shared" and key("http://[::1]:8000/v1") == "shared"
+    # An endpoint's own key goes where its config sends it, with a warning over plain http.
+    assert key("http://10.1.2.3:8000/v1", api_key="own") == "own"
+    assert "its api_key goes over plain http to another host" in capsys.readouterr().err
+
+
+def test_a_commands_flag_has_its_own_key(monkeypatch, tiny_models):
+    """`eval --teacher openai:URL` sends $ROSE_RAY_TEACHER_API_KEY to that URL, and the shared
+    key only to a served model without one of its own."""
+    from rose_ray.inference.backends import command_engine
+
+    monkeypatch.setenv("ROSE_RAY_API_KEY", "shared")
+    monkeypatch.setenv("ROSE_RAY_TEACHER_API_KEY", "teacher-only")
+    reply = completion([5], [-0.5])
+    with answering(reply) as (model_url, model_keys), answering(reply) as (teacher_url, teacher_keys):
+        for url, flag in ((model_url, "--model"), (teacher_url, "--teacher")):
+            config = command_engine(f"openai:{url}", flag, "auto", tokenizer=str(tiny_models["teacher"]), retry_s=0.0)
+            e = OpenAIEngine(config)
+            try:
+                e.generate([GenerationRequest([1, 2, 3], GREEDY)])
+            finally:
+                e.close()
+    assert (model_keys, teacher_keys) == (["Bearer shared"], ["Bearer teacher-only"])
