@@ -65,11 +65,26 @@ case "$abs" in
   *) echo "submit.sh: $config is outside the repository; the job reads that path on the cluster" >&2
      config=$abs ;;
 esac
+if [ -n "$env_file" ]; then
+  case "$env_file" in
+    /*) ;;
+    *) echo "submit.sh: --env-file $env_file: give an absolute path (the head node reads it)" >&2; exit 2 ;;
+  esac
+  # Checked here when this machine sees the file (the head often shares the storage).
+  if [ -e "$env_file" ] && [ -n "$(find "$env_file" -maxdepth 0 -perm /077)" ]; then
+    echo "submit.sh: --env-file $env_file is readable by other users: chmod 600 $env_file" >&2
+    exit 2
+  fi
+fi
+
 # Validate here first: a bad key or value fails now (exit 2, key named), not after an upload.
 # Then settle where runs go: the job's working directory is a temporary copy of this one, so a
 # relative run_dir would vanish with the job. An absolute ROSE_RAY_RUNS (or run_dir=) is used as
 # it is; else, only when the Ray head is this machine, ROSE_RAY_RUNS or ./runs made absolute here.
-resolved=$("$PY" - "$abs" ${overrides[@]+"${overrides[@]}"} <<'PYEOF'
+resolved=$(  # with the env file's variables when this machine reads it, as the job's driver will
+# shellcheck source=/dev/null
+if [ -n "$env_file" ] && [ -r "$env_file" ]; then set -a; . "$env_file"; set +a; fi
+"$PY" - "$abs" ${overrides[@]+"${overrides[@]}"} <<'PYEOF'
 import os, sys
 from rose_ray.config import load_config
 
@@ -124,18 +139,6 @@ case " ${overrides[*]-} " in
 esac
 name=$(basename "$config" .yaml)
 job_id=${job_id:-rose-ray-$name-$(date +%Y%m%d-%H%M%S)}
-
-if [ -n "$env_file" ]; then
-  case "$env_file" in
-    /*) ;;
-    *) echo "submit.sh: --env-file $env_file: give an absolute path (the head node reads it)" >&2; exit 2 ;;
-  esac
-  # Checked here when this machine sees the file (the head often shares the storage).
-  if [ -e "$env_file" ] && [ -n "$(find "$env_file" -maxdepth 0 -perm /077)" ]; then
-    echo "submit.sh: --env-file $env_file is readable by other users: chmod 600 $env_file" >&2
-    exit 2
-  fi
-fi
 
 runtime_env=$("$PY" - "$root" ${envs[@]+"${envs[@]}"} <<'PYEOF'
 import json, os, sys
