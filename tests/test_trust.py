@@ -10,6 +10,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+from py4j.protocol import Py4JError
+
+from rose_ray.envs.worlds import get_world
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -83,3 +88,30 @@ def test_a_run_with_an_api_key_writes_no_key_to_disk_and_resumes_with_it_from_th
     monkeypatch.setenv("ROSE_RAY_API_KEY", key)
     resumed = load_config(run_dir / "config.yaml", [], saved=True)
     assert resumed.teacher_engine.api_key == key and resumed.student_engine.api_key is None
+
+
+def test_a_scienceworld_jvm_refuses_a_gateway_connection_without_its_token():
+    import psutil
+    from py4j.java_gateway import GatewayParameters, JavaGateway
+
+    from rose_ray.envs.sciworld.game import SciWorldGame
+
+    game = SciWorldGame()
+    try:
+        listening = [c.laddr for c in psutil.Process(game.pid).net_connections() if c.status == "LISTEN"]
+        assert len(listening) == 1
+        port = listening[0].port
+        assert all(a.ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for a in listening), listening
+        for token in (None, "0" * 40):  # another local user: no token, or a guessed one
+            intruder = JavaGateway(gateway_parameters=GatewayParameters(port=port, read_timeout=10,
+                                                                        auth_token=token))
+            try:
+                with pytest.raises(Py4JError):
+                    intruder.jvm.java.lang.System.getProperty("user.name")
+            finally:
+                intruder.close()
+        first = game.load(get_world("sciworld").catalogue(None).game("sciworld_0"))  # its own connection works
+        assert first.observation.startswith("Your task is to boil water.")
+        assert game.step("open door to kitchen").turn == 1
+    finally:
+        game.close()
