@@ -66,10 +66,10 @@ class LocalHead:
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ray start exited {self.proc.returncode}: {Path(self.log.name).read_text()[-2000:]}")
+            token = Path(self.auth_env["RAY_AUTH_TOKEN_PATH"]).read_text()
+            ask = urllib.request.Request(self.dashboard + "/api/version", headers={"Authorization": f"Bearer {token}"})
             try:
-                urllib.request.urlopen(self.dashboard + "/api/version", timeout=2).read()
-                return
-            except urllib.error.HTTPError:  # it answers (401: it wants the token): it is up
+                urllib.request.urlopen(ask, timeout=2).read()
                 return
             except OSError:
                 time.sleep(1)
