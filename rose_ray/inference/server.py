@@ -440,7 +440,8 @@ def cli_main(args: ServeCommand) -> int:
     engine = make_engine(config)
     name = args.served_model_name or args.model
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        print(f"warning: serving on {host} without an API key", flush=True)
+        print(f"warning: serving on {host} without an API key (anyone who reaches the port can use it; "
+              "only requests to an IP address or localhost are answered)", flush=True)
     server = OpenAIServer(engine, name, api_key, max_concurrent=args.max_concurrent)
     print(f"serving {args.model} as {name!r} on http://{host}:{args.port}/v1 with the {config.backend} backend "
           f"({backend_version(config.backend)}; request bodies up to {server.max_body / 2**20:.1f} MiB)", flush=True)
