@@ -16,7 +16,9 @@ if [ $# -gt 0 ] && [[ "$1" != *=* ]]; then
   shift
 fi
 unset RAY_ADDRESS  # a private local cluster, never someone else's
-export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled} TOKENIZERS_PARALLELISM=false
+# Its ports listen on every interface: `rose-ray train` starts it with token auth and a fresh
+# token kept in its own environment (README "Trust model"); leave RAY_AUTH_MODE unset.
+export TOKENIZERS_PARALLELISM=false
 PY=${PYTHON:-python3}
 # The plan fails early (exit 2) naming the role and the resource this machine lacks.
 "$PY" -m rose_ray.cli plan --config "$config" "$@"

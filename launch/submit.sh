@@ -9,8 +9,17 @@
 #   KEY=VALUE         config overrides, as for `rose-ray train`
 #   --no-wait         return once submitted (follow with `ray job logs -f JOB_ID`)
 #   --job-id ID       the submission id (default: rose-ray-<config name>-<time>)
-#   --env KEY=VALUE   an environment variable for the job (repeatable)
+#   --env KEY=VALUE   an environment variable for the job (repeatable); it is kept in the job's
+#                     record, which whoever reaches the dashboard reads, so a secret's name
+#                     (*_KEY, *_TOKEN, *SECRET*, *PASSWORD*) is refused: use --env-file
+#   --env-file FILE   KEY=VALUE lines (absolute path, chmod 600, on storage the head node reads)
+#                     that the job's driver loads before it starts: only the path is recorded.
+#                     An API key reaches the engines through the config the driver resolves:
+#                     teacher_engine.api_key='${oc.env:ROSE_RAY_API_KEY}' (never saved in the run)
 #   --address URL     the dashboard address (default: $RAY_ADDRESS)
+#
+# On a token-auth cluster (launch/slurm.sbatch, rayjob.yaml, cluster.yaml) set RAY_AUTH_MODE=token
+# and RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN) to the cluster's token first; Ray's client sends it.
 #
 # Where runs go is settled here and printed: an absolute ROSE_RAY_RUNS (on storage the head node
 # keeps); else, when the Ray head is this machine, ROSE_RAY_RUNS or ./runs made absolute from
@@ -23,6 +32,7 @@ PY=${PYTHON:-python3}
 config=""
 wait_flag=()
 job_id=""
+env_file=""
 envs=()
 overrides=()
 while [ $# -gt 0 ]; do
@@ -31,7 +41,8 @@ while [ $# -gt 0 ]; do
     --job-id) job_id=$2; shift 2 ;;
     --env) envs+=("$2"); shift 2 ;;
     --address) export RAY_ADDRESS=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --env-file) env_file=$2; shift 2 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *=*) overrides+=("$1"); shift ;;
     *) if [ -n "$config" ]; then echo "submit.sh: a second config $1 (overrides are KEY=VALUE)" >&2; exit 2; fi
        config=$1; shift ;;
@@ -54,11 +65,26 @@ case "$abs" in
   *) echo "submit.sh: $config is outside the repository; the job reads that path on the cluster" >&2
      config=$abs ;;
 esac
+if [ -n "$env_file" ]; then
+  case "$env_file" in
+    /*) ;;
+    *) echo "submit.sh: --env-file $env_file: give an absolute path (the head node reads it)" >&2; exit 2 ;;
+  esac
+  # Checked here when this machine sees the file (the head often shares the storage).
+  if [ -e "$env_file" ] && [ -n "$(find "$env_file" -maxdepth 0 -perm /077)" ]; then
+    echo "submit.sh: --env-file $env_file is readable by other users: chmod 600 $env_file" >&2
+    exit 2
+  fi
+fi
+
 # Validate here first: a bad key or value fails now (exit 2, key named), not after an upload.
 # Then settle where runs go: the job's working directory is a temporary copy of this one, so a
 # relative run_dir would vanish with the job. An absolute ROSE_RAY_RUNS (or run_dir=) is used as
 # it is; else, only when the Ray head is this machine, ROSE_RAY_RUNS or ./runs made absolute here.
-resolved=$("$PY" - "$abs" ${overrides[@]+"${overrides[@]}"} <<'PYEOF'
+resolved=$(  # with the env file's variables when this machine reads it, as the job's driver will
+# shellcheck source=/dev/null
+if [ -n "$env_file" ] && [ -r "$env_file" ]; then set -a; . "$env_file"; set +a; fi
+"$PY" - "$abs" ${overrides[@]+"${overrides[@]}"} <<'PYEOF'
 import os, sys
 from rose_ray.config import load_config
 
@@ -118,13 +144,18 @@ runtime_env=$("$PY" - "$root" ${envs[@]+"${envs[@]}"} <<'PYEOF'
 import json, os, sys
 root, pairs = sys.argv[1], sys.argv[2:]
 env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-for key in ("ROSE_RAY_RUNS", "HF_HOME", "HF_HUB_OFFLINE", "HF_ENDPOINT", "RAY_AUTH_MODE"):
+# Never RAY_AUTH_*: the job runs with its cluster's auth setting, and a token is a secret.
+for key in ("ROSE_RAY_RUNS", "HF_HOME", "HF_HUB_OFFLINE", "HF_ENDPOINT"):
     if os.environ.get(key):
         env[key] = os.environ[key]
+SECRET_WORDS = {"KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS"}
 for pair in pairs:
     key, sep, value = pair.partition("=")
     if not sep or not key:
         sys.exit(f"submit.sh: --env wants KEY=VALUE, got {pair!r}")
+    if SECRET_WORDS & set(key.upper().split("_")) or "SECRET" in key.upper() or "PASSWORD" in key.upper():
+        sys.exit(f"submit.sh: --env {key}=...: the job's record would keep this secret, readable to whoever "
+                 f"reaches the dashboard; put {key}=... in a file (chmod 600) and pass --env-file FILE")
     env[key] = value
 print(json.dumps({
     "working_dir": root,
@@ -134,8 +165,11 @@ print(json.dumps({
     "env_vars": env,
 }))
 PYEOF
-)
+) || exit 2
 entry=(python -m rose_ray.cli train --config "$config" ${overrides[@]+"${overrides[@]}"})
+if [ -n "$env_file" ]; then  # the driver exports the file's variables, then runs the command
+  entry=(bash -c "set -a && . \"\$0\" && set +a && exec \"\$@\"" "$env_file" "${entry[@]}")
+fi
 echo "submit.sh: job $job_id on $RAY_ADDRESS: ${entry[*]}"
 exec ray job submit --address "$RAY_ADDRESS" --submission-id "$job_id" \
   --runtime-env-json "$runtime_env" ${wait_flag[@]+"${wait_flag[@]}"} -- "${entry[@]}"

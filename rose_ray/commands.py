@@ -39,6 +39,7 @@ from rose_ray.envs.worlds import DEFAULT_WORLD, WORLDS, get_world
 from rose_ray.errors import ConfigError
 from rose_ray.inference.backends import COMMAND_BACKENDS, DEFAULT_COMMAND_BACKEND
 from rose_ray.inference.engine import CONTEXT_POLICIES, DTYPES, EngineConfig
+from rose_ray.inference.protocol import MAX_CONCURRENT
 from rose_ray.learner.learner import LEARNER_DTYPES, SCHEDULES, LearnerConfig
 from rose_ray.types import SCHEMAS, SamplingParams
 
@@ -247,6 +248,7 @@ class ServeCommand(ContextTokens, BackendSettings):
     max_batch_size: int = setting(EngineConfig.max_batch_size)
     max_wait_ms: float = setting(EngineConfig.max_wait_ms)
     threads: int = setting(EngineConfig.threads, "torch threads (0: torch's default)")
+    max_concurrent: int = setting(MAX_CONCURRENT, "requests in flight at once; more get 429 (clients retry)")
 
 
 COMMANDS: dict[str, type] = {"eval": EvalCommand, "collect": CollectCommand, "continue": ContinueCommand,

@@ -15,11 +15,38 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from rose_ray.errors import InputError
 
 VERSION = "version_"
 LATEST = "latest"
+# Settings that hold secrets: a run folder (often on shared storage) keeps none of them. The
+# saved config reads them from the environment again on --resume, in the driver, so the
+# engines get them as before (an override on the command line also works).
+SECRETS = {"api_key": "${oc.env:ROSE_RAY_API_KEY,null}"}
+
+
+def saved_config(cfg: Any) -> str:
+    """A run's config.yaml: the config as given, each secret replaced by where --resume finds
+    it (SECRETS); a secret that was not set stays null."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    conf = OmegaConf.structured(cfg)
+
+    def redact(node: Any) -> None:
+        if isinstance(node, DictConfig):
+            for key in list(node.keys()):
+                if key in SECRETS and node[key] is not None:
+                    node[key] = SECRETS[key]
+                else:
+                    redact(node._get_node(key))
+        elif isinstance(node, ListConfig):
+            for item in node._iter_ex(resolve=False):
+                redact(item)
+
+    redact(conf)
+    return OmegaConf.to_yaml(conf)
 
 
 def new_version(parent: str | Path) -> Path:

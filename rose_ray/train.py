@@ -40,12 +40,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rose_ray.config import TrainConfig, load_config, to_yaml
+from rose_ray.config import TrainConfig, load_config
 from rose_ray.errors import InputError
 from rose_ray.learner.learner import LearnerLost
 from rose_ray.reliability import RoleFailed, Watchdog, describe_error
 from rose_ray.run import RunParts, results_table
-from rose_ray.runs import holds_run, new_version, resolve_run
+from rose_ray.runs import holds_run, new_version, resolve_run, saved_config
 from rose_ray.types import Trajectory
 
 
@@ -488,7 +488,7 @@ def train(config: str | None = None, overrides: list[str] | None = None, resume:
         run_dir = fresh_run_dir(cfg, named=any(o.partition("=")[0].strip() == "run_dir" for o in overrides or []))
         # The config as given: its run_dir is where runs go, so training from this file again
         # makes the next version.
-        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        (run_dir / "config.yaml").write_text(saved_config(cfg))  # no secrets (runs.SECRETS)
         print(f"train: new run in {run_dir}", flush=True)
     parts = RunParts(cfg, run_dir, resume=bool(resume))
     try:

@@ -37,6 +37,7 @@ FLAGS_BEFORE = {
     "sft": ["--batch-size", "--data", "--dtype", "--epochs", "--history", "--lr", "--max-tokens", "--model", "--out",
             "--owners", "--ranks", "--schedule", "--seed", "--threads", "--warmup-steps", "--zero-stage"],
     "serve": ["--api-key", "--backend", "--context-tokens", "--dtype", "--host", "--kv-cache-mb", "--max-batch-size",
+              "--max-concurrent",
               "--max-wait-ms", "--port", "--served-model-name", "--threads"],
 }
 

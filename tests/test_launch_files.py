@@ -169,3 +169,81 @@ def test_local_sh_stops_at_the_plan_when_this_machine_cannot_hold_the_run(tmp_pa
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert "teacher engine" in out.stderr and "'GPU'" in out.stderr
     assert not (tmp_path / "run").exists(), "training must not start"
+
+
+RECORDER = '''#!{python}
+"""A stand-in for {name}: records its call and the Ray auth environment it saw."""
+import json, os, stat, sys
+path = os.environ.get("RAY_AUTH_TOKEN_PATH", "")
+token = open(path).read().strip() if path and os.path.exists(path) else None
+mode = stat.S_IMODE(os.stat(path).st_mode) if token is not None else None
+with open({log!r}, "a") as f:
+    f.write(json.dumps({{"name": {name!r}, "argv": sys.argv[1:], "auth": os.environ.get("RAY_AUTH_MODE"),
+                        "token_path": path, "token": token, "mode": mode,
+                        "address": os.environ.get("RAY_ADDRESS")}}) + "\\n")
+if {name!r} == "srun" and "hostname" in sys.argv:
+    print("10.9.8.7")
+if {name!r} == "scontrol":
+    print("node1\\nnode2\\nnode3")
+if {name!r} == "python" and sys.argv[1:3] != ["-m", "rose_ray.cli"]:
+    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+'''
+
+
+def test_slurm_sbatch_runs_ray_with_a_token_of_the_allocation_and_no_open_dashboard(tmp_path):
+    """SLURM and a multi-node cluster cannot exist here: `scontrol`, `srun`, `sleep`, `ray`
+    and the `rose-ray plan` call are stand-ins that record each call and the Ray auth settings
+    it ran with; the script itself (and submit.sh, which it calls) run for real."""
+    import json
+    import sys
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.jsonl"
+    bin_dir.mkdir()
+    for name in ("scontrol", "srun", "ray", "python"):
+        (bin_dir / name).write_text(RECORDER.format(python=sys.executable, name=name, log=str(log)))
+        (bin_dir / name).chmod(0o755)
+    (bin_dir / "sleep").write_text("#!/bin/sh\n")
+    (bin_dir / "sleep").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", HOME=str(tmp_path), PYTHON=str(bin_dir / "python"),
+               SLURM_JOB_NODELIST="node[1-3]", SLURM_JOB_ID="4242", SLURM_SUBMIT_DIR=str(ROOT),
+               ROSE_RAY_RUNS=str(tmp_path / "runs"), PYTHONPATH=str(ROOT))
+    out = subprocess.run(["bash", str(ROOT / "launch/slurm.sbatch")], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    starts = [c for c in calls if c["name"] == "srun" and "start" in c["argv"]]
+    submit = [c for c in calls if c["name"] == "ray" and c["argv"][:2] == ["job", "submit"]]
+    assert len(starts) == 3 and len(submit) == 1
+    token_path = str(tmp_path / ".ray" / "rose-ray-4242.token")
+    for c in [*starts, *submit]:  # every Ray process of the allocation, and the submission, hold its token
+        assert (c["auth"], c["token_path"], c["mode"]) == ("token", token_path, 0o600), c
+        assert len(c["token"]) == 64 and c["token"] == starts[0]["token"]
+    head = next(c for c in starts if "--head" in c["argv"])
+    assert "--dashboard-host=10.9.8.7" in head["argv"] and "0.0.0.0" not in " ".join(head["argv"])
+    assert submit[0]["address"] == "http://10.9.8.7:8265"
+    runtime_env = submit[0]["argv"][submit[0]["argv"].index("--runtime-env-json") + 1]
+    assert "RAY_AUTH" not in runtime_env and starts[0]["token"] not in runtime_env + out.stdout + out.stderr
+    assert not os.path.exists(token_path), "the token file outlives the allocation"
+
+
+def test_cluster_definitions_run_ray_with_token_auth_and_only_their_own_pods_reach_it():
+    launcher = yaml.safe_load((ROOT / "launch/cluster.yaml").read_text())
+    starts = [c for c in launcher["head_start_ray_commands"] + launcher["worker_start_ray_commands"]
+              if "ray start" in c]
+    token = next(iter(launcher["file_mounts"]))  # the token file, copied to every node
+    assert starts and all("RAY_AUTH_MODE=token" in c and f"RAY_AUTH_TOKEN_PATH={token}" in c for c in starts)
+    assert "--dashboard-host=127.0.0.1" in starts[0]  # reached through `ray dashboard`'s ssh tunnel
+    docs = list(yaml.safe_load_all((ROOT / "launch/rayjob.yaml").read_text()))
+    job = next(d for d in docs if d["kind"] == "RayJob")
+    spec = job["spec"]["rayClusterSpec"]
+    assert spec["authOptions"] == {"mode": "token"}
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+    assert all(selected.items() <= g["template"]["metadata"]["labels"].items() for g in groups)
+    peers = [p for rule in policy["spec"]["ingress"] for p in rule["from"]]
+    assert {"podSelector": {"matchLabels": selected}} in peers  # the run's own pods
+    assert all("podSelector" in p for p in peers)  # no ipBlock or bare namespace: nothing else gets in
+    for script in ("launch/slurm.sbatch", "launch/local.sh", "launch/submit.sh"):
+        assert "RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}" not in (ROOT / script).read_text(), script

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -40,11 +42,16 @@ def _session_pids(sid: int) -> list[int]:
 
 
 class LocalHead:
-    """`ray start --head --block` with a dashboard, in its own session and temp dir."""
+    """`ray start --head --block` with a dashboard, in its own session and temp dir, with token
+    auth as launch/slurm.sbatch starts it: a token file of its own (`auth_env` finds it)."""
 
     def __init__(self, num_cpus: int = 2) -> None:
         # A short path: Ray's unix sockets live under it (108-byte limit).
         self.tmp = tempfile.mkdtemp(prefix="rrh", dir="/tmp")
+        token = Path(self.tmp) / "token"
+        token.write_text(secrets.token_hex(32))
+        token.chmod(0o600)
+        self.auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
         self.ports = {flag: _free_port() for flag in PORT_FLAGS}
         self.dashboard = f"http://127.0.0.1:{self.ports['dashboard-port']}"
         cmd = ["ray", "start", "--head", "--block", f"--num-cpus={num_cpus}", "--num-gpus=0",
@@ -52,15 +59,17 @@ class LocalHead:
                *(f"--{flag}={port}" for flag, port in self.ports.items())]
         self.log = open(os.path.join(self.tmp, "head.log"), "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, start_new_session=True, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+                                     env={**os.environ, **self.auth_env})
 
     def wait_ready(self, timeout_s: float = 150.0) -> None:
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ray start exited {self.proc.returncode}: {Path(self.log.name).read_text()[-2000:]}")
+            token = Path(self.auth_env["RAY_AUTH_TOKEN_PATH"]).read_text()
+            ask = urllib.request.Request(self.dashboard + "/api/version", headers={"Authorization": f"Bearer {token}"})
             try:
-                urllib.request.urlopen(self.dashboard + "/api/version", timeout=2).read()
+                urllib.request.urlopen(ask, timeout=2).read()
                 return
             except OSError:
                 time.sleep(1)
@@ -92,21 +101,37 @@ def test_a_submitted_run_lands_in_the_submitting_directory_and_outlives_the_job(
     head = LocalHead(num_cpus=2)
     try:
         head.wait_ready()
-        env = {k: v for k, v in os.environ.items() if k != "ROSE_RAY_RUNS"}
-        env.update(RAY_ADDRESS=head.dashboard, RAY_AUTH_MODE="disabled")
+        env = {k: v for k, v in os.environ.items() if k not in ("ROSE_RAY_RUNS", "RAY_AUTH_TOKEN")}
+        env.update(RAY_ADDRESS=head.dashboard, **head.auth_env)
+        # A secret for the job goes by a file only its path of which the job's record keeps; the
+        # driver resolves the key into the config (the run fails if it cannot: no default).
+        secret = f"sk-{secrets.token_hex(8)}"
+        env_file = tmp_path / "job.env"
+        env_file.write_text(f"ROSE_RAY_API_KEY={secret}\n")
+        env_file.chmod(0o600)
         overrides = ["steps=2", "rollout.max_turns=3", "teacher_warmup.enabled=false", f"tiny_dir={tmp_path / 'tiny'}",
                      "rollout.batch_episodes=2", "rollout.student_sampling.max_new_tokens=16",
                      "rollout.teacher_sampling.max_new_tokens=16", "eval.before=false", "eval.teacher=false",
-                     "eval.after=false"]  # keeps the job short on 2 cores
+                     "eval.after=false",  # keeps the job short on 2 cores
+                     "teacher_engine.api_key=${oc.env:ROSE_RAY_API_KEY}"]
         job = subprocess.run(["bash", str(ROOT / "launch/submit.sh"), "--job-id", "rr-test-submit",
-                              "configs/tiny.yaml", *overrides],
+                              "--env-file", str(env_file), "configs/tiny.yaml", *overrides],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         out = job.stdout + job.stderr
         assert job.returncode == 0, out[-4000:]
         assert "succeeded" in out.lower(), out[-2000:]
+        record = subprocess.run(["ray", "list", "jobs", "--detail", "--format", "json", "--address", head.dashboard],
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert "rr-test-submit" in record.stdout and str(env_file) in record.stdout, record.stdout + record.stderr
+        assert secret not in record.stdout + out
+        # Without the token the cluster's Jobs API answers nobody.
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(head.dashboard + "/api/jobs/", timeout=10)
+        assert refused.value.code in (401, 403)
         runs = tmp_path / "runs" / "tiny"
         assert f"submit.sh: the run goes to a new version_N folder in {runs} " in out
         run_dir = runs / "version_0"
+        assert [p for p in run_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()] == []
         assert (runs / "latest").read_text() == "version_0\n"
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["steps"] == 2 and summary["run_dir"] == str(run_dir)
@@ -153,3 +178,21 @@ def test_submit_sh_needs_an_address(tmp_path):
     out = subprocess.run(["bash", str(ROOT / "launch/submit.sh"), "configs/tiny.yaml"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "RAY_ADDRESS" in out.stderr
+
+
+def test_submit_sh_keeps_secrets_out_of_the_job_record(tmp_path):
+    """A secret's name in --env is refused (the record keeps env_vars), and so is an env file
+    other users can read; both before anything is sent."""
+    env = {**os.environ, "RAY_ADDRESS": "http://127.0.0.1:9", "ROSE_RAY_RUNS": "/shared/runs"}
+    submit = ["bash", str(ROOT / "launch/submit.sh")]
+    for pair in ("ROSE_RAY_API_KEY=sk-1", "HF_TOKEN=hf_1", "DB_PASSWORD=x", "MY_SECRET_THING=x"):
+        out = subprocess.run([*submit, "--env", pair, "configs/tiny.yaml"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and "--env-file" in out.stderr, (pair, out.stderr)
+        assert pair.partition("=")[2] not in out.stdout + out.stderr
+    shared = tmp_path / "job.env"
+    shared.write_text("ROSE_RAY_API_KEY=sk-1\n")
+    shared.chmod(0o644)
+    out = subprocess.run([*submit, "--env-file", str(shared), "configs/tiny.yaml"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and f"chmod 600 {shared}" in out.stderr

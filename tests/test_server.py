@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -51,9 +52,9 @@ def prompt(engine) -> list[int]:
         "You are in the kitchen. You see a fridge.")
 
 
-def post(url: str, body, key: str | None = KEY) -> tuple[int, dict]:
+def post(url: str, body, key: str | None = KEY, headers: dict[str, str] | None = None) -> tuple[int, dict]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **(headers or {})}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
     try:
@@ -159,7 +160,10 @@ def test_wrong_or_missing_key_is_401(server, engine):
         (b'{"prompt": "\xff\xfe"}', None, "not valid JSON"),
         ({"prompt": "x", "seed": 2**64}, "seed", "'seed' must be an integer in"),
         ({"prompt": [[5, 6]] * 17}, "prompt", "at most 16 per request"),
-        ({"prompt": "x", "stop": ["y" * 10_000]}, None, None),  # fine: a long stop string
+        ({"prompt": "x", "stop": ["y" * 256] * 16}, None, None),  # fine: the most stop strings, each at its longest
+        ({"prompt": "x", "stop": ["y" * 10_000]}, "stop", "at most 256 each"),
+        ({"prompt": "x", "stop": "y" * 257}, "stop", "a string of 257 characters"),
+        ({"prompt": "x", "stop": ["y"] * 10**5}, "stop", "'stop' holds 100,000 strings; at most 16"),
     ],
     ids=lambda v: repr(v)[:48] if isinstance(v, (bytes, dict)) else None,
 )
@@ -276,3 +280,55 @@ def test_rose_ray_serve_command(backend, tiny_models, tmp_path):
     finally:
         srv.stop()
     assert f"with the {backend} backend" in srv.log.read_text()
+
+
+def test_a_body_that_is_not_json_by_its_content_type_is_415(server):
+    # A web page can POST text/plain anywhere without a CORS preflight; JSON it cannot.
+    body = json.dumps({"model": NAME, "prompt": "look", "max_tokens": 2}).encode()
+    for kind in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {"Authorization": f"Bearer {KEY}", **({"Content-Type": kind} if kind else {})}
+        req = urllib.request.Request(server.url + "/completions", data=body, headers=headers)
+        if kind is None:
+            req.remove_header("Content-type")  # urllib adds form-urlencoded itself otherwise
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=60)
+        assert e.value.code == 415, kind
+        assert "Content-Type: application/json" in json.loads(e.value.read())["error"]["message"]
+    assert post(server.url + "/completions", {"prompt": "look", "max_tokens": 2},
+                headers={"Content-Type": "application/json; charset=utf-8"})[0] == 200
+
+
+def test_a_server_without_a_key_answers_only_ip_or_localhost_hosts(engine, server):
+    # DNS rebinding: a page at http://evil.example:PORT whose name now resolves to 127.0.0.1
+    # reaches the server with that Host; an address or localhost is what local clients send.
+    with OpenAIServer(engine, NAME).start_background() as srv:
+        body = {"prompt": "look", "max_tokens": 1}
+        for host in ("evil.example", f"evil.example:{srv.port}", f"rebind.127.0.0.1.nip.io:{srv.port}"):
+            status, out = post(srv.url + "/completions", body, key=None, headers={"Host": host})
+            assert status == 403 and "no API key" in out["error"]["message"], host
+        for host in (f"127.0.0.1:{srv.port}", f"localhost:{srv.port}", "localhost", f"[::1]:{srv.port}",
+                     f"10.1.2.3:{srv.port}"):
+            assert post(srv.url + "/completions", body, key=None, headers={"Host": host})[0] == 200, host
+    # With a key any name is fine (the key is what admits a client).
+    assert post(server.url + "/completions", body, headers={"Host": "teacher.cluster.example"})[0] == 200
+
+
+def test_requests_past_max_concurrent_get_429_and_a_body_that_never_arrives_408(engine):
+    import socket
+
+    with OpenAIServer(engine, NAME, api_key=KEY, max_concurrent=2, read_timeout_s=3).start_background() as srv:
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\nContent-Type: application/json\r\n"
+                f"Authorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n{{\"prompt\":").encode()
+        slow = [socket.create_connection(("127.0.0.1", srv.port), timeout=30) for _ in range(2)]
+        try:
+            for s in slow:  # each holds a place: its body is still on the way
+                s.sendall(head)
+            time.sleep(0.5)
+            status, out = post(srv.url + "/completions", {"prompt": "look", "max_tokens": 1})
+            assert status == 429 and "max_concurrent 2" in out["error"]["message"]
+            for s in slow:  # the read timeout frees them
+                assert s.recv(65536).split(b" ", 2)[1] == b"408"
+        finally:
+            for s in slow:
+                s.close()
+        assert post(srv.url + "/completions", {"prompt": "look", "max_tokens": 1})[0] == 200

@@ -16,6 +16,11 @@ from rose_ray.types import SamplingParams
 
 MAX_TOP_LOGPROBS = 20
 MAX_PROMPTS = 16  # prompts in one completions request (the body limit is sized on it)
+# Each stop string is looked for in the whole decoded text at every step: a bound on both keeps
+# one request from costing every other one in its batch (OpenAI's API takes 4 strings).
+MAX_STOP_STRINGS = 16
+MAX_CONCURRENT = 256  # requests a server holds in flight (read, queued or generating); more get 429
+MAX_STOP_CHARS = 256
 # A prompt as JSON costs at most ~8 bytes a token as ids (six digits and ", ") and rarely over
 # ~20 as text (JSON escapes a non-ASCII character as 6 bytes; long tokens are few), so 32 bytes
 # a token covers either form; 1 MiB more covers every other field, chat framing included.
@@ -95,6 +100,11 @@ def _common(body: dict[str, Any], max_tokens_default: int | None) -> tuple[Sampl
         stops = list(stop)
     else:
         raise RequestError(f"'stop' must be a string or a list of non-empty strings, got {_short(stop)}", "stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise RequestError(f"'stop' holds {len(stops):,} strings; at most {MAX_STOP_STRINGS} per request", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        longest = max(len(s) for s in stops)
+        raise RequestError(f"'stop' holds a string of {longest:,} characters; at most {MAX_STOP_CHARS} each", "stop")
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
                              or not SEED_RANGE[0] <= seed < SEED_RANGE[1]):

@@ -10,14 +10,22 @@ Concurrent requests are batched by the engine's own frontend (vllm: continuous b
 AsyncBatcher (hf). Binds 127.0.0.1 unless told otherwise.
 
 Bad input never takes the server down: every bad request gets a 4xx JSON error naming what
-was wrong (a body over the limit, sized from context_tokens, gets 413), and a client that
+was wrong (a body over the limit, sized from context_tokens, gets 413; one that is not
+`Content-Type: application/json`, 415; one past `max_concurrent` requests in flight, 429 with
+Retry-After; a body that does not arrive within `read_timeout_s`, 408), and a client that
 goes away before its reply costs only its own computation (bench/serve_load.py measures it).
+
+A server without an API key answers only requests whose Host is an IP address or localhost:
+a web page the user visits could otherwise reach it through a name of its own that resolves
+to 127.0.0.1 (DNS rebinding). Requesting JSON keeps pages from posting to it directly (a
+cross-site `application/json` POST needs a CORS preflight, which this server never grants).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
 import math
@@ -33,6 +41,7 @@ from rose_ray.errors import InputError
 from rose_ray.inference.batcher import async_frontend
 from rose_ray.inference.engine import GenerationRequest, GenerationResult
 from rose_ray.inference.protocol import (
+    MAX_CONCURRENT,
     MAX_PROMPTS,
     RequestError,
     max_body_bytes,
@@ -47,6 +56,8 @@ PARSER = web.AppKey("parser", ThreadPoolExecutor)
 # allows takes ~3 s (the tokenizer lets go of the GIL), and no other client would be answered.
 PARSE_INLINE_BYTES = 1 << 16
 ROUTES = "GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions"
+READ_TIMEOUT_S = 60.0  # for a request's body to arrive
+IDLE_TIMEOUT_S = 75.0  # a connection with no request (or no next one) is closed after this
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
@@ -57,17 +68,22 @@ class OpenAIServer:
     """Builds the aiohttp app for one engine; `run` blocks, `start_background` returns at once."""
 
     def __init__(self, engine: Any, model_name: str, api_key: str | None = None,
-                 max_body: int | None = None) -> None:
+                 max_body: int | None = None, max_concurrent: int = MAX_CONCURRENT,
+                 read_timeout_s: float = READ_TIMEOUT_S) -> None:
         self.engine = engine
         self.model_name = model_name
         self.api_key = api_key or None
         self.context_tokens = engine.config.context_tokens
         # What the largest valid request needs (protocol.max_body_bytes), not a fixed size.
         self.max_body = max_body or max_body_bytes(self.context_tokens)
+        self.max_concurrent = max_concurrent
+        self.read_timeout_s = read_timeout_s
+        self.in_flight = 0  # only the event loop's thread counts
 
     # ------------------------------------------------------------------ app
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=self.max_body)
+        app = web.Application(middlewares=[self._errors, self._host, self._auth, self._limit],
+                              client_max_size=self.max_body)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._completions)
@@ -118,6 +134,32 @@ class OpenAIServer:
                               None, kind="authentication_error")
         return await handler(request)
 
+    @web.middleware
+    async def _host(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Without a key, only a Host that is an IP address or localhost (see the module's note)."""
+        host = request.headers.get("Host")
+        if not self.api_key and host is not None and not _literal_host(host):
+            return _error(403, f"Host {host[:100]!r} refused: this server has no API key, so it answers only "
+                               "requests to an IP address or localhost (start it with --api-key to serve a name)",
+                          None, kind="permission_error")
+        return await handler(request)
+
+    @web.middleware
+    async def _limit(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if not request.path.startswith("/v1/") or request.method != "POST":
+            return await handler(request)
+        if self.in_flight >= self.max_concurrent:
+            response = _error(429, f"this server is handling {self.in_flight} requests, its limit "
+                                   f"(max_concurrent {self.max_concurrent}); retry shortly", None,
+                              kind="rate_limit_error")
+            response.headers["Retry-After"] = "1"
+            return response
+        self.in_flight += 1
+        try:
+            return await handler(request)
+        finally:
+            self.in_flight -= 1
+
     # ------------------------------------------------------------------ handlers
     async def _health(self, request: web.Request) -> web.Response:
         failure = getattr(self.engine, "failure", None)  # an engine thread that stopped (vllm) serves no more
@@ -132,13 +174,20 @@ class OpenAIServer:
 
     async def _body(self, request: web.Request) -> tuple[dict[str, Any], int]:
         """The request's JSON object and its size in bytes."""
+        if request.content_type != "application/json":  # aiohttp's default when none is sent: octet-stream
+            raise RequestError(f"Content-Type {request.headers.get('Content-Type', '(none)')[:100]!r}: "
+                               "this server reads JSON bodies only; send 'Content-Type: application/json'",
+                               status=415)
         size = request.content_length
         if size is not None and size > self.max_body:  # refused before a byte is read
             raise RequestError(self._too_big(size), status=413)
         try:
-            raw = await request.read()
+            raw = await asyncio.wait_for(request.read(), self.read_timeout_s)
         except web.HTTPRequestEntityTooLarge:  # a chunked body, counted as it came
             raise RequestError(self._too_big(None), status=413) from None
+        except asyncio.TimeoutError:
+            raise RequestError(f"the request body did not arrive within {self.read_timeout_s:g} s",
+                               status=408) from None
         try:
             body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
         except RecursionError:
@@ -266,7 +315,7 @@ class OpenAIServer:
 
     # ------------------------------------------------------------------ running
     def run(self, host: str = "127.0.0.1", port: int = 8000) -> None:
-        web.run_app(self.app(), host=host, port=port, print=None)
+        web.run_app(self.app(), host=host, port=port, print=None, keepalive_timeout=IDLE_TIMEOUT_S)
 
     def start_background(self, host: str = "127.0.0.1", port: int = 0) -> BackgroundServer:
         return BackgroundServer(self, host, port)
@@ -278,7 +327,7 @@ class BackgroundServer:
     def __init__(self, server: OpenAIServer, host: str, port: int) -> None:
         self.host = host
         self._loop = asyncio.new_event_loop()
-        self._runner = web.AppRunner(server.app())
+        self._runner = web.AppRunner(server.app(), keepalive_timeout=IDLE_TIMEOUT_S)
         ready = threading.Event()
         failure: list[BaseException] = []
 
@@ -323,6 +372,23 @@ def _error(status: int, message: str, param: str | None, kind: str = "invalid_re
            ) -> web.Response:
     return web.json_response(
         {"error": {"message": message, "type": kind, "param": param, "code": status}}, status=status)
+
+
+def _literal_host(host: str) -> bool:
+    """Whether a Host header names an IP address (v4, or v6 in brackets) or localhost, with or
+    without a port: names a DNS server could point anywhere are the others."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        name = host[1:host.find("]")] if "]" in host else ""
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    if name in ("localhost", "localhost."):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def _no_constant(name: str) -> Any:
@@ -374,8 +440,9 @@ def cli_main(args: ServeCommand) -> int:
     engine = make_engine(config)
     name = args.served_model_name or args.model
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        print(f"warning: serving on {host} without an API key", flush=True)
-    server = OpenAIServer(engine, name, api_key)
+        print(f"warning: serving on {host} without an API key (anyone who reaches the port can use it; "
+              "only requests to an IP address or localhost are answered)", flush=True)
+    server = OpenAIServer(engine, name, api_key, max_concurrent=args.max_concurrent)
     print(f"serving {args.model} as {name!r} on http://{host}:{args.port}/v1 with the {config.backend} backend "
           f"({backend_version(config.backend)}; request bodies up to {server.max_body / 2**20:.1f} MiB)", flush=True)
     try:

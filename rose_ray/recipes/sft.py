@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,11 +79,9 @@ def train_sft(
 
     started_ray = not ray.is_initialized()
     if started_ray:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        # RAY_ADDRESS (a submitted job), else a private local cluster: never another user's
-        # `ray start` cluster that happens to run on this machine.
-        ray.init(address=None if os.environ.get("RAY_ADDRESS") else "local",
-                 include_dashboard=False, log_to_driver=False)
+        from rose_ray.rollout.actors import init_ray
+
+        init_ray(None)  # RAY_ADDRESS (a submitted job), else a private local cluster with its own token
     group = LearnerGroup(config)
     history = []
     try:

@@ -36,7 +36,8 @@ def start_env_pools(config: EnvConfig, max_turns: int | None = None) -> list[Any
 
 def init_ray(address: str | None = None) -> None:
     """Join `address` (or RAY_ADDRESS, which `ray job submit` sets), else start a private local
-    cluster; use `auto` to join a cluster started with `ray start` on this machine."""
+    cluster (token auth on: see `private_token`); use `auto` to join a cluster started with
+    `ray start` on this machine."""
     import os
 
     import ray
@@ -46,8 +47,32 @@ def init_ray(address: str | None = None) -> None:
     if address is None and not os.environ.get("RAY_ADDRESS"):
         address = "local"
     if address == "local":
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster
+        private_token()
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
+
+
+def private_token() -> None:
+    """Token auth for a local cluster this process starts, with a fresh token of its own.
+
+    A local Ray cluster's ports (GCS, raylet, object manager, agents) listen on every
+    interface whatever address is asked for (checked with Ray 2.60), so without a token anyone
+    who reaches this machine runs code as its user. Ray turns token auth on by default but
+    keeps the token in ~/.ray/auth_token, written with the umask's permissions (often readable
+    by every user of a shared login node); this token lives only in this process's environment,
+    which Ray's processes inherit and other users cannot read. An explicit RAY_AUTH_MODE, or a
+    token the user gave (RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH), is kept as it is."""
+    import logging
+    import os
+    import secrets
+
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is None:  # ray.init turns token mode on itself (setting it here would miss Ray's cached config)
+        if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+            os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    elif mode.lower() == "disabled":
+        logging.getLogger(__name__).warning(
+            "RAY_AUTH_MODE=disabled: this local Ray cluster's ports take connections from anyone who "
+            "reaches this machine; unset it to start the cluster with a private token")
 
 
 def check_backends_here(*configs: Any) -> None:

@@ -70,12 +70,15 @@ class SciWorldGame(ProcessGame):
             opts.append(f"-Xmx{heap}")
         opts.append("-XX:+UseSerialGC")  # one GC thread: many JVMs share few cores
         try:
-            port, self._proc = launch_gateway(
-                classpath=JAR_PATH, die_on_exit=True, cwd=BASEPATH, javaopts=opts, return_proc=True
+            # py4j's own GatewayServer (its jar comes first on the classpath) listens on 127.0.0.1;
+            # its auth token keeps other users of this machine from driving the JVM.
+            port, token, self._proc = launch_gateway(
+                classpath=JAR_PATH, die_on_exit=True, cwd=BASEPATH, javaopts=opts, return_proc=True,
+                enable_auth=True,
             )
             self._gateway = JavaGateway(
                 gateway_parameters=GatewayParameters(
-                    auto_field=True, port=port, read_timeout=call_timeout_s
+                    auto_field=True, port=port, read_timeout=call_timeout_s, auth_token=token
                 ),
                 java_process=self._proc,
             )
