@@ -160,8 +160,10 @@ def render(traj: Trajectory | list[Turn], fmt: ChatFormat | None = None, cut: It
             teacher[: len(t.teacher_logprobs)] = t.teacher_logprobs
         seq.teacher_logprobs += teacher
         keep = [i >= t.frame for i in range(n)]  # a template's role header is context
-        if n and t.truncated and t.role == "assistant":
-            keep[-1] = False  # the end-of-turn id appended after the cut
+        if t.close:  # what a template renders after the turn's end-of-turn id: context
+            keep[n - t.close:] = [False] * t.close
+        if n > t.close and t.truncated and t.role == "assistant":
+            keep[n - t.close - 1] = False  # the end-of-turn id appended after the cut
         seq.trainable += keep
         seq.turn_spans.append((index, n))
     return seq

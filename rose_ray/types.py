@@ -49,7 +49,9 @@ class Turn:
     the teacher's teacher-forced logprobs of a student turn's ids (OPD), one per logprob.
     `truncated`: the reply hit max_new_tokens, so its closing end-of-turn id was appended,
     not sampled (the learner gives that id no loss). `frame`: how many leading ids are the chat
-    template's framing (a role header; chat.history=template), context only.
+    template's framing (a role header; chat.history=template), context only; `close`: how many
+    trailing ids follow the turn's end-of-turn id (the template's closing text or generation
+    prompt on a conversation's last turn), context only.
     """
 
     role: Role
@@ -61,6 +63,7 @@ class Turn:
     teacher_logprobs: list[float] | None = None
     truncated: bool = False
     frame: int = 0
+    close: int = 0
 
 
 @dataclass
