@@ -205,8 +205,8 @@ class TrainConfig:
     chat: ChatConfig = field(default_factory=ChatConfig)
     student_engine: EngineConfig = field(default_factory=lambda: EngineConfig(model="tiny:student"))
     teacher_engine: EngineConfig = field(default_factory=lambda: EngineConfig(model="tiny:teacher"))
-    learner: LearnerConfig = field(
-        default_factory=lambda: LearnerConfig(model="${student_engine.model}")
+    learner: LearnerConfig = field(  # a schedule decays over the run's steps unless told otherwise
+        default_factory=lambda: LearnerConfig(model="${student_engine.model}", total_steps="${steps}")
     )
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
