@@ -184,6 +184,18 @@ def loss_turns(seq: Sequence, n_turns: int, weights: TokenWeights) -> list[bool]
     return flags
 
 
+def trained_tokens(seqs: list[Sequence], weights: TokenWeights) -> dict[str, int]:
+    """Per owner, the tokens `make_batch` gives a weight > 0 in some loss term (the count the
+    learner's per-token mean divides by, split by who wrote them)."""
+    counts = dict.fromkeys(OWNERS, 0)
+    for seq in seqs:
+        for j in range(1, len(seq)):
+            owner = OWNERS[seq.owners[j]]
+            if weights.trains(owner) and (not seq.trainable or seq.trainable[j]):
+                counts[owner] += 1
+    return counts
+
+
 def pack(lengths: list[int], max_tokens: int) -> list[list[int]]:
     """Sequence indices per row, first-fit decreasing, each row at most max_tokens."""
     for i, n in enumerate(lengths):

@@ -86,6 +86,10 @@ class Trajectory:
     context_cut: list[int] = field(default_factory=list)
     truncated_turns: int = 0  # replies cut at max_new_tokens
     cut_before_action: int = 0  # of those, replies with no `Action:` line before the cut
+    # Indices in `turns` of the replies whose action the game did not accept (or that had none),
+    # and of those that sent the same action as the reply before them (a loop's mark).
+    invalid_turns: list[int] = field(default_factory=list)
+    repeated_turns: list[int] = field(default_factory=list)
     episode_id: str = ""
     handoff_p: float | None = None  # decay: the takeover probability per student turn
     handoff_seed: str | None = None  # decay: seeds the takeover draws (with the turn)
@@ -113,6 +117,7 @@ class Trajectory:
         if loss is not None and len(loss) != len(self.turns):
             raise ValueError(f"loss: {len(loss)} flags for {len(self.turns)} turns")
         conversations = []
+        invalid, repeated = set(self.invalid_turns), set(self.repeated_turns)
         for i, t in enumerate(self.turns):
             if schema == "card":
                 m: dict[str, Any] = {"role": t.role, "content": t.text, "owner": t.owner}
@@ -124,6 +129,10 @@ class Trajectory:
                 m["loss"] = bool(loss[i])
             if t.truncated:
                 m["truncated"] = True
+            if i in invalid:
+                m["invalid"] = True
+            if i in repeated:
+                m["repeated"] = True
             conversations.append(m)
         extra: dict[str, Any] = {}
         if self.handoff_p is not None:
