@@ -6,7 +6,8 @@ Nothing here holds a model, a JVM or an open handle, so every object pickles che
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rose_ray.envs import DEFAULT_WORLD
@@ -163,6 +164,15 @@ class SamplingParams:
     max_new_tokens: int = 512
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+
+    def for_turn(self, game: str, turn: int | str) -> SamplingParams:
+        """These settings for one turn of one game: a set `seed` becomes that turn's own, a
+        stable hash of (seed, game, turn), so the turns and games of a seeded run draw
+        independently of each other and the same on every rerun."""
+        if self.seed is None:
+            return self
+        digest = hashlib.sha256(f"{self.seed}/{game}/{turn}".encode()).digest()
+        return replace(self, seed=int.from_bytes(digest[:8], "big") >> 1)  # 63 bits: any engine takes it
 
 
 @dataclass

@@ -141,7 +141,8 @@ async def run_episode(
         if teacher is not None and handoff_turn is None and handoff.takes_over(turn, state):
             handoff_turn = turn  # the teacher acts from this turn to the end
         owner = "student" if handoff_turn is None else "teacher"
-        request = GenerationRequest(sampling=config.teacher_sampling if owner == "teacher" else config.student_sampling,
+        sampling = config.teacher_sampling if owner == "teacher" else config.student_sampling
+        request = GenerationRequest(sampling=sampling.for_turn(game.item_id, turn),  # a seed: this turn's own
                                     turns=conv.prompt(owner), request_id=f"{request_prefix}{game.item_id}/t{turn}")
         t0 = time.perf_counter()
         result = await conv.agent(owner).engine.generate.remote(request)
