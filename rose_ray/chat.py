@@ -165,7 +165,8 @@ class ChatFormat:
     def apply_template(self, turns: list[Turn], add_generation_prompt: bool) -> list[Turn]:
         """The turns with the ids of the template's rendering of their texts (`template_pieces`):
         the last turn also holds the generation prompt (or the close; its `close` counts them),
-        each turn's `frame` counts its role header (a closing reply's as the template frames it). Replies keep their text; their sampled ids and logprobs give way."""
+        each turn's `frame` counts its role header (a closing reply's as the template frames it).
+        Replies keep their text; their sampled ids and logprobs give way."""
         messages = [{"role": t.role, "content": t.text} for t in turns]
         pieces, tail = self.template_pieces(messages, add_generation_prompt)
         frames = [self._frames[t.role] if i else 0 for i, t in enumerate(turns)]

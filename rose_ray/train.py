@@ -65,6 +65,7 @@ class Trainer:
         self.producer: asyncio.Task | None = None
         self.episode_tasks: set[asyncio.Task] = set()
         self.eval_task: asyncio.Task | None = None
+        self._dev_games: list[Any] | None = None  # drawn at the first dev eval (eval.every)
         self.failed_in_a_row = 0  # episodes failed since the last one that finished
         # A learner call cut short (its thread goes on) or a restart not finished: the learner's
         # state is unknown, so the stop writes no checkpoint and no model/ over the latest good ones.
@@ -326,9 +327,11 @@ class Trainer:
         drawn as `rose-ray eval --split dev --n N --seed S` draws them."""
         from rose_ray.envs.worlds import get_world
 
-        cfg = self.cfg
-        catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
-        return catalogue.sample("dev", cfg.eval.every_n, cfg.eval.seed, tasks=cfg.tasks)
+        if self._dev_games is None:
+            cfg = self.cfg
+            catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
+            self._dev_games = catalogue.sample("dev", cfg.eval.every_n, cfg.eval.seed, tasks=cfg.tasks)
+        return self._dev_games
 
     async def evaluate(self, who: str, games: list[Any] | None = None) -> dict[str, Any]:
         """Greedy play of the held-out games (or `games`) by the student (or the teacher) alone."""
@@ -340,7 +343,8 @@ class Trainer:
         agent = self.parts.teacher if who == "teacher" else self.parts.student
         ep = EpisodeConfig(max_turns=self.cfg.eval.max_turns, report=self.cfg.rollout.report,
                            student_sampling=SamplingParams(0.0, 1.0, self.cfg.eval.max_new_tokens))
-        records = await evaluate_games(self.parts.eval_runner(), games or self.parts.eval_games, agent, None, ep,
+        games = self.parts.eval_games if games is None else games
+        records = await evaluate_games(self.parts.eval_runner(), games, agent, None, ep,
                                        StudentOnly(), protocol=self.parts.protocol)
         return summarise(records)["overall"]
 

@@ -187,7 +187,8 @@ async def run_episode(
         rounds=rounds, handoff_turn=handoff_turn, student_version=min(versions) if versions else None,
         done=done, end_reason=end_reason, context_cut=conv.cut, invalid_actions=int(invalid),
         truncated_turns=int(truncated_turns), cut_before_action=int(cut_before_action),
-        invalid_turns=invalid_turns, repeated_turns=repeated_turns, handoff_p=p, handoff_seed=state.seed if p is not None else None, timing=timing,
+        invalid_turns=invalid_turns, repeated_turns=repeated_turns,
+        handoff_p=p, handoff_seed=state.seed if p is not None else None, timing=timing,
         report=report, report_turns=report_turns, scoring=scoring,
     )
 
