@@ -139,8 +139,8 @@ def learner_settings(cfg: Any) -> dict[str, Any]:
 
 def teacher_play(cfg: Any, teacher: str) -> Any:
     """How the SFT arm's teacher plays its whole games: as the online arms' teacher plays its
-    turns (its engine's dtype, context and policy, the run's chat history and thinking switch,
-    its sampling)."""
+    turns (its engine's backend, dtype, context and policy, the run's chat history and thinking
+    switch, its sampling)."""
     from rose_ray.collect import PlayConfig
 
     s, engine = cfg.rollout.teacher_sampling, cfg.teacher_engine
@@ -148,7 +148,8 @@ def teacher_play(cfg: Any, teacher: str) -> Any:
                       temperature=s.temperature, max_new_tokens=s.max_new_tokens,
                       concurrency=cfg.env.games_per_worker, world=cfg.env.world, mapping=cfg.env.mapping,
                       context_tokens=engine.context_tokens, context_policy=engine.context_policy,
-                      enable_thinking=cfg.chat.enable_thinking, history=cfg.chat.history, dtype=engine.dtype)
+                      enable_thinking=cfg.chat.enable_thinking, history=cfg.chat.history, dtype=engine.dtype,
+                      backend=engine.backend)
 
 
 def step_means(history: list[dict[str, Any]], keys: tuple[str, ...] = DIAGNOSTICS) -> dict[str, float]:

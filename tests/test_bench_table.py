@@ -41,6 +41,7 @@ def test_every_arm_gets_the_same_learner_settings_and_the_bench_seed():
     assert (play.dtype, play.history, play.temperature, play.max_new_tokens) == (
         "bfloat16", "template", cfg.rollout.teacher_sampling.temperature, cfg.rollout.teacher_sampling.max_new_tokens)
     assert play.engines()["--model"].dtype == "bfloat16"
+    assert play.backend == cfg.teacher_engine.backend == "hf"  # not `auto` (vLLM where installed)
     assert table.teacher_play(load_config(SMALL), "t").history == "sampled"  # the small tier's
 
 
