@@ -7,8 +7,9 @@ configs/small.yaml; or `tiny`, the embedded default) and trains its base student
 learner steps of `rollout.batch_episodes` episodes, on the same training games in the same
 order for a seed:
 
-- `sft`: the teacher plays steps x batch training games once, offline (greedy, whole
-  episodes), then `sft` trains the student on them: one epoch, the same batch and lr;
+- `sft`: the teacher plays steps x batch training games once, offline (whole episodes, with
+  the online teacher's engine dtype, chat history and sampling), then `sft` trains the student
+  on them: one epoch, the same batch and every learner.* setting the online arms get;
 - `rose_fixed`: online ROSE, the student plays K turns (the config's), then the teacher;
 - `rose_curriculum`: K grows from 1 to 4 over the run;
 - `rose_decay`: at each student turn the teacher takes over with p falling from 0.5 to 0;
@@ -32,9 +33,16 @@ every seed and arm) and seeds resampled. `ROSE - SFT` rows give the paired diffe
 
 Build the small tier first (cached; the table builds it otherwise): rose-ray warmup --config configs/small.yaml
 
+Beside each arm's Score: the share of its held-out turns the game did not accept and of replies
+cut before their action line (arms whose Scores tie may play very differently); below the
+table, per training arm, what it played and trained on (rose_ray/metrics.py's diagnostics,
+means over its steps). The training arms play `eval.every_n` dev games every `--dev-every`
+steps (a curve that shows when an arm degrades); table.png shows Score and Pass with their
+intervals and those curves.
+
 Prints the table and writes each run into a new folder, bench/results/table[_small]/version_N/
-(its table.json and every arm's run, curves and eval games; `latest` names it), and the latest
-table to bench/results/table[_small].json. Curves side by side: tensorboard --logdir bench/results/table_small
+(its table.json, table.png and every arm's run, curves and eval games; `latest` names it), and
+the latest table to bench/results/table[_small].json and .png. Curves side by side: tensorboard --logdir bench/results/table_small
 """
 
 from __future__ import annotations
@@ -66,6 +74,13 @@ ONLINE_ARMS = {
 }
 ARMS = ("student", "sft", *ONLINE_ARMS, "teacher")
 METRICS = ("score", "success", "pass")
+# Beside each cell: how the arm's student plays the held-out games (evaluate.summarise).
+PLAY_RATES = ("invalid_action_rate", "cut_before_action_rate")
+# Per training arm, means over its learner steps (rose_ray/metrics.py; README: Diagnostics).
+DIAGNOSTICS = ("rollout/student_valid_rate", "rollout/teacher_valid_rate", "learner/trained_tokens_student",
+               "learner/trained_tokens_teacher", "learner/trained_truncated_rate", "learner/trained_repeated_rate",
+               "learner/trained_invalid_rate")
+DEV_KEYS = ("score", "success", "pass", *PLAY_RATES)
 
 
 def config_path(name: str) -> str | None:
@@ -79,8 +94,14 @@ def config_path(name: str) -> str | None:
     raise SystemExit(f"table: --config {name!r}: neither a file nor a config in {CONFIGS} (small, tiny)")
 
 
-def arm_overrides(arm: str, steps: int) -> list[str]:
-    extra = list(ONLINE_ARMS[arm])
+def arm_overrides(arm: str, steps: int, seed: int = 0) -> list[str]:
+    """What a training arm's config adds to the common overrides: the bench seed (game order,
+    decay draws and the learner's seed), the steps, and the arm's algorithm. Every learner.*
+    setting comes from the common overrides alone, so it reaches every arm the same way."""
+    extra = [f"seed={seed}", f"learner.seed={seed}", f"steps={steps}"]
+    if arm == "sft":
+        return extra
+    extra += ONLINE_ARMS[arm]
     if arm == "rose_curriculum":
         extra.append(f"algorithm.handoff.grow_every={max(steps // 4, 1)}")  # K: 1, 2, 3, 4 over the run
     if arm == "rose_decay":
@@ -97,23 +118,70 @@ def eval_model(model: str, cfg: Any, out: Path, backend: str) -> dict[str, Any]:
         {"item_id": g["item_id"], "task": g["task"], **{m: float(g[m]) for m in METRICS}} for g in result["games"]]}
 
 
+def eval_dev(model: str, cfg: Any, out: Path, backend: str) -> dict[str, float]:
+    """The dev eval `train` runs every `eval.every` steps (eval.every_n dev games), of one model."""
+    from dataclasses import replace
+
+    from rose_ray.evaluate import run_eval, train_eval_job
+
+    job = replace(train_eval_job(cfg, model, str(out / "eval_dev"), split="dev", backend=backend), n=cfg.eval.every_n)
+    overall = run_eval(job)["summary"]["overall"]
+    return {k: float(overall[k]) for k in DEV_KEYS}
+
+
+def learner_settings(cfg: Any) -> dict[str, Any]:
+    """The SFT arm's learner: every learner.* setting of the config, as the online arms' learner
+    gets it (rose_ray/recipes/sft.train_sft takes LearnerConfig fields)."""
+    from dataclasses import asdict
+
+    return {k: v for k, v in asdict(cfg.learner).items() if k != "model"}
+
+
+def teacher_play(cfg: Any, teacher: str) -> Any:
+    """How the SFT arm's teacher plays its whole games: as the online arms' teacher plays its
+    turns (its engine's backend, dtype, context and policy, the run's chat history and thinking
+    switch, its sampling)."""
+    from rose_ray.collect import PlayConfig
+
+    s, engine = cfg.rollout.teacher_sampling, cfg.teacher_engine
+    return PlayConfig(model=teacher, teacher=None, max_turns=cfg.rollout.max_turns, handoff="none",
+                      temperature=s.temperature, max_new_tokens=s.max_new_tokens,
+                      concurrency=cfg.env.games_per_worker, world=cfg.env.world, mapping=cfg.env.mapping,
+                      context_tokens=engine.context_tokens, context_policy=engine.context_policy,
+                      enable_thinking=cfg.chat.enable_thinking, history=cfg.chat.history, dtype=engine.dtype,
+                      backend=engine.backend)
+
+
+def step_means(history: list[dict[str, Any]], keys: tuple[str, ...] = DIAGNOSTICS) -> dict[str, float]:
+    """Each key's mean over the learner steps that logged it (metrics.jsonl lines)."""
+    out = {}
+    for k in keys:
+        values = [m[k] for m in history if k in m and "learner/loss" in m]
+        if values:
+            out[k] = float(np.mean(values))
+    return out
+
+
 def trained_tokens(history: list[dict[str, Any]]) -> float:
     return float(sum(m.get("trained_tokens", m.get("learner/trained_tokens", 0.0)) for m in history))
 
 
 def run_online(arm: str, seed: int, steps: int, config: str | None, common: list[str], run_dir: Path,
                backend: str) -> dict[str, Any]:
-    """One online run through `train` (no evals inside), then the held-out eval of its model."""
+    """One online run through `train` (no test evals inside; the dev curve when `eval.every`),
+    then the held-out eval of its model."""
     from rose_ray.config import load_config
     from rose_ray.train import train
 
     t0 = time.time()
-    summary = train(config, [*common, *arm_overrides(arm, steps), f"seed={seed}", f"steps={steps}",
-                             f"run_dir={run_dir}", "eval.before=false", "eval.after=false", "eval.teacher=false"])
+    summary = train(config, [*common, *arm_overrides(arm, steps, seed), f"run_dir={run_dir}",
+                             "eval.before=false", "eval.after=false", "eval.teacher=false"])
     history = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     cfg = load_config(config, common)
+    dev = [{"step": e["step"], **{k: float(e[k]) for k in DEV_KEYS}} for e in summary.get("dev") or []]
     return {**eval_model(summary["model"], cfg, run_dir, backend), "wall_s": time.time() - t0,
-            "steps": summary["steps"], "trained_tokens": trained_tokens(history)}
+            "steps": summary["steps"], "trained_tokens": trained_tokens(history),
+            "diagnostics": step_means(history), "dev": dev}
 
 
 def run_reference(who: str, config: str | None, common: list[str], run_dir: Path, backend: str) -> dict[str, Any]:
@@ -129,33 +197,27 @@ def run_reference(who: str, config: str | None, common: list[str], run_dir: Path
 
 def run_sft(seed: int, steps: int, config: str | None, common: list[str], run_dir: Path, backend: str) -> dict[str, Any]:
     """The teacher plays steps x batch training games offline; `sft` trains the student on them."""
-    from rose_ray.collect import PlayConfig, play_episodes
+    from rose_ray.collect import play_episodes
     from rose_ray.config import load_config
     from rose_ray.envs.worlds import get_world
-    from rose_ray.metrics import MetricsLogger
+    from rose_ray.metrics import MetricsLogger, trained_scalars, validity_scalars
     from rose_ray.recipes.sft import train_sft
     from rose_ray.recipes.warmup import resolve_models
     from rose_ray.rollout.ledger import GameSampler
     from rose_ray.rows import write_jsonl
 
     t0 = time.time()
-    cfg = load_config(config, [*common, f"seed={seed}", f"steps={steps}"])
+    cfg = load_config(config, [*common, *arm_overrides("sft", steps, seed)])
     run_dir.mkdir(parents=True, exist_ok=True)
     student, teacher = resolve_models(cfg)
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
     # The games an online run of this seed starts with, in its order.
     sampler = GameSampler(catalogue.sample(cfg.rollout.split, None, cfg.seed, tasks=cfg.tasks), seed=cfg.seed)
     games = [sampler.next() for _ in range(steps * cfg.rollout.batch_episodes)]
-    s = cfg.rollout.teacher_sampling
-    play = PlayConfig(model=teacher, teacher=None, max_turns=cfg.rollout.max_turns,
-                      handoff="none", temperature=s.temperature, max_new_tokens=s.max_new_tokens,
-                      concurrency=cfg.env.games_per_worker, world=cfg.env.world, mapping=cfg.env.mapping,
-                      context_tokens=cfg.teacher_engine.context_tokens, enable_thinking=cfg.chat.enable_thinking)
-    played, _ = play_episodes(play, games, [cfg.env.protocol()] * len(games))
+    played, _ = play_episodes(teacher_play(cfg, teacher), games, [cfg.env.protocol()] * len(games))
+    played = [t for t in played if t is not None]
     rows = []
     for t in played:
-        if t is None:
-            continue
         for turn in t.turns:  # the teacher played in the student's seat: its turns are the teacher's
             if turn.owner == "student":
                 turn.owner = "teacher"
@@ -164,9 +226,15 @@ def run_sft(seed: int, steps: int, config: str | None, common: list[str], run_di
     write_jsonl(data, rows)
     t_play = time.time() - t0
     result = train_sft(data, student, run_dir / "model", epochs=1, batch_size=cfg.rollout.batch_episodes,
-                       lr=cfg.learner.lr, max_tokens=cfg.learner.max_tokens, seed=seed,
-                       sft_owners=["teacher"], threads=cfg.learner.threads, log=lambda line: None)
+                       history=cfg.chat.history, sft_owners=["teacher"], log=lambda line: None,
+                       **learner_settings(cfg))
     evaluated = eval_model(str(run_dir / "model"), cfg, run_dir, backend)
+    # Its diagnostics as an online step logs them, over the whole data: every teacher reply trains.
+    teacher_replies = [[t.role == "assistant" and t.owner == "teacher" for t in traj.turns] for traj in played]
+    tokens = {"teacher": trained_tokens(result["history"]) / max(len(result["history"]), 1)}
+    diagnostics = {**validity_scalars(played), **trained_scalars(played, teacher_replies, tokens)}
+    diagnostics = {k: v for k, v in diagnostics.items() if k in DIAGNOSTICS}
+    dev = [{"step": result["steps"], **eval_dev(str(run_dir / "model"), cfg, run_dir, backend)}] if cfg.eval.every else []
     metrics = MetricsLogger(run_dir, console=False)  # the tags online runs use, so the curves overlay
     for m in result["history"]:
         metrics.log(int(m["step"]), {"learner/loss": m["loss"], "learner/loss_teacher_ce": m.get("loss_ce", m["loss"]),
@@ -174,9 +242,12 @@ def run_sft(seed: int, steps: int, config: str | None, common: list[str], run_di
                                      "learner/trained_tokens": m.get("trained_tokens", 0.0)})
     after = evaluated["after"]
     metrics.log(steps, {"eval/score": after["score"], "eval/success": after["success"], "eval/pass": after["pass"]})
+    for point in dev:
+        metrics.log(point["step"], {f"eval/dev_{k}": point[k] for k in DEV_KEYS})
     metrics.close()
     return {**evaluated, "wall_s": time.time() - t0, "play_s": t_play, "rows": len(rows),
-            "steps": result["steps"], "trained_tokens": trained_tokens(result["history"])}
+            "steps": result["steps"], "trained_tokens": trained_tokens(result["history"]),
+            "diagnostics": diagnostics, "dev": dev}
 
 
 def game_matrix(runs: list[dict[str, Any]], metric: str) -> np.ndarray:
@@ -228,6 +299,11 @@ def table_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         for m in METRICS:
             row[m], row[f"{m}_low"], row[f"{m}_high"] = bootstrap_mean(game_matrix(rs, m))
             row[f"{m}_seeds"] = [r["after"][m] for r in rs]
+        for rate in PLAY_RATES:  # older results may lack one: None, shown as "-"
+            values = [r["after"][rate] for r in rs if rate in r["after"]]
+            row[rate] = float(np.mean(values)) if len(values) == len(rs) else None
+        row["diagnostics"] = {k: float(np.mean([r["diagnostics"][k] for r in rs]))
+                              for k in DIAGNOSTICS if all(k in r.get("diagnostics", {}) for r in rs)}
         rows.append(row)
     return rows
 
@@ -250,14 +326,70 @@ def markdown(rows: list[dict[str, Any]], diffs: list[dict[str, Any]]) -> str:
         return f"{r[m]:+.{digits}f} [{r[m + '_low']:+.{digits}f}, {r[m + '_high']:+.{digits}f}]" if " - " in r["arm"] \
             else f"{r[m]:.{digits}f} [{r[m + '_low']:.{digits}f}, {r[m + '_high']:.{digits}f}]"
 
-    lines = ["| model | seeds | trained tokens | Score [95%] | Success [95%] | Pass [95%] |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    def rate(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    lines = ["| model | seeds | trained tokens | Score [95%] | invalid | cut | Success [95%] | Pass [95%] |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         tokens = f"{r['trained_tokens']:,.0f}" if r.get("trained_tokens") is not None else "-"
-        lines.append(f"| {r['arm']} | {r['seeds']} | {tokens} | " + " | ".join(cell(r, m) for m in METRICS) + " |")
+        lines.append(f"| {r['arm']} | {r['seeds']} | {tokens} | {cell(r, 'score')} | "
+                     + " | ".join(rate(r.get(k)) for k in PLAY_RATES) + " | "
+                     + " | ".join(cell(r, m) for m in METRICS[1:]) + " |")
     for r in diffs:
-        lines.append(f"| {r['arm']} | | | " + " | ".join(cell(r, m) for m in METRICS) + " |")
+        lines.append(f"| {r['arm']} | | | {cell(r, 'score')} | | | " + " | ".join(cell(r, m) for m in METRICS[1:]) + " |")
     return "\n".join(lines)
+
+
+def diagnostics_markdown(rows: list[dict[str, Any]]) -> str:
+    """Per training arm, the means over its learner steps of what it played and trained on."""
+    heads = ["student valid", "teacher valid", "trained tok. student", "trained tok. teacher",
+             "trained cut", "trained repeated", "trained invalid"]
+    lines = ["| arm | " + " | ".join(heads) + " |", "| --- |" + " ---: |" * len(heads)]
+    for r in rows:
+        if not r.get("diagnostics"):
+            continue
+        d = r["diagnostics"]
+        cells = [("-" if k not in d else f"{d[k]:,.0f}" if "tokens" in k else f"{d[k]:.2f}") for k in DIAGNOSTICS]
+        lines.append(f"| {r['arm']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_figure(rows: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]], path: str | Path) -> Path:
+    """A PNG: each arm's Score and Pass with their 95% intervals, and each training run's dev
+    Score over its learner steps (eval.every; one line per seed, one color per arm)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    arms = [r["arm"] for r in rows]
+    colors = {arm: plt.get_cmap("tab10")(i % 10) for i, arm in enumerate(ARMS)}
+    for ax, m in zip(axes[:2], ("score", "pass")):
+        means = np.array([r[m] for r in rows])
+        err = np.array([[r[m] - r[f"{m}_low"] for r in rows], [r[f"{m}_high"] - r[m] for r in rows]])
+        ax.bar(range(len(rows)), means, yerr=err, capsize=4, color=[colors[a] for a in arms])
+        ax.set_xticks(range(len(rows)), arms, rotation=30, ha="right")
+        ax.set_title(f"{m.capitalize()} on the held-out games [95%]")
+        ax.set_ylim(0, max(1e-3, float(max((r[f"{m}_high"] for r in rows), default=0))) * 1.1)
+    curves = axes[2]
+    for arm in (a for a in ARMS if runs.get(a)):
+        for i, r in enumerate(runs[arm]):
+            points = sorted((p["step"], p["score"]) for p in r.get("dev") or [])
+            if points:
+                steps, scores = zip(*points)
+                curves.plot(steps, scores, marker="o", color=colors[arm], alpha=0.8, label=arm if i == 0 else None)
+    curves.set_title("dev Score over learner steps (eval.every)")
+    curves.set_xlabel("learner step")
+    if curves.get_legend_handles_labels()[0]:
+        curves.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def main() -> None:
@@ -269,6 +401,9 @@ def main() -> None:
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     p.add_argument("--backend", choices=["hf", "vllm", "auto"], default="hf", help="the engine of the held-out evals")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides for every arm")
+    p.add_argument("--dev-every", type=int, default=None,
+                   help="the training arms' dev eval every N learner steps (eval.every; eval.every_n dev games); "
+                        "default a quarter of the steps, 0 = none")
     p.add_argument("--resume", action="store_true", help="continue the latest run of this config: keep its finished arms")
     p.add_argument("--out", default=None, help="the latest table (default bench/results/table[_CONFIG].json)")
     p.add_argument("--tb", default=None, help="where each run gets a new version_N folder "
@@ -282,7 +417,8 @@ def main() -> None:
     steps = args.steps or (2 if args.quick else load_config(config).steps)
     seeds = args.seeds or (1 if args.quick else 3)
     quick = ["eval.n=4", "eval.max_turns=2", "rollout.max_turns=3"] if args.quick else []
-    common = ["checkpoint_every=1000000", *quick, *args.set]
+    dev_every = max(steps // 4, 1) if args.dev_every is None else args.dev_every
+    common = ["checkpoint_every=1000000", f"eval.every={dev_every}", *quick, *args.set]
     settings = {"config": args.config, "steps": steps, "overrides": common, "backend": args.backend}
     if args.resume and (tb / "latest").is_file():
         run_root = tb / (tb / "latest").read_text().strip()
@@ -332,18 +468,27 @@ def main() -> None:
     print(f"\nThe seed's table, {args.config} config: {steps} learner steps per arm, {seeds} seed(s), {games} held-out "
           "games; mean over seeds and games [95% bootstrap interval over games and seeds]")
     print(markdown(rows, diffs))
+    print("invalid, cut: the share of the arm's held-out turns the game did not accept, and of replies cut "
+          "at max_new_tokens before their action line\n")
+    print("Per training arm, means over its learner steps (SFT: over its teacher games):")
+    print(diagnostics_markdown(rows))
     print(f"total {total / 60:.1f} min; load average (1/5/15 min) start {load_start}, end {os.getloadavg()} "
           f"on {os.cpu_count()} cores")
     print("student and teacher: one greedy eval of fixed weights (an interval over games only); "
           "trained tokens: per seed, tokens carrying a loss term")
+    figure = write_figure(rows, runs, run_root / "table.png")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(figure, Path(out).with_suffix(".png"))
     kept = keep_result(out, json.dumps({
         "bench": "table", "config": args.config, "quick": args.quick, "steps": steps, "seeds": seeds,
         "overrides": common, "rows": rows, "differences": diffs, "markdown": markdown(rows, diffs),
+        "diagnostics_markdown": diagnostics_markdown(rows),
         "runs": {a: rs for a, rs in runs.items() if rs}, "total_s": total, "loadavg_start": load_start,
         "loadavg_end": os.getloadavg(), "cpu_count": os.cpu_count(), "machine": platform.machine(),
         "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
     }, indent=1, default=str), version=run_root)
-    print(f"wrote {out} and {kept}; curves: tensorboard --logdir {run_root} (this run) or {tb} (every run)")
+    print(f"wrote {out} and {kept}, the figure {figure} (and {Path(out).with_suffix('.png')}); "
+          f"curves: tensorboard --logdir {run_root} (this run) or {tb} (every run)")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ that are the template's framing (the role header): context, never trained.
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -163,16 +164,40 @@ class ChatFormat:
 
     def apply_template(self, turns: list[Turn], add_generation_prompt: bool) -> list[Turn]:
         """The turns with the ids of the template's rendering of their texts (`template_pieces`):
-        the last turn also holds the generation prompt (or the close), each turn's `frame` counts
-        its role header. Replies keep their text; their sampled ids and logprobs give way."""
-        pieces, tail = self.template_pieces([{"role": t.role, "content": t.text} for t in turns],
-                                            add_generation_prompt)
+        the last turn also holds the generation prompt (or the close; its `close` counts them),
+        each turn's `frame` counts its role header (a closing reply's as the template frames it).
+        Replies keep their text; their sampled ids and logprobs give way."""
+        messages = [{"role": t.role, "content": t.text} for t in turns]
+        pieces, tail = self.template_pieces(messages, add_generation_prompt)
+        frames = [self._frames[t.role] if i else 0 for i, t in enumerate(turns)]
+        if len(turns) > 1 and turns[-1].role == "assistant":
+            frames[-1] = self._last_reply_frame(messages, pieces[-1])
         out = []
         for i, (t, ids) in enumerate(zip(turns, pieces)):
             last = i == len(turns) - 1
-            out.append(replace(t, token_ids=ids + tail if last else ids, frame=self._frames[t.role] if i else 0,
+            out.append(replace(t, token_ids=ids + tail if last else ids, frame=frames[i],
+                               close=len(tail) if last else 0,
                                logprobs=None if t.role == "assistant" else t.logprobs))
         return out
+
+    def _last_reply_frame(self, messages: list[dict[str, str]], ids: list[int]) -> int:
+        """The leading ids of a conversation's closing reply (`ids`: its piece) that are the
+        template's framing. A template may frame that reply unlike earlier ones (Qwen3 puts
+        `<think>\n\n</think>\n\n` before it), so its header is read off the template's
+        rendering of the same conversation with that reply's text marked: the text both
+        renderings share before the reply's own text; the frame is the ids that spell it."""
+        marked = self.render_text(messages[:-1] + [{"role": "assistant", "content": _MARK}], False)
+        header = marked.split(_MARK)[0]
+        header = header[header.rfind(self.end_text) + len(self.end_text):]
+        shown = self.tokenizer.decode(ids, skip_special_tokens=False)
+        shared = len(os.path.commonprefix([header, shown]))
+        frame = 0
+        while frame < len(ids):
+            text = self.tokenizer.decode(ids[: frame + 1], skip_special_tokens=False)
+            if len(text) > shared or not shown.startswith(text):
+                break
+            frame += 1
+        return frame
 
     def pieces(self) -> dict[str, str]:
         """The text around a user turn's content (what `rose-ray check` shows)."""

@@ -216,6 +216,7 @@ class PlayConfig:
     history: str = "template"
     backend: str = DEFAULT_COMMAND_BACKEND  # the engine of local models: auto, hf or vllm
     kv_cache_mb: float | None = None  # vllm on CPU (None: the engine's default)
+    dtype: str = "auto"  # the engines' weights (auto: as the model folder declares)
     tokenizer: str | None = None  # the tokenizer folder of openai: models
     served_model: str = ""  # the model name an openai: server expects
     command: str = "collect"  # the command and the flags naming `model` and `teacher`, for its messages
@@ -232,7 +233,7 @@ class PlayConfig:
         def engine(model: str, flag: str) -> Any:
             return command_engine(model, flag, self.backend, self.tokenizer, self.served_model,
                                   context_tokens=self.context_tokens, context_policy=self.context_policy,
-                                  max_batch_size=self.concurrency, **vllm)
+                                  max_batch_size=self.concurrency, dtype=self.dtype, **vllm)
 
         out = {self.model_flag: engine(self.model, self.model_flag)}
         if self.teacher is not None and self.teacher != self.model:

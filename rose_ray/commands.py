@@ -140,7 +140,8 @@ class RowsOutput:
 class PlaySettings(WorldSettings, ContextSettings, ConversationSettings, BackendSettings, ServedSettings):
     """Episodes played by models: `eval`, `collect` and `continue`."""
 
-    seed: int = setting(0)
+    seed: int = setting(0, "the games drawn; at temperature > 0 also each turn's draw "
+                           "(its own seed, from seed, game and turn)")
     temperature: float = setting(0.0, "0 = greedy")
     max_new_tokens: int = setting(SamplingParams.max_new_tokens, "reply tokens per turn")
     concurrency: int = setting(8, "episodes at once")

@@ -59,7 +59,11 @@ class RolloutConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = 0  # learner steps between held-out evals (0 = only before and after)
+    # Every `every` learner steps (0: never), the student plays `every_n` games of the dev split
+    # greedily (eval/dev_*: a curve that shows when a run starts to degrade; nothing is tuned on
+    # the test games); also before the first step and after the last.
+    every: int = 0
+    every_n: int = 8
     split: str = "test"
     n: int = 200
     max_turns: int = 20
@@ -70,7 +74,7 @@ class EvalConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for key in ("n", "max_turns", "max_new_tokens"):
+        for key in ("n", "max_turns", "max_new_tokens", "every_n"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"eval.{key}: must be >= 1, got {getattr(self, key)!r}")
         if self.every < 0:
@@ -205,8 +209,8 @@ class TrainConfig:
     chat: ChatConfig = field(default_factory=ChatConfig)
     student_engine: EngineConfig = field(default_factory=lambda: EngineConfig(model="tiny:student"))
     teacher_engine: EngineConfig = field(default_factory=lambda: EngineConfig(model="tiny:teacher"))
-    learner: LearnerConfig = field(
-        default_factory=lambda: LearnerConfig(model="${student_engine.model}")
+    learner: LearnerConfig = field(  # a schedule decays over the run's steps unless told otherwise
+        default_factory=lambda: LearnerConfig(model="${student_engine.model}", total_steps="${steps}")
     )
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

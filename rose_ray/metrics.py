@@ -99,7 +99,38 @@ def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, floa
     if read:  # OPD: tokens the teacher read to score the student's, per student token scored
         scored = sum(len(x.teacher_logprobs) for t in batch for x in t.turns if x.teacher_logprobs is not None)
         scalars["rollout/teacher_read_per_scored_token"] = read / max(scored, 1)
+    scalars.update(validity_scalars(batch))
+    # What the step trained on (`trained_scalars`, from the rendered batch), as learn_step adds it.
+    scalars.update({k: v for k, v in learner.items() if k.startswith("learner/")})
     ps = [t.handoff_p for t in batch if t.handoff_p is not None]
     if ps:  # decay: the takeover probability this batch's episodes played under
         scalars["rollout/handoff_p"] = sum(ps) / len(ps)
     return scalars
+
+
+def validity_scalars(batch: list[Any]) -> dict[str, float]:
+    """The share of the student's sampled replies, and of the teacher's (in ROSE: its turns
+    after a handoff), that the game accepted as actions; a key only where that owner replied."""
+    out = {}
+    for owner in ("student", "teacher"):
+        replies = [(t, i) for t in batch for i, x in enumerate(t.turns) if x.role == "assistant" and x.owner == owner]
+        if replies:
+            valid = sum(i not in set(t.invalid_turns) for t, i in replies)
+            out[f"rollout/{owner}_valid_rate"] = valid / len(replies)
+    return out
+
+
+def trained_scalars(batch: list[Any], loss_flags: list[list[bool]], tokens: dict[str, int]) -> dict[str, float]:
+    """What a learner step trained on: tokens per owner (`tokens.trained_tokens`), and of the
+    replies whose tokens carried loss (`loss_flags`, per trajectory per turn: `tokens.loss_turns`)
+    the share cut at max_new_tokens, sending the same action as the reply before, and invalid."""
+    trained = [(t, i) for t, flags in zip(batch, loss_flags) for i, f in enumerate(flags)
+               if f and t.turns[i].role == "assistant"]
+    n = len(trained)
+    out = {f"learner/trained_tokens_{o}": float(tokens.get(o, 0)) for o in ("student", "teacher")}
+    out["learner/trained_replies"] = float(n)
+    if n:
+        out["learner/trained_truncated_rate"] = sum(t.turns[i].truncated for t, i in trained) / n
+        out["learner/trained_repeated_rate"] = sum(i in set(t.repeated_turns) for t, i in trained) / n
+        out["learner/trained_invalid_rate"] = sum(i in set(t.invalid_turns) for t, i in trained) / n
+    return out

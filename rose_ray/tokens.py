@@ -160,8 +160,10 @@ def render(traj: Trajectory | list[Turn], fmt: ChatFormat | None = None, cut: It
             teacher[: len(t.teacher_logprobs)] = t.teacher_logprobs
         seq.teacher_logprobs += teacher
         keep = [i >= t.frame for i in range(n)]  # a template's role header is context
-        if n and t.truncated and t.role == "assistant":
-            keep[-1] = False  # the end-of-turn id appended after the cut
+        if t.close:  # what a template renders after the turn's end-of-turn id: context
+            keep[n - t.close:] = [False] * t.close
+        if n > t.close and t.truncated and t.role == "assistant":
+            keep[n - t.close - 1] = False  # the end-of-turn id appended after the cut
         seq.trainable += keep
         seq.turn_spans.append((index, n))
     return seq
@@ -180,6 +182,18 @@ def loss_turns(seq: Sequence, n_turns: int, weights: TokenWeights) -> list[bool]
         )
         at += n
     return flags
+
+
+def trained_tokens(seqs: list[Sequence], weights: TokenWeights) -> dict[str, int]:
+    """Per owner, the tokens `make_batch` gives a weight > 0 in some loss term (the count the
+    learner's per-token mean divides by, split by who wrote them)."""
+    counts = dict.fromkeys(OWNERS, 0)
+    for seq in seqs:
+        for j in range(1, len(seq)):
+            owner = OWNERS[seq.owners[j]]
+            if weights.trains(owner) and (not seq.trainable or seq.trainable[j]):
+                counts[owner] += 1
+    return counts
 
 
 def pack(lengths: list[int], max_tokens: int) -> list[list[int]]:

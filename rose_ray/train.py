@@ -14,8 +14,8 @@ on with the latest of them.
 3. The loop (async): episode tasks keep the buffer full (`play_one`: the student plays the
    first turns, the teacher the rest, in ROSE) while the learner takes batches (`learn_step`:
    trajectories to tokens with the recipe's weights, one optimizer step), publishes weights
-   every N steps, evaluates every E steps and checkpoints every C steps. `mode: sync`
-   alternates rollout and training instead.
+   every N steps, plays `eval.every_n` dev games every E steps (`eval.every`) and checkpoints
+   every C steps. `mode: sync` alternates rollout and training instead.
 4. The stop: a final checkpoint, the student as a Hugging Face folder `<run_dir>/model/`, an
    eval after, and a before/after table beside the teacher's.
 
@@ -65,6 +65,7 @@ class Trainer:
         self.producer: asyncio.Task | None = None
         self.episode_tasks: set[asyncio.Task] = set()
         self.eval_task: asyncio.Task | None = None
+        self._dev_games: list[Any] | None = None  # drawn at the first dev eval (eval.every)
         self.failed_in_a_row = 0  # episodes failed since the last one that finished
         # A learner call cut short (its thread goes on) or a restart not finished: the learner's
         # state is unknown, so the stop writes no checkpoint and no model/ over the latest good ones.
@@ -91,6 +92,8 @@ class Trainer:
                 await self.log_eval(0, "student", await self.evaluate("student"))
             if cfg.eval.teacher:
                 await self.log_eval(0, "teacher", await self.evaluate("teacher"))
+            if cfg.eval.every:
+                await self.log_eval(0, "dev", await self.evaluate("student", self.dev_games()))
             self.parts.start_state["history"] = copy.deepcopy(self.progress.history)  # a restart keeps them
         try:
             failure = await self.supervise(self.train_loop())  # beside the engines' monitor and the watchdog
@@ -101,6 +104,8 @@ class Trainer:
         if self.eval_task is not None and not self.eval_task.done():
             self.eval_task.cancel()
         await self.wind_down(failure)  # the final checkpoint and model/; raises the failure
+        if cfg.eval.every and self.step >= cfg.steps:
+            await self.log_eval(self.step, "dev", await self.evaluate("student", self.dev_games()))
         if cfg.eval.after and self.step >= cfg.steps:
             await self.log_eval(self.step, "student", await self.evaluate("student"))
         return self.summary()
@@ -232,7 +237,8 @@ class Trainer:
         return None
 
     async def learn_step(self, batch: list[Trajectory]) -> dict[str, float]:
-        from rose_ray.tokens import loss_turns, make_batch, render
+        from rose_ray.metrics import trained_scalars
+        from rose_ray.tokens import loss_turns, make_batch, render, trained_tokens
 
         t0 = time.perf_counter()
         weights = self.parts.token_weights
@@ -243,10 +249,11 @@ class Trainer:
         metrics = await self.in_learner(self.learner.train_step, made)
         self.progress.step += 1
         self.watchdog.progress()
+        flags = [loss_turns(seq, len(t.turns), weights) for t, seq in zip(batch, seqs)]
+        metrics.update(trained_scalars(batch, flags, trained_tokens(seqs, weights)))
         with (self.parts.run_dir / "trajectories.jsonl").open("a") as f:  # what the learner trained on
-            for t, seq in zip(batch, seqs):  # `loss` per turn: did its tokens carry loss this step
-                record = t.to_record(loss=loss_turns(seq, len(t.turns), weights))
-                f.write(json.dumps({"step": self.step, **record}) + "\n")
+            for t, loss in zip(batch, flags):  # `loss` per turn: did its tokens carry loss this step
+                f.write(json.dumps({"step": self.step, **t.to_record(loss=loss)}) + "\n")
         for t in batch:
             self.ledger.record(t.episode_id, "trained", step=self.step)
         if self.step % self.cfg.publish_every == 0:
@@ -315,8 +322,19 @@ class Trainer:
         }
 
     # ----------------------------------------------------------------- evals
-    async def evaluate(self, who: str) -> dict[str, Any]:
-        """Greedy play of the held-out games by the student (or the teacher) alone."""
+    def dev_games(self) -> list[Any]:
+        """The dev games of the eval every `eval.every` steps: `eval.every_n` of the dev split,
+        drawn as `rose-ray eval --split dev --n N --seed S` draws them."""
+        from rose_ray.envs.worlds import get_world
+
+        if self._dev_games is None:
+            cfg = self.cfg
+            catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
+            self._dev_games = catalogue.sample("dev", cfg.eval.every_n, cfg.eval.seed, tasks=cfg.tasks)
+        return self._dev_games
+
+    async def evaluate(self, who: str, games: list[Any] | None = None) -> dict[str, Any]:
+        """Greedy play of the held-out games (or `games`) by the student (or the teacher) alone."""
         from rose_ray.evaluate import evaluate_games, summarise
         from rose_ray.rollout.episode import EpisodeConfig
         from rose_ray.rollout.handoff import StudentOnly
@@ -325,7 +343,8 @@ class Trainer:
         agent = self.parts.teacher if who == "teacher" else self.parts.student
         ep = EpisodeConfig(max_turns=self.cfg.eval.max_turns, report=self.cfg.rollout.report,
                            student_sampling=SamplingParams(0.0, 1.0, self.cfg.eval.max_new_tokens))
-        records = await evaluate_games(self.parts.eval_runner(), self.parts.eval_games, agent, None, ep,
+        games = self.parts.eval_games if games is None else games
+        records = await evaluate_games(self.parts.eval_runner(), games, agent, None, ep,
                                        StudentOnly(), protocol=self.parts.protocol)
         return summarise(records)["overall"]
 
@@ -334,9 +353,12 @@ class Trainer:
         if who == "student":
             self.metrics.log(step, {"eval/score": result["score"], "eval/success": result["success"],
                                     "eval/pass": result["pass"]})
+        if who == "dev":
+            self.metrics.log(step, {f"eval/dev_{k}": result[k] for k in
+                                    ("score", "success", "pass", "invalid_action_rate", "cut_before_action_rate")})
 
     async def _eval_in_background(self, step: int) -> None:
-        await self.log_eval(step, "student", await self.evaluate("student"))
+        await self.log_eval(step, "dev", await self.evaluate("student", self.dev_games()))
 
     # ----------------------------------------------------------------- failures
     async def supervise(self, loop: Any) -> BaseException | None:
@@ -460,6 +482,7 @@ class Trainer:
             "before": student[0] if student and student[0]["step"] == 0 else None,
             "after": student[-1] if student and student[-1]["step"] == self.step and self.step else None,
             "teacher": teacher[0] if teacher else None,
+            "dev": [e for e in evals if e["who"] == "dev"],  # the eval.every curve
             "buffer": self.buffer.counters.as_dict(), "runner": self.runner.counters.as_dict(),
             "replies": self.progress.replies,
             "accounting_holds": self.buffer.accounting_holds(),

@@ -6,7 +6,8 @@ Nothing here holds a model, a JVM or an open handle, so every object pickles che
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rose_ray.envs import DEFAULT_WORLD
@@ -49,7 +50,9 @@ class Turn:
     the teacher's teacher-forced logprobs of a student turn's ids (OPD), one per logprob.
     `truncated`: the reply hit max_new_tokens, so its closing end-of-turn id was appended,
     not sampled (the learner gives that id no loss). `frame`: how many leading ids are the chat
-    template's framing (a role header; chat.history=template), context only.
+    template's framing (a role header; chat.history=template), context only; `close`: how many
+    trailing ids follow the turn's end-of-turn id (the template's closing text or generation
+    prompt on a conversation's last turn), context only.
     """
 
     role: Role
@@ -61,6 +64,7 @@ class Turn:
     teacher_logprobs: list[float] | None = None
     truncated: bool = False
     frame: int = 0
+    close: int = 0
 
 
 @dataclass
@@ -83,6 +87,10 @@ class Trajectory:
     context_cut: list[int] = field(default_factory=list)
     truncated_turns: int = 0  # replies cut at max_new_tokens
     cut_before_action: int = 0  # of those, replies with no `Action:` line before the cut
+    # Indices in `turns` of the replies whose action the game did not accept (or that had none),
+    # and of those that sent the same action as the reply before them (a loop's mark).
+    invalid_turns: list[int] = field(default_factory=list)
+    repeated_turns: list[int] = field(default_factory=list)
     episode_id: str = ""
     handoff_p: float | None = None  # decay: the takeover probability per student turn
     handoff_seed: str | None = None  # decay: seeds the takeover draws (with the turn)
@@ -110,6 +118,7 @@ class Trajectory:
         if loss is not None and len(loss) != len(self.turns):
             raise ValueError(f"loss: {len(loss)} flags for {len(self.turns)} turns")
         conversations = []
+        invalid, repeated = set(self.invalid_turns), set(self.repeated_turns)
         for i, t in enumerate(self.turns):
             if schema == "card":
                 m: dict[str, Any] = {"role": t.role, "content": t.text, "owner": t.owner}
@@ -121,6 +130,10 @@ class Trajectory:
                 m["loss"] = bool(loss[i])
             if t.truncated:
                 m["truncated"] = True
+            if i in invalid:
+                m["invalid"] = True
+            if i in repeated:
+                m["repeated"] = True
             conversations.append(m)
         extra: dict[str, Any] = {}
         if self.handoff_p is not None:
@@ -151,6 +164,15 @@ class SamplingParams:
     max_new_tokens: int = 512
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+
+    def for_turn(self, game: str, turn: int | str) -> SamplingParams:
+        """These settings for one turn of one game: a set `seed` becomes that turn's own, a
+        stable hash of (seed, game, turn), so the turns and games of a seeded run draw
+        independently of each other and the same on every rerun."""
+        if self.seed is None:
+            return self
+        digest = hashlib.sha256(f"{self.seed}/{game}/{turn}".encode()).digest()
+        return replace(self, seed=int.from_bytes(digest[:8], "big") >> 1)  # 63 bits: any engine takes it
 
 
 @dataclass

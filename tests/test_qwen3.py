@@ -177,6 +177,34 @@ def test_template_history_gives_the_templates_own_rendering(tiny_qwen3, template
     assert render_seq(_turns(conv), chat).input_ids == seq.input_ids
 
 
+@pytest.mark.parametrize("template", ["stand-in", "qwen3-history"])
+@pytest.mark.parametrize("thinking", [False, True])
+@pytest.mark.parametrize("replies", [1, 3])
+def test_a_row_that_ends_with_a_reply_trains_only_the_replies(tiny_qwen3, template, thinking, replies):
+    """A conversation that ends with a reply (AgentGym rows, `rose-ray sft`): the template frames
+    that reply with a think block and closes it with "\n"; both are context. Cut at
+    max_new_tokens, the reply's appended end-of-turn id is the one left untrained."""
+    from rose_ray.tokens import TokenWeights, make_batch
+    from rose_ray.tokens import render as render_seq
+
+    tok = load_tokenizer(tiny_qwen3["student"])
+    if template == "qwen3-history":
+        tok.chat_template = QWEN3_HISTORY
+    chat = ChatFormat(tok, thinking, "template")
+    conv = _conversation(replies)[:-1]
+    shown = [r.split("</think>")[-1].lstrip("\n") if "</think>" in r else r for r in REPLIES[:replies]]
+    # As the closing message, the template shows the reply after its think block, newlines stripped.
+    shown[-1] = shown[-1].lstrip("\n")
+    for cut in (False, True):
+        turns = _turns(conv)
+        turns[-1].truncated = cut
+        for seq in (render_seq(chat.apply_template(turns, add_generation_prompt=False)), render_seq(turns, chat)):
+            assert seq.input_ids == chat.render_ids(conv, False)  # still the template's, token for token
+            batch = make_batch([seq], TokenWeights(ce={"teacher": 1.0}), max_tokens=len(seq))
+            trained = tok.decode([int(i) for i, w in zip(batch.input_ids[0], batch.weights["ce"][0]) if w > 0])
+            assert trained == "".join(f"{r}<|im_end|>" for r in shown)[: -len("<|im_end|>") if cut else None]
+
+
 def test_the_plain_template_is_not_a_rewriter(tiny_models):
     assert not ChatFormat(load_tokenizer(tiny_models["student"])).rewrites_history
 

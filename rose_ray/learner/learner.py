@@ -58,7 +58,7 @@ class LearnerConfig:
     adam_eps: float = 1e-8
     schedule: str = "constant"
     warmup_steps: int = 0
-    total_steps: int = 0  # needed by linear / cosine
+    total_steps: int = 0  # the steps linear / cosine decay over (`rose-ray train`: its `steps`)
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0  # 0 disables
     # tokens per packed row, at least the student engine's context; also the token budget of a
@@ -92,7 +92,8 @@ class LearnerConfig:
         need(self.schedule in SCHEDULES, "schedule", f"must be one of {SCHEDULES}")
         need(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
         need(self.schedule == "constant" or self.total_steps > self.warmup_steps, "total_steps",
-             f"must exceed warmup_steps for a {self.schedule} schedule")
+             f"must exceed learner.warmup_steps={self.warmup_steps} for a {self.schedule} schedule "
+             "(in a run it defaults to `steps`)")
         need(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
         need(self.grad_clip >= 0, "grad_clip", "must be >= 0")
         need(self.max_tokens >= 2, "max_tokens", "must be >= 2")

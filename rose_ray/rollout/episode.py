@@ -124,6 +124,8 @@ async def run_episode(
     scoring = dict(first.info.get("scoring") or {})
     handoff_turn: int | None = None
     invalid = truncated_turns = cut_before_action = 0
+    invalid_turns: list[int] = []  # indices in conv.turns of replies the game did not accept
+    repeated_turns: list[int] = []  # of replies that sent the action the reply before them sent
     last_action, done, end_reason, replayed = None, False, "turn_limit", 0
     if replay:  # the recorded replies first, each observation checked against the record
         _check_observation(game, 0, replay[0].text, first.observation)
@@ -139,7 +141,8 @@ async def run_episode(
         if teacher is not None and handoff_turn is None and handoff.takes_over(turn, state):
             handoff_turn = turn  # the teacher acts from this turn to the end
         owner = "student" if handoff_turn is None else "teacher"
-        request = GenerationRequest(sampling=config.teacher_sampling if owner == "teacher" else config.student_sampling,
+        sampling = config.teacher_sampling if owner == "teacher" else config.student_sampling
+        request = GenerationRequest(sampling=sampling.for_turn(game.item_id, turn),  # a seed: this turn's own
                                     turns=conv.prompt(owner), request_id=f"{request_prefix}{game.item_id}/t{turn}")
         t0 = time.perf_counter()
         result = await conv.agent(owner).engine.generate.remote(request)
@@ -152,6 +155,10 @@ async def run_episode(
         last = await step(parsed.action)
         bad = not parsed.valid_format or protocol.is_invalid(last.observation)
         invalid += bad
+        if bad:
+            invalid_turns.append(len(conv.turns) - 2)  # the reply, before the observation it got
+        if parsed.action is not None and parsed.action == last_action:
+            repeated_turns.append(len(conv.turns) - 2)
         truncated_turns += reply.truncated
         cut_before_action += reply.truncated and not parsed.valid_format
         if owner == "student":
@@ -180,6 +187,7 @@ async def run_episode(
         rounds=rounds, handoff_turn=handoff_turn, student_version=min(versions) if versions else None,
         done=done, end_reason=end_reason, context_cut=conv.cut, invalid_actions=int(invalid),
         truncated_turns=int(truncated_turns), cut_before_action=int(cut_before_action),
+        invalid_turns=invalid_turns, repeated_turns=repeated_turns,
         handoff_p=p, handoff_seed=state.seed if p is not None else None, timing=timing,
         report=report, report_turns=report_turns, scoring=scoring,
     )

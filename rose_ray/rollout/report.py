@@ -51,8 +51,8 @@ async def ask_report(question: str, conv: Conversation, config: EpisodeConfig, r
         view = agent.chat.apply_template(view, add_generation_prompt=True)
     sampling = config.teacher_sampling if owner == "teacher" else config.student_sampling
     t0 = time.perf_counter()
-    result = await agent.engine.generate.remote(GenerationRequest(sampling=sampling, turns=view,
-                                                                  request_id=request_id))
+    result = await agent.engine.generate.remote(GenerationRequest(sampling=sampling.for_turn(request_id, "report"),
+                                                                  turns=view, request_id=request_id))
     timing["report_s"] = time.perf_counter() - t0
     if result.finish_reason == "context":
         return "", [ask]

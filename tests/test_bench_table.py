@@ -1,0 +1,71 @@
+"""bench/table.py's fairness and outputs: every arm gets the same learner settings and the bench
+seed, the SFT arm's teacher plays as the online arms' teacher does, and the figure is written."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from rose_ray.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = str(ROOT / "configs" / "small.yaml")
+
+
+def load_table():
+    spec = importlib.util.spec_from_file_location("bench_table", ROOT / "bench" / "table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_arm_gets_the_same_learner_settings_and_the_bench_seed():
+    table = load_table()
+    common = ["learner.lr=3e-4", "learner.schedule=cosine", "learner.warmup_steps=2", "learner.weight_decay=0.1",
+              "learner.grad_clip=0.5", "chat.history=template"]
+    arms = ["sft", "rose_fixed", "rose_curriculum", "rose_decay"]  # opd refuses template history
+    configs = {arm: load_config(SMALL, [*common, *table.arm_overrides(arm, 8, seed=2)]) for arm in arms}
+    learners = {arm: asdict(cfg.learner) for arm, cfg in configs.items()}
+    assert all(learner == learners["sft"] for learner in learners.values()), learners
+    assert learners["sft"]["seed"] == 2 and configs["rose_fixed"].seed == 2
+    assert (learners["sft"]["lr"], learners["sft"]["schedule"], learners["sft"]["total_steps"]) == (3e-4, "cosine", 8)
+    # The SFT arm's learner gets every one of them (train_sft takes LearnerConfig fields) ...
+    sft = table.learner_settings(configs["sft"])
+    assert sft == {k: v for k, v in learners["rose_fixed"].items() if k != "model"}
+    # ... and its teacher plays as the online arms' teacher: its engine's dtype, the run's history.
+    cfg = load_config(SMALL, ["teacher_engine.dtype=bfloat16", "chat.history=template"])
+    play = table.teacher_play(cfg, "teacher-folder")
+    assert (play.dtype, play.history, play.temperature, play.max_new_tokens) == (
+        "bfloat16", "template", cfg.rollout.teacher_sampling.temperature, cfg.rollout.teacher_sampling.max_new_tokens)
+    assert play.engines()["--model"].dtype == "bfloat16"
+    assert play.backend == cfg.teacher_engine.backend == "hf"  # not `auto` (vLLM where installed)
+    assert table.teacher_play(load_config(SMALL), "t").history == "sampled"  # the small tier's
+
+
+def _run(score: float, seed: int) -> dict:
+    games = [{"item_id": f"g{i}", "task": "t", "score": score * (i % 2), "success": 0.0, "pass": float(i % 2)}
+             for i in range(4)]
+    return {"games": games, "wall_s": 1.0, "trained_tokens": 100.0,
+            "after": {"score": score / 2, "success": 0.0, "pass": 0.5, "invalid_action_rate": 0.25 + seed / 10,
+                      "cut_before_action_rate": 0.1},
+            "diagnostics": {"rollout/student_valid_rate": 0.5, "learner/trained_tokens_teacher": 40.0},
+            "dev": [{"step": s, "score": score * s / 4} for s in (0, 2, 4)]}
+
+
+def test_the_table_shows_play_rates_and_diagnostics_and_the_figure_is_a_png(tmp_path):
+    table = load_table()
+    runs = {"student": [{k: v for k, v in _run(0.2, 0).items() if k not in ("diagnostics", "dev")}],
+            "sft": [_run(0.3, s) for s in range(2)], "rose_fixed": [_run(0.1, s) for s in range(2)]}
+    rows = table.table_rows(runs)
+    sft = next(r for r in rows if r["arm"] == "sft")
+    assert sft["invalid_action_rate"] == np.mean([0.25, 0.35]) and sft["cut_before_action_rate"] == 0.1
+    assert sft["diagnostics"] == {"rollout/student_valid_rate": 0.5, "learner/trained_tokens_teacher": 40.0}
+    text = table.markdown(rows, table.difference_rows(runs))
+    assert "| invalid | cut |" in text and "| sft | 2 | 100 | 0.1500 [" in text and "| 0.30 | 0.10 |" in text
+    diag = table.diagnostics_markdown(rows)
+    assert "| sft | 0.50 | - | - | 40 |" in diag and "| student |" not in diag
+    png = table.write_figure(rows, runs, tmp_path / "out" / "table.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
