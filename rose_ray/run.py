@@ -69,15 +69,20 @@ class Publisher:
     def __init__(self, learner: Any, student: Any, engines: Any, failures: Failures) -> None:
         self.learner, self.student, self.engines, self.failures = learner, student, engines, failures
         self.weights_ms = 0.0
+        self.published: tuple[Any, int] | None = None  # (engine, learner version) last sent
 
     def publish_now(self, engine: Any) -> None:
+        version = self.learner.version
         self.weights_ms = self.learner.publish_weights([engine])["total_ms"]
+        self.published = (engine, version)
 
     async def publish(self) -> None:
         """To the serving student engine. One lost meanwhile is replaced first (the replacement
         gets the weights before it serves); LearnerLost is the learner's, raised."""
         while True:
             engine = self.student.engine
+            if self.published == (engine, self.learner.version):
+                return  # a step skipped for a non-finite loss made no new version: nothing to send
             try:
                 return await asyncio.to_thread(self.publish_now, engine)
             except LearnerLost:
