@@ -187,13 +187,19 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
         finally:
             free.append(slot)
 
-    from tqdm import tqdm
+    from rose_ray.metrics import progress as progress_bar
 
+    bar = progress_bar(len(games), "gold", "game") if progress else None
+    rows = []
     try:
         with ThreadPoolExecutor(max_workers=pool.num_games()) as ex:
-            rows = list(tqdm(ex.map(play, range(len(games)), games), total=len(games), desc="gold", unit="game",
-                             disable=not progress))
+            for row in ex.map(play, range(len(games)), games):
+                rows.append(row)
+                if bar is not None:
+                    bar.update(1)
     finally:
+        if bar is not None:
+            bar.close()
         pool.close()
     return [r for r in rows if r is not None], problems
 

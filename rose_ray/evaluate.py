@@ -357,11 +357,10 @@ def _judge_config(cfg: EvalJob):
 
 def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial: Path,
                         done: dict[str, dict[str, Any]], header: dict[str, Any], protocol=None) -> None:
-    from tqdm import tqdm
-
     from rose_ray.files import open_for_append
+    from rose_ray.metrics import progress
 
-    bar = tqdm(total=len(todo), desc="eval", unit="game", dynamic_ncols=True)
+    bar = progress(len(todo), "eval", "game")
     # A last line cut by a kill is dropped first: what is appended starts on a line of its own.
     with open_for_append(partial) as f:
         if partial.stat().st_size == 0:  # the header ties the partial results to the settings that made them

@@ -134,3 +134,36 @@ def trained_scalars(batch: list[Any], loss_flags: list[list[bool]], tokens: dict
         out["learner/trained_repeated_rate"] = sum(i in set(t.repeated_turns) for t, i in trained) / n
         out["learner/trained_invalid_rate"] = sum(i in set(t.invalid_turns) for t, i in trained) / n
     return out
+
+
+class LineProgress:
+    """Progress as plain lines ("eval: 12/48 games, score=0.125"), about every tenth of the work,
+    for logs that are not a terminal (a Ray job's log, `bench/table.py > log`), where tqdm's
+    `\\r` updates would pile into one long line."""
+
+    def __init__(self, total: int, desc: str, unit: str, file: Any = None) -> None:
+        self.total, self.desc, self.unit, self.n = total, desc, unit, 0
+        self.file = file or sys.stderr
+        self.every = max(1, total // 10)
+        self.postfix = ""
+
+    def update(self, n: int = 1) -> None:
+        before, self.n = self.n, self.n + n
+        if self.n // self.every != before // self.every or self.n == self.total:
+            print(f"{self.desc}: {self.n}/{self.total} {self.unit}s{self.postfix}", file=self.file, flush=True)
+
+    def set_postfix(self, **values: Any) -> None:
+        self.postfix = "".join(f", {k}={v}" for k, v in values.items())
+
+    def close(self) -> None:
+        pass
+
+
+def progress(total: int, desc: str, unit: str, file: Any = None) -> Any:
+    """A tqdm bar on a terminal, plain progress lines elsewhere (LineProgress)."""
+    out = file or sys.stderr
+    if out.isatty():
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, file=out)
+    return LineProgress(total, desc, unit, out)

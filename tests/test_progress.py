@@ -1,0 +1,32 @@
+"""Progress in logs that are not a terminal: plain lines, not tqdm's carriage-return updates."""
+
+from __future__ import annotations
+
+import io
+
+from rose_ray.metrics import LineProgress, progress
+
+
+def test_progress_off_a_terminal_prints_about_ten_plain_lines():
+    out = io.StringIO()  # not a tty, like a Ray job's log
+    bar = progress(48, "eval", "game", file=out)
+    assert isinstance(bar, LineProgress)
+    for i in range(48):
+        bar.set_postfix(score=f"{i / 48:.3f}")
+        bar.update(1)
+    bar.close()
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert "\r" not in text
+    assert 8 <= len(lines) <= 13, lines
+    assert lines[-1] == "eval: 48/48 games, score=0.979"
+    assert [int(line.split()[1].split("/")[0]) for line in lines] == sorted(
+        int(line.split()[1].split("/")[0]) for line in lines)
+
+
+def test_a_small_job_reports_every_game():
+    out = io.StringIO()
+    bar = LineProgress(3, "gold", "game", out)
+    for _ in range(3):
+        bar.update(1)
+    assert out.getvalue().splitlines() == ["gold: 1/3 games", "gold: 2/3 games", "gold: 3/3 games"]
