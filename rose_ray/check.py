@@ -51,17 +51,15 @@ def _tokenizer_path(cfg: TrainConfig, role: str, name: str, stand_ins: dict[str,
         from rose_ray.models import init_tiny
 
         return str(init_tiny(Path(cfg.tiny_dir).expanduser(), seed=0)[name[5:]])
-    if not Path(name).is_dir():
-        from rose_ray.models import ModelNotAvailable, load_tokenizer
+    from rose_ray.models import ModelNotAvailable, local_model
 
-        try:
-            load_tokenizer(name)  # the local Hugging Face cache may hold it
-        except ModelNotAvailable:
-            raise InputError(
-                f"{role}_engine.model: {name!r} is not on this machine; pass "
-                f"--tokenizer-for {name}=DIR with a folder holding its tokenizer"
-            ) from None
-    return name
+    try:
+        return local_model(name)  # a folder, or a hub id's snapshot in the local Hugging Face cache
+    except ModelNotAvailable:
+        raise InputError(
+            f"{role}_engine.model: {name!r} is not on this machine; pass "
+            f"--tokenizer-for {name}=DIR with a folder holding its tokenizer"
+        ) from None
 
 
 def show_pieces(role: str, chat: Any, protocol: Any, budget: int) -> list[str]:
