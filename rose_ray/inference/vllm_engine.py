@@ -209,6 +209,11 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = float(c.gpu_memory_utilization)
         else:  # vLLM would otherwise take a share of host memory for its KV cache
             kwargs["kv_cache_memory_bytes"] = int(c.kv_cache_mb * 2**20)
+        if c.tensor_parallel_size > 1:
+            # One process per rank, children of this actor, on the GPUs its bundle holds. Inside
+            # a placement group vLLM would pick its Ray executor, which refuses a bundle of more
+            # than one GPU (and on CPU refuses to run at all).
+            kwargs["distributed_executor_backend"] = "mp"
         self.max_model_len = self._model_len()
         return LLM(
             model=self.model_dir, tokenizer=c.tokenizer or self.model_dir, dtype=resolve_dtype(c.dtype, self.device),
