@@ -93,6 +93,13 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
     from rose_ray.recipes.warmup import resolve_tiny
 
     out = []
+    if "openai" in (cfg.student_engine.backend, cfg.teacher_engine.backend):
+        from rose_ray.config import check_served_urls
+        from rose_ray.rollout.actors import init_ray
+        from rose_ray.run import alive_nodes
+
+        init_ray(cfg.ray_address)  # the run's cluster: a loopback URL reaches one node only
+        check_served_urls(cfg, len(alive_nodes()))
     for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine)):
         if engine.backend != "openai":
             continue

@@ -47,7 +47,8 @@ def init_ray(address: str | None = None) -> None:
         address = "local"
     if address == "local":
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster
-    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    # Workers' output (vLLM, NCCL, DeepSpeed, the env JVMs) reaches the job's log.
+    ray.init(address=address, include_dashboard=False, log_to_driver=True)
 
 
 def check_backends_here(*configs: Any) -> None:
