@@ -83,6 +83,16 @@ def show_pieces(role: str, chat: Any, protocol: Any, budget: int) -> list[str]:
     return lines
 
 
+def _on_a_cluster(cfg: TrainConfig) -> bool:
+    """Ray is joined or to be joined (a private local cluster is this machine alone)."""
+    import os
+
+    import ray
+
+    address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
+    return ray.is_initialized() or (bool(address) and address != "local")
+
+
 def check_served_engines(cfg: TrainConfig) -> list[str]:
     """Each engine with backend openai, asked before a run whether it can do its job (its served
     model's name, context and logprobs, and prompt scoring for a teacher that scores: OPD);
@@ -93,7 +103,7 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
     from rose_ray.recipes.warmup import resolve_tiny
 
     out = []
-    if "openai" in (cfg.student_engine.backend, cfg.teacher_engine.backend):
+    if "openai" in (cfg.student_engine.backend, cfg.teacher_engine.backend) and _on_a_cluster(cfg):
         from rose_ray.config import check_served_urls
         from rose_ray.rollout.actors import init_ray
         from rose_ray.run import alive_nodes
