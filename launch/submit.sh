@@ -15,7 +15,7 @@
 # Where runs go is settled here and printed: an absolute ROSE_RAY_RUNS (on storage the head node
 # keeps); else, when the Ray head is this machine, ROSE_RAY_RUNS or ./runs made absolute from
 # this directory; else it refuses (exit 2). Each run is a new version_N folder under the
-# config's run_dir. Passed through to the job when set: ROSE_RAY_RUNS, HF_HOME,
+# config's run_dir. Passed through to the job when set: ROSE_RAY_RUNS, ROSE_RAY_CACHE, HF_HOME,
 # HF_HUB_OFFLINE, HF_ENDPOINT. Waits for the job and exits 1 if it fails.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -118,7 +118,7 @@ runtime_env=$("$PY" - "$root" ${envs[@]+"${envs[@]}"} <<'PYEOF'
 import json, os, sys
 root, pairs = sys.argv[1], sys.argv[2:]
 env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-for key in ("ROSE_RAY_RUNS", "HF_HOME", "HF_HUB_OFFLINE", "HF_ENDPOINT", "RAY_AUTH_MODE"):
+for key in ("ROSE_RAY_RUNS", "ROSE_RAY_CACHE", "HF_HOME", "HF_HUB_OFFLINE", "HF_ENDPOINT", "RAY_AUTH_MODE"):
     if os.environ.get(key):
         env[key] = os.environ[key]
 for pair in pairs:
