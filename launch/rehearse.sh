@@ -21,7 +21,8 @@ if [ $# -gt 0 ] && [[ "$1" != *=* ]]; then
   shift
 fi
 PY=${PYTHON:-python3}
-work=$(mktemp -d "${TMPDIR:-/tmp}/rr_rehearse.XXXXXX")
+# A short path: Ray's socket paths under its temp dir must stay within 107 characters.
+work=$(mktemp -d "/tmp/rr_rehearse.XXXXXX")
 unset RAY_ADDRESS
 export RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false DS_ACCELERATOR=cpu
 export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH}
@@ -56,11 +57,13 @@ ports() {  # per raylet: distinct agent, metrics and worker ports
 mapfile -t head_ports < <(ports $((port + 10)))
 mapfile -t node_ports < <(ports $((port + 500)))
 ray start --head --port="$port" --num-cpus=1 --num-gpus=0 --temp-dir="$work/head" --include-dashboard=false \
-  --ray-client-server-port=$((port + 7)) --disable-usage-stats "${head_ports[@]}" >"$work/head.log" 2>&1
+  --ray-client-server-port=$((port + 7)) --disable-usage-stats "${head_ports[@]}" >"$work/head.log" 2>&1 \
+  || { tail -20 "$work/head.log" >&2; exit 1; }
 mkdir -p "$work/node/home" "$work/node/cwd"
 # The GPU node: 8 fake GPUs and enough logical CPUs for the config's CPU counts per role.
 (cd "$work/node/cwd" && HOME="$work/node/home" ray start --address="127.0.0.1:$port" --num-cpus=32 --num-gpus=8 \
-  --temp-dir="$work/node/tmp" --disable-usage-stats "${node_ports[@]}" >"$work/node.log" 2>&1)
+  --temp-dir="$work/node/tmp" --disable-usage-stats "${node_ports[@]}" >"$work/node.log" 2>&1) \
+  || { tail -20 "$work/node.log" >&2; exit 1; }
 echo "rehearse: cluster at 127.0.0.1:$port (head: 1 CPU; node: 32 CPUs, 8 fake GPUs), work dir $work"
 
 mapfile -t changes < <(grep -v '^\s*\(#\|$\)' configs/rehearse.overrides)

@@ -35,7 +35,6 @@ def test_the_overrides_leave_placement_tp_engines_and_learner_as_shipped():
 def test_the_seed_config_rehearsed_reaches_step_3(tmp_path):
     pytest.importorskip("vllm", reason="the rehearsal runs both engines on vLLM (launch/setup.sh installs it)")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["TMPDIR"] = str(tmp_path)
     out = subprocess.run(["bash", str(ROOT / "launch/rehearse.sh")], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=1500)
     log = out.stdout + out.stderr
@@ -48,9 +47,10 @@ def test_the_seed_config_rehearsed_reaches_step_3(tmp_path):
     assert any("EnvPool" in w for w in where), where
     assert re.search(r"rehearse: step 3: .* weights v3 published", log), log[-4000:]
     assert "3 steps, policy version 3" in log
-    work = next(tmp_path.glob("rr_rehearse.*"))
-    left = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True).stdout.split()
+    work = re.search(r"work dir (\S+)", log).group(1)
+    left = subprocess.run(["pgrep", "-f", work], capture_output=True, text=True).stdout.split()
     assert not left, f"Ray processes of the rehearsal left running: {left}"
+    shutil.rmtree(work)
 
 
 def test_an_fp32_export_of_parameters_in_one_flat_buffer(tiny_models, tmp_path):
