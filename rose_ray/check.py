@@ -104,12 +104,13 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
 
     out = []
     if "openai" in (cfg.student_engine.backend, cfg.teacher_engine.backend) and _on_a_cluster(cfg):
+        import ray
+
         from rose_ray.config import check_served_urls
         from rose_ray.rollout.actors import init_ray
-        from rose_ray.run import alive_nodes
 
         init_ray(cfg.ray_address)  # the run's cluster: a loopback URL reaches one node only
-        check_served_urls(cfg, len(alive_nodes()))
+        check_served_urls(cfg, sum(bool(n.get("Alive")) for n in ray.nodes()))
     for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine)):
         if engine.backend != "openai":
             continue
