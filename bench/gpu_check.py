@@ -6,14 +6,18 @@ part's GPU memory never counts in another's:
 
 - `engine`: the vllm backend (VLLMEngine, bf16, CUDA graphs) serving 16 and then 64 concurrent
   multi-turn episodes (bench/generation.py's callers: 3 turns of 128 new tokens, temperature 1)
-  -> generated tokens/s; then one weight update of the whole model (update_weights, i.e.
-  vLLM's reload_weights and a prefix-cache reset) -> seconds; peak GPU memory of the process.
-- `learner`: the learner's forward as runs use it (learner/forward.py: packed segments, the
-  attention implementation `auto` picks, the LM head in chunks of 1,024 tokens, gradient
-  checkpointing) on one packed row of 16,384 tokens (4 segments), bf16 weights with an fp32
-  AdamW step -> tokens/s, MFU (6 x parameters x tokens/s over the GPU's dense bf16 peak; the
-  attention's own FLOPs are left out, as is usual) and peak GPU memory. DeepSpeed is left out:
-  one rank's compute is what the row's shape decides.
+  -> generated tokens/s; the KV cache vLLM allocated (blocks x block tokens) beside what the
+  memory plan (rose_ray/memory.py) counts for the same engine; then one weight update of the
+  whole model, its stages timed apart: `to_wire` (the learner's numpy views), the pickling a
+  tensor pays in Ray's object store, the engine's name/shape check, and vLLM's reload plus the
+  prefix-cache reset; peak GPU memory of the process.
+- `learner`: a real learner rank (LearnerWorker: DeepSpeed ZeRO-2, bf16 weights with fp32
+  master weights and fp32 AdamW moments, as runs hold them) running the learner's forward
+  (learner/forward.py: packed segments, the attention implementation `auto` picks, the LM head
+  in chunks of 1,024 tokens, gradient checkpointing) on one packed row of 16,384 tokens (4
+  segments) -> tokens/s, MFU (6 x parameters x tokens/s over the GPU's dense bf16 peak; the
+  attention's own FLOPs are left out, as is usual), peak GPU memory, and the publication's
+  first stage: gathering the full bf16 state on the rank.
 
     bash bench/gpu_check.sh                       # on a GPU machine, ~5 minutes on one H200
     python bench/gpu_check.py --part learner --shape tiny --device cpu   # a smoke run here
@@ -74,16 +78,28 @@ def part_engine(model: Path, device: str) -> dict[str, Any]:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import pickle
+
     from generation import play  # the same episode-like callers as bench/generation.py
 
     from rose_ray.inference.engine import EngineConfig
     from rose_ray.inference.vllm_engine import VLLMEngine
+    from rose_ray.learner.weights import to_wire
+    from rose_ray.memory import ModelShape, _engine_parts
 
-    engine = VLLMEngine(EngineConfig(backend="vllm", model=str(model), dtype="bfloat16", max_batch_size=64,
-                                     context_tokens=16384, gpu_memory_utilization=0.6, kv_cache_mb=2048),
-                        device=device)
+    config = EngineConfig(backend="vllm", model=str(model), dtype="bfloat16", max_batch_size=64,
+                          context_tokens=16384, gpu_memory_utilization=0.6, kv_cache_mb=2048)
+    engine = VLLMEngine(config, device=device)
     out: dict[str, Any] = {}
     try:
+        stats = engine.stats()
+        out["kv_allocated_gib"] = stats["kv_cache_bytes"] / 2**30 if stats.get("kv_cache_bytes") else None
+        out["kv_allocated_tokens"] = stats["kv_blocks"] * stats["kv_block_tokens"] if stats.get("kv_blocks") else None
+        shape = ModelShape.from_config(str(model), str(model / "config.json"),
+                                       json.loads((model / "config.json").read_text()))
+        gpu_bytes = torch.cuda.get_device_properties(0).total_memory if device.startswith("cuda") else None
+        out["kv_plan_gib"] = _engine_parts(config, shape, 2, 1, gpu_bytes, device.startswith("cuda"))["KV cache"] / 2**30
+        out["kv_plan_tokens"] = config.max_batch_size * config.context_tokens
         asyncio.run(play(engine.frontend(), engine.chat, 4, 1, 16))  # warm-up
         for callers in (16, 64):
             r = asyncio.run(play(engine.frontend(), engine.chat, callers, 3, 128))
@@ -93,10 +109,19 @@ def part_engine(model: Path, device: str) -> dict[str, Any]:
         state = {}
         for f in sorted(model.glob("*.safetensors")):
             state.update(load_file(str(f)))
-        t0 = time.perf_counter()
-        engine.update_weights(state, version=1)
-        out["weight_update_s"] = time.perf_counter() - t0
         out["weights_gib"] = sum(t.numel() * t.element_size() for t in state.values()) / 2**30
+        # The publication's stages after the learner's gather (timed in the learner part).
+        t0 = time.perf_counter()
+        wire = to_wire(state)
+        t1 = time.perf_counter()
+        wire = pickle.loads(pickle.dumps(wire, protocol=5))  # what the object store does to torch tensors
+        t2 = time.perf_counter()
+        engine._checkpoint_weights(wire)  # the engine's name and shape check and tensor views
+        t3 = time.perf_counter()
+        engine.update_weights(wire, version=1)  # the check again, vLLM's reload, the prefix-cache reset
+        t4 = time.perf_counter()
+        out.update(wire_ms=(t1 - t0) * 1e3, object_store_pickle_ms=(t2 - t1) * 1e3, check_ms=(t3 - t2) * 1e3,
+                   reload_ms=(t4 - t3 - (t3 - t2)) * 1e3, weight_update_s=t4 - t0)
     finally:
         engine.close()
     if device.startswith("cuda"):
@@ -105,36 +130,37 @@ def part_engine(model: Path, device: str) -> dict[str, Any]:
 
 
 def part_learner(model: Path, device: str, tokens: int, steps: int) -> dict[str, Any]:
-    import torch
-    from transformers import AutoModelForCausalLM
+    import socket
 
-    from rose_ray.learner.attention import resolve, transformers_name
-    from rose_ray.learner.forward import PackedForward
+    import torch
+
+    from rose_ray.learner.learner import LearnerConfig
+    from rose_ray.learner.worker import LearnerWorker
 
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    attn = resolve("auto", dtype)
-    net = AutoModelForCausalLM.from_pretrained(str(model), dtype=getattr(torch, dtype),
-                                               attn_implementation=transformers_name(attn)).to(device)
-    net.gradient_checkpointing_enable()
-    net.config.use_cache = False
-    net.train()
-    fwd = PackedForward(net, attn, chunk=1024)
-    optim = torch.optim.AdamW(net.parameters(), lr=1e-5)  # fp32 moments of bf16 weights
-    params = sum(p.numel() for p in net.parameters())
+    rank = LearnerWorker(rank=0, world_size=1, threads=max(1, (os.cpu_count() or 2) // 2))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rank.init_distributed("127.0.0.1", port, "auto")
+    info = rank.setup(LearnerConfig(model=str(model), dtype=dtype, zero_stage=2, ranks=1, max_tokens=tokens,
+                                    gradient_checkpointing=True, logprob_chunk=1024,
+                                    gpus_per_rank=1.0 if device.startswith("cuda") else 0.0))
+    attn, net, fwd = info["attn_implementation"], rank.engine, rank.packed
+    params = info["parameters"]
     segments = 4
     seg = tokens // segments
-    vocab = min(net.config.vocab_size, 8000)
+    vocab = min(net.module.config.vocab_size, 8000)
     t = {"input_ids": torch.randint(0, vocab, (1, tokens), device=device),
          "position_ids": torch.arange(seg, device=device).repeat(segments)[None],
          "attention_mask": torch.arange(1, segments + 1, device=device).repeat_interleave(seg)[None],
          "cu_seq_lens": torch.arange(0, tokens + 1, seg, device=device, dtype=torch.int32)}
 
-    def step() -> None:
+    def step() -> None:  # DeepSpeed's step: fp32 master weights and moments (ZeRO-2)
         hidden = fwd.hidden_states(net, t)
         loss = -fwd.token_logprobs(hidden, t["input_ids"]).mean()
-        loss.backward()
-        optim.step()
-        optim.zero_grad(set_to_none=True)
+        net.backward(loss)
+        net.step()
 
     step()  # warm-up (allocations, kernels)
     if device.startswith("cuda"):
@@ -145,8 +171,15 @@ def part_learner(model: Path, device: str, tokens: int, steps: int) -> dict[str,
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = (time.perf_counter() - t0) / steps
+    t0 = time.perf_counter()
+    rank.full_state("bfloat16")  # the publication's first stage: the full bf16 state on rank 0
+    gather_ms = (time.perf_counter() - t0) * 1e3
+    adam = getattr(net.optimizer, "optimizer", net.optimizer)  # ZeRO's wrapper holds the torch AdamW
+    optimizer_state = [v for s in adam.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
     out = {"attention": attn, "parameters": params, "row_tokens": tokens, "segments": segments,
-           "step_s": seconds, "tokens_per_s": tokens / seconds, "learner_peak_gib": gpu_peak_gib(device)}
+           "step_s": seconds, "tokens_per_s": tokens / seconds, "learner_peak_gib": gpu_peak_gib(device),
+           "gather_ms": gather_ms, "optimizer_state_dtypes": sorted({str(v.dtype) for v in optimizer_state}),
+           "zero_stage": 2}
     if device.startswith("cuda"):
         name = torch.cuda.get_device_name()
         peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
@@ -200,7 +233,13 @@ def main() -> None:
     print(f"\n| {args.shape} on {lr.get('gpu', args.device)} | value |\n| --- | ---: |")
     print(f"| vllm tokens/s, 16 episodes | {cell(e, 'tokens_per_s_16', '.0f')} |")
     print(f"| vllm tokens/s, 64 episodes | {cell(e, 'tokens_per_s_64', '.0f')} |")
+    print(f"| vllm KV allocated, GiB (tokens) | {cell(e, 'kv_allocated_gib', '.1f')} ({cell(e, 'kv_allocated_tokens', ',')}) |")
+    print(f"| memory plan's KV, GiB (tokens) | {cell(e, 'kv_plan_gib', '.1f')} ({cell(e, 'kv_plan_tokens', ',')}) |")
     print(f"| one weight update (s) | {cell(e, 'weight_update_s', '.2f')} |")
+    for stage, key, part in (("gather on the rank", "gather_ms", lr), ("to_wire", "wire_ms", e),
+                             ("object-store pickling", "object_store_pickle_ms", e),
+                             ("engine's name check", "check_ms", e), ("vLLM reload + cache reset", "reload_ms", e)):
+        print(f"| publication: {stage} (ms) | {cell(part, key, '.0f')} |")
     print(f"| engine GPU memory reserved (GiB) | {cell(e, 'engine_gpu_reserved_gib', '.1f')} |")
     print(f"| learner tokens/s ({args.tokens:,}-token row, {lr.get('attention', '?')}) | {cell(lr, 'tokens_per_s', '.0f')} |")
     print(f"| learner MFU | {cell(lr, 'mfu', '.1%')} |")

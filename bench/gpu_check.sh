@@ -1,15 +1,43 @@
 #!/usr/bin/env bash
-# The prepared GPU check of issue 23 (point 9), for a machine with one GPU: vLLM tokens/s at 16
-# and 64 concurrent multi-turn episodes, one weight update, the learner's tokens/s, MFU and peak
-# memory at the seed's 16,384-token rows, on a Qwen3-1.7B-shaped model with random weights
-# (bench/gpu_check.py; about 5 minutes on one H200). Results go to $OUT (the device tool's
-# folder) when set, else bench/results/.
+# The prepared GPU check, for a machine with one GPU (bench/gpu_check.py; about 5 minutes on
+# one H200, well within 8): vLLM tokens/s at 16 and 64 concurrent multi-turn episodes, vLLM's
+# allocated KV cache beside the memory plan's, one weight publication with its stages timed
+# apart, and a real learner rank (DeepSpeed ZeRO-2, bf16 weights, fp32 master weights and
+# AdamW moments) on the seed's 16,384-token rows: tokens/s, MFU, peak memory. A
+# Qwen3-1.7B-shaped model with random weights (nothing is downloaded). Results go to $OUT
+# (the device tool's folder) when set, else bench/results/.
 #
-#   bash bench/gpu_check.sh
+#   bash bench/gpu_check.sh                  # the Python here already has what it needs
+#   bash bench/gpu_check.sh --wheels DIR     # offline: install from a folder of wheels first
+#
+# The wheels it needs (an offline GPU machine has none of them): rose_ray's dependencies and
+# its `vllm` extra for this Python and platform — vllm 0.32 with the torch it pins (2.13.0,
+# CUDA), deepspeed, transformers, ray[default], scienceworld and theirs; flash-attn if a wheel
+# for that torch/CUDA/Python is there (optional: the learner runs SDPA without it). Make the
+# folder where an index is reachable, for the GPU machine's Python:
+#   pip download -d DIR ".[vllm]"            # (+ a matching flash-attn wheel, if any)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+wheels=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --wheels) wheels=${2:?--wheels needs a folder}; shift 2 ;;
+    *) echo "gpu_check: unknown argument $1 (use --wheels DIR)" >&2; exit 2 ;;
+  esac
+done
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 out=${OUT:-bench/results}
+mkdir -p "$out"
 nvidia-smi -L || { echo "gpu_check: no GPU here (nvidia-smi found none)" >&2; exit 2; }
-python3 -c "import vllm" 2>/dev/null || echo "gpu_check: vLLM does not import here: the engine part will say so"
-PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} python3 bench/gpu_check.py --out "$out/gpu_check.json" 2>&1 | tee "$out/gpu_check.log"
+if [ -n "$wheels" ]; then
+  [ -d "$wheels" ] || { echo "gpu_check: --wheels $wheels is not a folder" >&2; exit 2; }
+  python3 -m pip install -q --no-index --find-links "$wheels" -e ".[vllm]"
+  if ls "$wheels"/flash_attn-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --find-links "$wheels" --no-deps flash-attn || \
+      echo "gpu_check: no flash-attn wheel in $wheels fits this torch/Python; the learner runs SDPA"
+  fi
+fi
+python3 -c "import vllm, deepspeed, torch; assert torch.cuda.is_available(), 'torch sees no GPU'" || \
+  { echo "gpu_check: vLLM, DeepSpeed or a CUDA torch is missing here (give --wheels DIR)" >&2; exit 2; }
+PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 480 python3 bench/gpu_check.py --out "$out/gpu_check.json" 2>&1 \
+  | tee "$out/gpu_check.log"

@@ -24,7 +24,7 @@
 # Where runs go is settled here and printed: an absolute ROSE_RAY_RUNS (on storage the head node
 # keeps); else, when the Ray head is this machine, ROSE_RAY_RUNS or ./runs made absolute from
 # this directory; else it refuses (exit 2). Each run is a new version_N folder under the
-# config's run_dir. Passed through to the job when set: ROSE_RAY_RUNS, HF_HOME,
+# config's run_dir. Passed through to the job when set: ROSE_RAY_RUNS, ROSE_RAY_CACHE, HF_HOME,
 # HF_HUB_OFFLINE, HF_ENDPOINT. Waits for the job and exits 1 if it fails.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -145,7 +145,7 @@ import json, os, sys
 root, pairs = sys.argv[1], sys.argv[2:]
 env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 # Never RAY_AUTH_*: the job runs with its cluster's auth setting, and a token is a secret.
-for key in ("ROSE_RAY_RUNS", "HF_HOME", "HF_HUB_OFFLINE", "HF_ENDPOINT"):
+for key in ("ROSE_RAY_RUNS", "ROSE_RAY_CACHE", "HF_HOME", "HF_HUB_OFFLINE", "HF_ENDPOINT"):
     if os.environ.get(key):
         env[key] = os.environ[key]
 SECRET_WORDS = {"KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS"}

@@ -51,17 +51,15 @@ def _tokenizer_path(cfg: TrainConfig, role: str, name: str, stand_ins: dict[str,
         from rose_ray.models import init_tiny
 
         return str(init_tiny(Path(cfg.tiny_dir).expanduser(), seed=0)[name[5:]])
-    if not Path(name).is_dir():
-        from rose_ray.models import ModelNotAvailable, load_tokenizer
+    from rose_ray.models import ModelNotAvailable, local_model
 
-        try:
-            load_tokenizer(name)  # the local Hugging Face cache may hold it
-        except ModelNotAvailable:
-            raise InputError(
-                f"{role}_engine.model: {name!r} is not on this machine; pass "
-                f"--tokenizer-for {name}=DIR with a folder holding its tokenizer"
-            ) from None
-    return name
+    try:
+        return local_model(name)  # a folder, or a hub id's snapshot in the local Hugging Face cache
+    except ModelNotAvailable:
+        raise InputError(
+            f"{role}_engine.model: {name!r} is not on this machine; pass "
+            f"--tokenizer-for {name}=DIR with a folder holding its tokenizer"
+        ) from None
 
 
 def show_pieces(role: str, chat: Any, protocol: Any, budget: int) -> list[str]:
@@ -85,6 +83,16 @@ def show_pieces(role: str, chat: Any, protocol: Any, budget: int) -> list[str]:
     return lines
 
 
+def _on_a_cluster(cfg: TrainConfig) -> bool:
+    """Ray is joined or to be joined (a private local cluster is this machine alone)."""
+    import os
+
+    import ray
+
+    address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
+    return ray.is_initialized() or (bool(address) and address != "local")
+
+
 def check_served_engines(cfg: TrainConfig) -> list[str]:
     """Each engine with backend openai, asked before a run whether it can do its job (its served
     model's name, context and logprobs, and prompt scoring for a teacher that scores: OPD);
@@ -95,6 +103,14 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
     from rose_ray.recipes.warmup import resolve_tiny
 
     out = []
+    if "openai" in (cfg.student_engine.backend, cfg.teacher_engine.backend) and _on_a_cluster(cfg):
+        import ray
+
+        from rose_ray.config import check_served_urls
+        from rose_ray.rollout.actors import init_ray
+
+        init_ray(cfg.ray_address)  # the run's cluster: a loopback URL reaches one node only
+        check_served_urls(cfg, sum(bool(n.get("Alive")) for n in ray.nodes()))
     for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine)):
         if engine.backend != "openai":
             continue

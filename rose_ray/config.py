@@ -203,7 +203,9 @@ class TrainConfig:
     keep_checkpoints: int = 2
     samples_to_log: int = 2  # sample trajectories written to TensorBoard per eval
     tasks: list[str] = field(default_factory=list)  # train and eval on these tasks only (empty = all)
-    tiny_dir: str = "~/.cache/rose_ray/tiny"
+    # Tiny models and warm-up caches: under ROSE_RAY_CACHE where set (on a cluster, a path
+    # every node sees; checked at start), else the driver's ~/.cache/rose_ray.
+    tiny_dir: str = field(default_factory=lambda: f"{os.environ.get('ROSE_RAY_CACHE', '~/.cache/rose_ray')}/tiny")
     ray_address: str | None = None  # None: RAY_ADDRESS or a private local cluster; "auto": join `ray start`
     env: EnvConfig = field(default_factory=EnvConfig)
     chat: ChatConfig = field(default_factory=ChatConfig)
@@ -393,3 +395,26 @@ def to_dict(cfg: TrainConfig) -> dict[str, Any]:
 
 def first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0]
+
+
+def check_served_urls(cfg: TrainConfig, nodes: int) -> None:
+    """A served model's URL as every node reaches it: on a cluster of more than one node a
+    loopback address names a different machine for each engine actor (ConfigError naming the key)."""
+    import ipaddress
+    from urllib.parse import urlparse
+
+    if nodes < 2:
+        return
+    for role in ("student", "teacher"):
+        engine = getattr(cfg, f"{role}_engine")
+        if engine.backend != "openai":
+            continue
+        host = urlparse(engine.base_url).hostname or ""
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if loopback:
+            raise ConfigError(f"{role}_engine.base_url: {engine.base_url} is a loopback address, but this cluster has "
+                              f"{nodes} nodes and the {role} engine's actor may run on any of them; give the server's "
+                              "address as the other nodes reach it")

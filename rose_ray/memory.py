@@ -131,15 +131,15 @@ def shipped_sizes() -> dict[str, dict[str, Any]]:
     return {k: v for k, v in table.items() if not k.startswith("_")}
 
 
-def _hub_cached_config(name: str) -> str | None:
-    """config.json of `name` in the local Hugging Face cache, without asking the hub."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
+def _local_folder(name: str) -> Path | None:
+    """The folder of `name` (a local folder, or a hub id's snapshot in the local Hugging Face
+    cache, as the engines resolve it), or None."""
+    from rose_ray.models import ModelNotAvailable, local_model
 
-        found = try_to_load_from_cache(name, "config.json")
-    except Exception:  # not a repo id (a path, `tiny:`), or no cache
+    try:
+        return Path(local_model(name))
+    except ModelNotAvailable:
         return None
-    return found if isinstance(found, str) else None
 
 
 def model_shape(name: str, key: str, tiny_dir: str, config_for: dict[str, str]) -> ModelShape:
@@ -153,10 +153,8 @@ def model_shape(name: str, key: str, tiny_dir: str, config_for: dict[str, str]) 
         from rose_ray.models import init_tiny
 
         folder = init_tiny(Path(tiny_dir).expanduser(), seed=0)[name[5:]]
-    elif Path(name).is_dir():
-        folder = Path(name)
-    elif (cached := _hub_cached_config(name)) is not None:
-        folder = Path(cached).parent
+    else:
+        folder = _local_folder(name)
     if folder is not None:
         file = folder / "config.json"
         if not file.is_file():

@@ -101,6 +101,23 @@ def _offline_hint(name: str, err: Exception) -> ModelNotAvailable:
     )
 
 
+def local_model(name: str | Path) -> str:
+    """The folder a model name stands for, resolved once before anything reads its files: a
+    local folder as it is; a hub id (`Qwen/Qwen3-1.7B`) its snapshot in the local Hugging Face
+    cache (`$HF_HOME/hub/models--Qwen--Qwen3-1.7B/snapshots/<rev>/`, the revision `refs/main`
+    names; nothing is downloaded). Engines, the learner, tokenizers, vLLM's weight-name check,
+    `plan` and `check` all take this folder. ModelNotAvailable when it is neither."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return str(path)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(str(name), local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - not a repo id, or not in the cache: say which model
+        raise _offline_hint(str(name), e) from e
+
+
 def _quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
@@ -111,7 +128,7 @@ def load_tokenizer(name_or_path: str | Path) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(name_or_path))
+        tok = AutoTokenizer.from_pretrained(local_model(name_or_path))
     except (OSError, ValueError) as e:
         raise _offline_hint(str(name_or_path), e) from e
     if tok.pad_token is None:
@@ -129,7 +146,7 @@ def load_model(name_or_path: str | Path, dtype: str = "float32", device: str = "
     if torch_dtype is None:
         raise InputError(f"dtype must be float32, bfloat16, float16 or auto, not {dtype!r}")
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(local_model(name_or_path), dtype=torch_dtype)
     except (OSError, ValueError) as e:
         raise _offline_hint(str(name_or_path), e) from e
     return model.to(device).eval()

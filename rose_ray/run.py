@@ -100,6 +100,71 @@ class Publisher:
                 self.failures.report(lost)  # group, which then publishes to this engine
 
 
+SHARED_MARKER = ".rose_ray_shared"
+
+
+def alive_nodes() -> list[dict[str, Any]]:
+    import ray
+
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def check_shared_storage(paths: dict[str, Path]) -> list[str]:
+    """On a cluster of more than one node, each path (config key -> folder) must be the same
+    folder on every node: the learner writes checkpoints and the student's folder on its node,
+    engines load tiny and warmed models on theirs. The driver writes a marker with a fresh
+    token into each; a task on every node reads it back. An InputError names the key and the
+    nodes that do not see it. Returns one line per path checked (none on a single node)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from rose_ray.errors import InputError
+
+    nodes = alive_nodes()
+    if len(nodes) < 2:
+        return []
+
+    @ray.remote(num_cpus=0)
+    def read(marker: str) -> str | None:
+        try:
+            return Path(marker).read_text()
+        except OSError:
+            return None
+
+    lines = []
+    for key, folder in paths.items():
+        folder = Path(folder).expanduser().resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        marker, token = folder / SHARED_MARKER, os.urandom(8).hex()
+        marker.write_text(token)
+        refs = {n["NodeManagerAddress"] + " " + n["NodeID"][:8]: read.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(str(marker))
+            for n in nodes}
+        seen = dict(zip(refs, ray.get(list(refs.values()), timeout=120)))
+        blind = [node for node, text in seen.items() if text != token]
+        if blind:
+            raise InputError(f"{key}: {folder} is not shared storage: node(s) {', '.join(blind)} do not see what "
+                             "the driver wrote there; put it on a path every node mounts (ROSE_RAY_RUNS / run_dir "
+                             "for runs, ROSE_RAY_CACHE / tiny_dir for models and caches)")
+        lines.append(f"train: {key} {folder}: seen by all {len(nodes)} nodes")
+    return lines
+
+
+def await_ready(agents: dict[str, Any], timeout_s: float) -> None:
+    """Each engine has loaded its model (its actor constructed) before anything runs on it: a
+    broken teacher fails the start, not the first rollout after a long eval."""
+    import ray
+
+    for role, agent in agents.items():
+        try:
+            ray.get(agent.engine.ready.remote(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"the {role} did not start within reliability.start_timeout_s "
+                               f"({timeout_s:g} s)") from None
+        except ray.exceptions.RayActorError as e:
+            raise RuntimeError(f"the {role} failed to start: {e}") from None
+
+
 class RunParts:
     """The actors and state of one training run (see the module docstring)."""
 
@@ -125,6 +190,12 @@ class RunParts:
 
         cfg = self.cfg
         init_ray(cfg.ray_address)
+        shared = {"run_dir": self.run_dir}
+        if any(e.model.startswith("tiny:") for e in (cfg.student_engine, cfg.teacher_engine)) or \
+                cfg.teacher_warmup.enabled or cfg.student_warmup.enabled:
+            shared["tiny_dir (ROSE_RAY_CACHE)"] = Path(cfg.tiny_dir)
+        for line in check_shared_storage(shared):
+            print(line, flush=True)
         if cfg.resources.check_placement:  # fail now, naming the role, rather than wait forever
             check_cluster(cfg, use_total=True)
         self.groups = PlacementGroups(demands(cfg), timeout_s=cfg.resources.placement_timeout_s)
@@ -150,6 +221,7 @@ class RunParts:
                                         on_failed=self.failures.report)
         self.engines.watch("student engine", self.student)
         self.engines.watch("teacher engine", self.teacher)
+        await_ready({"student engine": self.student, "teacher engine": self.teacher}, r.start_timeout_s)
         self.protocol = cfg.env.protocol()
         self.recipe = cfg.algorithm  # who acts when, which tokens train (rose_ray/recipes/)
         self.recipe.check_agents(cfg, self.teacher.chat is self.student.chat)

@@ -27,13 +27,16 @@ from rose_ray.inference.engine import EngineConfig, GenerationRequest, Generatio
 class EngineActorImpl:
     """The actor body (a plain class, so it can also be tested or used without Ray)."""
 
-    def __init__(self, config: EngineConfig, device: str = "cpu", threads: int = 1) -> None:
+    def __init__(self, config: EngineConfig, device: str | None = None, threads: int = 1) -> None:
         import torch
 
         # Ray sets OMP_NUM_THREADS=1 in workers; use what the config (or the CPU grant) says.
         torch.set_num_threads(config.threads or max(1, threads))
         self.config = config
-        kwargs: dict[str, Any] = {"device": device} if config.backend in ("hf", "vllm") else {}
+        # The device this process sees, not the GPUs it asked Ray for: Ray's GPUs may be
+        # resources only (`ray start --num-gpus=8` on a machine without any rehearses a cluster).
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        kwargs: dict[str, Any] = {"device": self.device} if config.backend in ("hf", "vllm") else {}
         self.engine = make_engine(config, **kwargs)
         self.batcher: Any = None
         self._in_flight = 0
@@ -75,7 +78,7 @@ class EngineActorImpl:
             raise RuntimeError(f"engine failed: {failure!r}")
         stalled = time.monotonic() - self._progress_at if self._in_flight else 0.0
         return {"version": self.engine.version, "in_flight": self._in_flight, "stalled_s": stalled,
-                "pid": os.getpid()}
+                "pid": os.getpid(), "device": self.device}
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         with self._call():
@@ -109,13 +112,13 @@ def engine_actor(config: EngineConfig, num_cpus: float = 1, num_gpus: float = 0,
                  name: str | None = None, **options: Any) -> Any:
     """Start an EngineActor with the given resources; returns the actor handle.
 
-    Torch threads default to the CPUs granted (at least 1) unless config.threads says.
+    Torch threads default to the CPUs granted (at least 1) unless config.threads says; the
+    device is the actor's own (CUDA where it sees a GPU).
     """
     if name is not None:
         options["name"] = name
-    device = "cuda" if num_gpus > 0 else "cpu"
     return EngineActor.options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=1000,
-                               **options).remote(config, device, max(1, int(num_cpus)))
+                               **options).remote(config, None, max(1, int(num_cpus)))
 
 
 EngineActor = ray.remote(EngineActorImpl)

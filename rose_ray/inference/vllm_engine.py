@@ -93,11 +93,12 @@ class VLLMEngine:
     """A GenerationEngine over an in-process vLLM engine (CPU, one GPU, or `tensor_parallel_size`)."""
 
     def __init__(self, config: EngineConfig, device: str = "cpu") -> None:
-        from rose_ray.models import load_tokenizer
+        from rose_ray.models import load_tokenizer, local_model
 
         self.config = config
         self.device = device
-        self.tokenizer = load_tokenizer(config.tokenizer or config.model)
+        self.model_dir = local_model(config.model)  # a hub id's cached snapshot: its files are read here
+        self.tokenizer = load_tokenizer(config.tokenizer or self.model_dir)
         self.chat = ChatFormat(self.tokenizer)
         self.stop_ids = sorted({self.chat.eos_id} | ({self.tokenizer.eos_token_id} - {None}))
         self._version = 0
@@ -208,9 +209,14 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = float(c.gpu_memory_utilization)
         else:  # vLLM would otherwise take a share of host memory for its KV cache
             kwargs["kv_cache_memory_bytes"] = int(c.kv_cache_mb * 2**20)
+        if c.tensor_parallel_size > 1:
+            # One process per rank, children of this actor, on the GPUs its bundle holds. Inside
+            # a placement group vLLM would pick its Ray executor, which refuses a bundle of more
+            # than one GPU (and on CPU refuses to run at all).
+            kwargs["distributed_executor_backend"] = "mp"
         self.max_model_len = self._model_len()
         return LLM(
-            model=c.model, tokenizer=c.tokenizer or c.model, dtype=resolve_dtype(c.dtype, self.device),
+            model=self.model_dir, tokenizer=c.tokenizer or self.model_dir, dtype=resolve_dtype(c.dtype, self.device),
             max_model_len=self.max_model_len, max_num_seqs=c.max_batch_size,
             tensor_parallel_size=c.tensor_parallel_size,
             enforce_eager=not (on_gpu and c.cuda_graphs), enable_prefix_caching=True,
@@ -226,7 +232,7 @@ class VLLMEngine:
         from transformers import AutoConfig
 
         ctx = self.config.context_tokens
-        positions = getattr(AutoConfig.from_pretrained(self.config.model), "max_position_embeddings", None)
+        positions = getattr(AutoConfig.from_pretrained(self.model_dir), "max_position_embeddings", None)
         if positions is not None and ctx > positions:
             raise ConfigError(f"engine.context_tokens: {ctx} is more than the model's "
                               f"max_position_embeddings ({positions})")
@@ -453,7 +459,7 @@ class VLLMEngine:
             from safetensors import safe_open
 
             names: dict[str, tuple[int, ...]] = {}
-            for f in sorted(Path(self.config.model).glob("*.safetensors")):
+            for f in sorted(Path(self.model_dir).glob("*.safetensors")):
                 with safe_open(str(f), "pt") as st:
                     for key in st.keys():
                         names[key] = tuple(st.get_slice(key).get_shape())

@@ -126,6 +126,10 @@ def write_hf_folder(state: dict[str, Any], model_path: str, out_dir: str, dtype:
         config = AutoConfig.from_pretrained(model_path)
         config.dtype = dtype
         config.save_pretrained(tmp)
+        # ZeRO-1/2 keep parameters as views into one flat buffer (fp32 stays uncast): safetensors
+        # refuses a tensor that does not cover its storage, so such a view is copied.
+        state = {k: v if v.untyped_storage().nbytes() == v.numel() * v.element_size() else v.clone()
+                 for k, v in state.items()}
         save_torch_state_dict(state, tmp, max_shard_size="5GB")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)

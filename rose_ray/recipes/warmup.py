@@ -28,9 +28,13 @@ def resolve_tiny(cfg: TrainConfig, model: str) -> str:
 def resolve_models(cfg: TrainConfig) -> tuple[str, str]:
     """Student and teacher model paths, building tiny models and warming them if asked."""
     from rose_ray.envs.worlds import get_world
+    from rose_ray.models import local_model
 
-    models = {"student": resolve_tiny(cfg, cfg.student_engine.model),
-              "teacher": resolve_tiny(cfg, cfg.teacher_engine.model)}
+    # A hub id becomes its cached snapshot once, here: every actor gets a folder (a served
+    # model's name stays a name).
+    models = {role: resolve_tiny(cfg, engine.model) if engine.backend == "openai"
+              else local_model(resolve_tiny(cfg, engine.model))
+              for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine))}
     for role in ("teacher", "student"):
         if not warmup_of(cfg, role).enabled:
             continue

@@ -48,7 +48,8 @@ def init_ray(address: str | None = None) -> None:
         address = "local"
     if address == "local":
         private_token()
-    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    # Workers' output (vLLM, NCCL, DeepSpeed, the env JVMs) reaches the job's log.
+    ray.init(address=address, include_dashboard=False, log_to_driver=True)
 
 
 def private_token() -> None:

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Rehearse a seed config on one machine before booking a cluster: a two-node Ray cluster on
+# this host (a head with one CPU, as a cluster's head has few; a second raylet with its own
+# temp dir, HOME and working directory and 8 fake GPUs: Ray only counts them), the config's
+# placement groups, engines (tensor parallel included), learner ranks and ZeRO stage as
+# shipped, tiny Qwen3 stand-ins under hub-style names in a private Hugging Face cache, and the
+# rest scaled to a small machine (configs/rehearse.overrides says what and why).
+#
+#   bash launch/rehearse.sh [CONFIG] [KEY=VALUE ...]     # default configs/rose_qwen3_1p7b_32b.yaml
+#
+# Prints where each actor went and the learner's step times; exits 0 once the run reached its
+# last step (3) with the weights published. It starts and stops its own raylets only (ports of
+# its own; they are ended by the processes under its temp dir, never by `ray stop`, which would
+# end every cluster on the machine).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+config=configs/rose_qwen3_1p7b_32b.yaml
+if [ $# -gt 0 ] && [[ "$1" != *=* ]]; then
+  config=$1
+  shift
+fi
+PY=${PYTHON:-python3}
+# A short path: Ray's socket paths under its temp dir must stay within 107 characters.
+work=$(mktemp -d "/tmp/rr_rehearse.XXXXXX")
+unset RAY_ADDRESS
+export RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false DS_ACCELERATOR=cpu
+export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH}
+# Models, caches and runs on a path both raylets see (a cluster's shared storage).
+export HF_HOME=$work/hf ROSE_RAY_CACHE=$work/cache ROSE_RAY_RUNS=$work/runs
+
+stop_raylets() {
+  # Every process of this rehearsal's cluster names its temp dir (under $work) on its command line.
+  local pids
+  mapfile -t pids < <(pgrep -f "$work/(head|node)" || true)
+  [ ${#pids[@]} -gt 0 ] && kill "${pids[@]}" 2>/dev/null || true
+  for _ in $(seq 20); do
+    mapfile -t pids < <(pgrep -f "$work/(head|node)" || true)
+    [ ${#pids[@]} -eq 0 ] && break
+    sleep 0.5
+  done
+  [ ${#pids[@]} -gt 0 ] && kill -9 "${pids[@]}" 2>/dev/null || true
+  echo "rehearse: raylets stopped ($work kept: runs/ holds the run)"
+}
+trap stop_raylets EXIT
+
+"$PY" launch/rehearse.py models "$work"
+
+port=$((20000 + RANDOM % 20000))  # ports of its own: other clusters on this machine keep theirs
+ports() {  # per raylet: distinct agent, metrics and worker ports
+  local b=$1
+  printf '%s\n' --dashboard-agent-listen-port=$((b + 1)) --dashboard-agent-grpc-port=$((b + 2)) \
+    --metrics-export-port=$((b + 3)) --runtime-env-agent-port=$((b + 4)) \
+    --node-manager-port=$((b + 5)) --object-manager-port=$((b + 6)) \
+    --min-worker-port=$((b + 100)) --max-worker-port=$((b + 400))
+}
+mapfile -t head_ports < <(ports $((port + 10)))
+mapfile -t node_ports < <(ports $((port + 500)))
+ray start --head --port="$port" --num-cpus=1 --num-gpus=0 --temp-dir="$work/head" --include-dashboard=false \
+  --ray-client-server-port=$((port + 7)) --disable-usage-stats "${head_ports[@]}" >"$work/head.log" 2>&1 \
+  || { tail -20 "$work/head.log" >&2; exit 1; }
+mkdir -p "$work/node/home" "$work/node/cwd"
+# The GPU node: 8 fake GPUs and enough logical CPUs for the config's CPU counts per role.
+(cd "$work/node/cwd" && HOME="$work/node/home" ray start --address="127.0.0.1:$port" --num-cpus=32 --num-gpus=8 \
+  --temp-dir="$work/node/tmp" --disable-usage-stats "${node_ports[@]}" >"$work/node.log" 2>&1) \
+  || { tail -20 "$work/node.log" >&2; exit 1; }
+echo "rehearse: cluster at 127.0.0.1:$port (head: 1 CPU; node: 32 CPUs, 8 fake GPUs), work dir $work"
+
+mapfile -t changes < <(grep -v '^\s*\(#\|$\)' configs/rehearse.overrides)
+RAY_ADDRESS="127.0.0.1:$port" "$PY" launch/rehearse.py train "$work" "$config" "${changes[@]}" "$@"
