@@ -24,7 +24,10 @@ PY=${PYTHON:-python3}
 # A short path: Ray's socket paths under its temp dir must stay within 107 characters.
 work=$(mktemp -d "/tmp/rr_rehearse.XXXXXX")
 unset RAY_ADDRESS
-export RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false DS_ACCELERATOR=cpu
+# Ray's token auth, with a token of this rehearsal's own kept in the environment (its raylets'
+# ports listen on every interface; see the README's Trust model).
+RAY_AUTH_TOKEN=$("${PYTHON:-python3}" -c 'import secrets; print(secrets.token_hex(32))')
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false DS_ACCELERATOR=cpu
 export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH}
 # Models, caches and runs on a path both raylets see (a cluster's shared storage).
 export HF_HOME=$work/hf ROSE_RAY_CACHE=$work/cache ROSE_RAY_RUNS=$work/runs
