@@ -217,17 +217,20 @@ class PartialRows:
         return header, done
 
     def __enter__(self) -> PartialRows:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open_for_append(self.path)
-        if self.path.stat().st_size == 0:  # new, or only a cut header was there
-            self._write({"partial_of": self.job})
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def _write(self, record: dict[str, Any]) -> None:
         with self._lock:  # gold's games finish on several threads
+            if self._file is None:  # opened at the first row: a job that fails before one writes nothing
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = open_for_append(self.path)
+                if self.path.stat().st_size == 0:  # new, or only a cut header was there
+                    self._file.write(json.dumps({"partial_of": self.job}, ensure_ascii=False) + "\n")
             self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
             self._file.flush()
 

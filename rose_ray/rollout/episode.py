@@ -131,8 +131,15 @@ async def run_episode(
         _check_observation(game, 0, replay[0].text, first.observation)
         for replayed, (reply, expected) in enumerate(zip(replay[1::2], replay[2::2]), 1):
             conv.add_recorded(reply)
-            last = await step(parse_action(reply.text).action)
+            parsed = parse_action(reply.text)
+            last = await step(parsed.action)
             _check_observation(game, replayed, expected.text, last.observation)
+            # flagged as when it was played, so a continued row keeps its prefix as recorded
+            if not parsed.valid_format or protocol.is_invalid(last.observation):
+                invalid_turns.append(len(conv.turns) - 2)
+            if parsed.action is not None and parsed.action == last_action:
+                repeated_turns.append(len(conv.turns) - 2)
+            last_action = parsed.action
             if last.done:
                 done, end_reason = True, last.end_reason
     for turn in range(replayed + 1, config.max_turns + 1):
