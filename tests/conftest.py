@@ -32,6 +32,17 @@ def tiny_qwen3(tmp_path_factory):
     return init_tiny(tmp_path_factory.mktemp("tiny_qwen3"), seed=0, style="qwen3")
 
 
+@pytest.fixture(scope="session")
+def bench_table():
+    """bench/table.py as a module (bench/ is scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_table", Path(__file__).resolve().parent.parent / "bench" / "table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture
 def stop_process():
     """stop(pid): SIGSTOP a process and return once every thread of it has stopped.

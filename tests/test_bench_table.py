@@ -3,7 +3,6 @@ seed, the SFT arm's teacher plays as the online arms' teacher does, and the figu
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,15 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SMALL = str(ROOT / "configs" / "small.yaml")
 
 
-def load_table():
-    spec = importlib.util.spec_from_file_location("bench_table", ROOT / "bench" / "table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
-
-def test_every_arm_gets_the_same_learner_settings_and_the_bench_seed():
-    table = load_table()
+def test_every_arm_gets_the_same_learner_settings_and_the_bench_seed(bench_table):
+    table = bench_table
     common = ["learner.lr=3e-4", "learner.schedule=cosine", "learner.warmup_steps=2", "learner.weight_decay=0.1",
               "learner.grad_clip=0.5", "chat.history=template"]
     arms = ["sft", "rose_fixed", "rose_curriculum", "rose_decay"]  # opd refuses template history
@@ -55,8 +48,8 @@ def _run(score: float, seed: int) -> dict:
             "dev": [{"step": s, "score": score * s / 4} for s in (0, 2, 4)]}
 
 
-def test_the_table_shows_play_rates_and_diagnostics_and_the_figure_is_a_png(tmp_path):
-    table = load_table()
+def test_the_table_shows_play_rates_and_diagnostics_and_the_figure_is_a_png(bench_table, tmp_path):
+    table = bench_table
     runs = {"student": [{k: v for k, v in _run(0.2, 0).items() if k not in ("diagnostics", "dev")}],
             "sft": [_run(0.3, s) for s in range(2)], "rose_fixed": [_run(0.1, s) for s in range(2)]}
     rows = table.table_rows(runs)

@@ -3,7 +3,6 @@ student, `rose-ray warmup`, and the table's bootstrap intervals (bench/table.py)
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -17,12 +16,6 @@ from rose_ray.envs.sciworld.gold import look_before_focus, visible_names
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = str(ROOT / "configs" / "small.yaml")
 
-
-def load_table():
-    spec = importlib.util.spec_from_file_location("bench_table", ROOT / "bench" / "table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_look_before_focus_after_a_move_only():
@@ -170,8 +163,8 @@ def test_rose_ray_warmup_builds_a_partly_trained_student_and_caches_it(tmp_path,
     assert result["config"]["context_policy"] == "drop_oldest" and len(result["games"]) == 2
 
 
-def test_bootstrap_intervals():
-    table = load_table()
+def test_bootstrap_intervals(bench_table):
+    table = bench_table
     rng = np.random.default_rng(0)
     wins = (rng.random((3, 48)) < 0.3).astype(float)
     mean, low, high = table.bootstrap_mean(wins)
@@ -192,8 +185,8 @@ def test_bootstrap_intervals():
         table.bootstrap_difference(wins, wins[:, :47])
 
 
-def test_table_rows_use_every_game_of_every_seed():
-    table = load_table()
+def test_table_rows_use_every_game_of_every_seed(bench_table):
+    table = bench_table
 
     def run(scores):
         games = [{"item_id": f"sciworld_{i}", "task": "t", "score": s, "success": float(s == 1), "pass": float(s > 0)}
