@@ -21,15 +21,15 @@ from rose_ray.errors import InputError
 
 VERSION = "version_"
 LATEST = "latest"
-# Settings that hold secrets: a run folder (often on shared storage) keeps none of them. The
-# saved config reads them from the environment again on --resume, in the driver, so the
-# engines get them as before (an override on the command line also works).
-SECRETS = {"api_key": "${oc.env:ROSE_RAY_API_KEY,null}"}
+# An engine's api_key is a secret: a run folder (often on shared storage) keeps none. The saved
+# config reads it from the environment again on --resume, in the driver (from the variable the
+# engine's api_key_env names, else ROSE_RAY_API_KEY), so the engines get it as before.
+SECRET_KEY, DEFAULT_KEY_ENV = "api_key", "ROSE_RAY_API_KEY"
 
 
 def saved_config(cfg: Any) -> str:
     """A run's config.yaml: the config as given, each secret replaced by where --resume finds
-    it (SECRETS); a secret that was not set stays null."""
+    it (SECRET_KEY); a secret that was not set stays null."""
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
     conf = OmegaConf.structured(cfg)
@@ -37,8 +37,8 @@ def saved_config(cfg: Any) -> str:
     def redact(node: Any) -> None:
         if isinstance(node, DictConfig):
             for key in list(node.keys()):
-                if key in SECRETS and node[key] is not None:
-                    node[key] = SECRETS[key]
+                if key == SECRET_KEY and node[key] is not None:
+                    node[key] = f"${{oc.env:{node.get('api_key_env') or DEFAULT_KEY_ENV},null}}"
                 else:
                     redact(node._get_node(key))
         elif isinstance(node, ListConfig):

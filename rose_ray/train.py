@@ -511,7 +511,7 @@ def train(config: str | None = None, overrides: list[str] | None = None, resume:
         run_dir = fresh_run_dir(cfg, named=any(o.partition("=")[0].strip() == "run_dir" for o in overrides or []))
         # The config as given: its run_dir is where runs go, so training from this file again
         # makes the next version.
-        (run_dir / "config.yaml").write_text(saved_config(cfg))  # no secrets (runs.SECRETS)
+        (run_dir / "config.yaml").write_text(saved_config(cfg))  # no secrets (runs.SECRET_KEY)
         print(f"train: new run in {run_dir}", flush=True)
     parts = RunParts(cfg, run_dir, resume=bool(resume))
     try:
