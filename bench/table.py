@@ -109,6 +109,18 @@ def arm_overrides(arm: str, steps: int, seed: int = 0) -> list[str]:
     return extra
 
 
+def arm_sets(values: list[str]) -> dict[str, list[str]]:
+    """`--arm-set ARM:KEY=VALUE ...` as each training arm's own overrides."""
+    out: dict[str, list[str]] = {}
+    for value in values:
+        arm, sep, override = value.partition(":")
+        if not sep or "=" not in override or arm not in ("sft", *ONLINE_ARMS):
+            raise SystemExit(f"table: --arm-set {value!r}: expected ARM:KEY=VALUE with ARM one of "
+                             f"sft, {', '.join(ONLINE_ARMS)}")
+        out.setdefault(arm, []).append(override)
+    return out
+
+
 def eval_model(model: str, cfg: Any, out: Path, backend: str) -> dict[str, Any]:
     """Greedy eval on the config's held-out games, as `train` evaluates: the summary and every game."""
     from rose_ray.evaluate import run_eval, train_eval_job
@@ -309,13 +321,19 @@ def table_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 def difference_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Each online arm minus SFT, per metric, paired over games."""
+    """Paired over games, per metric: SFT minus the base student (the positive control), then each
+    online arm minus SFT and minus the base student."""
+    pairs = [("sft", "student")]
+    for base in ("sft", "student"):
+        pairs += [(arm, base) for arm in ONLINE_ARMS]
     out = []
-    for arm in (a for a in ONLINE_ARMS if runs.get(a) and runs.get("sft")):
-        row: dict[str, Any] = {"arm": f"{arm} - sft"}
+    for arm, base in pairs:
+        if not (runs.get(arm) and runs.get(base)):
+            continue
+        row: dict[str, Any] = {"arm": f"{arm} - {base}"}
         for m in METRICS:
             row[m], row[f"{m}_low"], row[f"{m}_high"] = bootstrap_difference(game_matrix(runs[arm], m),
-                                                                             game_matrix(runs["sft"], m))
+                                                                             game_matrix(runs[base], m))
         out.append(row)
     return out
 
@@ -401,6 +419,9 @@ def main() -> None:
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     p.add_argument("--backend", choices=["hf", "vllm", "auto"], default="hf", help="the engine of the held-out evals")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides for every arm")
+    p.add_argument("--arm-set", nargs="*", default=[], metavar="ARM:KEY=VALUE",
+                   help="an override for one training arm only (a setting chosen per arm on dev, e.g. "
+                        "sft:learner.lr=1e-3); after --set")
     p.add_argument("--dev-every", type=int, default=None,
                    help="the training arms' dev eval every N learner steps (eval.every; eval.every_n dev games); "
                         "default a quarter of the steps, 0 = none")
@@ -419,7 +440,10 @@ def main() -> None:
     quick = ["eval.n=4", "eval.max_turns=2", "rollout.max_turns=3"] if args.quick else []
     dev_every = max(steps // 4, 1) if args.dev_every is None else args.dev_every
     common = ["checkpoint_every=1000000", f"eval.every={dev_every}", *quick, *args.set]
+    own = arm_sets(args.arm_set)
     settings = {"config": args.config, "steps": steps, "overrides": common, "backend": args.backend}
+    if own:
+        settings["arm_overrides"] = own
     if args.resume and (tb / "latest").is_file():
         run_root = tb / (tb / "latest").read_text().strip()
         before = json.loads((run_root / "settings.json").read_text())
@@ -458,9 +482,11 @@ def main() -> None:
             run_once(who, None, lambda d, w=who: run_reference(w, config, common, d, args.backend))
     for seed in range(seeds):
         for arm in (a for a in ONLINE_ARMS if a in args.arms):
-            run_once(arm, seed, lambda d, a=arm, s=seed: run_online(a, s, steps, config, common, d, args.backend))
+            run_once(arm, seed, lambda d, a=arm, s=seed: run_online(a, s, steps, config, [*common, *own.get(a, [])], d,
+                                                                    args.backend))
         if "sft" in args.arms:
-            run_once("sft", seed, lambda d, s=seed: run_sft(s, steps, config, common, d, args.backend))
+            run_once("sft", seed, lambda d, s=seed: run_sft(s, steps, config, [*common, *own.get("sft", [])], d,
+                                                            args.backend))
 
     rows, diffs = table_rows(runs), difference_rows(runs)
     total = time.time() - t_start
@@ -481,7 +507,7 @@ def main() -> None:
     shutil.copyfile(figure, Path(out).with_suffix(".png"))
     kept = keep_result(out, json.dumps({
         "bench": "table", "config": args.config, "quick": args.quick, "steps": steps, "seeds": seeds,
-        "overrides": common, "rows": rows, "differences": diffs, "markdown": markdown(rows, diffs),
+        "overrides": common, "arm_overrides": own, "rows": rows, "differences": diffs, "markdown": markdown(rows, diffs),
         "diagnostics_markdown": diagnostics_markdown(rows),
         "runs": {a: rs for a, rs in runs.items() if rs}, "total_s": total, "loadavg_start": load_start,
         "loadavg_end": os.getloadavg(), "cpu_count": os.cpu_count(), "machine": platform.machine(),

@@ -107,7 +107,7 @@ def detour_replies(game: GameId, rate: float, actions: tuple[str, ...]) -> list[
 def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, progress: bool = True,
               protocol: Protocol | None = None, schema: str = "card", observe: bool = False,
               detours: float = 0.0, on_row: Callable[[int, dict[str, Any]], None] | None = None,
-              ) -> tuple[list[dict[str, Any]], list[str]]:
+              openings: dict[str, list[str]] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Play each game's gold path on `workers` game processes; returns (rows, problems).
     `on_row(i, row)` as game i's row is made (on a worker thread).
 
@@ -116,7 +116,10 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
     as its gold path did keeps the gold path (and says so in problems).
     `detours`: the share of demonstrations that open with one or two student-owned replies
     (`detour_replies`: the world's harmless actions, or a reply with no action) before the gold
-    path, so that a teacher warmed on them carries on from a student's first turns."""
+    path, so that a teacher warmed on them carries on from a student's first turns.
+    `openings`: a game's own student-owned replies (by item id; a student's real sampled turns)
+    played before its gold path instead of a detour; where the gold path after them scores
+    worse than from a fresh load, the game is demonstrated without them (and says so in problems)."""
     from rose_ray.envs.pool import EnvPool
 
     worlds = {g.world for g in games}
@@ -135,13 +138,15 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
     free: list[int] = list(range(pool.num_games()))
     problems: list[str] = []
 
-    def start(slot: int, game: GameId, gold: bool) -> tuple[StepResult, list[tuple[str, str]]]:
-        """The game loaded, and its detour played (state-preserving replies)."""
+    def opening(game: GameId) -> list[str]:
+        if openings and openings.get(game.item_id):
+            return openings[game.item_id]
+        return detour_replies(game, detours, world.observed_gold.DETOURS if detours else ())
+
+    def start(slot: int, game: GameId, gold: bool, replies: list[str]) -> tuple[StepResult, list[tuple[str, str]]]:
+        """The game loaded, and its opening replies played (a detour or a student's turns)."""
         first = pool.reset(slot, game, gold=gold)
-        detour = []
-        for reply in detour_replies(game, detours, world.observed_gold.DETOURS if detours else ()):
-            detour.append((reply, pool.step(slot, parse_action(reply).action).observation))
-        return first, detour
+        return first, [(reply, pool.step(slot, parse_action(reply).action).observation) for reply in replies]
 
     def replay(slot: int, first: StepResult, actions: list[str]) -> tuple[StepResult, list[tuple[str, str]], Any]:
         steps, result = [], first
@@ -161,9 +166,23 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
         return row
 
     def play_one(game: GameId) -> dict[str, Any] | None:
+        replies = opening(game)
+        if not (openings and openings.get(game.item_id)):
+            return play_from(game, replies)
+        # A student's opening may have changed the game: its row only where the gold path
+        # after it scores as well as from a fresh load.
+        clean = play_from(game, [])
+        row = play_from(game, replies, report_loss=False)
+        if clean is None or row is None or (row["success"], row["score"]) >= (clean["success"], clean["score"]):
+            return row if row is not None else clean
+        problems.append(f"{game.item_id}: the gold path did not score as well after the student's opening; "
+                        "demonstrated without it")
+        return clean
+
+    def play_from(game: GameId, replies: list[str], report_loss: bool = True) -> dict[str, Any] | None:
         slot = free.pop()
         try:
-            first, detour = start(slot, game, gold=True)
+            first, detour = start(slot, game, gold=True, replies=replies)
             actions = pool.gold_actions(slot)
             if observe:
                 actions = world.observed_gold.look_before_focus(actions)
@@ -172,7 +191,7 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
                 played = [a for a, _ in steps]
                 renamed = world.observed_gold.visible_names(played, [o for _, o in steps])
                 if renamed != played:
-                    again = replay(slot, start(slot, game, gold=False)[0], renamed)
+                    again = replay(slot, start(slot, game, gold=False, replies=replies)[0], renamed)
                     if again[2] is not None and (again[2].raw_score, again[2].success) == (result.raw_score,
                                                                                          result.success):
                         first, steps, result = again
@@ -181,7 +200,7 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
             if result is None:
                 problems.append(f"{game.item_id}: game process died during replay")
                 return None
-            if not result.success:
+            if not result.success and report_loss:
                 problems.append(f"{game.item_id}: gold path reached {result.raw_score}, not success")
             return gold_record(game, first.observation, steps, result, protocol, schema, detour)
         finally:

@@ -96,6 +96,13 @@ class TeacherWarmupConfig:
     # nothing (a harmless action, a reply with no action) before the gold path: a teacher that
     # carries on from a small student's first turns (`collect.detour_replies`)
     detours: float = 0.0
+    # the share of demonstrations opening with the base student's own turns, played live at
+    # `rollout.student_sampling` (1 to `opening_turns` of them, drawn per game): what ROSE's
+    # teacher meets after a handoff. Kept where the gold path replayed after them still wins;
+    # elsewhere the game's demonstration opens as it would without them. Teacher only.
+    student_openings: float = 0.0
+    opening_turns: int = 2
+    opening_temperature: float | None = None  # None: the student's sampling temperature of the run
     epochs: int = 10
     lr: float = 1e-3
     schedule: str = "constant"  # constant | linear | cosine (over the warm-up's steps)
@@ -104,13 +111,21 @@ class TeacherWarmupConfig:
     seed: int = 0  # its own seed: runs with other seeds share one warmed teacher
 
     def __post_init__(self) -> None:
-        for key in ("gold_games", "max_turns", "epochs", "batch_episodes", "threads"):
+        for key in ("gold_games", "max_turns", "epochs", "batch_episodes", "threads", "opening_turns"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{self.KEY}.{key}: must be >= 1, got {getattr(self, key)!r}")
         if self.lr <= 0:
             raise ConfigError(f"{self.KEY}.lr: must be > 0, got {self.lr!r}")
         if not 0.0 <= self.detours <= 1.0:
             raise ConfigError(f"{self.KEY}.detours: a share of demonstrations, from 0 to 1; got {self.detours!r}")
+        if not 0.0 <= self.student_openings <= 1.0:
+            raise ConfigError(f"{self.KEY}.student_openings: a share of demonstrations, from 0 to 1; "
+                              f"got {self.student_openings!r}")
+        if self.opening_temperature is not None and self.opening_temperature < 0:
+            raise ConfigError(f"{self.KEY}.opening_temperature: must be >= 0 (or null), got {self.opening_temperature!r}")
+        if self.student_openings and self.KEY != "teacher_warmup":
+            raise ConfigError(f"{self.KEY}.student_openings: only the teacher's demonstrations open with "
+                              "the base student's turns; set teacher_warmup.student_openings")
         if self.schedule not in ("constant", "linear", "cosine"):
             raise ConfigError(f"{self.KEY}.schedule: must be constant, linear or cosine, got {self.schedule!r}")
 

@@ -62,3 +62,13 @@ def test_the_table_shows_play_rates_and_diagnostics_and_the_figure_is_a_png(benc
     assert "| sft | 0.50 | - | - | 40 |" in diag and "| student |" not in diag
     png = table.write_figure(rows, runs, tmp_path / "out" / "table.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_an_arm_set_reaches_that_arm_only(bench_table):
+    import pytest
+
+    own = bench_table.arm_sets(["sft:learner.lr=1e-3", "rose_fixed:learner.lr=3e-4", "sft:learner.warmup_steps=2"])
+    assert own == {"sft": ["learner.lr=1e-3", "learner.warmup_steps=2"], "rose_fixed": ["learner.lr=3e-4"]}
+    for bad in ("learner.lr=1", "teacher:learner.lr=1", "sft:learner.lr"):
+        with pytest.raises(SystemExit, match="--arm-set"):
+            bench_table.arm_sets([bad])

@@ -95,6 +95,58 @@ def test_observed_gold_paths_see_what_they_choose():
         pool.close()
 
 
+def test_student_openings_are_kept_where_the_gold_path_still_wins():
+    """Real games: a demonstration opens with a student's own replies (junk that changes nothing,
+    actions that change little) and its gold path after them; an opening after which the gold
+    path loses (a wrong focus ends a lifespan game) is dropped and the game demonstrated without it."""
+    from rose_ray.collect import gold_rows
+    from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
+
+    cfg = load_config(SMALL)
+    games = SciWorldCatalogue(cfg.env.mapping).sample("train", 4, 0, tasks=cfg.tasks)
+    lifespan = [g for g in games if g.task.startswith("lifespan")]
+    junk = ["Thought: I am in the on the task, I am in studio. To make progresss"]
+    looked = ["Thought: x\nAction: look around", "Thought: y\nAction: inventory"]
+    openings = {games[0].item_id: junk, lifespan[0].item_id: looked, lifespan[1].item_id: ["Action: focus on agent"]}
+    rows, problems = gold_rows(games, workers=2, progress=False, observe=True, openings=openings)
+    assert all(r["success"] for r in rows) and len(rows) == len(games)
+    by_id = {r["item_id"]: r["conversations"] for r in rows}
+
+    def student_replies(conv):
+        return [m["content"] for m in conv[3::2] if m["owner"] == "student"]
+
+    assert student_replies(by_id[games[0].item_id]) == junk
+    assert student_replies(by_id[lifespan[0].item_id]) == looked
+    assert student_replies(by_id[lifespan[1].item_id]) == []  # dropped: the wrong focus lost the game
+    assert problems == [f"{lifespan[1].item_id}: the gold path did not score as well after the student's "
+                        "opening; demonstrated without it"]
+    assert all(student_replies(by_id[g.item_id]) == [] for g in games if g.item_id not in openings)
+
+
+def test_student_openings_drawn_per_game_and_keyed_by_the_student():
+    from rose_ray.recipes.warmup import opening_turns, warmup_cache
+    from rose_ray.types import GameId
+
+    games = [GameId("find-animal", i, f"sciworld_{i}") for i in range(200)]
+    drawn = [opening_turns(g, 0.5, 2) for g in games]
+    assert drawn == [opening_turns(g, 0.5, 2) for g in games] and set(drawn) == {0, 1, 2}
+    assert 60 < sum(map(bool, drawn)) < 140 and all(opening_turns(g, 0.0, 2) == 0 for g in games)
+    plain = warmup_cache(load_config(SMALL), "t")[1]
+    on = load_config(SMALL, ["teacher_warmup.student_openings=0.5"])
+    a, b = warmup_cache(on, "t", "teacher", "/c/student_warm_a")[1], warmup_cache(on, "t", "teacher", "/c/student_warm_b")[1]
+    hot = warmup_cache(load_config(SMALL, ["teacher_warmup.student_openings=0.5", "rollout.student_sampling.temperature=0.5"]),
+                       "t", "teacher", "/c/student_warm_a")[1]
+    assert len({plain, a, b, hot}) == 4  # another student or its sampling: another teacher
+    fixed = ["teacher_warmup.student_openings=0.5", "teacher_warmup.opening_temperature=1.0"]
+    at = [warmup_cache(load_config(SMALL, [*fixed, f"rollout.student_sampling.temperature={t}"]), "t", "teacher",
+                       "/c/student_warm_a")[1] for t in (0.3, 1.0)]
+    assert at[0] == at[1] == a  # openings at their own temperature: the run's may change (chosen on dev)
+    with pytest.raises(ConfigError, match="student_warmup.student_openings"):
+        load_config(SMALL, ["student_warmup.student_openings=0.5"])
+    with pytest.raises(ConfigError, match="teacher_warmup.student_openings"):
+        load_config(SMALL, ["teacher_warmup.student_openings=2"])
+
+
 def test_detours_are_harmless_replies_drawn_from_the_game():
     from rose_ray.collect import detour_replies
     from rose_ray.envs.protocol import parse_action
@@ -202,6 +254,13 @@ def test_table_rows_use_every_game_of_every_seed(bench_table):
     diff = table.difference_rows(runs)[0]
     assert diff["arm"] == "rose_fixed - sft" and diff["score"] == pytest.approx(5 / 8 - 2 / 8)
     assert "| rose_fixed - sft |" in table.markdown(rows, [diff])
+    # With the base student: the positive control (SFT - student) first, then each arm against it.
+    runs["student"] = [run([0, 0, 0.5, 0])]
+    diffs = {d["arm"]: d for d in table.difference_rows(runs)}
+    assert list(diffs) == ["sft - student", "rose_fixed - sft", "rose_fixed - student"]
+    assert diffs["sft - student"]["score"] == pytest.approx(2 / 8 - 1 / 8)
+    assert diffs["rose_fixed - student"]["score"] == pytest.approx(5 / 8 - 1 / 8)
+    del runs["student"]
     runs["sft"][1]["games"] = runs["sft"][1]["games"][:3]
     with pytest.raises(ValueError, match="different numbers of games"):
         table.table_rows(runs)

@@ -105,3 +105,27 @@ def test_the_warm_up_sft_is_the_same_teacher_twice(tmp_path, ray_cluster, tiny_m
         digests.append(weights_digest(tmp_path / run))
     assert digests[0] == digests[1]
     assert digests[0] != weights_digest(Path(tiny_models["teacher"]))  # it trained
+
+
+def test_teacher_demonstrations_open_with_the_students_own_sampled_turns(tiny_models, ray_cluster):
+    """Live: the (untrained, random) tiny student plays its first turns on the drawn games, and
+    the teacher's demonstrations there open with exactly those replies, student-owned, then gold."""
+    from rose_ray.recipes.warmup import gold_games, opening_turns, play_gold, student_openings
+
+    cfg = load_config(None, ["teacher_warmup.student_openings=1.0", "teacher_warmup.opening_turns=2",
+                             "teacher_warmup.gold_games=4", "rollout.student_sampling.max_new_tokens=12",
+                             "teacher_warmup.max_turns=3"])
+    games = gold_games(cfg)
+    openings = student_openings(cfg, games, str(tiny_models["student"]))
+    assert set(openings) == {g.item_id for g in games}  # share 1.0: every game
+    assert all(len(openings[g.item_id]) == opening_turns(g, 1.0, 2) for g in games)
+    assert len({r for replies in openings.values() for r in replies}) > 1  # sampled text, not a fixed detour
+    rows = play_gold(cfg, "teacher", str(tiny_models["student"]))
+    assert len(rows) == len(games)
+    kept = 0
+    for row in rows:
+        owners = [m["owner"] for m in row["conversations"][3::2]]
+        n = owners.count("student")
+        assert owners == ["student"] * n + ["teacher"] * (len(owners) - n) and owners[-1] == "teacher"
+        kept += n > 0
+    assert kept  # the random student's replies change nothing in most games: kept before the gold path

@@ -35,11 +35,12 @@ def resolve_models(cfg: TrainConfig) -> tuple[str, str]:
     models = {role: resolve_tiny(cfg, engine.model) if engine.backend == "openai"
               else local_model(resolve_tiny(cfg, engine.model))
               for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine))}
-    for role in ("teacher", "student"):
+    # The student first: a teacher whose demonstrations open with its turns needs it warmed.
+    for role in ("student", "teacher"):
         if not warmup_of(cfg, role).enabled:
             continue
         if get_world(cfg.env.world).has_gold:
-            models[role] = warm_model(cfg, models[role], role)
+            models[role] = warm_model(cfg, models[role], role, student=models["student"])
         else:
             print(f"train: no {role} warm-up: {cfg.env.world} has no gold demonstrations; "
                   f"the {role} is used as it is", flush=True)
@@ -54,7 +55,7 @@ def warmup_of(cfg: TrainConfig, role: str) -> Any:
 SHIPPED_GOLD = "tiny_warmup_gold.jsonl"  # in rose_ray/envs/data, with its `.meta.json`
 
 
-def warm_model(cfg: TrainConfig, model: str, role: str = "teacher") -> str:
+def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str | None = None) -> str:
     """SFT a model (the teacher, or the base student) on gold demonstrations of training
     games, with `teacher_warmup` or `student_warmup`; cached by its settings.
 
@@ -70,7 +71,7 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher") -> str:
     """
     from rose_ray.files import locked, swap_in, temp_sibling
 
-    key, out = warmup_cache(cfg, model, role)
+    key, out = warmup_cache(cfg, model, role, student)
     if (out / "rose_ray_warmup.json").is_file():
         return str(out)
     with locked(out):
@@ -80,7 +81,7 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher") -> str:
         rows = shipped_gold(key)
         source = "shipped" if rows is not None else "played now"
         if rows is None:
-            rows = play_gold(cfg, role)
+            rows = play_gold(cfg, role, student)
         tmp = temp_sibling(out)
         try:
             _warm_into(cfg, model, role, key, rows, source, tmp)
@@ -130,21 +131,75 @@ def gold_games(cfg: TrainConfig, role: str = "teacher") -> list[Any]:
     return catalogue.sample(cfg.rollout.split, w.gold_games, w.seed, tasks=cfg.tasks)
 
 
-def play_gold(cfg: TrainConfig, role: str = "teacher") -> list[dict[str, Any]]:
-    """Gold demonstrations of a warm-up's `gold_games` training games, played now."""
+def play_gold(cfg: TrainConfig, role: str = "teacher", student: str | None = None) -> list[dict[str, Any]]:
+    """Gold demonstrations of a warm-up's `gold_games` training games, played now (the teacher's
+    opening with `student`'s own turns where `teacher_warmup.student_openings` asks)."""
     from rose_ray.collect import gold_rows
 
     w = warmup_of(cfg, role)
     games = gold_games(cfg, role)
-    rows, _ = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False, protocol=cfg.env.protocol(),
-                        observe=w.observe, detours=w.detours)
+    openings = student_openings(cfg, games, student) if role == "teacher" and w.student_openings else None
+    rows, problems = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False,
+                               protocol=cfg.env.protocol(), observe=w.observe, detours=w.detours, openings=openings)
+    if openings:
+        dropped = sum("student's opening" in p for p in problems)
+        print(f"train: {len(openings)} of {len(games)} teacher demonstrations open with the base student's "
+              f"sampled turns; {len(openings) - dropped} kept (the gold path still wins after them)", flush=True)
     return rows
+
+
+def opening_turns(game: Any, share: float, most: int) -> int:
+    """How many of the base student's turns a demonstration of `game` opens with: 0 for a share
+    `1 - share` of games, else 1 to `most`. Drawn from the game's id: the same every time."""
+    import random
+
+    rng = random.Random(f"student-opening:{game.item_id}")
+    return rng.randint(1, most) if rng.random() < share else 0
+
+
+def opening_sampling(cfg: TrainConfig) -> Any:
+    """How the base student samples the teacher's demonstration openings: the run's student
+    sampling, at `teacher_warmup.opening_temperature` where set."""
+    from dataclasses import replace
+
+    t = cfg.teacher_warmup.opening_temperature
+    return cfg.rollout.student_sampling if t is None else replace(cfg.rollout.student_sampling, temperature=t)
+
+
+def student_openings(cfg: TrainConfig, games: list[Any], student: str | None) -> dict[str, list[str]]:
+    """The base student's own first replies on the games drawn for one (`opening_turns`), played
+    live as a run's student plays them (its engine, the run's chat history and student sampling),
+    by item id."""
+    from rose_ray.collect import PlayConfig, play_episodes
+
+    if student is None:
+        raise ValueError("teacher_warmup.student_openings needs the base student's model")
+    w, s, engine = cfg.teacher_warmup, opening_sampling(cfg), cfg.student_engine
+    turns = {g.item_id: opening_turns(g, w.student_openings, w.opening_turns) for g in games}
+    chosen = [g for g in games if turns[g.item_id]]
+    if not chosen:
+        return {}
+    play = PlayConfig(model=student, teacher=None, max_turns=w.opening_turns, handoff="none",
+                      temperature=s.temperature, max_new_tokens=s.max_new_tokens,
+                      concurrency=cfg.env.games_per_worker, world=cfg.env.world, mapping=cfg.env.mapping,
+                      context_tokens=engine.context_tokens, context_policy=engine.context_policy,
+                      enable_thinking=cfg.chat.enable_thinking, history=cfg.chat.history, dtype=engine.dtype,
+                      backend=engine.backend)
+    played, _ = play_episodes(play, chosen, [cfg.env.protocol()] * len(chosen))
+    out = {}
+    for game, t in zip(chosen, played):
+        if t is None:
+            continue
+        replies = [turn.text for turn in t.turns if turn.role == "assistant" and turn.owner == "student"]
+        if replies:
+            out[game.item_id] = replies[: turns[game.item_id]]
+    return out
 
 
 def gold_key(key: dict[str, Any]) -> dict[str, Any]:
     """The settings that decide which gold demonstrations a warm-up uses."""
     return {k: key[k] for k in ("world", "tasks", "split", "mapping", "seed", "gold_games", "max_turns", "opening",
-                                "games", "observe", "detours") if k in key}  # those two only where on
+                                "games", "observe", "detours", "student_openings") if k in key}  # the last three only where on
 
 
 def shipped_gold(key: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -183,8 +238,12 @@ def weights_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher") -> tuple[dict[str, Any], Path]:
-    """The settings a warmed model depends on, and the folder it is cached in."""
+def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher",
+                 student: str | None = None) -> tuple[dict[str, Any], Path]:
+    """The settings a warmed model depends on, and the folder it is cached in (a teacher whose
+    demonstrations open with the base student's turns: that student and its sampling too)."""
+    import dataclasses
+
     from rose_ray.envs.worlds import get_world
 
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
@@ -196,6 +255,15 @@ def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher") -> tuple[d
     for option in ("observe", "detours"):  # off: the key of every teacher warmed before they existed
         if not settings[option]:
             del settings[option]
+    if settings.pop("student_openings", 0):
+        settings["student_openings"] = cfg.teacher_warmup.student_openings
+        settings["opening_student"] = Path(student).name if student else None  # a warm-up's folder names its settings
+        settings["opening_sampling"] = dataclasses.asdict(opening_sampling(cfg))
+        settings.pop("opening_temperature", None)  # in opening_sampling
+        settings["opening_history"] = cfg.chat.history
+    else:
+        settings.pop("opening_turns", None)
+        settings.pop("opening_temperature", None)
     key = {role: model, "world": cfg.env.world, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
            "mapping": catalogue.mapping, "opening": opening, "games": games, **settings}
     return key, Path(cfg.tiny_dir).expanduser() / f"{role}_warm_{_digest(key)}"
