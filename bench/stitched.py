@@ -92,6 +92,11 @@ def summary(name: str, temperature: float | None, draws: list[list[dict[str, Any
         turns = sum(g[f"{owner}_turns"] for d in draws for g in d)
         row[f"{owner}_valid_rate"] = sum(g[f"{owner}_valid"] for d in draws for g in d) / turns if turns else None
     row["ratio_to_teacher"] = row.get("score_ratio_to_teacher")
+    # Games the student's own turns ended (a wrong `focus on` loses a lifespan game): nothing
+    # left for any teacher to recover.
+    games = [g for d in draws for g in d]
+    row["ended_before_handoff"] = sum(g["teacher_turns"] == 0 for g in games) / len(games)
+    row["games"] = draws
     return row
 
 
@@ -103,13 +108,15 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         return "-" if v is None else f"{v:.2f}"
 
     lines = ["| play | T | Score [95%] | Pass [95%] | Score / teacher-only | Score - teacher-only [95%] "
-             "| student turns valid | teacher turns valid |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| student turns valid | teacher turns valid | ended before handoff |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         diff = f"{r['score_minus_teacher'][0]:+.4f} [{r['score_minus_teacher'][1]:+.4f}, " \
                f"{r['score_minus_teacher'][2]:+.4f}]" if "score_minus_teacher" in r else "-"
         t = "-" if r["temperature"] is None else f"{r['temperature']:g}"
         lines.append(f"| {r['play']} | {t} | {cell(r['score'])} | {cell(r['pass'])} | {rate(r.get('ratio_to_teacher'))} "
-                     f"| {diff} | {rate(r['student_valid_rate'])} | {rate(r['teacher_valid_rate'])} |")
+                     f"| {diff} | {rate(r['student_valid_rate'])} | {rate(r['teacher_valid_rate'])} "
+                     f"| {rate(r['ended_before_handoff'])} |")
     return "\n".join(lines)
 
 

@@ -72,3 +72,33 @@ def test_an_arm_set_reaches_that_arm_only(bench_table):
     for bad in ("learner.lr=1", "teacher:learner.lr=1", "sft:learner.lr"):
         with pytest.raises(SystemExit, match="--arm-set"):
             bench_table.arm_sets([bad])
+
+
+def test_stitched_play_is_summarised_against_the_teacher_alone():
+    """bench/stitched.py's rows: the ratio and paired difference to teacher-only play, the shares
+    of valid turns per owner, and the games the student's own turns ended."""
+    import importlib.util
+    import sys
+
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    sys.path.insert(0, str(bench))  # stitched.py imports table.py beside it
+    try:
+        spec = importlib.util.spec_from_file_location("bench_stitched", bench / "stitched.py")
+        stitched = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(stitched)
+    finally:
+        sys.path.remove(str(bench))
+
+    def game(i, score, student_turns, student_valid, teacher_turns, teacher_valid):
+        return {"item_id": f"g{i}", "score": score, "pass": float(score > 0), "student_turns": student_turns,
+                "student_valid": student_valid, "teacher_turns": teacher_turns, "teacher_valid": teacher_valid}
+
+    alone = [[game(i, s, 0, 0, 10, 5) for i, s in enumerate([0.4, 0.4, 0.0, 0.0])]]
+    draws = [[game(0, 0.2, 2, 1, 8, 2), game(1, 0.2, 2, 0, 8, 2), game(2, 0.0, 2, 0, 0, 0), game(3, 0.0, 2, 1, 8, 4)]]
+    row = stitched.summary("student K=2, then teacher", 1.0, draws, alone)
+    assert row["score"][0] == 0.1 and row["ratio_to_teacher"] == 0.5
+    assert row["score_minus_teacher"][0] == -0.1 and row["score_minus_teacher"][2] <= 0
+    assert row["student_valid_rate"] == 2 / 8 and row["teacher_valid_rate"] == 8 / 24
+    assert row["ended_before_handoff"] == 0.25
+    text = stitched.markdown([stitched.summary("teacher only", None, alone, None), row])
+    assert "| teacher only | - | 0.2000 [" in text and "| 0.50 | -0.1000 [" in text and text.endswith("| 0.25 | 0.33 | 0.25 |")

@@ -131,10 +131,11 @@ def test_student_openings_drawn_per_game_and_keyed_by_the_student():
     drawn = [opening_turns(g, 0.5, 2) for g in games]
     assert drawn == [opening_turns(g, 0.5, 2) for g in games] and set(drawn) == {0, 1, 2}
     assert 60 < sum(map(bool, drawn)) < 140 and all(opening_turns(g, 0.0, 2) == 0 for g in games)
-    plain = warmup_cache(load_config(SMALL), "t")[1]
-    on = load_config(SMALL, ["teacher_warmup.student_openings=0.5"])
+    plain = warmup_cache(load_config(SMALL, ["teacher_warmup.student_openings=0"]), "t")[1]
+    run_t = ["teacher_warmup.student_openings=0.5", "teacher_warmup.opening_temperature=null"]  # the run's T
+    on = load_config(SMALL, run_t)
     a, b = warmup_cache(on, "t", "teacher", "/c/student_warm_a")[1], warmup_cache(on, "t", "teacher", "/c/student_warm_b")[1]
-    hot = warmup_cache(load_config(SMALL, ["teacher_warmup.student_openings=0.5", "rollout.student_sampling.temperature=0.5"]),
+    hot = warmup_cache(load_config(SMALL, [*run_t, "rollout.student_sampling.temperature=0.5"]),
                        "t", "teacher", "/c/student_warm_a")[1]
     assert len({plain, a, b, hot}) == 4  # another student or its sampling: another teacher
     fixed = ["teacher_warmup.student_openings=0.5", "teacher_warmup.opening_temperature=1.0"]
