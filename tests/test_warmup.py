@@ -9,7 +9,8 @@ from rose_ray.config import load_config
 from rose_ray.envs.protocol import parse_action
 from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
 from rose_ray.envs.sciworld.game import SciWorldGame
-from rose_ray.recipes.warmup import shipped_gold, warmup_cache
+from rose_ray.recipes.warmup import DEMONSTRATIONS, shipped_gold, warmup_cache
+from rose_ray.rows import read_jsonl
 
 
 def test_the_tiny_default_warms_on_the_shipped_demonstrations():
@@ -81,6 +82,9 @@ def test_the_warm_up_trains_on_the_shipped_rows_and_is_cached(tmp_path, ray_clus
     _, teacher = resolve_models(cfg)
     info = json.loads((tmp_path / teacher.rsplit("/", 1)[1] / "rose_ray_warmup.json").read_text())
     assert info["gold"] == "shipped" and 0 < info["final_loss"] < 20 and len(info["weights_sha256"]) == 64
+    # the rows it learnt from are kept beside the weights: the shipped ones, all of them
+    kept = read_jsonl(tmp_path / teacher.rsplit("/", 1)[1] / DEMONSTRATIONS)
+    assert kept == shipped_gold(warmup_cache(cfg, "t")[0])
     stamp = (tmp_path / teacher.rsplit("/", 1)[1]).stat().st_mtime_ns
     assert resolve_models(load_config(None, [f"tiny_dir={tmp_path}", *short]))[1] == teacher
     assert (tmp_path / teacher.rsplit("/", 1)[1]).stat().st_mtime_ns == stamp

@@ -52,6 +52,7 @@ def warmup_of(cfg: TrainConfig, role: str) -> Any:
     return cfg.teacher_warmup if role == "teacher" else cfg.student_warmup
 
 
+DEMONSTRATIONS = "demonstrations.jsonl"  # the rows a warmed model was trained on, in its folder
 SHIPPED_GOLD = "tiny_warmup_gold.jsonl"  # in rose_ray/envs/data, with its `.meta.json`
 
 
@@ -113,6 +114,9 @@ def _warm_into(cfg: TrainConfig, model: str, role: str, key: dict[str, Any], row
         result = train_sft(data, model, tmp, epochs=w.epochs, batch_size=w.batch_episodes, lr=w.lr,
                            schedule=w.schedule, max_tokens=cfg.learner.max_tokens, seed=w.seed, log=log,
                            sft_owners=["teacher"], threads=w.threads)
+        # Kept with the weights: what the model learnt from (live gold paths differ between
+        # loads, so these rows are the only record of a build, and what one would ship).
+        data.replace(tmp / DEMONSTRATIONS)
     finally:
         data.unlink(missing_ok=True)
     loss = result["history"][-1]["loss"]
