@@ -17,14 +17,16 @@ history as Qwen3's does; Qwen3's own tokenizer cannot be downloaded here).
 Per point (N concurrent episodes = N pool slots, 8 games per EnvPool worker):
   - bound: the same pools play the same games with the same actions, driven by a bare loop
     (reset, then one `pool.step` per action through Ray, N slots at once): no engine, no
-    tokenization, no episode bookkeeping. Measured before and after the rollouts; the mean.
-  - rollout: the same games through `play_games`, once per chat history.
+    tokenization, no episode bookkeeping. Measured after a warm-up pass (the JVMs' JIT), then
+    again after each round of rollouts.
+  - rollout: the same games through `play_games`, once per chat history a round, each pass set
+    against the mean of the bound passes before and after it (the machine's load drifts).
   - turns/s (a turn = an engine reply + the env step it causes; resets in the wall time of
     both), fraction_of_bound, the driver's CPU per turn (time.process_time of this process:
     its event loop and Ray's threads), and the JVMs', pool actors' and stand-in engines' CPU
     per turn (psutil).
-A point is skipped when the RSS it would need (this session's processes measured so far, plus
-one JVM per slot at the largest JVM RSS measured) is over `--max-rss-gb`.
+A point is skipped when the RSS it would need (this session's processes now, plus its JVMs and
+pool actors at the RSS the last point measured; 250/150 MB before any) is over `--max-rss-gb`.
 
 `--profile` replays each point's rollouts once more under cProfile (thread CPU time, not the
 measured pass) and prints the driver's CPU grouped by part: chat rendering + tokenization
@@ -32,8 +34,8 @@ measured pass) and prints the driver's CPU grouped by part: chat rendering + tok
 and serialisation on the event loop thread, plus Ray's own threads in this process), and the
 loop (asyncio, the episode and runner code, the rest).
 
-    python bench/rollout.py                 # 8, 16, 32, 64, 256 episodes (where memory allows), 4 per slot
-    python bench/rollout.py --quick         # 16 episodes, 2 per slot (<= 3 min)
+    python bench/rollout.py                 # 16, 32, 64, 256 episodes (where memory allows), 4 per slot
+    python bench/rollout.py --quick         # 16 episodes, 1 per slot a pass, 1 round (<= 3 min)
     python bench/rollout.py --profile       # and where the driver's CPU goes
 
 Prints a table and writes bench/results/rollout.json (the latest; each run keeps its own copy
@@ -51,6 +53,7 @@ import os
 import platform
 import pstats
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -109,11 +112,12 @@ class RecordedEngine:
         return GenerationResult(text, list(ids), [-0.5] * len(ids), "stop", prompt, 0, request.request_id)
 
 
-def start_engines(chat: ChatFormat, games: list[tuple[GameId, list[str]]]) -> tuple[Agent, Agent, list[int]]:
-    """Student and teacher stand-ins (one actor each, sharing the chat format as same-tokenizer
-    agents do), and their pids."""
+def start_engines(tokenizer: Any, games: list[tuple[GameId, list[str]]]) -> tuple[Agent, Agent, list[int]]:
+    """Student and teacher stand-ins (one actor each), as agents of a sampled-history chat
+    format (the caller swaps in the format it measures), and their pids."""
     import ray
 
+    chat = ChatFormat(tokenizer)
     replies = {g.item_id: [(text, chat.encode(text) + [chat.eos_id]) for text in texts] for g, texts in games}
     actor = ray.remote(RecordedEngine).options(num_cpus=0, max_concurrency=1000)
     engines = [actor.remote(replies) for _ in range(2)]
@@ -171,14 +175,16 @@ class Processes:
         return [pid for pids in ray.get([p.pids.remote() for p in self.pools]) for pid in pids if pid]
 
     def snapshot(self) -> dict[str, float]:
+        me = psutil.Process()
         return {"driver": time.process_time(), "jvm": cpu_s(self.jvm_pids()),
+                "session": cpu_s([me.pid] + [c.pid for c in me.children(recursive=True)]),
                 "pool": cpu_s(self.pool_pids), "engine": cpu_s(self.engine_pids), "wall": time.perf_counter()}
 
 
 def per_turn(before: dict[str, float], after: dict[str, float], turns: int) -> dict[str, float]:
     wall = after["wall"] - before["wall"]
     out = {"wall_s": round(wall, 3), "turns": turns, "turns_per_s": round(turns / wall, 2)}
-    for key in ("driver", "jvm", "pool", "engine"):
+    for key in ("driver", "jvm", "pool", "engine", "session"):
         out[f"{key}_cpu_ms_per_turn"] = round(1000 * (after[key] - before[key]) / max(turns, 1), 3)
     return out
 
@@ -215,14 +221,21 @@ async def bound_pass(pools: list[Any], jobs: list[tuple[GameId, list[str]]]) -> 
 
 
 async def rollout_pass(pools: list[Any], jobs: list[tuple[GameId, list[str]]], student: Agent, teacher: Agent,
-                       max_turns: int) -> int:
+                       max_turns: int, parts: dict[str, Any] | None = None) -> int:
     """The same games through the real episode loop (`play_games`: EpisodeRunner + run_episode),
-    ROSE's fixed handoff after 2 student turns. Returns the turns played."""
+    ROSE's fixed handoff after 2 student turns. Returns the turns played; with `parts`, puts the
+    driver's CPU per turn by part there (PartTimer)."""
     runner = EpisodeRunner(pools, GAMES_PER_WORKER)
     config = EpisodeConfig(max_turns=max_turns)
-    trajectories = await play_games(runner, [g for g, _ in jobs], student, teacher, config,
-                                    turn_policy("fixed", k=2))
-    return sum(t.rounds for t in trajectories)
+    with PartTimer() as timer:
+        thread, process = time.thread_time(), time.process_time()
+        trajectories = await play_games(runner, [g for g, _ in jobs], student, teacher, config,
+                                        turn_policy("fixed", k=2))
+        thread, process = time.thread_time() - thread, time.process_time() - process
+    turns = sum(t.rounds for t in trajectories)
+    if parts is not None:
+        parts.update(timed_parts(timer, thread, process, turns))
+    return turns
 
 
 # --------------------------------------------------------------------------- profile
@@ -230,6 +243,62 @@ PART_CHAT = "chat rendering + tokenization"
 PART_RAY = "Ray calls (submit, serialise, await)"
 PART_RAY_THREADS = "Ray's own threads in the driver"
 PART_LOOP = "the loop (asyncio, episode, runner, rest)"
+PART_SUBMIT = "Ray calls: submit (`.remote`, args serialised)"
+PART_THREADS = "Ray's threads (replies received, deserialised)"
+
+
+class PartTimer:
+    """The driver's CPU by part, timed in the measured passes themselves (cProfile inflates
+    Python-heavy code several times over): the event loop thread's CPU inside the
+    Conversation's entry points (every render and tokenization an episode does) and inside
+    Ray's `ActorMethod.remote` (submitting a call, its arguments serialised); the loop is the
+    rest of that thread's CPU; Ray's threads are the process's CPU outside it."""
+
+    CONVERSATION = ("__init__", "prompt", "add_observation", "add_reply", "add_recorded", "for_learner")
+
+    def __init__(self) -> None:
+        self.cpu = {PART_CHAT: 0.0, PART_SUBMIT: 0.0}
+        self._inside = False
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> PartTimer:
+        from ray.actor import ActorMethod
+
+        from rose_ray.rollout.conversation import Conversation
+
+        for name in self.CONVERSATION:
+            self._wrap(Conversation, name, PART_CHAT)
+        self._wrap(ActorMethod, "remote", PART_SUBMIT)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for owner, name, fn in reversed(self._undo):
+            setattr(owner, name, fn)
+
+    def _wrap(self, owner: Any, name: str, part: str) -> None:
+        fn = owner.__dict__[name]
+        timer = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if timer._inside:  # a call inside a timed one: counted there
+                return fn(*args, **kwargs)
+            timer._inside, t0 = True, time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                timer.cpu[part] += time.thread_time() - t0
+                timer._inside = False
+
+        setattr(owner, name, timed)
+        self._undo.append((owner, name, fn))
+
+
+def timed_parts(timer: PartTimer, thread_cpu_s: float, process_cpu_s: float, turns: int) -> dict[str, float]:
+    """ms of driver CPU per turn, by part."""
+    parts = dict(timer.cpu)
+    parts[PART_LOOP] = max(thread_cpu_s - sum(timer.cpu.values()), 0.0)
+    parts[PART_THREADS] = max(process_cpu_s - thread_cpu_s, 0.0)
+    return {k: round(1000 * v / max(turns, 1), 3) for k, v in parts.items()}
 RENDERING_CODE = ("/tokenizers/", "/transformers/", "/jinja2/", "<template>", "rose_ray/chat.py", "dataclasses.py")
 CONVERSATION_ENTRIES = ("__init__", "prompt", "add_observation", "add_reply", "add_recorded", "for_learner")
 
@@ -275,9 +344,14 @@ async def profiled(coro_fn: Any) -> tuple[Any, dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------- one point
-def run_point(episodes: int, games: list[tuple[GameId, list[str]]], chats: dict[str, ChatFormat], per_slot: int,
-              max_turns: int, profile: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Rows (one per chat history) for `episodes` concurrent episodes on new pools, and the point's facts."""
+def run_point(episodes: int, games: list[tuple[GameId, list[str]]], agents: dict[str, tuple[Agent, Agent]],
+              engine_pids: list[int], per_slot: int, rounds: int, max_turns: int,
+              profile: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rows (one per chat history) for `episodes` concurrent episodes on new pools, and the point's facts.
+
+    After a warm-up pass (the JVMs' JIT), `rounds` times: the bound, then each history's
+    rollout; then the bound once more. Each rollout pass is set against the mean of the bound
+    passes on either side of it (the machine's load drifts), and a row sums its passes."""
     import ray
 
     from rose_ray.envs.pool import env_pool_actor
@@ -285,59 +359,81 @@ def run_point(episodes: int, games: list[tuple[GameId, list[str]]], chats: dict[
 
     workers = episodes // GAMES_PER_WORKER
     t0 = time.perf_counter()
-    pools = [env_pool_actor(num_games=GAMES_PER_WORKER, num_cpus=0) for _ in range(workers)]
-    ray.get([p.num_games.remote() for p in pools])
-    start_s = time.perf_counter() - t0
-    student, teacher, engine_pids = {}, {}, []
-    rows: list[dict[str, Any]] = []
+    for attempt in range(3):  # on a loaded machine a JVM can miss its start-up deadline
+        pools = [env_pool_actor(num_games=GAMES_PER_WORKER, num_cpus=0) for _ in range(workers)]
+        try:
+            ray.get([p.num_games.remote() for p in pools])
+            break
+        except ray.exceptions.RayActorError as e:
+            close_pools(pools)
+            if attempt == 2:
+                raise
+            print(f"  an EnvPool failed to start ({str(e).splitlines()[-1][:120]}); starting them again", flush=True)
     try:
-        for history, chat in chats.items():
-            student[history], teacher[history], pids = start_engines(chat, games)
-            engine_pids += pids
+        start_s = time.perf_counter() - t0
         procs = Processes(pools, engine_pids)
         loop = asyncio.new_event_loop()
-        at = 0
-
-        def jobs() -> list[tuple[GameId, list[str]]]:
-            nonlocal at
-            at += episodes * per_slot
-            return plan(games, episodes, per_slot, at - episodes * per_slot)
+        same = plan(games, episodes, per_slot, 0)  # the bound and every rollout play the same games
 
         def measure(coro_fn: Any) -> dict[str, Any]:
             before = procs.snapshot()
             turns = loop.run_until_complete(coro_fn())
             return per_turn(before, procs.snapshot(), turns)
 
-        loop.run_until_complete(bound_pass(pools, plan(games, episodes, 1, len(games) // 2)))  # JVMs warm up
-        same = jobs()  # the bound and every rollout play the same games
-        bounds = [measure(lambda: bound_pass(pools, same))]
-        for history in chats:
-            row = measure(lambda h=history: rollout_pass(pools, same, student[h], teacher[h], max_turns))
-            rows.append({"episodes": episodes, "history": history, **row})
-        bounds.append(measure(lambda: bound_pass(pools, same)))
-        bound = sum(b["turns_per_s"] for b in bounds) / len(bounds)
-        for row in rows:
-            row["bound_turns_per_s"] = round(bound, 2)
-            row["bound_runs_turns_per_s"] = [b["turns_per_s"] for b in bounds]
-            row["bound_jvm_cpu_ms_per_step"] = round(sum(b["jvm_cpu_ms_per_turn"] for b in bounds) / len(bounds), 2)
-            row["bound_driver_cpu_ms_per_step"] = round(sum(b["driver_cpu_ms_per_turn"] for b in bounds) / 2, 3)
-            row["fraction_of_bound"] = round(row["turns_per_s"] / bound, 3)
+        loop.run_until_complete(bound_pass(pools, same))  # warm-up: the JVMs compile their hot paths
+        bounds, passes = [measure(lambda: bound_pass(pools, same))], {h: [] for h in agents}
+        for n in range(rounds):  # every other round the other order: the JVMs still speed up as they run
+            for history, (student, teacher) in list(agents.items())[:: 1 if n % 2 == 0 else -1]:
+                parts: dict[str, float] = {}
+                passes[history].append(measure(
+                    lambda s=student, t=teacher, p=parts: rollout_pass(pools, same, s, t, max_turns, p)))
+                passes[history][-1]["driver_ms_per_turn_by_part"] = parts
+            bounds.append(measure(lambda: bound_pass(pools, same)))
+        rows = []
+        for history, runs in passes.items():
+            fractions = [r["turns_per_s"] / ((bounds[i]["turns_per_s"] + bounds[i + 1]["turns_per_s"]) / 2)
+                         for i, r in enumerate(runs)]
+            turns, wall = sum(r["turns"] for r in runs), sum(r["wall_s"] for r in runs)
+            row: dict[str, Any] = {"episodes": episodes, "history": history, "turns": turns, "wall_s": round(wall, 2),
+                                   "turns_per_s": round(turns / wall, 2)}
+            for key in ("driver", "jvm", "pool", "engine", "session"):
+                name = f"{key}_cpu_ms_per_turn"
+                row[name] = round(sum(r[name] * r["turns"] for r in runs) / turns, 3)
+            row["driver_ms_per_turn_by_part"] = {
+                k: round(sum(r["driver_ms_per_turn_by_part"][k] * r["turns"] for r in runs) / turns, 3)
+                for k in runs[0]["driver_ms_per_turn_by_part"]}
+            row["fraction_of_bound"] = round(sum(fractions) / len(fractions), 3)
+            row["fraction_of_bound_per_round"] = [round(f, 3) for f in fractions]
+            row["passes"] = runs
             # One event loop drives every episode: at most this many turns/s per driver core.
             row["driver_ceiling_turns_per_s"] = round(1000 / max(row["driver_cpu_ms_per_turn"], 1e-6), 1)
-            assert row["turns"] == bounds[0]["turns"], f"rollout played {row['turns']} turns, the bound {bounds[0]['turns']}"
+            row["bound_turns_per_s"] = round(sum(b["turns_per_s"] for b in bounds) / len(bounds), 2)
+            # All of this session's processes (Ray's daemons too) share the machine's cores: when
+            # they are saturated, turns/s goes as 1 / CPU per turn, and this is the fraction to expect.
+            bound_cpu = sum(b["session_cpu_ms_per_turn"] for b in bounds) / len(bounds)
+            row["bound_session_cpu_ms_per_step"] = round(bound_cpu, 2)
+            row["cpu_share_fraction"] = round(bound_cpu / row["session_cpu_ms_per_turn"], 3)
+            row["bound_jvm_cpu_ms_per_step"] = round(sum(b["jvm_cpu_ms_per_turn"] for b in bounds) / len(bounds), 2)
+            row["bound_pool_cpu_ms_per_step"] = round(sum(b["pool_cpu_ms_per_turn"] for b in bounds) / len(bounds), 2)
+            row["bound_driver_cpu_ms_per_step"] = round(
+                sum(b["driver_cpu_ms_per_turn"] for b in bounds) / len(bounds), 3)
+            assert all(r["turns"] == bounds[0]["turns"] for r in runs), \
+                f"rollouts played {[r['turns'] for r in runs]} turns, the bound {bounds[0]['turns']}"
+            rows.append(row)
         if profile:
-            for row, history in zip(rows, chats):
+            for row, (student, teacher) in zip(rows, agents.values()):
                 _, row["profile"] = loop.run_until_complete(profiled(
-                    lambda h=history: rollout_pass(pools, same, student[h], teacher[h], max_turns)))
+                    lambda s=student, t=teacher: rollout_pass(pools, same, s, t, max_turns)))
+                row["profile"]["turns"] = bounds[0]["turns"]
         jvm_rss = rss_mb(procs.jvm_pids())
+        pool_rss = rss_mb(procs.pool_pids)
         facts = {"episodes": episodes, "workers": workers, "pools_start_s": round(start_s, 1),
                  "jvm_rss_mb_max": round(max(jvm_rss), 1), "jvm_rss_mb_mean": round(sum(jvm_rss) / len(jvm_rss), 1),
+                 "pool_actor_rss_mb_mean": round(sum(pool_rss) / len(pool_rss), 1),
                  "session_rss_gb": round(session_rss_gb(), 2), "bounds": bounds}
         loop.close()
     finally:
         close_pools(pools)
-        for agent in list(student.values()) + list(teacher.values()):
-            ray.kill(agent.engine)
     return rows, facts
 
 
@@ -345,17 +441,19 @@ def run_point(episodes: int, games: list[tuple[GameId, list[str]]], chats: dict[
 def print_profile(row: dict[str, Any]) -> None:
     p = row["profile"]
     print(f"\ndriver profile, {row['episodes']} episodes, history {row['history']} "
-          f"({p['process_cpu_s']:.2f} s CPU over {row['turns']} turns, cProfile on; not the measured pass)")
+          f"({p['process_cpu_s']:.2f} s CPU over {p['turns']} turns; cProfile on, which inflates Python-heavy "
+          "code several times over: the timed parts above are the measure, this says which functions)")
     for part, v in p["parts"].items():
         print(f"  {part:<44} {v['cpu_s']:7.2f} s  {100 * v['share']:5.1f}%  "
-              f"{1000 * v['cpu_s'] / row['turns']:6.2f} ms/turn")
+              f"{1000 * v['cpu_s'] / p['turns']:6.2f} ms/turn")
         for s, label in p["top"].get(part, [])[:4]:
             print(f"      {s:7.3f} s  {label}")
 
 
 def print_table(out: dict[str, Any]) -> None:
-    print(f"\nrollout ({out['mode']}; {out['cpus_usable']} cores; {out['date']}; max_turns {out['max_turns']}; "
-          f"{out['episodes_per_slot']} episodes per slot)")
+    print(f"\nrollout ({out['mode']}; {out['cpus_usable']} cores, load average {out['load_average_at_end'][1]} "
+          f"over the last 5 min; {out['date']}; max_turns {out['max_turns']}; "
+          f"{out['episodes_per_slot']} episodes per slot a pass; {out['rounds']} round(s))")
     print(f"engines: {STAND_IN}")
     head = (f"{'episodes':>8} {'history':>8} {'turns':>6} {'turns/s':>8} {'env bound':>9} {'fraction':>8} "
             f"{'driver ms/turn':>14} {'driver ceiling':>14} {'JVM ms/step':>11} {'pool ms/turn':>12} "
@@ -373,6 +471,21 @@ def print_table(out: dict[str, Any]) -> None:
         print(f"  {p['episodes']} episodes: {p['workers']} pools x {GAMES_PER_WORKER} JVMs (started in "
               f"{p['pools_start_s']} s), env bound runs {bounds} turns/s; JVM RSS max {p['jvm_rss_mb_max']} MB, "
               f"session RSS {p['session_rss_gb']} GiB")
+    for r in out["rows"]:
+        print(f"  {r['episodes']} episodes, {r['history']}: fraction of the bound per round "
+              f"{', '.join(f'{f:.2f}' for f in r['fraction_of_bound_per_round'])}; all processes' CPU "
+              f"{r['session_cpu_ms_per_turn']:.1f} ms/turn against {r['bound_session_cpu_ms_per_step']:.1f} ms/step "
+              f"in the bound (on saturated cores: {r['cpu_share_fraction']:.2f} of the bound)")
+    parts = list(out["rows"][0]["driver_ms_per_turn_by_part"]) if out["rows"] else []
+    if parts:
+        print("\ndriver CPU per turn by part, ms (timed in the measured passes)")
+        head = f"{'episodes':>8} {'history':>8} " + " ".join(f"{p[:22]:>22}" for p in parts)
+        print(head)
+        print("-" * len(head))
+        for r in out["rows"]:
+            print(f"{r['episodes']:>8} {r['history']:>8} "
+                  + " ".join(f"{r['driver_ms_per_turn_by_part'][p]:>22.2f}" for p in parts))
+        print("  " + "; ".join(parts))
     for s in out["skipped"]:
         print(f"  skipped {s['episodes']} episodes: {s['why']}")
     print("driver ceiling: 1000 / driver ms per turn, the turns/s one driver core sustains; "
@@ -382,10 +495,12 @@ def print_table(out: dict[str, Any]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="16 episodes, 2 per slot (<= 3 min)")
-    ap.add_argument("--episodes", default=None, help="comma-separated points (default 8,16,32,64,256)")
-    ap.add_argument("--per-slot", type=int, default=None, help="episodes per slot per pass (default 4; quick 2)")
+    ap.add_argument("--quick", action="store_true", help="16 episodes, 1 per slot a pass, 1 round (<= 3 min)")
+    ap.add_argument("--episodes", default=None, help="comma-separated points (default 16,32,64,256)")
+    ap.add_argument("--per-slot", type=int, default=None, help="episodes per slot per pass (default 4; quick 1)")
     ap.add_argument("--max-turns", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=None, help="rollout passes per history, each between two bound "
+                    "passes (default 2; quick 1)")
     ap.add_argument("--max-rss-gb", type=float, default=6.0, help="skip a point whose projected RSS is above this")
     ap.add_argument("--history", default=",".join(HISTORIES), help="chat histories to run (sampled,template)")
     ap.add_argument("--profile", action="store_true", help="print where the driver's CPU goes, by part")
@@ -394,33 +509,39 @@ def main() -> None:
 
     from rose_ray.models import build_tokenizer
 
-    points = [int(x) for x in (args.episodes or ("16" if args.quick else "8,16,32,64,256")).split(",")]
-    per_slot = args.per_slot or (2 if args.quick else 4)
+    points = [int(x) for x in (args.episodes or ("16" if args.quick else "16,32,64,256")).split(",")]
+    per_slot = args.per_slot or (1 if args.quick else 4)
+    args.rounds = args.rounds or (1 if args.quick else 2)
     t_start = time.perf_counter()
     tokenizer = build_tokenizer(style="qwen3")
     chats = {h: ChatFormat(tokenizer, False, h) for h in args.history.split(",")}
     games = recorded_games(args.max_turns)
-    ray.init(include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
     rows, facts, skipped = [], [], []
-    slot_mb = 300.0  # RSS one more slot costs (its JVM, its share of a pool actor); then as measured
+    # RSS of one more JVM and of one more pool actor: guesses until the first point measures them.
+    jvm_mb, pool_mb = 250.0, 150.0
     try:
+        student, teacher, engine_pids = start_engines(tokenizer, games)
+        # Both histories ask the same stand-ins; each agent renders with its own chat format.
+        agents = {h: (replace(student, chat=chat), replace(teacher, chat=chat)) for h, chat in chats.items()}
         for n in points:
             if n % GAMES_PER_WORKER:
                 skipped.append({"episodes": n, "why": f"not a multiple of {GAMES_PER_WORKER} games per pool"})
                 continue
             base = session_rss_gb()
-            need = base + n * slot_mb / 1024
+            need = base + (n * jvm_mb + n // GAMES_PER_WORKER * pool_mb) / 1024
             if need > args.max_rss_gb:
-                skipped.append({"episodes": n, "why": f"needs ~{need:.1f} GiB ({n} slots at {slot_mb:.0f} MB + "
-                                f"{base:.1f} GiB of Ray and this driver) > --max-rss-gb {args.max_rss_gb}"})
+                skipped.append({"episodes": n, "why": f"needs ~{need:.1f} GiB ({n} JVMs at {jvm_mb:.0f} MB, "
+                                f"{n // GAMES_PER_WORKER} pool actors at {pool_mb:.0f} MB, {base:.1f} GiB of Ray, "
+                                f"this driver and the stand-ins) > --max-rss-gb {args.max_rss_gb}"})
                 print(f"skipping {n} episodes: {skipped[-1]['why']}", flush=True)
                 continue
             print(f"{n} concurrent episodes ...", flush=True)
-            point_rows, point = run_point(n, games, chats, per_slot, args.max_turns, args.profile)
+            point_rows, point = run_point(n, games, agents, engine_pids, per_slot, args.rounds, args.max_turns,
+                                          args.profile)
             rows += point_rows
             facts.append(point)
-            point["slot_rss_mb"] = round(1024 * (point["session_rss_gb"] - base) / n, 1)
-            slot_mb = point["slot_rss_mb"] if len(facts) == 1 else max(slot_mb, point["slot_rss_mb"])
+            jvm_mb, pool_mb = point["jvm_rss_mb_mean"], point["pool_actor_rss_mb_mean"]
             for r in point_rows:
                 print(f"  {r['history']}: {r['turns_per_s']:.1f} turns/s, {r['fraction_of_bound']:.2f} of the env "
                       f"bound ({r['bound_turns_per_s']:.1f}), driver {r['driver_cpu_ms_per_turn']:.2f} ms CPU/turn",
@@ -431,8 +552,9 @@ def main() -> None:
         "bench": "rollout", "mode": "quick" if args.quick else "full", "engines": STAND_IN,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": platform.machine(), "cpus_usable": len(os.sched_getaffinity(0)),
-        "max_turns": args.max_turns, "episodes_per_slot": per_slot, "games_per_worker": GAMES_PER_WORKER,
+        "max_turns": args.max_turns, "episodes_per_slot": per_slot, "rounds": args.rounds, "games_per_worker": GAMES_PER_WORKER,
         "tokenizer": f"build_tokenizer(style='qwen3'), {len(tokenizer)} tokens, Qwen3-like template",
+        "load_average_at_end": [round(x, 1) for x in os.getloadavg()],  # the machine is shared: what else ran
         "rows": rows, "points": facts, "skipped": skipped, "elapsed_s": round(time.perf_counter() - t_start, 1),
     }
     kept = keep_result(RESULTS, json.dumps(out, indent=2, default=str) + "\n")
