@@ -516,7 +516,15 @@ def main() -> None:
     tokenizer = build_tokenizer(style="qwen3")
     chats = {h: ChatFormat(tokenizer, False, h) for h in args.history.split(",")}
     games = recorded_games(args.max_turns)
-    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    for attempt in range(3):  # on a loaded machine Ray's daemons can miss their start-up deadline
+        try:
+            ray.init(address="local", include_dashboard=False, log_to_driver=False)
+            break
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for a node that timed out
+            ray.shutdown()
+            if attempt == 2:
+                raise
+            print(f"Ray did not start ({str(e)[:100]}); starting it again", flush=True)
     rows, facts, skipped = [], [], []
     # RSS of one more JVM and of one more pool actor: guesses until the first point measures them.
     jvm_mb, pool_mb = 250.0, 150.0
