@@ -24,15 +24,18 @@ Per point (N concurrent episodes = N pool slots, 8 games per EnvPool worker):
   - turns/s (a turn = an engine reply + the env step it causes; resets in the wall time of
     both), fraction_of_bound, the driver's CPU per turn (time.process_time of this process:
     its event loop and Ray's threads), and the JVMs', pool actors' and stand-in engines' CPU
-    per turn (psutil).
+    per turn (psutil); all of this session's processes' CPU per turn against the bound's, which
+    says what fraction saturated cores allow (on this 2-core machine everything shares them).
+  - the driver's CPU per turn by part, timed in the measured passes (`PartTimer`): chat
+    rendering + tokenization (the Conversation's entry points), Ray submits (`.remote`, the
+    arguments serialised), the loop (the rest of the event loop thread), Ray's threads (the
+    process's CPU outside that thread: replies received and deserialised).
 A point is skipped when the RSS it would need (this session's processes now, plus its JVMs and
 pool actors at the RSS the last point measured; 250/150 MB before any) is over `--max-rss-gb`.
 
-`--profile` replays each point's rollouts once more under cProfile (thread CPU time, not the
-measured pass) and prints the driver's CPU grouped by part: chat rendering + tokenization
-(the Conversation's prompt/observation/reply/learner-view work), Ray calls (Ray's Python
-and serialisation on the event loop thread, plus Ray's own threads in this process), and the
-loop (asyncio, the episode and runner code, the rest).
+`--profile` also replays each point's rollouts once more under cProfile (thread CPU time; not
+a measured pass) and prints the functions behind each part. cProfile inflates Python-heavy
+code several times over, so its shares are indicative; the timed parts are the measure.
 
     python bench/rollout.py                 # 16, 32, 64, 256 episodes (where memory allows), 4 per slot
     python bench/rollout.py --quick         # 16 episodes, 1 per slot a pass, 1 round (<= 3 min)
