@@ -29,6 +29,12 @@ followed by the generation prompt. Earlier replies then lose what the template d
 the empty think block, reasoning) and are re-tokenized from their text; the learner trains on
 the template's rendering of the whole conversation. A turn's `frame` counts its leading ids
 that are the template's framing (the role header): context, never trained.
+
+Under `template` the text is rendered whole every turn, but only what changed is tokenized:
+with a `RenderCache` (one per conversation), `apply_template` reuses the ids of the last
+rendering up to the last end-of-turn token the two texts share, and tokenizes the rest. The
+tokenizer splits its text at added special tokens before anything else, so the ids are exactly
+those of tokenizing the whole text (tests/test_qwen3.py checks it token for token).
 """
 
 from __future__ import annotations
@@ -46,6 +52,17 @@ HISTORIES: tuple[str, ...] = ("sampled", "template")
 
 class ChatTemplateError(InputError):
     """A chat template whose turns cannot be cut into per-turn pieces."""
+
+
+class RenderCache:
+    """The last template rendering tokenized for one conversation (its text and ids): the next
+    `apply_template` with this cache tokenizes only the text after the last end-of-turn token
+    the two renderings share."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.ids: list[int] = []
+        self.reused = 0  # ids taken from earlier renderings instead of tokenized again (a gauge)
 
 
 class ChatFormat:
@@ -81,6 +98,12 @@ class ChatFormat:
         before = marked.split(_MARK)[0]
         self._frames = {"user": len(self.encode(self.user_prefix)),
                         "assistant": len(self.encode(before[before.rfind(self.end_text) + len(self.end_text):]))}
+        # A text's ids split at the end-of-turn token only if the tokenizer cuts its text there
+        # before normalising or merging anything: an added token that strips no whitespace.
+        added = getattr(tokenizer, "added_tokens_decoder", {}).get(self.eos_id)
+        self._splits_at_end = added is not None and not (
+            getattr(added, "normalized", True) or getattr(added, "lstrip", True) or getattr(added, "rstrip", True)
+            or getattr(added, "single_word", True))
 
     def _split_user_turn(self, messages: list[dict[str, str]]) -> tuple[str, str, str]:
         """Render `messages` + a marked user turn with the generation prompt; return (the
@@ -141,13 +164,41 @@ class ChatFormat:
         """Text of an assistant turn (end-of-turn token dropped)."""
         return self.tokenizer.decode([i for i in ids if i != self.eos_id], skip_special_tokens=False)
 
-    def template_pieces(self, messages: list[dict[str, str]],
-                        add_generation_prompt: bool) -> tuple[list[list[int]], list[int]]:
+    def encode_rendering(self, text: str, cache: RenderCache | None = None) -> list[int]:
+        """`encode(text)`; with a cache, the ids up to the last end-of-turn token that `text`
+        shares with the cached rendering are the cached ones, and only the rest is tokenized
+        (the same ids: the tokenizer cuts its text at that token before anything else)."""
+        if cache is None:
+            return self.encode(text)
+        shared, at = self._shared_rendering(text, cache) if self._splits_at_end else (0, -1)
+        ids = cache.ids[: at + 1] + self.encode(text[shared:]) if shared else self.encode(text)
+        cache.text, cache.ids = text, ids
+        cache.reused += at + 1 if shared else 0
+        return list(ids)
+
+    def _shared_rendering(self, text: str, cache: RenderCache) -> tuple[int, int]:
+        """(the length of the longest prefix `text` shares with the cached rendering that ends
+        with an end-of-turn token, the index of that token's id in the cached ids); (0, -1): none."""
+        cut = len(cache.text)
+        while (cut := cache.text.rfind(self.end_text, 0, cut)) >= 0:  # the last one first: usually it
+            shared = cut + len(self.end_text)
+            if text[:shared] == cache.text[:shared]:
+                at = -1
+                try:
+                    for _ in range(cache.text.count(self.end_text, 0, shared)):  # each one a single id
+                        at = cache.ids.index(self.eos_id, at + 1)
+                except ValueError:
+                    return 0, -1  # ids that are not this text's: tokenize it whole
+                return shared, at
+        return 0, -1
+
+    def template_pieces(self, messages: list[dict[str, str]], add_generation_prompt: bool,
+                        cache: RenderCache | None = None) -> tuple[list[list[int]], list[int]]:
         """The template's own rendering of `messages`, tokenized whole as a chat API does, cut
         after each message's end-of-turn id: (each message's ids, the ids after the last one:
         the generation prompt, or what closes the conversation). A template's extra turns (a
-        default system prompt) go with the first message."""
-        ids = self.encode(self.render_text(messages, add_generation_prompt))
+        default system prompt) go with the first message. `cache`: see `encode_rendering`."""
+        ids = self.encode_rendering(self.render_text(messages, add_generation_prompt), cache)
         ends = [i for i, t in enumerate(ids) if t == self.eos_id]
         # A text that spells the end-of-turn token is tokenized to it (as a chat API does): it
         # belongs to its message, whose own end-of-turn id comes after.
@@ -162,13 +213,15 @@ class ChatFormat:
         starts = [0] + [e + 1 for e in ends[:-1]]
         return [ids[a : e + 1] for a, e in zip(starts, ends)], ids[ends[-1] + 1 :]
 
-    def apply_template(self, turns: list[Turn], add_generation_prompt: bool) -> list[Turn]:
+    def apply_template(self, turns: list[Turn], add_generation_prompt: bool,
+                       cache: RenderCache | None = None) -> list[Turn]:
         """The turns with the ids of the template's rendering of their texts (`template_pieces`):
         the last turn also holds the generation prompt (or the close; its `close` counts them),
         each turn's `frame` counts its role header (a closing reply's as the template frames it).
-        Replies keep their text; their sampled ids and logprobs give way."""
+        Replies keep their text; their sampled ids and logprobs give way. With a `cache` (one per
+        conversation), only what changed since its last rendering is tokenized."""
         messages = [{"role": t.role, "content": t.text} for t in turns]
-        pieces, tail = self.template_pieces(messages, add_generation_prompt)
+        pieces, tail = self.template_pieces(messages, add_generation_prompt, cache)
         frames = [self._frames[t.role] if i else 0 for i, t in enumerate(turns)]
         if len(turns) > 1 and turns[-1].role == "assistant":
             frames[-1] = self._last_reply_frame(messages, pieces[-1])

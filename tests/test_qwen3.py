@@ -205,6 +205,46 @@ def test_a_row_that_ends_with_a_reply_trains_only_the_replies(tiny_qwen3, templa
             assert trained == "".join(f"{r}<|im_end|>" for r in shown)[: -len("<|im_end|>") if cut else None]
 
 
+@pytest.mark.parametrize("template", ["stand-in", "qwen3-history", "plain"])
+@pytest.mark.parametrize("thinking", [False, True])
+def test_template_prompts_tokenized_turn_by_turn_equal_the_whole_rendering(tiny_qwen3, tiny_models, template,
+                                                                            thinking):
+    """chat.history=template builds each prompt with a RenderCache (only the text after the last
+    end-of-turn token it shares with the last rendering is tokenized): every prompt, and the
+    learner's closing rendering, is token for token the template's whole rendering tokenized at
+    once, as a chat API does; and the cache did spare the re-tokenization."""
+    from rose_ray.chat import RenderCache
+
+    tok = load_tokenizer(tiny_models["student"] if template == "plain" else tiny_qwen3["student"])
+    if template == "qwen3-history":
+        tok.chat_template = QWEN3_HISTORY
+    chat, cache = ChatFormat(tok, thinking, "template"), RenderCache()
+    for k in range(len(REPLIES) + 1):  # the conversation as an episode grows it, one reply and observation a turn
+        conv = _conversation(k)
+        whole = list(tok.apply_chat_template(conv, tokenize=True, add_generation_prompt=True,
+                                             enable_thinking=thinking)["input_ids"])
+        cached = chat.apply_template(_turns(conv), True, cache=cache)
+        assert [i for t in cached for i in t.token_ids] == whole
+        assert cached == chat.apply_template(_turns(conv), True)  # ids, frames and closes: as without a cache
+    assert cache.reused > 0
+    # The learner's rendering ends with a reply (a think block around it where the template puts one).
+    conv = _conversation(len(REPLIES))[:-1]
+    closing = chat.apply_template(_turns(conv), False, cache=cache)
+    assert [i for t in closing for i in t.token_ids] == chat.render_ids(conv, False)
+    assert closing == chat.apply_template(_turns(conv), False)
+    # A conversation whose history changed (an earlier observation edited) shares only its start.
+    edited = _conversation(2)
+    edited[4]["content"] = "observation 1, seen again<|im_end|>"
+    reused = cache.reused
+    ids = [i for t in chat.apply_template(_turns(edited), True, cache=cache) for i in t.token_ids]
+    assert ids == chat.render_ids(edited, True) and cache.reused > reused
+    # ... and one that shares no end-of-turn token with it is tokenized whole.
+    fresh = msgs(("user", "another game"), ("assistant", ACK), ("user", OBS[1]))
+    reused = cache.reused
+    ids = [i for t in chat.apply_template(_turns(fresh), True, cache=cache) for i in t.token_ids]
+    assert ids == chat.render_ids(fresh, True) and cache.reused == reused
+
+
 def test_the_plain_template_is_not_a_rewriter(tiny_models):
     assert not ChatFormat(load_tokenizer(tiny_models["student"])).rewrites_history
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rose_ray.chat import RenderCache
 from rose_ray.inference.engine import droppable_from
 from rose_ray.types import Turn
 
@@ -32,6 +33,8 @@ class Conversation:
             self.teacher_turns = [Turn("user", instruction, "prompt", teacher.chat.opening_ids(opening)),
                                   Turn("assistant", acknowledgement, "prompt", [])]
         self.cut: list[int] = []  # turns the engine left out of the last prompt
+        # Template history: each view's last rendering, so a prompt tokenizes only its new turns.
+        self.rendered = {"student": RenderCache(), "teacher": RenderCache()}
 
     def view(self, owner: str) -> list[Turn]:
         """The turns in the ids of the agent that plays `owner`."""
@@ -55,8 +58,12 @@ class Conversation:
         history is `template` (as a chat API renders a conversation)."""
         agent, view = self.agent(owner), self.view(owner)
         if agent.chat.history == "template":
-            view[:] = agent.chat.apply_template(view, add_generation_prompt=True)
+            view[:] = agent.chat.apply_template(view, add_generation_prompt=True, cache=self.cache(owner))
         return view
+
+    def cache(self, owner: str) -> RenderCache:
+        """The render cache of the view `owner`'s agent reads (one id list when it is shared)."""
+        return self.rendered["teacher" if owner == "teacher" and self.teacher_turns is not None else "student"]
 
     def agent(self, owner: str) -> Agent:
         return self.teacher if owner == "teacher" else self.student
@@ -97,5 +104,6 @@ class Conversation:
         """The turns the learner trains on: under `template` history, the template's rendering
         of the whole conversation."""
         if self.student.chat.history == "template":
-            self.turns[:] = self.student.chat.apply_template(self.turns, add_generation_prompt=False)
+            self.turns[:] = self.student.chat.apply_template(self.turns, add_generation_prompt=False,
+                                                             cache=self.cache("student"))
         return self.turns
