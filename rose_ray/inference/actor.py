@@ -7,10 +7,17 @@ submitted and land between batches, never inside a generation.
 `health()` is the supervisor's ping (rollout/supervisor.py): it answers from the actor's event
 loop, and says how long calls have waited without any of them finishing, so an engine whose
 generation thread hangs is found even though the ping itself is answered.
+
+Weights arrive three ways (rose_ray/learner/weights.py chooses, `publish.method`):
+`update_weights(state)` a dict; `load_weights(flat)` a FlatState (flat byte buffers through
+the object store); or `receive_weights(header)` after `join_weight_group`, the buckets by
+broadcast from the learner's rank 0. A broadcast is received at once, while generation goes
+on; only the load into the model queues behind the calls already submitted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
@@ -19,6 +26,7 @@ from typing import Any
 
 import ray
 
+from rose_ray.flat_weights import FlatHeader, FlatState, WeightGroup, unpack
 from rose_ray.inference.backends import make_engine
 from rose_ray.inference.batcher import async_frontend
 from rose_ray.inference.engine import EngineConfig, GenerationRequest, GenerationResult
@@ -41,6 +49,9 @@ class EngineActorImpl:
         self.batcher: Any = None
         self._in_flight = 0
         self._progress_at = time.monotonic()  # the last call finished (or the first began)
+        self._weight_group: WeightGroup | None = None
+        self._receive_buffers: list[Any] | None = None  # reused by the next broadcast
+        self._receiving: asyncio.Lock | None = None
 
     def _batcher(self) -> Any:
         if self.batcher is None:  # created lazily inside the actor's event loop
@@ -96,6 +107,48 @@ class EngineActorImpl:
         with self._call():
             await self._batcher().update_weights(state, version)
             return self.engine.version
+
+    async def load_weights(self, state: dict[str, Any] | FlatState, version: int) -> dict[str, float]:
+        """`update_weights` for a dict or a FlatState (unpacked into views, no copy); returns
+        `load_ms` (the wait behind calls submitted before it included) and the version."""
+        with self._call():
+            start = time.perf_counter()
+            if isinstance(state, FlatState):
+                state = unpack(state)
+            await self._batcher().update_weights(state, version)
+            return {"load_ms": (time.perf_counter() - start) * 1e3, "version": float(self.engine.version)}
+
+    async def weight_receiver(self) -> dict[str, Any]:
+        """What a publisher needs to choose a method: this actor's node, backend and device."""
+        return {"node_id": ray.get_runtime_context().get_node_id(), "backend": self.config.backend,
+                "device": self.device}
+
+    async def join_weight_group(self, address: dict[str, Any], rank: int) -> None:
+        """Join the learner's weight group (WeightGroup.open_store's address) as `rank`; a group
+        joined before is left. Returns once every member has joined."""
+        if self.config.backend not in ("hf", "vllm"):
+            raise NotImplementedError(f"the {self.config.backend} backend cannot receive weights")
+        self._weight_group = None
+        self._weight_group = await asyncio.to_thread(WeightGroup.join, address, rank)
+
+    async def receive_weights(self, header_json: str, version: int) -> dict[str, float]:
+        """One publication by broadcast: its buckets into this actor's buffers now, then loaded
+        as `update_weights` (behind the calls submitted before it). The learner's rank 0
+        broadcasts the buckets the header describes; one publication at a time."""
+        if self._weight_group is None:
+            raise RuntimeError("receive_weights: this engine has not joined a weight group")
+        if self._receiving is None:
+            self._receiving = asyncio.Lock()
+        header = FlatHeader.from_json(header_json)
+        async with self._receiving:
+            with self._call():
+                start = time.perf_counter()
+                flat = await asyncio.to_thread(self._weight_group.receive, header, self._receive_buffers)
+                self._receive_buffers = flat.buffers
+                received = time.perf_counter()
+                await self._batcher().update_weights(unpack(flat), version)
+                return {"receive_ms": (received - start) * 1e3,
+                        "load_ms": (time.perf_counter() - received) * 1e3, "version": float(self.engine.version)}
 
     async def version(self) -> int:
         return self.engine.version
