@@ -17,8 +17,10 @@ Stages, in ms per MB (median of `--repeats` after one warm-up publication):
   broadcast of every bucket to the engine (collective);
 - load: the engine's copy into its model (between batches; idle here).
 
-Bounds, same bytes, same run: a raw gloo broadcast of the bucketed bytes from this process to
-another actor (preallocated buffers on both sides), and one memcpy of them. `fraction_of_bound`
+Bounds, same bytes, same run (measured in every round, the methods interleaved with them so a
+shared machine's load falls on all alike): a raw gloo broadcast of the bytes from this process
+to another actor (256 MB pieces, preallocated buffers on both sides, no header, Ray call or
+load), and a memcpy of every tensor's bytes into a preallocated buffer. `fraction_of_bound`
 = the raw broadcast's ms/MB over a method's total ms/MB. Projected: a method's total for the
 3.4 GB of Qwen3-1.7B in bf16 at the same ms/MB (linear in bytes, as the rows show or not).
 
@@ -88,58 +90,82 @@ def build_model(tokenizer_dir: str, gib: float, out: Path) -> tuple[str, Any]:
     return str(out), model.eval()  # only its state is used here (rotary buffers left uninitialised)
 
 
-class BoundReceiver:
-    """The raw broadcast's other end: joins a WeightGroup, receives into preallocated buffers."""
+SCRATCH_MB = 256  # the bounds' buffers: the same bytes pass through them in pieces of this size
 
-    def join(self, address: dict[str, Any], sizes: list[int]) -> None:
+
+def pieces(total: int) -> list[int]:
+    n = SCRATCH_MB * 2**20
+    return [n] * (total // n) + ([total % n] if total % n else [])
+
+
+class BoundReceiver:
+    """The raw broadcast's other end: joins a WeightGroup, receives into a preallocated buffer."""
+
+    def join(self, address: dict[str, Any]) -> None:
         import torch
 
         from rose_ray.flat_weights import WeightGroup
 
         self.group = WeightGroup.join(address, 1)
-        self.buffers = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+        self.scratch = torch.empty(SCRATCH_MB * 2**20, dtype=torch.uint8)
 
-    def receive(self) -> float:
+    def receive(self, total: int) -> None:
+        self.group.broadcast([self.scratch[:n] for n in pieces(total)])
+
+
+class Bounds:
+    """Measured beside the methods, round by round: a raw gloo broadcast of the state's bytes
+    to another actor (in SCRATCH_MB pieces, from and into preallocated buffers: no header, no
+    Ray call, no load), and a memcpy of every tensor's bytes into a preallocated buffer."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        import ray
+        import torch
+
+        from rose_ray.flat_weights import WeightGroup, byte_view
+
+        self.views = [byte_view(t) for t in state.values()]
+        self.total = sum(int(v.numel()) for v in self.views)
+        self.scratch = torch.empty(SCRATCH_MB * 2**20, dtype=torch.uint8)
+        self.receiver = ray.remote(num_cpus=1)(BoundReceiver).remote()
+        store, address = WeightGroup.open_store(2, 300)
+        joined = self.receiver.join.remote(address)
+        self.group = WeightGroup(store, address["name"], 0, 2, 300)
+        ray.get(joined)
+        self.runs: dict[str, list[float]] = {"memcpy": [], "gloo_broadcast": []}
+
+    def measure(self) -> None:
+        import ray
+
         t0 = time.perf_counter()
-        self.group.broadcast(self.buffers)
-        return time.perf_counter() - t0
-
-
-def bounds(state: dict[str, Any], repeats: int) -> dict[str, float]:
-    """ms/MB of a raw gloo broadcast of the bucketed bytes to another actor, and of a memcpy."""
-    import ray
-    import torch
-
-    from rose_ray.flat_weights import WeightGroup, pack
-
-    flat = pack(state, 256)
-    mb = flat.nbytes / 2**20
-    dst = [torch.empty_like(b) for b in flat.buffers]
-    copies = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        for d, s in zip(dst, flat.buffers):
-            d.copy_(s)
-        copies.append(time.perf_counter() - t0)
-    del dst
-    receiver = ray.remote(num_cpus=1)(BoundReceiver).remote()
-    store, address = WeightGroup.open_store(2, 300)
-    joined = receiver.join.remote(address, list(flat.header.bucket_bytes))
-    group = WeightGroup(store, address["name"], 0, 2, 300)
-    ray.get(joined)
-    sends = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        got = receiver.receive.remote()
-        group.broadcast(flat.buffers)
+        at = 0
+        for v in self.views:
+            for lo in range(0, int(v.numel()), self.scratch.numel()):
+                piece = v[lo:lo + self.scratch.numel()]
+                if at + piece.numel() > self.scratch.numel():
+                    at = 0
+                self.scratch[at:at + piece.numel()].copy_(piece)
+                at += piece.numel()
+        t1 = time.perf_counter()
+        got = self.receiver.receive.remote(self.total)
+        self.group.broadcast([self.scratch[:n] for n in pieces(self.total)])
         ray.get(got)
-        sends.append(time.perf_counter() - t0)
-    ray.kill(receiver)
-    return {"mb": mb, "memcpy_ms_per_mb": statistics.median(copies[1:]) * 1e3 / mb,
-            "gloo_broadcast_ms_per_mb": statistics.median(sends[1:]) * 1e3 / mb}
+        self.runs["memcpy"].append(t1 - t0)
+        self.runs["gloo_broadcast"].append(time.perf_counter() - t1)
+
+    def ms_per_mb(self) -> dict[str, float]:
+        mb = self.total / 2**20
+        return {f"{k}_ms_per_mb": statistics.median(v[1:]) * 1e3 / mb for k, v in self.runs.items()}
+
+    def close(self) -> None:
+        import ray
+
+        ray.kill(self.receiver)
 
 
 def bench_size(tokenizer_dir: str, gib: float, root: Path, args: argparse.Namespace) -> tuple[list, dict]:
+    """Rounds of: the bounds, then one publication by each variant (interleaved, so that
+    the load of a shared machine falls on all alike); the first round warms up."""
     import ray
 
     from rose_ray.inference.actor import engine_actor
@@ -147,53 +173,60 @@ def bench_size(tokenizer_dir: str, gib: float, root: Path, args: argparse.Namesp
     from rose_ray.learner.weights import PublishConfig, WeightPublisher, gather_state
 
     folder, model = build_model(tokenizer_dir, gib, root / f"qwen3_like_{gib}")
-    bound = bounds(dict(model.state_dict()), args.repeats)
+    bounds = Bounds(gather_state(model, zero3=False, keep=True))
     engine = engine_actor(EngineConfig(model=folder, dtype="bfloat16", threads=1), num_cpus=1)
     ray.get(engine.ready.remote())
-    rows, version = [], 0
-    for label, settings in VARIANTS:
-        if args.methods and settings["method"] not in args.methods:
-            continue
-        method = settings["method"]
-        publisher = WeightPublisher(PublishConfig(**settings))
-        runs = []
-        for _ in range(args.repeats + 1):  # the first warms buffers, the group and the engine
+    variants = [(label, settings) for label, settings in VARIANTS
+                if (not args.methods or settings["method"] in args.methods)
+                and (args.bucketed or "/" not in label)]
+    publishers = {label: WeightPublisher(PublishConfig(**settings)) for label, settings in variants}
+    runs: dict[str, list[dict]] = {label: [] for label, _ in variants}
+    version = 0
+    for _ in range(args.repeats + 1):
+        bounds.measure()
+        for label, _ in variants:
             t0 = time.perf_counter()
             state = gather_state(model, zero3=False, keep=True)
             gathered = time.perf_counter()
             version += 1
-            out = publisher.publish(state, [engine], version)
+            out = publishers[label].publish(state, [engine], version)
             if out["versions"] != [version]:
-                raise RuntimeError(f"{method}: the engine reports version {out['versions']}, not {version}")
+                raise RuntimeError(f"{label}: the engine reports version {out['versions']}, not {version}")
             out["gather_ms"] = (gathered - t0) * 1e3
-            runs.append(out)
-        runs = runs[1:]
-        mb = runs[0]["mb"]
-        stage = {k: statistics.median(r[f"{k}_ms"] for r in runs) / mb
+            runs[label].append(out)
+    bound = {"size_gib": gib, "mb": bounds.total / 2**20, **bounds.ms_per_mb()}
+    bounds.close()
+    rows = []
+    for label, settings in variants:
+        done = runs[label][1:]
+        mb = done[0]["mb"]
+        stage = {k: statistics.median(r[f"{k}_ms"] for r in done) / mb
                  for k in ("gather", "pack", "transfer", "load")}
         total = sum(stage.values())
-        rows.append({"method": method, "variant": label, "settings": settings, "size_gib": gib, "mb": mb, "state": "idle",
-                     **{f"{k}_ms_per_mb": v for k, v in stage.items()}, "total_ms_per_mb": total,
+        rows.append({"method": settings["method"], "variant": label, "settings": settings, "size_gib": gib,
+                     "mb": mb, "state": "idle", **{f"{k}_ms_per_mb": v for k, v in stage.items()},
+                     "total_ms_per_mb": total,
                      "fraction_of_bound": bound["gloo_broadcast_ms_per_mb"] / total,
                      "fraction_of_memcpy": bound["memcpy_ms_per_mb"] / total,
                      "projected_3p4gb_s": total * PROJECT_BYTES / 2**20 / 1e3,
-                     "runs_total_ms": [r["send_ms"] + r["gather_ms"] for r in runs]})
+                     "runs_total_ms": [r["send_ms"] + r["gather_ms"] for r in done]})
         print(f"  {gib} GiB {label}: {total:.3f} ms/MB", flush=True)
     ray.kill(engine)
-    del model
+    del model, bounds
     shutil.rmtree(folder, ignore_errors=True)
-    return rows, {"size_gib": gib, **bound}
+    return rows, bound
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=float, nargs="+", default=[0.3, 1.0], help="state sizes in GiB")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--bucketed", action="store_true", help="also each flat method with 256 MB buckets (/b256)")
     p.add_argument("--methods", nargs="+", choices=("pickled", "object_store", "collective"), help="default: all")
-    p.add_argument("--quick", action="store_true", help="0.3 GiB only, 2 repeats (~1-2 minutes)")
+    p.add_argument("--quick", action="store_true", help="0.3 GiB only, 3 repeats (~1-2 minutes)")
     args = p.parse_args()
     if args.quick:
-        args.sizes, args.repeats = [0.3], 2
+        args.sizes, args.repeats = [0.3], 3
 
     import ray
 

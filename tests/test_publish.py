@@ -244,3 +244,34 @@ def test_a_vllm_engine_after_a_publication_answers_as_when_loaded_fresh(weights,
             assert ray_cluster.get(actor.version.remote()) == version
     finally:
         ray_cluster.kill(actor)
+
+
+@pytest.mark.parametrize("method", ["object_store", "collective"])
+def test_a_publication_that_does_not_wait_for_the_load_is_still_ordered_before_later_calls(
+        method, weights, hf_actor, ray_cluster):
+    """`wait_for_load: false`: rank 0 goes on while a long request is still generating on the
+    old weights; calls submitted after the publication run on the new ones. Waiting (the
+    default) returns only after the load, which comes after the request in flight."""
+    from rose_ray.learner.weights import PublishConfig, WeightPublisher
+
+    _, prompts, states, fresh, _ = weights
+    WeightPublisher(PublishConfig(method=method)).publish(states[1], [hf_actor], 1)
+    long = GenerationRequest(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=400))
+
+    in_flight = hf_actor.generate.remote(long)
+    ray_cluster.get(hf_actor.version.remote())  # (answered at once: the request is in flight by now)
+    out = WeightPublisher(PublishConfig(method=method, wait_for_load=False)).publish(states[2], [hf_actor], 2)
+    assert out["versions"] == [2] and out["load_ms"] == 0
+    ready, _ = ray_cluster.wait([in_flight], timeout=0)
+    assert not ready  # the publication did not wait for it
+    after = ray_cluster.get(hf_actor.generate_many.remote([GenerationRequest(p, GREEDY) for p in prompts]))
+    assert [r.token_ids for r in after] == fresh[2] and {r.version for r in after} == {2}
+    first = ray_cluster.get(in_flight)
+    assert first.version == 1 and len(first.token_ids) > 50
+
+    in_flight = hf_actor.generate.remote(long)
+    ray_cluster.get(hf_actor.version.remote())
+    out = WeightPublisher(PublishConfig(method=method)).publish(states[3], [hf_actor], 3)
+    ready, _ = ray_cluster.wait([in_flight], timeout=2)  # (its reply may still be on the way)
+    assert ready and out["load_ms"] > 0  # the load waited for the request in flight
+    assert ray_cluster.get(in_flight).version == 2 and actor_greedy(hf_actor, prompts) == fresh[3]

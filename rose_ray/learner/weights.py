@@ -184,6 +184,11 @@ class PublishConfig:
     bucket_mb: float = 0.0  # the collective's
     object_store_bucket_mb: float = 0.0  # the object store's
     timeout_s: float = 300.0  # a weight group's rendezvous and each broadcast, before failing
+    # Whether rank 0 waits until every engine has loaded the weights. Either way an engine
+    # queues them before it answers, so every call submitted after a publication runs on them;
+    # false: rank 0 goes on at once instead of waiting for the engine's calls in flight (its
+    # longest request) and the load; a failed load is raised by the next publication.
+    wait_for_load: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in PUBLISH_METHODS:
@@ -226,9 +231,10 @@ class WeightPublisher:
         return self._methods[key]
 
     def publish(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
-        """`state` to every engine as `version`; waits until all have loaded it. Returns the
-        method, MB sent and per-stage ms: pack, transfer (put or broadcast and the call), load
-        (the slowest engine's, its wait behind calls submitted before included), send (all)."""
+        """`state` to every engine as `version`; waits until all have loaded it (or, without
+        `wait_for_load`, queued it). Returns the method, MB sent and per-stage ms: pack, transfer
+        (put or broadcast and the call), load (the slowest engine's, its wait behind calls
+        submitted before included; 0 when not waited for), send (all)."""
         method = self.method_for(engines)
         start = time.perf_counter()
         if method == "pickled":
@@ -248,7 +254,7 @@ class WeightPublisher:
         wire = to_wire(state)
         t1 = time.perf_counter()
         ref = ray.put(wire)
-        loads = ray.get([e.load_weights.remote(ref, version) for e in engines])
+        loads = ray.get([e.load_weights.remote(ref, version, self.config.wait_for_load) for e in engines])
         return self._timings(wire_mb(wire), t0, t1, loads)
 
     def _object_store(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
@@ -263,7 +269,7 @@ class WeightPublisher:
         flat = flat.numpy()
         t1 = time.perf_counter()
         ref = ray.put(flat)
-        loads = ray.get([e.load_weights.remote(ref, version) for e in engines])
+        loads = ray.get([e.load_weights.remote(ref, version, self.config.wait_for_load) for e in engines])
         return self._timings(flat.nbytes / 2**20, t0, t1, loads)
 
     def _collective(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
@@ -278,7 +284,8 @@ class WeightPublisher:
         t1 = time.perf_counter()
         try:
             self._connect(engines)
-            calls = [e.receive_weights.remote(flat.header.to_json(), version) for e in engines]
+            calls = [e.receive_weights.remote(self._group.name, flat.header.to_json(), version,
+                                              self.config.wait_for_load) for e in engines]
             self._group.broadcast(flat.buffers)
             loads = ray.get(calls)
         except BaseException:
