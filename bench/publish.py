@@ -233,7 +233,7 @@ def main() -> None:
     from rose_ray.models import init_tiny
 
     start = time.perf_counter()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # a cluster of its own
     root = Path(tempfile.mkdtemp(prefix="rose_ray_bench_publish_"))
     try:
         tokenizer_dir = str(init_tiny(root / "tiny")["student"])

@@ -34,8 +34,11 @@ from rose_ray.files import is_empty_folder, swap_in, temp_sibling
 
 PUBLISH_METHODS = ("auto", "object_store", "collective", "pickled")
 # What `auto` picks where every engine is a local actor: the faster of the two flat paths as
-# bench/publish.py measured them on one node (README: where a GPU run's time goes).
-AUTO_LOCAL = "collective"
+# bench/publish.py measured them on one node. On this CPU machine the object store (shared
+# memory) was as fast or faster than gloo over loopback (e.g. 1 GiB: 0.44 vs 0.77 ms/MB), and
+# the collective is gloo on host buffers everywhere for now (no NCCL path yet), so the object
+# store it is; `collective` stays a choice (publish.method) for when a broadcast wins.
+AUTO_LOCAL = "object_store"
 RECEIVING_BACKENDS = ("hf", "vllm")  # engine backends that can join a weight group
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -179,8 +182,8 @@ class PublishConfig:
     method: str = "auto"  # auto | object_store | collective | pickled
     # Bucket sizes: >0 packs the tensors into buckets of up to this many MB first (one copy),
     # 0 sends each tensor's own bytes (no copy; one broadcast or object-store buffer each).
-    # On CPU (gloo) both are fastest with none (bench/publish.py: the pack's copy costs more
-    # than fewer, larger broadcasts or buffers save).
+    # bench/publish.py --bucketed on this CPU machine: 256 MB buckets were a little faster at
+    # 0.3 GiB and much slower at 1 GiB (the pack's copy outweighs fewer, larger transfers).
     bucket_mb: float = 0.0  # the collective's
     object_store_bucket_mb: float = 0.0  # the object store's
     timeout_s: float = 300.0  # a weight group's rendezvous and each broadcast, before failing
