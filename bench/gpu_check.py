@@ -8,9 +8,11 @@ part's GPU memory never counts in another's:
   multi-turn episodes (bench/generation.py's callers: 3 turns of 128 new tokens, temperature 1)
   -> generated tokens/s; the KV cache vLLM allocated (blocks x block tokens) beside what the
   memory plan (rose_ray/memory.py) counts for the same engine; then one weight update of the
-  whole model, its stages timed apart: `to_wire` (the learner's numpy views), the pickling a
-  tensor pays in Ray's object store, the engine's name/shape check, and vLLM's reload plus the
-  prefix-cache reset; peak GPU memory of the process.
+  whole model as the object-store path sends it (`publish.method: object_store`,
+  rose_ray/flat_weights.py), its stages timed apart: `pack` (each tensor's bytes, no copy),
+  the put's one copy, `unpack` into views, the engine's name/shape check, and vLLM's reload plus
+  the prefix-cache reset; beside it the pickled path before flat buffers (`to_wire`, then the
+  pickling a torch tensor pays in Ray's object store); peak GPU memory of the process.
 - `learner`: a real learner rank (LearnerWorker: DeepSpeed ZeRO-2, bf16 weights with fp32
   master weights and fp32 AdamW moments, as runs hold them) running the learner's forward
   (learner/forward.py: packed segments, the attention implementation `auto` picks, the LM head
@@ -80,8 +82,10 @@ def part_engine(model: Path, device: str) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import pickle
 
+    import numpy as np
     from generation import play  # the same episode-like callers as bench/generation.py
 
+    from rose_ray.flat_weights import FlatState, pack, unpack
     from rose_ray.inference.engine import EngineConfig
     from rose_ray.inference.vllm_engine import VLLMEngine
     from rose_ray.learner.weights import to_wire
@@ -110,18 +114,29 @@ def part_engine(model: Path, device: str) -> dict[str, Any]:
         for f in sorted(model.glob("*.safetensors")):
             state.update(load_file(str(f)))
         out["weights_gib"] = sum(t.numel() * t.element_size() for t in state.values()) / 2**30
-        # The publication's stages after the learner's gather (timed in the learner part).
+        # The publication's stages after the learner's gather (timed in the learner part): the
+        # pickled path before flat buffers, to its engine-side tensors...
         t0 = time.perf_counter()
         wire = to_wire(state)
         t1 = time.perf_counter()
         wire = pickle.loads(pickle.dumps(wire, protocol=5))  # what the object store does to torch tensors
         t2 = time.perf_counter()
-        engine._checkpoint_weights(wire)  # the engine's name and shape check and tensor views
+        del wire
+        # ... and the object-store path's flat buffers: no copy to pack, the put's one copy, views out.
+        flat = pack(state, 0).numpy()
         t3 = time.perf_counter()
-        engine.update_weights(wire, version=1)  # the check again, vLLM's reload, the prefix-cache reset
+        flat = FlatState(flat.header, [np.array(b) for b in flat.buffers])  # the put's copy into the store
         t4 = time.perf_counter()
-        out.update(wire_ms=(t1 - t0) * 1e3, object_store_pickle_ms=(t2 - t1) * 1e3, check_ms=(t3 - t2) * 1e3,
-                   reload_ms=(t4 - t3 - (t3 - t2)) * 1e3, weight_update_s=t4 - t0)
+        views = unpack(flat)
+        t5 = time.perf_counter()
+        engine._checkpoint_weights(views)  # the engine's name and shape check
+        t6 = time.perf_counter()
+        engine.update_weights(views, version=1)  # the check again, vLLM's reload, the prefix-cache reset
+        t7 = time.perf_counter()
+        out.update(wire_ms=(t1 - t0) * 1e3, object_store_pickle_ms=(t2 - t1) * 1e3,
+                   flat_pack_ms=(t3 - t2) * 1e3, flat_put_copy_ms=(t4 - t3) * 1e3, flat_unpack_ms=(t5 - t4) * 1e3,
+                   check_ms=(t6 - t5) * 1e3, reload_ms=(t7 - t6 - (t6 - t5)) * 1e3,
+                   weight_update_s=t7 - t2, weight_update_pickled_s=(t2 - t0) + (t7 - t5))
     finally:
         engine.close()
     if device.startswith("cuda"):
@@ -235,10 +250,12 @@ def main() -> None:
     print(f"| vllm tokens/s, 64 episodes | {cell(e, 'tokens_per_s_64', '.0f')} |")
     print(f"| vllm KV allocated, GiB (tokens) | {cell(e, 'kv_allocated_gib', '.1f')} ({cell(e, 'kv_allocated_tokens', ',')}) |")
     print(f"| memory plan's KV, GiB (tokens) | {cell(e, 'kv_plan_gib', '.1f')} ({cell(e, 'kv_plan_tokens', ',')}) |")
-    print(f"| one weight update (s) | {cell(e, 'weight_update_s', '.2f')} |")
-    for stage, key, part in (("gather on the rank", "gather_ms", lr), ("to_wire", "wire_ms", e),
-                             ("object-store pickling", "object_store_pickle_ms", e),
-                             ("engine's name check", "check_ms", e), ("vLLM reload + cache reset", "reload_ms", e)):
+    print(f"| one weight update, flat buffers (s) | {cell(e, 'weight_update_s', '.2f')} |")
+    print(f"| one weight update, pickled tensors as before (s) | {cell(e, 'weight_update_pickled_s', '.2f')} |")
+    for stage, key, part in (("gather on the rank", "gather_ms", lr), ("flat pack", "flat_pack_ms", e),
+                             ("the object store's copy", "flat_put_copy_ms", e), ("unpack", "flat_unpack_ms", e),
+                             ("engine's name check", "check_ms", e), ("vLLM reload + cache reset", "reload_ms", e),
+                             ("before: to_wire", "wire_ms", e), ("before: object-store pickling", "object_store_pickle_ms", e)):
         print(f"| publication: {stage} (ms) | {cell(part, key, '.0f')} |")
     print(f"| engine GPU memory reserved (GiB) | {cell(e, 'engine_gpu_reserved_gib', '.1f')} |")
     print(f"| learner tokens/s ({args.tokens:,}-token row, {lr.get('attention', '?')}) | {cell(lr, 'tokens_per_s', '.0f')} |")

@@ -23,6 +23,7 @@ from rose_ray.envs.config import EnvConfig
 from rose_ray.errors import ConfigError, InputError
 from rose_ray.inference.engine import EngineConfig
 from rose_ray.learner.learner import LearnerConfig
+from rose_ray.learner.weights import PublishConfig
 from rose_ray.recipes import Recipe, get_recipe
 from rose_ray.rollout.report import REPORT_MODES
 from rose_ray.types import SamplingParams
@@ -214,6 +215,9 @@ class TrainConfig:
     mode: str = "async"  # async | sync
     steps: int = 100  # learner steps
     publish_every: int = 1  # learner steps between weight publications
+    # How the weights travel to the student engine: {method: auto | object_store | collective
+    # | pickled, bucket_mb, ...} (rose_ray/learner/weights.py)
+    publish: PublishConfig = field(default_factory=PublishConfig)
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
     samples_to_log: int = 2  # sample trajectories written to TensorBoard per eval
@@ -263,6 +267,10 @@ class TrainConfig:
         if self.student_warmup.enabled and self.student_engine.backend == "openai":
             raise ConfigError("student_warmup.enabled: the warm-up trains a local student folder, but "
                               "student_engine.backend is openai; set student_warmup.enabled=false")
+        if self.publish.method == "collective" and self.student_engine.backend not in ("hf", "vllm"):
+            raise ConfigError(f"publish.method: collective needs a student engine that is a local Ray actor "
+                              f"(backend hf or vllm), not {self.student_engine.backend!r}; use "
+                              "publish.method=object_store or auto")
         recipe.check(self)
         if self.chat.history == "template" and recipe.teacher_scores_student():
             setting = recipe.scoring_key.split(".")[1:]  # `algorithm` itself, or one of its keys

@@ -66,14 +66,15 @@ class Publisher:
     """The learner's weights to the student engine, every `publish_every` steps and to each
     replacement student engine before it serves."""
 
-    def __init__(self, learner: Any, student: Any, engines: Any, failures: Failures) -> None:
+    def __init__(self, learner: Any, student: Any, engines: Any, failures: Failures, config: Any = None) -> None:
         self.learner, self.student, self.engines, self.failures = learner, student, engines, failures
+        self.config = config  # a PublishConfig (learner/weights.py): how the weights travel
         self.weights_ms = 0.0
         self.published: tuple[Any, int] | None = None  # (engine, learner version) last sent
 
     def publish_now(self, engine: Any) -> None:
         version = self.learner.version
-        self.weights_ms = self.learner.publish_weights([engine])["total_ms"]
+        self.weights_ms = self.learner.publish_weights([engine], self.config)["total_ms"]
         self.published = (engine, version)
 
     async def publish(self) -> None:
@@ -244,7 +245,7 @@ class RunParts:
                                        drop_stale=self.token_weights.trains("student"))
         self.learner = LearnerGroup(replace(cfg.learner, model=student_path),
                                     worker_options=lambda r: self.groups.options("learner ranks", r))
-        self.publisher = Publisher(self.learner, self.student, self.engines, self.failures)
+        self.publisher = Publisher(self.learner, self.student, self.engines, self.failures, cfg.publish)
         self.engines.on_start = self.publisher.engine_started
         tok = load_tokenizer(student_path)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.student.chat.eos_id

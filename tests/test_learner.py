@@ -159,6 +159,7 @@ def test_published_weights_reach_an_engine(group, tiny_models, sequences):
 
     from rose_ray.inference.actor import engine_actor
     from rose_ray.inference.engine import EngineConfig, GenerationRequest
+    from rose_ray.learner.weights import AUTO_LOCAL, PublishConfig
     from rose_ray.types import SamplingParams
 
     engine = engine_actor(EngineConfig(model=str(tiny_models["student"]), dtype="float32",
@@ -188,6 +189,16 @@ def test_published_weights_reach_an_engine(group, tiny_models, sequences):
             prompt_ids=prompt, sampling=SamplingParams(temperature=0.0, max_new_tokens=8))))
         n = len(result.token_ids)
         assert n > 0 and result.token_ids == greedy[len(prompt):len(prompt) + n]
+        assert out["method"] == AUTO_LOCAL  # the engine is a local actor
+
+        # Every other method, each after a step of its own: the engine scores as the learner.
+        for method in ("object_store", "collective", "pickled"):
+            group.train_step(make_batch(sequences, WEIGHTS, 256))
+            out = group.publish_weights([engine], PublishConfig(method=method))
+            assert out["method"] == method and ray.get(engine.version.remote()) == group.version
+            logp = torch.log_softmax(torch.from_numpy(np.array(group.logits(ids)[0])), -1)
+            learner = [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(completion)]
+            np.testing.assert_allclose(ray.get(engine.score.remote(prompt, completion)), learner, atol=1e-4)
     finally:
         ray.kill(engine)
 

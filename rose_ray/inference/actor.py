@@ -7,10 +7,17 @@ submitted and land between batches, never inside a generation.
 `health()` is the supervisor's ping (rollout/supervisor.py): it answers from the actor's event
 loop, and says how long calls have waited without any of them finishing, so an engine whose
 generation thread hangs is found even though the ping itself is answered.
+
+Weights arrive three ways (rose_ray/learner/weights.py chooses, `publish.method`):
+`update_weights(state)` a dict; `load_weights(flat)` a FlatState (flat byte buffers through
+the object store); or `receive_weights(group, header)` after `join_weight_group`, the buckets by
+broadcast from the learner's rank 0. A broadcast is received at once, while generation goes
+on; only the load into the model queues behind the calls already submitted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
@@ -19,9 +26,12 @@ from typing import Any
 
 import ray
 
+from rose_ray.flat_weights import FlatHeader, FlatState, WeightGroup, unpack
 from rose_ray.inference.backends import make_engine
 from rose_ray.inference.batcher import async_frontend
 from rose_ray.inference.engine import EngineConfig, GenerationRequest, GenerationResult
+
+MAX_WEIGHT_GROUPS = 4
 
 
 class EngineActorImpl:
@@ -41,6 +51,10 @@ class EngineActorImpl:
         self.batcher: Any = None
         self._in_flight = 0
         self._progress_at = time.monotonic()  # the last call finished (or the first began)
+        self._weight_groups: dict[str, WeightGroup] = {}  # by name, the latest MAX_WEIGHT_GROUPS
+        self._receive_buffers: list[Any] | None = None  # reused by the next broadcast
+        self._receiving: asyncio.Lock | None = None
+        self._loading: Any = None  # an update queued without waiting, until the next one settles it
 
     def _batcher(self) -> Any:
         if self.batcher is None:  # created lazily inside the actor's event loop
@@ -96,6 +110,77 @@ class EngineActorImpl:
         with self._call():
             await self._batcher().update_weights(state, version)
             return self.engine.version
+
+    async def load_weights(self, state: dict[str, Any] | FlatState, version: int,
+                           wait: bool = True) -> dict[str, float]:
+        """`update_weights` for a dict or a FlatState (unpacked into views, no copy); returns
+        `load_ms` (the wait behind calls submitted before it included) and the version. With
+        `wait` false it returns once the update is queued (`_load`)."""
+        with self._call():
+            await self._settle()
+            if isinstance(state, FlatState):
+                state = unpack(state)
+            return await self._load(state, version, wait)
+
+    async def _load(self, state: dict[str, Any], version: int, wait: bool) -> dict[str, float]:
+        """Queue the update behind the calls already submitted (every call submitted after this
+        returns runs on the new weights). `wait`: until it is loaded; else at once (`load_ms`
+        0, `queued` 1), the publisher not held for this engine's longest call in flight, and
+        the next publication waits for this load first (and raises its error, if any)."""
+        start = time.perf_counter()
+        loaded = self._batcher().queue_weights(state, version)
+        if not wait:
+            self._loading = loaded
+            return {"load_ms": 0.0, "version": float(version), "queued": 1.0}
+        await loaded
+        return {"load_ms": (time.perf_counter() - start) * 1e3, "version": float(self.engine.version),
+                "queued": 0.0}
+
+    async def _settle(self) -> None:
+        """The last update queued without waiting, loaded (its error raised here)."""
+        loading, self._loading = self._loading, None
+        if loading is not None:
+            await loading
+
+    async def weight_receiver(self) -> dict[str, Any]:
+        """What a publisher needs to choose a method: this actor's node, backend and device."""
+        return {"node_id": ray.get_runtime_context().get_node_id(), "backend": self.config.backend,
+                "device": self.device}
+
+    async def join_weight_group(self, address: dict[str, Any], rank: int) -> None:
+        """Join a publisher's weight group (WeightGroup.open_store's address) as `rank`; returns
+        once every member has joined. The latest MAX_WEIGHT_GROUPS groups are kept (a learner
+        restarted, a second publisher), the oldest left."""
+        if self.config.backend not in ("hf", "vllm"):
+            raise NotImplementedError(f"the {self.config.backend} backend cannot receive weights")
+        group = await asyncio.to_thread(WeightGroup.join, address, rank)
+        self._weight_groups[address["name"]] = group
+        while len(self._weight_groups) > MAX_WEIGHT_GROUPS:
+            self._weight_groups.pop(next(iter(self._weight_groups)))
+
+    async def receive_weights(self, group: str, header_json: str, version: int,
+                              wait: bool = True) -> dict[str, float]:
+        """One publication by broadcast: its buckets into this actor's buffers now, then loaded
+        as `update_weights` (behind the calls submitted before it; `wait` as in `_load`). The
+        learner's rank 0 broadcasts the buckets the header describes; one publication at a time
+        (the buffers of the last are reused once it is loaded)."""
+        weight_group = self._weight_groups.get(group)
+        if weight_group is None:
+            raise RuntimeError(f"receive_weights: this engine is not in weight group {group!r}")
+        if self._receiving is None:
+            self._receiving = asyncio.Lock()
+        header = FlatHeader.from_json(header_json)
+        async with self._receiving:
+            with self._call():
+                start = time.perf_counter()
+                try:
+                    await self._settle()
+                finally:  # the broadcast goes ahead whatever the last load did: rank 0 is sending it
+                    flat = await asyncio.to_thread(weight_group.receive, header, self._receive_buffers)
+                self._receive_buffers = flat.buffers
+                received = time.perf_counter()
+                out = await self._load(unpack(flat), version, wait)
+                return {"receive_ms": (received - start) * 1e3, **out}
 
     async def version(self) -> int:
         return self.engine.version

@@ -69,6 +69,11 @@ class AsyncBatcher:
     async def update_weights(self, state: dict[str, Any], version: int) -> None:
         await self._submit("weights", (state, version))
 
+    def queue_weights(self, state: dict[str, Any], version: int) -> asyncio.Future:
+        """Queue a weight update now (calls submitted after this return run on the new weights);
+        the future resolves once they are loaded. Call from the batcher's event loop."""
+        return self._enqueue("weights", (state, version))
+
     def stats(self) -> dict[str, Any]:
         """Batches as the batcher formed them (a batch may mix generate and score calls)."""
         return {
@@ -90,6 +95,9 @@ class AsyncBatcher:
 
     # ------------------------------------------------------------------ internals
     async def _submit(self, kind: str, payload: Any) -> Any:
+        return await self._enqueue(kind, payload)
+
+    def _enqueue(self, kind: str, payload: Any) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done():
             # First call, or the task ended with its event loop (a new asyncio.run): start one here.
@@ -101,7 +109,7 @@ class AsyncBatcher:
         job.payload = (time.perf_counter(), payload)
         self._pending.append(job)
         self._wake.set()  # type: ignore[union-attr]
-        return await job.future
+        return job.future
 
     async def _next_batch(self) -> tuple[list[_Job], _Job | None]:
         """Jobs for one batch, and a weights job that must run right after it (if any)."""

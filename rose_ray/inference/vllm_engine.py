@@ -492,7 +492,12 @@ class VLLMFrontend:
         return await asyncio.wrap_future(self.engine.submit("score", (list(prompt_ids), list(completion_ids))))
 
     async def update_weights(self, state: dict[str, Any], version: int) -> None:
-        await asyncio.wrap_future(self.engine.submit("weights", (state, int(version))))
+        await self.queue_weights(state, version)
+
+    def queue_weights(self, state: dict[str, Any], version: int) -> asyncio.Future:
+        """Queue a weight update now (requests submitted after it run on the new weights); the
+        future resolves once they are loaded."""
+        return asyncio.wrap_future(self.engine.submit("weights", (state, int(version))))
 
     def stats(self) -> dict[str, Any]:
         return {}

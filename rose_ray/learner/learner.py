@@ -295,10 +295,12 @@ class LearnerGroup:
             dtype = source_dtype(self.config.model)
         return self._all("export", str(out_dir), dtype, extra_files)[0]
 
-    def publish_weights(self, engines: list[Any]) -> dict[str, float]:
-        """Current weights + version to every engine actor; returns timing (ms) and size (MB)."""
+    def publish_weights(self, engines: list[Any], config: Any = None) -> dict[str, Any]:
+        """Current weights + version to every engine actor, by `config`'s method (a
+        PublishConfig, learner/weights.py; default: auto); returns the method, timing per stage
+        (ms) and size (MB)."""
         with self._lock:  # the version read is the version of the weights sent
-            out = self._all("publish", list(engines), self.version)[0]
+            out = self._all("publish", list(engines), self.version, config)[0]
         out["ms_per_mb"] = out["total_ms"] / max(out["mb"], 1e-9)
         return out
 

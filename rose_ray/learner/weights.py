@@ -1,12 +1,21 @@
 """Full weights out of a (possibly ZeRO-3-partitioned) model: gather, export, publish.
 
-Publication goes through the Ray object store: one `ray.put` of the state (numpy arrays
-where numpy has the dtype, zero-copy reads on the same node; bfloat16 stays a tensor), then
-each engine's `update_weights(state, version)`, which the engine actor queues behind the
-calls already submitted. That is the engine contract: no process group shared with the
-engines, and it works across nodes. bench/learner.py also times a gloo broadcast straight
-into a receiver's parameters (~2.7x faster on a 100M model on CPU when measured: 0.57 vs
-1.53 ms/MB); the engine actor has no method to receive one, so runs do not use it.
+Publication (`publish.method`, a `PublishConfig`; learner rank 0's `WeightPublisher`) sends
+the weights as flat byte buffers (rose_ray/flat_weights.py: every dtype as its raw bytes, no
+tensor pickled), by one of:
+
+- `object_store`: one `ray.put` of the FlatState (numpy buffers: zero-copy reads on the same
+  node), then each engine actor's `load_weights`. Works across nodes, needs nothing shared.
+- `collective`: learner rank 0 and the engine actors in a gloo group of their own (not the
+  learner's DeepSpeed group), each bucket broadcast once to every engine, which receives it
+  while it generates and then loads it. Engines that are local Ray actors (hf, vllm) only.
+- `pickled`: the path before flat buffers (numpy where numpy has the dtype, torch tensors
+  pickled), kept as bench/publish.py's baseline.
+- `auto` (default): `AUTO_LOCAL` where every engine is an hf/vllm actor on rank 0's node, else
+  `object_store` (across nodes without a shared fabric).
+
+Each engine loads the weights between its batches (behind the calls submitted before them),
+so the returned version is the version every later request is sampled with.
 """
 
 from __future__ import annotations
@@ -14,13 +23,23 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rose_ray.errors import InputError
+from rose_ray.errors import ConfigError, InputError
 from rose_ray.files import is_empty_folder, swap_in, temp_sibling
+
+PUBLISH_METHODS = ("auto", "object_store", "collective", "pickled")
+# What `auto` picks where every engine is a local actor: the faster of the two flat paths as
+# bench/publish.py measured them on one node. On this CPU machine the object store (shared
+# memory) was as fast or faster than gloo over loopback (e.g. 1 GiB: 0.44 vs 0.77 ms/MB), and
+# the collective is gloo on host buffers everywhere for now (no NCCL path yet), so the object
+# store it is; `collective` stays a choice (publish.method) for when a broadcast wins.
+AUTO_LOCAL = "object_store"
+RECEIVING_BACKENDS = ("hf", "vllm")  # engine backends that can join a weight group
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
@@ -151,16 +170,155 @@ def to_wire(state: dict[str, Any]) -> dict[str, Any]:
     return {k: v.numpy() if v.dtype in (torch.float32, torch.float16) else v for k, v in state.items()}
 
 
-def publish_state(state: dict[str, Any], engines: list[Any], version: int) -> dict[str, float]:
-    """Put the weights in the object store once; every engine loads them; wait for all."""
-    import ray
+def wire_mb(wire: dict[str, Any]) -> float:
+    return sum(np.asarray(v).nbytes if isinstance(v, np.ndarray) else v.numel() * v.element_size()
+               for v in wire.values()) / 2**20
 
-    start = time.perf_counter()
-    wire = to_wire(state)
-    ref = ray.put(wire)
-    put = time.perf_counter()
-    ray.get([e.update_weights.remote(ref, version) for e in engines])
-    mb = sum(np.asarray(v).nbytes if isinstance(v, np.ndarray) else v.numel() * v.element_size()
-             for v in wire.values()) / 2**20
-    return {"mb": mb, "put_ms": (put - start) * 1e3, "send_ms": (time.perf_counter() - start) * 1e3,
-            "engines": float(len(engines)), "version": float(version)}
+
+@dataclass
+class PublishConfig:
+    """How learner rank 0 sends weights to the student engines (module docstring)."""
+
+    method: str = "auto"  # auto | object_store | collective | pickled
+    # Bucket sizes: >0 packs the tensors into buckets of up to this many MB first (one copy),
+    # 0 sends each tensor's own bytes (no copy; one broadcast or object-store buffer each).
+    # bench/publish.py --bucketed on this CPU machine: 256 MB buckets were a little faster at
+    # 0.3 GiB and much slower at 1 GiB (the pack's copy outweighs fewer, larger transfers).
+    bucket_mb: float = 0.0  # the collective's
+    object_store_bucket_mb: float = 0.0  # the object store's
+    timeout_s: float = 300.0  # a weight group's rendezvous and each broadcast, before failing
+    # Whether rank 0 waits until every engine has loaded the weights. Either way an engine
+    # queues them before it answers, so every call submitted after a publication runs on them;
+    # false: rank 0 goes on at once instead of waiting for the engine's calls in flight (its
+    # longest request) and the load; a failed load is raised by the next publication.
+    wait_for_load: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method not in PUBLISH_METHODS:
+            raise ConfigError(f"publish.method: must be one of {PUBLISH_METHODS}, got {self.method!r}")
+        for key in ("bucket_mb", "object_store_bucket_mb"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"publish.{key}: must be >= 0 (0: no buckets), got {getattr(self, key)!r}")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"publish.timeout_s: must be > 0, got {self.timeout_s!r}")
+
+
+def _actor_key(engine: Any) -> str:
+    return engine._actor_id.hex()
+
+
+class WeightPublisher:
+    """Learner rank 0's side of publication: the method for a set of engines, the pack buffers
+    (reused from one publication to the next), and the weight group (rebuilt when the engines
+    change, e.g. a replaced engine)."""
+
+    def __init__(self, config: PublishConfig | None = None) -> None:
+        self.config = config or PublishConfig()
+        self._methods: dict[tuple[str, ...], str] = {}
+        self._group: Any = None
+        self._members: tuple[str, ...] | None = None
+        self._pack_buffers: list[Any] | None = None
+
+    def method_for(self, engines: list[Any]) -> str:
+        """The configured method, `auto` resolved for these engines (asked once per set)."""
+        import ray
+
+        if self.config.method != "auto":
+            return self.config.method
+        key = tuple(_actor_key(e) for e in engines)
+        if key not in self._methods:
+            here = ray.get_runtime_context().get_node_id()
+            infos = ray.get([e.weight_receiver.remote() for e in engines])
+            local = all(i["node_id"] == here and i["backend"] in RECEIVING_BACKENDS for i in infos)
+            self._methods[key] = AUTO_LOCAL if local else "object_store"
+        return self._methods[key]
+
+    def publish(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
+        """`state` to every engine as `version`; waits until all have loaded it (or, without
+        `wait_for_load`, queued it). Returns the method, MB sent and per-stage ms: pack, transfer
+        (put or broadcast and the call), load (the slowest engine's, its wait behind calls
+        submitted before included; 0 when not waited for), send (all)."""
+        method = self.method_for(engines)
+        start = time.perf_counter()
+        if method == "pickled":
+            out = self._pickled(state, engines, version)
+        elif method == "object_store":
+            out = self._object_store(state, engines, version)
+        else:
+            out = self._collective(state, engines, version)
+        out.update(method=method, send_ms=(time.perf_counter() - start) * 1e3,
+                   engines=float(len(engines)), version=float(version))
+        return out
+
+    def _pickled(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
+        import ray
+
+        t0 = time.perf_counter()
+        wire = to_wire(state)
+        t1 = time.perf_counter()
+        ref = ray.put(wire)
+        loads = ray.get([e.load_weights.remote(ref, version, self.config.wait_for_load) for e in engines])
+        return self._timings(wire_mb(wire), t0, t1, loads)
+
+    def _object_store(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
+        import ray
+
+        from rose_ray.flat_weights import pack
+
+        t0 = time.perf_counter()
+        flat = pack(state, self.config.object_store_bucket_mb, self._pack_buffers)
+        if self.config.object_store_bucket_mb > 0:  # the put copies them: reusable next time
+            self._pack_buffers = flat.buffers
+        flat = flat.numpy()
+        t1 = time.perf_counter()
+        ref = ray.put(flat)
+        loads = ray.get([e.load_weights.remote(ref, version, self.config.wait_for_load) for e in engines])
+        return self._timings(flat.nbytes / 2**20, t0, t1, loads)
+
+    def _collective(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
+        import ray
+
+        from rose_ray.flat_weights import pack
+
+        t0 = time.perf_counter()
+        flat = pack(state, self.config.bucket_mb, self._pack_buffers)
+        if self.config.bucket_mb > 0:
+            self._pack_buffers = flat.buffers
+        t1 = time.perf_counter()
+        try:
+            self._connect(engines)
+            calls = [e.receive_weights.remote(self._group.name, flat.header.to_json(), version,
+                                              self.config.wait_for_load) for e in engines]
+            self._group.broadcast(flat.buffers)
+            loads = ray.get(calls)
+        except BaseException:
+            self._group, self._members = None, None  # a member may be gone: a new group next time
+            raise
+        return self._timings(flat.nbytes / 2**20, t0, t1, loads)
+
+    def _connect(self, engines: list[Any]) -> None:
+        """A weight group of rank 0 and exactly these engines (kept while they stay the same)."""
+        import ray
+
+        from rose_ray.flat_weights import WeightGroup
+
+        members = tuple(_actor_key(e) for e in engines)
+        if self._group is not None and self._members == members:
+            return
+        self._group = None
+        world = len(engines) + 1
+        store, address = WeightGroup.open_store(world, self.config.timeout_s)
+        joins = [e.join_weight_group.remote(address, rank) for rank, e in enumerate(engines, start=1)]
+        ready, _ = ray.wait(joins, num_returns=len(joins), timeout=0.05)
+        for ref in ready:  # an engine that refused at once (a backend that cannot receive)
+            ray.get(ref)
+        group = WeightGroup(store, address["name"], 0, world, self.config.timeout_s)  # waits for all
+        ray.get(joins)
+        self._group, self._members = group, members
+
+    @staticmethod
+    def _timings(mb: float, t0: float, t1: float, loads: list[dict[str, float]]) -> dict[str, Any]:
+        done = time.perf_counter()
+        load = max(r["load_ms"] for r in loads)
+        return {"mb": mb, "pack_ms": (t1 - t0) * 1e3, "transfer_ms": (done - t1) * 1e3 - load, "load_ms": load,
+                "versions": [int(r["version"]) for r in loads]}

@@ -156,6 +156,7 @@ class LearnerWorker:
         torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 in actors
         self.engine: Any = None
         self.cfg: Any = None
+        self._publisher: Any = None  # rank 0's WeightPublisher (its buffers and weight group)
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a free port for the group's rendezvous (called on rank 0)."""
@@ -370,16 +371,20 @@ class LearnerWorker:
             return None
         return write_hf_folder(state, self.cfg.model, out_dir, dtype, extra_files)
 
-    def publish(self, engines: list[Any], version: int) -> dict[str, float] | None:
-        """Send full weights to engine actors through the object store (rank 0)."""
-        from rose_ray.learner.weights import publish_state
+    def publish(self, engines: list[Any], version: int, config: Any = None) -> dict[str, Any] | None:
+        """Send full weights to engine actors (rank 0; every rank gathers under ZeRO-3) by
+        `config`'s method (a PublishConfig; learner/weights.py)."""
+        from rose_ray.learner.weights import PublishConfig, WeightPublisher
 
         start = time.perf_counter()
         state = self.full_state()
         if self.rank != 0:
             return None
         gathered = time.perf_counter()
-        out = publish_state(state, engines, version)
+        config = config or PublishConfig()
+        if self._publisher is None or self._publisher.config != config:
+            self._publisher = WeightPublisher(config)
+        out = self._publisher.publish(state, engines, version)
         out["gather_ms"] = (gathered - start) * 1e3
         out["total_ms"] = (time.perf_counter() - start) * 1e3
         return out

@@ -1,0 +1,270 @@
+"""Weight publication benchmark (not a test): learner rank 0's weights into a real engine actor,
+per stage, for each `publish.method`, beside bounds measured in the same run.
+
+    python bench/publish.py [--quick] [--sizes 0.3 1.0] [--repeats 3]
+
+The states are synthetic: Qwen3-0.6B-shaped bf16 tensors (hidden 1024, 16 query / 8 key-value
+heads of 128, MLP 3072, a 32,768-token tied embedding), with as many layers as make 0.3 or
+1 GiB, saved as a model folder that a transformers (`hf`) engine actor loads. The driver
+stands in for learner rank 0: it holds the model, gathers its state (`gather_state`, as a rank
+does; on CPU no copy) and publishes through `WeightPublisher`, the code a run's rank 0 uses.
+
+Stages, in ms per MB (median of `--repeats` after one warm-up publication):
+- gather: the state out of the module (a GPU run copies it to host here, or keeps it on device);
+- pack: into flat buffers (`pickled`: the old numpy/tensor dict; the flat methods by default
+  each tensor's byte view, no copy; `/b256`: one copy into 256 MB buckets, reused);
+- transfer: `ray.put` and the call (object store, pickling included for `pickled`) or the
+  broadcast of every bucket to the engine (collective);
+- load: the engine's copy into its model (between batches; idle here).
+
+Bounds, same bytes, same run (measured in every round, the methods interleaved with them so a
+shared machine's load falls on all alike): a raw gloo broadcast of the bytes from this process
+to another actor (256 MB pieces, preallocated buffers on both sides, no header, Ray call or
+load), and a memcpy of every tensor's bytes into a preallocated buffer. `fraction_of_bound`
+= the raw broadcast's ms/MB over a method's total ms/MB. Projected: a method's total for the
+3.4 GB of Qwen3-1.7B in bf16 at the same ms/MB (linear in bytes, as the rows show or not).
+
+Prints a table and writes bench/results/publish.json (the latest; each run keeps its own copy in
+bench/results/publish/version_N/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rose_ray.runs import keep_result
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+# (label, publish config): each method as a run's default config sends it, and each flat method
+# with the other bucketing (0: every tensor's own bytes; 256: packed into 256 MB buckets)
+VARIANTS = (("pickled", {"method": "pickled"}),
+            ("object_store", {"method": "object_store"}),
+            ("object_store/b256", {"method": "object_store", "object_store_bucket_mb": 256}),
+            ("collective", {"method": "collective"}),
+            ("collective/b256", {"method": "collective", "bucket_mb": 256}))
+PROJECT_BYTES = 3.4e9  # Qwen3-1.7B in bf16
+HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 1024, 3072, 16, 8, 128, 32768
+
+
+def layer_params() -> int:
+    attn = HIDDEN * HEADS * HEAD_DIM * 2 + HIDDEN * KV_HEADS * HEAD_DIM * 2 + 2 * HEAD_DIM
+    return attn + 3 * HIDDEN * INTER + 2 * HIDDEN
+
+
+def build_model(tokenizer_dir: str, gib: float, out: Path) -> tuple[str, Any]:
+    """A Qwen3-shaped bf16 model of ~`gib` GiB (random weights), saved for the engine; returns
+    (folder, the module)."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    layers = max(1, round((gib * 2**30 / 2 - VOCAB * HIDDEN) / layer_params()))
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=layers,
+                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                      tie_word_embeddings=True, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+                      dtype="bfloat16")
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(cfg)
+    model = model.to_empty(device="cpu").to(torch.bfloat16)
+    model.tie_weights()  # to_empty made the head a tensor of its own
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out), model.eval()  # only its state is used here (rotary buffers left uninitialised)
+
+
+SCRATCH_MB = 256  # the bounds' buffers: the same bytes pass through them in pieces of this size
+
+
+def pieces(total: int) -> list[int]:
+    n = SCRATCH_MB * 2**20
+    return [n] * (total // n) + ([total % n] if total % n else [])
+
+
+class BoundReceiver:
+    """The raw broadcast's other end: joins a WeightGroup, receives into a preallocated buffer."""
+
+    def join(self, address: dict[str, Any]) -> None:
+        import torch
+
+        from rose_ray.flat_weights import WeightGroup
+
+        self.group = WeightGroup.join(address, 1)
+        self.scratch = torch.empty(SCRATCH_MB * 2**20, dtype=torch.uint8)
+
+    def receive(self, total: int) -> None:
+        self.group.broadcast([self.scratch[:n] for n in pieces(total)])
+
+
+class Bounds:
+    """Measured beside the methods, round by round: a raw gloo broadcast of the state's bytes
+    to another actor (in SCRATCH_MB pieces, from and into preallocated buffers: no header, no
+    Ray call, no load), and a memcpy of every tensor's bytes into a preallocated buffer."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        import ray
+        import torch
+
+        from rose_ray.flat_weights import WeightGroup, byte_view
+
+        self.views = [byte_view(t) for t in state.values()]
+        self.total = sum(int(v.numel()) for v in self.views)
+        self.scratch = torch.empty(SCRATCH_MB * 2**20, dtype=torch.uint8)
+        self.receiver = ray.remote(num_cpus=1)(BoundReceiver).remote()
+        store, address = WeightGroup.open_store(2, 300)
+        joined = self.receiver.join.remote(address)
+        self.group = WeightGroup(store, address["name"], 0, 2, 300)
+        ray.get(joined)
+        self.runs: dict[str, list[float]] = {"memcpy": [], "gloo_broadcast": []}
+
+    def measure(self) -> None:
+        import ray
+
+        t0 = time.perf_counter()
+        at = 0
+        for v in self.views:
+            for lo in range(0, int(v.numel()), self.scratch.numel()):
+                piece = v[lo:lo + self.scratch.numel()]
+                if at + piece.numel() > self.scratch.numel():
+                    at = 0
+                self.scratch[at:at + piece.numel()].copy_(piece)
+                at += piece.numel()
+        t1 = time.perf_counter()
+        got = self.receiver.receive.remote(self.total)
+        self.group.broadcast([self.scratch[:n] for n in pieces(self.total)])
+        ray.get(got)
+        self.runs["memcpy"].append(t1 - t0)
+        self.runs["gloo_broadcast"].append(time.perf_counter() - t1)
+
+    def ms_per_mb(self) -> dict[str, float]:
+        mb = self.total / 2**20
+        return {f"{k}_ms_per_mb": statistics.median(v[1:]) * 1e3 / mb for k, v in self.runs.items()}
+
+    def close(self) -> None:
+        import ray
+
+        ray.kill(self.receiver)
+
+
+def bench_size(tokenizer_dir: str, gib: float, root: Path, args: argparse.Namespace) -> tuple[list, dict]:
+    """Rounds of: the bounds, then one publication by each variant (interleaved, so that
+    the load of a shared machine falls on all alike); the first round warms up."""
+    import ray
+
+    from rose_ray.inference.actor import engine_actor
+    from rose_ray.inference.engine import EngineConfig
+    from rose_ray.learner.weights import PublishConfig, WeightPublisher, gather_state
+
+    folder, model = build_model(tokenizer_dir, gib, root / f"qwen3_like_{gib}")
+    bounds = Bounds(gather_state(model, zero3=False, keep=True))
+    engine = engine_actor(EngineConfig(model=folder, dtype="bfloat16", threads=1), num_cpus=1)
+    ray.get(engine.ready.remote())
+    variants = [(label, settings) for label, settings in VARIANTS
+                if (not args.methods or settings["method"] in args.methods)
+                and (args.bucketed or "/" not in label)]
+    publishers = {label: WeightPublisher(PublishConfig(**settings)) for label, settings in variants}
+    runs: dict[str, list[dict]] = {label: [] for label, _ in variants}
+    version = 0
+    for _ in range(args.repeats + 1):
+        bounds.measure()
+        for label, _ in variants:
+            t0 = time.perf_counter()
+            state = gather_state(model, zero3=False, keep=True)
+            gathered = time.perf_counter()
+            version += 1
+            out = publishers[label].publish(state, [engine], version)
+            if out["versions"] != [version]:
+                raise RuntimeError(f"{label}: the engine reports version {out['versions']}, not {version}")
+            out["gather_ms"] = (gathered - t0) * 1e3
+            runs[label].append(out)
+    bound = {"size_gib": gib, "mb": bounds.total / 2**20, **bounds.ms_per_mb()}
+    bounds.close()
+    rows = []
+    for label, settings in variants:
+        done = runs[label][1:]
+        mb = done[0]["mb"]
+        stage = {k: statistics.median(r[f"{k}_ms"] for r in done) / mb
+                 for k in ("gather", "pack", "transfer", "load")}
+        total = sum(stage.values())
+        rows.append({"method": settings["method"], "variant": label, "settings": settings, "size_gib": gib,
+                     "mb": mb, "state": "idle", **{f"{k}_ms_per_mb": v for k, v in stage.items()},
+                     "total_ms_per_mb": total,
+                     "fraction_of_bound": bound["gloo_broadcast_ms_per_mb"] / total,
+                     "fraction_of_memcpy": bound["memcpy_ms_per_mb"] / total,
+                     "projected_3p4gb_s": total * PROJECT_BYTES / 2**20 / 1e3,
+                     "runs_total_ms": [r["send_ms"] + r["gather_ms"] for r in done]})
+        print(f"  {gib} GiB {label}: {total:.3f} ms/MB", flush=True)
+    ray.kill(engine)
+    del model, bounds
+    shutil.rmtree(folder, ignore_errors=True)
+    return rows, bound
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", type=float, nargs="+", default=[0.3, 1.0], help="state sizes in GiB")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--bucketed", action="store_true", help="also each flat method with 256 MB buckets (/b256)")
+    p.add_argument("--methods", nargs="+", choices=("pickled", "object_store", "collective"), help="default: all")
+    p.add_argument("--quick", action="store_true", help="0.3 GiB only, 3 repeats (~1-2 minutes)")
+    args = p.parse_args()
+    if args.quick:
+        args.sizes, args.repeats = [0.3], 3
+
+    import ray
+
+    from rose_ray.models import init_tiny
+
+    start = time.perf_counter()
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # a cluster of its own
+    root = Path(tempfile.mkdtemp(prefix="rose_ray_bench_publish_"))
+    try:
+        tokenizer_dir = str(init_tiny(root / "tiny")["student"])
+        rows, bound_rows = [], []
+        for gib in args.sizes:
+            r, b = bench_size(tokenizer_dir, gib, root, args)
+            rows += r
+            bound_rows.append(b)
+    finally:
+        ray.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+
+    print("\nweight publication: driver as learner rank 0 -> 1 hf engine actor (idle), synthetic "
+          "Qwen3-shaped bf16 state; ms per MB, median")
+    print(f"{'GiB':>4} {'method':18} {'MB':>6} {'gather':>7} {'pack':>7} {'transfer':>9} {'load':>7} "
+          f"{'total':>7} {'of bound':>9} {'3.4 GB s':>9}")
+    for r in rows:
+        print(f"{r['size_gib']:4.1f} {r['variant']:18} {r['mb']:6.0f} {r['gather_ms_per_mb']:7.3f} "
+              f"{r['pack_ms_per_mb']:7.3f} {r['transfer_ms_per_mb']:9.3f} {r['load_ms_per_mb']:7.3f} "
+              f"{r['total_ms_per_mb']:7.3f} {r['fraction_of_bound']:9.2f} {r['projected_3p4gb_s']:9.2f}")
+    print("bounds (same bytes, same run): ms per MB")
+    for b in bound_rows:
+        print(f"{b['size_gib']:4.1f} raw gloo broadcast {b['gloo_broadcast_ms_per_mb']:.3f} "
+              f"(3.4 GB: {b['gloo_broadcast_ms_per_mb'] * PROJECT_BYTES / 2**20 / 1e3:.2f} s), "
+              f"memcpy {b['memcpy_ms_per_mb']:.3f} (3.4 GB: {b['memcpy_ms_per_mb'] * PROJECT_BYTES / 2**20 / 1e3:.2f} s)")
+    out = Path(__file__).parent / "results" / "publish.json"
+    kept = keep_result(out, json.dumps({"args": vars(args), "load_average": os.getloadavg(),
+                                        "seconds": time.perf_counter() - start, "rows": rows,
+                                        "bounds": bound_rows}, indent=2))
+    print(f"\nwrote {out} (and {kept}) in {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

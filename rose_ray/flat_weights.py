@@ -1,0 +1,286 @@
+"""Weights as flat byte buffers: what the learner publishes and the engines load.
+
+A state dict {name: tensor} is packed into a few flat uint8 buffers (buckets) and a small
+typed header saying where each tensor lies (name, dtype, shape, bucket, offset, bytes). Every
+dtype travels as its raw bytes (bf16 and fp32 exactly, nothing converted), so no tensor is
+pickled: Ray's object store sends numpy buffers zero-copy (a pickled torch tensor costs ~1000x
+more per MB: DESIGN.md, "Moving weights"), and a collective sends one buffer per bucket.
+`unpack` gives tensors that are views into the buffers (no copy), which the engines'
+`update_weights` copy into their models.
+
+    flat = pack(state, bucket_mb=256)      # FlatState(header, buffers)
+    state = unpack(flat)                   # {name: tensor view}
+
+`bucket_mb=0` packs nothing: each tensor is sent as a byte view of its own storage (one buffer
+per tensor, no copy for a contiguous CPU tensor), which suits the object store, where the
+`ray.put` is the one copy anyway.
+
+`WeightGroup` is a torch.distributed gloo group of its own (a TCPStore and a ProcessGroupGloo
+built directly, as vLLM's StatelessProcessGroup, OpenRLHF and verl do), so learner rank 0 and
+the engine actors share a group without touching the learner's default (DeepSpeed) group.
+Rank 0 broadcasts each bucket; the engines receive into buffers of the sizes the header gives.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import uuid
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+ALIGN = 64  # bytes: every tensor starts at a multiple of this (any dtype can view it)
+HEADER_VERSION = 1
+# dtype name -> bytes per element; a dtype outside this list is refused by pack and unpack
+ITEM_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int64": 8, "int32": 4,
+              "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+
+
+class MalformedHeader(ValueError):
+    """A FlatState whose header does not describe its buffers (names the first fault)."""
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor's bytes lie."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    bucket: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class FlatHeader:
+    """The typed description of a FlatState's buffers: entries, and each bucket's byte size."""
+
+    entries: tuple[TensorEntry, ...]
+    bucket_bytes: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.bucket_bytes)
+
+    def to_json(self) -> str:
+        return json.dumps({"version": HEADER_VERSION, "bucket_bytes": list(self.bucket_bytes),
+                           "entries": [[e.name, e.dtype, list(e.shape), e.bucket, e.offset, e.nbytes]
+                                       for e in self.entries]})
+
+    @classmethod
+    def from_json(cls, text: str) -> FlatHeader:
+        """Parse and check (MalformedHeader naming the fault)."""
+        try:
+            raw = json.loads(text)
+        except (TypeError, ValueError) as e:
+            raise MalformedHeader(f"flat weights header: not JSON ({e})") from None
+        if not isinstance(raw, dict) or raw.get("version") != HEADER_VERSION:
+            raise MalformedHeader(f"flat weights header: expected an object with version {HEADER_VERSION}, "
+                                  f"got {str(raw)[:80]!r}")
+        try:
+            entries = tuple(TensorEntry(name, dtype, tuple(shape), bucket, offset, nbytes)
+                            for name, dtype, shape, bucket, offset, nbytes in raw["entries"])
+            header = cls(entries, tuple(raw["bucket_bytes"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise MalformedHeader(f"flat weights header: entries must be [name, dtype, shape, bucket, "
+                                  f"offset, nbytes] and bucket_bytes a list ({e})") from None
+        header.check()
+        return header
+
+    def check(self, buffer_bytes: list[int] | None = None) -> None:
+        """MalformedHeader unless every entry is a known dtype whose bytes match its shape and
+        lie inside its bucket, names are unique, and (given) the buffers have the bucket sizes."""
+        if not all(_is_count(b) for b in self.bucket_bytes):
+            raise MalformedHeader(f"flat weights header: bucket sizes must be counts of bytes, got {self.bucket_bytes}")
+        if buffer_bytes is not None and list(buffer_bytes) != list(self.bucket_bytes):
+            raise MalformedHeader(f"flat weights: the header describes buckets of {list(self.bucket_bytes)} bytes, "
+                                  f"the buffers hold {list(buffer_bytes)}")
+        seen: set[str] = set()
+        for e in self.entries:
+            where = f"flat weights header: {e.name!r}"
+            if not isinstance(e.name, str) or e.name in seen:
+                raise MalformedHeader(f"{where}: names must be unique strings")
+            seen.add(e.name)
+            if e.dtype not in ITEM_BYTES:
+                raise MalformedHeader(f"{where}: dtype {e.dtype!r} is not one of {sorted(ITEM_BYTES)}")
+            if not all(_is_count(d) for d in e.shape):
+                raise MalformedHeader(f"{where}: shape {e.shape} must be counts")
+            if not (_is_count(e.nbytes) and e.nbytes == math.prod(e.shape) * ITEM_BYTES[e.dtype]):
+                raise MalformedHeader(f"{where}: {e.nbytes!r} bytes, but shape {e.shape} of {e.dtype} "
+                                      f"takes {math.prod(e.shape) * ITEM_BYTES[e.dtype]}")
+            if not (_is_count(e.bucket) and e.bucket < len(self.bucket_bytes)):
+                raise MalformedHeader(f"{where}: bucket {e.bucket!r} of {len(self.bucket_bytes)}")
+            if not (_is_count(e.offset) and e.offset % ITEM_BYTES[e.dtype] == 0
+                    and e.offset + e.nbytes <= self.bucket_bytes[e.bucket]):
+                raise MalformedHeader(f"{where}: bytes [{e.offset}, {e.offset}+{e.nbytes}) do not lie aligned "
+                                      f"inside bucket {e.bucket} of {self.bucket_bytes[e.bucket]} bytes")
+
+
+@dataclass
+class FlatState:
+    """A header and its buffers (1-D uint8 numpy arrays or torch tensors, one per bucket)."""
+
+    header: FlatHeader
+    buffers: list[Any]
+
+    @property
+    def nbytes(self) -> int:
+        return self.header.nbytes
+
+    def numpy(self) -> FlatState:
+        """The same bytes with numpy buffers (what Ray's object store sends zero-copy)."""
+        import torch
+
+        return FlatState(self.header, [b.numpy() if isinstance(b, torch.Tensor) else b for b in self.buffers])
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _dtype_name(t: Any) -> str:
+    name = str(t.dtype).replace("torch.", "")
+    if name not in ITEM_BYTES:
+        raise TypeError(f"flat weights: dtype {name} is not one of {sorted(ITEM_BYTES)}")
+    return name
+
+
+def plan(state: dict[str, Any], bucket_mb: float) -> FlatHeader:
+    """Where each tensor goes: in order, into buckets of up to `bucket_mb` (a larger tensor
+    gets one of its own), each tensor aligned to ALIGN bytes; `bucket_mb=0`: one per tensor."""
+    limit = int(bucket_mb * 2**20)
+    entries, sizes = [], []
+    for name, t in state.items():
+        dtype = _dtype_name(t)
+        nbytes = t.numel() * ITEM_BYTES[dtype]
+        start = -(-sizes[-1] // ALIGN) * ALIGN if sizes else 0
+        if not sizes or limit <= 0 or (start + nbytes > limit and sizes[-1] > 0):
+            sizes.append(0)
+            start = 0
+        entries.append(TensorEntry(name, dtype, tuple(int(d) for d in t.shape), len(sizes) - 1, start, nbytes))
+        sizes[-1] = start + nbytes
+    return FlatHeader(tuple(entries), tuple(sizes))
+
+
+def byte_view(t: Any) -> Any:
+    """A 1-D uint8 view of a tensor's bytes (a copy only where it is not contiguous)."""
+    import torch
+
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def pack(state: dict[str, Any], bucket_mb: float = 256, out: list[Any] | None = None) -> FlatState:
+    """`state` {name: tensor} as a FlatState of CPU uint8 tensors. Each tensor is copied once
+    into its bucket (from any device or layout); `out`, buffers of a previous pack with the same
+    plan, is written into instead of new ones (no fresh pages to fault in). `bucket_mb=0`: no
+    packing, each tensor's own bytes as its buffer."""
+    import torch
+
+    header = plan(state, bucket_mb)
+    if bucket_mb <= 0:
+        return FlatState(header, [byte_view(t.cpu()) for t in state.values()])
+    if out is not None and [int(b.numel()) for b in out] == list(header.bucket_bytes):
+        buffers = out
+    else:
+        buffers = [torch.empty(n, dtype=torch.uint8) for n in header.bucket_bytes]
+    for e, t in zip(header.entries, state.values()):
+        if e.nbytes:
+            _view(buffers[e.bucket], e).copy_(t.detach())
+    return FlatState(header, buffers)
+
+
+def _view(buffer: Any, e: TensorEntry) -> Any:
+    import torch
+
+    if not e.nbytes:  # an empty tensor has no bytes to view
+        return torch.empty(e.shape, dtype=getattr(torch, e.dtype), device=buffer.device)
+    return buffer[e.offset:e.offset + e.nbytes].view(getattr(torch, e.dtype)).view(e.shape)
+
+
+def as_byte_tensor(buffer: Any) -> Any:
+    """A numpy or torch uint8 buffer as a 1-D uint8 tensor over the same memory."""
+    import torch
+
+    if isinstance(buffer, torch.Tensor):
+        return buffer.reshape(-1)
+    with warnings.catch_warnings():  # arrays from Ray's object store are read-only; only read
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        return torch.from_numpy(np.asarray(buffer)).reshape(-1)
+
+
+def unpack(flat: FlatState) -> dict[str, Any]:
+    """{name: tensor} viewing `flat`'s buffers (no copy); MalformedHeader where the header does
+    not describe them."""
+    buffers = [as_byte_tensor(b) for b in flat.buffers]
+    for n, b in enumerate(buffers):
+        if b.dtype.itemsize != 1:
+            raise MalformedHeader(f"flat weights: buffer {n} holds {b.dtype}, not bytes")
+    flat.header.check([int(b.numel()) for b in buffers])
+    return {e.name: _view(buffers[e.bucket], e) for e in flat.header.entries}
+
+
+def receive_buffers(header: FlatHeader, device: str = "cpu") -> list[Any]:
+    """Empty buffers of the header's bucket sizes (what a receiver broadcasts into)."""
+    import torch
+
+    return [torch.empty(n, dtype=torch.uint8, device=device) for n in header.bucket_bytes]
+
+
+def local_address() -> str:
+    """This node's address as Ray knows it (where a group's store listens)."""
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+class WeightGroup:
+    """A gloo group of its own: rank 0 (the learner) and the engine actors, on a TCPStore that
+    rank 0 hosts. Create rank 0 with `WeightGroup.host(world_size)` (its `address` is what the
+    others join with), the others with `WeightGroup.join(address, rank)`; every member must be
+    constructing at the same time (the group's rendezvous waits for all, up to `timeout_s`)."""
+
+    def __init__(self, store: Any, name: str, rank: int, world_size: int, timeout_s: float) -> None:
+        from torch.distributed import PrefixStore
+        from torch.distributed.distributed_c10d import ProcessGroupGloo
+
+        self.store, self.name, self.rank, self.world_size = store, name, rank, world_size
+        self.group = ProcessGroupGloo(PrefixStore(name, store), rank, world_size,
+                                      datetime.timedelta(seconds=timeout_s))
+
+    @staticmethod
+    def open_store(world_size: int, timeout_s: float) -> tuple[Any, dict[str, Any]]:
+        """Rank 0's TCPStore on a free port, and the address the others join with."""
+        from torch.distributed import TCPStore
+
+        host = local_address()
+        store = TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s))
+        return store, {"host": host, "port": store.port, "name": f"weights-{uuid.uuid4().hex[:12]}",
+                       "world_size": world_size, "timeout_s": timeout_s}
+
+    @classmethod
+    def join(cls, address: dict[str, Any], rank: int) -> WeightGroup:
+        from torch.distributed import TCPStore
+
+        store = TCPStore(address["host"], address["port"], address["world_size"], is_master=False,
+                         timeout=datetime.timedelta(seconds=address["timeout_s"]))
+        return cls(store, address["name"], rank, address["world_size"], address["timeout_s"])
+
+    def broadcast(self, buffers: list[Any]) -> None:
+        """Rank 0's buffers into everyone's (same sizes, in order), one bucket at a time."""
+        for b in buffers:
+            if b.numel():
+                self.group.broadcast(b, 0).wait()
+
+    def receive(self, header: FlatHeader, buffers: list[Any] | None = None) -> FlatState:
+        """A publication's buckets from rank 0, into `buffers` when they have the header's sizes
+        (the previous publication's, reused), else new ones."""
+        if buffers is None or [int(b.numel()) for b in buffers] != list(header.bucket_bytes):
+            buffers = receive_buffers(header)
+        self.broadcast(buffers)
+        return FlatState(header, buffers)
