@@ -388,7 +388,7 @@ def resume_header(cfg: EvalJob) -> dict[str, Any]:
 
     world = get_world(cfg.world)
     # report: the world asks what the agent discovered when a game ends (DiscoveryWorld, when the
-    # judge reads the report; files from before the question lack it, and their games the report)
+    # judge reads the report)
     return {**{k: getattr(cfg, k) for k in RESUME_KEYS}, "mapping": world.catalogue(cfg.mapping).mapping,
             "report": world.protocol.report_question is not None and cfg.knowledge_from == "report"}
 
@@ -405,10 +405,7 @@ def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]
         try:
             record = json.loads(line)
             if "eval_config" in record:
-                # files from before a key existed: its default then
-                if {"world": DEFAULT_WORLD, "instruction_from": None, "enable_thinking": False, "report": False,
-                    "tasks": [], "context_policy": "drop_oldest", "history": "sampled",
-                    **record["eval_config"]} != want:
+                if record["eval_config"] != want:
                     raise InputError(
                         f"{path}: partial results of an eval with other settings "
                         f"({record['eval_config']}); use another --out or delete the file"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -59,17 +60,18 @@ def test_eval_of_the_tiny_student_writes_json_and_markdown(tiny_models, ray_clus
 
 def test_interrupted_eval_resumes_without_replaying_finished_games(tiny_models, ray_cluster, tmp_path):
     from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
-    from rose_ray.evaluate import RESUME_KEYS, resume_header
+    from rose_ray.evaluate import resume_header
 
     cfg = EvalJob(model=str(tiny_models["student"]), split="test", n=4, max_turns=2,
                      max_new_tokens=8, concurrency=2, context_tokens=2048, out=str(tmp_path / "r"))
     games = SciWorldCatalogue().sample("test", 4, 0)
     partial = tmp_path / "r.partial.jsonl"
     done = [dict(record(g.task, 100, turns=1), item_id=g.item_id, resumed=True) for g in games[:2]]
-    # A header written before worlds existed (no `world`, the mapping spelled out) still matches.
-    old_header = {k: getattr(cfg, k) for k in RESUME_KEYS if k != "world"} | {"mapping": "agentgym"}
-    assert resume_header(cfg)["mapping"] == "agentgym" and resume_header(cfg)["world"] == "sciworld"
-    lines = [json.dumps({"eval_config": old_header})]
+    # The header names the mapping resolved: the default and `--mapping agentgym` are one eval.
+    header = resume_header(cfg)
+    assert header["mapping"] == "agentgym" and header["world"] == "sciworld"
+    assert cfg.mapping is None and header == resume_header(replace(cfg, mapping="agentgym"))
+    lines = [json.dumps({"eval_config": header})]
     lines += [json.dumps(r) for r in done] + ['{"item_id": "sciworld_']  # a line cut by the kill
     partial.write_text("\n".join(lines) + "\n")
     result = run_eval(cfg)
