@@ -43,6 +43,7 @@ def test_success_is_the_worlds_not_a_score_threshold():
     assert o["success"] == 0.5 and o["score"] == pytest.approx(0.8) and o["pass"] == 1.0
 
 
+@pytest.mark.slow
 def test_eval_of_the_tiny_student_writes_json_and_markdown(tiny_models, ray_cluster, tmp_path):
     cfg = EvalJob(model=str(tiny_models["student"]), split="test", n=10, max_turns=2,
                      max_new_tokens=16, concurrency=5, context_tokens=2048, out=str(tmp_path / "ev"))
@@ -58,6 +59,7 @@ def test_eval_of_the_tiny_student_writes_json_and_markdown(tiny_models, ray_clus
     assert not (tmp_path / "ev.partial.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_interrupted_eval_resumes_without_replaying_finished_games(tiny_models, ray_cluster, tmp_path):
     from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
     from rose_ray.evaluate import resume_header
@@ -147,6 +149,7 @@ def test_eval_takes_a_runs_tasks_and_picks_its_eval_games(tmp_path, capsys):
     assert "tasks: unknown task(s) ['boil-everything']" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_eval_ends_an_episode_at_the_context_by_default(tiny_models, ray_cluster, tmp_path):
     """AgentGym's rule is the default of `rose-ray eval` (and collect, continue): a prompt that
     no longer fits ends the episode, recorded as end reason `context`; `--context-policy

@@ -54,6 +54,7 @@ def read_jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_trajectories_are_student_then_teacher(tiny_run):
     run_dir, summary = tiny_run
     rows = read_jsonl(run_dir / "trajectories.jsonl")
@@ -71,6 +72,7 @@ def test_trajectories_are_student_then_teacher(tiny_run):
     assert len({r["episode_id"] for r in rows}) == len(rows)
 
 
+@pytest.mark.slow
 def test_learner_steps_and_the_student_engine_version_advances(tiny_run):
     run_dir, summary = tiny_run
     assert summary["steps"] == 3 and summary["version"] == 3
@@ -83,6 +85,7 @@ def test_learner_steps_and_the_student_engine_version_advances(tiny_run):
     assert max(r["student_version"] for r in rows if r["step"] == 3) >= 1
 
 
+@pytest.mark.slow
 def test_tensorboard_has_the_listed_scalars(tiny_run):
     run_dir, _ = tiny_run
     scalars = read_scalars(run_dir / "tb")
@@ -92,6 +95,7 @@ def test_tensorboard_has_the_listed_scalars(tiny_run):
     assert {s for s, _ in scalars["eval/score"]} == {0, 3}  # before and after
 
 
+@pytest.mark.slow
 def test_accounting_holds(tiny_run):
     _, summary = tiny_run
     b = summary["buffer"]
@@ -105,6 +109,7 @@ def model_step(run_dir) -> int:
     return json.loads((run_dir / "model" / "rose_ray_model.json").read_text())["step"]
 
 
+@pytest.mark.slow
 def test_checkpoint_and_resume_continue_from_the_step(tiny_run, tiny_models):
     run_dir, summary = tiny_run
     runs = run_dir.parent  # the config's run_dir: $ROSE_RAY_RUNS/tiny
@@ -125,6 +130,7 @@ def _jvm_pids() -> set[int]:
     return {int(p) for p in out.split()}
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_no_jvm_left(tiny_models, tmp_path):
     run_dir = tmp_path / "run"
     before = _jvm_pids()
