@@ -8,6 +8,7 @@ config uses, plans placement on the cluster (or on nodes described with `--node`
 role's memory per GPU (rose_ray/memory.py: from the models' config.json, `--model-config-for`
 stand-ins or the shipped Qwen3 sizes; the GPU's size from `--gpu-memory` or the nodes'
 `accelerator_type:`). The first problem stops it with exit status 2 and a message naming the key.
+`rose-ray plan` (plan_main) prints the placement and memory parts alone.
 
     rose-ray check configs/rose_qwen3_1p7b_32b.yaml \\
         --tokenizer-for Qwen/Qwen3-1.7B=/models/qwen3-1.7b --node CPU=64,GPU=8 --gpu-memory 80
@@ -238,4 +239,40 @@ def check_main(args: Any) -> int:
     for line in check(cfg, stand_ins, nodes, args.address, args.total, args.gpu_memory, config_for):
         print(line)
     print(f"check: {args.config}: OK")
+    return 0
+
+
+def plan_main(args: Any) -> int:
+    """`rose-ray plan [--config CONFIG] [--total] [KEY=VALUE ...]`: print where each actor would
+    go and each role's memory per GPU; exit 2 (PlacementError) when the cluster cannot hold it or
+    a role cannot fit its GPUs. The placement and memory parts of `check`, without the rest."""
+    from rose_ray.memory import check_memory, format_memory, gpu_memory, memory_plan
+    from rose_ray.placement import (
+        check_cluster,
+        cluster_nodes,
+        describe_demands,
+        format_plan,
+        parse_nodes,
+    )
+
+    cfg = load_config(args.config, args.overrides)
+    use_total = args.total
+    if args.node:
+        nodes, use_total = parse_nodes(args.node), True
+    else:
+        from rose_ray.rollout.actors import init_ray
+
+        init_ray(args.address or cfg.ray_address)
+        nodes = cluster_nodes()
+    print("\n".join(describe_demands(cfg, nodes, described=bool(args.node))))
+    placed = check_cluster(cfg, use_total=use_total, nodes=nodes)
+    print()
+    print(format_plan(placed, nodes, use_total=use_total))
+    gib, source = gpu_memory(args.gpu_memory, nodes)
+    memory = memory_plan(cfg, gib, parse_stand_ins(args.model_config_for or [], "--model-config-for"))
+    print()
+    print("\n".join(format_memory(memory, source)))
+    check_memory(memory)
+    print(f"\nplan: the cluster can hold {cfg.name!r} ({len(placed)} units on {len({a.node.node_id for a in placed})} node(s))"
+          + ("" if gib is None else "; every role fits its GPUs"))
     return 0

@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plan on described nodes instead of a cluster, e.g. --node 2xCPU=64,GPU=8 (repeatable)")
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. env.workers=8")
     _memory_arguments(g)
-    g.set_defaults(func="rose_ray.placement:plan_main")
+    g.set_defaults(func="rose_ray.check:plan_main")
     # --- end plan ---
 
     # The commands that run something: their settings are typed configs (commands.py), their

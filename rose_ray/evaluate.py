@@ -145,12 +145,12 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
             **(cell(rows) if paper else {}),
         }
 
-    from rose_ray.envs.worlds import paper_tables
-
-    tables = paper_tables()
-    cell, paper_summary = tables.cell, tables.paper_summary
-
     paper = bool(records) and all("process" in r for r in records)  # DiscoveryWorld games
+    if paper:  # the world's paper scoring, loaded only for its games
+        from rose_ray.envs.worlds import paper_tables
+
+        tables = paper_tables()
+        cell, paper_summary = tables.cell, tables.paper_summary
     by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         by_task[r["task"]].append(r)
@@ -203,10 +203,6 @@ def markdown(summary: dict[str, Any], title: str) -> str:
 def compare(paths: list[str]) -> str:
     """Several results side by side, in the shape of the seed's table; DiscoveryWorld results
     also with completion / process / knowledge, overall and per scenario."""
-    from rose_ray.envs.worlds import paper_tables
-
-    compare_paper = paper_tables().compare_paper
-
     results = []
     for p in paths:
         try:
@@ -233,7 +229,11 @@ def compare(paths: list[str]) -> str:
         if "paper" in result["summary"]:
             named.append((name, result["summary"]["paper"]))
     table = "\n".join(rows)
-    return table + ("\n\n" + compare_paper(named).rstrip() if named else "")
+    if not named:
+        return table
+    from rose_ray.envs.worlds import paper_tables  # only for DiscoveryWorld results
+
+    return table + "\n\n" + paper_tables().compare_paper(named).rstrip()
 
 
 # --------------------------------------------------------------------------- episodes
@@ -388,7 +388,7 @@ def resume_header(cfg: EvalJob) -> dict[str, Any]:
 
     world = get_world(cfg.world)
     # report: the world asks what the agent discovered when a game ends (DiscoveryWorld, when the
-    # judge reads the report; files from before the question lack it, and their games the report)
+    # judge reads the report)
     return {**{k: getattr(cfg, k) for k in RESUME_KEYS}, "mapping": world.catalogue(cfg.mapping).mapping,
             "report": world.protocol.report_question is not None and cfg.knowledge_from == "report"}
 
@@ -405,10 +405,7 @@ def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]
         try:
             record = json.loads(line)
             if "eval_config" in record:
-                # files from before a key existed: its default then
-                if {"world": DEFAULT_WORLD, "instruction_from": None, "enable_thinking": False, "report": False,
-                    "tasks": [], "context_policy": "drop_oldest", "history": "sampled",
-                    **record["eval_config"]} != want:
+                if record["eval_config"] != want:
                     raise InputError(
                         f"{path}: partial results of an eval with other settings "
                         f"({record['eval_config']}); use another --out or delete the file"

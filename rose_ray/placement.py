@@ -1,6 +1,5 @@
-"""Where each role's actors go: demands from the config, a per-node plan, placement groups.
-
-    rose-ray plan [--config CONFIG] [--total] [KEY=VALUE ...]
+"""Where each role's actors go: demands from the config, a per-node plan, placement groups
+(printed by `rose-ray plan`, rose_ray/check.py).
 
 Roles: env workers (CPU only, spread over nodes, optionally pinned by a custom resource such
 as `env.resources: {env_node: 1}`), the eval env worker, student and teacher engines (GPUs per
@@ -330,40 +329,14 @@ class PlacementGroups:
         self.groups.clear()
 
 
-# --------------------------------------------------------------------------- rose-ray plan
-def plan_main(args: Any) -> int:
-    """`rose-ray plan`: print where each actor would go and each role's memory per GPU; exit 2
-    (PlacementError) when the cluster cannot hold it or a role cannot fit its GPUs."""
-    from rose_ray.check import parse_stand_ins
-    from rose_ray.config import load_config
-    from rose_ray.memory import check_memory, format_memory, gpu_memory, memory_plan
-
-    cfg = load_config(args.config, args.overrides)
-    use_total = args.total
-    if args.node:
-        nodes, use_total = parse_nodes(args.node), True
-    else:
-        from rose_ray.rollout.actors import init_ray
-
-        init_ray(args.address or cfg.ray_address)
-        nodes = cluster_nodes()
+def describe_demands(cfg: Any, nodes: list[NodeInfo], described: bool) -> list[str]:
+    """The nodes' totals, then each role's replicas and resources per replica (`rose-ray plan`)."""
     totals: dict[str, float] = {}
     for n in nodes:
         for k, v in _shown(n.total).items():
             totals[k] = totals.get(k, 0.0) + v
-    print(f"{'described' if args.node else 'cluster'}: {len(nodes)} node(s), {_fmt(totals)}")
-    roles = demands(cfg)
-    for d in roles:
-        print(f"  {d.role:<16} {d.replicas} x {_fmt({k: v for k, v in d.per_replica.items() if v})}"
-              f"  {d.strategy}{'  group ' + d.group if d.group else ''}")
-    placed = check_cluster(cfg, use_total=use_total, nodes=nodes)
-    print()
-    print(format_plan(placed, nodes, use_total=use_total))
-    gib, source = gpu_memory(args.gpu_memory, nodes)
-    memory = memory_plan(cfg, gib, parse_stand_ins(args.model_config_for or [], "--model-config-for"))
-    print()
-    print("\n".join(format_memory(memory, source)))
-    check_memory(memory)
-    print(f"\nplan: the cluster can hold {cfg.name!r} ({len(placed)} units on {len({a.node.node_id for a in placed})} node(s))"
-          + ("" if gib is None else "; every role fits its GPUs"))
-    return 0
+    lines = [f"{'described' if described else 'cluster'}: {len(nodes)} node(s), {_fmt(totals)}"]
+    for d in demands(cfg):
+        lines.append(f"  {d.role:<16} {d.replicas} x {_fmt({k: v for k, v in d.per_replica.items() if v})}"
+                     f"  {d.strategy}{'  group ' + d.group if d.group else ''}")
+    return lines

@@ -290,7 +290,7 @@ class RunParts:
         self.learner.save_checkpoint(self.ckpt_dir, mark_latest=False)
         tmp = marker.with_name(marker.name + ".tmp")
         with tmp.open("w") as f:
-            f.write(json.dumps({**state, "sampler": state["ledger"]["sampler"], "tag": tag}))
+            f.write(json.dumps({**state, "tag": tag}))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, marker)
@@ -326,12 +326,9 @@ class RunParts:
         p.step = state["step"]
         p.history = copy.deepcopy(state["history"])  # a copy: the state may be restored again
         p.replies = dict(state.get("replies", p.replies))
-        if "ledger" in state:
-            self.ledger.load_state(state["ledger"])
-            self.buffer.restore(BufferCounters(**state["buffer"]))
-            self.runner.counters = RunnerCounters(**state["runner"])
-        else:  # a checkpoint from before the ledger: its game order only
-            self.sampler.load_state(state["sampler"])
+        self.ledger.load_state(state["ledger"])
+        self.buffer.restore(BufferCounters(**state["buffer"]))
+        self.runner.counters = RunnerCounters(**state["runner"])
         for log in ("trajectories.jsonl", "metrics.jsonl"):  # steps after it are trained again
             keep_steps(self.run_dir / log, p.step)
         if publish:

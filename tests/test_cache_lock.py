@@ -8,12 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 # The smallest warm-up the config allows: 2 gold games of 2 actions, played now; 1 SFT step.
 WARMUP = ["teacher_warmup.enabled=true", "teacher_warmup.gold_games=2", "teacher_warmup.max_turns=2",
           "teacher_warmup.epochs=1", "teacher_warmup.batch_episodes=2", "teacher_warmup.threads=1",
           "student_warmup.enabled=false"]
 
 
+@pytest.mark.slow
 def test_two_runs_warming_one_teacher_at_once_build_it_once(tmp_path):
     cache = tmp_path / "cache"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}

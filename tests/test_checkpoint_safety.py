@@ -104,6 +104,7 @@ def test_no_checkpoint_is_written_from_nonfinite_weights(group, tiny_models, tmp
     assert not any((parts.ckpt_dir / "step_2").glob("*.pt"))
 
 
+@pytest.mark.slow
 def test_export_and_resume_pass_over_a_save_cut_short(group, tiny_models, tmp_path, capsys):
     group.setup(zero_stage=0)
     parts = run_folder(tmp_path, tiny_models, group)
@@ -124,6 +125,7 @@ def test_export_and_resume_pass_over_a_save_cut_short(group, tiny_models, tmp_pa
     assert group.load_checkpoint(parts.ckpt_dir)["tag"] == "step_1"
 
 
+@pytest.mark.slow
 def test_a_corrupt_shard_names_the_checkpoint_before_it(group, tiny_models, tmp_path, capsys):
     group.setup(zero_stage=0)
     parts = run_folder(tmp_path, tiny_models, group)

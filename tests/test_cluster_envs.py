@@ -73,6 +73,7 @@ def test_env_workers_land_on_the_env_nodes_and_spread(cluster):
     assert c.head_node.node_id not in where
 
 
+@pytest.mark.slow
 def test_more_env_workers_give_more_episodes_per_second(cluster):
     _, _, pools = cluster
     todo = games(8)
@@ -89,6 +90,7 @@ def test_more_env_workers_give_more_episodes_per_second(cluster):
     assert two > 1.3 * one, f"1 pool {one:.2f} episodes/s, 2 pools {two:.2f}"
 
 
+@pytest.mark.slow
 def test_losing_a_node_restarts_its_workers_and_episodes(cluster):
     c, env_nodes, pools = cluster
     todo = games(12)

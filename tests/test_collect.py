@@ -38,6 +38,7 @@ def test_gold_dataset_replays_to_100(gold):
             assert result.raw_score == 100, row["item_id"]
 
 
+@pytest.mark.slow
 def test_collect_then_continue_gives_sft_ready_data(tiny_models, ray_cluster, tmp_path):
     from rose_ray.chat import ChatFormat
     from rose_ray.models import load_tokenizer

@@ -9,6 +9,7 @@ inside functions too): a change that breaks one fails here, naming the module an
 - train.py and run.py (the online loop and its house) are imported only by the CLI.
 - inference/engine.py, the engine contract, imports no backend (no circle with hf/openai).
 - The algorithm recipes and the turn policies import no config (the config imports them).
+- placement.py is below check.py and memory.py: it imports neither (no circle through `plan`).
 """
 
 from __future__ import annotations
@@ -93,6 +94,12 @@ def test_the_engine_contract_imports_no_backend():
 def test_recipes_and_turn_policies_import_no_config():
     recipes = [PACKAGE / "recipes" / f for f in ("__init__.py", "rose.py", "opd.py", "teacher_sft.py")]
     assert not breaks([*recipes, PACKAGE / "rollout" / "handoff.py", PACKAGE / "errors.py"], ("rose_ray.config",))
+
+
+def test_placement_imports_neither_check_nor_memory():
+    """memory.py imports placement.py, and check.py both; `rose-ray plan` lives in check.py."""
+    assert not breaks([PACKAGE / "placement.py"], ("rose_ray.check", "rose_ray.memory"))
+    assert "rose_ray.check:plan_main" in (PACKAGE / "cli.py").read_text()
 
 
 def test_the_rules_see_what_they_forbid(tmp_path):

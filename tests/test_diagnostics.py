@@ -40,6 +40,7 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_each_step_logs_validity_and_what_it_trained_on(run):
     run_dir, _ = run
     steps = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
@@ -75,6 +76,7 @@ def test_each_step_logs_validity_and_what_it_trained_on(run):
         assert flagged[1:] == [a is not None and a == b for a, b in zip(actions[1:], actions)]
 
 
+@pytest.mark.slow
 def test_a_dev_eval_curve_from_before_the_first_step_to_after_the_last(run):
     run_dir, summary = run
     dev = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "eval/dev_score" in m]

@@ -199,6 +199,7 @@ def test_env_pool_hosts_discoveryworld_and_replaces_a_killed_worker():
         pool.close()
 
 
+@pytest.mark.slow
 def test_eval_of_the_tiny_student_on_easy_games(tiny_models, ray_cluster, tmp_path):
     from rose_ray.evaluate import EvalJob, run_eval
 
@@ -216,6 +217,7 @@ def test_eval_of_the_tiny_student_on_easy_games(tiny_models, ray_cluster, tmp_pa
     assert (tmp_path / "dw.md").read_text().count("-easy |") == 3
 
 
+@pytest.mark.slow
 def test_a_short_online_rose_run_on_discoveryworld(tiny_models, ray_cluster, tmp_path):
     from rose_ray.config import default_config_path
     from rose_ray.train import train

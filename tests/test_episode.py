@@ -163,7 +163,7 @@ def test_opd_scores_every_student_token_in_one_pass_over_what_the_learner_trains
     chat = chats["student"]
     student = Agent(ScriptedEngine(chat, ["a", "b", "c"], dropped=dropped), chat, "student")
     teacher_engine = ScriptedEngine(chat, [])
-    teacher = Agent(teacher_engine, chat, "teacher", context_tokens=4096)
+    teacher = Agent(teacher_engine, chat, "teacher")
     t = play(student, teacher, turn_policy("none"), max_turns=3, scored=True)
     assert owners(t) == ["student"] * 3
     for n, x in enumerate(t.turns):

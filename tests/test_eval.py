@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -42,6 +43,7 @@ def test_success_is_the_worlds_not_a_score_threshold():
     assert o["success"] == 0.5 and o["score"] == pytest.approx(0.8) and o["pass"] == 1.0
 
 
+@pytest.mark.slow
 def test_eval_of_the_tiny_student_writes_json_and_markdown(tiny_models, ray_cluster, tmp_path):
     cfg = EvalJob(model=str(tiny_models["student"]), split="test", n=10, max_turns=2,
                      max_new_tokens=16, concurrency=5, context_tokens=2048, out=str(tmp_path / "ev"))
@@ -57,19 +59,21 @@ def test_eval_of_the_tiny_student_writes_json_and_markdown(tiny_models, ray_clus
     assert not (tmp_path / "ev.partial.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_interrupted_eval_resumes_without_replaying_finished_games(tiny_models, ray_cluster, tmp_path):
     from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
-    from rose_ray.evaluate import RESUME_KEYS, resume_header
+    from rose_ray.evaluate import resume_header
 
     cfg = EvalJob(model=str(tiny_models["student"]), split="test", n=4, max_turns=2,
                      max_new_tokens=8, concurrency=2, context_tokens=2048, out=str(tmp_path / "r"))
     games = SciWorldCatalogue().sample("test", 4, 0)
     partial = tmp_path / "r.partial.jsonl"
     done = [dict(record(g.task, 100, turns=1), item_id=g.item_id, resumed=True) for g in games[:2]]
-    # A header written before worlds existed (no `world`, the mapping spelled out) still matches.
-    old_header = {k: getattr(cfg, k) for k in RESUME_KEYS if k != "world"} | {"mapping": "agentgym"}
-    assert resume_header(cfg)["mapping"] == "agentgym" and resume_header(cfg)["world"] == "sciworld"
-    lines = [json.dumps({"eval_config": old_header})]
+    # The header names the mapping resolved: the default and `--mapping agentgym` are one eval.
+    header = resume_header(cfg)
+    assert header["mapping"] == "agentgym" and header["world"] == "sciworld"
+    assert cfg.mapping is None and header == resume_header(replace(cfg, mapping="agentgym"))
+    lines = [json.dumps({"eval_config": header})]
     lines += [json.dumps(r) for r in done] + ['{"item_id": "sciworld_']  # a line cut by the kill
     partial.write_text("\n".join(lines) + "\n")
     result = run_eval(cfg)
@@ -94,6 +98,28 @@ def test_compare_prints_results_side_by_side(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not an eval result"):
         compare([str(tmp_path / "bad.json")])
+
+
+def test_sciworld_results_are_summarised_without_discoveryworlds_paper_tables(tmp_path):
+    """The paper tables are DiscoveryWorld's: summarising, writing and comparing other worlds'
+    results never loads that world (a fresh interpreter: other tests here may have loaded it)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import json, sys
+from tests.test_eval import record
+from rose_ray.evaluate import compare, markdown, summarise
+s = summarise([record("boil", 50), record("melt", 100)])
+assert "paper" not in s, s
+markdown(s, "t")
+open({str(tmp_path / "a.json")!r}, "w").write(json.dumps({{"summary": s}}))
+assert "| 2 |" in compare([{str(tmp_path / "a.json")!r}])
+loaded = sorted(m for m in sys.modules if m.startswith("rose_ray.envs.discoveryworld"))
+assert not loaded, loaded
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 def test_eval_arguments_are_checked():
@@ -123,6 +149,7 @@ def test_eval_takes_a_runs_tasks_and_picks_its_eval_games(tmp_path, capsys):
     assert "tasks: unknown task(s) ['boil-everything']" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_eval_ends_an_episode_at_the_context_by_default(tiny_models, ray_cluster, tmp_path):
     """AgentGym's rule is the default of `rose-ray eval` (and collect, continue): a prompt that
     no longer fits ends the episode, recorded as end reason `context`; `--context-policy

@@ -69,17 +69,23 @@ def test_check_reads_hub_models_from_the_cache(hub_cache, capsys):
     assert "student chat template" in out and out.rstrip().endswith("OK"), out
 
 
-def test_two_steps_with_a_hub_id_student_on_vllm_publish_its_weights(hub_cache, tiny_models, ray_cluster, tmp_path):
+@pytest.mark.slow
+def test_two_rose_steps_with_hub_id_models_on_vllm_publish_and_train_on_the_sampled_ids(
+        hub_cache, tiny_models, ray_cluster, tmp_path):
     """The seed configs name `Qwen/Qwen3-1.7B`: a hub-id student on vLLM trains and takes the
-    learner's weights (vLLM's weight-name check reads the snapshot's safetensors)."""
+    learner's weights (vLLM's weight-name check reads the snapshot's safetensors). One run for
+    two things: its rose (λ 0.5, both engines on vLLM, sync) also trains on exactly the ids
+    vLLM sampled (tests/test_train.py's check, shared with its opd run)."""
     pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
+    from test_train import VLLM_ENGINES, sampled_ids_trained
+
     from rose_ray.train import train
 
     run_dir = tmp_path / "run"
     summary = train(None, [
-        f"run_dir={run_dir}", "steps=2", "mode=sync", "teacher_warmup.enabled=false",
-        "student_engine.model=org/tiny-student", "student_engine.backend=vllm", "student_engine.kv_cache_mb=64",
-        "teacher_engine.model=org/tiny-teacher", "eval.before=false", "eval.after=false", "eval.teacher=false",
+        f"run_dir={run_dir}", "steps=2", "teacher_warmup.enabled=false",
+        "student_engine.model=org/tiny-student", "teacher_engine.model=org/tiny-teacher", *VLLM_ENGINES,
+        "algorithm.lam=0.5",  # + OPD on the student's tokens, whose ratio is checked
         "rollout.batch_episodes=2", "rollout.max_turns=4", "algorithm.handoff.k=2",
         "rollout.student_sampling.max_new_tokens=16", "rollout.teacher_sampling.max_new_tokens=16",
         "env.games_per_worker=2", "checkpoint_every=100"])
@@ -88,3 +94,6 @@ def test_two_steps_with_a_hub_id_student_on_vllm_publish_its_weights(hub_cache, 
     assert [m["weights/version"] for m in metrics if "weights/version" in m][-1] == 2
     rows = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
     assert {r["student_version"] for r in rows if r["step"] == 2} == {1}  # sampled after the publication
+    sampled_ids_trained(run_dir, summary)
+    owners = {m["owner"] for r in rows for m in r["conversations"] if m["role"] == "assistant" and m["owner"] != "prompt"}
+    assert owners == {"student", "teacher"}

@@ -249,6 +249,7 @@ async def _episodes(tiny_models):
         stop_agents(student, teacher)
 
 
+@pytest.mark.slow
 def test_the_report_is_asked_after_the_last_observation_and_recorded(tiny_models, ray_cluster):
     from rose_ray.envs.worlds import get_world
     from rose_ray.tokens import TokenWeights, loss_turns, render
@@ -312,6 +313,7 @@ def _hand_made(questions: list[str]) -> list[dict]:
              "critical_questions": questions[:1], "thoughts": "", "report": "   "}]  # nothing written: not asked
 
 
+@pytest.mark.slow
 def test_eval_with_a_served_judge_end_to_end(tiny_models, ray_cluster, served_judge, tmp_path):
     from rose_ray.evaluate import EvalJob, resume_header, run_eval
 
@@ -379,6 +381,7 @@ def test_eval_with_a_served_judge_end_to_end(tiny_models, ray_cluster, served_ju
     assert not list(tmp_path.glob("gone*"))
 
 
+@pytest.mark.slow
 def test_a_local_folder_judge(tiny_models, ray_cluster, tmp_path, capsys):
     from rose_ray.cli import main
 

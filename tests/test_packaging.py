@@ -81,6 +81,7 @@ def _wheel_names(wheel: Path) -> set[str]:
         return {n for n in z.namelist() if not n.endswith("/")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ["tree", "sdist"])
 def test_wheel_ships_every_package_file(wheels, route):
     files = package_files()
@@ -232,6 +233,7 @@ def test_reference_finder_sees_the_forms_the_code_uses():
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ["tree", "sdist"])
 def test_wheel_ships_every_file_the_code_reads(wheels, route):
     refs = data_references()
@@ -245,6 +247,7 @@ def test_wheel_ships_every_file_the_code_reads(wheels, route):
     assert not missing, f"the wheel built from the {route} lacks files the code reads: {missing}"
 
 
+@pytest.mark.slow
 def test_wheel_installs_the_console_script(wheels):
     # `rose-ray` is what users run after a non-editable install
     with zipfile.ZipFile(wheels["tree"]) as z:

@@ -30,3 +30,31 @@ def test_a_small_job_reports_every_game():
     for _ in range(3):
         bar.update(1)
     assert out.getvalue().splitlines() == ["gold: 1/3 games", "gold: 2/3 games", "gold: 3/3 games"]
+
+
+def test_a_terminal_gets_tqdms_bar():
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    bar = progress(4, "eval", "game", file=out)
+    assert not isinstance(bar, LineProgress)
+    bar.update(4)
+    bar.close()
+    assert "\r" in out.getvalue() and "4/4" in out.getvalue()
+
+
+def test_a_runs_step_line_off_a_terminal_is_one_plain_line_per_step(tmp_path, capsys):
+    """train's per-step line (MetricsLogger.progress): `\\r` rewrites on a terminal only; pytest's
+    captured stdout, like a Ray job's log, is not one."""
+    from rose_ray.metrics import MetricsLogger
+
+    metrics = MetricsLogger(tmp_path)
+    for step in (1, 2, 3):
+        metrics.progress(f"step {step}/3 loss=0.5")
+    metrics.end_progress()
+    metrics.close()
+    out = capsys.readouterr().out
+    assert "\r" not in out and "\033" not in out
+    assert out.splitlines() == ["step 1/3 loss=0.5", "step 2/3 loss=0.5", "step 3/3 loss=0.5"]

@@ -403,6 +403,7 @@ def read_rows(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_online_rose_and_opd_run_on_qwen3_like_models(q3_overrides, ray_cluster, tmp_path):
     from rose_ray.train import train
 
@@ -424,6 +425,7 @@ def test_online_rose_and_opd_run_on_qwen3_like_models(q3_overrides, ray_cluster,
     assert len(steps) == 2 and all(m["learner/loss_opd"] != 0.0 for m in steps)
 
 
+@pytest.mark.slow
 def test_eval_collect_continue_sft_on_qwen3_like_models(tiny_qwen3, ray_cluster, tmp_path, capsys):
     from rose_ray.rows import read_jsonl, write_jsonl
 

@@ -342,6 +342,7 @@ def test_the_supervisor_replaces_a_killed_engine_then_gives_up_past_max_restarts
 
 
 # --------------------------------------------------------------------------- whole runs
+@pytest.mark.slow
 def test_a_run_survives_a_killed_student_a_hung_teacher_and_a_killed_learner_rank(
         tiny_models, ray_cluster, tmp_path, capsys):
     run_dir = tmp_path / "run"
@@ -417,6 +418,7 @@ async def _health(engine) -> dict:
     return await engine.health.remote()
 
 
+@pytest.mark.slow
 def test_a_killed_vllm_student_engine_is_replaced_and_serves_the_latest_weights(tiny_models, ray_cluster, tmp_path):
     """Both engines on vLLM, sync, ROSE with its OPD term: the student engine is killed after a
     publication; its replacement gets the learner's weights before it serves, so every later
@@ -455,6 +457,7 @@ def test_a_killed_vllm_student_engine_is_replaced_and_serves_the_latest_weights(
     check_exactly_once(run_dir, steps)
 
 
+@pytest.mark.slow
 def test_the_watchdog_names_a_hung_env_pool_then_checkpoints_and_stops(tiny_models, ray_cluster, tmp_path, capsys):
     run_dir = tmp_path / "run"
     cfg = load_config(None, overrides(tiny_models, run_dir, 100, "reliability.watchdog_s=6"))
@@ -489,6 +492,7 @@ def test_the_watchdog_names_a_hung_env_pool_then_checkpoints_and_stops(tiny_mode
     assert Counter(r["outcome"] for r in records)["in_flight"] >= 1  # what the stall held up
 
 
+@pytest.mark.slow
 def test_a_teacher_server_that_goes_away_stops_the_run_naming_the_role(tiny_models, ray_cluster, tmp_path, capsys):
     """The server answers the run's check at its start (model, context, logprobs), then is gone
     for good: the teacher engine is replaced until the role has failed."""
@@ -520,6 +524,7 @@ def test_a_teacher_server_that_goes_away_stops_the_run_naming_the_role(tiny_mode
     assert records and {r["outcome"] for r in records} == {"in_flight"}  # none lost: all to play again
 
 
+@pytest.mark.slow
 def test_a_run_killed_between_checkpoints_resumes_with_every_game_played_once(tiny_models, ray_cluster, tmp_path):
     import psutil
 

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from rose_ray.cli import main
 from rose_ray.rows import read_jsonl
 
@@ -39,6 +41,7 @@ def run_until_killed(args: list[str], partial: Path, lines: int, timeout_s: floa
     return proc
 
 
+@pytest.mark.slow
 def test_a_killed_collect_keeps_its_rows_and_a_rerun_resumes(tiny_models, ray_cluster, tmp_path, capsys):
     out = tmp_path / "prefixes.jsonl"
     partial = tmp_path / "prefixes.jsonl.partial"
@@ -71,6 +74,7 @@ def test_a_killed_collect_keeps_its_rows_and_a_rerun_resumes(tiny_models, ray_cl
     assert out.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_an_eval_cut_mid_line_and_resumed_twice_stays_readable(tiny_models, ray_cluster, tmp_path):
     from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
     from rose_ray.evaluate import EvalJob, resume_header, run_eval

@@ -47,6 +47,7 @@ def weights(folder) -> dict[str, torch.Tensor]:
     return load_file(folder / "model.safetensors")
 
 
+@pytest.mark.slow
 def test_every_run_ends_with_a_hugging_face_folder(run):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -63,6 +64,7 @@ def test_every_run_ends_with_a_hugging_face_folder(run):
     assert loaded.config.num_hidden_layers == 2  # the tiny student, gathered from 2 ZeRO-3 ranks
 
 
+@pytest.mark.slow
 def test_eval_plays_the_run_model_through_the_cli(run, tmp_path):
     run_dir, _ = run
     out = tmp_path / "ev"
@@ -73,6 +75,7 @@ def test_eval_plays_the_run_model_through_the_cli(run, tmp_path):
     assert result["summary"]["overall"]["games"] == 2 and result["config"]["model"] == str(run_dir / "model")
 
 
+@pytest.mark.slow
 def test_export_of_a_kept_step_gives_the_learners_weights(run, tmp_path, capsys):
     run_dir, _ = run
     assert kept_steps(run_dir) == [1, 2]
@@ -90,6 +93,7 @@ def test_export_of_a_kept_step_gives_the_learners_weights(run, tmp_path, capsys)
     assert json.loads((last / MODEL_INFO).read_text())["policy_version"] == 2
 
 
+@pytest.mark.slow
 def test_export_refuses_bad_input_naming_it(run, tmp_path, capsys):
     run_dir, _ = run
     out = tmp_path / "out"
@@ -105,6 +109,7 @@ def test_export_refuses_bad_input_naming_it(run, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # nothing half-written
 
 
+@pytest.mark.slow
 def test_decay_records_its_probability_and_reproducible_draws(run):
     run_dir, _ = run
     rows = read_jsonl(run_dir / "trajectories.jsonl")
@@ -123,6 +128,7 @@ def test_decay_records_its_probability_and_reproducible_draws(run):
     assert step1["rollout/handoff_p"] == P0
 
 
+@pytest.mark.slow
 def test_with_lambda_both_students_and_teachers_turns_carry_loss(run):
     run_dir, _ = run
     for r in read_jsonl(run_dir / "trajectories.jsonl"):

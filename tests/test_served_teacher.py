@@ -75,6 +75,7 @@ def served_teacher(server: Served, mismatched: Path, tiny_models) -> list[str]:
             f"teacher_engine.tokenizer={mismatched}", "teacher_warmup.enabled=false"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, message", [
     ([], None),
     (["teacher_engine.model=Qwen/Qwen3-32B"],
@@ -98,6 +99,7 @@ def test_check_asks_the_served_teacher(server, mismatched, tiny_models, extra, m
         assert code == 2 and message.format(url=server.url) in err, err
 
 
+@pytest.mark.slow
 def test_commands_take_served_models(server, mismatched, tiny_models, ray_cluster, tmp_path, capsys):
     """collect with a served student, continue and eval with a served teacher: each names the
     served model it checked; a served model without --tokenizer is refused by flag before anything
@@ -127,6 +129,7 @@ def test_commands_take_served_models(server, mismatched, tiny_models, ray_cluste
            "IndexError" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_request_the_server_always_fails_is_its_own_failure(server, mismatched):
     from rose_ray.models import load_tokenizer
 
@@ -157,6 +160,7 @@ def first_draws(tasks: list[str], seed: int, n: int) -> list[str]:
     return [sampler.next().task for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_a_run_fails_only_the_episodes_the_server_rejects(server, mismatched, tiny_models, ray_cluster, tmp_path):
     run_dir = tmp_path / "run"
     tasks = ["find-animal", "find-plant"]
@@ -182,6 +186,7 @@ def test_a_run_fails_only_the_episodes_the_server_rejects(server, mismatched, ti
     assert summary["restarts"]["teacher engine"] == 0 and summary["steps"] == 2
 
 
+@pytest.mark.slow
 def test_a_run_whose_every_episode_fails_stops_naming_why(server, mismatched, tiny_models, ray_cluster, tmp_path,
                                                          capsys):
     """Every game's teacher request is refused (each names the word): the run stops after

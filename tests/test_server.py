@@ -256,6 +256,7 @@ def test_concurrent_http_requests_are_batched(client, engine, prompt):
     assert [r.token_ids for r in results] == [r.token_ids for r in engine.generate(reqs)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["hf", "vllm"])
 def test_rose_ray_serve_command(backend, tiny_models, tmp_path):
     """The CLI end to end: a subprocess serving on a free port, with a key, on each backend

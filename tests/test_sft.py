@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from rose_ray.chat import ChatFormat
@@ -23,6 +24,7 @@ def rows():
     ]} for i, (obs, act) in enumerate(EPISODES)]
 
 
+@pytest.mark.slow
 def test_sft_memorises_actions(ray_cluster, tiny_models, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -188,6 +188,7 @@ def test_the_small_tier_leaves_room_for_whole_games():
     assert cfg.student_warmup.max_turns < cfg.teacher_warmup.max_turns  # the base student sees openings only
 
 
+@pytest.mark.slow
 def test_rose_ray_warmup_builds_a_partly_trained_student_and_caches_it(tmp_path, capsys, ray_cluster):
     """`rose-ray warmup`: the base student SFT'd on short observed demonstrations (its own cache
     folder and record), the teacher untouched when its warm-up is off; a second call is cached."""

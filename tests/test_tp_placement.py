@@ -42,6 +42,7 @@ def prompt_of(model: str) -> list[int]:
     return chat.opening_ids([("user", "You are in the kitchen."), ("assistant", "OK")]) + chat.user_ids("look")
 
 
+@pytest.mark.slow
 def test_an_engine_given_fake_gpus_runs_on_what_it_sees(fake_gpu_cluster, tiny_models):
     """Asked with num_gpus=1 on a machine without GPUs, the engine runs on CPU (was: CUDA, and
     failed at start)."""
@@ -80,6 +81,7 @@ def gone(pids: set[int], timeout_s: float = 60.0) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_a_tp2_vllm_teacher_serves_from_its_bundle_and_is_replaced_there(fake_gpu_cluster, tiny_models):
     """The seed's teacher layout: one bundle of 2 (fake) GPUs, the actor holding them, TP=2 over
     vLLM's multiprocessing executor. It serves, scores (a teacher takes no weights), is killed

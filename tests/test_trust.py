@@ -59,6 +59,7 @@ def test_the_local_cluster_a_command_starts_refuses_connections_without_its_toke
     assert not (tmp_path / ".ray" / "auth_token").exists()  # the token lived in the environment only
 
 
+@pytest.mark.slow
 def test_a_run_with_an_api_key_writes_no_key_to_disk_and_its_saved_config_reads_it_from_the_environment(
         tiny_models, ray_cluster, tmp_path, monkeypatch):
     from rose_ray.config import load_config

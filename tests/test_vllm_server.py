@@ -85,11 +85,13 @@ def client(server: Served, teacher_dir: Path, **overrides) -> OpenAIEngine:
                                      context_tokens=CONTEXT, max_batch_size=8, **overrides))
 
 
+@pytest.mark.slow
 def test_the_server_lists_its_model_and_context(server):
     (model,) = server.models()["data"]
     assert model["id"] == NAME and model["max_model_len"] == CONTEXT
 
 
+@pytest.mark.slow
 def test_greedy_ids_logprobs_and_scores_agree_with_the_in_process_engine(server, teacher_dir):
     from rose_ray.chat import ChatFormat
     from rose_ray.inference.vllm_engine import VLLMEngine
@@ -144,6 +146,7 @@ def test_greedy_ids_logprobs_and_scores_agree_with_the_in_process_engine(server,
     assert logprob_gap <= 1e-5 and score_gap <= 1e-5
 
 
+@pytest.mark.slow
 def test_eval_with_the_served_teacher(server, teacher_dir, tiny_models, ray_cluster, tmp_path, capsys):
     out = tmp_path / "ev"
     args = ["eval", "--model", str(tiny_models["student"]), "--teacher", f"openai:{server.url}", "--handoff", "1",
@@ -168,6 +171,7 @@ def test_eval_with_the_served_teacher(server, teacher_dir, tiny_models, ray_clus
     assert all(g["handoff_turn"] == 2 for g in result["games"] if g["turns"] >= 2)  # the teacher played on
 
 
+@pytest.mark.slow
 def test_a_short_opd_run_against_the_served_teacher(server, teacher_dir, tiny_models, ray_cluster, tmp_path, capsys):
     run_dir = tmp_path / "run"
     served = [f"tiny_dir={tiny_models['student'].parent}", f"run_dir={run_dir}", "algorithm=opd",
@@ -201,6 +205,7 @@ def test_a_short_opd_run_against_the_served_teacher(server, teacher_dir, tiny_mo
     assert len(opd) == 2 and all(x != 0.0 for x in opd)  # every student token scored by the served teacher
 
 
+@pytest.mark.slow
 def test_a_server_stopped_gracefully_fails_its_requests_in_flight_fast(server, teacher_dir):
     """Last: stops the module's server. SIGTERM closes vLLM's listening socket and leaves the
     requests in flight unanswered (for as long as their clients wait); the client sees the

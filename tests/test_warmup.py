@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from rose_ray.config import load_config
 from rose_ray.envs.protocol import parse_action
 from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
@@ -71,6 +73,7 @@ def test_the_warm_up_cache_key_names_what_the_teacher_depends_on(tmp_path):
     assert shipped_gold(warmup_cache(other, "t")[0]) is None  # the shipped rows open otherwise
 
 
+@pytest.mark.slow
 def test_the_warm_up_trains_on_the_shipped_rows_and_is_cached(tmp_path, ray_cluster):
     """A one-step warm-up (all 128 shipped rows in one batch, cut to 1,024 tokens, which is not
     part of the gold key) through resolve_models, then the cache: no second warm-up."""
@@ -90,6 +93,7 @@ def test_the_warm_up_trains_on_the_shipped_rows_and_is_cached(tmp_path, ray_clus
     assert (tmp_path / teacher.rsplit("/", 1)[1]).stat().st_mtime_ns == stamp
 
 
+@pytest.mark.slow
 def test_the_warm_up_sft_is_the_same_teacher_twice(tmp_path, ray_cluster, tiny_models):
     """The warm-up's SFT, seeded, run twice on 8 shipped rows: the same weights digest (what
     makes the tiny teacher the same on every machine)."""
@@ -111,6 +115,7 @@ def test_the_warm_up_sft_is_the_same_teacher_twice(tmp_path, ray_cluster, tiny_m
     assert digests[0] != weights_digest(Path(tiny_models["teacher"]))  # it trained
 
 
+@pytest.mark.slow
 def test_teacher_demonstrations_open_with_the_students_own_sampled_turns(tiny_models, ray_cluster):
     """Live: the (untrained, random) tiny student plays its first turns on the drawn games, and
     the teacher's demonstrations there open with exactly those replies, student-owned, then gold."""

@@ -20,7 +20,6 @@ from rose_ray.errors import ConfigError, InputError
 from rose_ray.types import CONTEXT_TOKENS, SamplingParams, Turn
 
 FinishReason = Literal["stop", "length", "context"]
-ContextPolicy = Literal["drop_oldest", "end_episode"]
 CONTEXT_POLICIES: tuple[str, ...] = ("drop_oldest", "end_episode")
 BACKENDS: tuple[str, ...] = ("hf", "vllm", "openai")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16")

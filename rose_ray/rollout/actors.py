@@ -119,7 +119,7 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
     student_tok = load_tokenizer(student.tokenizer or student.model)
     student_chat = ChatFormat(student_tok, enable_thinking, history)
     spawn = spawner(student, student_cpus, student_gpus, student_options)
-    student_agent = Agent(spawn(), student_chat, student.model, student.context_tokens, student.keep_first_turns,
+    student_agent = Agent(spawn(), student_chat, student.model, keep_first_turns=student.keep_first_turns,
                           spawn=spawn)
     if teacher is None:
         return student_agent, None
@@ -129,8 +129,8 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
     chat = (student_chat if same_tokenizer(student_tok, teacher_tok)
             else ChatFormat(teacher_tok, enable_thinking, history))
     spawn = spawner(teacher, teacher_cpus, teacher_gpus, teacher_options)
-    teacher_agent = Agent(spawn(), chat, teacher.model or teacher.base_url, teacher.context_tokens,
-                          teacher.keep_first_turns, spawn=spawn)
+    teacher_agent = Agent(spawn(), chat, teacher.model or teacher.base_url,
+                          keep_first_turns=teacher.keep_first_turns, spawn=spawn)
     return student_agent, teacher_agent
 
 

@@ -65,12 +65,11 @@ class EnvSlot:
 
 @dataclass
 class Agent:
-    """An engine actor, the chat format of its tokenizer, and its context size."""
+    """An engine actor, the chat format of its tokenizer, and its context settings."""
 
     engine: Any
     chat: ChatFormat
     name: str = ""
-    context_tokens: int = 1 << 30
     keep_first_turns: int = 1  # the engine's: turns after the opening its context policy never drops
     # spawn(generation): a replacement engine actor, same config, resources and placement
     # (set by start_agents; the run's EngineSupervisor swaps it in when `engine` is lost).

@@ -151,9 +151,6 @@ def turn_policy(value: Any = "fixed", **keys: Any) -> TurnPolicy:
     return chosen_section(TurnPolicy.KINDS, "policy", value, KEY)
 
 
-HANDOFF_POLICIES = tuple(TurnPolicy.KINDS)
-
-
 def decay_takes_over(seed: str, turn: int, p: float) -> bool:
     """Whether the teacher takes over at `turn` (decay): one uniform draw from a generator
     seeded by the episode's seed and the turn, below p. String seeds hash the same in every
