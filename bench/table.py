@@ -26,7 +26,7 @@ learner seed, decay draws; the student's sampling is not seeded). Every cell is 
 seeds and held-out games with a 95% bootstrap interval: games resampled (the same games for
 every seed and arm) and seeds resampled. `ROSE - SFT` rows give the paired difference.
 
-    python bench/table.py --config small   # 3 seeds, 48 test games (82 min on 2 cores, tier built)
+    python bench/table.py --config small   # 3 seeds, 48 test games (82 min on 2 cores at 32 steps; 128 now)
     python bench/table.py                  # the tiny default, 3 seeds (~50 min, teacher cached)
     python bench/table.py --quick          # smoke run: 1 seed x 2 steps, 4 games
     python bench/table.py --config small --resume   # finish the latest run's missing arms
