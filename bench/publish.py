@@ -1,7 +1,7 @@
 """Weight publication benchmark (not a test): learner rank 0's weights into a real engine actor,
 per stage, for each `publish.method`, beside bounds measured in the same run.
 
-    python bench/publish.py [--quick] [--busy] [--sizes 0.3 1.0] [--repeats 3]
+    python bench/publish.py [--quick] [--busy [--busy-tokens 512]] [--sizes 0.3 1.0] [--repeats 3]
 
 The states are synthetic: Qwen3-0.6B-shaped bf16 tensors (hidden 1024, 16 query / 8 key-value
 heads of 128, MLP 3072, a 32,768-token tied embedding), with as many layers as make 0.3 or
@@ -24,15 +24,17 @@ load), and a memcpy of every tensor's bytes into a preallocated buffer. `fractio
 = the raw broadcast's ms/MB over a method's total ms/MB. Projected: a method's total for the
 3.4 GB of Qwen3-1.7B in bf16 at the same ms/MB (linear in bytes, as the rows show or not).
 
-Busy (`--busy`): after the idle rounds, each method publishes again while the engine generates
-BUSY_REQUESTS requests of BUSY_TOKENS new tokens (greedy; submitted just before the publication
-in one `generate_many` call, already decoding in one batch when it starts: the engine has no ignore-EOS switch, so the
-tokens each produced are reported), once with `publish.wait_for_load` true and once false. Per
-row: `publish_wall_ms`, rank 0's wall time (gather and publish: what the learner waits), and
+Busy (`--busy`, opt-in): after the idle rounds, each method publishes again while the engine
+generates BUSY_REQUESTS requests of `--busy-tokens` new tokens (default BUSY_TOKENS; greedy;
+submitted just before the publication in one `generate_many` call, so that they decode in one
+batch, already running when it starts; the engine has no ignore-EOS switch, so the tokens each
+produced are reported), once with `publish.wait_for_load` true and once false. Per row:
+`publish_wall_ms`, rank 0's wall time (gather and publish: what the learner waits), and
 `serve_new_ms`, from the same start until the engine reports the new version (every request
-after that runs on it), polled every BUSY_POLL_S. One publication each (a batch of 512 tokens
-takes minutes here), after the idle rounds' warm-up. The idle rows carry the same fields
-(`busy` false, `wait_for_load` true: the engine serves the new version when publish returns).
+after that runs on it), polled every BUSY_POLL_S. One publication each, after the idle rounds'
+warm-up: on this 2-core machine a batch of 32 x 512 tokens took over 5 minutes, so runs here
+used `--busy-tokens 16` or 64. The idle rows carry the same fields (`busy` false,
+`wait_for_load` true: the engine serves the new version when publish returns).
 
 Prints a table and writes bench/results/publish.json (the latest; each run keeps its own copy in
 bench/results/publish/version_N/).
