@@ -1,7 +1,7 @@
 """Weight publication benchmark (not a test): learner rank 0's weights into a real engine actor,
 per stage, for each `publish.method`, beside bounds measured in the same run.
 
-    python bench/publish.py [--quick] [--sizes 0.3 1.0] [--repeats 3]
+    python bench/publish.py [--quick] [--busy [--busy-tokens 512]] [--sizes 0.3 1.0] [--repeats 3]
 
 The states are synthetic: Qwen3-0.6B-shaped bf16 tensors (hidden 1024, 16 query / 8 key-value
 heads of 128, MLP 3072, a 32,768-token tied embedding), with as many layers as make 0.3 or
@@ -24,6 +24,18 @@ load), and a memcpy of every tensor's bytes into a preallocated buffer. `fractio
 = the raw broadcast's ms/MB over a method's total ms/MB. Projected: a method's total for the
 3.4 GB of Qwen3-1.7B in bf16 at the same ms/MB (linear in bytes, as the rows show or not).
 
+Busy (`--busy`, opt-in): after the idle rounds, each method publishes again while the engine
+generates BUSY_REQUESTS requests of `--busy-tokens` new tokens (default BUSY_TOKENS; greedy;
+submitted just before the publication in one `generate_many` call, so that they decode in one
+batch, already running when it starts; the engine has no ignore-EOS switch, so the tokens each
+produced are reported), once with `publish.wait_for_load` true and once false. Per row:
+`publish_wall_ms`, rank 0's wall time (gather and publish: what the learner waits), and
+`serve_new_ms`, from the same start until the engine reports the new version (every request
+after that runs on it), polled every BUSY_POLL_S. One publication each, after the idle rounds'
+warm-up: on this 2-core machine a batch of 32 x 512 tokens took over 5 minutes, so runs here
+used `--busy-tokens 16` or 64. The idle rows carry the same fields (`busy` false,
+`wait_for_load` true: the engine serves the new version when publish returns).
+
 Prints a table and writes bench/results/publish.json (the latest; each run keeps its own copy in
 bench/results/publish/version_N/).
 """
@@ -37,6 +49,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +66,7 @@ VARIANTS = (("pickled", {"method": "pickled"}),
             ("collective", {"method": "collective"}),
             ("collective/b256", {"method": "collective", "bucket_mb": 256}))
 PROJECT_BYTES = 3.4e9  # Qwen3-1.7B in bf16
+BUSY_REQUESTS, BUSY_TOKENS, BUSY_PROMPT_TOKENS, BUSY_POLL_S = 32, 512, 16, 0.005
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 1024, 3072, 16, 8, 128, 32768
 
 
@@ -163,6 +177,53 @@ class Bounds:
         ray.kill(self.receiver)
 
 
+def busy_publication(model: Any, engine: Any, publisher: Any, version: int, seed: int,
+                     tokens: int = BUSY_TOKENS) -> dict[str, Any]:
+    """One publication while BUSY_REQUESTS greedy `tokens`-token requests decode on `engine`:
+    rank 0's wall time, the time until the engine reports `version`, and the requests' fate."""
+    import random
+
+    import ray
+
+    from rose_ray.inference.engine import GenerationRequest
+    from rose_ray.learner.weights import gather_state
+    from rose_ray.types import SamplingParams
+
+    rng = random.Random(seed)
+    before = ray.get(engine.stats.remote())["batcher_batches"]
+    old_version = ray.get(engine.version.remote())
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=tokens)
+    # one call, so that all of them reach the engine's queue at once and decode in one batch
+    # (separate calls reach a loaded machine's actor spread out, split over batches)
+    calls = engine.generate_many.remote([GenerationRequest(
+        prompt_ids=[rng.randrange(1000, 30000) for _ in range(BUSY_PROMPT_TOKENS)], sampling=sampling)
+        for _ in range(BUSY_REQUESTS)])
+    submitted = time.perf_counter()
+    while True:  # the requests decoding (their batch taken from the queue) before the publication
+        stats = ray.get(engine.stats.remote())
+        if stats["batcher_batches"] > before and stats["queued"] == 0:
+            break
+        time.sleep(BUSY_POLL_S)
+    t0 = time.perf_counter()
+    state = gather_state(model, zero3=False, keep=True)
+    gathered = time.perf_counter()
+    out = publisher.publish(state, [engine], version)
+    returned = time.perf_counter()
+    while ray.get(engine.version.remote()) != version:
+        time.sleep(BUSY_POLL_S)
+    served = time.perf_counter()
+    results = ray.get(calls)
+    done = time.perf_counter()
+    tokens = [len(r.token_ids) for r in results]
+    after = ray.get(engine.stats.remote())
+    out.update(gather_ms=(gathered - t0) * 1e3, publish_wall_ms=(returned - t0) * 1e3,
+               serve_new_ms=(served - t0) * 1e3, requests_done_ms=(done - t0) * 1e3,
+               decoding_before_ms=(t0 - submitted) * 1e3, tokens_min=min(tokens), tokens_max=max(tokens),
+               requests_on_old_version=sum(r.version == old_version for r in results),
+               batch_sizes=after["batcher_batch_sizes"][before - after["batcher_batches"]:])
+    return out
+
+
 def bench_size(tokenizer_dir: str, gib: float, root: Path, args: argparse.Namespace) -> tuple[list, dict]:
     """Rounds of: the bounds, then one publication by each variant (interleaved, so that
     the load of a shared machine falls on all alike); the first round warms up."""
@@ -174,7 +235,9 @@ def bench_size(tokenizer_dir: str, gib: float, root: Path, args: argparse.Namesp
 
     folder, model = build_model(tokenizer_dir, gib, root / f"qwen3_like_{gib}")
     bounds = Bounds(gather_state(model, zero3=False, keep=True))
-    engine = engine_actor(EngineConfig(model=folder, dtype="bfloat16", threads=1), num_cpus=1)
+    # a batch as large as the busy rows' requests, so that they decode together
+    engine = engine_actor(EngineConfig(model=folder, dtype="bfloat16", threads=1, max_batch_size=BUSY_REQUESTS),
+                          num_cpus=1)
     ray.get(engine.ready.remote())
     variants = [(label, settings) for label, settings in VARIANTS
                 if (not args.methods or settings["method"] in args.methods)
@@ -209,8 +272,33 @@ def bench_size(tokenizer_dir: str, gib: float, root: Path, args: argparse.Namesp
                      "fraction_of_bound": bound["gloo_broadcast_ms_per_mb"] / total,
                      "fraction_of_memcpy": bound["memcpy_ms_per_mb"] / total,
                      "projected_3p4gb_s": total * PROJECT_BYTES / 2**20 / 1e3,
-                     "runs_total_ms": [r["send_ms"] + r["gather_ms"] for r in done]})
+                     "runs_total_ms": [r["send_ms"] + r["gather_ms"] for r in done],
+                     "busy": False, "wait_for_load": True,
+                     "publish_wall_ms": statistics.median(r["send_ms"] + r["gather_ms"] for r in done),
+                     "serve_new_ms": statistics.median(r["send_ms"] + r["gather_ms"] for r in done)})
         print(f"  {gib} GiB {label}: {total:.3f} ms/MB", flush=True)
+    for label, settings in variants if args.busy else ():
+        for wait in (True, False):
+            publisher = publishers[label]  # the idle rows' (warm: a collective's group is joined)
+            publisher.config = replace(publisher.config, wait_for_load=wait)
+            version += 1
+            r = busy_publication(model, engine, publisher, version, seed=version, tokens=args.busy_tokens)
+            mb = r["mb"]
+            stage = {k: r[f"{k}_ms"] / mb for k in ("gather", "pack", "transfer", "load")}
+            wall = r["publish_wall_ms"] / mb  # the learner's wait, per MB: load 0 when not waited for
+            rows.append({"method": settings["method"], "variant": label, "settings": settings, "size_gib": gib,
+                         "mb": mb, "state": f"busy_{BUSY_REQUESTS}x{args.busy_tokens}",
+                         **{f"{k}_ms_per_mb": v for k, v in stage.items()}, "total_ms_per_mb": wall,
+                         "fraction_of_bound": bound["gloo_broadcast_ms_per_mb"] / wall,
+                         "fraction_of_memcpy": bound["memcpy_ms_per_mb"] / wall,
+                         "projected_3p4gb_s": wall * PROJECT_BYTES / 2**20 / 1e3,
+                         "runs_total_ms": [r["publish_wall_ms"]], "busy": True, "wait_for_load": wait,
+                         "in_flight": BUSY_REQUESTS, "max_new_tokens": args.busy_tokens,
+                         **{k: r[k] for k in ("publish_wall_ms", "serve_new_ms", "requests_done_ms",
+                                              "decoding_before_ms", "tokens_min", "tokens_max",
+                                              "requests_on_old_version", "batch_sizes")}})
+            print(f"  {gib} GiB {label} busy wait_for_load={wait}: rank 0 {r['publish_wall_ms']:.0f} ms, "
+                  f"serves new {r['serve_new_ms']:.0f} ms", flush=True)
     ray.kill(engine)
     del model, bounds
     shutil.rmtree(folder, ignore_errors=True)
@@ -224,6 +312,12 @@ def main() -> None:
     p.add_argument("--bucketed", action="store_true", help="also each flat method with 256 MB buckets (/b256)")
     p.add_argument("--methods", nargs="+", choices=("pickled", "object_store", "collective"), help="default: all")
     p.add_argument("--quick", action="store_true", help="0.3 GiB only, 3 repeats (~1-2 minutes)")
+    p.add_argument("--busy", action="store_true",
+                   help=f"also each method while {BUSY_REQUESTS} requests of {BUSY_TOKENS} tokens decode "
+                        "(wait_for_load true and false; on this 2-core machine 512 tokens took over 5 "
+                        "minutes a publication, so it is opt-in)")
+    p.add_argument("--busy-tokens", type=int, default=BUSY_TOKENS,
+                   help=f"new tokens per busy request (default {BUSY_TOKENS}, the issue's; fewer to fit a slow CPU)")
     args = p.parse_args()
     if args.quick:
         args.sizes, args.repeats = [0.3], 3
@@ -250,7 +344,7 @@ def main() -> None:
           "Qwen3-shaped bf16 state; ms per MB, median")
     print(f"{'GiB':>4} {'method':18} {'MB':>6} {'gather':>7} {'pack':>7} {'transfer':>9} {'load':>7} "
           f"{'total':>7} {'of bound':>9} {'3.4 GB s':>9}")
-    for r in rows:
+    for r in rows if not args.busy else [r for r in rows if not r["busy"]]:
         print(f"{r['size_gib']:4.1f} {r['variant']:18} {r['mb']:6.0f} {r['gather_ms_per_mb']:7.3f} "
               f"{r['pack_ms_per_mb']:7.3f} {r['transfer_ms_per_mb']:9.3f} {r['load_ms_per_mb']:7.3f} "
               f"{r['total_ms_per_mb']:7.3f} {r['fraction_of_bound']:9.2f} {r['projected_3p4gb_s']:9.2f}")
@@ -259,6 +353,16 @@ def main() -> None:
         print(f"{b['size_gib']:4.1f} raw gloo broadcast {b['gloo_broadcast_ms_per_mb']:.3f} "
               f"(3.4 GB: {b['gloo_broadcast_ms_per_mb'] * PROJECT_BYTES / 2**20 / 1e3:.2f} s), "
               f"memcpy {b['memcpy_ms_per_mb']:.3f} (3.4 GB: {b['memcpy_ms_per_mb'] * PROJECT_BYTES / 2**20 / 1e3:.2f} s)")
+    if args.busy:
+        print(f"\nbusy: the same publication while {BUSY_REQUESTS} greedy {args.busy_tokens}-token requests decode, "
+              "beside the idle row (median); ms from rank 0's gather")
+        print(f"{'GiB':>4} {'method':18} {'busy':>5} {'wait':>5} {'rank 0 wall':>11} {'serves new':>10} "
+              f"{'reqs done':>9} {'tokens':>9} {'on old':>6}")
+        for r in sorted(rows, key=lambda r: (r["size_gib"], r["variant"], r["busy"], not r["wait_for_load"])):
+            busy = (f"{r['requests_done_ms']:9.0f} {r['tokens_min']:4d}-{r['tokens_max']:<4d} "
+                    f"{r['requests_on_old_version']:6d}") if r["busy"] else f"{'-':>9} {'-':>9} {'-':>6}"
+            print(f"{r['size_gib']:4.1f} {r['variant']:18} {str(r['busy']).lower():>5} "
+                  f"{str(r['wait_for_load']).lower():>5} {r['publish_wall_ms']:11.0f} {r['serve_new_ms']:10.0f} {busy}")
     out = Path(__file__).parent / "results" / "publish.json"
     kept = keep_result(out, json.dumps({"args": vars(args), "load_average": os.getloadavg(),
                                         "seconds": time.perf_counter() - start, "rows": rows,
