@@ -65,6 +65,8 @@ import psutil
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import env_step  # noqa: E402  (bench/, this script's folder)
+
 from rose_ray.chat import ChatFormat  # noqa: E402
 from rose_ray.envs.protocol import parse_action  # noqa: E402
 from rose_ray.envs.sciworld.gold import DETOURS  # noqa: E402
@@ -131,14 +133,7 @@ def start_engines(tokenizer: Any, games: list[tuple[GameId, list[str]]]) -> tupl
 # --------------------------------------------------------------------------- processes
 def session_rss_gb() -> float:
     """RSS of this process and all its descendants (Ray's daemons and workers, the JVMs), GiB."""
-    me = psutil.Process()
-    total = me.memory_info().rss
-    for child in me.children(recursive=True):
-        try:
-            total += child.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total / 2**30
+    return env_step.rss_mb(os.getpid()) / 2**10
 
 
 def cpu_s(pids: list[int]) -> float:
