@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -47,10 +48,25 @@ def test_a_teacher_that_cannot_start_fails_the_run_before_any_eval(tiny_models, 
 
 
 def test_workers_output_reaches_the_drivers_log(tmp_path):
-    code = ("from rose_ray.rollout.actors import init_ray; import ray; init_ray(); "
-            "ray.get(ray.remote(lambda: print('hello from a worker', flush=True)).remote()); ray.shutdown()")
+    """Ray forwards a worker's output to the driver asynchronously (its log monitor tails the
+    worker's file), so the driver stays up until the test has read the line or 120 s passed."""
+    code = ("from rose_ray.rollout.actors import init_ray; import ray, sys; init_ray(); "
+            "ray.get(ray.remote(lambda: print('hello from a worker', flush=True)).remote()); "
+            "sys.stdin.read(); ray.shutdown()")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ""}
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert "hello from a worker" in out.stdout + out.stderr
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            seen.append(line)
+            if "hello from a worker" in line:
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=120)
+    proc.stdin.close()
+    assert proc.wait(timeout=120) == 0, "".join(seen)
+    assert any("hello from a worker" in line for line in seen), "".join(seen)
