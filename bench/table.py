@@ -76,7 +76,7 @@ ARMS = ("student", "sft", *ONLINE_ARMS, "teacher")
 METRICS = ("score", "success", "pass")
 # Beside each cell: how the arm's student plays the held-out games (evaluate.summarise).
 PLAY_RATES = ("invalid_action_rate", "cut_before_action_rate")
-# Per training arm, means over its learner steps (rose_ray/metrics.py; README: Diagnostics).
+# Per training arm, means over its learner steps (rose_ray/metrics.py; docs/results.md, per-step diagnostics).
 DIAGNOSTICS = ("rollout/student_valid_rate", "rollout/teacher_valid_rate", "learner/trained_tokens_student",
                "learner/trained_tokens_teacher", "learner/trained_truncated_rate", "learner/trained_repeated_rate",
                "learner/trained_invalid_rate")

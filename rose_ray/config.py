@@ -174,7 +174,7 @@ class ResourcesConfig:
 
 @dataclass
 class ReliabilityConfig:
-    """How a run outlives its actors (README: Reliability). Env workers restart on their own."""
+    """How a run outlives its actors (docs/reliability.md). Env workers restart on their own."""
 
     # Replacements per role (student engine, teacher engine, learner group) before the run
     # stops with an error naming the role, after a final checkpoint.

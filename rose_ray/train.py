@@ -21,7 +21,7 @@ on with the latest of them.
 
 Ctrl-C stops cleanly: the step in progress finishes, a final checkpoint and `model/` are
 written, and every JVM is closed. A lost env worker, engine or learner rank costs only the
-episodes or steps it was running (README: Reliability). A failure the parts cannot handle
+episodes or steps it was running (docs/reliability.md). A failure the parts cannot handle
 themselves reaches the loop as one exception from the run's failure channel, raised where it
 waits for a batch: a lost learner rank (LearnerLost) sends it back to the latest checkpoint
 with new ranks; a role lost for good or a stall (RoleFailed) ends the loop, and the stop writes

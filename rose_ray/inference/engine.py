@@ -121,7 +121,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     # openai backend
     base_url: str = "http://127.0.0.1:8000/v1"
-    api_key: str | None = None  # this endpoint's key (README: Served models: keys)
+    api_key: str | None = None  # this endpoint's key (docs/engines.md: Served models, keys)
     api_key_env: str | None = None  # else the environment variable holding it (default: $ROSE_RAY_API_KEY)
     timeout_s: float = 600.0
     # How long to keep retrying a server that does not answer (down, restarting, overloaded),

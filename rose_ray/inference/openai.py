@@ -7,7 +7,7 @@ on the ids the server sampled. Scoring uses vLLM's `prompt_logprobs`, falling ba
 `echo` + `logprobs`. Standard library only (urllib); a batch's requests go out concurrently
 from a thread pool so the server can batch them.
 
-What a failure means (README: Reliability):
+What a failure means (docs/reliability.md):
 - a 4xx is the request's fault: raised at once (`OpenAIServerError`), it fails one episode;
 - a server that does not answer, or answers 5xx, gets `retry_s` to come back, then the engine
   gives up (`OpenAIServerGone`: the run replaces the engine, counting a restart of its role);
