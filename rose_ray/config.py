@@ -23,7 +23,7 @@ from rose_ray.envs.config import EnvConfig
 from rose_ray.errors import ConfigError, InputError
 from rose_ray.inference.engine import EngineConfig
 from rose_ray.learner.learner import LearnerConfig
-from rose_ray.learner.weights import PublishConfig
+from rose_ray.learner.weights import KEEPING_BACKENDS, PublishConfig
 from rose_ray.recipes import Recipe, get_recipe
 from rose_ray.rollout.report import REPORT_MODES
 from rose_ray.types import SamplingParams
@@ -271,6 +271,11 @@ class TrainConfig:
             raise ConfigError(f"publish.method: collective needs a student engine that is a local Ray actor "
                               f"(backend hf or vllm), not {self.student_engine.backend!r}; use "
                               "publish.method=object_store or auto")
+        if self.publish.in_flight == "keep" and self.student_engine.backend not in KEEPING_BACKENDS:
+            raise ConfigError(f"publish.in_flight: keep loads the weights under an engine's running requests, "
+                              f"which only the {'/'.join(KEEPING_BACKENDS)} backend can (the hf backend generates "
+                              f"a batch to its end; an openai engine takes no weights); student_engine.backend is "
+                              f"{self.student_engine.backend!r}: use publish.in_flight=wait")
         recipe.check(self)
         if self.chat.history == "template" and recipe.teacher_scores_student():
             setting = recipe.scoring_key.split(".")[1:]  # `algorithm` itself, or one of its keys

@@ -52,7 +52,9 @@ class Turn:
     not sampled (the learner gives that id no loss). `frame`: how many leading ids are the chat
     template's framing (a role header; chat.history=template), context only; `close`: how many
     trailing ids follow the turn's end-of-turn id (the template's closing text or generation
-    prompt on a conversation's last turn), context only.
+    prompt on a conversation's last turn), context only. `policy_version_end`: set when a weight
+    update landed while the reply was sampled (publish.in_flight keep), the version of its last
+    tokens; `policy_version`, the one it started on, is what the learner and the buffer count.
     """
 
     role: Role
@@ -65,6 +67,7 @@ class Turn:
     truncated: bool = False
     frame: int = 0
     close: int = 0
+    policy_version_end: int | None = None
 
 
 @dataclass

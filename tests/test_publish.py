@@ -126,6 +126,21 @@ def test_publish_config_names_an_unknown_method_and_a_collective_without_an_acto
     assert load_config(None, []).publish.method == "auto"
 
 
+def test_publish_in_flight_is_validated_naming_the_key():
+    from rose_ray.config import load_config
+    from rose_ray.learner.weights import PublishConfig
+
+    with pytest.raises(ConfigError, match=r"publish.in_flight: must be one of \('wait', 'keep'\), got 'abort'"):
+        load_config(None, ["publish.in_flight=abort"])
+    with pytest.raises(ConfigError, match="publish.in_flight_wait_ms: must be >= 0"):
+        load_config(None, ["publish.in_flight_wait_ms=-1"])
+    with pytest.raises(ConfigError, match="publish.in_flight: keep .* student_engine.backend is 'hf'"):
+        load_config(None, ["publish.in_flight=keep", "student_engine.backend=hf"])
+    assert load_config(None, []).publish.in_flight == "wait"  # the drain stays the default
+    assert PublishConfig().keep_after_ms is None
+    assert PublishConfig(in_flight="keep", in_flight_wait_ms=250).keep_after_ms == 250.0
+
+
 # ------------------------------------------------------------------ into engine actors
 
 
@@ -275,3 +290,80 @@ def test_a_publication_that_does_not_wait_for_the_load_is_still_ordered_before_l
     ready, _ = ray_cluster.wait([in_flight], timeout=2)  # (its reply may still be on the way)
     assert ready and out["load_ms"] > 0  # the load waited for the request in flight
     assert ray_cluster.get(in_flight).version == 2 and actor_greedy(hf_actor, prompts) == fresh[3]
+
+
+def test_keep_is_refused_by_an_engine_that_cannot_keep(weights, hf_actor, ray_cluster):
+    """An hf engine generates a batch to its end: `keep` is refused, naming the key, and the
+    engine is left as it was."""
+    from rose_ray.learner.weights import PublishConfig, WeightPublisher
+
+    _, prompts, states, fresh, _ = weights
+    WeightPublisher(PublishConfig(method="object_store")).publish(states[1], [hf_actor], 1)
+    with pytest.raises(Exception, match="publish.in_flight: keep .* hf backend cannot"):
+        WeightPublisher(PublishConfig(method="object_store", in_flight="keep")).publish(states[2], [hf_actor], 2)
+    assert ray_cluster.get(hf_actor.version.remote()) == 1 and actor_greedy(hf_actor, prompts) == fresh[1]
+
+
+def _decoding(actor, ray_cluster, steps_before: int, steps: int = 5) -> None:
+    """Until the engine has stepped `steps` more times (a request in flight is sampling)."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while ray_cluster.get(actor.stats.remote())["steps"] < steps_before + steps:
+        assert time.monotonic() < deadline, "the request in flight never started decoding"
+        time.sleep(0.01)
+
+
+@pytest.mark.slow  # a 3000-token request decoded twice over (30-100 s here)
+@pytest.mark.parametrize("method", ["object_store", "collective"])
+def test_a_vllm_publication_that_keeps_requests_in_flight_does_not_wait_for_them(method, weights, ray_cluster):
+    """`publish.in_flight: keep` on a vLLM engine: with a long request decoding, a publication
+    that waits for the load returns while the request still runs; the request finishes on the
+    new weights (its version the one it started on, `version_end` the new one, and its tokens
+    after the swap what the new weights continue its prefix with); later calls answer as a
+    fresh load of the new weights. `wait` (the default) still drains: it returns only after
+    the request in flight, which then ran on the old weights throughout."""
+    pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
+    from rose_ray.inference.actor import engine_actor
+    from rose_ray.learner.weights import PublishConfig, WeightPublisher
+
+    config, prompts, states, fresh, folders = weights
+    actor = engine_actor(replace(config, backend="vllm", model=str(folders[2]), kv_cache_mb=64,
+                                 context_tokens=4096), num_cpus=1)
+    long = GenerationRequest(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=3000))
+    try:
+        assert actor_greedy(actor, prompts) == fresh[2]
+        publisher = WeightPublisher(PublishConfig(method=method, in_flight="keep", in_flight_wait_ms=0))
+        publisher.publish(states[2], [actor], 2)  # (a warm publication: a collective's group is joined)
+
+        steps = ray_cluster.get(actor.stats.remote())["steps"]
+        in_flight = actor.generate.remote(long)
+        _decoding(actor, ray_cluster, steps)
+        out = publisher.publish(states[3], [actor], 3)
+        ready, _ = ray_cluster.wait([in_flight], timeout=0)
+        assert not ready and out["versions"] == [3] and out["load_ms"] > 0  # loaded, the request still running
+        assert actor_greedy(actor, prompts) == fresh[3]  # while it runs: calls after it are on the new weights
+        kept = ray_cluster.get(in_flight)
+        assert kept.finish_reason == "length" and len(kept.token_ids) == len(kept.logprobs) == 3000
+        assert kept.version == 2 and kept.version_end == 3
+        swap = kept.tokens_on_version
+        assert 0 < swap < len(kept.token_ids)
+        # the tokens after the swap are the new weights' continuation of the tokens before it:
+        # the request's keys/values were recomputed, not left from the old weights
+        cont = ray_cluster.get(actor.generate.remote(GenerationRequest(
+            prompts[0] + kept.token_ids[:swap], replace(GREEDY, max_new_tokens=10))))
+        assert cont.token_ids == kept.token_ids[swap:swap + 10]
+        stats = ray_cluster.get(actor.stats.remote())
+        assert stats["updates_kept"] >= 1 and stats["requests_kept"] >= 1
+
+        steps = stats["steps"]
+        in_flight = actor.generate.remote(replace(long, sampling=replace(long.sampling, max_new_tokens=400)))
+        _decoding(actor, ray_cluster, steps)
+        WeightPublisher(PublishConfig(method=method)).publish(states[2], [actor], 4)
+        ready, _ = ray_cluster.wait([in_flight], timeout=2)  # (its reply may still be on the way)
+        assert ready  # the drain: the load waited for the request in flight
+        drained = ray_cluster.get(in_flight)
+        assert drained.version == 3 and drained.version_end is None and drained.tokens_on_version is None
+        assert actor_greedy(actor, prompts) == fresh[2]
+    finally:
+        ray_cluster.kill(actor)

@@ -12,7 +12,9 @@ Weights arrive three ways (rose_ray/learner/weights.py chooses, `publish.method`
 `update_weights(state)` a dict; `load_weights(flat)` a FlatState (flat byte buffers through
 the object store); or `receive_weights(group, header)` after `join_weight_group`, the buckets by
 broadcast from the learner's rank 0. A broadcast is received at once, while generation goes
-on; only the load into the model queues behind the calls already submitted.
+on; only the load into the model queues behind the calls already submitted (or, with
+`keep_after_ms`, publish.in_flight keep on a vllm engine, loads under those still running after
+that long: rose_ray/inference/vllm_engine.py).
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ class EngineActorImpl:
             return self.engine.version
 
     async def load_weights(self, state: dict[str, Any] | FlatState, version: int,
-                           wait: bool = True) -> dict[str, float]:
+                           wait: bool = True, keep_after_ms: float | None = None) -> dict[str, float]:
         """`update_weights` for a dict or a FlatState (unpacked into views, no copy); returns
         `load_ms` (the wait behind calls submitted before it included) and the version. With
         `wait` false it returns once the update is queued (`_load`)."""
@@ -120,15 +122,28 @@ class EngineActorImpl:
             await self._settle()
             if isinstance(state, FlatState):
                 state = unpack(state)
-            return await self._load(state, version, wait)
+            return await self._load(state, version, wait, keep_after_ms)
 
-    async def _load(self, state: dict[str, Any], version: int, wait: bool) -> dict[str, float]:
+    def _check_keep(self, keep_after_ms: float | None) -> None:
+        from rose_ray.learner.weights import KEEPING_BACKENDS
+
+        if keep_after_ms is not None and self.config.backend not in KEEPING_BACKENDS:
+            raise ValueError(f"publish.in_flight: keep loads weights under running requests, which the "
+                             f"{self.config.backend} backend cannot (it generates a batch to its end); "
+                             f"backends that can: {KEEPING_BACKENDS}; use publish.in_flight=wait")
+
+    async def _load(self, state: dict[str, Any], version: int, wait: bool,
+                    keep_after_ms: float | None = None) -> dict[str, float]:
         """Queue the update behind the calls already submitted (every call submitted after this
-        returns runs on the new weights). `wait`: until it is loaded; else at once (`load_ms`
+        returns runs on the new weights; those running, with `keep_after_ms`, after at most that
+        long go on under the new weights). `wait`: until it is loaded; else at once (`load_ms`
         0, `queued` 1), the publisher not held for this engine's longest call in flight, and
         the next publication waits for this load first (and raises its error, if any)."""
+        self._check_keep(keep_after_ms)  # (after a broadcast, which rank 0 sends whatever happens here)
         start = time.perf_counter()
-        loaded = self._batcher().queue_weights(state, version)
+        batcher = self._batcher()
+        loaded = (batcher.queue_weights(state, version) if keep_after_ms is None
+                  else batcher.queue_weights(state, version, keep_after_ms))
         if not wait:
             self._loading = loaded
             return {"load_ms": 0.0, "version": float(version), "queued": 1.0}
@@ -159,7 +174,7 @@ class EngineActorImpl:
             self._weight_groups.pop(next(iter(self._weight_groups)))
 
     async def receive_weights(self, group: str, header_json: str, version: int,
-                              wait: bool = True) -> dict[str, float]:
+                              wait: bool = True, keep_after_ms: float | None = None) -> dict[str, float]:
         """One publication by broadcast: its buckets into this actor's buffers now, then loaded
         as `update_weights` (behind the calls submitted before it; `wait` as in `_load`). The
         learner's rank 0 broadcasts the buckets the header describes; one publication at a time
@@ -179,7 +194,7 @@ class EngineActorImpl:
                     flat = await asyncio.to_thread(weight_group.receive, header, self._receive_buffers)
                 self._receive_buffers = flat.buffers
                 received = time.perf_counter()
-                out = await self._load(unpack(flat), version, wait)
+                out = await self._load(unpack(flat), version, wait, keep_after_ms)
                 return {"receive_ms": (received - start) * 1e3, **out}
 
     async def version(self) -> int:

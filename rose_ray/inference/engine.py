@@ -72,6 +72,10 @@ class GenerationResult:
     `logprobs[i]` is the model's logprob of `token_ids[i]`. finish_reason "context" means the
     prompt left no room (policy end_episode, or nothing left to drop): no tokens were sampled.
     `dropped_turns` counts turns the drop_oldest policy removed from the front of the history.
+    `version` is the weights' version it started on. A weight update that landed while it ran
+    (publish.in_flight keep; the vllm backend) sets `version_end`, the version that sampled its
+    last tokens, and `tokens_on_version`: its first that many tokens (and their logprobs) are
+    `version`'s, the rest a later one's. Both None when one version sampled it all.
     """
 
     text: str
@@ -83,6 +87,8 @@ class GenerationResult:
     request_id: str = ""
     dropped_turns: int = 0
     top_logprobs: list[dict[int, float]] | None = None
+    version_end: int | None = None
+    tokens_on_version: int | None = None
 
 
 @dataclass

@@ -11,11 +11,23 @@ raw logprobs (vLLM's `raw_logprobs`: the model's log-softmax before temperature 
 finish reasons out; `score` by `prompt_logprobs`; the same context policies and per-request
 seeds; every result carries the weight version it was sampled with.
 
-Weight updates are barriers: requests submitted before one finish on the old weights,
-requests after it wait. The new weights are reloaded in place through vLLM's worker
-(`reload_weights`, which takes checkpoint-format names; `load_weights` alone fails on CPU,
-where linear weights are repacked after loading), and the prefix cache is reset: its keys
-and values belong to the old weights, and prompts longer than one KV block would reuse them.
+Weight updates come in order with the requests: requests submitted after one run on the new
+weights. Those running when it comes either finish first (a drain: `keep_after_ms` None, the
+default, publish.in_flight `wait`) or, given `keep_after_ms` (publish.in_flight `keep`), are
+waited for at most that long from the update's submission and then kept: the weights are
+reloaded between two engine steps and every running request is preempted, as vLLM's own
+`pause_generation(mode="keep", clear_cache=True)` does (`reset_prefix_cache(
+reset_running_requests=True)`: their blocks freed, requeued at the front), so its keys and
+values are recomputed by the new weights when it is next scheduled and it goes on sampling
+from them. Its result keeps the version it started on (`version`, what staleness counts) and
+says where the weights changed (`version_end`, `tokens_on_version`); the logprobs of its tokens
+sampled before that are the old weights', as PipelineRL's in-flight updates leave them. Score
+requests are never kept: an update waits for those running (one forward pass each).
+
+The new weights are reloaded in place through vLLM's worker (`reload_weights`, which takes
+checkpoint-format names; `load_weights` alone fails on CPU, where linear weights are repacked
+after loading), and the prefix cache is reset: its keys and values belong to the old weights,
+and prompts longer than one KV block would reuse them.
 """
 
 from __future__ import annotations
@@ -76,6 +88,9 @@ class _Job:
     prompt: list[int] = field(default_factory=list)
     dropped: int = 0
     vllm_id: str = ""
+    submitted: float = field(default_factory=time.perf_counter)
+    version: int = 0  # the weights' version when it started
+    tokens_on_version: int | None = None  # its tokens sampled before an update landed under it
 
 
 def _deliver(job: _Job, result: Any = None, error: BaseException | None = None) -> None:
@@ -110,7 +125,7 @@ class VLLMEngine:
         self._counters: dict[str, Any] = {
             "requests": 0, "generated_tokens": 0, "prompt_tokens": 0, "prefix_cached_tokens": 0,
             "score_calls": 0, "weight_updates": 0, "steps": 0, "sequence_steps": 0, "busy_s": 0.0,
-            "weights_s": 0.0}
+            "weights_s": 0.0, "updates_kept": 0, "requests_kept": 0}
         self._running_sizes: deque[int] = deque(maxlen=1024)
         started: concurrent.futures.Future = concurrent.futures.Future()
         import torch
@@ -176,14 +191,15 @@ class VLLMEngine:
         futures = [self.submit("score", (list(p), list(c))) for p, c in pairs]
         return [f.result() for f in futures]
 
-    def update_weights(self, state: dict[str, Any], version: int) -> None:
-        """Reload `state` (checkpoint names -> tensors or arrays) in place once the requests
-        submitted before it have finished; later requests run on the new weights."""
-        self.submit("weights", (state, int(version))).result()
+    def update_weights(self, state: dict[str, Any], version: int, keep_after_ms: float | None = None) -> None:
+        """Reload `state` (checkpoint names -> tensors or arrays) in place; later requests run
+        on the new weights. The requests running when it comes finish first, or with
+        `keep_after_ms`, once that long has passed, go on under the new weights (module docstring)."""
+        self.submit("weights", (state, int(version), keep_after_ms)).result()
 
     def clear_prefix_cache(self) -> None:
         """Forget cached prefixes (a benchmark's cold start; weights unchanged)."""
-        self.submit("weights", (None, self._version)).result()
+        self.submit("weights", (None, self._version, None)).result()
 
     def frontend(self) -> VLLMFrontend:
         """The async face the engine actor and the HTTP server use (no batching of its own:
@@ -277,10 +293,10 @@ class VLLMEngine:
                     if job.kind == "close":
                         raise _Closed
                     if job.kind == "weights":
-                        if running:
-                            break  # the barrier: requests before it finish on the old weights
+                        if running and not self._keep_now(job, running):
+                            break  # the barrier: requests before it finish on the old weights (for now)
                         waiting.popleft()
-                        self._reload(job)
+                        self._reload(job, running)
                         continue
                     waiting.popleft()
                     if not job.future.cancelled():
@@ -326,6 +342,16 @@ class VLLMEngine:
                 break
         return max(1, sum(j.kind == "generate" for j in waiting))
 
+    @staticmethod
+    def _keep_now(job: _Job, running: dict[str, _Job]) -> bool:
+        """Whether a weights job may load under the running requests now: it keeps them
+        (`keep_after_ms` given), has waited that long, and no score request is running (its
+        prompt logprobs come in pieces, which a preemption would compute twice)."""
+        keep_after_ms = job.payload[2]
+        if keep_after_ms is None or (time.perf_counter() - job.submitted) * 1e3 < keep_after_ms:
+            return False
+        return all(j.kind == "generate" for j in running.values())
+
     def _add(self, job: _Job, running: dict[str, _Job]) -> None:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -351,6 +377,7 @@ class VLLMEngine:
             )
             self._counters["requests"] += 1
             self._counters["prompt_tokens"] += len(ids)
+        job.version = self._version
         (job.vllm_id,) = self._llm.enqueue([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
         # vLLM's id is "<the id outputs carry>-<8 random characters>" (assign_request_id).
         running[job.vllm_id.rsplit("-", 1)[0]] = job
@@ -401,8 +428,10 @@ class VLLMEngine:
         self._counters["prefix_cached_tokens"] += int(out.num_cached_tokens or 0)
         return GenerationResult(
             text=text, token_ids=ids, logprobs=logprobs, finish_reason=o.finish_reason,
-            prompt_tokens=len(job.prompt), version=self._version, request_id=request.request_id,
+            prompt_tokens=len(job.prompt), version=job.version, request_id=request.request_id,
             dropped_turns=job.dropped, top_logprobs=top,
+            version_end=None if job.tokens_on_version is None else self._version,
+            tokens_on_version=job.tokens_on_version,
         )
 
     @staticmethod
@@ -411,23 +440,47 @@ class VLLMEngine:
         entries = out.prompt_logprobs[-len(completion):]
         return [float(entry[t].logprob) for entry, t in zip(entries, completion)]
 
-    def _reload(self, job: _Job) -> None:
-        state, version = job.payload
+    def _reload(self, job: _Job, running: dict[str, _Job]) -> None:
+        """Load a weights job's state (None: only forget cached prefixes), under `running`
+        requests where `_keep_now` allowed it: they are preempted, to be recomputed on the new
+        weights, and their results remember where the weights changed."""
+        state, version, _ = job.payload
         t0 = time.perf_counter()
         try:
             if state is not None:
                 weights = self._checkpoint_weights(state)
+                sampled = self._sampled_so_far(running) if running else {}
                 self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                                    "is_checkpoint_format": True})
                 self._version = version
                 self._counters["weight_updates"] += 1
-            # Keys/values computed by the old weights are stale (and a cold start wants none).
-            self._llm.reset_prefix_cache()
+                for key, held in running.items():
+                    n = sampled.get(key)
+                    if n == 0:  # nothing sampled yet (queued in vLLM, or prefilling): all on the new weights
+                        held.version = version
+                    elif held.tokens_on_version is None:  # (a second update under it changes nothing here)
+                        # n None: vLLM's scheduler did not say; count none as the old weights'
+                        held.tokens_on_version = n if n is not None else 0
+                        self._counters["requests_kept"] += 1
+                self._counters["updates_kept"] += bool(running)
+            # Keys/values computed by the old weights are stale (and a cold start wants none);
+            # running requests' too, when there are any (kept: recomputed when next scheduled).
+            self._llm.reset_prefix_cache(reset_running_requests=bool(running))
         except (KeyError, ValueError) as e:  # a bad state: the caller's error, the engine is fine
             _deliver(job, error=e)
             return
         self._counters["weights_s"] += time.perf_counter() - t0
         _deliver(job, None)
+
+    def _sampled_so_far(self, running: dict[str, _Job]) -> dict[str, int]:
+        """Tokens each running request has sampled so far, from vLLM's scheduler (this
+        process's engine core; {} where it is out of reach, e.g. a future vLLM's layout)."""
+        try:
+            requests = self._llm.llm_engine.engine_core.engine_core.scheduler.requests
+            return {key: int(requests[job.vllm_id].num_output_tokens)
+                    for key, job in running.items() if job.vllm_id in requests}
+        except AttributeError:
+            return {}
 
     def _checkpoint_weights(self, state: dict[str, Any]) -> list[tuple[str, Any]]:
         """(name, tensor) pairs in the model folder's checkpoint names, checked against them
@@ -494,10 +547,10 @@ class VLLMFrontend:
     async def update_weights(self, state: dict[str, Any], version: int) -> None:
         await self.queue_weights(state, version)
 
-    def queue_weights(self, state: dict[str, Any], version: int) -> asyncio.Future:
-        """Queue a weight update now (requests submitted after it run on the new weights); the
-        future resolves once they are loaded."""
-        return asyncio.wrap_future(self.engine.submit("weights", (state, int(version))))
+    def queue_weights(self, state: dict[str, Any], version: int, keep_after_ms: float | None = None) -> asyncio.Future:
+        """Queue a weight update now (requests submitted after it run on the new weights;
+        `keep_after_ms` as in `VLLMEngine.update_weights`); the future resolves once they are loaded."""
+        return asyncio.wrap_future(self.engine.submit("weights", (state, int(version), keep_after_ms)))
 
     def stats(self) -> dict[str, Any]:
         return {}

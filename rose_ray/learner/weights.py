@@ -15,7 +15,9 @@ tensor pickled), by one of:
   `object_store` (across nodes without a shared fabric).
 
 Each engine loads the weights between its batches (behind the calls submitted before them),
-so the returned version is the version every later request is sampled with.
+so the returned version is the version every later request is sampled with. The requests
+running when they come finish on the old weights first (`publish.in_flight: wait`), or, on a
+vllm engine, go on under the new ones after at most `publish.in_flight_wait_ms` (`keep`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from rose_ray.errors import ConfigError, InputError
 from rose_ray.files import is_empty_folder, swap_in, temp_sibling
 
 PUBLISH_METHODS = ("auto", "object_store", "collective", "pickled")
+IN_FLIGHT = ("wait", "keep")  # publish.in_flight (PublishConfig)
+KEEPING_BACKENDS = ("vllm",)  # engine backends that can load weights under running requests
 # What `auto` picks where every engine is a local actor: the faster of the two flat paths as
 # bench/publish.py measured them on one node. On this CPU machine the object store (shared
 # memory) was as fast or faster than gloo over loopback (e.g. 1 GiB: 0.44 vs 0.77 ms/MB), and
@@ -192,6 +196,19 @@ class PublishConfig:
     # false: rank 0 goes on at once instead of waiting for the engine's calls in flight (its
     # longest request) and the load; a failed load is raised by the next publication.
     wait_for_load: bool = True
+    # The requests an engine is running when the weights come. `wait`: they finish on the old
+    # weights first (a drain: the load, and everything submitted after it, waits for the
+    # engine's longest request). `keep` (vllm only): they are waited for at most
+    # `in_flight_wait_ms`, then the weights load under them and they go on sampling from the
+    # new ones (their keys/values recomputed; vLLM's pause_generation(mode="keep")), so neither
+    # the engine nor a learner that waits for the load waits for a long request. Such a
+    # request's result keeps the version it started on (what max_lag counts: conservative) and
+    # says where the weights changed (GenerationResult.version_end, tokens_on_version); the
+    # logprobs of its tokens from before that are the old weights', as PipelineRL's in-flight
+    # updates leave them. `wait` stays the default: bench/publish.py --busy measured both
+    # (docs/engines.md "How the weights travel"), and `keep` changes what a trajectory holds.
+    in_flight: str = "wait"  # wait | keep
+    in_flight_wait_ms: float = 0.0  # keep: the most a publication waits for running requests
 
     def __post_init__(self) -> None:
         if self.method not in PUBLISH_METHODS:
@@ -201,6 +218,15 @@ class PublishConfig:
                 raise ConfigError(f"publish.{key}: must be >= 0 (0: no buckets), got {getattr(self, key)!r}")
         if not self.timeout_s > 0:
             raise ConfigError(f"publish.timeout_s: must be > 0, got {self.timeout_s!r}")
+        if self.in_flight not in IN_FLIGHT:
+            raise ConfigError(f"publish.in_flight: must be one of {IN_FLIGHT}, got {self.in_flight!r}")
+        if not self.in_flight_wait_ms >= 0:
+            raise ConfigError(f"publish.in_flight_wait_ms: must be >= 0, got {self.in_flight_wait_ms!r}")
+
+    @property
+    def keep_after_ms(self) -> float | None:
+        """What an engine's load takes: None to drain, else how long to wait before keeping."""
+        return float(self.in_flight_wait_ms) if self.in_flight == "keep" else None
 
 
 def _actor_key(engine: Any) -> str:
@@ -257,7 +283,8 @@ class WeightPublisher:
         wire = to_wire(state)
         t1 = time.perf_counter()
         ref = ray.put(wire)
-        loads = ray.get([e.load_weights.remote(ref, version, self.config.wait_for_load) for e in engines])
+        loads = ray.get([e.load_weights.remote(ref, version, self.config.wait_for_load, self.config.keep_after_ms)
+                          for e in engines])
         return self._timings(wire_mb(wire), t0, t1, loads)
 
     def _object_store(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
@@ -272,7 +299,8 @@ class WeightPublisher:
         flat = flat.numpy()
         t1 = time.perf_counter()
         ref = ray.put(flat)
-        loads = ray.get([e.load_weights.remote(ref, version, self.config.wait_for_load) for e in engines])
+        loads = ray.get([e.load_weights.remote(ref, version, self.config.wait_for_load, self.config.keep_after_ms)
+                          for e in engines])
         return self._timings(flat.nbytes / 2**20, t0, t1, loads)
 
     def _collective(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
@@ -288,7 +316,8 @@ class WeightPublisher:
         try:
             self._connect(engines)
             calls = [e.receive_weights.remote(self._group.name, flat.header.to_json(), version,
-                                              self.config.wait_for_load) for e in engines]
+                                              self.config.wait_for_load, self.config.keep_after_ms)
+                     for e in engines]
             self._group.broadcast(flat.buffers)
             loads = ray.get(calls)
         except BaseException:

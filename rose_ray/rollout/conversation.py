@@ -95,7 +95,8 @@ class Conversation:
             ids, logprobs = self.student.chat.finish_sampled(result.token_ids), list(result.logprobs)
             version = None if by_teacher else result.version
         return Turn("assistant", result.text, owner, ids, logprobs, version,
-                    truncated=result.finish_reason == "length")
+                    truncated=result.finish_reason == "length",
+                    policy_version_end=None if version is None else getattr(result, "version_end", None))
 
     def rounds(self) -> int:
         return sum(1 for t in self.turns if t.role == "assistant" and t.owner != "prompt")
