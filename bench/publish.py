@@ -1,11 +1,12 @@
 """Weight publication benchmark (not a test): learner rank 0's weights into a real engine actor,
 per stage, for each `publish.method`, beside bounds measured in the same run.
 
-    python bench/publish.py [--quick] [--busy [--busy-tokens 512]] [--sizes 0.3 1.0] [--repeats 3]
+    python bench/publish.py [--quick] [--busy [--busy-tokens 512]] [--backend hf|vllm] [--sizes 0.3 1.0] [--repeats 3]
 
 The states are synthetic: Qwen3-0.6B-shaped bf16 tensors (hidden 1024, 16 query / 8 key-value
 heads of 128, MLP 3072, a 32,768-token tied embedding), with as many layers as make 0.3 or
-1 GiB, saved as a model folder that a transformers (`hf`) engine actor loads. The driver
+1 GiB, saved as a model folder that an engine actor loads (`--backend`: transformers, `hf`, the
+default; or `vllm`, bf16 where the CPU has it, as a run's engine). The driver
 stands in for learner rank 0: it holds the model, gathers its state (`gather_state`, as a rank
 does; on CPU no copy) and publishes through `WeightPublisher`, the code a run's rank 0 uses.
 
@@ -28,13 +29,16 @@ Busy (`--busy`, opt-in): after the idle rounds, each method publishes again whil
 generates BUSY_REQUESTS requests of `--busy-tokens` new tokens (default BUSY_TOKENS; greedy;
 submitted just before the publication in one `generate_many` call, so that they decode in one
 batch, already running when it starts; the engine has no ignore-EOS switch, so the tokens each
-produced are reported), once with `publish.wait_for_load` true and once false. Per row:
+produced are reported), once with `publish.wait_for_load` true and once false, and on a vllm
+engine each of those once with `publish.in_flight: wait` (the drain) and once `keep` (loaded
+under the running requests at once, `in_flight_wait_ms` 0; `kept` counts the requests that
+spanned the update). Per row:
 `publish_wall_ms`, rank 0's wall time (gather and publish: what the learner waits), and
 `serve_new_ms`, from the same start until the engine reports the new version (every request
 after that runs on it), polled every BUSY_POLL_S. One publication each, after the idle rounds'
 warm-up: on this 2-core machine a batch of 32 x 512 tokens took over 5 minutes, so runs here
 used `--busy-tokens 16` or 64. The idle rows carry the same fields (`busy` false,
-`wait_for_load` true: the engine serves the new version when publish returns).
+`wait_for_load` true, `in_flight` wait: the engine serves the new version when publish returns).
 
 Prints a table and writes bench/results/publish.json (the latest; each run keeps its own copy in
 bench/results/publish/version_N/).
@@ -177,6 +181,23 @@ class Bounds:
         ray.kill(self.receiver)
 
 
+def _decoding(stats: dict[str, Any], before: dict[str, Any]) -> bool:
+    """Whether the busy requests are decoding: their batch taken from an hf engine's queue, or
+    every one of them added to a vllm engine and a step or two taken since."""
+    if "batcher_batches" in stats:
+        return stats["batcher_batches"] > before["batcher_batches"] and stats["queued"] == 0
+    return stats["requests"] >= before["requests"] + BUSY_REQUESTS and stats["steps"] >= before["steps"] + 2
+
+
+def _batch_sizes(stats: dict[str, Any], before: dict[str, Any]) -> list[int]:
+    """An hf engine's batches since `before`; a vllm engine's running requests per step (the
+    last 1024 steps' record)."""
+    if "batcher_batches" in stats:
+        return stats["batcher_batch_sizes"][before["batcher_batches"] - stats["batcher_batches"]:]
+    sizes = stats["batch_sizes"]
+    return sizes[max(0, len(sizes) - (stats["steps"] - before["steps"])):]
+
+
 def busy_publication(model: Any, engine: Any, publisher: Any, version: int, seed: int,
                      tokens: int = BUSY_TOKENS) -> dict[str, Any]:
     """One publication while BUSY_REQUESTS greedy `tokens`-token requests decode on `engine`:
@@ -190,7 +211,7 @@ def busy_publication(model: Any, engine: Any, publisher: Any, version: int, seed
     from rose_ray.types import SamplingParams
 
     rng = random.Random(seed)
-    before = ray.get(engine.stats.remote())["batcher_batches"]
+    before = ray.get(engine.stats.remote())
     old_version = ray.get(engine.version.remote())
     sampling = SamplingParams(temperature=0.0, max_new_tokens=tokens)
     # one call, so that all of them reach the engine's queue at once and decode in one batch
@@ -200,8 +221,7 @@ def busy_publication(model: Any, engine: Any, publisher: Any, version: int, seed
         for _ in range(BUSY_REQUESTS)])
     submitted = time.perf_counter()
     while True:  # the requests decoding (their batch taken from the queue) before the publication
-        stats = ray.get(engine.stats.remote())
-        if stats["batcher_batches"] > before and stats["queued"] == 0:
+        if _decoding(ray.get(engine.stats.remote()), before):
             break
         time.sleep(BUSY_POLL_S)
     t0 = time.perf_counter()
@@ -220,7 +240,8 @@ def busy_publication(model: Any, engine: Any, publisher: Any, version: int, seed
                serve_new_ms=(served - t0) * 1e3, requests_done_ms=(done - t0) * 1e3,
                decoding_before_ms=(t0 - submitted) * 1e3, tokens_min=min(tokens), tokens_max=max(tokens),
                requests_on_old_version=sum(r.version == old_version for r in results),
-               batch_sizes=after["batcher_batch_sizes"][before - after["batcher_batches"]:])
+               kept=sum(getattr(r, "version_end", None) is not None for r in results),
+               batch_sizes=_batch_sizes(after, before))
     return out
 
 
@@ -231,13 +252,19 @@ def bench_size(tokenizer_dir: str, gib: float, root: Path, args: argparse.Namesp
 
     from rose_ray.inference.actor import engine_actor
     from rose_ray.inference.engine import EngineConfig
-    from rose_ray.learner.weights import PublishConfig, WeightPublisher, gather_state
+    from rose_ray.learner.weights import (
+        KEEPING_BACKENDS,
+        PublishConfig,
+        WeightPublisher,
+        gather_state,
+    )
 
     folder, model = build_model(tokenizer_dir, gib, root / f"qwen3_like_{gib}")
     bounds = Bounds(gather_state(model, zero3=False, keep=True))
-    # a batch as large as the busy rows' requests, so that they decode together
-    engine = engine_actor(EngineConfig(model=folder, dtype="bfloat16", threads=1, max_batch_size=BUSY_REQUESTS),
-                          num_cpus=1)
+    # a batch as large as the busy rows' requests, so that they decode together (a vllm KV
+    # cache that holds them all: 32 KiB a token at 0.3 GiB)
+    engine = engine_actor(EngineConfig(backend=args.backend, model=folder, dtype="bfloat16", threads=1,
+                                       max_batch_size=BUSY_REQUESTS, kv_cache_mb=1024), num_cpus=1)
     ray.get(engine.ready.remote())
     variants = [(label, settings) for label, settings in VARIANTS
                 if (not args.methods or settings["method"] in args.methods)
@@ -273,14 +300,15 @@ def bench_size(tokenizer_dir: str, gib: float, root: Path, args: argparse.Namesp
                      "fraction_of_memcpy": bound["memcpy_ms_per_mb"] / total,
                      "projected_3p4gb_s": total * PROJECT_BYTES / 2**20 / 1e3,
                      "runs_total_ms": [r["send_ms"] + r["gather_ms"] for r in done],
-                     "busy": False, "wait_for_load": True,
+                     "busy": False, "wait_for_load": True, "in_flight": "wait", "backend": args.backend,
                      "publish_wall_ms": statistics.median(r["send_ms"] + r["gather_ms"] for r in done),
                      "serve_new_ms": statistics.median(r["send_ms"] + r["gather_ms"] for r in done)})
         print(f"  {gib} GiB {label}: {total:.3f} ms/MB", flush=True)
+    in_flight = ("wait", "keep") if args.backend in KEEPING_BACKENDS else ("wait",)
     for label, settings in variants if args.busy else ():
-        for wait in (True, False):
+        for wait, keep in [(w, k) for w in (True, False) for k in in_flight]:
             publisher = publishers[label]  # the idle rows' (warm: a collective's group is joined)
-            publisher.config = replace(publisher.config, wait_for_load=wait)
+            publisher.config = replace(publisher.config, wait_for_load=wait, in_flight=keep)
             version += 1
             r = busy_publication(model, engine, publisher, version, seed=version, tokens=args.busy_tokens)
             mb = r["mb"]
@@ -293,11 +321,12 @@ def bench_size(tokenizer_dir: str, gib: float, root: Path, args: argparse.Namesp
                          "fraction_of_memcpy": bound["memcpy_ms_per_mb"] / wall,
                          "projected_3p4gb_s": wall * PROJECT_BYTES / 2**20 / 1e3,
                          "runs_total_ms": [r["publish_wall_ms"]], "busy": True, "wait_for_load": wait,
-                         "in_flight": BUSY_REQUESTS, "max_new_tokens": args.busy_tokens,
+                         "in_flight": keep, "backend": args.backend, "requests": BUSY_REQUESTS,
+                         "max_new_tokens": args.busy_tokens,
                          **{k: r[k] for k in ("publish_wall_ms", "serve_new_ms", "requests_done_ms",
                                               "decoding_before_ms", "tokens_min", "tokens_max",
-                                              "requests_on_old_version", "batch_sizes")}})
-            print(f"  {gib} GiB {label} busy wait_for_load={wait}: rank 0 {r['publish_wall_ms']:.0f} ms, "
+                                              "requests_on_old_version", "kept", "batch_sizes")}})
+            print(f"  {gib} GiB {label} busy wait_for_load={wait} in_flight={keep}: rank 0 {r['publish_wall_ms']:.0f} ms, "
                   f"serves new {r['serve_new_ms']:.0f} ms", flush=True)
     ray.kill(engine)
     del model, bounds
@@ -316,6 +345,8 @@ def main() -> None:
                    help=f"also each method while {BUSY_REQUESTS} requests of {BUSY_TOKENS} tokens decode "
                         "(wait_for_load true and false; on this 2-core machine 512 tokens took over 5 "
                         "minutes a publication, so it is opt-in)")
+    p.add_argument("--backend", choices=("hf", "vllm"), default="hf",
+                   help="the engine actor's backend (vllm: the busy rows also with publish.in_flight keep)")
     p.add_argument("--busy-tokens", type=int, default=BUSY_TOKENS,
                    help=f"new tokens per busy request (default {BUSY_TOKENS}, the issue's; fewer to fit a slow CPU)")
     args = p.parse_args()
@@ -340,7 +371,7 @@ def main() -> None:
         ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)
 
-    print("\nweight publication: driver as learner rank 0 -> 1 hf engine actor (idle), synthetic "
+    print(f"\nweight publication: driver as learner rank 0 -> 1 {args.backend} engine actor (idle), synthetic "
           "Qwen3-shaped bf16 state; ms per MB, median")
     print(f"{'GiB':>4} {'method':18} {'MB':>6} {'gather':>7} {'pack':>7} {'transfer':>9} {'load':>7} "
           f"{'total':>7} {'of bound':>9} {'3.4 GB s':>9}")
@@ -356,13 +387,16 @@ def main() -> None:
     if args.busy:
         print(f"\nbusy: the same publication while {BUSY_REQUESTS} greedy {args.busy_tokens}-token requests decode, "
               "beside the idle row (median); ms from rank 0's gather")
-        print(f"{'GiB':>4} {'method':18} {'busy':>5} {'wait':>5} {'rank 0 wall':>11} {'serves new':>10} "
-              f"{'reqs done':>9} {'tokens':>9} {'on old':>6}")
-        for r in sorted(rows, key=lambda r: (r["size_gib"], r["variant"], r["busy"], not r["wait_for_load"])):
+        print(f"{'GiB':>4} {'method':18} {'busy':>5} {'wait':>5} {'in_flight':>9} {'rank 0 wall':>11} "
+              f"{'serves new':>10} {'reqs done':>9} {'tokens':>9} {'on old':>6} {'kept':>4}")
+        for r in sorted(rows, key=lambda r: (r["size_gib"], r["variant"], r["busy"], not r["wait_for_load"],
+                                             r["in_flight"])):
             busy = (f"{r['requests_done_ms']:9.0f} {r['tokens_min']:4d}-{r['tokens_max']:<4d} "
-                    f"{r['requests_on_old_version']:6d}") if r["busy"] else f"{'-':>9} {'-':>9} {'-':>6}"
+                    f"{r['requests_on_old_version']:6d} {r['kept']:4d}") if r["busy"] else \
+                f"{'-':>9} {'-':>9} {'-':>6} {'-':>4}"
             print(f"{r['size_gib']:4.1f} {r['variant']:18} {str(r['busy']).lower():>5} "
-                  f"{str(r['wait_for_load']).lower():>5} {r['publish_wall_ms']:11.0f} {r['serve_new_ms']:10.0f} {busy}")
+                  f"{str(r['wait_for_load']).lower():>5} {r['in_flight']:>9} {r['publish_wall_ms']:11.0f} "
+                  f"{r['serve_new_ms']:10.0f} {busy}")
     out = Path(__file__).parent / "results" / "publish.json"
     kept = keep_result(out, json.dumps({"args": vars(args), "load_average": os.getloadavg(),
                                         "seconds": time.perf_counter() - start, "rows": rows,
