@@ -450,6 +450,8 @@ class VLLMEngine:
             if state is not None:
                 weights = self._checkpoint_weights(state)
                 sampled = self._sampled_so_far(running) if running else {}
+                if running:  # a batch scheduled ahead (async scheduling, GPUs) done first, as vLLM's pause does
+                    self._llm.collective_rpc("synchronize_device")
                 self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                                    "is_checkpoint_format": True})
                 self._version = version
