@@ -55,8 +55,10 @@ class Remote:
 class ScriptedEngine:
     """Replies `Action: <actions[i]>` in turn, as ids of its own tokenizer; records requests."""
 
-    def __init__(self, chat: ChatFormat, actions: list[str], version: int = 7, dropped: int = 0) -> None:
+    def __init__(self, chat: ChatFormat, actions: list[str], version: int = 7, dropped: int = 0,
+                 version_end: int | None = None) -> None:
         self.chat, self.actions, self.version, self.dropped = chat, list(actions), version, dropped
+        self.version_end = version_end  # a weight update landed under each reply (publish.in_flight keep)
         self.requests, self.scored = [], []
         self.generate = Remote(self._generate)
         self.score = Remote(self._score)
@@ -70,7 +72,8 @@ class ScriptedEngine:
         text = f"Thought: go on.\nAction: {self.actions.pop(0)}"
         ids = self.chat.encode(text) + [self.chat.eos_id]
         return GenerationResult(text, ids, [-0.5] * len(ids), "stop", sum(len(t.token_ids) for t in request.turns),
-                                self.version, dropped_turns=self.dropped)
+                                self.version, dropped_turns=self.dropped, version_end=self.version_end,
+                                tokens_on_version=None if self.version_end is None else 1)
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +106,23 @@ def test_on_failure_hands_over_after_the_students_first_invalid_action(chats):
     first = next(x for x in t.turns if x.owner == "student")
     assert first.policy_version == 7 and first.logprobs == [-0.5] * len(first.token_ids)
     assert all(x.policy_version is None for x in t.turns if x.owner == "teacher")
+
+
+def test_a_reply_that_spanned_a_weight_update_keeps_its_starting_version(chats):
+    """publish.in_flight keep: a student reply sampled across an update counts as the version
+    it started on (the trajectory's staleness, each token's version) and records the later one;
+    a teacher's reply records neither."""
+    from rose_ray.tokens import render
+
+    chat = chats["student"]
+    student = Agent(ScriptedEngine(chat, ["look around", "eat rock", "x", "y"], version_end=8), chat, "student")
+    teacher = Agent(ScriptedEngine(chat, ["open door", "go to hallway"], version_end=8), chat, "teacher")
+    t = play(student, teacher, turn_policy("on_failure"), game=ScriptedGame(bad=("eat rock",)))
+    replies = [x for x in t.turns if x.owner == "student"]
+    assert replies and all(x.policy_version == 7 and x.policy_version_end == 8 for x in replies)
+    assert all(x.policy_version_end is None for x in t.turns if x.owner == "teacher")
+    assert t.student_version == 7
+    assert set(render(t).versions) == {-1, 7}
 
 
 @pytest.mark.parametrize("p0", [0.0, 0.5, 1.0])
