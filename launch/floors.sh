@@ -7,7 +7,7 @@
 #   bash launch/floors.sh [VENV]              VENV defaults to /tmp/rose_ray_floors (recreated)
 #   PYTHON=python3.10 bash launch/floors.sh   the interpreter (try the requires-python floor)
 #   PINS="transformers==5.0.0 ray==2.40.0"    replace single pins (try a candidate floor)
-#   TESTS="tests/test_models.py"              the tests to run (default: every test not marked slow)
+#   TESTS="tests/unit/test_models.py"         the tests to run (default: every test not marked slow)
 #
 # torch at its floor comes from PyPI as a CUDA build (GBs, runs on CPU too); to try the other
 # floors cheaply on this machine, PINS="torch==2.13.0" takes the local CPU build.

@@ -34,7 +34,7 @@ Under `template` the text is rendered whole every turn, but only what changed is
 with a `RenderCache` (one per conversation), `apply_template` reuses the ids of the last
 rendering up to the last end-of-turn token the two texts share, and tokenizes the rest. The
 tokenizer splits its text at added special tokens before anything else, so the ids are exactly
-those of tokenizing the whole text (tests/test_qwen3.py checks it token for token).
+those of tokenizing the whole text (tests/unit/test_qwen3.py checks it token for token).
 """
 
 from __future__ import annotations

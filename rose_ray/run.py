@@ -174,7 +174,7 @@ class RunParts:
         self.session = f"{cfg.name}-{os.urandom(3).hex()}"  # names its engines (a run folder is version_N)
         self.progress = Progress()
         self.failures = Failures()
-        self.eval_pools: list = []  # started at the first eval (none if evals are off)
+        self.eval_pools: list = []  # started with the rest when any eval is on (eval_runner)
 
     def start(self) -> None:
         from rose_ray.envs.worlds import get_world
@@ -207,6 +207,10 @@ class RunParts:
         self.sampler = GameSampler(catalogue.sample(cfg.rollout.split, None, cfg.seed, tasks=cfg.tasks), seed=cfg.seed)
         self.eval_games = catalogue.sample(cfg.eval.split, cfg.eval.n, cfg.eval.seed, tasks=cfg.tasks)
 
+        # Everything starts at once and is awaited after: the JVMs boot, the engines load their
+        # weights and the learner ranks initialise side by side (on GPUs, a 32B engine's load and
+        # DeepSpeed's init each take minutes).
+        self.pools = start_env_pools(cfg.env, max_turns=cfg.rollout.max_turns)
         self.student, self.teacher = start_agents(
             replace(cfg.student_engine, model=student_path),
             replace(cfg.teacher_engine, model=teacher_path),
@@ -222,6 +226,11 @@ class RunParts:
                                         on_failed=self.failures.report)
         self.engines.watch("student engine", self.student)
         self.engines.watch("teacher engine", self.teacher)
+        e = cfg.eval
+        if e.before or e.after or e.teacher or e.every:
+            self.eval_runner()  # its JVMs boot now too, not at the first eval
+        self.learner = LearnerGroup(replace(cfg.learner, model=student_path),
+                                    worker_options=lambda r: self.groups.options("learner ranks", r))
         await_ready({"student engine": self.student, "teacher engine": self.teacher}, r.start_timeout_s)
         self.protocol = cfg.env.protocol()
         self.recipe = cfg.algorithm  # who acts when, which tokens train (rose_ray/recipes/)
@@ -235,7 +244,6 @@ class RunParts:
             score_student_with_teacher=self.recipe.teacher_scores_student(),
             report=cfg.rollout.report,
         )
-        self.pools = start_env_pools(cfg.env, max_turns=cfg.rollout.max_turns)
         self.runner = EpisodeRunner(self.pools, cfg.env.games_per_worker, cfg.rollout.max_retries, self.engines)
         self.ledger = EpisodeLedger(self.run_dir / "episodes.jsonl", self.sampler, fresh=not self.resume)
         # Lag makes only the student's own tokens off-policy: a recipe that trains none of them
@@ -243,8 +251,6 @@ class RunParts:
         self.buffer = TrajectoryBuffer(cfg.rollout.batch_episodes, cfg.rollout.max_lag,
                                        on_drop=lambda t: self.ledger.record(t.episode_id, "dropped_stale"),
                                        drop_stale=self.token_weights.trains("student"))
-        self.learner = LearnerGroup(replace(cfg.learner, model=student_path),
-                                    worker_options=lambda r: self.groups.options("learner ranks", r))
         self.publisher = Publisher(self.learner, self.student, self.engines, self.failures, cfg.publish)
         self.engines.on_start = self.publisher.engine_started
         tok = load_tokenizer(student_path)

@@ -1,8 +1,15 @@
-"""Shared fixtures: tiny local models (built once per session) and a local Ray cluster."""
+"""Shared fixtures: tiny local models (built once per session) and a local Ray cluster.
+
+Layout: `tests/unit/` holds the quick tests (`pytest tests/unit`, or `-m "not slow"`);
+`tests/e2e/` holds everything marked `slow` (whole runs, warm-ups, evals, servers, jobs) and the
+few quick tests that share an expensive module fixture with them (test_publish,
+test_checkpoint_safety, test_cluster_envs). A file's name says what it tests in
+both folders; a helper both halves use lives in the unit file and the e2e file imports it."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -103,3 +110,32 @@ def env_node_cluster():
         c.shutdown()
         if session:
             ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+
+
+# --------------------------------------------------------------------------- hub ids
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def put_in_hub_cache(hub: Path, repo_id: str, folder: Path) -> Path:
+    """Copy `folder` into the HF cache `hub` as repo `repo_id`'s main revision; its snapshot folder."""
+    repo = hub / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / REVISION
+    shutil.copytree(folder, snapshot)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(REVISION)
+    return snapshot
+
+
+@pytest.fixture
+def hub_cache(tiny_models, tmp_path, monkeypatch):
+    """HF_HOME with org/tiny-student and org/tiny-teacher in its hub cache; {id: snapshot}."""
+    import huggingface_hub.constants
+
+    hub = tmp_path / "hf" / "hub"
+    snapshots = {f"org/tiny-{role}": put_in_hub_cache(hub, f"org/tiny-{role}", tiny_models[role])
+                 for role in ("student", "teacher")}
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # The hub client read HF_HOME when it was imported (as it would at a user's start).
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    return snapshots

@@ -1,0 +1,172 @@
+"""Checkpoints and steps that can be trusted: a non-finite loss skips its step (no update, no
+new version, counted) so no checkpoint holds NaN weights; a checkpoint is marked whole only once
+its files are on disk, so `export` and `--resume` pass over a save cut short; a corrupt shard
+is an error naming the checkpoint and the one before it; the RNG state loads with
+`torch.load(weights_only=True)`. One real 1-rank DeepSpeed learner group on the tiny student."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rose_ray.chat import ChatFormat
+from rose_ray.cli import main
+from rose_ray.config import load_config, to_yaml
+from rose_ray.export import kept_steps
+from rose_ray.learner.learner import LearnerGroup
+from rose_ray.learner.worker import NonFiniteWeights, _load_rng_state, _rng_state, _set_rng_state
+from rose_ray.rows import row_to_trajectory
+from rose_ray.run import RunParts
+from rose_ray.tokens import make_batch, render
+from tests.unit.test_learner import WEIGHTS, config, conversations
+
+
+@pytest.fixture(scope="module")
+def group(ray_cluster, tiny_models):
+    g = LearnerGroup(config(tiny_models["student"], ranks=1, zero_stage=0))
+    yield g
+    g.shutdown()
+
+
+def batch(tiny_models, teacher_logprob: float = -1.0):
+    """Two rendered conversations; every teacher logprob (what OPD compares the student's
+    tokens with) is `teacher_logprob`: +inf is what a served teacher answering garbage gave."""
+    from rose_ray.models import load_tokenizer
+
+    fmt = ChatFormat(load_tokenizer(tiny_models["student"]))
+    seqs = []
+    for row in conversations(2):
+        seq = render(row_to_trajectory(row), fmt)
+        seq.teacher_logprobs = [float("nan")] + [teacher_logprob] * (len(seq.input_ids) - 1)
+        seqs.append(seq)
+    return make_batch(seqs, WEIGHTS, 256, 0)
+
+
+def probe_logits(group) -> np.ndarray:
+    return group.logits(np.arange(12)[None] % 50)
+
+
+@pytest.mark.parametrize("zero_stage", [0, 2])
+def test_a_nonfinite_loss_skips_its_step(group, tiny_models, zero_stage):
+    """ZeRO 0 (the plain optimizer: checked here) and ZeRO 2 (DeepSpeed's own optimizer)."""
+    group.setup(zero_stage=zero_stage)
+    before = probe_logits(group)
+    metrics = group.train_step(batch(tiny_models, teacher_logprob=math.inf))
+    assert not math.isfinite(metrics["loss"])
+    assert metrics["skipped_nonfinite"] == 1.0
+    assert (group.step, group.version) == (1, 0)  # a step taken, no new weights to publish
+    np.testing.assert_array_equal(probe_logits(group), before)  # no update at all
+    good = group.train_step(batch(tiny_models))  # the next batch trains as usual
+    assert math.isfinite(good["loss"]) and good["skipped_nonfinite"] == 1.0 and group.version == 1
+    after = probe_logits(group)
+    assert np.isfinite(after).all() and not np.array_equal(after, before)
+
+
+def run_folder(tmp_path: Path, tiny_models, group) -> RunParts:
+    """A run folder (its config.yaml) whose checkpoints `RunParts.save_checkpoint` writes from
+    the real learner group, as a run does."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = load_config(None, [f"student_engine.model={tiny_models['student']}", "keep_checkpoints=2",
+                             "learner.threads=1", "learner.max_tokens=2048"])
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    parts = RunParts(cfg, run_dir, resume=False)
+    parts.learner = group
+    return parts
+
+
+def save(parts: RunParts) -> None:
+    parts.save_checkpoint({"step": parts.learner.step, "ledger": {"sampler": {}}})
+
+
+def test_no_checkpoint_is_written_from_nonfinite_weights(group, tiny_models, tmp_path):
+    group.setup(zero_stage=0)
+    parts = run_folder(tmp_path, tiny_models, group)
+    group.train_step(batch(tiny_models))
+    save(parts)
+    # Weights gone bad by any road: the save is refused, the good checkpoint stays the latest.
+    group.train_step(batch(tiny_models))
+    import ray
+
+    ray.get(group.workers[0].__ray_call__.remote(
+        lambda w: next(w.engine.module.parameters()).data.fill_(float("nan"))))
+    with pytest.raises(NonFiniteWeights, match="step 2"):
+        save(parts)
+    assert kept_steps(parts.run_dir) == [1] and parts.latest_checkpoint() == "step_1"
+    assert not any((parts.ckpt_dir / "step_2").glob("*.pt"))
+
+
+@pytest.mark.slow
+def test_export_and_resume_pass_over_a_save_cut_short(group, tiny_models, tmp_path, capsys):
+    group.setup(zero_stage=0)
+    parts = run_folder(tmp_path, tiny_models, group)
+    group.train_step(batch(tiny_models))
+    save(parts)
+    group.train_step(batch(tiny_models))
+    # The save of step 2 breaks off after DeepSpeed's folder is made (a full disk, a kill):
+    # its model file's place is taken, so torch.save fails there.
+    (parts.ckpt_dir / "step_2" / "mp_rank_00_model_states.pt").mkdir(parents=True)
+    with pytest.raises(Exception, match="Is a directory"):  # noqa: B017 - whatever DeepSpeed raises
+        save(parts)
+    assert kept_steps(parts.run_dir) == [1]
+    assert (parts.ckpt_dir / "latest").read_text() == "step_1"
+    out = tmp_path / "exported"
+    assert main(["export", str(parts.run_dir), "--out", str(out)]) == 0
+    assert json.loads((out / "rose_ray_model.json").read_text())["step"] == 1
+    # The learner's side of a resume goes to the same whole checkpoint.
+    assert group.load_checkpoint(parts.ckpt_dir)["tag"] == "step_1"
+
+
+@pytest.mark.slow
+def test_a_corrupt_shard_names_the_checkpoint_before_it(group, tiny_models, tmp_path, capsys):
+    group.setup(zero_stage=0)
+    parts = run_folder(tmp_path, tiny_models, group)
+    for _ in range(2):
+        group.train_step(batch(tiny_models))
+        save(parts)
+    assert kept_steps(parts.run_dir) == [1, 2]
+    shard = parts.ckpt_dir / "step_2" / "mp_rank_00_model_states.pt"
+    shard.write_bytes(shard.read_bytes()[:1000])  # cut short on disk
+    capsys.readouterr()
+    assert main(["export", str(parts.run_dir), "--out", str(tmp_path / "exported")]) == 2
+    err = capsys.readouterr().err
+    assert "step_2" in err and "--step 1" in err and "Traceback" not in err
+
+
+def test_the_rng_state_loads_with_weights_only(group, tiny_models, tmp_path):
+    group.setup(zero_stage=0)
+    group.train_step(batch(tiny_models))
+    group.save_checkpoint(tmp_path)
+    state = torch.load(tmp_path / "step_1" / "rng_rank0.pt", weights_only=True)
+    assert set(state) >= {"python", "numpy", "torch"}
+    # and it puts every generator back exactly
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    saved = _rng_state()
+    torch.save(saved, tmp_path / "rng.pt")
+    drawn = (random.random(), np.random.rand(), torch.rand(1).item())
+    _set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == drawn
+    # A file from before (numpy arrays) still resumes; one that would run code does not load.
+    random.seed(2), np.random.seed(2), torch.manual_seed(2)
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+               tmp_path / "old.pt")
+    drawn = (random.random(), np.random.rand(), torch.rand(1).item())
+    _set_rng_state(_load_rng_state(tmp_path / "old.pt"))
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == drawn
+    torch.save({"python": RunsCode()}, tmp_path / "code.pt")
+    with pytest.raises(pickle.UnpicklingError, match="getcwd"):
+        _load_rng_state(tmp_path / "code.pt")
+
+
+class RunsCode:
+    def __reduce__(self):
+        return os.getcwd, ()  # harmless here; a real payload would not be
+

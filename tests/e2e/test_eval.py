@@ -1,0 +1,75 @@
+"""Held-out evaluation: metrics, a real eval of the tiny student, resume, compare."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from rose_ray.evaluate import EvalJob, run_eval
+from tests.unit.test_eval import record
+
+
+@pytest.mark.slow
+def test_eval_of_the_tiny_student_writes_json_and_markdown(tiny_models, ray_cluster, tmp_path):
+    cfg = EvalJob(model=str(tiny_models["student"]), split="test", n=10, max_turns=2,
+                     max_new_tokens=16, concurrency=5, context_tokens=2048, out=str(tmp_path / "ev"))
+    result = run_eval(cfg)
+    data = json.loads((tmp_path / "ev.json").read_text())
+    assert data["summary"] == result["summary"]
+    assert data["summary"]["overall"]["games"] == 10 and len(data["games"]) == 10
+    per_task = data["summary"]["per_task"]
+    assert len(per_task) >= 5 and sum(b["games"] for b in per_task.values()) == 10
+    assert all(0 < g["turns"] <= 2 for g in data["games"])
+    md = (tmp_path / "ev.md").read_text()
+    assert "| task |" in md and all(f"| {t} |" in md for t in per_task)
+    assert not (tmp_path / "ev.partial.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_interrupted_eval_resumes_without_replaying_finished_games(tiny_models, ray_cluster, tmp_path):
+    from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
+    from rose_ray.evaluate import resume_header
+
+    cfg = EvalJob(model=str(tiny_models["student"]), split="test", n=4, max_turns=2,
+                     max_new_tokens=8, concurrency=2, context_tokens=2048, out=str(tmp_path / "r"))
+    games = SciWorldCatalogue().sample("test", 4, 0)
+    partial = tmp_path / "r.partial.jsonl"
+    done = [dict(record(g.task, 100, turns=1), item_id=g.item_id, resumed=True) for g in games[:2]]
+    # The header names the mapping resolved: the default and `--mapping agentgym` are one eval.
+    header = resume_header(cfg)
+    assert header["mapping"] == "agentgym" and header["world"] == "sciworld"
+    assert cfg.mapping is None and header == resume_header(replace(cfg, mapping="agentgym"))
+    lines = [json.dumps({"eval_config": header})]
+    lines += [json.dumps(r) for r in done] + ['{"item_id": "sciworld_']  # a line cut by the kill
+    partial.write_text("\n".join(lines) + "\n")
+    result = run_eval(cfg)
+    by_id = {g["item_id"]: g for g in result["games"]}
+    assert set(by_id) == {g.item_id for g in games}
+    assert all(by_id[g.item_id].get("resumed") for g in games[:2])  # kept, not replayed
+    assert not any(by_id[g.item_id].get("resumed") for g in games[2:])
+    assert result["summary"]["overall"]["success"] >= 0.5
+
+    # A partial file from other settings is refused, not silently mixed in.
+    partial.write_text(json.dumps({"eval_config": {"model": "other"}}) + "\n")
+    with pytest.raises(ValueError, match="other settings"):
+        run_eval(cfg)
+
+
+@pytest.mark.slow
+def test_eval_ends_an_episode_at_the_context_by_default(tiny_models, ray_cluster, tmp_path):
+    """AgentGym's rule is the default of `rose-ray eval` (and collect, continue): a prompt that
+    no longer fits ends the episode, recorded as end reason `context`; `--context-policy
+    drop_oldest` plays on by dropping old turns."""
+    from rose_ray.cli import main
+
+    base = ["eval", "--model", str(tiny_models["student"]), "--n", "1", "--max-turns", "12",
+            "--max-new-tokens", "32", "--context-tokens", "900", "--concurrency", "1"]
+    assert main([*base, "--out", str(tmp_path / "end")]) == 0
+    [ended] = json.loads((tmp_path / "end.json").read_text())["games"]
+    assert ended["end_reason"] == "context" and 0 < ended["turns"] < 12
+    assert main([*base, "--context-policy", "drop_oldest", "--out", str(tmp_path / "drop")]) == 0
+    [dropped] = json.loads((tmp_path / "drop.json").read_text())["games"]
+    assert dropped["item_id"] == ended["item_id"] and dropped["turns"] > ended["turns"]
+    assert dropped["end_reason"] != "context"

@@ -1,0 +1,37 @@
+"""`bash launch/rehearse.sh`: the seed's ROSE config on a two-raylet cluster on this host (8
+fake GPUs: no GPU exists here), as shipped but for configs/rehearse.overrides, reaches learner
+step 3 with the weights published, says where each actor went, and leaves none of its Ray
+processes behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tests.unit.test_rehearse import ROOT
+
+
+@pytest.mark.slow
+def test_the_seed_config_rehearsed_reaches_step_3(tmp_path):
+    pytest.importorskip("vllm", reason="the rehearsal runs both engines on vLLM (launch/setup.sh installs it)")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run(["bash", str(ROOT / "launch/rehearse.sh")], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=1500)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-4000:]
+    assert "seen by all 2 nodes" in log
+    where = [line for line in log.splitlines() if line.startswith("rehearse:   ")]
+    assert any("teacher engine" in w and "GPU node" in w for w in where), where
+    assert any("student engine" in w and "GPU node" in w for w in where), where
+    assert sum("LearnerWorker" in w and "GPU node" in w for w in where) == 2, where  # learner.ranks: 2
+    assert any("EnvPool" in w for w in where), where
+    assert re.search(r"rehearse: step 3: .* weights v3 published", log), log[-4000:]
+    assert "3 steps, policy version 3" in log
+    work = re.search(r"work dir (\S+)", log).group(1)
+    left = subprocess.run(["pgrep", "-f", work], capture_output=True, text=True).stdout.split()
+    assert not left, f"Ray processes of the rehearsal left running: {left}"
+    shutil.rmtree(work)

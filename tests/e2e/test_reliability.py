@@ -1,0 +1,329 @@
+"""Every role's loss, on a real local Ray cluster: engines killed (SIGKILL) or hung (SIGSTOP) are
+replaced and their episodes replayed; a killed learner rank sends the group back to the latest
+checkpoint; a hung env pool trips the watchdog (report, checkpoint, exit); a teacher server that
+goes away for good stops the run naming the role; and a run killed between checkpoints, then resumed,
+gives every sampled game exactly one outcome. Nothing here is faked: processes are stopped or
+killed with signals, an absent server is a closed port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from rose_ray.config import load_config
+from rose_ray.inference.engine import EngineConfig
+from rose_ray.reliability import RoleFailed, Stalled
+from rose_ray.run import RunParts
+from rose_ray.train import Trainer, train
+from tests.unit.test_reliability import read_jsonl, until
+
+BATCH = 2
+
+
+def overrides(tiny_models, run_dir, steps: int, *extra: str) -> list[str]:
+    """A tiny run: no evals, short episodes, checkpoints every 2 steps, quick health pings."""
+    return [
+        f"tiny_dir={tiny_models['student'].parent}", f"run_dir={run_dir}", f"steps={steps}",
+        "teacher_warmup.enabled=false", "checkpoint_every=2", f"rollout.batch_episodes={BATCH}",
+        "rollout.max_turns=4", "algorithm.handoff.k=2", "rollout.student_sampling.max_new_tokens=16",
+        "rollout.teacher_sampling.max_new_tokens=16", "env.games_per_worker=2",
+        "eval.before=false", "eval.after=false", "eval.teacher=false",
+        "reliability.health_every_s=1", "reliability.health_timeout_s=12", "reliability.start_timeout_s=120",
+        *extra,
+    ]
+
+
+def check_exactly_once(run_dir: Path, steps: int) -> list[dict]:
+    """Every drawn game one outcome; steps 1..steps trained BATCH episodes each, none twice."""
+    records = read_jsonl(run_dir / "episodes.jsonl")
+    ns = Counter(r["n"] for r in records)
+    assert sorted(ns) == list(range(len(ns))), "a drawn game has no outcome"
+    assert set(ns.values()) == {1}, f"games with two outcomes: {[n for n, c in ns.items() if c > 1]}"
+    trained = [r for r in records if r["outcome"] == "trained"]
+    assert Counter(r["step"] for r in trained) == {s: BATCH for s in range(1, steps + 1)}
+    rows = read_jsonl(run_dir / "trajectories.jsonl")
+    assert sorted((r["episode_id"], r["step"]) for r in rows) == sorted((r["episode"], r["step"]) for r in trained)
+    steps_logged = [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
+    assert steps_logged == list(range(1, steps + 1))
+    return records
+
+
+def actor_pid(handle) -> int:
+    import ray
+
+    return ray.get(handle.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+
+
+def drive(parts: RunParts, chaos) -> tuple[dict | None, BaseException | None]:
+    """Run the loop over the started `parts` beside `chaos(trainer)`; (summary, None) or (None, the error)."""
+    trainer = Trainer(parts)
+
+    async def main():
+        run = asyncio.create_task(trainer.run())
+        while trainer.stop is None:
+            await asyncio.sleep(0.01)
+        side = asyncio.create_task(chaos(trainer))
+        try:
+            return await run
+        finally:
+            if not side.done():
+                side.cancel()
+            elif side.exception() is not None:
+                raise side.exception()
+
+    try:
+        return asyncio.run(main()), None
+    except RoleFailed as e:
+        return None, e
+
+
+# --------------------------------------------------------------------------- whole runs
+@pytest.mark.slow
+def test_a_run_survives_a_killed_student_a_hung_teacher_and_a_killed_learner_rank(
+        tiny_models, ray_cluster, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    steps = 6
+    cfg = load_config(None, overrides(tiny_models, run_dir, steps, "learner.ranks=2", "learner.cpus_per_rank=0.25"))
+    run_dir.mkdir()
+    parts = RunParts(cfg, run_dir, resume=False)
+    seen: dict = {}
+
+    async def chaos(t: Trainer) -> None:
+        await until("step 1", lambda: t.step >= 1)
+        seen["student"] = t.parts.student.engine
+        os.kill((await t.parts.student.engine.health.remote())["pid"], signal.SIGKILL)
+        await until("the student's replacement", lambda: t.engines.restarts()["student engine"] == 1
+                    and t.parts.student.engine is not seen["student"] and t.step >= 2)
+        # Hung, not dead: only the health ping (no answer within health_timeout_s) can tell.
+        hung = (await t.parts.teacher.engine.health.remote())["pid"]
+        seen["teacher"] = t.parts.teacher.engine
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            await until("the teacher's replacement", lambda: t.parts.teacher.engine is not seen["teacher"])
+        finally:
+            try:
+                os.kill(hung, signal.SIGCONT)  # a no-op once the replacement's kill has landed
+            except ProcessLookupError:
+                pass
+        await until("an odd step", lambda: t.step % 2 == 1 and t.step >= 3)  # past the last checkpoint
+        seen["step_killed"] = t.step
+        os.kill(await asyncio.to_thread(actor_pid, t.learner.workers[1]), signal.SIGKILL)
+
+    try:
+        parts.start()
+        summary, error = drive(parts, chaos)
+        version = asyncio.run(_health(parts.student.engine))["version"]
+    finally:
+        parts.close()
+    out = capsys.readouterr().out
+    assert error is None, error
+    assert summary["steps"] == steps and summary["version"] == steps
+    assert version == steps  # the replacement student got every later publication
+    assert summary["restarts"] == {"student engine": 1, "teacher engine": 1, "learner": 1}
+    assert "teacher engine lost (TimeoutError: no answer to a health ping" in out
+    assert "learner rank 1 lost" in out and "restarting the learner group from the latest checkpoint" in out
+    assert summary["accounting_holds"]
+    check_exactly_once(run_dir, steps)
+
+    # Resumed, and the student engine lost once more: summary.json counts over the whole run.
+    steps_after = steps + 4  # steps enough that the run cannot end on buffered episodes alone
+    cfg = load_config(None, overrides(tiny_models, run_dir, steps_after, "learner.ranks=2", "learner.cpus_per_rank=0.25"))
+    resumed = RunParts(cfg, run_dir, resume=True)
+
+    async def kill_student(t: Trainer) -> None:
+        await until("a step after the resume", lambda: t.step > steps)
+        engine = t.parts.student.engine
+        os.kill((await engine.health.remote())["pid"], signal.SIGKILL)
+        await until("the student's replacement", lambda: t.engines.restarts()["student engine"] == 1
+                    and t.parts.student.engine is not engine)
+
+    try:
+        resumed.start()
+        summary, error = drive(resumed, kill_student)
+    finally:
+        resumed.close()
+    assert error is None, error
+    assert summary["steps"] == steps_after
+    assert summary["restarts"] == {"student engine": 2, "teacher engine": 1, "learner": 1}
+    logged = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
+    assert logged[-1]["reliability/engine_restarts"] == 3 and logged[-1]["reliability/learner_restarts"] == 1
+    check_exactly_once(run_dir, steps_after)
+
+
+async def _health(engine) -> dict:
+    return await engine.health.remote()
+
+
+@pytest.mark.slow
+def test_a_killed_vllm_student_engine_is_replaced_and_serves_the_latest_weights(
+        hub_cache, tiny_models, ray_cluster, tmp_path):
+    """Both engines on vLLM, sync, ROSE with its OPD term: the student engine is killed after a
+    publication; its replacement gets the learner's weights before it serves, so every later
+    step's importance ratio (learner vs engine logprobs of the same ids) is still 1. The models
+    are hub ids (`org/tiny-student`, as the seed configs name `Qwen/Qwen3-1.7B`): a hub-id
+    student on vLLM trains and takes the learner's weights (vLLM's weight-name check reads the
+    snapshot's safetensors), and the run trains on exactly the ids vLLM sampled."""
+    pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
+    run_dir = tmp_path / "run"
+    steps = 4
+    cfg = load_config(None, overrides(tiny_models, run_dir, steps, "mode=sync", "algorithm.lam=0.5",
+                                      "student_engine.backend=vllm", "teacher_engine.backend=vllm",
+                                      "student_engine.kv_cache_mb=64", "teacher_engine.kv_cache_mb=64",
+                                      "student_engine.model=org/tiny-student", "teacher_engine.model=org/tiny-teacher"))
+    run_dir.mkdir()
+    parts = RunParts(cfg, run_dir, resume=False)
+    killed_at: list[int] = []
+
+    async def kill_student(t: Trainer) -> None:
+        await until("step 2", lambda: t.step >= 2)
+        engine = t.parts.student.engine
+        killed_at.append(t.step)
+        os.kill((await engine.health.remote())["pid"], signal.SIGKILL)
+        await until("the student's replacement", lambda: t.engines.restarts()["student engine"] == 1
+                    and t.parts.student.engine is not engine)
+
+    try:
+        parts.start()
+        summary, error = drive(parts, kill_student)
+        version = asyncio.run(_health(parts.student.engine))["version"]
+    finally:
+        parts.close()
+    assert error is None, error
+    assert summary["steps"] == steps and version == steps
+    assert summary["restarts"]["student engine"] == 1
+    logged = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
+    assert len(logged) == steps and killed_at[0] < steps
+    for m in logged:  # before the loss and after it: the engine served the learner's weights
+        assert m["learner/opd_ratio"] == pytest.approx(1.0, abs=1e-3), m
+        assert m["learner/opd_clip_frac"] == 0.0
+    assert [m["weights/version"] for m in logged] == [float(s) for s in range(1, steps + 1)]
+    rows = read_jsonl(run_dir / "trajectories.jsonl")
+    for step in range(1, steps + 1):  # sync: each step's episodes sampled after the last publication
+        assert {r["student_version"] for r in rows if r["step"] == step} == {step - 1}
+    owners = {m["owner"] for r in rows for m in r["conversations"] if m["role"] == "assistant" and m["owner"] != "prompt"}
+    assert owners == {"student", "teacher"}
+    check_exactly_once(run_dir, steps)
+
+
+@pytest.mark.slow
+def test_the_watchdog_names_a_hung_env_pool_then_checkpoints_and_stops(tiny_models, ray_cluster, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    cfg = load_config(None, overrides(tiny_models, run_dir, 100, "reliability.watchdog_s=6"))
+    run_dir.mkdir()
+    parts = RunParts(cfg, run_dir, resume=False)
+    pids: list[int] = []
+
+    async def chaos(t: Trainer) -> None:
+        await until("step 1", lambda: t.step >= 1)
+        pids.append(await asyncio.to_thread(actor_pid, t.parts.pools[0]))
+        os.kill(pids[0], signal.SIGSTOP)  # every env call now waits forever
+
+    try:
+        parts.start()
+        summary, error = drive(parts, chaos)
+        step = parts.progress.step
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)  # so that closing it is quick
+        parts.close()
+    out = capsys.readouterr().out
+    assert summary is None and isinstance(error, Stalled)
+    message = str(error)
+    assert "no learner step and no finished episode for" in message and "watchdog_s 6" in message
+    assert "env pool 0: no answer to a ping within 5 s" in message
+    assert "waiting on env pool 0" in message
+    assert "driver: waiting for a batch" in message
+    assert "train: watchdog: no learner step" in out  # the first period's report
+    assert f"the stop wrote checkpoint step_{step}" in message
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{step}"
+    records = read_jsonl(run_dir / "episodes.jsonl")
+    assert Counter(r["outcome"] for r in records)["in_flight"] >= 1  # what the stall held up
+
+
+@pytest.mark.slow
+def test_a_teacher_server_that_goes_away_stops_the_run_naming_the_role(tiny_models, ray_cluster, tmp_path, capsys):
+    """The server answers the run's check at its start (model, context, logprobs), then is gone
+    for good: the teacher engine is replaced until the role has failed."""
+    from rose_ray.cli import main
+    from rose_ray.inference.hf import HFEngine
+    from rose_ray.inference.server import OpenAIServer
+
+    teacher = str(tiny_models["teacher"])  # tiny:teacher, served under its folder's name
+    engine = HFEngine(EngineConfig(model=teacher, dtype="float32", threads=1, context_tokens=2048))
+    server = OpenAIServer(engine, teacher).start_background()
+    run_dir = tmp_path / "run"
+
+    def go_away() -> None:  # once the run's actors start, its check of the server is behind it
+        while not (run_dir / "episodes.jsonl").exists():
+            time.sleep(0.05)
+        server.stop()
+
+    threading.Thread(target=go_away, daemon=True).start()
+    code = main(["train", *overrides(tiny_models, run_dir, 3, "teacher_engine.backend=openai",
+                                     f"teacher_engine.base_url={server.url}",
+                                     "teacher_engine.retry_s=1", "reliability.max_restarts=1")])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "rose-ray train: error: teacher engine: lost 2 times, more than reliability.max_restarts=1" in err
+    assert f"{server.url}: no answer after" in err
+    assert "the stop wrote checkpoint step_0" in err
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_0"
+    records = read_jsonl(run_dir / "episodes.jsonl")
+    assert records and {r["outcome"] for r in records} == {"in_flight"}  # none lost: all to play again
+
+
+@pytest.mark.slow
+def test_a_run_killed_between_checkpoints_resumes_with_every_game_played_once(tiny_models, ray_cluster, tmp_path):
+    import psutil
+
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "rose_ray.cli", "train", "ray_address=local",
+                             *overrides(tiny_models, run_dir, 100)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, metrics = time.time() + 400, run_dir / "metrics.jsonl"
+        while time.time() < deadline and proc.poll() is None:
+            logged = [m["step"] for m in read_jsonl(metrics, True) if "learner/loss" in m] if metrics.exists() else []
+            if logged and logged[-1] >= 3 and logged[-1] % 2 == 1:  # trained past the checkpoint
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stdout.read()
+        # The whole job dies at once, as on a lost node: the driver, its Ray and its JVMs.
+        family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        for pid in family:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    checkpoint = (run_dir / "checkpoints" / "latest").read_text().strip()
+    saved = json.loads((run_dir / "checkpoints" / f"trainer_{checkpoint}.json").read_text())
+    before = read_jsonl(run_dir / "episodes.jsonl", partial_ok=True)
+    assert max(r.get("step", 0) for r in before) > saved["step"]  # work after the checkpoint was lost
+    open_then = {d["n"] for d in saved["ledger"]["open"]}
+    assert open_then  # in flight or buffered at the checkpoint
+
+    steps = saved["step"] + 3
+    summary = train(None, [f"steps={steps}"], resume=str(run_dir))
+    assert summary["steps"] == steps
+    records = check_exactly_once(run_dir, steps)
+    outcome = {r["n"]: r["outcome"] for r in records}
+    assert all(outcome[n] != "in_flight" for n in open_then), "an episode open at the checkpoint was skipped"
+    # Counters go on from the checkpoint: every trained episode of both runs counted once.
+    assert summary["buffer"]["trained"] == BATCH * steps
+    assert summary["episodes"]["trained"] == BATCH * steps
+    assert summary["accounting_holds"]

@@ -1,0 +1,38 @@
+"""`rose-ray serve` and the openai backend, over real HTTP on localhost."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from tests.served import free_port, start_server
+from tests.unit.test_server import KEY, NAME, post
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["hf", "vllm"])
+def test_rose_ray_serve_command(backend, tiny_models, tmp_path):
+    """The CLI end to end: a subprocess serving on a free port, with a key, on each backend
+    (vllm: vLLM's engine batching continuously behind the same endpoints)."""
+    if backend == "vllm":
+        pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
+    port = free_port()
+    env = {**os.environ, "ROSE_RAY_API_KEY": KEY}
+    cmd = [sys.executable, "-m", "rose_ray.cli", "serve", str(tiny_models["student"]), "--port", str(port),
+           "--served-model-name", NAME, "--threads", "1", "--dtype", "float32", "--backend", backend,
+           "--kv-cache-mb", "64"]
+    srv = start_server(cmd, tmp_path / "serve.log", env, port, timeout_s=300)
+    try:
+        status, out = post(srv.url + "/completions", {"model": NAME, "prompt": "look", "max_tokens": 3,
+                                                      "temperature": 0})
+        assert status == 200 and len(out["choices"][0]["token_ids"]) == 3
+        status, scored = post(srv.url + "/completions", {"prompt": [5, 6, 7, 8], "max_tokens": 1,
+                                                         "prompt_logprobs": 0})
+        lps = [next(iter(e.values()))["logprob"] for e in scored["choices"][0]["prompt_logprobs"][1:]]
+        assert status == 200 and len(lps) == 3 and all(lp < 0 for lp in lps)
+        assert post(srv.url + "/completions", {"prompt": "look"}, key="nope")[0] == 401
+    finally:
+        srv.stop()
+    assert f"with the {backend} backend" in srv.log.read_text()

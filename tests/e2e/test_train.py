@@ -1,0 +1,286 @@
+"""End to end on a real local Ray cluster: a short tiny online-ROSE run, resume, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rose_ray.envs.protocol import parse_action
+from rose_ray.metrics import read_scalars
+from rose_ray.train import train
+
+K = 2
+
+# The learning-rate schedule and a dev eval every step, which the diagnostics tests read.
+STEPS, LR = 3, 3e-3
+DIAGNOSTICS = [f"learner.lr={LR}", "learner.schedule=cosine", "learner.warmup_steps=1", "eval.every=1",
+               "eval.every_n=2"]
+STEP_KEYS = ["rollout/student_valid_rate", "rollout/teacher_valid_rate", "learner/trained_tokens_student",
+             "learner/trained_tokens_teacher", "learner/trained_replies", "learner/trained_truncated_rate",
+             "learner/trained_repeated_rate", "learner/trained_invalid_rate", "learner/lr"]
+DEV_KEYS = ["eval/dev_score", "eval/dev_success", "eval/dev_pass", "eval/dev_invalid_action_rate",
+            "eval/dev_cut_before_action_rate"]
+
+
+LISTED_SCALARS = [
+    "eval/score", "eval/success", "eval/pass",
+    "rollout/score", "rollout/episodes_per_s", "rollout/tokens_per_s", "rollout/handoff_turn",
+    "rollout/invalid_action_rate",
+    "learner/loss", "learner/loss_teacher_ce", "learner/loss_opd", "learner/grad_norm", "learner/lr",
+    "learner/tokens_per_s",
+    "async/policy_lag", "async/buffer_size", "async/dropped_stale",
+    "env/step_ms_p50", "env/step_ms_p95", "env/restarts",
+    "weights/sync_ms", "weights/version",
+]
+
+
+def overrides(tiny_models, run_dir, steps: int) -> list[str]:
+    """A short tiny run; run_dir None: the config's run_dir (a new version folder under it)."""
+    return [
+        f"tiny_dir={tiny_models['student'].parent}", *([f"run_dir={run_dir}"] if run_dir else []), f"steps={steps}",
+        "teacher_warmup.enabled=false", "checkpoint_every=2", "rollout.batch_episodes=2",
+        "rollout.max_turns=4", f"algorithm.handoff.k={K}", "rollout.student_sampling.max_new_tokens=16",
+        "rollout.teacher_sampling.max_new_tokens=16", "eval.n=2", "eval.max_turns=2",
+        "eval.max_new_tokens=8", "env.games_per_worker=2",
+    ]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_models, ray_cluster, tmp_path_factory):
+    """A run started as a user starts one, without run_dir=: into the config's run_dir, which
+    follows ROSE_RAY_RUNS. One run read by every test below (the per-step diagnostics and the
+    dev-eval curve included: DIAGNOSTICS)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("ROSE_RAY_RUNS", str(tmp_path_factory.mktemp("train")))
+        summary = train(None, overrides(tiny_models, None, steps=3) + DIAGNOSTICS)
+    return Path(summary["run_dir"]), summary
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_trajectories_are_student_then_teacher(tiny_run):
+    run_dir, summary = tiny_run
+    rows = read_jsonl(run_dir / "trajectories.jsonl")
+    assert len(rows) == 3 * 2
+    for r in rows:
+        owners = [m["owner"] for m in r["conversations"] if m["role"] == "assistant" and m["owner"] != "prompt"]
+        assert len(owners) == r["rounds"] >= 1
+        assert owners[:K] == ["student"] * min(K, len(owners))
+        assert owners[K:] == ["teacher"] * (len(owners) - K)
+        assert r["handoff_turn"] == (K + 1 if len(owners) > K else None)
+        # rose with lambda = 0: only teacher tokens carried loss; the student's are context.
+        for m in r["conversations"]:
+            assert m["loss"] is (m["role"] == "assistant" and m["owner"] == "teacher"), m
+    # No trajectory trained twice.
+    assert len({r["episode_id"] for r in rows}) == len(rows)
+
+
+@pytest.mark.slow
+def test_learner_steps_and_the_student_engine_version_advances(tiny_run):
+    run_dir, summary = tiny_run
+    assert summary["steps"] == 3 and summary["version"] == 3
+    steps = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert all(math.isfinite(m["learner/loss"]) and m["learner/loss"] > 0 for m in steps)
+    assert [m["weights/version"] for m in steps] == [1.0, 2.0, 3.0]
+    rows = read_jsonl(run_dir / "trajectories.jsonl")
+    # With max_lag 1, step 3 (at version 2) trains only on episodes sampled after a publication.
+    assert max(r["student_version"] for r in rows if r["step"] == 3) >= 1
+
+
+@pytest.mark.slow
+def test_tensorboard_has_the_listed_scalars(tiny_run):
+    run_dir, _ = tiny_run
+    scalars = read_scalars(run_dir / "tb")
+    missing = [tag for tag in LISTED_SCALARS if tag not in scalars]
+    assert not missing
+    assert [s for s, _ in scalars["learner/loss"]] == [1, 2, 3]
+    assert {s for s, _ in scalars["eval/score"]} == {0, 3}  # before and after
+
+
+@pytest.mark.slow
+def test_accounting_holds(tiny_run):
+    _, summary = tiny_run
+    b = summary["buffer"]
+    assert summary["accounting_holds"]
+    assert b["trained"] == 6
+    assert b["admitted"] >= b["trained"] + b["dropped_stale"] + b["failed"]
+    assert summary["runner"]["started"] >= summary["runner"]["finished"]
+
+
+@pytest.mark.slow
+def test_each_step_logs_validity_and_what_it_trained_on(tiny_run):
+    run_dir, _ = tiny_run
+    steps = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
+    rows = read_jsonl(run_dir / "trajectories.jsonl")
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    # cosine after one warm-up step, over the run's 3 steps: full rate, full, half
+    assert [m["learner/lr"] for m in steps] == pytest.approx([LR, LR, LR / 2])
+    for m in steps:
+        assert all(k in m for k in STEP_KEYS), [k for k in STEP_KEYS if k not in m]
+        replies = [(r, c) for r in rows if r["step"] == m["step"] for c in r["conversations"]
+                   if c["role"] == "assistant" and c["owner"] in ("student", "teacher")]
+        for owner in ("student", "teacher"):  # the rates are the records' flags, counted
+            mine = [c for _, c in replies if c["owner"] == owner]
+            assert m[f"rollout/{owner}_valid_rate"] == pytest.approx(
+                sum(not c.get("invalid") for c in mine) / len(mine))
+        # rose with lambda 0: only the teacher's replies train, all its tokens counted there
+        trained = [c for _, c in replies if c["loss"]]
+        assert {c["owner"] for c in trained} == {"teacher"} and m["learner/trained_replies"] == len(trained)
+        assert m["learner/trained_tokens_student"] == 0
+        assert m["learner/trained_tokens_teacher"] == m["learner/trained_tokens"] > 0
+        for flag in ("truncated", "repeated", "invalid"):
+            assert m[f"learner/trained_{flag}_rate"] == pytest.approx(sum(bool(c.get(flag)) for c in trained) / len(trained))
+    # With 16 new tokens and an untrained teacher, some replies are cut and most are not actions.
+    assert any(c.get("truncated") for r in rows for c in r["conversations"])
+    assert any(c.get("invalid") for r in rows for c in r["conversations"])
+    # A repeat is a reply that sent the action of the reply before it.
+    for r in rows:
+        actions = [parse_action(c["content"]).action for c in r["conversations"]
+                   if c["role"] == "assistant" and c["owner"] in ("student", "teacher")]
+        flagged = [bool(c.get("repeated")) for c in r["conversations"]
+                   if c["role"] == "assistant" and c["owner"] in ("student", "teacher")]
+        assert not flagged or not flagged[0]
+        assert flagged[1:] == [a is not None and a == b for a, b in zip(actions[1:], actions)]
+
+
+@pytest.mark.slow
+def test_a_dev_eval_curve_from_before_the_first_step_to_after_the_last(tiny_run):
+    run_dir, summary = tiny_run
+    dev = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "eval/dev_score" in m]
+    assert dev[0]["step"] == 0 and dev[-1]["step"] == STEPS  # the steps between: when one was free
+    for m in dev:
+        assert all(k in m and 0.0 <= m[k] <= 1.0 for k in DEV_KEYS), m
+    assert [e["step"] for e in summary["dev"]] == [m["step"] for m in dev]
+    assert all(e["games"] == 2 for e in summary["dev"])
+    assert summary["before"]["games"] == summary["after"]["games"] == 2  # the test games: apart from dev
+    scalars = read_scalars(run_dir / "tb")
+    assert all(k in scalars for k in STEP_KEYS + DEV_KEYS)
+
+
+def model_step(run_dir) -> int:
+    return json.loads((run_dir / "model" / "rose_ray_model.json").read_text())["step"]
+
+
+@pytest.mark.slow
+def test_checkpoint_and_resume_continue_from_the_step(tiny_run, tiny_models):
+    run_dir, summary = tiny_run
+    runs = run_dir.parent  # the config's run_dir: $ROSE_RAY_RUNS/tiny
+    assert runs.name == "tiny" and run_dir.name == "version_0" and (runs / "latest").read_text() == "version_0\n"
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_3"
+    assert summary["model"] == str(run_dir / "model") and model_step(run_dir) == 3
+    summary = train(None, ["steps=5"], resume=str(runs))  # the config's run_dir: its latest run
+    assert summary["run_dir"] == str(run_dir) and summary["steps"] == 5 and summary["version"] == 5
+    assert model_step(run_dir) == 5  # a resumed run rewrites model/ when it ends
+    steps = [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
+    assert steps == [1, 2, 3, 4, 5]
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(None, overrides(tiny_models, run_dir, steps=3))
+
+
+def _jvm_pids() -> set[int]:
+    out = subprocess.run(["pgrep", "-f", "scienceworld.jar"], capture_output=True, text=True).stdout
+    return {int(p) for p in out.split()}
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_no_jvm_left(tiny_models, tmp_path):
+    run_dir = tmp_path / "run"
+    before = _jvm_pids()
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rose_ray.cli", "train", "ray_address=local", "eval.before=false",
+         "eval.teacher=false", *overrides(tiny_models, run_dir, steps=100)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.time() + 400
+        metrics = run_dir / "metrics.jsonl"
+        while time.time() < deadline and proc.poll() is None:
+            if metrics.exists() and any("learner/loss" in line for line in metrics.read_text().splitlines()):
+                break
+            time.sleep(1)
+        assert proc.poll() is None, proc.stdout.read()
+        during = _jvm_pids() - before
+        assert during  # the run's JVMs are up
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert "stopping after the current step" in out
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert int(latest.split("_")[1]) >= 1
+    assert model_step(run_dir) == int(latest.split("_")[1])  # model/ after the final checkpoint
+    assert f"model in {run_dir / 'model'}" in out
+    time.sleep(1)
+    assert not (_jvm_pids() & during)
+
+
+def every_reply_of_its_owners_trained(run_dir: Path, owners: set[str]) -> None:
+    """The run's replies were all by `owners` and every one of them trained (opd: the
+    student's; teacher_sft: the teacher's), nothing else."""
+    rows = read_jsonl(run_dir / "trajectories.jsonl")
+    assert {m["owner"] for r in rows for m in r["conversations"]
+            if m["role"] == "assistant" and m["owner"] != "prompt"} == owners
+    assert all(m["loss"] is (m["role"] == "assistant" and m["owner"] in owners)
+               for r in rows for m in r["conversations"])
+
+
+@pytest.mark.slow
+def test_teacher_sft_runs(tiny_models, ray_cluster, tmp_path):
+    """teacher_sft on the default (hf) engines; opd's run is the vLLM one below (and
+    tests/e2e/test_qwen3.py runs opd on hf engines)."""
+    run_dir = tmp_path / "run"
+    summary = train(None, overrides(tiny_models, run_dir, steps=1) + [
+        "algorithm=teacher_sft", "eval.before=false",
+        "eval.after=false", "eval.teacher=false", "mode=sync"])
+    assert summary["steps"] == 1
+    every_reply_of_its_owners_trained(run_dir, {"teacher"})
+    step = next(m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m)
+    assert step["learner/loss_teacher_ce"] != 0.0
+
+
+def sampled_ids_trained(run_dir: Path, summary: dict) -> None:
+    """Two sync steps on vLLM engines trained on exactly the sampled ids: the learner's logprob
+    of each sampled id equals the engine's (importance ratio 1, none clipped), which it would
+    not be if the learner trained on other ids or the engine served other weights after a
+    publication."""
+    assert summary["steps"] == 2 and summary["version"] == 2
+    steps = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
+    assert len(steps) == 2
+    for m in steps:
+        assert m["learner/opd_ratio"] == pytest.approx(1.0, abs=1e-3), m
+        assert m["learner/opd_clip_frac"] == 0.0
+    rows = read_jsonl(run_dir / "trajectories.jsonl")
+    assert {r["student_version"] for r in rows if r["step"] == 2} == {1}  # sampled after the publication
+
+
+VLLM_ENGINES = ["mode=sync", "eval.before=false", "eval.after=false", "eval.teacher=false",
+                "student_engine.backend=vllm", "teacher_engine.backend=vllm",
+                "student_engine.kv_cache_mb=64", "teacher_engine.kv_cache_mb=64"]
+
+
+@pytest.mark.slow
+def test_opd_two_steps_on_vllm_engines_train_on_exactly_the_sampled_ids(tiny_models, ray_cluster, tmp_path):
+    """Both engines on vLLM, sync, opd: every reply is the student's and trained, with the OPD
+    term; the learner's ratios say it trained on what vLLM sampled. rose (with λ > 0) on vLLM
+    engines, hub-id models and a killed student: tests/e2e/test_reliability.py."""
+    pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
+    run_dir = tmp_path / "run"
+    summary = train(None, overrides(tiny_models, run_dir, steps=2) + ["algorithm=opd", *VLLM_ENGINES])
+    sampled_ids_trained(run_dir, summary)
+    every_reply_of_its_owners_trained(run_dir, {"student"})
+    assert all(m["learner/loss_opd"] != 0.0 for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m)

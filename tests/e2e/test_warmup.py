@@ -1,0 +1,79 @@
+"""The tiny default's teacher warm-up: shipped gold demonstrations, held-out games kept out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rose_ray.config import load_config
+from rose_ray.recipes.warmup import DEMONSTRATIONS, shipped_gold, warmup_cache
+from rose_ray.rows import read_jsonl
+
+
+@pytest.mark.slow
+def test_the_warm_up_trains_on_the_shipped_rows_and_is_cached(tmp_path, ray_cluster):
+    """A one-step warm-up (all 128 shipped rows in one batch, cut to 1,024 tokens, which is not
+    part of the gold key) through resolve_models, then the cache: no second warm-up."""
+    from rose_ray.recipes.warmup import resolve_models
+
+    short = ["teacher_warmup.epochs=1", "teacher_warmup.batch_episodes=128", "learner.max_tokens=1024",
+             "student_engine.context_tokens=1024"]
+    cfg = load_config(None, [f"tiny_dir={tmp_path}", *short])
+    _, teacher = resolve_models(cfg)
+    info = json.loads((tmp_path / teacher.rsplit("/", 1)[1] / "rose_ray_warmup.json").read_text())
+    assert info["gold"] == "shipped" and 0 < info["final_loss"] < 20 and len(info["weights_sha256"]) == 64
+    # the rows it learnt from are kept beside the weights: the shipped ones, all of them
+    kept = read_jsonl(tmp_path / teacher.rsplit("/", 1)[1] / DEMONSTRATIONS)
+    assert kept == shipped_gold(warmup_cache(cfg, "t")[0])
+    stamp = (tmp_path / teacher.rsplit("/", 1)[1]).stat().st_mtime_ns
+    assert resolve_models(load_config(None, [f"tiny_dir={tmp_path}", *short]))[1] == teacher
+    assert (tmp_path / teacher.rsplit("/", 1)[1]).stat().st_mtime_ns == stamp
+
+
+@pytest.mark.slow
+def test_the_warm_up_sft_is_the_same_teacher_twice(tmp_path, ray_cluster, tiny_models):
+    """The warm-up's SFT, seeded, run twice on 8 shipped rows: the same weights digest (what
+    makes the tiny teacher the same on every machine)."""
+    from rose_ray.recipes.sft import train_sft
+    from rose_ray.recipes.warmup import weights_digest
+    from rose_ray.rows import write_jsonl
+
+    cfg = load_config(None, [f"tiny_dir={tmp_path}"])
+    rows = shipped_gold(warmup_cache(cfg, "t")[0])[:8]
+    write_jsonl(tmp_path / "gold.jsonl", rows)
+    w = cfg.teacher_warmup
+    digests = []
+    for run in ("a", "b"):
+        train_sft(tmp_path / "gold.jsonl", tiny_models["teacher"], tmp_path / run, epochs=1, batch_size=4,
+                  lr=w.lr, schedule=w.schedule, seed=w.seed, sft_owners=["teacher"], threads=w.threads,
+                  log=lambda line: None)
+        digests.append(weights_digest(tmp_path / run))
+    assert digests[0] == digests[1]
+    assert digests[0] != weights_digest(Path(tiny_models["teacher"]))  # it trained
+
+
+@pytest.mark.slow
+def test_teacher_demonstrations_open_with_the_students_own_sampled_turns(tiny_models, ray_cluster):
+    """Live: the (untrained, random) tiny student plays its first turns on the drawn games, and
+    the teacher's demonstrations there open with exactly those replies, student-owned, then gold."""
+    from rose_ray.recipes.warmup import gold_games, opening_turns, play_gold, student_openings
+
+    cfg = load_config(None, ["teacher_warmup.student_openings=1.0", "teacher_warmup.opening_turns=2",
+                             "teacher_warmup.gold_games=4", "rollout.student_sampling.max_new_tokens=12",
+                             "teacher_warmup.max_turns=3"])
+    games = gold_games(cfg)
+    openings = student_openings(cfg, games, str(tiny_models["student"]))
+    assert set(openings) == {g.item_id for g in games}  # share 1.0: every game
+    assert all(len(openings[g.item_id]) == opening_turns(g, 1.0, 2) for g in games)
+    assert len({r for replies in openings.values() for r in replies}) > 1  # sampled text, not a fixed detour
+    rows = play_gold(cfg, "teacher", str(tiny_models["student"]))
+    assert len(rows) == len(games)
+    kept = 0
+    for row in rows:
+        owners = [m["owner"] for m in row["conversations"][3::2]]
+        n = owners.count("student")
+        assert owners == ["student"] * n + ["teacher"] * (len(owners) - n) and owners[-1] == "teacher"
+        kept += n > 0
+    assert kept  # the random student's replies change nothing in most games: kept before the gold path

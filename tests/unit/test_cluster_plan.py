@@ -1,0 +1,182 @@
+"""Placement: per-node bin-packing of every role, `rose-ray plan` on a simulated three-node
+cluster (one node with 2 GPUs, two CPU-only env nodes), and GPU placement groups."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rose_ray.config import load_config
+from rose_ray.placement import (
+    NodeInfo,
+    PlacementError,
+    RoleDemand,
+    check_fits,
+    demands,
+    plan,
+    units,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+TINY = str(ROOT / "rose_ray/configs/tiny.yaml")
+
+
+SEED = str(ROOT / "configs/rose_qwen3_1p7b_32b.yaml")
+
+
+def node(name: str, **res: float) -> NodeInfo:
+    return NodeInfo(name * 8, "10.0.0." + name, dict(res), dict(res))
+
+
+# --------------------------------------------------------------------------- pure planning
+def test_an_actor_must_fit_on_one_node_not_just_in_total():
+    roles = [RoleDemand("teacher engine", 1, {"CPU": 1, "GPU": 2}, group="teacher")]
+    two_small = [node("a", CPU=8, GPU=1), node("b", CPU=8, GPU=1)]
+    check_fits(roles, {"CPU": 16, "GPU": 2})  # the totals alone would say yes
+    with pytest.raises(PlacementError) as e:
+        plan(roles, two_small)
+    msg = str(e.value)
+    assert "teacher engine" in msg and "2 GPU on one node" in msg and "largest node has 1 GPU" in msg
+    [a] = plan(roles, two_small + [node("c", CPU=4, GPU=2)])
+    assert a.node.address == "10.0.0.c"
+
+
+def test_seed_config_fits_an_eight_gpu_node_with_env_nodes_and_not_four_gpus():
+    cfg = load_config(SEED, ["env.resources.env_node=1"])
+    nodes = [node("g", CPU=32, GPU=8), node("e", CPU=64, env_node=1000), node("f", CPU=64, env_node=1000)]
+    placed = plan(demands(cfg), nodes)
+    where = {a.unit.label: a.node.address for a in placed}
+    assert where["student engine"] == where["teacher engine"] == where["learner ranks #0"] == "10.0.0.g"
+    env = [a.node.address for a in placed if a.unit.label.startswith("env workers")]
+    assert len(env) == 8 and env.count("10.0.0.e") == env.count("10.0.0.f") == 4  # spread evenly
+    with pytest.raises(PlacementError, match=r"(student engine|learner ranks #\d) .*GPU"):
+        plan(demands(cfg), [node("g", CPU=32, GPU=4)] + nodes[1:])  # the teacher takes all four
+
+
+def test_a_tensor_parallel_engine_reserves_one_bundle_of_its_gpus():
+    cfg = load_config(SEED)  # teacher_engine.tensor_parallel_size 4 on vllm
+    teacher = next(u for u in units(demands(cfg)) if u.label == "teacher engine")
+    assert teacher.resources["GPU"] == 4 and teacher.group == "teacher"
+    # Two 4-GPU nodes: the teacher's four land together on one of them.
+    placed = plan(demands(cfg), [node("a", CPU=32, GPU=4), node("b", CPU=32, GPU=4)])
+    assert len({a.node.address for a in placed if a.unit.label == "teacher engine"}) == 1
+    with pytest.raises(PlacementError, match=r"resources.teacher_gpus: 2, but teacher_engine.tensor_parallel_size is 4.*"
+                                             r"set resources.teacher_gpus: 4"):
+        demands(load_config(SEED, ["resources.teacher_gpus=2"]))
+    with pytest.raises(PlacementError, match=r"resources.student_gpus: 2, but student_engine.tensor_parallel_size is 1"):
+        demands(load_config(SEED, ["resources.student_gpus=2"]))
+    with pytest.raises(PlacementError, match=r"teacher_engine.tensor_parallel_size: 4, but only the vllm backend"):
+        demands(load_config(SEED, ["teacher_engine.backend=hf"]))
+    demands(load_config(SEED, ["teacher_engine.tensor_parallel_size=2", "resources.teacher_gpus=2"]))
+
+
+def test_separate_gpu_sets_by_default_and_colocation_shares_bundles():
+    student = RoleDemand("student engine", 1, {"CPU": 1, "GPU": 0.5}, group="student")
+    learner = RoleDemand("learner ranks", 2, {"CPU": 1, "GPU": 0.5}, group="learner")
+    separate = units([student, learner])
+    assert [u.resources["GPU"] for u in separate] == [1.0, 1.0, 1.0]  # whole GPUs each
+    with pytest.raises(PlacementError, match="GPU"):
+        plan([student, learner], [node("a", CPU=8, GPU=2)])
+    colocated = units([RoleDemand("student engine", 1, {"CPU": 1, "GPU": 0.5}, group="learner"), learner])
+    assert [(u.label, u.resources["GPU"]) for u in colocated] == [
+        ("student engine + learner ranks #0", 1.0), ("learner ranks #1", 1.0)]
+    placed = plan([RoleDemand("student engine", 1, {"CPU": 1, "GPU": 0.5}, group="learner"), learner],
+                  [node("a", CPU=8, GPU=2)])
+    assert len(placed) == 2
+
+
+def test_colocate_field_is_read_when_the_config_has_it():
+    cfg = load_config(TINY, ["resources.student_gpus=0.5", "learner.gpus_per_rank=0.5"])
+    assert [d.group for d in demands(cfg)][2:] == ["student", None, "learner"]
+    cfg.resources.colocate = True  # a ResourcesConfig field
+    assert [d.group for d in demands(cfg)][2:] == ["learner", None, "learner"]
+
+
+def test_missing_custom_resource_is_named():
+    roles = [RoleDemand("env workers", 2, {"CPU": 1, "env_node": 1}, "SPREAD")]
+    with pytest.raises(PlacementError, match="env workers.*no node has the resource 'env_node'"):
+        plan(roles, [node("a", CPU=8, GPU=2)])
+
+
+# --------------------------------------------------------------------------- a real cluster
+@pytest.fixture(scope="module")
+def cluster(env_node_cluster):
+    """(cluster, env node ids, head node id) of conftest.env_node_cluster."""
+    c, env_nodes = env_node_cluster
+    return c, [n.node_id for n in env_nodes], c.head_node.node_id
+
+
+FITS = ["env.workers=2", "env.cpus_per_worker=0.5", "env.resources.env_node=1",
+        "resources.student_gpus=1", "resources.teacher_gpus=1", "learner.gpus_per_rank=0"]
+
+
+def test_plan_prints_where_each_actor_goes(cluster, capsys):
+    from rose_ray.cli import main
+
+    _, env_nodes, head = cluster
+    assert main(["plan", "--config", TINY, *FITS]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("  ")[0].strip(): line for line in out.splitlines() if line.startswith(("env", "eval", "student", "teacher", "learner"))}
+    assert head[:8] in rows["student engine"] and head[:8] in rows["teacher engine"]
+    assert "placement group 'student'" in rows["student engine"]
+    assert {env_nodes[0][:8], env_nodes[1][:8]} == {n[:8] for n in env_nodes
+                                                    if any(n[:8] in rows[k] for k in ("env workers #0", "env workers #1"))}
+    assert "plan: the cluster can hold 'tiny'" in out
+    # Memory per GPU: printed, not checked, when no one says how big the GPUs are.
+    assert "GPU: unknown (pass --gpu-memory GiB to check that each role fits)" in out
+
+
+def test_plan_rejects_what_the_cluster_cannot_hold(cluster, capsys):
+    from rose_ray.cli import main
+
+    # 3 GPUs wanted, 2 on the only GPU node.
+    assert main(["plan", "--config", TINY, *FITS, "learner.gpus_per_rank=1"]) == 2
+    err = capsys.readouterr().err
+    assert "rose-ray plan: error:" in err and "GPU" in err
+    assert any(role in err for role in ("learner ranks", "student engine", "teacher engine"))
+    # An env worker bigger than any node (3 CPUs; nodes have 2, the cluster 6).
+    assert main(["plan", "--config", TINY, *FITS, "env.cpus_per_worker=3"]) == 2
+    err = capsys.readouterr().err
+    assert "env workers" in err and "largest node has 2 CPU" in err
+    # A custom resource no node has.
+    assert main(["plan", "--config", TINY, *FITS, "env.resources.big_disk=1"]) == 2
+    assert "no node has the resource 'big_disk'" in capsys.readouterr().err
+
+
+def test_plan_cli_exits_2_against_ray_address(cluster):
+    c, _, _ = cluster
+    env = {**os.environ, "RAY_ADDRESS": c.address, "RAY_AUTH_MODE": "disabled"}
+    out = subprocess.run([sys.executable, "-m", "rose_ray.cli", "plan", "--config", TINY, *FITS,
+                          "resources.teacher_gpus=2"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "teacher engine" in out.stderr and "GPU" in out.stderr
+
+
+def test_placement_groups_put_gpu_roles_on_the_gpu_node(cluster):
+    import ray
+
+    from rose_ray.placement import PlacementGroups
+
+    _, _, head = cluster
+    cfg = load_config(TINY, FITS)
+    groups = PlacementGroups(demands(cfg), timeout_s=60)
+    try:
+        assert groups.options("env workers", 0) == {}  # CPU roles are placed freely
+
+        @ray.remote(num_cpus=0.25, num_gpus=1)
+        def where() -> str:
+            return ray.get_runtime_context().get_node_id()
+
+        for role in ("student engine", "teacher engine"):
+            assert ray.get(where.options(**groups.options(role, 0)).remote(), timeout=60) == head
+    finally:
+        groups.remove()
+    too_big = load_config(TINY, [*FITS, "resources.teacher_gpus=2"])
+    with pytest.raises(PlacementError, match=r"placement group '(student|teacher)' \(.*GPU.*\) was not ready"):
+        PlacementGroups(demands(too_big), timeout_s=3)

@@ -1,0 +1,219 @@
+"""Each command's settings are one typed config (rose_ray/commands.py): the same settings given as
+flags, as a YAML file or as KEY=VALUE make equal configs; KEY=VALUE > flag > YAML > default; bad
+keys, types and missing settings exit 2 naming the key. Fast: nothing here plays or loads a model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import fields
+
+import pytest
+import yaml
+
+from rose_ray.cli import build_parser, main
+from rose_ray.commands import COMMANDS, resolve
+from rose_ray.inference.engine import EngineConfig
+from rose_ray.learner.learner import LearnerConfig
+
+# The flags each command had before its settings became a config (cli.py at 5aabbbc): every one
+# must still be there, spelled the same.
+FLAGS_BEFORE = {
+    "eval": ["--backend", "--compare", "--concurrency", "--context-policy", "--context-tokens", "--enable-thinking",
+             "--env-workers", "--handoff", "--history", "--instruction-from", "--judge", "--judge-max-new-tokens",
+             "--judge-model", "--judge-thinking", "--knowledge-from", "--kv-cache-mb", "--mapping", "--max-new-tokens",
+             "--max-turns", "--model", "--n", "--out", "--seed", "--served-model", "--split", "--tasks", "--teacher",
+             "--temperature", "--tokenizer", "--world"],
+    "collect": ["--backend", "--concurrency", "--context-policy", "--context-tokens", "--enable-thinking",
+                "--history", "--instruction-from", "--kv-cache-mb", "--mapping", "--max-new-tokens", "--model", "--n",
+                "--out", "--schema", "--seed", "--served-model", "--split", "--temperature", "--tokenizer", "--turns",
+                "--world"],
+    "continue": ["--backend", "--concurrency", "--context-policy", "--context-tokens", "--enable-thinking",
+                 "--history", "--in", "--instruction-from", "--kv-cache-mb", "--mapping", "--max-new-tokens",
+                 "--max-turns", "--out", "--schema", "--seed", "--served-model", "--student", "--teacher",
+                 "--temperature", "--tokenizer", "--world"],
+    "gold": ["--instruction-from", "--mapping", "--n", "--observe", "--out", "--schema", "--seed", "--split",
+             "--workers", "--world"],
+    "sft": ["--batch-size", "--data", "--dtype", "--epochs", "--history", "--lr", "--max-tokens", "--model", "--out",
+            "--owners", "--ranks", "--schedule", "--seed", "--threads", "--warmup-steps", "--zero-stage"],
+    "serve": ["--api-key", "--backend", "--context-tokens", "--dtype", "--host", "--kv-cache-mb", "--max-batch-size",
+              "--max-concurrent",
+              "--max-wait-ms", "--port", "--served-model-name", "--threads"],
+}
+
+
+# Per command: what it needs (as flags, or the positional MODEL), and settings given three ways
+# below: (key, flag value, YAML/KEY=VALUE value, the typed value).
+REQUIRED = {
+    "eval": [],
+    "collect": ["--model", "m", "--out", "o.jsonl"],
+    "continue": ["--teacher", "t", "--in", "p.jsonl", "--out", "o.jsonl"],
+    "gold": ["--out", "g.jsonl"],
+    "sft": ["--data", "d.jsonl", "--model", "m", "--out", "o"],
+    "serve": ["m"],
+}
+
+
+SETTINGS = {
+    "eval": [("n", "3", 3), ("temperature", "0.5", 0.5), ("history", "sampled", "sampled"), ("tasks", "a,b", "a,b")],
+    "collect": [("turns", "2", 2), ("seed", "7", 7), ("schema", "agentgym", "agentgym"), ("kv_cache_mb", "64.0", 64.0)],
+    "continue": [("max_turns", "4", 4), ("context_policy", "drop_oldest", "drop_oldest"), ("student", "s", "s")],
+    "gold": [("workers", "3", 3), ("split", "dev", "dev"), ("mapping", "agentgym_traj", "agentgym_traj")],
+    "sft": [("epochs", "2", 2), ("lr", "0.001", 0.001), ("zero_stage", "2", 2), ("owners", "teacher", "teacher")],
+    "serve": [("port", "9001", 9001), ("dtype", "float32", "float32"), ("max_wait_ms", "2.5", 2.5)],
+}
+
+
+BOOLS = {"eval": "enable_thinking", "collect": "enable_thinking", "continue": "enable_thinking", "gold": "observe"}
+
+
+def settings_of(argv: list[str]):
+    """What `rose-ray ARGV` hands its command (cli.main's parsing, then commands.resolve)."""
+    args, extra = build_parser().parse_known_args(argv)
+    args.overrides += extra  # KEY=VALUE after a flag, as cli.main takes them
+    return resolve(args.settings, args, args.command)
+
+
+def flag(key: str) -> str:
+    return "--in" if key == "input" else "--" + key.replace("_", "-")
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_flags_yaml_and_key_value_make_the_same_config(command, tmp_path):
+    given = [(k, v) for k, v, _ in SETTINGS[command]]
+    as_flags = settings_of([command, *REQUIRED[command], *(a for k, v in given for a in (flag(k), v))])
+    as_pairs = settings_of([command, *REQUIRED[command], *(f"{k}={v}" for k, v in given)])
+    config = tmp_path / "settings.yaml"
+    config.write_text(yaml.safe_dump({k: typed for k, _, typed in SETTINGS[command]}))
+    as_yaml = settings_of([command, *REQUIRED[command], "--config", str(config)])
+    assert as_flags == as_pairs == as_yaml
+    for key, _, typed in SETTINGS[command]:
+        assert getattr(as_flags, key) == typed
+    if command in BOOLS:  # a store_true flag and `key=true` are the same setting
+        key = BOOLS[command]
+        assert getattr(settings_of([command, *REQUIRED[command], flag(key)]), key) is True
+        assert settings_of([command, *REQUIRED[command], f"{key}=true"]) == settings_of(
+            [command, *REQUIRED[command], flag(key)])
+
+
+def test_required_settings_can_come_from_the_yaml_file(tmp_path):
+    config = tmp_path / "collect.yaml"
+    config.write_text("model: m\nout: o.jsonl\nturns: 3\n")
+    cfg = settings_of(["collect", "--config", str(config)])
+    assert (cfg.model, cfg.out, cfg.turns) == ("m", "o.jsonl", 3)
+    config.write_text("teacher: t\ninput: p.jsonl\nout: o.jsonl\n")  # `--in` is the setting `input`
+    assert settings_of(["continue", "--config", str(config)]).input == "p.jsonl"
+
+
+def test_key_value_beats_the_flag_beats_the_yaml_beats_the_default(tmp_path):
+    config = tmp_path / "collect.yaml"
+    config.write_text("turns: 3\nseed: 3\nsplit: dev\n")
+    base = ["collect", "--model", "m", "--out", "o", "--config", str(config)]
+    cfg = settings_of([*base, "--turns", "4", "--seed", "4", "seed=5"])
+    assert (cfg.seed, cfg.turns, cfg.split, cfg.n) == (5, 4, "dev", 0)  # n: the default
+    assert settings_of(["collect", "--model", "m", "--out", "o"]).turns == 5
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_an_unknown_key_exits_2_naming_it_and_the_commands_keys(command, capsys, tmp_path):
+    assert main([command, *REQUIRED[command], "no_such_key=1"]) == 2
+    err = capsys.readouterr().err
+    assert f"rose-ray {command}: error:" in err and "'no_such_key'" in err
+    assert f"{command} has no such setting (its keys: " in err
+    assert all(f.name in err for f in fields(COMMANDS[command]))
+    config = tmp_path / "bad.yaml"
+    config.write_text("also_not_a_key: 1\n")
+    assert main([command, *REQUIRED[command], "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert str(config) in err and "'also_not_a_key'" in err
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_wrong_type_exits_2_naming_the_key(command, capsys, tmp_path):
+    key = next(k for k, _, typed in SETTINGS[command] if isinstance(typed, int | float))
+    assert main([command, *REQUIRED[command], f"{key}=many"]) == 2
+    err = capsys.readouterr().err
+    assert f"'{key}'" in err and "many" in err
+    config = tmp_path / "bad.yaml"
+    config.write_text(f"{key}: [1, 2]\n")
+    assert main([command, *REQUIRED[command], "--config", str(config)]) == 2
+    assert f"'{key}'" in capsys.readouterr().err
+
+
+def test_a_value_outside_its_choices_exits_2_naming_the_key(capsys):
+    assert main(["collect", "--model", "m", "--out", "o", "history=nowhere"]) == 2
+    assert "key 'history': must be one of" in capsys.readouterr().err
+
+
+def test_an_unquoted_on_in_yaml_is_named_with_the_fix(tmp_path, capsys):
+    """YAML 1.1 reads `judge_thinking: on` as a boolean; the error says to quote it, and quoted it works."""
+    config = tmp_path / "eval.yaml"
+    config.write_text("judge_thinking: on\n")
+    assert main(["eval", "--config", str(config), "--model", "m"]) == 2
+    assert "key 'judge_thinking'" in (err := capsys.readouterr().err) and "quote it" in err
+    config.write_text('judge_thinking: "on"\n')
+    args = build_parser().parse_args(["eval", "--config", str(config)])
+    assert resolve(COMMANDS["eval"], args, "eval").judge_thinking == "on"
+
+
+@pytest.mark.parametrize("argv, key, flag_", [
+    (["collect", "--model", "m"], "out", "--out"),
+    (["collect", "--out", "o"], "model", "--model"),
+    (["continue", "--teacher", "t", "--out", "o"], "input", "--in"),
+    (["gold"], "out", "--out"),
+    (["sft", "--data", "d", "--out", "o"], "model", "--model"),
+])
+def test_a_missing_required_setting_exits_2_naming_it(argv, key, flag_, capsys):
+    assert main(argv) == 2
+    assert f"error: {key} is required: give {flag_}" in capsys.readouterr().err
+
+
+def test_a_yaml_file_that_is_not_a_mapping_or_not_yaml_is_named(tmp_path, capsys):
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- model\n- out\n")
+    assert main(["gold", "--config", str(listed)]) == 2
+    assert f"{listed}: not a mapping of gold's settings" in capsys.readouterr().err
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("out: [g.jsonl\n")
+    assert main(["gold", "--config", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert "not valid YAML at line" in err
+
+
+def test_an_eval_job_defaults_as_the_eval_command():
+    """`rose-ray eval` turns its command config into an EvalJob; a setting both have has one default."""
+    from rose_ray.evaluate import EvalJob
+
+    job, command = EvalJob(model="m"), COMMANDS["eval"]
+    shared = [f.name for f in fields(EvalJob) if f.name in {g.name for g in fields(command)}]
+    assert len(shared) >= 15
+    differ = {k for k in shared if getattr(job, k) != getattr(command, k, None)}
+    # read into the job's own form: tasks "a,b" -> [a, b], world None -> the default world, max_turns
+    # None -> the world's limit, kv_cache_mb -> None (the engine's), out -> runs/eval/<model>_<split>
+    assert differ == {"model", "out", "max_turns", "kv_cache_mb", "tasks", "world"}, differ
+
+
+def test_context_tokens_has_one_default():
+    defaults = {name: settings_of([name, *REQUIRED[name]]).context_tokens
+                for name, cls in COMMANDS.items() if "context_tokens" in {f.name for f in fields(cls)}}
+    assert set(defaults) == {"eval", "collect", "continue", "serve"}
+    assert set(defaults.values()) == {EngineConfig.context_tokens} == {16384}
+    assert LearnerConfig.max_tokens >= EngineConfig.context_tokens  # a packed row holds a whole context
+    assert settings_of(["sft", *REQUIRED["sft"]]).max_tokens == LearnerConfig.max_tokens
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_help_still_lists_every_flag_it_had(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    missing = [f for f in FLAGS_BEFORE[command] if f + " " not in out and f + "\n" not in out]
+    assert not missing
+    assert "--config FILE.yaml" in out and "KEY=VALUE" in out
+
+
+def test_importing_the_commands_loads_no_torch():
+    code = ("import sys, rose_ray.commands, rose_ray.cli; rose_ray.cli.build_parser(); "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch loaded'")
+    subprocess.run([sys.executable, "-c", code], check=True)

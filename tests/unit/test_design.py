@@ -1,0 +1,161 @@
+"""The walls of the house, as import rules over the package's source (every import, the ones
+inside functions too): a change that breaks one fails here, naming the module and the import.
+
+- envs/ (worlds, pools, games) runs on CPU workers: no torch, no inference, no learner.
+- learner/ sees tokens only: nothing from inference, rollout, envs, the data modules, the
+  token rendering or the recipes; a Batch arrives ready.
+- Worlds are reached by name (envs/worlds.py): nothing outside envs/ imports a concrete world
+  or names one in its code (a string that is a world's name or item-id prefix).
+- train.py and run.py (the online loop and its house) are imported only by the CLI.
+- inference/engine.py, the engine contract, imports no backend (no circle with hf/openai).
+- The algorithm recipes and the turn policies import no config (the config imports them).
+- placement.py is below check.py and memory.py: it imports neither (no circle through `plan`).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "rose_ray"
+
+
+CONCRETE_WORLDS = ("rose_ray.envs.sciworld", "rose_ray.envs.discoveryworld")
+
+
+def imports(path: Path) -> set[str]:
+    """Every module a file imports, anywhere in it (`from a.b import c` gives a.b and a.b.c)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def modules(folder: str) -> list[Path]:
+    return sorted((PACKAGE / folder).rglob("*.py")) if folder else sorted(PACKAGE.rglob("*.py"))
+
+
+def breaks(paths: list[Path], forbidden: tuple[str, ...]) -> list[str]:
+    return [f"{p.name if PACKAGE not in p.parents else p.relative_to(PACKAGE.parent)} imports {name}" for p in paths for name in sorted(imports(p))
+            if any(name == f or name.startswith(f + ".") for f in forbidden)]
+
+
+def test_envs_import_no_torch_inference_or_learner():
+    assert not breaks(modules("envs"), ("torch", "transformers", "deepspeed", "rose_ray.inference",
+                                        "rose_ray.learner"))
+
+
+def test_the_learner_sees_tokens_only():
+    assert not breaks(modules("learner"), ("rose_ray.inference", "rose_ray.rollout", "rose_ray.envs",
+                                           "rose_ray.rows", "rose_ray.collect", "rose_ray.tokens",
+                                           "rose_ray.recipes", "rose_ray.chat"))
+
+
+def test_nothing_outside_envs_names_a_concrete_world():
+    outside = [p for p in modules("") if (PACKAGE / "envs") not in p.parents]
+    assert not breaks(outside, CONCRETE_WORLDS)
+
+
+def world_names(paths: list[Path]) -> list[str]:
+    """String constants in code that are a world's name or its item-id prefix (`"sciworld"`,
+    `"discoveryworld_"`); prose that mentions one (a docstring, a help text) is not code."""
+    from rose_ray.envs.worlds import WORLDS
+
+    named = {w for w in WORLDS} | {f"{w}_" for w in WORLDS}
+    return [f"{p.relative_to(PACKAGE.parent) if PACKAGE in p.parents else p.name}:{node.lineno} names {node.value!r}"
+            for p in paths for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, ast.Constant) and node.value in named]
+
+
+def test_nothing_outside_envs_names_a_world_in_code():
+    outside = [p for p in modules("") if (PACKAGE / "envs") not in p.parents]
+    assert not world_names(outside)
+
+
+def test_the_loop_is_imported_only_by_the_cli():
+    """cli.py reaches train.py by name ("rose_ray.train:cli_main"); nothing else in the package
+    imports the loop or the run's parts, train.py aside (its RunParts)."""
+    others = [p for p in modules("") if p.name not in ("cli.py", "train.py") or p.parent != PACKAGE]
+    assert not breaks(others, ("rose_ray.train", "rose_ray.run"))
+    assert "rose_ray.train:cli_main" in (PACKAGE / "cli.py").read_text()
+
+
+def test_the_engine_contract_imports_no_backend():
+    assert not breaks([PACKAGE / "inference" / "engine.py"], ("rose_ray.inference.hf", "rose_ray.inference.openai",
+                                                              "rose_ray.inference.backends", "torch"))
+
+
+def test_recipes_and_turn_policies_import_no_config():
+    recipes = [PACKAGE / "recipes" / f for f in ("__init__.py", "rose.py", "opd.py", "teacher_sft.py")]
+    assert not breaks([*recipes, PACKAGE / "rollout" / "handoff.py", PACKAGE / "errors.py"], ("rose_ray.config",))
+
+
+def test_placement_imports_neither_check_nor_memory():
+    """memory.py imports placement.py, and check.py both; `rose-ray plan` lives in check.py."""
+    assert not breaks([PACKAGE / "placement.py"], ("rose_ray.check", "rose_ray.memory"))
+    assert "rose_ray.check:plan_main" in (PACKAGE / "cli.py").read_text()
+
+
+def test_the_rules_see_what_they_forbid(tmp_path):
+    """The checker itself: a lazy import inside a function counts."""
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from rose_ray.inference.engine import fit_context\n    import torch\n")
+    assert breaks([f], ("rose_ray.inference",)) and breaks([f], ("torch",))
+    f.write_text('"""A docstring about sciworld."""\nif world == "discoveryworld":\n    item = "sciworld_" + n\n')
+    assert [line.split(" names ")[1] for line in world_names([f])] == ["'discoveryworld'", "'sciworld_'"]
+
+
+@pytest.mark.parametrize("module", ["rose_ray.envs.worlds", "rose_ray.envs.pool", "rose_ray.envs.catalogue"])
+def test_an_env_worker_loads_without_torch(module):
+    """At run time too: importing an env worker's modules and building a world's catalogue
+    and game class pulls in no torch."""
+    code = (f"import sys, {module}; from rose_ray.envs.worlds import get_world; "
+            "w = get_world('sciworld'); w.catalogue(None); "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("module", ["rose_ray.config", "rose_ray.cli"])
+def test_the_config_and_the_cli_load_without_torch(module):
+    """Reading a config (and starting the CLI, `--help`, a bad-key error) imports no torch: the
+    learner's losses are imported where a step is taken."""
+    code = (f"import sys, {module}; from rose_ray.config import load_config; load_config(None); "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_bad_input_is_an_input_error_and_a_bug_is_not(monkeypatch, capsys):
+    """The CLI exits 2 with one line for the project's input errors only; anything else keeps
+    its traceback. (A bug cannot be produced on purpose, so the command's body is replaced by
+    one that raises what a contract check deep in the code raises.)"""
+    import rose_ray.check
+    from rose_ray.chat import ChatTemplateError
+    from rose_ray.cli import UsageError, main
+    from rose_ray.errors import ConfigError, InputError, UnknownItem
+    from rose_ray.placement import PlacementError
+    from rose_ray.rows import DataError
+
+    for cls in (ConfigError, UnknownItem, DataError, ChatTemplateError, PlacementError, UsageError):
+        assert issubclass(cls, InputError)
+    assert issubclass(UnknownItem, KeyError)  # catalogue lookups are caught as KeyError too
+    from rose_ray.config import default_config_path
+
+    assert main(["check", str(default_config_path()), "env.world=nowhere"]) == 2
+    assert "env.world: must be one of" in capsys.readouterr().err
+
+    def contract_check(args):
+        raise ValueError("turn 3 has 2 logprobs for 5 token ids")
+
+    monkeypatch.setattr(rose_ray.check, "check_main", contract_check)
+    with pytest.raises(ValueError, match="turn 3 has 2 logprobs"):
+        main(["check"])

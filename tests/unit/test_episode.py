@@ -1,0 +1,243 @@
+"""`run_episode` alone, with a scripted game slot and scripted engines (no Ray, no JVM, no
+model): who acts at each turn under on_failure and decay, the different-tokenizer path, and
+the engine's context cut recorded for the learner. The tokenizers and chat templates are the
+real tiny ones; the engines are scripted because what is under test is the episode's logic."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rose_ray.chat import ChatFormat
+from rose_ray.envs.base import StepResult
+from rose_ray.inference.engine import GenerationResult
+from rose_ray.models import load_tokenizer
+from rose_ray.rollout.episode import (
+    Agent,
+    EpisodeConfig,
+    run_episode,
+)
+from rose_ray.rollout.handoff import decay_takes_over, turn_policy
+from rose_ray.tokens import render
+from rose_ray.types import GameId, SamplingParams
+
+GAME = GameId("find-plant", 0, "sciworld_7")
+
+
+INVALID = "No known action matches that input."
+
+
+class ScriptedGame:
+    """An EnvSlot: answers each action with a canned observation (`bad` actions are invalid)."""
+
+    def __init__(self, bad: tuple[str, ...] = ()) -> None:
+        self.bad, self.actions = bad, []
+
+    async def reset(self, game: GameId) -> StepResult:
+        return StepResult("You are in the kitchen.", game=game)
+
+    async def step(self, action: str) -> StepResult:
+        self.actions.append(action)
+        return StepResult(INVALID if action in self.bad else f"You did {action}.", turn=len(self.actions))
+
+
+class Remote:
+    """`obj.method.remote(...)` as an awaitable, the way a Ray actor handle is called."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args):
+        async def call():
+            return self.fn(*args)
+        return call()
+
+
+class ScriptedEngine:
+    """Replies `Action: <actions[i]>` in turn, as ids of its own tokenizer; records requests."""
+
+    def __init__(self, chat: ChatFormat, actions: list[str], version: int = 7, dropped: int = 0,
+                 version_end: int | None = None) -> None:
+        self.chat, self.actions, self.version, self.dropped = chat, list(actions), version, dropped
+        self.version_end = version_end  # a weight update landed under each reply (publish.in_flight keep)
+        self.requests, self.scored = [], []
+        self.generate = Remote(self._generate)
+        self.score = Remote(self._score)
+
+    def _score(self, prompt: list[int], ids: list[int]) -> list[float]:
+        self.scored.append((list(prompt), list(ids)))
+        return [-0.25] * len(ids)
+
+    def _generate(self, request) -> GenerationResult:
+        self.requests.append(request)
+        text = f"Thought: go on.\nAction: {self.actions.pop(0)}"
+        ids = self.chat.encode(text) + [self.chat.eos_id]
+        return GenerationResult(text, ids, [-0.5] * len(ids), "stop", sum(len(t.token_ids) for t in request.turns),
+                                self.version, dropped_turns=self.dropped, version_end=self.version_end,
+                                tokens_on_version=None if self.version_end is None else 1)
+
+
+@pytest.fixture(scope="module")
+def chats(tiny_models, tiny_qwen3):
+    plain = ChatFormat(load_tokenizer(tiny_models["student"]))
+    return {"student": plain, "qwen3": ChatFormat(load_tokenizer(tiny_qwen3["teacher"]))}
+
+
+def play(student, teacher, handoff, game=None, max_turns=4, scored=False, seed=None):
+    config = EpisodeConfig(max_turns=max_turns, score_student_with_teacher=scored,
+                           student_sampling=SamplingParams(1.0, 1.0, 32), teacher_sampling=SamplingParams(0.0, 1.0, 32))
+    return asyncio.run(run_episode(GAME, game or ScriptedGame(), student, teacher, config, handoff,
+                                   handoff_seed=seed))
+
+
+def owners(t) -> list[str]:
+    return [x.owner for x in t.turns if x.role == "assistant" and x.owner != "prompt"]
+
+
+def test_on_failure_hands_over_after_the_students_first_invalid_action(chats):
+    chat = chats["student"]
+    student = Agent(ScriptedEngine(chat, ["look around", "eat rock", "x", "y"]), chat, "student")
+    teacher = Agent(ScriptedEngine(chat, ["open door", "go to hallway"]), chat, "teacher")
+    game = ScriptedGame(bad=("eat rock",))
+    t = play(student, teacher, turn_policy("on_failure"), game=game)
+    assert owners(t) == ["student", "student", "teacher", "teacher"]
+    assert t.handoff_turn == 3 and t.invalid_actions == 1
+    assert game.actions == ["look around", "eat rock", "open door", "go to hallway"]
+    # The student's turns carry their sampled ids, logprobs and policy version; the teacher's do not.
+    first = next(x for x in t.turns if x.owner == "student")
+    assert first.policy_version == 7 and first.logprobs == [-0.5] * len(first.token_ids)
+    assert all(x.policy_version is None for x in t.turns if x.owner == "teacher")
+
+
+def test_a_reply_that_spanned_a_weight_update_keeps_its_starting_version(chats):
+    """publish.in_flight keep: a student reply sampled across an update counts as the version
+    it started on (the trajectory's staleness, each token's version) and records the later one;
+    a teacher's reply records neither."""
+    from rose_ray.tokens import render
+
+    chat = chats["student"]
+    student = Agent(ScriptedEngine(chat, ["look around", "eat rock", "x", "y"], version_end=8), chat, "student")
+    teacher = Agent(ScriptedEngine(chat, ["open door", "go to hallway"], version_end=8), chat, "teacher")
+    t = play(student, teacher, turn_policy("on_failure"), game=ScriptedGame(bad=("eat rock",)))
+    replies = [x for x in t.turns if x.owner == "student"]
+    assert replies and all(x.policy_version == 7 and x.policy_version_end == 8 for x in replies)
+    assert all(x.policy_version_end is None for x in t.turns if x.owner == "teacher")
+    assert t.student_version == 7
+    assert set(render(t).versions) == {-1, 7}
+
+
+@pytest.mark.parametrize("p0", [0.0, 0.5, 1.0])
+def test_decay_takes_over_where_the_seeded_draws_say(chats, p0):
+    chat = chats["student"]
+    handoff = turn_policy("decay", p0=p0, decay_steps=100)
+
+    def once():
+        student = Agent(ScriptedEngine(chat, ["a", "b", "c", "d"]), chat, "student")
+        teacher = Agent(ScriptedEngine(chat, ["e", "f", "g", "h"]), chat, "teacher")
+        return play(student, teacher, handoff, seed="run0/0/3/sciworld_7")
+
+    t = once()
+    expected = next((turn for turn in range(1, 5) if decay_takes_over("run0/0/3/sciworld_7", turn, p0)), None)
+    assert t.handoff_turn == expected and t.handoff_p == p0
+    assert owners(t) == ["student"] * ((expected or 5) - 1) + ["teacher"] * (4 - (expected or 5) + 1)
+    assert (once().handoff_turn, once().handoff_turn) == (expected, expected)  # the same seed decides the same
+    if p0 == 1.0:
+        assert expected == 1
+    if p0 == 0.0:
+        assert expected is None
+
+
+def test_a_teacher_with_another_tokenizer_sees_its_own_ids_and_trains_in_the_students(chats):
+    student_chat, teacher_chat = chats["student"], chats["qwen3"]
+    assert student_chat.encode("Action: open door") != teacher_chat.encode("Action: open door")
+    teacher_engine = ScriptedEngine(teacher_chat, ["open door", "go to hallway"])
+    student = Agent(ScriptedEngine(student_chat, ["look around"]), student_chat, "student")
+    teacher = Agent(teacher_engine, teacher_chat, "teacher")
+    t = play(student, teacher, turn_policy("fixed", k=1), max_turns=3)
+    assert owners(t) == ["student", "teacher", "teacher"]
+    # The teacher was asked in its own ids: its opening, observations and earlier replies.
+    first = teacher_engine.requests[0].turns
+    assert first[0].token_ids == teacher_chat.opening_ids([("user", first[0].text), ("assistant", first[1].text)])
+    assert first[2].token_ids == teacher_chat.user_ids(first[2].text)
+    assert first[3].token_ids == teacher_chat.assistant_ids(first[3].text)  # the student's reply, re-encoded
+    # The trajectory is in the student's ids: the teacher's replies re-encoded, without logprobs.
+    for x in t.turns:
+        if x.owner == "teacher":
+            assert x.token_ids == student_chat.assistant_ids(x.text) and x.logprobs is None
+    seq = render(t)
+    assert seq.input_ids == [i for x in t.turns for i in x.token_ids]
+
+
+def test_the_engines_context_cut_is_recorded_and_the_learner_leaves_it_out(chats):
+    chat = chats["student"]
+    # The last call's prompt had 2 turns dropped after the opening and the first observation.
+    student = Agent(ScriptedEngine(chat, ["a", "b", "c"], dropped=2), chat, "student", keep_first_turns=1)
+    t = play(student, None, turn_policy("none"), max_turns=3)
+    assert t.context_cut == [3, 4]
+    seq = render(t)
+    assert [i for i, _ in seq.turn_spans] == [0, 1, 2, 5, 6, 7, 8]
+    assert seq.input_ids == [i for n, x in enumerate(t.turns) if n not in (3, 4) for i in x.token_ids]
+
+
+@pytest.mark.parametrize("dropped", [0, 2])
+def test_opd_scores_every_student_token_in_one_pass_over_what_the_learner_trains_on(chats, dropped):
+    chat = chats["student"]
+    student = Agent(ScriptedEngine(chat, ["a", "b", "c"], dropped=dropped), chat, "student")
+    teacher_engine = ScriptedEngine(chat, [])
+    teacher = Agent(teacher_engine, chat, "teacher")
+    t = play(student, teacher, turn_policy("none"), max_turns=3, scored=True)
+    assert owners(t) == ["student"] * 3
+    for n, x in enumerate(t.turns):
+        if x.owner == "student":  # a turn the learner leaves out is not scored
+            assert x.teacher_logprobs == (None if n in t.context_cut else [-0.25] * len(x.token_ids))
+    # The teacher read the episode once (not once per turn), as the learner will see it: the
+    # turns the engine's last prompt left out are left out of the teacher's pass too.
+    assert len(teacher_engine.scored) == 1
+    seq = render(t)
+    prompt, ids = teacher_engine.scored[0]
+    assert prompt + ids == seq.input_ids[: len(prompt) + len(ids)]
+    first_student = next(a for (i, n), a in zip(seq.turn_spans, _starts(seq)) if t.turns[i].owner == "student")
+    assert len(prompt) == first_student
+    assert t.timing["teacher_scored_tokens"] == len(prompt) + len(ids) < sum(len(x.token_ids) for x in t.turns)
+    assert sum(v == -0.25 for v in seq.teacher_logprobs) == sum(
+        len(x.token_ids) for n, x in enumerate(t.turns) if x.owner == "student" and n not in t.context_cut)
+    assert len(t.context_cut) == dropped
+
+
+def _starts(seq) -> list[int]:
+    out, at = [], 0
+    for _, n in seq.turn_spans:
+        out.append(at)
+        at += n
+    return out
+
+
+def test_a_new_turn_policy_is_one_class(chats):
+    """Adding a handoff policy is one TurnPolicy subclass: the config takes it by name and
+    checks its keys, and the episode plays it."""
+    from dataclasses import dataclass
+
+    from rose_ray.config import ConfigError, load_config
+    from rose_ray.rollout.handoff import TurnPolicy
+
+    @dataclass
+    class FromTurn(TurnPolicy):
+        policy: str = "from_turn"
+        turn: int = 3
+
+        def takes_over(self, turn, state):
+            return turn >= self.turn
+
+    try:
+        cfg = load_config(None, ["algorithm.handoff.policy=from_turn", "algorithm.handoff.turn=2"])
+        assert cfg.algorithm.turn_policy() == FromTurn(turn=2)
+        with pytest.raises(ConfigError, match="algorithm.handoff.k: from_turn has no such key"):
+            load_config(None, ["algorithm.handoff={policy: from_turn, k: 2}"])
+        chat = chats["student"]
+        student = Agent(ScriptedEngine(chat, ["a", "b", "c", "d"]), chat, "student")
+        teacher = Agent(ScriptedEngine(chat, ["e", "f", "g", "h"]), chat, "teacher")
+        t = play(student, teacher, cfg.algorithm.turn_policy())
+        assert owners(t) == ["student", "teacher", "teacher", "teacher"] and t.handoff_turn == 2
+    finally:
+        del TurnPolicy.KINDS["from_turn"]

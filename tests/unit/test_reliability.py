@@ -1,0 +1,276 @@
+"""Every role's loss, on a real local Ray cluster: engines killed (SIGKILL) or hung (SIGSTOP) are
+replaced and their episodes replayed; a killed learner rank sends the group back to the latest
+checkpoint; a hung env pool trips the watchdog (report, checkpoint, exit); a teacher server that
+goes away for good stops the run naming the role; and a run killed between checkpoints, then resumed,
+gives every sampled game exactly one outcome. Nothing here is faked: processes are stopped or
+killed with signals, an absent server is a closed port."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rose_ray.inference.engine import EngineConfig
+from rose_ray.inference.openai import OpenAIEngine, OpenAIServerError, OpenAIServerGone
+from rose_ray.reliability import RoleFailed, Stalled, Watchdog
+from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
+from rose_ray.types import GameId
+
+
+def read_jsonl(path: Path, partial_ok: bool = False) -> list[dict]:
+    """Records of a JSONL file; with partial_ok, a last line still being written is left out."""
+    lines = path.read_text().split("\n")
+    if partial_ok:
+        lines = lines[:-1]  # after the last newline: nothing, or a line not finished yet
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+async def until(what: str, cond, timeout_s: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+# --------------------------------------------------------------------------- no cluster
+def test_the_failure_channel_hands_each_failure_to_the_loop_once_in_order():
+    """What the parts report reaches the loop as exceptions, oldest first, each once; the loop's
+    wait (`reported`) is set while any is left."""
+    from rose_ray.learner.learner import LearnerLost
+    from rose_ray.run import Failures
+
+    async def main():
+        failures = Failures()
+        waiting = asyncio.create_task(failures.reported.wait())
+        await asyncio.sleep(0)
+        assert not waiting.done() and failures.take() is None
+        lost, failed = LearnerLost("learner rank 1 lost"), RoleFailed("teacher engine: lost 2 times")
+        failures.report(lost)
+        failures.report(failed)
+        await asyncio.wait_for(waiting, 1)
+        assert failures.take() is lost and failures.reported.is_set()
+        assert failures.take() is failed and not failures.reported.is_set()
+        assert failures.take() is None
+
+    asyncio.run(main())
+
+
+def test_the_ledger_gives_every_draw_one_outcome_across_going_back():
+    games = [GameId("t", i, f"sciworld_{i}") for i in range(5)]
+
+    def ledger(path, fresh=True):
+        return EpisodeLedger(path, GameSampler(games, seed=3), fresh=fresh)
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "episodes.jsonl"
+        a = ledger(path)
+        d = [a.draw() for _ in range(4)]
+        a.record(d[0].episode_id, "trained", step=1)
+        a.record(d[1].episode_id, "dropped_stale")
+        state = a.state()  # d[2], d[3] open at the checkpoint
+        more = [a.draw() for _ in range(3)]  # crosses an epoch: 7 draws of 5 games
+        a.record(d[2].episode_id, "trained", step=2)
+        a.record(more[0].episode_id, "failed")
+        a.close()
+        # Going back: the file is cut, the open episodes come first, then the same draws again.
+        b = ledger(path, fresh=False)
+        b.load_state(state)
+        again = [b.draw() for _ in range(5)]
+        assert [x.n for x in again] == [2, 3, 4, 5, 6]
+        assert [x.game for x in again] == [d[2].game, d[3].game] + [m.game for m in more]
+        assert (again[0].epoch, again[0].position) == (d[2].epoch, d[2].position)  # the same decay seed
+        b.record(again[0].episode_id, "trained", step=2)
+        b.stop()  # the rest was in flight
+        b.close()
+        records = read_jsonl(path)
+        assert [(r["n"], r["outcome"]) for r in records] == [
+            (0, "trained"), (1, "dropped_stale"), (2, "trained"), (3, "in_flight"), (4, "in_flight"),
+            (5, "in_flight"), (6, "in_flight")]
+
+
+def test_the_buffer_reports_stale_drops_and_checkpoints_counters_without_open_episodes():
+    from rose_ray.rollout.buffer import TrajectoryBuffer
+    from rose_ray.types import Trajectory
+
+    def traj(i: int) -> Trajectory:
+        return Trajectory(GameId("boil", i, f"sciworld_{i}"), [], student_version=0, episode_id=f"e{i}")
+
+    dropped: list = []
+
+    async def main() -> TrajectoryBuffer:
+        buf = TrajectoryBuffer(batch_episodes=2, max_lag=1, on_drop=dropped.append)  # room for 4
+        for _ in range(3):
+            await buf.admit()
+        assert await buf.add(traj(0), learner_version=0)  # fresh: buffered
+        assert not await buf.add(traj(1), learner_version=2)  # two versions behind: stale
+        return buf  # e0 buffered, one episode still in flight
+
+    buf = asyncio.run(main())
+    assert [t.episode_id for t in dropped] == ["e1"]
+    saved = buf.resumable_counters()
+    assert (saved.admitted, saved.accepted, saved.dropped_stale) == (1, 0, 1)
+    assert TrajectoryBuffer(2, 1, counters=saved).accounting_holds()  # a resume starts balanced
+
+
+def test_the_openai_client_waits_for_a_server_that_comes_back_and_names_one_that_does_not():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here until the server below starts
+
+    class Models(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            body = json.dumps({"data": [{"id": "m"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    url = f"http://127.0.0.1:{port}/v1"
+    gone = OpenAIEngine(EngineConfig(backend="openai", base_url=url, retry_s=1.0))
+    t0 = time.monotonic()
+    with pytest.raises(OpenAIServerGone, match=f"127.0.0.1:{port}.*no answer after 2 attempts.*retry_s 1"):
+        gone.models()
+    assert 0.4 < time.monotonic() - t0 < 5  # one backoff of 0.5 s, then it gave up
+
+    servers = []
+
+    def come_back() -> None:  # the server comes back after 1.2 s
+        time.sleep(1.2)
+        servers.append(http.server.HTTPServer(("127.0.0.1", port), Models))
+        servers[0].serve_forever()
+
+    starter = threading.Thread(target=come_back, daemon=True)
+    starter.start()
+    try:
+        patient = OpenAIEngine(EngineConfig(backend="openai", base_url=url, retry_s=30.0))
+        assert patient.models() == ["m"]
+        assert patient.stats()["retries"] >= 2  # refused at 0 s and 0.5 s, answered at 1.5 s
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+        starter.join(timeout=10)
+
+
+def test_the_watchdog_waits_while_a_role_is_replaced_then_stops_a_stall():
+    async def main() -> list[str]:
+        busy, reports = [True], []
+
+        async def report() -> str:
+            reports.append("asked")
+            return "driver: waiting for a batch"
+
+        dog = Watchdog(0.4, report, busy=lambda: busy[0])
+        task = asyncio.create_task(dog.run())
+        await asyncio.sleep(1.5)  # almost 4 periods, all of them replacing a role: no warning
+        assert not task.done() and not reports
+        busy[0] = False
+        with pytest.raises(Stalled, match=r"(?s)2 x reliability.watchdog_s 0.4.*driver: waiting for a batch"):
+            await asyncio.wait_for(task, 5)
+        return reports
+
+    assert len(asyncio.run(main())) == 2  # the warning after one period, the stop after two
+
+
+def test_the_openai_client_waits_out_a_rate_limit():
+    """A 429 (OpenAI's API under load) is retried after its Retry-After; other 4xx are not."""
+    answers = [429, 429, 200]
+
+    class Limited(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            code = answers.pop(0) if answers else 400
+            body = json.dumps({"data": [{"id": "m"}]} if code == 200 else {"error": {"message": f"code {code}"}})
+            self.send_response(code)
+            if code == 429:
+                self.send_header("Retry-After", "0.3")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Limited)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        engine = OpenAIEngine(EngineConfig(backend="openai", base_url=f"http://127.0.0.1:{server.server_port}/v1",
+                                           retry_s=30.0))
+        t0 = time.monotonic()
+        assert engine.models() == ["m"]
+        assert engine.stats()["retries"] == 2 and time.monotonic() - t0 >= 0.6  # waited as asked, twice
+        with pytest.raises(OpenAIServerError, match="400: code 400"):  # a client error: at once
+            engine.models()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+# --------------------------------------------------------------------------- engines alone
+def test_the_supervisor_replaces_a_killed_engine_then_gives_up_past_max_restarts(tiny_models, ray_cluster):
+    from rose_ray.inference.engine import GenerationRequest
+    from rose_ray.rollout.actors import start_agents, stop_agents
+    from rose_ray.rollout.supervisor import EngineSupervisor
+    from rose_ray.types import SamplingParams
+
+    config = EngineConfig(model=str(tiny_models["student"]), dtype="float32", threads=1, context_tokens=512)
+    agent, _ = start_agents(config, None, student_cpus=0.25)
+    started, failed = [], []
+
+    async def on_start(role, handle):
+        started.append((role, handle))
+
+    sup = EngineSupervisor(max_restarts=1, health_every_s=0.5, health_timeout_s=10, start_timeout_s=120,
+                           on_start=on_start, on_failed=failed.append)
+    sup.watch("student engine", agent)
+    prompt = agent.chat.opening_ids([("user", "hello"), ("assistant", "OK")]) + agent.chat.user_ids("a door")
+    request = GenerationRequest(prompt, SamplingParams(0.0, 1.0, 4))
+
+    async def main():
+        monitor = asyncio.create_task(sup.monitor())
+        first = agent.engine
+        pid = (await first.health.remote())["pid"]
+        os.kill(pid, signal.SIGKILL)
+        await until("a replacement", lambda: agent.engine is not first, 120)
+        assert started == [("student engine", agent.engine)]  # on_start ran before it served
+        assert (await agent.engine.generate.remote(request)).token_ids
+        assert sup.role_of(await_error(first)) == "student engine"  # the old actor's errors are known
+        second = agent.engine
+        os.kill((await second.health.remote())["pid"], signal.SIGKILL)
+        await until("giving up", lambda: sup.failed is not None, 120)
+        monitor.cancel()
+        with pytest.raises(RoleFailed, match="student engine: lost 2 times, more than reliability.max_restarts=1"):
+            await sup.recover("student engine", handle=second)
+
+    def await_error(handle):
+        import ray
+
+        try:
+            ray.get(handle.health.remote(), timeout=30)
+        except ray.exceptions.RayActorError as e:
+            return e
+        raise AssertionError("a killed engine answered")
+
+    try:
+        asyncio.run(main())
+    finally:
+        stop_agents(agent)
+    assert failed == [sup.failed]
