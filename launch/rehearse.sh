@@ -63,8 +63,11 @@ ray start --head --port="$port" --num-cpus=1 --num-gpus=0 --temp-dir="$work/head
   --ray-client-server-port=$((port + 7)) --disable-usage-stats "${head_ports[@]}" >"$work/head.log" 2>&1 \
   || { tail -20 "$work/head.log" >&2; exit 1; }
 mkdir -p "$work/node/home" "$work/node/cwd"
+# DeepSpeed builds its CPU ops once per machine into torch's extension cache (~25 s on 2
+# cores); under the node's own HOME every rehearsal would build them again.
+extensions=${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}
 # The GPU node: 8 fake GPUs and enough logical CPUs for the config's CPU counts per role.
-(cd "$work/node/cwd" && HOME="$work/node/home" ray start --address="127.0.0.1:$port" --num-cpus=32 --num-gpus=8 \
+(cd "$work/node/cwd" && HOME="$work/node/home" TORCH_EXTENSIONS_DIR="$extensions" ray start --address="127.0.0.1:$port" --num-cpus=32 --num-gpus=8 \
   --temp-dir="$work/node/tmp" --disable-usage-stats "${node_ports[@]}" >"$work/node.log" 2>&1) \
   || { tail -20 "$work/node.log" >&2; exit 1; }
 echo "rehearse: cluster at 127.0.0.1:$port (head: 1 CPU; node: 32 CPUs, 8 fake GPUs), work dir $work"
