@@ -207,9 +207,8 @@ class RunParts:
         self.sampler = GameSampler(catalogue.sample(cfg.rollout.split, None, cfg.seed, tasks=cfg.tasks), seed=cfg.seed)
         self.eval_games = catalogue.sample(cfg.eval.split, cfg.eval.n, cfg.eval.seed, tasks=cfg.tasks)
 
-        # Everything starts at once and is awaited after: the JVMs boot, the engines load their
-        # weights and the learner ranks initialise side by side (on GPUs, a 32B engine's load and
-        # DeepSpeed's init each take minutes).
+        # The env pools (and the eval's, below) are created first: their JVMs boot while the
+        # engines load their weights.
         self.pools = start_env_pools(cfg.env, max_turns=cfg.rollout.max_turns)
         self.student, self.teacher = start_agents(
             replace(cfg.student_engine, model=student_path),
@@ -229,8 +228,6 @@ class RunParts:
         e = cfg.eval
         if e.before or e.after or e.teacher or e.every:
             self.eval_runner()  # its JVMs boot now too, not at the first eval
-        self.learner = LearnerGroup(replace(cfg.learner, model=student_path),
-                                    worker_options=lambda r: self.groups.options("learner ranks", r))
         await_ready({"student engine": self.student, "teacher engine": self.teacher}, r.start_timeout_s)
         self.protocol = cfg.env.protocol()
         self.recipe = cfg.algorithm  # who acts when, which tokens train (rose_ray/recipes/)
@@ -251,6 +248,10 @@ class RunParts:
         self.buffer = TrajectoryBuffer(cfg.rollout.batch_episodes, cfg.rollout.max_lag,
                                        on_drop=lambda t: self.ledger.record(t.episode_id, "dropped_stale"),
                                        drop_stale=self.token_weights.trains("student"))
+        # The learner last: an engine that cannot start, or agents the recipe refuses, fail the
+        # run in seconds, not after DeepSpeed's init.
+        self.learner = LearnerGroup(replace(cfg.learner, model=student_path),
+                                    worker_options=lambda r: self.groups.options("learner ranks", r))
         self.publisher = Publisher(self.learner, self.student, self.engines, self.failures, cfg.publish)
         self.engines.on_start = self.publisher.engine_started
         tok = load_tokenizer(student_path)
