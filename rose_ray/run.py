@@ -174,7 +174,7 @@ class RunParts:
         self.session = f"{cfg.name}-{os.urandom(3).hex()}"  # names its engines (a run folder is version_N)
         self.progress = Progress()
         self.failures = Failures()
-        self.eval_pools: list = []  # started with the rest when any eval is on (eval_runner)
+        self.eval_pools: list = []  # started at the first eval (none if evals are off)
 
     def start(self) -> None:
         from rose_ray.envs.worlds import get_world
@@ -207,8 +207,7 @@ class RunParts:
         self.sampler = GameSampler(catalogue.sample(cfg.rollout.split, None, cfg.seed, tasks=cfg.tasks), seed=cfg.seed)
         self.eval_games = catalogue.sample(cfg.eval.split, cfg.eval.n, cfg.eval.seed, tasks=cfg.tasks)
 
-        # The env pools (and the eval's, below) are created first: their JVMs boot while the
-        # engines load their weights.
+        # The env pools are created first: their JVMs boot while the engines load their weights.
         self.pools = start_env_pools(cfg.env, max_turns=cfg.rollout.max_turns)
         self.student, self.teacher = start_agents(
             replace(cfg.student_engine, model=student_path),
@@ -225,9 +224,6 @@ class RunParts:
                                         on_failed=self.failures.report)
         self.engines.watch("student engine", self.student)
         self.engines.watch("teacher engine", self.teacher)
-        e = cfg.eval
-        if e.before or e.after or e.teacher or e.every:
-            self.eval_runner()  # its JVMs boot now too, not at the first eval
         await_ready({"student engine": self.student, "teacher engine": self.teacher}, r.start_timeout_s)
         self.protocol = cfg.env.protocol()
         self.recipe = cfg.algorithm  # who acts when, which tokens train (rose_ray/recipes/)

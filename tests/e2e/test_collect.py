@@ -1,4 +1,5 @@
-"""Gold demonstrations, student prefixes -> teacher continuations, and check-data."""
+"""The slow half of tests/unit/test_collect.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 

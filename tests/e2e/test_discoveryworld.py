@@ -1,5 +1,5 @@
-"""DiscoveryWorld as a second world, against the real `discoveryworld` package: catalogue,
-seeding, text actions, the fast paths, pool hosting, and eval through the same harness."""
+"""The slow half of tests/unit/test_discoveryworld.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Held-out evaluation: metrics, a real eval of the tiny student, resume, compare."""
+"""The slow half of tests/unit/test_eval.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""DiscoveryWorld scored as its paper scores it: the agent's thoughts (or its report, asked after
-the last observation) judged one critical question at a time with a JSON answer (parse, cache, a
-`rose-ray serve` judge over HTTP and a local-folder judge), the tables in the shape of the
-paper's Tables 4 and 5, and the paper's step limits.
-
-The judges here are tiny untrained models: their verdicts are noise. The tests check the
-mechanics (every question asked once and recorded, answers parsed or counted as unparsed,
-the cache, the tables), never what a verdict says."""
+"""The slow half of tests/unit/test_knowledge.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The launch files and images: the seed configs load, the cluster definitions are valid and
-can hold the seed's run (planned on the nodes they declare), scripts and Dockerfiles lint."""
+"""The slow half of tests/unit/test_launch_files.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 

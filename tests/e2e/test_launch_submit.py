@@ -1,11 +1,5 @@
-"""launch/submit.sh against a real local Ray head with a dashboard: the job runs `rose-ray
-train` on the tiny config, and its run folder (summary.json, model/, TensorBoard files) is
-found where submit.sh said, after the job and its working directory are gone.
-
-The head is this test's own: a private --temp-dir, free ports for every listener, and
-`ray start --block` in a new session, so stopping it kills exactly the processes it started
-(a bare `ray stop` would kill every Ray instance on the machine, other users' too).
-"""
+"""The slow half of tests/unit/test_launch_submit.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 

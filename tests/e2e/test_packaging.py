@@ -1,10 +1,5 @@
-"""The installed package is complete: wheels built from the tree and from the sdist ship every
-file under rose_ray/ and every file the code reads by a path inside the package.
-
-An editable checkout hides a missing package-data glob (the files sit next to the code), so
-these tests build real wheels from a copy of the package's files, as `pip install .` and
-`pip install rose_ray` would, and compare their file lists with the tree and the code.
-"""
+"""The slow half of tests/unit/test_packaging.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The seed's real shape: Qwen3's chat template (history rewritten, thinking mode), replies cut
-at max_new_tokens, and every command on tiny models that look like Qwen3 from the outside.
-
-Qwen/Qwen3-1.7B cannot be downloaded here: `init-tiny --style qwen3` builds a stand-in with
-Qwen3's special tokens, its pre-tokenizer split, and a template written here that behaves like
-Qwen3's (reasoning stripped from earlier assistant turns, a think block on the assistant turn
-after the last user message, `enable_thinking=False` -> an empty think block in the prompt).
-"""
+"""The slow half of tests/unit/test_qwen3.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 

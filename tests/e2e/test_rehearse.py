@@ -1,7 +1,5 @@
-"""`bash launch/rehearse.sh`: the seed's ROSE config on a two-raylet cluster on this host (8
-fake GPUs: no GPU exists here), as shipped but for configs/rehearse.overrides, reaches learner
-step 3 with the weights published, says where each actor went, and leaves none of its Ray
-processes behind."""
+"""The slow half of tests/unit/test_rehearse.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 

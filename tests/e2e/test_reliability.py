@@ -1,9 +1,5 @@
-"""Every role's loss, on a real local Ray cluster: engines killed (SIGKILL) or hung (SIGSTOP) are
-replaced and their episodes replayed; a killed learner rank sends the group back to the latest
-checkpoint; a hung env pool trips the watchdog (report, checkpoint, exit); a teacher server that
-goes away for good stops the run naming the role; and a run killed between checkpoints, then resumed,
-gives every sampled game exactly one outcome. Nothing here is faked: processes are stopped or
-killed with signals, an absent server is a closed port."""
+"""The slow half of tests/unit/test_reliability.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 

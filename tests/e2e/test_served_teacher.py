@@ -1,15 +1,5 @@
-"""A served teacher, against `rose-ray serve` (a subprocess on 127.0.0.1): checked before a run
-(`rose-ray check`, `train`, and the one-off commands with openai: models); and a request that
-always fails is not a dead server (issue 27, point 3).
-
-The served teacher here is a real misconfiguration: a model folder whose tokenizer has one
-token more than the model has embeddings ("animal", added after the model was saved). The
-server takes that id (its tokenizer knows it) and its engine fails on it: a 500 for every
-request whose prompt holds the word, while every other request is answered. The client tells
-that request's own failure from a server that is down (`OpenAIRequestFailed`, in seconds, not
-after retry_s); a training run fails only those episodes (`failed` in episodes.jsonl, with the
-server's message), restarts no engine, and trains on the rest. A server that fails everything
-is still taken for gone, and a server going away fails its requests in flight fast."""
+"""The slow half of tests/unit/test_served_teacher.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`rose-ray serve` and the openai backend, over real HTTP on localhost."""
+"""The slow half of tests/unit/test_server.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Offline SFT through the CLI: the loss falls and the tiny model memorises actions."""
+"""The slow half of tests/unit/test_sft.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 

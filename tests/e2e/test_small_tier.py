@@ -1,5 +1,5 @@
-"""The small tier (configs/small.yaml): gold paths that look before they choose, a warmed base
-student, `rose-ray warmup`, and the table's bootstrap intervals (bench/table.py)."""
+"""The slow half of tests/unit/test_small_tier.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 

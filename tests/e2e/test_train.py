@@ -1,4 +1,5 @@
-"""End to end on a real local Ray cluster: a short tiny online-ROSE run, resume, Ctrl-C."""
+"""The slow half of tests/unit/test_train.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 

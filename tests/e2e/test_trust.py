@@ -1,5 +1,5 @@
-"""What a shared cluster's other users can reach: the local Ray cluster a command starts, the
-ScienceWorld JVMs' gateways, `rose-ray serve`, and what a run writes down (issue 36)."""
+"""The slow half of tests/unit/test_trust.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The tiny default's teacher warm-up: shipped gold demonstrations, held-out games kept out."""
+"""The slow half of tests/unit/test_warmup.py (marked `slow`: whole runs, servers, jobs); that
+file's docstring says what both halves check."""
 
 from __future__ import annotations
 
