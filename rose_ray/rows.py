@@ -120,29 +120,36 @@ def validate_conversation(conv: Any, where: str = "row") -> list[dict[str, Any]]
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """All rows of a JSONL file, validated; blank lines are skipped."""
+    """All rows of a JSONL file (gzipped where it ends in `.gz`), validated; blank lines are skipped."""
+    import gzip
+    import zlib
+
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     rows = []
-    with path.open("rb") as f:  # bytes, decoded line by line: a bad byte is named by its line
-        for n, raw in enumerate(f, start=1):
-            where = f"{path}:{n}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            except RecursionError:
-                raise DataError(f"{where}: JSON nested too deeply to read") from None
-            except ValueError as e:  # an integer longer than Python converts (sys.set_int_max_str_digits)
-                raise DataError(f"{where}: unreadable JSON value ({e})") from None
-            rows.append(validate_row(row, where))
+    opened = gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
+    try:
+        with opened as f:  # bytes, decoded line by line: a bad byte is named by its line
+            for n, raw in enumerate(f, start=1):
+                where = f"{path}:{n}"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+                except RecursionError:
+                    raise DataError(f"{where}: JSON nested too deeply to read") from None
+                except ValueError as e:  # an integer longer than Python converts (sys.set_int_max_str_digits)
+                    raise DataError(f"{where}: unreadable JSON value ({e})") from None
+                rows.append(validate_row(row, where))
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # a .gz file cut short or not gzip at all
+        raise DataError(f"{path}: not a readable gzip file ({e})") from None
     if not rows:
         raise DataError(f"{path}: no rows")
     return rows

@@ -2,7 +2,12 @@
 tiny teacher on gold demonstrations, so that it is honestly better than the student; of the
 student on fewer or shorter ones, so that it starts partly competent), cached by their settings.
 
-    python -m rose_ray.recipes.warmup     # rewrite the shipped demonstrations of the tiny default
+Gold paths played live differ between ScienceWorld loads, so a warm-up trains on shipped
+demonstrations where some were shipped for its settings (rose_ray/envs/data/*_warmup_gold.*):
+then every machine builds the same models.
+
+    python -m rose_ray.recipes.warmup     # replay and ship the tiny default's teacher demonstrations
+    python -m rose_ray.recipes.warmup --config configs/small.yaml   # ship what a cached build trained on
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ def warmup_of(cfg: TrainConfig, role: str) -> Any:
 
 DEMONSTRATIONS = "demonstrations.jsonl"  # the rows a warmed model was trained on, in its folder
 SHIPPED_GOLD = "tiny_warmup_gold.jsonl"  # in rose_ray/envs/data, with its `.meta.json`
+SHIPPED_SUFFIX = "_warmup_gold"  # every shipped file: NAME_warmup_gold.jsonl[.gz] + NAME_warmup_gold.meta.json
 
 
 def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str | None = None) -> str:
@@ -61,8 +67,9 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str
     games, with `teacher_warmup` or `student_warmup`; cached by its settings.
 
     The demonstrations are the shipped ones when they are what the settings ask for (the tiny
-    default's: ScienceWorld can give another gold path for the same game after a reload, so
-    playing them live would differ between machines); otherwise gold paths are played now.
+    default's teacher's, the small tier's student's and teacher's: ScienceWorld can give another
+    gold path for the same game after a reload, so playing them live would differ between
+    machines); otherwise gold paths are played now.
     Training is seeded (and gave the same weights with 1 and 2 threads here), so the same
     settings give the same model: its weights' digest is printed and cached with it.
 
@@ -72,7 +79,7 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str
     """
     from rose_ray.files import locked, swap_in, temp_sibling
 
-    key, out = warmup_cache(cfg, model, role, student)
+    key, out = warmup_cache(cfg, model, role)
     if (out / "rose_ray_warmup.json").is_file():
         return str(out)
     with locked(out):
@@ -201,23 +208,28 @@ def student_openings(cfg: TrainConfig, games: list[Any], student: str | None) ->
 
 
 def gold_key(key: dict[str, Any]) -> dict[str, Any]:
-    """The settings that decide which gold demonstrations a warm-up uses."""
+    """The settings that decide which gold demonstrations a warm-up uses (no machine's paths)."""
     return {k: key[k] for k in ("world", "tasks", "split", "mapping", "seed", "gold_games", "max_turns", "opening",
-                                "games", "observe", "detours", "student_openings") if k in key}  # the last three only where on
+                                "games", "observe", "detours", "student_openings", "opening_student",
+                                "opening_sampling", "opening_history") if k in key}  # the last six only where on
 
 
 def shipped_gold(key: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The shipped demonstrations when they were made under these settings, else None."""
+    """The shipped demonstrations made under these settings, else None."""
     from importlib import resources
 
     from rose_ray.rows import read_jsonl
 
-    data = resources.files("rose_ray.envs").joinpath("data", SHIPPED_GOLD)
-    meta = resources.files("rose_ray.envs").joinpath("data", SHIPPED_GOLD.replace(".jsonl", ".meta.json"))
-    if not meta.is_file() or json.loads(meta.read_text()) != gold_key(key):
-        return None
-    with resources.as_file(data) as path:
-        return read_jsonl(path)
+    want = gold_key(key)
+    data_dir = resources.files("rose_ray.envs").joinpath("data")
+    for meta in sorted(data_dir.iterdir(), key=lambda f: f.name):
+        if not meta.name.endswith(f"{SHIPPED_SUFFIX}.meta.json") or json.loads(meta.read_text()) != want:
+            continue
+        stem = meta.name.removesuffix(".meta.json")
+        with resources.as_file(data_dir) as folder:
+            plain = folder / f"{stem}.jsonl"
+            return read_jsonl(plain if plain.is_file() else folder / f"{stem}.jsonl.gz")
+    return None
 
 
 def write_shipped_gold(cfg: TrainConfig, out_dir: Path) -> Path:
@@ -232,6 +244,25 @@ def write_shipped_gold(cfg: TrainConfig, out_dir: Path) -> Path:
     return out_dir / SHIPPED_GOLD
 
 
+def ship_demonstrations(cfg: TrainConfig, out_dir: Path) -> list[Path]:
+    """Write the demonstrations a config's warm-ups trained on (its cached build, made first where
+    missing), gzipped, each with the settings it answers (`gold_key`), for shipping."""
+    import gzip
+
+    student, teacher = resolve_models(cfg)
+    written = []
+    for role, model in (("student", student), ("teacher", teacher)):
+        if not warmup_of(cfg, role).enabled:
+            continue
+        key, _ = warmup_cache(cfg, model, role)
+        stem = out_dir / f"{cfg.name}_{role}{SHIPPED_SUFFIX}"
+        rows = (Path(model) / DEMONSTRATIONS).read_bytes()
+        stem.with_name(stem.name + ".jsonl.gz").write_bytes(gzip.compress(rows, mtime=0))  # the same bytes every time
+        stem.with_name(stem.name + ".meta.json").write_text(json.dumps(gold_key(key), indent=1) + "\n")
+        written.append(stem.with_name(stem.name + ".jsonl.gz"))
+    return written
+
+
 def weights_digest(folder: Path) -> str:
     """sha256 of a model folder's safetensors files: the same teacher on every machine or not."""
     import hashlib
@@ -242,8 +273,7 @@ def weights_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher",
-                 student: str | None = None) -> tuple[dict[str, Any], Path]:
+def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher") -> tuple[dict[str, Any], Path]:
     """The settings a warmed model depends on, and the folder it is cached in (a teacher whose
     demonstrations open with the base student's turns: that student and its sampling too)."""
     import dataclasses
@@ -261,7 +291,10 @@ def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher",
             del settings[option]
     if settings.pop("student_openings", 0):
         settings["student_openings"] = cfg.teacher_warmup.student_openings
-        settings["opening_student"] = Path(student).name if student else None  # a warm-up's folder names its settings
+        # The student by what it is built from, not by its folder: the same on every machine, so
+        # the demonstrations shipped for it are found there (gold_key).
+        student_warmup = to_dict(cfg)["student_warmup"] if cfg.student_warmup.enabled else None
+        settings["opening_student"] = _digest({"model": cfg.student_engine.model, "warmup": student_warmup})
         settings["opening_sampling"] = dataclasses.asdict(opening_sampling(cfg))
         settings.pop("opening_temperature", None)  # in opening_sampling
         settings["opening_history"] = cfg.chat.history
@@ -307,8 +340,18 @@ def cli_main(args: Any) -> int:
     return 0
 
 
-if __name__ == "__main__":  # python -m rose_ray.recipes.warmup: rewrite the shipped demonstrations
+if __name__ == "__main__":  # rewrite the shipped demonstrations (see the module's docstring)
+    import argparse
+
     from rose_ray.config import load_config
 
+    parser = argparse.ArgumentParser(description="write shipped warm-up demonstrations into rose_ray/envs/data")
+    parser.add_argument("--config", help="ship what this config's cached build trained on (default: replay the "
+                                         "tiny default's gold paths)")
+    args = parser.parse_args()
     here = Path(__file__).parent.parent / "envs" / "data"
-    print(f"wrote {write_shipped_gold(load_config(None), here)}")
+    if args.config:
+        for path in ship_demonstrations(load_config(args.config), here):
+            print(f"wrote {path}")
+    else:
+        print(f"wrote {write_shipped_gold(load_config(None), here)}")

@@ -161,3 +161,22 @@ def test_unreadable_lines_are_data_errors_naming_the_line(tmp_path, line, says):
     path.write_bytes(json.dumps(ROW).encode() + b"\n" + line + b"\n")
     with pytest.raises(DataError, match=re.escape(f"{path}:2: {says}")):
         read_jsonl(path)
+
+
+def test_gzipped_rows_read_as_plain_ones_and_a_bad_one_is_named(tmp_path):
+    import gzip
+
+    plain = tmp_path / "d.jsonl"
+    write_jsonl(plain, [ROW, ROW])
+    packed = tmp_path / "d.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert read_jsonl(packed) == read_jsonl(plain) == [ROW, ROW]
+    packed.write_bytes(gzip.compress(plain.read_bytes() + b'{"item_id": 1}\n'))
+    with pytest.raises(DataError, match=r"d\.jsonl\.gz:3: "):  # a bad row by its line, as in a plain file
+        read_jsonl(packed)
+    packed.write_bytes(gzip.compress(plain.read_bytes())[:-12])  # cut short
+    with pytest.raises(DataError, match=r"d\.jsonl\.gz: not a readable gzip file"):
+        read_jsonl(packed)
+    packed.write_bytes(plain.read_bytes())  # not gzip at all
+    with pytest.raises(DataError, match=r"d\.jsonl\.gz: not a readable gzip file"):
+        read_jsonl(packed)

@@ -134,13 +134,16 @@ def test_student_openings_drawn_per_game_and_keyed_by_the_student():
     plain = warmup_cache(load_config(SMALL, ["teacher_warmup.student_openings=0"]), "t")[1]
     run_t = ["teacher_warmup.student_openings=0.5", "teacher_warmup.opening_temperature=null"]  # the run's T
     on = load_config(SMALL, run_t)
-    a, b = warmup_cache(on, "t", "teacher", "/c/student_warm_a")[1], warmup_cache(on, "t", "teacher", "/c/student_warm_b")[1]
-    hot = warmup_cache(load_config(SMALL, [*run_t, "rollout.student_sampling.temperature=0.5"]),
-                       "t", "teacher", "/c/student_warm_a")[1]
+    a = warmup_cache(on, "t", "teacher")[1]
+    b = warmup_cache(load_config(SMALL, [*run_t, "student_warmup.epochs=4"]), "t", "teacher")[1]
+    hot = warmup_cache(load_config(SMALL, [*run_t, "rollout.student_sampling.temperature=0.5"]), "t", "teacher")[1]
     assert len({plain, a, b, hot}) == 4  # another student or its sampling: another teacher
+    # The student is named by what it is built from, not by where: the same key in another cache.
+    assert warmup_cache(load_config(SMALL, [*run_t, "tiny_dir=/elsewhere"]), "t", "teacher")[0] == \
+        warmup_cache(on, "t", "teacher")[0]
     fixed = ["teacher_warmup.student_openings=0.5", "teacher_warmup.opening_temperature=1.0"]
-    at = [warmup_cache(load_config(SMALL, [*fixed, f"rollout.student_sampling.temperature={t}"]), "t", "teacher",
-                       "/c/student_warm_a")[1] for t in (0.3, 1.0)]
+    at = [warmup_cache(load_config(SMALL, [*fixed, f"rollout.student_sampling.temperature={t}"]), "t", "teacher")[1]
+          for t in (0.3, 1.0)]
     assert at[0] == at[1] == a  # openings at their own temperature: the run's may change (chosen on dev)
     with pytest.raises(ConfigError, match="student_warmup.student_openings"):
         load_config(SMALL, ["student_warmup.student_openings=0.5"])
@@ -237,3 +240,37 @@ def test_table_rows_use_every_game_of_every_seed(bench_table):
     runs["sft"][1]["games"] = runs["sft"][1]["games"][:3]
     with pytest.raises(ValueError, match="different numbers of games"):
         table.table_rows(runs)
+
+
+def test_the_small_tier_warms_on_its_shipped_demonstrations():
+    """Both warm-ups of the tier train on shipped rows (gold paths played live differ between
+    ScienceWorld loads, so a live build would be another tier on every machine): the games the
+    settings draw, each row within its turns, the teacher's opening with 1-2 student-owned replies
+    (the base student's own, or a detour) where drawn; another base student plays gold now."""
+    from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
+    from rose_ray.recipes.warmup import gold_games, shipped_gold, warmup_cache, warmup_of
+
+    cfg = load_config(SMALL)
+    catalogue = SciWorldCatalogue(cfg.env.mapping)
+    opening = cfg.env.protocol().opening()
+    for role in ("student", "teacher"):
+        w = warmup_of(cfg, role)
+        rows = shipped_gold(warmup_cache(cfg, "", role)[0])
+        assert rows is not None, role
+        assert sorted(r["item_id"] for r in rows) == sorted(g.item_id for g in gold_games(cfg, role))
+        assert {catalogue.split_of(catalogue.game(r["item_id"])) for r in rows} == {"train"}
+        for r in rows:
+            assert [(m["role"], m["content"]) for m in r["conversations"][:2]] == opening
+            assert 1 <= r["rounds"] <= w.max_turns
+        owners = [[m["owner"] for m in r["conversations"][3::2]] for r in rows]
+        opened = [o.count("student") for o in owners]
+        if role == "student":
+            assert not any(opened)
+        else:
+            # half open with the student's own replies, half of the rest with a harmless detour
+            expected = w.student_openings + (1 - w.student_openings) * w.detours
+            assert set(opened) == {0, 1, 2} and abs(sum(map(bool, opened)) / len(rows) - expected) < 0.12
+            assert all(o == ["student"] * n + ["teacher"] * (len(o) - n) for o, n in zip(owners, opened))
+    # Another student (its warm-up's settings) opens otherwise: its teacher's rows are played now.
+    assert shipped_gold(warmup_cache(load_config(SMALL, ["student_warmup.lr=1e-3"]), "", "teacher")[0]) is None
+    assert shipped_gold(warmup_cache(load_config(SMALL, ["student_warmup.lr=1e-3"]), "", "student")[0]) is not None
