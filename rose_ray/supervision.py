@@ -70,20 +70,20 @@ class Supervision:
     async def restart_learner(self, lost: LearnerLost) -> None:
         """A rank is gone: new ranks on the same placement, back to the latest checkpoint and
         its weights published; RoleFailed past `reliability.max_restarts`."""
-        limit = self.cfg.reliability.max_restarts
+        parts, limit = self.parts, self.cfg.reliability.max_restarts
         self.learner_unsure, self.restarting_learner = True, True
         while True:
-            self.parts.progress.learner_restarts += 1
-            if self.parts.progress.learner_restarts > limit:
-                raise RoleFailed(f"learner: lost {self.parts.progress.learner_restarts} times, more than "
+            parts.progress.learner_restarts += 1
+            if parts.progress.learner_restarts > limit:
+                raise RoleFailed(f"learner: lost {parts.progress.learner_restarts} times, more than "
                                  f"reliability.max_restarts={limit}; the last time: {lost}") from lost
             print(f"\ntrain: {lost}; restarting the learner group from the latest checkpoint "
-                  f"({self.parts.progress.learner_restarts}/{limit})", flush=True)
+                  f"({parts.progress.learner_restarts}/{limit})", flush=True)
             self.doing("restarting the learner group")
             try:
-                await asyncio.to_thread(self.parts.learner.restart)
-                await asyncio.to_thread(self.parts.load_checkpoint, False)
-                await self.parts.publisher.publish()
+                await asyncio.to_thread(parts.learner.restart)
+                await asyncio.to_thread(parts.load_checkpoint, False)
+                await parts.publisher.publish()
                 break
             except LearnerLost as again:
                 lost = again
@@ -138,13 +138,13 @@ class Supervision:
         """Which role waits on what (the watchdog's report), one line each."""
         from rose_ray.rollout.actors import ping_pools
 
-        what, since = self.phase
-        lines = [f"driver: {what} for {time.monotonic() - since:.0f} s (step {self.parts.progress.step}/{self.cfg.steps}; "
-                 f"{len(self.parts.buffer.items)} of {self.cfg.rollout.batch_episodes} episodes ready, "
-                 f"{self.parts.buffer.in_flight} in flight)"]
-        lines += self.parts.runner.waiting()
-        lines += await self.parts.engines.describe()
-        lines += await ping_pools(self.parts.pools) or [f"env pools: all {len(self.parts.pools)} answer a ping"]
+        parts, (what, since) = self.parts, self.phase
+        lines = [f"driver: {what} for {time.monotonic() - since:.0f} s (step {parts.progress.step}/{self.cfg.steps}; "
+                 f"{len(parts.buffer.items)} of {self.cfg.rollout.batch_episodes} episodes ready, "
+                 f"{parts.buffer.in_flight} in flight)"]
+        lines += parts.runner.waiting()
+        lines += await parts.engines.describe()
+        lines += await ping_pools(parts.pools) or [f"env pools: all {len(parts.pools)} answer a ping"]
         return "\n  ".join(lines)
 
     def doing(self, what: str) -> None:
