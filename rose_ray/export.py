@@ -17,39 +17,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rose_ray.checkpoint import Checkpoint, kept_steps, read_checkpoint, unreadable_checkpoint
 from rose_ray.config import TrainConfig, load_config
 from rose_ray.errors import InputError
 from rose_ray.runs import resolve_run
 
 MODEL_INFO = "rose_ray_model.json"
-
-
-def kept_steps(run_dir: str | Path) -> list[int]:
-    """Learner steps with a whole checkpoint: DeepSpeed's folder and the trainer's state
-    `trainer_step_N.json`, which a run writes only once every file of the folder is on disk
-    (rose_ray/run.py: `save_checkpoint`), so a checkpoint whose save was cut short is not listed."""
-    ckpt = Path(run_dir) / "checkpoints"
-    steps = []
-    for d in ckpt.glob("step_*"):
-        n = d.name.split("_", 1)[1]
-        if d.is_dir() and n.isdigit() and (ckpt / f"trainer_{d.name}.json").is_file():
-            steps.append(int(n))
-    return sorted(steps)
-
-
-def unreadable_checkpoint(error: Exception, run_dir: str | Path, step: int, kept: list[int],
-                          command: str) -> InputError:
-    """The error for a kept checkpoint whose files cannot be read (a corrupt shard): it names
-    the checkpoint and the whole one before it to use instead."""
-    earlier = [n for n in kept if n < step]
-    if not earlier:
-        instead = "no earlier checkpoint is kept"
-    elif command == "export":
-        instead = f"export the one before it with --step {earlier[-1]}"
-    else:
-        instead = (f"move {Path(run_dir) / 'checkpoints' / f'step_{step}'} and trainer_step_{step}.json aside to "
-                   f"{command} from step {earlier[-1]}, the one before it")
-    return InputError(f"checkpoint step_{step} of {run_dir}: {error}; {instead}")
 
 
 def student_model(cfg: TrainConfig) -> str:
@@ -71,21 +44,14 @@ def model_info(cfg: TrainConfig, run_dir: str | Path, step: int, version: int, b
     }, indent=1) + "\n"
 
 
-def check_request(run_dir: str | Path, out: str | Path, step: int | None) -> tuple[TrainConfig, int]:
-    """The config of a run folder and the step to export (default: the latest whole checkpoint);
+def check_request(run_dir: str | Path, out: str | Path, step: int | None) -> tuple[TrainConfig, Checkpoint]:
+    """The config of a run folder and the checkpoint to export (default: the latest whole one);
     every problem is an InputError naming it, raised before anything starts or is written."""
-    run = Path(run_dir)
-    steps = kept_steps(run)
-    if not steps:
-        raise InputError(f"{run}: no checkpoint kept under {run / 'checkpoints'}")
-    if step is None:
-        step = steps[-1]
-    elif step not in steps:
-        raise InputError(f"{run}: no checkpoint of step {step}; kept steps: {', '.join(map(str, steps))}")
+    record = read_checkpoint(run_dir, step)
     target = Path(out)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise InputError(f"--out {target}: already exists and is not an empty folder; give a new one")
-    return load_config(run / "config.yaml"), step
+    return load_config(Path(run_dir) / "config.yaml"), record
 
 
 def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> dict[str, Any]:
@@ -98,7 +64,7 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     from rose_ray.rollout.actors import init_ray
 
     run_dir = resolve_run(run_dir)
-    cfg, step = check_request(run_dir, out, step)
+    cfg, record = check_request(run_dir, out, step)
     base = student_model(cfg)
     started = not ray.is_initialized()
     init_ray(None)  # RAY_ADDRESS, else a private local cluster
@@ -114,8 +80,9 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
         group = LearnerGroup(learner)
         try:
             try:
-                state = group.load_checkpoint(Path(run_dir) / "checkpoints", f"step_{step}")
+                state = group.load_checkpoint(Path(run_dir) / "checkpoints", record.tag)
             except CheckpointUnreadable as e:
+                step = int(record.tag.removeprefix("step_"))
                 raise unreadable_checkpoint(e, run_dir, step, kept_steps(run_dir), "export") from None
             info = model_info(cfg, run_dir, state["step"], state["version"], base)
             result = group.export(out, {MODEL_INFO: info})

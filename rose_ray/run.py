@@ -8,26 +8,41 @@
 - `Failures`: the run's one failure channel. A part that meets a failure it cannot handle
   itself (an engine lost for good, the learner lost while publishing to a replacement engine,
   episodes that keep failing) reports it there, and the loop raises it where it waits.
-- Checkpoints: the learner's DeepSpeed state and the loop's `Progress` side by side under
-  `<run_dir>/checkpoints`; going back to one (`--resume`, or a learner group restarted after a
-  rank's loss) restores counters, history, the game order and the episodes open then, and
-  cuts the logs to match. `<run_dir>/model/` is the student as a Hugging Face folder.
+- Checkpoints (checkpoint.py): each part's `state_dict()` in one record beside the learner's
+  DeepSpeed state; going back to one (`--resume`, or a learner group restarted after a rank's
+  loss) puts each part back (`load_state_dict`): counters, history, the game order and the
+  episodes open then, and cuts the logs to match. `<run_dir>/model/` is the student as a
+  Hugging Face folder.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import os
-import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rose_ray.checkpoint import Checkpoint, kept_steps, read_checkpoint, unreadable_checkpoint
 from rose_ray.config import TrainConfig
 from rose_ray.learner.learner import LearnerLost
 from rose_ray.recipes.warmup import resolve_models
+
+if TYPE_CHECKING:
+    from rose_ray.envs.protocol import Protocol
+    from rose_ray.learner.learner import LearnerGroup
+    from rose_ray.metrics import MetricsLogger
+    from rose_ray.placement import PlacementGroups
+    from rose_ray.recipes import Recipe
+    from rose_ray.rollout.buffer import TrajectoryBuffer
+    from rose_ray.rollout.episode import Agent, EpisodeConfig
+    from rose_ray.rollout.handoff import TurnPolicy
+    from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
+    from rose_ray.rollout.runner import EpisodeRunner
+    from rose_ray.rollout.supervisor import EngineSupervisor
+    from rose_ray.tokens import TokenWeights
+    from rose_ray.types import GameId
 
 
 @dataclass
@@ -40,6 +55,14 @@ class Progress:
     replies: dict[str, int] = field(default_factory=lambda: {"replies": 0, "truncated": 0, "cut_before_action": 0})
     learner_restarts: int = 0  # in this process (reliability.max_restarts counts these)
     restarts_before: dict[str, int] = field(default_factory=dict)  # per role, before a --resume
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps (restarts apart: `RunParts.restarts` counts them with the engines')."""
+        return {"step": self.step, "history": copy.deepcopy(self.history), "replies": dict(self.replies)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.replies = state["step"], dict(state["replies"])
+        self.history = copy.deepcopy(state["history"])  # a copy: the state may be restored again
 
 
 class Failures:
@@ -167,14 +190,39 @@ def await_ready(agents: dict[str, Any], timeout_s: float) -> None:
 
 
 class RunParts:
-    """The actors and state of one training run (see the module docstring)."""
+    """The actors and state of one training run (see the module docstring): `start` sets the
+    parts below, in this order; `close` ends those it got to (the ones None until then)."""
+
+    student_path: str
+    teacher_path: str
+    sampler: GameSampler
+    eval_games: list[GameId]
+    engines: EngineSupervisor
+    protocol: Protocol
+    recipe: Recipe
+    token_weights: TokenWeights
+    handoff: TurnPolicy
+    episode_cfg: EpisodeConfig
+    runner: EpisodeRunner
+    buffer: TrajectoryBuffer
+    publisher: Publisher
+    pad_id: int
+    start_state: Checkpoint  # where "back to the latest checkpoint" goes without one
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool) -> None:
         self.cfg, self.run_dir, self.resume = cfg, run_dir, resume
         self.session = f"{cfg.name}-{os.urandom(3).hex()}"  # names its engines (a run folder is version_N)
         self.progress = Progress()
         self.failures = Failures()
-        self.eval_pools: list = []  # started at the first eval (none if evals are off)
+        self.groups: PlacementGroups | None = None
+        self.pools: list[Any] = []
+        self.student: Agent | None = None
+        self.teacher: Agent | None = None
+        self.ledger: EpisodeLedger | None = None
+        self.learner: LearnerGroup | None = None
+        self.metrics: MetricsLogger | None = None
+        self.eval_pools: list[Any] = []  # started at the first eval (none if evals are off)
+        self._eval_runner: EpisodeRunner | None = None
 
     def start(self) -> None:
         from rose_ray.envs.worlds import get_world
@@ -255,94 +303,48 @@ class RunParts:
         self.metrics = MetricsLogger(self.run_dir)
         if not self.resume:
             (self.run_dir / "trajectories.jsonl").unlink(missing_ok=True)  # left by a run that never checkpointed
-        self.start_state = self.checkpoint_state()  # where "back to the latest checkpoint" goes without one
-        self.start_state["ledger"]["offset"] = 0
+        self.start_state = self.checkpoint_state()
+        self.start_state.ledger["offset"] = 0
         if self.resume:
-            self.progress.restarts_before = dict(self.load_checkpoint().get("restarts", {}))
+            self.progress.restarts_before = dict(self.load_checkpoint().restarts)
 
     # ----------------------------------------------------------------- checkpoints
     @property
     def ckpt_dir(self) -> Path:
         return self.run_dir / "checkpoints"
 
-    def checkpoint_state(self) -> dict[str, Any]:
+    def checkpoint_state(self) -> Checkpoint:
         """The loop's side of a checkpoint, taken in the event loop (nothing moves meanwhile):
         the ledger's open episodes, and counters without them (a resume plays them again)."""
-        p = self.progress
-        return {"step": p.step, "version": self.learner.version, "ledger": self.ledger.state(),
-                "buffer": self.buffer.resumable_counters().as_dict(),
-                "runner": self.runner.resumable_counters(len(self.buffer.items)).as_dict(),
-                "replies": dict(p.replies), "history": copy.deepcopy(p.history),
-                "restarts": self.restarts()}
+        return Checkpoint(version=self.learner.version, ledger=self.ledger.state_dict(), buffer=self.buffer.state_dict(),
+                          runner=self.runner.state_dict(buffered=len(self.buffer.items)), restarts=self.restarts(),
+                          **self.progress.state_dict())
 
-    def save_checkpoint(self, state: dict[str, Any]) -> None:
-        """Complete before marked: the learner's files, then the loop's file (the mark that the
-        checkpoint is whole: `export.kept_steps`), then `latest`, each on disk before the next;
-        a save cut short anywhere leaves the previous checkpoint the latest whole one. Then the
-        oldest whole ones past `keep_checkpoints` go, with any left unfinished."""
-        from rose_ray.export import kept_steps
-        from rose_ray.learner.learner import write_latest
-        from rose_ray.learner.worker import fsync_dir
-
-        tag = f"step_{self.learner.step}"
-        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        marker = self.ckpt_dir / f"trainer_{tag}.json"
-        if marker.exists():  # one of an earlier save of this step must not vouch for this one
-            marker.unlink()
-            fsync_dir(self.ckpt_dir)
-        self.learner.save_checkpoint(self.ckpt_dir, mark_latest=False)
-        tmp = marker.with_name(marker.name + ".tmp")
-        with tmp.open("w") as f:
-            f.write(json.dumps({**state, "tag": tag}))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, marker)
-        fsync_dir(self.ckpt_dir)
-        write_latest(self.ckpt_dir, tag)
-        whole = [f"step_{n}" for n in kept_steps(self.run_dir)]
-        keep = set(whole[-self.cfg.keep_checkpoints:])
-        for folder in self.ckpt_dir.glob("step_*"):
-            if folder.is_dir() and folder.name not in keep:
-                shutil.rmtree(folder, ignore_errors=True)
-                (self.ckpt_dir / f"trainer_{folder.name}.json").unlink(missing_ok=True)
-
-    def load_checkpoint(self, publish: bool = True) -> dict[str, Any]:
+    def load_checkpoint(self, publish: bool = True) -> Checkpoint:
         """Back to the latest whole checkpoint (or the start, without one): the learner, the game
         order and the episodes open then (played again first), counters, and the logs cut to
-        match. Returns the loop's state it went back to."""
-        from rose_ray.export import kept_steps, unreadable_checkpoint
+        match. Returns the record it went back to."""
         from rose_ray.learner.worker import CheckpointUnreadable
-        from rose_ray.rollout.buffer import BufferCounters
         from rose_ray.rollout.ledger import keep_steps
-        from rose_ray.rollout.runner import RunnerCounters
 
         state = self.start_state
         steps = kept_steps(self.run_dir)  # a save cut short is not among them
         if steps:
-            tag = f"step_{steps[-1]}"
+            state = read_checkpoint(self.run_dir, steps[-1])
             try:
-                self.learner.load_checkpoint(self.ckpt_dir, tag)
+                self.learner.load_checkpoint(self.ckpt_dir, state.tag)
             except CheckpointUnreadable as e:
                 raise unreadable_checkpoint(e, self.run_dir, steps[-1], steps[:-1], "train --resume") from None
-            state = json.loads((self.ckpt_dir / f"trainer_{tag}.json").read_text())
-        p = self.progress
-        p.step = state["step"]
-        p.history = copy.deepcopy(state["history"])  # a copy: the state may be restored again
-        p.replies = dict(state.get("replies", p.replies))
-        self.ledger.load_state(state["ledger"])
-        self.buffer.restore(BufferCounters(**state["buffer"]))
-        self.runner.counters = RunnerCounters(**state["runner"])
+        for part, part_state in ((self.progress, state.progress), (self.ledger, state.ledger),
+                                 (self.buffer, state.buffer), (self.runner, state.runner)):
+            part.load_state_dict(part_state)
         for log in ("trajectories.jsonl", "metrics.jsonl"):  # steps after it are trained again
-            keep_steps(self.run_dir / log, p.step)
+            keep_steps(self.run_dir / log, state.step)
         if publish:
             self.publisher.publish_now(self.student.engine)  # the student engine starts from the checkpoint's weights
-        print(f"train: {self.run_dir} at step {p.step} (policy version {self.learner.version}); "
+        print(f"train: {self.run_dir} at step {state.step} (policy version {self.learner.version}); "
               f"{len(self.ledger.replay)} open episodes to play again", flush=True)
         return state
-
-    def latest_checkpoint(self) -> str | None:
-        latest = self.ckpt_dir / "latest"
-        return latest.read_text().strip() if latest.is_file() else None
 
     def restarts(self) -> dict[str, int]:
         """Replacements per role over the whole run: this process's, plus those before a resume
@@ -363,7 +365,7 @@ class RunParts:
         info = model_info(self.cfg, self.run_dir, self.progress.step, self.learner.version, self.student_path)
         self.learner.export(self.model_dir, {MODEL_INFO: info})
 
-    def eval_runner(self) -> Any:
+    def eval_runner(self) -> EpisodeRunner:
         """The runner of the held-out evals: env pools of its own, started at the first eval."""
         from rose_ray.rollout.actors import start_env_pools
         from rose_ray.rollout.runner import EpisodeRunner
@@ -378,15 +380,15 @@ class RunParts:
         """Ends what `start` started, as far as it got."""
         from rose_ray.rollout.actors import close_pools, stop_agents
 
-        close_pools(getattr(self, "pools", []) + self.eval_pools)
-        stop_agents(getattr(self, "student", None), getattr(self, "teacher", None))
-        if getattr(self, "learner", None) is not None:
+        close_pools(self.pools + self.eval_pools)
+        stop_agents(self.student, self.teacher)
+        if self.learner is not None:
             self.learner.shutdown()
-        if getattr(self, "groups", None) is not None:
+        if self.groups is not None:
             self.groups.remove()
-        if getattr(self, "metrics", None) is not None:
+        if self.metrics is not None:
             self.metrics.close()
-        if getattr(self, "ledger", None) is not None:
+        if self.ledger is not None:
             self.ledger.close()
 
 

@@ -43,9 +43,10 @@ from typing import Any
 from rose_ray.config import TrainConfig, load_config
 from rose_ray.errors import InputError
 from rose_ray.learner.learner import LearnerLost
-from rose_ray.reliability import RoleFailed, Watchdog, describe_error
+from rose_ray.reliability import RoleFailed, describe_error
 from rose_ray.run import RunParts, results_table
 from rose_ray.runs import holds_run, new_version, resolve_run, saved_config
+from rose_ray.supervision import Supervision
 from rose_ray.types import Trajectory
 
 
@@ -53,7 +54,8 @@ class Trainer:
     """The loop over a started run's parts (`RunParts`): the runner plays episodes into the
     buffer, the learner group trains on its batches, the publisher sends weights to the student
     engine, the engine supervisor keeps the engines serving, and the failure channel brings
-    whatever they cannot handle to the loop."""
+    whatever they cannot handle to the loop. Restarts, the watchdog and the stop are its
+    `Supervision`'s (supervision.py)."""
 
     def __init__(self, parts: RunParts) -> None:
         self.parts, self.cfg, self.progress = parts, parts.cfg, parts.progress
@@ -67,14 +69,11 @@ class Trainer:
         self.eval_task: asyncio.Task | None = None
         self._dev_games: list[Any] | None = None  # drawn at the first dev eval (eval.every)
         self.failed_in_a_row = 0  # episodes failed since the last one that finished
-        # A learner call cut short (its thread goes on) or a restart not finished: the learner's
-        # state is unknown, so the stop writes no checkpoint and no model/ over the latest good ones.
-        self.learner_unsure = False
-        self.restarting_learner = False
         self.rollout_window: list[Trajectory] = []
         self.t_start = time.time()
         self.learn_s = 0.0  # wall seconds in learn_step: batching, the learner's step, publication
-        self.doing("starting")
+        self.supervision = Supervision(parts)  # restarts, the watchdog, the stop
+        self.doing = self.supervision.doing  # what the loop does, for the watchdog's report
 
     @property
     def step(self) -> int:
@@ -94,16 +93,16 @@ class Trainer:
                 await self.log_eval(0, "teacher", await self.evaluate("teacher"))
             if cfg.eval.every:
                 await self.log_eval(0, "dev", await self.evaluate("student", self.dev_games()))
-            self.parts.start_state["history"] = copy.deepcopy(self.progress.history)  # a restart keeps them
+            self.parts.start_state.history = copy.deepcopy(self.progress.history)  # a restart keeps them
         try:
-            failure = await self.supervise(self.train_loop())  # beside the engines' monitor and the watchdog
+            failure = await self.supervision.supervise(self.train_loop())  # beside the engines' monitor and the watchdog
         finally:
             self.stop.set()
             await self.stop_rollouts()
             self.metrics.end_progress()
         if self.eval_task is not None and not self.eval_task.done():
             self.eval_task.cancel()
-        await self.wind_down(failure)  # the final checkpoint and model/; raises the failure
+        await self.supervision.wind_down(failure)  # the final checkpoint and model/; raises the failure
         if cfg.eval.every and self.step >= cfg.steps:
             await self.log_eval(self.step, "dev", await self.evaluate("student", self.dev_games()))
         if cfg.eval.after and self.step >= cfg.steps:
@@ -131,14 +130,14 @@ class Trainer:
                         self.eval_task = asyncio.create_task(self._eval_in_background(self.step))
                 if self.step % cfg.checkpoint_every == 0:
                     self.doing("checkpointing")
-                    await self.checkpoint()
+                    await self.supervision.checkpoint()
             except LearnerLost as lost:
                 # New ranks, back to the latest checkpoint; the steps after it are trained again
                 # on the same games (RoleFailed past max_restarts).
                 await self.stop_rollouts()
                 if self.eval_task is not None and not self.eval_task.done():
                     self.eval_task.cancel()  # it plays weights that are about to roll back
-                await self.restart_learner(lost)
+                await self.supervision.restart_learner(lost)
                 self.start_rollouts()
         pending = self.failures.take()  # reported after the last batch; a lost learner is the stop's to meet
         if pending is not None and not isinstance(pending, LearnerLost):
@@ -210,7 +209,7 @@ class Trainer:
         self.failed_in_a_row = 0
         t.timing["finished_at"] = time.time()
         t.episode_id = draw.episode_id
-        self.watchdog.progress()
+        self.supervision.watchdog.progress()
         await self.buffer.add(t, self.learner.version)
 
     # ----------------------------------------------------------------- learning
@@ -246,9 +245,9 @@ class Trainer:
         seqs = [render(t, max_tokens=self.cfg.learner.max_tokens) for t in batch]
         made = make_batch(seqs, weights, self.cfg.learner.max_tokens, self.parts.pad_id)
         self.doing("train_step")
-        metrics = await self.in_learner(self.learner.train_step, made)
+        metrics = await self.supervision.in_learner(self.learner.train_step, made)
         self.progress.step += 1
-        self.watchdog.progress()
+        self.supervision.watchdog.progress()
         flags = [loss_turns(seq, len(t.turns), weights) for t, seq in zip(batch, seqs)]
         metrics.update(trained_scalars(batch, flags, trained_tokens(seqs, weights)))
         with (self.parts.run_dir / "trajectories.jsonl").open("a") as f:  # what the learner trained on
@@ -261,18 +260,6 @@ class Trainer:
             await self.publisher.publish()
         self.learn_s += time.perf_counter() - t0  # the learner's side of a step (bench/pipeline.py's L)
         return metrics
-
-    async def in_learner(self, fn: Any, *args: Any) -> Any:
-        """`fn(*args)` on the learner, in a thread. Cancelled meanwhile (a stall, a lost role),
-        the thread goes on, so the learner's state is unknown from then on."""
-        try:
-            return await asyncio.to_thread(fn, *args)
-        except asyncio.CancelledError:
-            self.learner_unsure = True
-            raise
-
-    async def checkpoint(self) -> None:
-        await self.in_learner(self.parts.save_checkpoint, self.parts.checkpoint_state())
 
     async def log_step(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
         from rose_ray.metrics import batch_scalars, trajectory_markdown
@@ -361,111 +348,6 @@ class Trainer:
         await self.log_eval(step, "dev", await self.evaluate("student", self.dev_games()))
 
     # ----------------------------------------------------------------- failures
-    async def supervise(self, loop: Any) -> BaseException | None:
-        """Run `loop` beside the engines' monitor (a lost engine is replaced) and a watchdog
-        that gives up on it when nothing moves for too long. Returns what ended it, if not the
-        loop's own end: a role lost for good or a stall (RoleFailed), or a crash."""
-        reliability = self.cfg.reliability
-        # A role being replaced is not a stall (each replacement has its own time limit).
-        self.watchdog = Watchdog(reliability.watchdog_s, self.waiting_report,
-                                 busy=lambda: self.restarting_learner or self.engines.replacing())
-        monitor = asyncio.create_task(self.engines.monitor())
-        try:
-            self.watchdog.progress()
-            waits = {asyncio.create_task(loop)}
-            if reliability.watchdog_s:
-                waits.add(asyncio.create_task(self.watchdog.run()))
-            done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-            return next((task.exception() for task in done if task.exception() is not None), None)
-        finally:
-            monitor.cancel()
-
-    async def restart_learner(self, lost: LearnerLost) -> None:
-        """A rank is gone: new ranks on the same placement, back to the latest checkpoint and
-        its weights published; RoleFailed past `reliability.max_restarts`."""
-        limit = self.cfg.reliability.max_restarts
-        self.learner_unsure, self.restarting_learner = True, True
-        while True:
-            self.progress.learner_restarts += 1
-            if self.progress.learner_restarts > limit:
-                raise RoleFailed(f"learner: lost {self.progress.learner_restarts} times, more than "
-                                 f"reliability.max_restarts={limit}; the last time: {lost}") from lost
-            print(f"\ntrain: {lost}; restarting the learner group from the latest checkpoint "
-                  f"({self.progress.learner_restarts}/{limit})", flush=True)
-            self.doing("restarting the learner group")
-            try:
-                await asyncio.to_thread(self.learner.restart)
-                await asyncio.to_thread(self.parts.load_checkpoint, False)
-                await self.publisher.publish()
-                break
-            except LearnerLost as again:
-                lost = again
-        self.learner_unsure, self.restarting_learner = False, False
-        self.watchdog.progress()
-
-    async def wind_down(self, failure: BaseException | None) -> None:
-        """The stop: a final checkpoint and model/ (when the learner's state is known), the
-        ledger's open episodes marked; then the failure, if any, is raised: a lost role naming
-        the checkpoint a `--resume` goes on from, a crash as it was."""
-        try:
-            saved = await self.final_checkpoint(failure)
-            if saved:
-                try:
-                    await asyncio.to_thread(self.parts.export_model)  # before the eval: a failing eval keeps it
-                except Exception as e:
-                    if failure is None:
-                        raise
-                    print(f"\ntrain: no model/ at the stop: {type(e).__name__}: {e}", flush=True)
-        finally:
-            self.ledger.stop()  # after the checkpoint: a resume plays these again
-        if failure is None:
-            return
-        if not isinstance(failure, RoleFailed):
-            raise failure
-        latest = self.parts.latest_checkpoint()
-        where = f"checkpoint {latest}" if latest else "no checkpoint"
-        raise type(failure)(f"{failure}\n{'the stop wrote' if saved else 'the stop could not write one; the latest is'} "
-                            f"{where} (rose-ray train --resume {self.parts.run_dir} goes on from it)")
-
-    async def final_checkpoint(self, failure: BaseException | None) -> bool:
-        """The stop's checkpoint; False when the learner's state is unknown (a call cut short, a
-        restart unfinished: the latest checkpoint stands), or when it cannot write one (gone,
-        or hung: then its ranks are ended, which frees every thread still waiting on them)."""
-        if self.learner_unsure:
-            print("\ntrain: no checkpoint at the stop: a learner call was cut short, so its state is "
-                  "unknown; the latest checkpoint stands", flush=True)
-            return False
-        try:
-            # After a failure the learner itself may hang: then it gets a bounded time to answer.
-            bound = max(self.cfg.reliability.watchdog_s, 120) if failure is not None else None
-            await asyncio.wait_for(self.checkpoint(), bound)
-            return True
-        except Exception as e:
-            if failure is None and not isinstance(e, LearnerLost):
-                raise
-            print(f"\ntrain: no checkpoint at the stop: {type(e).__name__}: {e}", flush=True)
-            self.learner.shutdown()
-            return False
-
-    async def waiting_report(self) -> str:
-        """Which role waits on what (the watchdog's report), one line each."""
-        from rose_ray.rollout.actors import ping_pools
-
-        what, since = self.phase
-        lines = [f"driver: {what} for {time.monotonic() - since:.0f} s (step {self.step}/{self.cfg.steps}; "
-                 f"{len(self.buffer.items)} of {self.cfg.rollout.batch_episodes} episodes ready, "
-                 f"{self.buffer.in_flight} in flight)"]
-        lines += self.runner.waiting()
-        lines += await self.engines.describe()
-        lines += await ping_pools(self.parts.pools) or [f"env pools: all {len(self.parts.pools)} answer a ping"]
-        return "\n  ".join(lines)
-
-    def doing(self, what: str) -> None:
-        self.phase = (what, time.monotonic())
-
     def _interrupt(self) -> None:
         if self.stop.is_set():  # a second Ctrl-C: stop waiting
             raise KeyboardInterrupt

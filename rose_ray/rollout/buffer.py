@@ -35,22 +35,30 @@ class BufferCounters:
 
 
 class TrajectoryBuffer:
-    def __init__(self, batch_episodes: int, max_lag: int, counters: BufferCounters | None = None,
-                 on_drop: Callable[[Trajectory], None] | None = None, drop_stale: bool = True) -> None:
+    def __init__(self, batch_episodes: int, max_lag: int, on_drop: Callable[[Trajectory], None] | None = None,
+                 drop_stale: bool = True) -> None:
         self.batch_episodes, self.max_lag, self.drop_stale = batch_episodes, max_lag, drop_stale
         self.capacity = (max_lag + 1) * batch_episodes
         self.items: list[Trajectory] = []
         self.in_flight = 0
-        self.counters = counters or BufferCounters()
+        self.counters = BufferCounters()
         self.on_drop = on_drop  # told of every trajectory dropped as stale (the run's episode ledger)
         self.lags: list[int] = []  # lag of each trajectory handed to the learner
         self._changed = asyncio.Condition()
 
-    def restore(self, counters: BufferCounters) -> None:
+    def state_dict(self) -> dict[str, int]:
+        """The counters as a checkpoint keeps them: without the episodes still open (in flight
+        or buffered), which a resumed run admits again when it plays them again."""
+        c = self.counters.as_dict()
+        c["admitted"] -= self.in_flight + len(self.items)
+        c["accepted"] -= len(self.items)
+        return c
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
         """Back to a checkpoint's counters, empty: its open episodes are played again (the run
         has cancelled every episode in flight first)."""
         self.items, self.in_flight, self.lags = [], 0, []
-        self.counters = counters
+        self.counters = BufferCounters(**state)
         self._changed = asyncio.Condition()
 
     def lag(self, t: Trajectory, learner_version: int) -> int:
@@ -109,14 +117,6 @@ class TrajectoryBuffer:
         self.counters.dropped_stale += 1
         if self.on_drop is not None:
             self.on_drop(t)
-
-    def resumable_counters(self) -> BufferCounters:
-        """The counters as a checkpoint keeps them: without the episodes still open (in flight
-        or buffered), which a resumed run admits again when it plays them again."""
-        c = BufferCounters(**self.counters.as_dict())
-        c.admitted -= self.in_flight + len(self.items)
-        c.accepted -= len(self.items)
-        return c
 
     def accounting_holds(self) -> bool:
         c = self.counters

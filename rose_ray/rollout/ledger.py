@@ -53,10 +53,10 @@ class GameSampler:
         self.position += 1
         return game
 
-    def state(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
 
-    def load_state(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, int]) -> None:
         self.seed, self.epoch, self.position = state["seed"], state["epoch"], state["position"]
         self._order = self._shuffle(self.epoch)
 
@@ -95,7 +95,7 @@ class EpisodeLedger:
             d = self.replay.popleft()
         else:
             game = self.sampler.next()
-            at = self.sampler.state()
+            at = self.sampler.state_dict()
             d = Draw(self.next_n, game, at["epoch"], at["position"])
             self.next_n += 1
         self.open[d.episode_id] = d
@@ -111,21 +111,21 @@ class EpisodeLedger:
                                      "outcome": outcome, **fields}) + "\n")
         self._file.flush()
 
-    def state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps (take it when nothing else moves: in the event loop)."""
         self._file.flush()
         pending = sorted([*self.open.values(), *self.replay], key=lambda d: d.n)
-        return {"next_n": self.next_n, "sampler": self.sampler.state(), "offset": self.path.stat().st_size,
+        return {"next_n": self.next_n, "sampler": self.sampler.state_dict(), "offset": self.path.stat().st_size,
                 "open": [asdict(d) for d in pending], "outcomes": dict(self.outcomes)}
 
-    def load_state(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Back to a checkpoint: the file cut to its length, its open episodes to play first."""
         self._file.close()
         with self.path.open("r+") as f:
             f.truncate(state["offset"])
         self._file = self.path.open("a")
         self.next_n = state["next_n"]
-        self.sampler.load_state(state["sampler"])
+        self.sampler.load_state_dict(state["sampler"])
         self.open = {}
         self.replay = deque(Draw.from_dict(d) for d in state["open"])
         self.outcomes = Counter(state["outcomes"])

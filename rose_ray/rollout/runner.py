@@ -114,13 +114,16 @@ class EpisodeRunner:
         finally:
             self.in_flight -= 1
 
-    def resumable_counters(self, buffered: int) -> RunnerCounters:
+    def state_dict(self, buffered: int = 0) -> dict[str, int]:
         """The counters as a checkpoint keeps them: without the episodes still open (in flight
         here, or `buffered` finished ones waiting for the learner), which a resumed run plays again."""
-        c = RunnerCounters(**self.counters.as_dict())
-        c.started -= self.in_flight + buffered
-        c.finished -= buffered
+        c = self.counters.as_dict()
+        c["started"] -= self.in_flight + buffered
+        c["finished"] -= buffered
         return c
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.counters = RunnerCounters(**state)
 
     def waiting(self) -> list[str]:
         """What the episodes on a slot wait on, grouped (the watchdog's report)."""

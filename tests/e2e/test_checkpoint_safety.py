@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from rose_ray.chat import ChatFormat
+from rose_ray.checkpoint import Checkpoint, kept_steps, latest_tag, write_checkpoint
 from rose_ray.cli import main
 from rose_ray.config import load_config, to_yaml
-from rose_ray.export import kept_steps
 from rose_ray.learner.learner import LearnerGroup
 from rose_ray.learner.worker import NonFiniteWeights, _load_rng_state, _rng_state, _set_rng_state
 from rose_ray.rows import row_to_trajectory
@@ -71,8 +71,8 @@ def test_a_nonfinite_loss_skips_its_step(group, tiny_models, zero_stage):
 
 
 def run_folder(tmp_path: Path, tiny_models, group) -> RunParts:
-    """A run folder (its config.yaml) whose checkpoints `RunParts.save_checkpoint` writes from
-    the real learner group, as a run does."""
+    """A run folder (its config.yaml) whose checkpoints `write_checkpoint` writes from the real
+    learner group, as a run does."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     cfg = load_config(None, [f"student_engine.model={tiny_models['student']}", "keep_checkpoints=2",
@@ -84,7 +84,8 @@ def run_folder(tmp_path: Path, tiny_models, group) -> RunParts:
 
 
 def save(parts: RunParts) -> None:
-    parts.save_checkpoint({"step": parts.learner.step, "ledger": {"sampler": {}}})
+    record = Checkpoint(parts.learner.step, parts.learner.version, {"sampler": {}}, {}, {}, {}, {}, {})
+    write_checkpoint(parts.run_dir, record, parts.learner, parts.cfg.keep_checkpoints)
 
 
 def test_no_checkpoint_is_written_from_nonfinite_weights(group, tiny_models, tmp_path):
@@ -100,7 +101,7 @@ def test_no_checkpoint_is_written_from_nonfinite_weights(group, tiny_models, tmp
         lambda w: next(w.engine.module.parameters()).data.fill_(float("nan"))))
     with pytest.raises(NonFiniteWeights, match="step 2"):
         save(parts)
-    assert kept_steps(parts.run_dir) == [1] and parts.latest_checkpoint() == "step_1"
+    assert kept_steps(parts.run_dir) == [1] and latest_tag(parts.run_dir) == "step_1"
     assert not any((parts.ckpt_dir / "step_2").glob("*.pt"))
 
 

@@ -4,7 +4,6 @@ file's docstring says what both halves check."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from rose_ray.checkpoint import read_checkpoint
 from rose_ray.config import load_config
 from rose_ray.inference.engine import EngineConfig
 from rose_ray.reliability import RoleFailed, Stalled
@@ -306,14 +306,13 @@ def test_a_run_killed_between_checkpoints_resumes_with_every_game_played_once(ti
     finally:
         if proc.poll() is None:
             proc.kill()
-    checkpoint = (run_dir / "checkpoints" / "latest").read_text().strip()
-    saved = json.loads((run_dir / "checkpoints" / f"trainer_{checkpoint}.json").read_text())
+    saved = read_checkpoint(run_dir)  # the one --resume goes on from
     before = read_jsonl(run_dir / "episodes.jsonl", partial_ok=True)
-    assert max(r.get("step", 0) for r in before) > saved["step"]  # work after the checkpoint was lost
-    open_then = {d["n"] for d in saved["ledger"]["open"]}
+    assert max(r.get("step", 0) for r in before) > saved.step  # work after the checkpoint was lost
+    open_then = {d["n"] for d in saved.ledger["open"]}
     assert open_then  # in flight or buffered at the checkpoint
 
-    steps = saved["step"] + 3
+    steps = saved.step + 3
     summary = train(None, [f"steps={steps}"], resume=str(run_dir))
     assert summary["steps"] == steps
     records = check_exactly_once(run_dir, steps)

@@ -15,8 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rose_ray.checkpoint import kept_steps
 from rose_ray.cli import main
-from rose_ray.export import MODEL_INFO, kept_steps
+from rose_ray.export import MODEL_INFO
 from rose_ray.rollout.handoff import decay_takes_over
 from rose_ray.runs import new_version
 from rose_ray.train import train

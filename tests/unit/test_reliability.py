@@ -79,14 +79,14 @@ def test_the_ledger_gives_every_draw_one_outcome_across_going_back():
         d = [a.draw() for _ in range(4)]
         a.record(d[0].episode_id, "trained", step=1)
         a.record(d[1].episode_id, "dropped_stale")
-        state = a.state()  # d[2], d[3] open at the checkpoint
+        state = a.state_dict()  # d[2], d[3] open at the checkpoint
         more = [a.draw() for _ in range(3)]  # crosses an epoch: 7 draws of 5 games
         a.record(d[2].episode_id, "trained", step=2)
         a.record(more[0].episode_id, "failed")
         a.close()
         # Going back: the file is cut, the open episodes come first, then the same draws again.
         b = ledger(path, fresh=False)
-        b.load_state(state)
+        b.load_state_dict(state)
         again = [b.draw() for _ in range(5)]
         assert [x.n for x in again] == [2, 3, 4, 5, 6]
         assert [x.game for x in again] == [d[2].game, d[3].game] + [m.game for m in more]
@@ -119,9 +119,11 @@ def test_the_buffer_reports_stale_drops_and_checkpoints_counters_without_open_ep
 
     buf = asyncio.run(main())
     assert [t.episode_id for t in dropped] == ["e1"]
-    saved = buf.resumable_counters()
-    assert (saved.admitted, saved.accepted, saved.dropped_stale) == (1, 0, 1)
-    assert TrajectoryBuffer(2, 1, counters=saved).accounting_holds()  # a resume starts balanced
+    saved = buf.state_dict()
+    assert (saved["admitted"], saved["accepted"], saved["dropped_stale"]) == (1, 0, 1)
+    resumed = TrajectoryBuffer(2, 1)
+    resumed.load_state_dict(saved)
+    assert resumed.accounting_holds()  # a resume starts balanced
 
 
 def test_the_openai_client_waits_for_a_server_that_comes_back_and_names_one_that_does_not():

@@ -182,10 +182,10 @@ def test_game_sampler_is_seeded_epoch_by_epoch_and_resumable():
     assert first_epoch != second_epoch  # reshuffled each epoch
     b = GameSampler(games, seed=1)
     assert [b.next() for _ in range(5)] == first_epoch
-    state = a.state()
+    state = a.state_dict()
     rest = [a.next() for _ in range(3)]
     c = GameSampler(games, seed=999)
-    c.load_state(state)
+    c.load_state_dict(state)
     assert [c.next() for _ in range(3)] == rest
     with pytest.raises(ValueError):
         GameSampler([], seed=0)
