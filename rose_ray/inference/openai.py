@@ -637,7 +637,7 @@ def check_served(config: EngineConfig, names: SettingNames, scores: bool = False
         raise ServedModelMismatch(f"{names.tokenizer}: an openai engine needs the served model's tokenizer on this "
                                   f"machine (prompts go as token ids): {e}") from None
     # Asked once (retry_s 0): a server that is not there now is an error now, not after backoff.
-    engine = OpenAIEngine(replace(config, max_batch_size=1, retry_s=0.0))
+    engine = OpenAIEngine(replace(config, max_batch_size=1, openai=replace(config.openai, retry_s=0.0)))
     try:
         try:
             served = engine.served()
