@@ -174,7 +174,7 @@ def main() -> None:
                    help="engine batcher: how long a batch waits to fill (EngineConfig.max_wait_ms); "
                         "several values: one engine and one set of levels each (default 5 50; --quick 5)")
     p.add_argument("--prefix-cache-mb", type=float, default=1024.0,
-                   help="engine prefix KV cache budget (EngineConfig.prefix_cache_mb; 0 disables)")
+                   help="engine prefix KV cache budget (the hf engine's prefix_cache_mb; 0 disables)")
     p.add_argument("--max-batch-size", type=int, default=None,
                    help="engine batch cap (EngineConfig.max_batch_size; default: the highest level)")
     p.add_argument("--warmup-games", type=int, default=None,
@@ -209,7 +209,7 @@ def main() -> None:
     init_ray()
     rows = []
     for wait_ms in args.max_wait_ms:
-        engine_cfg = EngineConfig(model=str(model), dtype=args.dtype, context_tokens=2048,
+        engine_cfg = EngineConfig.of("hf", model=str(model), dtype=args.dtype, context_tokens=2048,
                                   max_batch_size=args.max_batch_size or max(levels), max_wait_ms=wait_ms,
                                   prefix_cache_mb=args.prefix_cache_mb)
         student, _ = start_agents(engine_cfg, None, student_cpus=args.engine_cpus)

@@ -98,11 +98,12 @@ def medium_model(root: Path, tiny_student: Path) -> Path:
 
 
 def make_engine(backend: str, model: Path, callers: int, threads: int, kv_mb: float) -> Any:
+    from rose_ray.inference.backends import command_engine
     from rose_ray.inference.backends import make_engine as build
-    from rose_ray.inference.engine import EngineConfig
 
-    config = EngineConfig(backend=backend, model=str(model), dtype="float32", threads=threads,
-                          max_batch_size=callers, context_tokens=4096, kv_cache_mb=kv_mb)
+    # (kv_cache_mb is a vllm setting: the hf engine leaves it)
+    config = command_engine(str(model), "--backends", backend, dtype="float32", threads=threads,
+                            max_batch_size=callers, context_tokens=4096, kv_cache_mb=kv_mb)
     return build(config)
 
 

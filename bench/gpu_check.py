@@ -91,7 +91,7 @@ def part_engine(model: Path, device: str) -> dict[str, Any]:
     from rose_ray.learner.weights import to_wire
     from rose_ray.memory import ModelShape, _engine_parts
 
-    config = EngineConfig(backend="vllm", model=str(model), dtype="bfloat16", max_batch_size=64,
+    config = EngineConfig.of("vllm", model=str(model), dtype="bfloat16", max_batch_size=64,
                           context_tokens=16384, gpu_memory_utilization=0.6, kv_cache_mb=2048)
     engine = VLLMEngine(config, device=device)
     out: dict[str, Any] = {}

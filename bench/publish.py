@@ -251,9 +251,9 @@ def bench_size(tokenizer_dir: str, gib: float, root: Path, args: argparse.Namesp
     import ray
 
     from rose_ray.inference.actor import engine_actor
-    from rose_ray.inference.engine import EngineConfig
+    from rose_ray.inference.backends import command_engine
+    from rose_ray.inference.registry import get_backend
     from rose_ray.learner.weights import (
-        KEEPING_BACKENDS,
         PublishConfig,
         WeightPublisher,
         gather_state,
@@ -263,8 +263,8 @@ def bench_size(tokenizer_dir: str, gib: float, root: Path, args: argparse.Namesp
     bounds = Bounds(gather_state(model, zero3=False, keep=True))
     # a batch as large as the busy rows' requests, so that they decode together (a vllm KV
     # cache that holds them all: 32 KiB a token at 0.3 GiB)
-    engine = engine_actor(EngineConfig(backend=args.backend, model=folder, dtype="bfloat16", threads=1,
-                                       max_batch_size=BUSY_REQUESTS, kv_cache_mb=1024), num_cpus=1)
+    engine = engine_actor(command_engine(folder, "--backend", args.backend, dtype="bfloat16", threads=1,
+                                         max_batch_size=BUSY_REQUESTS, kv_cache_mb=1024), num_cpus=1)
     ray.get(engine.ready.remote())
     variants = [(label, settings) for label, settings in VARIANTS
                 if (not args.methods or settings["method"] in args.methods)
@@ -304,7 +304,7 @@ def bench_size(tokenizer_dir: str, gib: float, root: Path, args: argparse.Namesp
                      "publish_wall_ms": statistics.median(r["send_ms"] + r["gather_ms"] for r in done),
                      "serve_new_ms": statistics.median(r["send_ms"] + r["gather_ms"] for r in done)})
         print(f"  {gib} GiB {label}: {total:.3f} ms/MB", flush=True)
-    in_flight = ("wait", "keep") if args.backend in KEEPING_BACKENDS else ("wait",)
+    in_flight = get_backend(args.backend).in_flight
     for label, settings in variants if args.busy else ():
         for wait, keep in [(w, k) for w in (True, False) for k in in_flight]:
             publisher = publishers[label]  # the idle rows' (warm: a collective's group is joined)

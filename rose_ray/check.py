@@ -95,7 +95,7 @@ def _on_a_cluster(cfg: TrainConfig) -> bool:
 
 
 def check_served_engines(cfg: TrainConfig) -> list[str]:
-    """Each engine with backend openai, asked before a run whether it can do its job (its served
+    """Each engine of a served backend (openai), asked before a run whether it can do its job (its served
     model's name, context and logprobs, and prompt scoring for a teacher that scores: OPD);
     a ServedModelMismatch (exit 2) names the key. One line per served engine."""
     from dataclasses import replace
@@ -104,7 +104,7 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
     from rose_ray.recipes.warmup import resolve_tiny
 
     out = []
-    if "openai" in (cfg.student_engine.backend, cfg.teacher_engine.backend) and _on_a_cluster(cfg):
+    if (cfg.student_engine.spec.served or cfg.teacher_engine.spec.served) and _on_a_cluster(cfg):
         import ray
 
         from rose_ray.config import check_served_urls
@@ -113,7 +113,7 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
         init_ray(cfg.ray_address)  # the run's cluster: a loopback URL reaches one node only
         check_served_urls(cfg, sum(bool(n.get("Alive")) for n in ray.nodes()))
     for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine)):
-        if engine.backend != "openai":
+        if not engine.spec.served:
             continue
         scores = role == "teacher" and cfg.algorithm.teacher_scores_student()
         config = replace(engine, model=resolve_tiny(cfg, engine.model))  # served under its folder's name

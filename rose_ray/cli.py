@@ -13,6 +13,7 @@ import os
 import sys
 
 from rose_ray.errors import InputError
+from rose_ray.inference.registry import COMMAND_BACKENDS
 
 
 class UsageError(InputError):
@@ -148,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--config", help="YAML config (default: the embedded tiny config)")
     g.add_argument("--eval", metavar="SPLIT", choices=["train", "dev", "test"],
                    help="then evaluate the base student and the teacher on the config's eval games of SPLIT")
-    g.add_argument("--backend", choices=["auto", "hf", "vllm"], default="hf", help="the engine of --eval")
+    g.add_argument("--backend", choices=COMMAND_BACKENDS, default="hf", help="the engine of --eval")
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     g.set_defaults(func="rose_ray.recipes.warmup:cli_main")
 

@@ -37,9 +37,9 @@ from rose_ray.chat import HISTORIES
 from rose_ray.config import first_line, override_layer, yaml_layers
 from rose_ray.envs.worlds import DEFAULT_WORLD, WORLDS, get_world
 from rose_ray.errors import ConfigError
-from rose_ray.inference.backends import COMMAND_BACKENDS, DEFAULT_COMMAND_BACKEND
 from rose_ray.inference.engine import CONTEXT_POLICIES, DTYPES, EngineConfig
 from rose_ray.inference.protocol import MAX_CONCURRENT
+from rose_ray.inference.registry import COMMAND_BACKENDS, DEFAULT_COMMAND_BACKEND, VLLMSettings
 from rose_ray.learner.learner import LEARNER_DTYPES, SCHEDULES, LearnerConfig
 from rose_ray.types import SCHEMAS, SamplingParams
 
@@ -108,8 +108,8 @@ class BackendSettings:
                            "the engine of a local model: vllm (vLLM's engine), hf (transformers), or auto: "
                            f"vllm where it is installed, else hf (default {DEFAULT_COMMAND_BACKEND})",
                            choices=COMMAND_BACKENDS)
-    kv_cache_mb: float = setting(EngineConfig.kv_cache_mb,
-                                 f"vllm on CPU: the KV cache's size (default {EngineConfig.kv_cache_mb:g})",
+    kv_cache_mb: float = setting(VLLMSettings.kv_cache_mb,
+                                 f"vllm on CPU: the KV cache's size (default {VLLMSettings.kv_cache_mb:g})",
                                  metavar="MB")
 
 

@@ -22,8 +22,9 @@ from omegaconf.errors import OmegaConfBaseException
 from rose_ray.envs.config import EnvConfig
 from rose_ray.errors import ConfigError, InputError
 from rose_ray.inference.engine import EngineConfig
+from rose_ray.inference.registry import BACKENDS, in_flight_backends, settings_owner
 from rose_ray.learner.learner import LearnerConfig
-from rose_ray.learner.weights import KEEPING_BACKENDS, PublishConfig
+from rose_ray.learner.weights import PublishConfig
 from rose_ray.recipes import Recipe, get_recipe
 from rose_ray.rollout.report import REPORT_MODES
 from rose_ray.types import SamplingParams
@@ -260,22 +261,24 @@ class TrainConfig:
                 f"student_engine.context_tokens {self.student_engine.context_tokens}; the teacher scores each "
                 "episode's student tokens in one pass over what the learner trains on, up to the student's context"
             )
-        if self.teacher_warmup.enabled and self.teacher_engine.backend == "openai":
-            raise ConfigError("teacher_warmup.enabled: the warm-up trains a local teacher folder, but "
-                              "teacher_engine.backend is openai (a served model, used as it is); set "
-                              "teacher_warmup.enabled=false (or warm a folder with `rose-ray sft` and serve that)")
-        if self.student_warmup.enabled and self.student_engine.backend == "openai":
-            raise ConfigError("student_warmup.enabled: the warm-up trains a local student folder, but "
-                              "student_engine.backend is openai; set student_warmup.enabled=false")
-        if self.publish.method == "collective" and self.student_engine.backend not in ("hf", "vllm"):
+        if self.teacher_warmup.enabled and self.teacher_engine.spec.served:
+            raise ConfigError(f"teacher_warmup.enabled: the warm-up trains a local teacher folder, but "
+                              f"teacher_engine.backend is {self.teacher_engine.backend} (a served model, used as it "
+                              "is); set teacher_warmup.enabled=false (or warm a folder with `rose-ray sft` and serve that)")
+        if self.student_warmup.enabled and self.student_engine.spec.served:
+            raise ConfigError(f"student_warmup.enabled: the warm-up trains a local student folder, but "
+                              f"student_engine.backend is {self.student_engine.backend} (a served model); "
+                              "set student_warmup.enabled=false")
+        if self.publish.method == "collective" and not self.student_engine.spec.takes_weights:
+            takers = " or ".join(b.name for b in BACKENDS.values() if b.takes_weights)
             raise ConfigError(f"publish.method: collective needs a student engine that is a local Ray actor "
-                              f"(backend hf or vllm), not {self.student_engine.backend!r}; use "
+                              f"(backend {takers}), not {self.student_engine.backend!r}; use "
                               "publish.method=object_store or auto")
-        if self.publish.in_flight == "keep" and self.student_engine.backend not in KEEPING_BACKENDS:
+        if self.publish.in_flight == "keep" and "keep" not in self.student_engine.spec.in_flight:
             raise ConfigError(f"publish.in_flight: keep loads the weights under an engine's running requests, "
-                              f"which only the {'/'.join(KEEPING_BACKENDS)} backend can (the hf backend generates "
-                              f"a batch to its end; an openai engine takes no weights); student_engine.backend is "
-                              f"{self.student_engine.backend!r}: use publish.in_flight=wait")
+                              f"which only the {'/'.join(in_flight_backends('keep'))} backend can (the hf backend "
+                              f"generates a batch to its end; an openai engine takes no weights); "
+                              f"student_engine.backend is {self.student_engine.backend!r}: use publish.in_flight=wait")
         recipe.check(self)
         if self.chat.history == "template" and recipe.teacher_scores_student():
             setting = recipe.scoring_key.split(".")[1:]  # `algorithm` itself, or one of its keys
@@ -328,6 +331,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 else:
                     raise ConfigError(f"key {key!r}: removed; {why}")
         algorithm = _algorithm_of(layers)
+        for role in ENGINE_SECTIONS:
+            _engine_sections(role, schema[role].backend, layers)
+            for name in BACKENDS:  # the default engines' own sections come from their backends, after the layers
+                schema[role][name] = None
         merged = OmegaConf.merge(schema, *layers)
         merged.algorithm = algorithm
         # A variable set to nothing (`ROSE_RAY_RUNS=$UNSET`) would put runs at /<name>.
@@ -400,6 +407,63 @@ def _algorithm_of(layers: list[Any]) -> dict[str, Any]:
     return section
 
 
+ENGINE_SECTIONS = ("student_engine", "teacher_engine")
+
+
+def _engine_sections(role: str, backend: str, layers: list[Any]) -> None:
+    """An engine section over the layers, its backend's own settings in the section named after
+    the backend (`student_engine: {backend: vllm, vllm: {kv_cache_mb: 256}}`), in place.
+
+    A setting given flat (`student_engine.kv_cache_mb=256`, as before the sections) moves to
+    its backend's section; one of another backend than the engine's is ignored, as it was
+    before (a run's config.yaml from before the sections holds every backend's). A layer that
+    names another backend drops the other backends' sections of the layers before it
+    (settings the new one would refuse), as the algorithm section does. A section left for
+    another backend than the engine's is refused by key, and so is a setting in the wrong
+    backend's section, naming where it lives."""
+    from dataclasses import fields
+
+    common = {f.name for f in fields(EngineConfig)} - set(BACKENDS)
+    written: list[tuple[int, dict[str, Any], set[str]]] = []  # per layer: its section, its keys given flat
+    for n, layer in enumerate(layers):
+        if not isinstance(layer.get(role), DictConfig):
+            continue
+        section = OmegaConf.to_container(layer[role], resolve=False)
+        flat = set()
+        for key in list(section):
+            if key in BACKENDS:
+                if section[key] is None:  # a saved config's empty section
+                    del section[key]
+                    continue
+                if not isinstance(section[key], dict):
+                    continue  # OmegaConf names it
+                for inner in section[key]:
+                    owner = settings_owner(inner)
+                    where = (f"{role}.{owner.name}.{inner}" if owner is not None
+                             else f"{role}.{inner}" if inner in common else None)
+                    if where is not None and (owner is None or owner.name != key):
+                        raise ConfigError(f"key '{role}.{key}.{inner}': not a setting of the {key} backend; "
+                                          f"it lives at {where}")
+            elif (owner := settings_owner(key)) is not None:
+                value = section.pop(key)
+                section.setdefault(owner.name, {}).setdefault(key, value)
+                flat.add(key)
+        if "backend" in section and section["backend"] != backend:
+            backend = section["backend"]
+            for _, earlier, _ in written:  # another backend: the earlier layers' other sections go
+                for name in BACKENDS:
+                    if name != backend:
+                        earlier.pop(name, None)
+        written.append((n, section, flat))
+    for n, section, flat in written:
+        for name in [k for k in BACKENDS if k in section and k != backend]:
+            if set(section[name]) - flat:
+                raise ConfigError(f"key '{role}.{name}': settings of the {name} backend, but {role}.backend is "
+                                  f"{backend}; set {role}.backend={name} or drop them")
+            del section[name]
+        layers[n][role] = section
+
+
 def _layered(old: dict[str, Any], new: Any, tag: str, nested: dict[str, str]) -> Any:
     if not isinstance(new, dict):
         if not isinstance(new, str):
@@ -435,14 +499,15 @@ def check_served_urls(cfg: TrainConfig, nodes: int) -> None:
         return
     for role in ("student", "teacher"):
         engine = getattr(cfg, f"{role}_engine")
-        if engine.backend != "openai":
+        if not engine.spec.served:
             continue
-        host = urlparse(engine.base_url).hostname or ""
+        base_url = engine.settings.base_url
+        host = urlparse(base_url).hostname or ""
         try:
             loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
         except ValueError:
             loopback = False
         if loopback:
-            raise ConfigError(f"{role}_engine.base_url: {engine.base_url} is a loopback address, but this cluster has "
+            raise ConfigError(f"{role}_engine.{engine.backend}.base_url: {base_url} is a loopback address, but this cluster has "
                               f"{nodes} nodes and the {role} engine's actor may run on any of them; give the server's "
                               "address as the other nodes reach it")

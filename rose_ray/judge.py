@@ -162,9 +162,9 @@ def _served_engine(cfg: JudgeConfig, timeout_s: float = 300.0, **retry: float) -
     from rose_ray.inference.engine import EngineConfig
     from rose_ray.inference.openai import OpenAIEngine, flag_key_env
 
-    return OpenAIEngine(EngineConfig(backend="openai", base_url=_base_url(cfg), model=cfg.served_model,
-                                     context_tokens=cfg.context_tokens, max_batch_size=cfg.concurrency,
-                                     timeout_s=timeout_s, api_key_env=flag_key_env("--judge"), **retry))
+    return OpenAIEngine(EngineConfig.of("openai", base_url=_base_url(cfg), model=cfg.served_model,
+                                        context_tokens=cfg.context_tokens, max_batch_size=cfg.concurrency,
+                                        timeout_s=timeout_s, api_key_env=flag_key_env("--judge"), **retry))
 
 
 def check_judge(cfg: JudgeConfig) -> JudgeConfig:

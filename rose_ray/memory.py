@@ -35,6 +35,7 @@ from typing import Any
 
 from rose_ray.errors import InputError
 from rose_ray.inference.engine import resolve_dtype
+from rose_ray.inference.registry import BACKENDS
 from rose_ray.placement import NodeInfo, PlacementError
 
 GIB = 2**30
@@ -209,17 +210,17 @@ def prefill_bytes_per_token(shape: ModelShape, dtype_bytes: int, tensor_parallel
 
 def _engine_parts(engine: Any, shape: ModelShape, dtype_bytes: int, tp: int, gpu_bytes: float | None,
                   on_gpu: bool) -> dict[str, float]:
-    vllm = engine.backend == "vllm"
+    vllm = engine.spec.paged_kv
     kv = engine.max_batch_size * engine.context_tokens * shape.kv_bytes_per_token(dtype_bytes, tp)
-    if not vllm:  # hf keeps past conversations' keys and values for reuse, up to prefix_cache_mb
-        kv += engine.prefix_cache_mb * MIB
+    # hf keeps past conversations' keys and values for reuse, up to its prefix_cache_mb
+    kv += getattr(engine.settings, "prefix_cache_mb", 0.0) * MIB
     # vLLM prefills at most its batched-token chunk per step; hf prefills a whole batch at once.
     batch_tokens = engine.max_batch_size * engine.context_tokens
     prefill = min(vllm_batched_tokens(gpu_bytes), batch_tokens) if vllm else batch_tokens
     parts = {"weights": shape.parameters() * dtype_bytes / tp, "KV cache": float(kv),
              "activations": prefill * prefill_bytes_per_token(shape, dtype_bytes, tp)}
     if on_gpu:
-        parts["runtime"] = GPU_RUNTIME_BYTES + (CUDA_GRAPHS_BYTES if vllm and engine.cuda_graphs else 0.0)
+        parts["runtime"] = GPU_RUNTIME_BYTES + (CUDA_GRAPHS_BYTES if getattr(engine.settings, "cuda_graphs", False) else 0.0)
     return parts
 
 
@@ -227,24 +228,26 @@ def engine_memory(role: str, engine: Any, gpus: float, shape: ModelShape, gpu_by
                   gpu_note: str, scores: bool) -> RoleMemory:
     """An engine's memory per GPU, and whether `max_batch_size` sequences at full context fit."""
     key = role.split()[0]  # "student" / "teacher"
-    on_gpu, vllm = gpus > 0, engine.backend == "vllm"
+    on_gpu, vllm = gpus > 0, engine.spec.paged_kv  # vLLM's memory: a paged KV cache sized by its settings
+    section = f"{key}_engine.{engine.backend}"
     dtype = resolve_dtype(engine.dtype, "cuda" if on_gpu else "cpu")
     e = DTYPE_BYTES[dtype]
-    tp = engine.tensor_parallel_size if vllm else 1
+    tp = engine.tensor_parallel_size
     where = f"{tp} GPUs (tensor parallel)" if tp > 1 else ("1 GPU" if on_gpu else "CPU")
     setup = (f"{engine.backend}, {dtype}, {where}, {engine.max_batch_size} sequences x "
              f"{engine.context_tokens:,} tokens ({shape.kv_bytes_per_token(e) / 1024:,.0f} KiB of KV a token)")
     mem = RoleMemory(role, shape, setup, _engine_parts(engine, shape, e, tp, gpu_bytes, on_gpu), on_gpu)
     per_sequence = engine.context_tokens * shape.kv_bytes_per_token(e, tp)
     if not on_gpu and vllm:
-        mem.notes.append(f"{key}_engine.kv_cache_mb {engine.kv_cache_mb:g} holds "
-                         f"{_sequences(int(engine.kv_cache_mb * MIB // per_sequence))} at full context "
+        kv_cache_mb = engine.settings.kv_cache_mb
+        mem.notes.append(f"{section}.kv_cache_mb {kv_cache_mb:g} holds "
+                         f"{_sequences(int(kv_cache_mb * MIB // per_sequence))} at full context "
                          f"({engine.max_batch_size} wanted)")
     if not on_gpu or gpu_bytes is None:
         return mem
-    util = float(engine.gpu_memory_utilization)
     if vllm:  # vLLM's share of the GPU; it gives the KV cache what the rest leaves
-        mem.budget, mem.budget_why = util * gpu_bytes, f"{key}_engine.gpu_memory_utilization {util:g} x {gpu_note}"
+        util = float(engine.settings.gpu_memory_utilization)
+        mem.budget, mem.budget_why = util * gpu_bytes, f"{section}.gpu_memory_utilization {util:g} x {gpu_note}"
     else:
         mem.budget, mem.budget_why = gpu_bytes, f"the whole {gpu_note} GPU"
     fitting = max(int((mem.budget - mem.total + mem.parts["KV cache"]) // per_sequence), 0)
@@ -260,15 +263,17 @@ def engine_memory(role: str, engine: Any, gpus: float, shape: ModelShape, gpu_by
 def _engine_too_big(mem: RoleMemory, engine: Any, key: str, tp: int, dtype_bytes: int, gpu_bytes: float,
                     fitting: int) -> str:
     """Why an engine's batch does not fit at full context, and what would."""
-    vllm = engine.backend == "vllm"
+    vllm = engine.spec.paged_kv
     fixes = [f"lower {key}_engine.max_batch_size to {fitting}"] if vllm and fitting else []
     for bigger in (2, 4, 8) if vllm else ():
         if bigger > tp and mem.model.num_attention_heads % bigger == 0 and \
                 sum(_engine_parts(engine, mem.model, dtype_bytes, bigger, gpu_bytes, True).values()) <= mem.budget:
-            fixes.append(f"set {key}_engine.tensor_parallel_size: {bigger} with resources.{key}_gpus: {bigger}")
+            fixes.append(f"set {key}_engine.{engine.backend}.tensor_parallel_size: {bigger} with "
+                         f"resources.{key}_gpus: {bigger}")
             break
     if not vllm:
-        fixes.append(f"use {key}_engine.backend: vllm (paged KV, tensor parallel)")
+        paged = [b.name for b in BACKENDS.values() if b.paged_kv]
+        fixes.append(f"use {key}_engine.backend: {'/'.join(paged)} (paged KV, tensor parallel)")
     short = (f"at full context {fitting} of its {engine.max_batch_size} sequences fit at once" if vllm
              else f"{_sequences(engine.max_batch_size)} at full context do not")
     return (f"the {mem.role} cannot fit its GPU{'s' if tp > 1 else ''}: {mem.model.name} needs "
@@ -288,8 +293,8 @@ def _scoring_problem(mem: RoleMemory, engine: Any, key: str, gpu_bytes: float, g
     most = math.floor((1 - logits / gpu_bytes) * 20) / 20  # in steps of 0.05
     return (f"the {mem.role} cannot fit its GPU{'s' if engine.tensor_parallel_size > 1 else ''}: scoring the "
             f"student's tokens (prompt logprobs of a {tokens:,}-token chunk x {mem.model.vocab_size:,} vocabulary) "
-            f"needs {_gib(logits)} GiB outside vLLM's share, but {key}_engine.gpu_memory_utilization "
-            f"{engine.gpu_memory_utilization:g} leaves {_gib(rest)} GiB of each {gpu_note} GPU; set it to "
+            f"needs {_gib(logits)} GiB outside vLLM's share, but {key}_engine.{engine.backend}.gpu_memory_utilization "
+            f"{engine.settings.gpu_memory_utilization:g} leaves {_gib(rest)} GiB of each {gpu_note} GPU; set it to "
             f"{most:g} or lower")
 
 
@@ -381,11 +386,11 @@ def memory_plan(cfg: Any, gpu_gib: float | None, config_for: dict[str, str] | No
     r = cfg.resources
     roles = []
     student = None
-    if cfg.student_engine.backend != "openai":
+    if cfg.student_engine.spec.local:
         student = engine_memory("student engine", cfg.student_engine, r.student_gpus,
                                 shape(cfg.student_engine.model, "student_engine.model"), gpu_bytes, gpu_note, False)
         roles.append(student)
-    if cfg.teacher_engine.backend != "openai":
+    if cfg.teacher_engine.spec.local:
         scores = cfg.algorithm.teacher_scores_student()
         roles.append(engine_memory("teacher engine", cfg.teacher_engine, r.teacher_gpus,
                                    shape(cfg.teacher_engine.model, "teacher_engine.model"), gpu_bytes, gpu_note, scores))

@@ -73,16 +73,17 @@ def demands(cfg: Any) -> list[RoleDemand]:
 
 
 def check_engine_gpus(role: str, engine: Any, gpus: float) -> None:
-    """A vllm engine's bundle holds one GPU per tensor-parallel rank (a fraction of one GPU
-    without tensor parallelism shares it with a colocated learner); only vllm splits a model."""
-    tp = int(engine.tensor_parallel_size)
-    if tp > 1 and engine.backend != "vllm":
-        raise PlacementError(f"{role}_engine.tensor_parallel_size: {tp}, but only the vllm backend splits a "
-                             f"model over GPUs ({role}_engine.backend is {engine.backend!r})")
-    if engine.backend == "vllm" and gpus > 0 and gpus != tp and not (tp == 1 and gpus < 1):
-        raise PlacementError(f"resources.{role}_gpus: {gpus:g}, but {role}_engine.tensor_parallel_size is {tp}: "
+    """The bundle of an engine that splits a model over GPUs (vllm's tensor parallelism) holds one
+    GPU per rank (a fraction of one GPU without tensor parallelism shares it with a colocated
+    learner). Only a backend whose settings have `tensor_parallel_size` splits a model."""
+    if not hasattr(engine.settings, "tensor_parallel_size"):
+        return
+    tp = engine.tensor_parallel_size
+    key = f"{role}_engine.{engine.backend}.tensor_parallel_size"
+    if gpus > 0 and gpus != tp and not (tp == 1 and gpus < 1):
+        raise PlacementError(f"resources.{role}_gpus: {gpus:g}, but {key} is {tp}: "
                              f"the engine uses one GPU per tensor-parallel rank; set resources.{role}_gpus: {tp} "
-                             f"or {role}_engine.tensor_parallel_size: {gpus:g}")
+                             f"or {key}: {gpus:g}")
 
 
 def check_fits(roles: list[RoleDemand], available: dict[str, float]) -> None:

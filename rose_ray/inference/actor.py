@@ -48,7 +48,7 @@ class EngineActorImpl:
         # The device this process sees, not the GPUs it asked Ray for: Ray's GPUs may be
         # resources only (`ray start --num-gpus=8` on a machine without any rehearses a cluster).
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        kwargs: dict[str, Any] = {"device": self.device} if config.backend in ("hf", "vllm") else {}
+        kwargs: dict[str, Any] = {"device": self.device} if config.spec.local else {}
         self.engine = make_engine(config, **kwargs)
         self.batcher: Any = None
         self._in_flight = 0
@@ -125,12 +125,12 @@ class EngineActorImpl:
             return await self._load(state, version, wait, keep_after_ms)
 
     def _check_keep(self, keep_after_ms: float | None) -> None:
-        from rose_ray.learner.weights import KEEPING_BACKENDS
+        from rose_ray.inference.registry import in_flight_backends
 
-        if keep_after_ms is not None and self.config.backend not in KEEPING_BACKENDS:
+        if keep_after_ms is not None and "keep" not in self.config.spec.in_flight:
             raise ValueError(f"publish.in_flight: keep loads weights under running requests, which the "
                              f"{self.config.backend} backend cannot (it generates a batch to its end); "
-                             f"backends that can: {KEEPING_BACKENDS}; use publish.in_flight=wait")
+                             f"backends that can: {tuple(in_flight_backends('keep'))}; use publish.in_flight=wait")
 
     async def _load(self, state: dict[str, Any], version: int, wait: bool,
                     keep_after_ms: float | None = None) -> dict[str, float]:
@@ -158,15 +158,16 @@ class EngineActorImpl:
             await loading
 
     async def weight_receiver(self) -> dict[str, Any]:
-        """What a publisher needs to choose a method: this actor's node, backend and device."""
+        """What a publisher needs to choose a method: this actor's node, backend and device, and
+        whether its backend can join a weight group."""
         return {"node_id": ray.get_runtime_context().get_node_id(), "backend": self.config.backend,
-                "device": self.device}
+                "takes_weights": self.config.spec.takes_weights, "device": self.device}
 
     async def join_weight_group(self, address: dict[str, Any], rank: int) -> None:
         """Join a publisher's weight group (WeightGroup.open_store's address) as `rank`; returns
         once every member has joined. The latest MAX_WEIGHT_GROUPS groups are kept (a learner
         restarted, a second publisher), the oldest left."""
-        if self.config.backend not in ("hf", "vllm"):
+        if not self.config.spec.takes_weights:
             raise NotImplementedError(f"the {self.config.backend} backend cannot receive weights")
         group = await asyncio.to_thread(WeightGroup.join, address, rank)
         self._weight_groups[address["name"]] = group

@@ -1,23 +1,30 @@
-"""The engine-backend factory: builds the GenerationEngine an EngineConfig names, and says
-which backends this machine can run.
+"""The engine-backend factory: builds the GenerationEngine an EngineConfig names, says which
+backends this machine can run, and builds the engines of the one-off commands.
 
-The backend names themselves (`engine.BACKENDS`: "hf", "vllm", "openai") stay beside
-EngineConfig, which validates them; this module is the one place that imports the backends,
-so engine.py (the shared types) imports none of them.
+The backends themselves, their settings and what callers may ask of them are registered in
+registry.py; this module is the one place that imports the engines, so engine.py (the shared
+types) imports none of them.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 from typing import Any
 
 from rose_ray.errors import InputError
 from rose_ray.inference.engine import EngineConfig, GenerationEngine
+from rose_ray.inference.registry import (
+    BACKENDS,
+    COMMAND_BACKENDS,
+    DEFAULT_COMMAND_BACKEND,
+    get_backend,
+    package_missing,
+    settings_owner,
+)
 
-# `--backend` of the one-off commands (eval, collect, continue, serve): auto = resolve_backend.
-COMMAND_BACKENDS: tuple[str, ...] = ("auto", "hf", "vllm")
-DEFAULT_COMMAND_BACKEND = "auto"
+__all__ = ["COMMAND_BACKENDS", "DEFAULT_COMMAND_BACKEND", "backend_problem", "command_engine", "make_engine"]
 SERVED_PREFIX = "openai:"  # a command's model given as openai:URL is served, not local
 
 VLLM_INSTALL = ("install it with `bash launch/setup.sh`, or `pip install -e '.[vllm]'` on a GPU machine "
@@ -27,13 +34,14 @@ VLLM_INSTALL = ("install it with `bash launch/setup.sh`, or `pip install -e '.[v
 def backend_problem(name: str, import_it: bool = False) -> str | None:
     """Why backend `name` cannot run on this machine, or None when it can. Without
     `import_it` only whether its package is installed (cheap: nothing is imported)."""
-    if name != "vllm":
+    backend = get_backend(name)
+    if backend.package is None:
         return None  # hf needs what the package needs; openai is a client
-    if importlib.util.find_spec("vllm") is None:
+    if package_missing(backend):  # (only vllm has a package of its own so far)
         return f"the vllm backend needs vLLM, which is not installed: {VLLM_INSTALL}"
     if import_it:
         try:
-            import vllm  # noqa: F401
+            importlib.import_module(backend.package)
         except Exception as e:  # noqa: BLE001 - any import failure makes it unusable; say which
             return f"vLLM is installed but does not import ({type(e).__name__}: {e}); {VLLM_INSTALL}"
     return None
@@ -51,15 +59,13 @@ def vllm_distribution() -> str | None:
 
 def backends_report() -> list[str]:
     """One line per backend: usable here or not, and why (`rose-ray check --backends`)."""
-    import torch
-    import transformers
-
-    vllm = backend_problem("vllm", import_it=True)
-    return [
-        f"hf: usable (transformers {transformers.__version__}, torch {torch.__version__}): the reference engine",
-        f"vllm: {'usable (' + str(vllm_distribution()) + ')' if vllm is None else 'not usable: ' + vllm}",
-        "openai: usable (an HTTP client): needs a served model, e.g. vLLM's OpenAI server or `rose-ray serve`",
-    ]
+    lines = []
+    for name, backend in BACKENDS.items():
+        problem = backend_problem(name, import_it=True)
+        about = f": {backend.about}" if backend.about else ""
+        lines.append(f"{name}: usable ({backend_version(name)}){about}" if problem is None
+                     else f"{name}: not usable: {problem}")
+    return lines
 
 
 def resolve_backend(name: str) -> str:
@@ -74,9 +80,10 @@ def backend_version(name: str) -> str:
     if name == "vllm":
         return str(vllm_distribution())
     if name == "hf":
+        import torch
         import transformers
 
-        return f"transformers {transformers.__version__}"
+        return f"transformers {transformers.__version__}, torch {torch.__version__}"
     return "an HTTP client"
 
 
@@ -96,13 +103,19 @@ def command_engine(model: str, flag: str, backend: str, tokenizer: str | None = 
         from rose_ray.inference.openai import flag_key_env
 
         settings.setdefault("api_key_env", flag_key_env(flag))  # ROSE_RAY_<FLAG>_API_KEY: this endpoint's own
-        return EngineConfig(backend="openai", base_url=base_url, model=served_model, tokenizer=tokenizer, **settings)
+        return EngineConfig.of("openai", base_url=base_url, model=served_model, tokenizer=tokenizer,
+                               **_applying("openai", settings))
     name = resolve_backend(backend)
     if name not in COMMAND_BACKENDS:
         raise InputError(f"--backend: must be one of {COMMAND_BACKENDS}, got {backend!r}")
     if (problem := backend_problem(name)) is not None:
         raise InputError(f"--backend {backend}: {problem}")
-    return EngineConfig(backend=name, model=model, **settings)
+    return EngineConfig.of(name, model=model, **_applying(name, settings))
+
+
+def _applying(name: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """A command's settings less those of other backends (`--kv-cache-mb` on the hf backend)."""
+    return {k: v for k, v in settings.items() if (settings_owner(k) or get_backend(name)).name == name}
 
 
 def check_command_engines(command: str, engines: dict[str, EngineConfig]) -> None:
@@ -113,7 +126,7 @@ def check_command_engines(command: str, engines: dict[str, EngineConfig]) -> Non
 
     lines = []
     for flag, config in engines.items():
-        if config.backend == "openai":
+        if config.spec.served:
             names = SettingNames(base_url=flag, model="--served-model", context_tokens="--context-tokens",
                                  tokenizer="--tokenizer")
             lines.append(f"{command}: {flag}: {check_served(config, names)}")  # the commands score nothing
@@ -125,17 +138,8 @@ def check_command_engines(command: str, engines: dict[str, EngineConfig]) -> Non
 
 def make_engine(config: EngineConfig, **kwargs: Any) -> GenerationEngine:
     """Build the configured backend (imports lazily: the openai client needs no torch model)."""
-    if config.backend == "hf":
-        from rose_ray.inference.hf import HFEngine
-
-        return HFEngine(config, **kwargs)
-    if config.backend == "vllm":
-        problem = backend_problem("vllm")
-        if problem is not None:  # on the node the engine was placed on
-            raise RuntimeError(problem)
-        from rose_ray.inference.vllm_engine import VLLMEngine
-
-        return VLLMEngine(config, **kwargs)
-    from rose_ray.inference.openai import OpenAIEngine
-
-    return OpenAIEngine(config, **kwargs)
+    problem = backend_problem(config.backend)
+    if problem is not None:  # on the node the engine was placed on
+        raise RuntimeError(problem)
+    module, name = config.spec.engine.split(":")
+    return getattr(importlib.import_module(module), name)(config, **kwargs)

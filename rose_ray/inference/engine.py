@@ -13,15 +13,24 @@ Logprobs are always the model's raw log-softmax (temperature 1, no top-p), which
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from rose_ray.errors import ConfigError, InputError
+from rose_ray.inference.registry import (
+    BACKENDS,
+    Backend,
+    HFSettings,
+    OpenAISettings,
+    VLLMSettings,
+    get_backend,
+    settings_owner,
+)
 from rose_ray.types import CONTEXT_TOKENS, SamplingParams, Turn
 
 FinishReason = Literal["stop", "length", "context"]
 CONTEXT_POLICIES: tuple[str, ...] = ("drop_oldest", "end_episode")
-BACKENDS: tuple[str, ...] = ("hf", "vllm", "openai")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16")
 
 
@@ -93,20 +102,17 @@ class GenerationResult:
 
 @dataclass
 class EngineConfig:
-    """One engine replica. `model` is a local HF folder (hf, vllm) or the served model name (openai).
+    """One engine replica: the settings every backend shares, and its backend's own section.
+
+    `backend` names a registered backend (registry.py: hf, vllm, openai); its settings live in
+    the section of that name (`vllm: {kv_cache_mb: 256}`), the other sections stay empty (a
+    section of another backend is refused). `model` is a local HF folder (hf, vllm) or the
+    served model name (openai); `tokenizer` a folder to read the tokenizer from instead.
 
     context_tokens bounds prompt + completion; context_policy says what to do with a longer
     conversation; keep_first_turns protects that many turns after the prompt turns (the first
     observation carries the task description). threads=0 leaves torch's setting alone.
-    prefix_cache_mb bounds the memory of the keys/values the hf backend keeps from past
-    generations to skip re-encoding a conversation's earlier turns (0 disables; a token costs
-    2 * layers * kv_heads * head_dim * dtype bytes: 112 KiB for Qwen3-1.7B in bf16).
-
-    vllm: the KV cache is vLLM's paged cache, sized by the config and never by vLLM's default
-    share of host memory: `kv_cache_mb` on CPU, `gpu_memory_utilization` (the fraction of
-    each GPU for weights, activations and KV) on GPUs. `tensor_parallel_size` GPUs serve one
-    engine (its placement bundle holds that many). `max_batch_size` bounds the sequences
-    decoded at once; `cuda_graphs` off runs eagerly on GPUs (CPUs always run eagerly).
+    `max_batch_size` bounds the sequences decoded at once (a served engine's requests in flight).
     """
 
     backend: str = "hf"
@@ -118,28 +124,21 @@ class EngineConfig:
     context_policy: str = "drop_oldest"
     keep_first_turns: int = 1
     threads: int = 0
-    attn_implementation: str = "sdpa"
-    prefix_cache_mb: float = 1024.0
-    # vllm backend
-    kv_cache_mb: float = 512.0
-    gpu_memory_utilization: float = 0.9
-    tensor_parallel_size: int = 1
-    cuda_graphs: bool = True
-    # openai backend
-    base_url: str = "http://127.0.0.1:8000/v1"
-    api_key: str | None = None  # this endpoint's key (docs/engines.md: Served models, keys)
-    api_key_env: str | None = None  # else the environment variable holding it (default: $ROSE_RAY_API_KEY)
-    timeout_s: float = 600.0
-    # How long to keep retrying a server that does not answer (down, restarting, overloaded),
-    # from a request's first failure, with backoff from 0.5 s to 10 s between attempts, before
-    # giving up with an error (the run then replaces the engine).
-    retry_s: float = 60.0
     tokenizer: str | None = None
+    # one per backend; only the chosen backend's is set (filled with its defaults when not given)
+    hf: HFSettings | None = None
+    vllm: VLLMSettings | None = None
+    openai: OpenAISettings | None = None
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"engine.backend: must be one of {BACKENDS}, got {self.backend!r}")
-        if self.backend in ("hf", "vllm") and not self.model:
+        spec = get_backend(self.backend)
+        for name in BACKENDS:
+            if name != self.backend and getattr(self, name) is not None:
+                raise ConfigError(f"engine.{name}: settings of the {name} backend, but engine.backend is "
+                                  f"{self.backend!r}; move them to engine.{self.backend} or drop them")
+        if getattr(self, self.backend) is None:
+            setattr(self, self.backend, spec.settings())
+        if spec.local and not self.model:
             raise ConfigError(f"engine.model: a model folder or name is required for backend {self.backend!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"engine.dtype: must be one of {DTYPES}, got {self.dtype!r}")
@@ -147,19 +146,47 @@ class EngineConfig:
             raise ConfigError(
                 f"engine.context_policy: must be one of {CONTEXT_POLICIES}, got {self.context_policy!r}"
             )
-        for key in ("max_batch_size", "context_tokens", "tensor_parallel_size"):
+        for key in ("max_batch_size", "context_tokens"):
             if int(getattr(self, key)) < 1:
                 raise ConfigError(f"engine.{key}: must be >= 1, got {getattr(self, key)!r}")
-        for key in ("max_wait_ms", "timeout_s", "prefix_cache_mb", "retry_s"):
-            if float(getattr(self, key)) < 0:
-                raise ConfigError(f"engine.{key}: must be >= 0, got {getattr(self, key)!r}")
-        if not float(self.kv_cache_mb) > 0:
-            raise ConfigError(f"engine.kv_cache_mb: must be > 0, got {self.kv_cache_mb!r}")
-        if not 0 < float(self.gpu_memory_utilization) <= 1:
-            raise ConfigError(f"engine.gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if float(self.max_wait_ms) < 0:
+            raise ConfigError(f"engine.max_wait_ms: must be >= 0, got {self.max_wait_ms!r}")
         for key in ("keep_first_turns", "threads"):
             if int(getattr(self, key)) < 0:
                 raise ConfigError(f"engine.{key}: must be >= 0, got {getattr(self, key)!r}")
+
+    @classmethod
+    def of(cls, backend: str, **fields_: Any) -> EngineConfig:
+        """An engine config from flat fields: each of the backend's own settings goes to its
+        section (`EngineConfig.of("vllm", model=m, kv_cache_mb=64)`); another backend's is refused."""
+        spec = get_backend(backend)
+        own = {f.name for f in dataclass_fields(spec.settings)}
+        section = {k: fields_.pop(k) for k in list(fields_) if k in own}
+        for key in fields_:
+            owner = settings_owner(key)
+            if owner is not None:
+                raise ConfigError(f"engine.{key}: a setting of the {owner.name} backend, not of {backend}")
+        return cls(backend=backend, **fields_, **{backend: spec.settings(**section)})
+
+    @property
+    def spec(self) -> Backend:
+        """The registered backend this engine runs on: what callers ask instead of its name."""
+        return get_backend(self.backend)
+
+    @property
+    def settings(self) -> Any:
+        """This backend's own section (HFSettings, VLLMSettings, OpenAISettings)."""
+        return getattr(self, self.backend)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """GPUs one engine spans: its settings' tensor parallelism where the backend splits a model, else 1."""
+        return int(getattr(self.settings, "tensor_parallel_size", 1))
+
+    @property
+    def label(self) -> str:
+        """The model, or a served engine's URL when it names no model (for messages)."""
+        return self.model or str(getattr(self.settings, "base_url", ""))
 
 
 def validate_sampling(s: SamplingParams) -> None:

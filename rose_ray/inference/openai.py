@@ -169,24 +169,24 @@ def endpoint_key(config: EngineConfig) -> tuple[str | None, str]:
     error), else $ROSE_RAY_API_KEY, the shared one. The shared key goes over plain http only
     to this machine (loopback): anyone on the way could read it; to another host it is not
     sent (said when the engine is made); an endpoint's own key is sent, with a warning."""
-    url = urllib.parse.urlsplit(config.base_url)
+    url = urllib.parse.urlsplit(config.openai.base_url)
     plain = url.scheme == "http" and not _loopback(url.hostname or "")
-    if config.api_key:
-        key, source = config.api_key, "its api_key"
-    elif config.api_key_env:
-        key, source = os.environ.get(config.api_key_env), f"${config.api_key_env} (its api_key_env)"
+    if config.openai.api_key:
+        key, source = config.openai.api_key, "its api_key"
+    elif config.openai.api_key_env:
+        key, source = os.environ.get(config.openai.api_key_env), f"${config.openai.api_key_env} (its api_key_env)"
         if not key:
-            raise InputError(f"engine.api_key_env: {config.api_key_env} is not set in the environment (the key of "
-                             f"{config.base_url})")
+            raise InputError(f"engine.openai.api_key_env: {config.openai.api_key_env} is not set in the environment (the key of "
+                             f"{config.openai.base_url})")
     else:
         key, source = os.environ.get(SHARED_KEY_ENV) or None, f"${SHARED_KEY_ENV}"
         if key and plain:
-            print(f"openai engine: {config.base_url}: not sending ${SHARED_KEY_ENV} over plain http to another host "
+            print(f"openai engine: {config.openai.base_url}: not sending ${SHARED_KEY_ENV} over plain http to another host "
                   "(anyone on the network path could read it); use https, or name the variable of this "
                   "endpoint's own key in api_key_env", file=sys.stderr, flush=True)
             return None, "none"
     if key and plain:
-        print(f"openai engine: {config.base_url}: warning: {source} goes over plain http to another host; anyone "
+        print(f"openai engine: {config.openai.base_url}: warning: {source} goes over plain http to another host; anyone "
               "on the network path can read it (use https)", file=sys.stderr, flush=True)
     return key, source
 
@@ -244,7 +244,7 @@ class OpenAIEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.base_url = config.base_url.rstrip("/")
+        self.base_url = config.openai.base_url.rstrip("/")
         self.api_key, self.api_key_source = endpoint_key(config)
         self._vocab: int | None = None  # the tokenizer's size, read at the first sampled ids
         self._pool = ThreadPoolExecutor(max_workers=config.max_batch_size, thread_name_prefix="openai")
@@ -301,7 +301,7 @@ class OpenAIEngine:
                     except ValueError:
                         retry_after = 0.0
                     failing_since = failing_since or time.monotonic()
-                    if retry_after > 0 and time.monotonic() - failing_since + retry_after <= self.config.retry_s:
+                    if retry_after > 0 and time.monotonic() - failing_since + retry_after <= self.config.openai.retry_s:
                         self._counters["retries"] += 1
                         time.sleep(min(retry_after, MAX_BACKOFF_S * 4))
                         continue
@@ -312,9 +312,9 @@ class OpenAIEngine:
             failing_since = failing_since or time.monotonic()
             pause = min(0.5 * 2 ** (attempt - 1), MAX_BACKOFF_S)
             waited = time.monotonic() - failing_since
-            if waited + pause > self.config.retry_s:
+            if waited + pause > self.config.openai.retry_s:
                 raise OpenAIServerGone(None, f"{self.base_url}: no answer after {attempt} attempts over "
-                                             f"{waited:.1f} s (engine retry_s {self.config.retry_s:g}): {error}")
+                                             f"{waited:.1f} s (engine retry_s {self.config.openai.retry_s:g}): {error}")
             self._counters["retries"] += 1
             time.sleep(pause)
 
@@ -331,7 +331,7 @@ class OpenAIEngine:
                 self._watcher = threading.Thread(target=self._watch, name="openai-liveness", daemon=True)
                 self._watcher.start()
         try:
-            with self._opener.open(req, timeout=timeout_s or self.config.timeout_s) as resp:
+            with self._opener.open(req, timeout=timeout_s or self.config.openai.timeout_s) as resp:
                 raw = resp.read(MAX_REPLY_BYTES + 1)
             if len(raw) > MAX_REPLY_BYTES:
                 raise OpenAIBadAnswer(None, f"{url}: the reply is larger than {MAX_REPLY_BYTES // 2**20} MiB; "
@@ -393,7 +393,7 @@ class OpenAIEngine:
         probe = {**self._model_field(), "prompt": [0], "max_tokens": 1, "temperature": 0.0}
         try:
             self._send("POST", self.base_url + "/completions", json.dumps(probe).encode(),
-                       timeout_s=min(self.config.timeout_s, 60.0))
+                       timeout_s=min(self.config.openai.timeout_s, 60.0))
             return True
         except OpenAIBadAnswer:  # an answer all the same
             return True
@@ -605,7 +605,7 @@ class SettingNames:
     @classmethod
     def of_section(cls, section: str) -> SettingNames:
         """The keys of a config section, e.g. `teacher_engine`."""
-        return cls(*(f"{section}.{key}" for key in ("base_url", "model", "context_tokens", "tokenizer")))
+        return cls(f"{section}.openai.base_url", *(f"{section}.{key}" for key in ("model", "context_tokens", "tokenizer")))
 
 
 @dataclass(frozen=True)
@@ -623,21 +623,21 @@ class ServedModel:
 
 
 def check_served(config: EngineConfig, names: SettingNames, scores: bool = False) -> ServedModel:
-    """Before a run: the server at `config.base_url` serves `config.model` (or, without one, a
+    """Before a run: the server at `config.openai.base_url` serves `config.model` (or, without one, a
     default model), with a context (`max_model_len`) of at least `config.context_tokens`, and
     gives the sampled tokens' ids and logprobs (and prompt logprobs when the run `scores`
     tokens: OPD); the local tokenizer loads. The server is asked once, without retries.
     Raises ServedModelMismatch (exit 2) naming the setting."""
     from rose_ray.models import ModelNotAvailable, load_tokenizer
 
-    url = config.base_url
+    url = config.openai.base_url
     try:
         load_tokenizer(config.tokenizer or config.model)
     except ModelNotAvailable as e:
         raise ServedModelMismatch(f"{names.tokenizer}: an openai engine needs the served model's tokenizer on this "
                                   f"machine (prompts go as token ids): {e}") from None
     # Asked once (retry_s 0): a server that is not there now is an error now, not after backoff.
-    engine = OpenAIEngine(replace(config, max_batch_size=1, retry_s=0.0))
+    engine = OpenAIEngine(replace(config, max_batch_size=1, openai=replace(config.openai, retry_s=0.0)))
     try:
         try:
             served = engine.served()

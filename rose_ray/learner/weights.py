@@ -36,14 +36,12 @@ from rose_ray.files import is_empty_folder, swap_in, temp_sibling
 
 PUBLISH_METHODS = ("auto", "object_store", "collective", "pickled")
 IN_FLIGHT = ("wait", "keep")  # publish.in_flight (PublishConfig)
-KEEPING_BACKENDS = ("vllm",)  # engine backends that can load weights under running requests
 # What `auto` picks where every engine is a local actor: the faster of the two flat paths as
 # bench/publish.py measured them on one node. On this CPU machine the object store (shared
 # memory) was as fast or faster than gloo over loopback (e.g. 1 GiB: 0.44 vs 0.77 ms/MB), and
 # the collective is gloo on host buffers everywhere for now (no NCCL path yet), so the object
 # store it is; `collective` stays a choice (publish.method) for when a broadcast wins.
 AUTO_LOCAL = "object_store"
-RECEIVING_BACKENDS = ("hf", "vllm")  # engine backends that can join a weight group
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
@@ -255,7 +253,7 @@ class WeightPublisher:
         if key not in self._methods:
             here = ray.get_runtime_context().get_node_id()
             infos = ray.get([e.weight_receiver.remote() for e in engines])
-            local = all(i["node_id"] == here and i["backend"] in RECEIVING_BACKENDS for i in infos)
+            local = all(i["node_id"] == here and i["takes_weights"] for i in infos)
             self._methods[key] = AUTO_LOCAL if local else "object_store"
         return self._methods[key]
 

@@ -37,7 +37,7 @@ def resolve_models(cfg: TrainConfig) -> tuple[str, str]:
 
     # A hub id becomes its cached snapshot once, here: every actor gets a folder (a served
     # model's name stays a name).
-    models = {role: resolve_tiny(cfg, engine.model) if engine.backend == "openai"
+    models = {role: resolve_tiny(cfg, engine.model) if engine.spec.served
               else local_model(resolve_tiny(cfg, engine.model))
               for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine))}
     # The student first: a teacher whose demonstrations open with its turns needs it warmed.

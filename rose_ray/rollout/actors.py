@@ -88,7 +88,7 @@ def check_backends_here(*configs: Any) -> None:
         return
     for config in configs:
         if config is not None and (problem := backend_problem(config.backend)) is not None:
-            raise InputError(f"engine {config.model or config.base_url}: {problem}")
+            raise InputError(f"engine {config.label}: {problem}")
 
 
 def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
@@ -129,7 +129,7 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
     chat = (student_chat if same_tokenizer(student_tok, teacher_tok)
             else ChatFormat(teacher_tok, enable_thinking, history))
     spawn = spawner(teacher, teacher_cpus, teacher_gpus, teacher_options)
-    teacher_agent = Agent(spawn(), chat, teacher.model or teacher.base_url,
+    teacher_agent = Agent(spawn(), chat, teacher.label,
                           keep_first_turns=teacher.keep_first_turns, spawn=spawn)
     return student_agent, teacher_agent
 
@@ -188,12 +188,12 @@ def local_actors(env: EnvConfig, student: Any, teacher: Any | None, max_turns: i
     # An engine that computes gets a CPU, or its share of what the env pools leave (on a 2-core
     # machine two engines and a pool would not fit otherwise, and the second would never start);
     # a served model's client computes nothing.
-    computing = {id(c) for c in (student, teacher) if c is not None and c.backend != "openai"}
+    computing = {id(c) for c in (student, teacher) if c is not None and c.spec.local}
     left = ray.cluster_resources().get("CPU", 1.0) - env.workers * env.cpus_per_worker
     share = min(1.0, max(left, 0.25) / max(len(computing), 1))
 
     def cpus(config: Any) -> float:
-        return 0.0 if config is None or config.backend == "openai" else share
+        return 0.0 if config is None or config.spec.served else share
 
     try:
         agents = start_agents(student, teacher, cpus(student), cpus(teacher), enable_thinking=enable_thinking,

@@ -13,6 +13,7 @@ import torch
 from rose_ray.errors import ConfigError
 from rose_ray.flat_weights import FlatHeader, FlatState, MalformedHeader, byte_view, pack, unpack
 from rose_ray.inference.engine import EngineConfig, GenerationRequest
+from rose_ray.inference.registry import VLLMSettings
 from rose_ray.types import SamplingParams
 from tests.unit.test_inference_engine import sharpened_state, special_ids
 
@@ -245,7 +246,7 @@ def test_a_vllm_engine_after_a_publication_answers_as_when_loaded_fresh(weights,
     from rose_ray.learner.weights import PublishConfig, WeightPublisher
 
     config, prompts, states, fresh, folders = weights
-    actor = engine_actor(replace(config, backend="vllm", model=str(folders[2]), kv_cache_mb=64), num_cpus=1)
+    actor = engine_actor(replace(config, backend="vllm", model=str(folders[2]), hf=None, vllm=VLLMSettings(kv_cache_mb=64)), num_cpus=1)
     try:
         loaded_fresh = actor_greedy(actor, prompts)
         assert loaded_fresh == fresh[2]  # as the hf engine's: the comparison is a real one
@@ -331,8 +332,8 @@ def test_a_vllm_publication_that_keeps_requests_in_flight_does_not_wait_for_them
     from rose_ray.learner.weights import PublishConfig, WeightPublisher
 
     config, prompts, states, fresh, folders = weights
-    actor = engine_actor(replace(config, backend="vllm", model=str(folders[2]), kv_cache_mb=64,
-                                 context_tokens=4096), num_cpus=1)
+    actor = engine_actor(replace(config, backend="vllm", model=str(folders[2]), hf=None,
+                                 vllm=VLLMSettings(kv_cache_mb=64), context_tokens=4096), num_cpus=1)
     long = GenerationRequest(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=LONG))
     try:
         assert actor_greedy(actor, prompts) == fresh[2]

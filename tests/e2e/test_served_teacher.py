@@ -54,7 +54,7 @@ def server(mismatched, tmp_path_factory) -> Served:
 
 
 def client(server: Served, mismatched: Path, **overrides) -> OpenAIEngine:
-    return OpenAIEngine(EngineConfig(backend="openai", base_url=server.url, model=NAME, tokenizer=str(mismatched),
+    return OpenAIEngine(EngineConfig.of("openai", base_url=server.url, model=NAME, tokenizer=str(mismatched),
                                      context_tokens=2048, max_batch_size=4, **overrides))
 
 
@@ -76,7 +76,7 @@ def served_teacher(server: Served, mismatched: Path, tiny_models) -> list[str]:
      f"teacher_engine.context_tokens: 4096 tokens is more than the served model's context ('{NAME}' at {{url}}: "
      "max_model_len 2048)"),
     (["teacher_engine.base_url=http://127.0.0.1:9/v1"],
-     "teacher_engine.base_url: http://127.0.0.1:9/v1: no answer after 1 attempts"),
+     "teacher_engine.openai.base_url: http://127.0.0.1:9/v1: no answer after 1 attempts"),
     (["teacher_engine.tokenizer=/nonexistent"], "teacher_engine.tokenizer: an openai engine needs the served "
                                                 "model's tokenizer on this machine"),
     (["teacher_warmup.enabled=true"], "teacher_warmup.enabled: the warm-up trains a local teacher folder"),

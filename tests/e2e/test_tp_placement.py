@@ -92,7 +92,7 @@ def test_a_tp2_vllm_teacher_serves_from_its_bundle_and_is_replaced_there(fake_gp
 
     ray = fake_gpu_cluster
     model = str(tiny_models["teacher"])
-    config = EngineConfig(backend="vllm", model=model, dtype="float32", tensor_parallel_size=2, threads=1,
+    config = EngineConfig.of("vllm", model=model, dtype="float32", tensor_parallel_size=2, threads=1,
                           kv_cache_mb=16, context_tokens=256, max_batch_size=2)
     groups = PlacementGroups([RoleDemand("teacher engine", 1, {"CPU": 1, "GPU": 2}, "PACK", "teacher")], timeout_s=60)
     prompt = prompt_of(model)

@@ -35,4 +35,4 @@ def test_a_run_with_an_api_key_writes_no_key_to_disk_and_its_saved_config_reads_
     # the engines get it with their config even where Ray's workers started without it.
     monkeypatch.setenv("ROSE_RAY_API_KEY", key)
     resumed = load_config(run_dir / "config.yaml", [], saved=True)
-    assert resumed.teacher_engine.api_key == key and resumed.student_engine.api_key is None
+    assert resumed.teacher_engine.openai.api_key == key and resumed.student_engine.openai is None

@@ -85,7 +85,7 @@ def _alive(pid: int) -> bool:
 
 
 def client(server: Served, teacher_dir: Path, **overrides) -> OpenAIEngine:
-    return OpenAIEngine(EngineConfig(backend="openai", base_url=server.url, model=NAME, tokenizer=str(teacher_dir),
+    return OpenAIEngine(EngineConfig.of("openai", base_url=server.url, model=NAME, tokenizer=str(teacher_dir),
                                      context_tokens=CONTEXT, max_batch_size=8, **overrides))
 
 
@@ -110,7 +110,7 @@ def test_greedy_ids_logprobs_and_scores_agree_with_the_in_process_engine(server,
     greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
     requests = [GenerationRequest(p, greedy, request_id=f"r{i}") for i, p in enumerate(prompts)]
     remote = client(server, teacher_dir)
-    local = VLLMEngine(EngineConfig(backend="vllm", model=str(teacher_dir), dtype="float32", context_tokens=CONTEXT,
+    local = VLLMEngine(EngineConfig.of("vllm", model=str(teacher_dir), dtype="float32", context_tokens=CONTEXT,
                                     max_batch_size=8, kv_cache_mb=256, threads=1))
     try:
         # One request at a time on both sides: the same batch shapes, so the same kernels (across

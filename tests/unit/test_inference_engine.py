@@ -70,7 +70,7 @@ def engine(request, hf_engine):
     if request.param == "hf":
         yield hf_engine
         return
-    config = EngineConfig(backend="vllm", model=hf_engine.config.model, dtype="float32",
+    config = EngineConfig.of("vllm", model=hf_engine.config.model, dtype="float32",
                           max_batch_size=8, context_tokens=512, kv_cache_mb=64)
     eng = vllm_engine(config, hf_engine)
     yield eng
@@ -218,8 +218,8 @@ def test_engine_config_validation_names_the_key():
         EngineConfig(backend="hf")
     with pytest.raises(ValueError, match="engine.backend"):
         EngineConfig(backend="vllm-inproc", model="m")
-    with pytest.raises(ValueError, match="engine.prefix_cache_mb"):
-        EngineConfig(model="m", prefix_cache_mb=-1)
+    with pytest.raises(ValueError, match="engine.hf.prefix_cache_mb"):
+        EngineConfig.of("hf", model="m", prefix_cache_mb=-1)
 
 
 def test_auto_dtype_uses_bf16_when_the_cpu_has_it(tiny_models, prompts):
@@ -274,8 +274,8 @@ def test_fit_context_end_episode_and_impossible_budgets():
 def _like(engine, hf_engine, **overrides):
     """An engine of `engine`'s backend with other settings and the same weights."""
     if isinstance(engine, HFEngine):
-        return HFEngine(EngineConfig(model="tiny", **overrides), model=hf_engine.model, tokenizer=hf_engine.tokenizer)
-    return vllm_engine(EngineConfig(backend="vllm", model=engine.config.model, dtype="float32",
+        return HFEngine(EngineConfig.of("hf", model="tiny", **overrides), model=hf_engine.model, tokenizer=hf_engine.tokenizer)
+    return vllm_engine(EngineConfig.of("vllm", model=engine.config.model, dtype="float32",
                                     kv_cache_mb=64, **overrides), hf_engine)
 
 
@@ -336,7 +336,7 @@ def test_async_batcher_batches_concurrent_callers_and_orders_weight_updates(hf_e
 def _sibling(engine: HFEngine, **overrides) -> HFEngine:
     """Another engine over the same model object (same weights), with its own prefix cache."""
     fields = {"model": "tiny", "dtype": "float32", "max_batch_size": 8, "context_tokens": 512, **overrides}
-    return HFEngine(EngineConfig(**fields), model=engine.model, tokenizer=engine.tokenizer)
+    return HFEngine(EngineConfig.of("hf", **fields), model=engine.model, tokenizer=engine.tokenizer)
 
 
 def _next_prompt(engine: HFEngine, prompt: list[int], result, turn: int) -> list[int]:
@@ -450,7 +450,7 @@ def test_sliding_window_models_keep_transformers_cache_without_prefix_reuse(hf_e
 
 @pytest.fixture(scope="module")
 def vllm_only(hf_engine):
-    config = EngineConfig(backend="vllm", model=hf_engine.config.model, dtype="float32",
+    config = EngineConfig.of("vllm", model=hf_engine.config.model, dtype="float32",
                           max_batch_size=8, context_tokens=1024, kv_cache_mb=64)
     eng = vllm_engine(config, hf_engine)
     yield eng
@@ -468,7 +468,7 @@ def test_vllm_weight_update_leaves_no_stale_prefix_in_long_prompts(vllm_only, hf
     vllm_only.generate([GenerationRequest(following, GREEDY)])  # the cache now holds this prefix
     assert vllm_only.stats()["prefix_cached_tokens"] - cached >= 256  # and it was reused
     new = sharpened_state(hf_engine.model, seed=3, quiet_ids=special_ids(hf_engine.tokenizer))
-    reference = HFEngine(EngineConfig(model="tiny", dtype="float32", context_tokens=1024, prefix_cache_mb=0),
+    reference = HFEngine(EngineConfig.of("hf", model="tiny", dtype="float32", context_tokens=1024, prefix_cache_mb=0),
                          model=copy.deepcopy(hf_engine.model), tokenizer=hf_engine.tokenizer)
     reference.update_weights(new, version=2)
     try:
@@ -524,7 +524,7 @@ def test_vllm_engine_config_sizes_its_kv_cache(vllm_only):
 def test_vllm_engine_closes_for_good_and_says_so(hf_engine, prompts):
     """A frontend's close leaves the engine to its other callers; the engine's own close ends
     it, and a request after that fails at once instead of waiting forever."""
-    config = EngineConfig(backend="vllm", model=hf_engine.config.model, dtype="float32", max_batch_size=2,
+    config = EngineConfig.of("vllm", model=hf_engine.config.model, dtype="float32", max_batch_size=2,
                           context_tokens=512, kv_cache_mb=16)
     eng = vllm_engine(config, hf_engine)
     from rose_ray.inference.vllm_engine import EngineFailed
@@ -544,7 +544,7 @@ def test_vllm_engine_closes_for_good_and_says_so(hf_engine, prompts):
 def test_vllm_tensor_parallel_engine_takes_weight_updates(hf_engine, prompts):
     """tensor_parallel_size 2 (on CPU: two worker processes, gloo): the weights a learner sends
     reach both shards, and greedy ids equal transformers' with the same weights."""
-    config = EngineConfig(backend="vllm", model=hf_engine.config.model, dtype="float32", max_batch_size=4,
+    config = EngineConfig.of("vllm", model=hf_engine.config.model, dtype="float32", max_batch_size=4,
                           context_tokens=512, kv_cache_mb=32, tensor_parallel_size=2)
     eng = vllm_engine(config, hf_engine)  # version 1: the hf engine's weights
     try:
@@ -552,7 +552,7 @@ def test_vllm_tensor_parallel_engine_takes_weight_updates(hf_engine, prompts):
         assert [r.token_ids for r in ours] == [hf_engine.generate([GenerationRequest(p, GREEDY)])[0].token_ids
                                               for p in prompts[:3]]
         new = sharpened_state(hf_engine.model, seed=11, quiet_ids=special_ids(hf_engine.tokenizer))
-        reference = HFEngine(EngineConfig(model="tiny", dtype="float32", context_tokens=512, prefix_cache_mb=0),
+        reference = HFEngine(EngineConfig.of("hf", model="tiny", dtype="float32", context_tokens=512, prefix_cache_mb=0),
                              model=copy.deepcopy(hf_engine.model), tokenizer=hf_engine.tokenizer)
         reference.update_weights(new, version=2)
         eng.update_weights({k: v.numpy() for k, v in new.items()}, version=2)

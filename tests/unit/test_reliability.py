@@ -144,7 +144,7 @@ def test_the_openai_client_waits_for_a_server_that_comes_back_and_names_one_that
             pass
 
     url = f"http://127.0.0.1:{port}/v1"
-    gone = OpenAIEngine(EngineConfig(backend="openai", base_url=url, retry_s=1.0))
+    gone = OpenAIEngine(EngineConfig.of("openai", base_url=url, retry_s=1.0))
     t0 = time.monotonic()
     with pytest.raises(OpenAIServerGone, match=f"127.0.0.1:{port}.*no answer after 2 attempts.*retry_s 1"):
         gone.models()
@@ -160,7 +160,7 @@ def test_the_openai_client_waits_for_a_server_that_comes_back_and_names_one_that
     starter = threading.Thread(target=come_back, daemon=True)
     starter.start()
     try:
-        patient = OpenAIEngine(EngineConfig(backend="openai", base_url=url, retry_s=30.0))
+        patient = OpenAIEngine(EngineConfig.of("openai", base_url=url, retry_s=30.0))
         assert patient.models() == ["m"]
         assert patient.stats()["retries"] >= 2  # refused at 0 s and 0.5 s, answered at 1.5 s
     finally:
@@ -213,7 +213,7 @@ def test_the_openai_client_waits_out_a_rate_limit():
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        engine = OpenAIEngine(EngineConfig(backend="openai", base_url=f"http://127.0.0.1:{server.server_port}/v1",
+        engine = OpenAIEngine(EngineConfig.of("openai", base_url=f"http://127.0.0.1:{server.server_port}/v1",
                                            retry_s=30.0))
         t0 = time.monotonic()
         assert engine.models() == ["m"]

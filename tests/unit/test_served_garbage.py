@@ -69,7 +69,7 @@ def completion(token_ids: list, logprobs: list, **choice: object) -> dict:
 
 
 def engine(url: str, **kw: object) -> OpenAIEngine:
-    return OpenAIEngine(EngineConfig(backend="openai", base_url=url, retry_s=0.0, **kw))
+    return OpenAIEngine(EngineConfig.of("openai", base_url=url, retry_s=0.0, **kw))
 
 
 def generate(url: str, **kw: object):
@@ -161,7 +161,7 @@ def test_each_endpoint_gets_its_own_key(monkeypatch):
         generate(student_url, api_key="own")
     assert teacher_keys == ["Bearer teacher-only"]
     assert student_keys == ["Bearer shared", "Bearer own"]
-    with pytest.raises(InputError, match="engine.api_key_env: JUDGE_KEY is not set"):
+    with pytest.raises(InputError, match="engine.openai.api_key_env: JUDGE_KEY is not set"):
         engine(teacher_url, api_key_env="JUDGE_KEY")
 
 
@@ -169,7 +169,7 @@ def test_the_shared_key_does_not_go_over_plain_http_to_another_host(monkeypatch,
     monkeypatch.setenv("ROSE_RAY_API_KEY", "shared")
 
     def key(url: str, **kw: object) -> str | None:
-        return endpoint_key(EngineConfig(backend="openai", base_url=url, **kw))[0]
+        return endpoint_key(EngineConfig.of("openai", base_url=url, **kw))[0]
 
     assert key("http://10.1.2.3:8000/v1") is None
     assert "not sending $ROSE_RAY_API_KEY over plain http to another host" in capsys.readouterr().err

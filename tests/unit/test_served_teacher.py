@@ -27,7 +27,7 @@ from tests.served import json_server
 
 def test_a_server_that_fails_every_request_is_taken_for_gone():
     broken, url = json_server(500, {"error": {"message": "engine dead"}})
-    engine = OpenAIEngine(EngineConfig(backend="openai", base_url=url, retry_s=2.0))
+    engine = OpenAIEngine(EngineConfig.of("openai", base_url=url, retry_s=2.0))
     try:
         with pytest.raises(OpenAIServerGone, match="no answer after .* 500: engine dead"):
             engine.generate([GenerationRequest([1, 2, 3], SamplingParams(0.0, max_new_tokens=2))])
@@ -51,7 +51,7 @@ def test_a_server_going_away_cuts_off_its_requests_in_flight():
 
     going = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Silent)
     threading.Thread(target=going.serve_forever, daemon=True).start()
-    engine = OpenAIEngine(EngineConfig(backend="openai", base_url=f"http://127.0.0.1:{going.server_port}/v1",
+    engine = OpenAIEngine(EngineConfig.of("openai", base_url=f"http://127.0.0.1:{going.server_port}/v1",
                                        retry_s=2.0, timeout_s=600.0))
     outcome: dict = {}
 

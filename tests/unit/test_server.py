@@ -41,7 +41,7 @@ def server(engine):
 
 @pytest.fixture(scope="module")
 def client(server) -> OpenAIEngine:
-    return OpenAIEngine(EngineConfig(backend="openai", model=NAME, base_url=server.url, api_key=KEY,
+    return OpenAIEngine(EngineConfig.of("openai", model=NAME, base_url=server.url, api_key=KEY,
                                      context_tokens=256, max_batch_size=8))
 
 
@@ -130,7 +130,7 @@ def test_wrong_or_missing_key_is_401(server, engine):
     for key in ("wrong", None):
         status, out = post(server.url + "/completions", body, key=key)
         assert status == 401 and "API key" in out["error"]["message"]
-    bad = OpenAIEngine(EngineConfig(backend="openai", model=NAME, base_url=server.url, api_key="wrong"))
+    bad = OpenAIEngine(EngineConfig.of("openai", model=NAME, base_url=server.url, api_key="wrong"))
     with pytest.raises(OpenAIServerError) as e:
         bad.generate([GenerationRequest([1, 2, 3], SamplingParams(max_new_tokens=2))])
     assert e.value.status == 401

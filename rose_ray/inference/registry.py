@@ -1,0 +1,135 @@
+"""The engine backends by name: each one's own settings (its section of an engine's config,
+`student_engine: {backend: vllm, vllm: {kv_cache_mb: 256}}`) and what the rest of the package
+may ask of it, so that no code outside `inference/` compares backend names.
+
+A new backend is one engine module (the GenerationEngine contract of engine.py) and one
+`register(Backend(...))` here. This module imports nothing heavy (no torch, no backend): the
+config reads it, and `backends.make_engine` imports the engine it names.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, fields
+
+from rose_ray.errors import ConfigError
+
+
+@dataclass
+class HFSettings:
+    """transformers in this process. `prefix_cache_mb` bounds the keys/values kept from past
+    generations to skip re-encoding a conversation's earlier turns (0 disables; a token costs
+    2 * layers * kv_heads * head_dim * dtype bytes: 112 KiB for Qwen3-1.7B in bf16)."""
+
+    attn_implementation: str = "sdpa"
+    prefix_cache_mb: float = 1024.0
+
+    def __post_init__(self) -> None:
+        if float(self.prefix_cache_mb) < 0:
+            raise ConfigError(f"engine.hf.prefix_cache_mb: must be >= 0, got {self.prefix_cache_mb!r}")
+
+
+@dataclass
+class VLLMSettings:
+    """vLLM's engine in this process. Its KV cache is vLLM's paged cache, sized here and never by
+    vLLM's default share of host memory: `kv_cache_mb` on CPU, `gpu_memory_utilization` (the
+    fraction of each GPU for weights, activations and KV) on GPUs. `tensor_parallel_size` GPUs
+    serve one engine (its placement bundle holds that many); `cuda_graphs` off runs eagerly on
+    GPUs (CPUs always run eagerly)."""
+
+    kv_cache_mb: float = 512.0
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    cuda_graphs: bool = True
+
+    def __post_init__(self) -> None:
+        if not float(self.kv_cache_mb) > 0:
+            raise ConfigError(f"engine.vllm.kv_cache_mb: must be > 0, got {self.kv_cache_mb!r}")
+        if not 0 < float(self.gpu_memory_utilization) <= 1:
+            raise ConfigError(f"engine.vllm.gpu_memory_utilization: must be in (0, 1], "
+                              f"got {self.gpu_memory_utilization!r}")
+        if int(self.tensor_parallel_size) < 1:
+            raise ConfigError(f"engine.vllm.tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size!r}")
+
+
+@dataclass
+class OpenAISettings:
+    """A client of an OpenAI-compatible server (docs/engines.md: Served models, keys)."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    api_key: str | None = None  # this endpoint's key
+    api_key_env: str | None = None  # else the environment variable holding it (default: $ROSE_RAY_API_KEY)
+    timeout_s: float = 600.0
+    # How long to keep retrying a server that does not answer (down, restarting, overloaded),
+    # from a request's first failure, with backoff from 0.5 s to 10 s between attempts, before
+    # giving up with an error (the run then replaces the engine).
+    retry_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for key in ("timeout_s", "retry_s"):
+            if float(getattr(self, key)) < 0:
+                raise ConfigError(f"engine.openai.{key}: must be >= 0, got {getattr(self, key)!r}")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend: its name (the value of an engine's `backend` and its section's key), its
+    settings' dataclass, and the answers to what callers outside `inference/` ask."""
+
+    name: str
+    settings: type
+    engine: str  # "module:Class" of its GenerationEngine, imported when one is built
+    served: bool  # a model served elsewhere over HTTP (no model folder here, no weights taken)
+    takes_weights: bool  # loads published weights (can be a trained student; joins a weight group)
+    in_flight: tuple[str, ...]  # the publish.in_flight modes it supports ("keep": under running requests)
+    paged_kv: bool  # vLLM's memory model: a paged KV cache sized by its settings, chunked prefill
+    package: str | None = None  # a package it needs beyond rose_ray's own (checked before an engine starts)
+    about: str = ""  # what `rose-ray check --backends` says of it when usable
+
+    @property
+    def local(self) -> bool:
+        """It loads a model folder into the engine's process (and computes there)."""
+        return not self.served
+
+
+BACKENDS: dict[str, Backend] = {}
+# `--backend` of the one-off commands (eval, collect, continue, serve, warmup --eval): a local
+# backend, or auto (backends.resolve_backend: vllm where it is installed, else hf).
+COMMAND_BACKENDS: tuple[str, ...] = ("auto", "hf", "vllm")
+DEFAULT_COMMAND_BACKEND = "auto"
+
+
+def register(backend: Backend) -> Backend:
+    BACKENDS[backend.name] = backend
+    return backend
+
+
+register(Backend("hf", HFSettings, "rose_ray.inference.hf:HFEngine", served=False, takes_weights=True,
+                 in_flight=("wait",), paged_kv=False, about="the reference engine"))
+register(Backend("vllm", VLLMSettings, "rose_ray.inference.vllm_engine:VLLMEngine", served=False,
+                 takes_weights=True, in_flight=("wait", "keep"), paged_kv=True, package="vllm"))
+register(Backend("openai", OpenAISettings, "rose_ray.inference.openai:OpenAIEngine", served=True,
+                 takes_weights=False, in_flight=(), paged_kv=False,
+                 about="needs a served model, e.g. vLLM's OpenAI server or `rose-ray serve`"))
+
+
+def get_backend(name: str) -> Backend:
+    if name not in BACKENDS:
+        raise ConfigError(f"engine.backend: must be one of {tuple(BACKENDS)}, got {name!r}")
+    return BACKENDS[name]
+
+
+def settings_owner(key: str) -> Backend | None:
+    """The backend whose settings hold `key` (each setting belongs to one), or None."""
+    return next((b for b in BACKENDS.values() if key in {f.name for f in fields(b.settings)}), None)
+
+
+def package_missing(backend: Backend) -> bool:
+    """Its extra package is not installed here (cheap: nothing is imported)."""
+    return backend.package is not None and importlib.util.find_spec(backend.package) is None
+
+
+def in_flight_backends(mode: str) -> list[str]:
+    """The backends supporting publish.in_flight `mode`, for messages."""
+    return [b.name for b in BACKENDS.values() if mode in b.in_flight]
+
