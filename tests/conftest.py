@@ -39,6 +39,16 @@ def tiny_qwen3(tmp_path_factory):
     return init_tiny(tmp_path_factory.mktemp("tiny_qwen3"), seed=0, style="qwen3")
 
 
+@pytest.fixture
+def tiny_dir(tiny_models, tmp_path):
+    """tmp_path holding a copy of the session's tiny models, as `tiny_dir=` finds them once
+    built (`tiny:` names reuse them instead of building again, ~25 s under load here); what
+    a test warms or writes beside them stays out of the session's folder. A fresh `tiny_dir`
+    built on first use is test_cache_lock's (and test_models', for `init_tiny` itself)."""
+    shutil.copytree(tiny_models["student"].parent, tmp_path, dirs_exist_ok=True)
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def bench_table():
     """bench/table.py as a module (bench/ is scripts, not a package)."""

@@ -90,7 +90,7 @@ class LocalHead:
 
 
 @pytest.mark.slow
-def test_a_submitted_run_lands_in_the_submitting_directory_and_outlives_the_job(tmp_path):
+def test_a_submitted_run_lands_in_the_submitting_directory_and_outlives_the_job(tmp_path, tiny_dir):
     """No ROSE_RAY_RUNS and a head on this machine: submit.sh sends the run to ./runs here
     (absolute), not into the job's uploaded copy of the repository, which goes with the job."""
     head = LocalHead(num_cpus=2)
@@ -104,7 +104,7 @@ def test_a_submitted_run_lands_in_the_submitting_directory_and_outlives_the_job(
         env_file = tmp_path / "job.env"
         env_file.write_text(f"ROSE_RAY_API_KEY={secret}\n")
         env_file.chmod(0o600)
-        overrides = ["steps=2", "rollout.max_turns=3", "teacher_warmup.enabled=false", f"tiny_dir={tmp_path / 'tiny'}",
+        overrides = ["steps=2", "rollout.max_turns=3", "teacher_warmup.enabled=false", f"tiny_dir={tiny_dir}",
                      "rollout.batch_episodes=2", "rollout.student_sampling.max_new_tokens=16",
                      "rollout.teacher_sampling.max_new_tokens=16", "eval.before=false", "eval.teacher=false",
                      "eval.after=false",  # keeps the job short on 2 cores

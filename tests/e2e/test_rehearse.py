@@ -3,10 +3,12 @@ file's docstring says what both halves check."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +32,9 @@ def test_the_seed_config_rehearsed_reaches_step_3(tmp_path):
     assert re.search(r"rehearse: step 3: .* weights v3 published", log), log[-4000:]
     assert "3 steps, policy version 3" in log
     work = re.search(r"work dir (\S+)", log).group(1)
+    metrics = next(Path(work, "runs").glob("*/version_*/metrics.jsonl")).read_text().splitlines()
+    # the seed's dev curve (eval.every), scaled by configs/rehearse.overrides: before step 1 and after the last
+    assert [r["step"] for r in map(json.loads, metrics) if "eval/dev_score" in r] == [0, 3], metrics
     left = subprocess.run(["pgrep", "-f", work], capture_output=True, text=True).stdout.split()
     assert not left, f"Ray processes of the rehearsal left running: {left}"
     shutil.rmtree(work)

@@ -13,25 +13,25 @@ from tests.unit.test_small_tier import SMALL
 
 
 @pytest.mark.slow
-def test_rose_ray_warmup_builds_a_partly_trained_student_and_caches_it(tmp_path, capsys, ray_cluster):
+def test_rose_ray_warmup_builds_a_partly_trained_student_and_caches_it(tiny_dir, capsys, ray_cluster):
     """`rose-ray warmup`: the base student SFT'd on the tier's shipped observed demonstrations (one
     epoch here: epochs do not choose the rows; its own cache folder and record), the teacher
     untouched when its warm-up is off; a second call is cached."""
     from rose_ray.recipes.warmup import DEMONSTRATIONS, weights_digest
 
-    args = ["warmup", "--config", SMALL, f"tiny_dir={tmp_path}", "teacher_warmup.enabled=false",
+    args = ["warmup", "--config", SMALL, f"tiny_dir={tiny_dir}", "teacher_warmup.enabled=false",
             "student_warmup.epochs=1"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "warming the student on 64 gold demonstrations (shipped)" in out  # the same rows on every machine
     student = Path(out.split("student: ")[-1].split(" (weights")[0])
-    assert student.parent == tmp_path and student.name.startswith("student_warm_")
+    assert student.parent == tiny_dir and student.name.startswith("student_warm_")
     info = json.loads((student / "rose_ray_warmup.json").read_text())
-    assert info["student"] == str(tmp_path / "student") and info["observe"] is True and info["max_turns"] == 3
+    assert info["student"] == str(tiny_dir / "student") and info["observe"] is True and info["max_turns"] == 3
     rows = [json.loads(line) for line in (student / DEMONSTRATIONS).read_text().splitlines()]
     assert len(rows) == 64 and all(1 <= r["rounds"] <= 3 for r in rows)
-    assert weights_digest(student) != weights_digest(tmp_path / "student")  # it trained
-    assert f"teacher: {tmp_path / 'teacher'} " in out
+    assert weights_digest(student) != weights_digest(tiny_dir / "student")  # it trained
+    assert f"teacher: {tiny_dir / 'teacher'} " in out
     stamp = student.stat().st_mtime_ns
     # cached: nothing trains again; --eval plays both on the config's eval games of dev
     assert main(["warmup", "--eval", "dev", *args[1:], "eval.n=2", "eval.max_turns=1"]) == 0

@@ -14,23 +14,23 @@ from rose_ray.rows import read_jsonl
 
 
 @pytest.mark.slow
-def test_the_warm_up_trains_on_the_shipped_rows_and_is_cached(tmp_path, ray_cluster):
+def test_the_warm_up_trains_on_the_shipped_rows_and_is_cached(tiny_dir, ray_cluster):
     """A one-step warm-up (all 128 shipped rows in one batch, cut to 1,024 tokens, which is not
     part of the gold key) through resolve_models, then the cache: no second warm-up."""
     from rose_ray.recipes.warmup import resolve_models
 
     short = ["teacher_warmup.epochs=1", "teacher_warmup.batch_episodes=128", "learner.max_tokens=1024",
              "student_engine.context_tokens=1024"]
-    cfg = load_config(None, [f"tiny_dir={tmp_path}", *short])
+    cfg = load_config(None, [f"tiny_dir={tiny_dir}", *short])
     _, teacher = resolve_models(cfg)
-    info = json.loads((tmp_path / teacher.rsplit("/", 1)[1] / "rose_ray_warmup.json").read_text())
+    info = json.loads((tiny_dir / teacher.rsplit("/", 1)[1] / "rose_ray_warmup.json").read_text())
     assert info["gold"] == "shipped" and 0 < info["final_loss"] < 20 and len(info["weights_sha256"]) == 64
     # the rows it learnt from are kept beside the weights: the shipped ones, all of them
-    kept = read_jsonl(tmp_path / teacher.rsplit("/", 1)[1] / DEMONSTRATIONS)
+    kept = read_jsonl(tiny_dir / teacher.rsplit("/", 1)[1] / DEMONSTRATIONS)
     assert kept == shipped_gold(warmup_cache(cfg, "t")[0])
-    stamp = (tmp_path / teacher.rsplit("/", 1)[1]).stat().st_mtime_ns
-    assert resolve_models(load_config(None, [f"tiny_dir={tmp_path}", *short]))[1] == teacher
-    assert (tmp_path / teacher.rsplit("/", 1)[1]).stat().st_mtime_ns == stamp
+    stamp = (tiny_dir / teacher.rsplit("/", 1)[1]).stat().st_mtime_ns
+    assert resolve_models(load_config(None, [f"tiny_dir={tiny_dir}", *short]))[1] == teacher
+    assert (tiny_dir / teacher.rsplit("/", 1)[1]).stat().st_mtime_ns == stamp
 
 
 @pytest.mark.slow
