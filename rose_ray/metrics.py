@@ -123,11 +123,19 @@ def validity_scalars(batch: list[Any]) -> dict[str, float]:
 def trained_scalars(batch: list[Any], loss_flags: list[list[bool]], tokens: dict[str, int]) -> dict[str, float]:
     """What a learner step trained on: tokens per owner (`tokens.trained_tokens`), and of the
     replies whose tokens carried loss (`loss_flags`, per trajectory per turn: `tokens.loss_turns`)
-    the share cut at max_new_tokens, sending the same action as the reply before, and invalid."""
+    the share cut at max_new_tokens, sending the same action as the reply before, and invalid.
+    With student tokens trained: the share of them sampled on an older policy version than their
+    reply's last tokens (publish.in_flight keep: an update landed under the reply; its tokens
+    before it, `tokens_on_version`, are counted; 0 when every reply ran on one version)."""
     trained = [(t, i) for t, flags in zip(batch, loss_flags) for i, f in enumerate(flags)
                if f and t.turns[i].role == "assistant"]
     n = len(trained)
     out = {f"learner/trained_tokens_{o}": float(tokens.get(o, 0)) for o in ("student", "teacher")}
+    if tokens.get("student"):
+        older = sum(min(x.tokens_on_version, len(x.token_ids) - x.frame - x.close)
+                    for x in (t.turns[i] for t, i in trained)
+                    if x.owner == "student" and x.policy_version_end is not None and x.tokens_on_version)
+        out["learner/trained_student_older_version_share"] = older / tokens["student"]
     out["learner/trained_replies"] = float(n)
     if n:
         out["learner/trained_truncated_rate"] = sum(t.turns[i].truncated for t, i in trained) / n

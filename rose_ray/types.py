@@ -54,7 +54,8 @@ class Turn:
     trailing ids follow the turn's end-of-turn id (the template's closing text or generation
     prompt on a conversation's last turn), context only. `policy_version_end`: set when a weight
     update landed while the reply was sampled (publish.in_flight keep), the version of its last
-    tokens; `policy_version`, the one it started on, is what the learner and the buffer count.
+    tokens; `policy_version`, the one it started on, is what the learner and the buffer count;
+    `tokens_on_version`: then, how many of its first sampled tokens are `policy_version`'s.
     """
 
     role: Role
@@ -68,6 +69,7 @@ class Turn:
     frame: int = 0
     close: int = 0
     policy_version_end: int | None = None
+    tokens_on_version: int | None = None
 
 
 @dataclass

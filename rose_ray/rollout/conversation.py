@@ -94,9 +94,11 @@ class Conversation:
         else:
             ids, logprobs = self.student.chat.finish_sampled(result.token_ids), list(result.logprobs)
             version = None if by_teacher else result.version
+        spanned = version is not None and getattr(result, "version_end", None) is not None
         return Turn("assistant", result.text, owner, ids, logprobs, version,
                     truncated=result.finish_reason == "length",
-                    policy_version_end=None if version is None else getattr(result, "version_end", None))
+                    policy_version_end=result.version_end if spanned else None,
+                    tokens_on_version=getattr(result, "tokens_on_version", None) if spanned else None)
 
     def rounds(self) -> int:
         return sum(1 for t in self.turns if t.role == "assistant" and t.owner != "prompt")

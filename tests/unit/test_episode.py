@@ -125,6 +125,31 @@ def test_a_reply_that_spanned_a_weight_update_keeps_its_starting_version(chats):
     assert all(x.policy_version_end is None for x in t.turns if x.owner == "teacher")
     assert t.student_version == 7
     assert set(render(t).versions) == {-1, 7}
+    assert all(x.tokens_on_version == 1 for x in replies)
+    assert all(x.tokens_on_version is None for x in t.turns if x.owner == "teacher")
+
+
+def test_a_step_logs_the_share_of_its_student_tokens_sampled_before_an_update(chats):
+    """learner/trained_student_older_version_share: of the student tokens a step trains, those
+    sampled on an older version than their reply's end (tokens_on_version, one per reply here);
+    0 when every reply ran on one version."""
+    from rose_ray.metrics import trained_scalars
+    from rose_ray.tokens import TokenWeights, loss_turns, trained_tokens
+
+    chat, weights = chats["student"], TokenWeights(ce={"teacher": 1.0}, opd={"student": 0.5})
+
+    def share(version_end):
+        student = Agent(ScriptedEngine(chat, ["look around", "eat rock"], version_end=version_end), chat, "student")
+        teacher = Agent(ScriptedEngine(chat, ["open door", "go to hallway"]), chat, "teacher")
+        t = play(student, teacher, turn_policy("on_failure"), game=ScriptedGame(bad=("eat rock",)))
+        seq = render(t)
+        tokens = trained_tokens([seq], weights)
+        scalars = trained_scalars([t], [loss_turns(seq, len(t.turns), weights)], tokens)
+        return scalars["learner/trained_student_older_version_share"], tokens["student"]
+
+    share_kept, student_tokens = share(8)
+    assert student_tokens > 2 and share_kept == pytest.approx(2 / student_tokens)  # two replies, one token each
+    assert share(None)[0] == 0.0
 
 
 @pytest.mark.parametrize("p0", [0.0, 0.5, 1.0])
