@@ -78,6 +78,10 @@ class ChatFormat:
         self.tokenizer = tokenizer
         self.enable_thinking = bool(enable_thinking)
         self.history = history
+        # A fast tokenizer's Rust backend, called as `tokenizer(text)` calls it (that call's
+        # Python costs more than tokenizing an observation); `encode` checks each time that
+        # the call would change none of its settings.
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
         end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
         self.eos_id: int = end if end is not None else tokenizer.eos_token_id
         if self.eos_id is None:
@@ -101,6 +105,7 @@ class ChatFormat:
         # A text's ids split at the end-of-turn token only if the tokenizer cuts its text there
         # before normalising or merging anything: an added token that strips no whitespace.
         added = getattr(tokenizer, "added_tokens_decoder", {}).get(self.eos_id)
+        self._openings: dict[tuple[tuple[str, str], ...], list[int]] = {}  # every episode opens alike
         self._splits_at_end = added is not None and not (
             getattr(added, "normalized", True) or getattr(added, "lstrip", True) or getattr(added, "rstrip", True)
             or getattr(added, "single_word", True))
@@ -130,6 +135,10 @@ class ChatFormat:
         )
 
     def encode(self, text: str) -> list[int]:
+        backend = self._backend
+        if (backend is not None and backend.truncation is None and backend.padding is None
+                and backend.encode_special_tokens == bool(getattr(self.tokenizer, "split_special_tokens", False))):
+            return backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def render_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool,
@@ -142,8 +151,11 @@ class ChatFormat:
         token, rendered as they appear once the conversation goes on."""
         if not opening or opening[-1][0] != "assistant":
             raise ChatTemplateError("the opening must end with an assistant turn (the acknowledgement)")
-        head, _, _ = self._split_user_turn([{"role": r, "content": t} for r, t in opening])
-        return self.encode(head)
+        key = tuple((r, t) for r, t in opening)
+        if key not in self._openings:
+            head, _, _ = self._split_user_turn([{"role": r, "content": t} for r, t in opening])
+            self._openings[key] = self.encode(head)
+        return list(self._openings[key])
 
     def user_ids(self, text: str) -> list[int]:
         """A user turn appended after a finished turn; ends with the generation prompt."""

@@ -249,6 +249,31 @@ def test_template_prompts_tokenized_turn_by_turn_equal_the_whole_rendering(tiny_
     assert ids == chat.render_ids(fresh, True) and cache.reused == reused
 
 
+@pytest.mark.parametrize("style", ["plain", "qwen3"])
+def test_chat_ids_are_the_tokenizer_calls_ids(tiny_qwen3, tiny_models, style):
+    """ChatFormat.encode calls a fast tokenizer's backend directly (the episode loop tokenizes
+    every observation): the ids are the tokenizer call's, special and think tokens included,
+    and once a setting the call would change differs (special tokens split), it is the call.
+    An episode's opening is tokenized once per format: the same ids, a list of its own each time."""
+    tok = load_tokenizer(tiny_models["student"] if style == "plain" else tiny_qwen3["student"])
+    chat = ChatFormat(tok)
+    texts = ["", " ", OBS[0], REPLY, "<|im_start|>user\nhi<|im_end|>\n", "<think>\nx\n</think>\n\nAction: go",
+             "  two  spaces\n\n\ttab é ü 中文 🙂", "a<|im_end|>b<|endoftext|>"]
+    for text in texts:
+        assert chat.encode(text) == tok(text, add_special_tokens=False)["input_ids"], text
+    tok.split_special_tokens = True
+    try:
+        for text in texts:
+            assert chat.encode(text) == tok(text, add_special_tokens=False)["input_ids"], text
+    finally:
+        tok.split_special_tokens = False
+        tok("", add_special_tokens=False)  # the call puts the backend's setting back
+    opening = [("user", INSTR), ("assistant", ACK)]
+    first = chat.opening_ids(opening)
+    first.append(-1)
+    assert chat.opening_ids(opening) == ChatFormat(tok).opening_ids(opening) == first[:-1]
+
+
 def test_the_plain_template_is_not_a_rewriter(tiny_models):
     assert not ChatFormat(load_tokenizer(tiny_models["student"])).rewrites_history
 
