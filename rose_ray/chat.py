@@ -240,6 +240,10 @@ class ChatFormat:
         out = []
         for i, (t, ids) in enumerate(zip(turns, pieces)):
             last = i == len(turns) - 1
+            if not last and t.token_ids == ids and t.frame == frames[i] and t.close == 0 \
+                    and (t.logprobs is None or t.role != "assistant"):
+                out.append(t)  # as the last rendering left it (a prompt re-renders every turn)
+                continue
             out.append(replace(t, token_ids=ids + tail if last else ids, frame=frames[i],
                                close=len(tail) if last else 0,
                                logprobs=None if t.role == "assistant" else t.logprobs))

@@ -41,17 +41,25 @@ class Conversation:
         return self.teacher_turns if owner == "teacher" and self.teacher_turns is not None else self.turns
 
     def add_observation(self, text: str) -> None:
-        self.turns.append(Turn("user", text, "env", self.student.chat.user_ids(text)))
+        """An observation, tokenized for each view whose ids are its own (`sampled` history): a
+        view under `template` history gets its ids from the template's next rendering (`prompt`,
+        `for_learner`), which replaces every turn's, so it is not tokenized twice."""
+        student, teacher = self.student.chat, self.teacher.chat if self.teacher is not None else None
+        self.turns.append(Turn("user", text, "env", [] if student.history == "template" else student.user_ids(text)))
         if self.teacher_turns is not None:
-            self.teacher_turns.append(Turn("user", text, "env", self.teacher.chat.user_ids(text)))
+            self.teacher_turns.append(Turn("user", text, "env",
+                                           [] if teacher.history == "template" else teacher.user_ids(text)))
 
     def add_recorded(self, turn: Turn) -> None:
-        """A recorded reply (a replayed prefix), tokenized for each view from its text."""
-        self.turns.append(Turn("assistant", turn.text, turn.owner, self.student.chat.assistant_ids(turn.text),
+        """A recorded reply (a replayed prefix), tokenized from its text for each view whose ids
+        are its own (as `add_observation`)."""
+        student, teacher = self.student.chat, self.teacher.chat if self.teacher is not None else None
+        self.turns.append(Turn("assistant", turn.text, turn.owner,
+                               [] if student.history == "template" else student.assistant_ids(turn.text),
                                truncated=turn.truncated))
         if self.teacher_turns is not None:
             self.teacher_turns.append(Turn("assistant", turn.text, turn.owner,
-                                           self.teacher.chat.assistant_ids(turn.text)))
+                                           [] if teacher.history == "template" else teacher.assistant_ids(turn.text)))
 
     def prompt(self, owner: str) -> list[Turn]:
         """What the agent playing `owner` reads: its view, rendered by its chat template when its

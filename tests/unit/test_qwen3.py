@@ -274,6 +274,85 @@ def test_chat_ids_are_the_tokenizer_calls_ids(tiny_qwen3, tiny_models, style):
     assert chat.opening_ids(opening) == ChatFormat(tok).opening_ids(opening) == first[:-1]
 
 
+class _Game:
+    """An env slot answering every action at once (no JVM)."""
+
+    async def reset(self, game):
+        from rose_ray.envs.base import StepResult
+
+        return StepResult(OBS[0], game=game)
+
+    async def step(self, action):
+        from rose_ray.envs.base import StepResult
+
+        return StepResult(f"You did {action}.")
+
+
+class _Replies:
+    """An engine handle answering REPLIES in turn (ids from its own tokenizer), keeping each
+    request's (messages, prompt ids) as the engine got them."""
+
+    def __init__(self, chat: ChatFormat) -> None:
+        from rose_ray.inference.engine import GenerationResult
+
+        self.log, replies = [], iter(REPLIES * 4)
+        outer = self
+
+        class _Generate:
+            def remote(self, request):
+                outer.log.append(([{"role": t.role, "content": t.text} for t in request.turns],
+                                  [i for t in request.turns for i in t.token_ids]))
+                text = next(replies)
+                ids = chat.encode(text) + [chat.eos_id]
+
+                async def answer():
+                    return GenerationResult(text, ids, [-0.5] * len(ids), "stop", 0, 1, request.request_id)
+                return answer()
+
+        self.generate = _Generate()
+
+
+@pytest.mark.parametrize("template", ["stand-in", "qwen3-history"])
+@pytest.mark.parametrize("thinking", [False, True])
+@pytest.mark.parametrize("teacher_tokenizer", ["shared", "own"])
+def test_a_template_history_episode_renders_each_prompt_whole(tiny_qwen3, tiny_models, template, thinking,
+                                                               teacher_tokenizer):
+    """chat.history=template in the episode loop, which skips what the template's rendering
+    replaces (an observation's or replayed reply's own ids), keeps each rendering's unchanged
+    turns and tokenizes only the new text (RenderCache): every prompt either engine got, for
+    the student and a teacher with the same or its own tokenizer, after a replayed prefix, is
+    token for token the template's rendering of the conversation so far tokenized whole, and
+    the trajectory is the whole conversation's, frames and closes as a fresh rendering gives."""
+    from rose_ray.rollout.episode import Agent, EpisodeConfig, run_episode
+    from rose_ray.rollout.handoff import turn_policy
+    from rose_ray.types import GameId, SamplingParams, Turn
+
+    def chat_of(path):
+        tok = load_tokenizer(path)
+        if template == "qwen3-history":
+            tok.chat_template = QWEN3_HISTORY
+        return ChatFormat(tok, thinking, "template")
+
+    student_chat = chat_of(tiny_qwen3["student"])
+    teacher_chat = student_chat if teacher_tokenizer == "shared" else chat_of(tiny_models["student"])
+    student, teacher = _Replies(student_chat), _Replies(teacher_chat)
+    replay = [Turn("user", OBS[0], "env"), Turn("assistant", REPLIES[1], "teacher"),
+              Turn("user", "You did activate stove.", "env")]
+    config = EpisodeConfig(max_turns=6, student_sampling=SamplingParams(1.0, 1.0, 32),
+                           teacher_sampling=SamplingParams(0.0, 1.0, 32))
+    traj = asyncio.run(run_episode(GameId("boil", 0, "sciworld_0"), _Game(), Agent(student, student_chat, "student"),
+                                   Agent(teacher, teacher_chat, "teacher"), config, turn_policy("fixed", k=3),
+                                   protocol=PROTOCOL, replay=replay))
+    assert len(student.log) == 2 and len(teacher.log) == 3
+    for engine, chat in ((student, student_chat), (teacher, teacher_chat)):
+        for messages, prompt in engine.log:
+            assert prompt == chat.render_ids(messages, True)
+    conv = [{"role": t.role, "content": t.text} for t in traj.turns]
+    assert [i for t in traj.turns for i in t.token_ids] == student_chat.render_ids(conv, False)
+    fresh = [Turn(t.role, t.text, t.owner, policy_version=t.policy_version) for t in traj.turns]
+    assert traj.turns == student_chat.apply_template(fresh, add_generation_prompt=False)
+
+
 def test_the_plain_template_is_not_a_rewriter(tiny_models):
     assert not ChatFormat(load_tokenizer(tiny_models["student"])).rewrites_history
 
