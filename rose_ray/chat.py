@@ -80,8 +80,13 @@ class ChatFormat:
         self.history = history
         # A fast tokenizer's Rust backend, called as `tokenizer(text)` calls it (that call's
         # Python costs more than tokenizing an observation); `encode` checks each time that
-        # the call would change none of its settings.
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        # the call would change none of its settings. A subclass with a call of its own keeps it.
+        mro = type(tokenizer).__mro__
+        fast = next((i for i, c in enumerate(mro) if c.__name__ in ("TokenizersBackend", "PreTrainedTokenizerFast")),
+                    None)
+        own_call = fast is None or any(name in vars(c) for c in mro[:fast]
+                                       for name in ("__call__", "_call_one", "_encode_plus", "_batch_encode_plus"))
+        self._backend = None if own_call else getattr(tokenizer, "backend_tokenizer", None)
         end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
         self.eos_id: int = end if end is not None else tokenizer.eos_token_id
         if self.eos_id is None:
@@ -137,7 +142,8 @@ class ChatFormat:
     def encode(self, text: str) -> list[int]:
         backend = self._backend
         if (backend is not None and backend.truncation is None and backend.padding is None
-                and backend.encode_special_tokens == bool(getattr(self.tokenizer, "split_special_tokens", False))):
+                and getattr(backend, "encode_special_tokens", False)
+                == bool(getattr(self.tokenizer, "split_special_tokens", False))):
             return backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 

@@ -257,6 +257,7 @@ def test_chat_ids_are_the_tokenizer_calls_ids(tiny_qwen3, tiny_models, style):
     An episode's opening is tokenized once per format: the same ids, a list of its own each time."""
     tok = load_tokenizer(tiny_models["student"] if style == "plain" else tiny_qwen3["student"])
     chat = ChatFormat(tok)
+    assert chat._backend is not None  # the direct path is the one under test
     texts = ["", " ", OBS[0], REPLY, "<|im_start|>user\nhi<|im_end|>\n", "<think>\nx\n</think>\n\nAction: go",
              "  two  spaces\n\n\ttab é ü 中文 🙂", "a<|im_end|>b<|endoftext|>"]
     for text in texts:
