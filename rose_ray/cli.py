@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     # KEY=VALUE overrides after a flag (`warmup --eval dev seed=1`): argparse leaves them over
     if extra and isinstance(getattr(args, "overrides", None), list) and all(
             "=" in e and not e.startswith("-") for e in extra):
-        args.overrides += extra
+        args.overrides = [*args.overrides, *extra]  # not +=: that would grow the parser's default list
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     func = args.func

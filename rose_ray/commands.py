@@ -410,7 +410,9 @@ def resolve(command: type, args: argparse.Namespace, name: str) -> Any:
             if not isinstance(layer, DictConfig):
                 raise ConfigError(f"{path}: not a mapping of {name}'s settings (its keys: {', '.join(keys)})")
             layers.append((str(path), layer))
-    layers.append(("flags", {k: getattr(args, k) for k in keys if hasattr(args, k)}))
+    # A training config's file and KEY=VALUE go to it as given (their ${...} are that config's).
+    as_given = {k: getattr(args, k) for k in ("config", "overrides") if k in keys and hasattr(args, k)}
+    layers.append(("flags", {k: getattr(args, k) for k in keys if hasattr(args, k) and k not in as_given}))
     for item in args.overrides if own_layers else []:
         if "=" not in item:
             raise ConfigError(f"{item!r}: not a setting; settings after the flags are KEY=VALUE")
@@ -437,4 +439,6 @@ def resolve(command: type, args: argparse.Namespace, name: str) -> Any:
         flag = f.name.upper() if f.metadata["positional"] else _flag(f)
         also = f" (or {f.name}=..., or {f.name}: in --config)" if own_layers else ""
         raise ConfigError(f"{f.name} is required: give {flag}{also}") from None
+    for k, v in as_given.items():
+        setattr(cfg, k, v)
     return cfg

@@ -255,3 +255,13 @@ def test_importing_the_commands_loads_no_torch():
     code = ("import sys, rose_ray.commands, rose_ray.cli; rose_ray.cli.build_parser(); "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch loaded'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_training_configs_flags_and_overrides_reach_its_command_as_given():
+    """check, plan and warmup have typed settings too; their --config and KEY=VALUE are the training
+    config's, passed on as given (its ${...} are that config's to resolve); repeated flags add up."""
+    plan = settings_of(["plan", "--node", "CPU=8", "--node", "2xGPU=8", "--config", "c.yaml", "run_dir=runs/${name}"])
+    assert (plan.node, plan.config, plan.overrides) == (["CPU=8", "2xGPU=8"], "c.yaml", ["run_dir=runs/${name}"])
+    check = settings_of(["check", "c.yaml", "--total", "steps=2"])
+    assert (check.config, check.total, check.overrides, check.backends) == ("c.yaml", True, ["steps=2"], False)
+    assert settings_of(["warmup", "--eval", "dev", "seed=1"]).overrides == ["seed=1"]
