@@ -13,7 +13,6 @@ import os
 import sys
 
 from rose_ray.errors import InputError
-from rose_ray.inference.registry import COMMAND_BACKENDS
 
 
 class UsageError(InputError):
@@ -145,57 +144,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. steps=20")
     g.set_defaults(func="rose_ray.train:cli_main")
 
-    g = sub.add_parser("warmup", help="build a config's tiny models and warm-ups (cached), e.g. the small tier")
-    g.add_argument("--config", help="YAML config (default: the embedded tiny config)")
-    g.add_argument("--eval", metavar="SPLIT", choices=["train", "dev", "test"],
-                   help="then evaluate the base student and the teacher on the config's eval games of SPLIT")
-    g.add_argument("--backend", choices=COMMAND_BACKENDS, default="hf", help="the engine of --eval")
-    g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
-    g.set_defaults(func="rose_ray.recipes.warmup:cli_main")
-
-    g = sub.add_parser("export", help="a Hugging Face folder of the student from a run's kept checkpoint")
-    g.add_argument("run", metavar="RUN", help="a run folder (holds config.yaml and checkpoints/), or a run_dir (its latest)")
-    g.add_argument("--step", type=int, help="the learner step of a kept checkpoint (default: the latest)")
-    g.add_argument("--out", required=True, help="the new folder to write")
-    g.set_defaults(func="rose_ray.export:cli_main")
-
-    g = sub.add_parser("check", help="preflight a config: tokenizers, chat templates, games, placement; exit 2 on the first problem")
-    g.add_argument("config", nargs="?", help="YAML config")
-    g.add_argument("--backends", action="store_true",
-                   help="only say which engine backends (hf, vllm, openai) this machine can run, and why not")
-    g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
-    g.add_argument("--tokenizer-for", action="append", metavar="MODEL=DIR",
-                   help="a local tokenizer folder standing in for a model not on disk (repeatable)")
-    g.add_argument("--node", action="append", metavar="[Nx]RES=N,...",
-                   help="plan on described nodes instead of a cluster, e.g. --node 2xCPU=64,GPU=8 (repeatable)")
-    g.add_argument("--address", help="Ray cluster to plan on (default: RAY_ADDRESS, else a local cluster)")
-    g.add_argument("--total", action="store_true", help="plan on total resources, not what is free now")
-    _memory_arguments(g)
-    g.set_defaults(func="rose_ray.check:check_main")
-
-    # --- plan (cluster) ---
-    g = sub.add_parser("plan", help="print where each actor of a config would go on the cluster; exit 2 if it can't fit")
-    g.add_argument("--config", help="YAML config (default: the embedded tiny config)")
-    g.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local cluster)")
-    g.add_argument("--total", action="store_true", help="plan on total resources, not what is free now")
-    g.add_argument("--node", action="append", metavar="[Nx]RES=N,...",
-                   help="plan on described nodes instead of a cluster, e.g. --node 2xCPU=64,GPU=8 (repeatable)")
-    g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. env.workers=8")
-    _memory_arguments(g)
-    g.set_defaults(func="rose_ray.check:plan_main")
-    # --- end plan ---
-
-    # The commands that run something: their settings are typed configs (commands.py), their
-    # flags made from the fields there; --config FILE.yaml and KEY=VALUE as for train.
-    from rose_ray.commands import COMMANDS, add_flags
+    # The commands with typed settings (commands.py), their flags made from the fields there. The
+    # runs also take --config FILE.yaml and KEY=VALUE of their settings, as train does; warmup,
+    # check and plan pass theirs to the training config, and export has flags alone.
+    from rose_ray.commands import COMMANDS, TOOLS, add_flags
 
     for name, func, help_ in (
+            ("warmup", "rose_ray.recipes.warmup:cli_main",
+             "build a config's tiny models and warm-ups (cached), e.g. the small tier"),
+            ("export", "rose_ray.export:cli_main", "a Hugging Face folder of the student from a run's kept checkpoint"),
+            ("check", "rose_ray.check:check_main",
+             "preflight a config: tokenizers, chat templates, games, placement; exit 2 on the first problem"),
+            ("plan", "rose_ray.check:plan_main",
+             "print where each actor of a config would go on the cluster; exit 2 if it can't fit"),
             ("eval", "rose_ray.evaluate:cli_main", "evaluate a model on held-out games (Score / Success / Pass)"),
             ("collect", "rose_ray.collect:collect_main", "write student prefixes: the first K turns of each game"),
             ("continue", "rose_ray.collect:continue_main", "replay recorded prefixes, then let the teacher play on"),
             ("gold", "rose_ray.collect:gold_main", "write gold demonstrations (ScienceWorld's gold paths)")):
         g = sub.add_parser(name, help=help_)
-        add_flags(g, COMMANDS[name])
+        add_flags(g, COMMANDS.get(name) or TOOLS[name], layers=name in COMMANDS)
         g.set_defaults(func=func)
 
     from rose_ray.envs.worlds import get_world
@@ -221,23 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _memory_arguments(g: argparse.ArgumentParser) -> None:
-    """The GPU memory plan's inputs (`plan` and `check`)."""
-    g.add_argument("--gpu-memory", type=float, metavar="GIB",
-                   help="memory of each GPU in GiB (an H100 80GB: 79.6, an H200: 140.4); default: from the "
-                        "nodes' accelerator_type, else the plan prints each role's needs without checking them")
-    g.add_argument("--model-config-for", action="append", metavar="MODEL=DIR",
-                   help="a folder with the config.json of a model that is not on disk (repeatable; the "
-                        "Qwen3 sizes ship with rose_ray)")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # KEY=VALUE overrides after a flag (`warmup --eval dev seed=1`): argparse leaves them over
     if extra and isinstance(getattr(args, "overrides", None), list) and all(
             "=" in e and not e.startswith("-") for e in extra):
-        args.overrides += extra
+        args.overrides = [*args.overrides, *extra]  # not +=: that would grow the parser's default list
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     func = args.func

@@ -36,24 +36,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rose_ray.commands import PlaySettings
 from rose_ray.envs import DEFAULT_WORLD
 from rose_ray.envs.base import StepResult
 from rose_ray.envs.catalogue import GameCatalogue, parse_item
 from rose_ray.envs.protocol import Protocol, parse_action
 from rose_ray.envs.worlds import get_world, world_of_item, world_protocol
 from rose_ray.errors import InputError
-from rose_ray.inference.backends import DEFAULT_COMMAND_BACKEND
 from rose_ray.rows import PartialRows, digest, message_text, read_jsonl, row_schema, row_to_turns
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
 if TYPE_CHECKING:
-    from rose_ray.commands import (
-        CollectCommand,
-        ContinueCommand,
-        GoldCommand,
-        PlaySettings,
-        WorldSettings,
-    )
+    from rose_ray.commands import CollectCommand, ContinueCommand, GoldCommand, WorldSettings
 
 
 # --------------------------------------------------------------------------- gold
@@ -224,26 +218,17 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
 
 
 # --------------------------------------------------------------------------- collect / continue
-@dataclass
-class PlayConfig:
+@dataclass(kw_only=True)
+class PlayConfig(PlaySettings):
+    """Episodes played by local actors: the play settings `collect` and `continue` take (each of
+    their PlaySettings, as given: `play_config`), and what the job adds. The warm-up's openings
+    and bench/table.py's teacher games make one from a training config."""
+
     model: str
-    teacher: str | None
+    teacher: str | None = None
     max_turns: int
-    handoff: str  # "none" (student only) or "teacher_only"
-    temperature: float
-    max_new_tokens: int
-    concurrency: int
-    world: str
-    mapping: str | None
-    context_tokens: int
-    enable_thinking: bool
-    context_policy: str = "end_episode"
-    history: str = "template"
-    backend: str = DEFAULT_COMMAND_BACKEND  # the engine of local models: auto, hf or vllm
-    kv_cache_mb: float | None = None  # vllm on CPU (None: the engine's default)
+    handoff: str = "none"  # "none" (student only) or "teacher_only"
     dtype: str = "auto"  # the engines' weights (auto: as the model folder declares)
-    tokenizer: str | None = None  # the tokenizer folder of openai: models
-    served_model: str = ""  # the model name an openai: server expects
     command: str = "collect"  # the command and the flags naming `model` and `teacher`, for its messages
     model_flag: str = "--model"
     teacher_flag: str = "--teacher"
@@ -253,12 +238,10 @@ class PlayConfig:
         as in `continue` without --student, is one engine)."""
         from rose_ray.inference.backends import command_engine
 
-        vllm = {} if self.kv_cache_mb is None else {"kv_cache_mb": self.kv_cache_mb}
-
         def engine(model: str, flag: str) -> Any:
             return command_engine(model, flag, self.backend, self.tokenizer, self.served_model,
                                   context_tokens=self.context_tokens, context_policy=self.context_policy,
-                                  max_batch_size=self.concurrency, dtype=self.dtype, **vllm)
+                                  max_batch_size=self.concurrency, dtype=self.dtype, kv_cache_mb=self.kv_cache_mb)
 
         out = {self.model_flag: engine(self.model, self.model_flag)}
         if self.teacher is not None and self.teacher != self.model:
@@ -279,7 +262,7 @@ def play_episodes(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol
     from rose_ray.rollout.runner import play_games
 
     env_cfg = EnvConfig(workers=1, games_per_worker=max(1, min(cfg.concurrency, len(games))),
-                        mapping=cfg.mapping, world=cfg.world, cpus_per_worker=0.5)
+                        mapping=cfg.mapping, world=cfg.world or DEFAULT_WORLD, cpus_per_worker=0.5)
     engines = cfg.engines()
     check_command_engines(cfg.command, engines)  # a served model that cannot do the job fails now
     student = engines[cfg.model_flag]
@@ -411,16 +394,9 @@ def gold_main(args: GoldCommand) -> int:
     return 0
 
 
-def _play_config(args: PlaySettings, command: str, model: str, teacher: str | None, handoff: str, max_turns: int,
-                 model_flag: str) -> PlayConfig:
-    return PlayConfig(
-        model=model, teacher=teacher, max_turns=max_turns, handoff=handoff, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-        concurrency=args.concurrency, world=args.world or DEFAULT_WORLD, mapping=args.mapping,
-        context_tokens=args.context_tokens, enable_thinking=args.enable_thinking,
-        context_policy=args.context_policy, history=args.history, backend=args.backend,
-        kv_cache_mb=args.kv_cache_mb, tokenizer=args.tokenizer, served_model=args.served_model,
-        command=command, model_flag=model_flag,
-    )
+def play_config(args: PlaySettings, **job: Any) -> PlayConfig:
+    """Every play setting of a command (none copied by hand), and what its job adds."""
+    return PlayConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PlaySettings)}, **job)
 
 
 def collect_main(args: CollectCommand) -> int:
@@ -433,7 +409,7 @@ def collect_main(args: CollectCommand) -> int:
     if todo:
         with stream:
             _, problems = play_episodes(
-                _play_config(args, "collect", args.model, None, "none", args.turns, "--model"),
+                play_config(args, model=args.model, max_turns=args.turns, command="collect"),
                 [games[i] for i in todo], [protocol] * len(todo),
                 on_done=lambda j, t: stream.add(todo[j], t.to_record(args.schema)))
         for p in problems:
@@ -463,8 +439,9 @@ def continue_main(args: ContinueCommand) -> int:
     todo = [i for i in range(len(rows)) if i not in stream.done]
     if todo:
         # The student's engine only lends its tokenizer here; by default the teacher's is used.
-        cfg = _play_config(args, "continue", args.student or args.teacher, args.teacher, "teacher_only",
-                           args.max_turns, "--student" if args.student else "--teacher")
+        cfg = play_config(args, model=args.student or args.teacher, teacher=args.teacher, handoff="teacher_only",
+                          max_turns=args.max_turns, command="continue",
+                          model_flag="--student" if args.student else "--teacher")
         with stream:
             _, problems = play_episodes(cfg, [games[i] for i in todo], [protocols[i] for i in todo],
                                         [replays[i] for i in todo],

@@ -1,5 +1,7 @@
-"""One typed config for each command that runs something: `eval`, `collect`, `continue`,
-`gold`, `sft` and `serve`.
+"""One typed config for each command: `eval`, `collect`, `continue`, `gold`, `sft` and `serve`
+(COMMANDS), and `check`, `plan`, `warmup` and `export` (TOOLS). The config is what the
+command's job runs on (`run_eval` takes an EvalCommand; `collect` plays with each of its
+PlaySettings): a new setting is one field, and the code that reads it.
 
 Each command's settings are a dataclass below (EvalCommand, CollectCommand, ...), composed
 from small shared groups of settings (the world, the context, the conversation, the engine
@@ -15,9 +17,10 @@ one name, one type and one default however it is given. OmegaConf merges the lay
 unknown key or a wrong type is refused naming the key (`resolve`: a ConfigError, exit 2), as
 is a required setting (no default) that no layer gives.
 
-`train`, `warmup`, `check` and `plan` take a training config the same way (config.py:
-TrainConfig). `games`, `play`, `init-tiny`, `export` and `check-data` are tools, not runs:
-plain argparse flags in cli.py.
+TOOLS have their flags alone: `check`, `plan` and `warmup` read a training config (config.py:
+TrainConfig), and their `--config` and KEY=VALUE are that config's (the fields `config` and
+`overrides`). `train` takes its config directly; `games`, `play`, `init-tiny` and `check-data`
+are plain argparse flags in cli.py.
 
 Importing this module loads no torch: each command imports its engines when it runs.
 """
@@ -36,7 +39,7 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 from rose_ray.chat import HISTORIES
 from rose_ray.config import first_line, override_layer, yaml_layers
 from rose_ray.envs.worlds import DEFAULT_WORLD, WORLDS, get_world
-from rose_ray.errors import ConfigError
+from rose_ray.errors import ConfigError, InputError
 from rose_ray.inference.engine import CONTEXT_POLICIES, DTYPES, EngineConfig
 from rose_ray.inference.protocol import MAX_CONCURRENT
 from rose_ray.inference.registry import COMMAND_BACKENDS, DEFAULT_COMMAND_BACKEND, VLLMSettings
@@ -150,7 +153,8 @@ class PlaySettings(WorldSettings, ContextSettings, ConversationSettings, Backend
 # --------------------------------------------------------------------------- the commands
 @dataclass
 class EvalCommand(PlaySettings):
-    """`rose-ray eval` (evaluate.py; its job is EvalJob)."""
+    """`rose-ray eval` (evaluate.py), and the job `run_eval` runs: a training run's evals come here
+    too (evaluate.train_eval_job). Checked as it is made, however its settings are given."""
 
     model: str = setting("", "local model folder, or openai:URL of a served model")
     split: str = setting("test", "train, dev, test, all, agenteval_test, or an id-list file")
@@ -172,9 +176,35 @@ class EvalCommand(PlaySettings):
     teacher: str | None = setting(None, "with --handoff K: the teacher plays from turn K+1")
     handoff: int | None = setting(None, "student turns before the teacher takes over")
     env_workers: int = setting(1, "game processes")
+    dtype: str = setting(EngineConfig.dtype, "the engines' weights (auto: as the model folder declares)",
+                         choices=DTYPES)
     out: str | None = setting(None, "results prefix: writes OUT.json and OUT.md "
                                     "(default runs/eval/<model>_<split>)")
     compare: list[str] = setting([], "print results side by side", metavar="RESULT.json", nargs="+")
+
+    def __post_init__(self) -> None:
+        self.world = self.world or DEFAULT_WORLD
+        self.out = self.out or f"runs/eval/{Path(self.model or 'model').name}_{self.split}"
+        world = get_world(self.world)
+        if self.max_turns is None and not hasattr(world.catalogue, "turn_limit"):
+            self.max_turns = 20  # worlds without limits of their own
+        if self.judge_model and not self.judge:
+            raise InputError("eval: --judge-model names the model of an openai: --judge; give --judge")
+        if self.judge and not world.judged:
+            raise InputError(f"eval: --judge scores DiscoveryWorld's critical questions; {self.world} has none")
+        if (self.handoff is None) != (self.teacher is None):
+            raise InputError("eval: --handoff and --teacher go together")
+        if self.handoff is not None and self.handoff < 0:
+            raise InputError(f"eval: --handoff must be >= 0, got {self.handoff}")
+        if self.n < 0:
+            raise InputError(f"eval: --n must be >= 0 (0: the whole split), got {self.n}")
+        for key in ("max_turns", "concurrency", "env_workers", "max_new_tokens", "judge_max_new_tokens"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise InputError(f"eval: --{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
+
+    @property
+    def task_names(self) -> list[str]:
+        return [t.strip() for t in self.tasks.split(",") if t.strip()]
 
 
 @dataclass
@@ -256,11 +286,76 @@ COMMANDS: dict[str, type] = {"eval": EvalCommand, "collect": CollectCommand, "co
                              "gold": GoldCommand, "sft": SftCommand, "serve": ServeCommand}
 
 
+# ------------------------------------------------------------------ tools: settings as flags alone
+@dataclass
+class TrainConfigSettings:
+    """A command that reads a training config (config.py: TrainConfig): its --config and KEY=VALUE
+    are that config's, not the command's own settings."""
+
+    config: str | None = setting(None, "YAML config (default: the embedded tiny config)")
+    overrides: list[str] = setting([], "config overrides, e.g. env.workers=8", metavar="KEY=VALUE", nargs="*",
+                                   positional=True)
+
+
+@dataclass
+class PlacementSettings:
+    """Where a config's actors would go, and the GPU memory plan's inputs (`plan` and `check`)."""
+
+    node: list[str] = setting([], "plan on described nodes instead of a cluster, e.g. --node 2xCPU=64,GPU=8 "
+                                  "(repeatable)", metavar="[Nx]RES=N,...")
+    address: str | None = setting(None, "Ray cluster to plan on (default: RAY_ADDRESS, else a local cluster)")
+    total: bool = setting(False, "plan on total resources, not what is free now")
+    gpu_memory: float | None = setting(None, "memory of each GPU in GiB (an H100 80GB: 79.6, an H200: 140.4); "
+                                             "default: from the nodes' accelerator_type, else the plan prints "
+                                             "each role's needs without checking them", metavar="GIB")
+    model_config_for: list[str] = setting([], "a folder with the config.json of a model that is not on disk "
+                                              "(repeatable; the Qwen3 sizes ship with rose_ray)", metavar="MODEL=DIR")
+
+
+@dataclass
+class CheckCommand(TrainConfigSettings, PlacementSettings):
+    """`rose-ray check [CONFIG]` (check.py)."""
+
+    config: str | None = setting(None, "YAML config", positional=True, nargs="?")
+    backends: bool = setting(False, "only say which engine backends (hf, vllm, openai) this machine can run, "
+                                    "and why not")
+    tokenizer_for: list[str] = setting([], "a local tokenizer folder standing in for a model not on disk "
+                                           "(repeatable)", metavar="MODEL=DIR")
+
+
+@dataclass
+class PlanCommand(TrainConfigSettings, PlacementSettings):
+    """`rose-ray plan` (check.py: plan_main)."""
+
+
+@dataclass
+class WarmupCommand(TrainConfigSettings):
+    """`rose-ray warmup` (recipes/warmup.py)."""
+
+    eval: str | None = setting(None, "then evaluate the base student and the teacher on the config's eval games "
+                                     "of SPLIT", choices=("train", "dev", "test"), metavar="SPLIT")
+    backend: str = setting("hf", "the engine of --eval", choices=COMMAND_BACKENDS)
+
+
+@dataclass
+class ExportCommand:
+    """`rose-ray export RUN` (export.py)."""
+
+    run: str = setting(help="a run folder (holds config.yaml and checkpoints/), or a run_dir (its latest)",
+                       metavar="RUN", positional=True)
+    step: int | None = setting(None, "the learner step of a kept checkpoint (default: the latest)")
+    out: str = setting(help="the new folder to write")
+
+
+TOOLS: dict[str, type] = {"check": CheckCommand, "plan": PlanCommand, "warmup": WarmupCommand,
+                          "export": ExportCommand}
+
+
 # --------------------------------------------------------------------------- flags and layers
-def add_flags(parser: argparse.ArgumentParser, command: type) -> None:
-    """Each field of `command` as a flag of `parser` (`--config` and KEY=VALUE too). A flag
-    not given is absent from the parsed arguments (argparse.SUPPRESS), so the layers under it
-    (the YAML file, the defaults) show through."""
+def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = True) -> None:
+    """Each field of `command` as a flag of `parser`, and with `layers`, `--config` and KEY=VALUE
+    of its settings. A flag not given is absent from the parsed arguments (argparse.SUPPRESS), so
+    the layers under it (the YAML file, the defaults) show through."""
     hints = typing.get_type_hints(command)
     own = vars(command).get("__annotations__", {})
     for f in sorted(fields(command), key=lambda f: f.name not in own):  # the command's own first
@@ -268,20 +363,24 @@ def add_flags(parser: argparse.ArgumentParser, command: type) -> None:
         kind = _flag_type(hints[f.name])
         required = f.default is MISSING
         about = " ".join(filter(None, [meta["help"], "(required)" if required else ""]))
-        options: dict[str, Any] = {"help": about or None, "default": argparse.SUPPRESS}
+        # A positional KEY=VALUE list is there even when empty: more may follow the flags (cli.main).
+        options: dict[str, Any] = {"help": about or None, "default": [] if meta["nargs"] == "*" else argparse.SUPPRESS}
         if kind is bool:
             options["action"] = "store_true"
         else:
             options.update(type=kind, choices=meta["choices"], metavar=meta["metavar"], nargs=meta["nargs"])
+            if typing.get_origin(hints[f.name]) is list and not meta["nargs"]:  # a repeatable flag
+                options.update(action="append", nargs=None)
         if meta["positional"]:
             parser.add_argument(f.name, **options)
         else:
             parser.add_argument(_flag(f), dest=f.name, **options)
-    name = parser.prog.split()[-1]
-    parser.add_argument("--config", metavar="FILE.yaml",
-                        help=f"a YAML mapping of {name}'s settings (the flags' names with _), under the flags")
-    parser.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="settings over the flags and the file, e.g. seed=1")
+    if layers:
+        name = parser.prog.split()[-1]
+        parser.add_argument("--config", metavar="FILE.yaml",
+                            help=f"a YAML mapping of {name}'s settings (the flags' names with _), under the flags")
+        parser.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                            help="settings over the flags and the file, e.g. seed=1")
     parser.set_defaults(settings=command)
 
 
@@ -300,17 +399,21 @@ def _flag_type(hint: Any) -> Any:
 
 def resolve(command: type, args: argparse.Namespace, name: str) -> Any:
     """The settings of command `name` from its defaults, `args.config` (YAML), the flags given
-    and `args.overrides` (KEY=VALUE), each over the one before; errors name the key."""
+    and `args.overrides` (KEY=VALUE), each over the one before; errors name the key. A command
+    whose `config` and `overrides` are fields (a training config's) has the flags alone."""
     keys = [f.name for f in fields(command)]
+    own_layers = "overrides" not in keys and hasattr(args, "overrides")
     layers: list[tuple[str, Any]] = []
-    if getattr(args, "config", None):
+    if own_layers and args.config:
         path = Path(args.config)
         for layer in yaml_layers(path):
             if not isinstance(layer, DictConfig):
                 raise ConfigError(f"{path}: not a mapping of {name}'s settings (its keys: {', '.join(keys)})")
             layers.append((str(path), layer))
-    layers.append(("flags", {k: getattr(args, k) for k in keys if hasattr(args, k)}))
-    for item in getattr(args, "overrides", None) or []:
+    # A training config's file and KEY=VALUE go to it as given (their ${...} are that config's).
+    as_given = {k: getattr(args, k) for k in ("config", "overrides") if k in keys and hasattr(args, k)}
+    layers.append(("flags", {k: getattr(args, k) for k in keys if hasattr(args, k) and k not in as_given}))
+    for item in args.overrides if own_layers else []:
         if "=" not in item:
             raise ConfigError(f"{item!r}: not a setting; settings after the flags are KEY=VALUE")
         layers.append((f"override {item!r}", override_layer(item)))
@@ -323,16 +426,19 @@ def resolve(command: type, args: argparse.Namespace, name: str) -> Any:
             why = (f"{name} has no such setting (its keys: {', '.join(keys)})" if isinstance(e, ConfigKeyError)
                    else first_line(e))
             raise ConfigError(f"{source}: key {key!r}: {why}") from None
-    try:
-        cfg = OmegaConf.to_object(merged)
-    except MissingMandatoryValue as e:
-        f = next(f for f in fields(command) if f.name == e.full_key)
-        flag = f.name.upper() if f.metadata["positional"] else _flag(f)
-        raise ConfigError(f"{f.name} is required: give {flag} (or {f.name}=..., or {f.name}: in --config)") from None
     for f in fields(command):
-        choices, value = f.metadata["choices"], getattr(cfg, f.name)
+        choices = f.metadata["choices"]
+        value = None if OmegaConf.is_missing(merged, f.name) else merged[f.name]
         if choices is not None and value is not None and value not in choices:
             quote = " (YAML reads an unquoted on, off, yes or no as a boolean: quote it)" if value in ("True", "False") else ""
             raise ConfigError(f"key {f.name!r}: must be one of {', '.join(map(str, choices))}; got {value!r}{quote}")
+    try:
+        cfg = OmegaConf.to_object(merged)  # the command's __post_init__ checks what its fields cannot say
+    except MissingMandatoryValue as e:
+        f = next(f for f in fields(command) if f.name == e.full_key)
+        flag = f.name.upper() if f.metadata["positional"] else _flag(f)
+        also = f" (or {f.name}=..., or {f.name}: in --config)" if own_layers else ""
+        raise ConfigError(f"{f.name} is required: give {flag}{also}") from None
+    for k, v in as_given.items():
+        setattr(cfg, k, v)
     return cfg
-

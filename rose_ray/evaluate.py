@@ -20,87 +20,13 @@ import json
 import os
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rose_ray.commands import EvalCommand as COMMAND
-from rose_ray.envs import DEFAULT_WORLD
+from rose_ray.commands import EvalCommand
 from rose_ray.errors import InputError
 from rose_ray.types import GameId, SamplingParams, Trajectory
-
-
-@dataclass
-class EvalJob:
-    """One `rose-ray eval` (a training run's evals are its `eval:` section, config.EvalConfig). The
-    settings `rose-ray eval` takes default as its command config's (commands.EvalCommand)."""
-
-    model: str = ""
-    split: str = COMMAND.split
-    n: int | None = COMMAND.n
-    seed: int = COMMAND.seed
-    tasks: list[str] = field(default_factory=list)  # only these tasks' games (empty: all)
-    max_turns: int | None = None  # None: the world's own limits (DiscoveryWorld: the paper's), else 20
-    temperature: float = COMMAND.temperature
-    max_new_tokens: int = COMMAND.max_new_tokens
-    world: str = DEFAULT_WORLD
-    mapping: str | None = None  # None: the world's default mapping
-    teacher: str | None = None
-    handoff: int | None = None  # student turns before the teacher takes over
-    concurrency: int = COMMAND.concurrency
-    env_workers: int = COMMAND.env_workers
-    context_tokens: int = COMMAND.context_tokens  # the card's context
-    # AgentGym's rule: the episode ends when its prompt no longer fits (drop_oldest: drop old turns)
-    context_policy: str = COMMAND.context_policy
-    dtype: str = "auto"
-    instruction_from: str | None = None  # a dataset whose first row gives the instruction
-    enable_thinking: bool = COMMAND.enable_thinking  # passed to the chat template (Qwen3)
-    history: str = COMMAND.history  # earlier turns as the template renders them (the card's chat API), or "sampled"
-    tokenizer: str | None = None  # the tokenizer folder of openai: models (--model and --teacher)
-    served_model: str = COMMAND.served_model  # the model name an openai: server expects
-    backend: str = COMMAND.backend  # the engine of local models: auto, hf or vllm
-    kv_cache_mb: float | None = None  # vllm on CPU (None: the engine's default)
-    out: str = "eval"  # results go to <out>.json and <out>.md
-    judge: str | None = None  # DiscoveryWorld's knowledge judge: a local folder or openai:URL
-    judge_model: str = COMMAND.judge_model  # the model name an openai: judge server expects
-    judge_max_new_tokens: int = COMMAND.judge_max_new_tokens  # the paper's scorer's budget
-    judge_thinking: bool | None = None  # the judge's chat-template thinking switch (None: its default)
-    knowledge_from: str = COMMAND.knowledge_from  # what the judge reads: the agent's thoughts (the paper's) or its report
-
-    def __post_init__(self) -> None:
-        from rose_ray.envs.worlds import get_world
-
-        if not self.model:
-            raise InputError("eval: --model is required")
-        if self.max_turns is None and not hasattr(get_world(self.world).catalogue, "turn_limit"):
-            self.max_turns = 20  # worlds without limits of their own
-        if self.judge_model and not self.judge:
-            raise InputError("eval: --judge-model names the model of an openai: --judge; give --judge")
-        if self.judge and not get_world(self.world).judged:
-            raise InputError(f"eval: --judge scores DiscoveryWorld's critical questions; {self.world} has none")
-        from rose_ray.judge import KNOWLEDGE_SOURCES
-
-        if self.knowledge_from not in KNOWLEDGE_SOURCES:
-            raise InputError(f"eval: --knowledge-from must be one of {KNOWLEDGE_SOURCES}, got {self.knowledge_from!r}")
-        if self.judge_max_new_tokens < 1:
-            raise InputError(f"eval: --judge-max-new-tokens must be >= 1, got {self.judge_max_new_tokens}")
-        if (self.handoff is None) != (self.teacher is None):
-            raise InputError("eval: --handoff and --teacher go together")
-        from rose_ray.chat import HISTORIES
-        from rose_ray.inference.engine import CONTEXT_POLICIES
-
-        if self.history not in HISTORIES:
-            raise InputError(f"eval: --history must be one of {HISTORIES}, got {self.history!r}")
-
-        if self.context_policy not in CONTEXT_POLICIES:
-            raise InputError(f"eval: --context-policy must be one of {CONTEXT_POLICIES}, got {self.context_policy!r}")
-        if self.handoff is not None and self.handoff < 0:
-            raise InputError(f"eval: --handoff must be >= 0, got {self.handoff}")
-        for key in ("max_turns", "concurrency", "env_workers", "max_new_tokens"):
-            if getattr(self, key) is not None and getattr(self, key) < 1:
-                raise InputError(f"eval: --{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
-        if self.n is not None and self.n < 1:
-            raise InputError(f"eval: --n must be >= 1, got {self.n}")
 
 
 # --------------------------------------------------------------------------- metrics
@@ -254,21 +180,20 @@ async def evaluate_games(runner, games: list[GameId], student, teacher, episode_
     return [records[id(t)] for t in played]
 
 
-def _engine_config(model: str, flag: str, cfg: EvalJob):
+def _engine_config(model: str, flag: str, cfg: EvalCommand):
     from rose_ray.inference.backends import command_engine
 
-    vllm = {} if cfg.kv_cache_mb is None else {"kv_cache_mb": cfg.kv_cache_mb}
     return command_engine(model, flag, cfg.backend, cfg.tokenizer, cfg.served_model, dtype=cfg.dtype,
-                          context_tokens=cfg.context_tokens,
-                          context_policy=cfg.context_policy, max_batch_size=cfg.concurrency, **vllm)
+                          context_tokens=cfg.context_tokens, context_policy=cfg.context_policy,
+                          max_batch_size=cfg.concurrency, kv_cache_mb=cfg.kv_cache_mb)
 
 
-def train_eval_job(cfg: Any, model: str, out: str, split: str | None = None, backend: str = "hf") -> EvalJob:
-    """The held-out eval a training run of `cfg` (a TrainConfig) does, as an `EvalJob`: its games
+def train_eval_job(cfg: Any, model: str, out: str, split: str | None = None, backend: str = "hf") -> EvalCommand:
+    """The held-out eval a training run of `cfg` (a TrainConfig) does, as `rose-ray eval` settings: its games
     (`eval.split`, `eval.n`, `eval.seed`, `tasks`), turns, reply tokens, context and chat; greedy.
     `split`: another split's games (the warm-ups are tuned on dev, never on the test games)."""
-    return EvalJob(
-        model=model, split=split or cfg.eval.split, n=cfg.eval.n, seed=cfg.eval.seed, tasks=list(cfg.tasks),
+    return EvalCommand(
+        model=model, split=split or cfg.eval.split, n=cfg.eval.n, seed=cfg.eval.seed, tasks=",".join(cfg.tasks),
         max_turns=cfg.eval.max_turns, max_new_tokens=cfg.eval.max_new_tokens, temperature=0.0,
         world=cfg.env.world, mapping=cfg.env.mapping, concurrency=cfg.env.games_per_worker,
         context_tokens=cfg.student_engine.context_tokens, context_policy=cfg.student_engine.context_policy,
@@ -276,8 +201,10 @@ def train_eval_job(cfg: Any, model: str, out: str, split: str | None = None, bac
         enable_thinking=cfg.chat.enable_thinking, history=cfg.chat.history, backend=backend, out=out)
 
 
-def run_eval(cfg: EvalJob) -> dict[str, Any]:
+def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     """Evaluate `cfg.model` on its games; resumes from `<out>.partial.jsonl` if present."""
+    if not cfg.model:
+        raise InputError("eval: --model is required")
     from rose_ray.envs.config import EnvConfig
     from rose_ray.envs.worlds import get_world, world_protocol
     from rose_ray.rollout.actors import local_actors
@@ -287,7 +214,7 @@ def run_eval(cfg: EvalJob) -> dict[str, Any]:
     catalogue = get_world(cfg.world).catalogue(cfg.mapping)
     protocol = world_protocol(cfg.world, cfg.instruction_from)  # a bad file fails before any actor
     # The same games as a training run's evals with these `tasks`, `eval.n` and `eval.seed`.
-    games = catalogue.sample(cfg.split, cfg.n, cfg.seed, tasks=cfg.tasks)
+    games = catalogue.sample(cfg.split, cfg.n or None, cfg.seed, tasks=cfg.task_names)
     judge = _judge_config(cfg)
     if judge is not None:
         from rose_ray.judge import check_judge
@@ -346,13 +273,14 @@ def run_eval(cfg: EvalJob) -> dict[str, Any]:
     return result
 
 
-def _judge_config(cfg: EvalJob):
+def _judge_config(cfg: EvalCommand):
     if not cfg.judge:
         return None
     from rose_ray.judge import JudgeConfig
 
     return JudgeConfig(model=cfg.judge, world=cfg.world, served_model=cfg.judge_model, max_new_tokens=cfg.judge_max_new_tokens,
-                       thinking=cfg.judge_thinking, concurrency=cfg.concurrency, dtype=cfg.dtype)
+                       thinking=None if cfg.judge_thinking is None else cfg.judge_thinking == "on",
+                       concurrency=cfg.concurrency, dtype=cfg.dtype)
 
 
 def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial: Path,
@@ -378,10 +306,10 @@ def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg
 
 RESUME_KEYS = ("model", "teacher", "handoff", "max_turns", "temperature", "max_new_tokens",
                "world", "mapping", "seed", "context_tokens", "context_policy", "instruction_from",
-               "enable_thinking", "history", "tasks")
+               "enable_thinking", "history")
 
 
-def resume_header(cfg: EvalJob) -> dict[str, Any]:
+def resume_header(cfg: EvalCommand) -> dict[str, Any]:
     """The settings that tie a partial results file to an eval (the mapping resolved, so a
     default and an explicit `--mapping agentgym` are the same eval)."""
     from rose_ray.envs.worlds import get_world
@@ -389,7 +317,8 @@ def resume_header(cfg: EvalJob) -> dict[str, Any]:
     world = get_world(cfg.world)
     # report: the world asks what the agent discovered when a game ends (DiscoveryWorld, when the
     # judge reads the report)
-    return {**{k: getattr(cfg, k) for k in RESUME_KEYS}, "mapping": world.catalogue(cfg.mapping).mapping,
+    return {**{k: getattr(cfg, k) for k in RESUME_KEYS}, "tasks": cfg.task_names,
+            "mapping": world.catalogue(cfg.mapping).mapping,
             "report": world.protocol.report_question is not None and cfg.knowledge_from == "report"}
 
 
@@ -425,26 +354,11 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def cli_main(args: COMMAND) -> int:
-    """`rose-ray eval`: its settings (commands.EvalCommand) as the job they describe."""
-    if args.compare:
-        print(compare(args.compare))
+def cli_main(cfg: EvalCommand) -> int:
+    """`rose-ray eval`: its settings are the job."""
+    if cfg.compare:
+        print(compare(cfg.compare))
         return 0
-    cfg = EvalJob(
-        model=args.model, split=args.split, n=args.n or None, seed=args.seed, max_turns=args.max_turns,
-        tasks=[t.strip() for t in args.tasks.split(",") if t.strip()],
-        temperature=args.temperature, max_new_tokens=args.max_new_tokens, world=args.world or DEFAULT_WORLD,
-        mapping=args.mapping,
-        teacher=args.teacher, handoff=args.handoff, concurrency=args.concurrency,
-        env_workers=args.env_workers, context_tokens=args.context_tokens, context_policy=args.context_policy,
-        tokenizer=args.tokenizer, served_model=args.served_model, backend=args.backend,
-        kv_cache_mb=args.kv_cache_mb, instruction_from=args.instruction_from,
-        enable_thinking=args.enable_thinking, history=args.history,
-        out=args.out or f"runs/eval/{Path(args.model or 'model').name}_{args.split}",
-        judge=args.judge, judge_model=args.judge_model, judge_max_new_tokens=args.judge_max_new_tokens,
-        knowledge_from=args.knowledge_from,
-        judge_thinking=None if args.judge_thinking is None else args.judge_thinking == "on",
-    )
     result = run_eval(cfg)
     print(markdown(result["summary"], f"eval of {cfg.model} on {cfg.world} {cfg.split}"))
     print(f"wrote {cfg.out}.json and {cfg.out}.md")

@@ -95,7 +95,7 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
 
 
 def cli_main(args: Any) -> int:
-    """The `export` subcommand (arguments in rose_ray/cli.py)."""
+    """`rose-ray export` (its settings: commands.ExportCommand)."""
     result = export_run(args.run, args.out, args.step)
     print(f"export: step {result['step']} (policy version {result['version']}) of {result['run']} -> "
           f"{result['path']} ({result['tensors']} tensors, {result['mb']:.1f} MB, {result['dtype']})")

@@ -12,13 +12,13 @@ from tests.unit.test_discoveryworld import CATALOGUE
 
 @pytest.mark.slow
 def test_eval_of_the_tiny_student_on_easy_games(tiny_models, ray_cluster, tmp_path):
-    from rose_ray.evaluate import EvalJob, run_eval
+    from rose_ray.evaluate import EvalCommand, run_eval
 
     easy = [CATALOGUE.find(f"{theme}-easy", 0).item_id  # benchmark instances, three themes
             for theme in ("combinatorial-chemistry", "archaeology-dating", "plant-nutrients")]
     ids = tmp_path / "easy.json"
     ids.write_text(json.dumps(easy))
-    cfg = EvalJob(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=None,
+    cfg = EvalCommand(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=0,
                      max_turns=2, max_new_tokens=16, concurrency=3, context_tokens=2048,
                      out=str(tmp_path / "dw"))
     result = run_eval(cfg)

@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from rose_ray.evaluate import EvalJob, run_eval
+from rose_ray.evaluate import EvalCommand, run_eval
 from tests.unit.test_eval import record
 
 
 @pytest.mark.slow
 def test_eval_of_the_tiny_student_writes_json_and_markdown(tiny_models, ray_cluster, tmp_path):
-    cfg = EvalJob(model=str(tiny_models["student"]), split="test", n=10, max_turns=2,
+    cfg = EvalCommand(model=str(tiny_models["student"]), split="test", n=10, max_turns=2,
                      max_new_tokens=16, concurrency=5, context_tokens=2048, out=str(tmp_path / "ev"))
     result = run_eval(cfg)
     data = json.loads((tmp_path / "ev.json").read_text())
@@ -33,7 +33,7 @@ def test_interrupted_eval_resumes_without_replaying_finished_games(tiny_models, 
     from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
     from rose_ray.evaluate import resume_header
 
-    cfg = EvalJob(model=str(tiny_models["student"]), split="test", n=4, max_turns=2,
+    cfg = EvalCommand(model=str(tiny_models["student"]), split="test", n=4, max_turns=2,
                      max_new_tokens=8, concurrency=2, context_tokens=2048, out=str(tmp_path / "r"))
     games = SciWorldCatalogue().sample("test", 4, 0)
     partial = tmp_path / "r.partial.jsonl"

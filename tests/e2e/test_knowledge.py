@@ -124,14 +124,14 @@ def _hand_made(questions: list[str]) -> list[dict]:
 
 @pytest.mark.slow
 def test_eval_with_a_served_judge_end_to_end(tiny_models, ray_cluster, served_judge, tmp_path):
-    from rose_ray.evaluate import EvalJob, resume_header, run_eval
+    from rose_ray.evaluate import EvalCommand, resume_header, run_eval
 
     proc, url = served_judge
     ids = tmp_path / "easy.json"
     ids.write_text(json.dumps([CHEMISTRY.item_id, ARCHAEOLOGY.item_id]))
     # Sampled, so the untrained student writes something; the judge reads its thoughts (the
     # default) and no report question is asked.
-    cfg = EvalJob(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=None,
+    cfg = EvalCommand(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=0,
                      max_turns=2, max_new_tokens=16, temperature=1.0, seed=1, concurrency=2, context_tokens=2048,
                      out=str(tmp_path / "dw"), judge=f"openai:{url}", judge_model=NAME, judge_max_new_tokens=24)
     result = run_eval(cfg)
@@ -185,7 +185,7 @@ def test_eval_with_a_served_judge_end_to_end(tiny_models, ray_cluster, served_ju
     with pytest.raises(JudgeUnavailable, match="cannot reach"):
         check_judge(judge)
     with pytest.raises(JudgeUnavailable, match="cannot reach"):
-        run_eval(EvalJob(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=None,
+        run_eval(EvalCommand(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=0,
                             max_turns=2, out=str(tmp_path / "gone"), judge=f"openai:{url}"))
     assert not list(tmp_path.glob("gone*"))
 

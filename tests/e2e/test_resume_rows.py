@@ -79,10 +79,10 @@ def test_a_killed_collect_keeps_its_rows_and_a_rerun_resumes(tiny_models, ray_cl
 @pytest.mark.slow
 def test_an_eval_cut_mid_line_and_resumed_twice_stays_readable(tiny_models, ray_cluster, tmp_path):
     from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
-    from rose_ray.evaluate import EvalJob, resume_header, run_eval
+    from rose_ray.evaluate import EvalCommand, resume_header, run_eval
 
     model = str(tiny_models["student"])
-    cfg = EvalJob(model=model, split="test", n=3, max_turns=2, max_new_tokens=8, concurrency=1,
+    cfg = EvalCommand(model=model, split="test", n=3, max_turns=2, max_new_tokens=8, concurrency=1,
                   context_tokens=2048, backend="hf", out=str(tmp_path / "r"))
     games = SciWorldCatalogue().sample("test", 3, 0)
     partial = tmp_path / "r.partial.jsonl"

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import typing
 from dataclasses import fields
+from typing import Any
 
 import pytest
 import yaml
@@ -180,17 +182,53 @@ def test_a_yaml_file_that_is_not_a_mapping_or_not_yaml_is_named(tmp_path, capsys
     assert "not valid YAML at line" in err
 
 
-def test_an_eval_job_defaults_as_the_eval_command():
-    """`rose-ray eval` turns its command config into an EvalJob; a setting both have has one default."""
-    from rose_ray.evaluate import EvalJob
+def other_values(command: type, keep: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A value other than its default for each setting of `command` (less `keep`)."""
+    hints = typing.get_type_hints(command)
+    values: dict[str, Any] = {}
+    for f in fields(command):
+        kind = next(a for a in typing.get_args(hints[f.name]) or (hints[f.name],) if a is not type(None))
+        if f.metadata["choices"]:
+            values[f.name] = next(c for c in f.metadata["choices"] if c != f.default)
+        elif kind is bool:
+            values[f.name] = not f.default
+        elif kind in (int, float):
+            values[f.name] = (f.default if isinstance(f.default, int | float) else 0) + 2
+        else:
+            values[f.name] = f"{f.name}_x"
+    return {k: v for k, v in values.items() if k not in keep}
 
-    job, command = EvalJob(model="m"), COMMANDS["eval"]
-    shared = [f.name for f in fields(EvalJob) if f.name in {g.name for g in fields(command)}]
-    assert len(shared) >= 15
-    differ = {k for k in shared if getattr(job, k) != getattr(command, k, None)}
-    # read into the job's own form: tasks "a,b" -> [a, b], world None -> the default world, max_turns
-    # None -> the world's limit, kv_cache_mb -> None (the engine's), out -> runs/eval/<model>_<split>
-    assert differ == {"model", "out", "max_turns", "kv_cache_mb", "tasks", "world"}, differ
+
+def as_flags(values: dict[str, Any]) -> list[str]:
+    return [a for k, v in values.items() for a in ([flag(k)] if v is True else [flag(k), str(v)])]
+
+
+def test_every_eval_setting_reaches_the_job(monkeypatch):
+    """The job runs on the command's settings: each setting given on the command line is what
+    run_eval sees, so a new setting is one field (a copy that forgot one would fail here)."""
+    import rose_ray.evaluate as evaluate
+
+    values = other_values(COMMANDS["eval"], keep=("compare",))  # --compare prints results, plays nothing
+    seen = []
+    monkeypatch.setattr(evaluate, "run_eval", lambda cfg: seen.append(cfg) or {"summary": evaluate.summarise([])})
+    assert main(["eval", *as_flags(values)]) == 0
+    [job] = seen
+    assert {k: getattr(job, k) for k in values} == values
+
+
+def test_every_play_setting_reaches_the_played_episodes(monkeypatch, tmp_path):
+    """`collect` (and `continue`) play with each of the play settings they were given."""
+    import rose_ray.collect as collect
+    from rose_ray.commands import PlaySettings
+
+    values = {**other_values(PlaySettings), "world": "sciworld"}  # a world whose mappings these are
+    seen = []
+    monkeypatch.setattr(collect, "world_protocol", lambda *a: None)  # --instruction-from names no file
+    monkeypatch.setattr(collect, "play_episodes", lambda cfg, *a, **k: (seen.append(cfg), ([], []))[1])
+    assert main(["collect", "--model", "m", "--out", str(tmp_path / "o.jsonl"), "--split", "dev", "--n", "2",
+                 *as_flags(values)]) == 0
+    [play] = seen
+    assert {k: getattr(play, k) for k in values} == values
 
 
 def test_context_tokens_has_one_default():
@@ -217,3 +255,13 @@ def test_importing_the_commands_loads_no_torch():
     code = ("import sys, rose_ray.commands, rose_ray.cli; rose_ray.cli.build_parser(); "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch loaded'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_training_configs_flags_and_overrides_reach_its_command_as_given():
+    """check, plan and warmup have typed settings too; their --config and KEY=VALUE are the training
+    config's, passed on as given (its ${...} are that config's to resolve); repeated flags add up."""
+    plan = settings_of(["plan", "--node", "CPU=8", "--node", "2xGPU=8", "--config", "c.yaml", "run_dir=runs/${name}"])
+    assert (plan.node, plan.config, plan.overrides) == (["CPU=8", "2xGPU=8"], "c.yaml", ["run_dir=runs/${name}"])
+    check = settings_of(["check", "c.yaml", "--total", "steps=2"])
+    assert (check.config, check.total, check.overrides, check.backends) == ("c.yaml", True, ["steps=2"], False)
+    assert settings_of(["warmup", "--eval", "dev", "seed=1"]).overrides == ["seed=1"]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rose_ray.envs.sciworld.protocol import is_success, normalise_score
-from rose_ray.evaluate import EvalJob, compare, game_record, summarise
+from rose_ray.evaluate import EvalCommand, compare, game_record, summarise
 from rose_ray.types import GameId, Trajectory
 
 
@@ -92,10 +92,10 @@ def test_eval_takes_a_runs_tasks_and_picks_its_eval_games(tmp_path, capsys):
     from rose_ray.evaluate import resume_header
 
     cfg = load_config(None)
-    job = EvalJob(model="m", n=cfg.eval.n, seed=cfg.eval.seed, tasks=list(cfg.tasks))
+    job = EvalCommand(model="m", n=cfg.eval.n, seed=cfg.eval.seed, tasks=",".join(cfg.tasks))
     assert resume_header(job)["tasks"] == list(cfg.tasks)  # a partial file of other tasks is not resumed
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
-    games = catalogue.sample(job.split, job.n, job.seed, tasks=job.tasks)
+    games = catalogue.sample(job.split, job.n, job.seed, tasks=job.task_names)
     assert len(games) == cfg.eval.n and {g.task for g in games} == set(cfg.tasks)
     assert main(["eval", "--model", str(tmp_path), "--tasks", "find-plant,boil-everything",
                  "--out", str(tmp_path / "e")]) == 2

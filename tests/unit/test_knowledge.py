@@ -75,11 +75,11 @@ def test_the_judge_reads_the_agents_thoughts_as_the_papers_scorer_does():
                  '"criticalQuestion"', '"evaluation"', '"explanation"', "JSON"):
         assert part in text
     # The paper's settings: greedy, 800 new tokens, thoughts by default.
-    from rose_ray.evaluate import EvalJob
+    from rose_ray.evaluate import EvalCommand
 
     cfg = JudgeConfig(world="discoveryworld", model="m")
     assert (cfg.sampling().temperature, cfg.sampling().max_new_tokens) == (0.0, 800)
-    job = EvalJob(model="m", world="discoveryworld")
+    job = EvalCommand(model="m", world="discoveryworld")
     assert job.knowledge_from == "thoughts" and job.judge_max_new_tokens == 800
     # Too long for the judge: the oldest thoughts go, the latest stay, and it says so.
     kept, cut = fit_knowledge("Thought 1: old\n" + "x" * 50 + "Thought 9: new\n", 30)
@@ -182,16 +182,16 @@ def test_the_paper_tables_average_seeds_then_themes(tmp_path):
 
 # --------------------------------------------------------------------------- step limits, the game side
 def test_step_limits_are_the_papers_and_max_turns_overrides():
-    from rose_ray.evaluate import EvalJob
+    from rose_ray.evaluate import EvalCommand
 
     limits = {g.task: CATALOGUE.turn_limit(g) for g in CATALOGUE.games}
     assert all(v == 100 for t, v in limits.items() if t.endswith("-easy") or t.startswith("small-skills-"))
     assert all(v == 1000 for t, v in limits.items() if t.endswith(("-normal", "-challenge"))
                and not t.startswith("small-skills-"))
     assert sum(t.startswith("small-skills-") for t in limits) == 10 and limits["tutorial-normal"] == 1000
-    assert EvalJob(model="m", world="discoveryworld").max_turns is None  # the world's own limits
-    assert EvalJob(model="m").max_turns == 20  # ScienceWorld's default as before
-    assert EvalJob(model="m", world="discoveryworld", max_turns=7).max_turns == 7
+    assert EvalCommand(model="m", world="discoveryworld").max_turns is None  # the world's own limits
+    assert EvalCommand(model="m").max_turns == 20  # ScienceWorld's default as before
+    assert EvalCommand(model="m", world="discoveryworld", max_turns=7).max_turns == 7
 
 
 def test_a_game_carries_its_critical_questions_and_done_ends_it():
