@@ -217,7 +217,7 @@ class TrainConfig:
     steps: int = 100  # learner steps
     publish_every: int = 1  # learner steps between weight publications
     # How the weights travel to the student engine: {method: auto | object_store | collective
-    # | pickled, bucket_mb, ...} (rose_ray/learner/weights.py)
+    # | pickled, collective_backend: auto | gloo | nccl, bucket_mb, ...} (rose_ray/learner/weights.py)
     publish: PublishConfig = field(default_factory=PublishConfig)
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
@@ -274,6 +274,16 @@ class TrainConfig:
             raise ConfigError(f"publish.method: collective needs a student engine that is a local Ray actor "
                               f"(backend {takers}), not {self.student_engine.backend!r}; use "
                               "publish.method=object_store or auto")
+        student_vllm = self.student_engine.vllm
+        if self.publish.collective_backend == "nccl" and student_vllm and student_vllm.tensor_parallel_size > 1:
+            # (each vLLM worker would have to join the group itself, as OpenRLHF's worker extension does)
+            raise ConfigError(f"publish.collective_backend: nccl receives the weights in the engine actor's process, "
+                              f"but student_engine.vllm.tensor_parallel_size is {student_vllm.tensor_parallel_size} "
+                              "(the weights live in its worker processes); with tensor parallelism use "
+                              "publish.collective_backend=gloo or auto, or publish.method=object_store")
+        if self.publish.collective_backend == "nccl" and self.resources.colocate:
+            raise ConfigError("publish.collective_backend: nccl takes one rank per GPU, but resources.colocate puts "
+                              "student engine 0 on learner rank 0's GPU; use publish.collective_backend=auto or gloo")
         if self.publish.in_flight == "keep" and "keep" not in self.student_engine.spec.in_flight:
             raise ConfigError(f"publish.in_flight: keep loads the weights under an engine's running requests, "
                               f"which only the {'/'.join(in_flight_backends('keep'))} backend can (the hf backend "

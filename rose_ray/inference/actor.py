@@ -11,7 +11,8 @@ generation thread hangs is found even though the ping itself is answered.
 Weights arrive three ways (rose_ray/learner/weights.py chooses, `publish.method`):
 `update_weights(state)` a dict; `load_weights(flat)` a FlatState (flat byte buffers through
 the object store); or `receive_weights(group, header)` after `join_weight_group`, the buckets by
-broadcast from the learner's rank 0. A broadcast is received at once, while generation goes
+broadcast from the learner's rank 0 (over gloo into host buffers, or over NCCL into buffers on
+this actor's GPU, loaded from there). A broadcast is received at once, while generation goes
 on; only the load into the model queues behind the calls already submitted (or, with
 `keep_after_ms`, publish.in_flight keep on a vllm engine, loads under those still running after
 that long: rose_ray/inference/vllm_engine.py).
@@ -158,10 +159,16 @@ class EngineActorImpl:
             await loading
 
     async def weight_receiver(self) -> dict[str, Any]:
-        """What a publisher needs to choose a method: this actor's node, backend and device, and
-        whether its backend can join a weight group."""
+        """What a publisher needs to choose a method (learner/weights.py `choose_route`): this
+        actor's node, backend and device (`gpu`: its GPU's UUID, None off CUDA), whether its
+        backend can join a weight group, and its vLLM tensor-parallel size (workers of their own)."""
+        from rose_ray.flat_weights import cuda_device_id
+
+        on_cuda = str(self.device).startswith("cuda")
         return {"node_id": ray.get_runtime_context().get_node_id(), "backend": self.config.backend,
-                "takes_weights": self.config.spec.takes_weights, "device": self.device}
+                "takes_weights": self.config.spec.takes_weights, "device": self.device,
+                "gpu": cuda_device_id() if on_cuda else None,
+                "tensor_parallel_size": int(self.config.vllm.tensor_parallel_size) if self.config.vllm else 1}
 
     async def join_weight_group(self, address: dict[str, Any], rank: int) -> None:
         """Join a publisher's weight group (WeightGroup.open_store's address) as `rank`; returns
@@ -169,6 +176,8 @@ class EngineActorImpl:
         restarted, a second publisher), the oldest left."""
         if not self.config.spec.takes_weights:
             raise NotImplementedError(f"the {self.config.backend} backend cannot receive weights")
+        if address.get("backend") == "nccl" and not str(self.device).startswith("cuda"):
+            raise RuntimeError(f"publish.collective_backend: nccl, but this engine runs on {self.device}")
         group = await asyncio.to_thread(WeightGroup.join, address, rank)
         self._weight_groups[address["name"]] = group
         while len(self._weight_groups) > MAX_WEIGHT_GROUPS:

@@ -6,12 +6,18 @@ tensor pickled), by one of:
 
 - `object_store`: one `ray.put` of the FlatState (numpy buffers: zero-copy reads on the same
   node), then each engine actor's `load_weights`. Works across nodes, needs nothing shared.
-- `collective`: learner rank 0 and the engine actors in a gloo group of their own (not the
+- `collective`: learner rank 0 and the engine actors in a group of their own (not the
   learner's DeepSpeed group), each bucket broadcast once to every engine, which receives it
   while it generates and then loads it. Engines that are local Ray actors (hf, vllm) only.
+  `publish.collective_backend` (`choose_route`): `nccl` broadcasts buffers on the GPUs (rank 0
+  gathers and packs on its GPU, each engine receives on its own and loads from there: no host
+  round trip); `gloo` host buffers; `auto` nccl where it applies (`nccl_problem`: rank 0 and
+  every engine on a CUDA device, no two on the same GPU, no vLLM engine with tensor-parallel
+  workers), else gloo.
 - `pickled`: the path before flat buffers (numpy where numpy has the dtype, torch tensors
   pickled), kept as bench/publish.py's baseline.
-- `auto` (default): `AUTO_LOCAL` where every engine is an hf/vllm actor on rank 0's node, else
+- `auto` (default): `collective` over NCCL where every engine is an hf/vllm actor on rank 0's
+  node and NCCL applies, else `AUTO_LOCAL` where every engine is such an actor, else
   `object_store` (across nodes without a shared fabric).
 
 Each engine loads the weights between its batches (behind the calls submitted before them),
@@ -35,12 +41,16 @@ from rose_ray.errors import ConfigError, InputError
 from rose_ray.files import is_empty_folder, swap_in, temp_sibling
 
 PUBLISH_METHODS = ("auto", "object_store", "collective", "pickled")
+COLLECTIVE_BACKENDS = ("auto", "gloo", "nccl")  # publish.collective_backend
 IN_FLIGHT = ("wait", "keep")  # publish.in_flight (PublishConfig)
-# What `auto` picks where every engine is a local actor: the faster of the two flat paths as
-# bench/publish.py measured them on one node. On this CPU machine the object store (shared
-# memory) was as fast or faster than gloo over loopback (e.g. 1 GiB: 0.44 vs 0.77 ms/MB), and
-# the collective is gloo on host buffers everywhere for now (no NCCL path yet), so the object
-# store it is; `collective` stays a choice (publish.method) for when a broadcast wins.
+# What `auto` picks where every engine is a local actor and NCCL does not apply: the faster of
+# the two host-buffer paths as bench/publish.py measured them on one node. On this CPU machine
+# the object store (shared memory) was as fast or faster than gloo over loopback (e.g. 1 GiB:
+# 0.44 vs 0.77 ms/MB), so the object store it is. Those were CPU measurements: where NCCL
+# applies, `auto` takes the collective instead (`choose_route`), since the object store would
+# take the weights GPU -> host -> GPU while NCCL moves them GPU to GPU (NVLink/PCIe, tens of
+# GB/s; the anchors' ~0.1-0.5 s for 3.4 GB, issue 35), and the same-node condition is kept
+# because only there is such a fabric sure (bench/gpu_check.py compares the two on a GPU).
 AUTO_LOCAL = "object_store"
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -81,11 +91,13 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def gather_state(module: Any, zero3: bool, keep: bool, dtype: str | None = None) -> dict[str, Any] | None:
-    """{name: cpu tensor} of unique parameters and persistent buffers; None where not `keep`.
+def gather_state(module: Any, zero3: bool, keep: bool, dtype: str | None = None,
+                 device: Any = "cpu") -> dict[str, Any] | None:
+    """{name: tensor on `device`} of unique parameters and persistent buffers; None where not
+    `keep`. `device` is the host's, or the rank's own GPU for an NCCL publication.
 
     Under ZeRO-3 each parameter is gathered in turn (collective: every rank calls this), so
-    peak memory is one full parameter, not the whole model.
+    peak memory is one full parameter, not the whole model (on `device`: the whole model).
     """
     import deepspeed
 
@@ -94,9 +106,9 @@ def gather_state(module: Any, zero3: bool, keep: bool, dtype: str | None = None)
     for name, param in module.named_parameters():  # tied parameters: first name only
         if zero3:  # the gathered full tensor is freed on leaving the context: copy it
             with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
-                value = param.detach().to("cpu", copy=True) if keep else None
-        else:  # no copy on CPU: callers read it before the next optimizer step
-            value = param.detach().to("cpu") if keep else None
+                value = param.detach().to(device, copy=True) if keep else None
+        else:  # no copy on its own device: callers read it before the next optimizer step
+            value = param.detach().to(device) if keep else None
         if value is not None:
             state[name] = value.to(cast) if cast is not None else value
     if not keep:
@@ -104,7 +116,7 @@ def gather_state(module: Any, zero3: bool, keep: bool, dtype: str | None = None)
     persistent = set(module.state_dict().keys())  # drops non-persistent buffers (inv_freq)
     for name, buf in module.named_buffers():
         if name in persistent:
-            state[name] = buf.detach().to("cpu")
+            state[name] = buf.detach().to(device)
     return state
 
 
@@ -188,6 +200,8 @@ class PublishConfig:
     # 0.3 GiB and much slower at 1 GiB (the pack's copy outweighs fewer, larger transfers).
     bucket_mb: float = 0.0  # the collective's
     object_store_bucket_mb: float = 0.0  # the object store's
+    # The collective's group: auto (nccl where it applies: `nccl_problem`) | gloo | nccl
+    collective_backend: str = "auto"
     timeout_s: float = 300.0  # a weight group's rendezvous and each broadcast, before failing
     # Whether rank 0 waits until every engine has loaded the weights. Either way an engine
     # queues them before it answers, so every call submitted after a publication runs on them;
@@ -211,6 +225,12 @@ class PublishConfig:
     def __post_init__(self) -> None:
         if self.method not in PUBLISH_METHODS:
             raise ConfigError(f"publish.method: must be one of {PUBLISH_METHODS}, got {self.method!r}")
+        if self.collective_backend not in COLLECTIVE_BACKENDS:
+            raise ConfigError(f"publish.collective_backend: must be one of {COLLECTIVE_BACKENDS}, "
+                              f"got {self.collective_backend!r}")
+        if self.collective_backend != "auto" and self.method not in ("auto", "collective"):
+            raise ConfigError(f"publish.collective_backend: {self.collective_backend} is the collective's; "
+                              f"publish.method is {self.method}: leave it auto or use publish.method=collective")
         for key in ("bucket_mb", "object_store_bucket_mb"):
             if not getattr(self, key) >= 0:
                 raise ConfigError(f"publish.{key}: must be >= 0 (0: no buckets), got {getattr(self, key)!r}")
@@ -231,6 +251,51 @@ def _actor_key(engine: Any) -> str:
     return engine._actor_id.hex()
 
 
+def nccl_problem(rank0: dict[str, Any], engines: list[dict[str, Any]]) -> str | None:
+    """Why an NCCL weight group cannot join learner rank 0 (`rank0`: its `gpu`, a GPU UUID or
+    None) and these engines (their `weight_receiver` infos), or None when it can: every member
+    needs a CUDA device, NCCL takes one rank per GPU (a colocated engine on rank 0's GPU cannot
+    join; gloo can), and a vLLM engine with tensor-parallel workers receives in its actor's
+    process while the weights live in its workers' (each would have to join the group itself,
+    as OpenRLHF's worker extension does: not built)."""
+    if rank0.get("gpu") is None:
+        return "learner rank 0 has no CUDA device"
+    seen = {rank0["gpu"]: "learner rank 0"}
+    for n, e in enumerate(engines):
+        if not e["takes_weights"]:
+            return f"student engine {n} ({e['backend']}) cannot join a weight group"
+        if e.get("gpu") is None:
+            return f"student engine {n} ({e['backend']}) runs on {e.get('device', 'cpu')}, not a CUDA device"
+        if e.get("tensor_parallel_size", 1) > 1:
+            return (f"student engine {n} runs vLLM with tensor_parallel_size {e['tensor_parallel_size']} (its "
+                    "weights live in worker processes, which do not join the group)")
+        if e["gpu"] in seen:
+            return f"student engine {n} is on the same GPU as {seen[e['gpu']]} (NCCL takes one rank per GPU)"
+        seen[e["gpu"]] = f"student engine {n}"
+    return None
+
+
+def choose_route(config: PublishConfig, rank0: dict[str, Any], engines: list[dict[str, Any]]) -> tuple[str, str]:
+    """(method, collective backend) for learner rank 0 (`rank0`: its `node_id` and `gpu`) and
+    these engines (`weight_receiver` infos); the backend is "" for a method that is not the
+    collective. ConfigError naming publish.collective_backend where nccl is asked for and
+    cannot run (`nccl_problem`)."""
+    problem = nccl_problem(rank0, engines)
+    backend = config.collective_backend
+    if backend == "auto":
+        backend = "gloo" if problem else "nccl"
+    method = config.method
+    if method == "auto":
+        local = all(e["node_id"] == rank0["node_id"] and e["takes_weights"] for e in engines)
+        method = ("collective" if backend == "nccl" and not problem else AUTO_LOCAL) if local else "object_store"
+    if method != "collective":
+        return method, ""
+    if backend == "nccl" and problem:
+        raise ConfigError(f"publish.collective_backend: nccl, but {problem}; use publish.collective_backend=auto "
+                          "or gloo (or publish.method=object_store)")
+    return method, backend
+
+
 class WeightPublisher:
     """Learner rank 0's side of publication: the method for a set of engines, the pack buffers
     (reused from one publication to the next), and the weight group (rebuilt when the engines
@@ -238,39 +303,49 @@ class WeightPublisher:
 
     def __init__(self, config: PublishConfig | None = None) -> None:
         self.config = config or PublishConfig()
-        self._methods: dict[tuple[str, ...], str] = {}
+        self._routes: dict[tuple[str, ...], tuple[str, str]] = {}
         self._group: Any = None
-        self._members: tuple[str, ...] | None = None
+        self._members: tuple[Any, ...] | None = None
         self._pack_buffers: list[Any] | None = None
 
-    def method_for(self, engines: list[Any]) -> str:
-        """The configured method, `auto` resolved for these engines (asked once per set)."""
+    def route_for(self, engines: list[Any]) -> tuple[str, str]:
+        """(method, collective backend) for these engines (`choose_route`; asked once per set)."""
         import ray
 
-        if self.config.method != "auto":
-            return self.config.method
+        from rose_ray.flat_weights import cuda_device_id
+
+        needs_infos = self.config.method == "auto" or (
+            self.config.method == "collective" and self.config.collective_backend != "gloo")
+        if not needs_infos:
+            return self.config.method, "gloo" if self.config.method == "collective" else ""
         key = tuple(_actor_key(e) for e in engines)
-        if key not in self._methods:
-            here = ray.get_runtime_context().get_node_id()
+        if key not in self._routes:
+            rank0 = {"node_id": ray.get_runtime_context().get_node_id(), "gpu": cuda_device_id()}
             infos = ray.get([e.weight_receiver.remote() for e in engines])
-            local = all(i["node_id"] == here and i["takes_weights"] for i in infos)
-            self._methods[key] = AUTO_LOCAL if local else "object_store"
-        return self._methods[key]
+            self._routes[key] = choose_route(self.config, rank0, infos)
+        return self._routes[key]
+
+    def state_device(self, engines: list[Any]) -> Any:
+        """Where rank 0 should gather the state for these engines: its GPU for an NCCL
+        publication (nothing goes through the host), else the host."""
+        import torch
+
+        return torch.device("cuda", torch.cuda.current_device()) if self.route_for(engines)[1] == "nccl" else "cpu"
 
     def publish(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
         """`state` to every engine as `version`; waits until all have loaded it (or, without
-        `wait_for_load`, queued it). Returns the method, MB sent and per-stage ms: pack, transfer
-        (put or broadcast and the call), load (the slowest engine's, its wait behind calls
-        submitted before included; 0 when not waited for), send (all)."""
-        method = self.method_for(engines)
+        `wait_for_load`, queued it). Returns the method (and `backend`, the collective's), MB
+        sent and per-stage ms: pack, transfer (put or broadcast and the call), load (the slowest
+        engine's, its wait behind calls submitted before included; 0 when not waited for), send (all)."""
+        method, backend = self.route_for(engines)
         start = time.perf_counter()
         if method == "pickled":
             out = self._pickled(state, engines, version)
         elif method == "object_store":
             out = self._object_store(state, engines, version)
         else:
-            out = self._collective(state, engines, version)
-        out.update(method=method, send_ms=(time.perf_counter() - start) * 1e3,
+            out = self._collective(state, engines, version, backend)
+        out.update(method=method, backend=backend, send_ms=(time.perf_counter() - start) * 1e3,
                    engines=float(len(engines)), version=float(version))
         return out
 
@@ -301,18 +376,22 @@ class WeightPublisher:
                           for e in engines])
         return self._timings(flat.nbytes / 2**20, t0, t1, loads)
 
-    def _collective(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
+    def _collective(self, state: dict[str, Any], engines: list[Any], version: int, backend: str) -> dict[str, Any]:
         import ray
+        import torch
 
         from rose_ray.flat_weights import pack
 
         t0 = time.perf_counter()
-        flat = pack(state, self.config.bucket_mb, self._pack_buffers)
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
+        flat = pack(state, self.config.bucket_mb, self._pack_buffers, device)
         if self.config.bucket_mb > 0:
             self._pack_buffers = flat.buffers
+        if backend == "nccl":  # the pack's copies done before the clock reads (they run async on the GPU)
+            torch.cuda.current_stream(device).synchronize()
         t1 = time.perf_counter()
         try:
-            self._connect(engines)
+            self._connect(engines, backend)
             calls = [e.receive_weights.remote(self._group.name, flat.header.to_json(), version,
                                               self.config.wait_for_load, self.config.keep_after_ms)
                      for e in engines]
@@ -323,23 +402,24 @@ class WeightPublisher:
             raise
         return self._timings(flat.nbytes / 2**20, t0, t1, loads)
 
-    def _connect(self, engines: list[Any]) -> None:
-        """A weight group of rank 0 and exactly these engines (kept while they stay the same)."""
+    def _connect(self, engines: list[Any], backend: str) -> None:
+        """A weight group of rank 0 and exactly these engines over `backend` (kept while they
+        stay the same)."""
         import ray
 
         from rose_ray.flat_weights import WeightGroup
 
-        members = tuple(_actor_key(e) for e in engines)
+        members = (backend, *(_actor_key(e) for e in engines))
         if self._group is not None and self._members == members:
             return
         self._group = None
         world = len(engines) + 1
-        store, address = WeightGroup.open_store(world, self.config.timeout_s)
+        store, address = WeightGroup.open_store(world, self.config.timeout_s, backend)
         joins = [e.join_weight_group.remote(address, rank) for rank, e in enumerate(engines, start=1)]
         ready, _ = ray.wait(joins, num_returns=len(joins), timeout=0.05)
         for ref in ready:  # an engine that refused at once (a backend that cannot receive)
             ray.get(ref)
-        group = WeightGroup(store, address["name"], 0, world, self.config.timeout_s)  # waits for all
+        group = WeightGroup(store, address["name"], 0, world, self.config.timeout_s, backend)  # waits for all
         ray.get(joins)
         self._group, self._members = group, members
 

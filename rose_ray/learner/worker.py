@@ -353,15 +353,15 @@ class LearnerWorker:
 
     # -- full weights: export and publication ----------------------------------------------
 
-    def full_state(self, dtype: str | None = None) -> dict[str, Any] | None:
-        """Full weights on rank 0 (gathered under ZeRO-3; every rank must call).
+    def full_state(self, dtype: str | None = None, device: Any = "cpu") -> dict[str, Any] | None:
+        """Full weights on rank 0, on `device` (gathered under ZeRO-3; every rank must call).
 
         Tied parameters appear once (under their first name); buffers in the state dict keep
         their own dtype, parameters are cast to `dtype` when given.
         """
         from rose_ray.learner.weights import gather_state
 
-        return gather_state(self.engine.module, self.cfg.zero_stage == 3, self.rank == 0, dtype)
+        return gather_state(self.engine.module, self.cfg.zero_stage == 3, self.rank == 0, dtype, device)
 
     def export(self, out_dir: str, dtype: str, extra_files: dict[str, str] | None = None) -> dict[str, Any] | None:
         from rose_ray.learner.weights import write_hf_folder
@@ -377,13 +377,14 @@ class LearnerWorker:
         from rose_ray.learner.weights import PublishConfig, WeightPublisher
 
         start = time.perf_counter()
-        state = self.full_state()
+        config = config or PublishConfig()
+        if self.rank == 0 and (self._publisher is None or self._publisher.config != config):
+            self._publisher = WeightPublisher(config)
+        # Rank 0 gathers where its method sends from: its GPU for NCCL, else the host.
+        state = self.full_state(device=self._publisher.state_device(engines) if self.rank == 0 else "cpu")
         if self.rank != 0:
             return None
         gathered = time.perf_counter()
-        config = config or PublishConfig()
-        if self._publisher is None or self._publisher.config != config:
-            self._publisher = WeightPublisher(config)
         out = self._publisher.publish(state, engines, version)
         out["gather_ms"] = (gathered - start) * 1e3
         out["total_ms"] = (time.perf_counter() - start) * 1e3

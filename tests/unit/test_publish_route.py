@@ -1,0 +1,86 @@
+"""Which publication method and collective backend a publisher takes (learner/weights.py
+`choose_route`), and the publish.collective_backend settings refused at start. No GPU needed:
+the engines are their `weight_receiver` answers, as an engine actor gives them."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rose_ray.errors import ConfigError
+from rose_ray.learner.weights import AUTO_LOCAL, PublishConfig, choose_route, nccl_problem
+
+RANK0_GPU = {"node_id": "node-a", "gpu": "GPU-0"}
+RANK0_CPU = {"node_id": "node-a", "gpu": None}
+
+
+def engine(gpu: str | None = "GPU-1", node: str = "node-a", backend: str = "vllm", tp: int = 1,
+           takes_weights: bool = True) -> dict:
+    return {"node_id": node, "backend": backend, "takes_weights": takes_weights,
+            "device": "cuda" if gpu else "cpu", "gpu": gpu, "tensor_parallel_size": tp}
+
+
+def route(rank0: dict, engines: list[dict], **settings) -> tuple[str, str]:
+    return choose_route(PublishConfig(**settings), rank0, engines)
+
+
+def test_auto_takes_the_nccl_collective_where_every_engine_is_a_local_gpu_of_its_own():
+    assert route(RANK0_GPU, [engine("GPU-1"), engine("GPU-2", backend="hf")]) == ("collective", "nccl")
+
+
+@pytest.mark.parametrize("rank0, engines, why", [
+    (RANK0_CPU, [engine(None)], "learner rank 0 has no CUDA device"),
+    (RANK0_CPU, [engine("GPU-1")], "learner rank 0 has no CUDA device"),
+    (RANK0_GPU, [engine(None)], "student engine 0 (vllm) runs on cpu"),
+    (RANK0_GPU, [engine("GPU-0")], "same GPU as learner rank 0"),  # colocated
+    (RANK0_GPU, [engine("GPU-1"), engine("GPU-1")], "student engine 1 is on the same GPU as student engine 0"),
+    (RANK0_GPU, [engine("GPU-1", tp=2)], "tensor_parallel_size 2"),
+])
+def test_where_nccl_does_not_apply_auto_keeps_the_host_paths(rank0, engines, why):
+    assert why in nccl_problem(rank0, engines)
+    assert route(rank0, engines) == (AUTO_LOCAL, "")  # local engines: the CPU-measured choice
+    assert route(rank0, engines, method="collective") == ("collective", "gloo")
+    with pytest.raises(ConfigError, match=f"publish.collective_backend: nccl, but .*{re.escape(why)}"):
+        route(rank0, engines, method="collective", collective_backend="nccl")
+    assert route(rank0, engines, method="collective", collective_backend="gloo") == ("collective", "gloo")
+
+
+def test_an_engine_on_another_node_or_served_gets_the_object_store_under_auto():
+    # NCCL could reach another node's GPU, but auto keeps the object store there (a shared
+    # fabric is not sure); asked for, the collective goes over NCCL.
+    far = [engine("GPU-1", node="node-b")]
+    assert route(RANK0_GPU, far) == ("object_store", "")
+    assert route(RANK0_GPU, far, method="collective") == ("collective", "nccl")
+    served = [engine(None, backend="openai", takes_weights=False)]
+    assert route(RANK0_GPU, served) == ("object_store", "")
+    assert "cannot join a weight group" in nccl_problem(RANK0_GPU, served)
+
+
+def test_an_explicit_method_is_kept():
+    engines = [engine("GPU-1")]
+    for method in ("object_store", "pickled"):
+        assert route(RANK0_GPU, engines, method=method) == (method, "")
+    assert route(RANK0_GPU, engines, method="collective", collective_backend="gloo") == ("collective", "gloo")
+    assert route(RANK0_GPU, engines, collective_backend="gloo") == (AUTO_LOCAL, "")  # gloo: no reason to switch
+
+
+def test_collective_backend_is_validated_naming_the_key():
+    from rose_ray.config import load_config
+
+    with pytest.raises(ConfigError, match=r"publish.collective_backend: must be one of \('auto', 'gloo', 'nccl'\), "
+                                          r"got 'mpi'"):
+        PublishConfig(collective_backend="mpi")
+    with pytest.raises(ConfigError, match="publish.collective_backend: nccl is the collective's; publish.method is "
+                                          "object_store"):
+        load_config(None, ["publish.method=object_store", "publish.collective_backend=nccl"])
+    with pytest.raises(ConfigError, match="publish.collective_backend: nccl .* student_engine.vllm.tensor_parallel_size "
+                                          "is 2"):
+        load_config(None, ["publish.collective_backend=nccl", "student_engine.backend=vllm",
+                           "student_engine.hf=null", "student_engine.vllm.tensor_parallel_size=2"])
+    with pytest.raises(ConfigError, match="publish.collective_backend: nccl takes one rank per GPU, but "
+                                          "resources.colocate"):
+        load_config(None, ["publish.collective_backend=nccl", "resources.colocate=true"])
+    config = load_config(None, ["publish.method=collective", "publish.collective_backend=nccl"])
+    assert config.publish.collective_backend == "nccl"
+    assert load_config(None, []).publish.collective_backend == "auto"
