@@ -13,6 +13,17 @@ part's GPU memory never counts in another's:
   the put's one copy, `unpack` into views, the engine's name/shape check, and vLLM's reload plus
   the prefix-cache reset; beside it the pickled path before flat buffers (`to_wire`, then the
   pickling a torch tensor pays in Ray's object store); peak GPU memory of the process.
+- `publish`: the NCCL publication's two ends on one GPU (`publish.collective_backend: nccl`;
+  rose_ray/flat_weights.py): learner rank 0's state on the GPU packed into device buffers (no
+  copy), a one-rank NCCL WeightGroup broadcasting them (the group's construction over its own
+  TCPStore and the broadcast call, checked against this torch), unpacked into CUDA views and
+  reloaded by a vLLM engine (bf16) with no host round trip; beside it the object-store path from
+  the same GPU state (to host, pack, the put's copy, unpack, vLLM's reload from host tensors).
+  Each publishes perturbed weights, then the engine's own: greedy outputs change, then equal the
+  engine's fresh load. ms/MB for both; what `auto` chose for an engine on this GPU (object_store:
+  NCCL takes one rank per GPU) and for one on another GPU (the collective over NCCL). The
+  broadcast between two processes needs a second GPU: bench/gpu_check.sh then runs
+  tests/e2e/test_publish.py's NCCL test (a one-GPU machine skips it, saying so).
 - `learner`: a real learner rank (LearnerWorker: DeepSpeed ZeRO-2, bf16 weights with fp32
   master weights and fp32 AdamW moments, as runs hold them) running the learner's forward
   (learner/forward.py: packed segments, the attention implementation `auto` picks, the LM head
@@ -144,6 +155,105 @@ def part_engine(model: Path, device: str) -> dict[str, Any]:
     return out
 
 
+def part_publish(model: Path, device: str) -> dict[str, Any]:
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file
+
+    from rose_ray.flat_weights import FlatState, WeightGroup, cuda_device_id, pack, unpack
+    from rose_ray.inference.engine import EngineConfig, GenerationRequest
+    from rose_ray.inference.vllm_engine import VLLMEngine
+    from rose_ray.learner.weights import PublishConfig, choose_route
+    from rose_ray.types import SamplingParams
+
+    on_gpu = device.startswith("cuda")
+    config = EngineConfig.of("vllm", model=str(model), dtype="bfloat16" if on_gpu else "float32", max_batch_size=8,
+                             context_tokens=1024, gpu_memory_utilization=0.3, kv_cache_mb=256, cuda_graphs=False)
+    engine = VLLMEngine(config, device=device)
+    prompts = [[100 + 7 * i + j for j in range(32)] for i in range(4)]
+
+    def greedy() -> list[list[int]]:
+        requests = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=16)) for p in prompts]
+        return [r.token_ids for r in engine.generate(requests)]
+
+    def sync() -> None:
+        if on_gpu:
+            torch.cuda.synchronize()
+
+    out: dict[str, Any] = {}
+    try:
+        fresh = greedy()
+        host: dict[str, Any] = {}
+        for f in sorted(model.glob("*.safetensors")):
+            host.update(load_file(str(f)))
+        mine = {k: t.to(device) for k, t in host.items()}  # rank 0's state, on its GPU
+        g = torch.Generator(device=device).manual_seed(1)
+        other = {k: t + 0.5 * t.float().std().to(t.dtype) * torch.randn(t.shape, generator=g, device=device,
+                                                                         dtype=t.dtype)
+                 if t.is_floating_point() and t.numel() > 1 else t for k, t in mine.items()}
+        mb = sum(t.numel() * t.element_size() for t in mine.values()) / 2**20
+        group = None
+        if on_gpu:
+            try:
+                store, address = WeightGroup.open_store(1, 120.0, "nccl")
+                group = WeightGroup(store, address["name"], 0, 1, 120.0, "nccl")
+            except Exception as e:  # noqa: BLE001 - recorded: the GPU session's finding
+                out["nccl_group_error"] = f"{type(e).__name__}: {e}"[:300]
+
+        def device_path(state: dict[str, Any], version: int) -> dict[str, float]:
+            sync()
+            t0 = time.perf_counter()
+            flat = pack(state, 0, device=device)  # each tensor's own bytes on the GPU: no copy
+            t1 = time.perf_counter()
+            if group is not None:
+                group.broadcast(flat.buffers)  # one rank: the call path, not a transfer
+            t2 = time.perf_counter()
+            engine.update_weights(unpack(FlatState(flat.header, flat.buffers)), version)  # CUDA views in
+            sync()
+            t3 = time.perf_counter()
+            return {"pack_ms": (t1 - t0) * 1e3, "broadcast_1rank_ms": (t2 - t1) * 1e3, "load_ms": (t3 - t2) * 1e3,
+                    "total_ms": (t3 - t0) * 1e3}
+
+        def object_store_path(state: dict[str, Any], version: int) -> dict[str, float]:
+            sync()
+            t0 = time.perf_counter()
+            on_host = {k: t.to("cpu") for k, t in state.items()}  # what rank 0 gathers for it
+            t1 = time.perf_counter()
+            flat = pack(on_host, 0).numpy()
+            flat = FlatState(flat.header, [np.array(b) for b in flat.buffers])  # the put's copy into the store
+            t2 = time.perf_counter()
+            engine.update_weights(unpack(flat), version)  # host views in: vLLM copies them to the GPU
+            sync()
+            t3 = time.perf_counter()
+            return {"to_host_ms": (t1 - t0) * 1e3, "pack_put_ms": (t2 - t1) * 1e3, "load_ms": (t3 - t2) * 1e3,
+                    "total_ms": (t3 - t0) * 1e3}
+
+        version, checks = 0, {}
+        for rnd in range(2):  # the second round's timings are the warm ones reported
+            for name, path in (("object_store", object_store_path), ("device", device_path)):
+                path(other, version := version + 1)
+                changed = greedy() != fresh
+                timing = path(mine, version := version + 1)
+                checks[f"{name}_{rnd}"] = changed and greedy() == fresh
+                out[f"{name}_ms"] = timing
+        out["mb"] = mb
+        out["greedy_equal_fresh_after_each"] = all(checks.values())
+        out["greedy_checks"] = checks
+        out["device_path_ms_per_mb"] = out["device_ms"]["total_ms"] / mb
+        out["object_store_ms_per_mb"] = out["object_store_ms"]["total_ms"] / mb
+        here = cuda_device_id()
+        receiver = {"node_id": "here", "backend": "vllm", "takes_weights": True, "device": device, "gpu": here,
+                    "tensor_parallel_size": 1}
+        out["auto_route_engine_on_this_gpu"] = list(choose_route(PublishConfig(), {"node_id": "here", "gpu": here},
+                                                                 [receiver]))
+        out["auto_route_engine_on_another_gpu"] = list(choose_route(
+            PublishConfig(), {"node_id": "here", "gpu": here}, [{**receiver, "gpu": "another GPU"}]))
+        out["gpus"] = torch.cuda.device_count() if on_gpu else 0
+    finally:
+        engine.close()
+    return out
+
+
 def part_learner(model: Path, device: str, tokens: int, steps: int) -> dict[str, Any]:
     import socket
 
@@ -205,7 +315,7 @@ def part_learner(model: Path, device: str, tokens: int, steps: int) -> dict[str,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--part", choices=["all", "engine", "learner"], default="all")
+    p.add_argument("--part", choices=["all", "engine", "publish", "learner"], default="all")
     p.add_argument("--shape", choices=["qwen3-1.7b", "tiny"], default="qwen3-1.7b")
     p.add_argument("--device", default="cuda")
     p.add_argument("--tokens", type=int, default=16384, help="the packed row's tokens (the seed's rows)")
@@ -222,12 +332,13 @@ def main() -> None:
         tok = init_tiny(work / "tok", style="qwen3")["student"]
         model = build_model(work / f"model_{args.shape}", shape(args.shape), tok)
         result = (part_engine(model, args.device) if args.part == "engine"
+                  else part_publish(model, args.device) if args.part == "publish"
                   else part_learner(model, args.device, args.tokens, args.steps))
         print("RESULT " + json.dumps(result), flush=True)
         return
 
     results: dict[str, Any] = {"shape": args.shape, "device": args.device}
-    for part in ("engine", "learner"):
+    for part in ("engine", "publish", "learner"):
         cmd = [sys.executable, __file__, "--part", part, "--shape", args.shape, "--device", args.device,
                "--tokens", str(args.tokens), "--steps", str(args.steps), "--work", args.work]
         t0 = time.perf_counter()
@@ -240,7 +351,7 @@ def main() -> None:
             results[part] = json.loads(lines[-1][len("RESULT "):])
         results[part]["wall_s"] = time.perf_counter() - t0
         print(f"{part}: {json.dumps(results[part])}", flush=True)
-    e, lr = results["engine"], results["learner"]
+    e, pub, lr = results["engine"], results["publish"], results["learner"]
 
     def cell(d: dict[str, Any], k: str, fmt: str) -> str:
         return format(d[k], fmt) if d.get(k) is not None else "-"
@@ -258,6 +369,12 @@ def main() -> None:
                              ("before: to_wire", "wire_ms", e), ("before: object-store pickling", "object_store_pickle_ms", e)):
         print(f"| publication: {stage} (ms) | {cell(part, key, '.0f')} |")
     print(f"| engine GPU memory reserved (GiB) | {cell(e, 'engine_gpu_reserved_gib', '.1f')} |")
+    print(f"| publication from GPU buffers, no wire (NCCL path's ends), ms/MB | "
+          f"{cell(pub, 'device_path_ms_per_mb', '.3f')} |")
+    print(f"| publication by object store from the GPU state, ms/MB | {cell(pub, 'object_store_ms_per_mb', '.3f')} |")
+    print(f"| greedy outputs equal the fresh load after each publication | {pub.get('greedy_equal_fresh_after_each', '-')} |")
+    print(f"| auto: engine on rank 0's GPU / on another GPU | {pub.get('auto_route_engine_on_this_gpu', '-')} / "
+          f"{pub.get('auto_route_engine_on_another_gpu', '-')} |")
     print(f"| learner tokens/s ({args.tokens:,}-token row, {lr.get('attention', '?')}) | {cell(lr, 'tokens_per_s', '.0f')} |")
     print(f"| learner MFU | {cell(lr, 'mfu', '.1%')} |")
     print(f"| learner peak GPU memory (GiB) | {cell(lr, 'learner_peak_gib', '.1f')} |")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The prepared GPU check, for a machine with one GPU (bench/gpu_check.py; about 5 minutes on
-# one H200, well within 8): vLLM tokens/s at 16 and 64 concurrent multi-turn episodes, vLLM's
+# The prepared GPU check, for a machine with one GPU (bench/gpu_check.py; about 6 minutes on
+# one H200, within 8): vLLM tokens/s at 16 and 64 concurrent multi-turn episodes, vLLM's
 # allocated KV cache beside the memory plan's, one weight publication with its stages timed
-# apart, and a real learner rank (DeepSpeed ZeRO-2, bf16 weights, fp32 master weights and
+# apart, the NCCL publication's path from GPU buffers into vLLM beside the object store's
+# (greedy outputs equal to a fresh load after each), and a real learner rank (DeepSpeed ZeRO-2, bf16 weights, fp32 master weights and
 # AdamW moments) on the seed's 16,384-token rows: tokens/s, MFU, peak memory. A
 # Qwen3-1.7B-shaped model with random weights (nothing is downloaded). Results go to $OUT
 # (the device tool's folder) when set, else bench/results/.
@@ -41,3 +42,11 @@ python3 -c "import vllm, deepspeed, torch; assert torch.cuda.is_available(), 'to
   { echo "gpu_check: vLLM, DeepSpeed or a CUDA torch is missing here (give --wheels DIR)" >&2; exit 2; }
 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 480 python3 bench/gpu_check.py --out "$out/gpu_check.json" 2>&1 \
   | tee "$out/gpu_check.log"
+# The NCCL publication between two processes (learner rank 0 here, an engine actor on another
+# GPU): NCCL takes one rank per GPU, so on a one-GPU machine the test is skipped and says so.
+if python3 -c "import pytest" 2>/dev/null; then
+  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} RAY_AUTH_MODE=disabled timeout 100 python3 -m pytest -q -rs \
+    tests/e2e/test_publish.py -k nccl_publication 2>&1 | tail -5 | tee "$out/gpu_check_nccl_test.log" || true
+else
+  echo "gpu_check: pytest is not installed: the two-GPU NCCL publication test not run" | tee "$out/gpu_check_nccl_test.log"
+fi

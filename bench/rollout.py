@@ -31,7 +31,7 @@ Per point (N concurrent episodes = N pool slots, 8 games per EnvPool worker):
     arguments serialised), the loop (the rest of the event loop thread), Ray's threads (the
     process's CPU outside that thread: replies received and deserialised).
 A point is skipped when the RSS it would need (this session's processes now, plus its JVMs and
-pool actors at the RSS the last point measured; 250/150 MB before any) is over `--max-rss-gb`.
+pool actors at the RSS the last point measured; 330/150 MB before any) is over `--max-rss-gb`.
 
 `--profile` also replays each point's rollouts once more under cProfile (thread CPU time; not
 a measured pass) and prints the functions behind each part. cProfile inflates Python-heavy
@@ -524,8 +524,10 @@ def main() -> None:
                 raise
             print(f"Ray did not start ({str(e)[:100]}); starting it again", flush=True)
     rows, facts, skipped = [], [], []
-    # RSS of one more JVM and of one more pool actor: guesses until the first point measures them.
-    jvm_mb, pool_mb = 250.0, 150.0
+    # RSS of one more JVM and of one more pool actor until the first point measures them: a
+    # ScienceWorld JVM measured ~330 MB RSS on this 2-core machine (this bench at 16 episodes,
+    # docs/cluster.md); the pool actor's 150 MB is still a guess.
+    jvm_mb, pool_mb = 330.0, 150.0
     try:
         student, teacher, engine_pids = start_engines(tokenizer, games)
         # Both histories ask the same stand-ins; each agent renders with its own chat format.

@@ -204,6 +204,7 @@ def test_each_method_leaves_the_engine_as_a_fresh_load_of_the_weights(settings, 
     for version in (2, 3, 1):  # each differs from the one before: a publication that did nothing fails
         out = publisher.publish(states[version], [hf_actor], version)
         assert out["method"] == settings["method"] and out["versions"] == [version]
+        assert out["backend"] == ("gloo" if settings["method"] == "collective" else "")  # no CUDA here
         assert out["mb"] > 0 and out["load_ms"] > 0 and out["transfer_ms"] > 0
         assert actor_greedy(hf_actor, prompts) == fresh[version], (settings, version)
 
@@ -258,6 +259,46 @@ def test_a_vllm_engine_after_a_publication_answers_as_when_loaded_fresh(weights,
             publisher.publish(states[2], [actor], version := version + 1)
             assert actor_greedy(actor, prompts) == loaded_fresh, method
             assert ray_cluster.get(actor.version.remote()) == version
+    finally:
+        ray_cluster.kill(actor)
+
+
+TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+
+
+@pytest.mark.skipif(not TWO_GPUS, reason="the NCCL publication needs CUDA and two GPUs (NCCL takes one rank per "
+                    "GPU: this process as learner rank 0 on one, the engine actor on another); not here, so not run "
+                    "(bench/gpu_check.sh runs it on a GPU machine)")
+def test_an_nccl_publication_leaves_a_gpu_engine_as_a_fresh_load(weights, ray_cluster):
+    """publish.collective_backend nccl: this process stands in for learner rank 0 on a GPU of
+    its own, its state on that GPU; an hf engine actor on another GPU receives the buckets into
+    buffers on its GPU. `auto` (method and backend) takes this path; after each publication the
+    engine's greedy outputs are those of an engine loaded fresh from the same weights on a GPU."""
+    from rose_ray.flat_weights import cuda_device_id
+    from rose_ray.inference.actor import engine_actor
+    from rose_ray.inference.hf import HFEngine
+    from rose_ray.learner.weights import PublishConfig, WeightPublisher
+
+    config, prompts, states, _, folders = weights
+    actor = engine_actor(config, num_cpus=1, num_gpus=1)
+    try:
+        engine_gpu = ray_cluster.get(actor.weight_receiver.remote())["gpu"]
+        assert engine_gpu is not None
+        mine = next(d for d in range(torch.cuda.device_count())
+                    if str(torch.cuda.get_device_properties(d).uuid) != engine_gpu)
+        torch.cuda.set_device(mine)
+        assert cuda_device_id() != engine_gpu
+        fresh = {}
+        for v in (1, 2, 3):  # the reference: each version loaded fresh from its folder, on a GPU
+            fresh[v] = greedy_ids(HFEngine(replace(config, model=str(folders[v])), device=f"cuda:{mine}").generate,
+                                  prompts)
+        for settings in ({}, {"method": "collective", "collective_backend": "nccl", "bucket_mb": 0.05}):
+            publisher = WeightPublisher(PublishConfig(**settings))
+            for version in (2, 3, 1):
+                on_gpu = {k: t.to(f"cuda:{mine}") for k, t in states[version].items()}
+                out = publisher.publish(on_gpu, [actor], version)
+                assert (out["method"], out["backend"], out["versions"]) == ("collective", "nccl", [version])
+                assert actor_greedy(actor, prompts) == fresh[version], (settings, version)
     finally:
         ray_cluster.kill(actor)
 
