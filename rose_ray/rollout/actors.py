@@ -12,7 +12,8 @@ from typing import Any
 
 from rose_ray.envs.config import EnvConfig
 from rose_ray.errors import InputError
-from rose_ray.rollout.episode import Agent, same_tokenizer
+from rose_ray.rollout.agent import Agent
+from rose_ray.rollout.episode import same_tokenizer
 
 
 def start_env_pools(config: EnvConfig, max_turns: int | None = None) -> list[Any]:

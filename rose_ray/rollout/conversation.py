@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from rose_ray.chat import RenderCache
 from rose_ray.inference.engine import droppable_from
+from rose_ray.rollout.agent import Agent
 from rose_ray.types import Turn
 
 if TYPE_CHECKING:
     from rose_ray.envs.protocol import Protocol
-    from rose_ray.rollout.episode import Agent
 
 
 class Conversation:

@@ -9,18 +9,17 @@ so many episodes run concurrently in one event loop.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from rose_ray.chat import ChatFormat
 from rose_ray.envs.protocol import Protocol, parse_action
 from rose_ray.envs.worlds import get_world
 from rose_ray.errors import InputError
 from rose_ray.inference.engine import GenerationRequest
+from rose_ray.rollout.agent import Agent, EnvSlot, EpisodeConfig
 from rose_ray.rollout.conversation import Conversation
 from rose_ray.rollout.handoff import TurnPolicy, TurnState
-from rose_ray.rollout.report import REPORT_MODES, ask_report
-from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
+from rose_ray.rollout.report import ask_report
+from rose_ray.types import GameId, Trajectory, Turn
 
 
 class ReplayMismatch(InputError):
@@ -33,47 +32,6 @@ class EpisodeInterrupted(RuntimeError):
     def __init__(self, game: GameId, detail: str = "") -> None:
         super().__init__(f"episode on {game.item_id} interrupted: {detail}")
         self.game = game
-
-
-@dataclass
-class EpisodeConfig:
-    max_turns: int = 10
-    student_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, max_new_tokens=512))
-    teacher_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0, max_new_tokens=512))
-    score_student_with_teacher: bool = False  # OPD: teacher logprobs of every student token
-    # The world's report question after the last observation (DiscoveryWorld): "ask" records
-    # the answer on the Trajectory, "train" also adds it to the turns the learner sees, "off".
-    report: str = "ask"
-
-    def __post_init__(self) -> None:
-        if self.report not in REPORT_MODES:
-            raise ValueError(f"report: must be one of {REPORT_MODES}, got {self.report!r}")
-
-
-class EnvSlot:
-    """One slot of an EnvPool actor."""
-
-    def __init__(self, pool: Any, slot: int) -> None:
-        self.pool, self.slot = pool, slot
-
-    async def reset(self, game: GameId):
-        return await self.pool.reset.remote(self.slot, game)
-
-    async def step(self, action: str):
-        return await self.pool.step.remote(self.slot, action)
-
-
-@dataclass
-class Agent:
-    """An engine actor, the chat format of its tokenizer, and its context settings."""
-
-    engine: Any
-    chat: ChatFormat
-    name: str = ""
-    keep_first_turns: int = 1  # the engine's: turns after the opening its context policy never drops
-    # spawn(generation): a replacement engine actor, same config, resources and placement
-    # (set by start_agents; the run's EngineSupervisor swaps it in when `engine` is lost).
-    spawn: Any = None
 
 
 async def run_episode(

@@ -11,17 +11,12 @@ own sampling settings.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from rose_ray.envs.protocol import strip_thinking
 from rose_ray.inference.engine import GenerationRequest
+from rose_ray.rollout.agent import EpisodeConfig
+from rose_ray.rollout.conversation import Conversation
 from rose_ray.types import Turn
-
-if TYPE_CHECKING:
-    from rose_ray.rollout.conversation import Conversation
-    from rose_ray.rollout.episode import EpisodeConfig
-
-REPORT_MODES = ("ask", "train", "off")
 
 
 def with_question(observation: str, question: str) -> str:
