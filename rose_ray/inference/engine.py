@@ -201,48 +201,6 @@ def validate_sampling(s: SamplingParams) -> None:
         raise InputError(f"sampling.stop: must be non-empty strings, got {s.stop!r}")
 
 
-def _length(turn: Turn) -> int:
-    return len(turn.token_ids)
-
-
-def droppable_from(turns: list[Turn], keep_first_turns: int = 1) -> int:
-    """The first turn drop_oldest may drop: after the prompt turns and `keep_first_turns`."""
-    head = 0
-    while head < len(turns) and turns[head].owner == "prompt":
-        head += 1
-    return min(head + keep_first_turns, len(turns))
-
-
-def fit_context(
-    turns: list[Turn], max_tokens: int, policy: str, keep_first_turns: int = 1
-) -> tuple[list[Turn], int]:
-    """Turns whose ids fit in `max_tokens`, and how many turns were dropped.
-
-    Protected: the prompt turns (owner "prompt": instruction + acknowledgement), the first
-    `keep_first_turns` turns after them, and the last turn (the observation being answered).
-    drop_oldest removes the oldest unprotected turns two at a time (an action and the
-    observation it caused), so user and assistant turns still alternate. Raises
-    ContextExceeded when the policy is end_episode, or nothing more can be dropped.
-    """
-    if policy not in CONTEXT_POLICIES:
-        raise ValueError(f"context_policy: must be one of {CONTEXT_POLICIES}, got {policy!r}")
-    total = sum(_length(t) for t in turns)
-    if total <= max_tokens:
-        return list(turns), 0
-    if policy == "end_episode":
-        raise ContextExceeded(f"conversation has {total} tokens, budget {max_tokens}")
-    start, end = droppable_from(turns, keep_first_turns), len(turns) - 1  # droppable: turns[start:end]
-    dropped = 0
-    while total > max_tokens and end - (start + dropped) >= 2:
-        total -= _length(turns[start + dropped]) + _length(turns[start + dropped + 1])
-        dropped += 2
-    if total > max_tokens:
-        raise ContextExceeded(
-            f"conversation has {total} tokens after dropping {dropped} turns, budget {max_tokens}"
-        )
-    return turns[:start] + turns[start + dropped :], dropped
-
-
 def prompt_budget(config: EngineConfig, sampling: SamplingParams) -> int:
     """Prompt tokens allowed so that a full reply still fits the context."""
     return max(config.context_tokens - sampling.max_new_tokens, 0)
@@ -256,6 +214,9 @@ def resolve_prompt(request: GenerationRequest, config: EngineConfig) -> tuple[li
     if request.turns is None:
         ids = list(request.prompt_ids)
         return ids, 0, len(ids) < config.context_tokens
+    # the rollout's cut: this path goes when engines take ids only (issue 37, step c)
+    from rose_ray.rollout.context import fit_context
+
     budget = prompt_budget(config, request.sampling)
     try:
         kept, dropped = fit_context(

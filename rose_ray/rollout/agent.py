@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rose_ray.types import GameId, SamplingParams
+from rose_ray.types import CONTEXT_TOKENS, GameId, SamplingParams
 
 if TYPE_CHECKING:
     from rose_ray.chat import ChatFormat
@@ -46,12 +46,16 @@ class EnvSlot:
 
 @dataclass
 class Agent:
-    """An engine actor, the chat format of its tokenizer, and its context settings."""
+    """An engine actor, the chat format of its tokenizer, and its context settings: its
+    engine's (`EngineConfig`: context_tokens, context_policy, keep_first_turns), with which the
+    conversation cuts this agent's prompts (`Conversation.prompt_for`)."""
 
     engine: Any
     chat: ChatFormat
     name: str = ""
-    keep_first_turns: int = 1  # the engine's: turns after the opening its context policy never drops
+    keep_first_turns: int = 1  # turns after the opening the context policy never drops
+    context_tokens: int = CONTEXT_TOKENS  # prompt + reply
+    context_policy: str = "drop_oldest"
     # spawn(generation): a replacement engine actor, same config, resources and placement
     # (set by start_agents; the run's EngineSupervisor swaps it in when `engine` is lost).
     spawn: Any = None

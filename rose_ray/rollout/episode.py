@@ -106,8 +106,12 @@ async def run_episode(
             handoff_turn = turn  # the teacher acts from this turn to the end
         owner = "student" if handoff_turn is None else "teacher"
         sampling = config.teacher_sampling if owner == "teacher" else config.student_sampling
-        request = GenerationRequest(sampling=sampling.for_turn(game.item_id, turn),  # a seed: this turn's own
-                                    turns=conv.prompt(owner), request_id=f"{request_prefix}{game.item_id}/t{turn}")
+        prompt = conv.prompt_for(owner, sampling.max_new_tokens)
+        if prompt is None:  # no cut fits this agent's context
+            end_reason = "context"
+            break
+        request = GenerationRequest(prompt, sampling.for_turn(game.item_id, turn),  # a seed: this turn's own
+                                    request_id=f"{request_prefix}{game.item_id}/t{turn}")
         t0 = time.perf_counter()
         result = await conv.agent(owner).engine.generate.remote(request)
         timing[f"{owner}_s"] += time.perf_counter() - t0
@@ -160,7 +164,7 @@ async def run_episode(
 async def score_student_tokens(turns: list[Turn], cut: list[int], teacher: Agent, timing: dict[str, float]) -> None:
     """OPD: the teacher's logprob of every student token (the end-of-turn id appended after a
     cut-off included), set on the student's turns. One pass over the conversation the learner
-    trains on (the turns less the engine's last cut): the teacher reads an episode once, not
+    trains on (the turns less the last prompt's recorded cut): the teacher reads an episode once, not
     once per turn, and scores each token in the context the learner sees it in."""
     left_out = set(cut)
     spans, at = [], 0

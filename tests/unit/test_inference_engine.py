@@ -14,10 +14,10 @@ from rose_ray.inference.engine import (
     ContextExceeded,
     EngineConfig,
     GenerationRequest,
-    fit_context,
     resolve_dtype,
 )
 from rose_ray.inference.hf import HFEngine
+from rose_ray.rollout.context import context_cut, fit_context
 from rose_ray.types import SamplingParams, Turn
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
@@ -259,6 +259,7 @@ def test_fit_context_drops_oldest_pairs_after_first_observation():
     assert roles == ["user", "assistant"] * 2 + ["user"]  # still alternating
     kept0, dropped0 = fit_context(turns, 95, "drop_oldest", keep_first_turns=0)
     assert [t.text for t in kept0][:3] == ["instruction", "OK", "obs2"] and dropped0 == 4
+    assert context_cut(turns, 95, "drop_oldest") == [3, 4, 5, 6]  # what the rollout records
 
 
 def test_fit_context_end_episode_and_impossible_budgets():
