@@ -110,8 +110,7 @@ def row_cut(turns: list[Any], fmt: Any, max_tokens: int) -> list[int]:
     """The turns to leave out so that a row fits `max_tokens`: the oldest action/observation
     pairs (drop_oldest, as an engine would have), else everything after the longest prefix
     that fits. A row that cannot keep a trained turn is refused."""
-    from rose_ray.inference.engine import ContextExceeded
-    from rose_ray.rollout.context import context_cut
+    from rose_ray.rollout.context import ContextExceeded, context_cut
     from rose_ray.tokens import with_ids
 
     work = with_ids(turns, fmt)

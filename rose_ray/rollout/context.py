@@ -5,8 +5,12 @@ offline SFT rows (`recipes/sft.row_cut`); the engines get the ids that result an
 
 from __future__ import annotations
 
-from rose_ray.inference.engine import CONTEXT_POLICIES, ContextExceeded
+from rose_ray.inference.engine import CONTEXT_POLICIES
 from rose_ray.types import Turn
+
+
+class ContextExceeded(ValueError):
+    """A conversation does not fit the context budget under the configured policy."""
 
 
 def droppable_from(turns: list[Turn], keep_first_turns: int = 1) -> int:
@@ -44,11 +48,3 @@ def context_cut(turns: list[Turn], max_tokens: int, policy: str, keep_first_turn
         )
     return list(range(start, start + dropped))
 
-
-def fit_context(
-    turns: list[Turn], max_tokens: int, policy: str, keep_first_turns: int = 1
-) -> tuple[list[Turn], int]:
-    """The turns `context_cut` keeps, and how many it leaves out."""
-    cut = context_cut(turns, max_tokens, policy, keep_first_turns)
-    left_out = set(cut)
-    return [t for n, t in enumerate(turns) if n not in left_out], len(cut)

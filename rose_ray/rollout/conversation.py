@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rose_ray.chat import RenderCache
-from rose_ray.inference.engine import ContextExceeded
 from rose_ray.rollout.agent import Agent
-from rose_ray.rollout.context import context_cut
+from rose_ray.rollout.context import ContextExceeded, context_cut
 from rose_ray.types import Turn
 
 if TYPE_CHECKING:
