@@ -9,6 +9,7 @@ so many episodes run concurrently in one event loop.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from rose_ray.envs.protocol import Protocol, parse_action
@@ -20,6 +21,30 @@ from rose_ray.rollout.conversation import Conversation
 from rose_ray.rollout.handoff import TurnPolicy, TurnState
 from rose_ray.rollout.report import ask_report
 from rose_ray.types import GameId, Trajectory, Turn
+
+
+@dataclass
+class Replies:
+    """What the episode's replies did, for the Trajectory: those the game did not accept and
+    those that repeated the action before them (indices in the conversation's turns, replayed
+    replies flagged as when they were played), and the played ones cut at max_new_tokens."""
+
+    invalid: int = 0  # played replies the game did not accept
+    truncated: int = 0
+    cut_before_action: int = 0  # truncated before an action could be read
+    invalid_turns: list[int] = field(default_factory=list)
+    repeated_turns: list[int] = field(default_factory=list)
+
+    def add(self, at: int, parsed: Any, bad: bool, repeated: bool, played: Turn | None = None) -> None:
+        """The reply at `at` in the turns; `played`: its turn when the engine sampled it now."""
+        if bad:
+            self.invalid_turns.append(at)
+        if repeated:
+            self.repeated_turns.append(at)
+        if played is not None:
+            self.invalid += bad
+            self.truncated += played.truncated
+            self.cut_before_action += played.truncated and not parsed.valid_format
 
 
 class ReplayMismatch(InputError):
@@ -80,9 +105,7 @@ async def run_episode(
     last = first = await step(None)  # the latest observation: its scores are the episode's
     scoring = dict(first.info.get("scoring") or {})
     handoff_turn: int | None = None
-    invalid = truncated_turns = cut_before_action = 0
-    invalid_turns: list[int] = []  # indices in conv.turns of replies the game did not accept
-    repeated_turns: list[int] = []  # of replies that sent the action the reply before them sent
+    replies = Replies()
     last_action, done, end_reason, replayed = None, False, "turn_limit", 0
     if replay:  # the recorded replies first, each observation checked against the record
         _check_observation(game, 0, replay[0].text, first.observation)
@@ -91,11 +114,8 @@ async def run_episode(
             parsed = parse_action(reply.text)
             last = await step(parsed.action)
             _check_observation(game, replayed, expected.text, last.observation)
-            # flagged as when it was played, so a continued row keeps its prefix as recorded
-            if not parsed.valid_format or protocol.is_invalid(last.observation):
-                invalid_turns.append(len(conv.turns) - 2)
-            if parsed.action is not None and parsed.action == last_action:
-                repeated_turns.append(len(conv.turns) - 2)
+            replies.add(len(conv.turns) - 2, parsed, not parsed.valid_format or protocol.is_invalid(last.observation),
+                        parsed.action is not None and parsed.action == last_action)
             last_action = parsed.action
             if last.done:
                 done, end_reason = True, last.end_reason
@@ -122,13 +142,7 @@ async def run_episode(
         parsed = parse_action(result.text)
         last = await step(parsed.action)
         bad = not parsed.valid_format or protocol.is_invalid(last.observation)
-        invalid += bad
-        if bad:
-            invalid_turns.append(len(conv.turns) - 2)  # the reply, before the observation it got
-        if parsed.action is not None and parsed.action == last_action:
-            repeated_turns.append(len(conv.turns) - 2)
-        truncated_turns += reply.truncated
-        cut_before_action += reply.truncated and not parsed.valid_format
+        replies.add(len(conv.turns) - 2, parsed, bad, parsed.action is not None and parsed.action == last_action, reply)
         if owner == "student":
             state.student_failed = bad or parsed.action == last_action
         last_action = parsed.action
@@ -153,9 +167,9 @@ async def run_episode(
     return Trajectory(
         game=game, turns=turns, score=float(last.score), raw_score=int(last.raw_score), success=bool(last.success),
         rounds=rounds, handoff_turn=handoff_turn, student_version=min(versions) if versions else None,
-        done=done, end_reason=end_reason, context_cut=conv.cut, invalid_actions=int(invalid),
-        truncated_turns=int(truncated_turns), cut_before_action=int(cut_before_action),
-        invalid_turns=invalid_turns, repeated_turns=repeated_turns,
+        done=done, end_reason=end_reason, context_cut=conv.cut, invalid_actions=int(replies.invalid),
+        truncated_turns=int(replies.truncated), cut_before_action=int(replies.cut_before_action),
+        invalid_turns=replies.invalid_turns, repeated_turns=replies.repeated_turns,
         handoff_p=p, handoff_seed=state.seed if p is not None else None, timing=timing,
         report=report, report_turns=report_turns, scoring=scoring,
     )
