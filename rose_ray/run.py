@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from rose_ray.metrics import MetricsLogger
     from rose_ray.placement import PlacementGroups
     from rose_ray.recipes import Recipe
+    from rose_ray.rollout.agent import Agent, EpisodeConfig
     from rose_ray.rollout.buffer import TrajectoryBuffer
-    from rose_ray.rollout.episode import Agent, EpisodeConfig
     from rose_ray.rollout.handoff import TurnPolicy
     from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
     from rose_ray.rollout.runner import EpisodeRunner
@@ -231,8 +231,8 @@ class RunParts:
         from rose_ray.models import load_tokenizer
         from rose_ray.placement import PlacementGroups, check_cluster, demands
         from rose_ray.rollout.actors import init_ray, start_agents, start_env_pools
+        from rose_ray.rollout.agent import EpisodeConfig
         from rose_ray.rollout.buffer import TrajectoryBuffer
-        from rose_ray.rollout.episode import EpisodeConfig
         from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
         from rose_ray.rollout.runner import EpisodeRunner
         from rose_ray.rollout.supervisor import EngineSupervisor

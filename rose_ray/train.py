@@ -323,7 +323,7 @@ class Trainer:
     async def evaluate(self, who: str, games: list[Any] | None = None) -> dict[str, Any]:
         """Greedy play of the held-out games (or `games`) by the student (or the teacher) alone."""
         from rose_ray.evaluate import evaluate_games, summarise
-        from rose_ray.rollout.episode import EpisodeConfig
+        from rose_ray.rollout.agent import EpisodeConfig
         from rose_ray.rollout.handoff import StudentOnly
         from rose_ray.types import SamplingParams
 

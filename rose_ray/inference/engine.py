@@ -1,10 +1,11 @@
 """The generation-engine contract: requests, results, config and the context-budget policy.
 
-Every backend (transformers in-process, an OpenAI-compatible server) takes token ids in and
-gives token ids out, so the learner trains on exactly the sampled ids. A request may carry
-the conversation's turns instead of ready ids; the engine then applies the context policy
-(`fit_context`) and records what it did in the result. This module imports no backend:
-`backends.make_engine` builds the one a config names.
+Every backend (transformers in-process, vLLM, an OpenAI-compatible server) takes prompt ids in
+and gives token ids, logprobs, a finish reason and the weights' version out (and takes weights
+in), so the learner trains on exactly the sampled ids. Which turns a prompt leaves out is the
+rollout's decision (`rollout/context.py`, `Conversation.prompt_for`), made once and recorded;
+an engine cuts nothing. This module imports no backend: `backends.make_engine` builds the one
+a config names.
 
 Logprobs are always the model's raw log-softmax (temperature 1, no top-p), which is what
 `score` returns for the same tokens and what the learner's importance ratios compare against.
@@ -27,7 +28,7 @@ from rose_ray.inference.registry import (
     get_backend,
     settings_owner,
 )
-from rose_ray.types import CONTEXT_TOKENS, SamplingParams, Turn
+from rose_ray.types import CONTEXT_TOKENS, SamplingParams
 
 FinishReason = Literal["stop", "length", "context"]
 CONTEXT_POLICIES: tuple[str, ...] = ("drop_oldest", "end_episode")
@@ -53,22 +54,14 @@ def resolve_dtype(name: str, device: str = "cpu") -> str:
     return "float32"
 
 
-class ContextExceeded(ValueError):
-    """A conversation does not fit the context budget under the configured policy."""
-
-
 @dataclass
 class GenerationRequest:
-    """One completion: continue `prompt_ids` (or the concatenated ids of `turns`).
-
-    With `turns`, the engine builds the prompt under its context policy; `prompt_ids` is then
-    ignored. `top_logprobs` > 0 asks for the k most likely tokens at each sampled position.
-    """
+    """One completion: continue `prompt_ids`. `top_logprobs` > 0 asks for the k most likely
+    tokens at each sampled position."""
 
     prompt_ids: list[int] = field(default_factory=list)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     request_id: str = ""
-    turns: list[Turn] | None = None
     top_logprobs: int = 0
 
 
@@ -79,8 +72,7 @@ class GenerationResult:
     `token_ids` are exactly the sampled ids (the end-of-turn token included when the model
     produced it; a stop string's token is kept while `text` is cut before the stop string).
     `logprobs[i]` is the model's logprob of `token_ids[i]`. finish_reason "context" means the
-    prompt left no room (policy end_episode, or nothing left to drop): no tokens were sampled.
-    `dropped_turns` counts turns the drop_oldest policy removed from the front of the history.
+    prompt left no room in the context: no tokens were sampled.
     `version` is the weights' version it started on. A weight update that landed while it ran
     (publish.in_flight keep; the vllm backend) sets `version_end`, the version that sampled its
     last tokens, and `tokens_on_version`: its first that many tokens (and their logprobs) are
@@ -94,7 +86,6 @@ class GenerationResult:
     prompt_tokens: int
     version: int
     request_id: str = ""
-    dropped_turns: int = 0
     top_logprobs: list[dict[int, float]] | None = None
     version_end: int | None = None
     tokens_on_version: int | None = None
@@ -109,9 +100,10 @@ class EngineConfig:
     section of another backend is refused). `model` is a local HF folder (hf, vllm) or the
     served model name (openai); `tokenizer` a folder to read the tokenizer from instead.
 
-    context_tokens bounds prompt + completion; context_policy says what to do with a longer
-    conversation; keep_first_turns protects that many turns after the prompt turns (the first
-    observation carries the task description). threads=0 leaves torch's setting alone.
+    context_tokens bounds prompt + completion; context_policy says what the rollout does with a
+    longer conversation (the agent of this engine cuts its prompts with it: rollout/context.py);
+    keep_first_turns protects that many turns after the prompt turns (the first observation
+    carries the task description). threads=0 leaves torch's setting alone.
     `max_batch_size` bounds the sequences decoded at once (a served engine's requests in flight).
     """
 
@@ -201,70 +193,15 @@ def validate_sampling(s: SamplingParams) -> None:
         raise InputError(f"sampling.stop: must be non-empty strings, got {s.stop!r}")
 
 
-def _length(turn: Turn) -> int:
-    return len(turn.token_ids)
-
-
-def droppable_from(turns: list[Turn], keep_first_turns: int = 1) -> int:
-    """The first turn drop_oldest may drop: after the prompt turns and `keep_first_turns`."""
-    head = 0
-    while head < len(turns) and turns[head].owner == "prompt":
-        head += 1
-    return min(head + keep_first_turns, len(turns))
-
-
-def fit_context(
-    turns: list[Turn], max_tokens: int, policy: str, keep_first_turns: int = 1
-) -> tuple[list[Turn], int]:
-    """Turns whose ids fit in `max_tokens`, and how many turns were dropped.
-
-    Protected: the prompt turns (owner "prompt": instruction + acknowledgement), the first
-    `keep_first_turns` turns after them, and the last turn (the observation being answered).
-    drop_oldest removes the oldest unprotected turns two at a time (an action and the
-    observation it caused), so user and assistant turns still alternate. Raises
-    ContextExceeded when the policy is end_episode, or nothing more can be dropped.
-    """
-    if policy not in CONTEXT_POLICIES:
-        raise ValueError(f"context_policy: must be one of {CONTEXT_POLICIES}, got {policy!r}")
-    total = sum(_length(t) for t in turns)
-    if total <= max_tokens:
-        return list(turns), 0
-    if policy == "end_episode":
-        raise ContextExceeded(f"conversation has {total} tokens, budget {max_tokens}")
-    start, end = droppable_from(turns, keep_first_turns), len(turns) - 1  # droppable: turns[start:end]
-    dropped = 0
-    while total > max_tokens and end - (start + dropped) >= 2:
-        total -= _length(turns[start + dropped]) + _length(turns[start + dropped + 1])
-        dropped += 2
-    if total > max_tokens:
-        raise ContextExceeded(
-            f"conversation has {total} tokens after dropping {dropped} turns, budget {max_tokens}"
-        )
-    return turns[:start] + turns[start + dropped :], dropped
-
-
 def prompt_budget(config: EngineConfig, sampling: SamplingParams) -> int:
     """Prompt tokens allowed so that a full reply still fits the context."""
     return max(config.context_tokens - sampling.max_new_tokens, 0)
 
 
-def resolve_prompt(request: GenerationRequest, config: EngineConfig) -> tuple[list[int], int, bool]:
-    """(prompt ids, dropped turns, fits) for a request under the config's context policy.
-
-    Plain prompt_ids requests are never cut (the caller owns them); they only "fit" or not.
-    """
-    if request.turns is None:
-        ids = list(request.prompt_ids)
-        return ids, 0, len(ids) < config.context_tokens
-    budget = prompt_budget(config, request.sampling)
-    try:
-        kept, dropped = fit_context(
-            request.turns, budget, config.context_policy, config.keep_first_turns
-        )
-    except ContextExceeded:
-        ids = [i for t in request.turns for i in t.token_ids]
-        return ids, 0, False
-    return [i for t in kept for i in t.token_ids], dropped, True
+def prompt_fits(request: GenerationRequest, config: EngineConfig) -> bool:
+    """Whether a request's prompt leaves room in the context (the caller cut it to fit: an
+    engine cuts nothing; one that does not fit gets `context_result`)."""
+    return len(request.prompt_ids) < config.context_tokens
 
 
 def context_result(request: GenerationRequest, prompt_len: int, version: int) -> GenerationResult:

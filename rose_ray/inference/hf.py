@@ -35,8 +35,8 @@ from rose_ray.inference.engine import (
     GenerationRequest,
     GenerationResult,
     context_result,
+    prompt_fits,
     resolve_dtype,
-    resolve_prompt,
     validate_sampling,
 )
 from rose_ray.inference.prefix_cache import PrefixCache, PrefixHit, RoomyLayer
@@ -141,22 +141,21 @@ class HFEngine:
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Results in request order; requests are run in batches of max_batch_size."""
         results: list[GenerationResult | None] = [None] * len(requests)
-        pending: list[tuple[int, list[int], int]] = []
+        pending: list[tuple[int, list[int]]] = []
         for i, req in enumerate(requests):
             validate_sampling(req.sampling)
-            ids, dropped, fits = resolve_prompt(req, self.config)
+            ids = list(req.prompt_ids)
             if not ids:
                 raise ValueError(f"generate: request {req.request_id or i} has an empty prompt")
-            if not fits:
+            if not prompt_fits(req, self.config):
                 results[i] = context_result(req, len(ids), self._version)
             else:
-                pending.append((i, ids, dropped))
+                pending.append((i, ids))
         size = self.config.max_batch_size
         for start in range(0, len(pending), size):
             chunk = pending[start : start + size]
-            outs = self._generate_batch([requests[i] for i, _, _ in chunk], [ids for _, ids, _ in chunk])
-            for (i, _, dropped), out in zip(chunk, outs):
-                out.dropped_turns = dropped
+            outs = self._generate_batch([requests[i] for i, _ in chunk], [ids for _, ids in chunk])
+            for (i, _), out in zip(chunk, outs):
                 results[i] = out
         return results  # type: ignore[return-value]
 

@@ -44,7 +44,7 @@ from rose_ray.inference.engine import (
     GenerationRequest,
     GenerationResult,
     context_result,
-    resolve_prompt,
+    prompt_fits,
     validate_sampling,
 )
 from rose_ray.types import SamplingParams
@@ -426,8 +426,8 @@ class OpenAIEngine:
         return list(self._pool.map(self._generate_one, requests))
 
     def _generate_one(self, request: GenerationRequest) -> GenerationResult:
-        ids, dropped, fits = resolve_prompt(request, self.config)
-        if not fits:
+        ids = list(request.prompt_ids)
+        if not prompt_fits(request, self.config):
             return context_result(request, len(ids), self.version)
         s = request.sampling
         max_tokens = min(s.max_new_tokens, self.config.context_tokens - len(ids))
@@ -479,7 +479,7 @@ class OpenAIEngine:
         return GenerationResult(
             text=text if isinstance(text, str) else str(text), token_ids=list(token_ids), logprobs=logprobs,
             finish_reason="stop" if finish == "stop" else "length", prompt_tokens=len(ids),
-            version=self.version, request_id=request.request_id, dropped_turns=dropped, top_logprobs=top,
+            version=self.version, request_id=request.request_id, top_logprobs=top,
         )
 
     def _check_id(self, tid: Any, where: str) -> int:

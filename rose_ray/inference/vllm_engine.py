@@ -51,8 +51,8 @@ from rose_ray.inference.engine import (
     GenerationRequest,
     GenerationResult,
     context_result,
+    prompt_fits,
     resolve_dtype,
-    resolve_prompt,
     validate_sampling,
 )
 
@@ -86,7 +86,6 @@ class _Job:
     payload: Any
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future, repr=False)
     prompt: list[int] = field(default_factory=list)
-    dropped: int = 0
     vllm_id: str = ""
     submitted: float = field(default_factory=time.perf_counter)
     version: int = 0  # the weights' version when it started
@@ -158,10 +157,10 @@ class VLLMEngine:
         job = _Job(kind, payload)
         if kind == "generate":
             validate_sampling(payload.sampling)  # a bad request fails its caller, not the engine
-            job.prompt, job.dropped, fits = resolve_prompt(payload, self.config)
+            job.prompt = list(payload.prompt_ids)
             if not job.prompt:
                 raise ValueError(f"generate: request {payload.request_id or '?'} has an empty prompt")
-            if not fits:
+            if not prompt_fits(payload, self.config):
                 job.future.set_result(context_result(payload, len(job.prompt), self._version))
                 return job.future
         elif kind == "score":
@@ -368,7 +367,7 @@ class VLLMEngine:
             max_tokens = min(s.max_new_tokens, self.config.context_tokens - len(ids))
             if max_tokens <= 0:
                 _deliver(job, GenerationResult("", [], [], "length", len(ids), self._version,
-                                               request.request_id, job.dropped))
+                                               request.request_id))
                 return
             params = SamplingParams(
                 temperature=s.temperature, top_p=s.top_p, max_tokens=max_tokens, seed=s.seed,
@@ -429,7 +428,7 @@ class VLLMEngine:
         return GenerationResult(
             text=text, token_ids=ids, logprobs=logprobs, finish_reason=o.finish_reason,
             prompt_tokens=len(job.prompt), version=job.version, request_id=request.request_id,
-            dropped_turns=job.dropped, top_logprobs=top,
+            top_logprobs=top,
             version_end=None if job.tokens_on_version is None else self._version,
             tokens_on_version=job.tokens_on_version,
         )

@@ -110,12 +110,13 @@ def row_cut(turns: list[Any], fmt: Any, max_tokens: int) -> list[int]:
     """The turns to leave out so that a row fits `max_tokens`: the oldest action/observation
     pairs (drop_oldest, as an engine would have), else everything after the longest prefix
     that fits. A row that cannot keep a trained turn is refused."""
-    from rose_ray.inference.engine import ContextExceeded, fit_context
+    from rose_ray.rollout.context import ContextExceeded, context_cut
     from rose_ray.tokens import with_ids
 
     work = with_ids(turns, fmt)
-    try:
-        kept, _ = fit_context(work, max_tokens, "drop_oldest")
+    try:  # the rollout's cut (keep_first_turns 1)
+        left_out = set(context_cut(work, max_tokens, "drop_oldest"))
+        kept = [t for n, t in enumerate(work) if n not in left_out]
     except ContextExceeded:
         kept, total = [], 0
         for t in work:

@@ -12,7 +12,8 @@ from typing import Any
 
 from rose_ray.envs.config import EnvConfig
 from rose_ray.errors import InputError
-from rose_ray.rollout.episode import Agent, same_tokenizer
+from rose_ray.rollout.agent import Agent
+from rose_ray.rollout.episode import same_tokenizer
 
 
 def start_env_pools(config: EnvConfig, max_turns: int | None = None) -> list[Any]:
@@ -119,8 +120,8 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
     student_tok = load_tokenizer(student.tokenizer or student.model)
     student_chat = ChatFormat(student_tok, enable_thinking, history)
     spawn = spawner(student, student_cpus, student_gpus, student_options)
-    student_agent = Agent(spawn(), student_chat, student.model, keep_first_turns=student.keep_first_turns,
-                          spawn=spawn)
+    student_agent = Agent(spawn(), student_chat, student.model, student.keep_first_turns, student.context_tokens,
+                          student.context_policy, spawn=spawn)
     if teacher is None:
         return student_agent, None
     if teacher == student:  # one engine serves both roles (e.g. `continue` without a student)
@@ -129,8 +130,8 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
     chat = (student_chat if same_tokenizer(student_tok, teacher_tok)
             else ChatFormat(teacher_tok, enable_thinking, history))
     spawn = spawner(teacher, teacher_cpus, teacher_gpus, teacher_options)
-    teacher_agent = Agent(spawn(), chat, teacher.label,
-                          keep_first_turns=teacher.keep_first_turns, spawn=spawn)
+    teacher_agent = Agent(spawn(), chat, teacher.label, teacher.keep_first_turns, teacher.context_tokens,
+                          teacher.context_policy, spawn=spawn)
     return student_agent, teacher_agent
 
 

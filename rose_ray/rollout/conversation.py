@@ -1,10 +1,11 @@
 """One episode's conversation: its turns in the student's ids (what the learner trains on) and,
 when the two tokenizers differ, the teacher's view of the same turns in its own ids.
 
-It builds each agent's prompt under that agent's chat settings, turns an engine's reply into a
+It builds each agent's prompt under that agent's chat and context settings, deciding the context
+cut there, once, and recording it (`prompt_for`): the engine gets the ids that result, and the
+learner, the teacher's scoring and the trajectory read `cut`. It turns an engine's reply into a
 turn of each view (the student's ids, logprobs and policy version only where the student's
-tokenizer sampled them), and records the cut the engine made of the last prompt, once: the
-learner, the teacher's scoring and the trajectory read `cut`.
+tokenizer sampled them).
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rose_ray.chat import RenderCache
-from rose_ray.inference.engine import droppable_from
+from rose_ray.rollout.agent import Agent
+from rose_ray.rollout.context import ContextExceeded, context_cut
 from rose_ray.types import Turn
 
 if TYPE_CHECKING:
     from rose_ray.envs.protocol import Protocol
-    from rose_ray.rollout.episode import Agent
 
 
 class Conversation:
@@ -32,7 +33,7 @@ class Conversation:
         if not self.shared:
             self.teacher_turns = [Turn("user", instruction, "prompt", teacher.chat.opening_ids(opening)),
                                   Turn("assistant", acknowledgement, "prompt", [])]
-        self.cut: list[int] = []  # turns the engine left out of the last prompt
+        self.cut: list[int] = []  # turns the last prompt left out (`prompt_for`)
         # Template history: each view's last rendering, so a prompt tokenizes only its new turns.
         self.rendered = {"student": RenderCache(), "teacher": RenderCache()}
 
@@ -69,6 +70,25 @@ class Conversation:
             view[:] = agent.chat.apply_template(view, add_generation_prompt=True, cache=self.cache(owner))
         return view
 
+    def prompt_for(self, owner: str, max_new_tokens: int, view: list[Turn] | None = None,
+                   record: bool = True) -> list[int] | None:
+        """The prompt ids for the agent playing `owner`: its view (`prompt`, or `view`, turn for
+        turn the same conversation) less the turns its context policy leaves out so that
+        `max_new_tokens` still fit its context. The cut is decided here and recorded in `cut`
+        (unless not `record`). None: no cut fits (end_episode, or nothing left to drop); `cut`
+        then stays the last prompt's."""
+        agent = self.agent(owner)
+        view = self.prompt(owner) if view is None else view
+        budget = max(agent.context_tokens - max_new_tokens, 0)
+        try:
+            cut = context_cut(view, budget, agent.context_policy, agent.keep_first_turns)
+        except ContextExceeded:
+            return None
+        if record:
+            self.cut = cut
+        left_out = set(cut)
+        return [i for n, t in enumerate(view) if n not in left_out for i in t.token_ids]
+
     def cache(self, owner: str) -> RenderCache:
         """The render cache of the view `owner`'s agent reads (one id list when it is shared)."""
         return self.rendered["teacher" if owner == "teacher" and self.teacher_turns is not None else "student"]
@@ -77,11 +97,8 @@ class Conversation:
         return self.teacher if owner == "teacher" else self.student
 
     def add_reply(self, owner: str, result: Any) -> Turn:
-        """The engine's reply to `prompt(owner)`: the cut it made of that prompt is recorded (the
-        learner leaves out what the last prompt did; drop_oldest drops whole pairs from where
-        fit_context starts), and the reply joins each view. Returns the student's-ids turn."""
-        start = droppable_from(self.view(owner), self.agent(owner).keep_first_turns)
-        self.cut = list(range(start, start + result.dropped_turns))
+        """The engine's reply to `prompt_for(owner)`, joining each view. Returns the
+        student's-ids turn."""
         turn = self.reply_turn(owner, result)
         self.turns.append(turn)
         if self.teacher_turns is not None:

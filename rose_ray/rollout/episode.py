@@ -12,15 +12,39 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rose_ray.chat import ChatFormat
 from rose_ray.envs.protocol import Protocol, parse_action
 from rose_ray.envs.worlds import get_world
 from rose_ray.errors import InputError
 from rose_ray.inference.engine import GenerationRequest
+from rose_ray.rollout.agent import Agent, EnvSlot, EpisodeConfig
 from rose_ray.rollout.conversation import Conversation
 from rose_ray.rollout.handoff import TurnPolicy, TurnState
-from rose_ray.rollout.report import REPORT_MODES, ask_report
-from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
+from rose_ray.rollout.report import ask_report
+from rose_ray.types import GameId, Trajectory, Turn
+
+
+@dataclass
+class Replies:
+    """What the episode's replies did, for the Trajectory: those the game did not accept and
+    those that repeated the action before them (indices in the conversation's turns, replayed
+    replies flagged as when they were played), and the played ones cut at max_new_tokens."""
+
+    invalid: int = 0  # played replies the game did not accept
+    truncated: int = 0
+    cut_before_action: int = 0  # truncated before an action could be read
+    invalid_turns: list[int] = field(default_factory=list)
+    repeated_turns: list[int] = field(default_factory=list)
+
+    def add(self, at: int, parsed: Any, bad: bool, repeated: bool, played: Turn | None = None) -> None:
+        """The reply at `at` in the turns; `played`: its turn when the engine sampled it now."""
+        if bad:
+            self.invalid_turns.append(at)
+        if repeated:
+            self.repeated_turns.append(at)
+        if played is not None:
+            self.invalid += bad
+            self.truncated += played.truncated
+            self.cut_before_action += played.truncated and not parsed.valid_format
 
 
 class ReplayMismatch(InputError):
@@ -33,47 +57,6 @@ class EpisodeInterrupted(RuntimeError):
     def __init__(self, game: GameId, detail: str = "") -> None:
         super().__init__(f"episode on {game.item_id} interrupted: {detail}")
         self.game = game
-
-
-@dataclass
-class EpisodeConfig:
-    max_turns: int = 10
-    student_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, max_new_tokens=512))
-    teacher_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0, max_new_tokens=512))
-    score_student_with_teacher: bool = False  # OPD: teacher logprobs of every student token
-    # The world's report question after the last observation (DiscoveryWorld): "ask" records
-    # the answer on the Trajectory, "train" also adds it to the turns the learner sees, "off".
-    report: str = "ask"
-
-    def __post_init__(self) -> None:
-        if self.report not in REPORT_MODES:
-            raise ValueError(f"report: must be one of {REPORT_MODES}, got {self.report!r}")
-
-
-class EnvSlot:
-    """One slot of an EnvPool actor."""
-
-    def __init__(self, pool: Any, slot: int) -> None:
-        self.pool, self.slot = pool, slot
-
-    async def reset(self, game: GameId):
-        return await self.pool.reset.remote(self.slot, game)
-
-    async def step(self, action: str):
-        return await self.pool.step.remote(self.slot, action)
-
-
-@dataclass
-class Agent:
-    """An engine actor, the chat format of its tokenizer, and its context settings."""
-
-    engine: Any
-    chat: ChatFormat
-    name: str = ""
-    keep_first_turns: int = 1  # the engine's: turns after the opening its context policy never drops
-    # spawn(generation): a replacement engine actor, same config, resources and placement
-    # (set by start_agents; the run's EngineSupervisor swaps it in when `engine` is lost).
-    spawn: Any = None
 
 
 async def run_episode(
@@ -122,9 +105,7 @@ async def run_episode(
     last = first = await step(None)  # the latest observation: its scores are the episode's
     scoring = dict(first.info.get("scoring") or {})
     handoff_turn: int | None = None
-    invalid = truncated_turns = cut_before_action = 0
-    invalid_turns: list[int] = []  # indices in conv.turns of replies the game did not accept
-    repeated_turns: list[int] = []  # of replies that sent the action the reply before them sent
+    replies = Replies()
     last_action, done, end_reason, replayed = None, False, "turn_limit", 0
     if replay:  # the recorded replies first, each observation checked against the record
         _check_observation(game, 0, replay[0].text, first.observation)
@@ -133,11 +114,8 @@ async def run_episode(
             parsed = parse_action(reply.text)
             last = await step(parsed.action)
             _check_observation(game, replayed, expected.text, last.observation)
-            # flagged as when it was played, so a continued row keeps its prefix as recorded
-            if not parsed.valid_format or protocol.is_invalid(last.observation):
-                invalid_turns.append(len(conv.turns) - 2)
-            if parsed.action is not None and parsed.action == last_action:
-                repeated_turns.append(len(conv.turns) - 2)
+            replies.add(len(conv.turns) - 2, parsed, not parsed.valid_format or protocol.is_invalid(last.observation),
+                        parsed.action is not None and parsed.action == last_action)
             last_action = parsed.action
             if last.done:
                 done, end_reason = True, last.end_reason
@@ -148,8 +126,12 @@ async def run_episode(
             handoff_turn = turn  # the teacher acts from this turn to the end
         owner = "student" if handoff_turn is None else "teacher"
         sampling = config.teacher_sampling if owner == "teacher" else config.student_sampling
-        request = GenerationRequest(sampling=sampling.for_turn(game.item_id, turn),  # a seed: this turn's own
-                                    turns=conv.prompt(owner), request_id=f"{request_prefix}{game.item_id}/t{turn}")
+        prompt = conv.prompt_for(owner, sampling.max_new_tokens)
+        if prompt is None:  # no cut fits this agent's context
+            end_reason = "context"
+            break
+        request = GenerationRequest(prompt, sampling.for_turn(game.item_id, turn),  # a seed: this turn's own
+                                    request_id=f"{request_prefix}{game.item_id}/t{turn}")
         t0 = time.perf_counter()
         result = await conv.agent(owner).engine.generate.remote(request)
         timing[f"{owner}_s"] += time.perf_counter() - t0
@@ -160,13 +142,7 @@ async def run_episode(
         parsed = parse_action(result.text)
         last = await step(parsed.action)
         bad = not parsed.valid_format or protocol.is_invalid(last.observation)
-        invalid += bad
-        if bad:
-            invalid_turns.append(len(conv.turns) - 2)  # the reply, before the observation it got
-        if parsed.action is not None and parsed.action == last_action:
-            repeated_turns.append(len(conv.turns) - 2)
-        truncated_turns += reply.truncated
-        cut_before_action += reply.truncated and not parsed.valid_format
+        replies.add(len(conv.turns) - 2, parsed, bad, parsed.action is not None and parsed.action == last_action, reply)
         if owner == "student":
             state.student_failed = bad or parsed.action == last_action
         last_action = parsed.action
@@ -191,9 +167,9 @@ async def run_episode(
     return Trajectory(
         game=game, turns=turns, score=float(last.score), raw_score=int(last.raw_score), success=bool(last.success),
         rounds=rounds, handoff_turn=handoff_turn, student_version=min(versions) if versions else None,
-        done=done, end_reason=end_reason, context_cut=conv.cut, invalid_actions=int(invalid),
-        truncated_turns=int(truncated_turns), cut_before_action=int(cut_before_action),
-        invalid_turns=invalid_turns, repeated_turns=repeated_turns,
+        done=done, end_reason=end_reason, context_cut=conv.cut, invalid_actions=int(replies.invalid),
+        truncated_turns=int(replies.truncated), cut_before_action=int(replies.cut_before_action),
+        invalid_turns=replies.invalid_turns, repeated_turns=replies.repeated_turns,
         handoff_p=p, handoff_seed=state.seed if p is not None else None, timing=timing,
         report=report, report_turns=report_turns, scoring=scoring,
     )
@@ -202,7 +178,7 @@ async def run_episode(
 async def score_student_tokens(turns: list[Turn], cut: list[int], teacher: Agent, timing: dict[str, float]) -> None:
     """OPD: the teacher's logprob of every student token (the end-of-turn id appended after a
     cut-off included), set on the student's turns. One pass over the conversation the learner
-    trains on (the turns less the engine's last cut): the teacher reads an episode once, not
+    trains on (the turns less the last prompt's recorded cut): the teacher reads an episode once, not
     once per turn, and scores each token in the context the learner sees it in."""
     left_out = set(cut)
     spans, at = [], 0

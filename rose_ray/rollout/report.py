@@ -11,17 +11,12 @@ own sampling settings.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from rose_ray.envs.protocol import strip_thinking
 from rose_ray.inference.engine import GenerationRequest
+from rose_ray.rollout.agent import EpisodeConfig
+from rose_ray.rollout.conversation import Conversation
 from rose_ray.types import Turn
-
-if TYPE_CHECKING:
-    from rose_ray.rollout.conversation import Conversation
-    from rose_ray.rollout.episode import EpisodeConfig
-
-REPORT_MODES = ("ask", "train", "off")
 
 
 def with_question(observation: str, question: str) -> str:
@@ -51,8 +46,13 @@ async def ask_report(question: str, conv: Conversation, config: EpisodeConfig, r
         view = agent.chat.apply_template(view, add_generation_prompt=True)
     sampling = config.teacher_sampling if owner == "teacher" else config.student_sampling
     t0 = time.perf_counter()
-    result = await agent.engine.generate.remote(GenerationRequest(sampling=sampling.for_turn(request_id, "report"),
-                                                                  turns=view, request_id=request_id))
+    # The conversation's cut, recorded when the learner trains on the answer (report "train").
+    prompt = conv.prompt_for(owner, sampling.max_new_tokens, view, record=config.report == "train")
+    if prompt is None:
+        timing["report_s"] = time.perf_counter() - t0
+        return "", [ask]
+    result = await agent.engine.generate.remote(GenerationRequest(prompt, sampling.for_turn(request_id, "report"),
+                                                                  request_id=request_id))
     timing["report_s"] = time.perf_counter() - t0
     if result.finish_reason == "context":
         return "", [ask]

@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rose_ray.rollout.episode import EnvSlot, EpisodeInterrupted
+from rose_ray.rollout.agent import EnvSlot
+from rose_ray.rollout.episode import EpisodeInterrupted
 from rose_ray.rollout.supervisor import EngineSupervisor
 from rose_ray.types import GameId, Trajectory
 

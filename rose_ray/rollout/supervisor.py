@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rose_ray.reliability import RoleFailed, describe_error
-from rose_ray.rollout.episode import Agent
+from rose_ray.rollout.agent import Agent
 
 
 async def _ping(handle: Any, timeout_s: float) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """`run_episode` alone, with a scripted game slot and scripted engines (no Ray, no JVM, no
 model): who acts at each turn under on_failure and decay, the different-tokenizer path, and
-the engine's context cut recorded for the learner. The tokenizers and chat templates are the
+the context cut, decided once by the conversation: the engine's prompt and the learner's row. The tokenizers and chat templates are the
 real tiny ones; the engines are scripted because what is under test is the episode's logic."""
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ class Remote:
 class ScriptedEngine:
     """Replies `Action: <actions[i]>` in turn, as ids of its own tokenizer; records requests."""
 
-    def __init__(self, chat: ChatFormat, actions: list[str], version: int = 7, dropped: int = 0,
+    def __init__(self, chat: ChatFormat, actions: list[str], version: int = 7,
                  version_end: int | None = None) -> None:
-        self.chat, self.actions, self.version, self.dropped = chat, list(actions), version, dropped
+        self.chat, self.actions, self.version = chat, list(actions), version
         self.version_end = version_end  # a weight update landed under each reply (publish.in_flight keep)
         self.requests, self.scored = [], []
         self.generate = Remote(self._generate)
@@ -73,8 +73,8 @@ class ScriptedEngine:
         self.requests.append(request)
         text = f"Thought: go on.\nAction: {self.actions.pop(0)}"
         ids = self.chat.encode(text) + [self.chat.eos_id]
-        return GenerationResult(text, ids, [-0.5] * len(ids), "stop", sum(len(t.token_ids) for t in request.turns),
-                                self.version, dropped_turns=self.dropped, version_end=self.version_end,
+        return GenerationResult(text, ids, [-0.5] * len(ids), "stop", len(request.prompt_ids),
+                                self.version, version_end=self.version_end,
                                 tokens_on_version=None if self.version_end is None else 1)
 
 
@@ -182,10 +182,11 @@ def test_a_teacher_with_another_tokenizer_sees_its_own_ids_and_trains_in_the_stu
     t = play(student, teacher, turn_policy("fixed", k=1), max_turns=3)
     assert owners(t) == ["student", "teacher", "teacher"]
     # The teacher was asked in its own ids: its opening, observations and earlier replies.
-    first = teacher_engine.requests[0].turns
-    assert first[0].token_ids == teacher_chat.opening_ids([("user", first[0].text), ("assistant", first[1].text)])
-    assert first[2].token_ids == teacher_chat.user_ids(first[2].text)
-    assert first[3].token_ids == teacher_chat.assistant_ids(first[3].text)  # the student's reply, re-encoded
+    (instruction, ack, obs, reply, obs2) = t.turns[:5]
+    assert teacher_engine.requests[0].prompt_ids == (
+        teacher_chat.opening_ids([("user", instruction.text), ("assistant", ack.text)])
+        + teacher_chat.user_ids(obs.text) + teacher_chat.assistant_ids(reply.text)  # the student's reply, re-encoded
+        + teacher_chat.user_ids(obs2.text))
     # The trajectory is in the student's ids: the teacher's replies re-encoded, without logprobs.
     for x in t.turns:
         if x.owner == "teacher":
@@ -194,21 +195,57 @@ def test_a_teacher_with_another_tokenizer_sees_its_own_ids_and_trains_in_the_stu
     assert seq.input_ids == [i for x in t.turns for i in x.token_ids]
 
 
-def test_the_engines_context_cut_is_recorded_and_the_learner_leaves_it_out(chats):
+def context_dropping(chat: ChatFormat, dropped: int) -> int:
+    """A student context (32 new tokens) in which the third prompt of an ["a", "b", "c"]
+    episode leaves out `dropped` turns (0 or 2) after the opening and the first observation."""
+    free = play(Agent(ScriptedEngine(chat, ["a", "b", "c"]), chat, "student"), None, turn_policy("none"), max_turns=3)
+    last_prompt = free.turns[:7]
+    return sum(len(x.token_ids) for x in last_prompt) - sum(len(x.token_ids) for x in last_prompt[3 : 3 + dropped]) + 32
+
+
+def test_the_context_cut_is_recorded_and_the_learner_leaves_it_out(chats):
     chat = chats["student"]
-    # The last call's prompt had 2 turns dropped after the opening and the first observation.
-    student = Agent(ScriptedEngine(chat, ["a", "b", "c"], dropped=2), chat, "student", keep_first_turns=1)
+    # The last prompt leaves out 2 turns after the opening and the first observation.
+    engine = ScriptedEngine(chat, ["a", "b", "c"])
+    student = Agent(engine, chat, "student", keep_first_turns=1, context_tokens=context_dropping(chat, 2))
     t = play(student, None, turn_policy("none"), max_turns=3)
     assert t.context_cut == [3, 4]
     seq = render(t)
     assert [i for i, _ in seq.turn_spans] == [0, 1, 2, 5, 6, 7, 8]
     assert seq.input_ids == [i for n, x in enumerate(t.turns) if n not in (3, 4) for i in x.token_ids]
+    assert engine.requests[-1].prompt_ids == [i for n, x in enumerate(t.turns[:7]) if n not in (3, 4)
+                                              for i in x.token_ids]
+
+
+@pytest.mark.parametrize("policy", ["drop_oldest", "end_episode"])
+def test_the_learners_row_and_the_engines_last_prompt_are_one_recorded_cut(chats, policy):
+    """A long episode in a small context: under drop_oldest the learner's row, up to the last
+    reply, is token for token the engine's last prompt (the cut is decided once, by the
+    conversation, and recorded); under end_episode the episode ends where no prompt fits."""
+    chat = chats["student"]
+    actions = [f"step {n}" for n in range(8)]
+    free = play(Agent(ScriptedEngine(chat, actions), chat, "student"), None, turn_policy("none"), max_turns=8)
+    lengths = [len(x.token_ids) for x in free.turns]
+    # Room for the opening, the first observation, one reply and the observation after it.
+    context = sum(lengths[:3]) + max(a + b for a, b in zip(lengths[3::2], lengths[4::2])) + 32
+    engine = ScriptedEngine(chat, actions)
+    student = Agent(engine, chat, "student", context_tokens=context, context_policy=policy)
+    t = play(student, None, turn_policy("none"), max_turns=8)
+    if policy == "end_episode":
+        assert t.end_reason == "context" and t.context_cut == [] and t.rounds == len(engine.requests) == 2
+        return
+    assert t.rounds == 8 and len(t.context_cut) >= 4
+    seq = render(t)
+    last_reply = len(t.turns) - 2
+    assert [i for i, _ in seq.turn_spans] == [n for n in range(len(t.turns)) if n not in t.context_cut]
+    assert engine.requests[-1].prompt_ids == seq.input_ids[: len(seq) - sum(n for i, n in seq.turn_spans
+                                                                            if i >= last_reply)]
 
 
 @pytest.mark.parametrize("dropped", [0, 2])
 def test_opd_scores_every_student_token_in_one_pass_over_what_the_learner_trains_on(chats, dropped):
     chat = chats["student"]
-    student = Agent(ScriptedEngine(chat, ["a", "b", "c"], dropped=dropped), chat, "student")
+    student = Agent(ScriptedEngine(chat, ["a", "b", "c"]), chat, "student", context_tokens=context_dropping(chat, dropped))
     teacher_engine = ScriptedEngine(chat, [])
     teacher = Agent(teacher_engine, chat, "teacher")
     t = play(student, teacher, turn_policy("none"), max_turns=3, scored=True)

@@ -11,14 +11,12 @@ import torch
 
 from rose_ray.inference.batcher import AsyncBatcher
 from rose_ray.inference.engine import (
-    ContextExceeded,
     EngineConfig,
     GenerationRequest,
-    fit_context,
     resolve_dtype,
 )
 from rose_ray.inference.hf import HFEngine
-from rose_ray.types import SamplingParams, Turn
+from rose_ray.types import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
 
@@ -234,43 +232,6 @@ def test_auto_dtype_uses_bf16_when_the_cpu_has_it(tiny_models, prompts):
     assert len(res.token_ids) == len(res.logprobs) > 0
 
 
-def _conversation(n_rounds: int, size: int = 10) -> list[Turn]:
-    turns = [Turn("user", "instruction", "prompt", [1] * 30), Turn("assistant", "OK", "prompt", [])]
-    for r in range(n_rounds):
-        turns.append(Turn("user", f"obs{r}", "env", [2] * size))
-        turns.append(Turn("assistant", f"act{r}", "student", [3] * size))
-    turns.append(Turn("user", f"obs{n_rounds}", "env", [2] * size))
-    return turns
-
-
-def test_fit_context_keeps_everything_that_fits():
-    turns = _conversation(3)
-    kept, dropped = fit_context(turns, 1000, "drop_oldest")
-    assert kept == turns and dropped == 0
-
-
-def test_fit_context_drops_oldest_pairs_after_first_observation():
-    turns = _conversation(4)  # 30 + 9 turns of 10 = 120 tokens
-    kept, dropped = fit_context(turns, 95, "drop_oldest")
-    assert dropped == 4  # two (action, observation) pairs: 120 -> 80
-    assert [t.text for t in kept] == ["instruction", "OK", "obs0", "act2", "obs3", "act3", "obs4"]
-    assert sum(len(t.token_ids) for t in kept) <= 95
-    roles = [t.role for t in kept[2:]]
-    assert roles == ["user", "assistant"] * 2 + ["user"]  # still alternating
-    kept0, dropped0 = fit_context(turns, 95, "drop_oldest", keep_first_turns=0)
-    assert [t.text for t in kept0][:3] == ["instruction", "OK", "obs2"] and dropped0 == 4
-
-
-def test_fit_context_end_episode_and_impossible_budgets():
-    turns = _conversation(4)
-    with pytest.raises(ContextExceeded):
-        fit_context(turns, 95, "end_episode")
-    with pytest.raises(ContextExceeded):  # prompt + first + last observation alone are 50
-        fit_context(turns, 45, "drop_oldest")
-    with pytest.raises(ValueError, match="context_policy"):
-        fit_context(turns, 95, "truncate")
-
-
 def _like(engine, hf_engine, **overrides):
     """An engine of `engine`'s backend with other settings and the same weights."""
     if isinstance(engine, HFEngine):
@@ -279,29 +240,20 @@ def _like(engine, hf_engine, **overrides):
                                     kv_cache_mb=64, **overrides), hf_engine)
 
 
-def test_engine_records_the_context_policy_in_the_result(engine, hf_engine):
-    chat = engine.chat
-    turns = [Turn("user", "instr", "prompt", chat.opening_ids([("user", "instr " * 20), ("assistant", "OK")])),
-             Turn("assistant", "OK", "prompt", [])]
-    for r in range(6):
-        turns.append(Turn("user", "o", "env", chat.user_ids(f"observation {r} " * 8)))
-        turns.append(Turn("assistant", "a", "student", chat.assistant_ids(f"action {r} " * 8)))
-    turns.append(Turn("user", "o", "env", chat.user_ids("the last observation")))
-    total = sum(len(t.token_ids) for t in turns)
-    budget_ctx = total - 40 + 16  # prompt budget = context - max_new_tokens = total - 40
+def test_an_engine_cuts_nothing_a_prompt_without_room_gets_finish_context(engine, hf_engine):
+    """Engines take prompt ids as given (the rollout cut them: rollout/context.py); one that
+    leaves no room in the context samples nothing, whatever the engine's context_policy."""
+    prompt = engine.chat.user_ids("observation " * 40)
     sampling = SamplingParams(0.0, 1.0, 16)
-    drop = _like(engine, hf_engine, context_tokens=budget_ctx, context_policy="drop_oldest")
-    res = drop.generate([GenerationRequest(sampling=sampling, turns=turns)])[0]
-    kept, dropped = fit_context(turns, budget_ctx - 16, "drop_oldest")
-    assert res.dropped_turns == dropped > 0 and res.finish_reason != "context"
-    assert res.prompt_tokens == sum(len(t.token_ids) for t in kept)
-    direct = drop.generate([GenerationRequest([i for t in kept for i in t.token_ids], sampling)])[0]
-    assert res.token_ids == direct.token_ids
-    end = _like(engine, hf_engine, context_tokens=budget_ctx, context_policy="end_episode")
-    res = end.generate([GenerationRequest(sampling=sampling, turns=turns)])[0]
-    assert res.finish_reason == "context" and res.token_ids == [] and res.prompt_tokens == total
-    for e in (drop, end):
-        getattr(e, "close", lambda: None)()
+    for policy in ("drop_oldest", "end_episode"):
+        small = _like(engine, hf_engine, context_tokens=len(prompt), context_policy=policy)
+        res = small.generate([GenerationRequest(prompt, sampling)])[0]
+        assert res.finish_reason == "context" and res.token_ids == [] and res.prompt_tokens == len(prompt)
+        getattr(small, "close", lambda: None)()
+    room = _like(engine, hf_engine, context_tokens=len(prompt) + 16)
+    res = room.generate([GenerationRequest(prompt, sampling)])[0]
+    assert res.finish_reason != "context" and res.prompt_tokens == len(prompt)
+    getattr(room, "close", lambda: None)()
 
 
 def test_async_batcher_batches_concurrent_callers_and_orders_weight_updates(hf_engine, prompts):

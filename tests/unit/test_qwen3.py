@@ -291,7 +291,7 @@ class _Game:
 
 class _Replies:
     """An engine handle answering REPLIES in turn (ids from its own tokenizer), keeping each
-    request's (messages, prompt ids) as the engine got them."""
+    request's prompt ids as the engine got them."""
 
     def __init__(self, chat: ChatFormat) -> None:
         from rose_ray.inference.engine import GenerationResult
@@ -301,8 +301,7 @@ class _Replies:
 
         class _Generate:
             def remote(self, request):
-                outer.log.append(([{"role": t.role, "content": t.text} for t in request.turns],
-                                  [i for t in request.turns for i in t.token_ids]))
+                outer.log.append(list(request.prompt_ids))
                 text = next(replies)
                 ids = chat.encode(text) + [chat.eos_id]
 
@@ -345,10 +344,11 @@ def test_a_template_history_episode_renders_each_prompt_whole(tiny_qwen3, tiny_m
                                    Agent(teacher, teacher_chat, "teacher"), config, turn_policy("fixed", k=3),
                                    protocol=PROTOCOL, replay=replay))
     assert len(student.log) == 2 and len(teacher.log) == 3
-    for engine, chat in ((student, student_chat), (teacher, teacher_chat)):
-        for messages, prompt in engine.log:
-            assert prompt == chat.render_ids(messages, True)
     conv = [{"role": t.role, "content": t.text} for t in traj.turns]
+    sampled = [n for n, t in enumerate(traj.turns) if t.role == "assistant" and t.owner != "prompt"][1:]  # less the replayed
+    for engine, chat, owner in ((student, student_chat, "student"), (teacher, teacher_chat, "teacher")):
+        asked = [n for n in sampled if traj.turns[n].owner == owner]  # the conversation before each reply
+        assert engine.log == [chat.render_ids(conv[:n], True) for n in asked]
     assert [i for t in traj.turns for i in t.token_ids] == student_chat.render_ids(conv, False)
     fresh = [Turn(t.role, t.text, t.owner, policy_version=t.policy_version) for t in traj.turns]
     assert traj.turns == student_chat.apply_template(fresh, add_generation_prompt=False)
@@ -365,16 +365,15 @@ def test_actions_are_parsed_outside_the_think_block():
 
 
 class _Recorded:
-    """A real engine actor whose every generation request is kept as (the conversation's
-    messages, the prompt's ids) on its way to the actor; the actor answers it."""
+    """A real engine actor whose every generation request's prompt ids are kept on their way
+    to the actor; the actor answers it."""
 
     def __init__(self, actor, log: list) -> None:
         outer = self
 
         class _Generate:
             def remote(self, request):
-                log.append(([{"role": t.role, "content": t.text} for t in request.turns],
-                            [i for t in request.turns for i in t.token_ids]))
+                log.append(list(request.prompt_ids))
                 return outer.actor.generate.remote(request)
 
         self.actor, self.generate = actor, _Generate()
@@ -469,11 +468,11 @@ def test_a_template_history_episode_prompts_as_a_chat_api_would(tiny_qwen3, ray_
     traj = asyncio.run(_one_episode(tiny_qwen3, student_tokens=6, history="template", log=log))
     chat = ChatFormat(load_tokenizer(tiny_qwen3["student"]), history="template")
     assert len(log) == traj.rounds >= 3
-    for messages, prompt in log:
-        assert messages[-1]["role"] == "user" and prompt == chat.render_ids(messages, True)
-    # Sampled history would have kept the empty think block before each earlier reply.
-    assert len(_sampled_prompt(ChatFormat(chat.tokenizer), log[-1][0])) > len(log[-1][1])
     conv = [{"role": t.role, "content": t.text} for t in traj.turns]
+    replies = [n for n, t in enumerate(traj.turns) if t.role == "assistant" and t.owner != "prompt"]
+    assert log == [chat.render_ids(conv[:n], True) for n in replies]  # the conversation before each reply
+    # Sampled history would have kept the empty think block before each earlier reply.
+    assert len(_sampled_prompt(ChatFormat(chat.tokenizer), conv[: replies[-1]])) > len(log[-1])
     seq = render_seq(traj)
     assert seq.input_ids == chat.render_ids(conv, False)
     batch = make_batch([seq], TokenWeights(ce={"teacher": 1.0}), max_tokens=len(seq))

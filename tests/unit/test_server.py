@@ -15,7 +15,7 @@ from rose_ray.inference.engine import EngineConfig, GenerationRequest
 from rose_ray.inference.hf import HFEngine
 from rose_ray.inference.openai import OpenAIEngine, OpenAIServerError
 from rose_ray.inference.server import OpenAIServer
-from rose_ray.types import SamplingParams, Turn
+from rose_ray.types import SamplingParams
 from tests.unit.test_inference_engine import sharpened_state
 
 KEY = "test-key-123"
@@ -231,18 +231,16 @@ def test_client_error_carries_the_server_message(client):
         client.update_weights({}, 1)
 
 
-def test_client_applies_the_context_policy(client, engine):
-    chat = engine.chat
-    turns = [Turn("user", "i", "prompt", chat.opening_ids([("user", "instr"), ("assistant", "OK")])),
-             Turn("assistant", "OK", "prompt", [])]
-    for r in range(12):
-        turns += [Turn("user", "o", "env", chat.user_ids(f"observation {r} " * 4)),
-                  Turn("assistant", "a", "student", chat.assistant_ids(f"action {r}"))]
-    turns.append(Turn("user", "o", "env", chat.user_ids("now")))
-    assert sum(len(t.token_ids) for t in turns) > 256 - 16
-    res = client.generate([GenerationRequest(sampling=SamplingParams(0.0, 1.0, 16), turns=turns)])[0]
-    assert res.dropped_turns > 0 and res.finish_reason in ("stop", "length")
-    assert res.prompt_tokens <= 256 - 16
+def test_client_sends_the_prompt_ids_as_given(client, engine):
+    """A served engine cuts nothing (the rollout did): a prompt without room in the context
+    gets finish "context" without a request; one with room is sent whole, as ids."""
+    prompt = engine.chat.user_ids("observation " * 400)
+    assert len(prompt) >= 256
+    res = client.generate([GenerationRequest(prompt, SamplingParams(0.0, 1.0, 16))])[0]
+    assert res.finish_reason == "context" and res.token_ids == [] and res.prompt_tokens == len(prompt)
+    short = prompt[: 256 - 16]
+    res = client.generate([GenerationRequest(short, SamplingParams(0.0, 1.0, 16))])[0]
+    assert res.finish_reason in ("stop", "length") and res.prompt_tokens == len(short)
 
 
 def test_concurrent_http_requests_are_batched(client, engine, prompt):
