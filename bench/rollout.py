@@ -113,7 +113,7 @@ class RecordedEngine:
         self.calls += 1
         item, turn = request.request_id.rsplit("/t", 1)
         text, ids = self.replies[item][int(turn) - 1]
-        prompt = sum(len(t.token_ids) for t in request.turns or ())
+        prompt = len(request.prompt_ids)
         return GenerationResult(text, list(ids), [-0.5] * len(ids), "stop", prompt, 0, request.request_id)
 
 
