@@ -499,10 +499,13 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=None, help="rollout passes per history, each between two bound "
                     "passes (default 2; quick 1)")
-    ap.add_argument("--max-rss-gb", type=float, default=6.0, help="skip a point whose projected RSS is above this")
+    ap.add_argument("--max-rss-gb", type=float, default=None,
+                    help="skip a point whose projected RSS is above this (default: 3/4 of the memory available now)")
     ap.add_argument("--history", default=",".join(HISTORIES), help="chat histories to run (sampled,template)")
     ap.add_argument("--profile", action="store_true", help="print where the driver's CPU goes, by part")
     args = ap.parse_args()
+    if args.max_rss_gb is None:  # what this machine can hold beside what already runs on it
+        args.max_rss_gb = round(0.75 * psutil.virtual_memory().available / 2**30, 1)
     import ray
 
     from rose_ray.models import build_tokenizer
