@@ -135,9 +135,9 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
     """Every check, in order; returns the report lines or raises naming the first problem."""
     from rose_ray.chat import ChatFormat, ChatTemplateError
     from rose_ray.envs.worlds import get_world
-    from rose_ray.inference.engine import prompt_budget
     from rose_ray.models import load_tokenizer
     from rose_ray.placement import check_cluster, cluster_nodes, demands, format_plan
+    from rose_ray.rollout.context import prompt_budget
     from rose_ray.rollout.episode import same_tokenizer
 
     out = [f"config {cfg.name!r}: algorithm {cfg.algorithm.describe()}, {cfg.mode}, {cfg.steps} steps, "
@@ -168,7 +168,7 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
             raise InputError(f"{role}_engine.model: {name}: its chat template cannot be used: {e}") from None
         sampling = cfg.rollout.student_sampling if role == "student" else cfg.rollout.teacher_sampling
         out.append(f"{role}: {name} (tokenizer from {path}, {len(toks[role])} tokens)")
-        out += show_pieces(role, chat, protocol, prompt_budget(engine, sampling))
+        out += show_pieces(role, chat, protocol, prompt_budget(engine.context_tokens, sampling.max_new_tokens))
     shared = same_tokenizer(toks["student"], toks["teacher"])
     out.append(f"student and teacher {'share one tokenizer' if shared else 'have different tokenizers'}")
     cfg.algorithm.check_agents(cfg, shared)

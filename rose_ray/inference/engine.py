@@ -193,11 +193,6 @@ def validate_sampling(s: SamplingParams) -> None:
         raise InputError(f"sampling.stop: must be non-empty strings, got {s.stop!r}")
 
 
-def prompt_budget(config: EngineConfig, sampling: SamplingParams) -> int:
-    """Prompt tokens allowed so that a full reply still fits the context."""
-    return max(config.context_tokens - sampling.max_new_tokens, 0)
-
-
 def prompt_fits(request: GenerationRequest, config: EngineConfig) -> bool:
     """Whether a request's prompt leaves room in the context (the caller cut it to fit: an
     engine cuts nothing; one that does not fit gets `context_result`)."""

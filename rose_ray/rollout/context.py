@@ -1,6 +1,7 @@
 """The context cut: which turns of a conversation an agent's prompt leaves out so that it fits
-the agent's context. Decided in one place, by the rollout (`Conversation.prompt_for`) and by
-offline SFT rows (`recipes/sft.row_cut`); the engines get the ids that result and cut nothing.
+the agent's context (`prompt_budget`: what is left of it for the prompt). Decided in one place,
+by the rollout (`Conversation.prompt_for`) and by offline SFT rows (`recipes/sft.row_cut`); the
+engines get the ids that result and cut nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +12,11 @@ from rose_ray.types import Turn
 
 class ContextExceeded(ValueError):
     """A conversation does not fit the context budget under the configured policy."""
+
+
+def prompt_budget(context_tokens: int, max_new_tokens: int) -> int:
+    """The prompt tokens an agent may send so that a full reply still fits its context."""
+    return max(context_tokens - max_new_tokens, 0)
 
 
 def droppable_from(turns: list[Turn], keep_first_turns: int = 1) -> int:

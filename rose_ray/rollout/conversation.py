@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from rose_ray.chat import RenderCache
 from rose_ray.rollout.agent import Agent
-from rose_ray.rollout.context import ContextExceeded, context_cut
+from rose_ray.rollout.context import ContextExceeded, context_cut, prompt_budget
 from rose_ray.types import Turn
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class Conversation:
         then stays the last prompt's."""
         agent = self.agent(owner)
         view = self.prompt(owner) if view is None else view
-        budget = max(agent.context_tokens - max_new_tokens, 0)
+        budget = prompt_budget(agent.context_tokens, max_new_tokens)
         try:
             cut = context_cut(view, budget, agent.context_policy, agent.keep_first_turns)
         except ContextExceeded:

@@ -1,6 +1,7 @@
 """One episode: the student acts for turns 1..K, then the teacher takes over, in the same game
-and the same conversation. Read top to bottom, this is the ROSE rollout. Who acts when is the
-recipe's turn policy (rollout/handoff.py), asked before each turn the student would play.
+and the same conversation. Read top to bottom, `run_episode` is the ROSE rollout; what it
+changes as it plays is one `Episode`. Who acts when is the recipe's turn policy
+(rollout/handoff.py), asked before each turn the student would play.
 
 Episodes talk to an EnvPool slot and to engine actors through Ray; every call is awaited,
 so many episodes run concurrently in one event loop.
@@ -12,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rose_ray.envs.protocol import Protocol, parse_action
+from rose_ray.envs.base import StepResult
+from rose_ray.envs.protocol import ParsedAction, Protocol, parse_action
 from rose_ray.envs.worlds import get_world
 from rose_ray.errors import InputError
 from rose_ray.inference.engine import GenerationRequest
@@ -59,6 +61,72 @@ class EpisodeInterrupted(RuntimeError):
         self.game = game
 
 
+class Episode:
+    """One episode's state as it is played: the conversation, the replies' record, the game's
+    first and latest answers (the latest's scores are the episode's), how it ended, and where
+    its time went. `step` and `generate` are its timed calls to the game and the engines."""
+
+    def __init__(self, game: GameId, env: EnvSlot, protocol: Protocol, student: Agent, teacher: Agent | None) -> None:
+        self.started = time.perf_counter()
+        self.timing = {"env_s": 0.0, "student_s": 0.0, "teacher_s": 0.0, "teacher_score_s": 0.0}
+        self.game, self.env, self.protocol = game, env, protocol
+        self.conv = Conversation(protocol, student, teacher)
+        self.replies = Replies()
+        self.first: StepResult | None = None  # the game loaded
+        self.last: StepResult | None = None
+        self.last_action: str | None = None
+        self.done, self.end_reason = False, "turn_limit"
+
+    async def step(self, action: str | None) -> None:
+        """The game's answer to an action (None: load the game) becomes `last`; its
+        observation joins the conversation."""
+        t0 = time.perf_counter()
+        result = await (self.env.reset(self.game) if action is None else self.env.step(action))
+        self.timing["env_s"] += time.perf_counter() - t0
+        if result.interrupted:
+            raise EpisodeInterrupted(self.game, result.info.get("error", ""))
+        self.conv.add_observation(result.observation)
+        if action is None:
+            self.first = result
+        self.last = result
+
+    async def generate(self, owner: str, request: GenerationRequest) -> Any:
+        """The reply of the engine of the agent playing `owner`."""
+        t0 = time.perf_counter()
+        result = await self.conv.agent(owner).engine.generate.remote(request)
+        self.timing[f"{owner}_s"] += time.perf_counter() - t0
+        return result
+
+    def record(self, parsed: ParsedAction, played: Turn | None = None) -> bool:
+        """The reply just sent to the game and its answer (`last`); `played`: the reply's turn
+        when the engine sampled it now (not replayed). Returns whether it failed: the game did
+        not accept it, or it repeated the action before it."""
+        bad = not parsed.valid_format or self.protocol.is_invalid(self.last.observation)
+        repeated = parsed.action == self.last_action
+        self.replies.add(len(self.conv.turns) - 2, parsed, bad, repeated, played)
+        self.last_action = parsed.action
+        if self.last.done:
+            self.done, self.end_reason = True, self.last.end_reason
+        return bad or repeated
+
+    def trajectory(self, rounds: int, handoff_turn: int | None, handoff_p: float | None, handoff_seed: str | None,
+                   report: str | None, report_turns: list[Turn]) -> Trajectory:
+        """The finished episode, its turns as the learner reads them."""
+        turns, last, replies = self.conv.for_learner(), self.last, self.replies
+        self.timing["total_s"] = time.perf_counter() - self.started
+        versions = [t.policy_version for t in turns if t.owner == "student" and t.policy_version is not None]
+        return Trajectory(
+            game=self.game, turns=turns, score=float(last.score), raw_score=int(last.raw_score),
+            success=bool(last.success), rounds=rounds, handoff_turn=handoff_turn,
+            student_version=min(versions) if versions else None, done=self.done, end_reason=self.end_reason,
+            context_cut=self.conv.cut, invalid_actions=int(replies.invalid), truncated_turns=int(replies.truncated),
+            cut_before_action=int(replies.cut_before_action), invalid_turns=replies.invalid_turns,
+            repeated_turns=replies.repeated_turns, handoff_p=handoff_p, handoff_seed=handoff_seed,
+            timing=self.timing, report=report, report_turns=report_turns,
+            scoring={**(self.first.info.get("scoring") or {}), **(last.info.get("scoring") or {})},
+        )
+
+
 async def run_episode(
     game: GameId,
     env: EnvSlot,
@@ -83,44 +151,18 @@ async def run_episode(
     per episode, made from its seed and the episode's place in the game order.
     """
     protocol = protocol or get_world(game.world).protocol
-    t_start = time.perf_counter()
-    timing = {"env_s": 0.0, "student_s": 0.0, "teacher_s": 0.0, "teacher_score_s": 0.0}
     if teacher is None and handoff.needs_teacher:
         raise ValueError(f"handoff policy {handoff.policy} needs a teacher")
+    episode = Episode(game, env, protocol, student, teacher)
+    conv = episode.conv
     # No teacher: the student plays on whatever the policy says (eval without a teacher).
     state = TurnState(learner_step, handoff_seed if handoff_seed is not None else game.item_id)
     p = handoff.takeover_p(learner_step) if teacher is not None else None
-    conv = Conversation(protocol, student, teacher)
-
-    async def step(action: str | None) -> Any:
-        """The game's answer to an action (None: the game loaded), into the conversation."""
-        t0 = time.perf_counter()
-        result = await env.reset(game) if action is None else await env.step(action)
-        timing["env_s"] += time.perf_counter() - t0
-        if result.interrupted:
-            raise EpisodeInterrupted(game, result.info.get("error", ""))
-        conv.add_observation(result.observation)
-        return result
-
-    last = first = await step(None)  # the latest observation: its scores are the episode's
-    scoring = dict(first.info.get("scoring") or {})
+    await episode.step(None)  # the game loads: its first observation
+    replayed = await replay_prefix(episode, replay) if replay else 0
     handoff_turn: int | None = None
-    replies = Replies()
-    last_action, done, end_reason, replayed = None, False, "turn_limit", 0
-    if replay:  # the recorded replies first, each observation checked against the record
-        _check_observation(game, 0, replay[0].text, first.observation)
-        for replayed, (reply, expected) in enumerate(zip(replay[1::2], replay[2::2]), 1):
-            conv.add_recorded(reply)
-            parsed = parse_action(reply.text)
-            last = await step(parsed.action)
-            _check_observation(game, replayed, expected.text, last.observation)
-            replies.add(len(conv.turns) - 2, parsed, not parsed.valid_format or protocol.is_invalid(last.observation),
-                        parsed.action is not None and parsed.action == last_action)
-            last_action = parsed.action
-            if last.done:
-                done, end_reason = True, last.end_reason
     for turn in range(replayed + 1, config.max_turns + 1):
-        if done:
+        if episode.done:
             break
         if teacher is not None and handoff_turn is None and handoff.takes_over(turn, state):
             handoff_turn = turn  # the teacher acts from this turn to the end
@@ -128,51 +170,48 @@ async def run_episode(
         sampling = config.teacher_sampling if owner == "teacher" else config.student_sampling
         prompt = conv.prompt_for(owner, sampling.max_new_tokens)
         if prompt is None:  # no cut fits this agent's context
-            end_reason = "context"
+            episode.end_reason = "context"
             break
-        request = GenerationRequest(prompt, sampling.for_turn(game.item_id, turn),  # a seed: this turn's own
-                                    request_id=f"{request_prefix}{game.item_id}/t{turn}")
-        t0 = time.perf_counter()
-        result = await conv.agent(owner).engine.generate.remote(request)
-        timing[f"{owner}_s"] += time.perf_counter() - t0
+        result = await episode.generate(owner, GenerationRequest(
+            prompt, sampling.for_turn(game.item_id, turn),  # a seed: this turn's own
+            request_id=f"{request_prefix}{game.item_id}/t{turn}"))
         if result.finish_reason == "context":
-            end_reason = "context"
+            episode.end_reason = "context"
             break
         reply = conv.add_reply(owner, result)
         parsed = parse_action(result.text)
-        last = await step(parsed.action)
-        bad = not parsed.valid_format or protocol.is_invalid(last.observation)
-        replies.add(len(conv.turns) - 2, parsed, bad, parsed.action is not None and parsed.action == last_action, reply)
+        await episode.step(parsed.action)
+        failed = episode.record(parsed, reply)
         if owner == "student":
-            state.student_failed = bad or parsed.action == last_action
-        last_action = parsed.action
-        if last.done:
-            done, end_reason = True, last.end_reason
+            state.student_failed = failed
 
-    rounds = conv.rounds()
+    rounds = conv.rounds()  # the played replies, before a report turn joins them
     if handoff_turn is not None and handoff_turn > rounds:
         handoff_turn = None  # the episode ended before the teacher acted
-    scoring.update(last.info.get("scoring") or {})
     report, report_turns = None, []
     if config.report != "off" and protocol.report_question:
         report, report_turns = await ask_report(protocol.report_question, conv, config,
-                                                f"{request_prefix}{game.item_id}/report", timing)
+                                                f"{request_prefix}{game.item_id}/report", episode.timing)
         if config.report == "train":
             conv.turns[-1:] = report_turns  # the last observation with the question, then the answer
     if config.score_student_with_teacher and teacher is not None and conv.shared:
-        await score_student_tokens(conv.turns, conv.cut, teacher, timing)
-    turns = conv.for_learner()
-    timing["total_s"] = time.perf_counter() - t_start
-    versions = [t.policy_version for t in turns if t.owner == "student" and t.policy_version is not None]
-    return Trajectory(
-        game=game, turns=turns, score=float(last.score), raw_score=int(last.raw_score), success=bool(last.success),
-        rounds=rounds, handoff_turn=handoff_turn, student_version=min(versions) if versions else None,
-        done=done, end_reason=end_reason, context_cut=conv.cut, invalid_actions=int(replies.invalid),
-        truncated_turns=int(replies.truncated), cut_before_action=int(replies.cut_before_action),
-        invalid_turns=replies.invalid_turns, repeated_turns=replies.repeated_turns,
-        handoff_p=p, handoff_seed=state.seed if p is not None else None, timing=timing,
-        report=report, report_turns=report_turns, scoring=scoring,
-    )
+        await score_student_tokens(conv.turns, conv.cut, teacher, episode.timing)
+    return episode.trajectory(rounds, handoff_turn, p, state.seed if p is not None else None, report, report_turns)
+
+
+async def replay_prefix(episode: Episode, replay: list[Turn]) -> int:
+    """Send a recorded conversation's replies (`replay`: the first observation, then
+    reply/observation pairs) to the game again, each of its observations checked against the
+    record (`ReplayMismatch` otherwise). Returns how many replies were replayed."""
+    _check_observation(episode.game, 0, replay[0].text, episode.last.observation)
+    pairs = list(zip(replay[1::2], replay[2::2]))
+    for n, (reply, expected) in enumerate(pairs, 1):
+        episode.conv.add_recorded(reply)
+        parsed = parse_action(reply.text)
+        await episode.step(parsed.action)
+        _check_observation(episode.game, n, expected.text, episode.last.observation)
+        episode.record(parsed)
+    return len(pairs)
 
 
 async def score_student_tokens(turns: list[Turn], cut: list[int], teacher: Agent, timing: dict[str, float]) -> None:
