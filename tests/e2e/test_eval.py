@@ -15,7 +15,7 @@ from tests.unit.test_eval import record
 @pytest.mark.slow
 def test_eval_of_the_tiny_student_writes_json_and_markdown(tiny_models, ray_cluster, tmp_path):
     cfg = EvalCommand(model=str(tiny_models["student"]), split="test", n=10, max_turns=2,
-                     max_new_tokens=16, concurrency=5, context_tokens=2048, out=str(tmp_path / "ev"))
+                     max_new_tokens=8, concurrency=5, context_tokens=2048, out=str(tmp_path / "ev"))
     result = run_eval(cfg)
     data = json.loads((tmp_path / "ev.json").read_text())
     assert data["summary"] == result["summary"]
@@ -62,14 +62,15 @@ def test_interrupted_eval_resumes_without_replaying_finished_games(tiny_models, 
 def test_eval_ends_an_episode_at_the_context_by_default(tiny_models, ray_cluster, tmp_path):
     """AgentGym's rule is the default of `rose-ray eval` (and collect, continue): a prompt that
     no longer fits ends the episode, recorded as end reason `context`; `--context-policy
-    drop_oldest` plays on by dropping old turns."""
+    drop_oldest` plays on by dropping old turns. (The game fills 900 tokens at turn 4: 6 turns
+    are enough to see drop_oldest play past it.)"""
     from rose_ray.cli import main
 
-    base = ["eval", "--model", str(tiny_models["student"]), "--n", "1", "--max-turns", "12",
+    base = ["eval", "--model", str(tiny_models["student"]), "--n", "1", "--max-turns", "6",
             "--max-new-tokens", "32", "--context-tokens", "900", "--concurrency", "1"]
     assert main([*base, "--out", str(tmp_path / "end")]) == 0
     [ended] = json.loads((tmp_path / "end.json").read_text())["games"]
-    assert ended["end_reason"] == "context" and 0 < ended["turns"] < 12
+    assert ended["end_reason"] == "context" and 0 < ended["turns"] < 6  # at turn 4 (greedy)
     assert main([*base, "--context-policy", "drop_oldest", "--out", str(tmp_path / "drop")]) == 0
     [dropped] = json.loads((tmp_path / "drop.json").read_text())["games"]
     assert dropped["item_id"] == ended["item_id"] and dropped["turns"] > ended["turns"]

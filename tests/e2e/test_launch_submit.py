@@ -105,7 +105,8 @@ def test_a_submitted_run_lands_in_the_submitting_directory_and_outlives_the_job(
         env_file.write_text(f"ROSE_RAY_API_KEY={secret}\n")
         env_file.chmod(0o600)
         overrides = ["steps=2", "rollout.max_turns=3", "teacher_warmup.enabled=false", f"tiny_dir={tiny_dir}",
-                     "rollout.batch_episodes=2", "rollout.student_sampling.max_new_tokens=16",
+                     "rollout.batch_episodes=2", "env.games_per_worker=2",  # 2 JVMs to boot, not 8
+                     "rollout.student_sampling.max_new_tokens=16",
                      "rollout.teacher_sampling.max_new_tokens=16", "eval.before=false", "eval.teacher=false",
                      "eval.after=false",  # keeps the job short on 2 cores
                      "teacher_engine.api_key=${oc.env:ROSE_RAY_API_KEY}"]

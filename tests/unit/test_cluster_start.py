@@ -42,6 +42,7 @@ def test_a_teacher_that_cannot_start_fails_the_run_before_any_eval(tiny_models, 
     with pytest.raises(RuntimeError, match="the teacher engine failed to start"):
         train(None, [f"tiny_dir={tiny_models['student'].parent}", f"run_dir={tmp_path}/r", "steps=1",
                      "teacher_warmup.enabled=false", "teacher_engine.context_tokens=20000",
+                     "env.games_per_worker=1",  # its JVMs boot beside the engines: 1, not the tiny config's 8
                      "eval.before=true", "eval.n=2", "eval.max_turns=2", "eval.max_new_tokens=8"])
     assert not any("eval" in line for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()) \
         if (tmp_path / "r" / "metrics.jsonl").exists() else True

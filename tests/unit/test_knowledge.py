@@ -120,19 +120,6 @@ def test_the_cache_keys_on_judge_question_and_knowledge(tmp_path):
     assert len(names) == 3 and all(n.startswith(base.name) for n in names)
 
 
-def test_report_off_is_read_from_yaml_and_the_command_line(tmp_path):
-    """YAML reads a bare `off` as false: `rollout.report: off` still means off."""
-    from rose_ray.config import ConfigError, load_config
-
-    config = tmp_path / "c.yaml"
-    config.write_text("rollout:\n  report: off\n")
-    assert load_config(str(config)).rollout.report == "off"
-    assert load_config(None, ["rollout.report=off"]).rollout.report == "off"
-    assert load_config(None, ["rollout.report=train"]).rollout.report == "train"
-    with pytest.raises(ConfigError, match="rollout.report: must be ask, train or off, got 'maybe'"):
-        load_config(None, ["rollout.report=maybe"])
-
-
 # --------------------------------------------------------------------------- tables
 def _record(item: str, success: bool, process: float, knowledge: float | None = None, **extra) -> dict:
     g = CATALOGUE.game(item)
