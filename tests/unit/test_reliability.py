@@ -22,8 +22,6 @@ import pytest
 from rose_ray.inference.engine import EngineConfig
 from rose_ray.inference.openai import OpenAIEngine, OpenAIServerError, OpenAIServerGone
 from rose_ray.reliability import RoleFailed, Stalled, Watchdog
-from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
-from rose_ray.types import GameId
 
 
 def read_jsonl(path: Path, partial_ok: bool = False) -> list[dict]:
@@ -63,67 +61,6 @@ def test_the_failure_channel_hands_each_failure_to_the_loop_once_in_order():
         assert failures.take() is None
 
     asyncio.run(main())
-
-
-def test_the_ledger_gives_every_draw_one_outcome_across_going_back():
-    games = [GameId("t", i, f"sciworld_{i}") for i in range(5)]
-
-    def ledger(path, fresh=True):
-        return EpisodeLedger(path, GameSampler(games, seed=3), fresh=fresh)
-
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "episodes.jsonl"
-        a = ledger(path)
-        d = [a.draw() for _ in range(4)]
-        a.record(d[0].episode_id, "trained", step=1)
-        a.record(d[1].episode_id, "dropped_stale")
-        state = a.state_dict()  # d[2], d[3] open at the checkpoint
-        more = [a.draw() for _ in range(3)]  # crosses an epoch: 7 draws of 5 games
-        a.record(d[2].episode_id, "trained", step=2)
-        a.record(more[0].episode_id, "failed")
-        a.close()
-        # Going back: the file is cut, the open episodes come first, then the same draws again.
-        b = ledger(path, fresh=False)
-        b.load_state_dict(state)
-        again = [b.draw() for _ in range(5)]
-        assert [x.n for x in again] == [2, 3, 4, 5, 6]
-        assert [x.game for x in again] == [d[2].game, d[3].game] + [m.game for m in more]
-        assert (again[0].epoch, again[0].position) == (d[2].epoch, d[2].position)  # the same decay seed
-        b.record(again[0].episode_id, "trained", step=2)
-        b.stop()  # the rest was in flight
-        b.close()
-        records = read_jsonl(path)
-        assert [(r["n"], r["outcome"]) for r in records] == [
-            (0, "trained"), (1, "dropped_stale"), (2, "trained"), (3, "in_flight"), (4, "in_flight"),
-            (5, "in_flight"), (6, "in_flight")]
-
-
-def test_the_buffer_reports_stale_drops_and_checkpoints_counters_without_open_episodes():
-    from rose_ray.rollout.buffer import TrajectoryBuffer
-    from rose_ray.types import Trajectory
-
-    def traj(i: int) -> Trajectory:
-        return Trajectory(GameId("boil", i, f"sciworld_{i}"), [], student_version=0, episode_id=f"e{i}")
-
-    dropped: list = []
-
-    async def main() -> TrajectoryBuffer:
-        buf = TrajectoryBuffer(batch_episodes=2, max_lag=1, on_drop=dropped.append)  # room for 4
-        for _ in range(3):
-            await buf.admit()
-        assert await buf.add(traj(0), learner_version=0)  # fresh: buffered
-        assert not await buf.add(traj(1), learner_version=2)  # two versions behind: stale
-        return buf  # e0 buffered, one episode still in flight
-
-    buf = asyncio.run(main())
-    assert [t.episode_id for t in dropped] == ["e1"]
-    saved = buf.state_dict()
-    assert (saved["admitted"], saved["accepted"], saved["dropped_stale"]) == (1, 0, 1)
-    resumed = TrajectoryBuffer(2, 1)
-    resumed.load_state_dict(saved)
-    assert resumed.accounting_holds()  # a resume starts balanced
 
 
 def test_the_openai_client_waits_for_a_server_that_comes_back_and_names_one_that_does_not():
