@@ -1,4 +1,4 @@
-"""Tiny local models, the chat-format token pieces, and the small CLI commands."""
+"""Tiny local models and the small CLI commands (the chat-format token pieces: test_chat.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import sys
 
 import pytest
 
-from rose_ray.chat import ChatFormat
-from rose_ray.envs.sciworld.protocol import PROTOCOL
 from rose_ray.models import (
     ModelNotAvailable,
     count_parameters,
@@ -47,20 +45,6 @@ def test_init_tiny_is_seeded_and_reused(tmp_path, tiny_models):
 def test_missing_model_is_a_clear_error():
     with pytest.raises(ModelNotAvailable, match="init-tiny"):
         load_model("/nonexistent/model-folder")
-
-
-def test_turn_by_turn_ids_equal_the_whole_template(tiny_models):
-    fmt = ChatFormat(load_tokenizer(tiny_models["student"]))
-    opening = PROTOCOL.opening()
-    turns = [("user", "Your task is to boil water.\nThis room is called the hallway."),
-             ("assistant", "Thought: go.\nAction: open door to kitchen"),
-             ("user", "The door is now open.")]
-    ids = fmt.opening_ids(opening) + fmt.user_ids(turns[0][1]) + fmt.assistant_ids(turns[1][1]) + fmt.user_ids(turns[2][1])
-    whole = fmt.render_ids([{"role": r, "content": t} for r, t in opening + turns], add_generation_prompt=True)
-    assert ids == whole
-    sampled = fmt.encode("Action: look around")
-    assert fmt.finish_sampled(sampled)[-1] == fmt.eos_id
-    assert fmt.finish_sampled(sampled + [fmt.eos_id]) == sampled + [fmt.eos_id]
 
 
 def run_cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
