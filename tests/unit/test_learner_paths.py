@@ -137,18 +137,6 @@ def test_a_token_sees_no_other_segment(tiny_models, attn):
             assert np.abs(logp(changed, False)[others] - logp(part["input_ids"], False)[others]).max() > 1e-4
 
 
-def test_chunked_logits_equal_the_models_logits(tiny_models):
-    model = load(tiny_models["student"], "sdpa_varlen")
-    ids = torch.from_numpy(np.random.default_rng(0).integers(5, 500, (2, 40)))
-    t = {"input_ids": ids, "position_ids": torch.arange(40).expand(2, 40)}
-    out = torch.empty(2, 40, model.config.vocab_size)
-    forward = PackedForward(model, "sdpa_varlen", 7)
-    with torch.no_grad():
-        forward.logits_into(forward.hidden_states(model, t), out)
-        expected = load(tiny_models["student"], "dense_mask")(input_ids=ids).logits
-    torch.testing.assert_close(out, expected, rtol=RTOL, atol=1e-5)
-
-
 @pytest.mark.skipif(not (torch.cuda.is_available() and importlib.util.find_spec("flash_attn")),
                     reason="flash_attention_2 needs a CUDA GPU and the flash-attn package")
 def test_flash_attention_varlen_equals_the_dense_path(tiny_models):
