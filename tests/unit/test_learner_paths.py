@@ -137,43 +137,6 @@ def test_a_token_sees_no_other_segment(tiny_models, attn):
             assert np.abs(logp(changed, False)[others] - logp(part["input_ids"], False)[others]).max() > 1e-4
 
 
-def test_chunked_logits_equal_the_models_logits(tiny_models):
-    model = load(tiny_models["student"], "sdpa_varlen")
-    ids = torch.from_numpy(np.random.default_rng(0).integers(5, 500, (2, 40)))
-    t = {"input_ids": ids, "position_ids": torch.arange(40).expand(2, 40)}
-    out = torch.empty(2, 40, model.config.vocab_size)
-    forward = PackedForward(model, "sdpa_varlen", 7)
-    with torch.no_grad():
-        forward.logits_into(forward.hidden_states(model, t), out)
-        expected = load(tiny_models["student"], "dense_mask")(input_ids=ids).logits
-    torch.testing.assert_close(out, expected, rtol=RTOL, atol=1e-5)
-
-
-def test_micro_batches_follow_a_token_budget():
-    """Rows share a micro-batch only while they fit the budget; every rank gets as many
-    micro-batches; a micro-batch is one padding-free row with its segment boundaries."""
-    seqs = [render([Turn("user", "", "env", list(range(1, n + 1)))]) for n in (8, 7, 3, 2)]
-    batch = make_batch(seqs, TokenWeights(ce={"env": 1.0}), max_tokens=8)
-    rows = (np.asarray(batch.attention_mask) > 0).sum(axis=1).tolist()
-    assert rows == [8, 7, 5]  # the last row: segments of 3 and 2, padded to 8
-    (one_rank,) = micro_batches(batch, ranks=1, max_tokens=8)
-    assert [p["input_ids"].shape[1] for p in one_rank] == [8, 7, 5]  # no two rows fit 8 together
-    (wide,) = micro_batches(batch, ranks=1, max_tokens=16)
-    assert [p["input_ids"].shape[1] for p in wide] == [15, 5]  # 8 + 7 share one
-    for p in wide:
-        seg = p["attention_mask"][0]
-        assert (seg > 0).all() and seg[0] == 1 and (np.diff(seg) >= 0).all()  # renumbered, no padding
-        starts = p["cu_seq_lens"][:-1]
-        assert (p["position_ids"][0, starts] == 0).all() and p["cu_seq_lens"][-1] == seg.size
-        assert len(starts) == seg.max()
-    per_rank = micro_batches(batch, ranks=4, max_tokens=8)
-    assert len({len(parts) for parts in per_rank}) == 1
-    tokens = sorted(int((p["attention_mask"] > 0).sum()) for parts in per_rank for p in parts)
-    assert sum(tokens) == 20 and tokens.count(0) == 4 * len(per_rank[0]) - len(rows)
-    empty = next(p for parts in per_rank for p in parts if not (p["attention_mask"] > 0).any())
-    assert "ce_weights" in empty and not any(v.any() for k, v in empty.items() if k.endswith("_weights"))
-
-
 @pytest.mark.skipif(not (torch.cuda.is_available() and importlib.util.find_spec("flash_attn")),
                     reason="flash_attention_2 needs a CUDA GPU and the flash-attn package")
 def test_flash_attention_varlen_equals_the_dense_path(tiny_models):

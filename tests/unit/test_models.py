@@ -1,14 +1,10 @@
-"""Tiny local models, the chat-format token pieces, and the small CLI commands."""
+"""Tiny local models (rose_ray/models.py). The chat-format token pieces: test_chat.py; the
+small CLI commands: test_cli.py."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from rose_ray.chat import ChatFormat
-from rose_ray.envs.sciworld.protocol import PROTOCOL
 from rose_ray.models import (
     ModelNotAvailable,
     count_parameters,
@@ -47,40 +43,3 @@ def test_init_tiny_is_seeded_and_reused(tmp_path, tiny_models):
 def test_missing_model_is_a_clear_error():
     with pytest.raises(ModelNotAvailable, match="init-tiny"):
         load_model("/nonexistent/model-folder")
-
-
-def test_turn_by_turn_ids_equal_the_whole_template(tiny_models):
-    fmt = ChatFormat(load_tokenizer(tiny_models["student"]))
-    opening = PROTOCOL.opening()
-    turns = [("user", "Your task is to boil water.\nThis room is called the hallway."),
-             ("assistant", "Thought: go.\nAction: open door to kitchen"),
-             ("user", "The door is now open.")]
-    ids = fmt.opening_ids(opening) + fmt.user_ids(turns[0][1]) + fmt.assistant_ids(turns[1][1]) + fmt.user_ids(turns[2][1])
-    whole = fmt.render_ids([{"role": r, "content": t} for r, t in opening + turns], add_generation_prompt=True)
-    assert ids == whole
-    sampled = fmt.encode("Action: look around")
-    assert fmt.finish_sampled(sampled)[-1] == fmt.eos_id
-    assert fmt.finish_sampled(sampled + [fmt.eos_id]) == sampled + [fmt.eos_id]
-
-
-def run_cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rose_ray.cli", *args], input=stdin,
-                          capture_output=True, text=True, timeout=120)
-
-
-def test_games_lists_the_catalogue_without_a_jvm():
-    out = run_cli("games")
-    assert out.returncode == 0
-    assert "mapping agentgym: 4639 games, 23 tasks" in out.stdout
-    assert "2312" in out.stdout and "1156" in out.stdout and "1171" in out.stdout
-    assert "4339" in run_cli("games", "--mapping", "agentgym_traj").stdout
-    bad = run_cli("games", "--show", "sciworld_99999")
-    assert bad.returncode == 2 and "outside the 'agentgym' mapping" in bad.stderr
-
-
-def test_play_goes_through_the_model_protocol():
-    out = run_cli("play", "sciworld_0", stdin="open door to kitchen\nThought: hm\\nAction: focus on orange\n")
-    assert out.returncode == 0, out.stderr
-    assert "Your task is to boil water." in out.stdout and "Thought:" in out.stdout  # the instruction
-    assert "The door is now open." in out.stdout
-    assert "Episode over: score -100 (0.00), turns 2, failed" in out.stdout

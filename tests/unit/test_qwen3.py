@@ -57,30 +57,6 @@ def test_the_stand_in_template_behaves_like_qwen3(tiny_qwen3):
         "<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
-@pytest.mark.parametrize("thinking", [False, True])
-def test_chat_pieces_hold_for_a_template_that_rewrites_history(tiny_qwen3, thinking):
-    tok = load_tokenizer(tiny_qwen3["student"])
-    chat = ChatFormat(tok, enable_thinking=thinking)  # raised "rewrites earlier turns" before
-    assert chat.rewrites_history
-    opening = [("user", INSTR), ("assistant", ACK)]
-    # The first prompt is exactly the template's.
-    first = chat.opening_ids(opening) + chat.user_ids(OBS[0])
-    conv = msgs(*opening, ("user", OBS[0]))
-    assert first == chat.render_ids(conv, True)
-    assert tok.decode(first) == render(tok, conv, True, enable_thinking=thinking)
-    assert "<think>" not in tok.decode(chat.opening_ids(opening))  # the ack as history renders it
-    # Each later prompt ends with the template's own rendering of its last user turn.
-    sampled = tok(REPLY, add_special_tokens=False)["input_ids"]
-    stream = first + chat.finish_sampled(sampled) + chat.user_ids(OBS[1])
-    whole = render(tok, conv + msgs(("assistant", REPLY), ("user", OBS[1])), True, enable_thinking=thinking)
-    tail = whole[whole.rindex("<|im_end|>\n<|im_start|>user") + len("<|im_end|>"):]
-    assert tok.decode(stream).endswith(tail)
-    # ... and holds the reply's ids exactly as sampled, right after the first prompt.
-    assert stream[len(first):len(first) + len(sampled) + 1] == sampled + [chat.eos_id]
-    assert tok.decode(chat.user_ids("x")).endswith(
-        "<|im_start|>assistant\n" if thinking else "<|im_start|>assistant\n<think>\n\n</think>\n\n")
-
-
 # Written here to behave exactly as Qwen3's own chat template does on a conversation's history
 # (text and tool responses, no tool calls): the last query is the last user message that is not a
 # wrapped tool response; an assistant message's reasoning (`reasoning_content`, else what comes
@@ -352,10 +328,6 @@ def test_a_template_history_episode_renders_each_prompt_whole(tiny_qwen3, tiny_m
     assert [i for t in traj.turns for i in t.token_ids] == student_chat.render_ids(conv, False)
     fresh = [Turn(t.role, t.text, t.owner, policy_version=t.policy_version) for t in traj.turns]
     assert traj.turns == student_chat.apply_template(fresh, add_generation_prompt=False)
-
-
-def test_the_plain_template_is_not_a_rewriter(tiny_models):
-    assert not ChatFormat(load_tokenizer(tiny_models["student"])).rewrites_history
 
 
 def test_actions_are_parsed_outside_the_think_block():

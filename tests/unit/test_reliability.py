@@ -8,22 +8,16 @@ killed with signals, an absent server is a closed port."""
 from __future__ import annotations
 
 import asyncio
-import http.server
 import json
 import os
 import signal
-import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from rose_ray.inference.engine import EngineConfig
-from rose_ray.inference.openai import OpenAIEngine, OpenAIServerError, OpenAIServerGone
 from rose_ray.reliability import RoleFailed, Stalled, Watchdog
-from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
-from rose_ray.types import GameId
 
 
 def read_jsonl(path: Path, partial_ok: bool = False) -> list[dict]:
@@ -65,111 +59,6 @@ def test_the_failure_channel_hands_each_failure_to_the_loop_once_in_order():
     asyncio.run(main())
 
 
-def test_the_ledger_gives_every_draw_one_outcome_across_going_back():
-    games = [GameId("t", i, f"sciworld_{i}") for i in range(5)]
-
-    def ledger(path, fresh=True):
-        return EpisodeLedger(path, GameSampler(games, seed=3), fresh=fresh)
-
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "episodes.jsonl"
-        a = ledger(path)
-        d = [a.draw() for _ in range(4)]
-        a.record(d[0].episode_id, "trained", step=1)
-        a.record(d[1].episode_id, "dropped_stale")
-        state = a.state_dict()  # d[2], d[3] open at the checkpoint
-        more = [a.draw() for _ in range(3)]  # crosses an epoch: 7 draws of 5 games
-        a.record(d[2].episode_id, "trained", step=2)
-        a.record(more[0].episode_id, "failed")
-        a.close()
-        # Going back: the file is cut, the open episodes come first, then the same draws again.
-        b = ledger(path, fresh=False)
-        b.load_state_dict(state)
-        again = [b.draw() for _ in range(5)]
-        assert [x.n for x in again] == [2, 3, 4, 5, 6]
-        assert [x.game for x in again] == [d[2].game, d[3].game] + [m.game for m in more]
-        assert (again[0].epoch, again[0].position) == (d[2].epoch, d[2].position)  # the same decay seed
-        b.record(again[0].episode_id, "trained", step=2)
-        b.stop()  # the rest was in flight
-        b.close()
-        records = read_jsonl(path)
-        assert [(r["n"], r["outcome"]) for r in records] == [
-            (0, "trained"), (1, "dropped_stale"), (2, "trained"), (3, "in_flight"), (4, "in_flight"),
-            (5, "in_flight"), (6, "in_flight")]
-
-
-def test_the_buffer_reports_stale_drops_and_checkpoints_counters_without_open_episodes():
-    from rose_ray.rollout.buffer import TrajectoryBuffer
-    from rose_ray.types import Trajectory
-
-    def traj(i: int) -> Trajectory:
-        return Trajectory(GameId("boil", i, f"sciworld_{i}"), [], student_version=0, episode_id=f"e{i}")
-
-    dropped: list = []
-
-    async def main() -> TrajectoryBuffer:
-        buf = TrajectoryBuffer(batch_episodes=2, max_lag=1, on_drop=dropped.append)  # room for 4
-        for _ in range(3):
-            await buf.admit()
-        assert await buf.add(traj(0), learner_version=0)  # fresh: buffered
-        assert not await buf.add(traj(1), learner_version=2)  # two versions behind: stale
-        return buf  # e0 buffered, one episode still in flight
-
-    buf = asyncio.run(main())
-    assert [t.episode_id for t in dropped] == ["e1"]
-    saved = buf.state_dict()
-    assert (saved["admitted"], saved["accepted"], saved["dropped_stale"]) == (1, 0, 1)
-    resumed = TrajectoryBuffer(2, 1)
-    resumed.load_state_dict(saved)
-    assert resumed.accounting_holds()  # a resume starts balanced
-
-
-def test_the_openai_client_waits_for_a_server_that_comes_back_and_names_one_that_does_not():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens here until the server below starts
-
-    class Models(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            body = json.dumps({"data": [{"id": "m"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    url = f"http://127.0.0.1:{port}/v1"
-    gone = OpenAIEngine(EngineConfig.of("openai", base_url=url, retry_s=1.0))
-    t0 = time.monotonic()
-    with pytest.raises(OpenAIServerGone, match=f"127.0.0.1:{port}.*no answer after 2 attempts.*retry_s 1"):
-        gone.models()
-    assert 0.4 < time.monotonic() - t0 < 5  # one backoff of 0.5 s, then it gave up
-
-    servers = []
-
-    def come_back() -> None:  # the server comes back after 1.2 s
-        time.sleep(1.2)
-        servers.append(http.server.HTTPServer(("127.0.0.1", port), Models))
-        servers[0].serve_forever()
-
-    starter = threading.Thread(target=come_back, daemon=True)
-    starter.start()
-    try:
-        patient = OpenAIEngine(EngineConfig.of("openai", base_url=url, retry_s=30.0))
-        assert patient.models() == ["m"]
-        assert patient.stats()["retries"] >= 2  # refused at 0 s and 0.5 s, answered at 1.5 s
-    finally:
-        for server in servers:
-            server.shutdown()
-            server.server_close()
-        starter.join(timeout=10)
-
-
 def test_the_watchdog_waits_while_a_role_is_replaced_then_stops_a_stall():
     async def main() -> list[str]:
         busy, reports = [True], []
@@ -188,42 +77,6 @@ def test_the_watchdog_waits_while_a_role_is_replaced_then_stops_a_stall():
         return reports
 
     assert len(asyncio.run(main())) == 2  # the warning after one period, the stop after two
-
-
-def test_the_openai_client_waits_out_a_rate_limit():
-    """A 429 (OpenAI's API under load) is retried after its Retry-After; other 4xx are not."""
-    answers = [429, 429, 200]
-
-    class Limited(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            code = answers.pop(0) if answers else 400
-            body = json.dumps({"data": [{"id": "m"}]} if code == 200 else {"error": {"message": f"code {code}"}})
-            self.send_response(code)
-            if code == 429:
-                self.send_header("Retry-After", "0.3")
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body.encode())
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Limited)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        engine = OpenAIEngine(EngineConfig.of("openai", base_url=f"http://127.0.0.1:{server.server_port}/v1",
-                                           retry_s=30.0))
-        t0 = time.monotonic()
-        assert engine.models() == ["m"]
-        assert engine.stats()["retries"] == 2 and time.monotonic() - t0 >= 0.6  # waited as asked, twice
-        with pytest.raises(OpenAIServerError, match="400: code 400"):  # a client error: at once
-            engine.models()
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
 
 
 # --------------------------------------------------------------------------- engines alone

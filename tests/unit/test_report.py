@@ -11,7 +11,6 @@ import asyncio
 import pytest
 
 from rose_ray.chat import ChatFormat
-from rose_ray.config import ConfigError, load_config
 from rose_ray.envs.protocol import Protocol
 from rose_ray.inference.engine import GenerationResult
 from rose_ray.models import load_tokenizer
@@ -155,16 +154,3 @@ def test_the_question_follows_an_observation_only(chats):
     conv.turns.pop()  # the conversation now ends with the student's reply
     with pytest.raises(ValueError, match="follows an observation"):
         ask(conv)
-
-
-def test_report_off_is_read_from_yaml_and_the_command_line(tmp_path):
-    """YAML reads a bare `off` as false: `rollout.report: off` still means off."""
-    config = tmp_path / "c.yaml"
-    config.write_text("rollout:\n  report: off\n")
-    assert load_config(str(config)).rollout.report == "off"
-    assert load_config(None, ["rollout.report=off"]).rollout.report == "off"
-    assert load_config(None, ["rollout.report=train"]).rollout.report == "train"
-    with pytest.raises(ConfigError, match="rollout.report: must be ask, train or off, got 'maybe'"):
-        load_config(None, ["rollout.report=maybe"])
-    with pytest.raises(ValueError, match="report: must be one of"):
-        EpisodeConfig(report="maybe")

@@ -11,7 +11,7 @@ import torch
 
 from rose_ray.chat import ChatFormat
 from rose_ray.config import load_config
-from rose_ray.learner.batching import micro_batches, position_ids
+from rose_ray.learner.batching import micro_batches
 from rose_ray.recipes.sft import row_cut
 from rose_ray.rows import row_to_trajectory
 from rose_ray.tokens import TokenWeights, loss_turns, make_batch, pack, render
@@ -197,30 +197,3 @@ def test_packing_masks_attention_between_sequences(tiny_models):
             alone = model(input_ids=ids).logits[0]
             c = next(c for c in part["cu_seq_lens"][:-1] if part["input_ids"][0, c:c + len(s)].tolist() == s.input_ids)
             torch.testing.assert_close(packed[c:c + len(s)], alone, atol=1e-4, rtol=1e-4)
-
-
-def test_position_ids_restart_per_segment():
-    seg = np.array([[1, 1, 1, 2, 2, 0, 0]])
-    assert position_ids(seg).tolist() == [[0, 1, 2, 0, 1, 0, 1]]
-
-
-def test_packed_segments_do_not_attend_to_each_other(tiny_models):
-    """A sequence packed after another gets the logits it gets alone."""
-    import torch
-
-    from rose_ray.learner.attention import segment_mask
-    from rose_ray.learner.batching import position_ids
-    from rose_ray.models import load_model
-
-    model = load_model(tiny_models["student"])
-    a, b = [5, 6, 7, 8, 9], [10, 11, 12]
-    segments = np.array([[1] * 5 + [2] * 3 + [0] * 2])
-    ids = torch.tensor([a + b + [0, 0]])
-    with torch.no_grad():
-        packed = model(ids, position_ids=torch.from_numpy(position_ids(segments)),
-                       attention_mask=segment_mask(torch.from_numpy(segments))).logits[0]
-        alone_a = model(torch.tensor([a])).logits[0]
-        alone_b = model(torch.tensor([b])).logits[0]
-    assert torch.allclose(packed[:5], alone_a, atol=1e-5)
-    assert torch.allclose(packed[5:8], alone_b, atol=1e-5)
-    assert torch.isfinite(packed).all()  # padding rows stay finite

@@ -1,5 +1,6 @@
-"""Placement: per-node bin-packing of every role, `rose-ray plan` on a simulated three-node
-cluster (one node with 2 GPUs, two CPU-only env nodes), and GPU placement groups."""
+"""Placement (rose_ray/placement.py): per-node bin-packing of every role, `rose-ray plan` on a
+simulated three-node cluster (one node with 2 GPUs, two CPU-only env nodes), and GPU placement
+groups."""
 
 from __future__ import annotations
 

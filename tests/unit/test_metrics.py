@@ -1,4 +1,6 @@
-"""Progress in logs that are not a terminal: plain lines, not tqdm's carriage-return updates."""
+"""Progress lines (rose_ray/metrics.py: `progress`, `LineProgress`, `MetricsLogger.progress`):
+in logs that are not a terminal, plain lines, not tqdm's carriage-return updates; on a terminal,
+tqdm's bar. The per-step scalars a run logs are checked through an episode in test_episode.py."""
 
 from __future__ import annotations
 
