@@ -1,31 +1,12 @@
 """The slow half of tests/unit/test_discoveryworld.py (marked `slow`: whole runs, servers, jobs); that
-file's docstring says what both halves check."""
+file's docstring says what both halves check. The eval of the tiny student on easy games is
+tests/e2e/test_knowledge.py's, with a served judge (one eval for both)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-
-from tests.unit.test_discoveryworld import CATALOGUE
-
-
-@pytest.mark.slow
-def test_eval_of_the_tiny_student_on_easy_games(tiny_models, ray_cluster, tmp_path):
-    from rose_ray.evaluate import EvalCommand, run_eval
-
-    easy = [CATALOGUE.find(f"{theme}-easy", 0).item_id  # benchmark instances, three themes
-            for theme in ("combinatorial-chemistry", "archaeology-dating", "plant-nutrients")]
-    ids = tmp_path / "easy.json"
-    ids.write_text(json.dumps(easy))
-    cfg = EvalCommand(model=str(tiny_models["student"]), world="discoveryworld", split=str(ids), n=0,
-                     max_turns=2, max_new_tokens=16, concurrency=3, context_tokens=2048,
-                     out=str(tmp_path / "dw"))
-    result = run_eval(cfg)
-    assert [g["item_id"] for g in result["games"]] == easy
-    assert all(0 < g["turns"] <= 2 for g in result["games"])
-    assert set(result["summary"]["per_task"]) == {CATALOGUE.game(i).task for i in easy}
-    assert (tmp_path / "dw.md").read_text().count("-easy |") == 3
 
 
 @pytest.mark.slow

@@ -13,30 +13,17 @@ from tests.unit.test_eval import record
 
 
 @pytest.mark.slow
-def test_eval_of_the_tiny_student_writes_json_and_markdown(tiny_models, ray_cluster, tmp_path):
-    cfg = EvalCommand(model=str(tiny_models["student"]), split="test", n=10, max_turns=2,
-                     max_new_tokens=8, concurrency=5, context_tokens=2048, out=str(tmp_path / "ev"))
-    result = run_eval(cfg)
-    data = json.loads((tmp_path / "ev.json").read_text())
-    assert data["summary"] == result["summary"]
-    assert data["summary"]["overall"]["games"] == 10 and len(data["games"]) == 10
-    per_task = data["summary"]["per_task"]
-    assert len(per_task) >= 5 and sum(b["games"] for b in per_task.values()) == 10
-    assert all(0 < g["turns"] <= 2 for g in data["games"])
-    md = (tmp_path / "ev.md").read_text()
-    assert "| task |" in md and all(f"| {t} |" in md for t in per_task)
-    assert not (tmp_path / "ev.partial.jsonl").exists()
-
-
-@pytest.mark.slow
-def test_interrupted_eval_resumes_without_replaying_finished_games(tiny_models, ray_cluster, tmp_path):
+def test_eval_of_the_tiny_student_resumes_and_writes_json_and_markdown(tiny_models, ray_cluster, tmp_path):
+    """One eval of 10 games, interrupted after 2 (a partial file as a kill leaves it): the
+    finished games are kept, not replayed, and the JSON and markdown cover all 10. (Resuming
+    and writing were two evals; the resumed one's checks hold on this one.)"""
     from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
     from rose_ray.evaluate import resume_header
 
-    cfg = EvalCommand(model=str(tiny_models["student"]), split="test", n=4, max_turns=2,
-                     max_new_tokens=8, concurrency=2, context_tokens=2048, out=str(tmp_path / "r"))
-    games = SciWorldCatalogue().sample("test", 4, 0)
-    partial = tmp_path / "r.partial.jsonl"
+    cfg = EvalCommand(model=str(tiny_models["student"]), split="test", n=10, max_turns=2,
+                     max_new_tokens=8, concurrency=5, context_tokens=2048, out=str(tmp_path / "ev"))
+    games = SciWorldCatalogue().sample("test", 10, 0)
+    partial = tmp_path / "ev.partial.jsonl"
     done = [dict(record(g.task, 100, turns=1), item_id=g.item_id, resumed=True) for g in games[:2]]
     # The header names the mapping resolved: the default and `--mapping agentgym` are one eval.
     header = resume_header(cfg)
@@ -50,7 +37,18 @@ def test_interrupted_eval_resumes_without_replaying_finished_games(tiny_models, 
     assert set(by_id) == {g.item_id for g in games}
     assert all(by_id[g.item_id].get("resumed") for g in games[:2])  # kept, not replayed
     assert not any(by_id[g.item_id].get("resumed") for g in games[2:])
-    assert result["summary"]["overall"]["success"] >= 0.5
+    # The 2 kept successes count (the untrained student succeeds at none): 2 of the 10 games.
+    assert result["summary"]["overall"]["success"] >= 2 / 10
+
+    data = json.loads((tmp_path / "ev.json").read_text())
+    assert data["summary"] == result["summary"]
+    assert data["summary"]["overall"]["games"] == 10 and len(data["games"]) == 10
+    per_task = data["summary"]["per_task"]
+    assert len(per_task) >= 5 and sum(b["games"] for b in per_task.values()) == 10
+    assert all(0 < g["turns"] <= 2 for g in data["games"])
+    md = (tmp_path / "ev.md").read_text()
+    assert "| task |" in md and all(f"| {t} |" in md for t in per_task)
+    assert not (tmp_path / "ev.partial.jsonl").exists()
 
     # A partial file from other settings is refused, not silently mixed in.
     partial.write_text(json.dumps({"eval_config": {"model": "other"}}) + "\n")

@@ -46,8 +46,15 @@ def test_online_rose_and_opd_run_on_qwen3_like_models(q3_overrides, ray_cluster,
 
 
 @pytest.mark.slow
-def test_eval_collect_continue_sft_on_qwen3_like_models(tiny_qwen3, ray_cluster, tmp_path, capsys):
-    from rose_ray.rows import read_jsonl, write_jsonl
+def test_eval_collect_continue_sft_on_qwen3_like_models_and_a_tampered_prefix_is_skipped(
+        tiny_qwen3, ray_cluster, tmp_path, capsys):
+    """Also the checks of a plain collect -> continue (student prefixes on the train split,
+    stitched rows ready for SFT, a tampered prefix skipped): they were a collect and two
+    continues of their own on the tiny models, the same commands on the same code path."""
+    from rose_ray.chat import ChatFormat
+    from rose_ray.models import load_tokenizer
+    from rose_ray.rows import read_jsonl, row_to_trajectory, write_jsonl
+    from rose_ray.tokens import OWNER_INDEX, render
 
     student, teacher = str(tiny_qwen3["student"]), str(tiny_qwen3["teacher"])
     common = ["--max-new-tokens", "12", "--concurrency", "2"]
@@ -61,11 +68,15 @@ def test_eval_collect_continue_sft_on_qwen3_like_models(tiny_qwen3, ray_cluster,
     write_jsonl(opening, [{"item_id": "sciworld_0", "conversations": [
         {"role": "user", "content": "CARD INSTRUCTION: act."}, {"role": "assistant", "content": "CARD OK."}]}])
     prefixes, stitched = tmp_path / "prefixes.jsonl", tmp_path / "stitched.jsonl"
-    assert main(["collect", "--model", student, "--turns", "2", "--n", "2", "--out", str(prefixes),
+    assert main(["collect", "--model", student, "--turns", "2", "--split", "train", "--n", "2", "--out", str(prefixes),
                  "--instruction-from", str(opening), *common]) == 0
     rows = read_jsonl(prefixes)
+    assert len(rows) == 2
     assert [m["content"] for m in rows[0]["conversations"][:2]] == ["CARD INSTRUCTION: act.", "CARD OK."]
     assert all(set(m) >= {"role", "content", "owner"} for r in rows for m in r["conversations"])
+    for r in rows:
+        owners = [m["owner"] for m in r["conversations"]]
+        assert owners[:3] == ["prompt", "prompt", "env"] and owners.count("student") == r["rounds"] <= 2
     # As the card's files hold them: no owners.
     bare = [{**r, "conversations": [{"role": m["role"], "content": m["content"]} for m in r["conversations"]]}
             for r in rows]
@@ -74,15 +85,25 @@ def test_eval_collect_continue_sft_on_qwen3_like_models(tiny_qwen3, ray_cluster,
                  "--out", str(stitched), *common]) == 0
     out = read_jsonl(stitched)
     assert len(out) == 2
+    fmt = ChatFormat(load_tokenizer(teacher))
     for r in out:  # the teacher went on from the very conversation the student had
         prefix = next(p for p in rows if p["item_id"] == r["item_id"])
         kept = [(m["role"], m["content"], m["owner"]) for m in r["conversations"][: len(prefix["conversations"])]]
         assert kept == [(m["role"], m["content"], m["owner"]) for m in prefix["conversations"]]
-        assert [m["owner"] for m in r["conversations"][len(prefix["conversations"]):]
-                if m["role"] == "assistant"] == ["teacher"] * (r["rounds"] - prefix["rounds"])
-    assert main(["continue", "--teacher", teacher, "--in", str(prefixes), "--max-turns", "3",
+        later = [m["owner"] for m in r["conversations"][len(prefix["conversations"]):] if m["role"] == "assistant"]
+        assert later and later == ["teacher"] * (r["rounds"] - prefix["rounds"])
+        assert r["rounds"] <= 3
+        seq = render(row_to_trajectory(r), fmt)  # ready for SFT: teacher tokens to train on
+        assert OWNER_INDEX["teacher"] in seq.owners and OWNER_INDEX["student"] in seq.owners
+    # Tamper with one recorded observation: that row must be reported and skipped.
+    tampered = [json.loads(json.dumps(r)) for r in rows]
+    tampered[0]["conversations"][2]["content"] += " (edited)"
+    write_jsonl(tmp_path / "tampered.jsonl", tampered)
+    assert main(["continue", "--teacher", teacher, "--in", str(tmp_path / "tampered.jsonl"), "--max-turns", "3",
                  "--out", str(tmp_path / "ag.jsonl"), "--schema", "agentgym", *common]) == 0
-    assert all("from" in m and "value" in m for r in read_jsonl(tmp_path / "ag.jsonl") for m in r["conversations"])
+    ag = read_jsonl(tmp_path / "ag.jsonl")
+    assert {r["item_id"] for r in ag} == {r["item_id"] for r in rows[1:]}
+    assert all("from" in m and "value" in m for r in ag for m in r["conversations"])
     assert main(["sft", "--data", str(stitched), "--model", student, "--out", str(tmp_path / "sft"),
                  "--max-tokens", "4096"]) == 0
     assert (tmp_path / "sft" / "model.safetensors").is_file()

@@ -1,4 +1,5 @@
-"""Gold demonstrations, student prefixes -> teacher continuations, and check-data."""
+"""Gold demonstrations, student prefixes -> teacher continuations, and check-data. The slow
+half (collect, continue and sft through the CLI) is tests/e2e/test_qwen3.py's, on Qwen3-like models."""
 
 from __future__ import annotations
 
