@@ -22,6 +22,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory):
+    """ROSE_RAY_CACHE for the whole session: a folder of its own, so no test writes the user's
+    ~/.cache/rose_ray (a config's default `tiny_dir`) and parallel sessions share nothing.
+    Autouse and session-wide, so it is set before the Ray cluster and every subprocess start."""
+    before = os.environ.get("ROSE_RAY_CACHE")
+    os.environ["ROSE_RAY_CACHE"] = str(tmp_path_factory.mktemp("rose_ray_cache"))
+    yield Path(os.environ["ROSE_RAY_CACHE"])
+    if before is None:
+        os.environ.pop("ROSE_RAY_CACHE", None)
+    else:
+        os.environ["ROSE_RAY_CACHE"] = before
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """{"student": Path, "teacher": Path}: tiny Qwen3 models sharing one tokenizer."""

@@ -75,12 +75,20 @@ assert not loaded, loaded
     assert out.returncode == 0, out.stderr[-2000:]
 
 
-def test_eval_arguments_are_checked():
+def test_eval_arguments_are_checked(tmp_path, monkeypatch, capsys):
+    import ray
+
     from rose_ray.cli import main
 
     assert main(["eval", "--model", "x", "--handoff", "2"]) == 2
     assert main(["eval", "--model", "x", "--max-turns", "0"]) == 2
+    # A model that is not here is named before anything starts: no Ray, no runs/eval/ folder.
+    monkeypatch.chdir(tmp_path)
+    ray_before = ray.is_initialized()
     assert main(["eval", "--model", "/nonexistent/model", "--n", "1"]) == 2
+    assert "model '/nonexistent/model' is not available" in capsys.readouterr().err
+    assert ray.is_initialized() == ray_before
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_eval_takes_a_runs_tasks_and_picks_its_eval_games(tmp_path, capsys):
