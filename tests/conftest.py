@@ -27,13 +27,10 @@ def session_cache(tmp_path_factory):
     """ROSE_RAY_CACHE for the whole session: a folder of its own, so no test writes the user's
     ~/.cache/rose_ray (a config's default `tiny_dir`) and parallel sessions share nothing.
     Autouse and session-wide, so it is set before the Ray cluster and every subprocess start."""
-    before = os.environ.get("ROSE_RAY_CACHE")
-    os.environ["ROSE_RAY_CACHE"] = str(tmp_path_factory.mktemp("rose_ray_cache"))
-    yield Path(os.environ["ROSE_RAY_CACHE"])
-    if before is None:
-        os.environ.pop("ROSE_RAY_CACHE", None)
-    else:
-        os.environ["ROSE_RAY_CACHE"] = before
+    cache = tmp_path_factory.mktemp("rose_ray_cache")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("ROSE_RAY_CACHE", str(cache))
+        yield cache
 
 
 @pytest.fixture(scope="session")
