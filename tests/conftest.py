@@ -20,6 +20,11 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# The tests run two at a time on 2 cores (`-n 2`): OpenMP's threads that spin at each barrier
+# while a sibling waits for a core slow a torch step ~10x when another process holds a core
+# (the teacher warm-up test: 41 s alone, 529 s beside a busy core; 76 s with PASSIVE). Set
+# before torch loads (libgomp reads it once); Ray's workers and subprocesses inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session", autouse=True)
