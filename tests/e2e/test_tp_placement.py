@@ -8,12 +8,16 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
 import pytest
 
 from rose_ray.inference.engine import EngineConfig, GenerationRequest
+from rose_ray.inference.hf import HFEngine
 from rose_ray.types import SamplingParams
+from tests.unit.test_inference_engine import sharpened_state, special_ids
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=4)
+LONGER = SamplingParams(temperature=0.0, max_new_tokens=24)
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +88,11 @@ def gone(pids: set[int], timeout_s: float = 60.0) -> bool:
 @pytest.mark.slow
 def test_a_tp2_vllm_teacher_serves_from_its_bundle_and_is_replaced_there(fake_gpu_cluster, tiny_models):
     """The seed's teacher layout: one bundle of 2 (fake) GPUs, the actor holding them, TP=2 over
-    vLLM's multiprocessing executor. It serves, scores (a teacher takes no weights), is killed
-    and replaced on the same bundle, and leaves no worker process behind."""
+    vLLM's multiprocessing executor (on CPU: two rank processes, gloo). It serves, scores, is
+    killed and replaced on the same bundle, and leaves no worker process behind. The replacement
+    then takes a weight update (a TP=2 student's publication): it reaches both shards, so greedy
+    ids and logprobs equal transformers' with the same weights (was a unit test's own TP=2
+    engine: one engine start less, the same check)."""
     pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
     from rose_ray.inference.actor import engine_actor
     from rose_ray.placement import PlacementGroups, RoleDemand
@@ -108,8 +115,21 @@ def test_a_tp2_vllm_teacher_serves_from_its_bundle_and_is_replaced_there(fake_gp
             workers = worker_pids(health["pid"])
             assert len(workers) >= 2, workers  # one process per tensor-parallel rank
             pids.append(health["pid"])
-            ray.kill(actor)
-            assert gone(workers | {health["pid"]}), "vLLM's rank processes outlived their engine"
+            if len(pids) == 1:  # the first engine is killed; its replacement takes weights below
+                ray.kill(actor)
+                assert gone(workers | {health["pid"]}), "vLLM's rank processes outlived their engine"
         assert answers[0] == answers[1]  # the same model, greedy
+
+        reference = HFEngine(EngineConfig.of("hf", model=model, dtype="float32", threads=1, context_tokens=256,
+                                             prefix_cache_mb=0))
+        new = sharpened_state(reference.model, seed=11, quiet_ids=special_ids(reference.tokenizer))
+        reference.update_weights(new, version=2)
+        assert ray.get(actor.update_weights.remote({k: v.numpy() for k, v in new.items()}, 2), timeout=300) == 2
+        got = ray.get(actor.generate.remote(GenerationRequest(prompt, LONGER)), timeout=300)
+        want = reference.generate([GenerationRequest(prompt, LONGER)])[0]
+        assert got.version == 2 and got.token_ids == want.token_ids and got.token_ids[:4] != answers[0]
+        np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)
+        ray.kill(actor)
+        assert gone(workers | {health["pid"]}), "vLLM's rank processes outlived their engine"
     finally:
         groups.remove()
