@@ -104,8 +104,8 @@ def test_a_tp2_vllm_teacher_serves_from_its_bundle_and_is_replaced_there(fake_gp
     groups = PlacementGroups([RoleDemand("teacher engine", 1, {"CPU": 1, "GPU": 2}, "PACK", "teacher")], timeout_s=60)
     prompt = prompt_of(model)
     try:
-        answers, pids = [], []
-        for _ in range(2):  # the first engine, then its replacement on the same bundle
+        answers = []
+        for replacement in (False, True):  # the first engine, then its replacement on the same bundle
             actor = engine_actor(config, num_cpus=1, num_gpus=2, **groups.options("teacher engine"))
             health = ray.get(actor.health.remote(), timeout=600)
             assert health["device"] == "cpu"
@@ -114,22 +114,19 @@ def test_a_tp2_vllm_teacher_serves_from_its_bundle_and_is_replaced_there(fake_gp
             assert len(scores) == len(answers[-1]) and all(s <= 0 for s in scores)
             workers = worker_pids(health["pid"])
             assert len(workers) >= 2, workers  # one process per tensor-parallel rank
-            pids.append(health["pid"])
-            if len(pids) == 1:  # the first engine is killed; its replacement takes weights below
-                ray.kill(actor)
-                assert gone(workers | {health["pid"]}), "vLLM's rank processes outlived their engine"
-        assert answers[0] == answers[1]  # the same model, greedy
-
-        reference = HFEngine(EngineConfig.of("hf", model=model, dtype="float32", threads=1, context_tokens=256,
-                                             prefix_cache_mb=0))
-        new = sharpened_state(reference.model, seed=11, quiet_ids=special_ids(reference.tokenizer))
-        reference.update_weights(new, version=2)
-        assert ray.get(actor.update_weights.remote({k: v.numpy() for k, v in new.items()}, 2), timeout=300) == 2
-        got = ray.get(actor.generate.remote(GenerationRequest(prompt, LONGER)), timeout=300)
-        want = reference.generate([GenerationRequest(prompt, LONGER)])[0]
-        assert got.version == 2 and got.token_ids == want.token_ids and got.token_ids[:4] != answers[0]
-        np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)
-        ray.kill(actor)
-        assert gone(workers | {health["pid"]}), "vLLM's rank processes outlived their engine"
+            if replacement:  # serves as the first did, then takes new weights on both shards
+                assert answers[0] == answers[1]  # the same model, greedy
+                reference = HFEngine(EngineConfig.of("hf", model=model, dtype="float32", threads=1,
+                                                     context_tokens=256, prefix_cache_mb=0))
+                new = sharpened_state(reference.model, seed=11, quiet_ids=special_ids(reference.tokenizer))
+                reference.update_weights(new, version=2)
+                state = {k: v.numpy() for k, v in new.items()}
+                assert ray.get(actor.update_weights.remote(state, 2), timeout=300) == 2
+                got = ray.get(actor.generate.remote(GenerationRequest(prompt, LONGER)), timeout=300)
+                want = reference.generate([GenerationRequest(prompt, LONGER)])[0]
+                assert got.version == 2 and got.token_ids == want.token_ids and got.token_ids[:4] != answers[0]
+                np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)
+            ray.kill(actor)
+            assert gone(workers | {health["pid"]}), "vLLM's rank processes outlived their engine"
     finally:
         groups.remove()
