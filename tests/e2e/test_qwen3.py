@@ -8,6 +8,7 @@ import json
 import pytest
 
 from rose_ray.cli import main
+from tests.e2e.test_train import every_reply_of_its_owners_trained
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,7 @@ def test_online_rose_and_opd_run_on_qwen3_like_models(q3_overrides, ray_cluster,
     assert opd["steps"] == 2
     steps = [m for m in read_rows(tmp_path / "opd" / "metrics.jsonl") if "learner/loss" in m]
     assert len(steps) == 2 and all(m["learner/loss_opd"] != 0.0 for m in steps)
+    every_reply_of_its_owners_trained(tmp_path / "opd", {"student"})  # opd: the student's, all trained
 
 
 @pytest.mark.slow

@@ -168,7 +168,8 @@ def test_a_killed_vllm_student_engine_is_replaced_and_serves_the_latest_weights(
     step's importance ratio (learner vs engine logprobs of the same ids) is still 1. The models
     are hub ids (`org/tiny-student`, as the seed configs name `Qwen/Qwen3-1.7B`): a hub-id
     student on vLLM trains and takes the learner's weights (vLLM's weight-name check reads the
-    snapshot's safetensors), and the run trains on exactly the ids vLLM sampled."""
+    snapshot's safetensors), and the run trains on exactly the ids vLLM sampled. The only run
+    on vLLM engines with an OPD term: tests/e2e/test_qwen3.py runs opd itself on hf engines."""
     pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
     run_dir = tmp_path / "run"
     steps = 4
@@ -202,6 +203,7 @@ def test_a_killed_vllm_student_engine_is_replaced_and_serves_the_latest_weights(
     for m in logged:  # before the loss and after it: the engine served the learner's weights
         assert m["learner/opd_ratio"] == pytest.approx(1.0, abs=1e-3), m
         assert m["learner/opd_clip_frac"] == 0.0
+        assert m["learner/loss_opd"] != 0.0  # the vLLM teacher scored the student's turns
     assert [m["weights/version"] for m in logged] == [float(s) for s in range(1, steps + 1)]
     rows = read_jsonl(run_dir / "trajectories.jsonl")
     for step in range(1, steps + 1):  # sync: each step's episodes sampled after the last publication
