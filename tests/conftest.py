@@ -25,6 +25,11 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 # (the teacher warm-up test: 41 s alone, 529 s beside a busy core; 76 s with PASSIVE). Set
 # before torch loads (libgomp reads it once); Ray's workers and subprocesses inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# ScienceWorld's JVMs live for a few games in a test: C1's quick code (no C2 recompilation)
+# takes about a third less CPU over a JVM's start and its first hundred steps, the same after
+# that. Runs keep the JVM's default (C2), where a JVM plays for hours. The JVM prints the
+# option's "Picked up" line on stderr, which py4j sends to /dev/null.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 
 @pytest.fixture(scope="session", autouse=True)
