@@ -24,6 +24,11 @@ part's GPU memory never counts in another's:
   NCCL takes one rank per GPU) and for one on another GPU (the collective over NCCL). The
   broadcast between two processes needs a second GPU: bench/gpu_check.sh then runs
   tests/e2e/test_publish.py's NCCL test (a one-GPU machine skips it, saying so).
+- `hf`: the transformers engine (HFEngine, `backend: hf`, bf16) on the GPU: its greedy ids beside
+  transformers' own `generate` (one prompt at a time), tokens/s at 16 and 64 concurrent episodes
+  (its AsyncBatcher), and a weight update from tensors on the GPU (perturbed weights change the
+  greedy ids, the engine's own restore them). It needs no vLLM: it and `learner` run where vLLM
+  cannot be installed (`--part hf`, `--part learner`).
 - `learner`: a real learner rank (LearnerWorker: DeepSpeed ZeRO-2, bf16 weights with fp32
   master weights and fp32 AdamW moments, as runs hold them) running the learner's forward
   (learner/forward.py: packed segments, the attention implementation `auto` picks, the LM head
@@ -254,6 +259,75 @@ def part_publish(model: Path, device: str) -> dict[str, Any]:
     return out
 
 
+def part_hf(model: Path, device: str) -> dict[str, Any]:
+    """The transformers engine (HFEngine, `backend: hf`) on the device: greedy ids beside
+    transformers' own generate, tokens/s at 16 and 64 episodes, and a weight update from tensors
+    on the device (perturbed weights change the greedy ids, the engine's own restore them)."""
+    import asyncio
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from generation import play
+
+    from rose_ray.inference.batcher import async_frontend
+    from rose_ray.inference.engine import EngineConfig, GenerationRequest
+    from rose_ray.inference.hf import HFEngine
+    from rose_ray.types import SamplingParams
+
+    on_gpu = device.startswith("cuda")
+    config = EngineConfig.of("hf", model=str(model), dtype="bfloat16" if on_gpu else "float32", max_batch_size=64,
+                             context_tokens=4096)
+    engine = HFEngine(config, device=device)
+    prompts = [[100 + 7 * i + j for j in range(32)] for i in range(4)]
+
+    def greedy() -> list[list[int]]:
+        requests = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=16)) for p in prompts]
+        return [r.token_ids for r in engine.generate(requests)]
+
+    def sync() -> None:
+        if on_gpu:
+            torch.cuda.synchronize()
+
+    out: dict[str, Any] = {}
+    fresh = greedy()
+    with torch.no_grad():  # transformers' own greedy decoding, one prompt at a time (no padding)
+        ref = [engine.model.generate(torch.tensor([p], device=device), max_new_tokens=16, do_sample=False,
+                                     eos_token_id=sorted(engine.stop_ids), pad_token_id=engine.pad_id)[0, len(p):].tolist()
+               for p in prompts]
+    ref = [r[:next((i + 1 for i, t in enumerate(r) if t in engine.stop_ids), len(r))] for r in ref]
+    out["greedy_prompts_equal_transformers"] = sum(a == b for a, b in zip(fresh, ref))
+    out["greedy_tokens_equal_transformers"] = sum(x == y for a, b in zip(fresh, ref) for x, y in zip(a, b))
+    out["greedy_tokens"] = sum(len(a) for a in fresh)
+
+    async def run(callers: int, turns: int, new: int) -> dict[str, float]:
+        front = async_frontend(engine)
+        try:
+            return await play(front, engine.chat, callers, turns, new)
+        finally:
+            await front.close()
+
+    asyncio.run(run(4, 1, 16))  # warm-up
+    for callers in (16, 64):
+        r = asyncio.run(run(callers, 3, 128))
+        out[f"tokens_per_s_{callers}"] = r["tokens"] / r["seconds"]
+    mine = engine.state_dict()  # on the device
+    g = torch.Generator(device=device).manual_seed(1)
+    other = {k: t + 0.5 * t.float().std().to(t.dtype) * torch.randn(t.shape, generator=g, device=device, dtype=t.dtype)
+             if t.is_floating_point() and t.numel() > 1 else t for k, t in mine.items()}
+    sync()
+    t0 = time.perf_counter()
+    engine.update_weights(other, 1)
+    sync()
+    out["update_ms"] = (time.perf_counter() - t0) * 1e3
+    out["greedy_changed_after_update"] = greedy() != fresh
+    engine.update_weights(mine, 2)
+    out["greedy_restored_after_update"] = greedy() == fresh
+    out["mb"] = sum(t.numel() * t.element_size() for t in mine.values()) / 2**20
+    out["hf_peak_gib"] = gpu_peak_gib(device)
+    return out
+
+
 def part_learner(model: Path, device: str, tokens: int, steps: int) -> dict[str, Any]:
     import socket
 
@@ -315,7 +389,7 @@ def part_learner(model: Path, device: str, tokens: int, steps: int) -> dict[str,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--part", choices=["all", "engine", "publish", "learner"], default="all")
+    p.add_argument("--part", choices=["all", "engine", "publish", "hf", "learner"], default="all")
     p.add_argument("--shape", choices=["qwen3-1.7b", "tiny"], default="qwen3-1.7b")
     p.add_argument("--device", default="cuda")
     p.add_argument("--tokens", type=int, default=16384, help="the packed row's tokens (the seed's rows)")
@@ -333,12 +407,13 @@ def main() -> None:
         model = build_model(work / f"model_{args.shape}", shape(args.shape), tok)
         result = (part_engine(model, args.device) if args.part == "engine"
                   else part_publish(model, args.device) if args.part == "publish"
+                  else part_hf(model, args.device) if args.part == "hf"
                   else part_learner(model, args.device, args.tokens, args.steps))
         print("RESULT " + json.dumps(result), flush=True)
         return
 
     results: dict[str, Any] = {"shape": args.shape, "device": args.device}
-    for part in ("engine", "publish", "learner"):
+    for part in ("engine", "publish", "hf", "learner"):
         cmd = [sys.executable, __file__, "--part", part, "--shape", args.shape, "--device", args.device,
                "--tokens", str(args.tokens), "--steps", str(args.steps), "--work", args.work]
         t0 = time.perf_counter()
@@ -351,7 +426,7 @@ def main() -> None:
             results[part] = json.loads(lines[-1][len("RESULT "):])
         results[part]["wall_s"] = time.perf_counter() - t0
         print(f"{part}: {json.dumps(results[part])}", flush=True)
-    e, pub, lr = results["engine"], results["publish"], results["learner"]
+    e, pub, hf, lr = results["engine"], results["publish"], results["hf"], results["learner"]
 
     def cell(d: dict[str, Any], k: str, fmt: str) -> str:
         return format(d[k], fmt) if d.get(k) is not None else "-"
@@ -375,6 +450,11 @@ def main() -> None:
     print(f"| greedy outputs equal the fresh load after each publication | {pub.get('greedy_equal_fresh_after_each', '-')} |")
     print(f"| auto: engine on rank 0's GPU / on another GPU | {pub.get('auto_route_engine_on_this_gpu', '-')} / "
           f"{pub.get('auto_route_engine_on_another_gpu', '-')} |")
+    print(f"| hf engine tokens/s, 16 / 64 episodes | {cell(hf, 'tokens_per_s_16', '.0f')} / {cell(hf, 'tokens_per_s_64', '.0f')} |")
+    print(f"| hf engine greedy tokens equal to transformers' generate | {cell(hf, 'greedy_tokens_equal_transformers', 'd')}"
+          f" of {cell(hf, 'greedy_tokens', 'd')} |")
+    print(f"| hf engine weight update from device tensors (ms); changed, then restored | {cell(hf, 'update_ms', '.0f')}; "
+          f"{hf.get('greedy_changed_after_update', '-')}, {hf.get('greedy_restored_after_update', '-')} |")
     print(f"| learner tokens/s ({args.tokens:,}-token row, {lr.get('attention', '?')}) | {cell(lr, 'tokens_per_s', '.0f')} |")
     print(f"| learner MFU | {cell(lr, 'mfu', '.1%')} |")
     print(f"| learner peak GPU memory (GiB) | {cell(lr, 'learner_peak_gib', '.1f')} |")

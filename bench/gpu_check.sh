@@ -17,6 +17,14 @@
 # for that torch/CUDA/Python is there (optional: the learner runs SDPA without it). Make the
 # folder where an index is reachable, for the GPU machine's Python:
 #   pip download -d DIR ".[vllm]"            # (+ a matching flash-attn wheel, if any)
+# On a GPU machine that already has a CUDA torch and transformers but no index (an H200 lent on
+# 2026-12-04: torch 2.11+cu130), vLLM's CUDA wheel was too large to carry; the hf and learner
+# parts ran with these few wheels for Python 3.12 (`pip download --no-deps --only-binary=:all:
+# --python-version 3.12 --platform manylinux2014_x86_64 ...`): hjson, omegaconf, pydantic,
+# pydantic-core, annotated-types, typing-inspection, dill, py-cpuinfo, transformers 5.19, and
+# DeepSpeed built here from its sdist with no ops (`DS_BUILD_OPS=0 pip wheel --no-deps
+# --no-build-isolation deepspeed==0.19.8`); installed with `pip install --no-deps --target`, then
+#   DS_ACCELERATOR=cuda python3 bench/gpu_check.py --part learner --tokens 16384   # and --part hf
 set -euo pipefail
 cd "$(dirname "$0")/.."
 wheels=""
@@ -38,8 +46,10 @@ if [ -n "$wheels" ]; then
       echo "gpu_check: no flash-attn wheel in $wheels fits this torch/Python; the learner runs SDPA"
   fi
 fi
-python3 -c "import vllm, deepspeed, torch; assert torch.cuda.is_available(), 'torch sees no GPU'" || \
-  { echo "gpu_check: vLLM, DeepSpeed or a CUDA torch is missing here (give --wheels DIR)" >&2; exit 2; }
+python3 -c "import deepspeed, torch; assert torch.cuda.is_available(), 'torch sees no GPU'" || \
+  { echo "gpu_check: DeepSpeed or a CUDA torch is missing here (give --wheels DIR)" >&2; exit 2; }
+# Without vLLM the engine and publish parts record an import error in the JSON; hf and learner run.
+python3 -c "import vllm" 2>/dev/null || echo "gpu_check: no vLLM here: only the hf and learner parts can run"
 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 480 python3 bench/gpu_check.py --out "$out/gpu_check.json" 2>&1 \
   | tee "$out/gpu_check.log"
 # The NCCL publication between two processes (learner rank 0 here, an engine actor on another
