@@ -90,6 +90,34 @@ def gpu_peak_gib(device: str) -> float | None:
     return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
 
 
+PROMPTS = [[100 + 7 * i + j for j in range(32)] for i in range(4)]  # 4 prompts of 32 ids
+
+
+def greedy_ids(engine: Any) -> list[list[int]]:
+    """The engine's greedy replies (16 new tokens) to PROMPTS."""
+    from rose_ray.inference.engine import GenerationRequest
+    from rose_ray.types import SamplingParams
+
+    requests = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=16)) for p in PROMPTS]
+    return [r.token_ids for r in engine.generate(requests)]
+
+
+def synchronize(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def perturbed(state: dict[str, Any], device: str) -> dict[str, Any]:
+    """`state` with seeded noise of half each tensor's std added: weights whose greedy ids differ."""
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(1)
+    return {k: t + 0.5 * t.float().std().to(t.dtype) * torch.randn(t.shape, generator=g, device=device, dtype=t.dtype)
+            if t.is_floating_point() and t.numel() > 1 else t for k, t in state.items()}
+
+
 def part_engine(model: Path, device: str) -> dict[str, Any]:
     import asyncio
 
@@ -166,36 +194,23 @@ def part_publish(model: Path, device: str) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     from rose_ray.flat_weights import FlatState, WeightGroup, cuda_device_id, pack, unpack
-    from rose_ray.inference.engine import EngineConfig, GenerationRequest
+    from rose_ray.inference.engine import EngineConfig
     from rose_ray.inference.vllm_engine import VLLMEngine
     from rose_ray.learner.weights import PublishConfig, choose_route
-    from rose_ray.types import SamplingParams
 
     on_gpu = device.startswith("cuda")
     config = EngineConfig.of("vllm", model=str(model), dtype="bfloat16" if on_gpu else "float32", max_batch_size=8,
                              context_tokens=1024, gpu_memory_utilization=0.3, kv_cache_mb=256, cuda_graphs=False)
     engine = VLLMEngine(config, device=device)
-    prompts = [[100 + 7 * i + j for j in range(32)] for i in range(4)]
-
-    def greedy() -> list[list[int]]:
-        requests = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=16)) for p in prompts]
-        return [r.token_ids for r in engine.generate(requests)]
-
-    def sync() -> None:
-        if on_gpu:
-            torch.cuda.synchronize()
 
     out: dict[str, Any] = {}
     try:
-        fresh = greedy()
+        fresh = greedy_ids(engine)
         host: dict[str, Any] = {}
         for f in sorted(model.glob("*.safetensors")):
             host.update(load_file(str(f)))
         mine = {k: t.to(device) for k, t in host.items()}  # rank 0's state, on its GPU
-        g = torch.Generator(device=device).manual_seed(1)
-        other = {k: t + 0.5 * t.float().std().to(t.dtype) * torch.randn(t.shape, generator=g, device=device,
-                                                                         dtype=t.dtype)
-                 if t.is_floating_point() and t.numel() > 1 else t for k, t in mine.items()}
+        other = perturbed(mine, device)
         mb = sum(t.numel() * t.element_size() for t in mine.values()) / 2**20
         group = None
         if on_gpu:
@@ -206,7 +221,7 @@ def part_publish(model: Path, device: str) -> dict[str, Any]:
                 out["nccl_group_error"] = f"{type(e).__name__}: {e}"[:300]
 
         def device_path(state: dict[str, Any], version: int) -> dict[str, float]:
-            sync()
+            synchronize(device)
             t0 = time.perf_counter()
             flat = pack(state, 0, device=device)  # each tensor's own bytes on the GPU: no copy
             t1 = time.perf_counter()
@@ -214,13 +229,13 @@ def part_publish(model: Path, device: str) -> dict[str, Any]:
                 group.broadcast(flat.buffers)  # one rank: the call path, not a transfer
             t2 = time.perf_counter()
             engine.update_weights(unpack(FlatState(flat.header, flat.buffers)), version)  # CUDA views in
-            sync()
+            synchronize(device)
             t3 = time.perf_counter()
             return {"pack_ms": (t1 - t0) * 1e3, "broadcast_1rank_ms": (t2 - t1) * 1e3, "load_ms": (t3 - t2) * 1e3,
                     "total_ms": (t3 - t0) * 1e3}
 
         def object_store_path(state: dict[str, Any], version: int) -> dict[str, float]:
-            sync()
+            synchronize(device)
             t0 = time.perf_counter()
             on_host = {k: t.to("cpu") for k, t in state.items()}  # what rank 0 gathers for it
             t1 = time.perf_counter()
@@ -228,7 +243,7 @@ def part_publish(model: Path, device: str) -> dict[str, Any]:
             flat = FlatState(flat.header, [np.array(b) for b in flat.buffers])  # the put's copy into the store
             t2 = time.perf_counter()
             engine.update_weights(unpack(flat), version)  # host views in: vLLM copies them to the GPU
-            sync()
+            synchronize(device)
             t3 = time.perf_counter()
             return {"to_host_ms": (t1 - t0) * 1e3, "pack_put_ms": (t2 - t1) * 1e3, "load_ms": (t3 - t2) * 1e3,
                     "total_ms": (t3 - t0) * 1e3}
@@ -237,9 +252,9 @@ def part_publish(model: Path, device: str) -> dict[str, Any]:
         for rnd in range(2):  # the second round's timings are the warm ones reported
             for name, path in (("object_store", object_store_path), ("device", device_path)):
                 path(other, version := version + 1)
-                changed = greedy() != fresh
+                changed = greedy_ids(engine) != fresh
                 timing = path(mine, version := version + 1)
-                checks[f"{name}_{rnd}"] = changed and greedy() == fresh
+                checks[f"{name}_{rnd}"] = changed and greedy_ids(engine) == fresh
                 out[f"{name}_ms"] = timing
         out["mb"] = mb
         out["greedy_equal_fresh_after_each"] = all(checks.values())
@@ -271,30 +286,20 @@ def part_hf(model: Path, device: str) -> dict[str, Any]:
     from generation import play
 
     from rose_ray.inference.batcher import async_frontend
-    from rose_ray.inference.engine import EngineConfig, GenerationRequest
+    from rose_ray.inference.engine import EngineConfig
     from rose_ray.inference.hf import HFEngine
-    from rose_ray.types import SamplingParams
 
     on_gpu = device.startswith("cuda")
     config = EngineConfig.of("hf", model=str(model), dtype="bfloat16" if on_gpu else "float32", max_batch_size=64,
                              context_tokens=4096)
     engine = HFEngine(config, device=device)
-    prompts = [[100 + 7 * i + j for j in range(32)] for i in range(4)]
-
-    def greedy() -> list[list[int]]:
-        requests = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=16)) for p in prompts]
-        return [r.token_ids for r in engine.generate(requests)]
-
-    def sync() -> None:
-        if on_gpu:
-            torch.cuda.synchronize()
 
     out: dict[str, Any] = {}
-    fresh = greedy()
+    fresh = greedy_ids(engine)
     with torch.no_grad():  # transformers' own greedy decoding, one prompt at a time (no padding)
         ref = [engine.model.generate(torch.tensor([p], device=device), max_new_tokens=16, do_sample=False,
                                      eos_token_id=sorted(engine.stop_ids), pad_token_id=engine.pad_id)[0, len(p):].tolist()
-               for p in prompts]
+               for p in PROMPTS]
     ref = [r[:next((i + 1 for i, t in enumerate(r) if t in engine.stop_ids), len(r))] for r in ref]
     out["greedy_prompts_equal_transformers"] = sum(a == b for a, b in zip(fresh, ref))
     out["greedy_tokens_equal_transformers"] = sum(x == y for a, b in zip(fresh, ref) for x, y in zip(a, b))
@@ -312,17 +317,15 @@ def part_hf(model: Path, device: str) -> dict[str, Any]:
         r = asyncio.run(run(callers, 3, 128))
         out[f"tokens_per_s_{callers}"] = r["tokens"] / r["seconds"]
     mine = engine.state_dict()  # on the device
-    g = torch.Generator(device=device).manual_seed(1)
-    other = {k: t + 0.5 * t.float().std().to(t.dtype) * torch.randn(t.shape, generator=g, device=device, dtype=t.dtype)
-             if t.is_floating_point() and t.numel() > 1 else t for k, t in mine.items()}
-    sync()
+    other = perturbed(mine, device)
+    synchronize(device)
     t0 = time.perf_counter()
     engine.update_weights(other, 1)
-    sync()
+    synchronize(device)
     out["update_ms"] = (time.perf_counter() - t0) * 1e3
-    out["greedy_changed_after_update"] = greedy() != fresh
+    out["greedy_changed_after_update"] = greedy_ids(engine) != fresh
     engine.update_weights(mine, 2)
-    out["greedy_restored_after_update"] = greedy() == fresh
+    out["greedy_restored_after_update"] = greedy_ids(engine) == fresh
     out["mb"] = sum(t.numel() * t.element_size() for t in mine.values()) / 2**20
     out["hf_peak_gib"] = gpu_peak_gib(device)
     return out
