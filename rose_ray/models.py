@@ -92,21 +92,40 @@ TINY_SIZES = {
 }
 
 
+def hub_cache() -> str:
+    """The Hugging Face cache's hub folder the client uses (`$HF_HOME/hub`, or `HF_HUB_CACHE`)."""
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+def download_command(name: str) -> str:
+    """The command that puts `name` into this process's Hugging Face cache (the `hf` CLI ships
+    with huggingface_hub since 0.34, the floor in pyproject.toml)."""
+    return f"hf download {name} --cache-dir {hub_cache()}"
+
+
 def _offline_hint(name: str, err: Exception) -> ModelNotAvailable:
     return ModelNotAvailable(
         f"model {name!r} is not available: it is not a local folder and could not be loaded "
         f"from the Hugging Face cache ({type(err).__name__}: {err}). Pass a local path, "
-        "download it where a hub is reachable, or run `rose-ray init-tiny --out DIR` for "
-        "tiny local models."
+        f"download it where the hub is reachable (`{download_command(name)}`), or run "
+        "`rose-ray init-tiny --out DIR` for tiny local models."
     )
+
+
+def is_hub_id(name: str) -> bool:
+    """A model name that is neither a local folder nor a `tiny:` name: a hub id to resolve."""
+    return not name.startswith("tiny:") and not Path(name).expanduser().is_dir()
 
 
 def local_model(name: str | Path) -> str:
     """The folder a model name stands for, resolved once before anything reads its files: a
     local folder as it is; a hub id (`Qwen/Qwen3-1.7B`) its snapshot in the local Hugging Face
     cache (`$HF_HOME/hub/models--Qwen--Qwen3-1.7B/snapshots/<rev>/`, the revision `refs/main`
-    names; nothing is downloaded). Engines, the learner, tokenizers, vLLM's weight-name check,
-    `plan` and `check` all take this folder. ModelNotAvailable when it is neither."""
+    names; nothing is downloaded: `download_model` does that, on the driver). Engines, the
+    learner, tokenizers, vLLM's weight-name check, `plan` and `check` all take this folder.
+    ModelNotAvailable when it is neither."""
     path = Path(name).expanduser()
     if path.is_dir():
         return str(path)
@@ -116,6 +135,57 @@ def local_model(name: str | Path) -> str:
         return snapshot_download(str(name), local_files_only=True)
     except Exception as e:  # noqa: BLE001 - not a repo id, or not in the cache: say which model
         raise _offline_hint(str(name), e) from e
+
+
+def download_model(name: str, label: str) -> str:
+    """`local_model` for a command's driver, before any actor starts: a hub id missing from the
+    Hugging Face cache is downloaded into it first (once: files already there are not fetched
+    again; the hub is asked only whether `main` moved), with the client's progress bars on
+    stderr. With HF_HUB_OFFLINE set nothing is asked and a model not in the cache is a
+    ModelNotAvailable naming the command that downloads it. `label` prefixes the lines printed."""
+    if not is_hub_id(name):
+        return local_model(name)
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    try:
+        cached = snapshot_download(name, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not there (or incomplete): downloaded below
+        cached = None
+    if constants.HF_HUB_OFFLINE:
+        if cached is None:
+            raise ModelNotAvailable(
+                f"model {name!r} is not in the Hugging Face cache ({hub_cache()}) and HF_HUB_OFFLINE is set, "
+                f"so it is not downloaded: download it where the hub is reachable (`{download_command(name)}`, "
+                "into the cache every node reads), or unset HF_HUB_OFFLINE")
+        return cached
+    where = f"{constants.ENDPOINT} into {hub_cache()}"
+    print(f"{label}: {name}: " + (f"in the Hugging Face cache; checking it against {constants.ENDPOINT}"
+                                   if cached else f"downloading from {where}"), flush=True)
+    # transformers turns the client's progress bars off when it loads a model; a user's
+    # HF_HUB_DISABLE_PROGRESS_BARS=1 keeps them off.
+    turn_on = are_progress_bars_disabled() and constants.HF_HUB_DISABLE_PROGRESS_BARS is not True
+    if turn_on:
+        enable_progress_bars()
+    try:
+        folder = snapshot_download(name)
+    except Exception as e:  # noqa: BLE001 - a wrong id, no access, no network: one line naming the model
+        reason = " ".join(line.strip() for line in str(e).splitlines()[:2] if line.strip())
+        raise ModelNotAvailable(
+            f"model {name!r} could not be downloaded from {where} ({type(e).__name__}: {reason}): check "
+            "the id and your access (a gated model needs `hf auth login` or HF_TOKEN), or download it "
+            f"beforehand (`{download_command(name)}`) and set HF_HUB_OFFLINE=1") from e
+    finally:
+        if turn_on:
+            disable_progress_bars()
+    files = [p for p in Path(folder).rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files)
+    print(f"{label}: {name}: {folder} ({len(files)} files, {size / 2**30:.2f} GiB)", flush=True)
+    return folder
 
 
 def _quiet_transformers() -> None:

@@ -169,7 +169,8 @@ def check_shared_storage(paths: dict[str, Path]) -> list[str]:
         if blind:
             raise InputError(f"{key}: {folder} is not shared storage: node(s) {', '.join(blind)} do not see what "
                              "the driver wrote there; put it on a path every node mounts (ROSE_RAY_RUNS / run_dir "
-                             "for runs, ROSE_RAY_CACHE / tiny_dir for models and caches)")
+                             "for runs, ROSE_RAY_CACHE / tiny_dir for tiny models and caches, HF_HOME for models "
+                             "named by hub id)")
         lines.append(f"train: {key} {folder}: seen by all {len(nodes)} nodes")
     return lines
 
@@ -228,7 +229,7 @@ class RunParts:
         from rose_ray.envs.worlds import get_world
         from rose_ray.learner.learner import LearnerGroup
         from rose_ray.metrics import MetricsLogger
-        from rose_ray.models import load_tokenizer
+        from rose_ray.models import download_model, hub_cache, is_hub_id, load_tokenizer
         from rose_ray.placement import PlacementGroups, check_cluster, demands
         from rose_ray.rollout.actors import init_ray, start_agents, start_env_pools
         from rose_ray.rollout.agent import EpisodeConfig
@@ -243,8 +244,16 @@ class RunParts:
         if any(e.model.startswith("tiny:") for e in (cfg.student_engine, cfg.teacher_engine)) or \
                 cfg.teacher_warmup.enabled or cfg.student_warmup.enabled:
             shared["tiny_dir (ROSE_RAY_CACHE)"] = Path(cfg.tiny_dir)
+        hub_ids = [e.model for e in (cfg.student_engine, cfg.teacher_engine) if not e.spec.served and is_hub_id(e.model)]
+        if hub_ids:
+            # The driver downloads a hub model once; every node's actors then read that one
+            # snapshot, so the cache must be shared. The marker goes into the cache's `.locks`
+            # folder, the one entry the client's cache scan (`hf cache ls`) passes over.
+            shared["HF_HOME (the Hugging Face cache)"] = Path(hub_cache()) / ".locks"
         for line in check_shared_storage(shared):
             print(line, flush=True)
+        for name in dict.fromkeys(hub_ids):  # before any actor starts, with the client's progress bars
+            download_model(name, "train")
         if cfg.resources.check_placement:  # fail now, naming the role, rather than wait forever
             check_cluster(cfg, use_total=True)
         self.groups = PlacementGroups(demands(cfg), timeout_s=cfg.resources.placement_timeout_s)

@@ -170,3 +170,40 @@ def hub_cache(tiny_models, tmp_path, monkeypatch):
     # The hub client read HF_HOME when it was imported (as it would at a user's start).
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
     return snapshots
+
+
+def hub_server_module():
+    """launch/hub_server.py (a script beside the launch files, not a package) as a module."""
+    import importlib.util
+    import sys
+
+    if "hub_server" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("hub_server", Path(__file__).resolve().parent.parent / "launch" / "hub_server.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["hub_server"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["hub_server"]
+
+
+@pytest.fixture
+def hub_endpoint(tiny_models, tmp_path, monkeypatch):
+    """A local hub (launch/hub_server.py on 127.0.0.1, in a thread) serving org/tiny-student and
+    org/tiny-teacher, an empty HF_HOME, and HF_HUB_OFFLINE lifted for this test only: the real
+    huggingface_hub client downloads from it. Yields the server (its `file_downloads()` counts
+    what was sent)."""
+    import huggingface_hub.constants as hf
+
+    server = hub_server_module().HubServer({f"org/tiny-{r}": tiny_models[r] for r in ("student", "teacher")}).start()
+    home = tmp_path / "hf_fresh"
+    for key, value in {"HF_HOME": str(home), "HF_ENDPOINT": server.url}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    # The client read these when it was imported, under the session's HF_HUB_OFFLINE=1 (a user's
+    # process reads them from the environment at its start, as launch/rehearse.sh's does).
+    for name, value in {"HF_HUB_OFFLINE": False, "ENDPOINT": server.url, "HF_HUB_CACHE": str(home / "hub"),
+                        "HUGGINGFACE_CO_URL_TEMPLATE": server.url + "/{repo_id}/resolve/{revision}/{filename}"}.items():
+        monkeypatch.setattr(hf, name, value)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -121,7 +121,8 @@ def _applying(name: str, settings: dict[str, Any]) -> dict[str, Any]:
 def check_command_engines(command: str, engines: dict[str, EngineConfig]) -> None:
     """Before a one-off command starts anything: each served model is asked whether it can do
     the job (`check_served`; a ServedModelMismatch, exit 2, names the flag), each local one must
-    be a folder or in the hub cache (`local_model`), and each engine's backend is printed
+    be a folder or a hub id, downloaded here if it is not cached (`download_model`), and each
+    engine's backend is printed
     (`engines`: the flag naming the model -> its EngineConfig)."""
     from rose_ray.inference.openai import SettingNames, check_served
 
@@ -132,9 +133,11 @@ def check_command_engines(command: str, engines: dict[str, EngineConfig]) -> Non
                                  tokenizer="--tokenizer")
             lines.append(f"{command}: {flag}: {check_served(config, names)}")  # the commands score nothing
         else:
-            from rose_ray.models import local_model
+            from rose_ray.models import download_model
 
-            local_model(config.model)  # ModelNotAvailable (exit 2) now, before Ray starts or a file is made
+            # A hub id is downloaded now (ModelNotAvailable, exit 2, when it cannot be), before
+            # Ray starts or a file is made; the engine then finds it in the cache.
+            download_model(config.model, command)
             lines.append(f"{command}: {flag}: {config.model} on the {config.backend} backend "
                          f"({backend_version(config.backend)})")
     print("\n".join(lines), flush=True)

@@ -1,16 +1,64 @@
-"""Hub ids (`org/name`) resolve once to their snapshot in the local Hugging Face cache
-(offline), for engines, the learner, tokenizers, vLLM's weight-name check, `plan` and `check`.
+"""Hub ids (`org/name`) resolve once to their snapshot in the local Hugging Face cache, for
+engines, the learner, tokenizers, vLLM's weight-name check, `plan` and `check`; a command's
+driver downloads a missing one first (`download_model`), unless HF_HUB_OFFLINE is set.
 
-The cache is laid out here as the hub's client lays it out (`models--org--name/snapshots/<rev>/`
-with `refs/main` naming `<rev>`), holding the tiny models: nothing can be downloaded here
-(conftest.hub_cache). A hub-id student on vLLM training and taking the learner's weights:
-tests/e2e/test_reliability.py's vLLM run (and launch/rehearse.sh, tests/e2e/test_rehearse.py)."""
+No model hub is reachable here: the cache is laid out as the hub's client lays it out
+(`models--org--name/snapshots/<rev>/` with `refs/main` naming `<rev>`, conftest.hub_cache), and
+downloads come from launch/hub_server.py on 127.0.0.1 through the real huggingface_hub client
+(conftest.hub_endpoint). A hub-id student on vLLM downloaded, training and taking the learner's
+weights: tests/e2e/test_reliability.py's vLLM run (and launch/rehearse.sh, tests/e2e/test_rehearse.py)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_hub_id_is_downloaded_once_into_an_empty_cache(hub_endpoint, tiny_models, capsys):
+    from rose_ray.models import download_model, local_model
+
+    folder = download_model("org/tiny-student", "train")
+    out = capsys.readouterr().out
+    assert f"train: org/tiny-student: downloading from {hub_endpoint.url} into " in out, out
+    served = sorted(p.name for p in tiny_models["student"].iterdir())
+    assert sorted(p.name for p in Path(folder).iterdir()) == served
+    assert local_model("org/tiny-student") == folder  # what the engines and the learner then read
+    assert hub_endpoint.file_downloads() == {("org/tiny-student", f): 1 for f in served}
+    # Again, in a process of its own (the next run): the hub is asked whether `main` moved, no file is sent.
+    code = "from rose_ray.models import download_model; print(download_model('org/tiny-student', 'train'))"
+    again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip().splitlines()[-1] == folder
+    assert "in the Hugging Face cache; checking it against" in again.stdout
+    assert hub_endpoint.file_downloads() == {("org/tiny-student", f): 1 for f in served}
+    assert hub_endpoint.requests[-1] == ("GET", "/api/models/org/tiny-student/revision/main")
+
+
+def test_a_hub_id_the_hub_does_not_have_is_one_line_naming_it(hub_endpoint, capsys):
+    from rose_ray.cli import main
+
+    assert main(["eval", "--model", "org/not-there", "--n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"model 'org/not-there' could not be downloaded from {hub_endpoint.url}" in err, err
+    assert "RepositoryNotFoundError" in err and "hf download org/not-there --cache-dir" in err
+
+
+def test_offline_a_model_not_in_the_cache_names_the_command_that_downloads_it(hub_cache, tmp_path, capsys):
+    from rose_ray.cli import main
+    from rose_ray.models import download_model
+
+    assert download_model("org/tiny-student", "train") == str(hub_cache["org/tiny-student"])  # cached: as it is
+    assert main(["eval", "--model", "org/not-there", "--n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "'org/not-there' is not in the Hugging Face cache" in err and "HF_HUB_OFFLINE is set" in err, err
+    assert f"`hf download org/not-there --cache-dir {tmp_path / 'hf' / 'hub'}`" in err
 
 
 def test_a_hub_id_resolves_to_its_cached_snapshot(hub_cache, tiny_models):
