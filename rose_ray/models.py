@@ -184,7 +184,8 @@ def download_model(name: str, label: str) -> str:
             disable_progress_bars()
     files = [p for p in Path(folder).rglob("*") if p.is_file()]
     size = sum(p.stat().st_size for p in files)
-    print(f"{label}: {name}: {folder} ({len(files)} files, {size / 2**30:.2f} GiB)", flush=True)
+    shown = f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+    print(f"{label}: {name}: {folder} ({len(files)} files, {shown})", flush=True)
     return folder
 
 

@@ -35,14 +35,41 @@ def start_env_pools(config: EnvConfig, max_turns: int | None = None) -> list[Any
     ]
 
 
+# The first Ray whose `ray.init()` turns token auth on for a new local cluster by itself
+# (ray/_private/worker.py: `enable_token_auth_by_default`, read in Ray 2.58.1 and 2.59.0): on
+# older ones the token `private_token` sets enables nothing. pyproject.toml's floor is this one.
+RAY_TOKEN_AUTH_FLOOR = (2, 59)
+
+
+def check_ray_version() -> None:
+    """An InputError (exit 2) naming the installed Ray when it is older than the token-auth floor,
+    unless RAY_AUTH_MODE=disabled says that running without auth is meant."""
+    import os
+    import re
+
+    import ray
+
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return
+    installed = tuple(int(n) for n in re.findall(r"\d+", ray.__version__)[:2])
+    if installed < RAY_TOKEN_AUTH_FLOOR:
+        floor = ".".join(map(str, RAY_TOKEN_AUTH_FLOOR))
+        raise InputError(
+            f"ray {ray.__version__} is installed; rose_ray needs ray >= {floor}, the first that turns on "
+            "token authentication for the cluster it starts (without it anyone who reaches this machine's "
+            f"Ray ports runs code as you): install it (pip install 'ray[default]>={floor}', or launch/setup.sh), "
+            "or set RAY_AUTH_MODE=disabled to run without authentication on purpose")
+
+
 def init_ray(address: str | None = None) -> None:
     """Join `address` (or RAY_ADDRESS, which `ray job submit` sets), else start a private local
     cluster (token auth on: see `private_token`); use `auto` to join a cluster started with
-    `ray start` on this machine."""
+    `ray start` on this machine. A Ray too old for that auth is refused first (`check_ray_version`)."""
     import os
 
     import ray
 
+    check_ray_version()
     if ray.is_initialized():
         return
     if address is None and not os.environ.get("RAY_ADDRESS"):
@@ -58,23 +85,35 @@ def private_token() -> None:
 
     A local Ray cluster's ports (GCS, raylet, object manager, agents) listen on every
     interface whatever address is asked for (checked with Ray 2.60), so without a token anyone
-    who reaches this machine runs code as its user. Ray turns token auth on by default but
-    keeps the token in ~/.ray/auth_token, written with the umask's permissions (often readable
-    by every user of a shared login node); this token lives only in this process's environment,
-    which Ray's processes inherit and other users cannot read. An explicit RAY_AUTH_MODE, or a
-    token the user gave (RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH), is kept as it is."""
+    who reaches this machine runs code as its user. Ray turns token auth on by default (and
+    with RAY_AUTH_MODE=token) but, given no token, writes one to ~/.ray/auth_token with the
+    umask's permissions (often readable by every user of a shared login node); this token lives
+    only in this process's environment, which Ray's processes inherit and other users cannot
+    read, so nothing is written. A token the user gave (RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH:
+    refused while other users can read the file) and RAY_AUTH_MODE=disabled are kept."""
     import logging
     import os
     import secrets
 
-    mode = os.environ.get("RAY_AUTH_MODE")
-    if mode is None:  # ray.init turns token mode on itself (setting it here would miss Ray's cached config)
-        if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
-            os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-    elif mode.lower() == "disabled":
+    mode = (os.environ.get("RAY_AUTH_MODE") or "").lower()
+    if mode == "disabled":
         logging.getLogger(__name__).warning(
             "RAY_AUTH_MODE=disabled: this local Ray cluster's ports take connections from anyone who "
             "reaches this machine; unset it to start the cluster with a private token")
+        return
+    # An unset mode: ray.init turns token mode on itself (setting it here would miss Ray's cached config).
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return
+    if path := os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        try:
+            perms = os.stat(os.path.expanduser(path)).st_mode & 0o777
+        except OSError as e:
+            raise InputError(f"RAY_AUTH_TOKEN_PATH {path}: {e.strerror}") from None
+        if perms & 0o077:
+            raise InputError(f"RAY_AUTH_TOKEN_PATH {path}: other users can read this token "
+                             f"(mode {perms:o}): chmod 600 {path}")
+        return
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 
 def check_backends_here(*configs: Any) -> None:

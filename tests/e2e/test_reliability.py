@@ -162,14 +162,17 @@ async def _health(engine) -> dict:
 
 @pytest.mark.slow
 def test_a_killed_vllm_student_engine_is_replaced_and_serves_the_latest_weights(
-        hub_cache, tiny_models, ray_cluster, tmp_path):
+        hub_endpoint, tiny_models, ray_cluster, tmp_path):
     """Both engines on vLLM, sync, ROSE with its OPD term: the student engine is killed after a
     publication; its replacement gets the learner's weights before it serves, so every later
     step's importance ratio (learner vs engine logprobs of the same ids) is still 1. The models
-    are hub ids (`org/tiny-student`, as the seed configs name `Qwen/Qwen3-1.7B`): a hub-id
+    are hub ids (`org/tiny-student`, as the seed configs name `Qwen/Qwen3-1.7B`), downloaded by
+    the run's driver from a local hub (conftest.hub_endpoint: the real huggingface_hub client,
+    an empty HF_HOME) once, whatever the actors and the replacement engine read after: a hub-id
     student on vLLM trains and takes the learner's weights (vLLM's weight-name check reads the
     snapshot's safetensors), and the run trains on exactly the ids vLLM sampled. The only run
-    on vLLM engines with an OPD term: tests/e2e/test_qwen3.py runs opd itself on hf engines."""
+    on vLLM engines with an OPD term: tests/e2e/test_qwen3.py runs opd itself on hf engines.
+    A second run's download step sending no file: tests/unit/test_hub_ids.py."""
     pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
     run_dir = tmp_path / "run"
     steps = 4
@@ -198,6 +201,8 @@ def test_a_killed_vllm_student_engine_is_replaced_and_serves_the_latest_weights(
     assert error is None, error
     assert summary["steps"] == steps and version == steps
     assert summary["restarts"]["student engine"] == 1
+    assert hub_endpoint.file_downloads() == {(f"org/tiny-{role}", f.name): 1 for role in ("student", "teacher")
+                                             for f in tiny_models[role].iterdir()}
     logged = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
     assert len(logged) == steps and killed_at[0] < steps
     for m in logged:  # before the loss and after it: the engine served the learner's weights

@@ -71,3 +71,22 @@ def test_workers_output_reaches_the_drivers_log(tmp_path):
     proc.stdin.close()
     assert proc.wait(timeout=120) == 0, "".join(seen)
     assert any("hello from a worker" in line for line in seen), "".join(seen)
+
+
+def test_the_hf_cache_is_checked_on_every_node_before_a_hub_model_is_downloaded(env_node_cluster, hub_endpoint,
+                                                                               tiny_models, tmp_path, capsys):
+    """A hub-id student: the driver checks that every node sees the Hugging Face cache (the
+    marker goes into its `.locks` folder), then downloads the model there, once, before any actor
+    starts. The run then stops at the placement check (the simulated cluster has 2 fake GPUs, the
+    config asks for 4): nothing else of it is needed here."""
+    from rose_ray.cli import main
+
+    assert main(["train", f"run_dir={tmp_path}/r", "student_engine.model=org/tiny-student",
+                 f"tiny_dir={tiny_models['student'].parent}", "resources.student_gpus=4"]) == 2
+    captured = capsys.readouterr()
+    hub = Path(os.environ["HF_HOME"]) / "hub"
+    lines = captured.out.splitlines()
+    seen = lines.index(f"train: HF_HOME (the Hugging Face cache) {hub / '.locks'}: seen by all 3 nodes")
+    assert lines[seen + 1].startswith(f"train: org/tiny-student: downloading from {hub_endpoint.url}"), lines
+    assert len(hub_endpoint.file_downloads()) == len(list(tiny_models["student"].iterdir()))
+    assert "student" in captured.err and "GPU" in captured.err, captured.err  # the placement check, after

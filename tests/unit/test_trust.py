@@ -25,10 +25,12 @@ def clean_env(home: Path) -> dict[str, str]:
     return {**env, "HOME": str(home), "PYTHONPATH": str(ROOT)}
 
 
-def test_the_local_cluster_a_command_starts_refuses_connections_without_its_token(tmp_path):
+@pytest.mark.parametrize("mode", [None, "token"])
+def test_the_local_cluster_a_command_starts_refuses_connections_without_its_token(tmp_path, mode):
     # The cluster's ports listen on every interface (Ray 2.60 binds GCS and raylet to ::), so
     # what keeps other users out is the token: a GCS call without it (auth off, or a wrong
-    # token) is refused, one with it is answered, and the token is written nowhere on disk.
+    # token) is refused, one with it is answered, and the token is written nowhere on disk (with
+    # RAY_AUTH_MODE=token and no token, Ray itself would write ~/.ray/auth_token, umask's mode).
     script = textwrap.dedent("""
         import json, os, subprocess, sys
         import ray
@@ -49,7 +51,8 @@ def test_the_local_cluster_a_command_starts_refuses_connections_without_its_toke
         print("RESULT " + json.dumps({"ran": ran, "mode": os.environ.get("RAY_AUTH_MODE"), "answered": answered}))
         ray.shutdown()
     """)
-    proc = subprocess.run([sys.executable, "-c", script], env=clean_env(tmp_path), cwd=tmp_path,
+    env = {**clean_env(tmp_path), **({"RAY_AUTH_MODE": mode} if mode else {})}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -57,6 +60,53 @@ def test_the_local_cluster_a_command_starts_refuses_connections_without_its_toke
     assert result["ran"] == 2 and result["mode"] == "token"
     assert result["answered"] == {"no auth": False, "wrong token": False, "its token": True}
     assert not (tmp_path / ".ray" / "auth_token").exists()  # the token lived in the environment only
+
+
+def test_a_token_file_other_users_can_read_is_refused(tmp_path, monkeypatch):
+    from rose_ray.errors import InputError
+    from rose_ray.rollout.actors import private_token
+
+    token = tmp_path / "token"
+    token.write_text("0" * 64)
+    token.chmod(0o644)
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    with pytest.raises(InputError, match=f"other users can read this token \\(mode 644\\): chmod 600 {token}"):
+        private_token()
+    token.chmod(0o600)
+    private_token()  # kept as the user gave it
+    assert "RAY_AUTH_TOKEN" not in os.environ
+
+
+def test_a_ray_without_token_auth_by_default_is_refused_unless_auth_is_off(monkeypatch):
+    """Ray 2.58 and older start a local cluster without auth whatever token is set: refused
+    before anything starts, naming the version, unless RAY_AUTH_MODE=disabled says it is meant."""
+    import ray
+
+    from rose_ray.errors import InputError
+    from rose_ray.rollout.actors import check_ray_version, init_ray
+
+    monkeypatch.setattr(ray, "__version__", "2.58.1")
+    for mode in (None, "token"):
+        if mode:
+            monkeypatch.setenv("RAY_AUTH_MODE", mode)
+        else:
+            monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+        with pytest.raises(InputError, match=r"ray 2\.58\.1 is installed; rose_ray needs ray >= 2\.59"):
+            init_ray("local")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    check_ray_version()
+    monkeypatch.setattr(ray, "__version__", "2.59.0")
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    check_ray_version()
+
+
+def test_pyproject_floors_ray_where_token_auth_is_on():
+    from rose_ray.rollout.actors import RAY_TOKEN_AUTH_FLOOR
+
+    floor = ".".join(map(str, RAY_TOKEN_AUTH_FLOOR))
+    assert f'"ray[default]>={floor}' in (ROOT / "pyproject.toml").read_text()
 
 
 def test_a_scienceworld_jvm_refuses_a_gateway_connection_without_its_token():
