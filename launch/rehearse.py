@@ -1,24 +1,25 @@
 """The rehearsal's Python side (launch/rehearse.sh runs it; see there).
 
-    python launch/rehearse.py models WORK        # tiny Qwen3 stand-ins in WORK/hf under hub-style names
+    python launch/rehearse.py models WORK        # tiny Qwen3 stand-ins in WORK/tiny; prints REPO_ID=DIR lines
     python launch/rehearse.py train WORK CONFIG [KEY=VALUE ...]   # on the cluster RAY_ADDRESS names
 
+`models` builds the stand-ins that launch/hub_server.py then serves under hub-style names.
 `train` runs `rose-ray train` in this process, notes which node each actor of the run is on
-while it runs, and prints that and the learner's step times; exit 0 when the run reached its
-last step with the weights published.
+while it runs, and prints that, the learner's step times and what the hub sent (WORK/hub.log);
+exit 0 when the run reached its last step with the weights published.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import threading
 import time
 from pathlib import Path
 
+from hub_server import file_downloads  # launch/hub_server.py, beside this file
+
 STAND_INS = {"student": "rose-ray-rehearsal/tiny-qwen3-student", "teacher": "rose-ray-rehearsal/tiny-qwen3-teacher"}
-REVISION = "0" * 40
 
 
 def models(work: Path) -> None:
@@ -26,12 +27,7 @@ def models(work: Path) -> None:
 
     tiny = init_tiny(work / "tiny", seed=0, style="qwen3")
     for role, repo_id in STAND_INS.items():
-        repo = work / "hf" / "hub" / f"models--{repo_id.replace('/', '--')}"
-        if not (repo / "refs" / "main").is_file():
-            shutil.copytree(tiny[role], repo / "snapshots" / REVISION, dirs_exist_ok=True)
-            (repo / "refs").mkdir(parents=True, exist_ok=True)
-            (repo / "refs" / "main").write_text(REVISION)
-        print(f"rehearse: {repo_id} -> {repo / 'snapshots' / REVISION}", flush=True)
+        print(f"{repo_id}={tiny[role]}", flush=True)
 
 
 def watch_actors(seen: dict[str, tuple[str, str, str]], stop: threading.Event) -> None:
@@ -84,6 +80,11 @@ def train(work: Path, config: str, overrides: list[str]) -> int:
         before = r["time"]
     print(f"rehearse: {summary['steps']} steps, policy version {summary['version']}, {time.time() - t0:.0f} s "
           f"from the driver's start (run {run_dir})", flush=True)
+    log = work / "hub.log"
+    requests = [tuple(line.split(" ", 1)) for line in log.read_text().splitlines()] if log.is_file() else []
+    sent = file_downloads(requests, STAND_INS.values())
+    print(f"rehearse: the hub sent {sum(sent.values())} files ({len(sent)} distinct) in {len(requests)} "
+          f"requests: {', '.join(f'{r}/{f} x{n}' for (r, f), n in sorted(sent.items()))}", flush=True)
     ok = summary["steps"] == summary["version"] and summary["steps"] >= 3
     return 0 if ok else 1
 

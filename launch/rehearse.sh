@@ -3,15 +3,16 @@
 # this host (a head with one CPU, as a cluster's head has few; a second raylet with its own
 # temp dir, HOME and working directory and 8 fake GPUs: Ray only counts them), the config's
 # placement groups, engines (tensor parallel included), learner ranks and ZeRO stage as
-# shipped, tiny Qwen3 stand-ins under hub-style names in a private Hugging Face cache, and the
+# shipped, tiny Qwen3 stand-ins under hub-style names downloaded by the run from a local hub
+# (launch/hub_server.py on 127.0.0.1, HF_ENDPOINT) into an empty Hugging Face cache, and the
 # rest scaled to a small machine (configs/rehearse.overrides says what and why).
 #
 #   bash launch/rehearse.sh [CONFIG] [KEY=VALUE ...]     # default configs/rose_qwen3_1p7b_32b.yaml
 #
 # Prints where each actor went and the learner's step times; exits 0 once the run reached its
-# last step (3) with the weights published. It starts and stops its own raylets only (ports of
-# its own; they are ended by the processes under its temp dir, never by `ray stop`, which would
-# end every cluster on the machine).
+# last step (3) with the weights published. It starts and stops its own raylets and hub only
+# (ports of its own; the raylets are ended by the processes under its temp dir, never by
+# `ray stop`, which would end every cluster on the machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -27,10 +28,13 @@ unset RAY_ADDRESS
 # Ray's token auth, with a token of this rehearsal's own kept in the environment (its raylets'
 # ports listen on every interface; see docs/cluster.md, Trust model).
 RAY_AUTH_TOKEN=$("${PYTHON:-python3}" -c 'import secrets; print(secrets.token_hex(32))')
-export RAY_AUTH_MODE=token RAY_AUTH_TOKEN HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false DS_ACCELERATOR=cpu
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN TOKENIZERS_PARALLELISM=false DS_ACCELERATOR=cpu
 export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH}
-# Models, caches and runs on a path both raylets see (a cluster's shared storage).
+# Models (an empty cache the run downloads into), caches and runs on a path both raylets see
+# (a cluster's shared storage).
 export HF_HOME=$work/hf ROSE_RAY_CACHE=$work/cache ROSE_RAY_RUNS=$work/runs
+unset HF_HUB_OFFLINE
+hub_pid=
 
 stop_raylets() {
   # Every process of this rehearsal's cluster names its temp dir (under $work) on its command line.
@@ -43,11 +47,24 @@ stop_raylets() {
     sleep 0.5
   done
   [ ${#pids[@]} -gt 0 ] && kill -9 "${pids[@]}" 2>/dev/null || true
-  echo "rehearse: raylets stopped ($work kept: runs/ holds the run)"
+  [ -n "$hub_pid" ] && kill "$hub_pid" 2>/dev/null || true
+  echo "rehearse: raylets and hub stopped ($work kept: runs/ holds the run)"
 }
 trap stop_raylets EXIT
 
-"$PY" launch/rehearse.py models "$work"
+# The stand-ins, served under hub-style names by a hub of the rehearsal's own.
+mapfile -t repos < <("$PY" launch/rehearse.py models "$work")
+"$PY" launch/hub_server.py --log "$work/hub.log" "${repos[@]}" >"$work/hub.out" 2>&1 &
+hub_pid=$!
+for _ in $(seq 150); do
+  grep -q "serving on" "$work/hub.out" && break
+  kill -0 "$hub_pid" 2>/dev/null || break
+  sleep 0.2
+done
+HF_ENDPOINT=$(sed -n 's/^hub: serving on //p' "$work/hub.out")
+[ -n "$HF_ENDPOINT" ] || { cat "$work/hub.out" >&2; exit 1; }
+export HF_ENDPOINT
+sed 's/^/rehearse: /' "$work/hub.out"
 
 port=$((20000 + RANDOM % 20000))  # ports of its own: other clusters on this machine keep theirs
 ports() {  # per raylet: distinct agent, metrics and worker ports

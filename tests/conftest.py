@@ -172,17 +172,17 @@ def hub_cache(tiny_models, tmp_path, monkeypatch):
     return snapshots
 
 
-def hub_server_module():
-    """launch/hub_server.py (a script beside the launch files, not a package) as a module."""
+def launch_module(name: str):
+    """launch/<name>.py (scripts beside the launch files, not a package) as a module."""
     import importlib.util
     import sys
 
-    if "hub_server" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("hub_server", Path(__file__).resolve().parent.parent / "launch" / "hub_server.py")
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "launch" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
-        sys.modules["hub_server"] = module
+        sys.modules[name] = module
         spec.loader.exec_module(module)
-    return sys.modules["hub_server"]
+    return sys.modules[name]
 
 
 @pytest.fixture
@@ -193,7 +193,7 @@ def hub_endpoint(tiny_models, tmp_path, monkeypatch):
     what was sent)."""
     import huggingface_hub.constants as hf
 
-    server = hub_server_module().HubServer({f"org/tiny-{r}": tiny_models[r] for r in ("student", "teacher")}).start()
+    server = launch_module("hub_server").HubServer({f"org/tiny-{r}": tiny_models[r] for r in ("student", "teacher")}).start()
     home = tmp_path / "hf_fresh"
     for key, value in {"HF_HOME": str(home), "HF_ENDPOINT": server.url}.items():
         monkeypatch.setenv(key, value)

@@ -31,6 +31,13 @@ def test_the_seed_config_rehearsed_reaches_step_3(tmp_path):
     assert any("EnvPool" in w for w in where), where
     assert re.search(r"rehearse: step 3: .* weights v3 published", log), log[-4000:]
     assert "3 steps, policy version 3" in log
+    # Both stand-ins downloaded by the driver from the rehearsal's hub into its empty cache, each
+    # file once, before any actor started; the cache checked shared like the run's folders.
+    assert re.search(r"train: HF_HOME \(the Hugging Face cache\) \S+: seen by all 2 nodes", log), log[-4000:]
+    for role in ("student", "teacher"):
+        assert re.search(rf"train: rose-ray-rehearsal/tiny-qwen3-{role}: downloading from http://127\.0\.0\.1:\d+", log)
+    sent = re.search(r"rehearse: the hub sent (\d+) files \((\d+) distinct\)", log)
+    assert sent and sent.group(1) == sent.group(2) and int(sent.group(1)) >= 12, log[-4000:]
     work = re.search(r"work dir (\S+)", log).group(1)
     metrics = next(Path(work, "runs").glob("*/version_*/metrics.jsonl")).read_text().splitlines()
     # the seed's dev curve (eval.every), scaled by configs/rehearse.overrides: before step 1 and after the last

