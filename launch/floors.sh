@@ -53,7 +53,7 @@ rm -rf "$VENV"
 pip_install --upgrade pip
 pip_install "${pins[@]}"
 pip_install --no-deps .
-# A CUDA torch brings triton, whose kernels DeepSpeed (0.16) builds at import; with no GPU
+# A CUDA torch brings triton, whose kernels DeepSpeed builds at import (seen with 0.16); with no GPU
 # driver that import fails ("0 active drivers"). Triton is of no use without a GPU.
 if ! command -v nvidia-smi >/dev/null && "$VENV/bin/python" -m pip show -q triton 2>/dev/null; then
   echo "floors: no GPU here: removing triton (pulled in by the CUDA torch build)"
