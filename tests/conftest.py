@@ -200,9 +200,14 @@ def hub_endpoint(tiny_models, tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     # The client read these when it was imported, under the session's HF_HUB_OFFLINE=1 (a user's
     # process reads them from the environment at its start, as launch/rehearse.sh's does).
+    template = server.url + "/{repo_id}/resolve/{revision}/{filename}"
     for name, value in {"HF_HUB_OFFLINE": False, "ENDPOINT": server.url, "HF_HUB_CACHE": str(home / "hub"),
-                        "HUGGINGFACE_CO_URL_TEMPLATE": server.url + "/{repo_id}/resolve/{revision}/{filename}"}.items():
+                        "HUGGINGFACE_CO_URL_TEMPLATE": template}.items():
         monkeypatch.setattr(hf, name, value)
+    import huggingface_hub.file_download
+
+    if hasattr(huggingface_hub.file_download, "HUGGINGFACE_CO_URL_TEMPLATE"):  # huggingface_hub < 1.0 copied it
+        monkeypatch.setattr(huggingface_hub.file_download, "HUGGINGFACE_CO_URL_TEMPLATE", template)
     try:
         yield server
     finally:
