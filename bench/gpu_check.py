@@ -345,7 +345,7 @@ def part_learner(model: Path, device: str, tokens: int, steps: int) -> dict[str,
         port = s.getsockname()[1]
     rank.init_distributed("127.0.0.1", port, "auto")
     info = rank.setup(LearnerConfig(model=str(model), dtype=dtype, zero_stage=2, ranks=1, max_tokens=tokens,
-                                    gradient_checkpointing=True, logprob_chunk=1024,
+                                    activation_checkpointing="full", logprob_chunk=1024,
                                     gpus_per_rank=1.0 if device.startswith("cuda") else 0.0))
     attn, net, fwd = info["attn_implementation"], rank.engine, rank.packed
     params = info["parameters"]

@@ -109,10 +109,10 @@ def test_the_seed_settings_train(group, sequences):
     group.setup(zero_stage=2)
     fp32 = group.train_step(batch)
     try:
-        group.setup(zero_stage=2, dtype="bfloat16", gradient_checkpointing=True)
+        group.setup(zero_stage=2, dtype="bfloat16", activation_checkpointing="full")
         steps = [group.train_step(batch) for _ in range(2)]
     finally:  # the next test's setup builds from the module's settings again
-        group.config = replace(group.config, dtype="float32", gradient_checkpointing=False)
+        group.config = replace(group.config, dtype="float32", activation_checkpointing="none")
     assert steps[0]["loss"] == pytest.approx(fp32["loss"], rel=2e-2)
     assert steps[1]["loss"] < steps[0]["loss"]
     # trained tokens: the batch's tokens carrying the CE term plus those carrying the OPD term
