@@ -37,6 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 from rose_ray.learner.attention import model_kwargs
 from rose_ray.learner.speed import HEADS
+
 FUSED_HEADS = {"cce": "cut_cross_entropy", "liger": "liger_kernel"}  # head: the package it needs
 
 

@@ -32,7 +32,13 @@ import numpy as np
 
 from rose_ray.errors import ConfigError
 from rose_ray.learner.batching import micro_batches
-from rose_ray.learner.speed import ATTN_IMPLEMENTATIONS, CHECKPOINTING, FUSED_KERNELS, HEADS, OPTIMIZERS
+from rose_ray.learner.speed import (
+    ATTN_IMPLEMENTATIONS,
+    CHECKPOINTING,
+    FUSED_KERNELS,
+    HEADS,
+    OPTIMIZERS,
+)
 from rose_ray.learner.worker import SUMMED, CheckpointUnreadable, LearnerWorker, fsync_dir
 from rose_ray.types import CONTEXT_TOKENS, Batch
 

@@ -201,9 +201,7 @@ class LearnerWorker:
         """(Re)build model, optimizer, scheduler and engine from `cfg.model`."""
         import deepspeed
         import torch
-        from transformers import AutoModelForCausalLM
-
-        from transformers import AutoConfig
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         from rose_ray.learner import attention, speed
         from rose_ray.learner.forward import PackedForward
@@ -260,7 +258,7 @@ class LearnerWorker:
         and metrics add up on the device and are read back once, after the step."""
         import torch
 
-        from rose_ray.learner.batching import WEIGHTS
+        from rose_ray.learner.batching import trained_targets
         from rose_ray.learner.losses import aligned
         from rose_ray.learner.losses import loss as batch_loss
 
@@ -271,10 +269,9 @@ class LearnerWorker:
             # Gradients are reduced once, after the last micro-batch; then one optimizer step.
             self.engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
             t = self._tensors(part)
-            # the targets some loss term weighs: the head runs on those (learner.head)
-            trained = np.flatnonzero(np.any([part[k][:, 1:] > 0 for k in part if k.endswith(WEIGHTS)], axis=0))
             hidden = self.packed.hidden_states(self.engine, t, part["cu_seq_lens"].tolist())
-            logp = self.packed.token_logprobs(hidden, t["input_ids"], torch.from_numpy(trained).to(hidden.device))
+            trained = torch.from_numpy(trained_targets(part)).to(hidden.device)  # the head scores these
+            logp = self.packed.token_logprobs(hidden, t["input_ids"], trained)
             loss, metrics = batch_loss(logp, aligned(t), den, self.cfg.clip_eps)
             metrics["loss"] = loss.detach()
             # A non-finite loss makes every gradient NaN, so that every rank skips this step (the
