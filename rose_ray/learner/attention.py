@@ -90,13 +90,12 @@ def torch_varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: to
         raise RuntimeError(f"torch_varlen: torch {torch.__version__} has no torch.nn.attention.varlen")
     if attention_mask is not None or dropout:
         raise ValueError("torch_varlen takes segment boundaries (cu_seq_lens_q) and no dropout")
+    if cu_seq_lens_q is None:  # unpacked rows (LearnerGroup.logits): each row one sequence
+        return sdpa_varlen_attention(module, query, key, value, None, dropout, scaling)
     if query.shape[0] != 1:
         raise ValueError(f"torch_varlen packs segments into one row, got {query.shape[0]} rows")
     varlen_attn, params = api
     length = query.shape[2]
-    if cu_seq_lens_q is None:  # one sequence: the whole row
-        cu_seq_lens_q = torch.tensor([0, length], dtype=torch.int32, device=query.device)
-        max_length_q = length
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, D] views
     kwargs: dict[str, Any] = {"scale": scaling} if "scale" in params else {}
     # torch 2.10 takes is_causal; later versions a window, (-1, 0) being causal

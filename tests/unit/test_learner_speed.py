@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 
 import numpy as np
 import pytest
@@ -216,6 +217,9 @@ def test_torch_varlen_calls_each_torchs_kernel_right(models, monkeypatch, kernel
     lp_new, _ = run(new, part, den, attn="torch_varlen")
     assert_same_logprobs(lp_new[trained], lp_ref[trained])
     assert_same_grads(ref, new)
+    rows = torch.from_numpy(part["input_ids"][:, :64]).repeat(2, 1)  # unpacked rows (LearnerGroup.logits)
+    with torch.no_grad():
+        torch.testing.assert_close(new(input_ids=rows).logits, ref(input_ids=rows).logits, rtol=RTOL, atol=1e-5)
 
 
 # --------------------------------------------------------------------------- the settings
@@ -244,6 +248,25 @@ def test_the_old_checkpointing_key_is_named_and_a_saved_run_keeps_its_setting(tm
 
 
 # --------------------------------------------------------------------------- on a GPU
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and all(
+    importlib.util.find_spec(p) for p in ("triton", "liger_kernel"))
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="Liger's fused head runs on CPU only under Triton's interpreter: set "
+                                            "TRITON_INTERPRET=1 with triton and liger-kernel installed ('.[gpu]')")
+def test_the_liger_head_under_tritons_interpreter_equals_the_full_head(models):
+    """Liger's own Triton kernels, run by Triton's CPU interpreter: per-token logprobs (reduction
+    none, each weighed by the loss in backward) and every gradient as the full head's. (Its
+    RMSNorm, RoPE and SwiGLU kernels, and cut-cross-entropy's, do not run in the interpreter.)"""
+    path, tok = models["tiny_qwen3"]
+    part, den = rose_part(tok)
+    ref, new = load(path), load(path)
+    full, trained = run(ref, part, den, head="full")
+    fused, _ = run(new, part, den, head="liger")
+    assert_same_logprobs(fused[trained], full[trained])
+    assert_same_grads(ref, new)
+
+
 GPU_LEVERS = {  # lever: (what it needs besides CUDA, its settings against the reference's)
     "torch_varlen": (attention.torch_varlen_available, {"attn": "torch_varlen"}),
     "cce": (lambda: importlib.util.find_spec("cut_cross_entropy") and importlib.util.find_spec("triton"),
