@@ -71,11 +71,11 @@ fi
 timeout 330 python3 bench/gpu_check.py --part learner --device "$device" "${quick[@]}" --budget-s 250 \
   --out "$out/gpu_check_learner.json" 2>&1 | tee "$out/gpu_check_learner.log" || true
 # 3. the transformers engine on the GPU (and vLLM's parts where vLLM is here)
-if python3 -c "import vllm" 2>/dev/null; then
+if [ -z "$dry" ] && python3 -c "import vllm" 2>/dev/null; then
   timeout 300 python3 bench/gpu_check.py --device "$device" "${quick[@]}" --budget-s 0 --out "$out/gpu_check.json" 2>&1 \
     | tee "$out/gpu_check.log" || true
 else
-  echo "gpu_check: no vLLM here: the engine and publication parts cannot run" | tee "$out/gpu_check.log"
+  echo "gpu_check: no vLLM here (or a dry run): the engine and publication parts do not run" | tee "$out/gpu_check.log"
   timeout 90 python3 bench/gpu_check.py --part hf --device "$device" "${quick[@]}" 2>&1 | tail -3 \
     | tee -a "$out/gpu_check.log" || true
 fi
