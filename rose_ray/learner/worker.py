@@ -255,7 +255,7 @@ class LearnerWorker:
 
     def train_step(self, parts: list[dict[str, np.ndarray]], den: dict[str, float]) -> dict[str, float]:
         """One optimizer step over this rank's micro-batches (every rank gets as many). Losses
-        and metrics add up on the device and are read back once, after the step."""
+        and metrics add up on the device and are read back once per step."""
         import torch
 
         from rose_ray.learner.batching import trained_targets
