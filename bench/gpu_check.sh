@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The prepared GPU check, for a machine with one GPU (within 8 minutes on one H200):
+# The prepared GPU check, for a machine with one GPU (within 8 minutes on one H200: each step has a
+# time limit, 80 + 320 + 60 s at most, beside the wheels' install):
 #  1. the learner's GPU kernels against their reference paths (tests/unit/test_learner_speed.py's
 #     and test_learner_paths.py's CUDA tests: torch's varlen FlashAttention, cut-cross-entropy,
-#     Liger, fused AdamW on CUDA, flash-attn where installed), ~1.5 minutes;
+#     Liger, fused AdamW on CUDA, flash-attn where installed), ~1 minute;
 #  2. the learner at the seed's step shape (bench/gpu_learner.py: 3 packed rows of 16,384 tokens
 #     in 4 segments per optimizer step, ZeRO-2, bf16 with fp32 master weights), with the settings
 #     shipped before issue 53 and then its speed settings added one at a time: seconds per step,
 #     tokens/s, peak memory, MFU under two conventions; each rung in a process of its own, no rung
-#     started after 250 s (those are listed as skipped), ~5 minutes;
+#     started after 240 s (those are listed as skipped), ~5 minutes;
 #  3. the transformers engine (`--part hf`): greedy ids beside transformers' generate, tokens/s,
 #     a weight update from GPU tensors, ~1 minute;
 #  and, where vLLM is installed, its engine and publication parts (bench/gpu_check.py --part all).
@@ -61,14 +62,14 @@ done | tee -a "$out/gpu_check_env.log"
 
 # 1. equality of the GPU kernels (skipped, saying so, without CUDA or a kernel's package)
 if python3 -c "import pytest" 2>/dev/null; then
-  DS_ACCELERATOR=$DS_ACCELERATOR timeout 120 python3 -m pytest -q -rs -o addopts="" -p no:cacheprovider \
+  DS_ACCELERATOR=$DS_ACCELERATOR timeout 80 python3 -m pytest -q -rs -o addopts="" -p no:cacheprovider \
     tests/unit/test_learner_speed.py tests/unit/test_learner_paths.py -k "gpu or flash" 2>&1 \
     | tail -15 | tee "$out/gpu_check_equality.log" || true
 else
   echo "gpu_check: pytest is not installed: the GPU equality tests did not run" | tee "$out/gpu_check_equality.log"
 fi
 # 2. the learner's ladder
-timeout 330 python3 bench/gpu_check.py --part learner --device "$device" "${quick[@]}" --budget-s 250 \
+timeout 320 python3 bench/gpu_check.py --part learner --device "$device" "${quick[@]}" --budget-s 240 \
   --out "$out/gpu_check_learner.json" 2>&1 | tee "$out/gpu_check_learner.log" || true
 # 3. the transformers engine on the GPU (and vLLM's parts where vLLM is here)
 if [ -z "$dry" ] && python3 -c "import vllm" 2>/dev/null; then
@@ -76,6 +77,6 @@ if [ -z "$dry" ] && python3 -c "import vllm" 2>/dev/null; then
     | tee "$out/gpu_check.log" || true
 else
   echo "gpu_check: no vLLM here (or a dry run): the engine and publication parts do not run" | tee "$out/gpu_check.log"
-  timeout 90 python3 bench/gpu_check.py --part hf --device "$device" "${quick[@]}" 2>&1 | tail -3 \
+  timeout 60 python3 bench/gpu_check.py --part hf --device "$device" "${quick[@]}" 2>&1 | tail -3 \
     | tee -a "$out/gpu_check.log" || true
 fi
