@@ -11,7 +11,8 @@
 #     started after 240 s (those are listed as skipped), ~5 minutes;
 #  3. the transformers engine (`--part hf`): greedy ids beside transformers' generate, tokens/s,
 #     a weight update from GPU tensors, ~1 minute;
-#  and, where vLLM is installed, its engine and publication parts (bench/gpu_check.py --part all).
+#  and, where vLLM is installed, its engine and publication parts too (bench/gpu_check.py --part all,
+#  up to 5 more minutes).
 # A Qwen3-1.7B-shaped model with random weights (nothing is downloaded). Results go to $OUT (the
 # device tool's folder) when set, else bench/results/.
 #
