@@ -48,11 +48,11 @@ fi
 export PYTHONPATH=$PWD${site:+:$site}${PYTHONPATH:+:$PYTHONPATH}
 if [ -n "$dry" ]; then
   export DS_ACCELERATOR=cpu
-  quick=(--quick) device=cpu
+  quick=(--quick) device=cpu hf_limit=900
 else
   nvidia-smi -L || { echo "gpu_check: no GPU here (nvidia-smi found none; --dry-run runs on CPU)" >&2; exit 2; }
   export DS_ACCELERATOR=cuda
-  quick=() device=cuda
+  quick=() device=cuda hf_limit=60
 fi
 python3 -c "import deepspeed, torch, omegaconf" || \
   { echo "gpu_check: DeepSpeed, torch or omegaconf is missing here (give --wheels DIR)" >&2; exit 2; }
@@ -78,6 +78,10 @@ if [ -z "$dry" ] && python3 -c "import vllm" 2>/dev/null; then
     | tee "$out/gpu_check.log" || true
 else
   echo "gpu_check: no vLLM here (or a dry run): the engine and publication parts do not run" | tee "$out/gpu_check.log"
-  timeout 60 python3 bench/gpu_check.py --part hf --device "$device" "${quick[@]}" 2>&1 | tail -3 \
-    | tee -a "$out/gpu_check.log" || true
+  rc=0
+  timeout "$hf_limit" python3 bench/gpu_check.py --part hf --device "$device" "${quick[@]}" > "$out/gpu_check_hf.log" 2>&1 \
+    || rc=$?
+  tail -3 "$out/gpu_check_hf.log" | tee -a "$out/gpu_check.log"
+  [ "$rc" = 0 ] || echo "gpu_check: the hf part stopped with exit status $rc (124: past its ${hf_limit} s)" \
+    | tee -a "$out/gpu_check.log"
 fi

@@ -15,8 +15,8 @@ cross entropy keeps several such tensors alive. The head's implementations:
 - `cce`: the trained positions through cut-cross-entropy's `linear_cross_entropy` (Triton,
   CUDA): the logits are never written to memory, forward or backward.
 - `liger`: the trained positions through Liger's fused linear cross entropy (Triton, CUDA).
-- `auto`: cce where CUDA and cut-cross-entropy are at hand, else liger where Liger is, else
-  trained.
+- `auto`: cce where CUDA and cut-cross-entropy are at hand under bf16, else liger where Liger
+  is, else trained.
 
 The model's own forward runs with `logits_to_keep=1` (its head sees one position) and the
 body's output is captured by a hook. The head runs inside ONE call of the head module (its
@@ -47,12 +47,13 @@ def head_available(head: str) -> bool:
             and importlib.util.find_spec(FUSED_HEADS[head]) is not None)
 
 
-def resolve_head(name: str, on_cuda: bool) -> str:
-    """The head `name` stands for here (`auto` chooses the fastest that can run)."""
+def resolve_head(name: str, on_cuda: bool, dtype: str = "bfloat16") -> str:
+    """The head `name` stands for here (`auto` chooses the fastest that can run; a fused kernel
+    only under bf16: an fp32 run is for exactness, and Triton's fp32 dot rounds like TF32)."""
     if name != "auto":
         return name
     for fused in FUSED_HEADS:
-        if on_cuda and head_available(fused):
+        if on_cuda and dtype == "bfloat16" and head_available(fused):
             return fused
     return "trained"
 

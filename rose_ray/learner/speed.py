@@ -13,8 +13,8 @@ to a model before DeepSpeed wraps it. Each one is tested for equality against it
   and is recomputed in backward) or `selective` (every second layer, from the first).
 - `learner.fused_kernels`: `liger` (Liger's Triton RMSNorm, RoPE and SwiGLU put into the model
   instance; CUDA), `compile` (regional torch.compile of every RMSNorm and MLP module, dynamic
-  shapes; ZeRO 0–2) or `none`. `auto`: liger where CUDA, Triton and Liger are at hand and Liger
-  knows the model type, else none.
+  shapes; ZeRO 0–2) or `none`. `auto`: liger under bf16 where CUDA, Triton and Liger are at hand
+  and Liger knows the model type, else none.
 """
 
 from __future__ import annotations
@@ -91,10 +91,10 @@ def liger_supports(model_type: str) -> bool:
     return model_type in MODEL_TYPE_TO_APPLY_LIGER_FN
 
 
-def resolve_fused_kernels(name: str, model_type: str) -> str:
+def resolve_fused_kernels(name: str, model_type: str, dtype: str = "bfloat16") -> str:
     if name != "auto":
         return name
-    return "liger" if liger_supports(model_type) else "none"
+    return "liger" if dtype == "bfloat16" and liger_supports(model_type) else "none"
 
 
 def apply_fused_kernels(model: Any, name: str) -> None:
@@ -122,5 +122,5 @@ def chosen(cfg: Any, model_type: str, on_cuda: bool) -> dict[str, str]:
     return {"attn_implementation": resolve(cfg.attn_implementation, cfg.dtype),
             "optimizer": resolve_optimizer(cfg.optimizer, "cuda" if on_cuda else "cpu"),
             "activation_checkpointing": cfg.activation_checkpointing,
-            "fused_kernels": resolve_fused_kernels(cfg.fused_kernels, model_type),
-            "head": resolve_head(cfg.head, on_cuda)}
+            "fused_kernels": resolve_fused_kernels(cfg.fused_kernels, model_type, cfg.dtype),
+            "head": resolve_head(cfg.head, on_cuda, cfg.dtype)}
