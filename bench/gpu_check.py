@@ -29,16 +29,16 @@ part's GPU memory never counts in another's:
   (its AsyncBatcher), and a weight update from tensors on the GPU (perturbed weights change the
   greedy ids, the engine's own restore them). It needs no vLLM: it and `learner` run where vLLM
   cannot be installed (`--part hf`, `--part learner`).
-- `learner`: a real learner rank (LearnerWorker: DeepSpeed ZeRO-2, bf16 weights with fp32
-  master weights and fp32 AdamW moments, as runs hold them) running the learner's forward
-  (learner/forward.py: packed segments, the attention implementation `auto` picks, the LM head
-  in chunks of 1,024 tokens, gradient checkpointing) on one packed row of 16,384 tokens (4
-  segments) -> tokens/s, MFU (6 x parameters x tokens/s over the GPU's dense bf16 peak; the
-  attention's own FLOPs are left out, as is usual), peak GPU memory, and the publication's
-  first stage: gathering the full bf16 state on the rank.
+- `learner`: the learner at the seed's step shape (bench/gpu_learner.py): a real learner rank
+  (LearnerWorker: DeepSpeed ZeRO-2, bf16 weights with fp32 master weights and fp32 AdamW moments,
+  as runs hold them), `--micro` packed rows of `--tokens` tokens (4 segments each) per optimizer
+  step, first with the settings shipped before issue 53, then adding its speed settings one at a
+  time (each rung in a process of its own): seconds per step, tokens/s, peak GPU memory, MFU
+  under two conventions (6N; 6N plus attention with T = each segment, causal-halved), and the
+  publication's first stage (the full bf16 state gathered on the rank).
 
-    bash bench/gpu_check.sh                       # on a GPU machine, ~5 minutes on one H200
-    python bench/gpu_check.py --part learner --shape tiny --device cpu   # a smoke run here
+    bash bench/gpu_check.sh                       # on a GPU machine, within 8 minutes on one H200
+    python bench/gpu_check.py --part learner --quick   # a dry run here: tiny shape, CPU, small rows
 
 Prints a table and writes bench/results/gpu_check.json (or --out).
 """
@@ -55,7 +55,9 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense, per the vendors' sheets
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_learner  # noqa: E402  (bench/gpu_learner.py: the learner part)
+
 TINY = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 151936, "tie_word_embeddings": True}
 
@@ -77,10 +79,15 @@ def build_model(folder: Path, sizes: dict[str, Any], tokenizer_dir: Path) -> Pat
         return folder
     keep = {k: sizes[k] for k in TINY}
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(**keep, max_position_embeddings=40960, torch_dtype="bfloat16",
-                                         eos_token_id=2, pad_token_id=0)).to(torch.bfloat16)
-    model.save_pretrained(folder, safe_serialization=True)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(folder)
+    # initialised on the GPU where there is one (1.7B parameters: seconds, not a minute on CPU),
+    # written whole before it is named (a rung killed mid-write leaves no half model behind)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = Qwen3ForCausalLM(Qwen3Config(**keep, max_position_embeddings=40960, torch_dtype="bfloat16",
+                                             eos_token_id=2, pad_token_id=0)).to(torch.bfloat16)
+    partial = folder.with_name(folder.name + ".partial")
+    model.save_pretrained(partial, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(partial)
+    partial.replace(folder)
     return folder
 
 
@@ -330,78 +337,36 @@ def part_hf(model: Path, device: str) -> dict[str, Any]:
     return out
 
 
-def part_learner(model: Path, device: str, tokens: int, steps: int) -> dict[str, Any]:
-    import socket
-
-    import torch
-
-    from rose_ray.learner.learner import LearnerConfig
-    from rose_ray.learner.worker import LearnerWorker
-
-    dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    rank = LearnerWorker(rank=0, world_size=1, threads=max(1, (os.cpu_count() or 2) // 2))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    rank.init_distributed("127.0.0.1", port, "auto")
-    info = rank.setup(LearnerConfig(model=str(model), dtype=dtype, zero_stage=2, ranks=1, max_tokens=tokens,
-                                    gradient_checkpointing=True, logprob_chunk=1024,
-                                    gpus_per_rank=1.0 if device.startswith("cuda") else 0.0))
-    attn, net, fwd = info["attn_implementation"], rank.engine, rank.packed
-    params = info["parameters"]
-    segments = 4
-    seg = tokens // segments
-    vocab = min(net.module.config.vocab_size, 8000)
-    t = {"input_ids": torch.randint(0, vocab, (1, tokens), device=device),
-         "position_ids": torch.arange(seg, device=device).repeat(segments)[None],
-         "attention_mask": torch.arange(1, segments + 1, device=device).repeat_interleave(seg)[None],
-         "cu_seq_lens": torch.arange(0, tokens + 1, seg, device=device, dtype=torch.int32)}
-
-    def step() -> None:  # DeepSpeed's step: fp32 master weights and moments (ZeRO-2)
-        hidden = fwd.hidden_states(net, t)
-        loss = -fwd.token_logprobs(hidden, t["input_ids"]).mean()
-        net.backward(loss)
-        net.step()
-
-    step()  # warm-up (allocations, kernels)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    seconds = (time.perf_counter() - t0) / steps
-    t0 = time.perf_counter()
-    rank.full_state("bfloat16")  # the publication's first stage: the full bf16 state on rank 0
-    gather_ms = (time.perf_counter() - t0) * 1e3
-    adam = getattr(net.optimizer, "optimizer", net.optimizer)  # ZeRO's wrapper holds the torch AdamW
-    optimizer_state = [v for s in adam.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
-    out = {"attention": attn, "parameters": params, "row_tokens": tokens, "segments": segments,
-           "step_s": seconds, "tokens_per_s": tokens / seconds, "learner_peak_gib": gpu_peak_gib(device),
-           "gather_ms": gather_ms, "optimizer_state_dtypes": sorted({str(v.dtype) for v in optimizer_state}),
-           "zero_stage": 2}
-    if device.startswith("cuda"):
-        name = torch.cuda.get_device_name()
-        peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-        out["gpu"] = name
-        out["mfu"] = 6 * params * out["tokens_per_s"] / (peak * 1e12) if peak else None
-    return out
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--part", choices=["all", "engine", "publish", "hf", "learner"], default="all")
+    p.add_argument("--part", choices=["all", "engine", "publish", "hf", "learner", "learner-rung"], default="all")
     p.add_argument("--shape", choices=["qwen3-1.7b", "tiny"], default="qwen3-1.7b")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--tokens", type=int, default=16384, help="the packed row's tokens (the seed's rows)")
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--tokens", type=int, default=16384, help="each packed row's tokens (the seed's rows)")
+    p.add_argument("--micro", type=int, default=3, help="learner: packed rows per optimizer step (the seed's 3-4)")
+    p.add_argument("--steps", type=int, default=2, help="learner: timed optimizer steps per rung, after one warm-up")
+    p.add_argument("--rung", type=int, default=0, help="learner-rung: which rung of bench/gpu_learner.py")
+    p.add_argument("--budget-s", type=float, default=300.0,
+                   help="learner: no rung starts after this many seconds (0 with --part all: no learner part)")
+    p.add_argument("--quick", action="store_true", help="a dry run on CPU: tiny shape, rows of 512, 2 per step, 1 step")
     p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "rose_ray_gpu_check"))
     p.add_argument("--out", default=str(RESULTS / "gpu_check.json"))
     args = p.parse_args()
+    if args.quick:
+        args.shape, args.device, args.tokens, args.micro, args.steps = "tiny", "cpu", 512, 2, 1
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    if args.part == "learner":  # the ladder: each rung in a process of its own
+        model_args = ["--shape", args.shape, "--device", args.device, "--tokens", str(args.tokens),
+                      "--micro", str(args.micro), "--steps", str(args.steps), "--work", args.work]
+        rungs = gpu_learner.ladder(__file__, model_args, args.budget_s)
+        print("\n" + "\n".join(gpu_learner.table(rungs)))
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"shape": args.shape, "device": args.device, "learner": rungs}, indent=1))
+        print(f"wrote {out}")
+        return
     if args.part != "all":  # one part, in this process
         from rose_ray.models import init_tiny
 
@@ -410,14 +375,14 @@ def main() -> None:
         result = (part_engine(model, args.device) if args.part == "engine"
                   else part_publish(model, args.device) if args.part == "publish"
                   else part_hf(model, args.device) if args.part == "hf"
-                  else part_learner(model, args.device, args.tokens, args.steps))
+                  else gpu_learner.rung(model, args.device, args.rung, args.tokens, args.micro, args.steps))
         print("RESULT " + json.dumps(result), flush=True)
         return
 
     results: dict[str, Any] = {"shape": args.shape, "device": args.device}
-    for part in ("engine", "publish", "hf", "learner"):
+    for part in ("engine", "publish", "hf"):
         cmd = [sys.executable, __file__, "--part", part, "--shape", args.shape, "--device", args.device,
-               "--tokens", str(args.tokens), "--steps", str(args.steps), "--work", args.work]
+               "--work", args.work]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -428,7 +393,11 @@ def main() -> None:
             results[part] = json.loads(lines[-1][len("RESULT "):])
         results[part]["wall_s"] = time.perf_counter() - t0
         print(f"{part}: {json.dumps(results[part])}", flush=True)
-    e, pub, hf, lr = results["engine"], results["publish"], results["hf"], results["learner"]
+    model_args = ["--shape", args.shape, "--device", args.device, "--tokens", str(args.tokens),
+                  "--micro", str(args.micro), "--steps", str(args.steps), "--work", args.work]
+    results["learner"] = gpu_learner.ladder(__file__, model_args, args.budget_s) if args.budget_s > 0 else []
+    e, pub, hf = results["engine"], results["publish"], results["hf"]
+    lr = next((r for r in reversed(results["learner"]) if "gather_ms" in r), {})
 
     def cell(d: dict[str, Any], k: str, fmt: str) -> str:
         return format(d[k], fmt) if d.get(k) is not None else "-"
@@ -457,9 +426,8 @@ def main() -> None:
           f" of {cell(hf, 'greedy_tokens', 'd')} |")
     print(f"| hf engine weight update from device tensors (ms); changed, then restored | {cell(hf, 'update_ms', '.0f')}; "
           f"{hf.get('greedy_changed_after_update', '-')}, {hf.get('greedy_restored_after_update', '-')} |")
-    print(f"| learner tokens/s ({args.tokens:,}-token row, {lr.get('attention', '?')}) | {cell(lr, 'tokens_per_s', '.0f')} |")
-    print(f"| learner MFU | {cell(lr, 'mfu', '.1%')} |")
-    print(f"| learner peak GPU memory (GiB) | {cell(lr, 'learner_peak_gib', '.1f')} |")
+    print("\nthe learner at the seed's step shape, its speed settings added one at a time:\n"
+          + "\n".join(gpu_learner.table(results["learner"])))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))

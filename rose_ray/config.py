@@ -310,6 +310,7 @@ REMOVED_KEYS = {
     "learner.algorithm": "set `algorithm` only (rose, opd or teacher_sft); its recipe chooses the learner's loss",
     "learner.context_policy": "the learner cuts a trajectory where the engine cut it (student_engine.context_policy)",
     "learner.grad_accum": "micro-batches follow a token budget (learner.max_tokens each); their number follows from the batch",
+    "learner.gradient_checkpointing": "use learner.activation_checkpointing: full | selective | none (true was full)",
 }
 
 
@@ -391,6 +392,8 @@ def _carry_saved(layer: Any, key: str) -> None:
     the saved algorithm has that setting (rose's handoff and lam, teacher_sft's owners)."""
     section, leaf = key.rsplit(".", 1)
     value = OmegaConf.select(layer, section).pop(leaf)
+    if key == "learner.gradient_checkpointing" and "activation_checkpointing" not in layer.learner:
+        layer.learner.activation_checkpointing = "full" if value else "none"
     moved = MOVED_KEYS.get(key)
     algorithm = layer.get("algorithm", "rose")
     name = algorithm if isinstance(algorithm, str) else algorithm.get("name", "rose")

@@ -50,8 +50,6 @@ CUDA_GRAPHS_BYTES = 1.0 * GIB
 # The learner's LM head runs this many tokens at a time (issue 28's chunked token logprobs);
 # `learner.logprob_chunk` replaces it where the config has that key.
 LOGPROB_CHUNK = 1024
-# DeepSpeed's default reduce and all-gather buckets (elements each) under ZeRO stages 1 and 2.
-DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
 # Scoring (prompt logprobs): vLLM takes each scheduled prompt token's logits (model dtype), their
 # fp32 log-softmax and a boolean rank mask, ~2 + 4 + 1 bytes a logit, plus the tensor-parallel
 # gather: 8 bytes a logit, the whole vocabulary on every rank.
@@ -298,14 +296,14 @@ def _scoring_problem(mem: RoleMemory, engine: Any, key: str, gpu_bytes: float, g
             f"{most:g} or lower")
 
 
-def learner_activations(shape: ModelShape, tokens: int, chunk: int, checkpointing: bool,
-                        dtype_bytes: int) -> dict[str, float]:
+def learner_activations(shape: ModelShape, tokens: int, chunk: int, checkpointing: bool | str,
+                        dtype_bytes: int, head: str = "full") -> dict[str, float]:
     """Peak activation bytes of one micro-batch of `tokens` tokens as the learner runs it: packed
-    segments without an L×L mask and the LM head `chunk` tokens at a time (0: all at once);
-    the learner's own measured formula (rose_ray/learner/memory.py)."""
+    segments without an L×L mask and the LM head `chunk` tokens at a time (0: all at once), or
+    fused (`head`); the learner's own measured formula (rose_ray/learner/memory.py)."""
     from rose_ray.learner.memory import learner_activation_bytes
 
-    act = learner_activation_bytes(asdict(shape), tokens, chunk, checkpointing, dtype_bytes)
+    act = learner_activation_bytes(asdict(shape), tokens, chunk, checkpointing, dtype_bytes, head)
     return {"layers": float(act["body"]), "head": float(act["head"])}
 
 
@@ -325,18 +323,20 @@ def learner_memory(learner: Any, shape: ModelShape, gpu_bytes: float | None, gpu
     if stage == 3:  # a gathered layer (and the next, prefetched) in 16-bit, as DeepSpeed's estimator counts
         weights += 2 * e * max(shape.layer_parameters(), shape.embedding_parameters())
     chunk = int(getattr(learner, "logprob_chunk", LOGPROB_CHUNK))
-    act = learner_activations(shape, learner.max_tokens, chunk, learner.gradient_checkpointing, e)
     on_gpu = learner.gpus_per_rank > 0
+    speed = learner_speed_memory(learner, p, on_gpu)
+    act = learner_activations(shape, learner.max_tokens, chunk, learner.activation_checkpointing, e, speed["head"])
     parts = {"weights": float(weights), "gradients": float(grads), "optimizer states": float(optim),
-             "activations": act["layers"] + act["head"]}
+             # the optimizer step's temporaries come when the activations are gone: the larger counts
+             "activations": max(act["layers"] + act["head"], speed["step"])}
     if on_gpu:
-        buckets = 2 * min(p, DEEPSPEED_BUCKET_ELEMENTS) * e if stage in (1, 2) else 0
-        parts["runtime"] = GPU_RUNTIME_BYTES + buckets
+        parts["runtime"] = GPU_RUNTIME_BYTES + speed["buckets"]
     setup = (f"ZeRO-{stage} over {n} rank{'s' if n > 1 else ''} x {learner.gpus_per_rank:g} GPU, "
-             f"{learner.dtype}, gradient checkpointing {'on' if learner.gradient_checkpointing else 'off'}, "
-             f"rows of {learner.max_tokens:,} tokens (LM head {chunk:,} tokens at a time)")
+             f"{learner.dtype}, activation checkpointing {learner.activation_checkpointing}, "
+             f"rows of {learner.max_tokens:,} tokens (LM head {speed['head']}, {chunk:,} tokens at a time)")
     mem = RoleMemory("learner ranks", shape, setup, parts, on_gpu)
     mem.notes.append(f"activations: {_gib(act['layers'])} GiB in the layers, {_gib(act['head'])} GiB in the LM head")
+    mem.notes.append(speed["note"])
     if not on_gpu or gpu_bytes is None:
         return mem
     mem.budget, mem.budget_why = gpu_bytes, f"the {gpu_note} GPU"
@@ -345,13 +345,33 @@ def learner_memory(learner: Any, shape: ModelShape, gpu_bytes: float | None, gpu
         mem.budget -= taken
         mem.budget_why += f" less the colocated student engine's {_gib(taken)} GiB"
     if mem.total > mem.budget:
-        fixes = [f for ok, f in ((not learner.gradient_checkpointing, "learner.gradient_checkpointing: true"),
+        fixes = [f for ok, f in ((learner.activation_checkpointing == "none", "learner.activation_checkpointing: selective"),
+                                 (learner.activation_checkpointing != "full", "learner.activation_checkpointing: full"),
                                  (stage < 3, f"learner.zero_stage: {stage + 1}"),
                                  (True, "more learner.ranks"), (True, "a lower learner.max_tokens")) if ok]
         mem.problem = (f"the learner ranks cannot fit their GPUs: {shape.name} under ZeRO-{stage} over {n} "
                        f"rank{'s' if n > 1 else ''} needs {_breakdown(parts)} = {_gib(mem.total)} GiB per GPU, "
                        f"more than {mem.budget_why} = {_gib(mem.budget)} GiB; try {', '.join(fixes)}")
     return mem
+
+
+def learner_speed_memory(learner: Any, parameters: int, on_gpu: bool) -> dict[str, Any]:
+    """What the learner's speed settings (rose_ray/learner/speed.py) cost beside its activations,
+    as `auto` resolves them on a GPU cluster: the LM head counted (a fused head only where the
+    config names it, `auto` counted as the chunked one, the larger), the optimizer step's
+    temporaries and ZeRO's buckets (with overlap_comm where it is on), and a note saying so."""
+    from rose_ray.learner.memory import optimizer_step_bytes, zero_bucket_bytes
+    from rose_ray.learner.worker import overlap_comm
+
+    head = {"auto": "trained"}.get(learner.head, learner.head)
+    optimizer = "adamw_fused" if learner.optimizer == "auto" else learner.optimizer  # fused on GPUs and CPUs
+    overlap = bool(overlap_comm(learner, learner.ranks))
+    e = DTYPE_BYTES[learner.dtype]
+    step = optimizer_step_bytes(parameters, learner.ranks, learner.zero_stage, optimizer, on_gpu)
+    buckets = zero_bucket_bytes(parameters, learner.zero_stage, learner.zero_bucket_size, overlap, e)
+    note = (f"speed settings: head {head}, optimizer {optimizer} ({_gib(step)} GiB at the step), ZeRO buckets "
+            f"{learner.zero_bucket_size:.0e} elements{' with overlap_comm' if overlap else ''} ({_gib(buckets)} GiB)")
+    return {"head": head, "step": float(step), "buckets": buckets, "note": note}
 
 
 # --------------------------------------------------------------------------- the plan

@@ -5,14 +5,19 @@ position ids restart at every segment and `cu_seq_lens` holds the segment bounda
 form FlashAttention's variable-length kernels take (`cu_seq_lens_q/k`, `max_length_q/k`), so
 one set of model arguments serves every implementation:
 
+- `torch_varlen`: torch's own variable-length kernel (`torch.nn.attention.varlen.varlen_attn`,
+  FlashAttention inside torch): one call for every segment of the row, no host sync, no copy of
+  the output. Needs CUDA, 16-bit activations and a torch that has the module (2.10 and later).
 - `sdpa_varlen`: torch's scaled_dot_product_attention once per segment, causal inside it.
   No mask exists at all; torch's flash kernels (CPU and CUDA) keep memory linear in the
-  segment's length. The CPU default.
+  segment's length. The segment boundaries come as Python ints with the model's arguments
+  (`segment_bounds`), so no layer reads them back from the device. The CPU default.
 - `flash_attention_2`: transformers' FlashAttention path, which reads the same boundaries
   (`flash_attn_varlen_func`). Needs CUDA, the `flash-attn` package and bf16.
 - `dense_mask`: transformers' sdpa with an explicit [B, 1, L, L] block-diagonal mask: the
   learner's original path, kept as the reference the others are tested against.
-- `auto`: flash_attention_2 where a GPU, flash-attn and bf16 are at hand, else sdpa_varlen.
+- `auto`: flash_attention_2 where a GPU, flash-attn and bf16 are at hand, else torch_varlen
+  where the GPU's torch has it, else sdpa_varlen.
 
 flex_attention is not offered: torch 2.13 has no flex backward on CPU, so it could not be
 tested here.
@@ -20,7 +25,10 @@ tested here.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -28,44 +36,99 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-ATTN_IMPLEMENTATIONS = ("auto", "sdpa_varlen", "flash_attention_2", "dense_mask")
 SDPA_VARLEN = "sdpa_varlen"
+TORCH_VARLEN = "torch_varlen"
 
 
 def sdpa_varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                           value: torch.Tensor, attention_mask: torch.Tensor | None,
                           dropout: float = 0.0, scaling: float | None = None,
-                          cu_seq_lens_q: torch.Tensor | None = None, **_: Any) -> tuple[torch.Tensor, None]:
-    """Causal attention within each segment of `cu_seq_lens_q` (one packed row, [1, heads, T, D]);
-    without boundaries, plain causal attention over each whole row. Returns [B, T, heads, D]."""
+                          cu_seq_lens_q: torch.Tensor | None = None,
+                          segment_bounds: Sequence[int] | None = None, **_: Any) -> tuple[torch.Tensor, None]:
+    """Causal attention within each segment (`segment_bounds`, else `cu_seq_lens_q`, of one
+    packed row, [1, heads, T, D]); without boundaries, plain causal attention over each whole
+    row. Returns [B, T, heads, D]."""
     if attention_mask is not None:
         raise ValueError("sdpa_varlen takes segment boundaries (cu_seq_lens_q), not an attention mask")
     gqa = getattr(module, "num_key_value_groups", 1) > 1
 
     def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling,
-                                              enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling,
+                                             enable_gqa=gqa)
+        return out.transpose(1, 2)
 
-    if cu_seq_lens_q is None:
-        out = causal(query, key, value)
-    else:
-        if query.shape[0] != 1:
-            raise ValueError(f"sdpa_varlen packs segments into one row, got {query.shape[0]} rows")
-        bounds = cu_seq_lens_q.tolist()
-        out = torch.cat([causal(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e])
-                         for s, e in zip(bounds[:-1], bounds[1:])], dim=2)
-    return out.transpose(1, 2).contiguous(), None
+    if segment_bounds is None and cu_seq_lens_q is not None:
+        segment_bounds = cu_seq_lens_q.tolist()  # a host sync per layer: callers pass the bounds
+    if segment_bounds is None or len(segment_bounds) <= 2:
+        return causal(query, key, value).contiguous(), None
+    if query.shape[0] != 1:
+        raise ValueError(f"sdpa_varlen packs segments into one row, got {query.shape[0]} rows")
+    # each segment's output already in [1, T, heads, D]: the concatenation is the only copy
+    return torch.cat([causal(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e])
+                      for s, e in zip(segment_bounds[:-1], segment_bounds[1:])], dim=1), None
+
+
+@functools.cache
+def _varlen_api() -> tuple[Any, frozenset[str]] | None:
+    """torch's varlen_attn and the keyword arguments this torch's version takes, or None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def torch_varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                           value: torch.Tensor, attention_mask: torch.Tensor | None,
+                           dropout: float = 0.0, scaling: float | None = None,
+                           cu_seq_lens_q: torch.Tensor | None = None, max_length_q: int | None = None,
+                           **_: Any) -> tuple[torch.Tensor, None]:
+    """Causal attention within each segment of one packed row ([1, heads, T, D]) in one call of
+    torch's variable-length kernel. Returns [1, T, heads, D]."""
+    api = _varlen_api()
+    if api is None:
+        raise RuntimeError(f"torch_varlen: torch {torch.__version__} has no torch.nn.attention.varlen")
+    if attention_mask is not None or dropout:
+        raise ValueError("torch_varlen takes segment boundaries (cu_seq_lens_q) and no dropout")
+    if cu_seq_lens_q is None:  # unpacked rows (LearnerGroup.logits): each row one sequence
+        return sdpa_varlen_attention(module, query, key, value, None, dropout, scaling)
+    if query.shape[0] != 1:
+        raise ValueError(f"torch_varlen packs segments into one row, got {query.shape[0]} rows")
+    varlen_attn, params = api
+    length = query.shape[2]
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, D] views
+    kwargs: dict[str, Any] = {"scale": scaling} if "scale" in params else {}
+    # torch 2.10 takes is_causal; later versions a window, (-1, 0) being causal
+    kwargs.update({"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True})
+    if k.shape[1] != q.shape[1]:  # grouped-query attention
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:  # a torch without GQA in the kernel: each KV head repeated for its query heads
+            k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    longest = int(max_length_q) if max_length_q is not None else length
+    out = varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_q, longest, longest, **kwargs)
+    return out[None], None
 
 
 AttentionInterface.register(SDPA_VARLEN, sdpa_varlen_attention)
+AttentionInterface.register(TORCH_VARLEN, torch_varlen_attention)
+
+
+def torch_varlen_available() -> bool:
+    """Whether torch_varlen can run here: a CUDA device and a torch with the varlen module."""
+    return torch.cuda.is_available() and _varlen_api() is not None
 
 
 def resolve(name: str, dtype: str) -> str:
     """The implementation `name` stands for on this machine (`auto` chooses)."""
     if name != "auto":
         return name
-    flash = torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
-    return "flash_attention_2" if flash and dtype == "bfloat16" else SDPA_VARLEN
+    if dtype == "bfloat16" and torch.cuda.is_available():
+        if importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2"
+        if torch_varlen_available():
+            return TORCH_VARLEN
+    return SDPA_VARLEN
 
 
 def transformers_name(resolved: str) -> str:
@@ -84,11 +147,16 @@ def segment_mask(segments: torch.Tensor) -> torch.Tensor:
     return allowed[:, None]
 
 
-def model_kwargs(resolved: str, segments: torch.Tensor, cu_seq_lens: torch.Tensor) -> dict[str, Any]:
-    """What the model's forward needs to keep packed segments apart under `resolved`."""
+def model_kwargs(resolved: str, segments: torch.Tensor, cu_seq_lens: torch.Tensor,
+                 bounds: Sequence[int] | None = None) -> dict[str, Any]:
+    """What the model's forward needs to keep packed segments apart under `resolved`; `bounds`
+    are the boundaries as Python ints where the caller has them on the host (else read once)."""
     if resolved == "dense_mask":
         return {"attention_mask": segment_mask(segments)}
-    lengths = np.diff(cu_seq_lens.cpu().numpy())
-    longest = int(lengths.max()) if lengths.size else 0
-    return {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens,
-            "max_length_q": longest, "max_length_k": longest}
+    bounds = [int(b) for b in (cu_seq_lens.tolist() if bounds is None else bounds)]
+    longest = int(np.diff(bounds).max()) if len(bounds) > 1 else 0
+    kwargs = {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens,
+              "max_length_q": longest, "max_length_k": longest}
+    if resolved == SDPA_VARLEN:
+        kwargs["segment_bounds"] = tuple(bounds)
+    return kwargs

@@ -70,6 +70,13 @@ def _empty_part(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return part
 
 
+def trained_targets(part: dict[str, np.ndarray]) -> np.ndarray:
+    """Flat indices (into the micro-batch's [B·(L-1)] targets) of the targets some loss term
+    weighs: the only ones the LM head needs to score (learner.head)."""
+    weights = [w[:, 1:] > 0 for k, w in part.items() if k.endswith(WEIGHTS)]
+    return np.flatnonzero(np.logical_or.reduce(weights)) if weights else np.zeros(0, dtype=np.int64)
+
+
 def micro_batches(batch: Batch, ranks: int, max_tokens: int) -> list[list[dict[str, np.ndarray]]]:
     """Per rank, its micro-batches: dicts of [1, n] arrays (the batch's fields, `attention_mask`
     renumbered per micro-batch) plus `position_ids` and `cu_seq_lens` ([S+1] int32)."""

@@ -1,22 +1,34 @@
 """The learner's forward: a causal LM's final hidden states for packed micro-batches, then the
-LM head in chunks of tokens, so token logprobs and logits never need [tokens, vocab] at once.
+LM head on the tokens a loss term trains, so token logprobs and logits never need
+[tokens, vocab] at once (`learner.head`).
 
 With Qwen3's vocabulary (151,936) the whole logits of a 16k-token row are ~10 GB in fp32, and
-cross entropy keeps several such tensors alive. Here each chunk of `chunk` tokens goes through
-the head and the log-softmax under `torch.utils.checkpoint`, which keeps only the chunk's input
-(a view of the hidden states that backward keeps anyway) and recomputes the chunk's logits in
-backward: the head's peak is O(chunk × vocab), forward and backward.
+cross entropy keeps several such tensors alive. The head's implementations:
+
+- `full`: every position through the head, `chunk` tokens at a time, each chunk's head and
+  log-softmax under `torch.utils.checkpoint`, which keeps only the chunk's input (a view of the
+  hidden states that backward keeps anyway) and recomputes the chunk's logits in backward: the
+  head's peak is O(chunk × vocab), forward and backward. The reference the others are tested
+  against.
+- `trained`: the same, on the positions whose target some loss term weighs (> 0) only; the
+  others get logprob 0, which no term reads (ROSE trains the teacher's turns alone).
+- `cce`: the trained positions through cut-cross-entropy's `linear_cross_entropy` (Triton,
+  CUDA): the logits are never written to memory, forward or backward.
+- `liger`: the trained positions through Liger's fused linear cross entropy (Triton, CUDA).
+- `auto`: cce where CUDA and cut-cross-entropy are at hand under bf16, else liger where Liger
+  is, else trained.
 
 The model's own forward runs with `logits_to_keep=1` (its head sees one position) and the
-body's output is captured by a hook. The chunk loop runs inside ONE call of the head module
-(its class becomes `ChunkedLMHead`, same parameters): DeepSpeed's ZeRO-3 hooks then gather the
+body's output is captured by a hook. The head runs inside ONE call of the head module (its
+class becomes `ChunkedLMHead`, same parameters): DeepSpeed's ZeRO-3 hooks then gather the
 (partitioned, possibly tied) weight once per forward and once per backward, the same number of
 collectives on every rank whatever its number of tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib.util
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -24,6 +36,26 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from rose_ray.learner.attention import model_kwargs
+from rose_ray.learner.speed import HEADS
+
+FUSED_HEADS = {"cce": "cut_cross_entropy", "liger": "liger_kernel"}  # head: the package it needs
+
+
+def head_available(head: str) -> bool:
+    """Whether a fused head can run here: CUDA, its package and Triton."""
+    return (torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
+            and importlib.util.find_spec(FUSED_HEADS[head]) is not None)
+
+
+def resolve_head(name: str, on_cuda: bool, dtype: str = "bfloat16") -> str:
+    """The head `name` stands for here (`auto` chooses the fastest that can run; a fused kernel
+    only under bf16: an fp32 run is for exactness, and Triton's fp32 dot rounds like TF32)."""
+    if name != "auto":
+        return name
+    for fused in FUSED_HEADS:
+        if on_cuda and dtype == "bfloat16" and head_available(fused):
+            return fused
+    return "trained"
 
 
 def _logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -31,31 +63,54 @@ def _logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return -F.cross_entropy(F.linear(hidden, weight, bias).float(), targets, reduction="none")
 
 
+def _fused_logprobs(kernel: str, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    targets: torch.Tensor) -> torch.Tensor:
+    """Each target's logprob through a fused linear + cross-entropy kernel, exact (no
+    gradient filtering), per token so any loss can weigh them."""
+    if bias is not None:
+        raise ValueError(f"learner.head={kernel}: the fused head takes no bias")
+    if kernel == "cce":
+        from cut_cross_entropy import linear_cross_entropy
+
+        nll = linear_cross_entropy(hidden, weight, targets, reduction="none", filter_eps=None, impl="cce")
+    else:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+        nll = liger_fused_linear_cross_entropy(hidden, weight, targets, reduction="none")
+    return -nll.float()
+
+
 class ChunkedLMHead(torch.nn.Linear):
     """The model's head (an nn.Linear) that, given targets, returns each target's logprob
-    computed `chunk` tokens at a time (0: all at once, logits kept for backward)."""
+    computed `chunk` tokens at a time (0: all at once, logits kept for backward), or by a
+    fused kernel (`kernel`: cce, liger)."""
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None,
-                chunk: int = 0) -> torch.Tensor:
+                chunk: int = 0, kernel: str = "torch") -> torch.Tensor:
         if targets is None:
             return super().forward(hidden)
-        if chunk <= 0:
+        if kernel != "torch":
+            return _fused_logprobs(kernel, hidden, self.weight, self.bias, targets)
+        if chunk <= 0 or hidden.shape[0] == 0:
             return _logprobs(hidden, self.weight, self.bias, targets)
         pieces = []
         for s in range(0, hidden.shape[0], chunk):
             args = (hidden[s:s + chunk], self.weight, self.bias, targets[s:s + chunk])
             pieces.append(checkpoint(_logprobs, *args, use_reentrant=False)
                           if torch.is_grad_enabled() else _logprobs(*args))
-        return torch.cat(pieces)
+        return torch.cat(pieces) if len(pieces) != 1 else pieces[0]
 
 
 class PackedForward:
     """`model` (a transformers causal LM loaded with the attention implementation `attn`
     resolves to, learner/attention.py) run for the learner: final hidden states of packed
-    micro-batches, then token logprobs and logits from its head, `chunk` tokens at a time."""
+    micro-batches, then token logprobs and logits from its head (`head`, resolved), `chunk`
+    tokens at a time."""
 
-    def __init__(self, model: torch.nn.Module, attn: str, chunk: int) -> None:
-        self.attn, self.chunk = attn, chunk
+    def __init__(self, model: torch.nn.Module, attn: str, chunk: int, head: str = "full") -> None:
+        if head not in HEADS[1:]:
+            raise ValueError(f"learner.head: must be one of {HEADS[1:]} once resolved, got {head!r}")
+        self.attn, self.chunk, self.mode = attn, chunk, head
         self.head = model.get_output_embeddings()
         if type(self.head) not in (torch.nn.Linear, ChunkedLMHead):
             raise ValueError(f"the chunked head needs an nn.Linear output layer, not {type(self.head).__name__}")
@@ -63,19 +118,34 @@ class PackedForward:
         self._captured: list[torch.Tensor] = []
         model.base_model.register_forward_hook(lambda _m, _a, out: self._captured.append(out.last_hidden_state))
 
-    def hidden_states(self, run: Callable[..., Any], t: dict[str, torch.Tensor]) -> torch.Tensor:
+    def hidden_states(self, run: Callable[..., Any], t: dict[str, torch.Tensor],
+                      bounds: Sequence[int] | None = None) -> torch.Tensor:
         """[B, L, H] for the micro-batch `t`, through `run` (the model, or the DeepSpeed engine
         wrapping it, so its hooks fire). A packed micro-batch carries its segment boundaries
-        (`cu_seq_lens`); rows without them are one sequence each (plain causal attention)."""
-        kwargs = model_kwargs(self.attn, t["attention_mask"], t["cu_seq_lens"]) if "cu_seq_lens" in t else {}
+        (`cu_seq_lens`, and `bounds`: the same as ints, where the caller has them on the host);
+        rows without them are one sequence each (plain causal attention)."""
+        kwargs = (model_kwargs(self.attn, t["attention_mask"], t["cu_seq_lens"], bounds)
+                  if "cu_seq_lens" in t else {})
         self._captured.clear()
         run(input_ids=t["input_ids"], position_ids=t["position_ids"], use_cache=False, logits_to_keep=1, **kwargs)
         return self._captured.pop()
 
-    def token_logprobs(self, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        """logp[b, t] = log π(input_ids[b, t+1] | prefix): [B, L-1], float32."""
+    def token_logprobs(self, hidden: torch.Tensor, input_ids: torch.Tensor,
+                       trained: torch.Tensor | None = None) -> torch.Tensor:
+        """logp[b, t] = log π(input_ids[b, t+1] | prefix): [B, L-1], float32. `trained`: the
+        flat indices (into [B·(L-1)]) of the targets a loss term weighs; under the `trained`,
+        `cce` and `liger` heads only those go through the head, the others' logprob is 0."""
         b, length, width = hidden.shape
-        logp = self.head(hidden[:, :-1].reshape(-1, width), input_ids[:, 1:].reshape(-1), self.chunk)
+        flat = hidden[:, :-1].reshape(-1, width)
+        targets = input_ids[:, 1:].reshape(-1)
+        kernel = self.mode if self.mode in FUSED_HEADS else "torch"
+        if trained is not None and trained.numel() == 0:
+            kernel = "torch"  # nothing to train here: the head still runs (ZeRO-3), on no token
+        if self.mode == "full" or trained is None:
+            logp = self.head(flat, targets, self.chunk, kernel)
+        else:
+            picked = self.head(flat.index_select(0, trained), targets.index_select(0, trained), self.chunk, kernel)
+            logp = flat.new_zeros(targets.shape, dtype=torch.float32).index_put((trained,), picked)
         return logp.view(b, length - 1)
 
     @torch.no_grad()

@@ -32,6 +32,13 @@ import numpy as np
 
 from rose_ray.errors import ConfigError
 from rose_ray.learner.batching import micro_batches
+from rose_ray.learner.speed import (
+    ATTN_IMPLEMENTATIONS,
+    CHECKPOINTING,
+    FUSED_KERNELS,
+    HEADS,
+    OPTIMIZERS,
+)
 from rose_ray.learner.worker import SUMMED, CheckpointUnreadable, LearnerWorker, fsync_dir
 from rose_ray.types import CONTEXT_TOKENS, Batch
 
@@ -39,9 +46,6 @@ SCHEDULES = ("constant", "linear", "cosine")
 LEARNER_DTYPES = ("float32", "bfloat16")
 EXPORT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 DIST_BACKENDS = ("auto", "gloo", "nccl")
-# learner/attention.py: how packed segments are kept apart (auto: flash_attention_2 on GPUs with
-# flash-attn under bf16, else sdpa_varlen; dense_mask is the L×L-mask reference path)
-ATTN_IMPLEMENTATIONS = ("auto", "sdpa_varlen", "flash_attention_2", "dense_mask")
 
 
 @dataclass
@@ -64,15 +68,28 @@ class LearnerConfig:
     # tokens per packed row, at least the student engine's context; also the token budget of a
     # micro-batch (rows share one only while they fit; their number follows from the batch)
     max_tokens: int = CONTEXT_TOKENS
+    # The speed settings (learner/speed.py; docs/learner.md has what each costs); `auto` takes
+    # the fastest that runs here, and the group prints what was chosen.
+    # learner/attention.py: how packed segments are kept apart (auto: flash_attention_2 on GPUs with
+    # flash-attn under bf16, else torch_varlen on GPUs, else sdpa_varlen; dense_mask: the L×L reference)
     attn_implementation: str = "auto"
+    # learner/forward.py: the LM head: full (every token, in chunks), trained (only the tokens a loss
+    # term weighs), cce or liger (fused linear + log-probability kernels on those tokens; CUDA)
+    head: str = "auto"
     logprob_chunk: int = 1024  # tokens per pass through the LM head (0: the whole micro-batch at once)
+    optimizer: str = "auto"  # adamw_fused | adamw (torch's default implementation); auto: fused on GPUs
+    activation_checkpointing: str = "none"  # none | full | selective (every second decoder layer)
+    fused_kernels: str = "auto"  # liger | compile | none; auto: Liger's RMSNorm/RoPE/SwiGLU where it runs
+    # ZeRO's communication: reduce gradients while backward runs (null: auto, on for ZeRO 1-2 over
+    # several GPU ranks), and its buckets, in elements (DeepSpeed's default 5e8)
+    overlap_comm: bool | None = None
+    zero_bucket_size: int = 500_000_000
     seed: int = 0
     threads: int = 1  # torch threads per rank
     cpus_per_rank: float = 1.0
     gpus_per_rank: float = 0.0
     backend: str = "auto"  # gloo on CPU, nccl on GPU
     export_dtype: str = "auto"  # auto: the dtype the source model declares
-    gradient_checkpointing: bool = False
     initial_version: int = 0
 
     def __post_init__(self) -> None:
@@ -101,6 +118,20 @@ class LearnerConfig:
              f"must be one of {ATTN_IMPLEMENTATIONS}")
         need(self.attn_implementation != "flash_attention_2" or (self.dtype == "bfloat16" and self.gpus_per_rank > 0),
              "attn_implementation", "flash_attention_2 needs learner.dtype=bfloat16 and GPUs (learner.gpus_per_rank > 0)")
+        need(self.attn_implementation != "torch_varlen" or (self.dtype == "bfloat16" and self.gpus_per_rank > 0),
+             "attn_implementation", "torch_varlen needs learner.dtype=bfloat16 and GPUs (learner.gpus_per_rank > 0)")
+        need(self.head in HEADS, "head", f"must be one of {HEADS}")
+        need(self.head not in ("cce", "liger") or self.gpus_per_rank > 0, "head",
+             f"{self.head} is a Triton kernel: it needs GPUs (learner.gpus_per_rank > 0)")
+        need(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {OPTIMIZERS}")
+        need(self.activation_checkpointing in CHECKPOINTING, "activation_checkpointing",
+             f"must be one of {CHECKPOINTING}")
+        need(self.fused_kernels in FUSED_KERNELS, "fused_kernels", f"must be one of {FUSED_KERNELS}")
+        need(self.fused_kernels != "liger" or self.gpus_per_rank > 0, "fused_kernels",
+             "liger is a Triton kernel: it needs GPUs (learner.gpus_per_rank > 0)")
+        need(self.fused_kernels != "compile" or self.zero_stage < 3, "fused_kernels",
+             "compile runs under ZeRO 0-2 (ZeRO-3 gathers parameters in hooks the compiled regions would trace)")
+        need(self.zero_bucket_size >= 1_000_000, "zero_bucket_size", "must be >= 1e6 elements")
         need(self.logprob_chunk >= 0, "logprob_chunk", "must be >= 0")
         need(self.threads >= 1, "threads", "must be >= 1")
         need(self.cpus_per_rank > 0, "cpus_per_rank", "must be > 0")
@@ -210,7 +241,10 @@ class LearnerGroup:
                 raise ValueError("learner.ranks: a group cannot change its size; make a new group")
             self.config = LearnerConfig(**{**asdict(self.config), **overrides})
         self.step, self.version, self.skipped_nonfinite = 0, self.config.initial_version, 0
-        return self._all("setup", self.config)[0]
+        info = self._all("setup", self.config)[0]
+        print("learner: " + ", ".join(f"{k}={v}" + (" (auto)" if getattr(self.config, k) in ("auto", None) else "")
+                                      for k, v in info["speed"].items()), flush=True)
+        return info
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on a global batch; returns metrics (means over the batch)."""

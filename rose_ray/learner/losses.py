@@ -37,7 +37,8 @@ from rose_ray.types import Batch
 @dataclass(frozen=True)
 class LossTerm:
     """`value(logp, mask, weights, fields, clip_eps)`: Σ over masked tokens of w·(per-token
-    loss), and sums of its diagnostics; `needs`: batch fields that must be known on its
+    loss), and sums of its diagnostics (numbers, or 0-dim tensors left on the device: the
+    learner reads them back once per step); `needs`: batch fields that must be known on its
     tokens, with what to do when they are not."""
 
     name: str
@@ -58,14 +59,14 @@ def loss_term(name: str, needs: dict[str, str] | None = None) -> Callable:
 
 @loss_term("ce")
 def cross_entropy(logp: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor, t: dict[str, torch.Tensor],
-                  clip_eps: float) -> tuple[torch.Tensor, dict[str, float]]:
+                  clip_eps: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Imitation: −logp of each trained token."""
     return torch.where(mask, -logp * weights, 0.0).sum(), {}
 
 
 @loss_term("opd", needs={"teacher_logprobs": "score them with the teacher engine"})
 def on_policy_distillation(logp: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor,
-                           t: dict[str, torch.Tensor], clip_eps: float) -> tuple[torch.Tensor, dict[str, float]]:
+                           t: dict[str, torch.Tensor], clip_eps: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return opd_surrogate(logp, mask, weights, t["old_logprobs"], t["teacher_logprobs"], clip_eps)
 
 
@@ -99,20 +100,21 @@ def denominators(batch: Batch) -> dict[str, float]:
 
 
 def loss(logp: torch.Tensor, t: dict[str, torch.Tensor], den: dict[str, float],
-         clip_eps: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """(this micro-batch's share of the loss, its share of each metric).
+         clip_eps: float) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+    """(this micro-batch's share of the loss, its share of each metric: 0-dim tensors on the
+    loss's device, or numbers).
 
     `t` holds target-aligned fields ([B, L-1], i.e. the batch's columns 1..L-1).
     """
     total = logp.sum() * 0.0  # keeps a graph when this micro-batch has no trained token
-    metrics: dict[str, float] = {}
+    metrics: dict[str, torch.Tensor | float] = {}
     for name, n in den.items():
         if n <= 0:
             continue
         w = t[name + WEIGHTS]
         term, extra = TERMS[name].value(logp, w > 0, w, t, clip_eps)
         total = total + term / n
-        metrics[f"loss_{name}"] = term.item() / n
+        metrics[f"loss_{name}"] = term.detach() / n
         metrics.update({k: v / n for k, v in extra.items()})
     return total, metrics
 
@@ -124,7 +126,7 @@ def opd_surrogate(
     old_logprobs: torch.Tensor,
     teacher_logprobs: torch.Tensor,
     clip_eps: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Σ over masked tokens of w·(clipped policy-gradient surrogate); sums of its diagnostics."""
     now = logp.detach()
     behaviour = torch.where(torch.isnan(old_logprobs), now, old_logprobs)  # unknown: on-policy
@@ -136,8 +138,8 @@ def opd_surrogate(
     term = torch.where(mask, surrogate * weights, 0.0).sum()
     r = ratio.detach()
     extra = {
-        "opd_reverse_kl": float(torch.where(mask, behaviour - teacher, 0.0).sum()),
-        "opd_ratio": float(torch.where(mask, r, 0.0).sum()),
-        "opd_clip_frac": float((mask & ((r - 1.0).abs() > clip_eps)).sum()),
+        "opd_reverse_kl": torch.where(mask, behaviour - teacher, 0.0).sum(),
+        "opd_ratio": torch.where(mask, r, 0.0).sum(),
+        "opd_clip_frac": (mask & ((r - 1.0).abs() > clip_eps)).sum().float(),
     }
     return term, extra

@@ -36,6 +36,13 @@ def ds_config(cfg: Any, world_size: int) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": cfg.zero_stage}
     if cfg.zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = False
+    if cfg.zero_stage >= 1:
+        zero["reduce_bucket_size"] = cfg.zero_bucket_size
+        if cfg.zero_stage < 3:
+            zero["allgather_bucket_size"] = cfg.zero_bucket_size
+        overlap = overlap_comm(cfg, world_size)
+        if overlap is not None:
+            zero["overlap_comm"] = overlap
     return {
         # Micro-batches vary in size and number; the worker marks the accumulation boundary.
         "train_micro_batch_size_per_gpu": 1,
@@ -50,6 +57,14 @@ def ds_config(cfg: Any, world_size: int) -> dict[str, Any]:
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
+
+
+def overlap_comm(cfg: Any, world_size: int) -> bool | None:
+    """`learner.overlap_comm` as it runs: auto is on for ZeRO 1-2 over several GPU ranks (the
+    gradients' reduction overlaps backward) and DeepSpeed's default elsewhere (None)."""
+    if cfg.overlap_comm is not None:
+        return bool(cfg.overlap_comm)
+    return True if cfg.gpus_per_rank > 0 and world_size > 1 and cfg.zero_stage in (1, 2) else None
 
 
 def lr_lambda(cfg: Any) -> Any:
@@ -188,9 +203,9 @@ class LearnerWorker:
         """(Re)build model, optimizer, scheduler and engine from `cfg.model`."""
         import deepspeed
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        from rose_ray.learner import attention
+        from rose_ray.learner import attention, speed
         from rose_ray.learner.forward import PackedForward
 
         self.engine = None
@@ -198,7 +213,8 @@ class LearnerWorker:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.attn = attention.resolve(cfg.attn_implementation, cfg.dtype)
+        chosen = speed.chosen(cfg, AutoConfig.from_pretrained(cfg.model).model_type, torch.cuda.is_available())
+        self.attn = chosen["attn_implementation"]
         # fp32 master weights; under bf16 DeepSpeed casts the module's parameters itself.
         model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32,
                                                      attn_implementation=attention.transformers_name(self.attn))
@@ -206,14 +222,11 @@ class LearnerWorker:
             raise InputError(f"learner.model: {cfg.model} caps its logits after the head, which the "
                              "chunked head does not do")
         model.config.use_cache = False
-        if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-        self.packed = PackedForward(model, self.attn, cfg.logprob_chunk)
+        speed.apply_checkpointing(model, chosen["activation_checkpointing"])
+        speed.apply_fused_kernels(model, chosen["fused_kernels"])
+        self.packed = PackedForward(model, self.attn, cfg.logprob_chunk, chosen["head"])
         buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
-        opt = torch.optim.AdamW(
-            model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-            eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
-        )
+        opt = speed.make_optimizer(chosen["optimizer"], model.parameters(), cfg)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=sched,
@@ -223,7 +236,8 @@ class LearnerWorker:
         self.engine.train()
         return {"parameters": int(sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
                                       for p in self.engine.module.parameters())),
-                "attn_implementation": self.attn}
+                "attn_implementation": self.attn,
+                "speed": {**chosen, "overlap_comm": overlap_comm(cfg, self.world_size)}}
 
     def _restore_buffers(self, original: dict[str, Any]) -> None:
         """Keep buffers (e.g. rotary inv_freq) in the dtype the model defines them in."""
@@ -242,29 +256,37 @@ class LearnerWorker:
         return {k: torch.from_numpy(np.array(v)).to(self.engine.device) for k, v in part.items()}
 
     def train_step(self, parts: list[dict[str, np.ndarray]], den: dict[str, float]) -> dict[str, float]:
-        """One optimizer step over this rank's micro-batches (every rank gets as many)."""
+        """One optimizer step over this rank's micro-batches (every rank gets as many). Losses
+        and metrics add up on the device and are read back once per step."""
+        import torch
+
+        from rose_ray.learner.batching import trained_targets
         from rose_ray.learner.losses import aligned
         from rose_ray.learner.losses import loss as batch_loss
 
         start = time.perf_counter()
-        sums: dict[str, float] = {}
+        sums: dict[str, Any] = {}
         lr = float(self.engine.get_lr()[0])
         for i, part in enumerate(parts):
             # Gradients are reduced once, after the last micro-batch; then one optimizer step.
             self.engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
             t = self._tensors(part)
-            logp = self.packed.token_logprobs(self.packed.hidden_states(self.engine, t), t["input_ids"])
+            hidden = self.packed.hidden_states(self.engine, t, part["cu_seq_lens"].tolist())
+            trained = torch.from_numpy(trained_targets(part)).to(hidden.device)  # the head scores these
+            logp = self.packed.token_logprobs(hidden, t["input_ids"], trained)
             loss, metrics = batch_loss(logp, aligned(t), den, self.cfg.clip_eps)
-            metrics["loss"] = loss.item()
-            if not math.isfinite(metrics["loss"]):
-                # Every gradient NaN, so that every rank skips this step (the gradients are
-                # averaged over ranks): DeepSpeed's optimizers skip a step whose gradient norm
-                # is not finite, and the plain one's is checked below.
-                loss = loss * float("nan")
+            metrics["loss"] = loss.detach()
+            # A non-finite loss makes every gradient NaN, so that every rank skips this step (the
+            # gradients are averaged over ranks): DeepSpeed's optimizers skip a step whose
+            # gradient norm is not finite, and the plain one's is checked below.
+            loss = loss * torch.where(torch.isfinite(loss.detach()), 1.0, float("nan"))
             self.engine.backward(loss * self.world_size)
             metrics["tokens"] = float((part["attention_mask"] > 0).sum())
             for k, v in metrics.items():
                 sums[SUMMED + k] = sums.get(SUMMED + k, 0.0) + v
+        on_device = [k for k, v in sums.items() if torch.is_tensor(v)]
+        if on_device:  # one read back for every metric of every micro-batch
+            sums.update(zip(on_device, torch.stack([sums[k].float() for k in on_device]).tolist()))
         own_norm = self._grad_norm()
         if own_norm is not None and not math.isfinite(own_norm):
             self.engine.zero_grad()  # the plain optimizer (fp32, no ZeRO): no step, nothing learned from it

@@ -109,15 +109,43 @@ def test_the_seed_settings_train(group, sequences):
     group.setup(zero_stage=2)
     fp32 = group.train_step(batch)
     try:
-        group.setup(zero_stage=2, dtype="bfloat16", gradient_checkpointing=True)
+        group.setup(zero_stage=2, dtype="bfloat16", activation_checkpointing="full")
         steps = [group.train_step(batch) for _ in range(2)]
     finally:  # the next test's setup builds from the module's settings again
-        group.config = replace(group.config, dtype="float32", gradient_checkpointing=False)
+        group.config = replace(group.config, dtype="float32", activation_checkpointing="none")
     assert steps[0]["loss"] == pytest.approx(fp32["loss"], rel=2e-2)
     assert steps[1]["loss"] < steps[0]["loss"]
     # trained tokens: the batch's tokens carrying the CE term plus those carrying the OPD term
     ce, opd = (int((np.asarray(w)[:, 1:] > 0).sum()) for w in (batch.weights["ce"], batch.weights["opd"]))
     assert ce > 0 and opd > 0 and fp32["trained_tokens"] == ce + opd
+
+
+def test_the_speed_settings_take_the_reference_steps(group, sequences, capsys):
+    """Through DeepSpeed (ZeRO-2, 2 ranks, several micro-batches): the head on the trained tokens,
+    selective checkpointing, torch's fused AdamW, overlap_comm with small buckets and the
+    metrics kept on the device take the steps of the reference settings; the group says what
+    it chose."""
+    batch = make_batch(sequences, WEIGHTS, 256)
+    reference = dict(zero_stage=2, head="full", optimizer="adamw", overlap_comm=False)
+    levers = dict(zero_stage=2, head="trained", optimizer="adamw_fused", activation_checkpointing="selective",
+                  overlap_comm=True, zero_bucket_size=1_000_000)
+    try:
+        group.setup(**reference)
+        ref = [group.train_step(batch) for _ in range(2)]
+        info = group.setup(**levers)
+        new = [group.train_step(batch) for _ in range(2)]
+    finally:
+        group.config = replace(group.config, head="auto", optimizer="auto", activation_checkpointing="none",
+                               overlap_comm=None, zero_bucket_size=500_000_000)
+    assert info["speed"] == {"attn_implementation": "sdpa_varlen", "head": "trained", "optimizer": "adamw_fused",
+                             "activation_checkpointing": "selective", "fused_kernels": "none", "overlap_comm": True}
+    assert ("learner: attn_implementation=sdpa_varlen (auto), optimizer=adamw_fused, activation_checkpointing=selective, "
+            "fused_kernels=none (auto), head=trained, overlap_comm=True") in capsys.readouterr().out
+    assert ref[0]["micro_batches"] >= 2
+    for r, n in zip(ref, new):
+        for key in ("loss", "loss_ce", "loss_opd", "opd_reverse_kl", "opd_ratio", "grad_norm", "tokens"):
+            assert n[key] == pytest.approx(r[key], rel=1e-4), key
+    assert new[1]["loss"] < new[0]["loss"]
 
 
 def test_resume_is_exact(group, tmp_path, sequences):

@@ -93,10 +93,16 @@ def compare(model_ref, model_new, batch, attn, chunk):
     w = torch.tensor([weights[r, c] for _, (r, c) in pairs])
     (ref_lp * w).sum().backward()
     (new_lp * w).sum().backward()
+    assert_same_grads(model_ref, model_new)
+
+
+def assert_same_grads(model_ref, model_new, rtol: float = RTOL) -> None:
+    """Every parameter's gradient in `model_new` equals `model_ref`'s (each within `rtol`,
+    absolutely within rtol × that gradient's largest entry)."""
     grads = dict(model_ref.named_parameters())
     for name, p in model_new.named_parameters():
         g_ref = grads[name].grad
-        torch.testing.assert_close(p.grad, g_ref, rtol=RTOL, atol=RTOL * g_ref.abs().max().item(), msg=name)
+        torch.testing.assert_close(p.grad, g_ref, rtol=rtol, atol=rtol * g_ref.abs().max().item(), msg=name)
 
 
 @pytest.mark.parametrize("chunk", [0, 64])

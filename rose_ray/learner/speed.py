@@ -1,0 +1,126 @@
+"""The learner's speed settings: what `auto` chooses for each on this machine, and applying them
+to a model before DeepSpeed wraps it. Each one is tested for equality against its reference
+(tests/unit/test_learner_speed.py); docs/learner.md has the table of what each costs.
+
+- `learner.attn_implementation` (learner/attention.py) and `learner.head` (learner/forward.py)
+  resolve in their own modules.
+- `learner.optimizer`: `adamw_fused` (torch's fused AdamW: one kernel for every parameter, no
+  temporaries) or `adamw` (torch's default: foreach on a GPU, a loop on CPU; the reference).
+  `auto`: adamw_fused on a GPU where this torch has it; adamw on CPU (the tiny runs keep their
+  steps bit for bit; the fused CPU kernel is tested equal within tolerance and can be named).
+  DeepSpeed's FusedAdam is not offered: it is a compiled op (DeepSpeed built without ops has none).
+- `learner.activation_checkpointing`: `none`, `full` (every decoder layer keeps its input only
+  and is recomputed in backward) or `selective` (every second layer, from the first).
+- `learner.fused_kernels`: `liger` (Liger's Triton RMSNorm, RoPE and SwiGLU put into the model
+  instance; CUDA), `compile` (regional torch.compile of every RMSNorm and MLP module, dynamic
+  shapes; ZeRO 0–2) or `none`. `auto`: liger under bf16 where CUDA, Triton and Liger are at hand
+  and Liger knows the model type, else none.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from typing import Any
+
+# The settings' values; no torch here: the config (rose_ray/config.py) reads them.
+ATTN_IMPLEMENTATIONS = ("auto", "torch_varlen", "sdpa_varlen", "flash_attention_2", "dense_mask")
+HEADS = ("auto", "full", "trained", "cce", "liger")
+OPTIMIZERS = ("auto", "adamw_fused", "adamw")
+CHECKPOINTING = ("none", "full", "selective")
+FUSED_KERNELS = ("auto", "none", "liger", "compile")
+
+
+def fused_adamw_supported(device: str) -> bool:
+    """Whether this torch's AdamW has a fused kernel for `device` ('cuda' or 'cpu')."""
+    import torch
+
+    if "fused" not in inspect.signature(torch.optim.AdamW).parameters:
+        return False
+    try:
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+    except ImportError:  # a torch from before fused kernels left CUDA
+        return device == "cuda"
+    return device in _get_fused_kernels_supported_devices()
+
+
+def resolve_optimizer(name: str, device: str) -> str:
+    if name != "auto":
+        return name
+    return "adamw_fused" if device == "cuda" and fused_adamw_supported(device) else "adamw"
+
+
+def make_optimizer(name: str, params: Any, cfg: Any) -> Any:
+    """A torch AdamW of `cfg`'s hyper-parameters, fused or torch's default implementation."""
+    import torch
+
+    extra = {"fused": True} if name == "adamw_fused" else {}
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+                             weight_decay=cfg.weight_decay, **extra)
+
+
+def checkpointed_layers(mode: str, layers: int) -> list[int]:
+    """Indices of the decoder layers recomputed in backward under `mode`."""
+    if mode == "full":
+        return list(range(layers))
+    if mode == "selective":
+        return list(range(0, layers, 2))
+    return []
+
+
+def apply_checkpointing(model: Any, mode: str) -> None:
+    """Gradient checkpointing on the layers `mode` names (transformers' own, per layer)."""
+    if mode == "none":
+        return
+    model.gradient_checkpointing_enable()
+    layers = model.base_model.layers
+    keep = set(checkpointed_layers(mode, len(layers)))
+    for i, layer in enumerate(layers):
+        layer.gradient_checkpointing = i in keep
+
+
+def liger_supports(model_type: str) -> bool:
+    """Whether Liger (with Triton, on CUDA) is here and has kernels for this model type."""
+    import torch
+
+    if not (torch.cuda.is_available() and importlib.util.find_spec("triton")
+            and importlib.util.find_spec("liger_kernel")):
+        return False
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    return model_type in MODEL_TYPE_TO_APPLY_LIGER_FN
+
+
+def resolve_fused_kernels(name: str, model_type: str, dtype: str = "bfloat16") -> str:
+    if name != "auto":
+        return name
+    return "liger" if dtype == "bfloat16" and liger_supports(model_type) else "none"
+
+
+def apply_fused_kernels(model: Any, name: str) -> None:
+    """Liger's kernels, or regional compilation, put into `model` (in place)."""
+    if name == "liger":
+        if not liger_supports(model.config.model_type):
+            raise RuntimeError(f"learner.fused_kernels=liger: needs CUDA, triton and liger-kernel with kernels for "
+                               f"{model.config.model_type!r} (pip install 'rose-ray[gpu]')")
+        from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
+
+        # RMSNorm, RoPE and SwiGLU; the head stays the learner's own (learner.head)
+        _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True,
+                                        cross_entropy=False, fused_linear_cross_entropy=False)
+    elif name == "compile":
+        for module in model.modules():
+            if type(module).__name__.endswith(("RMSNorm", "MLP")):
+                module.compile(dynamic=True)
+
+
+def chosen(cfg: Any, model_type: str, on_cuda: bool) -> dict[str, str]:
+    """Every speed setting of `cfg` as it runs here (`auto` resolved)."""
+    from rose_ray.learner.attention import resolve
+    from rose_ray.learner.forward import resolve_head
+
+    return {"attn_implementation": resolve(cfg.attn_implementation, cfg.dtype),
+            "optimizer": resolve_optimizer(cfg.optimizer, "cuda" if on_cuda else "cpu"),
+            "activation_checkpointing": cfg.activation_checkpointing,
+            "fused_kernels": resolve_fused_kernels(cfg.fused_kernels, model_type, cfg.dtype),
+            "head": resolve_head(cfg.head, on_cuda, cfg.dtype)}
