@@ -13,7 +13,6 @@ then every machine builds the same models.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +76,7 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str
     into a uniquely named temp folder, swapped in whole; a run that waited for the lock finds
     the warmed model and reuses it.
     """
-    from rose_ray.files import locked, swap_in, temp_sibling
+    from rose_ray.files import clear_leftovers, locked, temp_name, writing_folder
 
     key, out = warmup_cache(cfg, model, role)
     if (out / "rose_ray_warmup.json").is_file():
@@ -86,30 +85,28 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str
         if (out / "rose_ray_warmup.json").is_file():  # warmed by another run while this one waited
             print(f"train: {role} warmed by another run meanwhile: {out}", flush=True)
             return str(out)
+        clear_leftovers(out.parent, out.name, owned=True)  # the lock's holder: such a temp is a stopped warm-up's
         rows = shipped_gold(key)
         source = "shipped" if rows is not None else "played now"
         if rows is None:
             rows = play_gold(cfg, role, student)
-        tmp = temp_sibling(out)
         try:
-            _warm_into(cfg, model, role, key, rows, source, tmp)
-            swap_in(tmp, out)
+            with writing_folder(out, "warm-up folder") as tmp:
+                _warm_into(cfg, model, role, key, rows, source, tmp, temp_name(out, "gold"))
         except FileNotFoundError as e:  # a failed build, not a missing input: keep its traceback (exit 1)
             raise RuntimeError(f"warming the {role} into {out} failed: {e}") from e
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return str(out)
 
 
 def _warm_into(cfg: TrainConfig, model: str, role: str, key: dict[str, Any], rows: list[dict[str, Any]],
-               source: str, tmp: Path) -> None:
-    """SFT `model` on `rows` into the empty folder `tmp`, with the warm-up's record in it."""
+               source: str, tmp: Path, data: Path) -> None:
+    """SFT `model` on `rows` (written to `data` for it, then kept in the folder) into the empty
+    folder `tmp`, with the warm-up's record in it."""
     from rose_ray.recipes.sft import train_sft
     from rose_ray.rows import write_jsonl
 
     w = warmup_of(cfg, role)
     print(f"train: warming the {role} on {len(rows)} gold demonstrations ({source}) ...", flush=True)
-    data = tmp.with_name(tmp.name + "_gold.jsonl")  # a unique name too (tmp's), removed after
 
     def log(line: str) -> None:  # "step N/M epoch ..." lines from train_sft, a few of them
         step, total = line.split()[1].split("/")
