@@ -108,10 +108,11 @@ def read_checkpoint(run_dir: str | Path, step: int | None = None) -> Checkpoint:
             return _read_record(run, n)
         except UnreadableRecord as e:
             earlier = [m for m in steps if m < n]
-            instead = f"going back to step_{earlier[-1]}, the one before it" if earlier else "no checkpoint before it"
-            print(f"checkpoint step_{n} of {run}: its record cannot be read ({e}); {instead}",
-                  file=sys.stderr, flush=True)
-    raise InputError(f"{run}: no checkpoint whose record can be read under {run / 'checkpoints'}")
+            if not earlier:
+                raise InputError(f"{e}; no whole checkpoint before step_{n} is kept") from None
+            print(f"checkpoint step_{n} of {run}: its record cannot be read ({e}); going back to step_{earlier[-1]}, "
+                  "the one before it", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
 
 
 def write_checkpoint(run_dir: Path, record: Checkpoint, learner: Any, keep: int, same_state: bool = False) -> bool:

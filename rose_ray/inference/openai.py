@@ -368,6 +368,8 @@ class OpenAIEngine:
             # (a server trickling an answer out would never trip a per-read timeout).
             with self._opener.open(req, timeout=timeout_s) as resp:
                 raw = resp.read(MAX_REPLY_BYTES + 1)
+            if call.cut is not None:  # what was read before the cut is a piece of the answer
+                raise OSError("cut off")
             if len(raw) > MAX_REPLY_BYTES:
                 raise OpenAIBadAnswer(None, f"{url}: the reply is larger than {MAX_REPLY_BYTES // 2**20} MiB; "
                                             "not read further")
