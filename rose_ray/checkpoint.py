@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rose_ray.errors import InputError
-from rose_ray.files import crash_point, fsync_dir, json_line, write_file, writing_folder
+from rose_ray.files import clear_leftovers, crash_point, fsync_dir, json_line, write_file, writing_folder
 
 # The record's layout. 1: written before the record named its format (the same fields).
 FORMAT = 2
@@ -128,6 +128,7 @@ def write_checkpoint(run_dir: Path, record: Checkpoint, learner: Any, keep: int,
 
     ckpt_dir, tag = run_dir / "checkpoints", f"step_{learner.step}"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
+    clear_leftovers(ckpt_dir, owned=True)  # the run's own folder: a temp there is a save cut short
     marker = ckpt_dir / f"trainer_{tag}.json"
     save = not (same_state and learner.step in kept_steps(run_dir))
     if save:

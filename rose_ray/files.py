@@ -68,12 +68,20 @@ def out_path(path: str | Path) -> Path:
     return Path(os.path.realpath(Path(path).expanduser()))
 
 
+_crash_counts: dict[str, int] = {}
+
+
 def crash_point(name: str) -> None:
-    """A test's stand-in for a crash here: with ROSE_RAY_CRASH_AT=`name` in the environment the
-    process stops itself (SIGSTOP), and the test SIGKILLs the whole job around it, as a lost
-    node would. Unset (always, outside tests) it does nothing."""
-    if os.environ.get(CRASH_ENV) == name:
-        print(f"rose_ray: stopped at crash point {name!r} ({CRASH_ENV})", file=sys.stderr, flush=True)
+    """A test's stand-in for a crash here: with ROSE_RAY_CRASH_AT=`name` (or `name#N`: the N-th
+    time this process gets here) in the environment, the process stops itself (SIGSTOP), and
+    the test SIGKILLs the whole job around it, as a lost node would. Unset (always, outside
+    tests) it does nothing."""
+    wanted = os.environ.get(CRASH_ENV)
+    if not wanted or wanted.partition("#")[0] != name:
+        return
+    _crash_counts[name] = _crash_counts.get(name, 0) + 1
+    if str(_crash_counts[name]) == (wanted.partition("#")[2] or "1"):
+        print(f"rose_ray: stopped at crash point {wanted!r} ({CRASH_ENV})", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
 
 

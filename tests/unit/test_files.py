@@ -267,3 +267,10 @@ def test_crash_point_is_nothing_unless_named(monkeypatch):
     files.crash_point("swap")  # returns: no test asks for a crash (where one does: stopped_at above)
     monkeypatch.setenv(files.CRASH_ENV, "another point")
     files.crash_point("swap")
+
+
+def test_a_crash_point_can_wait_for_its_nth_time(tmp_path):
+    code = ("from rose_ray.files import crash_point\n"
+            f"for n in range(5):\n    open({str(tmp_path / 'n')!r}, 'w').write(str(n)); crash_point('here')\n")
+    stopped_at("here#3", code)
+    assert (tmp_path / "n").read_text() == "2"
