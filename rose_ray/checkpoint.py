@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from rose_ray.errors import InputError
-from rose_ray.files import clear_leftovers, crash_point, fsync_dir, json_line, write_file, writing_folder
+from rose_ray.files import (
+    clear_leftovers,
+    crash_point,
+    fsync_dir,
+    json_line,
+    write_file,
+    writing_folder,
+)
 
 # The record's layout. 1: written before the record named its format (the same fields).
 FORMAT = 2
