@@ -72,7 +72,8 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     started = not ray.is_initialized()
     init_ray(None)  # RAY_ADDRESS, else a private local cluster
     try:
-        check_shared_storage({"--out": out.parent}, "export")  # rank 0 may be on another node
+        for line in check_shared_storage({"--out": out.parent}, "export"):  # rank 0 may be on another node
+            print(line, flush=True)
         # The run's ranks, ZeRO stage and dtype (its checkpoint files are laid out by them);
         # resources scaled to what this cluster has, so a GPU run exports on a laptop too.
         lc = cfg.learner

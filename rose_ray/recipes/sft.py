@@ -86,7 +86,8 @@ def train_sft(
 
         init_ray(None)  # RAY_ADDRESS (a submitted job), else a private local cluster with its own token
     try:
-        check_shared_storage({"--out": out.parent}, "sft")  # rank 0 may be on another node
+        for line in check_shared_storage({"--out": out.parent}, "sft"):  # rank 0 may be on another node
+            print(line, flush=True)
     except BaseException:
         if started_ray:
             ray.shutdown()

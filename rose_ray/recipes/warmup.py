@@ -231,13 +231,14 @@ def shipped_gold(key: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 def write_shipped_gold(cfg: TrainConfig, out_dir: Path) -> Path:
     """Play the config's warm-up demonstrations and write them (with their settings) for shipping."""
+    from rose_ray.files import write_file
     from rose_ray.rows import write_jsonl
 
     key, _ = warmup_cache(cfg, "")
     rows = play_gold(cfg)
     write_jsonl(out_dir / SHIPPED_GOLD, rows)
     meta = out_dir / SHIPPED_GOLD.replace(".jsonl", ".meta.json")
-    meta.write_text(json.dumps(gold_key(key), indent=1) + "\n")
+    write_file(meta, json.dumps(gold_key(key), indent=1) + "\n")
     return out_dir / SHIPPED_GOLD
 
 
@@ -245,6 +246,8 @@ def ship_demonstrations(cfg: TrainConfig, out_dir: Path) -> list[Path]:
     """Write the demonstrations a config's warm-ups trained on (its cached build, made first where
     missing), gzipped, each with the settings it answers (`gold_key`), for shipping."""
     import gzip
+
+    from rose_ray.files import write_file
 
     student, teacher = resolve_models(cfg)
     written = []
@@ -254,8 +257,8 @@ def ship_demonstrations(cfg: TrainConfig, out_dir: Path) -> list[Path]:
         key, _ = warmup_cache(cfg, model, role)
         stem = out_dir / f"{cfg.name}_{role}{SHIPPED_SUFFIX}"
         rows = (Path(model) / DEMONSTRATIONS).read_bytes()
-        stem.with_name(stem.name + ".jsonl.gz").write_bytes(gzip.compress(rows, mtime=0))  # the same bytes every time
-        stem.with_name(stem.name + ".meta.json").write_text(json.dumps(gold_key(key), indent=1) + "\n")
+        write_file(stem.with_name(stem.name + ".jsonl.gz"), gzip.compress(rows, mtime=0))  # the same bytes every time
+        write_file(stem.with_name(stem.name + ".meta.json"), json.dumps(gold_key(key), indent=1) + "\n")
         written.append(stem.with_name(stem.name + ".jsonl.gz"))
     return written
 
