@@ -62,8 +62,8 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     from rose_ray.files import out_path
     from rose_ray.learner.learner import LearnerGroup
     from rose_ray.learner.worker import CheckpointUnreadable
+    from rose_ray.placement import check_shared_storage
     from rose_ray.rollout.actors import init_ray
-    from rose_ray.run import check_shared_storage
 
     run_dir = resolve_run(run_dir)
     out = out_path(out)  # on the driver: learner rank 0 writes it, from its own node and working directory

@@ -48,9 +48,9 @@ def train_sft(
     from rose_ray.learner.learner import LearnerConfig, LearnerGroup
     from rose_ray.learner.weights import check_model_out
     from rose_ray.models import load_tokenizer
+    from rose_ray.placement import check_shared_storage
     from rose_ray.recipes.teacher_sft import imitate
     from rose_ray.rows import read_jsonl, row_to_trajectory
-    from rose_ray.run import check_shared_storage
     from rose_ray.tokens import make_batch, render, with_ids
     from rose_ray.types import OWNERS
 

@@ -20,7 +20,7 @@ def test_shared_storage_is_checked_on_every_node(env_node_cluster, tmp_path):
     """Each probe writes a marker file of its own and removes it: runs starting at once on one
     run_dir (or tiny_dir) never read each other's token (before, one fixed file: a run could
     read another's token and stop with a false "not shared storage")."""
-    from rose_ray.run import check_shared_storage
+    from rose_ray.placement import check_shared_storage
 
     lines = check_shared_storage({"run_dir": tmp_path / "runs"})
     assert lines == [f"train: run_dir {tmp_path / 'runs'}: seen by all 3 nodes"]
