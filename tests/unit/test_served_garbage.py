@@ -37,7 +37,7 @@ def answering(reply: object | bytes) -> Iterator[tuple[str, list[str | None]]]:
     data = reply if isinstance(reply, bytes) else json.dumps(reply).encode()  # inf/nan as Infinity/NaN
     keys: list[str | None] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(Quiet):
         def answer(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             keys.append(self.headers.get("Authorization"))
@@ -52,13 +52,22 @@ def answering(reply: object | bytes) -> Iterator[tuple[str, list[str | None]]]:
 
         do_GET = do_POST = answer  # noqa: N815 - http.server's names
 
-        def log_message(self, *args: object) -> None:
-            pass
+    with serving(Handler) as url:
+        yield url, keys
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+
+class Quiet(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` serving on 127.0.0.1 (a thread per request): its /v1 URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_port}/v1", keys
+        yield f"http://127.0.0.1:{server.server_port}/v1"
     finally:
         server.shutdown()
         server.server_close()
@@ -207,7 +216,7 @@ def redirecting(to: str | None) -> Iterator[tuple[str, list[tuple[str, str | Non
     Authorization header of each request it got)."""
     seen: list[tuple[str, str | None]] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(Quiet):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             seen.append((self.path, self.headers.get("Authorization")))
             if self.path.startswith("/moved/"):
@@ -222,16 +231,8 @@ def redirecting(to: str | None) -> Iterator[tuple[str, list[tuple[str, str | Non
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/v1", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url, seen
 
 
 def test_a_redirect_to_another_origin_does_not_carry_the_key():
@@ -255,7 +256,7 @@ def test_a_request_answered_too_slowly_is_cut_off_at_its_timeout():
     ever (the socket's own timeout alone never trips)."""
     stop = threading.Event()
 
-    class Trickle(http.server.BaseHTTPRequestHandler):
+    class Trickle(Quiet):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -268,27 +269,20 @@ def test_a_request_answered_too_slowly_is_cut_off_at_its_timeout():
             except OSError:  # the client hung up
                 pass
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     outcome: list[BaseException] = []
+    with serving(Trickle) as url:
+        def ask() -> None:
+            try:
+                engine(url, timeout_s=1.0).models()
+            except BaseException as e:  # noqa: BLE001 - what the client raised is the result
+                outcome.append(e)
 
-    def ask() -> None:
-        try:
-            engine(f"http://127.0.0.1:{server.server_port}/v1", timeout_s=1.0).models()
-        except BaseException as e:  # noqa: BLE001 - what the client raised is the result
-            outcome.append(e)
-
-    t0 = time.monotonic()
-    asker = threading.Thread(target=ask, daemon=True)
-    asker.start()
-    asker.join(timeout=20)
-    waited, waiting = time.monotonic() - t0, asker.is_alive()
-    stop.set()
-    server.shutdown()
-    server.server_close()
+        t0 = time.monotonic()
+        asker = threading.Thread(target=ask, daemon=True)
+        asker.start()
+        asker.join(timeout=20)
+        waited, waiting = time.monotonic() - t0, asker.is_alive()
+        stop.set()
     assert not waiting, "still waiting for an answer that trickles in, 20 s after a 1 s timeout_s"
     assert isinstance(outcome[0], OpenAIServerGone) and "no whole answer within 1 s" in str(outcome[0])
     assert waited < 6
