@@ -239,8 +239,9 @@ def writing_folder(target: str | Path, what: str = "folder") -> Iterator[Path]:
     writer left there removed first); when the block ends, FOLDER_MARKER is added (unless the
     block wrote its own) and the folder is swapped in. What is at `target` is replaced only when
     `check_replaceable` allows it (checked before and again just before the swap: InputError,
-    left as it is). If the block fails, the temp folder goes and `target` is untouched."""
-    target = Path(os.path.abspath(target))
+    left as it is). If the block fails, the temp folder goes and `target` is untouched. A
+    symlink at `target` is written through (`out_path`), never replaced."""
+    target = out_path(target)
     clear_leftovers(target.parent, target.name)
     check_replaceable(target, what)
     tmp = temp_sibling(target)
@@ -260,8 +261,9 @@ def writing_folder(target: str | Path, what: str = "folder") -> Iterator[Path]:
 def writing_file(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
     """A file streamed whole: the block writes into a temp file beside `path` (opened in
     `mode`, "w" or "wb"), which is fsynced and renamed over `path` when the block ends; if the
-    block fails, the temp file goes and `path` is untouched."""
-    path = Path(os.path.abspath(path))
+    block fails, the temp file goes and `path` is untouched. A symlink at `path` is written
+    through (`out_path`)."""
+    path = out_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     clear_leftovers(path.parent, path.name)
     tmp = temp_name(path)
