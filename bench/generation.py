@@ -82,6 +82,7 @@ async def play(front: Any, chat: Any, callers: int, turns: int, max_new: int) ->
 
 def medium_model(root: Path, tiny_student: Path) -> Path:
     """A ~30M-parameter Qwen3 with the tiny tokenizer, random weights, built once."""
+    from rose_ray.files import writing_folder
     from rose_ray.models import TinySize, build_tiny_model, count_parameters, load_tokenizer
 
     out = root / "qwen3_30m"
@@ -89,10 +90,9 @@ def medium_model(root: Path, tiny_student: Path) -> Path:
         return out
     tok = load_tokenizer(tiny_student)
     model = build_tiny_model(tok, TinySize(**MEDIUM), seed=7)
-    tmp = out.with_name(out.name + ".tmp")
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    tmp.rename(out)
+    with writing_folder(out, "model folder") as tmp:  # whole or not at all
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
     print(f"built {out} ({count_parameters(model) / 1e6:.1f}M parameters)")
     return out
 

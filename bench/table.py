@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 
+from rose_ray.files import write_file
 from rose_ray.runs import keep_result, new_version
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -472,9 +473,7 @@ def main() -> None:
             if (run_root / name).exists():  # an arm interrupted before: run again from nothing
                 shutil.rmtree(run_root / name)
             result = make(run_root / name)
-            tmp = done.with_name(".result.json.tmp")
-            tmp.write_text(json.dumps(result, default=str))
-            os.replace(tmp, done)  # an interrupted arm is run again, a finished one never
+            write_file(done, json.dumps(result, default=str))  # an interrupted arm is run again, a finished one never
         runs[arm].append(json.loads(done.read_text()))
 
     for who in ("student", "teacher"):

@@ -4,23 +4,38 @@ a learner group going back after a rank's loss, `export`, the tests) and written
 
 On disk, under `<run_dir>/checkpoints/`: the learner's DeepSpeed folder `step_N` (per rank:
 model, optimizer, scheduler, RNG), the record beside it as `trainer_step_N.json`, and `latest`
-naming the newest. The record is written only once the learner's files are on disk, so it is
-the mark that a checkpoint is whole (`kept_steps`); the run's config is its `config.yaml`.
+naming the newest. The folder is written into a temp folder and renamed `step_N` whole
+(files.writing_folder), then the record is written (whole, fsynced): the mark that the
+checkpoint is whole (`kept_steps`). A whole checkpoint is never written again: the stop's
+checkpoint of a step already saved replaces only its record. Pruning takes a step's mark away
+before any of its files. The run's config is its `config.yaml`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
+import sys
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from rose_ray.errors import InputError
+from rose_ray.files import (
+    clear_leftovers,
+    crash_point,
+    fsync_dir,
+    json_line,
+    write_file,
+    writing_folder,
+)
 
 # The record's layout. 1: written before the record named its format (the same fields).
 FORMAT = 2
+
+
+class UnreadableRecord(InputError):
+    """A checkpoint's record that cannot be read (cut short, corrupt, not a record)."""
 
 
 @dataclass
@@ -55,14 +70,14 @@ class Checkpoint:
         names = {f.name for f in fields(cls)}
         missing = sorted(names - set(record) - {"format"})
         if missing:
-            raise InputError(f"{where}: checkpoint format {version} without {', '.join(missing)}")
+            raise UnreadableRecord(f"{where}: checkpoint format {version} without {', '.join(missing)}")
         return cls(**{**{k: v for k, v in record.items() if k in names}, "format": version})
 
 
 def kept_steps(run_dir: str | Path) -> list[int]:
     """Learner steps with a whole checkpoint: the learner's folder and the record, which is
-    written only once every file of the folder is on disk (`write_checkpoint`), so a checkpoint
-    whose save was cut short is not listed."""
+    written only once the folder is whole (`write_checkpoint`), so a checkpoint whose save
+    was cut short, or whose pruning began, is not listed."""
     ckpt = Path(run_dir) / "checkpoints"
     steps = []
     for d in ckpt.glob("step_*"):
@@ -72,49 +87,85 @@ def kept_steps(run_dir: str | Path) -> list[int]:
     return sorted(steps)
 
 
+def _read_record(run: Path, step: int) -> Checkpoint:
+    path = run / "checkpoints" / f"trainer_step_{step}.json"
+    try:
+        record = json_line(path.read_bytes(), str(path), UnreadableRecord)
+    except OSError as e:
+        raise UnreadableRecord(f"{path}: {e}") from None
+    if not isinstance(record, dict):
+        raise UnreadableRecord(f"{path}: expected a JSON object, got {type(record).__name__}")
+    return Checkpoint.from_dict(record, path)  # a whole record of a newer format: an InputError, no going back
+
+
 def read_checkpoint(run_dir: str | Path, step: int | None = None) -> Checkpoint:
-    """The record of a run's whole checkpoint of `step` (default: the latest); an InputError
-    naming the run when there is none."""
+    """The record of a run's whole checkpoint of `step`, or by default the newest whole one
+    whose record can be read: a record that cannot (cut short, corrupt) is passed over for the
+    one before it, saying so. An InputError naming the run when there is none."""
     run = Path(run_dir)
     steps = kept_steps(run)
     if not steps:
         raise InputError(f"{run}: no checkpoint kept under {run / 'checkpoints'}")
-    if step is None:
-        step = steps[-1]
-    elif step not in steps:
-        raise InputError(f"{run}: no checkpoint of step {step}; kept steps: {', '.join(map(str, steps))}")
-    path = run / "checkpoints" / f"trainer_step_{step}.json"
-    return Checkpoint.from_dict(json.loads(path.read_text()), path)
+    if step is not None:
+        if step not in steps:
+            raise InputError(f"{run}: no checkpoint of step {step}; kept steps: {', '.join(map(str, steps))}")
+        return _read_record(run, step)
+    for n in reversed(steps):
+        try:
+            return _read_record(run, n)
+        except UnreadableRecord as e:
+            earlier = [m for m in steps if m < n]
+            if not earlier:
+                raise InputError(f"{e}; no whole checkpoint before step_{n} is kept") from None
+            print(f"checkpoint step_{n} of {run}: its record cannot be read ({e}); going back to step_{earlier[-1]}, "
+                  "the one before it", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
 
 
-def write_checkpoint(run_dir: Path, record: Checkpoint, learner: Any, keep: int) -> None:
-    """Complete before marked: the learner's files (`learner`: a LearnerGroup), then the record
-    (the mark that the checkpoint is whole), then `latest`, each on disk before the next; a
-    save cut short anywhere leaves the previous checkpoint the latest whole one. Then the
-    oldest whole ones past `keep` go, with any left unfinished."""
+def write_checkpoint(run_dir: Path, record: Checkpoint, learner: Any, keep: int, same_state: bool = False) -> bool:
+    """Complete before marked: the learner's files (`learner`: a LearnerGroup) into a temp
+    folder renamed `step_N` whole, then the record (the mark that the checkpoint is whole), then
+    `latest`, each on disk before the next; a save cut short anywhere leaves the previous
+    checkpoint the latest whole one. `same_state`: the learner holds the state of the whole
+    checkpoint of its step already (this process saved or loaded it: the stop right after a
+    periodic checkpoint), so its files are not written again; only its record is replaced,
+    whole. Then the oldest whole ones past `keep` go (`prune`). Returns whether the learner's
+    files were written."""
     from rose_ray.learner.learner import write_latest
-    from rose_ray.learner.worker import fsync_dir
 
     ckpt_dir, tag = run_dir / "checkpoints", f"step_{learner.step}"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
+    clear_leftovers(ckpt_dir, owned=True)  # the run's own folder: a temp there is a save cut short
     marker = ckpt_dir / f"trainer_{tag}.json"
-    if marker.exists():  # one of an earlier save of this step must not vouch for this one
-        marker.unlink()
-        fsync_dir(ckpt_dir)
-    learner.save_checkpoint(ckpt_dir, mark_latest=False)
-    tmp = marker.with_name(marker.name + ".tmp")
-    with tmp.open("w") as f:
-        f.write(json.dumps(asdict(replace(record, tag=tag, format=FORMAT))))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, marker)
-    fsync_dir(ckpt_dir)
+    save = not (same_state and learner.step in kept_steps(run_dir))
+    if save:
+        if marker.exists():  # another state's checkpoint of this step (one gone back past): not whole from here
+            marker.unlink()
+            fsync_dir(ckpt_dir)
+        shutil.rmtree(ckpt_dir / tag, ignore_errors=True)  # no mark: a save or a prune cut short
+        with writing_folder(ckpt_dir / tag, "checkpoint") as tmp:
+            learner.save_checkpoint(ckpt_dir, mark_latest=False, folder=tmp.name)
+    write_file(marker, json.dumps(asdict(replace(record, tag=tag, format=FORMAT))))
     write_latest(ckpt_dir, tag)
-    kept = {f"step_{n}" for n in kept_steps(run_dir)[-keep:]}
-    for folder in ckpt_dir.glob("step_*"):
-        if folder.is_dir() and folder.name not in kept:
-            shutil.rmtree(folder, ignore_errors=True)
-            (ckpt_dir / f"trainer_{folder.name}.json").unlink(missing_ok=True)
+    prune(ckpt_dir, keep)
+    return save
+
+
+def prune(ckpt_dir: Path, keep: int | None = None) -> None:
+    """Delete all but the newest `keep` whole checkpoints (None: all whole ones stay) and any
+    step folder without its mark: each step's mark first (on disk), then its files, so a kill
+    in between leaves a folder that is not counted as whole (and is deleted the next time)."""
+    whole = kept_steps(ckpt_dir.parent)
+    kept = {f"step_{n}" for n in (whole[-keep:] if keep is not None else whole)}
+    for folder in sorted(ckpt_dir.glob("step_*")):
+        if not folder.is_dir() or folder.name in kept:
+            continue
+        marker = ckpt_dir / f"trainer_{folder.name}.json"
+        if marker.exists():
+            marker.unlink()
+            fsync_dir(ckpt_dir)
+            crash_point("prune")  # the tests' kill in the middle of pruning
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def latest_tag(run_dir: Path) -> str | None:

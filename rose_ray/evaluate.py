@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
+import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict
@@ -26,6 +26,7 @@ from typing import Any
 
 from rose_ray.commands import EvalCommand
 from rose_ray.errors import InputError
+from rose_ray.files import write_file
 from rose_ray.types import GameId, SamplingParams, Trajectory
 
 
@@ -267,8 +268,8 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     summary = summarise(records)
     result = {"config": asdict(cfg), "summary": summary, "games": records,
               "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    _write_atomic(out.with_name(out.name + ".json"), json.dumps(result, indent=1))
-    _write_atomic(out.with_name(out.name + ".md"), markdown(summary, f"eval of {cfg.model} on {cfg.world} {cfg.split}"))
+    write_file(out.with_name(out.name + ".json"), json.dumps(result, indent=1))
+    write_file(out.with_name(out.name + ".md"), markdown(summary, f"eval of {cfg.model} on {cfg.world} {cfg.split}"))
     partial.unlink(missing_ok=True)
     return result
 
@@ -322,36 +323,41 @@ def resume_header(cfg: EvalCommand) -> dict[str, Any]:
             "report": world.protocol.report_question is not None and cfg.knowledge_from == "report"}
 
 
+# A finished game's fields that a summary reads, and their types.
+RECORD_FIELDS = {"item_id": str, "task": str, "score": (int, float), "success": (bool, int), "pass": (bool, int),
+                 "turns": int, "invalid_actions": int}
+
+
 def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Finished games of an interrupted eval with the same settings (`want`, a resume header)."""
+    """Finished games of an interrupted eval with the same settings (`want`, a resume header).
+    A line that cannot be read (not JSON, not a finished game) is named (file:line) and passed
+    over: its game is played again and every other finished game is kept. A file of other
+    settings, or whose header cannot be read, is refused (InputError) and left as it is."""
+    from rose_ray.files import json_records
+
     done: dict[str, dict[str, Any]] = {}
     if not path.exists():
         return done
-    lines = path.read_text().splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
+
+    def bad(n: int, problem: str) -> None:
+        if n == 1:  # without the header, nothing says these games were played with these settings
+            raise InputError(f"{problem}: the header of the partial results cannot be read; give another --out "
+                             f"(the file is left as it is)")
+        print(f"eval: {problem}; passed over (that game is played again)", file=sys.stderr, flush=True)
+
+    for n, _, record in json_records(path, bad):
+        if "eval_config" in record:
+            if record["eval_config"] != want:
+                raise InputError(f"{path}: partial results of an eval with other settings ({record['eval_config']}); "
+                                 "give another --out (the file is left as it is)")
             continue
-        try:
-            record = json.loads(line)
-            if "eval_config" in record:
-                if record["eval_config"] != want:
-                    raise InputError(
-                        f"{path}: partial results of an eval with other settings "
-                        f"({record['eval_config']}); use another --out or delete the file"
-                    )
-                continue
-            done[record["item_id"]] = record
-        except (json.JSONDecodeError, KeyError, TypeError):
-            if n == len(lines):  # the last line of a killed run can be cut short
-                continue
-            raise InputError(f"{path}:{n}: unreadable partial result; delete the file to start over") from None
+        wrong = [k for k, kind in RECORD_FIELDS.items() if not isinstance(record.get(k), kind)]
+        if n == 1 or wrong:
+            bad(n, f"{path}:{n}: " + (f"not a finished game ({', '.join(wrong)} missing or of the wrong type)"
+                                       if wrong else "no header (eval_config)"))
+            continue
+        done[record["item_id"]] = record
     return done
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def cli_main(cfg: EvalCommand) -> int:

@@ -19,7 +19,6 @@ from typing import Any
 
 from rose_ray.checkpoint import Checkpoint, kept_steps, read_checkpoint, unreadable_checkpoint
 from rose_ray.config import TrainConfig, load_config
-from rose_ray.errors import InputError
 from rose_ray.runs import resolve_run
 
 MODEL_INFO = "rose_ray_model.json"
@@ -45,12 +44,13 @@ def model_info(cfg: TrainConfig, run_dir: str | Path, step: int, version: int, b
 
 
 def check_request(run_dir: str | Path, out: str | Path, step: int | None) -> tuple[TrainConfig, Checkpoint]:
-    """The config of a run folder and the checkpoint to export (default: the latest whole one);
-    every problem is an InputError naming it, raised before anything starts or is written."""
+    """The config of a run folder and the checkpoint to export (default: the newest whole one
+    whose record reads); every problem is an InputError naming it, raised before anything
+    starts or is written."""
+    from rose_ray.learner.weights import check_model_out
+
     record = read_checkpoint(run_dir, step)
-    target = Path(out)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise InputError(f"--out {target}: already exists and is not an empty folder; give a new one")
+    check_model_out(out, overwrite=False, offers_overwrite=False)
     return load_config(Path(run_dir) / "config.yaml"), record
 
 
@@ -59,16 +59,21 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     learner group and export it."""
     import ray
 
+    from rose_ray.files import out_path
     from rose_ray.learner.learner import LearnerGroup
     from rose_ray.learner.worker import CheckpointUnreadable
+    from rose_ray.placement import check_shared_storage
     from rose_ray.rollout.actors import init_ray
 
     run_dir = resolve_run(run_dir)
+    out = out_path(out)  # on the driver: learner rank 0 writes it, from its own node and working directory
     cfg, record = check_request(run_dir, out, step)
     base = student_model(cfg)
     started = not ray.is_initialized()
     init_ray(None)  # RAY_ADDRESS, else a private local cluster
     try:
+        for line in check_shared_storage({"--out": out.parent}, "export"):  # rank 0 may be on another node
+            print(line, flush=True)
         # The run's ranks, ZeRO stage and dtype (its checkpoint files are laid out by them);
         # resources scaled to what this cluster has, so a GPU run exports on a laptop too.
         lc = cfg.learner

@@ -1,52 +1,288 @@
-"""Writing files where other runs may be writing too, and where a kill may land at any moment.
+"""Writing files and folders whole, where other runs may be writing too and a kill may land at
+any moment. This module owns "write a folder or file whole, replace only what rose_ray wrote":
+model folders, the tiny models, warm-ups, checkpoint steps, records and result files all go
+through it.
 
-- `temp_sibling`: a fresh, uniquely named temp folder next to a target (two writers never share one).
-- `swap_in`: a finished folder replaces a target by rename-aside: the old one renamed to a
-  temp name, the new one renamed in, then the old one deleted; some copy is always on disk.
-- `locked`: an exclusive lock of a shared cache entry (`filelock`, over flock on POSIX),
-  held while one process builds it; a second waits, then finds it built.
-- `open_for_append`: a JSONL file opened to append, a last line cut by a kill dropped first,
-  so what is appended starts on a line of its own.
+- `writing_folder`: a folder built in a temp folder beside its target and swapped in whole
+  (`swap_in`); what is at the target is replaced only when it is nothing, an empty folder, or a
+  folder rose_ray wrote (`written_here`: it holds FOLDER_MARKER, which every such folder gets).
+- `write_file` / `writing_file`: a file written (or streamed) into a temp file beside it,
+  fsynced, renamed over it.
+- Temp names are `.<target>.rose_ray-<kind>.<host>.<pid>.<random>`, so that `clear_leftovers`
+  can tell its own from anything else: the next writer of a target removes the temp files and
+  folders of writers that are gone (same host, process ended), and a run removes every one in
+  its own folder; a swap cut between its two renames gets its old copy put back.
+- `swap_in`: where Linux's renameat2(RENAME_EXCHANGE) is there, one atomic exchange (the target
+  never missing), then the old copy deleted; elsewhere rename-aside.
+- `locked`: an exclusive lock of a shared cache entry (`filelock`, over flock on POSIX).
+- `open_for_append` / `drop_cut_line`: a JSONL file appended to from a whole line.
+- `json_line`: one JSONL line read back, its problem named `file:line` (an InputError).
+- `out_path`: an output path made absolute with symlinks resolved, on the driver, before any
+  work: written from another process (a learner rank, another working directory) it means the
+  same folder, and the final rename never meets a symlink.
+- `crash_point`: the tests' stand-in for a crash at a chosen point (tests/e2e/test_kills.py);
+  nothing unless ROSE_RAY_CRASH_AT names that point.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import glob
+import json
 import os
+import secrets
 import shutil
-import tempfile
-from collections.abc import Iterator
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+from rose_ray.errors import InputError
+
+# Every folder rose_ray writes holds this file: the only folders it will replace.
+FOLDER_MARKER = "rose_ray_folder.json"
+# Folders written before the marker existed hold one of these (a run's model/ and `export`'s
+# provenance, a warm-up's record, `sft`'s log) next to their config.json.
+OLDER_MARKERS = ("rose_ray_model.json", "rose_ray_warmup.json", "sft_log.jsonl")
+TEMP_TAG = ".rose_ray-"  # in every temp name rose_ray gives, between the target's name and the kind
+CRASH_ENV = "ROSE_RAY_CRASH_AT"
 
 
-def temp_sibling(target: str | Path, kind: str = "tmp") -> Path:
-    """A new empty folder `.<name>.<random>.<kind>` beside `target` (its parent made if needed)."""
-    target = Path(os.path.abspath(target))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=f".{kind}"))
+def written_here(folder: str | Path) -> bool:
+    """Whether `folder` is a folder rose_ray wrote (so it may replace it)."""
+    folder = Path(folder)
+    return (folder / FOLDER_MARKER).is_file() or (
+        (folder / "config.json").is_file() and any((folder / m).is_file() for m in OLDER_MARKERS))
 
 
 def is_empty_folder(path: Path) -> bool:
-    return path.is_dir() and not any(path.iterdir())
+    return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+
+
+def out_path(path: str | Path) -> Path:
+    """`path` absolute, every symlink on it resolved (a dangling one: where it points)."""
+    return Path(os.path.realpath(Path(path).expanduser()))
+
+
+_crash_counts: dict[str, int] = {}
+
+
+def crash_point(name: str) -> None:
+    """A test's stand-in for a crash here: with ROSE_RAY_CRASH_AT=`name` (or `name#N`: the N-th
+    time this process gets here) in the environment, the process stops itself (SIGSTOP), and
+    the test SIGKILLs the whole job around it, as a lost node would. Unset (always, outside
+    tests) it does nothing."""
+    wanted = os.environ.get(CRASH_ENV)
+    if not wanted or wanted.partition("#")[0] != name:
+        return
+    _crash_counts[name] = _crash_counts.get(name, 0) + 1
+    if str(_crash_counts[name]) == (wanted.partition("#")[2] or "1"):
+        print(f"rose_ray: stopped at crash point {wanted!r} ({CRASH_ENV})", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+# ----------------------------------------------------------------------------- temp names
+def _host() -> str:
+    return "".join(c if c.isalnum() or c == "-" else "-" for c in socket.gethostname()) or "host"
+
+
+def temp_name(target: str | Path, kind: str = "tmp") -> Path:
+    """A fresh name `.<name>.rose_ray-<kind>.<host>.<pid>.<random>` beside `target` (nothing made)."""
+    target = Path(os.path.abspath(target))
+    return target.with_name(f".{target.name}{TEMP_TAG}{kind}.{_host()}.{os.getpid()}.{secrets.token_hex(4)}")
+
+
+def temp_sibling(target: str | Path, kind: str = "tmp") -> Path:
+    """A new empty folder with a `temp_name` beside `target` (its parent made if needed)."""
+    path = temp_name(target, kind)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir()
+    return path
+
+
+def _parse_temp(name: str) -> tuple[str, str, str, int] | None:
+    """(target name, kind, host, pid) of a temp name rose_ray gave, else None."""
+    at = name.rfind(TEMP_TAG)
+    if not name.startswith(".") or at < 1:
+        return None
+    kind, _, rest = name[at + len(TEMP_TAG):].partition(".")
+    parts = rest.rsplit(".", 2)
+    if len(parts) != 3 or not parts[1].isdigit() or not kind:
+        return None
+    return name[1:at], kind, parts[0], int(parts[1])
+
+
+def _writer_gone(host: str, pid: int) -> bool:
+    """Whether the process that named a temp is known to be gone (on this host, no such pid)."""
+    if host != _host() or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def clear_leftovers(folder: str | Path, name: str | None = None, owned: bool = False) -> list[str]:
+    """Temp files and folders rose_ray named in `folder` (those of target `name`, or of every
+    target) whose writer is gone: removed, except that a swap's old copy whose target is
+    missing (a kill between the two renames) is put back. `owned`: the caller owns the folder
+    (a run its run folder, a builder holding the cache lock), so every such temp is a
+    leftover. Returns one line per thing done."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    done = []
+    pattern = f".{glob.escape(name)}{TEMP_TAG}*" if name is not None else f".*{TEMP_TAG}*"
+    for path in sorted(folder.glob(pattern)):
+        parsed = _parse_temp(path.name)
+        if parsed is None or (name is not None and parsed[0] != name):
+            continue
+        target_name, kind, host, pid = parsed
+        if not owned and not _writer_gone(host, pid):
+            continue
+        target = folder / target_name
+        if kind == "old" and not os.path.lexists(target):
+            os.replace(path, target)
+            done.append(f"{target}: put back (a swap was cut between its two renames)")
+        else:
+            _remove(path)
+            done.append(f"{path}: removed (left by a writer that was stopped)")
+    return done
+
+
+# ----------------------------------------------------------------------------- folders
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where the system or
+    the file system cannot (then nothing happened)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def fsync_dir(folder: Path) -> None:
+    """A folder's entries (a file created or renamed in it) on disk."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def swap_in(new: str | Path, target: str | Path) -> None:
-    """Move folder `new` to `target`, replacing what is there: an empty folder directly; a
-    non-empty one renamed aside first and deleted after (if renaming `new` in fails, it is
-    put back). Callers decide whether `target` may be replaced."""
+    """Move folder `new` to `target`, replacing what is there: nothing or an empty folder
+    directly; a non-empty one by an atomic exchange (then the old copy, now at `new`'s name,
+    deleted), or where the file system has none, renamed aside first (if renaming `new` in
+    fails, it is put back; a kill between the two leaves it for `clear_leftovers` to put back).
+    Callers decide whether `target` may be replaced."""
     new, target = Path(new), Path(os.path.abspath(target))
-    if not target.exists() or is_empty_folder(target):
+    if not os.path.lexists(target) or is_empty_folder(target):
         os.replace(new, target)  # rename(2) replaces an empty folder, and fails on a non-empty one
+        fsync_dir(target.parent)
         return
-    aside = temp_sibling(target, "old")
+    if _exchange(new, target):
+        fsync_dir(target.parent)
+        crash_point("swap")
+        shutil.rmtree(new, ignore_errors=True)
+        return
+    aside = temp_name(target, "old")
     os.replace(target, aside)
+    crash_point("swap")
     try:
         os.replace(new, target)
     except BaseException:
         os.replace(aside, target)
         raise
+    fsync_dir(target.parent)
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def check_replaceable(target: str | Path, what: str) -> None:
+    """InputError (naming `what` and the path) unless `target` is nothing, an empty folder, or a
+    folder rose_ray wrote: what `writing_folder` may replace."""
+    target = Path(target)
+    if not os.path.lexists(target) or is_empty_folder(target):
+        return
+    if not target.is_dir():
+        raise InputError(f"{what} {target}: a file is there, not a folder; give a new folder")
+    if not written_here(target):
+        raise InputError(f"{what} {target}: not a folder rose-ray wrote (it has no {FOLDER_MARKER}), so it is "
+                         "not replaced; it is left as it is: move it away or give another folder")
+
+
+@contextmanager
+def writing_folder(target: str | Path, what: str = "folder") -> Iterator[Path]:
+    """Build a folder whole: yields a new empty temp folder beside `target` (temps a stopped
+    writer left there removed first); when the block ends, FOLDER_MARKER is added (unless the
+    block wrote its own) and the folder is swapped in. What is at `target` is replaced only when
+    `check_replaceable` allows it (checked before and again just before the swap: InputError,
+    left as it is). If the block fails, the temp folder goes and `target` is untouched. A
+    symlink at `target` is written through (`out_path`), never replaced."""
+    target = out_path(target)
+    clear_leftovers(target.parent, target.name)
+    check_replaceable(target, what)
+    tmp = temp_sibling(target)
+    try:
+        yield tmp
+        if not (tmp / FOLDER_MARKER).exists():
+            (tmp / FOLDER_MARKER).write_text(json.dumps({"written_by": "rose_ray"}) + "\n")
+        check_replaceable(target, what)  # again: something may have appeared there meanwhile
+        swap_in(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# ----------------------------------------------------------------------------- files
+@contextmanager
+def writing_file(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """A file streamed whole: the block writes into a temp file beside `path` (opened in
+    `mode`, "w" or "wb"), which is fsynced and renamed over `path` when the block ends; if the
+    block fails, the temp file goes and `path` is untouched. A symlink at `path` is written
+    through (`out_path`)."""
+    path = out_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    clear_leftovers(path.parent, path.name)
+    tmp = temp_name(path)
+    try:
+        with tmp.open(mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_file(path: str | Path, data: str | bytes) -> Path:
+    """`path` holding `data`, written whole (`writing_file`); readers see the old file or the new."""
+    with writing_file(path, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+    return Path(path)
 
 
 @contextmanager
@@ -58,6 +294,44 @@ def locked(target: str | Path) -> Iterator[None]:
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target.with_name(target.name + ".lock"))):
         yield
+
+
+# ----------------------------------------------------------------------------- JSONL
+def json_line(raw: bytes, where: str, error: type[InputError] = InputError) -> Any:
+    """One JSONL line's value; an `error` naming `where` (file:line) when it is not UTF-8 or not
+    JSON (too deep, an integer too long to read included)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise error(f"{where}: JSON nested too deeply to read") from None
+    except ValueError as e:  # an integer longer than Python converts (sys.set_int_max_str_digits)
+        raise error(f"{where}: unreadable JSON value ({e})") from None
+
+
+def json_records(path: str | Path, on_bad: Callable[[int, str], None]) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
+    """(line number, the line's bytes, its object) of each whole line of a JSONL file that holds
+    a JSON object, read as a stream; a line that does not is passed over, its number and problem
+    (naming file:line) given to `on_bad`. Blank lines and a last line without its newline (cut by a
+    kill) are passed over silently."""
+    with Path(path).open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            if not raw.endswith(b"\n") or not raw.strip():
+                continue
+            try:
+                record = json_line(raw, f"{path}:{n}")
+            except InputError as e:
+                on_bad(n, str(e))
+                continue
+            if not isinstance(record, dict):
+                on_bad(n, f"{path}:{n}: expected a JSON object, got {type(record).__name__}")
+                continue
+            yield n, raw, record
 
 
 def drop_cut_line(path: str | Path) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -72,19 +73,28 @@ def verdict_key(question: str, knowledge: str) -> str:
 
 class VerdictCache:
     """Verdicts by (judge, hash of question and knowledge), appended to a JSONL file as they
-    come. Unreadable lines (a write cut short by a kill) are skipped: a miss asks again."""
+    come (after a line a kill cut short, which is dropped first). A line that cannot be read
+    is named (file:line) and skipped: a miss asks again."""
 
     def __init__(self, path: str | Path) -> None:
+        from rose_ray.files import drop_cut_line, json_records
+
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.entries: dict[tuple[str, str], dict[str, Any]] = {}
+
+        def bad(n: int, problem: str) -> None:
+            print(f"judge: {problem}; skipped (that verdict is asked again)", file=sys.stderr, flush=True)
+
         if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                    self.entries[(row["judge"], row["key"])] = row
-                except (ValueError, KeyError, TypeError):
+            for n, _, row in json_records(self.path, bad):
+                fields = (row.get("judge"), row.get("key"), row.get("verdict"), row.get("parsed"))
+                if not (isinstance(fields[0], str) and isinstance(fields[1], str) and isinstance(fields[2], int)
+                        and isinstance(fields[3], bool)):
+                    bad(n, f"{self.path}:{n}: not a verdict (judge, key, verdict, parsed)")
                     continue
+                self.entries[(row["judge"], row["key"])] = row
+            drop_cut_line(self.path)  # what is appended starts on a line of its own
 
     def get(self, judge: str, question: str, knowledge: str) -> Verdict | None:
         row = self.entries.get((judge, verdict_key(question, knowledge)))

@@ -16,7 +16,9 @@ class MetricsLogger:
 
         self.run_dir = Path(run_dir)
         self.tb = SummaryWriter(str(self.run_dir / "tb"))
-        self.jsonl = (self.run_dir / "metrics.jsonl").open("a")
+        # Opened at each write: a resume's rewrite of the file (a new file renamed over it,
+        # rollout/ledger.py keep_steps) is the one written to next.
+        self.jsonl = self.run_dir / "metrics.jsonl"
         self.console = console and sys.stdout.isatty()
         self.t0 = time.time()
 
@@ -25,8 +27,8 @@ class MetricsLogger:
         clean = {k: float(v) for k, v in scalars.items() if v is not None}
         for k, v in clean.items():
             self.tb.add_scalar(k, v, step)
-        self.jsonl.write(json.dumps({"step": step, "time": round(time.time() - self.t0, 3), **clean}) + "\n")
-        self.jsonl.flush()
+        with self.jsonl.open("a") as f:
+            f.write(json.dumps({"step": step, "time": round(time.time() - self.t0, 3), **clean}) + "\n")
 
     def text(self, step: int, tag: str, text: str) -> None:
         self.tb.add_text(tag, text, step)
@@ -46,7 +48,6 @@ class MetricsLogger:
     def close(self) -> None:
         self.tb.flush()
         self.tb.close()
-        self.jsonl.close()
 
 
 def read_scalars(tb_dir: str | Path) -> dict[str, list[tuple[int, float]]]:

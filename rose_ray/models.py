@@ -17,8 +17,6 @@ Qwen-style chat template, and saves two randomly initialised Qwen3 models of dif
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -306,39 +304,50 @@ def init_tiny(out_dir: str | Path, seed: int = 0, vocab_size: int = 8192, style:
     """Make (or reuse) `out_dir/student` and `out_dir/teacher`; returns their paths.
 
     Runs sharing a cache build it once: the builder holds `out_dir/rose_ray_tiny.json.lock`
-    and writes into uniquely named temp folders; a run that waited for the lock finds the
-    models built and reuses them."""
-    from rose_ray.files import locked, swap_in, temp_sibling
+    and writes each model whole (files.writing_folder); a run that waited for the lock finds
+    the models built and reuses them. A `student` or `teacher` folder there that rose_ray did
+    not write is never replaced: InputError naming it, checked before anything is built."""
+    from rose_ray.files import (
+        FOLDER_MARKER,
+        check_replaceable,
+        clear_leftovers,
+        locked,
+        write_file,
+        writing_folder,
+    )
 
-    out = Path(out_dir)
+    out = Path(out_dir).expanduser()
     paths = {role: out / role for role in TINY_SIZES}
     marker = out / DONE_MARKER
     # Positions up to the card's 16,384-token context (Qwen3-1.7B allows 40,960).
     wanted = {"seed": seed, "vocab_size": vocab_size, "style": style, "max_positions": 16384}
 
     def built() -> bool:
-        return marker.exists() and json.loads(marker.read_text()) == wanted
+        try:
+            return json.loads(marker.read_text()) == wanted
+        except (OSError, ValueError):
+            return False
 
     if built():
         return paths
     with locked(marker):
         if built():  # another run built them while this one waited
             return paths
+        for name in (*paths, DONE_MARKER):  # the lock's holder: a temp of these is a stopped build's
+            clear_leftovers(out, name, owned=True)
+        for path in paths.values():
+            if marker.is_file() and (path / "config.json").is_file() and not (path / FOLDER_MARKER).exists():
+                write_file(path / FOLDER_MARKER, "{}\n")  # built before tiny folders held it: the marker vouches
+            check_replaceable(path, "tiny model folder")  # before anything is built
         try:
             _quiet_transformers()
             tokenizer = build_tokenizer(vocab_size, style)
             for i, (role, size) in enumerate(TINY_SIZES.items()):
                 model = build_tiny_model(tokenizer, size, seed=seed * 1000 + i, max_positions=wanted["max_positions"])
-                tmp = temp_sibling(paths[role])
-                try:
+                with writing_folder(paths[role], "tiny model folder") as tmp:  # never half-written, never none
                     model.save_pretrained(tmp, safe_serialization=True)
                     tokenizer.save_pretrained(tmp)
-                    swap_in(tmp, paths[role])  # never a half-written model folder, never none
-                finally:
-                    shutil.rmtree(tmp, ignore_errors=True)
-            tmp_marker = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
-            tmp_marker.write_text(json.dumps(wanted))
-            os.replace(tmp_marker, marker)
+            write_file(marker, json.dumps(wanted))
         except FileNotFoundError as e:  # a failed build, not a missing input: keep its traceback (exit 1)
             raise RuntimeError(f"building the tiny models in {out} failed: {e}") from e
     return paths

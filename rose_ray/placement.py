@@ -14,7 +14,9 @@ forever; with it the run stops at start with the role and the missing resource n
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rose_ray.errors import InputError
@@ -340,4 +342,59 @@ def describe_demands(cfg: Any, nodes: list[NodeInfo], described: bool) -> list[s
     for d in demands(cfg):
         lines.append(f"  {d.role:<16} {d.replicas} x {_fmt({k: v for k, v in d.per_replica.items() if v})}"
                      f"  {d.strategy}{'  group ' + d.group if d.group else ''}")
+    return lines
+
+
+SHARED_MARKER = ".rose_ray_shared"
+
+
+def alive_nodes() -> list[dict[str, Any]]:
+    import ray
+
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def check_shared_storage(paths: dict[str, Path], command: str = "train") -> list[str]:
+    """On a cluster of more than one node, each path (config key or flag -> folder) must be
+    the same folder on every node: the learner writes checkpoints and the student's folder
+    (`sft`/`export --out` too) on its node, engines load tiny and warmed models on theirs. The
+    driver writes a marker file of its own (a fresh token in its name and in it) into each; a
+    task on every node reads it back; then it is removed. An InputError names the key and the
+    nodes that do not see it. Returns one line per path checked (none on a single node)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = alive_nodes()
+    if len(nodes) < 2:
+        return []
+
+    @ray.remote(num_cpus=0)
+    def read(marker: str) -> str | None:
+        try:
+            return Path(marker).read_text()
+        except OSError:
+            return None
+
+    lines = []
+    for key, folder in paths.items():
+        folder = Path(folder).expanduser().resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        # A name of its own: two runs starting at once never read each other's token.
+        token = os.urandom(8).hex()
+        marker = folder / f"{SHARED_MARKER}.{token}"
+        marker.write_text(token)
+        try:
+            refs = {n["NodeManagerAddress"] + " " + n["NodeID"][:8]: read.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(str(marker))
+                for n in nodes}
+            seen = dict(zip(refs, ray.get(list(refs.values()), timeout=120)))
+        finally:
+            marker.unlink(missing_ok=True)
+        blind = [node for node, text in seen.items() if text != token]
+        if blind:
+            raise InputError(f"{key}: {folder} is not shared storage: node(s) {', '.join(blind)} do not see what "
+                             "the driver wrote there; put it on a path every node mounts (ROSE_RAY_RUNS / run_dir "
+                             "for runs, ROSE_RAY_CACHE / tiny_dir for tiny models and caches, HF_HOME for models "
+                             "named by hub id)")
+        lines.append(f"{command}: {key} {folder}: seen by all {len(nodes)} nodes")
     return lines

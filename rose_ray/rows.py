@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from rose_ray.errors import InputError
-from rose_ray.files import open_for_append
+from rose_ray.files import json_line, json_records, open_for_append, writing_file
 from rose_ray.types import OWNERS, GameId, Trajectory, Turn
 
 # Per schema: (role key, text key, {the schema's role name: our role}).
@@ -132,22 +132,10 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     try:
         with opened as f:  # bytes, decoded line by line: a bad byte is named by its line
             for n, raw in enumerate(f, start=1):
-                where = f"{path}:{n}"
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
-                if not line.strip():
+                if not raw.strip():
                     continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-                except RecursionError:
-                    raise DataError(f"{where}: JSON nested too deeply to read") from None
-                except ValueError as e:  # an integer longer than Python converts (sys.set_int_max_str_digits)
-                    raise DataError(f"{where}: unreadable JSON value ({e})") from None
-                rows.append(validate_row(row, where))
+                where = f"{path}:{n}"
+                rows.append(validate_row(json_line(raw, where, DataError), where))
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # a .gz file cut short or not gzip at all
         raise DataError(f"{path}: not a readable gzip file ({e})") from None
     if not rows:
@@ -156,18 +144,12 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
-    """Validate and write rows atomically (a temp file renamed into place); returns the count."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(rows):x}.tmp")  # two writers never share one
+    """Validate and write rows whole (files.writing_file: a temp file renamed into place); returns the count."""
     n = 0
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            for n, row in enumerate(rows, start=1):
-                validate_row(row, f"row {n}")
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with writing_file(path) as f:
+        for n, row in enumerate(rows, start=1):
+            validate_row(row, f"row {n}")
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
     return n
 
 
@@ -196,7 +178,12 @@ class PartialRows:
             raise InputError(f"--out {self.out}: already exists; give another --out, or --overwrite to replace it")
         self.done: dict[int, dict[str, Any]] = {}
         if self.path.exists():
-            header, self.done = self._read()
+            try:
+                header, self.done = self._read()
+            except InputError:
+                if not overwrite:
+                    raise
+                header = {}  # a header that cannot be read: started over, as asked
             if header is not None and header != self.job:
                 if not overwrite:
                     raise InputError(f"{self.path}: the rows of another job (other settings or games: "
@@ -208,19 +195,31 @@ class PartialRows:
 
     def _read(self) -> tuple[dict[str, Any] | None, dict[int, dict[str, Any]]]:
         """The header and rows of the partial file; a last line without its newline (cut by
-        a kill) is left out, and dropped before anything is appended."""
-        lines = self.path.read_bytes().split(b"\n")[:-1]  # the piece after the last newline: cut
+        a kill) is left out, and dropped before anything is appended. A row line that cannot be
+        read is named (file:line) and passed over (its game is played again); a header that
+        cannot be read is refused (the file is left as it is)."""
+        def bad(n: int, problem: str) -> None:
+            if n == 1:
+                raise InputError(f"{problem}: the partial file's header cannot be read; give --overwrite to start "
+                                 "over, or another --out (the file is left as it is)")
+            print(f"{problem}; passed over (that game is played again)", file=sys.stderr, flush=True)
+
         header, done = None, {}
-        for n, line in enumerate(lines, 1):
+        for n, _, record in json_records(self.path, bad):
+            if n == 1:
+                if not isinstance(record.get("partial_of"), dict):
+                    bad(1, f"{self.path}:1: no header (partial_of)")
+                header = record["partial_of"]
+                continue
             try:
-                record = json.loads(line)
-                if n == 1:
-                    header = record["partial_of"]
-                else:
-                    done[int(record["game"])] = validate_row(record["row"], f"{self.path}:{n}")
-            except (ValueError, KeyError, TypeError, RecursionError) as e:
-                raise InputError(f"{self.path}:{n}: unreadable partial row ({type(e).__name__}: {e}); "
-                                 "give --overwrite to start over, or delete the file") from None
+                game = record["game"]
+                if not isinstance(game, int) or isinstance(game, bool):
+                    raise DataError(f"{self.path}:{n}: game: expected an integer, got {game!r}")
+                done[game] = validate_row(record["row"], f"{self.path}:{n}")
+            except KeyError as e:
+                bad(n, f"{self.path}:{n}: no {e.args[0]!r}")
+            except DataError as e:
+                bad(n, str(e))
         return header, done
 
     def __enter__(self) -> PartialRows:

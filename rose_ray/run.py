@@ -124,57 +124,6 @@ class Publisher:
                 self.failures.report(lost)  # group, which then publishes to this engine
 
 
-SHARED_MARKER = ".rose_ray_shared"
-
-
-def alive_nodes() -> list[dict[str, Any]]:
-    import ray
-
-    return [n for n in ray.nodes() if n.get("Alive")]
-
-
-def check_shared_storage(paths: dict[str, Path]) -> list[str]:
-    """On a cluster of more than one node, each path (config key -> folder) must be the same
-    folder on every node: the learner writes checkpoints and the student's folder on its node,
-    engines load tiny and warmed models on theirs. The driver writes a marker with a fresh
-    token into each; a task on every node reads it back. An InputError names the key and the
-    nodes that do not see it. Returns one line per path checked (none on a single node)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from rose_ray.errors import InputError
-
-    nodes = alive_nodes()
-    if len(nodes) < 2:
-        return []
-
-    @ray.remote(num_cpus=0)
-    def read(marker: str) -> str | None:
-        try:
-            return Path(marker).read_text()
-        except OSError:
-            return None
-
-    lines = []
-    for key, folder in paths.items():
-        folder = Path(folder).expanduser().resolve()
-        folder.mkdir(parents=True, exist_ok=True)
-        marker, token = folder / SHARED_MARKER, os.urandom(8).hex()
-        marker.write_text(token)
-        refs = {n["NodeManagerAddress"] + " " + n["NodeID"][:8]: read.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(str(marker))
-            for n in nodes}
-        seen = dict(zip(refs, ray.get(list(refs.values()), timeout=120)))
-        blind = [node for node, text in seen.items() if text != token]
-        if blind:
-            raise InputError(f"{key}: {folder} is not shared storage: node(s) {', '.join(blind)} do not see what "
-                             "the driver wrote there; put it on a path every node mounts (ROSE_RAY_RUNS / run_dir "
-                             "for runs, ROSE_RAY_CACHE / tiny_dir for tiny models and caches, HF_HOME for models "
-                             "named by hub id)")
-        lines.append(f"train: {key} {folder}: seen by all {len(nodes)} nodes")
-    return lines
-
-
 def await_ready(agents: dict[str, Any], timeout_s: float) -> None:
     """Each engine has loaded its model (its actor constructed) before anything runs on it: a
     broken teacher fails the start, not the first rollout after a long eval."""
@@ -224,13 +173,14 @@ class RunParts:
         self.metrics: MetricsLogger | None = None
         self.eval_pools: list[Any] = []  # started at the first eval (none if evals are off)
         self._eval_runner: EpisodeRunner | None = None
+        self.checkpointed_step: int | None = None  # the step whose checkpoint the learner's state is
 
     def start(self) -> None:
         from rose_ray.envs.worlds import get_world
         from rose_ray.learner.learner import LearnerGroup
         from rose_ray.metrics import MetricsLogger
         from rose_ray.models import download_model, hub_cache, is_hub_id, load_tokenizer
-        from rose_ray.placement import PlacementGroups, check_cluster, demands
+        from rose_ray.placement import PlacementGroups, check_cluster, check_shared_storage, demands
         from rose_ray.rollout.actors import init_ray, start_agents, start_env_pools
         from rose_ray.rollout.agent import EpisodeConfig
         from rose_ray.rollout.buffer import TrajectoryBuffer
@@ -239,6 +189,7 @@ class RunParts:
         from rose_ray.rollout.supervisor import EngineSupervisor
 
         cfg = self.cfg
+        self.clear_leftovers()
         init_ray(cfg.ray_address)
         shared = {"run_dir": self.run_dir}
         if any(e.model.startswith("tiny:") for e in (cfg.student_engine, cfg.teacher_engine)) or \
@@ -329,6 +280,18 @@ class RunParts:
                           runner=self.runner.state_dict(buffered=len(self.buffer.items)), restarts=self.restarts(),
                           **self.progress.state_dict())
 
+    def clear_leftovers(self) -> None:
+        """What a run stopped by a kill left in this run folder (its own: nothing else writes
+        there): temp files and folders rose_ray named (a swap's old copy put back where the
+        new one never came), and checkpoint step folders without their mark."""
+        from rose_ray.checkpoint import prune
+        from rose_ray.files import clear_leftovers
+
+        for line in clear_leftovers(self.run_dir, owned=True) + clear_leftovers(self.ckpt_dir, owned=True):
+            print(f"train: {line}", flush=True)
+        if self.ckpt_dir.is_dir():
+            prune(self.ckpt_dir)
+
     def load_checkpoint(self, publish: bool = True) -> Checkpoint:
         """Back to the latest whole checkpoint (or the start, without one): the learner, the game
         order and the episodes open then (played again first), counters, and the logs cut to
@@ -337,13 +300,16 @@ class RunParts:
         from rose_ray.rollout.ledger import keep_steps
 
         state = self.start_state
-        steps = kept_steps(self.run_dir)  # a save cut short is not among them
-        if steps:
-            state = read_checkpoint(self.run_dir, steps[-1])
+        if kept_steps(self.run_dir):  # a save cut short is not among them
+            state = read_checkpoint(self.run_dir)  # the newest whose record reads (it says when it goes back)
             try:
                 self.learner.load_checkpoint(self.ckpt_dir, state.tag)
             except CheckpointUnreadable as e:
-                raise unreadable_checkpoint(e, self.run_dir, steps[-1], steps[:-1], "train --resume") from None
+                raise unreadable_checkpoint(e, self.run_dir, state.step, kept_steps(self.run_dir),
+                                            "train --resume") from None
+            self.checkpointed_step = state.step
+        elif self.resume:
+            print(f"train: --resume: {self.run_dir} has no whole checkpoint: starting again from step 0", flush=True)
         for part, part_state in ((self.progress, state.progress), (self.ledger, state.ledger),
                                  (self.buffer, state.buffer), (self.runner, state.runner)):
             part.load_state_dict(part_state)

@@ -13,17 +13,20 @@ TensorBoard follows symlinks, so a `latest` link would show the newest run twice
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from rose_ray.errors import InputError
+from rose_ray.files import write_file
 
 VERSION = "version_"
 LATEST = "latest"
 # An engine's api_key is a secret: a run folder (often on shared storage) keeps none. The saved
 # config reads it from the environment again on --resume, in the driver (from the variable the
-# engine's api_key_env names, else ROSE_RAY_API_KEY), so the engines get it as before.
+# engine's api_key_env names, else ROSE_RAY_API_KEY), so the engines get it as before. One read
+# from ROSE_RAY_API_KEY is the shared key, and the saved config says so (api_key_env), so that it
+# keeps the shared key's rule (inference/openai.py endpoint_key: never over plain http to another
+# host) rather than becoming that endpoint's own.
 SECRET_KEY, DEFAULT_KEY_ENV = "api_key", "ROSE_RAY_API_KEY"
 
 
@@ -38,7 +41,9 @@ def saved_config(cfg: Any) -> str:
         if isinstance(node, DictConfig):
             for key in list(node.keys()):
                 if key == SECRET_KEY and node[key] is not None:
-                    node[key] = f"${{oc.env:{node.get('api_key_env') or DEFAULT_KEY_ENV},null}}"
+                    if not node.get("api_key_env"):
+                        node["api_key_env"] = DEFAULT_KEY_ENV
+                    node[key] = f"${{oc.env:{node['api_key_env']},null}}"
                 else:
                     redact(node._get_node(key))
         elif isinstance(node, ListConfig):
@@ -61,9 +66,7 @@ def new_version(parent: str | Path) -> Path:
             break
         except FileExistsError:  # another run took N meanwhile
             n += 1
-    tmp = parent / f".{LATEST}.{os.getpid()}.tmp"
-    tmp.write_text(f"{VERSION}{n}\n")
-    os.replace(tmp, parent / LATEST)  # readers see the old name or the new, never half of one
+    write_file(parent / LATEST, f"{VERSION}{n}\n")  # readers see the old name or the new, never half of one
     return parent / f"{VERSION}{n}"
 
 
@@ -94,8 +97,6 @@ def keep_result(out: str | Path, text: str, version: Path | None = None) -> Path
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     kept = (version or new_version(out.parent / out.stem)) / out.name
-    kept.write_text(text)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, out)
+    write_file(kept, text)
+    write_file(out, text)
     return kept

@@ -46,8 +46,10 @@ class Supervision:
 
     async def checkpoint(self) -> None:
         parts = self.parts
+        same_state = parts.checkpointed_step == parts.learner.step  # saved or loaded: only its record again
         await self.in_learner(write_checkpoint, parts.run_dir, parts.checkpoint_state(), parts.learner,
-                              self.cfg.keep_checkpoints)
+                              self.cfg.keep_checkpoints, same_state)
+        parts.checkpointed_step = parts.learner.step
 
     async def supervise(self, loop: Any) -> BaseException | None:
         """Run `loop` beside the engines' monitor (a lost engine is replaced) and a watchdog

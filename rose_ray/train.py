@@ -34,6 +34,7 @@ import asyncio
 import copy
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -42,6 +43,7 @@ from typing import Any
 
 from rose_ray.config import TrainConfig, load_config
 from rose_ray.errors import InputError
+from rose_ray.files import write_file
 from rose_ray.learner.learner import LearnerLost
 from rose_ray.reliability import RoleFailed, describe_error
 from rose_ray.run import RunParts, results_table
@@ -381,7 +383,7 @@ def train(config: str | None = None, overrides: list[str] | None = None, resume:
 
     if resume:
         try:
-            run_dir = resolve_run(resume)
+            run_dir = Path(os.path.abspath(resolve_run(resume)))  # absolute, as a fresh run's (fresh_run_dir)
         except InputError as e:
             raise InputError(f"--resume {e}") from None
         cfg = load_config(run_dir / "config.yaml", overrides, saved=True)
@@ -393,7 +395,7 @@ def train(config: str | None = None, overrides: list[str] | None = None, resume:
         run_dir = fresh_run_dir(cfg, named=any(o.partition("=")[0].strip() == "run_dir" for o in overrides or []))
         # The config as given: its run_dir is where runs go, so training from this file again
         # makes the next version.
-        (run_dir / "config.yaml").write_text(saved_config(cfg))  # no secrets (runs.SECRET_KEY)
+        write_file(run_dir / "config.yaml", saved_config(cfg))  # no secrets (runs.SECRET_KEY)
         print(f"train: new run in {run_dir}", flush=True)
     parts = RunParts(cfg, run_dir, resume=bool(resume))
     try:
@@ -401,7 +403,7 @@ def train(config: str | None = None, overrides: list[str] | None = None, resume:
         summary = asyncio.run(Trainer(parts).run())
     finally:
         parts.close()
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_file(run_dir / "summary.json", json.dumps(summary, indent=1))
     if any(summary[k] is not None for k in ("before", "after", "teacher")):  # no evals asked: no table
         print(results_table(summary))
     print(f"train: {summary['steps']} steps; model in {summary['model']} (rose-ray eval --model {summary['model']})")
@@ -412,7 +414,11 @@ def train(config: str | None = None, overrides: list[str] | None = None, resume:
 def fresh_run_dir(cfg: TrainConfig, named: bool) -> Path:
     """Where a fresh run goes: a new version under the config's run_dir; with `named` (run_dir=
     on the command line) that folder itself. A run already there is refused, never overwritten."""
-    where = Path(cfg.run_dir)
+    # Absolute: the learner's ranks write checkpoints and model/ from their own working directory.
+    where = Path(os.path.abspath(Path(cfg.run_dir).expanduser()))
+    for folder in (where, *where.parents):
+        if folder.exists() and not folder.is_dir():
+            raise InputError(f"run_dir {cfg.run_dir}: {folder} is a file, not a folder; give a folder for runs")
     if named:
         if holds_run(where):
             raise InputError(f"run_dir {where} already holds a run: continue it with --resume {where}, or "
@@ -421,13 +427,17 @@ def fresh_run_dir(cfg: TrainConfig, named: bool) -> Path:
         from rose_ray.learner.weights import check_model_out
 
         check_model_out(where / "model", overwrite=True, flag="run_dir")  # the run ends by writing it
-        where.mkdir(parents=True, exist_ok=True)
-        return where
-    if (where / "config.yaml").is_file():  # one run, not a folder of versions (an older layout)
+    elif (where / "config.yaml").is_file():  # one run, not a folder of versions (an older layout)
         raise InputError(f"run_dir {where} holds a run itself (its config.yaml): continue it with --resume "
                          f"{where}, or move it away (mv {where} {where}_old) so that runs go to "
                          f"{where}/version_N, or give another name=")
-    return new_version(where)
+    try:
+        if named:
+            where.mkdir(parents=True, exist_ok=True)
+            return where
+        return new_version(where)
+    except OSError as e:  # no permission, a read-only file system
+        raise InputError(f"run_dir {where}: cannot make a run folder there ({e.strerror or e})") from None
 
 
 def cli_main(args) -> int:

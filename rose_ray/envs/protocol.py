@@ -11,7 +11,6 @@ that existing data is reproduced exactly. Each world's own wording is in its pac
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -110,17 +109,18 @@ class Protocol:
 
     def from_dataset(self, path: str | Path) -> Protocol:
         """This protocol with the instruction and acknowledgement of a JSONL dataset's first row."""
+        from rose_ray.files import json_line
+
         path = Path(path)
         if not path.is_file():
             raise InputError(f"instruction from {path}: no such file")
-        with path.open(encoding="utf-8") as f:
+        with path.open("rb") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise InputError(f"{path}:{lineno}: not valid JSON ({e.msg}); cannot read the "
-                                     "instruction from it") from None
+                    row = json_line(line, f"{path}:{lineno}")
+                except InputError as e:
+                    raise InputError(f"{e}; cannot read the instruction from it") from None
                 return self.with_opening_of(row, f"{path}:{lineno}")
         raise InputError(f"{path}: no rows to read an instruction from")

@@ -16,7 +16,10 @@ What a failure means (docs/reliability.md):
   fails its episode only, and uses up no restart;
 - a server going away (stopped gracefully: it takes no new connections but leaves requests in
   flight unanswered) is noticed within `LIVENESS_S` by a connection probe: the requests in
-  flight are cut off and retried as above, rather than waiting for an answer that never comes.
+  flight are cut off and retried as above, rather than waiting for an answer that never comes;
+- a request not answered whole within `timeout_s` (a server trickling it out too) is cut off
+  and retried as above.
+A redirect to another scheme, host or port does not carry the endpoint's key.
 """
 
 from __future__ import annotations
@@ -168,18 +171,21 @@ def endpoint_key(config: EngineConfig) -> tuple[str | None, str]:
     `api_key`, else the variable its `api_key_env` names (a name without a value is an
     error), else $ROSE_RAY_API_KEY, the shared one. The shared key goes over plain http only
     to this machine (loopback): anyone on the way could read it; to another host it is not
-    sent (said when the engine is made); an endpoint's own key is sent, with a warning."""
+    sent (said when the engine is made); an endpoint's own key is sent, with a warning. An
+    `api_key_env` of ROSE_RAY_API_KEY names the shared key: a resumed run's config says so of a
+    key it read from there (runs.saved_config), so it keeps the shared key's rule."""
     url = urllib.parse.urlsplit(config.openai.base_url)
     plain = url.scheme == "http" and not _loopback(url.hostname or "")
-    if config.openai.api_key:
+    env, shared = config.openai.api_key_env, config.openai.api_key_env == SHARED_KEY_ENV
+    if config.openai.api_key and not shared:
         key, source = config.openai.api_key, "its api_key"
-    elif config.openai.api_key_env:
-        key, source = os.environ.get(config.openai.api_key_env), f"${config.openai.api_key_env} (its api_key_env)"
+    elif env and not shared:
+        key, source = os.environ.get(env), f"${env} (its api_key_env)"
         if not key:
-            raise InputError(f"engine.openai.api_key_env: {config.openai.api_key_env} is not set in the environment (the key of "
+            raise InputError(f"engine.openai.api_key_env: {env} is not set in the environment (the key of "
                              f"{config.openai.base_url})")
     else:
-        key, source = os.environ.get(SHARED_KEY_ENV) or None, f"${SHARED_KEY_ENV}"
+        key, source = config.openai.api_key or os.environ.get(SHARED_KEY_ENV) or None, f"${SHARED_KEY_ENV}"
         if key and plain:
             print(f"openai engine: {config.openai.base_url}: not sending ${SHARED_KEY_ENV} over plain http to another host "
                   "(anyone on the network path could read it); use https, or name the variable of this "
@@ -192,13 +198,20 @@ def endpoint_key(config: EngineConfig) -> tuple[str | None, str]:
 
 
 class _Call:
-    """One HTTP exchange in flight: when it went out, its socket once connected, and why it was
-    cut off (None unless it was)."""
+    """One HTTP exchange in flight: when it went out, by when it must be answered whole, its
+    socket once connected, and why it was cut off (None unless it was)."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float) -> None:
         self.since = time.monotonic()
+        self.deadline = self.since + timeout_s if timeout_s > 0 else math.inf
+        self.timeout_s = timeout_s
         self.sock: socket.socket | None = None
         self.cut: str | None = None
+
+    def connected(self, sock: socket.socket) -> None:
+        self.sock = sock
+        if self.cut is not None:  # cut off while it was connecting
+            self.cut_off(self.cut)
 
     def cut_off(self, why: str) -> None:
         self.cut = why
@@ -213,9 +226,28 @@ class _CutOff(ConnectionError):
     """A request cut off because its server went away (`_Call.cut_off`)."""
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+
+
+class _KeyKeepingRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib's redirects, except that the key (the Authorization header) goes only to the
+    origin it was meant for: a redirect to another scheme, host or port drops it (urllib's own
+    handler sends every header on, wherever the redirect points)."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and _origin(newurl) != _origin(req.full_url):
+            new.remove_header("Authorization")
+        return new
+
+
 def _tracking_opener(on_connect: Callable[[socket.socket], None]) -> urllib.request.OpenerDirector:
     """urllib's opener (proxies, redirects, HTTPError and all), whose connections hand their
-    socket to `on_connect`, so a request in flight can be cut off."""
+    socket to `on_connect`, so a request in flight can be cut off; a redirect to another origin
+    does not carry the key (`_KeyKeepingRedirects`)."""
 
     class Tracked:
         def connect(self) -> None:
@@ -236,7 +268,7 @@ def _tracking_opener(on_connect: Callable[[socket.socket], None]) -> urllib.requ
         def https_open(self, req: urllib.request.Request) -> Any:
             return self.do_open(HTTPS, req, context=self._context)
 
-    return urllib.request.build_opener(HTTPHandler, HTTPSHandler)
+    return urllib.request.build_opener(HTTPHandler, HTTPSHandler, _KeyKeepingRedirects)
 
 
 class OpenAIEngine:
@@ -324,15 +356,20 @@ class OpenAIEngine:
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         req = urllib.request.Request(url, data=data, headers=headers, method=method)
-        call = self._local.call = _Call()
+        timeout_s = timeout_s or self.config.openai.timeout_s
+        call = self._local.call = _Call(timeout_s)
         with self._calls_lock:
             self._calls.add(call)
-            if self._watcher is None and self._probe_liveness:
-                self._watcher = threading.Thread(target=self._watch, name="openai-liveness", daemon=True)
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, name="openai-watch", daemon=True)
                 self._watcher.start()
         try:
-            with self._opener.open(req, timeout=timeout_s or self.config.openai.timeout_s) as resp:
+            # timeout_s bounds each wait on the socket here, and the whole exchange in `_watch`
+            # (a server trickling an answer out would never trip a per-read timeout).
+            with self._opener.open(req, timeout=timeout_s) as resp:
                 raw = resp.read(MAX_REPLY_BYTES + 1)
+            if call.cut is not None:  # what was read before the cut is a piece of the answer
+                raise OSError("cut off")
             if len(raw) > MAX_REPLY_BYTES:
                 raise OpenAIBadAnswer(None, f"{url}: the reply is larger than {MAX_REPLY_BYTES // 2**20} MiB; "
                                             "not read further")
@@ -353,22 +390,29 @@ class OpenAIEngine:
                 self._calls.discard(call)
 
     def _connected(self, sock: socket.socket) -> None:
-        self._local.call.sock = sock
+        self._local.call.connected(sock)
 
     def _watch(self) -> None:
-        """While requests are out for LIVENESS_S or longer, check every LIVENESS_S that the
-        server still takes connections; when it does not, cut those requests off."""
-        while not self._closing.wait(LIVENESS_S):
+        """Cut off each request not answered whole within its timeout_s; and while requests are
+        out for LIVENESS_S or longer, check every LIVENESS_S that the server still takes
+        connections (not through a proxy): when it does not, cut those requests off."""
+        wait = LIVENESS_S
+        while not self._closing.wait(wait):
             now = time.monotonic()
             with self._calls_lock:
-                waiting = [c for c in self._calls if now - c.since >= LIVENESS_S]
-            if not waiting:
-                continue
-            why = self._unreachable()
-            if why is not None:
-                for call in waiting:
-                    call.cut_off(f"{self.base_url} stopped taking connections ({why}) while the request was "
-                                 "out: the server is going away")
+                calls = list(self._calls)
+            for call in calls:
+                if now >= call.deadline and call.cut is None:
+                    call.cut_off(f"{self.base_url}: no whole answer within {call.timeout_s:g} s (engine timeout_s)")
+            waiting = [c for c in calls if now - c.since >= LIVENESS_S and c.cut is None]
+            if waiting and self._probe_liveness:
+                why = self._unreachable()
+                if why is not None:
+                    for call in waiting:
+                        call.cut_off(f"{self.base_url} stopped taking connections ({why}) while the request was "
+                                     "out: the server is going away")
+            deadlines = [c.deadline - time.monotonic() for c in calls if c.cut is None]
+            wait = max(0.05, min([LIVENESS_S, *deadlines]))
 
     def _unreachable(self) -> str | None:
         """Why the server's address refuses a TCP connection, or None when it takes one."""

@@ -20,7 +20,6 @@ turns.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from rose_ray.errors import ConfigError
+from rose_ray.files import write_file
 from rose_ray.learner.batching import micro_batches
 from rose_ray.learner.speed import (
     ATTN_IMPLEMENTATIONS,
@@ -39,7 +39,7 @@ from rose_ray.learner.speed import (
     HEADS,
     OPTIMIZERS,
 )
-from rose_ray.learner.worker import SUMMED, CheckpointUnreadable, LearnerWorker, fsync_dir
+from rose_ray.learner.worker import SUMMED, CheckpointUnreadable, LearnerWorker
 from rose_ray.types import CONTEXT_TOKENS, Batch
 
 SCHEDULES = ("constant", "linear", "cosine")
@@ -145,14 +145,7 @@ class LearnerConfig:
 def write_latest(path: str | Path, tag: str) -> None:
     """`path/latest` names checkpoint `tag`, atomically and on disk: written only once
     everything of the checkpoint is (the mark that it is whole)."""
-    folder = Path(path)
-    tmp = folder / "latest.tmp"
-    with tmp.open("w") as f:
-        f.write(tag)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, folder / "latest")
-    fsync_dir(folder)
+    write_file(Path(path) / "latest", tag)
 
 
 class LearnerLost(RuntimeError):
@@ -288,13 +281,14 @@ class LearnerGroup:
         """Logits of the current model for unpacked rows [B, L] -> [B, L, V]."""
         return self._all("logits", np.asarray(input_ids))[0]
 
-    def save_checkpoint(self, path: str | Path, mark_latest: bool = True) -> str:
-        """Model, optimizer, scheduler, per-rank RNG, step and version under path/step_<n>, on
+    def save_checkpoint(self, path: str | Path, mark_latest: bool = True, folder: str | None = None) -> str:
+        """Model, optimizer, scheduler, per-rank RNG, step and version under path/step_<n> (or
+        path/`folder`: checkpoint.py has them written into a temp folder, renamed whole), on
         disk (fsynced) before `path/latest` names it (`mark_latest`; a caller that keeps more
         beside it writes that itself, last: `write_latest`). Refused (NonFiniteWeights) when the
         weights are not finite."""
         with self._lock:  # the step and version read are those of the weights saved
-            tag = f"step_{self.step}"
+            tag = folder or f"step_{self.step}"
             self._all("save_checkpoint", str(path), tag, {"step": self.step, "version": self.version})
         if mark_latest:
             write_latest(path, tag)

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from rose_ray.errors import ConfigError, InputError
-from rose_ray.files import is_empty_folder, swap_in, temp_sibling
+from rose_ray.files import FOLDER_MARKER, is_empty_folder, out_path, writing_folder, written_here
 
 PUBLISH_METHODS = ("auto", "object_store", "collective", "pickled")
 COLLECTIVE_BACKENDS = ("auto", "gloo", "nccl")  # publish.collective_backend
@@ -55,31 +55,20 @@ AUTO_LOCAL = "object_store"
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
-# Every model folder rose_ray writes holds this file: the only folders it will replace.
-FOLDER_MARKER = "rose_ray_folder.json"
-# Folders written before the marker existed hold one of these (a run's model/ and `export`'s
-# provenance, a warm-up's record, `sft`'s log) next to their config.json.
-OLDER_MARKERS = ("rose_ray_model.json", "rose_ray_warmup.json", "sft_log.jsonl")
 
 
-def written_here(folder: str | Path) -> bool:
-    """Whether `folder` is a model folder rose_ray wrote (so it may replace it)."""
-    folder = Path(folder)
-    return (folder / FOLDER_MARKER).is_file() or (
-        (folder / "config.json").is_file() and any((folder / m).is_file() for m in OLDER_MARKERS))
-
-
-def check_model_out(out: str | Path, overwrite: bool, flag: str = "--out") -> None:
+def check_model_out(out: str | Path, overwrite: bool, flag: str = "--out", offers_overwrite: bool = True) -> None:
     """Refuse (InputError naming the path) to write a model folder over anything but nothing,
-    an empty folder, or, with `overwrite`, a model folder rose_ray wrote."""
-    target = Path(out)
+    an empty folder, or, with `overwrite`, a model folder rose_ray wrote. `out` as it will be
+    written: symlinks resolved (`out_path`). `offers_overwrite`: the command has --overwrite."""
+    target = out_path(out)
     if not target.exists() or is_empty_folder(target):
         return
     if not target.is_dir():
         raise InputError(f"{flag} {target}: a file is there, not a folder; give a new folder")
     if not overwrite:
-        raise InputError(f"{flag} {target}: already exists and is not an empty folder; give a new one "
-                         "(or --overwrite to replace a model folder rose-ray wrote)")
+        raise InputError(f"{flag} {target}: already exists and is not an empty folder; give a new one"
+                         + (" (or --overwrite to replace a model folder rose-ray wrote)" if offers_overwrite else ""))
     if not written_here(target):
         raise InputError(f"{flag} {target}: not a model folder rose-ray wrote (it has no {FOLDER_MARKER}), so "
                          "--overwrite does not replace it; it is left as it is: give a new folder")
@@ -133,22 +122,21 @@ def source_dtype(model_path: str) -> str:
 def write_hf_folder(state: dict[str, Any], model_path: str, out_dir: str, dtype: str,
                     extra_files: dict[str, str] | None = None) -> dict[str, Any]:
     """A Hugging Face folder (config, model.safetensors, tokenizer with its chat template,
-    generation config, `extra_files` {name: text} and FOLDER_MARKER) written atomically: built
-    in a uniquely named sibling temp folder (removed if anything fails) and swapped in by
-    rename-aside. What is at `out_dir` is replaced only when it is empty or a model folder
-    rose_ray wrote (anything else: InputError, left as it is); commands that must not replace
-    one at all check first (`check_model_out`)."""
+    generation config, `extra_files` {name: text} and FOLDER_MARKER) written whole
+    (files.writing_folder: built beside `out_dir`, swapped in). What is at `out_dir` (symlinks
+    resolved) is replaced only when it is empty or a model folder rose_ray wrote (anything
+    else: InputError, left as it is); commands that must not replace one at all check first
+    (`check_model_out`)."""
     from huggingface_hub import save_torch_state_dict
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    out = Path(out_dir)
+    out = out_path(out_dir)
     check_model_out(out, overwrite=True)
-    tmp = temp_sibling(out)
-    try:
+    with writing_folder(out, "--out") as tmp:
         src = Path(model_path)
         if src.is_dir():  # tokenizer, chat template, generation config: copied as they are
             for f in src.iterdir():
-                if f.is_file() and f.name != "config.json" and not f.name.endswith(WEIGHT_FILES):
+                if f.is_file() and f.name not in ("config.json", FOLDER_MARKER) and not f.name.endswith(WEIGHT_FILES):
                     shutil.copy2(f, tmp / f.name)
         else:
             AutoTokenizer.from_pretrained(model_path).save_pretrained(tmp)
@@ -168,11 +156,6 @@ def write_hf_folder(state: dict[str, Any], model_path: str, out_dir: str, dtype:
             (tmp / name).write_text(text)
         (tmp / FOLDER_MARKER).write_text(json.dumps({"written_by": "rose_ray", "dtype": dtype,
                                                      "tensors": len(state)}) + "\n")
-        check_model_out(out, overwrite=True)  # again: something may have appeared there meanwhile
-        swap_in(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     mb = sum(v.numel() * v.element_size() for v in state.values()) / 2**20
     return {"path": str(out), "tensors": len(state), "mb": mb, "dtype": dtype}
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from rose_ray.errors import InputError
+from rose_ray.files import crash_point, fsync_dir
 
 SUMMED = "sum/"  # prefix of metrics that are shares of a global value (the driver adds them)
 
@@ -137,15 +138,6 @@ def fsync_tree(folder: Path) -> None:
             finally:
                 os.close(fd)
         fsync_dir(Path(root))
-
-
-def fsync_dir(folder: Path) -> None:
-    """A folder's entries (a file created or renamed in it) on disk."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _first_line(e: BaseException) -> str:
@@ -338,6 +330,7 @@ class LearnerWorker:
         rng_file.parent.mkdir(parents=True, exist_ok=True)
         torch.save(_rng_state(), rng_file.with_suffix(".tmp"))
         os.replace(rng_file.with_suffix(".tmp"), rng_file)
+        crash_point("checkpoint-write")  # the tests' kill in the middle of a save
         self.engine.save_checkpoint(path, tag=tag, client_state=client_state, save_latest=False)
         fsync_tree(Path(path) / tag)
 

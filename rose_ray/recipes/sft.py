@@ -44,9 +44,11 @@ def train_sft(
     import ray
 
     from rose_ray.chat import ChatFormat
+    from rose_ray.files import out_path
     from rose_ray.learner.learner import LearnerConfig, LearnerGroup
     from rose_ray.learner.weights import check_model_out
     from rose_ray.models import load_tokenizer
+    from rose_ray.placement import check_shared_storage
     from rose_ray.recipes.teacher_sft import imitate
     from rose_ray.rows import read_jsonl, row_to_trajectory
     from rose_ray.tokens import make_batch, render, with_ids
@@ -58,6 +60,7 @@ def train_sft(
         raise InputError(f"sft.batch_size: must be >= 1, got {batch_size!r}")
     if not sft_owners or set(sft_owners) - set(OWNERS):
         raise InputError(f"sft.owners: must be a non-empty subset of {OWNERS}, got {list(sft_owners)}")
+    out = out_path(out)  # on the driver: learner rank 0 writes it, from its own node and working directory
     check_model_out(out, overwrite)
     rows = read_jsonl(data)  # bad data fails here, before any actor starts
     steps = epochs * math.ceil(len(rows) / batch_size)
@@ -82,6 +85,13 @@ def train_sft(
         from rose_ray.rollout.actors import init_ray
 
         init_ray(None)  # RAY_ADDRESS (a submitted job), else a private local cluster with its own token
+    try:
+        for line in check_shared_storage({"--out": out.parent}, "sft"):  # rank 0 may be on another node
+            print(line, flush=True)
+    except BaseException:
+        if started_ray:
+            ray.shutdown()
+        raise
     group = LearnerGroup(config)
     history = []
     try:

@@ -13,7 +13,6 @@ then every machine builds the same models.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +76,7 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str
     into a uniquely named temp folder, swapped in whole; a run that waited for the lock finds
     the warmed model and reuses it.
     """
-    from rose_ray.files import locked, swap_in, temp_sibling
+    from rose_ray.files import clear_leftovers, locked, temp_name, writing_folder
 
     key, out = warmup_cache(cfg, model, role)
     if (out / "rose_ray_warmup.json").is_file():
@@ -86,30 +85,28 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str
         if (out / "rose_ray_warmup.json").is_file():  # warmed by another run while this one waited
             print(f"train: {role} warmed by another run meanwhile: {out}", flush=True)
             return str(out)
+        clear_leftovers(out.parent, out.name, owned=True)  # the lock's holder: such a temp is a stopped warm-up's
         rows = shipped_gold(key)
         source = "shipped" if rows is not None else "played now"
         if rows is None:
             rows = play_gold(cfg, role, student)
-        tmp = temp_sibling(out)
         try:
-            _warm_into(cfg, model, role, key, rows, source, tmp)
-            swap_in(tmp, out)
+            with writing_folder(out, "warm-up folder") as tmp:
+                _warm_into(cfg, model, role, key, rows, source, tmp, temp_name(out, "gold"))
         except FileNotFoundError as e:  # a failed build, not a missing input: keep its traceback (exit 1)
             raise RuntimeError(f"warming the {role} into {out} failed: {e}") from e
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return str(out)
 
 
 def _warm_into(cfg: TrainConfig, model: str, role: str, key: dict[str, Any], rows: list[dict[str, Any]],
-               source: str, tmp: Path) -> None:
-    """SFT `model` on `rows` into the empty folder `tmp`, with the warm-up's record in it."""
+               source: str, tmp: Path, data: Path) -> None:
+    """SFT `model` on `rows` (written to `data` for it, then kept in the folder) into the empty
+    folder `tmp`, with the warm-up's record in it."""
     from rose_ray.recipes.sft import train_sft
     from rose_ray.rows import write_jsonl
 
     w = warmup_of(cfg, role)
     print(f"train: warming the {role} on {len(rows)} gold demonstrations ({source}) ...", flush=True)
-    data = tmp.with_name(tmp.name + "_gold.jsonl")  # a unique name too (tmp's), removed after
 
     def log(line: str) -> None:  # "step N/M epoch ..." lines from train_sft, a few of them
         step, total = line.split()[1].split("/")
@@ -234,13 +231,14 @@ def shipped_gold(key: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 def write_shipped_gold(cfg: TrainConfig, out_dir: Path) -> Path:
     """Play the config's warm-up demonstrations and write them (with their settings) for shipping."""
+    from rose_ray.files import write_file
     from rose_ray.rows import write_jsonl
 
     key, _ = warmup_cache(cfg, "")
     rows = play_gold(cfg)
     write_jsonl(out_dir / SHIPPED_GOLD, rows)
     meta = out_dir / SHIPPED_GOLD.replace(".jsonl", ".meta.json")
-    meta.write_text(json.dumps(gold_key(key), indent=1) + "\n")
+    write_file(meta, json.dumps(gold_key(key), indent=1) + "\n")
     return out_dir / SHIPPED_GOLD
 
 
@@ -248,6 +246,8 @@ def ship_demonstrations(cfg: TrainConfig, out_dir: Path) -> list[Path]:
     """Write the demonstrations a config's warm-ups trained on (its cached build, made first where
     missing), gzipped, each with the settings it answers (`gold_key`), for shipping."""
     import gzip
+
+    from rose_ray.files import write_file
 
     student, teacher = resolve_models(cfg)
     written = []
@@ -257,8 +257,8 @@ def ship_demonstrations(cfg: TrainConfig, out_dir: Path) -> list[Path]:
         key, _ = warmup_cache(cfg, model, role)
         stem = out_dir / f"{cfg.name}_{role}{SHIPPED_SUFFIX}"
         rows = (Path(model) / DEMONSTRATIONS).read_bytes()
-        stem.with_name(stem.name + ".jsonl.gz").write_bytes(gzip.compress(rows, mtime=0))  # the same bytes every time
-        stem.with_name(stem.name + ".meta.json").write_text(json.dumps(gold_key(key), indent=1) + "\n")
+        write_file(stem.with_name(stem.name + ".jsonl.gz"), gzip.compress(rows, mtime=0))  # the same bytes every time
+        write_file(stem.with_name(stem.name + ".meta.json"), json.dumps(gold_key(key), indent=1) + "\n")
         written.append(stem.with_name(stem.name + ".jsonl.gz"))
     return written
 

@@ -19,12 +19,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 from collections import Counter, deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from rose_ray.errors import InputError
+from rose_ray.files import crash_point, drop_cut_line, json_records, writing_file
 from rose_ray.types import GameId
 
 OUTCOMES = ("trained", "dropped_stale", "failed", "in_flight")
@@ -112,17 +114,28 @@ class EpisodeLedger:
         self._file.flush()
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps (take it when nothing else moves: in the event loop)."""
+        """What a checkpoint keeps (take it when nothing else moves: in the event loop). The
+        file is on disk to the length it records before the checkpoint can refer to it."""
         self._file.flush()
+        os.fsync(self._file.fileno())
         pending = sorted([*self.open.values(), *self.replay], key=lambda d: d.n)
         return {"next_n": self.next_n, "sampler": self.sampler.state_dict(), "offset": self.path.stat().st_size,
                 "open": [asdict(d) for d in pending], "outcomes": dict(self.outcomes)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Back to a checkpoint: the file cut to its length, its open episodes to play first."""
+        """Back to a checkpoint: the file cut to its length, its open episodes to play first.
+        A file shorter than that (records lost with a machine's crash) is not lengthened: what
+        is there stays, a cut last line dropped, and the loss is said."""
         self._file.close()
-        with self.path.open("r+") as f:
-            f.truncate(state["offset"])
+        size = self.path.stat().st_size
+        if size >= state["offset"]:
+            with self.path.open("r+") as f:
+                f.truncate(state["offset"])
+        else:
+            drop_cut_line(self.path)
+            print(f"train: {self.path} holds {size} bytes, fewer than the {state['offset']} its checkpoint "
+                  "recorded: outcome records written before the checkpoint were lost (a crash of the machine?); "
+                  "those episodes have no outcome line", file=sys.stderr, flush=True)
         self._file = self.path.open("a")
         self.next_n = state["next_n"]
         self.sampler.load_state_dict(state["sampler"])
@@ -143,23 +156,22 @@ class EpisodeLedger:
 
 
 def keep_steps(path: str | Path, last_step: int) -> None:
-    """Cut a per-step JSONL log (metrics, trajectories) back to records of steps <= last_step,
-    in place (an open append handle keeps writing at the new end). A line cut short by a
-    killed process goes too."""
+    """Cut a per-step JSONL log (metrics, trajectories) back to records of steps <= last_step:
+    streamed into a temp file renamed over it (files.writing_file: a kill meanwhile leaves the
+    file as it was). A line cut short by a killed process goes too; a line that is not a JSON
+    object with an integer step (or none) is named (file:line) and left out."""
     path = Path(path)
     if not path.exists():
         return
 
-    def keep(line: str) -> bool:
-        try:
-            return json.loads(line).get("step", 0) <= last_step
-        except ValueError:
-            return False
+    def bad(n: int, problem: str) -> None:
+        print(f"train: {problem}; left out", file=sys.stderr, flush=True)
 
-    with path.open("r+") as f:
-        kept = [line for line in f if line.endswith("\n") and keep(line)]
-        f.seek(0)
-        f.writelines(kept)
-        f.truncate()
-        f.flush()
-        os.fsync(f.fileno())
+    with writing_file(path, "wb") as out:
+        for n, raw, record in json_records(path, bad):
+            step = record.get("step", 0)
+            if not isinstance(step, int) or isinstance(step, bool):
+                bad(n, f"{path}:{n}: its step is {step!r}, not an integer")
+            elif step <= last_step:
+                out.write(raw)
+                crash_point("rewrite")  # the tests' kill in the middle of a resume's rewrite

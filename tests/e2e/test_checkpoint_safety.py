@@ -11,6 +11,9 @@ import math
 import os
 import pickle
 import random
+import signal
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -108,25 +111,66 @@ def test_no_checkpoint_is_written_from_nonfinite_weights(group, tiny_models, tmp
     assert not any((parts.ckpt_dir / "step_2").glob("*.pt"))
 
 
+def stopped(pid: int, timeout_s: float = 120) -> None:
+    """Wait until process `pid` has stopped itself at a crash point (rose_ray/files.py)."""
+    deadline = time.monotonic() + timeout_s
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "tT":
+        assert time.monotonic() < deadline, f"process {pid} did not reach its crash point"
+        time.sleep(0.02)
+
+
 @pytest.mark.slow
-def test_export_and_resume_pass_over_a_save_cut_short(group, tiny_models, tmp_path, capsys):
+def test_export_and_resume_pass_over_a_save_killed_midway(group, tiny_models, tmp_path, monkeypatch, capsys):
+    """The learner rank is SIGKILLed in the middle of step 2's save (stopped at a crash point
+    between its RNG file and DeepSpeed's files): step 2 is not whole, `export` (with a relative
+    --out, meaning the driver's working directory, not the rank's) and the learner's side of a
+    resume go to step 1. Then a whole step 2 whose record is corrupt: export goes back to step 1
+    and says so."""
+    import ray
+
+    from rose_ray.export import MODEL_INFO, check_request
+    from rose_ray.files import CRASH_ENV, TEMP_TAG
+
     group.setup(zero_stage=0)
     parts = run_folder(tmp_path, tiny_models, group)
     group.train_step(batch(tiny_models))
     save(parts)
     group.train_step(batch(tiny_models))
-    # The save of step 2 breaks off after DeepSpeed's folder is made (a full disk, a kill):
-    # its model file's place is taken, so torch.save fails there.
-    (parts.ckpt_dir / "step_2" / "mp_rank_00_model_states.pt").mkdir(parents=True)
-    with pytest.raises(Exception, match="Is a directory"):  # noqa: B017 - whatever DeepSpeed raises
-        save(parts)
-    assert kept_steps(parts.run_dir) == [1]
-    assert (parts.ckpt_dir / "latest").read_text() == "step_1"
-    out = tmp_path / "exported"
-    assert main(["export", str(parts.run_dir), "--out", str(out)]) == 0
-    assert json.loads((out / "rose_ray_model.json").read_text())["step"] == 1
-    # The learner's side of a resume goes to the same whole checkpoint.
+    pid = ray.get(group.workers[0].__ray_call__.remote(lambda w: os.environ.__setitem__(CRASH_ENV, "checkpoint-write")
+                                                       or os.getpid()))
+    failed: list[BaseException] = []
+    saving = threading.Thread(target=lambda: _save_or_fail(parts, failed))
+    saving.start()
+    stopped(pid)
+    os.kill(pid, signal.SIGKILL)
+    saving.join(timeout=120)
+    assert failed and "learner rank 0 lost" in str(failed[0])
+    assert kept_steps(parts.run_dir) == [1] and latest_tag(parts.run_dir) == "step_1"
+    # The driver lived: it removed the half-written temp folder (a whole job killed leaves it to
+    # the next save or run: tests/e2e/test_reliability.py).
+    assert sorted(p.name for p in parts.ckpt_dir.iterdir()) == ["latest", "step_1", "trainer_step_1.json"]
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert main(["export", str(parts.run_dir), "--out", "exported"]) == 0
+    assert json.loads((work / "exported" / MODEL_INFO).read_text())["step"] == 1
+    group.restart()
     assert group.load_checkpoint(parts.ckpt_dir)["tag"] == "step_1"
+    group.train_step(batch(tiny_models))
+    save(parts)  # step 2 again, whole this time
+    assert kept_steps(parts.run_dir) == [1, 2] and not [p for p in parts.ckpt_dir.iterdir() if TEMP_TAG in p.name]
+    (parts.ckpt_dir / "trainer_step_2.json").write_text('{"step": 2, "vers')  # a record cut short
+    capsys.readouterr()
+    assert check_request(parts.run_dir, tmp_path / "again", None)[1].tag == "step_1"  # what export takes
+    err = capsys.readouterr().err
+    assert f"checkpoint step_2 of {parts.run_dir}: its record cannot be read" in err and "going back to step_1" in err
+
+
+def _save_or_fail(parts: RunParts, failed: list[BaseException]) -> None:
+    try:
+        save(parts)
+    except BaseException as e:  # noqa: BLE001 - the save's failure is what the test checks
+        failed.append(e)
 
 
 @pytest.mark.slow

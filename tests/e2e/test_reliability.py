@@ -4,6 +4,7 @@ file's docstring says what both halves check."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rose_ray.checkpoint import read_checkpoint
+from rose_ray.cli import main
 from rose_ray.config import load_config
 from rose_ray.inference.engine import EngineConfig
 from rose_ray.reliability import RoleFailed, Stalled
@@ -286,41 +288,81 @@ def test_a_teacher_server_that_goes_away_stops_the_run_naming_the_role(tiny_mode
 
 
 @pytest.mark.slow
-def test_a_run_killed_between_checkpoints_resumes_with_every_game_played_once(tiny_models, ray_cluster, tmp_path):
+def test_a_run_killed_mid_save_resumes_and_exports_from_the_newest_whole_step(
+        tiny_models, ray_cluster, tmp_path, monkeypatch, capsys):
+    """The whole job (driver, Ray, JVMs) SIGKILLed in the middle of step 4's save, its learner
+    rank stopped at a crash point (rose_ray/files.py) with DeepSpeed's files of step 4 not yet
+    written, under keep_checkpoints 1. `export` and `--resume` go on from step 2, the newest
+    whole step; the resume clears the killed save's temp folder, plays every game once and logs
+    every step once; it ends at a step it has just checkpointed, and the stop does not write that
+    step again (before, it rewrote the newest checkpoint in place: a kill then left none)."""
     import psutil
 
+    from rose_ray.checkpoint import kept_steps
+    from rose_ray.export import MODEL_INFO
+    from rose_ray.files import CRASH_ENV, TEMP_TAG
+    from rose_ray.learner.learner import LearnerGroup
+
     run_dir = tmp_path / "run"
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "rose_ray.cli", "train", "ray_address=local",
-                             *overrides(tiny_models, run_dir, 100)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1", **{CRASH_ENV: "checkpoint-write#2"})
+    log = tmp_path / "killed_run.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "rose_ray.cli", "train", "ray_address=local",
+                                 *overrides(tiny_models, run_dir, 100, "keep_checkpoints=1")],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def family() -> list[psutil.Process]:
+        try:
+            return [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def is_stopped(p: psutil.Process) -> bool:
+        try:
+            return p.status() == psutil.STATUS_STOPPED
+        except psutil.NoSuchProcess:
+            return False
+
     try:
-        deadline, metrics = time.time() + 400, run_dir / "metrics.jsonl"
-        while time.time() < deadline and proc.poll() is None:
-            logged = [m["step"] for m in read_jsonl(metrics, True) if "learner/loss" in m] if metrics.exists() else []
-            if logged and logged[-1] >= 3 and logged[-1] % 2 == 1:  # trained past the checkpoint
-                break
+        deadline, stopped = time.time() + 400, False
+        while time.time() < deadline and proc.poll() is None and not stopped:
+            stopped = any(is_stopped(p) for p in family())
             time.sleep(0.2)
-        assert proc.poll() is None, proc.stdout.read()
+        assert stopped, f"no process stopped at its crash point:\n{log.read_text()[-3000:]}"
         # The whole job dies at once, as on a lost node: the driver, its Ray and its JVMs.
-        family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-        for pid in family:
+        for p in family():
             try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+                p.kill()
+            except psutil.NoSuchProcess:
                 pass
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     saved = read_checkpoint(run_dir)  # the one --resume goes on from
+    assert saved.step == 2 and kept_steps(run_dir) == [2]
+    assert [p.name for p in (run_dir / "checkpoints").iterdir() if TEMP_TAG in p.name]  # the killed save's
     before = read_jsonl(run_dir / "episodes.jsonl", partial_ok=True)
     assert max(r.get("step", 0) for r in before) > saved.step  # work after the checkpoint was lost
     open_then = {d["n"] for d in saved.ledger["open"]}
     assert open_then  # in flight or buffered at the checkpoint
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "exported")]) == 0
+    assert json.loads((tmp_path / "exported" / MODEL_INFO).read_text())["step"] == 2
 
-    steps = saved.step + 3
+    saves: list[int] = []
+    real_save = LearnerGroup.save_checkpoint
+
+    def counted(self, *args, **kwargs):
+        saves.append(self.step)
+        return real_save(self, *args, **kwargs)
+
+    monkeypatch.setattr(LearnerGroup, "save_checkpoint", counted)
+    steps = saved.step + 4
     summary = train(None, [f"steps={steps}"], resume=str(run_dir))
+    assert saves == [4, 6]  # the stop at step 6 wrote only its record again
+    assert kept_steps(run_dir) == [6] and not [p for p in run_dir.rglob(f"*{TEMP_TAG}*")]
+    assert json.loads((run_dir / "model" / MODEL_INFO).read_text())["step"] == 6
     assert summary["steps"] == steps
     records = check_exactly_once(run_dir, steps)
     outcome = {r["n"]: r["outcome"] for r in records}

@@ -21,14 +21,18 @@ from rose_ray.errors import InputError
 
 
 class FakeLearner:
-    """A learner group's side of a save: its folder `step_N`, without DeepSpeed."""
+    """A learner group's side of a save: its folder (`step_N` or the one named), without DeepSpeed."""
 
     def __init__(self) -> None:
         self.step, self.version = 0, 0
+        self.saves = 0
 
-    def save_checkpoint(self, path: Path, mark_latest: bool = True) -> str:
-        (Path(path) / f"step_{self.step}").mkdir()
-        return f"step_{self.step}"
+    def save_checkpoint(self, path: Path, mark_latest: bool = True, folder: str | None = None) -> str:
+        self.saves += 1
+        tag = folder or f"step_{self.step}"
+        (Path(path) / tag).mkdir(exist_ok=True)
+        (Path(path) / tag / "mp_rank_00_model_states.pt").write_text(f"weights of step {self.step}")
+        return tag
 
 
 def record(step: int) -> Checkpoint:
@@ -125,3 +129,44 @@ def test_every_part_goes_back_to_its_state_dict_through_the_record(tmp_path):
     assert ledger2.state_dict() == ledger.state_dict()
     assert [d.n for d in (ledger2.draw() for _ in range(6))] == [1, 2, 3, 4, 5, 6]  # the open ones first
     ledger.close(), ledger2.close()
+
+
+def test_a_whole_checkpoint_is_not_written_again_at_the_same_step(tmp_path):
+    """The stop right after a periodic checkpoint (every shipped config's last step, or SIGTERM
+    then): the learner's files are not saved again (before, the step's mark was taken away and
+    DeepSpeed rewrote them in place: a kill or a full disk then lost the newest whole step, and
+    with keep_checkpoints 1 every one). Only the record is replaced, whole."""
+    learner = FakeLearner()
+    learner.step = learner.version = 2
+    assert write_checkpoint(tmp_path, record(2), learner, keep=1) is True
+    shard = tmp_path / "checkpoints" / "step_2" / "mp_rank_00_model_states.pt"
+    before = shard.stat()
+    later = Checkpoint(**{**asdict(record(2)), "history": {"eval": [{"step": 2, "who": "dev", "score": 0.75}]}})
+    assert write_checkpoint(tmp_path, later, learner, keep=1, same_state=True) is False
+    assert learner.saves == 1 and (shard.stat().st_ino, shard.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert read_checkpoint(tmp_path).history == later.history and kept_steps(tmp_path) == [2]
+    # The same step number from another state (a run gone back past an unreadable record to
+    # step 1 and trained to step 2 again): written again, through a temp folder.
+    assert write_checkpoint(tmp_path, record(2), learner, keep=1) is True and learner.saves == 2
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "latest", "step_2", "trainer_step_2.json"]
+
+
+def test_an_unreadable_record_goes_back_to_the_step_before_it_and_says_so(tmp_path, capsys):
+    learner = FakeLearner()
+    for step in (1, 2, 3):
+        learner.step = learner.version = step
+        write_checkpoint(tmp_path, record(step), learner, keep=3)
+    ckpt = tmp_path / "checkpoints"
+    (ckpt / "trainer_step_3.json").write_bytes(b'{"step": 3, "vers')  # cut short (a disk that lost its tail)
+    (ckpt / "trainer_step_2.json").write_bytes(b"\xff\xfe garbage")
+    back = read_checkpoint(tmp_path)
+    assert (back.step, back.tag) == (1, "step_1")
+    err = capsys.readouterr().err
+    assert f"checkpoint step_3 of {tmp_path}: its record cannot be read ({ckpt / 'trainer_step_3.json'}: not valid JSON" in err
+    assert "going back to step_2" in err and "going back to step_1" in err and "not UTF-8 text" in err
+    with pytest.raises(InputError, match=f"{ckpt / 'trainer_step_3.json'}: not valid JSON"):  # asked for by number
+        read_checkpoint(tmp_path, 3)
+    (ckpt / "trainer_step_1.json").write_text("[]")
+    with pytest.raises(InputError, match="expected a JSON object, got list; no whole checkpoint before step_1"):
+        read_checkpoint(tmp_path)

@@ -17,11 +17,28 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_shared_storage_is_checked_on_every_node(env_node_cluster, tmp_path):
-    from rose_ray.run import SHARED_MARKER, check_shared_storage
+    """Each probe writes a marker file of its own and removes it: runs starting at once on one
+    run_dir (or tiny_dir) never read each other's token (before, one fixed file: a run could
+    read another's token and stop with a false "not shared storage")."""
+    from rose_ray.placement import check_shared_storage
 
     lines = check_shared_storage({"run_dir": tmp_path / "runs"})
     assert lines == [f"train: run_dir {tmp_path / 'runs'}: seen by all 3 nodes"]
-    assert (tmp_path / "runs" / SHARED_MARKER).is_file()
+    results: list[object] = []
+
+    def probe() -> None:
+        try:
+            results.append(check_shared_storage({"tiny_dir": tmp_path / "runs"}))
+        except Exception as e:  # noqa: BLE001 - a probe's failure is what this test looks for
+            results.append(e)
+
+    probes = [threading.Thread(target=probe) for _ in range(4)]
+    for t in probes:
+        t.start()
+    for t in probes:
+        t.join(timeout=120)
+    assert results == [[f"train: tiny_dir {tmp_path / 'runs'}: seen by all 3 nodes"]] * 4
+    assert list((tmp_path / "runs").iterdir()) == []  # no marker left behind
 
 
 def test_a_loopback_served_teacher_is_refused_on_a_cluster(env_node_cluster, tiny_models, tmp_path, capsys):

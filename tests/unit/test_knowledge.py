@@ -100,7 +100,7 @@ def test_the_judge_asks_and_reads_through_its_worlds_scorer():
         _ = JudgeConfig(world="sciworld", model="m").cache_name
 
 
-def test_the_cache_keys_on_judge_question_and_knowledge(tmp_path):
+def test_the_cache_keys_on_judge_question_and_knowledge(tmp_path, capsys):
     path = tmp_path / "v.jsonl"
     cache = VerdictCache(path)
     cache.put("judge-a", "I found that X rusts.", parse_verdict(ANSWER % 1, "Q1?", SCORER), "raw")
@@ -114,6 +114,15 @@ def test_the_cache_keys_on_judge_question_and_knowledge(tmp_path):
     assert miss is not None and miss.verdict == 0 and not miss.parsed  # unparsed answers are kept too
     assert again.get("judge-b", "Q1?", "I found that X rusts.") is None  # another judge asks again
     assert again.get("judge-a", "Q1?", "I found nothing.") is None  # other knowledge asks again
+    # What is put after a cut line starts on a line of its own (before, it was glued to the cut
+    # one and lost); a line that cannot be read is named and skipped.
+    again.put("judge-b", "I found that X rusts.", parse_verdict(ANSWER % 1, "Q1?", SCORER), "raw")
+    with path.open("ab") as f:
+        f.write(b'{"judge": "\xff"}\n[1]\n')
+    third = VerdictCache(path)
+    assert third.get("judge-b", "Q1?", "I found that X rusts.") is not None and len(third.entries) == 3
+    err = capsys.readouterr().err
+    assert f"{path}:4: not UTF-8 text" in err and f"{path}:5: expected a JSON object, got list" in err
     # What changes a judge's greedy answers changes its cache name: the budget, thinking.
     base = JudgeConfig(world="discoveryworld", model="openai:http://127.0.0.1:1/v1", served_model=NAME)
     names = {base.cache_name, replace(base, max_new_tokens=4096).cache_name, replace(base, thinking=False).cache_name}

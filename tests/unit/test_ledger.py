@@ -65,3 +65,27 @@ def test_the_ledger_gives_every_draw_one_outcome_across_going_back():
         assert [(r["n"], r["outcome"]) for r in records] == [
             (0, "trained"), (1, "dropped_stale"), (2, "trained"), (3, "in_flight"), (4, "in_flight"),
             (5, "in_flight"), (6, "in_flight")]
+
+
+def test_going_back_to_a_file_shorter_than_its_checkpoint_never_pads_it(tmp_path, capsys):
+    """A checkpoint records episodes.jsonl's length; a file found shorter (records lost with
+    the machine) was lengthened with NUL bytes by `truncate` before, a line no reader can parse.
+    Now what is there stays, a cut last line is dropped, the loss is said, and what the run
+    writes next starts on a line of its own."""
+    games = [GameId("boil", i, f"sciworld_{i}") for i in range(5)]
+    path = tmp_path / "episodes.jsonl"
+    ledger = EpisodeLedger(path, GameSampler(games, seed=0))
+    drawn = [ledger.draw() for _ in range(4)]
+    for d in drawn[:3]:
+        ledger.record(d.episode_id, "trained", step=1)
+    state = ledger.state_dict()
+    ledger.close()
+    path.write_bytes(path.read_bytes()[: state["offset"] - 10])  # the tail lost, mid-line
+    again = EpisodeLedger(path, GameSampler(games, seed=0), fresh=False)
+    again.load_state_dict(state)
+    assert b"\0" not in path.read_bytes() and path.read_bytes().endswith(b"\n")
+    again.record(again.draw().episode_id, "trained", step=2)
+    again.close()
+    records = read_jsonl(path)
+    assert [r["episode"] for r in records] == ["e0", "e1", "e3"]
+    assert "fewer than the" in capsys.readouterr().err

@@ -40,6 +40,36 @@ def test_init_tiny_is_seeded_and_reused(tmp_path, tiny_models):
     assert all(torch.equal(ours[k], fixture[k]) for k in ours)  # same seed, same weights
 
 
+def test_init_tiny_replaces_only_folders_it_wrote(tmp_path, capsys):
+    """`init-tiny --out DIR` (and a run's `tiny_dir=DIR`) never replaces a `DIR/student` or
+    `DIR/teacher` of the user's (before, it did, whatever was there); a build of an older
+    rose_ray (its rose_ray_tiny.json, of other settings) is rebuilt."""
+    import json
+
+    from rose_ray.cli import main
+    from rose_ray.learner.weights import FOLDER_MARKER
+
+    mine = tmp_path / "mine"
+    (mine / "teacher").mkdir(parents=True)
+    (mine / "teacher" / "config.json").write_text("{}")
+    (mine / "teacher" / "notes.txt").write_text("a month of work")
+    assert main(["init-tiny", "--out", str(mine)]) == 2
+    assert f"tiny model folder {mine / 'teacher'}: not a folder rose-ray wrote" in capsys.readouterr().err
+    assert sorted(p.name for p in (mine / "teacher").iterdir()) == ["config.json", "notes.txt"]
+    assert sorted(p.name for p in mine.iterdir()) == ["rose_ray_tiny.json.lock", "teacher"]  # nothing built
+
+    older = tmp_path / "older"
+    for role in ("student", "teacher"):
+        (older / role).mkdir(parents=True)
+        (older / role / "config.json").write_text("{}")
+    (older / "rose_ray_tiny.json").write_text(json.dumps({"seed": 0, "vocab_size": 8192, "style": "plain"}))
+    paths = init_tiny(older, seed=0)
+    assert all((paths[role] / FOLDER_MARKER).is_file() and (paths[role] / "model.safetensors").is_file()
+               for role in ("student", "teacher"))
+    assert sorted(p.name for p in older.iterdir()) == ["rose_ray_tiny.json", "rose_ray_tiny.json.lock",
+                                                       "student", "teacher"]
+
+
 def test_missing_model_is_a_clear_error():
     with pytest.raises(ModelNotAvailable, match="init-tiny"):
         load_model("/nonexistent/model-folder")

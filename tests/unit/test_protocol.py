@@ -74,3 +74,12 @@ def test_instruction_from_dataset(tmp_path):
     path.write_text('{"conversations": []}\n')
     with pytest.raises(ValueError, match=r"d.jsonl:1"):
         PROTOCOL.from_dataset(path)
+    # Rows no JSON reader takes: named by their line, never a traceback.
+    from rose_ray.errors import InputError
+
+    for raw, says in ((b"\n\xff\xfe{}\n", "d.jsonl:2: not UTF-8 text"), (b"[" * 100_000 + b"\n", "nested too deeply"),
+                      (b'{"conversations": ' + b"9" * 5000 + b"}\n", "unreadable JSON value"),
+                      (b'[{"from": "human"}]\n', "expected a JSON object")):
+        path.write_bytes(raw)
+        with pytest.raises(InputError, match=says):
+            PROTOCOL.from_dataset(path)

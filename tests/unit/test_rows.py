@@ -70,7 +70,7 @@ def test_bad_json_and_failed_write_leave_nothing(tmp_path):
     out = tmp_path / "out.jsonl"
     with pytest.raises(DataError, match="row 2: conversations"):
         write_jsonl(out, [ROW, {"item_id": "x"}])
-    assert not out.exists() and not list(tmp_path.glob("*.tmp"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]  # no out, no temp file
 
 
 # The dataset card's row, as its files hold it (role/content messages, success 0/1, no owners).
@@ -180,3 +180,29 @@ def test_gzipped_rows_read_as_plain_ones_and_a_bad_one_is_named(tmp_path):
     packed.write_bytes(plain.read_bytes())  # not gzip at all
     with pytest.raises(DataError, match=r"d\.jsonl\.gz: not a readable gzip file"):
         read_jsonl(packed)
+
+
+def test_a_bad_line_mid_partial_rows_costs_only_its_game(tmp_path, capsys):
+    """`collect`/`continue`/`gold`'s OUT.partial with a line that cannot be read in the middle:
+    the other finished rows are kept, the line is named and its game played again (before: the
+    file was refused, "--overwrite to start over, or delete the file")."""
+    from rose_ray.errors import InputError
+    from rose_ray.rows import PartialRows
+
+    out, job = tmp_path / "rows.jsonl", {"command": "collect", "games": 4}
+    lines = [json.dumps({"partial_of": job}), json.dumps({"game": 0, "row": ROW}), '{"game": 1, "ro',
+             json.dumps({"game": 2, "row": {"item_id": "x"}}), json.dumps({"game": "3", "row": ROW}),
+             json.dumps({"game": 3, "row": ROW})]
+    (tmp_path / "rows.jsonl.partial").write_text("\n".join(lines) + "\n")
+    with PartialRows(out, job) as rows:
+        assert sorted(rows.done) == [0, 3]
+        rows.add(1, ROW)
+    err = capsys.readouterr().err
+    for n, problem in ((3, "not valid JSON"), (4, "conversations"), (5, "game: expected an integer")):
+        assert f"rows.jsonl.partial:{n}: {problem}" in err
+    again = PartialRows(out, job)
+    assert sorted(again.done) == [0, 1, 3]
+    (tmp_path / "rows.jsonl.partial").write_text("{cut\n" + "\n".join(lines[1:]) + "\n")
+    with pytest.raises(InputError, match="partial:1: not valid JSON.*header cannot be read"):
+        PartialRows(out, job)
+    assert sorted(PartialRows(out, job, overwrite=True).done) == []  # asked to start over

@@ -93,6 +93,20 @@ def test_train_refuses_a_named_run_dir_that_holds_a_run(tmp_path, capsys):
     assert snapshot(tmp_path) == before  # nothing written
 
 
+def test_a_run_dir_that_names_a_file_exits_2(tmp_path, monkeypatch, capsys):
+    """`run_dir=` (or ROSE_RAY_RUNS) naming a file, or a folder under one: exit 2 naming it,
+    before anything starts (before: FileExistsError, a traceback)."""
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine")
+    for run_dir in (mine, mine / "run"):
+        assert main(["train", f"run_dir={run_dir}", "steps=1"]) == 2
+        assert f"run_dir {run_dir}: {mine} is a file, not a folder" in capsys.readouterr().err
+    monkeypatch.setenv("ROSE_RAY_RUNS", str(mine))
+    assert main(["train", "steps=1"]) == 2
+    assert f"{mine} is a file, not a folder" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"] and mine.read_text() == "mine"
+
+
 def test_train_refuses_a_config_run_dir_that_is_itself_one_run(tmp_path, monkeypatch, capsys):
     """A run folder of the older layout, where the config's runs now go: it says how to go on."""
     monkeypatch.setenv("ROSE_RAY_RUNS", str(tmp_path))

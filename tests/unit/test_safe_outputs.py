@@ -108,3 +108,31 @@ def test_gold_streams_its_rows_and_refuses_to_replace_its_out_unasked(tmp_path, 
         assert [m["role"] for m in a["conversations"]] == [m["role"] for m in b["conversations"]]
         assert all(x["content"] == y["content"] or differs_only_in_temperature(x["content"], y["content"])
                    for x, y in zip(a["conversations"], b["conversations"]))
+
+
+def test_a_symlink_as_out_is_written_through_or_refused_before_any_work(tmp_path, tiny_models):
+    """`--out LINK` (sft, export) or a run's `model/` as a symlink: the folder it points to is
+    what is checked and written, resolved before any work. (Before, the check passed and the
+    final rename met the link: NotADirectoryError after training, the new weights deleted.)"""
+    from rose_ray.learner.weights import check_model_out, write_hf_folder
+    from rose_ray.models import load_model
+
+    state = dict(load_model(tiny_models["student"]).state_dict())
+    for points_to in ("empty", "missing"):
+        real, link = tmp_path / points_to / "model", tmp_path / f"link_to_{points_to}"
+        if points_to == "empty":
+            real.mkdir(parents=True)
+        else:
+            real.parent.mkdir()
+        link.symlink_to(real)
+        check_model_out(link, overwrite=False)
+        result = write_hf_folder(state, str(tiny_models["student"]), str(link), "float32")
+        assert result["path"] == str(real.resolve()) and link.is_symlink()
+        assert (real / "model.safetensors").is_file() and sorted(p.name for p in real.parent.iterdir()) == ["model"]
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "data.csv").write_text("1,2\n")
+    (tmp_path / "link_to_theirs").symlink_to(theirs)
+    with pytest.raises(InputError, match=f"--out {theirs}: not a model folder rose-ray wrote"):
+        check_model_out(tmp_path / "link_to_theirs", overwrite=True)
+    assert snapshot(theirs) == {"data.csv": b"1,2\n"}

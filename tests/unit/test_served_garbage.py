@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -36,7 +37,7 @@ def answering(reply: object | bytes) -> Iterator[tuple[str, list[str | None]]]:
     data = reply if isinstance(reply, bytes) else json.dumps(reply).encode()  # inf/nan as Infinity/NaN
     keys: list[str | None] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(Quiet):
         def answer(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             keys.append(self.headers.get("Authorization"))
@@ -51,13 +52,22 @@ def answering(reply: object | bytes) -> Iterator[tuple[str, list[str | None]]]:
 
         do_GET = do_POST = answer  # noqa: N815 - http.server's names
 
-        def log_message(self, *args: object) -> None:
-            pass
+    with serving(Handler) as url:
+        yield url, keys
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+
+class Quiet(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` serving on 127.0.0.1 (a thread per request): its /v1 URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_port}/v1", keys
+        yield f"http://127.0.0.1:{server.server_port}/v1"
     finally:
         server.shutdown()
         server.server_close()
@@ -197,3 +207,103 @@ def test_a_commands_flag_has_its_own_key(monkeypatch, tiny_models):
             finally:
                 e.close()
     assert (model_keys, teacher_keys) == (["Bearer shared"], ["Bearer teacher-only"])
+
+
+@contextmanager
+def redirecting(to: str | None) -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
+    """A server answering every request under /v1 with a 302 to `to` + its path (`to` None:
+    to its own /moved/..., which it answers with a model list): (its /v1 URL, the path and
+    Authorization header of each request it got)."""
+    seen: list[tuple[str, str | None]] = []
+
+    class Handler(Quiet):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            seen.append((self.path, self.headers.get("Authorization")))
+            if self.path.startswith("/moved/"):
+                body = json.dumps({"data": [{"id": "m"}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+            else:
+                body = b""
+                self.send_response(302)
+                self.send_header("Location", (to or "/moved") + self.path.removeprefix("/v1"))
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    with serving(Handler) as url:
+        yield url, seen
+
+
+def test_a_redirect_to_another_origin_does_not_carry_the_key():
+    """urllib sends every header on to wherever a redirect points; the key goes only to the
+    origin (scheme, host, port) it was given for. `localhost` is another host than 127.0.0.1
+    by name, as a server on another machine would be; another port is another origin too."""
+    with answering({"data": [{"id": "m"}]}) as (url, keys):
+        for elsewhere in (url.replace("127.0.0.1", "localhost"), url):
+            with redirecting(elsewhere) as (redirect_url, seen):
+                assert engine(redirect_url, api_key="own").models() == ["m"]
+            assert seen == [("/v1/models", "Bearer own")]
+    assert keys == [None, None]
+    with redirecting(None) as (redirect_url, seen):  # within its own origin the key goes on
+        assert engine(redirect_url, api_key="own").models() == ["m"]
+    assert seen == [("/v1/models", "Bearer own"), ("/moved/models", "Bearer own")]
+
+
+def test_a_request_answered_too_slowly_is_cut_off_at_its_timeout():
+    """`timeout_s` bounds the whole exchange: a server that trickles its answer out (a byte now
+    and then, never a wait on the socket as long as timeout_s) is cut off, not waited on for
+    ever (the socket's own timeout alone never trips)."""
+    stop = threading.Event()
+
+    class Trickle(Quiet):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            try:
+                while not stop.wait(0.2):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+            except OSError:  # the client hung up
+                pass
+
+    outcome: list[BaseException] = []
+    with serving(Trickle) as url:
+        def ask() -> None:
+            try:
+                engine(url, timeout_s=1.0).models()
+            except BaseException as e:  # noqa: BLE001 - what the client raised is the result
+                outcome.append(e)
+
+        t0 = time.monotonic()
+        asker = threading.Thread(target=ask, daemon=True)
+        asker.start()
+        asker.join(timeout=20)
+        waited, waiting = time.monotonic() - t0, asker.is_alive()
+        stop.set()
+    assert not waiting, "still waiting for an answer that trickles in, 20 s after a 1 s timeout_s"
+    assert isinstance(outcome[0], OpenAIServerGone) and "no whole answer within 1 s" in str(outcome[0])
+    assert waited < 6
+
+
+def test_a_resumed_run_keeps_the_shared_key_to_the_shared_keys_rule(monkeypatch, capsys, tmp_path):
+    """A run's config.yaml holds no key: an engine's `api_key` is saved as a read of
+    $ROSE_RAY_API_KEY. On --resume that key is the shared one, and keeps its rule (not over
+    plain http to another host); before, it became the endpoint's own key and went anyway."""
+    from rose_ray.config import load_config
+    from rose_ray.runs import saved_config
+
+    given = ["teacher_warmup.enabled=false", "teacher_engine.backend=openai", "teacher_engine.model=t",
+             "teacher_engine.base_url=http://10.1.2.3:8000/v1", "teacher_engine.api_key=own"]
+    (tmp_path / "config.yaml").write_text(saved_config(load_config(None, given)))
+    assert "own" not in (tmp_path / "config.yaml").read_text()
+    monkeypatch.setenv("ROSE_RAY_API_KEY", "shared")
+    resumed = load_config(tmp_path / "config.yaml", [], saved=True).teacher_engine
+    assert resumed.openai.api_key == "shared"  # read in the driver: the engines get it with their config
+    capsys.readouterr()
+    assert endpoint_key(resumed) == (None, "none")
+    assert "not sending $ROSE_RAY_API_KEY over plain http to another host" in capsys.readouterr().err
+    https = load_config(tmp_path / "config.yaml", ["teacher_engine.base_url=https://10.1.2.3/v1"], saved=True)
+    assert endpoint_key(https.teacher_engine) == ("shared", "$ROSE_RAY_API_KEY")
