@@ -178,16 +178,18 @@ class LocalSlurm:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _wait_for(what: str, ready, timeout_s: float, slurm: LocalSlurm, job_id: str, log: Path):
+ENDED = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+def _wait_for(what: str, ready, timeout_s: float, slurm: LocalSlurm, job_id: str, log: Path, ended=(*ENDED, "COMPLETED")):
     """Poll `ready()` until it returns something true; fail naming `what` (with the job's log and
-    the daemons' logs) when the job ends first or time runs out."""
+    the daemons' logs) when the job reaches a state of `ended` first or time runs out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         got = ready()
         if got:
             return got
-        state = slurm.job(job_id).get("JobState")
-        if state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"):
+        if slurm.job(job_id).get("JobState") in ended:
             break
         time.sleep(1)
     text = log.read_text(errors="replace")[-6000:] if log.exists() else "(no job log)"
@@ -238,7 +240,7 @@ def test_sbatch_trains_the_tiny_config_and_a_requeued_job_goes_on_from_its_check
         _wait_for("the job's end", lambda: slurm.job(job_id)["JobState"] == "COMPLETED", 900, slurm, job_id, log)
         # Ending the batch script ended every process of the allocation (Ray's, the JVMs): the
         # daemons alone are left.
-        _wait_for("every process of the job gone", lambda: slurm.job_processes() == [], 60, slurm, job_id, log)
+        _wait_for("every process of the job gone", lambda: slurm.job_processes() == [], 60, slurm, job_id, log, ended=())
 
         out = log.read_text()
         assert out.count(f"train: new run in {run_dir}") == 1, out[-4000:]  # the log keeps both attempts

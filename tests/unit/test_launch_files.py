@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -198,10 +199,10 @@ if {name!r} == "python" and code is None and argv[:2] != ["-m", "rose_ray.cli"]:
 """  # slurm.sbatch's own wait for the nodes (python - ... `slurm.sbatch:`) finds them all at once
 
 
-def run_sbatch(tmp_path, **slurm_env: str):
+def run_sbatch(tmp_path, gpu_nodes: str = "g1,g2,g3", env_nodes: str = "", **slurm_env: str):
     """launch/slurm.sbatch with stand-ins for `scontrol`, `srun`, `ray` and the `rose-ray plan`
-    call, on a heterogeneous job: GPU nodes g1, g2 (8 GPUs each), CPU-only env nodes e1, e2;
-    (the script's result, the calls recorded)."""
+    call, on an allocation of `gpu_nodes` (8 GPUs each) and, as a heterogeneous job's second
+    component, CPU-only `env_nodes`: (the script's result, the calls recorded)."""
     import json
     import sys
 
@@ -214,62 +215,73 @@ def run_sbatch(tmp_path, **slurm_env: str):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("RAY_AUTH", "RAY_ADDRESS", "SLURM_")) and k != "ROSE_RAY_TOKEN_DIR"}
     env.update(PATH=f"{bin_dir}:{env['PATH']}", HOME=str(tmp_path), PYTHON=str(bin_dir / "python"),
-               SLURM_JOB_NODELIST="g1,g2", SLURM_HET_SIZE="2", SLURM_JOB_NODELIST_HET_GROUP_0="g1,g2",
-               SLURM_JOB_NODELIST_HET_GROUP_1="e1,e2", SLURM_JOB_ID="4242", SLURM_SUBMIT_DIR=str(ROOT),
+               SLURM_JOB_NODELIST=gpu_nodes, SLURM_JOB_ID="4242", SLURM_SUBMIT_DIR=str(ROOT),
                ROSE_RAY_RUNS=str(tmp_path / "runs"), PYTHONPATH=str(ROOT), **slurm_env)
+    if env_nodes:
+        env.update(SLURM_HET_SIZE="2", SLURM_JOB_NODELIST_HET_GROUP_0=gpu_nodes, SLURM_JOB_NODELIST_HET_GROUP_1=env_nodes)
     out = subprocess.run(["bash", str(ROOT / "launch/slurm.sbatch")], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out, [json.loads(line) for line in log.read_text().splitlines()]
 
 
-def test_slurm_sbatch_gives_ray_what_each_node_booked_with_a_token_of_the_allocation(tmp_path):
-    """SLURM's nodes cannot exist here (tests/e2e/test_slurm.py runs one real node): `scontrol`,
-    `srun`, `ray` and the `rose-ray plan` call are stand-ins that record each call and the Ray
-    auth settings it ran with (srun runs its command with the CPUs and GPUs SLURM sets in a step);
-    the script itself (and submit.sh, which it calls) run for real. The token goes into a private
-    folder of the job's own: the ROSE_RAY_TOKEN_DIR it is given keeps its mode and files."""
+def ray_starts(calls: list[dict]) -> dict[str, list[str]]:
+    """{node: the arguments of `ray start` there}."""
+    return {c["node"]: c["argv"] for c in calls if c["name"] == "ray" and c["argv"][:1] == ["start"]}
+
+
+def booked(argv: list[str]) -> tuple[str | None, str | None]:
+    """The CPUs and GPUs a `ray start` gives its node."""
+    return tuple(next((a.split("=", 1)[1] for a in argv if a.startswith(f"--num-{r}=")), None) for r in ("cpus", "gpus"))
+
+
+def test_slurm_sbatch_gives_each_node_s_ray_its_booked_gpus_and_a_token_of_the_allocation(tmp_path):
+    """SLURM's nodes cannot exist here (tests/e2e/test_slurm.py runs a real SLURM on one host):
+    `scontrol`, `srun`, `ray` and the `rose-ray plan` call are stand-ins that record each call and
+    the Ray auth settings it ran with (srun runs its command with the CPUs and GPUs SLURM sets in
+    a step); the script itself (and submit.sh, which it calls) run for real. Three nodes with 8
+    GPUs each: Ray gets all 24 (every GPU booked is used). The token goes into a private folder
+    of the job's own: the ROSE_RAY_TOKEN_DIR given keeps its mode and files."""
     tokens = tmp_path / "shared"  # a folder of the user's, readable by others on purpose
     tokens.mkdir()
     tokens.chmod(0o755)
     (tokens / "notes").write_text("mine")
     out, calls = run_sbatch(tmp_path, ROSE_RAY_TOKEN_DIR=str(tokens))
-    starts = [c for c in calls if c["name"] == "ray" and c["argv"][:1] == ["start"]]
+    assert stat.S_IMODE(tokens.stat().st_mode) == 0o755, "the user's ROSE_RAY_TOKEN_DIR changed mode"
+    on = ray_starts(calls)
     submit = [c for c in calls if c["name"] == "ray" and c["argv"][:2] == ["job", "submit"]]
-    assert len(starts) == 4 and len(submit) == 1
+    assert {n: booked(a) for n, a in on.items()} == {n: ("32", "8") for n in ("g1", "g2", "g3")}
+    assert "--head" in on["g1"] and on["g2"].count("--address=10.9.8.7:6379") == on["g3"].count("--address=10.9.8.7:6379") == 1
+    assert not any("env_node" in " ".join(a) for a in on.values()) and len(submit) == 1
+    starts = [c for c in calls if c["name"] == "ray" and c["argv"][:1] == ["start"]]
     token_path = starts[0]["token_path"]
     assert os.path.dirname(os.path.dirname(token_path)) == str(tokens)
     for c in [*starts, *submit]:  # every Ray process of the allocation, and the submission, hold its token
         assert (c["auth"], c["token_path"], c["mode"], c["folder"]) == ("token", token_path, 0o600, 0o700), c
         assert len(c["token"]) == 64 and c["token"] == starts[0]["token"]
-    # Each node's Ray gets what SLURM booked there: GPU nodes 8 GPUs, env nodes none (and env_node).
-    on = {c["node"]: c["argv"] for c in starts}
-    assert "--head" in on["g1"] and all("--address=10.9.8.7:6379" in on[n] for n in ("g2", "e1", "e2"))
-    assert {n: a[2:4] for n, a in on.items()} == {"g1": ["--num-cpus=32", "--num-gpus=8"],
-                                                 "g2": ["--num-cpus=32", "--num-gpus=8"],
-                                                 "e1": ["--num-cpus=32", "--num-gpus=0"],
-                                                 "e2": ["--num-cpus=32", "--num-gpus=0"]}
+    assert "--dashboard-host=10.9.8.7" in on["g1"] and "0.0.0.0" not in " ".join(on["g1"])
+    assert submit[0]["address"] == "http://10.9.8.7:8265"
+    runtime_env = submit[0]["argv"][submit[0]["argv"].index("--runtime-env-json") + 1]
+    assert "RAY_AUTH" not in runtime_env and starts[0]["token"] not in runtime_env + out.stdout + out.stderr
+    assert not os.path.exists(os.path.dirname(token_path)), "the token outlives the allocation"
+    assert sorted(p.name for p in tokens.iterdir()) == ["notes"]
+
+
+def test_slurm_sbatch_starts_env_nodes_booked_without_gpus_as_a_second_job_component(tmp_path):
+    """`sbatch : --nodes=2 ... launch/slurm.sbatch`: the GPU nodes (component 0) and the env nodes
+    (component 1, no GPUs booked) each start Ray in their own component's job step; only the env
+    nodes carry `env_node`, and the run's env workers are pinned to it."""
+    out, calls = run_sbatch(tmp_path, gpu_nodes="g1,g2", env_nodes="e1,e2")
+    on = ray_starts(calls)
+    assert {n: booked(a) for n, a in on.items()} == {"g1": ("32", "8"), "g2": ("32", "8"), "e1": ("32", "0"),
+                                                    "e2": ("32", "0")}
     assert sorted(n for n, a in on.items() if '--resources={"env_node": 1000}' in a) == ["e1", "e2"]
     steps = [c["argv"] for c in calls if c["name"] == "srun" and "ray-start" in c["argv"]]
     groups = {a[a.index("-w") + 1]: next(o for o in a if o.startswith("--het")) for a in steps}
     assert groups == {"g1": "--het-group=0", "g2": "--het-group=0", "e1": "--het-group=1", "e2": "--het-group=1"}
-    head = on["g1"]
-    assert "--dashboard-host=10.9.8.7" in head and "0.0.0.0" not in " ".join(head)
-    assert submit[0]["address"] == "http://10.9.8.7:8265"
-    entry = submit[0]["argv"][submit[0]["argv"].index("--") + 1:]
-    run = tmp_path / "runs" / "rose_qwen3_1p7b_32b" / "slurm_4242"
-    assert entry[:6] == ["python", "-m", "rose_ray.cli", "train", "--config", "configs/rose_qwen3_1p7b_32b.yaml"]
-    assert "env.resources.env_node=1" in entry and f"run_dir={run}" in entry
-    runtime_env = submit[0]["argv"][submit[0]["argv"].index("--runtime-env-json") + 1]
-    assert "RAY_AUTH" not in runtime_env and starts[0]["token"] not in runtime_env + out.stdout + out.stderr
-    assert not os.path.exists(os.path.dirname(token_path)), "the token outlives the allocation"
-    assert sorted(p.name for p in tokens.iterdir()) == ["notes"] and stat_mode(tokens) == 0o755
-
-
-def stat_mode(path) -> int:
-    import stat
-
-    return stat.S_IMODE(os.stat(path).st_mode)
+    assert "slurm.sbatch: head g1 (10.9.8.7), 2 GPU node(s), 2 env node(s)" in out.stdout
+    submit = next(c["argv"] for c in calls if c["name"] == "ray" and c["argv"][:2] == ["job", "submit"])
+    assert "env.resources.env_node=1" in submit[submit.index("--") + 1:]
 
 
 def test_slurm_sbatch_resumes_the_run_of_a_requeued_job_and_only_then(tmp_path):
@@ -280,19 +292,17 @@ def test_slurm_sbatch_resumes_the_run_of_a_requeued_job_and_only_then(tmp_path):
 
     run = tmp_path / "runs" / "rose_qwen3_1p7b_32b" / "slurm_4242"
     run.mkdir(parents=True)
-    cfg = load_config(ROOT / SEEDS["rose"], ["steps=300"])
-    (run / "config.yaml").write_text(saved_config(cfg))
+    (run / "config.yaml").write_text(saved_config(load_config(ROOT / SEEDS["rose"], ["steps=300"])))
     for restarts, resumed in (("", False), ("1", True)):
         out, calls = run_sbatch(tmp_path, SLURM_RESTART_COUNT=restarts)
         submit = next(c["argv"] for c in calls if c["name"] == "ray" and c["argv"][:2] == ["job", "submit"])
         entry = submit[submit.index("--") + 1:]
-        assert submit[submit.index("--submission-id") + 1] == f"rose-ray-slurm-4242-{restarts or 0}"
         if resumed:
             assert entry[4:6] == ["--resume", str(run)] and "--config" not in entry, entry
             assert f"slurm.sbatch: job 4242 requeued (restart 1): going on with {run}" in out.stdout
         else:
             assert entry[4:6] == ["--config", "configs/rose_qwen3_1p7b_32b.yaml"] and f"run_dir={run}" in entry
-        assert "env.resources.env_node=1" in entry
+        assert submit[submit.index("--submission-id") + 1] == f"rose-ray-slurm-4242-{restarts or 0}"
 
 
 def test_cluster_definitions_run_ray_with_token_auth_and_only_their_own_pods_reach_it():
