@@ -192,17 +192,18 @@ if {name!r} == "srun":  # runs the step's command with what SLURM sets on the no
         env = {{k: v for k, v in os.environ.items() if k != "SLURM_GPUS_ON_NODE"}}
         node = {{"SLURMD_NODENAME": opts[opts.index("-w") + 1], "SLURM_CPUS_ON_NODE": "32", **gpus}}
         sys.exit(subprocess.run(argv, env={{**env, **node}}).returncode)
-if {name!r} == "python" and code is not None and "slurm.sbatch:" not in code:
+if {name!r} == "python" and code is not None and not ("list_nodes" in code and "slurm.sbatch:" in code):
     sys.exit(subprocess.run([sys.executable, *argv], input=code, text=True).returncode)
 if {name!r} == "python" and code is None and argv[:2] != ["-m", "rose_ray.cli"]:
     os.execv(sys.executable, [sys.executable, *argv])
 """  # slurm.sbatch's own wait for the nodes (python - ... `slurm.sbatch:`) finds them all at once
 
 
-def run_sbatch(tmp_path, gpu_nodes: str = "g1,g2,g3", env_nodes: str = "", **slurm_env: str):
+def run_sbatch(tmp_path, *args: str, gpu_nodes: str = "g1,g2,g3", env_nodes: str = "", status: int = 0,
+               **slurm_env: str):
     """launch/slurm.sbatch with stand-ins for `scontrol`, `srun`, `ray` and the `rose-ray plan`
     call, on an allocation of `gpu_nodes` (8 GPUs each) and, as a heterogeneous job's second
-    component, CPU-only `env_nodes`: (the script's result, the calls recorded)."""
+    component, CPU-only `env_nodes`; `args` for the script: (its result, the calls recorded)."""
     import json
     import sys
 
@@ -219,9 +220,9 @@ def run_sbatch(tmp_path, gpu_nodes: str = "g1,g2,g3", env_nodes: str = "", **slu
                ROSE_RAY_RUNS=str(tmp_path / "runs"), PYTHONPATH=str(ROOT), **slurm_env)
     if env_nodes:
         env.update(SLURM_HET_SIZE="2", SLURM_JOB_NODELIST_HET_GROUP_0=gpu_nodes, SLURM_JOB_NODELIST_HET_GROUP_1=env_nodes)
-    out = subprocess.run(["bash", str(ROOT / "launch/slurm.sbatch")], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    out = subprocess.run(["bash", str(ROOT / "launch/slurm.sbatch"), *args], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == status, out.stdout[-3000:] + out.stderr[-3000:]
     return out, [json.loads(line) for line in log.read_text().splitlines()]
 
 
@@ -303,6 +304,9 @@ def test_slurm_sbatch_resumes_the_run_of_a_requeued_job_and_only_then(tmp_path):
         else:
             assert entry[4:6] == ["--config", "configs/rose_qwen3_1p7b_32b.yaml"] and f"run_dir={run}" in entry
         assert submit[submit.index("--submission-id") + 1] == f"rose-ray-slurm-4242-{restarts or 0}"
+    # A bad config fails before any node starts: exit 2, the key named.
+    out, calls = run_sbatch(tmp_path, "rollout.max_turns=0", status=2)
+    assert "rollout.max_turns" in out.stderr and not [c for c in calls if c["name"] in ("srun", "ray")]
 
 
 def test_cluster_definitions_run_ray_with_token_auth_and_only_their_own_pods_reach_it():
