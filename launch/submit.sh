@@ -4,9 +4,13 @@
 # `python -m rose_ray.cli train`, so the job runs this checkout's code.
 #
 #   RAY_ADDRESS=http://HEAD:8265 launch/submit.sh [OPTIONS] [CONFIG] [KEY=VALUE ...]
+#   RAY_ADDRESS=http://HEAD:8265 launch/submit.sh [OPTIONS] --resume RUN [KEY=VALUE ...]
 #
 #   CONFIG            YAML inside the repository (default: configs/rose_qwen3_1p7b_32b.yaml)
-#   KEY=VALUE         config overrides, as for `rose-ray train`
+#   KEY=VALUE         config overrides, as for `rose-ray train`; an API key (*.api_key) only as
+#                     '${oc.env:VAR}' (a literal one is refused: the job's record keeps the command)
+#   --resume RUN      go on with a run from its last checkpoint (`train --resume`): an absolute
+#                     run folder (or run_dir, meaning its latest) on storage the head node reads
 #   --no-wait         return once submitted (follow with `ray job logs -f JOB_ID`)
 #   --job-id ID       the submission id (default: rose-ray-<config name>-<time>)
 #   --env KEY=VALUE   an environment variable for the job (repeatable); it is kept in the job's
@@ -30,11 +34,13 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
 config=""
+resume=""
 wait_flag=()
 job_id=""
 env_file=""
 envs=()
 overrides=()
+ENV_REF='^(\$\{oc\.env:[A-Za-z_][A-Za-z0-9_]*(,null)?\}|null|)$'  # an api_key that names a variable
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-wait) wait_flag=(--no-wait); shift ;;
@@ -42,29 +48,50 @@ while [ $# -gt 0 ]; do
     --env) envs+=("$2"); shift 2 ;;
     --address) export RAY_ADDRESS=$2; shift 2 ;;
     --env-file) env_file=$2; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
-    *=*) overrides+=("$1"); shift ;;
+    --resume) resume=$2; shift 2 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    *=*) key=${1%%=*}
+         if [[ "$key" == api_key || "$key" == *.api_key ]] && ! [[ "${1#*=}" =~ $ENV_REF ]]; then
+           echo "submit.sh: $key=...: a key given here is printed and kept in the job's record (whoever reaches" \
+             "the dashboard reads it): put ROSE_RAY_API_KEY=... in a file (chmod 600), pass --env-file FILE" \
+             "and give $key='\${oc.env:ROSE_RAY_API_KEY}'" >&2
+           exit 2
+         fi
+         overrides+=("$1"); shift ;;
     *) if [ -n "$config" ]; then echo "submit.sh: a second config $1 (overrides are KEY=VALUE)" >&2; exit 2; fi
        config=$1; shift ;;
   esac
 done
+if [ -n "$resume" ]; then
+  if [ -n "$config" ]; then
+    echo "submit.sh: --resume $resume goes on with the run's own config; give changes as KEY=VALUE, not $config" >&2
+    exit 2
+  fi
+  case "$resume" in
+    /*) ;;
+    *) echo "submit.sh: --resume $resume: give an absolute path (the job's driver reads it on the head node)" >&2; exit 2 ;;
+  esac
+fi
 config=${config:-configs/rose_qwen3_1p7b_32b.yaml}
 if [ -z "${RAY_ADDRESS:-}" ]; then
   echo "submit.sh: set RAY_ADDRESS (e.g. http://127.0.0.1:8265) or pass --address" >&2
   exit 2
 fi
-if [ ! -f "$config" ] && [ ! -f "$root/$config" ]; then
+if [ -n "$resume" ]; then
+  abs=--resume=$resume
+elif [ ! -f "$config" ] && [ ! -f "$root/$config" ]; then
   echo "submit.sh: config $config does not exist" >&2
   exit 2
+else
+  # The job sees the uploaded copy of the repository: name the config relative to it.
+  abs=$(cd "$(dirname "${config}")" 2>/dev/null && pwd)/$(basename "$config") || abs=$root/$config
+  [ -f "$abs" ] || abs=$root/$config
+  case "$abs" in
+    "$root"/*) config=${abs#"$root"/} ;;
+    *) echo "submit.sh: $config is outside the repository; the job reads that path on the cluster" >&2
+       config=$abs ;;
+  esac
 fi
-# The job sees the uploaded copy of the repository: name the config relative to it.
-abs=$(cd "$(dirname "${config}")" 2>/dev/null && pwd)/$(basename "$config") || abs=$root/$config
-[ -f "$abs" ] || abs=$root/$config
-case "$abs" in
-  "$root"/*) config=${abs#"$root"/} ;;
-  *) echo "submit.sh: $config is outside the repository; the job reads that path on the cluster" >&2
-     config=$abs ;;
-esac
 if [ -n "$env_file" ]; then
   case "$env_file" in
     /*) ;;
@@ -113,6 +140,18 @@ def head_is_here(address: str) -> bool:
 
 
 try:
+    if sys.argv[1].startswith("--resume="):  # a run going on: its own config, its own folder
+        from rose_ray.runs import resolve_run
+
+        run = sys.argv[1].removeprefix("--resume=")
+        if os.path.exists(run):
+            run = resolve_run(run)
+            load_config(run / "config.yaml", sys.argv[2:], saved=True)
+        else:
+            print(f"submit.sh: {run} is not on this machine: the job goes on with it if the head node has it",
+                  file=sys.stderr)
+        print(f"\n{run}")
+        sys.exit(0)
     cfg = load_config(sys.argv[1], sys.argv[2:])
     runs = os.environ.get("ROSE_RAY_RUNS", "")
     if not os.path.isabs(cfg.run_dir) and not os.path.isabs(runs):
@@ -128,16 +167,23 @@ try:
                  "would write it inside its temporary working directory; give an absolute run_dir=")
 except ValueError as e:
     sys.exit(f"submit.sh: {e}")
-print(f"{runs}\t{cfg.run_dir}")
+print(f"{runs}\n{cfg.run_dir}")
 PYEOF
 ) || exit 2
-IFS=$'\t' read -r runs run_dir <<<"$resolved"
+{ read -r runs; read -r run_dir; } <<<"$resolved"  # lines: either may be empty
 if [ -n "$runs" ]; then export ROSE_RAY_RUNS=$runs; fi
-case " ${overrides[*]-} " in
-  *" run_dir="*) echo "submit.sh: the run goes to $run_dir" ;;
-  *) echo "submit.sh: the run goes to a new version_N folder in $run_dir (its name in $run_dir/latest)" ;;
-esac
 name=$(basename "$config" .yaml)
+if [ -n "$resume" ]; then
+  echo "submit.sh: the run goes on in $run_dir"
+  name=$(basename "$run_dir")
+  entry=(python -m rose_ray.cli train --resume "$run_dir" ${overrides[@]+"${overrides[@]}"})
+else
+  case " ${overrides[*]-} " in
+    *" run_dir="*) echo "submit.sh: the run goes to $run_dir" ;;
+    *) echo "submit.sh: the run goes to a new version_N folder in $run_dir (its name in $run_dir/latest)" ;;
+  esac
+  entry=(python -m rose_ray.cli train --config "$config" ${overrides[@]+"${overrides[@]}"})
+fi
 job_id=${job_id:-rose-ray-$name-$(date +%Y%m%d-%H%M%S)}
 
 runtime_env=$("$PY" - "$root" ${envs[@]+"${envs[@]}"} <<'PYEOF'
@@ -166,7 +212,6 @@ print(json.dumps({
 }))
 PYEOF
 ) || exit 2
-entry=(python -m rose_ray.cli train --config "$config" ${overrides[@]+"${overrides[@]}"})
 if [ -n "$env_file" ]; then  # the driver exports the file's variables, then runs the command
   entry=(bash -c "set -a && . \"\$0\" && set +a && exec \"\$@\"" "$env_file" "${entry[@]}")
 fi

@@ -89,55 +89,91 @@ class LocalHead:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-@pytest.mark.slow
-def test_a_submitted_run_lands_in_the_submitting_directory_and_outlives_the_job(tmp_path, tiny_dir):
-    """No ROSE_RAY_RUNS and a head on this machine: submit.sh sends the run to ./runs here
-    (absolute), not into the job's uploaded copy of the repository, which goes with the job."""
+# A short tiny run (2 JVMs to boot, not 8; no evals): keeps a job short on 2 cores.
+SHORT = ["rollout.max_turns=3", "teacher_warmup.enabled=false", "rollout.batch_episodes=2", "env.games_per_worker=2",
+         "rollout.student_sampling.max_new_tokens=16", "rollout.teacher_sampling.max_new_tokens=16",
+         "eval.before=false", "eval.teacher=false", "eval.after=false"]
+
+
+@pytest.fixture(scope="module")
+def head():
+    """One Ray head for this file's jobs, stopped after them; none of its processes outlive it."""
     head = LocalHead(num_cpus=2)
     try:
         head.wait_ready()
-        env = {k: v for k, v in os.environ.items() if k not in ("ROSE_RAY_RUNS", "RAY_AUTH_TOKEN")}
-        env.update(RAY_ADDRESS=head.dashboard, **head.auth_env)
-        # A secret for the job goes by a file only its path of which the job's record keeps; the
-        # driver resolves the key into the config (the run fails if it cannot: no default).
-        secret = f"sk-{secrets.token_hex(8)}"
-        env_file = tmp_path / "job.env"
-        env_file.write_text(f"ROSE_RAY_API_KEY={secret}\n")
-        env_file.chmod(0o600)
-        overrides = ["steps=2", "rollout.max_turns=3", "teacher_warmup.enabled=false", f"tiny_dir={tiny_dir}",
-                     "rollout.batch_episodes=2", "env.games_per_worker=2",  # 2 JVMs to boot, not 8
-                     "rollout.student_sampling.max_new_tokens=16",
-                     "rollout.teacher_sampling.max_new_tokens=16", "eval.before=false", "eval.teacher=false",
-                     "eval.after=false",  # keeps the job short on 2 cores
-                     "teacher_engine.api_key=${oc.env:ROSE_RAY_API_KEY}"]
-        job = subprocess.run(["bash", str(ROOT / "launch/submit.sh"), "--job-id", "rr-test-submit",
-                              "--env-file", str(env_file), "configs/tiny.yaml", *overrides],
-                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        out = job.stdout + job.stderr
-        assert job.returncode == 0, out[-4000:]
-        assert "succeeded" in out.lower(), out[-2000:]
-        record = subprocess.run(["ray", "list", "jobs", "--detail", "--format", "json", "--address", head.dashboard],
-                                env=env, capture_output=True, text=True, timeout=60)
-        assert "rr-test-submit" in record.stdout and str(env_file) in record.stdout, record.stdout + record.stderr
-        assert secret not in record.stdout + out
-        # Without the token the cluster's Jobs API answers nobody.
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(head.dashboard + "/api/jobs/", timeout=10)
-        assert refused.value.code in (401, 403)
-        runs = tmp_path / "runs" / "tiny"
-        assert f"submit.sh: the run goes to a new version_N folder in {runs} " in out
-        run_dir = runs / "version_0"
-        assert [p for p in run_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()] == []
-        assert (runs / "latest").read_text() == "version_0\n"
-        summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["steps"] == 2 and summary["run_dir"] == str(run_dir)
-        assert summary["model"] == str(run_dir / "model") and (run_dir / "model" / "model.safetensors").is_file()
-        events = list((run_dir / "tb").glob("events.out.tfevents.*"))
-        assert events and all(e.stat().st_size > 0 for e in events), sorted(p.name for p in run_dir.rglob("*"))
-        # The job's record in the dashboard says the same.
-        status = subprocess.run(["ray", "job", "status", "--address", head.dashboard, "rr-test-submit"],
-                                env=env, capture_output=True, text=True, timeout=60)
-        assert "rr-test-submit' succeeded" in status.stdout + status.stderr
+        yield head
     finally:
         head.stop()
     assert _session_pids(head.proc.pid) == [], "processes of the test's Ray head are still running"
+
+
+def documented_command(section: str) -> str:
+    """The `ray job submit` command of docs/cluster.md's `section`, as a user copies it."""
+    import re
+
+    text = (ROOT / "docs/cluster.md").read_text()
+    body = text[text.index(f"## {section}\n"):]
+    body = body[:body.index("\n## ", 1)]
+    block = next(b for b in re.findall(r"```\n(.*?)```", body, re.S) if "ray job submit" in b)
+    return "\n".join(line for line in block.splitlines() if not line.startswith("#")).strip()
+
+
+@pytest.mark.slow
+def test_the_documented_ray_job_submit_command_runs_the_tiny_config(head, tmp_path, tiny_dir):
+    """docs/cluster.md's plain `ray job submit` command, run as written from the repository with
+    RAY_ADDRESS and ROSE_RAY_RUNS set as it says, and overrides appended that make the run short
+    and find the test's tiny models: the job succeeds and its run is under ROSE_RAY_RUNS."""
+    command = documented_command("`ray job submit`")
+    assert command.startswith("ray job submit ") and command.endswith("--config configs/tiny.yaml")
+    runs = tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}
+    env.update(RAY_ADDRESS=head.dashboard, ROSE_RAY_RUNS=str(runs), **head.auth_env)
+    job = subprocess.run(["bash", "-c", " ".join([command, "steps=1", f"tiny_dir={tiny_dir}", *SHORT])],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = job.stdout + job.stderr
+    assert job.returncode == 0 and "succeeded" in out, out[-4000:]
+    summary = json.loads((runs / "tiny" / "version_0" / "summary.json").read_text())
+    assert summary["steps"] == 1 and summary["run_dir"] == str(runs / "tiny" / "version_0")
+
+
+@pytest.mark.slow
+def test_a_submitted_run_lands_in_the_submitting_directory_and_outlives_the_job(head, tmp_path, tiny_dir):
+    """No ROSE_RAY_RUNS and a head on this machine: submit.sh sends the run to ./runs here
+    (absolute), not into the job's uploaded copy of the repository, which goes with the job."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ROSE_RAY_RUNS", "RAY_AUTH_TOKEN")}
+    env.update(RAY_ADDRESS=head.dashboard, **head.auth_env)
+    # A secret for the job goes by a file only its path of which the job's record keeps; the
+    # driver resolves the key into the config (the run fails if it cannot: no default).
+    secret = f"sk-{secrets.token_hex(8)}"
+    env_file = tmp_path / "job.env"
+    env_file.write_text(f"ROSE_RAY_API_KEY={secret}\n")
+    env_file.chmod(0o600)
+    overrides = ["steps=2", f"tiny_dir={tiny_dir}", *SHORT, "teacher_engine.api_key=${oc.env:ROSE_RAY_API_KEY}"]
+    job = subprocess.run(["bash", str(ROOT / "launch/submit.sh"), "--job-id", "rr-test-submit",
+                          "--env-file", str(env_file), "configs/tiny.yaml", *overrides],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = job.stdout + job.stderr
+    assert job.returncode == 0, out[-4000:]
+    assert "succeeded" in out.lower(), out[-2000:]
+    record = subprocess.run(["ray", "list", "jobs", "--detail", "--format", "json", "--address", head.dashboard],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert "rr-test-submit" in record.stdout and str(env_file) in record.stdout, record.stdout + record.stderr
+    assert secret not in record.stdout + out
+    # Without the token the cluster's Jobs API answers nobody.
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(head.dashboard + "/api/jobs/", timeout=10)
+    assert refused.value.code in (401, 403)
+    runs = tmp_path / "runs" / "tiny"
+    assert f"submit.sh: the run goes to a new version_N folder in {runs} " in out
+    run_dir = runs / "version_0"
+    assert [p for p in run_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()] == []
+    assert (runs / "latest").read_text() == "version_0\n"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["run_dir"] == str(run_dir)
+    assert summary["model"] == str(run_dir / "model") and (run_dir / "model" / "model.safetensors").is_file()
+    events = list((run_dir / "tb").glob("events.out.tfevents.*"))
+    assert events and all(e.stat().st_size > 0 for e in events), sorted(p.name for p in run_dir.rglob("*"))
+    # The job's record in the dashboard says the same.
+    status = subprocess.run(["ray", "job", "status", "--address", head.dashboard, "rr-test-submit"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert "rr-test-submit' succeeded" in status.stdout + status.stderr

@@ -65,3 +65,56 @@ def test_submit_sh_keeps_secrets_out_of_the_job_record(tmp_path):
     out = subprocess.run([*submit, "--env-file", str(shared), "configs/tiny.yaml"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and f"chmod 600 {shared}" in out.stderr
+
+
+def test_submit_sh_refuses_an_api_key_on_its_command_line(tmp_path):
+    """A literal key among the overrides would be printed and kept in the job's record (its
+    command): refused before anything is sent, the key in no output; a key that names a
+    variable the driver resolves goes through. (`ray` is a stand-in here: nothing is sent.)"""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ray").write_text("#!/bin/sh\necho \"ray $*\"\n")
+    (bin_dir / "ray").chmod(0o755)
+    env = {**os.environ, "RAY_ADDRESS": "http://127.0.0.1:9", "ROSE_RAY_RUNS": "/shared/runs",
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    submit = ["bash", str(ROOT / "launch/submit.sh"), "configs/tiny.yaml"]
+    for key in ("teacher_engine.openai.api_key", "teacher_engine.api_key", "student_engine.openai.api_key"):
+        out = subprocess.run([*submit, f"{key}=sk-live-123"], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 2 and f"{key}=..." in out.stderr and "--env-file" in out.stderr, out.stderr
+        assert "sk-live-123" not in out.stdout + out.stderr
+    named = "teacher_engine.api_key=${oc.env:ROSE_RAY_API_KEY}"
+    out = subprocess.run([*submit, named], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and f"-- python -m rose_ray.cli train --config configs/tiny.yaml {named}" in out.stdout, \
+        out.stdout + out.stderr
+
+
+def test_submit_sh_resumes_a_run_folder_by_its_absolute_path(tmp_path):
+    """`--resume RUN` sends `train --resume RUN` (checked here when this machine sees RUN: a
+    folder holding no run is refused, exit 2, before anything is sent); a relative RUN, or a
+    config beside it, is refused."""
+    from rose_ray.config import load_config
+    from rose_ray.runs import saved_config
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ray").write_text("#!/bin/sh\necho \"ray $*\"\n")
+    (bin_dir / "ray").chmod(0o755)
+    env = {**os.environ, "RAY_ADDRESS": "http://127.0.0.1:9", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env.pop("ROSE_RAY_RUNS", None)
+    submit = ["bash", str(ROOT / "launch/submit.sh")]
+    run = tmp_path / "runs" / "tiny" / "slurm_7"
+    run.mkdir(parents=True)
+    out = subprocess.run([*submit, "--resume", str(run)], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and f"{run}: not a run directory" in out.stderr, out.stderr
+    (run / "config.yaml").write_text(saved_config(load_config(ROOT / "configs/tiny.yaml", [f"run_dir={run}"])))
+    out = subprocess.run([*submit, "--resume", str(run), "steps=9"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"submit.sh: the run goes on in {run}" in out.stdout
+    assert f"-- python -m rose_ray.cli train --resume {run} steps=9" in out.stdout
+    for bad, says in ((["--resume", "runs/tiny"], "give an absolute path"),
+                      (["--resume", str(run), "configs/tiny.yaml"], "goes on with the run's own config")):
+        out = subprocess.run([*submit, *bad], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and says in out.stderr, out.stderr
