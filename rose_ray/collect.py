@@ -40,9 +40,10 @@ from rose_ray.commands import PlaySettings
 from rose_ray.envs import DEFAULT_WORLD
 from rose_ray.envs.base import StepResult
 from rose_ray.envs.catalogue import GameCatalogue, parse_item
-from rose_ray.envs.protocol import Protocol, parse_action
+from rose_ray.envs.protocol import Protocol, gold_reply, gold_thought, parse_action
 from rose_ray.envs.worlds import get_world, world_of_item, world_protocol
 from rose_ray.errors import InputError
+from rose_ray.rollout.agent import EXPERT
 from rose_ray.rows import PartialRows, digest, message_text, read_jsonl, row_schema, row_to_turns
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
@@ -51,16 +52,6 @@ if TYPE_CHECKING:
 
 
 # --------------------------------------------------------------------------- gold
-def gold_thought(action: str, location: str | None = None) -> str:
-    """A short templated Thought: where the agent is (copied from the observations, so that a
-    small model learns to read the room before it acts) and the action it leads to."""
-    where = f"I am in the {location}. " if location else ""
-    if action.strip().isdigit():
-        return f"{where}The game asks which one I meant; option {action.strip()} is the right one."
-    return f"{where}To make progress on the task, I will {action} next."
-
-
-
 def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str]],
                 last: StepResult, protocol: Protocol, schema: str = "card",
                 detour: list[tuple[str, str]] = ()) -> dict[str, Any]:
@@ -72,7 +63,7 @@ def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str
         turns += [Turn("assistant", reply, "student"), Turn("user", observation, "env")]
     location = protocol.location_of(first_observation)
     for action, observation in steps:
-        turns.append(Turn("assistant", f"Thought: {gold_thought(action, location)}\nAction: {action}", "teacher"))
+        turns.append(Turn("assistant", gold_reply(action, location), "teacher"))
         turns.append(Turn("user", observation, "env"))
         location = protocol.location_of(observation) or location
     t = Trajectory(game=game, turns=turns, score=last.score, raw_score=last.raw_score,
@@ -91,7 +82,7 @@ def detour_replies(game: GameId, rate: float, actions: tuple[str, ...]) -> list[
     for _ in range(rng.choice((1, 2))):
         action = rng.choice(actions)
         if rng.random() < 0.5:
-            replies.append(f"Thought: {gold_thought(action)}\nAction: {action}")
+            replies.append(gold_reply(action))
         else:  # a reply cut before its action: the game gets the thought as its action
             words = gold_thought(action).split()
             replies.append("Thought: " + " ".join(words[: rng.randint(2, len(words) - 1)]))
@@ -225,7 +216,7 @@ class PlayConfig(PlaySettings):
     and bench/table.py's teacher games make one from a training config."""
 
     model: str
-    teacher: str | None = None
+    teacher: str | None = None  # a model, or EXPERT: the world's expert teacher
     max_turns: int
     handoff: str = "none"  # "none" (student only) or "teacher_only"
     dtype: str = "auto"  # the engines' weights (auto: as the model folder declares)
@@ -244,7 +235,7 @@ class PlayConfig(PlaySettings):
                                   max_batch_size=self.concurrency, dtype=self.dtype, kv_cache_mb=self.kv_cache_mb)
 
         out = {self.model_flag: engine(self.model, self.model_flag)}
-        if self.teacher is not None and self.teacher != self.model:
+        if self.teacher not in (None, self.model, EXPERT):
             out[self.teacher_flag] = engine(self.teacher, self.teacher_flag)
         return out
 
@@ -266,7 +257,7 @@ def play_episodes(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol
     engines = cfg.engines()
     check_command_engines(cfg.command, engines)  # a served model that cannot do the job fails now
     student = engines[cfg.model_flag]
-    teacher = None if cfg.teacher is None else engines.get(cfg.teacher_flag, student)
+    teacher = cfg.teacher if cfg.teacher in (None, EXPERT) else engines.get(cfg.teacher_flag, student)
     with local_actors(env_cfg, student, teacher, cfg.max_turns, cfg.enable_thinking, cfg.history) as (
             runner, student, teacher):
         sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)

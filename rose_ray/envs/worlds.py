@@ -26,7 +26,6 @@ WORLDS: dict[str, str] = {
 }
 
 
-
 @dataclass(frozen=True)
 class World:
     name: str
@@ -50,6 +49,11 @@ class World:
     knowledge: Any = None
     # text of the world to train a tiny tokenizer on (models.build_tokenizer), or None
     corpus: Callable[[], str] | None = None
+    # its expert teacher, when it has one: a factory taking `heap` and `call_timeout_s` whose
+    # object answers `reply(game, first, history, episode) -> ExpertReply` and `close()`
+    # (ScienceWorld's envs/sciworld/expert.py), and the tasks it plays; None: no expert
+    expert: Callable[..., Any] | None = None
+    expert_tasks: tuple[str, ...] = ()
 
 
     @property

@@ -30,16 +30,17 @@ def resolve_tiny(cfg: TrainConfig, model: str) -> str:
     return str(init_tiny(Path(cfg.tiny_dir).expanduser(), seed=0)[model[5:]])
 
 
-def resolve_models(cfg: TrainConfig) -> tuple[str, str]:
-    """Student and teacher model paths, building tiny models and warming them if asked."""
+def resolve_models(cfg: TrainConfig) -> tuple[str, str | None]:
+    """Student and teacher model paths, building tiny models and warming them if asked; the
+    teacher's is None where the teacher is the world's expert (`teacher.kind: expert`)."""
     from rose_ray.envs.worlds import get_world
     from rose_ray.models import local_model
 
     # A hub id becomes its cached snapshot once, here: every actor gets a folder (a served
     # model's name stays a name).
     models = {role: resolve_tiny(cfg, engine.model) if engine.spec.served
-              else local_model(resolve_tiny(cfg, engine.model))
-              for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine))}
+              else local_model(resolve_tiny(cfg, engine.model)) for role, engine in cfg.engines()}
+    models.setdefault("teacher", None)
     # The student first: a teacher whose demonstrations open with its turns needs it warmed.
     for role in ("student", "teacher"):
         if not warmup_of(cfg, role).enabled:
@@ -324,12 +325,15 @@ def cli_main(args: Any) -> int:
     t0 = time.time()
     student, teacher = resolve_models(cfg)
     print(f"warmup: built or found in {time.time() - t0:.0f} s (cached under {Path(cfg.tiny_dir).expanduser()})")
-    for role, path in (("student", student), ("teacher", teacher)):
+    models = [("student", student)] + ([("teacher", teacher)] if teacher is not None else [])
+    for role, path in models:
         print(f"  {role}: {path} (weights {weights_digest(Path(path))[:12]})")
+    if teacher is None:
+        print("  teacher: the world's expert (teacher.kind=expert: no model)")
     if not args.eval:
         return 0
     rows = []
-    for role, path in (("student", student), ("teacher", teacher)):
+    for role, path in models:
         out = Path(path).with_name(f"{Path(path).name}_eval_{args.eval}")
         result = run_eval(train_eval_job(cfg, path, str(out), split=args.eval, backend=args.backend))
         rows.append((role, result["summary"]["overall"]))
