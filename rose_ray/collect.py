@@ -41,7 +41,7 @@ from rose_ray.envs import DEFAULT_WORLD
 from rose_ray.envs.base import StepResult
 from rose_ray.envs.catalogue import GameCatalogue, parse_item
 from rose_ray.envs.protocol import Protocol, gold_reply, gold_thought, parse_action
-from rose_ray.envs.worlds import get_world, world_of_item, world_protocol
+from rose_ray.envs.worlds import CONTINUATIONS, get_world, world_of_item, world_protocol
 from rose_ray.errors import InputError
 from rose_ray.rollout.agent import EXPERT
 from rose_ray.rows import PartialRows, digest, message_text, read_jsonl, row_schema, row_to_turns
@@ -62,6 +62,8 @@ def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str
     for reply, observation in detour:
         turns += [Turn("assistant", reply, "student"), Turn("user", observation, "env")]
     location = protocol.location_of(first_observation)
+    for _, observation in detour:  # the replies after it name the room the opening left the agent in
+        location = protocol.location_of(observation) or location
     for action, observation in steps:
         turns.append(Turn("assistant", gold_reply(action, location), "teacher"))
         turns.append(Turn("user", observation, "env"))
@@ -92,7 +94,8 @@ def detour_replies(game: GameId, rate: float, actions: tuple[str, ...]) -> list[
 def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, progress: bool = True,
               protocol: Protocol | None = None, schema: str = "card", observe: bool = False,
               detours: float = 0.0, on_row: Callable[[int, dict[str, Any]], None] | None = None,
-              openings: dict[str, list[str]] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+              openings: dict[str, list[str]] | None = None,
+              continuation: str = "gold") -> tuple[list[dict[str, Any]], list[str]]:
     """Play each game's gold path on `workers` game processes; returns (rows, problems).
     `on_row(i, row)` as game i's row is made (on a worker thread).
 
@@ -104,7 +107,10 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
     path, so that a teacher warmed on them carries on from a student's first turns.
     `openings`: a game's own student-owned replies (by item id; a student's real sampled turns)
     played before its gold path instead of a detour; where the gold path after them scores
-    worse than from a fresh load, the game is demonstrated without them (and says so in problems)."""
+    worse than from a fresh load, the game is demonstrated without them (and says so in problems).
+    `continuation`: after the opening, ScienceWorld's gold path (`gold`), or the world's expert
+    teacher playing from the state the opening left (`expert`: envs/sciworld/expert.py; its
+    replies are already observed ones: it looks before it focuses and names things as shown)."""
     from rose_ray.envs.pool import EnvPool
 
     worlds = {g.world for g in games}
@@ -118,6 +124,10 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
     if (observe or detours) and world.observed_gold is None:
         raise InputError(f"gold: {world.name} has no observed gold paths or detours (observe, detours); "
                          "use its gold paths as they are")
+    if continuation not in CONTINUATIONS:
+        raise InputError(f"gold: continuation must be one of {CONTINUATIONS}, got {continuation!r}")
+    if continuation == "expert" and world.expert is None:
+        raise InputError(f"gold: {world.name} has no expert teacher to continue the demonstrations")
     protocol = protocol or world.protocol
     pool = EnvPool(num_games=max(1, min(workers, len(games))), world=world.name)
     free: list[int] = list(range(pool.num_games()))
@@ -128,10 +138,30 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
             return openings[game.item_id]
         return detour_replies(game, detours, world.observed_gold.DETOURS if detours else ())
 
-    def start(slot: int, game: GameId, gold: bool, replies: list[str]) -> tuple[StepResult, list[tuple[str, str]]]:
-        """The game loaded, and its opening replies played (a detour or a student's turns)."""
-        first = pool.reset(slot, game, gold=gold)
-        return first, [(reply, pool.step(slot, parse_action(reply).action).observation) for reply in replies]
+    def start(slot: int, game: GameId, gold: bool,
+              replies: list[str]) -> tuple[StepResult, list[tuple[str, str]], StepResult]:
+        """The game loaded, and its opening replies played (a detour or a student's turns): the
+        first observation, the opening's (reply, observation) pairs, and the game's last answer."""
+        last = first = pool.reset(slot, game, gold=gold)
+        pairs = []
+        for reply in replies:
+            last = pool.step(slot, parse_action(reply).action)
+            pairs.append((reply, last.observation))
+        return first, pairs, last
+
+    def expert_from(slot: int, last: StepResult) -> tuple[list[tuple[str, str]], StepResult | None]:
+        """The expert's play from the slot's state (`last`: the game's last answer), up to
+        `max_actions`, until the game ends or the expert has no plan; None if the game died."""
+        steps, result = [], last
+        while len(steps) < max_actions and not result.done:
+            reply = pool.expert_reply(slot)
+            if reply.action is None:
+                break
+            result = pool.step(slot, reply.action)
+            if result.interrupted:
+                return steps, None
+            steps.append((reply.action, result.observation))
+        return steps, result
 
     def replay(slot: int, first: StepResult, actions: list[str]) -> tuple[StepResult, list[tuple[str, str]], Any]:
         steps, result = [], first
@@ -154,20 +184,30 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
         replies = opening(game)
         if not (openings and openings.get(game.item_id)):
             return play_from(game, replies)
-        # A student's opening may have changed the game: its row only where the gold path
-        # after it scores as well as from a fresh load.
+        # A student's opening may have changed the game: its row only where the play after it
+        # (the gold path, or the expert) scores as well as from a fresh load.
         clean = play_from(game, [])
         row = play_from(game, replies, report_loss=False)
         if clean is None or row is None or (row["success"], row["score"]) >= (clean["success"], clean["score"]):
             return row if row is not None else clean
-        problems.append(f"{game.item_id}: the gold path did not score as well after the student's opening; "
+        what = "the gold path" if continuation == "gold" else "the expert"
+        problems.append(f"{game.item_id}: {what} did not score as well after the student's opening; "
                         "demonstrated without it")
         return clean
 
     def play_from(game: GameId, replies: list[str], report_loss: bool = True) -> dict[str, Any] | None:
         slot = free.pop()
         try:
-            first, detour = start(slot, game, gold=True, replies=replies)
+            if continuation == "expert":
+                first, detour, last = start(slot, game, gold=False, replies=replies)
+                steps, result = expert_from(slot, last)
+                if result is None:
+                    problems.append(f"{game.item_id}: game process died during the expert's play")
+                    return None
+                if not result.success and report_loss:
+                    problems.append(f"{game.item_id}: the expert reached {result.raw_score}, not success")
+                return gold_record(game, first.observation, steps, result, protocol, schema, detour)
+            first, detour, _ = start(slot, game, gold=True, replies=replies)
             actions = pool.gold_actions(slot)
             if observe:
                 actions = world.observed_gold.look_before_focus(actions)

@@ -105,6 +105,11 @@ class TeacherWarmupConfig:
     student_openings: float = 0.0
     opening_turns: int = 2
     opening_temperature: float | None = None  # None: the student's sampling temperature of the run
+    # what plays after a demonstration's opening: ScienceWorld's gold path (`gold`), or the world's
+    # expert teacher from the state the opening left (`expert`: every demonstration then shows
+    # the expert's play, after the base student's real turns where `student_openings` draws
+    # them, so a teacher warmed on them has seen recoveries from real moves). Teacher only.
+    continuation: str = "gold"
     epochs: int = 10
     lr: float = 1e-3
     schedule: str = "constant"  # constant | linear | cosine (over the warm-up's steps)
@@ -125,6 +130,13 @@ class TeacherWarmupConfig:
                               f"got {self.student_openings!r}")
         if self.opening_temperature is not None and self.opening_temperature < 0:
             raise ConfigError(f"{self.KEY}.opening_temperature: must be >= 0 (or null), got {self.opening_temperature!r}")
+        from rose_ray.envs.worlds import CONTINUATIONS
+
+        if self.continuation not in CONTINUATIONS:
+            raise ConfigError(f"{self.KEY}.continuation: must be one of {CONTINUATIONS}, got {self.continuation!r}")
+        if self.continuation != "gold" and self.KEY != "teacher_warmup":
+            raise ConfigError(f"{self.KEY}.continuation: only the teacher's demonstrations are continued by the "
+                              "expert; set teacher_warmup.continuation")
         if self.student_openings and self.KEY != "teacher_warmup":
             raise ConfigError(f"{self.KEY}.student_openings: only the teacher's demonstrations open with "
                               "the base student's turns; set teacher_warmup.student_openings")
@@ -316,6 +328,8 @@ class TrainConfig:
         recipe.check(self)
         if self.teacher.expert:
             self._check_expert(recipe)
+        if self.teacher_warmup.enabled and self.teacher_warmup.continuation == "expert":
+            self._check_expert_tasks("teacher_warmup.continuation")
         if self.chat.history == "template" and recipe.teacher_scores_student():
             setting = recipe.scoring_key.split(".")[1:]  # `algorithm` itself, or one of its keys
             value = getattr(recipe, setting[0]) if setting else recipe.name
@@ -331,17 +345,7 @@ class TrainConfig:
 
     def _check_expert(self, recipe: Recipe) -> None:
         """An expert teacher: a world that has one, tasks it plays, no OPD, no model to warm."""
-        from rose_ray.envs.worlds import get_world
-
-        world = get_world(self.env.world)
-        if world.expert is None:
-            raise ConfigError(f"teacher.kind: expert: {world.name} has no expert teacher (env.world={world.name}); "
-                              "use teacher.kind=model")
-        tasks = self.tasks or world.catalogue(self.env.mapping).task_names()
-        unknown = [t for t in tasks if t not in world.expert_tasks]
-        if unknown:
-            raise ConfigError(f"tasks: the expert teacher plays {list(world.expert_tasks)}, not {unknown}; "
-                              "set tasks to those it plays" + ("" if self.tasks else " (empty tasks means every task)"))
+        self._check_expert_tasks("teacher.kind")
         if recipe.teacher_scores_student():
             setting = recipe.scoring_key.split(".")[1:]
             value = getattr(recipe, setting[0]) if setting else recipe.name
@@ -351,6 +355,19 @@ class TrainConfig:
         if self.teacher_warmup.enabled:
             raise ConfigError("teacher_warmup.enabled: the expert teacher is no model to warm; set "
                               "teacher_warmup.enabled=false (or teacher.kind=model)")
+
+    def _check_expert_tasks(self, key: str) -> None:
+        """The world has an expert teacher (`key` asks for it) and it plays every task of the run."""
+        from rose_ray.envs.worlds import get_world
+
+        world = get_world(self.env.world)
+        if world.expert is None:
+            raise ConfigError(f"{key}: expert: {world.name} has no expert teacher (env.world={world.name})")
+        tasks = self.tasks or world.catalogue(self.env.mapping).task_names()
+        unknown = [t for t in tasks if t not in world.expert_tasks]
+        if unknown:
+            raise ConfigError(f"tasks: the expert teacher ({key}) plays {list(world.expert_tasks)}, not {unknown}; "
+                              "set tasks to those it plays" + ("" if self.tasks else " (empty tasks means every task)"))
 
 
 # Keys that no longer exist, and what took their place: an old config gets told, by key.

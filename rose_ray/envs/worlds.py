@@ -20,6 +20,10 @@ from rose_ray.envs.base import Game
 from rose_ray.envs.protocol import Protocol
 from rose_ray.errors import InputError
 
+# What plays a demonstration after its opening (collect.gold_rows, teacher_warmup.continuation):
+# the world's gold path, or its expert teacher from the state the opening left.
+CONTINUATIONS: tuple[str, ...] = ("gold", "expert")
+
 WORLDS: dict[str, str] = {
     "sciworld": "rose_ray.envs.sciworld",
     "discoveryworld": "rose_ray.envs.discoveryworld",

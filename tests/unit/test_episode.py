@@ -29,17 +29,24 @@ INVALID = "No known action matches that input."
 
 
 class ScriptedGame:
-    """An EnvSlot: answers each action with a canned observation (`bad` actions are invalid)."""
+    """An EnvSlot: answers each action with a canned observation (`bad` actions are invalid); its
+    state is the room, which `go to X` changes."""
 
     def __init__(self, bad: tuple[str, ...] = ()) -> None:
-        self.bad, self.actions = bad, []
+        self.bad, self.actions, self.room = bad, [], "kitchen"
 
     async def reset(self, game: GameId) -> StepResult:
+        self.room = "kitchen"
         return StepResult("You are in the kitchen.", game=game)
 
     async def step(self, action: str) -> StepResult:
         self.actions.append(action)
+        if action.startswith("go to ") and action not in self.bad:
+            self.room = action[len("go to "):]
         return StepResult(INVALID if action in self.bad else f"You did {action}.", turn=len(self.actions))
+
+    async def state(self) -> dict:
+        return {"initial": {"room": "kitchen"}, "now": {"room": self.room}}
 
 
 class Remote:

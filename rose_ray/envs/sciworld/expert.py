@@ -10,9 +10,10 @@ student's tokenizer, as it does the text of a model teacher with another tokeniz
 
 How it plans (`SciWorldExpert.reply`):
 
-1. Once per episode, the scratch game loads the game with ScienceWorld's gold path and plays
-   that path from a fresh load: where each action happens, what the game answers, where it
-   wins. The task's steps are the path's actions other than walking (doors, `go to`) up to the
+1. Once per game (per process), the scratch game loads the game with ScienceWorld's gold path
+   and plays that path from a fresh load: where each action happens, what the game answers,
+   where it wins (where no candidate below wins, a new gold path is made and tried: a reload
+   can give another one). The task's steps are the path's actions other than walking (doors, `go to`) up to the
    win; the things it focuses on are renamed as the game names them (`gold.visible_names`).
 2. The house's rooms and doors: read from the scratch game's free looks on a walk through every
    door (once per game per process).
@@ -61,6 +62,10 @@ _DOOR = re.compile(r"A door to the (.+?) \(that is (open|closed)\)")
 _WALKING = ("open door to ", "close door to ", "go to ")
 AMBIGUOUS = "Ambiguous request"
 MAX_REPLANS = 4  # per episode: a game that keeps answering otherwise than its replay is not planned for
+# Per game, (task, variation), shared by the experts of one process (an EnvPool's slots): each
+# room's doors, and a gold path as the task's steps (made once, kept; made again where it fails).
+DOORS: dict[tuple[str, int], dict[str, list[str]]] = {}
+GOLDS: dict[tuple[str, int], Gold] = {}
 
 
 @dataclass
@@ -105,7 +110,6 @@ class SciWorldExpert:
     def __init__(self, heap: str | None = DEFAULT_HEAP, call_timeout_s: float = 60.0) -> None:
         self.heap, self.call_timeout_s = heap, call_timeout_s
         self.scratch: SciWorldGame | None = None
-        self.maps: dict[tuple[str, int], dict[str, list[str]]] = {}  # (task, variation) -> doors of each room
         self.episode: Any = None  # the slot's load counter of the episode planned for
         self.gold: Gold | None = None
         self.plan: Plan | None = None
@@ -119,7 +123,7 @@ class SciWorldExpert:
         (action, observation) pairs so far); `episode` tells one episode from the next."""
         t0 = time.perf_counter()
         if episode != self.episode:
-            self.episode, self.gold, self.plan, self.replans = episode, None, None, 0
+            self.episode, self.plan, self.replans = episode, None, 0
             self.planned = self.verified = False
             self.status = ""
         action = self._next_action(history)
@@ -157,19 +161,26 @@ class SciWorldExpert:
             return None
 
     def _plan(self, game: GameId, history: list[tuple[str, str]]) -> Plan | None:
-        if self.gold is None:
-            self.gold = self._gold(game)
+        key = (game.task, game.variation)
         doors = self._doors(game)
-        start_score = self._replay(game, history).raw_score
         best: Attempt | None = None
-        for steps in self._candidates(history):
-            attempt = self._attempt(game, history, steps, doors)
-            if attempt.won:
-                best = attempt
+        # The gold path this process made for the game before, then a new one: ScienceWorld can
+        # give another path for the same game after a reload (another thing, another door).
+        for fresh in (False, True):
+            if fresh or key not in GOLDS:
+                GOLDS[key] = self._gold(game)
+            self.gold = GOLDS[key]
+            for steps in self._candidates(history):
+                attempt = self._attempt(game, history, steps, doors)
+                if attempt.won:
+                    best = attempt
+                    break
+                if best is None or attempt.raw_score > best.raw_score:
+                    best = attempt
+            if best.won:
                 break
-            if attempt.raw_score > max(start_score, best.raw_score if best else start_score):
-                best = attempt
-        if best is None:
+        if not best.won and best.raw_score <= self._replay(game, history).raw_score:
+            best = None  # nothing scores above where the game is now
             self.status, self.planned, self.verified = "no_plan", False, False
             return None
         self.planned, self.verified = True, best.won
@@ -292,8 +303,8 @@ class SciWorldExpert:
     def _doors(self, game: GameId) -> dict[str, list[str]]:
         """Each room's doors (room -> the rooms they lead to), read on a walk through the scratch game."""
         key = (game.task, game.variation)
-        if key in self.maps:
-            return self.maps[key]
+        if key in DOORS:
+            return DOORS[key]
         scratch = self._game()
         scratch.load(game)
         doors: dict[str, list[str]] = {}
@@ -314,7 +325,7 @@ class SciWorldExpert:
                 scratch.step(f"go to {here}")
 
         visit()
-        self.maps[key] = doors
+        DOORS[key] = doors
         return doors
 
     def close(self) -> None:
