@@ -21,7 +21,8 @@ How it plans (`SciWorldExpert.reply`):
    shortest walk through the doors from where the agent is (closed doors opened on the way),
    `look around` before a focus in a room just entered (as the observed gold paths do), and
    what the student did taken into account (a thing it already focused on is not focused
-   again, and stands in for the path's thing after: fetched first where it is not at hand).
+   again, and stands in for the path's thing after: fetched, or the box brought to it, where
+   it is elsewhere).
    Each candidate is played in the scratch game after the episode's own actions are replayed
    there; the first that wins is the plan (`verified`). Where none wins, the one that scored
    most above the present score is played unverified; where none scores, there is no plan.
@@ -130,7 +131,7 @@ class SciWorldExpert:
         if action is None and self.replans < MAX_REPLANS:
             if self.plan is not None:
                 self.replans += 1
-            self.plan = self._make_plan(game, history)
+            self.plan = self._make_plan(game, first, history)
             action = self._next_action(history)
         location = None
         for text in [first, *(o for _, o in history)]:
@@ -152,15 +153,15 @@ class SciWorldExpert:
                 return None
         return plan.actions[len(done)]
 
-    def _make_plan(self, game: GameId, history: list[tuple[str, str]]) -> Plan | None:
+    def _make_plan(self, game: GameId, first: str, history: list[tuple[str, str]]) -> Plan | None:
         try:
-            return self._plan(game, history)
+            return self._plan(game, first, history)
         except GameError:  # the scratch game died: a new one next time, no plan now
             self._drop_scratch()
             self.status, self.planned, self.verified = "scratch_failed", False, False
             return None
 
-    def _plan(self, game: GameId, history: list[tuple[str, str]]) -> Plan | None:
+    def _plan(self, game: GameId, first: str, history: list[tuple[str, str]]) -> Plan | None:
         key = (game.task, game.variation)
         doors = self._doors(game)
         best: Attempt | None = None
@@ -170,7 +171,8 @@ class SciWorldExpert:
             if fresh or key not in GOLDS:
                 GOLDS[key] = self._gold(game)
             self.gold = GOLDS[key]
-            for steps in self._candidates(history):
+            self._replay(game, history)  # where the student left the game: what can be carried there
+            for steps in self._candidates(first, history):
                 attempt = self._attempt(game, history, steps, doors)
                 if attempt.won:
                     best = attempt
@@ -190,26 +192,38 @@ class SciWorldExpert:
         return Plan(best.actions, best.observations, len(history), best.won)
 
     # ----------------------------------------------------------------- what to try
-    def _candidates(self, history: list[tuple[str, str]]) -> list[list[tuple[str, str | None]]]:
+    def _candidates(self, first: str, history: list[tuple[str, str]]) -> list[list[tuple[str, str | None]]]:
         """The task's steps to play from here: with what the student did taken into account
         (shown names, then the game's referents), then as the gold path has them."""
         gold = self.gold
-        focused, where = [], None
+        focused, where = [], location_of(first)
         for _, observation in history:
             where = location_of(observation) or where
             if (name := focused_name(observation)) is not None:
                 focused.append((name, where))
+        carriers = self._carriers(focused)
         # A student's ambiguous command leaves the game asking which one it meant: the next
         # input answers it (any other cancels it and is lost), so answer first where harmless.
         asked = bool(history) and history[-1][1].startswith(AMBIGUOUS)
         out: list[list[tuple[str, str | None]]] = []
         for steps in (gold.steps, gold.raw_steps):
-            for candidate in (_after_focus(steps, focused, fetch=False), _after_focus(steps, focused, fetch=True),
+            for candidate in (*(_after_focus(steps, focused, how) for how in ("stay", "fetch", "bring")),
+                              *(_after_focus(steps, carried, how) for carried in carriers for how in ("fetch", "bring")),
                               list(steps)):
                 for answer in ([("0", None)], []) if asked else ([],):
                     if answer + candidate not in out:
                         out.append(answer + candidate)
         return out
+
+    def _carriers(self, focused: list[tuple[str, str | None]]) -> list[list[tuple[str, str | None]]]:
+        """The student's focused things as they can be carried, where one is inside another (a
+        liquid in a cup): by each referent the game's valid actions here give its holder
+        (`cup containing red paint in art studio`; the scratch game stands where the replay
+        left it), up to three; none where nothing holds them."""
+        valid = [a[len("pick up "):] for a in self.scratch.valid_actions() if a.startswith("pick up ")] if focused else []
+        choices = [sorted((r for r in valid if f"containing {name}" in r), key=len)[:3] for name, _ in focused]
+        return [[(holders[i] if i < len(holders) else name, where) for holders, (name, where) in zip(choices, focused)]
+                for i in range(max(map(len, choices), default=0))]
 
     # ----------------------------------------------------------------- the scratch game
     def _game(self) -> SciWorldGame:
@@ -335,11 +349,12 @@ class SciWorldExpert:
 
 
 def _after_focus(steps: list[tuple[str, str | None]], focused: list[tuple[str, str | None]],
-                 fetch: bool) -> list[tuple[str, str | None]]:
+                 how: str = "stay") -> list[tuple[str, str | None]]:
     """The task's steps after the student's focuses: the path's first focuses dropped, one per
-    thing the student focused on, and that thing named in their place in the steps after.
-    `fetch`: a thing the student focused on elsewhere is picked up there first."""
-    out, renames, at = [], {}, 0
+    thing the student focused on, and that thing named in their place in the steps after. Where
+    the student's thing is elsewhere than the path's, a later `move X to Y` needs them together:
+    `fetch` picks the thing up where it is first, `bring` carries Y to it; `stay` does neither."""
+    out, renames, away, at = [], {}, {}, 0
     for action, room in steps:
         for old, new in renames.items():
             action = re.sub(rf"(?<!\w){re.escape(old)}(?!\w)", new, action)
@@ -349,8 +364,17 @@ def _after_focus(steps: list[tuple[str, str | None]], focused: list[tuple[str, s
             old = action[len("focus on "):].strip()
             if name != old:
                 renames[old] = name
-                if fetch and where is not None and where != room:
-                    out.append((f"pick up {name}", where))
+                if where is not None and where != room:
+                    away[name] = where
+            continue
+        moved = re.match(r"move (.+) to (.+)$", action)
+        if moved and moved.group(1) in away and how != "stay":
+            thing, container = moved.groups()
+            if how == "fetch":  # once picked up, a thing named by its place is named by the inventory
+                held = re.sub(r" in [\w ]+$", " in inventory", thing)
+                out += [(f"pick up {thing}", away.pop(thing)), (action.replace(thing, held, 1), room)]
+            else:
+                out += [(f"pick up {container}", room), (action, away.pop(thing))]
             continue
         out.append((action, room))
     return out
