@@ -38,9 +38,11 @@ from table import RESULTS, config_path  # noqa: E402
 from rose_ray.runs import keep_result  # noqa: E402
 
 
-def play(cfg: Any, student: str, games: list[Any], k: int, temperature: float, max_turns: int) -> list[dict[str, Any]]:
-    """Every game once: the student's first `k` turns at `temperature`, then the expert (k=0:
-    the expert alone). Per game: how it went (see `game_row`)."""
+def play(cfg: Any, student: str, games: list[Any], plays: list[tuple[int, float]],
+         extra_turns: int) -> list[dict[str, Any]]:
+    """Every game once per (K, temperature) of `plays`: the student's first K turns at that
+    temperature, then the expert (K=0: the expert alone), up to K + `extra_turns` turns; one set
+    of actors for all. Per game and play: how it went (see `game_row`)."""
     from rose_ray.envs.config import EnvConfig
     from rose_ray.inference.backends import command_engine
     from rose_ray.rollout.actors import local_actors
@@ -54,13 +56,23 @@ def play(cfg: Any, student: str, games: list[Any], k: int, temperature: float, m
                             context_policy=e.context_policy, max_batch_size=cfg.env.games_per_worker, dtype=e.dtype)
     env = EnvConfig(workers=1, games_per_worker=min(cfg.env.games_per_worker, len(games)), mapping=cfg.env.mapping,
                     world=cfg.env.world, cpus_per_worker=0.5)
-    sampling = replace(cfg.rollout.student_sampling, temperature=temperature)
-    episode = EpisodeConfig(max_turns=max_turns, student_sampling=sampling,
-                            teacher_sampling=cfg.rollout.teacher_sampling, report="off")
-    with local_actors(env, engine, EXPERT, max_turns, cfg.chat.enable_thinking, cfg.chat.history) as (runner, s, t):
-        played = asyncio.run(play_games(runner, games, s, t, episode, turn_policy("fixed", k=k),
-                                        [cfg.env.protocol()] * len(games), request_prefix=f"expert-T{temperature}-K{k}-"))
-    return [game_row(g, traj, k, cfg.rollout.max_turns) for g, traj in zip(games, played)]
+    longest = max(k for k, _ in plays) + extra_turns
+    rows = []
+    with local_actors(env, engine, EXPERT, longest, cfg.chat.enable_thinking, cfg.chat.history) as (runner, s, t):
+        for k, temperature in plays:
+            episode = EpisodeConfig(max_turns=k + extra_turns, report="off",
+                                    student_sampling=replace(cfg.rollout.student_sampling, temperature=temperature),
+                                    teacher_sampling=cfg.rollout.teacher_sampling)
+            played = asyncio.run(play_games(runner, games, s, t, episode, turn_policy("fixed", k=k),
+                                            [cfg.env.protocol()] * len(games),
+                                            request_prefix=f"expert-T{temperature}-K{k}-"))
+            out = [{**game_row(g, traj, k, cfg.rollout.max_turns), "temperature": None if k == 0 else temperature}
+                   for g, traj in zip(games, played)]
+            s_ = summary(out)
+            print(f"T={temperature:g} K={k}: {s_['won']}/{s_['winnable']} winnable won ({s_['ended_before_handoff']} "
+                  f"ended before the handoff), state changed at {s_['state_changed_rate']}", flush=True)
+            rows += out
+    return rows
 
 
 def game_row(game: Any, t: Any, k: int, turn_limit: int) -> dict[str, Any]:
@@ -154,18 +166,8 @@ def main() -> None:
     student, _ = resolve_models(cfg)
     print(f"expert: {len(games)} {args.split} games, student {weights_digest(Path(student))[:12]} for K turns, then "
           f"the expert (up to K+{args.extra_turns} turns; the config's limit {cfg.rollout.max_turns})", flush=True)
-    rows = []
-    for temperature in args.temperatures:
-        for k in args.k:
-            if k == 0 and temperature != args.temperatures[0]:
-                continue  # the expert alone: no student turn to sample
-            played = play(cfg, student, games, k, temperature, k + args.extra_turns)
-            for r in played:
-                r["temperature"] = None if k == 0 else temperature
-            rows += played
-            s = summary(played)
-            print(f"T={temperature:g} K={k}: {s['won']}/{s['winnable']} winnable won ({s['ended_before_handoff']} "
-                  f"ended before the handoff), state changed at {s['state_changed_rate']}", flush=True)
+    plays = [(k, t) for t in args.temperatures for k in args.k if k or t == args.temperatures[0]]  # K=0: once
+    rows = play(cfg, student, games, plays, args.extra_turns)
     total = time.time() - t0
     handed = [r for r in rows if r["k"] > 0]
 
