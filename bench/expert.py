@@ -7,7 +7,7 @@ plays on, with `--extra-turns` turns of room so that the turn limit does not hid
 do; K=0 is the expert alone. A game the student's turns ended (a wrong focus loses it: -100)
 cannot be won by anyone and is counted apart; of the others ("winnable": still on at the
 handoff), the share the expert won is its finish rate, and the share it won within the config's
-own `rollout.max_turns` is beside it. Also: the share of handoffs at which the student's turns
+own `rollout.max_turns` is beside it, and the mean Score of all games. Also: the share of handoffs at which the student's turns
 had changed the game's state (room, inventory, focus: what makes ROSE's data differ from SFT's),
 the expert's planned / verified shares at the handoff and its games ended for want of a plan.
 
@@ -103,7 +103,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return len(part) / len(whole) if whole else None
 
     return {
-        "games": len(rows), "ended_before_handoff": len(rows) - len(winnable),
+        "games": len(rows), "score": sum(max(r["raw_score"], 0) for r in rows) / 100 / len(rows) if rows else None,
+        "ended_before_handoff": len(rows) - len(winnable),
         "lost_before_handoff": sum(r["lost_before_handoff"] for r in rows), "winnable": len(winnable),
         "won": sum(r["won"] for r in winnable), "finish_rate": share([r for r in winnable if r["won"]], winnable),
         "won_in_limit": sum(r["won_in_limit"] for r in winnable),
@@ -121,11 +122,11 @@ def markdown(rows: list[tuple[str, dict[str, Any]]], label: str) -> str:
     def rate(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
 
-    lines = [f"| {label} | games | ended before handoff (lost) | winnable | won | finish rate | won in turn limit "
-             "| planned | verified | no plan | state changed at handoff |",
-             "| --- |" + " ---: |" * 10]
+    lines = [f"| {label} | games | Score | ended before handoff (lost) | winnable | won | finish rate "
+             "| won in turn limit | planned | verified | no plan | state changed at handoff |",
+             "| --- |" + " ---: |" * 11]
     for name, s in rows:
-        lines.append(f"| {name} | {s['games']} | {s['ended_before_handoff']} ({s['lost_before_handoff']}) | "
+        lines.append(f"| {name} | {s['games']} | {s['score']:.3f} | {s['ended_before_handoff']} ({s['lost_before_handoff']}) | "
                      f"{s['winnable']} | {s['won']} | {rate(s['finish_rate'])} | {rate(s['finish_rate_in_limit'])} | "
                      f"{rate(s['planned_rate'])} | {rate(s['verified_rate'])} | {s['no_plan']} | "
                      f"{rate(s['state_changed_rate'])} |")

@@ -96,7 +96,7 @@ def test_the_expert_wins_after_the_tiny_students_own_openings(tiny_models, ray_c
     bench = bench_expert()
     cfg = load_config(SMALL, ["teacher.kind=expert", "teacher_warmup.enabled=false", "student_warmup.enabled=false",
                               "env.games_per_worker=4"])
-    games = SciWorldCatalogue(cfg.env.mapping).sample("train", 4, 5, tasks=cfg.tasks)
+    games = SciWorldCatalogue(cfg.env.mapping).sample("train", 3, 5, tasks=cfg.tasks)
     plays = [(k, t) for t in (0.0, 1.0) for k in (1, 2, 3, 4)]
     rows = bench.play(cfg, str(tiny_models["student"]), games, plays, extra_turns=16)
     assert len(rows) == len(games) * len(plays)

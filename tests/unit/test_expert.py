@@ -81,13 +81,13 @@ def test_the_expert_says_when_it_has_no_plan_and_plans_again_when_the_game_goes_
         assert again.replans == 1 and again.planned
         replies, result = play_expert(pool)
         assert result.success and all(r.replans == 1 for r in replies)
-        # A lost game (a wrong focus: -100) leaves nothing to plan for: it says so.
+        # A lost game (a wrong focus: -100) leaves nothing to plan for: it says so (an episode
+        # never hands a finished game over; asked anyway, it answers at once).
         pool.reset(0, lifespan)
         lost = pool.step(0, "focus on agent")
-        assert lost.raw_score < 0 or lost.observation.startswith("No known")
-        if lost.raw_score < 0:
-            reply = pool.expert_reply(0)
-            assert reply.text is None and not reply.planned and reply.status == "no_plan"
+        assert lost.raw_score == -100 and lost.done
+        reply = pool.expert_reply(0)
+        assert reply.text is None and not reply.planned and reply.status == "unwinnable"
     finally:
         pool.close()
 

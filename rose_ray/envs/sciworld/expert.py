@@ -31,8 +31,9 @@ How it plans (`SciWorldExpert.reply`):
    from the one the replay gave (temperature readings aside: they vary between runs), it
    plans again from there.
 
-A game the student lost (a wrong focus: -100) has ended before any handoff; a state from which
-no candidate scores is reported as `no_plan`, and the episode ends there.
+A game the student lost (a wrong focus: -100) has ended before any handoff (asked anyway, it says
+`unwinnable`); a state from which no candidate scores is reported as `no_plan`, and the episode
+ends there.
 """
 
 from __future__ import annotations
@@ -164,6 +165,11 @@ class SciWorldExpert:
     def _plan(self, game: GameId, first: str, history: list[tuple[str, str]]) -> Plan | None:
         key = (game.task, game.variation)
         doors = self._doors(game)
+        now = self._replay(game, history)  # the game where the student left it
+        if now.raw_score < 0:  # lost (a wrong focus): nothing can be won from here
+            self.status, self.planned, self.verified = "unwinnable", False, False
+            return None
+        carriers = self._carriers(first, history)  # asked of the scratch game in that state
         best: Attempt | None = None
         # The gold path this process made for the game before, then a new one: ScienceWorld can
         # give another path for the same game after a reload (another thing, another door).
@@ -171,8 +177,7 @@ class SciWorldExpert:
             if fresh or key not in GOLDS:
                 GOLDS[key] = self._gold(game)
             self.gold = GOLDS[key]
-            self._replay(game, history)  # where the student left the game: what can be carried there
-            for steps in self._candidates(first, history):
+            for steps in self._candidates(first, history, carriers):
                 attempt = self._attempt(game, history, steps, doors)
                 if attempt.won:
                     best = attempt
@@ -181,8 +186,9 @@ class SciWorldExpert:
                     best = attempt
             if best.won:
                 break
-        if not best.won and best.raw_score <= self._replay(game, history).raw_score:
+        if not best.won and best.raw_score <= now.raw_score:
             best = None  # nothing scores above where the game is now
+        if best is None:
             self.status, self.planned, self.verified = "no_plan", False, False
             return None
         self.planned, self.verified = True, best.won
@@ -192,16 +198,12 @@ class SciWorldExpert:
         return Plan(best.actions, best.observations, len(history), best.won)
 
     # ----------------------------------------------------------------- what to try
-    def _candidates(self, first: str, history: list[tuple[str, str]]) -> list[list[tuple[str, str | None]]]:
+    def _candidates(self, first: str, history: list[tuple[str, str]],
+                    carriers: list[list[tuple[str, str | None]]]) -> list[list[tuple[str, str | None]]]:
         """The task's steps to play from here: with what the student did taken into account
         (shown names, then the game's referents), then as the gold path has them."""
         gold = self.gold
-        focused, where = [], location_of(first)
-        for _, observation in history:
-            where = location_of(observation) or where
-            if (name := focused_name(observation)) is not None:
-                focused.append((name, where))
-        carriers = self._carriers(focused)
+        focused = _focused(first, history)
         # A student's ambiguous command leaves the game asking which one it meant: the next
         # input answers it (any other cancels it and is lost), so answer first where harmless.
         asked = bool(history) and history[-1][1].startswith(AMBIGUOUS)
@@ -215,12 +217,15 @@ class SciWorldExpert:
                         out.append(answer + candidate)
         return out
 
-    def _carriers(self, focused: list[tuple[str, str | None]]) -> list[list[tuple[str, str | None]]]:
+    def _carriers(self, first: str, history: list[tuple[str, str]]) -> list[list[tuple[str, str | None]]]:
         """The student's focused things as they can be carried, where one is inside another (a
-        liquid in a cup): by each referent the game's valid actions here give its holder
+        liquid in a cup): by each referent the game's valid actions give its holder here
         (`cup containing red paint in art studio`; the scratch game stands where the replay
-        left it), up to three; none where nothing holds them."""
-        valid = [a[len("pick up "):] for a in self.scratch.valid_actions() if a.startswith("pick up ")] if focused else []
+        left it), up to three; none where nothing holds them, or nothing was focused on."""
+        focused = _focused(first, history)
+        if not focused:
+            return []
+        valid = [a[len("pick up "):] for a in self.scratch.valid_actions() if a.startswith("pick up ")]
         choices = [sorted((r for r in valid if f"containing {name}" in r), key=len)[:3] for name, _ in focused]
         return [[(holders[i] if i < len(holders) else name, where) for holders, (name, where) in zip(choices, focused)]
                 for i in range(max(map(len, choices), default=0))]
@@ -378,6 +383,16 @@ def _after_focus(steps: list[tuple[str, str | None]], focused: list[tuple[str, s
             continue
         out.append((action, room))
     return out
+
+
+def _focused(first: str, history: list[tuple[str, str]]) -> list[tuple[str, str | None]]:
+    """What the student focused on, in order, each with the room it was in (None: not known)."""
+    focused, where = [], location_of(first)
+    for _, observation in history:
+        where = location_of(observation) or where
+        if (name := focused_name(observation)) is not None:
+            focused.append((name, where))
+    return focused
 
 
 def _moved_since_look(history: list[tuple[str, str]]) -> bool:
