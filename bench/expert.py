@@ -57,22 +57,25 @@ def play(cfg: Any, student: str, games: list[Any], plays: list[tuple[int, float]
     env = EnvConfig(workers=1, games_per_worker=min(cfg.env.games_per_worker, len(games)), mapping=cfg.env.mapping,
                     world=cfg.env.world, cpus_per_worker=0.5)
     longest = max(k for k, _ in plays) + extra_turns
-    rows = []
-    with local_actors(env, engine, EXPERT, longest, cfg.chat.enable_thinking, cfg.chat.history) as (runner, s, t):
+
+    async def every_play(runner: Any, student_agent: Any, expert: Any) -> list[dict[str, Any]]:
+        rows = []  # one event loop for all: the runner's slots belong to it
         for k, temperature in plays:
             episode = EpisodeConfig(max_turns=k + extra_turns, report="off",
                                     student_sampling=replace(cfg.rollout.student_sampling, temperature=temperature),
                                     teacher_sampling=cfg.rollout.teacher_sampling)
-            played = asyncio.run(play_games(runner, games, s, t, episode, turn_policy("fixed", k=k),
-                                            [cfg.env.protocol()] * len(games),
-                                            request_prefix=f"expert-T{temperature}-K{k}-"))
+            played = await play_games(runner, games, student_agent, expert, episode, turn_policy("fixed", k=k),
+                                      [cfg.env.protocol()] * len(games), request_prefix=f"expert-T{temperature}-K{k}-")
             out = [{**game_row(g, traj, k, cfg.rollout.max_turns), "temperature": None if k == 0 else temperature}
                    for g, traj in zip(games, played)]
-            s_ = summary(out)
-            print(f"T={temperature:g} K={k}: {s_['won']}/{s_['winnable']} winnable won ({s_['ended_before_handoff']} "
-                  f"ended before the handoff), state changed at {s_['state_changed_rate']}", flush=True)
+            s = summary(out)
+            print(f"T={temperature:g} K={k}: {s['won']}/{s['winnable']} winnable won ({s['ended_before_handoff']} "
+                  f"ended before the handoff), state changed at {s['state_changed_rate']}", flush=True)
             rows += out
-    return rows
+        return rows
+
+    with local_actors(env, engine, EXPERT, longest, cfg.chat.enable_thinking, cfg.chat.history) as actors:
+        return asyncio.run(every_play(*actors))
 
 
 def game_row(game: Any, t: Any, k: int, turn_limit: int) -> dict[str, Any]:
