@@ -174,19 +174,13 @@ def teacher_play(cfg: Any, teacher: str | None, student: str) -> Any:
     turns (its engine's backend, dtype, context and policy, the run's chat history and thinking
     switch, its sampling); `teacher` None: the world's expert (`teacher.kind: expert`)."""
     from rose_ray.collect import PlayConfig
+    from rose_ray.rollout.agent import EXPERT
 
-    s, engine = cfg.rollout.teacher_sampling, cfg.teacher_engine
-    if teacher is None:  # the world's expert plays every turn; the student's engine lends its tokenizer
-        from rose_ray.rollout.agent import EXPERT
-
-        s, engine = cfg.rollout.student_sampling, cfg.student_engine
-        return PlayConfig(model=student, teacher=EXPERT, max_turns=cfg.rollout.max_turns, handoff="teacher_only",
-                          temperature=s.temperature, max_new_tokens=s.max_new_tokens,
-                          concurrency=cfg.env.games_per_worker, world=cfg.env.world, mapping=cfg.env.mapping,
-                          context_tokens=engine.context_tokens, context_policy=engine.context_policy,
-                          enable_thinking=cfg.chat.enable_thinking, history=cfg.chat.history, dtype=engine.dtype,
-                          backend=engine.backend)
-    return PlayConfig(model=teacher, teacher=None, max_turns=cfg.rollout.max_turns, handoff="none",
+    # The expert (None) plays every turn of an episode whose student's engine lends its tokenizer.
+    s, engine = (cfg.rollout.student_sampling, cfg.student_engine) if teacher is None else \
+        (cfg.rollout.teacher_sampling, cfg.teacher_engine)
+    model, who, handoff = (student, EXPERT, "teacher_only") if teacher is None else (teacher, None, "none")
+    return PlayConfig(model=model, teacher=who, max_turns=cfg.rollout.max_turns, handoff=handoff,
                       temperature=s.temperature, max_new_tokens=s.max_new_tokens,
                       concurrency=cfg.env.games_per_worker, world=cfg.env.world, mapping=cfg.env.mapping,
                       context_tokens=engine.context_tokens, context_policy=engine.context_policy,

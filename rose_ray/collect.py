@@ -195,38 +195,43 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
                         "demonstrated without it")
         return clean
 
+    def gold_from(slot: int, game: GameId, replies: list[str]) -> tuple[StepResult, list[tuple[str, str]],
+                                                                        list[tuple[str, str]], StepResult | None]:
+        """The game's gold path after the opening (observed where asked): the first observation,
+        the opening's pairs, the path's (action, observation) pairs and its last answer."""
+        first, detour, _ = start(slot, game, gold=True, replies=replies)
+        actions = pool.gold_actions(slot)
+        if observe:
+            actions = world.observed_gold.look_before_focus(actions)
+        first, steps, result = replay(slot, first, actions[:max_actions])
+        if result is not None and observe:
+            played = [a for a, _ in steps]
+            renamed = world.observed_gold.visible_names(played, [o for _, o in steps])
+            if renamed != played:
+                again = replay(slot, start(slot, game, gold=False, replies=replies)[0], renamed)
+                if again[2] is not None and (again[2].raw_score, again[2].success) == (result.raw_score,
+                                                                                     result.success):
+                    first, steps, result = again
+                else:
+                    problems.append(f"{game.item_id}: the observed path did not score as the gold path; kept gold")
+        return first, detour, steps, result
+
     def play_from(game: GameId, replies: list[str], report_loss: bool = True) -> dict[str, Any] | None:
         slot = free.pop()
         try:
             if continuation == "expert":
                 first, detour, last = start(slot, game, gold=False, replies=replies)
                 steps, result = expert_from(slot, last)
-                if result is None:
-                    problems.append(f"{game.item_id}: game process died during the expert's play")
-                    return None
-                if not result.success and report_loss:
-                    problems.append(f"{game.item_id}: the expert reached {result.raw_score}, not success")
-                return gold_record(game, first.observation, steps, result, protocol, schema, detour)
-            first, detour, _ = start(slot, game, gold=True, replies=replies)
-            actions = pool.gold_actions(slot)
-            if observe:
-                actions = world.observed_gold.look_before_focus(actions)
-            first, steps, result = replay(slot, first, actions[:max_actions])
-            if result is not None and observe:
-                played = [a for a, _ in steps]
-                renamed = world.observed_gold.visible_names(played, [o for _, o in steps])
-                if renamed != played:
-                    again = replay(slot, start(slot, game, gold=False, replies=replies)[0], renamed)
-                    if again[2] is not None and (again[2].raw_score, again[2].success) == (result.raw_score,
-                                                                                         result.success):
-                        first, steps, result = again
-                    else:
-                        problems.append(f"{game.item_id}: the observed path did not score as the gold path; kept gold")
+            else:
+                first, detour, steps, result = gold_from(slot, game, replies)
+            gold = continuation == "gold"
             if result is None:
-                problems.append(f"{game.item_id}: game process died during replay")
+                during = "replay" if gold else "the expert's play"
+                problems.append(f"{game.item_id}: game process died during {during}")
                 return None
             if not result.success and report_loss:
-                problems.append(f"{game.item_id}: gold path reached {result.raw_score}, not success")
+                problems.append(f"{game.item_id}: {'gold path' if gold else 'the expert'} reached {result.raw_score}, "
+                                "not success")
             return gold_record(game, first.observation, steps, result, protocol, schema, detour)
         finally:
             free.append(slot)
