@@ -11,6 +11,7 @@ share of the student's turns the game accepted (what the teacher is handed).
 
     python bench/stitched.py --config small                       # dev, 48 games, T = 0.3 0.7 1.0
     python bench/stitched.py --config small --temperatures 1.0 --k 2 --draws 2
+    python bench/stitched.py --config small_expert        # the expert teacher (gate E1's stitched/alone ratio)
 
 Writes bench/results/stitched[_CONFIG].json (rows carry `temperature` and `ratio_to_teacher`).
 """
@@ -61,8 +62,10 @@ def play(cfg: Any, student: str, teacher: str, games: list[Any], k: int, tempera
     episode = EpisodeConfig(max_turns=cfg.eval.max_turns, student_sampling=sampling,
                             teacher_sampling=cfg.rollout.teacher_sampling, report="off")
     policy = turn_policy("fixed", k=k) if k else turn_policy("teacher_only")
+    from rose_ray.rollout.agent import EXPERT
+
     with local_actors(env, engine(student, "--student", cfg.student_engine),
-                      engine(teacher, "--teacher", cfg.teacher_engine), cfg.eval.max_turns,
+                      EXPERT if teacher is None else engine(teacher, "--teacher", cfg.teacher_engine), cfg.eval.max_turns,
                       cfg.chat.enable_thinking, cfg.chat.history) as (runner, s, t):
         played = asyncio.run(play_games(runner, games, s, t, episode, policy, [cfg.env.protocol()] * len(games),
                                         request_prefix=f"stitched-T{temperature}-d{draw}-"))
@@ -145,8 +148,9 @@ def main() -> None:
     init_ray()
     t0 = time.time()
     student, teacher = resolve_models(cfg)
+    who = "the expert (teacher.kind=expert)" if teacher is None else weights_digest(Path(teacher))[:12]
     print(f"stitched: {len(games)} {args.split} games, {cfg.eval.max_turns} turns, student K={k} then the teacher; "
-          f"student {weights_digest(Path(student))[:12]}, teacher {weights_digest(Path(teacher))[:12]}", flush=True)
+          f"student {weights_digest(Path(student))[:12]}, teacher {who}", flush=True)
     alone = [play(cfg, student, teacher, games, 0, 0.0, 0)]  # greedy teacher: one draw is every draw
     rows = [summary("teacher only", None, alone, None)]
     for temperature in args.temperatures:

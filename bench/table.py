@@ -13,7 +13,16 @@ order for a seed:
 - `rose_fixed`: online ROSE, the student plays K turns (the config's), then the teacher;
 - `rose_curriculum`: K grows from 1 to 4 over the run;
 - `rose_decay`: at each student turn the teacher takes over with p falling from 0.5 to 0;
-- `opd`: the student plays whole episodes, the teacher scores every student token.
+- `opd`: the student plays whole episodes, the teacher scores every student token;
+- `rose_k0`: ROSE with K=0 (the teacher plays every turn, online): a control that must match SFT;
+- `rose_on_failure`: the teacher takes over after the student's first invalid or repeated action.
+
+Beside them the references, evaluated once: the base student, the config's teacher (a model, or
+the world's expert where `teacher.kind: expert`), and `expert`, the world's expert teacher alone
+(any ScienceWorld config). With `--config small_expert` (configs/small_expert.yaml) every arm's
+teacher is the expert: `sft` trains on the expert's whole games, the online arms on its turns after
+the handoff. The held-out games can be a file of item ids: `--set eval.split=FILE eval.n=1000`
+(eval.n at least the file's length: all of them, in its order).
 
 The budget held equal is learner steps x episodes per step (the same games, in the same
 order): what each method makes of one episode is the comparison. Trained tokens then differ by
@@ -72,15 +81,21 @@ ONLINE_ARMS = {
     "rose_curriculum": ["algorithm.handoff.policy=curriculum", "algorithm.handoff.k_start=1", "algorithm.handoff.k_max=4"],
     "rose_decay": ["algorithm.handoff.policy=decay", "algorithm.handoff.p0=0.5"],
     "opd": ["algorithm=opd"],
+    "rose_k0": ["algorithm.handoff.policy=fixed", "algorithm.handoff.k=0"],
+    "rose_on_failure": ["algorithm.handoff.policy=on_failure"],
 }
-ARMS = ("student", "sft", *ONLINE_ARMS, "teacher")
+REFERENCES = ("student", "teacher", "expert")  # evaluated once, no training
+ARMS = ("student", "sft", *ONLINE_ARMS, "teacher", "expert")
+DEFAULT_ARMS = ("student", "sft", "rose_fixed", "rose_curriculum", "rose_decay", "opd", "teacher")  # the seed's table
 METRICS = ("score", "success", "pass")
 # Beside each cell: how the arm's student plays the held-out games (evaluate.summarise).
 PLAY_RATES = ("invalid_action_rate", "cut_before_action_rate")
 # Per training arm, means over its learner steps (rose_ray/metrics.py; docs/results.md, per-step diagnostics).
 DIAGNOSTICS = ("rollout/student_valid_rate", "rollout/teacher_valid_rate", "learner/trained_tokens_student",
                "learner/trained_tokens_teacher", "learner/trained_truncated_rate", "learner/trained_repeated_rate",
-               "learner/trained_invalid_rate")
+               "learner/trained_invalid_rate", "rollout/handoff_state_changed_rate", "rollout/expert_planned_rate",
+               "rollout/expert_verified_rate")
+BY_TURN = "rollout/teacher_valid_by_turn/"  # + tNN: the teacher's valid share at turn NN of the game
 DEV_KEYS = ("score", "success", "pass", *PLAY_RATES)
 
 
@@ -122,11 +137,16 @@ def arm_sets(values: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def eval_model(model: str, cfg: Any, out: Path, backend: str) -> dict[str, Any]:
-    """Greedy eval on the config's held-out games, as `train` evaluates: the summary and every game."""
-    from rose_ray.evaluate import run_eval, train_eval_job
+def eval_model(model: str, cfg: Any, out: Path, backend: str, expert: bool = False) -> dict[str, Any]:
+    """Greedy eval on the config's held-out games, as `train` evaluates: the summary and every game.
+    `expert`: the world's expert plays every turn instead (`model` lends its tokenizer)."""
+    from dataclasses import replace
 
-    result = run_eval(train_eval_job(cfg, model, str(out / "eval"), backend=backend))
+    from rose_ray.evaluate import run_eval, train_eval_job
+    from rose_ray.rollout.agent import EXPERT
+
+    job = train_eval_job(cfg, model, str(out / "eval"), backend=backend)
+    result = run_eval(replace(job, teacher=EXPERT, handoff=0) if expert else job)
     return {"after": result["summary"]["overall"], "games": [
         {"item_id": g["item_id"], "task": g["task"], **{m: float(g[m]) for m in METRICS}} for g in result["games"]]}
 
@@ -150,14 +170,18 @@ def learner_settings(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in asdict(cfg.learner).items() if k != "model"}
 
 
-def teacher_play(cfg: Any, teacher: str) -> Any:
+def teacher_play(cfg: Any, teacher: str | None, student: str) -> Any:
     """How the SFT arm's teacher plays its whole games: as the online arms' teacher plays its
     turns (its engine's backend, dtype, context and policy, the run's chat history and thinking
-    switch, its sampling)."""
+    switch, its sampling); `teacher` None: the world's expert (`teacher.kind: expert`)."""
     from rose_ray.collect import PlayConfig
+    from rose_ray.rollout.agent import EXPERT
 
-    s, engine = cfg.rollout.teacher_sampling, cfg.teacher_engine
-    return PlayConfig(model=teacher, teacher=None, max_turns=cfg.rollout.max_turns, handoff="none",
+    # The expert (None) plays every turn of an episode whose student's engine lends its tokenizer.
+    s, engine = (cfg.rollout.student_sampling, cfg.student_engine) if teacher is None else \
+        (cfg.rollout.teacher_sampling, cfg.teacher_engine)
+    model, who, handoff = (student, EXPERT, "teacher_only") if teacher is None else (teacher, None, "none")
+    return PlayConfig(model=model, teacher=who, max_turns=cfg.rollout.max_turns, handoff=handoff,
                       temperature=s.temperature, max_new_tokens=s.max_new_tokens,
                       concurrency=cfg.env.games_per_worker, world=cfg.env.world, mapping=cfg.env.mapping,
                       context_tokens=engine.context_tokens, context_policy=engine.context_policy,
@@ -166,9 +190,11 @@ def teacher_play(cfg: Any, teacher: str) -> Any:
 
 
 def step_means(history: list[dict[str, Any]], keys: tuple[str, ...] = DIAGNOSTICS) -> dict[str, float]:
-    """Each key's mean over the learner steps that logged it (metrics.jsonl lines)."""
+    """Each key's mean over the learner steps that logged it (metrics.jsonl lines), the
+    teacher's validity at each turn (BY_TURN keys) included."""
     out = {}
-    for k in keys:
+    turns = sorted({k for m in history for k in m if k.startswith(BY_TURN)})
+    for k in (*keys, *turns):
         values = [m[k] for m in history if k in m and "learner/loss" in m]
         if values:
             out[k] = float(np.mean(values))
@@ -198,14 +224,16 @@ def run_online(arm: str, seed: int, steps: int, config: str | None, common: list
 
 
 def run_reference(who: str, config: str | None, common: list[str], run_dir: Path, backend: str) -> dict[str, Any]:
-    """The base student or the (warmed) teacher, evaluated once."""
+    """The base student, the (warmed) teacher, or the world's expert alone, evaluated once."""
     from rose_ray.config import load_config
     from rose_ray.recipes.warmup import resolve_models
 
     t0 = time.time()
     cfg = load_config(config, common)
     student, teacher = resolve_models(cfg)
-    return {**eval_model(student if who == "student" else teacher, cfg, run_dir, backend), "wall_s": time.time() - t0}
+    if who == "student" or (who == "teacher" and teacher is not None):
+        return {**eval_model(student if who == "student" else teacher, cfg, run_dir, backend), "wall_s": time.time() - t0}
+    return {**eval_model(student, cfg, run_dir, backend, expert=True), "wall_s": time.time() - t0}
 
 
 def run_sft(seed: int, steps: int, config: str | None, common: list[str], run_dir: Path, backend: str) -> dict[str, Any]:
@@ -213,7 +241,7 @@ def run_sft(seed: int, steps: int, config: str | None, common: list[str], run_di
     from rose_ray.collect import play_episodes
     from rose_ray.config import load_config
     from rose_ray.envs.worlds import get_world
-    from rose_ray.metrics import MetricsLogger, trained_scalars, validity_scalars
+    from rose_ray.metrics import MetricsLogger, episode_scalars, trained_scalars
     from rose_ray.recipes.sft import train_sft
     from rose_ray.recipes.warmup import resolve_models
     from rose_ray.rollout.ledger import GameSampler
@@ -227,7 +255,7 @@ def run_sft(seed: int, steps: int, config: str | None, common: list[str], run_di
     # The games an online run of this seed starts with, in its order.
     sampler = GameSampler(catalogue.sample(cfg.rollout.split, None, cfg.seed, tasks=cfg.tasks), seed=cfg.seed)
     games = [sampler.next() for _ in range(steps * cfg.rollout.batch_episodes)]
-    played, _ = play_episodes(teacher_play(cfg, teacher), games, [cfg.env.protocol()] * len(games))
+    played, _ = play_episodes(teacher_play(cfg, teacher, student), games, [cfg.env.protocol()] * len(games))
     played = [t for t in played if t is not None]
     rows = []
     for t in played:
@@ -245,8 +273,8 @@ def run_sft(seed: int, steps: int, config: str | None, common: list[str], run_di
     # Its diagnostics as an online step logs them, over the whole data: every teacher reply trains.
     teacher_replies = [[t.role == "assistant" and t.owner == "teacher" for t in traj.turns] for traj in played]
     tokens = {"teacher": trained_tokens(result["history"]) / max(len(result["history"]), 1)}
-    diagnostics = {**validity_scalars(played), **trained_scalars(played, teacher_replies, tokens)}
-    diagnostics = {k: v for k, v in diagnostics.items() if k in DIAGNOSTICS}
+    diagnostics = {**episode_scalars(played), **trained_scalars(played, teacher_replies, tokens)}
+    diagnostics = {k: v for k, v in diagnostics.items() if k in DIAGNOSTICS or k.startswith(BY_TURN)}
     dev = [{"step": result["steps"], **eval_dev(str(run_dir / "model"), cfg, run_dir, backend)}] if cfg.eval.every else []
     metrics = MetricsLogger(run_dir, console=False)  # the tags online runs use, so the curves overlay
     for m in result["history"]:
@@ -315,8 +343,9 @@ def table_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         for rate in PLAY_RATES:  # older results may lack one: None, shown as "-"
             values = [r["after"][rate] for r in rs if rate in r["after"]]
             row[rate] = float(np.mean(values)) if len(values) == len(rs) else None
+        keys = (*DIAGNOSTICS, *sorted({k for r in rs for k in r.get("diagnostics", {}) if k.startswith(BY_TURN)}))
         row["diagnostics"] = {k: float(np.mean([r["diagnostics"][k] for r in rs]))
-                              for k in DIAGNOSTICS if all(k in r.get("diagnostics", {}) for r in rs)}
+                              for k in keys if all(k in r.get("diagnostics", {}) for r in rs)}
         rows.append(row)
     return rows
 
@@ -361,9 +390,12 @@ def markdown(rows: list[dict[str, Any]], diffs: list[dict[str, Any]]) -> str:
 
 
 def diagnostics_markdown(rows: list[dict[str, Any]]) -> str:
-    """Per training arm, the means over its learner steps of what it played and trained on."""
+    """Per training arm, the means over its learner steps of what it played and trained on; then
+    the teacher's valid share at each turn of the game (ROSE's teacher after the handoff beside
+    SFT's, turn for turn)."""
     heads = ["student valid", "teacher valid", "trained tok. student", "trained tok. teacher",
-             "trained cut", "trained repeated", "trained invalid"]
+             "trained cut", "trained repeated", "trained invalid", "state changed at handoff", "expert planned",
+             "expert verified"]
     lines = ["| arm | " + " | ".join(heads) + " |", "| --- |" + " ---: |" * len(heads)]
     for r in rows:
         if not r.get("diagnostics"):
@@ -371,6 +403,14 @@ def diagnostics_markdown(rows: list[dict[str, Any]]) -> str:
         d = r["diagnostics"]
         cells = [("-" if k not in d else f"{d[k]:,.0f}" if "tokens" in k else f"{d[k]:.2f}") for k in DIAGNOSTICS]
         lines.append(f"| {r['arm']} | " + " | ".join(cells) + " |")
+    turns = sorted({k for r in rows for k in r.get("diagnostics", {}) if k.startswith(BY_TURN)})
+    if turns:
+        lines += ["", "Teacher valid share by turn of the game:", "",
+                  "| arm | " + " | ".join(k[len(BY_TURN):] for k in turns) + " |", "| --- |" + " ---: |" * len(turns)]
+        for r in rows:
+            d = r.get("diagnostics") or {}
+            if any(k in d for k in turns):
+                lines.append(f"| {r['arm']} | " + " | ".join("-" if k not in d else f"{d[k]:.2f}" for k in turns) + " |")
     return "\n".join(lines)
 
 
@@ -417,7 +457,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="smoke run: 1 seed x 2 steps, 4 eval games, 2 turns")
     p.add_argument("--steps", type=int, default=None, help="learner steps per arm (default: the config's)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per training arm (default 3)")
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=list(ARMS),
+                   help=f"default: {' '.join(DEFAULT_ARMS)}")
     p.add_argument("--backend", choices=["hf", "vllm", "auto"], default="hf", help="the engine of the held-out evals")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides for every arm")
     p.add_argument("--arm-set", nargs="*", default=[], metavar="ARM:KEY=VALUE",
@@ -476,7 +517,7 @@ def main() -> None:
             write_file(done, json.dumps(result, default=str))  # an interrupted arm is run again, a finished one never
         runs[arm].append(json.loads(done.read_text()))
 
-    for who in ("student", "teacher"):
+    for who in REFERENCES:
         if who in args.arms:
             run_once(who, None, lambda d, w=who: run_reference(w, config, common, d, args.backend))
     for seed in range(seeds):

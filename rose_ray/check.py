@@ -104,7 +104,7 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
     from rose_ray.recipes.warmup import resolve_tiny
 
     out = []
-    if (cfg.student_engine.spec.served or cfg.teacher_engine.spec.served) and _on_a_cluster(cfg):
+    if any(engine.spec.served for _, engine in cfg.engines()) and _on_a_cluster(cfg):
         import ray
 
         from rose_ray.config import check_served_urls
@@ -112,7 +112,7 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
 
         init_ray(cfg.ray_address)  # the run's cluster: a loopback URL reaches one node only
         check_served_urls(cfg, sum(bool(n.get("Alive")) for n in ray.nodes()))
-    for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine)):
+    for role, engine in cfg.engines():
         if not engine.spec.served:
             continue
         scores = role == "teacher" and cfg.algorithm.teacher_scores_student()
@@ -149,7 +149,7 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
     # Engine backends (where the engines run on this machine's cluster; a remote node says so when its engine starts).
     from rose_ray.inference.backends import backend_problem
 
-    for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine)):
+    for role, engine in cfg.engines():
         problem = backend_problem(engine.backend, import_it=True)
         if problem is not None:
             raise InputError(f"{role}_engine.backend: {problem}")
@@ -158,7 +158,7 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
 
     # Tokenizers and chat templates.
     toks = {}
-    for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine)):
+    for role, engine in cfg.engines():
         name = engine.tokenizer or engine.model
         path = _tokenizer_path(cfg, role, name, stand_ins)
         toks[role] = load_tokenizer(path)
@@ -169,9 +169,13 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
         sampling = cfg.rollout.student_sampling if role == "student" else cfg.rollout.teacher_sampling
         out.append(f"{role}: {name} (tokenizer from {path}, {len(toks[role])} tokens)")
         out += show_pieces(role, chat, protocol, prompt_budget(engine.context_tokens, sampling.max_new_tokens))
-    shared = same_tokenizer(toks["student"], toks["teacher"])
-    out.append(f"student and teacher {'share one tokenizer' if shared else 'have different tokenizers'}")
-    cfg.algorithm.check_agents(cfg, shared)
+    if cfg.teacher.expert:
+        out.append("teacher: the world's expert (teacher.kind=expert): its replies are text, tokenized with the "
+                   "student's tokenizer")
+    else:
+        shared = same_tokenizer(toks["student"], toks["teacher"])
+        out.append(f"student and teacher {'share one tokenizer' if shared else 'have different tokenizers'}")
+        cfg.algorithm.check_agents(cfg, shared)
 
     # Games.
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)

@@ -40,9 +40,10 @@ from rose_ray.commands import PlaySettings
 from rose_ray.envs import DEFAULT_WORLD
 from rose_ray.envs.base import StepResult
 from rose_ray.envs.catalogue import GameCatalogue, parse_item
-from rose_ray.envs.protocol import Protocol, parse_action
-from rose_ray.envs.worlds import get_world, world_of_item, world_protocol
+from rose_ray.envs.protocol import Protocol, gold_reply, gold_thought, parse_action
+from rose_ray.envs.worlds import CONTINUATIONS, get_world, world_of_item, world_protocol
 from rose_ray.errors import InputError
+from rose_ray.rollout.agent import EXPERT
 from rose_ray.rows import PartialRows, digest, message_text, read_jsonl, row_schema, row_to_turns
 from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
 
@@ -51,16 +52,6 @@ if TYPE_CHECKING:
 
 
 # --------------------------------------------------------------------------- gold
-def gold_thought(action: str, location: str | None = None) -> str:
-    """A short templated Thought: where the agent is (copied from the observations, so that a
-    small model learns to read the room before it acts) and the action it leads to."""
-    where = f"I am in the {location}. " if location else ""
-    if action.strip().isdigit():
-        return f"{where}The game asks which one I meant; option {action.strip()} is the right one."
-    return f"{where}To make progress on the task, I will {action} next."
-
-
-
 def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str]],
                 last: StepResult, protocol: Protocol, schema: str = "card",
                 detour: list[tuple[str, str]] = ()) -> dict[str, Any]:
@@ -71,8 +62,10 @@ def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str
     for reply, observation in detour:
         turns += [Turn("assistant", reply, "student"), Turn("user", observation, "env")]
     location = protocol.location_of(first_observation)
+    for _, observation in detour:  # the replies after it name the room the opening left the agent in
+        location = protocol.location_of(observation) or location
     for action, observation in steps:
-        turns.append(Turn("assistant", f"Thought: {gold_thought(action, location)}\nAction: {action}", "teacher"))
+        turns.append(Turn("assistant", gold_reply(action, location), "teacher"))
         turns.append(Turn("user", observation, "env"))
         location = protocol.location_of(observation) or location
     t = Trajectory(game=game, turns=turns, score=last.score, raw_score=last.raw_score,
@@ -91,7 +84,7 @@ def detour_replies(game: GameId, rate: float, actions: tuple[str, ...]) -> list[
     for _ in range(rng.choice((1, 2))):
         action = rng.choice(actions)
         if rng.random() < 0.5:
-            replies.append(f"Thought: {gold_thought(action)}\nAction: {action}")
+            replies.append(gold_reply(action))
         else:  # a reply cut before its action: the game gets the thought as its action
             words = gold_thought(action).split()
             replies.append("Thought: " + " ".join(words[: rng.randint(2, len(words) - 1)]))
@@ -101,7 +94,8 @@ def detour_replies(game: GameId, rate: float, actions: tuple[str, ...]) -> list[
 def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, progress: bool = True,
               protocol: Protocol | None = None, schema: str = "card", observe: bool = False,
               detours: float = 0.0, on_row: Callable[[int, dict[str, Any]], None] | None = None,
-              openings: dict[str, list[str]] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+              openings: dict[str, list[str]] | None = None,
+              continuation: str = "gold") -> tuple[list[dict[str, Any]], list[str]]:
     """Play each game's gold path on `workers` game processes; returns (rows, problems).
     `on_row(i, row)` as game i's row is made (on a worker thread).
 
@@ -113,7 +107,10 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
     path, so that a teacher warmed on them carries on from a student's first turns.
     `openings`: a game's own student-owned replies (by item id; a student's real sampled turns)
     played before its gold path instead of a detour; where the gold path after them scores
-    worse than from a fresh load, the game is demonstrated without them (and says so in problems)."""
+    worse than from a fresh load, the game is demonstrated without them (and says so in problems).
+    `continuation`: after the opening, ScienceWorld's gold path (`gold`), or the world's expert
+    teacher playing from the state the opening left (`expert`: envs/sciworld/expert.py; its
+    replies are already observed ones: it looks before it focuses and names things as shown)."""
     from rose_ray.envs.pool import EnvPool
 
     worlds = {g.world for g in games}
@@ -127,6 +124,10 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
     if (observe or detours) and world.observed_gold is None:
         raise InputError(f"gold: {world.name} has no observed gold paths or detours (observe, detours); "
                          "use its gold paths as they are")
+    if continuation not in CONTINUATIONS:
+        raise InputError(f"gold: continuation must be one of {CONTINUATIONS}, got {continuation!r}")
+    if continuation == "expert" and world.expert is None:
+        raise InputError(f"gold: {world.name} has no expert teacher to continue the demonstrations")
     protocol = protocol or world.protocol
     pool = EnvPool(num_games=max(1, min(workers, len(games))), world=world.name)
     free: list[int] = list(range(pool.num_games()))
@@ -137,10 +138,30 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
             return openings[game.item_id]
         return detour_replies(game, detours, world.observed_gold.DETOURS if detours else ())
 
-    def start(slot: int, game: GameId, gold: bool, replies: list[str]) -> tuple[StepResult, list[tuple[str, str]]]:
-        """The game loaded, and its opening replies played (a detour or a student's turns)."""
-        first = pool.reset(slot, game, gold=gold)
-        return first, [(reply, pool.step(slot, parse_action(reply).action).observation) for reply in replies]
+    def start(slot: int, game: GameId, gold: bool,
+              replies: list[str]) -> tuple[StepResult, list[tuple[str, str]], StepResult]:
+        """The game loaded, and its opening replies played (a detour or a student's turns): the
+        first observation, the opening's (reply, observation) pairs, and the game's last answer."""
+        last = first = pool.reset(slot, game, gold=gold)
+        pairs = []
+        for reply in replies:
+            last = pool.step(slot, parse_action(reply).action)
+            pairs.append((reply, last.observation))
+        return first, pairs, last
+
+    def expert_from(slot: int, last: StepResult) -> tuple[list[tuple[str, str]], StepResult | None]:
+        """The expert's play from the slot's state (`last`: the game's last answer), up to
+        `max_actions`, until the game ends or the expert has no plan; None if the game died."""
+        steps, result = [], last
+        while len(steps) < max_actions and not result.done:
+            reply = pool.expert_reply(slot)
+            if reply.action is None:
+                break
+            result = pool.step(slot, reply.action)
+            if result.interrupted:
+                return steps, None
+            steps.append((reply.action, result.observation))
+        return steps, result
 
     def replay(slot: int, first: StepResult, actions: list[str]) -> tuple[StepResult, list[tuple[str, str]], Any]:
         steps, result = [], first
@@ -163,39 +184,54 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
         replies = opening(game)
         if not (openings and openings.get(game.item_id)):
             return play_from(game, replies)
-        # A student's opening may have changed the game: its row only where the gold path
-        # after it scores as well as from a fresh load.
+        # A student's opening may have changed the game: its row only where the play after it
+        # (the gold path, or the expert) scores as well as from a fresh load.
         clean = play_from(game, [])
         row = play_from(game, replies, report_loss=False)
         if clean is None or row is None or (row["success"], row["score"]) >= (clean["success"], clean["score"]):
             return row if row is not None else clean
-        problems.append(f"{game.item_id}: the gold path did not score as well after the student's opening; "
+        what = "the gold path" if continuation == "gold" else "the expert"
+        problems.append(f"{game.item_id}: {what} did not score as well after the student's opening; "
                         "demonstrated without it")
         return clean
+
+    def gold_from(slot: int, game: GameId, replies: list[str]) -> tuple[StepResult, list[tuple[str, str]],
+                                                                        list[tuple[str, str]], StepResult | None]:
+        """The game's gold path after the opening (observed where asked): the first observation,
+        the opening's pairs, the path's (action, observation) pairs and its last answer."""
+        first, detour, _ = start(slot, game, gold=True, replies=replies)
+        actions = pool.gold_actions(slot)
+        if observe:
+            actions = world.observed_gold.look_before_focus(actions)
+        first, steps, result = replay(slot, first, actions[:max_actions])
+        if result is not None and observe:
+            played = [a for a, _ in steps]
+            renamed = world.observed_gold.visible_names(played, [o for _, o in steps])
+            if renamed != played:
+                again = replay(slot, start(slot, game, gold=False, replies=replies)[0], renamed)
+                if again[2] is not None and (again[2].raw_score, again[2].success) == (result.raw_score,
+                                                                                     result.success):
+                    first, steps, result = again
+                else:
+                    problems.append(f"{game.item_id}: the observed path did not score as the gold path; kept gold")
+        return first, detour, steps, result
 
     def play_from(game: GameId, replies: list[str], report_loss: bool = True) -> dict[str, Any] | None:
         slot = free.pop()
         try:
-            first, detour = start(slot, game, gold=True, replies=replies)
-            actions = pool.gold_actions(slot)
-            if observe:
-                actions = world.observed_gold.look_before_focus(actions)
-            first, steps, result = replay(slot, first, actions[:max_actions])
-            if result is not None and observe:
-                played = [a for a, _ in steps]
-                renamed = world.observed_gold.visible_names(played, [o for _, o in steps])
-                if renamed != played:
-                    again = replay(slot, start(slot, game, gold=False, replies=replies)[0], renamed)
-                    if again[2] is not None and (again[2].raw_score, again[2].success) == (result.raw_score,
-                                                                                         result.success):
-                        first, steps, result = again
-                    else:
-                        problems.append(f"{game.item_id}: the observed path did not score as the gold path; kept gold")
+            if continuation == "expert":
+                first, detour, last = start(slot, game, gold=False, replies=replies)
+                steps, result = expert_from(slot, last)
+            else:
+                first, detour, steps, result = gold_from(slot, game, replies)
+            gold = continuation == "gold"
             if result is None:
-                problems.append(f"{game.item_id}: game process died during replay")
+                during = "replay" if gold else "the expert's play"
+                problems.append(f"{game.item_id}: game process died during {during}")
                 return None
             if not result.success and report_loss:
-                problems.append(f"{game.item_id}: gold path reached {result.raw_score}, not success")
+                problems.append(f"{game.item_id}: {'gold path' if gold else 'the expert'} reached {result.raw_score}, "
+                                "not success")
             return gold_record(game, first.observation, steps, result, protocol, schema, detour)
         finally:
             free.append(slot)
@@ -225,7 +261,7 @@ class PlayConfig(PlaySettings):
     and bench/table.py's teacher games make one from a training config."""
 
     model: str
-    teacher: str | None = None
+    teacher: str | None = None  # a model, or EXPERT: the world's expert teacher
     max_turns: int
     handoff: str = "none"  # "none" (student only) or "teacher_only"
     dtype: str = "auto"  # the engines' weights (auto: as the model folder declares)
@@ -244,7 +280,7 @@ class PlayConfig(PlaySettings):
                                   max_batch_size=self.concurrency, dtype=self.dtype, kv_cache_mb=self.kv_cache_mb)
 
         out = {self.model_flag: engine(self.model, self.model_flag)}
-        if self.teacher is not None and self.teacher != self.model:
+        if self.teacher not in (None, self.model, EXPERT):
             out[self.teacher_flag] = engine(self.teacher, self.teacher_flag)
         return out
 
@@ -266,7 +302,7 @@ def play_episodes(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol
     engines = cfg.engines()
     check_command_engines(cfg.command, engines)  # a served model that cannot do the job fails now
     student = engines[cfg.model_flag]
-    teacher = None if cfg.teacher is None else engines.get(cfg.teacher_flag, student)
+    teacher = cfg.teacher if cfg.teacher in (None, EXPERT) else engines.get(cfg.teacher_flag, student)
     with local_actors(env_cfg, student, teacher, cfg.max_turns, cfg.enable_thinking, cfg.history) as (
             runner, student, teacher):
         sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)

@@ -173,7 +173,8 @@ class EvalCommand(PlaySettings):
                                               "the episode ends", choices=("thoughts", "report"))
     judge_thinking: str | None = setting(None, "the judge's chat-template thinking switch (default: off for a "
                                                "local folder, the server's own for openai:)", choices=("on", "off"))
-    teacher: str | None = setting(None, "with --handoff K: the teacher plays from turn K+1")
+    teacher: str | None = setting(None, "with --handoff K: the teacher plays from turn K+1 (a model, or `expert`: "
+                                        "the world's expert teacher)")
     handoff: int | None = setting(None, "student turns before the teacher takes over")
     env_workers: int = setting(1, "game processes")
     dtype: str = setting(EngineConfig.dtype, "the engines' weights (auto: as the model folder declares)",

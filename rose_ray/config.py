@@ -105,6 +105,11 @@ class TeacherWarmupConfig:
     student_openings: float = 0.0
     opening_turns: int = 2
     opening_temperature: float | None = None  # None: the student's sampling temperature of the run
+    # what plays after a demonstration's opening: ScienceWorld's gold path (`gold`), or the world's
+    # expert teacher from the state the opening left (`expert`: every demonstration then shows
+    # the expert's play, after the base student's real turns where `student_openings` draws
+    # them, so a teacher warmed on them has seen recoveries from real moves). Teacher only.
+    continuation: str = "gold"
     epochs: int = 10
     lr: float = 1e-3
     schedule: str = "constant"  # constant | linear | cosine (over the warm-up's steps)
@@ -125,6 +130,13 @@ class TeacherWarmupConfig:
                               f"got {self.student_openings!r}")
         if self.opening_temperature is not None and self.opening_temperature < 0:
             raise ConfigError(f"{self.KEY}.opening_temperature: must be >= 0 (or null), got {self.opening_temperature!r}")
+        from rose_ray.envs.worlds import CONTINUATIONS
+
+        if self.continuation not in CONTINUATIONS:
+            raise ConfigError(f"{self.KEY}.continuation: must be one of {CONTINUATIONS}, got {self.continuation!r}")
+        if self.continuation != "gold" and self.KEY != "teacher_warmup":
+            raise ConfigError(f"{self.KEY}.continuation: only the teacher's demonstrations are continued by the "
+                              "expert; set teacher_warmup.continuation")
         if self.student_openings and self.KEY != "teacher_warmup":
             raise ConfigError(f"{self.KEY}.student_openings: only the teacher's demonstrations open with "
                               "the base student's turns; set teacher_warmup.student_openings")
@@ -139,6 +151,27 @@ class StudentWarmupConfig(TeacherWarmupConfig):
 
     KEY = "student_warmup"
 
+
+
+TEACHER_KINDS = ("model", "expert")
+
+
+@dataclass
+class TeacherConfig:
+    """Who the teacher is: `model`, the model `teacher_engine` serves (the default), or `expert`,
+    the world's expert teacher (ScienceWorld: envs/sciworld/expert.py), which plays from the game
+    itself: no engine is started for it, it has no logprobs (so no OPD term), and it plays only
+    the tasks it knows (`World.expert_tasks`)."""
+
+    kind: str = "model"
+
+    def __post_init__(self) -> None:
+        if self.kind not in TEACHER_KINDS:
+            raise ConfigError(f"teacher.kind: must be one of {TEACHER_KINDS}, got {self.kind!r}")
+
+    @property
+    def expert(self) -> bool:
+        return self.kind == "expert"
 
 
 @dataclass
@@ -230,6 +263,9 @@ class TrainConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     chat: ChatConfig = field(default_factory=ChatConfig)
     student_engine: EngineConfig = field(default_factory=lambda: EngineConfig(model="tiny:student"))
+    # who teaches: the model of teacher_engine (kind model), or the world's expert (kind expert;
+    # then teacher_engine is not started)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
     teacher_engine: EngineConfig = field(default_factory=lambda: EngineConfig(model="tiny:teacher"))
     learner: LearnerConfig = field(  # a schedule decays over the run's steps unless told otherwise
         default_factory=lambda: LearnerConfig(model="${student_engine.model}", total_steps="${steps}")
@@ -290,12 +326,48 @@ class TrainConfig:
                               f"generates a batch to its end; an openai engine takes no weights); "
                               f"student_engine.backend is {self.student_engine.backend!r}: use publish.in_flight=wait")
         recipe.check(self)
+        if self.teacher.expert:
+            self._check_expert(recipe)
+        if self.teacher_warmup.enabled and self.teacher_warmup.continuation == "expert":
+            self._check_expert_tasks("teacher_warmup.continuation")
         if self.chat.history == "template" and recipe.teacher_scores_student():
             setting = recipe.scoring_key.split(".")[1:]  # `algorithm` itself, or one of its keys
             value = getattr(recipe, setting[0]) if setting else recipe.name
             raise ConfigError(f"chat.history: 'template' re-renders earlier turns from their text, but the OPD "
                               f"term ({recipe.scoring_key}={value}) needs the ids that were sampled; "
                               "use chat.history=sampled")
+
+
+    def engines(self) -> list[tuple[str, EngineConfig]]:
+        """(role, engine config) of each engine the run starts: the student's, and the
+        teacher's unless the teacher is the world's expert."""
+        return [("student", self.student_engine)] + ([] if self.teacher.expert else [("teacher", self.teacher_engine)])
+
+    def _check_expert(self, recipe: Recipe) -> None:
+        """An expert teacher: a world that has one, tasks it plays, no OPD, no model to warm."""
+        self._check_expert_tasks("teacher.kind")
+        if recipe.teacher_scores_student():
+            setting = recipe.scoring_key.split(".")[1:]
+            value = getattr(recipe, setting[0]) if setting else recipe.name
+            raise ConfigError(f"{recipe.scoring_key}: {value} asks the teacher to score the student's tokens (OPD), "
+                              "but the expert teacher has no logprobs; use teacher.kind=model, or ROSE without "
+                              "its OPD term (algorithm.lam=0) or teacher_sft")
+        if self.teacher_warmup.enabled:
+            raise ConfigError("teacher_warmup.enabled: the expert teacher is no model to warm; set "
+                              "teacher_warmup.enabled=false (or teacher.kind=model)")
+
+    def _check_expert_tasks(self, key: str) -> None:
+        """The world has an expert teacher (`key` asks for it) and it plays every task of the run."""
+        from rose_ray.envs.worlds import get_world
+
+        world = get_world(self.env.world)
+        if world.expert is None:
+            raise ConfigError(f"{key}: expert: {world.name} has no expert teacher (env.world={world.name})")
+        tasks = self.tasks or world.catalogue(self.env.mapping).task_names()
+        unknown = [t for t in tasks if t not in world.expert_tasks]
+        if unknown:
+            raise ConfigError(f"tasks: the expert teacher ({key}) plays {list(world.expert_tasks)}, not {unknown}; "
+                              "set tasks to those it plays" + ("" if self.tasks else " (empty tasks means every task)"))
 
 
 # Keys that no longer exist, and what took their place: an old config gets told, by key.

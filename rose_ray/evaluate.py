@@ -43,6 +43,8 @@ def game_record(t: Trajectory) -> dict[str, Any]:
         "invalid_rate": t.invalid_actions / actions, "handoff_turn": t.handoff_turn,
         "truncated_turns": t.truncated_turns, "cut_before_action": t.cut_before_action,
         "end_reason": t.end_reason, "attempts": int(t.timing.get("attempts", 1)),
+        **({"handoff_state": t.handoff_state} if t.handoff_state is not None else {}),
+        **({"expert": t.expert} if t.expert is not None else {}),
         **({"report": t.report} if t.report is not None else {}),
         # DiscoveryWorld: the package's own score (the paper's process score) and what the judge needs
         **({"process": t.scoring["process"]} if "process" in t.scoring else {}),
@@ -209,6 +211,7 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     from rose_ray.envs.config import EnvConfig
     from rose_ray.envs.worlds import get_world, world_protocol
     from rose_ray.rollout.actors import local_actors
+    from rose_ray.rollout.agent import EXPERT
     from rose_ray.rollout.episode import EpisodeConfig
     from rose_ray.rollout.handoff import turn_policy
 
@@ -224,9 +227,10 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     from rose_ray.inference.backends import check_command_engines
 
     engines = {"--model": _engine_config(cfg.model, "--model", cfg)}
-    if cfg.teacher:
+    if cfg.teacher and cfg.teacher != EXPERT:
         engines["--teacher"] = _engine_config(cfg.teacher, "--teacher", cfg)
     check_command_engines("eval", engines)  # a served model that cannot do the job fails now
+    teacher = EXPERT if cfg.teacher == EXPERT else engines.get("--teacher")
     # Without --max-turns each game ends at its world's own limit; the episode loop allows the longest.
     max_turns = cfg.max_turns or max((catalogue.turn_limit(g) for g in games), default=1)
     out = Path(cfg.out[: -len(".json")] if cfg.out.endswith(".json") else cfg.out)
@@ -243,7 +247,7 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
         env_cfg = EnvConfig(workers=cfg.env_workers,
                             games_per_worker=max(1, -(-min(cfg.concurrency, len(todo)) // cfg.env_workers)),
                             mapping=cfg.mapping, world=cfg.world, cpus_per_worker=0.5)
-        with local_actors(env_cfg, engines["--model"], engines.get("--teacher"), cfg.max_turns,
+        with local_actors(env_cfg, engines["--model"], teacher, cfg.max_turns,
                           cfg.enable_thinking, cfg.history) as (runner, student, teacher):
             sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                                       seed=cfg.seed if cfg.temperature > 0 else None)

@@ -410,7 +410,7 @@ def memory_plan(cfg: Any, gpu_gib: float | None, config_for: dict[str, str] | No
         student = engine_memory("student engine", cfg.student_engine, r.student_gpus,
                                 shape(cfg.student_engine.model, "student_engine.model"), gpu_bytes, gpu_note, False)
         roles.append(student)
-    if cfg.teacher_engine.spec.local:
+    if cfg.teacher_engine.spec.local and not cfg.teacher.expert:
         scores = cfg.algorithm.teacher_scores_student()
         roles.append(engine_memory("teacher engine", cfg.teacher_engine, r.teacher_gpus,
                                    shape(cfg.teacher_engine.model, "teacher_engine.model"), gpu_bytes, gpu_note, scores))

@@ -100,7 +100,7 @@ def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, floa
     if read:  # OPD: tokens the teacher read to score the student's, per student token scored
         scored = sum(len(x.teacher_logprobs) for t in batch for x in t.turns if x.teacher_logprobs is not None)
         scalars["rollout/teacher_read_per_scored_token"] = read / max(scored, 1)
-    scalars.update(validity_scalars(batch))
+    scalars.update(episode_scalars(batch))
     # What the step trained on (`trained_scalars`, from the rendered batch), as learn_step adds it.
     scalars.update({k: v for k, v in learner.items() if k.startswith("learner/")})
     ps = [t.handoff_p for t in batch if t.handoff_p is not None]
@@ -118,6 +118,43 @@ def validity_scalars(batch: list[Any]) -> dict[str, float]:
         if replies:
             valid = sum(i not in set(t.invalid_turns) for t, i in replies)
             out[f"rollout/{owner}_valid_rate"] = valid / len(replies)
+    return out
+
+
+def episode_scalars(batch: list[Any]) -> dict[str, float]:
+    """What a batch's episodes played, beside what trained (an online step's, and the SFT data's
+    in bench/table.py): `validity_scalars`; the teacher's valid share at each turn of the game
+    (`rollout/teacher_valid_by_turn/tNN`, turn NN counted from the episode's first reply, so a
+    teacher that took over at turn 3 and one that played from turn 1 compare turn for turn); at
+    the handoffs, the share at which the game's state differed from its state at load
+    (`rollout/handoff_state_changed_rate`, and per part: `rollout/handoff_<part>_changed_rate`,
+    ScienceWorld's room, inventory, focus); and with an expert teacher, the shares of its
+    handoffs at which it had a plan and a plan that won on replay (`rollout/expert_planned_rate`,
+    `rollout/expert_verified_rate`), of episodes it ended for want of a plan
+    (`rollout/expert_no_plan_rate`) and of episodes lost before it was handed the game
+    (`rollout/expert_unwinnable_rate`)."""
+    out = validity_scalars(batch)
+    by_turn: dict[int, list[bool]] = {}
+    for t in batch:
+        invalid, at = set(t.invalid_turns), 0
+        for i, x in enumerate(t.turns):
+            if x.role == "assistant" and x.owner != "prompt":
+                at += 1
+                if x.owner == "teacher":
+                    by_turn.setdefault(at, []).append(i not in invalid)
+    out.update({f"rollout/teacher_valid_by_turn/t{n:02d}": sum(v) / len(v) for n, v in sorted(by_turn.items())})
+    states = [t.handoff_state for t in batch if t.handoff_state]
+    for part in dict.fromkeys(k for s in states for k in s):
+        name = "state" if part == "changed" else part
+        out[f"rollout/handoff_{name}_changed_rate"] = sum(bool(s.get(part)) for s in states) / len(states)
+    experts = [t.expert for t in batch if t.expert is not None]
+    if experts:
+        asked = [e for e in experts if e.get("status") != "unwinnable"]
+        if asked:
+            out["rollout/expert_planned_rate"] = sum(bool(e["planned"]) for e in asked) / len(asked)
+            out["rollout/expert_verified_rate"] = sum(bool(e["verified"]) for e in asked) / len(asked)
+        out["rollout/expert_no_plan_rate"] = sum(t.end_reason == "no_plan" for t in batch) / len(batch)
+        out["rollout/expert_unwinnable_rate"] = (len(experts) - len(asked)) / len(batch)
     return out
 
 

@@ -53,8 +53,10 @@ def demands(cfg: Any) -> list[RoleDemand]:
     student_n = int(getattr(r, "student_replicas", 1))
     teacher_n = int(getattr(r, "teacher_replicas", 1))
     learner = {"CPU": cfg.learner.cpus_per_rank, "GPU": cfg.learner.gpus_per_rank}
+    expert = cfg.teacher.expert  # the world's expert teaches: no teacher engine to place
     check_engine_gpus("student", cfg.student_engine, r.student_gpus)
-    check_engine_gpus("teacher", cfg.teacher_engine, r.teacher_gpus)
+    if not expert:
+        check_engine_gpus("teacher", cfg.teacher_engine, r.teacher_gpus)
     student = {"CPU": r.student_cpus, "GPU": r.student_gpus}
     teacher = {"CPU": r.teacher_cpus, "GPU": r.teacher_gpus}
     if colocate and student_n > cfg.learner.ranks:
@@ -69,7 +71,7 @@ def demands(cfg: Any) -> list[RoleDemand]:
         RoleDemand("eval env worker", 1, env, "SPREAD"),
         RoleDemand("student engine", student_n, student, "PACK",
                    group("learner" if colocate and learner["GPU"] > 0 else "student", student)),
-        RoleDemand("teacher engine", teacher_n, teacher, "PACK", group("teacher", teacher)),
+        *([] if expert else [RoleDemand("teacher engine", teacher_n, teacher, "PACK", group("teacher", teacher))]),
         RoleDemand("learner ranks", cfg.learner.ranks, learner, "PACK", group("learner", learner)),
     ]
 

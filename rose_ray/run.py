@@ -144,7 +144,7 @@ class RunParts:
     parts below, in this order; `close` ends those it got to (the ones None until then)."""
 
     student_path: str
-    teacher_path: str
+    teacher_path: str | None  # None: the world's expert teaches (teacher.kind=expert)
     sampler: GameSampler
     eval_games: list[GameId]
     engines: EngineSupervisor
@@ -182,7 +182,7 @@ class RunParts:
         from rose_ray.models import download_model, hub_cache, is_hub_id, load_tokenizer
         from rose_ray.placement import PlacementGroups, check_cluster, check_shared_storage, demands
         from rose_ray.rollout.actors import init_ray, start_agents, start_env_pools
-        from rose_ray.rollout.agent import EpisodeConfig
+        from rose_ray.rollout.agent import EXPERT, EpisodeConfig
         from rose_ray.rollout.buffer import TrajectoryBuffer
         from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
         from rose_ray.rollout.runner import EpisodeRunner
@@ -217,22 +217,25 @@ class RunParts:
 
         # The env pools are created first: their JVMs boot while the engines load their weights.
         self.pools = start_env_pools(cfg.env, max_turns=cfg.rollout.max_turns)
+        expert = cfg.teacher.expert  # the world's expert teaches: it plays from the env pools, no engine
         self.student, self.teacher = start_agents(
             replace(cfg.student_engine, model=student_path),
-            replace(cfg.teacher_engine, model=teacher_path),
+            EXPERT if expert else replace(cfg.teacher_engine, model=teacher_path),
             cfg.resources.student_cpus, cfg.resources.teacher_cpus,
             cfg.resources.student_gpus, cfg.resources.teacher_gpus,
             # Named, so the dashboard (and bench/chaos.py) can tell them apart.
             student_options={**self.groups.options("student engine"), "name": f"rose_ray {self.session} student engine"},
-            teacher_options={**self.groups.options("teacher engine"), "name": f"rose_ray {self.session} teacher engine"},
+            teacher_options=None if expert else {**self.groups.options("teacher engine"),
+                                                 "name": f"rose_ray {self.session} teacher engine"},
             enable_thinking=cfg.chat.enable_thinking, history=cfg.chat.history,
         )
         r = cfg.reliability  # a lost engine is replaced on its placement; past max_restarts the run stops
         self.engines = EngineSupervisor(r.max_restarts, r.health_every_s, r.health_timeout_s, r.start_timeout_s,
                                         on_failed=self.failures.report)
-        self.engines.watch("student engine", self.student)
-        self.engines.watch("teacher engine", self.teacher)
-        await_ready({"student engine": self.student, "teacher engine": self.teacher}, r.start_timeout_s)
+        engines = {"student engine": self.student, **({} if expert else {"teacher engine": self.teacher})}
+        for role, agent in engines.items():
+            self.engines.watch(role, agent)
+        await_ready(engines, r.start_timeout_s)
         self.protocol = cfg.env.protocol()
         self.recipe = cfg.algorithm  # who acts when, which tokens train (rose_ray/recipes/)
         self.recipe.check_agents(cfg, self.teacher.chat is self.student.chat)

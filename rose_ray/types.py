@@ -109,6 +109,14 @@ class Trajectory:
     # What the world says about scoring this game, never shown to the agent (DiscoveryWorld:
     # task description, critical questions, the package's own normalised score `process`).
     scoring: dict[str, Any] = field(default_factory=dict)
+    # At the handoff, which parts of the game's state differed from its state at load
+    # (ScienceWorld: room, inventory, focus; `changed`: any); None without a handoff or where
+    # the world gives no state.
+    handoff_state: dict[str, bool] | None = None
+    # An expert teacher's record: whether it had a plan at the handoff (`planned`) and one that
+    # won on replay (`verified`), its last `status`, its `replans` and planning time `plan_s`;
+    # `status` "unwinnable": the game was lost before the handoff. None for a model teacher.
+    expert: dict[str, Any] | None = None
 
     def to_record(self, schema: str = "card", loss: list[bool] | None = None) -> dict[str, Any]:
         """A dataset row: the card's schema (`role`/`content` messages, `success` 0/1) or
@@ -147,6 +155,10 @@ class Trajectory:
             extra["report"] = self.report
         if self.end_reason:  # why the episode ended (`context`: its prompt no longer fit)
             extra["end_reason"] = self.end_reason
+        if self.handoff_state is not None:
+            extra["handoff_state"] = self.handoff_state
+        if self.expert is not None:
+            extra["expert"] = self.expert
         return {
             "item_id": self.game.item_id,
             "task": self.game.task,

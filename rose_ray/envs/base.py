@@ -38,6 +38,23 @@ class StepResult:
     success: bool = False
 
 
+@dataclass
+class ExpertReply:
+    """A world's expert teacher's next reply in an episode (envs/sciworld/expert.py): its text in
+    the protocol's form, or None where it has no plan (the episode then ends). `planned`: it has
+    a plan from this state; `verified`: that plan won when replayed in its scratch game;
+    `status` says which (verified, partial, no_plan, ...); `replans`: plans made again this
+    episode after the game answered otherwise than the replay; `plan_s`: this reply's time."""
+
+    text: str | None
+    action: str | None = None
+    planned: bool = False
+    verified: bool = False
+    status: str = ""
+    replans: int = 0
+    plan_s: float = 0.0
+
+
 class Game(Protocol):
     """One game of one world, on its own process (a JVM, a worker); a failed or timed-out
     call kills the process and raises GameError."""
@@ -47,6 +64,8 @@ class Game(Protocol):
     def step(self, action: str) -> StepResult: ...
 
     def gold_actions(self) -> list[str]: ...
+
+    def state(self) -> dict[str, Any]: ...
 
     def alive(self) -> bool: ...
 
@@ -60,7 +79,13 @@ class Game(Protocol):
 
 class ProcessGame:
     """Closes its game's process at the end of a `with` block and when garbage-collected
-    (subclasses define `close`)."""
+    (subclasses define `close`). `state()`: a small fingerprint of the game's state, and
+    `initial_state` the one at load (empty unless the world gives one: ScienceWorld does)."""
+
+    initial_state: dict[str, Any] = {}
+
+    def state(self) -> dict[str, Any]:
+        return {}
 
     def close(self) -> None:
         raise NotImplementedError

@@ -6,7 +6,12 @@ Calls on different slots run in parallel threads (each game is its own process, 
 waits release the GIL). A game process that dies or hangs is killed and replaced at once;
 the call that found it returns `interrupted=True` with the game it was running, so the
 caller can restart that episode from its first turn. A slot asked to load a game of another
-world swaps its process for one of that world. No torch here.
+world swaps its process for one of that world.
+
+A slot keeps its episode's record (the first observation, then each action and the game's
+answer): a world's expert teacher plans from it (`expert_reply`: the slot's expert, with a
+scratch game of its own, started on first use), and `state` compares the game's state now with
+its state at load (room, inventory, focus: what a handoff hands over). No torch here.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rose_ray.envs.base import Game, GameError, StepResult
+from rose_ray.envs.base import ExpertReply, Game, GameError, StepResult
 from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.worlds import get_world
+from rose_ray.errors import InputError
 from rose_ray.types import GameId
 
 
@@ -34,6 +40,11 @@ class _Slot:
     interrupted: int = 0
     latencies_ms: deque = field(default_factory=lambda: deque(maxlen=1000))
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # the episode's record: its first observation, then (action, observation) per step
+    first: str = ""
+    history: list[tuple[str, str]] = field(default_factory=list)
+    loads: int = 0  # games loaded: tells one episode's record from the next
+    expert: Any = None  # the world's expert teacher, started on first use
 
 
 class EnvPool:
@@ -95,7 +106,8 @@ class EnvPool:
                     self._replace(s)
                 try:
                     result = s.game.load(game, gold=gold)
-                    s.current = game
+                    s.current, s.first, s.history = game, result.observation, []
+                    s.loads += 1
                     return result
                 except GameError:
                     if attempt == 1:
@@ -124,6 +136,7 @@ class EnvPool:
                     info={"error": str(e)},
                 )
             s.steps += 1
+            s.history.append((action, result.observation))
             s.latencies_ms.append(result.latency_ms)
             if result.done:
                 s.current = game  # still loaded; a further step answers "ended"
@@ -143,6 +156,29 @@ class EnvPool:
         s = self._slot(slot)
         with s.lock:
             return s.game.valid_actions()
+
+    def expert_reply(self, slot: int) -> ExpertReply:
+        """The world's expert teacher's next reply in the episode the slot plays (its text in
+        the protocol's form, or None where it has no plan: envs/sciworld/expert.py)."""
+        s = self._slot(slot)
+        with s.lock:
+            if s.current is None:
+                raise RuntimeError(f"slot {slot}: expert reply before reset")
+            if s.expert is None:
+                make = get_world(s.world).expert
+                if make is None:
+                    raise InputError(f"{s.world} has no expert teacher")
+                s.expert = make(heap=self.heap, call_timeout_s=self.call_timeout_s)
+            return s.expert.reply(s.current, s.first, list(s.history), s.loads)
+
+    def state(self, slot: int) -> dict[str, Any]:
+        """The game's state fingerprint at load and now (`initial`, `now`: room, inventory,
+        focus for ScienceWorld; empty where the world gives none)."""
+        s = self._slot(slot)
+        with s.lock:
+            if s.current is None:
+                raise RuntimeError(f"slot {slot}: state before reset")
+            return {"initial": dict(s.game.initial_state), "now": s.game.state()}
 
     def health(self) -> list[dict[str, Any]]:
         """Per slot: alive, process pid, current game, steps, restarts, interrupted, latency p50/p95."""
@@ -172,6 +208,8 @@ class EnvPool:
         for s in self.slots:
             if s.game is not None:
                 s.game.close()
+            if s.expert is not None:
+                s.expert.close()
         self._threads.shutdown(wait=False)
 
 

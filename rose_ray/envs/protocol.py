@@ -66,6 +66,21 @@ def parse_thought(text: str) -> str:
     return (before[label + len("Thought:"):] if label >= 0 else before).strip()
 
 
+def gold_thought(action: str, location: str | None = None) -> str:
+    """A short templated Thought: where the agent is (copied from the observations, so that a
+    small model learns to read the room before it acts) and the action it leads to."""
+    where = f"I am in the {location}. " if location else ""
+    if action.strip().isdigit():
+        return f"{where}The game asks which one I meant; option {action.strip()} is the right one."
+    return f"{where}To make progress on the task, I will {action} next."
+
+
+def gold_reply(action: str, location: str | None = None) -> str:
+    """A demonstration's reply in the protocol's form: the templated Thought, then the Action
+    (gold rows, and the expert teacher's turns)."""
+    return f"Thought: {gold_thought(action, location)}\nAction: {action}"
+
+
 @dataclass(frozen=True)
 class Protocol:
     """A world's conversation rules: the instruction and acknowledgement that open every

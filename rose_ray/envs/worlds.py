@@ -20,11 +20,14 @@ from rose_ray.envs.base import Game
 from rose_ray.envs.protocol import Protocol
 from rose_ray.errors import InputError
 
+# What plays a demonstration after its opening (collect.gold_rows, teacher_warmup.continuation):
+# the world's gold path, or its expert teacher from the state the opening left.
+CONTINUATIONS: tuple[str, ...] = ("gold", "expert")
+
 WORLDS: dict[str, str] = {
     "sciworld": "rose_ray.envs.sciworld",
     "discoveryworld": "rose_ray.envs.discoveryworld",
 }
-
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,11 @@ class World:
     knowledge: Any = None
     # text of the world to train a tiny tokenizer on (models.build_tokenizer), or None
     corpus: Callable[[], str] | None = None
+    # its expert teacher, when it has one: a factory taking `heap` and `call_timeout_s` whose
+    # object answers `reply(game, first, history, episode) -> ExpertReply` and `close()`
+    # (ScienceWorld's envs/sciworld/expert.py), and the tasks it plays; None: no expert
+    expert: Callable[..., Any] | None = None
+    expert_tasks: tuple[str, ...] = ()
 
 
     @property

@@ -29,16 +29,17 @@ def resolve_tiny(cfg: TrainConfig, model: str) -> str:
     return str(init_tiny(Path(cfg.tiny_dir).expanduser(), seed=0)[model[5:]])
 
 
-def resolve_models(cfg: TrainConfig) -> tuple[str, str]:
-    """Student and teacher model paths, building tiny models and warming them if asked."""
+def resolve_models(cfg: TrainConfig) -> tuple[str, str | None]:
+    """Student and teacher model paths, building tiny models and warming them if asked; the
+    teacher's is None where the teacher is the world's expert (`teacher.kind: expert`)."""
     from rose_ray.envs.worlds import get_world
     from rose_ray.models import local_model
 
     # A hub id becomes its cached snapshot once, here: every actor gets a folder (a served
     # model's name stays a name).
     models = {role: resolve_tiny(cfg, engine.model) if engine.spec.served
-              else local_model(resolve_tiny(cfg, engine.model))
-              for role, engine in (("student", cfg.student_engine), ("teacher", cfg.teacher_engine))}
+              else local_model(resolve_tiny(cfg, engine.model)) for role, engine in cfg.engines()}
+    models.setdefault("teacher", None)
     # The student first: a teacher whose demonstrations open with its turns needs it warmed.
     for role in ("student", "teacher"):
         if not warmup_of(cfg, role).enabled:
@@ -148,11 +149,16 @@ def play_gold(cfg: TrainConfig, role: str = "teacher", student: str | None = Non
     games = gold_games(cfg, role)
     openings = student_openings(cfg, games, student) if role == "teacher" and w.student_openings else None
     rows, problems = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False,
-                               protocol=cfg.env.protocol(), observe=w.observe, detours=w.detours, openings=openings)
+                               protocol=cfg.env.protocol(), observe=w.observe, detours=w.detours, openings=openings,
+                               continuation=w.continuation)
     if openings:
         dropped = sum("student's opening" in p for p in problems)
+        what = "the gold path" if w.continuation == "gold" else "the expert"
         print(f"train: {len(openings)} of {len(games)} teacher demonstrations open with the base student's "
-              f"sampled turns; {len(openings) - dropped} kept (the gold path still wins after them)", flush=True)
+              f"sampled turns; {len(openings) - dropped} kept ({what} still wins after them)", flush=True)
+    if w.continuation == "expert":
+        won = sum(bool(r["success"]) for r in rows)
+        print(f"train: the expert won {won} of {len(rows)} teacher demonstrations", flush=True)
     return rows
 
 
@@ -208,7 +214,8 @@ def gold_key(key: dict[str, Any]) -> dict[str, Any]:
     """The settings that decide which gold demonstrations a warm-up uses (no machine's paths)."""
     return {k: key[k] for k in ("world", "tasks", "split", "mapping", "seed", "gold_games", "max_turns", "opening",
                                 "games", "observe", "detours", "student_openings", "opening_student",
-                                "opening_sampling", "opening_history") if k in key}  # the last six only where on
+                                "opening_sampling", "opening_history", "continuation")
+            if k in key}  # the last seven only where on
 
 
 def shipped_gold(key: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -285,7 +292,7 @@ def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher") -> tuple[d
     # The demonstrated games themselves: a teacher warmed on other games (another way of
     # sampling them, an older shipped file) is another teacher.
     games = _digest([g.item_id for g in gold_games(cfg, role)])
-    settings = to_dict(cfg)[f"{role}_warmup"]
+    settings = warmup_settings(cfg, role)
     for option in ("observe", "detours"):  # off: the key of every teacher warmed before they existed
         if not settings[option]:
             del settings[option]
@@ -293,7 +300,7 @@ def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher") -> tuple[d
         settings["student_openings"] = cfg.teacher_warmup.student_openings
         # The student by what it is built from, not by its folder: the same on every machine, so
         # the demonstrations shipped for it are found there (gold_key).
-        student_warmup = to_dict(cfg)["student_warmup"] if cfg.student_warmup.enabled else None
+        student_warmup = warmup_settings(cfg, "student") if cfg.student_warmup.enabled else None
         settings["opening_student"] = _digest({"model": cfg.student_engine.model, "warmup": student_warmup})
         settings["opening_sampling"] = dataclasses.asdict(opening_sampling(cfg))
         settings.pop("opening_temperature", None)  # in opening_sampling
@@ -304,6 +311,15 @@ def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher") -> tuple[d
     key = {role: model, "world": cfg.env.world, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
            "mapping": catalogue.mapping, "opening": opening, "games": games, **settings}
     return key, Path(cfg.tiny_dir).expanduser() / f"{role}_warm_{_digest(key)}"
+
+
+def warmup_settings(cfg: TrainConfig, role: str) -> dict[str, Any]:
+    """A warm-up's section as its cache key reads it: `continuation` only where it is not the
+    gold path (the key of every model warmed before the expert could continue demonstrations)."""
+    settings = to_dict(cfg)[f"{role}_warmup"]
+    if settings.get("continuation") == "gold":
+        del settings["continuation"]
+    return settings
 
 
 def _digest(obj: Any) -> str:
@@ -324,12 +340,15 @@ def cli_main(args: Any) -> int:
     t0 = time.time()
     student, teacher = resolve_models(cfg)
     print(f"warmup: built or found in {time.time() - t0:.0f} s (cached under {Path(cfg.tiny_dir).expanduser()})")
-    for role, path in (("student", student), ("teacher", teacher)):
+    models = [("student", student)] + ([("teacher", teacher)] if teacher is not None else [])
+    for role, path in models:
         print(f"  {role}: {path} (weights {weights_digest(Path(path))[:12]})")
+    if teacher is None:
+        print("  teacher: the world's expert (teacher.kind=expert: no model)")
     if not args.eval:
         return 0
     rows = []
-    for role, path in (("student", student), ("teacher", teacher)):
+    for role, path in models:
         out = Path(path).with_name(f"{Path(path).name}_eval_{args.eval}")
         result = run_eval(train_eval_job(cfg, path, str(out), split=args.eval, backend=args.backend))
         rows.append((role, result["summary"]["overall"]))

@@ -12,7 +12,7 @@ from typing import Any
 
 from rose_ray.envs.config import EnvConfig
 from rose_ray.errors import InputError
-from rose_ray.rollout.agent import Agent
+from rose_ray.rollout.agent import EXPERT, Agent, expert_agent
 from rose_ray.rollout.episode import same_tokenizer
 
 
@@ -137,6 +137,7 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
                  teacher_options: dict[str, Any] | None = None,
                  enable_thinking: bool = False, history: str = "sampled") -> tuple[Agent, Agent | None]:
     """Engine actors for a student and an optional teacher (EngineConfigs), with chat formats.
+    A teacher given as `EXPERT` is the world's expert (`expert_agent`: no engine).
 
     When both tokenizers give the same ids the agents share one ChatFormat, so an episode
     keeps one id list and the teacher can score student tokens (OPD). `enable_thinking` goes
@@ -146,7 +147,7 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
     from rose_ray.inference.actor import engine_actor
     from rose_ray.models import load_tokenizer
 
-    check_backends_here(student, teacher)
+    check_backends_here(student, None if teacher == EXPERT else teacher)
 
     def spawner(config: Any, num_cpus: float, num_gpus: float, options: dict[str, Any] | None):
         def spawn(generation: int = 0) -> Any:
@@ -163,6 +164,8 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
                           student.context_policy, spawn=spawn)
     if teacher is None:
         return student_agent, None
+    if teacher == EXPERT:
+        return student_agent, expert_agent(student_agent)
     if teacher == student:  # one engine serves both roles (e.g. `continue` without a student)
         return student_agent, student_agent
     teacher_tok = load_tokenizer(teacher.tokenizer or teacher.model)
@@ -178,7 +181,7 @@ def stop_agents(*agents: Agent | None) -> None:
     """End the engine actors of these agents (an actor shared by two agents once)."""
     import ray
 
-    for engine in {id(a.engine): a.engine for a in agents if a is not None}.values():
+    for engine in {id(a.engine): a.engine for a in agents if a is not None and a.engine is not None}.values():
         ray.kill(engine)
 
 
@@ -217,7 +220,8 @@ async def ping_pools(pools: list[Any], timeout_s: float = 5.0) -> list[str]:
 def local_actors(env: EnvConfig, student: Any, teacher: Any | None, max_turns: int | None,
                  enable_thinking: bool = False, history: str = "sampled") -> Iterator[tuple[Any, Agent, Agent | None]]:
     """(an EpisodeRunner over new env pools, the student agent, the teacher agent or None) for
-    a one-off command on Ray (joined or started); every actor is ended on the way out."""
+    a one-off command on Ray (joined or started); every actor is ended on the way out. A
+    teacher given as `EXPERT` is the world's expert."""
     import ray
 
     from rose_ray.rollout.runner import EpisodeRunner
@@ -228,12 +232,12 @@ def local_actors(env: EnvConfig, student: Any, teacher: Any | None, max_turns: i
     # An engine that computes gets a CPU, or its share of what the env pools leave (on a 2-core
     # machine two engines and a pool would not fit otherwise, and the second would never start);
     # a served model's client computes nothing.
-    computing = {id(c) for c in (student, teacher) if c is not None and c.spec.local}
+    computing = {id(c) for c in (student, teacher) if c is not None and c != EXPERT and c.spec.local}
     left = ray.cluster_resources().get("CPU", 1.0) - env.workers * env.cpus_per_worker
     share = min(1.0, max(left, 0.25) / max(len(computing), 1))
 
     def cpus(config: Any) -> float:
-        return 0.0 if config is None or config.spec.served else share
+        return 0.0 if config is None or config == EXPERT or config.spec.served else share
 
     try:
         agents = start_agents(student, teacher, cpus(student), cpus(teacher), enable_thinking=enable_thinking,

@@ -1,6 +1,7 @@
 """Who plays an episode and under what settings: an `Agent` (an engine actor, its chat format
-and its context settings), the `EnvSlot` it plays in, and the `EpisodeConfig`. Kept apart from
-the loop (episode.py) so the conversation and the report turn can import them without a circle.
+and its context settings; or the world's expert teacher: `expert_agent`), the `EnvSlot` it plays
+in, and the `EpisodeConfig`. Kept apart from the loop (episode.py) so the conversation and the
+report turn can import them without a circle.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ if TYPE_CHECKING:
     from rose_ray.chat import ChatFormat
 
 REPORT_MODES = ("ask", "train", "off")
+# The teacher named where an engine config would be (start_agents, local_actors, PlayConfig.teacher):
+# the world's expert teacher (`expert_agent`).
+EXPERT = "expert"
 
 
 @dataclass
@@ -43,6 +47,14 @@ class EnvSlot:
     async def step(self, action: str):
         return await self.pool.step.remote(self.slot, action)
 
+    async def expert_reply(self):
+        """The world's expert teacher's next reply in this slot's episode (an ExpertReply)."""
+        return await self.pool.expert_reply.remote(self.slot)
+
+    async def state(self) -> dict[str, Any]:
+        """The game's state fingerprint at load and now ({"initial": ..., "now": ...})."""
+        return await self.pool.state.remote(self.slot)
+
 
 @dataclass
 class Agent:
@@ -59,3 +71,22 @@ class Agent:
     # spawn(generation): a replacement engine actor, same config, resources and placement
     # (set by start_agents; the run's EngineSupervisor swaps it in when `engine` is lost).
     spawn: Any = None
+    # "engine": its engine actor writes its replies from the prompt's ids; "expert": the world's
+    # expert teacher writes them from the game (no engine, no logprobs: `expert_agent`)
+    kind: str = "engine"
+
+    @property
+    def expert(self) -> bool:
+        return self.kind == "expert"
+
+
+def expert_agent(student: Agent) -> Agent:
+    """The world's expert teacher as an agent (envs/sciworld/expert.py). It needs the game, not
+    the text, so it sits beside the game in the EnvPool slot, and an episode asks the slot for
+    its reply instead of an engine (the engine contract, prompt ids in and ids and logprobs out,
+    stays as it is). Its text joins the conversation in the student's ids, as a model teacher's
+    with another tokenizer does, and its context is the student's: the episode cuts the
+    conversation for it as it would for a model teacher with the student's context, so the
+    learner gets the same rows either way."""
+    return Agent(engine=None, chat=student.chat, name="expert", keep_first_turns=student.keep_first_turns,
+                 context_tokens=student.context_tokens, context_policy=student.context_policy, kind="expert")

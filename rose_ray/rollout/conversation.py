@@ -10,6 +10,7 @@ tokenizer sampled them).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rose_ray.chat import RenderCache
@@ -19,6 +20,19 @@ from rose_ray.types import Turn
 
 if TYPE_CHECKING:
     from rose_ray.envs.protocol import Protocol
+
+
+@dataclass
+class TextReply:
+    """A reply that no engine sampled (the expert teacher's): text only, so the conversation
+    tokenizes it with the student's tokenizer, as it does the text of a teacher whose tokenizer
+    differs; no logprobs, no policy version."""
+
+    text: str
+    token_ids: None = None
+    logprobs: None = None
+    finish_reason: str = "stop"
+    version: None = None
 
 
 class Conversation:
@@ -112,10 +126,11 @@ class Conversation:
         """A reply in the student's ids. Sampled ids and logprobs where they are the student's
         tokenizer's (a teacher with another tokenizer: its text re-tokenized, no logprobs); the
         policy version only for the student's own replies. A reply cut at max_new_tokens gets
-        its end-of-turn id appended (`truncated`)."""
+        its end-of-turn id appended (`truncated`). A reply no engine sampled (`TextReply`, the
+        expert's) is its text in the student's ids."""
         by_teacher = owner == "teacher"
-        if by_teacher and not self.shared:
-            ids, logprobs, version = self.student.chat.assistant_ids(result.text), None, None
+        if result.token_ids is None or (by_teacher and not self.shared):
+            ids, logprobs, version = self.student.chat.assistant_ids(result.text), None, None  # text only
         else:
             ids, logprobs = self.student.chat.finish_sampled(result.token_ids), list(result.logprobs)
             version = None if by_teacher else result.version

@@ -4,7 +4,10 @@ changes as it plays is one `Episode`. Who acts when is the recipe's turn policy
 (rollout/handoff.py), asked before each turn the student would play.
 
 Episodes talk to an EnvPool slot and to engine actors through Ray; every call is awaited,
-so many episodes run concurrently in one event loop.
+so many episodes run concurrently in one event loop. An expert teacher (`agent.expert_agent`)
+has no engine: its replies come from the EnvPool slot that holds the game, and where it has no
+plan the episode ends there (`no_plan`). At the handoff the episode records which parts of the
+game's state the student's turns changed (`Trajectory.handoff_state`), whoever the teacher is.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from rose_ray.envs.worlds import get_world
 from rose_ray.errors import InputError
 from rose_ray.inference.engine import GenerationRequest
 from rose_ray.rollout.agent import Agent, EnvSlot, EpisodeConfig
-from rose_ray.rollout.conversation import Conversation
+from rose_ray.rollout.conversation import Conversation, TextReply
 from rose_ray.rollout.handoff import TurnPolicy, TurnState
 from rose_ray.rollout.report import ask_report
 from rose_ray.types import GameId, Trajectory, Turn
@@ -76,6 +79,8 @@ class Episode:
         self.last: StepResult | None = None
         self.last_action: str | None = None
         self.done, self.end_reason = False, "turn_limit"
+        self.handoff_state: dict[str, bool] | None = None
+        self.expert: dict[str, Any] | None = None  # an expert teacher's record (`generate`)
 
     async def step(self, action: str | None) -> None:
         """The game's answer to an action (None: load the game) becomes `last`; its
@@ -91,11 +96,31 @@ class Episode:
         self.last = result
 
     async def generate(self, owner: str, request: GenerationRequest) -> Any:
-        """The reply of the engine of the agent playing `owner`."""
+        """The reply of the engine of the agent playing `owner`; an expert's from the game's
+        slot (a TextReply, or None where it has no plan)."""
         t0 = time.perf_counter()
-        result = await self.conv.agent(owner).engine.generate.remote(request)
+        if self.conv.agent(owner).expert:
+            reply = await self.env.expert_reply()
+            result = None if reply.text is None else TextReply(reply.text)
+            if self.expert is None:  # what it had at the handoff
+                self.expert = {"planned": reply.planned, "verified": reply.verified, "plan_s": 0.0}
+            self.expert.update(status=reply.status, replans=reply.replans,
+                               plan_s=self.expert["plan_s"] + reply.plan_s)
+        else:
+            result = await self.conv.agent(owner).engine.generate.remote(request)
         self.timing[f"{owner}_s"] += time.perf_counter() - t0
         return result
+
+    async def hand_over(self) -> None:
+        """At the handoff: which parts of the game's state differ from the state at load
+        (ScienceWorld: room, inventory, focus; `changed`: any of them)."""
+        t0 = time.perf_counter()
+        state = await self.env.state()
+        self.timing["env_s"] += time.perf_counter() - t0
+        initial, now = state.get("initial") or {}, state.get("now") or {}
+        if initial and now:
+            differs = {k: initial[k] != now.get(k) for k in initial}
+            self.handoff_state = {**differs, "changed": any(differs.values())}
 
     def record(self, parsed: ParsedAction, played: Turn | None = None) -> bool:
         """The reply just sent to the game and its answer (`last`); `played`: the reply's turn
@@ -124,6 +149,7 @@ class Episode:
             repeated_turns=replies.repeated_turns, handoff_p=handoff_p, handoff_seed=handoff_seed,
             timing=self.timing, report=report, report_turns=report_turns,
             scoring={**(self.first.info.get("scoring") or {}), **(last.info.get("scoring") or {})},
+            handoff_state=self.handoff_state if handoff_turn is not None else None, expert=self.expert,
         )
 
 
@@ -166,6 +192,7 @@ async def run_episode(
             break
         if teacher is not None and handoff_turn is None and handoff.takes_over(turn, state):
             handoff_turn = turn  # the teacher acts from this turn to the end
+            await episode.hand_over()
         owner = "student" if handoff_turn is None else "teacher"
         sampling = config.teacher_sampling if owner == "teacher" else config.student_sampling
         prompt = conv.prompt_for(owner, sampling.max_new_tokens)
@@ -175,6 +202,9 @@ async def run_episode(
         result = await episode.generate(owner, GenerationRequest(
             prompt, sampling.for_turn(game.item_id, turn),  # a seed: this turn's own
             request_id=f"{request_prefix}{game.item_id}/t{turn}"))
+        if result is None:  # an expert with no plan from here
+            episode.end_reason = "no_plan"
+            break
         if result.finish_reason == "context":
             episode.end_reason = "context"
             break
@@ -188,6 +218,8 @@ async def run_episode(
     rounds = conv.rounds()  # the played replies, before a report turn joins them
     if handoff_turn is not None and handoff_turn > rounds:
         handoff_turn = None  # the episode ended before the teacher acted
+    if teacher is not None and teacher.expert and episode.expert is None and episode.last.raw_score < 0:
+        episode.expert = {"planned": False, "verified": False, "status": "unwinnable"}  # lost before the handoff
     report, report_turns = None, []
     if config.report != "off" and protocol.report_question:
         report, report_turns = await ask_report(protocol.report_question, conv, config,

@@ -55,6 +55,12 @@ class TrackedSlot(EnvSlot):
     async def step(self, action: str):
         return await self._call("step", super().step(action))
 
+    async def expert_reply(self):
+        return await self._call("expert reply", super().expert_reply())
+
+    async def state(self):
+        return await self._call("state", super().state())
+
 
 class EpisodeRunner:
     """Hands free pool slots to episodes and restarts interrupted ones.

@@ -143,6 +143,13 @@ def test_each_step_logs_validity_and_what_it_trained_on(tiny_run):
         assert m["learner/trained_tokens_teacher"] == m["learner/trained_tokens"] > 0
         for flag in ("truncated", "repeated", "invalid"):
             assert m[f"learner/trained_{flag}_rate"] == pytest.approx(sum(bool(c.get(flag)) for c in trained) / len(trained))
+        # What each handoff handed over (a model teacher's too), and the teacher's validity at
+        # each turn of the game: from turn K+1, where it took over.
+        states = [r["handoff_state"] for r in rows if r["step"] == m["step"] and "handoff_state" in r]
+        assert states and m["rollout/handoff_state_changed_rate"] == pytest.approx(
+            sum(s["changed"] for s in states) / len(states))
+        turns = sorted(k for k in m if k.startswith("rollout/teacher_valid_by_turn/"))
+        assert turns and turns[0] == f"rollout/teacher_valid_by_turn/t{K + 1:02d}"
     # With 16 new tokens and an untrained teacher, some replies are cut and most are not actions.
     assert any(c.get("truncated") for r in rows for c in r["conversations"])
     assert any(c.get("invalid") for r in rows for c in r["conversations"])

@@ -36,7 +36,12 @@ def test_every_shipped_config_passes(config, tiny_qwen3, tiny_models, ray_cluste
     assert main(["check", str(ROOT / config), *args]) == 0
     out = capsys.readouterr().out
     assert "check:" in out and out.rstrip().endswith("OK")
-    assert "student chat template" in out and "teacher chat template" in out
+    assert "student chat template" in out
+    if "expert" in config:  # the world's expert teaches: no teacher model, engine or placement
+        assert "teacher chat template" not in out and "teacher: the world's expert" in out
+        assert "teacher engine" not in out
+    else:
+        assert "teacher chat template" in out
     if "qwen3" in config:
         # Qwen3's template: pieces cut before user turns; thinking off puts an empty block in.
         assert "rewrites earlier turns" in out and "<think>\\n\\n</think>\\n\\n'" in out

@@ -83,3 +83,28 @@ def test_report_off_is_read_from_yaml_and_the_command_line(tmp_path):
         load_config(None, ["rollout.report=maybe"])
     with pytest.raises(ValueError, match="report: must be one of"):
         EpisodeConfig(report="maybe")
+
+
+def test_an_expert_teacher_is_checked_against_the_world_the_tasks_and_the_algorithm():
+    """teacher.kind=expert: a world with an expert, tasks it plays, no OPD term (it has no
+    logprobs), nothing to warm; each refusal names its key. The tiny default stays a model teacher."""
+    assert load_config(None).teacher.kind == "model"
+    small = "configs/small.yaml"
+    expert = ["teacher.kind=expert", "teacher_warmup.enabled=false"]
+    cfg = load_config(small, expert)
+    assert cfg.teacher.expert and [role for role, _ in cfg.engines()] == ["student"]
+    refusals = {
+        "teacher.kind": ["teacher.kind=oracle"],
+        "teacher_warmup.enabled": ["teacher.kind=expert"],
+        "algorithm.lam": [*expert, "algorithm.lam=0.5"],
+        "algorithm: opd": [*expert, "algorithm=opd"],
+        "tasks": [*expert, "tasks=[boil]"],
+        "teacher_warmup.continuation": ["teacher_warmup.continuation=oracle"],
+        "student_warmup.continuation": ["student_warmup.continuation=expert"],
+    }
+    for key, overrides in refusals.items():
+        with pytest.raises(ConfigError, match=key):
+            load_config(small, overrides)
+    with pytest.raises(ConfigError, match="tasks: the expert teacher .teacher_warmup.continuation"):
+        load_config(small, ["teacher_warmup.continuation=expert", "tasks=[boil]"])
+    assert load_config(small, ["teacher_warmup.continuation=expert"]).teacher_warmup.continuation == "expert"

@@ -29,17 +29,24 @@ INVALID = "No known action matches that input."
 
 
 class ScriptedGame:
-    """An EnvSlot: answers each action with a canned observation (`bad` actions are invalid)."""
+    """An EnvSlot: answers each action with a canned observation (`bad` actions are invalid); its
+    state is the room, which `go to X` changes."""
 
     def __init__(self, bad: tuple[str, ...] = ()) -> None:
-        self.bad, self.actions = bad, []
+        self.bad, self.actions, self.room = bad, [], "kitchen"
 
     async def reset(self, game: GameId) -> StepResult:
+        self.room = "kitchen"
         return StepResult("You are in the kitchen.", game=game)
 
     async def step(self, action: str) -> StepResult:
         self.actions.append(action)
+        if action.startswith("go to ") and action not in self.bad:
+            self.room = action[len("go to "):]
         return StepResult(INVALID if action in self.bad else f"You did {action}.", turn=len(self.actions))
+
+    async def state(self) -> dict:
+        return {"initial": {"room": "kitchen"}, "now": {"room": self.room}}
 
 
 class Remote:
@@ -108,6 +115,61 @@ def test_on_failure_hands_over_after_the_students_first_invalid_action(chats):
     first = next(x for x in t.turns if x.owner == "student")
     assert first.policy_version == 7 and first.logprobs == [-0.5] * len(first.token_ids)
     assert all(x.policy_version is None for x in t.turns if x.owner == "teacher")
+
+
+def test_on_failure_hands_over_after_the_students_first_repeated_action(chats):
+    """A valid action sent again is the other failure on_failure looks for: the teacher plays
+    from the turn after the repeat, never later; the handoff records the room the student left."""
+    chat = chats["student"]
+    student = Agent(ScriptedEngine(chat, ["go to hallway", "go to hallway", "x", "y"]), chat, "student")
+    teacher = Agent(ScriptedEngine(chat, ["look around", "wait"]), chat, "teacher")
+    t = play(student, teacher, turn_policy("on_failure"))
+    assert owners(t) == ["student", "student", "teacher", "teacher"] and t.handoff_turn == 3
+    assert t.invalid_actions == 0 and t.repeated_turns == [5]  # the second reply (turn 5 of the list)
+    assert t.handoff_state == {"room": True, "changed": True}
+    # Whoever fails first, the first failure hands over: an invalid first action at turn 2.
+    student = Agent(ScriptedEngine(chat, ["eat rock", "eat rock"]), chat, "student")
+    teacher = Agent(ScriptedEngine(chat, ["look around", "wait", "wait"]), chat, "teacher")
+    t = play(student, teacher, turn_policy("on_failure"), game=ScriptedGame(bad=("eat rock",)))
+    assert owners(t) == ["student", "teacher", "teacher", "teacher"] and t.handoff_state == {"room": False,
+                                                                                          "changed": False}
+
+
+class ExpertSlot(ScriptedGame):
+    """A scripted game slot whose expert has a plan for `planned` replies, then none."""
+
+    def __init__(self, planned: int) -> None:
+        super().__init__()
+        self.planned = planned
+
+    async def expert_reply(self):
+        from rose_ray.envs.base import ExpertReply
+
+        if self.planned <= 0:
+            return ExpertReply(None, status="no_plan")
+        self.planned -= 1
+        return ExpertReply("Thought: I am in the kitchen. To make progress on the task, I will wait next.\nAction: wait",
+                           "wait", planned=True, verified=True, status="verified", plan_s=0.5)
+
+
+def test_an_expert_without_a_plan_ends_the_episode_there(chats):
+    """The expert's replies come from the slot (no engine is asked); where it has no plan the
+    episode ends (`no_plan`), and the trajectory keeps what the expert had at the handoff."""
+    from rose_ray.rollout.agent import expert_agent
+
+    chat = chats["student"]
+    student = Agent(ScriptedEngine(chat, ["look around", "go to hallway"]), chat, "student")
+    t = play(student, expert_agent(student), turn_policy("fixed", k=2), game=ExpertSlot(planned=1), max_turns=6)
+    assert owners(t) == ["student", "student", "teacher"] and t.end_reason == "no_plan" and t.rounds == 3
+    assert t.expert == {"planned": True, "verified": True, "plan_s": 0.5, "status": "no_plan", "replans": 0}
+    reply = [x for x in t.turns if x.owner == "teacher"][0]
+    assert reply.token_ids == chat.assistant_ids(reply.text) and reply.logprobs is None
+    assert t.handoff_turn == 3 and t.handoff_state == {"room": True, "changed": True}
+    # No plan at the handoff itself: the teacher never acted, so there was no handoff.
+    student = Agent(ScriptedEngine(chat, ["look around", "wait"]), chat, "student")
+    t = play(student, expert_agent(student), turn_policy("fixed", k=2), game=ExpertSlot(planned=0), max_turns=6)
+    assert owners(t) == ["student", "student"] and t.handoff_turn is None and t.handoff_state is None
+    assert t.expert["planned"] is False and t.end_reason == "no_plan"
 
 
 def test_a_reply_that_spanned_a_weight_update_keeps_its_starting_version(chats):

@@ -60,3 +60,40 @@ def test_a_runs_step_line_off_a_terminal_is_one_plain_line_per_step(tmp_path, ca
     out = capsys.readouterr().out
     assert "\r" not in out and "\033" not in out
     assert out.splitlines() == ["step 1/3 loss=0.5", "step 2/3 loss=0.5", "step 3/3 loss=0.5"]
+
+
+def test_a_batch_reports_its_handoffs_state_the_teachers_validity_by_turn_and_the_experts_plans():
+    """episode_scalars: counted from the trajectories' own records."""
+    from rose_ray.metrics import episode_scalars
+    from rose_ray.types import GameId, Trajectory, Turn
+
+    def episode(owners: list[str], invalid: list[int], state: dict | None, expert: dict | None,
+                end: str = "turn_limit") -> Trajectory:
+        turns = [Turn("user", "i", "prompt"), Turn("assistant", "a", "prompt"), Turn("user", "o", "env")]
+        for owner in owners:
+            turns += [Turn("assistant", "r", owner), Turn("user", "o", "env")]
+        replies = [i for i, t in enumerate(turns) if t.role == "assistant" and t.owner != "prompt"]
+        return Trajectory(GameId("t", 0, "sciworld_0"), turns, rounds=len(owners), handoff_state=state,
+                          invalid_turns=[replies[n] for n in invalid], expert=expert, end_reason=end)
+
+    plan = {"planned": True, "verified": True, "status": "verified"}
+    batch = [
+        episode(["student", "student", "teacher", "teacher"], [1, 3], {"room": True, "focus": False, "changed": True},
+                plan),
+        episode(["student", "student", "teacher"], [], {"room": False, "focus": False, "changed": False},
+                {"planned": True, "verified": False, "status": "partial"}),
+        episode(["student", "student"], [], {"room": False, "focus": False, "changed": False},
+                {"planned": False, "verified": False, "status": "no_plan"}, end="no_plan"),
+        episode(["student"], [], None, {"planned": False, "verified": False, "status": "unwinnable"}),
+    ]
+    out = episode_scalars(batch)
+    # turn 3: one teacher reply valid of two; turn 4: the first episode's, invalid
+    assert out["rollout/teacher_valid_by_turn/t03"] == 1.0 and out["rollout/teacher_valid_by_turn/t04"] == 0.0
+    assert not any(k.endswith(("t01", "t02")) for k in out)
+    assert out["rollout/handoff_state_changed_rate"] == 1 / 3 and out["rollout/handoff_room_changed_rate"] == 1 / 3
+    assert out["rollout/handoff_focus_changed_rate"] == 0.0
+    assert out["rollout/expert_planned_rate"] == 2 / 3 and out["rollout/expert_verified_rate"] == 1 / 3
+    assert out["rollout/expert_no_plan_rate"] == 1 / 4 and out["rollout/expert_unwinnable_rate"] == 1 / 4
+    assert out["rollout/student_valid_rate"] == 6 / 7
+    # A model teacher: no expert keys.
+    assert not any("expert" in k for k in episode_scalars([episode(["teacher"], [], None, None)]))

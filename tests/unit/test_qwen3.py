@@ -264,6 +264,9 @@ class _Game:
 
         return StepResult(f"You did {action}.")
 
+    async def state(self):
+        return {"initial": {}, "now": {}}  # no state fingerprint (as a world that gives none)
+
 
 class _Replies:
     """An engine handle answering REPLIES in turn (ids from its own tokenizer), keeping each

@@ -1,10 +1,11 @@
 """ScienceWorld as a world: the `agentgym` catalogues (`catalogue`), the AgentGym protocol
-(`protocol`), one JVM per game (`game`); `make_catalogue_data` and `make_corpus` regenerate
+(`protocol`), one JVM per game (`game`), an expert teacher (`expert`); `make_catalogue_data` and `make_corpus` regenerate
 the shipped data. The game (py4j, scienceworld) is imported only when one is started."""
 
 from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.sciworld import gold
 from rose_ray.envs.sciworld.catalogue import MAPPINGS, SciWorldCatalogue
+from rose_ray.envs.sciworld.expert import EXPERT_TASKS
 from rose_ray.envs.sciworld.protocol import PROTOCOL
 from rose_ray.envs.worlds import World
 
@@ -21,5 +22,12 @@ def _game(call_timeout_s: float = 60.0, max_turns: int | None = None, heap: str 
     return SciWorldGame(heap=heap, call_timeout_s=call_timeout_s, max_turns=max_turns)
 
 
+def _expert(heap: str | None = DEFAULT_HEAP, call_timeout_s: float = 60.0):
+    from rose_ray.envs.sciworld.expert import SciWorldExpert
+
+    return SciWorldExpert(heap=heap, call_timeout_s=call_timeout_s)
+
+
 WORLD = World(name="sciworld", catalogue=SciWorldCatalogue, protocol=PROTOCOL, game=_game,
-              has_gold=True, mappings=tuple(MAPPINGS), jvm=True, observed_gold=gold, corpus=_corpus)
+              has_gold=True, mappings=tuple(MAPPINGS), jvm=True, observed_gold=gold, corpus=_corpus,
+              expert=_expert, expert_tasks=EXPERT_TASKS)

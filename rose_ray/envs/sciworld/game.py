@@ -10,8 +10,8 @@ actions) run no tick, so the game is ScienceWorld's own (a test compares the two
 from __future__ import annotations
 
 import logging
-import re
 import time
+from typing import Any
 
 from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
 from py4j.protocol import Py4JError
@@ -19,7 +19,14 @@ from scienceworld.constants import BASEPATH, JAR_PATH
 
 from rose_ray.envs.base import GameError, ProcessGame, StepResult, kill_process
 from rose_ray.envs.config import DEFAULT_HEAP
-from rose_ray.envs.sciworld.protocol import first_observation, is_success, normalise_score
+from rose_ray.envs.sciworld.gold import focused_name
+from rose_ray.envs.sciworld.protocol import (  # noqa: F401  (differs_only_in_temperature: also read from here)
+    differs_only_in_temperature,
+    first_observation,
+    is_success,
+    location_of,
+    normalise_score,
+)
 from rose_ray.types import GameId
 
 # py4j logs a page of traceback for every broken connection, partly through the root
@@ -33,18 +40,6 @@ def _not_from_py4j(record: logging.LogRecord) -> bool:
 
 if _not_from_py4j not in logging.getLogger().filters:
     logging.getLogger().addFilter(_not_from_py4j)
-
-
-# ScienceWorld up to 1.2.3 transfers heat between the objects in a container in the order of a
-# hash set, which changes from run to run (allenai/ScienceWorld#33; sorted by uuid on its main
-# branch after 1.2.3): the same game and actions can read a temperature a few degrees apart.
-_TEMPERATURE = re.compile(r"-?\d+(?:\.\d+)? degrees celsius")
-
-
-def differs_only_in_temperature(a: str, b: str) -> bool:
-    """Whether two observations differ, and only in temperature readings (see above)."""
-    same = _TEMPERATURE.sub("T degrees celsius", a) == _TEMPERATURE.sub("T degrees celsius", b)
-    return a != b and same
 
 
 class SciWorldGame(ProcessGame):
@@ -90,6 +85,8 @@ class SciWorldGame(ProcessGame):
         self.done = True
         self.last_score = 0
         self.closed = False
+        self.focused: list[str] = []  # what the agent focused on this game, in order
+        self.initial_state: dict[str, Any] = {}
 
     @property
     def pid(self) -> int | None:
@@ -118,7 +115,8 @@ class SciWorldGame(ProcessGame):
         self._call("load", "load", game.task, int(game.variation), "", bool(gold))
         description = self._call("task description", "getTaskDescription")
         look = self._call("look around", "step", "look around")
-        self.game, self.turn, self.done, self.last_score = game, 0, False, 0
+        self.game, self.turn, self.done, self.last_score, self.focused = game, 0, False, 0, []
+        self.initial_state = self.state()
         return StepResult(
             observation=first_observation(description, look),
             game=game,
@@ -138,6 +136,8 @@ class SciWorldGame(ProcessGame):
         # The JVM's parser handles any string; newlines would be read as several commands.
         action = " ".join(str(action).split())
         observation = self._call("step", "step", action)
+        if (name := focused_name(observation)) is not None:
+            self.focused.append(name)
         score = int(round(100 * self._call("score", "getScore")))
         completed = bool(self._call("completed", "getCompleted"))
         self.turn += 1
@@ -167,6 +167,17 @@ class SciWorldGame(ProcessGame):
     def gold_actions(self) -> list[str]:
         """The gold action path; the game must have been loaded with `gold=True`."""
         return [str(a) for a in self._call("gold path", "getGoldActionSequence")]
+
+    def look(self) -> str:
+        """What `look around` says now, without playing it (ScienceWorld's free look: no tick)."""
+        return str(self._call("free look", "freeActionLook"))
+
+    def state(self) -> dict[str, Any]:
+        """A small fingerprint of the game's state: the room the agent is in, what it carries,
+        what it focused on (free calls: the game does not tick)."""
+        inventory = str(self._call("free inventory", "freeActionInventory"))
+        return {"room": location_of(self.look()), "inventory": " ".join(inventory.split()),
+                "focus": list(self.focused)}
 
     def valid_actions(self) -> list[str]:
         """Every valid action-object combination now (slow: ~20-50 ms)."""

@@ -33,6 +33,13 @@ def look_before_focus(actions: list[str]) -> list[str]:
     return out
 
 
+def focused_name(observation: str) -> str | None:
+    """The thing an observation says the agent just focused on ("You focus on the baby wolf."
+    -> "baby wolf"), or None."""
+    found = _FOCUSED.match(observation.strip())
+    return found.group(1) if found else None
+
+
 def visible_names(actions: list[str], observations: list[str]) -> list[str]:
     """`actions` with every focused referent renamed as the game named it on focusing
     ("focus on egg giant tortoise" -> "You focus on the giant tortoise egg." -> "focus on
@@ -41,10 +48,10 @@ def visible_names(actions: list[str], observations: list[str]) -> list[str]:
     out = []
     for action, observation in zip(actions, observations, strict=True):
         if action.startswith("focus on "):
-            found = _FOCUSED.match(observation.strip())
+            name = focused_name(observation)
             referent = action[len("focus on "):].strip()
-            if found and found.group(1) != referent:
-                renames[referent] = found.group(1)
+            if name is not None and name != referent:
+                renames[referent] = name
         for referent, name in renames.items():
             action = re.sub(rf"(?<!\w){re.escape(referent)}(?!\w)", name, action)
         out.append(action)

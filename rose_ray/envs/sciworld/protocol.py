@@ -75,6 +75,22 @@ def location_of(observation: str) -> str | None:
     return found[-1].strip() if found else None
 
 
+# ScienceWorld up to 1.2.3 transfers heat between the objects in a container in the order of a
+# hash set, which changes from run to run (allenai/ScienceWorld#33; sorted by uuid on its main
+# branch after 1.2.3): the same game and actions can read a temperature a few degrees apart.
+_TEMPERATURE = re.compile(r"-?\d+(?:\.\d+)? degrees celsius")
+
+
+def same_but_temperature(a: str, b: str) -> bool:
+    """Whether two observations are the same, temperature readings aside (see above)."""
+    return _TEMPERATURE.sub("T degrees celsius", a) == _TEMPERATURE.sub("T degrees celsius", b)
+
+
+def differs_only_in_temperature(a: str, b: str) -> bool:
+    """Whether two observations differ, and only in temperature readings (see above)."""
+    return a != b and same_but_temperature(a, b)
+
+
 def normalise_score(raw_score: float) -> float:
     """ScienceWorld scores run 0..100, or -100 on failure; normalised is max(score, 0)/100."""
     return max(float(raw_score), 0.0) / 100.0

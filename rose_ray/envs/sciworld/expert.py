@@ -1,0 +1,433 @@
+"""ScienceWorld's expert teacher: from whatever state the student's turns left, it plays the rest
+of the game, each plan checked by replay before it is played.
+
+It lives here, beside the game, because it needs the game and not the text: the engine contract
+(prompt ids in; ids and logprobs out) would make it read the world back out of a prompt, and it
+has no logprobs to give. The EnvPool slot that holds an episode's game also holds the slot's
+expert, with a scratch game of its own (another JVM); the rollout's expert agent asks the slot
+for each reply's text (`EnvPool.expert_reply`), and the conversation tokenizes it with the
+student's tokenizer, as it does the text of a model teacher with another tokenizer.
+
+How it plans (`SciWorldExpert.reply`):
+
+1. Once per game (per process), the scratch game loads the game with ScienceWorld's gold path
+   and plays that path from a fresh load: where each action happens, what the game answers,
+   where it wins (where no candidate below wins, a new gold path is made and tried: a reload
+   can give another one). The task's steps are the path's actions other than walking (doors, `go to`) up to the
+   win; the things it focuses on are renamed as the game names them (`gold.visible_names`).
+2. The house's rooms and doors: read from the scratch game's free looks on a walk through every
+   door (once per game per process).
+3. Candidate plans from the present state: the task's steps in order, each reached by the
+   shortest walk through the doors from where the agent is (closed doors opened on the way),
+   `look around` before a focus in a room just entered (as the observed gold paths do), and
+   what the student did taken into account (a thing it already focused on is not focused
+   again, and stands in for the path's thing after: fetched, or the box brought to it, where
+   it is elsewhere).
+   Each candidate is played in the scratch game after the episode's own actions are replayed
+   there; the first that wins is the plan (`verified`). Where none wins, the one that scored
+   most above the present score is played unverified; where none scores, there is no plan.
+4. Each reply is the plan's next action after a templated Thought that names the room, as the
+   gold demonstrations' replies do (`protocol.gold_reply`). When the game's answer differs
+   from the one the replay gave (temperature readings aside: they vary between runs), it
+   plans again from there.
+
+A game the student lost (a wrong focus: -100) has ended before any handoff (asked anyway, it says
+`unwinnable`); a state from which no candidate scores is reported as `no_plan`, and the episode
+ends there.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rose_ray.envs.base import ExpertReply, GameError
+from rose_ray.envs.config import DEFAULT_HEAP
+from rose_ray.envs.protocol import gold_reply
+from rose_ray.envs.sciworld.gold import focused_name, visible_names
+from rose_ray.envs.sciworld.protocol import location_of, same_but_temperature
+from rose_ray.types import GameId
+
+if TYPE_CHECKING:
+    from rose_ray.envs.sciworld.game import SciWorldGame
+
+# Tasks on which bench/expert.py measured the expert (from the base student's openings); the
+# config check refuses an expert teacher on others.
+EXPERT_TASKS: tuple[str, ...] = (
+    "find-living-thing", "find-non-living-thing", "find-plant", "find-animal",
+    "lifespan-longest-lived", "lifespan-shortest-lived", "lifespan-longest-lived-then-shortest-lived",
+)
+_DOOR = re.compile(r"A door to the (.+?) \(that is (open|closed)\)")
+_WALKING = ("open door to ", "close door to ", "go to ")
+AMBIGUOUS = "Ambiguous request"
+MAX_REPLANS = 4  # per episode: a game that keeps answering otherwise than its replay is not planned for
+# Per game, (task, variation), shared by the experts of one process (an EnvPool's slots): each
+# room's doors, and a gold path as the task's steps (made once, kept; made again where it fails).
+DOORS: dict[tuple[str, int], dict[str, list[str]]] = {}
+GOLDS: dict[tuple[str, int], Gold] = {}
+
+
+@dataclass
+class Attempt:
+    """A candidate plan played in the scratch game after the episode's actions: the actions it
+    sent and what the game answered, the score it ended on and whether the episode's own
+    actions replayed as recorded."""
+
+    actions: list[str] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)
+    raw_score: int = 0
+    replayed: bool = True
+
+    @property
+    def won(self) -> bool:
+        return self.raw_score >= 100
+
+
+@dataclass
+class Gold:
+    """What a game's gold path does from a fresh load: the task's steps (action, the room it
+    happens in) with the names the game shows, and the same steps with ScienceWorld's own
+    referents (played where the shown names are ambiguous)."""
+
+    steps: list[tuple[str, str | None]]
+    raw_steps: list[tuple[str, str | None]]
+    route: list[str]  # the rooms the path walks through, in order (ties in a walk go its way)
+
+
+@dataclass
+class Plan:
+    actions: list[str]
+    observations: list[str]  # what the scratch game answered to each
+    start: int  # the episode's action count when it was made
+    verified: bool
+
+
+class SciWorldExpert:
+    """The expert of one EnvPool slot (see the module docstring). `reply` is asked for the next
+    reply of the episode the slot plays, with the episode's record so far."""
+
+    def __init__(self, heap: str | None = DEFAULT_HEAP, call_timeout_s: float = 60.0) -> None:
+        self.heap, self.call_timeout_s = heap, call_timeout_s
+        self.scratch: SciWorldGame | None = None
+        self.episode: Any = None  # the slot's load counter of the episode planned for
+        self.gold: Gold | None = None
+        self.plan: Plan | None = None
+        self.planned = self.verified = False
+        self.replans = 0
+        self.status = ""
+
+    # ----------------------------------------------------------------- the reply
+    def reply(self, game: GameId, first: str, history: list[tuple[str, str]], episode: Any) -> ExpertReply:
+        """The next reply of the episode on `game` (its first observation `first`, then its
+        (action, observation) pairs so far); `episode` tells one episode from the next."""
+        t0 = time.perf_counter()
+        if episode != self.episode:
+            self.episode, self.plan, self.replans = episode, None, 0
+            self.planned = self.verified = False
+            self.status = ""
+        action = self._next_action(history)
+        if action is None and self.replans < MAX_REPLANS:
+            if self.plan is not None:
+                self.replans += 1
+            self.plan = self._make_plan(game, first, history)
+            action = self._next_action(history)
+        location = None
+        for text in [first, *(o for _, o in history)]:
+            location = location_of(text) or location
+        return ExpertReply(text=None if action is None else gold_reply(action, location), action=action,
+                           planned=self.planned, verified=self.verified, status=self.status,
+                           replans=self.replans, plan_s=time.perf_counter() - t0)
+
+    def _next_action(self, history: list[tuple[str, str]]) -> str | None:
+        """The plan's next action, while the game has answered its actions so far as the replay did."""
+        plan = self.plan
+        if plan is None:
+            return None
+        done = history[plan.start:]
+        if len(done) >= len(plan.actions):
+            return None
+        for (action, observation), planned, expected in zip(done, plan.actions, plan.observations):
+            if action != planned or not same_but_temperature(observation, expected):
+                return None
+        return plan.actions[len(done)]
+
+    def _make_plan(self, game: GameId, first: str, history: list[tuple[str, str]]) -> Plan | None:
+        try:
+            return self._plan(game, first, history)
+        except GameError:  # the scratch game died: a new one next time, no plan now
+            self._drop_scratch()
+            self.status, self.planned, self.verified = "scratch_failed", False, False
+            return None
+
+    def _plan(self, game: GameId, first: str, history: list[tuple[str, str]]) -> Plan | None:
+        key = (game.task, game.variation)
+        doors = self._doors(game)
+        now = self._replay(game, history)  # the game where the student left it
+        if now.raw_score < 0:  # lost (a wrong focus): nothing can be won from here
+            self.status, self.planned, self.verified = "unwinnable", False, False
+            return None
+        carriers = self._carriers(first, history)  # asked of the scratch game in that state
+        best: Attempt | None = None
+        # The gold path this process made for the game before, then a new one: ScienceWorld can
+        # give another path for the same game after a reload (another thing, another door).
+        for fresh in (False, True):
+            if fresh or key not in GOLDS:
+                GOLDS[key] = self._gold(game)
+            self.gold = GOLDS[key]
+            for steps in self._candidates(first, history, carriers):
+                attempt = self._attempt(game, history, steps, doors)
+                if attempt.won:
+                    best = attempt
+                    break
+                if best is None or attempt.raw_score > best.raw_score:
+                    best = attempt
+            if best.won:
+                break
+        if not best.won and best.raw_score <= now.raw_score:
+            best = None  # nothing scores above where the game is now
+        if best is None:
+            self.status, self.planned, self.verified = "no_plan", False, False
+            return None
+        self.planned, self.verified = True, best.won
+        self.status = "verified" if best.won else "partial"
+        if not best.replayed:
+            self.status += "_replay_differed"
+        return Plan(best.actions, best.observations, len(history), best.won)
+
+    # ----------------------------------------------------------------- what to try
+    def _candidates(self, first: str, history: list[tuple[str, str]],
+                    carriers: list[list[tuple[str, str | None]]]) -> list[list[tuple[str, str | None]]]:
+        """The task's steps to play from here: with what the student did taken into account
+        (shown names, then the game's referents), then as the gold path has them."""
+        gold = self.gold
+        focused = _focused(first, history)
+        # A student's ambiguous command leaves the game asking which one it meant: the next
+        # input answers it (any other cancels it and is lost), so answer first where harmless.
+        asked = bool(history) and history[-1][1].startswith(AMBIGUOUS)
+        out: list[list[tuple[str, str | None]]] = []
+        for steps in (gold.steps, gold.raw_steps):
+            for candidate in (*(_after_focus(steps, focused, how) for how in ("stay", "fetch", "bring")),
+                              *(_after_focus(steps, carried, how) for carried in carriers for how in ("fetch", "bring")),
+                              list(steps)):
+                for answer in ([("0", None)], []) if asked else ([],):
+                    if answer + candidate not in out:
+                        out.append(answer + candidate)
+        return out
+
+    def _carriers(self, first: str, history: list[tuple[str, str]]) -> list[list[tuple[str, str | None]]]:
+        """The student's focused things as they can be carried, where one is inside another (a
+        liquid in a cup): by each referent the game's valid actions give its holder here
+        (`cup containing red paint in art studio`; the scratch game stands where the replay
+        left it), up to three; none where nothing holds them, or nothing was focused on."""
+        focused = _focused(first, history)
+        if not focused:
+            return []
+        valid = [a[len("pick up "):] for a in self.scratch.valid_actions() if a.startswith("pick up ")]
+        choices = [sorted((r for r in valid if f"containing {name}" in r), key=len)[:3] for name, _ in focused]
+        return [[(holders[i] if i < len(holders) else name, where) for holders, (name, where) in zip(choices, focused)]
+                for i in range(max(map(len, choices), default=0))]
+
+    # ----------------------------------------------------------------- the scratch game
+    def _game(self) -> SciWorldGame:
+        from rose_ray.envs.sciworld.game import SciWorldGame
+
+        if self.scratch is None or not self.scratch.alive():
+            self.scratch = SciWorldGame(heap=self.heap, call_timeout_s=self.call_timeout_s)
+        return self.scratch
+
+    def _drop_scratch(self) -> None:
+        if self.scratch is not None:
+            self.scratch.kill()
+        self.scratch = None
+
+    def _replay(self, game: GameId, history: list[tuple[str, str]]) -> Attempt:
+        """The scratch game loaded and the episode's actions played again; `replayed`: every
+        answer as recorded (temperature readings aside)."""
+        scratch = self._game()
+        scratch.load(game)
+        attempt = Attempt()
+        for action, observation in history:
+            result = scratch.step(action)
+            attempt.raw_score = result.raw_score
+            if not same_but_temperature(result.observation, observation):
+                attempt.replayed = False
+        return attempt
+
+    def _attempt(self, game: GameId, history: list[tuple[str, str]], steps: list[tuple[str, str | None]],
+                 doors: dict[str, list[str]]) -> Attempt:
+        """Play `steps` (each reached by a walk to its room) in the scratch game after the history."""
+        attempt = self._replay(game, history)
+        scratch = self.scratch
+        room = location_of(scratch.look())
+        moved = _moved_since_look(history)
+
+        def play(action: str) -> bool:
+            result = scratch.step(action)
+            attempt.actions.append(action)
+            attempt.observations.append(result.observation)
+            attempt.raw_score = result.raw_score
+            return not result.done
+
+        for action, at in steps:
+            if at is not None and at != room:
+                route = _walk(doors, room, at, self.gold.route)
+                if route is None:
+                    return attempt
+                for next_room in route:
+                    closed = dict(_DOOR.findall(scratch.look())).get(next_room) == "closed"
+                    if closed and not play(f"open door to {next_room}"):
+                        return attempt
+                    if not play(f"go to {next_room}"):
+                        return attempt
+                    if location_of(attempt.observations[-1]) != next_room:
+                        return attempt  # the walk failed: this candidate cannot reach its room
+                    room, moved = next_room, True
+            if action.startswith("focus on") and moved:
+                if not play("look around"):
+                    return attempt
+            if action.startswith("focus on") or action == "look around":
+                moved = False
+            if not play(action):
+                return attempt
+        return attempt
+
+    def _gold(self, game: GameId) -> Gold:
+        """The gold path played from a fresh load, as the task's steps (see the module docstring)."""
+        scratch = self._game()
+        scratch.load(game, gold=True)
+        path = scratch.gold_actions()
+        first = scratch.load(game)
+        room = location_of(first.observation)
+        played, observations, rooms, route = [], [], [], [room]
+        for action in path:
+            result = scratch.step(action)
+            played.append(action)
+            observations.append(result.observation)
+            rooms.append(room)
+            if (now := location_of(result.observation)) is not None and now != room and action.startswith("go to"):
+                room = now
+                route.append(room)
+            if result.done:
+                break
+        shown = visible_names(played, observations)
+
+        def steps(actions: list[str]) -> list[tuple[str, str | None]]:
+            return [(a, r) for a, r in zip(actions, rooms) if not a.startswith(_WALKING) and a != "look around"]
+
+        return Gold(steps(shown), steps(played), route)
+
+    def _doors(self, game: GameId) -> dict[str, list[str]]:
+        """Each room's doors (room -> the rooms they lead to), read on a walk through the scratch game."""
+        key = (game.task, game.variation)
+        if key in DOORS:
+            return DOORS[key]
+        scratch = self._game()
+        scratch.load(game)
+        doors: dict[str, list[str]] = {}
+
+        def visit() -> None:
+            look = scratch.look()
+            here = location_of(look)
+            found = _DOOR.findall(look)
+            doors[here] = [name for name, _ in found]
+            for name, state in found:
+                if name in doors:
+                    continue
+                if state == "closed":
+                    scratch.step(f"open door to {name}")
+                if location_of(scratch.step(f"go to {name}").observation) != name:
+                    continue
+                visit()
+                scratch.step(f"go to {here}")
+
+        visit()
+        DOORS[key] = doors
+        return doors
+
+    def close(self) -> None:
+        if self.scratch is not None:
+            self.scratch.close()
+        self.scratch = None
+
+
+def _after_focus(steps: list[tuple[str, str | None]], focused: list[tuple[str, str | None]],
+                 how: str = "stay") -> list[tuple[str, str | None]]:
+    """The task's steps after the student's focuses: the path's first focuses dropped, one per
+    thing the student focused on, and that thing named in their place in the steps after. Where
+    the student's thing is elsewhere than the path's, a later `move X to Y` needs them together:
+    `fetch` picks the thing up where it is first, `bring` carries Y to it; `stay` does neither."""
+    out, renames, away, at = [], {}, {}, 0
+    for action, room in steps:
+        for old, new in renames.items():
+            action = re.sub(rf"(?<!\w){re.escape(old)}(?!\w)", new, action)
+        if action.startswith("focus on ") and at < len(focused):
+            name, where = focused[at]
+            at += 1
+            old = action[len("focus on "):].strip()
+            if name != old:
+                renames[old] = name
+                if where is not None and where != room:
+                    away[name] = where
+            continue
+        moved = re.match(r"move (.+) to (.+)$", action)
+        if moved and moved.group(1) in away and how != "stay":
+            thing, container = moved.groups()
+            if how == "fetch":  # once picked up, a thing named by its place is named by the inventory
+                held = re.sub(r" in [\w ]+$", " in inventory", thing)
+                out += [(f"pick up {thing}", away.pop(thing)), (action.replace(thing, held, 1), room)]
+            else:
+                out += [(f"pick up {container}", room), (action, away.pop(thing))]
+            continue
+        out.append((action, room))
+    return out
+
+
+def _focused(first: str, history: list[tuple[str, str]]) -> list[tuple[str, str | None]]:
+    """What the student focused on, in order, each with the room it was in (None: not known)."""
+    focused, where = [], location_of(first)
+    for _, observation in history:
+        where = location_of(observation) or where
+        if (name := focused_name(observation)) is not None:
+            focused.append((name, where))
+    return focused
+
+
+def _moved_since_look(history: list[tuple[str, str]]) -> bool:
+    """Whether the agent entered a room and has not looked around (or focused) since."""
+    moved = False
+    for _, observation in history:
+        if observation.startswith("You move to the"):
+            moved = True
+        elif observation.startswith(("This room is called", "This outside location is called")) or \
+                focused_name(observation) is not None:
+            moved = False
+    return moved
+
+
+def _walk(doors: dict[str, list[str]], start: str | None, goal: str, prefer: list[str]) -> list[str] | None:
+    """The rooms of a shortest walk from `start` to `goal` through the doors (the rooms after
+    `start`), going through the gold path's rooms where walks tie; None when there is none."""
+    if start is None or start not in doors:
+        return None
+    if start == goal:
+        return []
+    rank = {room: i for i, room in enumerate(prefer)}
+    previous: dict[str, str | None] = {start: None}
+    queue = deque([start])
+    while queue:
+        room = queue.popleft()
+        if room == goal:
+            break
+        for nxt in sorted(doors.get(room, []), key=lambda r: (rank.get(r, len(rank)), r)):
+            if nxt not in previous:
+                previous[nxt] = room
+                queue.append(nxt)
+    if goal not in previous:
+        return None
+    walk = [goal]
+    while previous[walk[-1]] != start:
+        walk.append(previous[walk[-1]])
+    return walk[::-1]
