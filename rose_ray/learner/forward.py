@@ -48,14 +48,16 @@ def head_available(head: str) -> bool:
 
 
 def resolve_head(name: str, on_cuda: bool, dtype: str = "bfloat16") -> str:
-    """The head `name` stands for here (`auto` chooses the fastest that can run; a fused kernel
-    only under bf16: an fp32 run is for exactness, and Triton's fp32 dot rounds like TF32)."""
+    """The head `name` stands for here. `auto` on a GPU: the fastest that can run (a fused kernel
+    only under bf16: an fp32 run is for exactness, and Triton's fp32 dot rounds like TF32), else
+    `trained`; on CPU `full`, the reference, so CPU runs keep their weights bit for bit (`trained`
+    is equal within tolerance only, and a few ulps change a sampled run's trajectories)."""
     if name != "auto":
         return name
     for fused in FUSED_HEADS:
         if on_cuda and dtype == "bfloat16" and head_available(fused):
             return fused
-    return "trained"
+    return "trained" if on_cuda else "full"
 
 
 def _logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
