@@ -161,13 +161,14 @@ class EngineActorImpl:
     async def weight_receiver(self) -> dict[str, Any]:
         """What a publisher needs to choose a method (learner/weights.py `choose_route`): this
         actor's node, backend and device (`gpu`: its GPU's UUID, None off CUDA), whether its
-        backend can join a weight group, and its vLLM tensor-parallel size (workers of their own)."""
-        from rose_ray.flat_weights import cuda_device_id
+        backend can join a weight group, the NCCL_* settings it runs with (an NCCL group's
+        members need the same) and its vLLM tensor-parallel size (workers of their own)."""
+        from rose_ray.flat_weights import cuda_device_id, own_nccl_env
 
         on_cuda = str(self.device).startswith("cuda")
         return {"node_id": ray.get_runtime_context().get_node_id(), "backend": self.config.backend,
                 "takes_weights": self.config.spec.takes_weights, "device": self.device,
-                "gpu": cuda_device_id() if on_cuda else None,
+                "gpu": cuda_device_id() if on_cuda else None, "nccl_env": own_nccl_env(),
                 "tensor_parallel_size": int(self.config.vllm.tensor_parallel_size) if self.config.vllm else 1}
 
     async def join_weight_group(self, address: dict[str, Any], rank: int) -> None:
