@@ -24,6 +24,11 @@ part's GPU memory never counts in another's:
   NCCL takes one rank per GPU) and for one on another GPU (the collective over NCCL). The
   broadcast between two processes needs a second GPU: bench/gpu_check.sh then runs
   tests/e2e/test_publish.py's NCCL test (a one-GPU machine skips it, saying so).
+- `stall`: a weight group whose second member never joins (NCCL on the GPU; gloo on a CPU),
+  learner rank 0's side as the publisher runs it: it must give up within its timeout
+  (CollectiveTimeout), abort the group, and live past the group's own timeout (twice that: the
+  NCCL watchdog of a group made with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 aborts the communicator
+  and leaves the process alone), the GPU still computing. Needs no vLLM.
 - `hf`: the transformers engine (HFEngine, `backend: hf`, bf16) on the GPU: its greedy ids beside
   transformers' own `generate` (one prompt at a time), tokens/s at 16 and 64 concurrent episodes
   (its AsyncBatcher), and a weight update from tensors on the GPU (perturbed weights change the
@@ -274,6 +279,39 @@ def part_publish(model: Path, device: str) -> dict[str, Any]:
     return out
 
 
+STALL_TIMEOUT_S = 10.0
+
+
+def part_stall(device: str) -> dict[str, Any]:
+    import torch
+
+    from rose_ray.flat_weights import CollectiveTimeout, WeightGroup, within
+
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    timeout = STALL_TIMEOUT_S
+    store, address = WeightGroup.open_store(2, 2 * timeout, backend)  # (rank 1 is never started)
+    out: dict[str, Any] = {"backend": backend, "timeout_s": timeout, "gave_up": None, "error": None}
+    t0 = time.perf_counter()
+    group = None
+    try:  # as WeightPublisher._collective: gloo's group waits for every member, NCCL's first broadcast
+        group = within(timeout, "forming the weight group", WeightGroup, store, address["name"], 0, 2,
+                       2 * timeout, backend)
+        buffer = torch.zeros(2**20, dtype=torch.uint8, device=group.device)
+        within(max(timeout - (time.perf_counter() - t0), 0.1), "broadcasting", group.broadcast, [buffer])
+    except CollectiveTimeout as e:
+        out["gave_up"] = str(e)
+    except Exception as e:  # noqa: BLE001 - recorded: a finding of the GPU session
+        out["error"] = f"{type(e).__name__}: {e}"[:300]
+    out["gave_up_after_s"] = time.perf_counter() - t0
+    if group is not None:
+        group.abort()
+    time.sleep(2 * timeout + 5)  # past the group's own timeout: its watchdog has fired by now
+    x = torch.ones(256, 256, device=device)
+    out["computes_after"] = float((x @ x).sum().item()) == 256.0**3
+    out["alive_after_s"] = time.perf_counter() - t0
+    return out
+
+
 def part_hf(model: Path, device: str) -> dict[str, Any]:
     """The transformers engine (HFEngine, `backend: hf`) on the device: greedy ids beside
     transformers' own generate, tokens/s at 16 and 64 episodes, and a weight update from tensors
@@ -391,7 +429,7 @@ def part_learner(model: Path, device: str, tokens: int, steps: int) -> dict[str,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--part", choices=["all", "engine", "publish", "hf", "learner"], default="all")
+    p.add_argument("--part", choices=["all", "engine", "publish", "stall", "hf", "learner"], default="all")
     p.add_argument("--shape", choices=["qwen3-1.7b", "tiny"], default="qwen3-1.7b")
     p.add_argument("--device", default="cuda")
     p.add_argument("--tokens", type=int, default=16384, help="the packed row's tokens (the seed's rows)")
@@ -402,6 +440,9 @@ def main() -> None:
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    if args.part == "stall":  # no model; its stuck thread may hold the process at exit: leave at once
+        print("RESULT " + json.dumps(part_stall(args.device)), flush=True)
+        os._exit(0)
     if args.part != "all":  # one part, in this process
         from rose_ray.models import init_tiny
 
@@ -415,7 +456,7 @@ def main() -> None:
         return
 
     results: dict[str, Any] = {"shape": args.shape, "device": args.device}
-    for part in ("engine", "publish", "hf", "learner"):
+    for part in ("engine", "publish", "stall", "hf", "learner"):
         cmd = [sys.executable, __file__, "--part", part, "--shape", args.shape, "--device", args.device,
                "--tokens", str(args.tokens), "--steps", str(args.steps), "--work", args.work]
         t0 = time.perf_counter()
@@ -428,7 +469,8 @@ def main() -> None:
             results[part] = json.loads(lines[-1][len("RESULT "):])
         results[part]["wall_s"] = time.perf_counter() - t0
         print(f"{part}: {json.dumps(results[part])}", flush=True)
-    e, pub, hf, lr = results["engine"], results["publish"], results["hf"], results["learner"]
+    e, pub, stall = results["engine"], results["publish"], results["stall"]
+    hf, lr = results["hf"], results["learner"]
 
     def cell(d: dict[str, Any], k: str, fmt: str) -> str:
         return format(d[k], fmt) if d.get(k) is not None else "-"
@@ -452,6 +494,10 @@ def main() -> None:
     print(f"| greedy outputs equal the fresh load after each publication | {pub.get('greedy_equal_fresh_after_each', '-')} |")
     print(f"| auto: engine on rank 0's GPU / on another GPU | {pub.get('auto_route_engine_on_this_gpu', '-')} / "
           f"{pub.get('auto_route_engine_on_another_gpu', '-')} |")
+    print(f"| a weight group whose member never joins ({stall.get('backend', '-')}): gave up after (s); error | "
+          f"{cell(stall, 'gave_up_after_s', '.1f')} of {cell(stall, 'timeout_s', 'g')}; {stall.get('error') or '-'} |")
+    print(f"| ... alive and computing past the group's own timeout (s) | {stall.get('computes_after', '-')} "
+          f"({cell(stall, 'alive_after_s', '.0f')}) |")
     print(f"| hf engine tokens/s, 16 / 64 episodes | {cell(hf, 'tokens_per_s_16', '.0f')} / {cell(hf, 'tokens_per_s_64', '.0f')} |")
     print(f"| hf engine greedy tokens equal to transformers' generate | {cell(hf, 'greedy_tokens_equal_transformers', 'd')}"
           f" of {cell(hf, 'greedy_tokens', 'd')} |")

@@ -3,7 +3,8 @@
 # one H200, within 8): vLLM tokens/s at 16 and 64 concurrent multi-turn episodes, vLLM's
 # allocated KV cache beside the memory plan's, one weight publication with its stages timed
 # apart, the NCCL publication's path from GPU buffers into vLLM beside the object store's
-# (greedy outputs equal to a fresh load after each), and a real learner rank (DeepSpeed ZeRO-2, bf16 weights, fp32 master weights and
+# (greedy outputs equal to a fresh load after each), an NCCL weight group whose second member never
+# joins (rank 0 must give up within its timeout and outlive the group's watchdog; ~35 s), and a real learner rank (DeepSpeed ZeRO-2, bf16 weights, fp32 master weights and
 # AdamW moments) on the seed's 16,384-token rows: tokens/s, MFU, peak memory. A
 # Qwen3-1.7B-shaped model with random weights (nothing is downloaded). Results go to $OUT
 # (the device tool's folder) when set, else bench/results/.

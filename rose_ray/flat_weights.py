@@ -282,6 +282,7 @@ NCCL_DEFAULTS = {
 # the publisher then goes on without the group.
 NCCL_GROUP_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
 _ENV_LOCK = threading.Lock()
+ABORT_WAIT_S = 10.0
 T = TypeVar("T")
 
 
@@ -408,11 +409,13 @@ class WeightGroup:
 
     def abort(self) -> None:
         """Give the group up: an NCCL communicator is aborted, so a broadcast stuck in it ends and
-        its kernels free the GPU; gloo has nothing to abort (a stuck call ends at the timeout)."""
+        its kernels free the GPU (waited for at most ABORT_WAIT_S: an abort can itself hang on a
+        communicator still being made); gloo has nothing to abort (a stuck call ends at the
+        group's timeout)."""
         abort = getattr(self.group, "abort", None) if self.backend == "nccl" else None
         if abort is not None:
-            with contextlib.suppress(Exception):  # (already aborted by its watchdog)
-                abort()
+            with contextlib.suppress(Exception):  # (already aborted by its watchdog, or still at it)
+                within(ABORT_WAIT_S, "aborting the weight group", abort)
 
     def broadcast(self, buffers: list[Any]) -> None:
         """Rank 0's buffers into everyone's (same sizes, in order, on this group's device), one

@@ -197,16 +197,19 @@ class EngineActorImpl:
             self._receiving = asyncio.Lock()
         header = FlatHeader.from_json(header_json)
         async with self._receiving:
-            with self._call():
-                start = time.perf_counter()
-                try:
+            start = time.perf_counter()
+            try:
+                with self._call():
                     await self._settle()
-                finally:  # the broadcast goes ahead whatever the last load did: rank 0 is sending it
-                    flat = await asyncio.to_thread(weight_group.receive, header, self._receive_buffers)
-                self._receive_buffers = flat.buffers
-                received = time.perf_counter()
+            finally:  # the broadcast goes ahead whatever the last load did: rank 0 is sending it
+                # (not a call the health ping counts as waiting: a broadcast that rank 0 gave up on
+                # ends at the group's own timeout, and says nothing about this engine)
+                flat = await asyncio.to_thread(weight_group.receive, header, self._receive_buffers)
+            self._receive_buffers = flat.buffers
+            received = time.perf_counter()
+            with self._call():
                 out = await self._load(unpack(flat), version, wait, keep_after_ms)
-                return {"receive_ms": (received - start) * 1e3, **out}
+            return {"receive_ms": (received - start) * 1e3, **out}
 
     async def version(self) -> int:
         return self.engine.version
