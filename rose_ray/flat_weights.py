@@ -323,12 +323,18 @@ def within(timeout_s: float, what: str, fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)`, waited for at most `timeout_s`; CollectiveTimeout naming `what` when it has
     not returned by then. A call stuck in gloo or NCCL cannot be interrupted from Python, so it
     runs on a daemon thread of its own, which is left to the group's own timeout (or its abort)
-    while the caller goes on; an error it raises in time is raised here."""
+    while the caller goes on; an error it raises in time is raised here. The thread works on the
+    caller's CUDA device (a new thread starts on device 0)."""
+    import torch
+
+    device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     done = threading.Event()
     out: dict[str, Any] = {}
 
     def run() -> None:
         try:
+            if device is not None:
+                torch.cuda.set_device(device)
             out["value"] = fn(*args)
         except BaseException as e:  # noqa: BLE001 - handed to the caller
             out["error"] = e
