@@ -60,7 +60,9 @@ def trainer(port: int, state_path: str, commands: Any, done: Any) -> None:
     done.put("ready")
     groups: dict[str, Any] = {}
     while (route := commands.get()) != "stop":
-        group = groups.setdefault(route, ProcessGroupGloo(PrefixStore(route, store), 0, 2, timeout))
+        if route not in groups:
+            groups[route] = ProcessGroupGloo(PrefixStore(route, store), 0, 2, timeout)
+        group = groups[route]
         tensors = list(state.values()) if route == "api" else pack(state, 0).buffers
         for t in tensors:
             group.broadcast(t.contiguous(), 0).wait()
@@ -159,12 +161,13 @@ def main() -> None:
     original = {}
     for f in sorted(folder.glob("*.safetensors")):
         original.update(load_file(str(f)))
-    if json.loads((folder / "config.json").read_text()).get("tie_word_embeddings"):
-        original["lm_head.weight"] = original["model.embed_tokens.weight"].clone()  # sent as rose_ray sends it
-    original = dict(sorted(original.items()))
     g = torch.Generator().manual_seed(1)
     new = {k: (v.float() + torch.randn(v.shape, generator=g) * v.float().std().nan_to_num(0.02)).to(v.dtype)
            for k, v in original.items()}
+    if json.loads((folder / "config.json").read_text()).get("tie_word_embeddings"):
+        for state in (original, new):  # a tied head goes along with the embedding, as rose_ray sends it
+            state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
+    original, new = dict(sorted(original.items())), dict(sorted(new.items()))
     save_file(new, str(work / "new.safetensors"))
     mb = sum(v.numel() * v.element_size() for v in new.values()) / 2**20
 
