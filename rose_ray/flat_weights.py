@@ -416,8 +416,8 @@ class WeightGroup:
     def abort(self) -> None:
         """Give the group up: an NCCL communicator is aborted, so a broadcast stuck in it ends and
         its kernels free the GPU (waited for at most ABORT_WAIT_S: an abort can itself hang on a
-        communicator still being made); gloo has nothing to abort (a stuck call ends at the
-        group's timeout)."""
+        communicator still being made, as vLLM's PyNcclCommunicator.destroy also allows for);
+        gloo has nothing to abort (a stuck call ends at the group's timeout)."""
         abort = getattr(self.group, "abort", None) if self.backend == "nccl" else None
         if abort is not None:
             with contextlib.suppress(Exception):  # (already aborted by its watchdog, or still at it)
