@@ -286,16 +286,25 @@ ABORT_WAIT_S = 10.0
 T = TypeVar("T")
 
 
+# NCCL_* names that are not NCCL's settings, left out of the comparison: torch's old name for
+# TORCH_NCCL_ASYNC_ERROR_HANDLING, which vLLM's GPU worker removes from its own process ("This env
+# var set by Ray causes exceptions with graph building", vllm/v1/worker/gpu_worker.py).
+NOT_NCCL_SETTINGS = frozenset({"NCCL_ASYNC_ERROR_HANDLING"})
+
+
+def _nccl_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if k.startswith("NCCL_") and k not in NOT_NCCL_SETTINGS}
+
+
 def nccl_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The NCCL_* variables every weight-group member runs with: the launching process's own
     (`environ`, default this process's) over NCCL_DEFAULTS."""
-    environ = os.environ if environ is None else environ
-    return {**NCCL_DEFAULTS, **{k: v for k, v in environ.items() if k.startswith("NCCL_")}}
+    return {**NCCL_DEFAULTS, **_nccl_settings(os.environ if environ is None else environ)}
 
 
 def own_nccl_env() -> dict[str, str]:
     """The NCCL_* variables this process runs with (what a member reports to the publisher)."""
-    return {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+    return _nccl_settings(os.environ)
 
 
 @contextlib.contextmanager

@@ -92,7 +92,8 @@ def test_nccl_needs_the_same_nccl_settings_on_every_member():
     NCCL group (auto: the host paths; asked for: refused, naming the variable)."""
     from rose_ray.flat_weights import NCCL_DEFAULTS, nccl_env
 
-    run = nccl_env({"NCCL_CUMEM_ENABLE": "0", "NCCL_DEBUG": "WARN", "PATH": "/bin"})
+    run = nccl_env({"NCCL_CUMEM_ENABLE": "0", "NCCL_DEBUG": "WARN", "PATH": "/bin",
+                    "NCCL_ASYNC_ERROR_HANDLING": "1"})  # (torch's, not NCCL's: vLLM's worker drops it)
     assert run == {**NCCL_DEFAULTS, "NCCL_CUMEM_ENABLE": "0", "NCCL_DEBUG": "WARN"}  # the launcher's over the defaults
     assert nccl_env({"NCCL_NVLS_ENABLE": "1"})["NCCL_NVLS_ENABLE"] == "1"  # a user's choice is kept
     rank0 = {**RANK0_GPU, "nccl_env": run}
