@@ -14,7 +14,7 @@ part's GPU memory never counts in another's:
   the prefix-cache reset; beside it the pickled path before flat buffers (`to_wire`, then the
   pickling a torch tensor pays in Ray's object store); peak GPU memory of the process.
 - `publish`: the NCCL publication's two ends on one GPU (`publish.collective_backend: nccl`;
-  rose_ray/flat_weights.py): learner rank 0's state on the GPU packed into device buffers (no
+  rose_ray/weight_group.py): learner rank 0's state on the GPU packed into device buffers (no
   copy), a one-rank NCCL WeightGroup broadcasting them (the group's construction over its own
   TCPStore and the broadcast call, checked against this torch), unpacked into CUDA views and
   reloaded by a vLLM engine (bf16) with no host round trip; beside it the object-store path from
@@ -198,10 +198,11 @@ def part_publish(model: Path, device: str) -> dict[str, Any]:
     import torch
     from safetensors.torch import load_file
 
-    from rose_ray.flat_weights import FlatState, WeightGroup, cuda_device_id, pack, unpack
+    from rose_ray.flat_weights import FlatState, pack, unpack
     from rose_ray.inference.engine import EngineConfig
     from rose_ray.inference.vllm_engine import VLLMEngine
     from rose_ray.learner.weights import PublishConfig, choose_route
+    from rose_ray.weight_group import WeightGroup, cuda_device_id
 
     on_gpu = device.startswith("cuda")
     config = EngineConfig.of("vllm", model=str(model), dtype="bfloat16" if on_gpu else "float32", max_batch_size=8,
@@ -285,7 +286,7 @@ STALL_TIMEOUT_S = 10.0
 def part_stall(device: str) -> dict[str, Any]:
     import torch
 
-    from rose_ray.flat_weights import CollectiveTimeout, WeightGroup, within
+    from rose_ray.weight_group import CollectiveTimeout, WeightGroup, within
 
     backend = "nccl" if device.startswith("cuda") else "gloo"
     timeout = STALL_TIMEOUT_S

@@ -237,7 +237,6 @@ class RunParts:
 
     def start(self) -> None:
         from rose_ray.envs.worlds import get_world
-        from rose_ray.flat_weights import nccl_env
         from rose_ray.learner.learner import LearnerGroup
         from rose_ray.metrics import MetricsLogger
         from rose_ray.models import load_tokenizer
@@ -248,6 +247,7 @@ class RunParts:
         from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
         from rose_ray.rollout.runner import EpisodeRunner
         from rose_ray.rollout.supervisor import EngineSupervisor
+        from rose_ray.weight_group import nccl_env
 
         cfg = self.cfg
         init_ray(cfg.ray_address)
@@ -270,7 +270,7 @@ class RunParts:
         # The env pools are created first: their JVMs boot while the engines load their weights.
         self.pools = start_env_pools(cfg.env, max_turns=cfg.rollout.max_turns)
         # The weight group's members (the student engine, learner rank 0) run with the same NCCL
-        # settings wherever Ray starts them (rose_ray/flat_weights.py NCCL_DEFAULTS says why).
+        # settings wherever Ray starts them (rose_ray/weight_group.py NCCL_DEFAULTS says why).
         nccl = {"runtime_env": {"env_vars": nccl_env()}}
         student_nccl = nccl if cfg.resources.student_gpus > 0 else {}
         learner_nccl = nccl if cfg.learner.gpus_per_rank > 0 else {}

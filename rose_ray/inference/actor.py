@@ -29,10 +29,11 @@ from typing import Any
 
 import ray
 
-from rose_ray.flat_weights import FlatHeader, FlatState, WeightGroup, unpack
+from rose_ray.flat_weights import FlatHeader, FlatState, unpack
 from rose_ray.inference.backends import make_engine
 from rose_ray.inference.batcher import async_frontend
 from rose_ray.inference.engine import EngineConfig, GenerationRequest, GenerationResult
+from rose_ray.weight_group import WeightGroup
 
 MAX_WEIGHT_GROUPS = 4
 
@@ -163,7 +164,7 @@ class EngineActorImpl:
         actor's node, backend and device (`gpu`: its GPU's UUID, None off CUDA), whether its
         backend can join a weight group, the NCCL_* settings it runs with (an NCCL group's
         members need the same) and its vLLM tensor-parallel size (workers of their own)."""
-        from rose_ray.flat_weights import cuda_device_id, own_nccl_env
+        from rose_ray.weight_group import cuda_device_id, own_nccl_env
 
         on_cuda = str(self.device).startswith("cuda")
         return {"node_id": ray.get_runtime_context().get_node_id(), "backend": self.config.backend,

@@ -293,7 +293,7 @@ def nccl_problem(rank0: dict[str, Any], engines: list[dict[str, Any]]) -> str | 
     for n, e in enumerate(engines):
         theirs = e.get("nccl_env", {})
         differ = sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
-        if differ:  # NCCL does not reconcile its settings across ranks (flat_weights.NCCL_DEFAULTS)
+        if differ:  # NCCL does not reconcile its settings across ranks (weight_group.NCCL_DEFAULTS)
             return (f"student engine {n} runs with other NCCL settings than learner rank 0 "
                     f"({', '.join(f'{k}={theirs.get(k)} against {mine.get(k)}' for k in differ)}); every member "
                     "of an NCCL group needs the same")
@@ -355,7 +355,7 @@ class WeightPublisher:
         """(method, collective backend) for these engines (`choose_route`; asked once per set)."""
         import ray
 
-        from rose_ray.flat_weights import cuda_device_id, own_nccl_env
+        from rose_ray.weight_group import cuda_device_id, own_nccl_env
 
         if self.fallback is not None:
             return "object_store", ""
@@ -433,7 +433,8 @@ class WeightPublisher:
         import ray
         import torch
 
-        from rose_ray.flat_weights import CollectiveTimeout, pack, within
+        from rose_ray.flat_weights import pack
+        from rose_ray.weight_group import CollectiveTimeout, within
 
         t0 = time.perf_counter()
         device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
@@ -479,7 +480,7 @@ class WeightPublisher:
         rank 0's deadline comes first, and the members' calls end after it."""
         import ray
 
-        from rose_ray.flat_weights import CollectiveTimeout, WeightGroup, within
+        from rose_ray.weight_group import CollectiveTimeout, WeightGroup, within
 
         members = (backend, *(_actor_key(e) for e in engines))
         if self._group is not None and self._members == members:

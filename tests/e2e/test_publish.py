@@ -314,10 +314,10 @@ def test_an_nccl_publication_leaves_a_gpu_engine_as_a_fresh_load(weights, ray_cl
     its own, its state on that GPU; an hf engine actor on another GPU receives the buckets into
     buffers on its GPU. `auto` (method and backend) takes this path; after each publication the
     engine's greedy outputs are those of an engine loaded fresh from the same weights on a GPU."""
-    from rose_ray.flat_weights import cuda_device_id
     from rose_ray.inference.actor import engine_actor
     from rose_ray.inference.hf import HFEngine
     from rose_ray.learner.weights import PublishConfig, WeightPublisher
+    from rose_ray.weight_group import cuda_device_id
 
     config, prompts, states, _, folders = weights
     actor = engine_actor(config, num_cpus=1, num_gpus=1)

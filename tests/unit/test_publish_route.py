@@ -90,7 +90,7 @@ def test_nccl_needs_the_same_nccl_settings_on_every_member():
     """NCCL never reconciles its settings across ranks (a differing NCCL_CUMEM_ENABLE broke
     NeMo-RL's transfer group): an engine that runs with other NCCL_* than learner rank 0 gets no
     NCCL group (auto: the host paths; asked for: refused, naming the variable)."""
-    from rose_ray.flat_weights import NCCL_DEFAULTS, nccl_env
+    from rose_ray.weight_group import NCCL_DEFAULTS, nccl_env
 
     run = nccl_env({"NCCL_CUMEM_ENABLE": "0", "NCCL_DEBUG": "WARN", "PATH": "/bin",
                     "NCCL_ASYNC_ERROR_HANDLING": "1"})  # (torch's, not NCCL's: vLLM's worker drops it)
