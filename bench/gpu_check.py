@@ -14,7 +14,7 @@ part's GPU memory never counts in another's:
   the prefix-cache reset; beside it the pickled path before flat buffers (`to_wire`, then the
   pickling a torch tensor pays in Ray's object store); peak GPU memory of the process.
 - `publish`: the NCCL publication's two ends on one GPU (`publish.collective_backend: nccl`;
-  rose_ray/flat_weights.py): learner rank 0's state on the GPU packed into device buffers (no
+  rose_ray/weight_group.py): learner rank 0's state on the GPU packed into device buffers (no
   copy), a one-rank NCCL WeightGroup broadcasting them (the group's construction over its own
   TCPStore and the broadcast call, checked against this torch), unpacked into CUDA views and
   reloaded by a vLLM engine (bf16) with no host round trip; beside it the object-store path from
@@ -24,6 +24,11 @@ part's GPU memory never counts in another's:
   NCCL takes one rank per GPU) and for one on another GPU (the collective over NCCL). The
   broadcast between two processes needs a second GPU: bench/gpu_check.sh then runs
   tests/e2e/test_publish.py's NCCL test (a one-GPU machine skips it, saying so).
+- `stall`: a weight group whose second member never joins (NCCL on the GPU; gloo on a CPU),
+  learner rank 0's side as the publisher runs it: it must give up within its timeout
+  (CollectiveTimeout), abort the group, and live past the group's own timeout (twice that: the
+  NCCL watchdog of a group made with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 aborts the communicator
+  and leaves the process alone), the GPU still computing. Needs no vLLM.
 - `hf`: the transformers engine (HFEngine, `backend: hf`, bf16) on the GPU: its greedy ids beside
   transformers' own `generate` (one prompt at a time), tokens/s at 16 and 64 concurrent episodes
   (its AsyncBatcher), and a weight update from tensors on the GPU (perturbed weights change the
@@ -200,10 +205,11 @@ def part_publish(model: Path, device: str) -> dict[str, Any]:
     import torch
     from safetensors.torch import load_file
 
-    from rose_ray.flat_weights import FlatState, WeightGroup, cuda_device_id, pack, unpack
+    from rose_ray.flat_weights import FlatState, pack, unpack
     from rose_ray.inference.engine import EngineConfig
     from rose_ray.inference.vllm_engine import VLLMEngine
     from rose_ray.learner.weights import PublishConfig, choose_route
+    from rose_ray.weight_group import WeightGroup, cuda_device_id
 
     on_gpu = device.startswith("cuda")
     config = EngineConfig.of("vllm", model=str(model), dtype="bfloat16" if on_gpu else "float32", max_batch_size=8,
@@ -281,6 +287,39 @@ def part_publish(model: Path, device: str) -> dict[str, Any]:
     return out
 
 
+STALL_TIMEOUT_S = 10.0
+
+
+def part_stall(device: str) -> dict[str, Any]:
+    import torch
+
+    from rose_ray.weight_group import CollectiveTimeout, WeightGroup, within
+
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    timeout = STALL_TIMEOUT_S
+    store, address = WeightGroup.open_store(2, 2 * timeout, backend)  # (rank 1 is never started)
+    out: dict[str, Any] = {"backend": backend, "timeout_s": timeout, "gave_up": None, "error": None}
+    t0 = time.perf_counter()
+    group = None
+    try:  # as WeightPublisher._collective: gloo's group waits for every member, NCCL's first broadcast
+        group = within(timeout, "forming the weight group", WeightGroup, store, address["name"], 0, 2,
+                       2 * timeout, backend)
+        buffer = torch.zeros(2**20, dtype=torch.uint8, device=group.device)
+        within(max(timeout - (time.perf_counter() - t0), 0.1), "broadcasting", group.broadcast, [buffer])
+    except CollectiveTimeout as e:
+        out["gave_up"] = str(e)
+    except Exception as e:  # noqa: BLE001 - recorded: a finding of the GPU session
+        out["error"] = f"{type(e).__name__}: {e}"[:300]
+    out["gave_up_after_s"] = time.perf_counter() - t0
+    if group is not None:
+        group.abort()
+    time.sleep(2 * timeout + 5)  # past the group's own timeout: its watchdog has fired by now
+    x = torch.ones(256, 256, device=device)
+    out["computes_after"] = float((x @ x).sum().item()) == 256.0**3
+    out["alive_after_s"] = time.perf_counter() - t0
+    return out
+
+
 def part_hf(model: Path, device: str) -> dict[str, Any]:
     """The transformers engine (HFEngine, `backend: hf`) on the device: greedy ids beside
     transformers' own generate, tokens/s at 16 and 64 episodes, and a weight update from tensors
@@ -339,7 +378,7 @@ def part_hf(model: Path, device: str) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--part", choices=["all", "engine", "publish", "hf", "learner", "learner-rung"], default="all")
+    p.add_argument("--part", choices=["all", "engine", "publish", "stall", "hf", "learner", "learner-rung"], default="all")
     p.add_argument("--shape", choices=["qwen3-1.7b", "tiny"], default="qwen3-1.7b")
     p.add_argument("--device", default="cuda")
     p.add_argument("--tokens", type=int, default=16384, help="each packed row's tokens (the seed's rows)")
@@ -357,6 +396,9 @@ def main() -> None:
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    if args.part == "stall":  # no model; its stuck thread may hold the process at exit: leave at once
+        print("RESULT " + json.dumps(part_stall(args.device)), flush=True)
+        os._exit(0)
     if args.part == "learner":  # the ladder: each rung in a process of its own
         model_args = ["--shape", args.shape, "--device", args.device, "--tokens", str(args.tokens),
                       "--micro", str(args.micro), "--steps", str(args.steps), "--work", args.work]
@@ -380,7 +422,7 @@ def main() -> None:
         return
 
     results: dict[str, Any] = {"shape": args.shape, "device": args.device}
-    for part in ("engine", "publish", "hf"):
+    for part in ("engine", "publish", "stall", "hf"):
         cmd = [sys.executable, __file__, "--part", part, "--shape", args.shape, "--device", args.device,
                "--work", args.work]
         t0 = time.perf_counter()
@@ -396,7 +438,7 @@ def main() -> None:
     model_args = ["--shape", args.shape, "--device", args.device, "--tokens", str(args.tokens),
                   "--micro", str(args.micro), "--steps", str(args.steps), "--work", args.work]
     results["learner"] = gpu_learner.ladder(__file__, model_args, args.budget_s) if args.budget_s > 0 else []
-    e, pub, hf = results["engine"], results["publish"], results["hf"]
+    e, pub, stall, hf = results["engine"], results["publish"], results["stall"], results["hf"]
     lr = next((r for r in reversed(results["learner"]) if "gather_ms" in r), {})
 
     def cell(d: dict[str, Any], k: str, fmt: str) -> str:
@@ -421,6 +463,10 @@ def main() -> None:
     print(f"| greedy outputs equal the fresh load after each publication | {pub.get('greedy_equal_fresh_after_each', '-')} |")
     print(f"| auto: engine on rank 0's GPU / on another GPU | {pub.get('auto_route_engine_on_this_gpu', '-')} / "
           f"{pub.get('auto_route_engine_on_another_gpu', '-')} |")
+    print(f"| a weight group whose member never joins ({stall.get('backend', '-')}): gave up after (s); error | "
+          f"{cell(stall, 'gave_up_after_s', '.1f')} of {cell(stall, 'timeout_s', 'g')}; {stall.get('error') or '-'} |")
+    print(f"| ... alive and computing past the group's own timeout (s) | {stall.get('computes_after', '-')} "
+          f"({cell(stall, 'alive_after_s', '.0f')}) |")
     print(f"| hf engine tokens/s, 16 / 64 episodes | {cell(hf, 'tokens_per_s_16', '.0f')} / {cell(hf, 'tokens_per_s_64', '.0f')} |")
     print(f"| hf engine greedy tokens equal to transformers' generate | {cell(hf, 'greedy_tokens_equal_transformers', 'd')}"
           f" of {cell(hf, 'greedy_tokens', 'd')} |")

@@ -122,7 +122,7 @@ class BoundReceiver:
     def join(self, address: dict[str, Any]) -> None:
         import torch
 
-        from rose_ray.flat_weights import WeightGroup
+        from rose_ray.weight_group import WeightGroup
 
         self.group = WeightGroup.join(address, 1)
         self.scratch = torch.empty(SCRATCH_MB * 2**20, dtype=torch.uint8)
@@ -140,7 +140,8 @@ class Bounds:
         import ray
         import torch
 
-        from rose_ray.flat_weights import WeightGroup, byte_view
+        from rose_ray.flat_weights import byte_view
+        from rose_ray.weight_group import WeightGroup
 
         self.views = [byte_view(t) for t in state.values()]
         self.total = sum(int(v.numel()) for v in self.views)

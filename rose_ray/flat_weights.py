@@ -15,20 +15,14 @@ more per MB: DESIGN.md, "Moving weights"), and a collective sends one buffer per
 per tensor, no copy for a contiguous CPU tensor), which suits the object store, where the
 `ray.put` is the one copy anyway.
 
-`WeightGroup` is a torch.distributed group of its own (a TCPStore and a ProcessGroupGloo or
-ProcessGroupNCCL built directly, as vLLM's StatelessProcessGroup, OpenRLHF and verl do), so
-learner rank 0 and the engine actors share a group without touching the learner's default
-(DeepSpeed) group. Rank 0 broadcasts each bucket; the engines receive into buffers of the sizes
-the header gives: host buffers over gloo, or, over NCCL, buffers on each member's GPU (packed
-there on rank 0, loaded from there by the engine: no host round trip).
+The buffers travel by Ray's object store or by a weight group's broadcast
+(rose_ray/weight_group.py), into `receive_buffers` of the header's sizes.
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
-import uuid
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -234,99 +228,3 @@ def receive_buffers(header: FlatHeader, device: str = "cpu") -> list[Any]:
     import torch
 
     return [torch.empty(n, dtype=torch.uint8, device=device) for n in header.bucket_bytes]
-
-
-def local_address() -> str:
-    """This node's address as Ray knows it (where a group's store listens)."""
-    import ray
-
-    return ray.util.get_node_ip_address()
-
-
-COLLECTIVE_BACKENDS = ("gloo", "nccl")
-
-
-def cuda_device_id() -> str | None:
-    """This process's current CUDA device as a GPU UUID (the same whatever CUDA_VISIBLE_DEVICES
-    numbers it), None without CUDA: how a publisher tells whether two processes share a GPU."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-
-
-class WeightGroup:
-    """A group of its own: rank 0 (the learner) and the engine actors, on a TCPStore that rank 0
-    hosts; `backend` gloo (host buffers) or nccl (buffers on each member's current CUDA device;
-    NCCL takes one rank per GPU). Create rank 0's store with `WeightGroup.open_store` (its
-    `address` is what the others join with), the others with `WeightGroup.join(address, rank)`;
-    every member must be constructing at the same time (the group's rendezvous waits for all,
-    up to `timeout_s`)."""
-
-    def __init__(self, store: Any, name: str, rank: int, world_size: int, timeout_s: float,
-                 backend: str = "gloo") -> None:
-        from torch.distributed import PrefixStore
-
-        if backend not in COLLECTIVE_BACKENDS:
-            raise ValueError(f"weight group backend: must be one of {COLLECTIVE_BACKENDS}, got {backend!r}")
-        self.store, self.name, self.rank, self.world_size = store, name, rank, world_size
-        self.backend = backend
-        timeout = datetime.timedelta(seconds=timeout_s)
-        if backend == "nccl":
-            import torch
-            from torch.distributed.distributed_c10d import ProcessGroupNCCL
-
-            self.device = torch.device("cuda", torch.cuda.current_device())
-            options = ProcessGroupNCCL.Options()
-            options._timeout = timeout
-            # (its communicator is made by the first broadcast, on the buffers' device)
-            self.group = ProcessGroupNCCL(PrefixStore(name, store), rank, world_size, options)
-        else:
-            from torch.distributed.distributed_c10d import ProcessGroupGloo
-
-            self.device = "cpu"
-            self.group = ProcessGroupGloo(PrefixStore(name, store), rank, world_size, timeout)
-
-    @staticmethod
-    def open_store(world_size: int, timeout_s: float, backend: str = "gloo") -> tuple[Any, dict[str, Any]]:
-        """Rank 0's TCPStore on a free port, and the address the others join with."""
-        from torch.distributed import TCPStore
-
-        host = local_address()
-        store = TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=timeout_s))
-        return store, {"host": host, "port": store.port, "name": f"weights-{uuid.uuid4().hex[:12]}",
-                       "world_size": world_size, "timeout_s": timeout_s, "backend": backend}
-
-    @classmethod
-    def join(cls, address: dict[str, Any], rank: int) -> WeightGroup:
-        from torch.distributed import TCPStore
-
-        store = TCPStore(address["host"], address["port"], address["world_size"], is_master=False,
-                         timeout=datetime.timedelta(seconds=address["timeout_s"]))
-        return cls(store, address["name"], rank, address["world_size"], address["timeout_s"],
-                   address.get("backend", "gloo"))
-
-    def broadcast(self, buffers: list[Any]) -> None:
-        """Rank 0's buffers into everyone's (same sizes, in order, on this group's device), one
-        bucket at a time; returns once they are all in place (over NCCL: the stream synchronized,
-        so another thread, the engine's, may read them and rank 0 may change its own)."""
-        for b in buffers:
-            if b.numel():
-                self.group.broadcast(b, 0).wait()
-        if self.backend == "nccl":
-            import torch
-
-            torch.cuda.current_stream(self.device).synchronize()
-
-    def receive(self, header: FlatHeader, buffers: list[Any] | None = None) -> FlatState:
-        """A publication's buckets from rank 0, into `buffers` when they have the header's sizes
-        (the previous publication's, reused), else new ones on this group's device."""
-        import torch
-
-        if buffers is None or [int(b.numel()) for b in buffers] != list(header.bucket_bytes) \
-                or any(b.device != torch.device(self.device) for b in buffers):
-            buffers = receive_buffers(header, self.device)
-        self.broadcast(buffers)
-        return FlatState(header, buffers)

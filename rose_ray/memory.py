@@ -22,6 +22,11 @@ Per GPU:
   estimator's accounting) under the ZeRO stage over the ranks, and the activations of one
   micro-batch (a packed row of `learner.max_tokens` tokens) with or without gradient
   checkpointing, the LM head run in chunks.
+- **The weight publication** (rose_ray/learner/weights.py): where it may go over NCCL, the
+  student engine receives each publication into buffers on its GPU, one copy of the learner's
+  state in the learner's dtype, kept from one publication to the next. An hf engine holds them
+  in its GPU; a vllm engine beside its `gpu_memory_utilization` share (allocated after vLLM
+  sized its KV cache), so they must fit in the rest of the GPU.
 """
 
 from __future__ import annotations
@@ -296,6 +301,46 @@ def _scoring_problem(mem: RoleMemory, engine: Any, key: str, gpu_bytes: float, g
             f"{most:g} or lower")
 
 
+def publication_receive_bytes(cfg: Any, shape: ModelShape) -> float:
+    """Bytes of the NCCL publication's receive buffers on the student engine's GPU (the whole
+    learner state, `shape` in learner.dtype), where the publication may go over NCCL: method
+    auto or collective, collective_backend auto or nccl, the student engine and the learner on
+    GPUs, no tensor-parallel engine and no colocation (`nccl_problem`'s rules); else 0 (over gloo
+    or the object store the buffers are host memory)."""
+    p, student = cfg.publish, cfg.student_engine
+    may_use_nccl = (p.method in ("auto", "collective") and p.collective_backend in ("auto", "nccl")
+                    and student.spec.takes_weights and cfg.resources.student_gpus > 0
+                    and cfg.learner.gpus_per_rank > 0 and student.tensor_parallel_size == 1
+                    and not cfg.resources.colocate)
+    return float(shape.parameters() * DTYPE_BYTES[cfg.learner.dtype]) if may_use_nccl else 0.0
+
+
+def add_receive_buffers(mem: RoleMemory, nbytes: float, paged_kv: bool, gpu_bytes: float | None,
+                        gpu_note: str) -> None:
+    """The publication's receive buffers on the student engine's GPU: in an hf engine's parts (its
+    budget is the whole GPU); beside a vllm engine's (`paged_kv`) share, which must leave room."""
+    what = f"weight publication over NCCL: receive buffers of {_gib(nbytes)} GiB (the learner's state)"
+    if not paged_kv:
+        mem.parts["publication buffers"] = nbytes
+        mem.notes.append(f"{what} in the engine's GPU")
+        if mem.budget is not None and mem.problem is None and mem.total > mem.budget:
+            mem.problem = (f"the student engine cannot fit its GPU: {_breakdown(mem.parts)} = {_gib(mem.total)} GiB, "
+                           f"more than {mem.budget_why} = {_gib(mem.budget)} GiB; use publish.collective_backend=gloo "
+                           "(host buffers) or a smaller student_engine.max_batch_size")
+        return
+    if gpu_bytes is None or mem.budget is None:
+        mem.notes.append(f"{what} beside vLLM's share")
+        return
+    rest = gpu_bytes - mem.budget
+    mem.notes.append(f"{what} beside vLLM's share, {_gib(rest)} GiB left there")
+    if nbytes > rest and mem.problem is None:
+        most = math.floor((1 - nbytes / gpu_bytes) * 20) / 20  # in steps of 0.05
+        mem.problem = (f"the student engine cannot fit its GPU: a weight publication over NCCL receives the learner's "
+                       f"state ({_gib(nbytes)} GiB) into buffers beside vLLM's share, but "
+                       f"student_engine.vllm.gpu_memory_utilization {mem.budget / gpu_bytes:g} leaves {_gib(rest)} GiB "
+                       f"of each {gpu_note} GPU; set it to {most:g} or lower, or publish.collective_backend=gloo")
+
+
 def learner_activations(shape: ModelShape, tokens: int, chunk: int, checkpointing: bool | str,
                         dtype_bytes: int, head: str = "full") -> dict[str, float]:
     """Peak activation bytes of one micro-batch of `tokens` tokens as the learner runs it: packed
@@ -409,6 +454,9 @@ def memory_plan(cfg: Any, gpu_gib: float | None, config_for: dict[str, str] | No
     if cfg.student_engine.spec.local:
         student = engine_memory("student engine", cfg.student_engine, r.student_gpus,
                                 shape(cfg.student_engine.model, "student_engine.model"), gpu_bytes, gpu_note, False)
+        receive = publication_receive_bytes(cfg, shape(cfg.learner.model, "learner.model"))
+        if receive:
+            add_receive_buffers(student, receive, cfg.student_engine.spec.paged_kv, gpu_bytes, gpu_note)
         roles.append(student)
     if cfg.teacher_engine.spec.local and not cfg.teacher.expert:
         scores = cfg.algorithm.teacher_scores_student()

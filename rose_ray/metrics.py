@@ -73,7 +73,7 @@ def trajectory_markdown(record: dict[str, Any], max_chars: int = 600) -> str:
 
 def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, float]:
     """A learner step's numbers from its metrics and its batch of trajectories (the async/,
-    env/, weights/ and reliability/ groups come from the run's own counters)."""
+    env/, weights/, publish/ and reliability/ groups come from the run's own counters)."""
     student_tokens = sum(len(x.token_ids) for t in batch for x in t.turns if x.owner == "student")
     handoffs = [t.handoff_turn for t in batch if t.handoff_turn is not None]
     actions = sum(t.rounds for t in batch) or 1

@@ -94,11 +94,22 @@ class Publisher:
         self.config = config  # a PublishConfig (learner/weights.py): how the weights travel
         self.weights_ms = 0.0
         self.published: tuple[Any, int] | None = None  # (engine, learner version) last sent
+        self.fallbacks = 0  # collectives given up for the object store (publish/fallbacks)
 
     def publish_now(self, engine: Any) -> None:
+        from rose_ray.learner.weights import PublishConfig
+
         version = self.learner.version
-        self.weights_ms = self.learner.publish_weights([engine], self.config)["total_ms"]
+        out = self.learner.publish_weights([engine], self.config)
+        self.weights_ms = out["total_ms"]
         self.published = (engine, version)
+        if out.get("fallback"):
+            # The object store from now on, a restarted learner group's publisher included (it
+            # would otherwise try the collective again, and stall as long again).
+            self.fallbacks += 1
+            self.config = replace(self.config or PublishConfig(), method="object_store", collective_backend="auto")
+            print(f"\ntrain: weight publication: {out['fallback']}; version {version} and every later one go "
+                  "through the object store (publish/fallbacks)", flush=True)
 
     async def publish(self) -> None:
         """To the serving student engine. One lost meanwhile is replaced first (the replacement
@@ -187,6 +198,7 @@ class RunParts:
         from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
         from rose_ray.rollout.runner import EpisodeRunner
         from rose_ray.rollout.supervisor import EngineSupervisor
+        from rose_ray.weight_group import nccl_env
 
         cfg = self.cfg
         self.clear_leftovers()
@@ -218,13 +230,19 @@ class RunParts:
         # The env pools are created first: their JVMs boot while the engines load their weights.
         self.pools = start_env_pools(cfg.env, max_turns=cfg.rollout.max_turns)
         expert = cfg.teacher.expert  # the world's expert teaches: it plays from the env pools, no engine
+        # The weight group's members (the student engine, learner rank 0) run with the same NCCL
+        # settings wherever Ray starts them (rose_ray/weight_group.py NCCL_DEFAULTS says why).
+        nccl = {"runtime_env": {"env_vars": nccl_env()}}
+        student_nccl = nccl if cfg.resources.student_gpus > 0 else {}
+        learner_nccl = nccl if cfg.learner.gpus_per_rank > 0 else {}
         self.student, self.teacher = start_agents(
             replace(cfg.student_engine, model=student_path),
             EXPERT if expert else replace(cfg.teacher_engine, model=teacher_path),
             cfg.resources.student_cpus, cfg.resources.teacher_cpus,
             cfg.resources.student_gpus, cfg.resources.teacher_gpus,
             # Named, so the dashboard (and bench/chaos.py) can tell them apart.
-            student_options={**self.groups.options("student engine"), "name": f"rose_ray {self.session} student engine"},
+            student_options={**self.groups.options("student engine"), **student_nccl,
+                             "name": f"rose_ray {self.session} student engine"},
             teacher_options=None if expert else {**self.groups.options("teacher engine"),
                                                  "name": f"rose_ray {self.session} teacher engine"},
             enable_thinking=cfg.chat.enable_thinking, history=cfg.chat.history,
@@ -258,7 +276,7 @@ class RunParts:
         # The learner last: an engine that cannot start, or agents the recipe refuses, fail the
         # run in seconds, not after DeepSpeed's init.
         self.learner = LearnerGroup(replace(cfg.learner, model=student_path),
-                                    worker_options=lambda r: self.groups.options("learner ranks", r))
+                                    worker_options=lambda r: {**self.groups.options("learner ranks", r), **learner_nccl})
         self.publisher = Publisher(self.learner, self.student, self.engines, self.failures, cfg.publish)
         self.engines.on_start = self.publisher.engine_started
         tok = load_tokenizer(student_path)

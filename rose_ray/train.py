@@ -306,6 +306,7 @@ class Trainer:
             "env/restarts": float(self.runner.counters.restarts + sum(h["restarts"] for h in health)),
             "weights/sync_ms": self.publisher.weights_ms,
             "weights/version": float(self.learner.version),
+            "publish/fallbacks": float(self.publisher.fallbacks),
             "reliability/engine_restarts": float(sum(n for role, n in restarts.items() if role != "learner")),
             "reliability/learner_restarts": float(restarts["learner"]),
         }

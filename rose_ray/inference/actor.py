@@ -29,10 +29,11 @@ from typing import Any
 
 import ray
 
-from rose_ray.flat_weights import FlatHeader, FlatState, WeightGroup, unpack
+from rose_ray.flat_weights import FlatHeader, FlatState, unpack
 from rose_ray.inference.backends import make_engine
 from rose_ray.inference.batcher import async_frontend
 from rose_ray.inference.engine import EngineConfig, GenerationRequest, GenerationResult
+from rose_ray.weight_group import WeightGroup
 
 MAX_WEIGHT_GROUPS = 4
 
@@ -161,13 +162,14 @@ class EngineActorImpl:
     async def weight_receiver(self) -> dict[str, Any]:
         """What a publisher needs to choose a method (learner/weights.py `choose_route`): this
         actor's node, backend and device (`gpu`: its GPU's UUID, None off CUDA), whether its
-        backend can join a weight group, and its vLLM tensor-parallel size (workers of their own)."""
-        from rose_ray.flat_weights import cuda_device_id
+        backend can join a weight group, the NCCL_* settings it runs with (an NCCL group's
+        members need the same) and its vLLM tensor-parallel size (workers of their own)."""
+        from rose_ray.weight_group import cuda_device_id, own_nccl_env
 
         on_cuda = str(self.device).startswith("cuda")
         return {"node_id": ray.get_runtime_context().get_node_id(), "backend": self.config.backend,
                 "takes_weights": self.config.spec.takes_weights, "device": self.device,
-                "gpu": cuda_device_id() if on_cuda else None,
+                "gpu": cuda_device_id() if on_cuda else None, "nccl_env": own_nccl_env(),
                 "tensor_parallel_size": int(self.config.vllm.tensor_parallel_size) if self.config.vllm else 1}
 
     async def join_weight_group(self, address: dict[str, Any], rank: int) -> None:
@@ -196,16 +198,19 @@ class EngineActorImpl:
             self._receiving = asyncio.Lock()
         header = FlatHeader.from_json(header_json)
         async with self._receiving:
-            with self._call():
-                start = time.perf_counter()
-                try:
+            start = time.perf_counter()
+            try:
+                with self._call():
                     await self._settle()
-                finally:  # the broadcast goes ahead whatever the last load did: rank 0 is sending it
-                    flat = await asyncio.to_thread(weight_group.receive, header, self._receive_buffers)
-                self._receive_buffers = flat.buffers
-                received = time.perf_counter()
+            finally:  # the broadcast goes ahead whatever the last load did: rank 0 is sending it
+                # (not a call the health ping counts as waiting: a broadcast that rank 0 gave up on
+                # ends at the group's own timeout, and says nothing about this engine)
+                flat = await asyncio.to_thread(weight_group.receive, header, self._receive_buffers)
+            self._receive_buffers = flat.buffers
+            received = time.perf_counter()
+            with self._call():
                 out = await self._load(unpack(flat), version, wait, keep_after_ms)
-                return {"receive_ms": (received - start) * 1e3, **out}
+            return {"receive_ms": (received - start) * 1e3, **out}
 
     async def version(self) -> int:
         return self.engine.version

@@ -27,7 +27,12 @@ requests are never kept: an update waits for those running (one forward pass eac
 The new weights are reloaded in place through vLLM's worker (`reload_weights`, which takes
 checkpoint-format names; `load_weights` alone fails on CPU, where linear weights are repacked
 after loading), and the prefix cache is reset: its keys and values belong to the old weights,
-and prompts longer than one KV block would reuse them.
+and prompts longer than one KV block would reuse them. vLLM refuses the reset (returns False,
+and warns) while blocks are held; after PREFIX_RESET_TRIES refusals the engine fails
+(PrefixCacheNotReset): its supervisor replaces it rather than let it serve the old keys and values.
+
+vLLM's own warnings reach the log (stdout), bar the few that repeat on every reload or call
+and say nothing about the run (EXPECTED_VLLM_WARNINGS).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import logging
 import os
 import queue
 import threading
@@ -60,10 +66,44 @@ from rose_ray.inference.engine import (
 VLLM_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process: weights pass as tensors
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # share the cores Ray gave this actor; do not pin
-    "VLLM_LOGGING_LEVEL": "ERROR",  # its warnings are about CPU builds and settings we chose
+    # Its warnings are the run's business (a refused prefix-cache reset among them); its info
+    # lines (one per loaded model, per compiled graph...) are not.
+    "VLLM_LOGGING_LEVEL": "WARNING",
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_DO_NOT_TRACK": "1",
 }
+# vLLM warnings dropped from the log: (logger, message start, first argument or None to match any),
+# each repeated on every reload or call and about nothing the run could change.
+EXPECTED_VLLM_WARNINGS = (
+    # an in-place reload has no checkpoint tensor for the rotary cache (computed, never saved)
+    # and says so on every publication
+    ("vllm.model_executor.model_loader.reload.layerwise", "%s: Failed to load weights", "RotaryEmbedding"),
+    # its CPU worker turns torch.set_num_threads into a no-op that warns at each call, its own included
+    ("vllm.v1.worker.cpu_worker", "CPU backend doesn't allow to use `torch.set_num_threads`", None),
+)
+# A refused prefix-cache reset is tried this many times, PREFIX_RESET_WAIT_S apart (blocks that
+# vLLM frees as it finishes an abort), before the engine fails.
+PREFIX_RESET_TRIES = 3
+PREFIX_RESET_WAIT_S = 0.1
+
+
+class _ExpectedWarning(logging.Filter):
+    def __init__(self, start: str, arg: str | None) -> None:
+        super().__init__()
+        self.start, self.arg = start, arg
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self.start):
+            return True
+        return self.arg is not None and (not record.args or record.args[0] != self.arg)
+
+
+def _quiet_expected_warnings() -> None:
+    """Drop EXPECTED_VLLM_WARNINGS (once per process; every other warning of vLLM's is kept)."""
+    for name, start, arg in EXPECTED_VLLM_WARNINGS:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _ExpectedWarning) and (f.start, f.arg) == (start, arg) for f in log.filters):
+            log.addFilter(_ExpectedWarning(start, arg))
 
 
 def _torch_thread_setter() -> Any:
@@ -78,6 +118,11 @@ _SET_TORCH_THREADS = _torch_thread_setter()
 
 class EngineFailed(RuntimeError):
     """The engine thread stopped on an error: this engine cannot serve any more."""
+
+
+class PrefixCacheNotReset(RuntimeError):
+    """vLLM kept refusing to reset its prefix cache after a weight update: the cached keys and
+    values of the old weights would be served, so the engine stops (and is replaced)."""
 
 
 @dataclass
@@ -216,6 +261,8 @@ class VLLMEngine:
         for key, value in VLLM_ENV.items():
             os.environ.setdefault(key, value)
         from vllm import LLM
+
+        _quiet_expected_warnings()
 
         c = self.config
         on_gpu = self.device.startswith("cuda")
@@ -466,12 +513,30 @@ class VLLMEngine:
                 self._counters["updates_kept"] += bool(running)
             # Keys/values computed by the old weights are stale (and a cold start wants none);
             # running requests' too, when there are any (kept: recomputed when next scheduled).
-            self._llm.reset_prefix_cache(reset_running_requests=bool(running))
+            self._reset_prefix_cache(bool(running))
         except (KeyError, ValueError) as e:  # a bad state: the caller's error, the engine is fine
             _deliver(job, error=e)
             return
+        except BaseException as e:  # the engine's: it stops, and this job (no longer queued) hears why
+            _deliver(job, error=EngineFailed(f"vllm engine stopped: {e!r}"))
+            raise
         self._counters["weights_s"] += time.perf_counter() - t0
         _deliver(job, None)
+
+    def _reset_prefix_cache(self, running: bool) -> None:
+        """vLLM's reset, checked: it returns False (and warns) while blocks are held. Tried
+        PREFIX_RESET_TRIES times; then PrefixCacheNotReset stops the engine (its thread's
+        failure: every caller hears it, the health ping raises it, the supervisor replaces it)."""
+        for attempt in range(PREFIX_RESET_TRIES):
+            if attempt:
+                time.sleep(PREFIX_RESET_WAIT_S)
+            if self._llm.reset_prefix_cache(reset_running_requests=running):
+                return
+        held = self._llm.llm_engine.has_unfinished_requests()
+        raise PrefixCacheNotReset(
+            f"vllm refused to reset its prefix cache {PREFIX_RESET_TRIES} times after a weight update "
+            f"(blocks held{' by requests this engine does not track' if held else ''}): the keys and values "
+            "of the old weights would be reused, so this engine stops")
 
     def _sampled_so_far(self, running: dict[str, _Job]) -> dict[str, int]:
         """Tokens each running request has sampled so far, from vLLM's scheduler (this

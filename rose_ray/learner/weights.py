@@ -24,6 +24,13 @@ Each engine loads the weights between its batches (behind the calls submitted be
 so the returned version is the version every later request is sampled with. The requests
 running when they come finish on the old weights first (`publish.in_flight: wait`), or, on a
 vllm engine, go on under the new ones after at most `publish.in_flight_wait_ms` (`keep`).
+
+A collective cannot hang the learner: forming the group and each broadcast get
+`publish.timeout_s`. A group that does not form or a broadcast that does not end in time (or
+that fails while every engine is still alive) makes the publisher send that publication, and
+every later one, through the object store (`fallback` in its result says why); an NCCL group
+is aborted, not left to end the process. An engine that died on the way is raised as it is:
+the run replaces it, and the collective goes on with the replacement.
 """
 
 from __future__ import annotations
@@ -185,7 +192,9 @@ class PublishConfig:
     object_store_bucket_mb: float = 0.0  # the object store's
     # The collective's group: auto (nccl where it applies: `nccl_problem`) | gloo | nccl
     collective_backend: str = "auto"
-    timeout_s: float = 300.0  # a weight group's rendezvous and each broadcast, before failing
+    # The collective's deadline for forming its group and for each broadcast; past it (or on an
+    # error of the group's) the publisher falls back to the object store for the rest of the run.
+    timeout_s: float = 300.0
     # Whether rank 0 waits until every engine has loaded the weights. Either way an engine
     # queues them before it answers, so every call submitted after a publication runs on them;
     # false: rank 0 goes on at once instead of waiting for the engine's calls in flight (its
@@ -234,17 +243,43 @@ def _actor_key(engine: Any) -> str:
     return engine._actor_id.hex()
 
 
+def _dead_engine(calls: list[Any], wait_s: float = 2.0) -> BaseException | None:
+    """The error of an engine call among `calls` that failed because its actor died (waited for
+    up to `wait_s`: a broadcast to a dead engine can fail before Ray has seen the death), else None."""
+    import ray
+
+    if not calls:
+        return None
+    ready, _ = ray.wait(calls, num_returns=len(calls), timeout=wait_s)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            return e
+        except Exception:  # noqa: BLE001 - the engine lives: the collective's failure, not its
+            pass
+    return None
+
+
 def nccl_problem(rank0: dict[str, Any], engines: list[dict[str, Any]]) -> str | None:
     """Why an NCCL weight group cannot join learner rank 0 (`rank0`: its `gpu`, a GPU UUID or
-    None) and these engines (their `weight_receiver` infos), or None when it can: every member
-    needs a CUDA device, NCCL takes one rank per GPU (a colocated engine on rank 0's GPU cannot
-    join; gloo can), and a vLLM engine with tensor-parallel workers receives in its actor's
-    process while the weights live in its workers' (each would have to join the group itself,
-    as OpenRLHF's worker extension does: not built)."""
+    None, and its `nccl_env`) and these engines (their `weight_receiver` infos), or None when it
+    can: every member needs a CUDA device and the same NCCL_* settings, NCCL takes one rank per
+    GPU (a colocated engine on rank 0's GPU cannot join; gloo can), and a vLLM engine with
+    tensor-parallel workers receives in its actor's process while the weights live in its
+    workers' (each would have to join the group itself, as OpenRLHF's worker extension and
+    vLLM's weight-transfer API do: not used, docs/engines.md says why)."""
     if rank0.get("gpu") is None:
         return "learner rank 0 has no CUDA device"
     seen = {rank0["gpu"]: "learner rank 0"}
+    mine = rank0.get("nccl_env", {})
     for n, e in enumerate(engines):
+        theirs = e.get("nccl_env", {})
+        differ = sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
+        if differ:  # NCCL does not reconcile its settings across ranks (weight_group.NCCL_DEFAULTS)
+            return (f"student engine {n} runs with other NCCL settings than learner rank 0 "
+                    f"({', '.join(f'{k}={theirs.get(k)} against {mine.get(k)}' for k in differ)}); every member "
+                    "of an NCCL group needs the same")
         if not e["takes_weights"]:
             return f"student engine {n} ({e['backend']}) cannot join a weight group"
         if e.get("gpu") is None:
@@ -279,10 +314,16 @@ def choose_route(config: PublishConfig, rank0: dict[str, Any], engines: list[dic
     return method, backend
 
 
+class CollectiveFailed(RuntimeError):
+    """A weight group that did not form, or a broadcast that did not end (in publish.timeout_s,
+    or with an error while every engine lived): the publisher falls back to the object store."""
+
+
 class WeightPublisher:
     """Learner rank 0's side of publication: the method for a set of engines, the pack buffers
     (reused from one publication to the next), and the weight group (rebuilt when the engines
-    change, e.g. a replaced engine)."""
+    change, e.g. a replaced engine). Once a collective has failed it publishes through the object
+    store for good (`fallback`: why)."""
 
     def __init__(self, config: PublishConfig | None = None) -> None:
         self.config = config or PublishConfig()
@@ -290,20 +331,25 @@ class WeightPublisher:
         self._group: Any = None
         self._members: tuple[Any, ...] | None = None
         self._pack_buffers: list[Any] | None = None
+        self.fallback: str | None = None  # why the collective was given up, once it was
+        self._stranded: list[Any] = []  # engine calls of a given-up collective (kept: errors unread)
 
     def route_for(self, engines: list[Any]) -> tuple[str, str]:
         """(method, collective backend) for these engines (`choose_route`; asked once per set)."""
         import ray
 
-        from rose_ray.flat_weights import cuda_device_id
+        from rose_ray.weight_group import cuda_device_id, own_nccl_env
 
+        if self.fallback is not None:
+            return "object_store", ""
         needs_infos = self.config.method == "auto" or (
             self.config.method == "collective" and self.config.collective_backend != "gloo")
         if not needs_infos:
             return self.config.method, "gloo" if self.config.method == "collective" else ""
         key = tuple(_actor_key(e) for e in engines)
         if key not in self._routes:
-            rank0 = {"node_id": ray.get_runtime_context().get_node_id(), "gpu": cuda_device_id()}
+            rank0 = {"node_id": ray.get_runtime_context().get_node_id(), "gpu": cuda_device_id(),
+                     "nccl_env": own_nccl_env()}
             infos = ray.get([e.weight_receiver.remote() for e in engines])
             self._routes[key] = choose_route(self.config, rank0, infos)
         return self._routes[key]
@@ -319,17 +365,24 @@ class WeightPublisher:
         """`state` to every engine as `version`; waits until all have loaded it (or, without
         `wait_for_load`, queued it). Returns the method (and `backend`, the collective's), MB
         sent and per-stage ms: pack, transfer (put or broadcast and the call), load (the slowest
-        engine's, its wait behind calls submitted before included; 0 when not waited for), send (all)."""
+        engine's, its wait behind calls submitted before included; 0 when not waited for), send
+        (all); `fallback`: why this publication gave the collective up for the object store (None)."""
         method, backend = self.route_for(engines)
         start = time.perf_counter()
+        fallback = None
         if method == "pickled":
             out = self._pickled(state, engines, version)
         elif method == "object_store":
             out = self._object_store(state, engines, version)
         else:
-            out = self._collective(state, engines, version, backend)
+            try:
+                out = self._collective(state, engines, version, backend)
+            except CollectiveFailed as e:
+                self.fallback = fallback = f"the collective over {backend} gave up: {e}"
+                method, backend = "object_store", ""
+                out = self._object_store(state, engines, version)
         out.update(method=method, backend=backend, send_ms=(time.perf_counter() - start) * 1e3,
-                   engines=float(len(engines)), version=float(version))
+                   engines=float(len(engines)), version=float(version), fallback=fallback)
         return out
 
     def _pickled(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
@@ -364,6 +417,7 @@ class WeightPublisher:
         import torch
 
         from rose_ray.flat_weights import pack
+        from rose_ray.weight_group import CollectiveTimeout, within
 
         t0 = time.perf_counter()
         device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
@@ -373,37 +427,63 @@ class WeightPublisher:
         if backend == "nccl":  # the pack's copies done before the clock reads (they run async on the GPU)
             torch.cuda.current_stream(device).synchronize()
         t1 = time.perf_counter()
+        calls: list[Any] = []
+        stage = f"forming the weight group ({backend}: learner rank 0 and {len(engines)} engine(s))"
         try:
-            self._connect(engines, backend)
-            calls = [e.receive_weights.remote(self._group.name, flat.header.to_json(), version,
-                                              self.config.wait_for_load, self.config.keep_after_ms)
-                     for e in engines]
-            self._group.broadcast(flat.buffers)
-            loads = ray.get(calls)
+            self._connect(engines, backend, calls, stage)
+            stage = f"broadcasting version {version} to {len(engines)} engine(s) over {backend}"
+            receives = [e.receive_weights.remote(self._group.name, flat.header.to_json(), version,
+                                                 self.config.wait_for_load, self.config.keep_after_ms)
+                        for e in engines]
+            calls += receives
+            within(self.config.timeout_s, stage, self._group.broadcast, flat.buffers)
+        except Exception as e:
+            self._give_up_group()  # a member may be gone: a new group next time
+            dead = _dead_engine(calls)
+            if dead is not None:  # the engine's loss, not the collective's: the run replaces it
+                raise dead from e
+            self._stranded += calls
+            raise CollectiveFailed(str(e) if isinstance(e, CollectiveTimeout) else
+                                   f"{stage}: {type(e).__name__}: {e}") from e
         except BaseException:
-            self._group, self._members = None, None  # a member may be gone: a new group next time
+            self._give_up_group()
             raise
+        loads = ray.get(receives)  # each engine's load (behind its calls in flight: not bounded here)
         return self._timings(flat.nbytes / 2**20, t0, t1, loads)
 
-    def _connect(self, engines: list[Any], backend: str) -> None:
+    def _give_up_group(self) -> None:
+        if self._group is not None:
+            self._group.abort()
+        self._group, self._members = None, None
+
+    def _connect(self, engines: list[Any], backend: str, calls: list[Any], what: str) -> None:
         """A weight group of rank 0 and exactly these engines over `backend` (kept while they
-        stay the same)."""
+        stay the same), formed within publish.timeout_s; the engines' join calls go to `calls`.
+        The group's own timeout (each member's calls, an NCCL group's watchdog) is twice that:
+        rank 0's deadline comes first, and the members' calls end after it."""
         import ray
 
-        from rose_ray.flat_weights import WeightGroup
+        from rose_ray.weight_group import CollectiveTimeout, WeightGroup, within
 
         members = (backend, *(_actor_key(e) for e in engines))
         if self._group is not None and self._members == members:
             return
         self._group = None
-        world = len(engines) + 1
-        store, address = WeightGroup.open_store(world, self.config.timeout_s, backend)
+        world, timeout_s = len(engines) + 1, self.config.timeout_s
+        store, address = WeightGroup.open_store(world, 2 * timeout_s, backend)
         joins = [e.join_weight_group.remote(address, rank) for rank, e in enumerate(engines, start=1)]
+        calls += joins
         ready, _ = ray.wait(joins, num_returns=len(joins), timeout=0.05)
         for ref in ready:  # an engine that refused at once (a backend that cannot receive)
             ray.get(ref)
-        group = WeightGroup(store, address["name"], 0, world, self.config.timeout_s, backend)  # waits for all
-        ray.get(joins)
+        start = time.monotonic()
+        group = within(timeout_s, what, WeightGroup, store, address["name"], 0, world, 2 * timeout_s, backend)
+        try:  # every member is in the group by now: their calls return at once
+            ray.get(joins, timeout=max(timeout_s - (time.monotonic() - start), 1.0))
+        except ray.exceptions.GetTimeoutError:
+            group.abort()
+            raise CollectiveTimeout(f"{what}: an engine's join did not return within {timeout_s:g} s "
+                                    "(publish.timeout_s)") from None
         self._group, self._members = group, members
 
     @staticmethod

@@ -4,7 +4,9 @@ into real engine actors, checked against engines loaded fresh from the same weig
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import signal
 from dataclasses import replace
 
 import pytest
@@ -239,6 +241,44 @@ def test_a_collective_group_follows_the_engines_it_publishes_to(weights, hf_acto
         ray_cluster.kill(other)
 
 
+def test_a_collective_that_never_forms_falls_back_to_the_object_store_within_its_timeout(
+        weights, hf_actor, ray_cluster, stop_process):
+    """An engine that does not join the weight group (frozen here by SIGSTOP, as a peer whose
+    NCCL init hangs would be): the publisher gives the collective up when publish.timeout_s has
+    passed, not later, and sends that version through the object store once the engine answers
+    again; every later publication goes there too, without trying the collective again."""
+    import threading
+    import time
+
+    from rose_ray.learner.weights import PublishConfig, WeightPublisher
+
+    _, prompts, states, fresh, _ = weights
+    timeout_s, frozen_s = 3.0, 8.0
+    publisher = WeightPublisher(PublishConfig(method="collective", collective_backend="gloo", timeout_s=timeout_s))
+    pid = ray_cluster.get(hf_actor.health.remote())["pid"]
+    stop_process(pid)
+    thaw = threading.Timer(frozen_s, os.kill, (pid, signal.SIGCONT))
+    thaw.start()
+    start = time.monotonic()
+    try:
+        out = publisher.publish(states[2], [hf_actor], 2)
+    finally:
+        thaw.cancel()
+        os.kill(pid, signal.SIGCONT)
+    waited = time.monotonic() - start
+    assert out["method"] == "object_store" and out["versions"] == [2]
+    assert out["fallback"] == (f"the collective over gloo gave up: forming the weight group (gloo: learner rank 0 "
+                               f"and 1 engine(s)): not done within {timeout_s:g} s (publish.timeout_s)")
+    # Had rank 0 waited longer than its timeout, the engine (back after frozen_s) would have
+    # joined and the collective gone ahead; the object store's load waited for the engine.
+    assert frozen_s <= waited < frozen_s + 30
+    assert actor_greedy(hf_actor, prompts) == fresh[2]
+    assert publisher.route_for([hf_actor]) == ("object_store", "")
+    again = publisher.publish(states[3], [hf_actor], 3)
+    assert (again["method"], again["fallback"]) == ("object_store", None)
+    assert actor_greedy(hf_actor, prompts) == fresh[3]
+
+
 def test_a_vllm_engine_after_a_publication_answers_as_when_loaded_fresh(weights, ray_cluster):
     """A vLLM engine actor started from version 2's folder; for each flat method version 3
     published (its outputs change), then version 2 again: the outputs are its fresh start's."""
@@ -274,10 +314,10 @@ def test_an_nccl_publication_leaves_a_gpu_engine_as_a_fresh_load(weights, ray_cl
     its own, its state on that GPU; an hf engine actor on another GPU receives the buckets into
     buffers on its GPU. `auto` (method and backend) takes this path; after each publication the
     engine's greedy outputs are those of an engine loaded fresh from the same weights on a GPU."""
-    from rose_ray.flat_weights import cuda_device_id
     from rose_ray.inference.actor import engine_actor
     from rose_ray.inference.hf import HFEngine
     from rose_ray.learner.weights import PublishConfig, WeightPublisher
+    from rose_ray.weight_group import cuda_device_id
 
     config, prompts, states, _, folders = weights
     actor = engine_actor(config, num_cpus=1, num_gpus=1)

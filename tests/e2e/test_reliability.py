@@ -162,52 +162,104 @@ async def _health(engine) -> dict:
     return await engine.health.remote()
 
 
+def hold_vllm_blocks(engine_actor_impl) -> None:
+    """(Run inside a vllm engine actor, its engine idle.) A request added to vLLM's own engine
+    and scheduled once, which none of ours tracks: its KV blocks stay held, so vLLM refuses the
+    next prefix-cache reset (a state no caller of ours can reach on purpose)."""
+    from vllm import SamplingParams as VllmSampling
+    from vllm.inputs import TokensPrompt
+
+    core = engine_actor_impl.engine._llm.llm_engine
+    core.add_request("held", TokensPrompt(prompt_token_ids=list(range(5, 300))), VllmSampling(max_tokens=64))
+    core.step()
+
+
+PUBLISH_TIMEOUT_S = 4
+
+
 @pytest.mark.slow
-def test_a_killed_vllm_student_engine_is_replaced_and_serves_the_latest_weights(
-        hub_endpoint, tiny_models, ray_cluster, tmp_path):
-    """Both engines on vLLM, sync, ROSE with its OPD term: the student engine is killed after a
-    publication; its replacement gets the learner's weights before it serves, so every later
-    step's importance ratio (learner vs engine logprobs of the same ids) is still 1. The models
-    are hub ids (`org/tiny-student`, as the seed configs name `Qwen/Qwen3-1.7B`), downloaded by
-    the run's driver from a local hub (conftest.hub_endpoint: the real huggingface_hub client,
-    an empty HF_HOME) once, whatever the actors and the replacement engine read after: a hub-id
-    student on vLLM trains and takes the learner's weights (vLLM's weight-name check reads the
-    snapshot's safetensors), and the run trains on exactly the ids vLLM sampled. The only run
-    on vLLM engines with an OPD term: tests/e2e/test_qwen3.py runs opd itself on hf engines.
-    A second run's download step sending no file: tests/unit/test_hub_ids.py."""
+def test_a_vllm_student_engine_that_stalls_dies_or_keeps_stale_kv_still_gets_every_version(
+        hub_endpoint, tiny_models, ray_cluster, tmp_path, capsys, stop_process):
+    """Both engines on vLLM, sync, ROSE with its OPD term, the weights published by the
+    collective (gloo here; NCCL on GPUs). The student engine, in turn:
+    - is frozen (SIGSTOP) when the first publication starts, and thawed only after
+      publish.timeout_s and then some: it never joins the weight group in time, as a peer whose
+      NCCL init hangs would not. The publication gives the collective up within the timeout,
+      sends that version through the object store (once the engine is back), and every later one
+      too; `publish/fallbacks` counts it and the run says so once;
+    - is killed after a later publication: its replacement gets the learner's weights first;
+    - (the replacement) refuses a publication's prefix-cache reset, as vLLM does while blocks are
+      held: the engine stops rather than serve the old weights' keys and values, and is replaced.
+    Every step's importance ratio (learner vs engine logprobs of the same ids) stays 1: the engine
+    always served the learner's latest weights. The models are hub ids (`org/tiny-student`, as
+    the seed configs name `Qwen/Qwen3-1.7B`), downloaded by the run's driver from a local hub
+    (conftest.hub_endpoint: the real huggingface_hub client, an empty HF_HOME) once, whatever the
+    actors and the replacement engines read after (a second run's download step sending no file:
+    tests/unit/test_hub_ids.py): a hub-id student on vLLM trains and takes the learner's weights (vLLM's weight-name check reads the snapshot's safetensors), and the run
+    trains on exactly the ids vLLM sampled. The only run on vLLM engines with an OPD term:
+    tests/e2e/test_qwen3.py runs opd itself on hf engines."""
     pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
+    import ray
+
     run_dir = tmp_path / "run"
     steps = 4
     cfg = load_config(None, overrides(tiny_models, run_dir, steps, "mode=sync", "algorithm.lam=0.5",
                                       "student_engine.backend=vllm", "teacher_engine.backend=vllm",
                                       "student_engine.kv_cache_mb=64", "teacher_engine.kv_cache_mb=64",
-                                      "student_engine.model=org/tiny-student", "teacher_engine.model=org/tiny-teacher"))
+                                      "student_engine.model=org/tiny-student", "teacher_engine.model=org/tiny-teacher",
+                                      "publish.method=collective", "publish.collective_backend=gloo",
+                                      f"publish.timeout_s={PUBLISH_TIMEOUT_S}"))
     run_dir.mkdir()
     parts = RunParts(cfg, run_dir, resume=False)
     killed_at: list[int] = []
+    faults: dict[str, object] = {}
 
-    async def kill_student(t: Trainer) -> None:
+    async def faults_on_the_way(t: Trainer) -> None:
+        publish_now = t.publisher.publish_now
+
+        def publish_now_with_faults(engine) -> None:  # (in the publisher's thread, before the learner sends)
+            if "stopped" not in faults:  # the first publication: a member that does not join
+                pid = ray.get(engine.health.remote())["pid"]
+                stop_process(pid)
+                faults["stopped"] = threading.Timer(PUBLISH_TIMEOUT_S + 4, os.kill, (pid, signal.SIGCONT))
+                faults["stopped"].start()
+            elif t.learner.version == 3 and "held" not in faults:  # sync: the engine is idle now
+                faults["held"] = engine
+                ray.get(engine.__ray_call__.remote(hold_vllm_blocks))
+            publish_now(engine)
+
+        t.publisher.publish_now = publish_now_with_faults  # (the supervisor's replacements call it too)
         await until("step 2", lambda: t.step >= 2)
         engine = t.parts.student.engine
         killed_at.append(t.step)
         os.kill((await engine.health.remote())["pid"], signal.SIGKILL)
         await until("the student's replacement", lambda: t.engines.restarts()["student engine"] == 1
                     and t.parts.student.engine is not engine)
+        await until("the replacement's replacement", lambda: t.engines.restarts()["student engine"] == 2)
 
     try:
         parts.start()
-        summary, error = drive(parts, kill_student)
+        summary, error = drive(parts, faults_on_the_way)
         version = asyncio.run(_health(parts.student.engine))["version"]
     finally:
+        if "stopped" in faults:
+            faults["stopped"].join()
         parts.close()
+    out = capsys.readouterr().out
     assert error is None, error
     assert summary["steps"] == steps and version == steps
-    assert summary["restarts"]["student engine"] == 1
+    assert summary["restarts"]["student engine"] == 2
+    fallback = [line for line in out.splitlines() if "every later one go through the object store" in line]
+    assert len(fallback) == 1, out  # said once
+    assert (f"the collective over gloo gave up: forming the weight group (gloo: learner rank 0 and 1 engine(s)): "
+            f"not done within {PUBLISH_TIMEOUT_S} s (publish.timeout_s); version 1") in fallback[0]
+    assert "student engine lost (RuntimeError: engine failed: PrefixCacheNotReset" in out
     assert hub_endpoint.file_downloads() == {(f"org/tiny-{role}", f.name): 1 for role in ("student", "teacher")
                                              for f in tiny_models[role].iterdir()}
     logged = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "learner/loss" in m]
     assert len(logged) == steps and killed_at[0] < steps
-    for m in logged:  # before the loss and after it: the engine served the learner's weights
+    assert [m["publish/fallbacks"] for m in logged] == [1.0] * steps
+    for m in logged:  # before each loss and after it: the engine served the learner's weights
         assert m["learner/opd_ratio"] == pytest.approx(1.0, abs=1e-3), m
         assert m["learner/opd_clip_frac"] == 0.0
         assert m["learner/loss_opd"] != 0.0  # the vLLM teacher scored the student's turns

@@ -4,7 +4,7 @@ next tensor opens a bucket, a tensor larger than a bucket gets one of its own, `
 per tensor); `pack`/`unpack` give back every tensor bit for bit (bf16, fp32, fp16, int64; odd,
 0-dim and empty shapes; NaN and -0.0), also through the header's JSON and numpy buffers; a pack
 into the buffers of another plan makes new ones instead of writing into them; a header that does
-not describe its buffers is refused naming the fault; and a `WeightGroup` over gloo carries rank
+not describe its buffers is refused naming the fault; and a `WeightGroup` (rose_ray/weight_group.py) over gloo carries rank
 0's buckets bit for bit into a second process (spawned, on this host), which reuses its buffers
 for the next publication. More header faults, and publication into real engines:
 tests/e2e/test_publish.py."""
@@ -23,12 +23,12 @@ from rose_ray.flat_weights import (
     FlatState,
     MalformedHeader,
     TensorEntry,
-    WeightGroup,
     byte_view,
     pack,
     plan,
     unpack,
 )
+from rose_ray.weight_group import WeightGroup
 
 LIMIT = 256  # bytes: the bucket size the boundary tests plan with
 BUCKET_MB = LIMIT / 2**20

@@ -491,3 +491,48 @@ def test_vllm_engine_closes_for_good_and_says_so(hf_engine, prompts):
     eng.close()
     with pytest.raises(EngineFailed, match="closed"):
         eng.generate([GenerationRequest(prompts[0], GREEDY)])
+
+
+def test_a_refused_prefix_cache_reset_fails_the_vllm_engine_and_vllm_says_why(hf_engine, prompts):
+    """vLLM refuses to reset its prefix cache (returns False) while blocks are held. Here a
+    request the engine does not track holds them: it is added to vLLM's own engine directly, as
+    no caller of ours can (the engine thread is idle meanwhile). The weight update's reset is
+    tried again, then the engine fails, so the run's supervisor replaces it (its health ping
+    raises; tests/e2e/test_reliability.py runs that); it never serves the old weights' keys and
+    values. vLLM's own warning about it is logged (its logger's handler prints it), not silenced."""
+    import logging
+
+    from vllm import SamplingParams as VllmSampling
+    from vllm.inputs import TokensPrompt
+
+    from rose_ray.inference.vllm_engine import PREFIX_RESET_TRIES, EngineFailed, PrefixCacheNotReset
+
+    class Kept(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.WARNING)
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    config = EngineConfig.of("vllm", model=hf_engine.config.model, dtype="float32", max_batch_size=2,
+                             context_tokens=512, kv_cache_mb=16)
+    eng = vllm_engine(config, hf_engine)
+    kept = Kept()
+    logging.getLogger("vllm").addHandler(kept)
+    try:
+        core = eng._llm.llm_engine
+        core.add_request("held", TokensPrompt(prompt_token_ids=prompts[0]), VllmSampling(max_tokens=64))
+        core.step()  # scheduled: its blocks are allocated, and nobody will finish it
+        with pytest.raises(EngineFailed, match="PrefixCacheNotReset"):
+            eng.update_weights({k: v.numpy() for k, v in hf_engine.state_dict().items()}, version=2)
+        assert isinstance(eng.failure, PrefixCacheNotReset)
+        assert "blocks held by requests this engine does not track" in str(eng.failure)
+        with pytest.raises(EngineFailed):  # no later request runs on it
+            eng.generate([GenerationRequest(prompts[0], GREEDY)])
+        refused = [m for m in kept.messages if m.startswith("Failed to reset prefix cache because some blocks")]
+        assert len(refused) == PREFIX_RESET_TRIES
+        assert not any("RotaryEmbedding: Failed to load weights" in m for m in kept.messages)  # (expected: dropped)
+    finally:
+        logging.getLogger("vllm").removeHandler(kept)
+        eng.close()

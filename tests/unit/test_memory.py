@@ -137,6 +137,25 @@ def test_the_opd_teacher_keeps_room_for_its_scoring_logits():
     assert roles(SEEDS["rose"], 80, ["teacher_engine.vllm.gpu_memory_utilization=0.9"])["teacher engine"].problem is None
 
 
+def test_the_student_gpu_keeps_room_for_an_nccl_publications_receive_buffers():
+    """Where the publication may go over NCCL, the student engine receives the learner's whole
+    state (Qwen3-1.7B in bf16: 3.2 GiB) into buffers on its GPU: beside vLLM's share, or in an
+    hf engine's GPU. Over gloo or the object store they are host memory."""
+    student = roles(SEEDS["rose"], 80)["student engine"]
+    assert student.problem is None
+    assert ("weight publication over NCCL: receive buffers of 3.2 GiB (the learner's state) beside vLLM's share, "
+            "8.0 GiB left there") in student.notes
+    greedy = roles(SEEDS["rose"], 80, ["student_engine.vllm.gpu_memory_utilization=0.97"])["student engine"]
+    assert "leaves 2.4 GiB of each 80 GiB GPU; set it to 0.95 or lower, or publish.collective_backend=gloo" in \
+        greedy.problem
+    for host_buffers in (["publish.collective_backend=gloo"], ["publish.method=object_store"], ["resources.colocate=true"]):
+        plan = roles(SEEDS["rose"], 80, ["student_engine.vllm.gpu_memory_utilization=0.97", *host_buffers])
+        assert plan["student engine"].problem is None, host_buffers
+        assert not any("receive buffers" in n for n in plan["student engine"].notes)
+    hf = roles(SEEDS["rose"], 80, ["student_engine.backend=hf", "student_engine.max_batch_size=1"])["student engine"]
+    assert hf.parts["publication buffers"] == pytest.approx(3.2 * GIB, rel=0.01) and hf.problem is None
+
+
 def test_cpu_roles_print_their_needs_and_are_never_refused(tiny_models):
     plan = memory_plan(load_config(TINY, [f"tiny_dir={tiny_models['student'].parent}"]), 80)
     assert [m.role for m in plan] == ["student engine", "teacher engine", "learner ranks"]

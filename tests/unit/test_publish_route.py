@@ -84,3 +84,28 @@ def test_collective_backend_is_validated_naming_the_key():
     config = load_config(None, ["publish.method=collective", "publish.collective_backend=nccl"])
     assert config.publish.collective_backend == "nccl"
     assert load_config(None, []).publish.collective_backend == "auto"
+
+
+def test_nccl_needs_the_same_nccl_settings_on_every_member():
+    """NCCL never reconciles its settings across ranks (a differing NCCL_CUMEM_ENABLE broke
+    NeMo-RL's transfer group): an engine that runs with other NCCL_* than learner rank 0 gets no
+    NCCL group (auto: the host paths; asked for: refused, naming the variable)."""
+    from rose_ray.weight_group import NCCL_DEFAULTS, nccl_env
+
+    run = nccl_env({"NCCL_CUMEM_ENABLE": "0", "NCCL_DEBUG": "WARN", "PATH": "/bin",
+                    "NCCL_ASYNC_ERROR_HANDLING": "1"})  # (torch's, not NCCL's: vLLM's worker drops it)
+    assert run == {**NCCL_DEFAULTS, "NCCL_CUMEM_ENABLE": "0", "NCCL_DEBUG": "WARN"}  # the launcher's over the defaults
+    assert nccl_env({"NCCL_NVLS_ENABLE": "1"})["NCCL_NVLS_ENABLE"] == "1"  # a user's choice is kept
+    rank0 = {**RANK0_GPU, "nccl_env": run}
+    same = {**engine("GPU-1"), "nccl_env": dict(run)}
+    assert nccl_problem(rank0, [same]) is None
+    assert route(rank0, [same]) == ("collective", "nccl")
+    other = {**engine("GPU-1"), "nccl_env": {**run, "NCCL_CUMEM_ENABLE": "1"}}
+    why = nccl_problem(rank0, [same, other])
+    assert why == ("student engine 1 runs with other NCCL settings than learner rank 0 (NCCL_CUMEM_ENABLE=1 "
+                   "against 0); every member of an NCCL group needs the same")
+    assert route(rank0, [same, other]) == (AUTO_LOCAL, "")
+    with pytest.raises(ConfigError, match="NCCL_CUMEM_ENABLE=1 against 0"):
+        route(rank0, [other], method="collective", collective_backend="nccl")
+    unset = {**engine("GPU-1"), "nccl_env": {}}  # started without the run's settings
+    assert "NCCL_CUMEM_ENABLE=None against 0" in nccl_problem(rank0, [unset])
