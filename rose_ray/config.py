@@ -38,11 +38,11 @@ MODES = ("async", "sync")
 class RolloutConfig:
     batch_episodes: int = 8  # episodes per learner step
     max_lag: int = 1  # policy versions a trained sample may lag behind
-    max_turns: int = 10
-    split: str = "train"
+    max_turns: int = 10  # turns per training episode (the student's and the teacher's together)
+    split: str = "train"  # the games trained on: a split name or an id-list file
     student_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(1.0, 1.0, 512))
     teacher_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(0.0, 1.0, 512))
-    max_retries: int = 5
+    max_retries: int = 5  # times an episode cut off by a lost game or engine is played again from its first turn
     # The world's report question at each episode's end (DiscoveryWorld only): "ask" records
     # the answer in trajectories.jsonl without training on it, "train" trains on it, "off".
     report: str = "ask"
@@ -65,15 +65,15 @@ class EvalConfig:
     # greedily (eval/dev_*: a curve that shows when a run starts to degrade; nothing is tuned on
     # the test games); also before the first step and after the last.
     every: int = 0
-    every_n: int = 8
-    split: str = "test"
-    n: int = 200
-    max_turns: int = 20
-    max_new_tokens: int = 512
-    before: bool = True
-    after: bool = True
+    every_n: int = 8  # dev games of each `every` eval
+    split: str = "test"  # the held-out games of the before/after evals: a split name or an id-list file
+    n: int = 200  # games, a seeded sample balanced over tasks (the same games as `rose-ray eval --n N --seed S`)
+    max_turns: int = 20  # turns per eval game
+    max_new_tokens: int = 512  # tokens per reply (greedy)
+    before: bool = True  # evaluate the student before the first step
+    after: bool = True  # and after the last
     teacher: bool = True  # also evaluate the teacher once, for the before/after table
-    seed: int = 0
+    seed: int = 0  # the seed of the sample of games
 
     def __post_init__(self) -> None:
         for key in ("n", "max_turns", "max_new_tokens", "every_n"):
@@ -88,8 +88,8 @@ class TeacherWarmupConfig:
     """SFT of the teacher on gold demonstrations before training (for tiny teachers)."""
 
     KEY = "teacher_warmup"  # its key in the config, for errors (a class attribute, not a field)
-    enabled: bool = False
-    gold_games: int = 40
+    enabled: bool = False  # warm the model before training (cached under tiny_dir by its settings)
+    gold_games: int = 40  # training games whose gold demonstrations it trains on
     max_turns: int = 8  # the opening of each gold path: what short episodes need most
     # gold paths that look before they choose and name things as the game shows them
     # (ScienceWorld: `envs/sciworld/gold.py`), replayed to check they still succeed
@@ -103,17 +103,17 @@ class TeacherWarmupConfig:
     # teacher meets after a handoff. Kept where the gold path replayed after them still wins;
     # elsewhere the game's demonstration opens as it would without them. Teacher only.
     student_openings: float = 0.0
-    opening_turns: int = 2
+    opening_turns: int = 2  # the most base-student turns an opening has (`student_openings`)
     opening_temperature: float | None = None  # None: the student's sampling temperature of the run
     # what plays after a demonstration's opening: ScienceWorld's gold path (`gold`), or the world's
     # expert teacher from the state the opening left (`expert`: every demonstration then shows
     # the expert's play, after the base student's real turns where `student_openings` draws
     # them, so a teacher warmed on them has seen recoveries from real moves). Teacher only.
     continuation: str = "gold"
-    epochs: int = 10
-    lr: float = 1e-3
+    epochs: int = 10  # passes over the demonstrations
+    lr: float = 1e-3  # learning rate
     schedule: str = "constant"  # constant | linear | cosine (over the warm-up's steps)
-    batch_episodes: int = 8
+    batch_episodes: int = 8  # demonstrations per optimizer step
     threads: int = 2  # torch threads: nothing else runs during the warm-up
     seed: int = 0  # its own seed: runs with other seeds share one warmed teacher
 
@@ -163,7 +163,7 @@ class TeacherConfig:
     itself: no engine is started for it, it has no logprobs (so no OPD term), and it plays only
     the tasks it knows (`World.expert_tasks`)."""
 
-    kind: str = "model"
+    kind: str = "model"  # model | expert
 
     def __post_init__(self) -> None:
         if self.kind not in TEACHER_KINDS:
@@ -197,10 +197,10 @@ class ChatConfig:
 class ResourcesConfig:
     """Ray resources per role (CPU counts on a laptop; GPUs on a cluster)."""
 
-    student_cpus: float = 1.0
-    student_gpus: float = 0.0
-    teacher_cpus: float = 1.0
-    teacher_gpus: float = 0.0
+    student_cpus: float = 1.0  # CPUs of each student engine actor
+    student_gpus: float = 0.0  # GPUs of the student engine (its tensor_parallel_size, when vllm)
+    teacher_cpus: float = 1.0  # CPUs of each teacher engine actor
+    teacher_gpus: float = 0.0  # GPUs of the teacher engine (its tensor_parallel_size, when vllm)
     colocate: bool = False  # the student engine shares learner rank 0's GPU bundle (use fractions)
     placement_timeout_s: float = 600.0  # how long GPU placement groups may take to come up
     check_placement: bool = True  # off for autoscaling clusters that start with no workers
@@ -238,11 +238,11 @@ class ReliabilityConfig:
 
 @dataclass
 class TrainConfig:
-    name: str = "run"
+    name: str = "run"  # the config's name: its runs go to runs/<name> (run_dir)
     # Where this config's runs go, each in a new version_N folder (rose_ray/runs.py); under
     # ROSE_RAY_RUNS when set (shared storage for a Ray job), else ./runs.
     run_dir: str = "${oc.env:ROSE_RAY_RUNS,runs}/${name}"
-    seed: int = 0
+    seed: int = 0  # the order of the training games and the decay policy's draws
     # The algorithm and its settings, a recipe chosen by name (rose_ray/recipes/): `rose`,
     # `{name: rose, handoff: {policy: fixed, k: 5}, lam: 0.0}`, `opd`, `{name: teacher_sft, owners: [...]}`
     algorithm: Any = "rose"
@@ -252,8 +252,8 @@ class TrainConfig:
     # How the weights travel to the student engine: {method: auto | object_store | collective
     # | pickled, collective_backend: auto | gloo | nccl, bucket_mb, ...} (rose_ray/learner/weights.py)
     publish: PublishConfig = field(default_factory=PublishConfig)
-    checkpoint_every: int = 50
-    keep_checkpoints: int = 2
+    checkpoint_every: int = 50  # learner steps between checkpoints (a run's stop writes one too)
+    keep_checkpoints: int = 2  # whole checkpoints kept; older ones are deleted
     samples_to_log: int = 2  # sample trajectories written to TensorBoard per eval
     tasks: list[str] = field(default_factory=list)  # train and eval on these tasks only (empty = all)
     # Tiny models and warm-up caches: under ROSE_RAY_CACHE where set (on a cluster, a path

@@ -177,10 +177,10 @@ class Trajectory:
 @dataclass
 class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    max_new_tokens: int = 512
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
+    top_p: float = 1.0  # nucleus sampling (1: off)
+    max_new_tokens: int = 512  # tokens per reply; a reply cut there is `truncated`
+    stop: list[str] = field(default_factory=list)  # strings that end a reply
+    seed: int | None = None  # None: unseeded; else each turn of each game draws from its own seed (`for_turn`)
 
     def for_turn(self, game: str, turn: int | str) -> SamplingParams:
         """These settings for one turn of one game: a set `seed` becomes that turn's own, a

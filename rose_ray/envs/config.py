@@ -17,8 +17,8 @@ class EnvConfig:
     workers: int = 1  # EnvPool actors
     games_per_worker: int = 4  # game processes (JVMs, workers) per actor
     heap: str = DEFAULT_HEAP  # a JVM's heap cap (ScienceWorld); "": uncapped
-    call_timeout_s: float = 60.0
-    cpus_per_worker: float = 1.0
+    call_timeout_s: float = 60.0  # a game call (load, step) that takes longer is a hung game: killed and replaced
+    cpus_per_worker: float = 1.0  # Ray CPUs of each EnvPool actor
     resources: dict[str, float] = field(default_factory=dict)  # e.g. {"env_node": 0.01}
     world: str = "sciworld"  # sciworld or discoveryworld
     mapping: str | None = None  # the world's catalogue mapping (None: its default)

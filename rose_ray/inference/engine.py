@@ -107,16 +107,16 @@ class EngineConfig:
     `max_batch_size` bounds the sequences decoded at once (a served engine's requests in flight).
     """
 
-    backend: str = "hf"
-    model: str = ""
-    dtype: str = "auto"
-    max_batch_size: int = 16
-    max_wait_ms: float = 5.0
-    context_tokens: int = CONTEXT_TOKENS
-    context_policy: str = "drop_oldest"
-    keep_first_turns: int = 1
-    threads: int = 0
-    tokenizer: str | None = None
+    backend: str = "hf"  # hf | vllm | openai (registry.py)
+    model: str = ""  # a local folder, a hub id, tiny:student / tiny:teacher, or the served name (openai)
+    dtype: str = "auto"  # auto | float32 | bfloat16
+    max_batch_size: int = 16  # sequences decoded at once (openai: requests in flight)
+    max_wait_ms: float = 5.0  # how long a batch waits to fill before it starts
+    context_tokens: int = CONTEXT_TOKENS  # prompt + reply
+    context_policy: str = "drop_oldest"  # a prompt that no longer fits: drop_oldest pairs, or end_episode
+    keep_first_turns: int = 1  # turns after the opening that drop_oldest never drops
+    threads: int = 0  # torch threads (0: leave torch's setting)
+    tokenizer: str | None = None  # a folder to read the tokenizer from instead of the model's
     # one per backend; only the chosen backend's is set (filled with its defaults when not given)
     hf: HFSettings | None = None
     vllm: VLLMSettings | None = None

@@ -21,8 +21,8 @@ class HFSettings:
     generations to skip re-encoding a conversation's earlier turns (0 disables; a token costs
     2 * layers * kv_heads * head_dim * dtype bytes: 112 KiB for Qwen3-1.7B in bf16)."""
 
-    attn_implementation: str = "sdpa"
-    prefix_cache_mb: float = 1024.0
+    attn_implementation: str = "sdpa"  # transformers' attention
+    prefix_cache_mb: float = 1024.0  # past keys/values kept to skip re-encoding earlier turns (0: off)
 
     def __post_init__(self) -> None:
         if float(self.prefix_cache_mb) < 0:
@@ -37,10 +37,10 @@ class VLLMSettings:
     serve one engine (its placement bundle holds that many); `cuda_graphs` off runs eagerly on
     GPUs (CPUs always run eagerly)."""
 
-    kv_cache_mb: float = 512.0
-    gpu_memory_utilization: float = 0.9
-    tensor_parallel_size: int = 1
-    cuda_graphs: bool = True
+    kv_cache_mb: float = 512.0  # the KV cache on CPU
+    gpu_memory_utilization: float = 0.9  # the share of each GPU for weights, activations and KV
+    tensor_parallel_size: int = 1  # GPUs one engine spans (= resources.<role>_gpus)
+    cuda_graphs: bool = True  # false: eager on GPUs
 
     def __post_init__(self) -> None:
         if not float(self.kv_cache_mb) > 0:
@@ -56,7 +56,7 @@ class VLLMSettings:
 class OpenAISettings:
     """A client of an OpenAI-compatible server (docs/engines.md: Served models, keys)."""
 
-    base_url: str = "http://127.0.0.1:8000/v1"
+    base_url: str = "http://127.0.0.1:8000/v1"  # the server's OpenAI API root
     api_key: str | None = None  # this endpoint's key
     api_key_env: str | None = None  # else the environment variable holding it (default: $ROSE_RAY_API_KEY)
     timeout_s: float = 600.0  # each request's whole exchange (checked every 2 s), and each wait on its socket

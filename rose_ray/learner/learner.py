@@ -50,20 +50,20 @@ DIST_BACKENDS = ("auto", "gloo", "nccl")
 
 @dataclass
 class LearnerConfig:
-    model: str = ""
+    model: str = ""  # the model it starts from (`rose-ray train`: the student engine's)
     clip_eps: float = 0.2  # the OPD term's importance-ratio clip
-    ranks: int = 1
-    zero_stage: int = 0
-    dtype: str = "float32"
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    schedule: str = "constant"
-    warmup_steps: int = 0
+    ranks: int = 1  # DeepSpeed data-parallel ranks
+    zero_stage: int = 0  # DeepSpeed ZeRO stage: 0, 1, 2 or 3
+    dtype: str = "float32"  # float32 | bfloat16 (with fp32 master weights and Adam states)
+    lr: float = 1e-5  # the peak learning rate (AdamW)
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay
+    adam_beta1: float = 0.9  # AdamW's first-moment decay
+    adam_beta2: float = 0.999  # AdamW's second-moment decay
+    adam_eps: float = 1e-8  # AdamW's epsilon
+    schedule: str = "constant"  # constant | linear | cosine (the rate of each step: learner/lr)
+    warmup_steps: int = 0  # linear warm-up from lr / warmup_steps
     total_steps: int = 0  # the steps linear / cosine decay over (`rose-ray train`: its `steps`)
-    min_lr_ratio: float = 0.0
+    min_lr_ratio: float = 0.0  # where a linear or cosine decay ends, as a share of lr
     grad_clip: float = 1.0  # 0 disables
     # tokens per packed row, at least the student engine's context; also the token budget of a
     # micro-batch (rows share one only while they fit; their number follows from the batch)
@@ -83,14 +83,14 @@ class LearnerConfig:
     # ZeRO's communication: reduce gradients while backward runs (null: auto, on for ZeRO 1-2 over
     # several GPU ranks), and its buckets, in elements (DeepSpeed's default 5e8)
     overlap_comm: bool | None = None
-    zero_bucket_size: int = 500_000_000
-    seed: int = 0
+    zero_bucket_size: int = 500_000_000  # elements per ZeRO communication bucket
+    seed: int = 0  # torch, numpy and random on every rank
     threads: int = 1  # torch threads per rank
-    cpus_per_rank: float = 1.0
-    gpus_per_rank: float = 0.0
+    cpus_per_rank: float = 1.0  # Ray CPUs of each rank
+    gpus_per_rank: float = 0.0  # Ray GPUs of each rank (a fraction to share one)
     backend: str = "auto"  # gloo on CPU, nccl on GPU
     export_dtype: str = "auto"  # auto: the dtype the source model declares
-    initial_version: int = 0
+    initial_version: int = 0  # the policy version of the starting weights
 
     def __post_init__(self) -> None:
         def need(ok: bool, key: str, msg: str) -> None:

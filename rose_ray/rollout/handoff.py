@@ -82,8 +82,8 @@ class Fixed(TurnPolicy):
 @dataclass
 class Curriculum(TurnPolicy):
     policy: str = "curriculum"
-    k_start: int = 1
-    k_max: int = 10
+    k_start: int = 1  # student turns at learner step 0
+    k_max: int = 10  # the most student turns
     grow_every: int = 10  # learner steps per +1 student turn
 
     def __post_init__(self) -> None:

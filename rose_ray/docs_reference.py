@@ -1,0 +1,315 @@
+"""The configuration reference, docs/reference.md, generated from the typed config sections
+(config.py's `TrainConfig` and every section it holds), so that it cannot drift from them:
+every key with its type, its default and the comment written beside it in the code.
+
+    python -m rose_ray.docs_reference            # write docs/reference.md (in a checkout)
+    python -m rose_ray.docs_reference --check    # exit 1 if docs/reference.md is not what it would write
+
+tests/unit/test_docs.py regenerates it and compares. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import io
+import os
+import re
+import sys
+import textwrap
+import tokenize
+import typing
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
+# Defaults read from the environment when a config is made (`tiny_dir`): shown as they are without it.
+ENV_DEFAULTS = ("ROSE_RAY_CACHE", "ROSE_RAY_RUNS")
+
+
+# --------------------------------------------------------------------------- reading the source
+def class_doc(cls: type) -> str:
+    """The class's own docstring, one paragraph per blank line ('' when it has none: a
+    dataclass's generated signature is not a doc)."""
+    node = _class_node(cls)
+    return inspect.cleandoc(ast.get_docstring(node) or "") if node is not None else ""
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """Each field's comment in the source of the class (or of the base class that declares it):
+    the comment lines right above it and the comment on its own line(s), joined."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            out.update(_own_comments(klass))
+    return out
+
+
+def _own_comments(cls: type) -> dict[str, str]:
+    node = _class_node(cls)
+    if node is None:
+        return {}
+    source = textwrap.dedent(inspect.getsource(cls))
+    lines = source.splitlines()
+    comments: dict[int, str] = {}  # line number (1-based) -> comment text
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+
+    def comment_only(n: int) -> bool:
+        return n in comments and lines[n - 1].lstrip().startswith("#")
+
+    out: dict[str, str] = {}
+    for stmt in node.body:
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        above: list[str] = []
+        n = stmt.lineno - 1
+        while n >= 1 and comment_only(n):
+            above.insert(0, comments[n])
+            n -= 1
+        inline = [comments[n] for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)
+                  if n in comments and not comment_only(n)]
+        out[stmt.target.id] = " ".join(part for part in [*above, *inline] if part)
+    return out
+
+
+def _class_node(cls: type) -> ast.ClassDef | None:
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return None
+    return next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
+
+
+def docstring_table(doc: str) -> dict[str, str]:
+    """The `name   what it does` lines of a module docstring (recipes, turn policies), with their
+    continuation lines, as {name: text}."""
+    table: dict[str, str] = {}
+    name = None
+    for line in (doc or "").splitlines():
+        row = re.match(r"^ {4}(\w+) {2,}(\S.*)$", line)
+        more = re.match(r"^ {8,}(\S.*)$", line)
+        if row:
+            name = row.group(1)
+            table[name] = row.group(2).strip()
+        elif more and name:
+            table[name] += " " + more.group(1).strip()
+        else:
+            name = None
+    return {k: re.sub(r"\s{2,}\S+\.py$", "", v).strip() for k, v in table.items()}
+
+
+# --------------------------------------------------------------------------- types and values
+def section_class(hint: Any) -> type | None:
+    """The dataclass a field holds (also through `X | None`), or None for a plain value."""
+    if dataclasses.is_dataclass(hint):
+        return hint
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if len(args) == 1 and dataclasses.is_dataclass(args[0]) else None
+
+
+def type_name(field: dataclasses.Field, hint: Any) -> str:
+    if section_class(hint) is not None:
+        return "section"
+    text = field.type if isinstance(field.type, str) else getattr(hint, "__name__", str(hint))
+    return "any" if text == "Any" else text
+
+
+def show(value: Any) -> str:
+    """A default as it is written in YAML or on the command line."""
+    if value is dataclasses.MISSING:
+        return "required"
+    if dataclasses.is_dataclass(value):
+        value = dataclasses.asdict(value)
+    if isinstance(value, str):
+        return f"`{value}`" if value else '`""`'
+    text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+    return f"`{text.removesuffix('...').strip()}`"
+
+
+def default_of(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
+@contextmanager
+def _without_env(names: tuple[str, ...]):
+    saved = {n: os.environ.pop(n) for n in names if n in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def prose(text: str) -> str:
+    """A docstring or comment as paragraphs of the page."""
+    return "\n\n".join(" ".join(p.split()) for p in text.split("\n\n")) + "\n"
+
+
+# --------------------------------------------------------------------------- rendering
+def _rows(cls: type, prefix: str, defaults: list[Any]) -> tuple[list[str], list[tuple[str, type, list[Any], str]]]:
+    """The table rows of one section (its plain keys) and the sections it holds, in field order.
+    `defaults`: the section's value in each config it is shown for (engines: the student's and
+    the teacher's), to show a key's default per config where they differ."""
+    hints = typing.get_type_hints(cls)
+    comments = field_comments(cls)
+    rows, sections = [], []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        values = [getattr(d, f.name) if d is not None else default_of(f) for d in defaults]
+        inner = section_class(hint)
+        if inner is not None:
+            # a section left empty by default (an engine's other backends) shows its class's defaults
+            sections.append((f"{prefix}{f.name}", inner, [v if v is not None else inner() for v in values],
+                             comments.get(f.name, "")))
+            continue
+        shown = [show(v) for v in values]
+        default = shown[0] if len(set(shown)) == 1 else " / ".join(shown)
+        rows.append(f"| `{prefix}{f.name}` | {cell(type_name(f, hint))} | {cell(default)} | {cell(comments.get(f.name, ''))} |")
+    return rows, sections
+
+
+HEADER = "| key | type | default | what it is |\n| --- | --- | --- | --- |"
+
+
+def _section(title_keys: list[str], cls: type, defaults: list[Any], comment: str, level: int, out: list[str]) -> None:
+    out.append(f"{'#' * level} {', '.join(f'`{k}`' for k in title_keys)}\n")
+    out.extend(prose(text) for text in (class_doc(cls), comment) if text)
+    prefix = title_keys[0] + "."
+    rows, sections = _rows(cls, prefix, defaults)
+    if len(title_keys) > 1:
+        named = " and ".join(f"`{k}`" for k in title_keys)
+        differ = any(" / " in r.split(" | ")[2] for r in rows)
+        out.append(f"The same keys under {named}; the rows name the first"
+                   + (", and a default shown as `a` / `b` is each one's in that order.\n" if differ else ".\n"))
+    if rows:
+        out.append(HEADER + "\n" + "\n".join(rows) + "\n")
+    for key, inner, values, why in sections:
+        keys = [key] + [f"{k}.{key.rsplit('.', 1)[1]}" for k in title_keys[1:]]
+        _section(keys, inner, values, why, level + 1, out)
+
+
+def _algorithm(out: list[str], level: int) -> None:
+    """`algorithm`: a recipe chosen by name, each with its own keys; rose's turn policies."""
+    import rose_ray.recipes as recipes_module
+    import rose_ray.rollout.handoff as handoff_module
+    from rose_ray.recipes import recipes
+    from rose_ray.rollout.handoff import TurnPolicy
+
+    said = docstring_table(recipes_module.__doc__ or "")
+    out.append(f"{'#' * level} `algorithm`\n")
+    out.append("One section chosen by `name` (a bare name is that recipe with its defaults: `algorithm=opd`); "
+               "a key the chosen recipe lacks is refused by name. A later layer naming another recipe starts "
+               "the section afresh.\n")
+    for name, kind in recipes().items():
+        out.append(f"{'#' * (level + 1)} `algorithm.name: {name}`\n")
+        if said.get(name):
+            out.append(cell(said[name]) + "\n")
+        rows, _ = _rows(kind, "algorithm.", [None])
+        rows = [r for r in rows if not r.startswith("| `algorithm.name`")]
+        out.append(HEADER + "\n" + "\n".join(rows) + "\n" if rows else "No other keys.\n")
+    said = docstring_table(handoff_module.__doc__ or "")
+    out.append(f"{'#' * (level + 1)} `algorithm.handoff`\n")
+    out.append("The `rose` recipe's turn policy, chosen by `policy` (a bare name is that policy with its defaults); "
+               "asked before every student turn whether the teacher takes over for the rest of the episode.\n")
+    for name, kind in TurnPolicy.KINDS.items():
+        out.append(f"{'#' * (level + 2)} `algorithm.handoff.policy: {name}`\n")
+        if said.get(name):
+            out.append(cell(said[name]) + "\n")
+        rows, _ = _rows(kind, "algorithm.handoff.", [None])
+        rows = [r for r in rows if not r.startswith("| `algorithm.handoff.policy`")]
+        out.append(HEADER + "\n" + "\n".join(rows) + "\n" if rows else "No other keys.\n")
+
+
+def render() -> str:
+    """docs/reference.md's text."""
+    from rose_ray.config import TrainConfig
+
+    with _without_env(ENV_DEFAULTS):
+        defaults = {f.name: default_of(f) for f in dataclasses.fields(TrainConfig)}
+    hints = typing.get_type_hints(TrainConfig)
+    comments = field_comments(TrainConfig)
+    fields = dataclasses.fields(TrainConfig)
+    out = [
+        "# Configuration reference\n",
+        "[← README](../README.md) · [all pages](../README.md#documentation)\n",
+        "Every key of a training config (`rose-ray train`, and the config that `check`, `plan` and `warmup` "
+        "read), with its type, its default and what it is. Set keys in a YAML file (`--config FILE.yaml`; a "
+        "file's `base:` is loaded first) or on the command line (`rose-ray train steps=40 "
+        "algorithm.handoff.k=3`), each layer over the one before; an unknown key, a wrong type or an "
+        "impossible value stops the command at start naming the key (exit 2). How to use them: "
+        "[configuration.md](configuration.md).\n",
+        "This page is generated from the typed config sections (`rose_ray/config.py` and the sections it "
+        "holds) by `python -m rose_ray.docs_reference`; `tests/unit/test_docs.py` fails when it is out of "
+        "date. A default like `${steps}` is another key's value; `${oc.env:VAR,default}` is an environment "
+        "variable's.\n",
+    ]
+    sections = [f for f in fields if f.name == "algorithm" or section_class(hints[f.name]) is not None]
+    out.append("Sections: [top level](#top-level), " + ", ".join(
+        f"[`{f.name}`](#{anchor_of(f.name, fields, hints)})" for f in sections
+        if f.name != "teacher_engine") + ".\n")
+    out.append("## Top level\n")
+    if class_doc(TrainConfig):
+        out.append(prose(class_doc(TrainConfig)))
+    rows = []
+    for f in fields:
+        if f in sections:
+            continue
+        rows.append(f"| `{f.name}` | {cell(type_name(f, hints[f.name]))} | {cell(show(defaults[f.name]))} | "
+                    f"{cell(comments.get(f.name, ''))} |")
+    out.append(HEADER + "\n" + "\n".join(rows) + "\n")
+    grouped: dict[type, list[dataclasses.Field]] = {}
+    for f in sections:
+        if f.name != "algorithm":
+            grouped.setdefault(section_class(hints[f.name]), []).append(f)
+    for f in sections:
+        if f.name == "algorithm":
+            _algorithm(out, 2)
+            continue
+        group = grouped[section_class(hints[f.name])]
+        if group[0] is not f:
+            continue  # shown with the first of its kind (the student's and the teacher's engine)
+        comment = " ".join(dict.fromkeys(comments.get(g.name, "") for g in group if comments.get(g.name)))
+        _section([g.name for g in group], section_class(hints[f.name]), [defaults[g.name] for g in group],
+                 comment, 2, out)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def anchor_of(name: str, fields: Any, hints: dict[str, Any]) -> str:
+    """The heading anchor of a section: its keys (sections of one kind share a heading), as
+    GitHub makes anchors."""
+    kind = section_class(hints[name])
+    names = [f.name for f in fields if kind is not None and section_class(hints[f.name]) is kind] or [name]
+    return re.sub(r"[^\w\- ]", "", ", ".join(f"`{n}`" for n in names).lower()).replace(" ", "-")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rose_ray.docs_reference", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="compare with docs/reference.md; exit 1 if it differs")
+    parser.add_argument("--out", type=Path, default=REFERENCE, help=f"where to write (default {REFERENCE})")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        same = args.out.is_file() and args.out.read_text() == text
+        print(f"{args.out}: {'up to date' if same else 'out of date: run python -m rose_ray.docs_reference'}")
+        return 0 if same else 1
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
