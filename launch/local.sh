@@ -17,7 +17,7 @@ if [ $# -gt 0 ] && [[ "$1" != *=* ]]; then
 fi
 unset RAY_ADDRESS  # a private local cluster, never someone else's
 # Its ports listen on every interface: `rose-ray train` starts it with token auth and a fresh
-# token kept in its own environment (docs/cluster.md, "Trust model"); leave RAY_AUTH_MODE unset.
+# token kept in its own environment (docs/reliability.md, "The trust model"); leave RAY_AUTH_MODE unset.
 export TOKENIZERS_PARALLELISM=false
 PY=${PYTHON:-python3}
 # The plan fails early (exit 2) naming the role and the resource this machine lacks.

@@ -26,7 +26,7 @@ PY=${PYTHON:-python3}
 work=$(mktemp -d "/tmp/rr_rehearse.XXXXXX")
 unset RAY_ADDRESS
 # Ray's token auth, with a token of this rehearsal's own kept in the environment (its raylets'
-# ports listen on every interface; see docs/cluster.md, Trust model).
+# ports listen on every interface; see docs/reliability.md, The trust model).
 RAY_AUTH_TOKEN=$("${PYTHON:-python3}" -c 'import secrets; print(secrets.token_hex(32))')
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN TOKENIZERS_PARALLELISM=false DS_ACCELERATOR=cpu
 export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH}

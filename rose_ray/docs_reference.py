@@ -296,6 +296,36 @@ def anchor_of(name: str, fields: Any, hints: dict[str, Any]) -> str:
     return re.sub(r"[^\w\- ]", "", ", ".join(f"`{n}`" for n in names).lower()).replace(" ", "-")
 
 
+def config_keys() -> set[str]:
+    """Every key a training config can set, dotted (`learner.lr`): every recipe's and turn
+    policy's under `algorithm`, every backend's under each engine (also flat, as the loader
+    moves them), and `KEY.*` under a free-form mapping (`env.resources.*`)."""
+    from rose_ray.config import TrainConfig
+    from rose_ray.recipes import recipes
+    from rose_ray.rollout.handoff import TurnPolicy
+
+    def walk(cls: type, prefix: str) -> set[str]:
+        hints = typing.get_type_hints(cls)
+        keys = set()
+        for f in dataclasses.fields(cls):
+            inner = section_class(hints[f.name])
+            keys.add(prefix + f.name)
+            if inner is not None:
+                keys |= walk(inner, f"{prefix}{f.name}.")
+                if prefix.endswith("_engine."):  # a backend's section: its keys are read flat too
+                    keys |= walk(inner, prefix)
+            elif typing.get_origin(hints[f.name]) is dict:
+                keys.add(f"{prefix}{f.name}.*")
+        return keys
+
+    keys = walk(TrainConfig, "")
+    for kind in recipes().values():
+        keys |= walk(kind, "algorithm.")
+    for kind in TurnPolicy.KINDS.values():
+        keys |= walk(kind, "algorithm.handoff.")
+    return keys
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rose_ray.docs_reference", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="compare with docs/reference.md; exit 1 if it differs")
