@@ -209,28 +209,27 @@ def _algorithm(out: list[str], level: int) -> None:
     from rose_ray.recipes import recipes
     from rose_ray.rollout.handoff import TurnPolicy
 
-    said = docstring_table(recipes_module.__doc__ or "")
     out.append(f"{'#' * level} `algorithm`\n")
     out.append("One section chosen by `name` (a bare name is that recipe with its defaults: `algorithm=opd`); "
                "a key the chosen recipe lacks is refused by name. A later layer naming another recipe starts "
                "the section afresh.\n")
-    for name, kind in recipes().items():
-        out.append(f"{'#' * (level + 1)} `algorithm.name: {name}`\n")
-        if said.get(name):
-            out.append(cell(said[name]) + "\n")
-        rows, _ = _rows(kind, "algorithm.", [None])
-        rows = [r for r in rows if not r.startswith("| `algorithm.name`")]
-        out.append(HEADER + "\n" + "\n".join(rows) + "\n" if rows else "No other keys.\n")
-    said = docstring_table(handoff_module.__doc__ or "")
+    _kinds(out, level + 1, "algorithm", "name", recipes(), recipes_module.__doc__)
     out.append(f"{'#' * (level + 1)} `algorithm.handoff`\n")
     out.append("The `rose` recipe's turn policy, chosen by `policy` (a bare name is that policy with its defaults); "
                "asked before every student turn whether the teacher takes over for the rest of the episode.\n")
-    for name, kind in TurnPolicy.KINDS.items():
-        out.append(f"{'#' * (level + 2)} `algorithm.handoff.policy: {name}`\n")
+    _kinds(out, level + 2, "algorithm.handoff", "policy", TurnPolicy.KINDS, handoff_module.__doc__)
+
+
+def _kinds(out: list[str], level: int, key: str, tag: str, kinds: dict[str, type], doc: str | None) -> None:
+    """One heading per kind of a section chosen by `tag`: its line of the module's docstring table
+    and its own keys."""
+    said = docstring_table(doc or "")
+    for name, kind in kinds.items():
+        out.append(f"{'#' * level} `{key}.{tag}: {name}`\n")
         if said.get(name):
             out.append(cell(said[name]) + "\n")
-        rows, _ = _rows(kind, "algorithm.handoff.", [None])
-        rows = [r for r in rows if not r.startswith("| `algorithm.handoff.policy`")]
+        rows, _ = _rows(kind, f"{key}.", [None])
+        rows = [r for r in rows if not r.startswith(f"| `{key}.{tag}`")]
         out.append(HEADER + "\n" + "\n".join(rows) + "\n" if rows else "No other keys.\n")
 
 

@@ -181,7 +181,7 @@ def wire_mb(wire: dict[str, Any]) -> float:
 
 @dataclass
 class PublishConfig:
-    """How learner rank 0 sends the weights to the student engines (this module's docstring; docs/engines.md)."""
+    """How learner rank 0 sends the weights to the student engines (docs/engines.md, "How the weights travel")."""
 
     method: str = "auto"  # auto | object_store | collective | pickled
     # Bucket sizes: >0 packs the tensors into buckets of up to this many MB first (one copy),
