@@ -113,8 +113,18 @@ def _offline_hint(name: str, err: Exception) -> ModelNotAvailable:
 
 
 def is_hub_id(name: str) -> bool:
-    """A model name that is neither a local folder nor a `tiny:` name: a hub id to resolve."""
-    return not name.startswith("tiny:") and not Path(name).expanduser().is_dir()
+    """A model name that is neither a local folder nor a `tiny:` name and has a hub id's form
+    (`name` or `org/name`): a hub id to resolve. A path that is not there (`/data/model`,
+    `./model`, `~/model`) is not one: it is named as a missing folder, not sent to the hub."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if name.startswith(("tiny:", ".", "~")) or Path(name).expanduser().is_dir():
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
 
 
 def local_model(name: str | Path) -> str:

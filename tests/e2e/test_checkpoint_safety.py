@@ -95,7 +95,7 @@ def save(parts: RunParts) -> None:
 
 
 def test_no_checkpoint_is_written_from_nonfinite_weights(group, tiny_models, tmp_path):
-    group.setup(zero_stage=0)
+    group.setup(zero_stage=0, dtype="float32")  # as run_folder's config (the tests before may leave bf16)
     parts = run_folder(tmp_path, tiny_models, group)
     group.train_step(batch(tiny_models))
     save(parts)
@@ -131,7 +131,7 @@ def test_export_and_resume_pass_over_a_save_killed_midway(group, tiny_models, tm
     from rose_ray.export import MODEL_INFO, check_request
     from rose_ray.files import CRASH_ENV, TEMP_TAG
 
-    group.setup(zero_stage=0)
+    group.setup(zero_stage=0, dtype="float32")  # as run_folder's config (the tests before may leave bf16)
     parts = run_folder(tmp_path, tiny_models, group)
     group.train_step(batch(tiny_models))
     save(parts)
@@ -175,7 +175,7 @@ def _save_or_fail(parts: RunParts, failed: list[BaseException]) -> None:
 
 @pytest.mark.slow
 def test_a_corrupt_shard_names_the_checkpoint_before_it(group, tiny_models, tmp_path, capsys):
-    group.setup(zero_stage=0)
+    group.setup(zero_stage=0, dtype="float32")  # as run_folder's config (the tests before may leave bf16)
     parts = run_folder(tmp_path, tiny_models, group)
     for _ in range(2):
         group.train_step(batch(tiny_models))
@@ -190,7 +190,7 @@ def test_a_corrupt_shard_names_the_checkpoint_before_it(group, tiny_models, tmp_
 
 
 def test_the_rng_state_loads_with_weights_only(group, tiny_models, tmp_path):
-    group.setup(zero_stage=0)
+    group.setup(zero_stage=0, dtype="float32")  # as run_folder's config (the tests before may leave bf16)
     group.train_step(batch(tiny_models))
     group.save_checkpoint(tmp_path)
     state = torch.load(tmp_path / "step_1" / "rng_rank0.pt", weights_only=True)

@@ -197,16 +197,25 @@ def test_checkpoint_and_resume_continue_from_the_step(tiny_run, tiny_models):
         train(None, overrides(tiny_models, run_dir, steps=3))
 
 
-def _jvm_pids() -> set[int]:
+def _jvm_pids(mark: str) -> set[int]:
+    """The ScienceWorld JVMs whose environment carries `mark` (the run's: its driver, Ray's
+    workers and their JVMs inherit it), not those of whatever else runs on the machine."""
     out = subprocess.run(["pgrep", "-f", "scienceworld.jar"], capture_output=True, text=True).stdout
-    return {int(p) for p in out.split()}
+    pids = set()
+    for pid in map(int, out.split()):
+        try:
+            if f"ROSE_RAY_TEST_MARK={mark}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                pids.add(pid)
+        except OSError:  # gone meanwhile
+            pass
+    return pids
 
 
 @pytest.mark.slow
 def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_no_jvm_left(tiny_models, tmp_path):
     run_dir = tmp_path / "run"
-    before = _jvm_pids()
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
+    mark = os.urandom(8).hex()
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1", ROSE_RAY_TEST_MARK=mark)
     proc = subprocess.Popen(
         [sys.executable, "-m", "rose_ray.cli", "train", "ray_address=local", "eval.before=false",
          "eval.teacher=false", *overrides(tiny_models, run_dir, steps=100)],
@@ -220,7 +229,7 @@ def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_no_jvm_left(tiny_models, tmp
                 break
             time.sleep(1)
         assert proc.poll() is None, proc.stdout.read()
-        during = _jvm_pids() - before
+        during = _jvm_pids(mark)
         assert during  # the run's JVMs are up
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=180)
@@ -234,7 +243,7 @@ def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_no_jvm_left(tiny_models, tmp
     assert model_step(run_dir) == int(latest.split("_")[1])  # model/ after the final checkpoint
     assert f"model in {run_dir / 'model'}" in out
     time.sleep(1)
-    assert not (_jvm_pids() & during)
+    assert not _jvm_pids(mark)
 
 
 def every_reply_of_its_owners_trained(run_dir: Path, owners: set[str]) -> None:
