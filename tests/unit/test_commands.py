@@ -1,6 +1,8 @@
 """Each command's settings are one typed config (rose_ray/commands.py): the same settings given as
-flags, as a YAML file or as KEY=VALUE make equal configs; KEY=VALUE > flag > YAML > default; bad
-keys, types and missing settings exit 2 naming the key. Fast: nothing here plays or loads a model."""
+flags, as a YAML file (--settings) or as KEY=VALUE make equal configs; KEY=VALUE > flag > YAML >
+default; bad keys, types and missing settings exit 2 naming the key; `--config` is a training
+config wherever it is taken; every --help says each default. Fast: nothing here plays or loads a
+model."""
 
 from __future__ import annotations
 
@@ -87,7 +89,7 @@ def test_flags_yaml_and_key_value_make_the_same_config(command, tmp_path):
     as_pairs = settings_of([command, *REQUIRED[command], *(f"{k}={v}" for k, v in given)])
     config = tmp_path / "settings.yaml"
     config.write_text(yaml.safe_dump({k: typed for k, _, typed in SETTINGS[command]}))
-    as_yaml = settings_of([command, *REQUIRED[command], "--config", str(config)])
+    as_yaml = settings_of([command, *REQUIRED[command], "--settings", str(config)])
     assert as_flags == as_pairs == as_yaml
     for key, _, typed in SETTINGS[command]:
         assert getattr(as_flags, key) == typed
@@ -101,16 +103,16 @@ def test_flags_yaml_and_key_value_make_the_same_config(command, tmp_path):
 def test_required_settings_can_come_from_the_yaml_file(tmp_path):
     config = tmp_path / "collect.yaml"
     config.write_text("model: m\nout: o.jsonl\nturns: 3\n")
-    cfg = settings_of(["collect", "--config", str(config)])
+    cfg = settings_of(["collect", "--settings", str(config)])
     assert (cfg.model, cfg.out, cfg.turns) == ("m", "o.jsonl", 3)
     config.write_text("teacher: t\ninput: p.jsonl\nout: o.jsonl\n")  # `--in` is the setting `input`
-    assert settings_of(["continue", "--config", str(config)]).input == "p.jsonl"
+    assert settings_of(["continue", "--settings", str(config)]).input == "p.jsonl"
 
 
 def test_key_value_beats_the_flag_beats_the_yaml_beats_the_default(tmp_path):
     config = tmp_path / "collect.yaml"
     config.write_text("turns: 3\nseed: 3\nsplit: dev\n")
-    base = ["collect", "--model", "m", "--out", "o", "--config", str(config)]
+    base = ["collect", "--model", "m", "--out", "o", "--settings", str(config)]
     cfg = settings_of([*base, "--turns", "4", "--seed", "4", "seed=5"])
     assert (cfg.seed, cfg.turns, cfg.split, cfg.n) == (5, 4, "dev", 0)  # n: the default
     assert settings_of(["collect", "--model", "m", "--out", "o"]).turns == 5
@@ -125,7 +127,7 @@ def test_an_unknown_key_exits_2_naming_it_and_the_commands_keys(command, capsys,
     assert all(f.name in err for f in fields(COMMANDS[command]))
     config = tmp_path / "bad.yaml"
     config.write_text("also_not_a_key: 1\n")
-    assert main([command, *REQUIRED[command], "--config", str(config)]) == 2
+    assert main([command, *REQUIRED[command], "--settings", str(config)]) == 2
     err = capsys.readouterr().err
     assert str(config) in err and "'also_not_a_key'" in err
 
@@ -138,7 +140,7 @@ def test_a_wrong_type_exits_2_naming_the_key(command, capsys, tmp_path):
     assert f"'{key}'" in err and "many" in err
     config = tmp_path / "bad.yaml"
     config.write_text(f"{key}: [1, 2]\n")
-    assert main([command, *REQUIRED[command], "--config", str(config)]) == 2
+    assert main([command, *REQUIRED[command], "--settings", str(config)]) == 2
     assert f"'{key}'" in capsys.readouterr().err
 
 
@@ -151,10 +153,10 @@ def test_an_unquoted_on_in_yaml_is_named_with_the_fix(tmp_path, capsys):
     """YAML 1.1 reads `judge_thinking: on` as a boolean; the error says to quote it, and quoted it works."""
     config = tmp_path / "eval.yaml"
     config.write_text("judge_thinking: on\n")
-    assert main(["eval", "--config", str(config), "--model", "m"]) == 2
+    assert main(["eval", "--settings", str(config), "--model", "m"]) == 2
     assert "key 'judge_thinking'" in (err := capsys.readouterr().err) and "quote it" in err
     config.write_text('judge_thinking: "on"\n')
-    args = build_parser().parse_args(["eval", "--config", str(config)])
+    args = build_parser().parse_args(["eval", "--settings", str(config)])
     assert resolve(COMMANDS["eval"], args, "eval").judge_thinking == "on"
 
 
@@ -173,11 +175,11 @@ def test_a_missing_required_setting_exits_2_naming_it(argv, key, flag_, capsys):
 def test_a_yaml_file_that_is_not_a_mapping_or_not_yaml_is_named(tmp_path, capsys):
     listed = tmp_path / "list.yaml"
     listed.write_text("- model\n- out\n")
-    assert main(["gold", "--config", str(listed)]) == 2
+    assert main(["gold", "--settings", str(listed)]) == 2
     assert f"{listed}: not a mapping of gold's settings" in capsys.readouterr().err
     broken = tmp_path / "broken.yaml"
     broken.write_text("out: [g.jsonl\n")
-    assert main(["gold", "--config", str(broken)]) == 2
+    assert main(["gold", "--settings", str(broken)]) == 2
     err = capsys.readouterr().err
     assert "not valid YAML at line" in err
 
@@ -208,7 +210,8 @@ def test_every_eval_setting_reaches_the_job(monkeypatch):
     run_eval sees, so a new setting is one field (a copy that forgot one would fail here)."""
     import rose_ray.evaluate as evaluate
 
-    values = other_values(COMMANDS["eval"], keep=("compare",))  # --compare prints results, plays nothing
+    # --compare prints results, plays nothing; --run and --config name files (their own tests are below)
+    values = other_values(COMMANDS["eval"], keep=("compare", "run", "config"))
     seen = []
     monkeypatch.setattr(evaluate, "run_eval", lambda cfg: seen.append(cfg) or {"summary": evaluate.summarise([])})
     assert main(["eval", *as_flags(values)]) == 0
@@ -248,7 +251,7 @@ def test_help_still_lists_every_flag_it_had(command, capsys):
     out = capsys.readouterr().out
     missing = [f for f in FLAGS_BEFORE[command] if f + " " not in out and f + "\n" not in out]
     assert not missing
-    assert "--config FILE.yaml" in out and "KEY=VALUE" in out
+    assert "--settings FILE.yaml" in out and "KEY=VALUE" in out
 
 
 def test_importing_the_commands_loads_no_torch():
@@ -262,6 +265,6 @@ def test_a_training_configs_flags_and_overrides_reach_its_command_as_given():
     config's, passed on as given (its ${...} are that config's to resolve); repeated flags add up."""
     plan = settings_of(["plan", "--node", "CPU=8", "--node", "2xGPU=8", "--config", "c.yaml", "run_dir=runs/${name}"])
     assert (plan.node, plan.config, plan.overrides) == (["CPU=8", "2xGPU=8"], "c.yaml", ["run_dir=runs/${name}"])
-    check = settings_of(["check", "c.yaml", "--total", "steps=2"])
+    check = settings_of(["check", "--config", "c.yaml", "--total", "steps=2"])
     assert (check.config, check.total, check.overrides, check.backends) == ("c.yaml", True, ["steps=2"], False)
     assert settings_of(["warmup", "--eval", "dev", "seed=1"]).overrides == ["seed=1"]
