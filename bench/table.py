@@ -276,7 +276,7 @@ def run_sft(seed: int, steps: int, config: str | None, common: list[str], run_di
     diagnostics = {**episode_scalars(played), **trained_scalars(played, teacher_replies, tokens)}
     diagnostics = {k: v for k, v in diagnostics.items() if k in DIAGNOSTICS or k.startswith(BY_TURN)}
     dev = [{"step": result["steps"], **eval_dev(str(run_dir / "model"), cfg, run_dir, backend)}] if cfg.eval.every else []
-    metrics = MetricsLogger(run_dir, console=False)  # the tags online runs use, so the curves overlay
+    metrics = MetricsLogger(run_dir)  # the tags online runs use, so the curves overlay
     for m in result["history"]:
         metrics.log(int(m["step"]), {"learner/loss": m["loss"], "learner/loss_teacher_ce": m.get("loss_ce", m["loss"]),
                                      "learner/lr": m["lr"], "learner/grad_norm": m["grad_norm"],

@@ -67,7 +67,7 @@ export RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 DS_ACCELERATOR=cpu
 import sys, tempfile
 from rose_ray.metrics import MetricsLogger, read_scalars
 d = tempfile.mkdtemp()
-m = MetricsLogger(d, console=False); m.log(3, {"learner/loss": 1.5}); m.close()
+m = MetricsLogger(d); m.log(3, {"learner/loss": 1.5}); m.close()
 assert read_scalars(d + "/tb") == {"learner/loss": [(3, 1.5)]}, read_scalars(d + "/tb")
 print("floors: tensorboard round trip ok")'
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider "${tests[@]}"

@@ -1,4 +1,4 @@
-"""`rose-ray check CONFIG [k=v ...]`: what to run before asking for GPUs.
+"""`rose-ray check [--config CONFIG] [k=v ...]`: what to run before asking for GPUs.
 
 Loads the config and the student's and teacher's tokenizers (not their weights), asks a served
 engine's server whether it serves the model with enough context and logprobs, renders a
@@ -10,7 +10,7 @@ stand-ins or the shipped Qwen3 sizes; the GPU's size from `--gpu-memory` or the 
 `accelerator_type:`). The first problem stops it with exit status 2 and a message naming the key.
 `rose-ray plan` (plan_main) prints the placement and memory parts alone.
 
-    rose-ray check configs/rose_qwen3_1p7b_32b.yaml \\
+    rose-ray check --config configs/rose_qwen3_1p7b_32b.yaml \\
         --tokenizer-for Qwen/Qwen3-1.7B=/models/qwen3-1.7b --node CPU=64,GPU=8 --gpu-memory 80
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rose_ray.config import TrainConfig, load_config
+from rose_ray.config import TrainConfig, default_config_path, load_config
 from rose_ray.errors import InputError
 
 SAMPLE_OBSERVATIONS = (
@@ -236,8 +236,10 @@ def check_main(args: Any) -> int:
         for line in gpu_report():  # a driver that cannot run the wheels: exit 2
             print(f"check: {line}")
         return 0
-    if not args.config:
-        raise InputError("check: give a CONFIG (or --backends)")
+    if args.overrides and "=" not in args.overrides[0]:  # `check CONFIG`, the spelling before --config
+        if args.config:
+            raise InputError(f"check: {args.overrides[0]!r}: not KEY=VALUE (the config is --config {args.config})")
+        args.config, args.overrides = args.overrides[0], args.overrides[1:]
     cfg = load_config(args.config, args.overrides)
     from rose_ray.placement import parse_nodes
 
@@ -248,7 +250,7 @@ def check_main(args: Any) -> int:
         print(line)
     for line in gpu_report():  # this machine's GPUs, when the check runs on a GPU node
         print(line)
-    print(f"check: {args.config}: OK")
+    print(f"check: {args.config or default_config_path()}: OK")
     return 0
 
 

@@ -12,11 +12,26 @@ import importlib
 import os
 import sys
 
+from rose_ray import __version__
 from rose_ray.errors import InputError
 
 
 class UsageError(InputError):
     """Bad user input: printed as `rose-ray: error: ...`, exit status 2."""
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """`--help` that says each option's default (as ArgumentDefaultsHelpFormatter, but not for
+    an unset value, an off switch or a help that already says it). The typed commands' flags
+    say theirs in their help (commands.add_flags), their argparse default being a placeholder."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        from rose_ray.commands import default_text
+
+        text = action.help or ""
+        if not action.option_strings or action.default is argparse.SUPPRESS or text is argparse.SUPPRESS:
+            return action.help
+        return " ".join(filter(None, [text, default_text(text, action.default)]))
 
 
 def _games(args: argparse.Namespace) -> int:
@@ -115,32 +130,41 @@ def world_args(g: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rose-ray", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="rose-ray", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    p.add_argument("--version", action="version", version=f"rose-ray {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    g = sub.add_parser("games", help="list a world's games: counts per task, splits, mapping")
+    def command(name: str, help_: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_, description=help_, formatter_class=HelpFormatter)
+
+    g = command("games", "list a world's games: counts per task, splits, mapping")
     world_args(g)
     g.add_argument("--show", metavar="ITEM", help="print one game's first observation (starts the game)")
     g.set_defaults(func=_games)
 
-    g = sub.add_parser("play", help="play one game in the terminal, through the model's protocol")
+    g = command("play", "play one game in the terminal, through the model's protocol")
     g.add_argument("item", help="item id, e.g. sciworld_0 or discoveryworld_5")
     world_args(g)
-    g.add_argument("--max-turns", type=int, default=50)
+    g.add_argument("--max-turns", type=int, default=50, help="turns before the game ends")
     g.add_argument("--instruction-from", metavar="JSONL", help="take the instruction from a dataset")
     g.set_defaults(func=_play)
 
-    g = sub.add_parser("init-tiny", help="build a tiny tokenizer and tiny Qwen3 student/teacher")
-    g.add_argument("--out", required=True)
-    g.add_argument("--seed", type=int, default=0)
+    g = command("init-tiny", "build a tiny tokenizer and tiny Qwen3 student/teacher")
+    g.add_argument("--out", required=True, help="the folder to build them in (required)")
+    g.add_argument("--seed", type=int, default=0, help="the models' initialization seed")
     g.add_argument("--style", choices=["plain", "qwen3"], default="plain",
                    help="qwen3: Qwen3's special tokens (<think> too) and a chat template that behaves like Qwen3's")
     g.set_defaults(func=_init_tiny)
 
-    g = sub.add_parser("train", help="online ROSE (or opd / teacher_sft) on a Ray cluster or this machine")
-    g.add_argument("--config", help="YAML config (default: the embedded tiny config)")
-    g.add_argument("--resume", metavar="RUN", help="continue a run from its latest checkpoint: a run folder, "
-                                                 "or a run_dir such as runs/tiny (its latest version)")
+    g = command("train", "online ROSE (or opd / teacher_sft) on a Ray cluster or this machine")
+    g.add_argument("--config", metavar="FILE.yaml",
+                   help="a training config (default: the embedded tiny config, rose_ray/configs/tiny.yaml)")
+    g.add_argument("--resume", metavar="RUN", help="continue a run from its latest checkpoint, with its own "
+                                                 "config.yaml: a run folder, a run_dir such as runs/tiny (its "
+                                                 "latest run), or runs/tiny/latest")
+    g.add_argument("--print-config", action="store_true",
+                   help="print the config the run would start with (merged and checked; as the run's config.yaml "
+                        "keeps it, without secrets) and exit")
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. steps=20")
     g.set_defaults(func="rose_ray.train:cli_main")
 
@@ -161,13 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
             ("collect", "rose_ray.collect:collect_main", "write student prefixes: the first K turns of each game"),
             ("continue", "rose_ray.collect:continue_main", "replay recorded prefixes, then let the teacher play on"),
             ("gold", "rose_ray.collect:gold_main", "write gold demonstrations (ScienceWorld's gold paths)")):
-        g = sub.add_parser(name, help=help_)
+        g = command(name, help_)
         add_flags(g, COMMANDS.get(name) or TOOLS[name], layers=name in COMMANDS)
         g.set_defaults(func=func)
 
     from rose_ray.envs.worlds import get_world
 
-    g = sub.add_parser("check-data", help="validate a JSONL dataset and tell its item-id mapping")
+    g = command("check-data", "validate a JSONL dataset and tell its item-id mapping")
     g.add_argument("file")
     g.add_argument("--mapping", choices=list(get_world(None).mappings), help="fail unless it is this one")
     g.add_argument("--sample", type=int, default=20, help="rows whose task description is checked")
@@ -175,13 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func="rose_ray.collect:check_data_main")
 
     # --- serve (inference) ---
-    g = sub.add_parser("serve", help="OpenAI-compatible server over a vLLM or transformers engine")
+    g = command("serve", "OpenAI-compatible server over a vLLM or transformers engine")
     add_flags(g, COMMANDS["serve"])
     g.set_defaults(func="rose_ray.inference.server:cli_main")
     # --- end serve ---
 
     # --- sft (learner) ---
-    g = sub.add_parser("sft", help="offline SFT on AgentGym-schema JSONL conversations")
+    g = command("sft", "offline SFT on dataset rows (the card's role/content schema or AgentGym's from/value)")
     add_flags(g, COMMANDS["sft"])
     g.set_defaults(func="rose_ray.recipes.sft:cli_main")
     # --- end sft ---

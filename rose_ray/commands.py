@@ -7,9 +7,15 @@ Each command's settings are a dataclass below (EvalCommand, CollectCommand, ...)
 from small shared groups of settings (the world, the context, the conversation, the engine
 backend, ...). A setting is given in any of four layers, each over the one before:
 
-    dataclass default  <  --config FILE.yaml  <  --flag  <  KEY=VALUE
+    dataclass default  <  --settings FILE.yaml  <  --flag  <  KEY=VALUE
 
-    rose-ray collect --config collect.yaml --turns 3 seed=2
+    rose-ray collect --settings collect.yaml --turns 3 seed=2
+
+`--config` means one thing in every command that takes it: a training config (config.py:
+TrainConfig, as `train --config` takes). `eval --config F --model M` plays M as F's runs
+evaluate (its games, turns, tokens, engine, chat: a layer under the settings given), and
+`eval --run RUN` is that for a run's own config.yaml and model/ (`training_eval`). The other
+commands refuse `--config`, naming `--settings`.
 
 The flags are made from the fields in one place (`add_flags`): the field `max_new_tokens`
 is `--max-new-tokens`, with the help and choices of the field's metadata, so a setting has
@@ -17,9 +23,8 @@ one name, one type and one default however it is given. OmegaConf merges the lay
 unknown key or a wrong type is refused naming the key (`resolve`: a ConfigError, exit 2), as
 is a required setting (no default) that no layer gives.
 
-TOOLS have their flags alone: `check`, `plan` and `warmup` read a training config (config.py:
-TrainConfig), and their `--config` and KEY=VALUE are that config's (the fields `config` and
-`overrides`). `train` takes its config directly; `games`, `play`, `init-tiny` and `check-data`
+TOOLS have their flags alone: `check`, `plan` and `warmup` read a training config, and their
+`--config` and KEY=VALUE are that config's (the fields `config` and `overrides`). `train` takes its config directly; `games`, `play`, `init-tiny` and `check-data`
 are plain argparse flags in cli.py.
 
 Importing this module loads no torch: each command imports its engines when it runs.
@@ -28,6 +33,7 @@ Importing this module loads no torch: each command imports its engines when it r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -37,16 +43,17 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
 from rose_ray.chat import HISTORIES
-from rose_ray.config import first_line, override_layer, yaml_layers
+from rose_ray.config import first_line, load_config, override_layer, yaml_layers
 from rose_ray.envs.worlds import DEFAULT_WORLD, WORLDS, get_world
 from rose_ray.errors import ConfigError, InputError
 from rose_ray.inference.engine import CONTEXT_POLICIES, DTYPES, EngineConfig
 from rose_ray.inference.protocol import MAX_CONCURRENT
 from rose_ray.inference.registry import COMMAND_BACKENDS, DEFAULT_COMMAND_BACKEND, VLLMSettings
 from rose_ray.learner.learner import LEARNER_DTYPES, SCHEDULES, LearnerConfig
+from rose_ray.runs import resolve_run
 from rose_ray.types import SCHEMAS, SamplingParams
 
-__all__ = ["COMMANDS", "add_flags", "resolve"]
+__all__ = ["COMMANDS", "add_flags", "from_keywords", "resolve"]
 
 MAPPINGS = tuple(get_world(DEFAULT_WORLD).mappings)
 
@@ -154,7 +161,7 @@ class PlaySettings(WorldSettings, ContextSettings, ConversationSettings, Backend
 @dataclass
 class EvalCommand(PlaySettings):
     """`rose-ray eval` (evaluate.py), and the job `run_eval` runs: a training run's evals come here
-    too (evaluate.train_eval_job). Checked as it is made, however its settings are given."""
+    too (training_eval, evaluate.train_eval_job). Checked as it is made, however its settings are given."""
 
     model: str = setting("", "local model folder, or openai:URL of a served model")
     split: str = setting("test", "train, dev, test, all, agenteval_test, or an id-list file")
@@ -179,13 +186,26 @@ class EvalCommand(PlaySettings):
     env_workers: int = setting(1, "game processes")
     dtype: str = setting(EngineConfig.dtype, "the engines' weights (auto: as the model folder declares)",
                          choices=DTYPES)
-    out: str | None = setting(None, "results prefix: writes OUT.json and OUT.md "
-                                    "(default runs/eval/<model>_<split>)")
+    run: str | None = setting(None, "a training run (its folder, a run_dir meaning its latest run, or RUN_DIR/latest): "
+                                    "evaluate its model/ exactly as the run's own evals did (its games, turns, reply "
+                                    "tokens, engine, chat; settings given here go over them) into "
+                                    "RUN/eval_<split>.json and .md", metavar="RUN")
+    config: str | None = setting(None, "a training config (as train --config takes): evaluate --model as that "
+                                       "config's runs evaluate (settings given here go over it)", metavar="FILE.yaml")
+    out: str | None = setting(None, "results prefix: writes OUT.json and OUT.md (default: RUN/eval_<split> with "
+                                    "--run; else runs/eval/<model>_<split>, a run's model/ named after its run, "
+                                    "e.g. runs/eval/tiny_version_0_model_test)")
+    overwrite: bool = setting(False, "replace an existing OUT.json (default: refuse), and start over from a partial "
+                                     "file of other settings")
     compare: list[str] = setting([], "print results side by side", metavar="RESULT.json", nargs="+")
 
     def __post_init__(self) -> None:
         self.world = self.world or DEFAULT_WORLD
-        self.out = self.out or f"runs/eval/{Path(self.model or 'model').name}_{self.split}"
+        if self.run:
+            self.run = str(resolve_run(self.run))
+        split = Path(self.split).stem  # a split may be a file of item ids
+        self.out = self.out or (str(Path(self.run) / f"eval_{split}") if self.run
+                                else f"runs/eval/{model_name(self.model)}_{split}")
         world = get_world(self.world)
         if self.max_turns is None and not hasattr(world.catalogue, "turn_limit"):
             self.max_turns = 20  # worlds without limits of their own
@@ -206,6 +226,69 @@ class EvalCommand(PlaySettings):
     @property
     def task_names(self) -> list[str]:
         return [t.strip() for t in self.tasks.split(",") if t.strip()]
+
+
+def model_name(model: str) -> str:
+    """A model's name in a default file name: its folder's; a run's `model/` (every run's is named
+    so) after its run, e.g. `tiny_version_0_model`, so that two runs' evals never share a file."""
+    path = Path(model or "model")
+    if (path.parent / "config.yaml").is_file():
+        return f"{path.parent.parent.name}_{path.parent.name}_{path.name}"
+    return path.name
+
+
+def training_eval(cfg: Any, model: str, split: str | None = None, backend: str | None = None) -> dict[str, Any]:
+    """The settings of the held-out eval a training run of `cfg` (a TrainConfig) does, as
+    EvalCommand fields: its games (`eval.split`, `eval.n`, `eval.seed`, `tasks`), turns, reply
+    tokens, engine (its backend, dtype, context; run_eval keeps the rest of the student engine's
+    settings), chat and instruction; greedy. `split`: another split's games (the warm-ups are
+    tuned on dev, never on the test games); `backend`: another engine than the student's."""
+    engine = cfg.student_engine
+    return dict(
+        model=model, split=split or cfg.eval.split, n=cfg.eval.n, seed=cfg.eval.seed, tasks=",".join(cfg.tasks),
+        max_turns=cfg.eval.max_turns, max_new_tokens=cfg.eval.max_new_tokens, temperature=0.0,
+        world=cfg.env.world, mapping=cfg.env.mapping, concurrency=cfg.env.games_per_worker,
+        context_tokens=engine.context_tokens, context_policy=engine.context_policy, dtype=engine.dtype,
+        instruction_from=cfg.env.instruction_from, enable_thinking=cfg.chat.enable_thinking,
+        history=cfg.chat.history,
+        backend=backend or (engine.backend if engine.backend in COMMAND_BACKENDS else DEFAULT_COMMAND_BACKEND),
+        **({"kv_cache_mb": engine.vllm.kv_cache_mb} if engine.vllm is not None else {}))
+
+
+def training_eval_layer(given: DictConfig) -> tuple[str, dict[str, Any]] | None:
+    """`eval --run RUN` or `eval --config F`: the eval of that run or config (`training_eval`), a
+    layer under the settings given; None without either."""
+    if given.get("run") and given.get("config"):
+        raise ConfigError("eval: --run evaluates a run's model with its own config.yaml; to play another model as a "
+                          "config's runs evaluate, give --config and --model")
+    if given.get("run"):
+        if given.get("model"):
+            raise ConfigError(f"eval: --run evaluates the run's own model/; to play another model as the run "
+                              f"evaluates, give --config {given.run}/config.yaml --model M")
+        run = resolve_run(given.run)
+        if not (run / "model").is_dir():
+            raise InputError(f"eval: --run {run}: no model/ there yet (a run writes it when it stops); "
+                             f"`rose-ray export {run} --out DIR` writes one from a checkpoint")
+        layer = training_eval(load_config(run / "config.yaml", saved=True), str(run / "model"))
+        return f"--run {run}", {**layer, "config": str(run / "config.yaml")}
+    if given.get("config"):
+        if not given.get("model"):
+            raise ConfigError(f"eval: --config {given.config} evaluates a --model as that config's runs evaluate; "
+                              "give --model (or --run RUN for a run's own model)")
+        try:
+            train_cfg = load_config(given.config)
+        except ConfigError as e:
+            keys = set(OmegaConf.load(given.config)) if Path(given.config).is_file() else set()
+            own = {f.name for f in fields(EvalCommand)}
+            if keys and keys <= own:  # a file of eval's own settings
+                raise ConfigError(f"eval: --config {given.config}: a training config is expected (as train --config "
+                                  f"takes), and this file holds eval's own settings: give it as --settings "
+                                  f"{given.config}") from None
+            raise ConfigError(f"eval: --config {e}") from None
+        layer = training_eval(train_cfg, given.model)
+        del layer["model"]
+        return f"--config {given.config}", layer
+    return None
 
 
 @dataclass
@@ -293,7 +376,8 @@ class TrainConfigSettings:
     """A command that reads a training config (config.py: TrainConfig): its --config and KEY=VALUE
     are that config's, not the command's own settings."""
 
-    config: str | None = setting(None, "YAML config (default: the embedded tiny config)")
+    config: str | None = setting(None, "a training config, as train --config takes (default: the embedded tiny "
+                                       "config)", metavar="FILE.yaml")
     overrides: list[str] = setting([], "config overrides, e.g. env.workers=8", metavar="KEY=VALUE", nargs="*",
                                    positional=True)
 
@@ -315,9 +399,8 @@ class PlacementSettings:
 
 @dataclass
 class CheckCommand(TrainConfigSettings, PlacementSettings):
-    """`rose-ray check [CONFIG]` (check.py)."""
+    """`rose-ray check [--config CONFIG]` (check.py; `check CONFIG`, the spelling before, still works)."""
 
-    config: str | None = setting(None, "YAML config", positional=True, nargs="?")
     backends: bool = setting(False, "only say which engine backends (hf, vllm, openai) this machine can run, "
                                     "and why not")
     tokenizer_for: list[str] = setting([], "a local tokenizer folder standing in for a model not on disk "
@@ -342,7 +425,8 @@ class WarmupCommand(TrainConfigSettings):
 class ExportCommand:
     """`rose-ray export RUN` (export.py)."""
 
-    run: str = setting(help="a run folder (holds config.yaml and checkpoints/), or a run_dir (its latest)",
+    run: str = setting(help="a run folder (holds config.yaml and checkpoints/), a run_dir meaning its latest run, "
+                            "or RUN_DIR/latest",
                        metavar="RUN", positional=True)
     step: int | None = setting(None, "the learner step of a kept checkpoint (default: the latest)")
     out: str = setting(help="the new folder to write")
@@ -363,7 +447,8 @@ def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = Tru
         meta = f.metadata
         kind = _flag_type(hints[f.name])
         required = f.default is MISSING
-        about = " ".join(filter(None, [meta["help"], "(required)" if required else ""]))
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        about = " ".join(filter(None, [meta["help"], "(required)" if required else default_text(meta["help"], default)]))
         # A positional KEY=VALUE list is there even when empty: more may follow the flags (cli.main).
         options: dict[str, Any] = {"help": about or None, "default": [] if meta["nargs"] == "*" else argparse.SUPPRESS}
         if kind is bool:
@@ -378,11 +463,21 @@ def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = Tru
             parser.add_argument(_flag(f), dest=f.name, **options)
     if layers:
         name = parser.prog.split()[-1]
-        parser.add_argument("--config", metavar="FILE.yaml",
+        parser.add_argument("--settings", dest="settings_file", metavar="FILE.yaml",
                             help=f"a YAML mapping of {name}'s settings (the flags' names with _), under the flags")
+        if "config" not in hints:  # --config is a training config wherever it is taken: named, not misread
+            parser.add_argument("--config", dest="misplaced_config", help=argparse.SUPPRESS)
         parser.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE",
                             help="settings over the flags and the file, e.g. seed=1")
     parser.set_defaults(settings=command)
+
+
+def default_text(help_: str, default: Any) -> str:
+    """What `--help` says of a setting's default, unless its help already says it: nothing for
+    None (not set), False (a switch) or an empty list."""
+    if default is None or default is False or default == [] or default == "" or "default" in help_.lower():
+        return ""
+    return f"(default: {default})".replace("%", "%%")  # argparse formats help with %
 
 
 def _flag(f: Any) -> str:
@@ -399,34 +494,32 @@ def _flag_type(hint: Any) -> Any:
 
 
 def resolve(command: type, args: argparse.Namespace, name: str) -> Any:
-    """The settings of command `name` from its defaults, `args.config` (YAML), the flags given
-    and `args.overrides` (KEY=VALUE), each over the one before; errors name the key. A command
-    whose `config` and `overrides` are fields (a training config's) has the flags alone."""
+    """The settings of command `name` from its defaults, `args.settings_file` (YAML), the flags
+    given and `args.overrides` (KEY=VALUE), each over the one before; errors name the key. A
+    command whose `config` and `overrides` are fields (a training config's) has the flags alone.
+    `eval --run`/`--config`: the eval of that run or config goes under the file (training_eval_layer)."""
+    if getattr(args, "misplaced_config", None):
+        raise ConfigError(f"--config {args.misplaced_config}: --config names a training config (train, check, plan, "
+                          f"warmup and eval take one); a YAML file of {name}'s settings is --settings FILE.yaml")
     keys = [f.name for f in fields(command)]
     own_layers = "overrides" not in keys and hasattr(args, "overrides")
     layers: list[tuple[str, Any]] = []
-    if own_layers and args.config:
-        path = Path(args.config)
+    if own_layers and getattr(args, "settings_file", None):
+        path = Path(args.settings_file)
         for layer in yaml_layers(path):
             if not isinstance(layer, DictConfig):
                 raise ConfigError(f"{path}: not a mapping of {name}'s settings (its keys: {', '.join(keys)})")
             layers.append((str(path), layer))
     # A training config's file and KEY=VALUE go to it as given (their ${...} are that config's).
-    as_given = {k: getattr(args, k) for k in ("config", "overrides") if k in keys and hasattr(args, k)}
+    as_given = {} if own_layers else {k: getattr(args, k) for k in ("config", "overrides") if k in keys and hasattr(args, k)}
     layers.append(("flags", {k: getattr(args, k) for k in keys if hasattr(args, k) and k not in as_given}))
     for item in args.overrides if own_layers else []:
         if "=" not in item:
             raise ConfigError(f"{item!r}: not a setting; settings after the flags are KEY=VALUE")
         layers.append((f"override {item!r}", override_layer(item)))
-    merged = OmegaConf.structured(command)
-    for source, layer in layers:
-        try:
-            merged = OmegaConf.merge(merged, layer)
-        except OmegaConfBaseException as e:
-            key = getattr(e, "full_key", None) or "?"
-            why = (f"{name} has no such setting (its keys: {', '.join(keys)})" if isinstance(e, ConfigKeyError)
-                   else first_line(e))
-            raise ConfigError(f"{source}: key {key!r}: {why}") from None
+    merged = _merged(command, layers, name)
+    if command is EvalCommand and (under := training_eval_layer(merged)) is not None:
+        merged = _merged(command, [under, *layers], name)
     for f in fields(command):
         choices = f.metadata["choices"]
         value = None if OmegaConf.is_missing(merged, f.name) else merged[f.name]
@@ -438,8 +531,33 @@ def resolve(command: type, args: argparse.Namespace, name: str) -> Any:
     except MissingMandatoryValue as e:
         f = next(f for f in fields(command) if f.name == e.full_key)
         flag = f.name.upper() if f.metadata["positional"] else _flag(f)
-        also = f" (or {f.name}=..., or {f.name}: in --config)" if own_layers else ""
+        also = f" (or {f.name}=..., or {f.name}: in --settings)" if own_layers else ""
         raise ConfigError(f"{f.name} is required: give {flag}{also}") from None
     for k, v in as_given.items():
         setattr(cfg, k, v)
     return cfg
+
+
+def _merged(command: type, layers: list[tuple[str, Any]], name: str) -> DictConfig:
+    """The command's defaults with `layers` (source, layer) merged over them, each over the one before."""
+    keys = [f.name for f in fields(command)]
+    merged = OmegaConf.structured(command)
+    for source, layer in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as e:
+            key = getattr(e, "full_key", None) or "?"
+            why = (f"{name} has no such setting (its keys: {', '.join(keys)})" if isinstance(e, ConfigKeyError)
+                   else first_line(e))
+            raise ConfigError(f"{source}: key {key!r}: {why}") from None
+    return merged
+
+
+def from_keywords(command: type, name: str, given: dict[str, Any]) -> Any:
+    """A command's settings from Python keywords (the Python API: `rose_ray.evaluate(run=...)`),
+    layered and checked as its flags are."""
+    keys = {f.name for f in fields(command)}
+    unknown = sorted(set(given) - keys)
+    if unknown:
+        raise ConfigError(f"{name}: no setting {unknown[0]!r} (its settings: {', '.join(sorted(keys))})")
+    return resolve(command, argparse.Namespace(**given, overrides=[], settings_file=None), name)

@@ -237,6 +237,36 @@ class ReliabilityConfig:
 
 
 @dataclass
+class WandbConfig:
+    """Weights & Biases beside TensorBoard (the `wandb` extra): every scalar TensorBoard gets, at
+    the same learner step, and the run's config (its secrets left out, as in config.yaml). The run
+    folder keeps the W&B run's id, so `--resume` goes on in the same W&B run. Credentials are
+    W&B's own (`wandb login` or WANDB_API_KEY on the driver's machine); WANDB_MODE=offline writes
+    the W&B files under the run folder only (`wandb sync` uploads them later)."""
+
+    enabled: bool = False
+    project: str = "rose_ray"
+    entity: str | None = None  # None: the W&B account's default
+    name: str | None = None  # None: <name>/<run folder>, e.g. tiny/version_3
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        import importlib.util
+
+        if self.enabled and importlib.util.find_spec("wandb") is None:
+            raise ConfigError("logging.wandb.enabled: wandb is not installed; pip install 'rose_ray[wandb]' "
+                              "(or pip install wandb), or set logging.wandb.enabled=false")
+
+
+@dataclass
+class LoggingConfig:
+    """Where a run's scalars go besides `metrics.jsonl` and TensorBoard (`tb/`, always written)."""
+
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
 class TrainConfig:
     name: str = "run"  # the config's name: its runs go to runs/<name> (run_dir)
     # Where this config's runs go, each in a new version_N folder (rose_ray/runs.py); under
@@ -276,6 +306,7 @@ class TrainConfig:
     student_warmup: StudentWarmupConfig = field(default_factory=StudentWarmupConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
         self.algorithm: Recipe = get_recipe(self.algorithm)  # an unknown name or key fails here, named
@@ -390,20 +421,25 @@ def default_config_path() -> Path:
     return Path(str(resources.files("rose_ray").joinpath("configs/tiny.yaml")))
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+def load_config(path: str | Path | TrainConfig | None = None, overrides: list[str] | None = None,
                 saved: bool = False) -> TrainConfig:
     """YAML (default: the embedded tiny config) + `key=value` overrides -> a validated config.
+    `path` may also be a TrainConfig (the Python API's), checked again with the overrides over it.
 
     `saved`: the file is a run's own config.yaml (a resume), whose removed keys are dropped
     (they were checked when it was written) rather than refused."""
+    given = None
+    if isinstance(path, TrainConfig):
+        given = [OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(path)))]
+        path = Path("the TrainConfig given")  # names it in errors
     path = Path(path) if path else default_config_path()
-    if not path.is_file():
+    if given is None and not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
         schema = OmegaConf.structured(TrainConfig)
         # One layer per override, so that `algorithm=teacher_sft algorithm.owners=[teacher]`
         # reads as written: the name, then a key of that recipe (see _algorithm_of).
-        files = yaml_layers(path)
+        files = given or yaml_layers(path)
         layers = [*files, *(override_layer(o) for o in overrides or [])]
         for n, layer in enumerate(layers):
             for key, why in REMOVED_KEYS.items():

@@ -4,8 +4,11 @@
 `rose-ray eval --model M --split test --n 200 --max-turns 20` plays each game greedily with
 many episodes at once, appends each finished game to `<out>.partial.jsonl` (so an
 interrupted eval resumes where it stopped), and writes `<out>.json` and `<out>.md` with the
-totals and a per-task table. `--handoff K --teacher T` evaluates student-then-teacher play.
-`rose-ray eval --compare A.json B.json` prints results side by side.
+totals and a per-task table (an existing `<out>.json` is refused unless `--overwrite`).
+`rose-ray eval --run RUN` evaluates a training run's model/ exactly as the run's own evals
+did, into the run's folder; `--config F --model M` plays M as config F's runs evaluate.
+`--handoff K --teacher T` evaluates student-then-teacher play. `rose-ray eval --compare A.json
+B.json` prints results side by side. From Python: `rose_ray.evaluate(run=RUN)` (`evaluate`).
 
 DiscoveryWorld is also scored as its paper scores it (the world's `paper_tables`): completion, process
 score and, with `--judge MODEL`, explanatory knowledge (`judge`), from the agent's thoughts as the
@@ -15,15 +18,15 @@ report question asked when each episode ends (`--knowledge-from report`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
 from collections import defaultdict
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from rose_ray import callable_module
 from rose_ray.commands import EvalCommand
 from rose_ray.errors import InputError
 from rose_ray.files import write_file
@@ -183,31 +186,39 @@ async def evaluate_games(runner, games: list[GameId], student, teacher, episode_
     return [records[id(t)] for t in played]
 
 
-def _engine_config(model: str, flag: str, cfg: EvalCommand):
-    from rose_ray.inference.backends import command_engine
+def _engine_config(model: str, flag: str, cfg: EvalCommand, base: Any = None):
+    """The engine of `model`. `base`: the student engine of the training config an eval plays as
+    (`--run`, `--config`): its settings kept (batch size, threads, its backend's own section) under
+    the eval's own (dtype, context, KV cache), so the eval plays as that run's evals played."""
+    from rose_ray.inference.backends import command_engine, resolve_backend
 
+    if base is not None and flag == "--model" and base.spec.local and resolve_backend(cfg.backend) == base.backend:
+        own = getattr(base, base.backend)
+        if base.backend == "vllm":
+            own = replace(own, kv_cache_mb=cfg.kv_cache_mb)
+        return replace(base, model=model, tokenizer=None, dtype=cfg.dtype, context_tokens=cfg.context_tokens,
+                       context_policy=cfg.context_policy, **{base.backend: own})
     return command_engine(model, flag, cfg.backend, cfg.tokenizer, cfg.served_model, dtype=cfg.dtype,
                           context_tokens=cfg.context_tokens, context_policy=cfg.context_policy,
                           max_batch_size=cfg.concurrency, kv_cache_mb=cfg.kv_cache_mb)
 
 
 def train_eval_job(cfg: Any, model: str, out: str, split: str | None = None, backend: str = "hf") -> EvalCommand:
-    """The held-out eval a training run of `cfg` (a TrainConfig) does, as `rose-ray eval` settings: its games
-    (`eval.split`, `eval.n`, `eval.seed`, `tasks`), turns, reply tokens, context and chat; greedy.
-    `split`: another split's games (the warm-ups are tuned on dev, never on the test games)."""
-    return EvalCommand(
-        model=model, split=split or cfg.eval.split, n=cfg.eval.n, seed=cfg.eval.seed, tasks=",".join(cfg.tasks),
-        max_turns=cfg.eval.max_turns, max_new_tokens=cfg.eval.max_new_tokens, temperature=0.0,
-        world=cfg.env.world, mapping=cfg.env.mapping, concurrency=cfg.env.games_per_worker,
-        context_tokens=cfg.student_engine.context_tokens, context_policy=cfg.student_engine.context_policy,
-        dtype=cfg.student_engine.dtype, instruction_from=cfg.env.instruction_from,
-        enable_thinking=cfg.chat.enable_thinking, history=cfg.chat.history, backend=backend, out=out)
+    """The held-out eval a training run of `cfg` (a TrainConfig) does (commands.training_eval), on
+    `backend`, written to `out` (replaced: warmup --eval and bench/table.py write their own results)."""
+    from rose_ray.commands import training_eval
+
+    return EvalCommand(**{**training_eval(cfg, model, split, backend), "out": out, "overwrite": True})
 
 
 def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     """Evaluate `cfg.model` on its games; resumes from `<out>.partial.jsonl` if present."""
     if not cfg.model:
-        raise InputError("eval: --model is required")
+        raise InputError("eval: give --model (or --run RUN for a training run's model)")
+    out = Path(cfg.out[: -len(".json")] if cfg.out.endswith(".json") else cfg.out)
+    result_file = out.with_name(out.name + ".json")
+    if result_file.exists() and not cfg.overwrite:  # nothing started, nothing written
+        raise InputError(f"eval: {result_file} already exists; give another --out, or --overwrite to replace it")
     from rose_ray.envs.config import EnvConfig
     from rose_ray.envs.worlds import get_world, world_protocol
     from rose_ray.rollout.actors import local_actors
@@ -226,18 +237,22 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
         judge = check_judge(judge)  # a judge that is not there fails now, not after every game is played
     from rose_ray.inference.backends import check_command_engines
 
-    engines = {"--model": _engine_config(cfg.model, "--model", cfg)}
+    base = None
+    if cfg.config:  # --run, --config: that config's student engine
+        from rose_ray.config import load_config
+
+        base = load_config(cfg.config, saved=bool(cfg.run)).student_engine
+    engines = {"--model": _engine_config(cfg.model, "--model", cfg, base)}
     if cfg.teacher and cfg.teacher != EXPERT:
         engines["--teacher"] = _engine_config(cfg.teacher, "--teacher", cfg)
     check_command_engines("eval", engines)  # a served model that cannot do the job fails now
     teacher = EXPERT if cfg.teacher == EXPERT else engines.get("--teacher")
     # Without --max-turns each game ends at its world's own limit; the episode loop allows the longest.
     max_turns = cfg.max_turns or max((catalogue.turn_limit(g) for g in games), default=1)
-    out = Path(cfg.out[: -len(".json")] if cfg.out.endswith(".json") else cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial.jsonl")
     header = resume_header(cfg)
-    done = _read_partial(partial, header)
+    done = _read_partial(partial, header, cfg.overwrite)
     done = {k: v for k, v in done.items() if k in {g.item_id for g in games}}
     todo = [g for g in games if g.item_id not in done]
     print(f"eval: {len(games)} games of {cfg.split!r} ({len(done)} already done, resuming)" if done
@@ -272,7 +287,7 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     summary = summarise(records)
     result = {"config": asdict(cfg), "summary": summary, "games": records,
               "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    write_file(out.with_name(out.name + ".json"), json.dumps(result, indent=1))
+    write_file(result_file, json.dumps(result, indent=1))
     write_file(out.with_name(out.name + ".md"), markdown(summary, f"eval of {cfg.model} on {cfg.world} {cfg.split}"))
     partial.unlink(missing_ok=True)
     return result
@@ -290,6 +305,7 @@ def _judge_config(cfg: EvalCommand):
 
 def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial: Path,
                         done: dict[str, dict[str, Any]], header: dict[str, Any], protocol=None) -> None:
+    from rose_ray.event_loop import run_coroutine
     from rose_ray.files import open_for_append
     from rose_ray.metrics import progress
 
@@ -305,7 +321,8 @@ def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg
             bar.update(1)
             bar.set_postfix(score=f"{sum(r['score'] for r in done.values()) / len(done):.3f}")
 
-        asyncio.run(evaluate_games(runner, todo, student, teacher, episode_cfg, handoff_cfg, on_done, protocol))
+        run_coroutine(lambda: evaluate_games(runner, todo, student, teacher, episode_cfg, handoff_cfg, on_done,
+                                             protocol))
     bar.close()
 
 
@@ -332,28 +349,36 @@ RECORD_FIELDS = {"item_id": str, "task": str, "score": (int, float), "success": 
                  "turns": int, "invalid_actions": int}
 
 
-def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _read_partial(path: Path, want: dict[str, Any], overwrite: bool = False) -> dict[str, dict[str, Any]]:
     """Finished games of an interrupted eval with the same settings (`want`, a resume header).
     A line that cannot be read (not JSON, not a finished game) is named (file:line) and passed
     over: its game is played again and every other finished game is kept. A file of other
-    settings, or whose header cannot be read, is refused (InputError) and left as it is."""
+    settings, or whose header cannot be read, is refused (InputError) and left as it is, or
+    with `overwrite` started over."""
     from rose_ray.files import json_records
 
     done: dict[str, dict[str, Any]] = {}
     if not path.exists():
         return done
+    if overwrite:
+        try:
+            return _read_partial(path, want)
+        except InputError as e:
+            print(f"eval: {str(e).split('; give')[0]}; --overwrite: starting over", file=sys.stderr, flush=True)
+            path.unlink()
+            return done
 
     def bad(n: int, problem: str) -> None:
         if n == 1:  # without the header, nothing says these games were played with these settings
-            raise InputError(f"{problem}: the header of the partial results cannot be read; give another --out "
-                             f"(the file is left as it is)")
+            raise InputError(f"{problem}: the header of the partial results cannot be read; give another --out, "
+                             f"or --overwrite to start over (the file is left as it is)")
         print(f"eval: {problem}; passed over (that game is played again)", file=sys.stderr, flush=True)
 
     for n, _, record in json_records(path, bad):
         if "eval_config" in record:
             if record["eval_config"] != want:
                 raise InputError(f"{path}: partial results of an eval with other settings ({record['eval_config']}); "
-                                 "give another --out (the file is left as it is)")
+                                 "give another --out, or --overwrite to start over (the file is left as it is)")
             continue
         wrong = [k for k, kind in RECORD_FIELDS.items() if not isinstance(record.get(k), kind)]
         if n == 1 or wrong:
@@ -364,12 +389,28 @@ def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]
     return done
 
 
+def evaluate(model: str | None = None, **settings: Any) -> dict[str, Any]:
+    """`rose-ray eval` from Python: `settings` are its settings by name (commands.EvalCommand:
+    run=, config=, split=, n=, out=, overwrite=, ...), layered and checked as its flags are
+    (`evaluate(run="runs/tiny")` is `rose-ray eval --run runs/tiny`). Returns the result written to
+    OUT.json: {"config", "summary", "games", "finished_at"}. Works inside a running event loop
+    (a notebook): the games are played on a loop of their own (rose_ray/event_loop.py)."""
+    from rose_ray.commands import from_keywords
+
+    return run_eval(from_keywords(EvalCommand, "eval", {**settings, **({} if model is None else {"model": model})}))
+
+
 def cli_main(cfg: EvalCommand) -> int:
     """`rose-ray eval`: its settings are the job."""
     if cfg.compare:
         print(compare(cfg.compare))
         return 0
+    if cfg.run:
+        print(f"eval: {cfg.model}, as the run {cfg.run} evaluates it")
     result = run_eval(cfg)
     print(markdown(result["summary"], f"eval of {cfg.model} on {cfg.world} {cfg.split}"))
     print(f"wrote {cfg.out}.json and {cfg.out}.md")
     return 0
+
+
+callable_module(__name__)  # `rose_ray.evaluate(...)` is `evaluate(...)` (rose_ray/__init__.py)

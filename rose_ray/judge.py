@@ -294,9 +294,11 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
         else:
             todo[key] = str(r.get("task_description") or "")
     if todo:
+        from rose_ray.event_loop import run_coroutine
+
         judge = Judge(cfg)
         try:
-            verdicts.update(asyncio.run(_ask_all(judge, todo, cache)))
+            verdicts.update(run_coroutine(lambda: _ask_all(judge, todo, cache)))  # a notebook's loop too
         finally:
             judge.close()
     counts = {"questions": len(jobs), "asked": len(todo), "cached": 0, "unparsed": 0, "errors": 0, "cut": 0}

@@ -1,5 +1,6 @@
 """Run metrics: TensorBoard scalars and text under `<run_dir>/tb`, the same numbers as JSONL in
-`<run_dir>/metrics.jsonl`, and a one-line console progress display."""
+`<run_dir>/metrics.jsonl` and, with `logging.wandb`, in Weights & Biases; a progress display
+(a tqdm bar with its ETA on a terminal, plain lines in logs)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+# W&B's x axis: the learner step, as TensorBoard's. Evals and a resume log steps out of order,
+# which W&B's own step counter would refuse.
+WANDB_STEP = "step"
+WANDB_ID = "wandb_id"  # a run folder's W&B run id: --resume goes on in the same W&B run
+
 
 class MetricsLogger:
-    def __init__(self, run_dir: str | Path, console: bool = True) -> None:
+    def __init__(self, run_dir: str | Path, wandb: Any = None, run_name: str = "",
+                 config: dict[str, Any] | None = None) -> None:
+        """`wandb`: a WandbConfig (config.py); when enabled, a W&B run named `run_name` (unless
+        it names one) holding `config` gets every scalar."""
         from torch.utils.tensorboard import SummaryWriter
 
         self.run_dir = Path(run_dir)
@@ -19,8 +28,9 @@ class MetricsLogger:
         # Opened at each write: a resume's rewrite of the file (a new file renamed over it,
         # rollout/ledger.py keep_steps) is the one written to next.
         self.jsonl = self.run_dir / "metrics.jsonl"
-        self.console = console and sys.stdout.isatty()
         self.t0 = time.time()
+        self.bar: Any = None  # the step bar, made at the first step (`progress`)
+        self.wandb = start_wandb(wandb, self.run_dir, run_name, config) if wandb is not None and wandb.enabled else None
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         """Scalars named `group/name` (e.g. `learner/loss`) at a learner step."""
@@ -29,25 +39,51 @@ class MetricsLogger:
             self.tb.add_scalar(k, v, step)
         with self.jsonl.open("a") as f:
             f.write(json.dumps({"step": step, "time": round(time.time() - self.t0, 3), **clean}) + "\n")
+        if self.wandb is not None:
+            self.wandb.log({**clean, WANDB_STEP: step})
 
     def text(self, step: int, tag: str, text: str) -> None:
         self.tb.add_text(tag, text, step)
 
-    def progress(self, line: str) -> None:
-        """Rewrite one console line (a plain line per call when stdout is not a terminal)."""
-        if self.console:
-            sys.stdout.write("\r\033[K" + line)
-            sys.stdout.flush()
-        else:
-            print(line, flush=True)
+    def progress(self, step: int, total: int, text: str) -> None:
+        """The run at learner step `step` of `total`: tqdm's bar with its ETA on a terminal, one
+        plain line per step elsewhere (a Ray job's log, a file); `text` after the count."""
+        if self.bar is None:
+            self.bar = progress(total, "train", "step", file=sys.stdout, every=1, initial=step - 1)
+        self.bar.set_postfix_str(text, refresh=False)
+        self.bar.update(step - self.bar.n)  # back, after a learner restart to an earlier checkpoint
 
     def end_progress(self) -> None:
-        if self.console:
-            sys.stdout.write("\n")
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
     def close(self) -> None:
+        self.end_progress()
         self.tb.flush()
         self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
+
+def start_wandb(settings: Any, run_dir: Path, run_name: str, config: dict[str, Any] | None) -> Any:
+    """A W&B run for a run folder (`settings`: a WandbConfig), its files under `run_dir/wandb`;
+    the same W&B run again when the folder already has one (a resume)."""
+    import wandb
+
+    from rose_ray.files import write_file
+
+    id_file = run_dir / WANDB_ID
+    run_id = id_file.read_text().strip() if id_file.is_file() else None
+    run = wandb.init(project=settings.project, entity=settings.entity, name=settings.name or run_name,
+                     group=settings.group, tags=list(settings.tags) or None, config=config, dir=str(run_dir),
+                     id=run_id, resume="allow")
+    if run_id is None:
+        write_file(id_file, run.id + "\n")
+    run.define_metric(WANDB_STEP)
+    run.define_metric("*", step_metric=WANDB_STEP)
+    return run
 
 
 def read_scalars(tb_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
@@ -183,33 +219,48 @@ def trained_scalars(batch: list[Any], loss_flags: list[list[bool]], tokens: dict
 
 
 class LineProgress:
-    """Progress as plain lines ("eval: 12/48 games, score=0.125"), about every tenth of the work,
-    for logs that are not a terminal (a Ray job's log, `bench/table.py > log`), where tqdm's
-    `\\r` updates would pile into one long line."""
+    """Progress as plain lines ("eval: 12/48 games, score=0.125 [00:30<01:30]": elapsed, and the
+    time left at the rate so far), about every tenth of the work (or every `every`), for logs that
+    are not a terminal (a Ray job's log, `bench/table.py > log`), where tqdm's `\\r` updates
+    would pile into one long line. `initial`: work done before (a resumed run's steps)."""
 
-    def __init__(self, total: int, desc: str, unit: str, file: Any = None) -> None:
-        self.total, self.desc, self.unit, self.n = total, desc, unit, 0
+    def __init__(self, total: int, desc: str, unit: str, file: Any = None, every: int | None = None,
+                 initial: int = 0) -> None:
+        self.total, self.desc, self.unit, self.n, self.initial = total, desc, unit, initial, initial
         self.file = file or sys.stderr
-        self.every = max(1, total // 10)
+        self.every = every or max(1, total // 10)
         self.postfix = ""
+        self.t0 = time.monotonic()
 
     def update(self, n: int = 1) -> None:
         before, self.n = self.n, self.n + n
         if self.n // self.every != before // self.every or self.n == self.total:
-            print(f"{self.desc}: {self.n}/{self.total} {self.unit}s{self.postfix}", file=self.file, flush=True)
+            print(f"{self.desc}: {self.n}/{self.total} {self.unit}s{self.postfix} [{self.timing()}]",
+                  file=self.file, flush=True)
+
+    def timing(self) -> str:
+        """Elapsed, and the time left at the rate so far (as tqdm shows them)."""
+        from tqdm import tqdm
+
+        elapsed, done = time.monotonic() - self.t0, self.n - self.initial
+        left = tqdm.format_interval(elapsed / done * (self.total - self.n)) if done > 0 else "?"
+        return f"{tqdm.format_interval(elapsed)}<{left}"
 
     def set_postfix(self, **values: Any) -> None:
         self.postfix = "".join(f", {k}={v}" for k, v in values.items())
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        self.postfix = f", {text}" if text else ""
 
     def close(self) -> None:
         pass
 
 
-def progress(total: int, desc: str, unit: str, file: Any = None) -> Any:
+def progress(total: int, desc: str, unit: str, file: Any = None, every: int | None = None, initial: int = 0) -> Any:
     """A tqdm bar on a terminal, plain progress lines elsewhere (LineProgress)."""
     out = file or sys.stderr
     if out.isatty():
         from tqdm import tqdm
 
-        return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, file=out)
-    return LineProgress(total, desc, unit, out)
+        return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, file=out, initial=initial)
+    return LineProgress(total, desc, unit, out, every, initial)

@@ -24,10 +24,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from rose_ray.checkpoint import Checkpoint, kept_steps, read_checkpoint, unreadable_checkpoint
 from rose_ray.config import TrainConfig
 from rose_ray.learner.learner import LearnerLost
 from rose_ray.recipes.warmup import resolve_models
+from rose_ray.runs import saved_config
 
 if TYPE_CHECKING:
     from rose_ray.envs.protocol import Protocol
@@ -281,7 +284,8 @@ class RunParts:
         self.engines.on_start = self.publisher.engine_started
         tok = load_tokenizer(student_path)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.student.chat.eos_id
-        self.metrics = MetricsLogger(self.run_dir)
+        self.metrics = MetricsLogger(self.run_dir, cfg.logging.wandb, f"{cfg.name}/{self.run_dir.name}",
+                                     yaml.safe_load(saved_config(cfg)))  # W&B's copy: no secrets, as config.yaml
         if not self.resume:
             (self.run_dir / "trajectories.jsonl").unlink(missing_ok=True)  # left by a run that never checkpointed
         self.start_state = self.checkpoint_state()

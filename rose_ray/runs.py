@@ -78,8 +78,12 @@ def holds_run(folder: str | Path) -> bool:
 
 def resolve_run(path: str | Path) -> Path:
     """The run a path names: a run folder itself (any that holds config.yaml, those from before
-    versioned folders too), or a folder of versioned runs, meaning the one its `latest` names."""
+    versioned folders too), or a folder of versioned runs or its `latest` file (`runs/tiny`,
+    `runs/tiny/latest`), meaning the run `latest` names. Every command that takes a run folder
+    (train --resume, export, eval --run) reads it here."""
     path = Path(path)
+    if path.name == LATEST and path.is_file():
+        path = path.parent
     if (path / "config.yaml").is_file():
         return path
     if (path / LATEST).is_file():

@@ -1,6 +1,7 @@
 """The online loop: episodes keep arriving while the learner trains on them, top to bottom.
 
-    rose-ray train [--config configs/tiny.yaml] [key=value ...] [--resume RUN_DIR]
+    rose-ray train [--config configs/tiny.yaml] [key=value ...] [--resume RUN_DIR] [--print-config]
+    rose_ray.train("configs/tiny.yaml", ["steps=4"])     # the same from Python (a notebook too)
 
 Each fresh run gets its own folder, `<run_dir>/version_N` (`runs.py`); `--resume <run_dir>` goes
 on with the latest of them.
@@ -37,10 +38,12 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from rose_ray import callable_module
 from rose_ray.config import TrainConfig, load_config
 from rose_ray.errors import InputError
 from rose_ray.files import write_file
@@ -72,7 +75,6 @@ class Trainer:
         self._dev_games: list[Any] | None = None  # drawn at the first dev eval (eval.every)
         self.failed_in_a_row = 0  # episodes failed since the last one that finished
         self.rollout_window: list[Trajectory] = []
-        self.t_start = time.time()
         self.learn_s = 0.0  # wall seconds in learn_step: batching, the learner's step, publication
         self.supervision = Supervision(parts)  # restarts, the watchdog, the stop
         self.doing = self.supervision.doing  # what the loop does, for the watchdog's report
@@ -84,9 +86,10 @@ class Trainer:
     async def run(self) -> dict[str, Any]:
         """Evals before, the loop under the run's supervision, the stop, the eval after."""
         self.stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGINT, self._interrupt)
-        loop.add_signal_handler(signal.SIGTERM, self._interrupt)
+        if threading.current_thread() is threading.main_thread():  # else run_coroutine forwards a Ctrl-C
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGINT, self._interrupt)
+            loop.add_signal_handler(signal.SIGTERM, self._interrupt)
         cfg = self.cfg
         if not self.parts.resume:
             if cfg.eval.before:
@@ -276,10 +279,10 @@ class Trainer:
             for t in batch[: self.cfg.samples_to_log]:
                 self.metrics.text(self.step, "samples/trajectory", trajectory_markdown(t.to_record()))
         self.metrics.progress(
-            f"step {self.step}/{self.cfg.steps} loss {metrics.get('loss', math.nan):.3f} "
-            f"score {scalars['rollout/score']:.3f} lag {scalars['async/policy_lag']:.2f} "
-            f"buffer {len(self.buffer.items)} ep/s {scalars['rollout/episodes_per_s']:.2f} "
-            f"v{self.learner.version} {time.time() - self.t_start:.0f}s"
+            self.step, self.cfg.steps,
+            f"loss {metrics.get('loss', math.nan):.3f} score {scalars['rollout/score']:.3f} "
+            f"lag {scalars['async/policy_lag']:.2f} buffer {len(self.buffer.items)} "
+            f"ep/s {scalars['rollout/episodes_per_s']:.2f} v{self.learner.version}"
         )
 
     async def run_scalars(self, batch: list[Trajectory]) -> dict[str, float]:
@@ -377,22 +380,23 @@ class Trainer:
 
 
 # --------------------------------------------------------------------------- entry point
-def train(config: str | None = None, overrides: list[str] | None = None, resume: str | None = None) -> dict[str, Any]:
-    """A fresh run in a new `version_N` folder under the config's run_dir (or exactly in a
-    `run_dir=` given as an override), or `resume`: a run folder, or a run_dir meaning its latest."""
-    from rose_ray.check import check_served_engines
+def train(config: str | Path | TrainConfig | None = None, overrides: list[str] | None = None,
+          resume: str | Path | None = None) -> dict[str, Any]:
+    """A training run, as `rose-ray train` makes one; returns its summary (summary.json).
 
-    if resume:
-        try:
-            run_dir = Path(os.path.abspath(resolve_run(resume)))  # absolute, as a fresh run's (fresh_run_dir)
-        except InputError as e:
-            raise InputError(f"--resume {e}") from None
-        cfg = load_config(run_dir / "config.yaml", overrides, saved=True)
-    else:
-        cfg = load_config(config, overrides)
+    `config`: a YAML file (default: the embedded tiny config) or a TrainConfig, with `overrides`
+    (KEY=VALUE) over it. A fresh run goes to a new `version_N` folder under the config's run_dir
+    (or exactly to a `run_dir=` given as an override). `resume`: a run folder, a run_dir meaning
+    its latest run, or `RUN_DIR/latest`, continued from its latest checkpoint with its own
+    config.yaml (and `overrides`). Inside a running event loop (a notebook) the run's loop runs
+    in a thread of its own (rose_ray/event_loop.py); an interrupt there stops it as Ctrl-C does."""
+    from rose_ray.check import check_served_engines
+    from rose_ray.event_loop import run_coroutine
+
+    cfg, run_dir = train_config(config, overrides, resume)
     for line in check_served_engines(cfg):  # a served model that cannot do the job: exit 2, nothing written
         print(f"train: {line}", flush=True)
-    if not resume:
+    if run_dir is None:
         run_dir = fresh_run_dir(cfg, named=any(o.partition("=")[0].strip() == "run_dir" for o in overrides or []))
         # The config as given: its run_dir is where runs go, so training from this file again
         # makes the next version.
@@ -401,15 +405,33 @@ def train(config: str | None = None, overrides: list[str] | None = None, resume:
     parts = RunParts(cfg, run_dir, resume=bool(resume))
     try:
         parts.start()
-        summary = asyncio.run(Trainer(parts).run())
+        trainer = Trainer(parts)
+        summary = run_coroutine(trainer.run, stop=trainer._interrupt)
     finally:
         parts.close()
     write_file(run_dir / "summary.json", json.dumps(summary, indent=1))
     if any(summary[k] is not None for k in ("before", "after", "teacher")):  # no evals asked: no table
         print(results_table(summary))
-    print(f"train: {summary['steps']} steps; model in {summary['model']} (rose-ray eval --model {summary['model']})")
+    print(f"train: {summary['steps']} steps; model in {summary['model']} (evaluate it as the run did: "
+          f"rose-ray eval --run {run_dir})")
     print(f"train: run in {run_dir} (TensorBoard: tensorboard --logdir {run_dir}/tb)")
     return summary
+
+
+def train_config(config: str | Path | TrainConfig | None = None, overrides: list[str] | None = None,
+                 resume: str | Path | None = None) -> tuple[TrainConfig, Path | None]:
+    """The validated config a run would start with, and the folder of the run `resume` names
+    (None for a fresh run: its folder is made when it starts)."""
+    if not resume:
+        return load_config(config, overrides), None
+    if config is not None:
+        raise InputError("--resume continues a run with its own config.yaml; give KEY=VALUE to change a setting, "
+                         "not --config")
+    try:
+        run_dir = Path(os.path.abspath(resolve_run(resume)))  # absolute, as a fresh run's (fresh_run_dir)
+    except InputError as e:
+        raise InputError(f"--resume {e}") from None
+    return load_config(run_dir / "config.yaml", overrides, saved=True), run_dir
 
 
 def fresh_run_dir(cfg: TrainConfig, named: bool) -> Path:
@@ -442,9 +464,15 @@ def fresh_run_dir(cfg: TrainConfig, named: bool) -> Path:
 
 
 def cli_main(args) -> int:
+    if args.print_config:  # the config the run would start with, as config.yaml holds it (no secrets)
+        print(saved_config(train_config(args.config, args.overrides, args.resume)[0]), end="")
+        return 0
     try:
         train(args.config, args.overrides, args.resume)
     except RoleFailed as e:  # a role lost for good, or a stall: exit 1 with the reason
         print(f"rose-ray train: error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+callable_module(__name__)  # `rose_ray.train(...)` is `train(...)` (rose_ray/__init__.py)

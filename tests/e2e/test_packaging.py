@@ -23,7 +23,7 @@ from tests.unit.test_packaging import (
 ROOT = Path(__file__).resolve().parents[2]
 
 
-BUILD_FILES = ("pyproject.toml", "README.md")  # what setuptools reads besides the package
+BUILD_FILES = ("pyproject.toml", "README.md", "LICENSE")  # what setuptools reads besides the package
 
 
 NOT_SHIPPED: frozenset[str] = frozenset()  # package files deliberately left out of wheels
@@ -131,3 +131,31 @@ def test_wheel_installs_the_console_script(wheels):
         (name,) = [n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt")]
         entry_points = z.read(name).decode()
     assert "rose-ray = rose_ray.cli:main" in entry_points
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("route", ["tree", "sdist"])
+def test_wheel_carries_the_license_and_the_projects_metadata(wheels, route):
+    """What an installer and an index read: the license (Apache-2.0, its text beside the metadata),
+    the version `rose-ray --version` prints, authors, classifiers, keywords, the extras."""
+    import email
+
+    import rose_ray
+
+    with zipfile.ZipFile(wheels[route]) as z:
+        names = z.namelist()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        meta = email.message_from_bytes(z.read(metadata))
+        (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        license_text = z.read(license_file).decode()
+    assert license_text == (ROOT / "LICENSE").read_text()
+    assert license_text.lstrip().startswith("Apache License\n                           Version 2.0, January 2004")
+    assert "END OF TERMS AND CONDITIONS" in license_text
+    assert (meta["License-Expression"], meta.get_all("License-File")) == ("Apache-2.0", ["LICENSE"])
+    assert not [c for c in meta.get_all("Classifier") if c.startswith("License ::")]  # PEP 639: the expression says it
+    assert (meta["Name"], meta["Version"], meta["Requires-Python"]) == ("rose_ray", rose_ray.__version__, ">=3.10")
+    assert meta["Author"] == "the rose_ray developers"
+    assert {"Intended Audience :: Science/Research", "Topic :: Scientific/Engineering :: Artificial Intelligence",
+            "Programming Language :: Python :: 3.10", "Programming Language :: Python :: 3.11"} <= set(meta.get_all("Classifier"))
+    assert {"scienceworld", "distillation", "ray"} <= set(meta["Keywords"].split(","))
+    assert {"wandb", "vllm", "dev"} <= set(meta.get_all("Provides-Extra"))

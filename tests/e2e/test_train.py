@@ -1,8 +1,12 @@
 """The slow half of tests/unit/test_train.py (marked `slow`: whole runs, servers, jobs); that
-file's docstring says what both halves check."""
+file's docstring says what both halves check. The module's run is started through the Python
+API from inside a running event loop, as a notebook starts one, with W&B logging offline; its
+model is evaluated again with `eval --run` (the API's `rose_ray.evaluate(run=...)`, also from a
+running loop), which must match the run's own eval to the digit."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -14,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
+import rose_ray
 from rose_ray.envs.protocol import parse_action
 from rose_ray.metrics import read_scalars
 from rose_ray.train import train
+from tests.unit.test_metrics import wandb_history, wandb_records
 
 K = 2
 
@@ -54,14 +60,37 @@ def overrides(tiny_models, run_dir, steps: int) -> list[str]:
     ]
 
 
+WANDB = ["logging.wandb.enabled=true", "logging.wandb.project=rose_ray_tests"]
+
+
 @pytest.fixture(scope="module")
-def tiny_run(tiny_models, ray_cluster, tmp_path_factory):
+def offline_wandb(tmp_path_factory):
+    """W&B offline for this module: its files in the run folder, its own folders in a temp dir."""
+    home = tmp_path_factory.mktemp("wandb_home")
+    with pytest.MonkeyPatch.context() as env:
+        for key in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+            env.setenv(key, str(home))
+        env.setenv("WANDB_MODE", "offline")
+        env.setenv("WANDB_SILENT", "true")
+        yield
+
+
+async def in_a_notebook(function, *args, **kwargs):
+    """`function(...)` called from a coroutine, as a notebook cell calls it: an event loop runs."""
+    asyncio.get_running_loop()
+    return function(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_models, ray_cluster, offline_wandb, tmp_path_factory):
     """A run started as a user starts one, without run_dir=: into the config's run_dir, which
-    follows ROSE_RAY_RUNS. One run read by every test below (the per-step diagnostics and the
-    dev-eval curve included: DIAGNOSTICS)."""
+    follows ROSE_RAY_RUNS; through `rose_ray.train` inside a running event loop, W&B offline. One
+    run read by every test below (the per-step diagnostics and the dev-eval curve included:
+    DIAGNOSTICS)."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("ROSE_RAY_RUNS", str(tmp_path_factory.mktemp("train")))
-        summary = train(None, overrides(tiny_models, None, steps=3) + DIAGNOSTICS)
+        summary = asyncio.run(in_a_notebook(rose_ray.train, None, overrides(tiny_models, None, steps=3) + DIAGNOSTICS
+                                            + WANDB))
     return Path(summary["run_dir"]), summary
 
 
@@ -175,6 +204,40 @@ def test_a_dev_eval_curve_from_before_the_first_step_to_after_the_last(tiny_run)
     assert summary["before"]["games"] == summary["after"]["games"] == 2  # the test games: apart from dev
     scalars = read_scalars(run_dir / "tb")
     assert all(k in scalars for k in STEP_KEYS + DEV_KEYS)
+
+
+@pytest.mark.slow
+def test_wandb_offline_files_hold_the_runs_scalars_and_config(tiny_run):
+    """Every scalar the run logged (metrics.jsonl, TensorBoard), at its step, in W&B's offline
+    files; the W&B run named after the run folder, with the run's config."""
+    run_dir, _ = tiny_run
+    logged = [{k: v for k, v in m.items() if k != "time"}
+              for m in read_jsonl(run_dir / "metrics.jsonl")]
+    history = wandb_history(run_dir)[:len(logged)]  # a resume (below) logs on in the same W&B run
+    assert history == logged and any("learner/loss" in m for m in history)
+    assert {k for m in history for k in m} - {"step"} == set(read_scalars(run_dir / "tb"))
+    [run] = [r.run for r in wandb_records(run_dir) if r.WhichOneof("record_type") == "run"][:1]
+    assert (run.display_name, run.project) == (f"tiny/{run_dir.name}", "rose_ray_tests")
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert config["steps"] == STEPS and config["algorithm"]["handoff"]["k"] == K
+
+
+@pytest.mark.slow
+def test_eval_run_plays_the_runs_model_as_its_own_eval_did(tiny_run):
+    """`rose-ray eval --run RUN` (here the API's `rose_ray.evaluate(run=...)`, from a running event
+    loop; RUN_DIR/latest names the run) plays the run's model/ on the run's eval games with its
+    eval settings and engine: the run's own "after" eval, to the digit. It writes into the run's
+    folder, and refuses to write there again."""
+    from rose_ray.cli import main
+
+    run_dir, _ = tiny_run
+    after = json.loads((run_dir / "summary.json").read_text())["after"]  # the run's (a resume rewrites both)
+    result = asyncio.run(in_a_notebook(rose_ray.evaluate, run=str(run_dir.parent / "latest")))
+    overall = result["summary"]["overall"]
+    assert overall == {k: after[k] for k in overall}
+    assert result["config"]["model"] == str(run_dir / "model") and result["config"]["n"] == after["games"] == 2
+    assert json.loads((run_dir / "eval_test.json").read_text())["summary"]["overall"] == overall
+    assert main(["eval", "--run", str(run_dir.parent)]) == 2  # the result is there: --overwrite to replace it
 
 
 def model_step(run_dir) -> int:

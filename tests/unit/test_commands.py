@@ -1,9 +1,13 @@
 """Each command's settings are one typed config (rose_ray/commands.py): the same settings given as
-flags, as a YAML file or as KEY=VALUE make equal configs; KEY=VALUE > flag > YAML > default; bad
-keys, types and missing settings exit 2 naming the key. Fast: nothing here plays or loads a model."""
+flags, as a YAML file (--settings) or as KEY=VALUE make equal configs; KEY=VALUE > flag > YAML >
+default; bad keys, types and missing settings exit 2 naming the key; `--config` is a training
+config wherever it is taken; every --help says each default. Fast: nothing here plays or loads a
+model."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import subprocess
 import sys
 import typing
@@ -87,7 +91,7 @@ def test_flags_yaml_and_key_value_make_the_same_config(command, tmp_path):
     as_pairs = settings_of([command, *REQUIRED[command], *(f"{k}={v}" for k, v in given)])
     config = tmp_path / "settings.yaml"
     config.write_text(yaml.safe_dump({k: typed for k, _, typed in SETTINGS[command]}))
-    as_yaml = settings_of([command, *REQUIRED[command], "--config", str(config)])
+    as_yaml = settings_of([command, *REQUIRED[command], "--settings", str(config)])
     assert as_flags == as_pairs == as_yaml
     for key, _, typed in SETTINGS[command]:
         assert getattr(as_flags, key) == typed
@@ -101,16 +105,16 @@ def test_flags_yaml_and_key_value_make_the_same_config(command, tmp_path):
 def test_required_settings_can_come_from_the_yaml_file(tmp_path):
     config = tmp_path / "collect.yaml"
     config.write_text("model: m\nout: o.jsonl\nturns: 3\n")
-    cfg = settings_of(["collect", "--config", str(config)])
+    cfg = settings_of(["collect", "--settings", str(config)])
     assert (cfg.model, cfg.out, cfg.turns) == ("m", "o.jsonl", 3)
     config.write_text("teacher: t\ninput: p.jsonl\nout: o.jsonl\n")  # `--in` is the setting `input`
-    assert settings_of(["continue", "--config", str(config)]).input == "p.jsonl"
+    assert settings_of(["continue", "--settings", str(config)]).input == "p.jsonl"
 
 
 def test_key_value_beats_the_flag_beats_the_yaml_beats_the_default(tmp_path):
     config = tmp_path / "collect.yaml"
     config.write_text("turns: 3\nseed: 3\nsplit: dev\n")
-    base = ["collect", "--model", "m", "--out", "o", "--config", str(config)]
+    base = ["collect", "--model", "m", "--out", "o", "--settings", str(config)]
     cfg = settings_of([*base, "--turns", "4", "--seed", "4", "seed=5"])
     assert (cfg.seed, cfg.turns, cfg.split, cfg.n) == (5, 4, "dev", 0)  # n: the default
     assert settings_of(["collect", "--model", "m", "--out", "o"]).turns == 5
@@ -125,7 +129,7 @@ def test_an_unknown_key_exits_2_naming_it_and_the_commands_keys(command, capsys,
     assert all(f.name in err for f in fields(COMMANDS[command]))
     config = tmp_path / "bad.yaml"
     config.write_text("also_not_a_key: 1\n")
-    assert main([command, *REQUIRED[command], "--config", str(config)]) == 2
+    assert main([command, *REQUIRED[command], "--settings", str(config)]) == 2
     err = capsys.readouterr().err
     assert str(config) in err and "'also_not_a_key'" in err
 
@@ -138,7 +142,7 @@ def test_a_wrong_type_exits_2_naming_the_key(command, capsys, tmp_path):
     assert f"'{key}'" in err and "many" in err
     config = tmp_path / "bad.yaml"
     config.write_text(f"{key}: [1, 2]\n")
-    assert main([command, *REQUIRED[command], "--config", str(config)]) == 2
+    assert main([command, *REQUIRED[command], "--settings", str(config)]) == 2
     assert f"'{key}'" in capsys.readouterr().err
 
 
@@ -151,10 +155,10 @@ def test_an_unquoted_on_in_yaml_is_named_with_the_fix(tmp_path, capsys):
     """YAML 1.1 reads `judge_thinking: on` as a boolean; the error says to quote it, and quoted it works."""
     config = tmp_path / "eval.yaml"
     config.write_text("judge_thinking: on\n")
-    assert main(["eval", "--config", str(config), "--model", "m"]) == 2
+    assert main(["eval", "--settings", str(config), "--model", "m"]) == 2
     assert "key 'judge_thinking'" in (err := capsys.readouterr().err) and "quote it" in err
     config.write_text('judge_thinking: "on"\n')
-    args = build_parser().parse_args(["eval", "--config", str(config)])
+    args = build_parser().parse_args(["eval", "--settings", str(config)])
     assert resolve(COMMANDS["eval"], args, "eval").judge_thinking == "on"
 
 
@@ -173,11 +177,11 @@ def test_a_missing_required_setting_exits_2_naming_it(argv, key, flag_, capsys):
 def test_a_yaml_file_that_is_not_a_mapping_or_not_yaml_is_named(tmp_path, capsys):
     listed = tmp_path / "list.yaml"
     listed.write_text("- model\n- out\n")
-    assert main(["gold", "--config", str(listed)]) == 2
+    assert main(["gold", "--settings", str(listed)]) == 2
     assert f"{listed}: not a mapping of gold's settings" in capsys.readouterr().err
     broken = tmp_path / "broken.yaml"
     broken.write_text("out: [g.jsonl\n")
-    assert main(["gold", "--config", str(broken)]) == 2
+    assert main(["gold", "--settings", str(broken)]) == 2
     err = capsys.readouterr().err
     assert "not valid YAML at line" in err
 
@@ -208,7 +212,8 @@ def test_every_eval_setting_reaches_the_job(monkeypatch):
     run_eval sees, so a new setting is one field (a copy that forgot one would fail here)."""
     import rose_ray.evaluate as evaluate
 
-    values = other_values(COMMANDS["eval"], keep=("compare",))  # --compare prints results, plays nothing
+    # --compare prints results, plays nothing; --run and --config name files (their own tests are below)
+    values = other_values(COMMANDS["eval"], keep=("compare", "run", "config"))
     seen = []
     monkeypatch.setattr(evaluate, "run_eval", lambda cfg: seen.append(cfg) or {"summary": evaluate.summarise([])})
     assert main(["eval", *as_flags(values)]) == 0
@@ -248,7 +253,7 @@ def test_help_still_lists_every_flag_it_had(command, capsys):
     out = capsys.readouterr().out
     missing = [f for f in FLAGS_BEFORE[command] if f + " " not in out and f + "\n" not in out]
     assert not missing
-    assert "--config FILE.yaml" in out and "KEY=VALUE" in out
+    assert "--settings FILE.yaml" in out and "KEY=VALUE" in out
 
 
 def test_importing_the_commands_loads_no_torch():
@@ -262,6 +267,159 @@ def test_a_training_configs_flags_and_overrides_reach_its_command_as_given():
     config's, passed on as given (its ${...} are that config's to resolve); repeated flags add up."""
     plan = settings_of(["plan", "--node", "CPU=8", "--node", "2xGPU=8", "--config", "c.yaml", "run_dir=runs/${name}"])
     assert (plan.node, plan.config, plan.overrides) == (["CPU=8", "2xGPU=8"], "c.yaml", ["run_dir=runs/${name}"])
-    check = settings_of(["check", "c.yaml", "--total", "steps=2"])
+    check = settings_of(["check", "--config", "c.yaml", "--total", "steps=2"])
     assert (check.config, check.total, check.overrides, check.backends) == ("c.yaml", True, ["steps=2"], False)
     assert settings_of(["warmup", "--eval", "dev", "seed=1"]).overrides == ["seed=1"]
+
+
+# --------------------------------------------------------------------------- --config, --run, defaults
+@pytest.mark.parametrize("command", sorted(set(COMMANDS) - {"eval"}))
+def test_config_is_a_training_config_and_a_commands_own_file_is_settings(command, tmp_path, capsys):
+    """`--config` means one thing wherever it is taken (a training config: train, check, plan,
+    warmup, eval); a command that takes none says so, naming --settings, and writes nothing."""
+    own = tmp_path / "own.yaml"
+    own.write_text("seed: 1\n")
+    assert main([command, *REQUIRED[command], "--config", str(own)]) == 2
+    assert f"--config {own}: --config names a training config" in (err := capsys.readouterr().err)
+    assert f"a YAML file of {command}'s settings is --settings FILE.yaml" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["own.yaml"]
+
+
+def test_eval_run_plays_as_the_runs_own_eval_did(tmp_path):
+    """`eval --run RUN` (a run folder, its run_dir, or RUN_DIR/latest): the run's model/ with the
+    settings of the run's own evals, its student engine's settings kept, into the run's folder;
+    a setting given goes over the run's."""
+    from dataclasses import replace
+
+    from rose_ray.config import load_config
+    from rose_ray.evaluate import _engine_config
+    from tests.unit.test_runs import fake_run
+
+    runs = tmp_path / "tiny"
+    run = fake_run(runs, ["eval.n=5", "eval.max_turns=3", "eval.max_new_tokens=16", "eval.seed=4", "tasks=[find-plant]",
+                          "student_engine.max_batch_size=3", "student_engine.threads=2", "chat.history=template",
+                          "env.games_per_worker=6"])
+    cfg = load_config(run / "config.yaml", saved=True)
+    for given in (run, runs, runs / "latest"):
+        job = settings_of(["eval", "--run", str(given)])
+        assert (job.run, job.model, job.config, job.out) == (
+            str(run), str(run / "model"), str(run / "config.yaml"), str(run / "eval_test"))
+        assert (job.split, job.n, job.seed, job.tasks, job.max_turns, job.max_new_tokens, job.temperature) == (
+            "test", 5, 4, "find-plant", 3, 16, 0.0)
+        assert (job.history, job.enable_thinking, job.concurrency, job.context_tokens, job.context_policy,
+                job.dtype, job.backend, job.world) == ("template", False, 6, 2048, "drop_oldest", "float32", "hf",
+                                                       "sciworld")
+    # The engine is the run's student engine (batch size, threads, ...), its model the run's model/.
+    assert _engine_config(job.model, "--model", job, cfg.student_engine) == replace(cfg.student_engine,
+                                                                                    model=str(run / "model"))
+    job = settings_of(["eval", "--run", str(runs), "--split", "dev", "n=2"])
+    assert (job.split, job.n, job.max_turns, job.out) == ("dev", 2, 3, str(run / "eval_dev"))
+    from rose_ray.commands import EvalCommand, from_keywords
+
+    assert from_keywords(EvalCommand, "eval", {"run": str(runs), "split": "dev", "n": 2}) == job  # the Python API
+
+
+def test_eval_config_plays_a_model_as_a_configs_runs_evaluate(tmp_path, capsys):
+    from rose_ray.commands import training_eval
+    from rose_ray.config import default_config_path, load_config
+
+    tiny = str(default_config_path())
+    job = settings_of(["eval", "--config", tiny, "--model", "m", "--n", "3"])
+    expected = {**training_eval(load_config(tiny), "m"), "n": 3}
+    assert {k: getattr(job, k) for k in expected} == expected and job.out == "runs/eval/m_test"
+    # A file of eval's own settings given as --config is named as such; a missing --model too.
+    own = tmp_path / "eval.yaml"
+    own.write_text("n: 4\nsplit: dev\n")
+    assert main(["eval", "--config", str(own), "--model", "m"]) == 2
+    assert f"this file holds eval's own settings: give it as --settings {own}" in capsys.readouterr().err
+    assert main(["eval", "--config", tiny]) == 2
+    assert "give --model (or --run RUN" in capsys.readouterr().err
+
+
+def test_eval_run_refuses_what_it_cannot_mean(tmp_path, capsys):
+    from tests.unit.test_runs import fake_run
+
+    run = fake_run(tmp_path / "tiny")
+    assert main(["eval", "--run", str(run), "--model", "m"]) == 2
+    assert f"give --config {run}/config.yaml --model M" in capsys.readouterr().err
+    assert main(["eval", "--run", str(run), "--config", str(run / "config.yaml")]) == 2
+    assert "--run evaluates a run's model with its own config.yaml" in capsys.readouterr().err
+    (run / "model").rmdir()
+    assert main(["eval", "--run", str(run)]) == 2
+    assert f"no model/ there yet (a run writes it when it stops); `rose-ray export {run}" in capsys.readouterr().err
+    assert main(["eval", "--run", str(tmp_path / "nope")]) == 2
+    assert "nope: not a run directory" in capsys.readouterr().err
+
+
+def test_evals_of_two_runs_models_never_share_a_default_file(tmp_path):
+    """Every run's model folder is named `model`: the default output names the run."""
+    from tests.unit.test_runs import fake_run
+
+    runs = tmp_path / "tiny"
+    outs = [settings_of(["eval", "--model", str(fake_run(runs) / "model")]).out for _ in range(2)]
+    assert outs == ["runs/eval/tiny_version_0_model_test", "runs/eval/tiny_version_1_model_test"]
+    assert settings_of(["eval", "--model", str(tmp_path / "student"), "--split", "dev"]).out == "runs/eval/student_dev"
+
+
+def test_eval_refuses_an_existing_result_unless_overwrite(tmp_path, capsys):
+    """Like every other writer, before anything starts; --overwrite goes on (here to the model,
+    which is not there)."""
+    out = tmp_path / "ev"
+    (tmp_path / "ev.json").write_text("{}")
+    model = str(tmp_path / "no_model")
+    assert main(["eval", "--model", model, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{out}.json already exists; give another --out, or --overwrite to replace it" in err
+    assert (tmp_path / "ev.json").read_text() == "{}" and sorted(p.name for p in tmp_path.iterdir()) == ["ev.json"]
+    assert main(["eval", "--model", model, "--out", str(out), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "already exists" not in err and "no_model" in err
+
+
+def help_blocks(text: str) -> dict[str, str]:
+    """An argparse help's options: each option's first spelling -> its whole entry."""
+    blocks: dict[str, str] = {}
+    name = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if line.startswith("  -") and not line.startswith("   "):
+            name = stripped.split()[0].rstrip(",")
+            blocks[name] = stripped
+        elif name and line.startswith("   "):
+            blocks[name] += " " + stripped
+        else:
+            name = None
+    return blocks
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+@pytest.mark.parametrize("name", sorted(_subcommands()))
+def test_every_help_says_each_default(name, capsys):
+    """Every option of every command that has a default (not an unset value, an off switch or an
+    empty list) says it in --help."""
+    parser = _subcommands()[name]
+    typed = parser.get_default("settings")
+    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                for f in (fields(typed) if typed else ())}
+    with pytest.raises(SystemExit):
+        main([name, "--help"])
+    blocks = help_blocks(capsys.readouterr().out)
+    shown = [a for a in parser._actions if a.option_strings and a.help is not argparse.SUPPRESS]
+    assert shown and all(a.option_strings[0] in blocks for a in shown)  # the walk reads every option's entry
+    for action in shown:
+        default = defaults.get(action.dest, action.default) if action.default is argparse.SUPPRESS else action.default
+        if action.dest == "help" or default is None or default is False or default in ([], "", "???"):
+            continue
+        entry = blocks[action.option_strings[0]]
+        assert "default" in entry.lower(), f"rose-ray {name} --help: {entry}"
+
+
+def test_help_shows_the_defaults_value():
+    parser = _subcommands()["eval"]
+    blocks = help_blocks(parser.format_help())
+    assert "(default: 200)" in blocks["--n"] and "(default: test)" in blocks["--split"]
+    assert "(default: 50)" in help_blocks(_subcommands()["play"].format_help())["--max-turns"]

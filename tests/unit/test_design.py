@@ -6,7 +6,8 @@ inside functions too): a change that breaks one fails here, naming the module an
   token rendering or the recipes; a Batch arrives ready.
 - Worlds are reached by name (envs/worlds.py): nothing outside envs/ imports a concrete world
   or names one in its code (a string that is a world's name or item-id prefix).
-- train.py and run.py (the online loop and its house) are imported only by the CLI.
+- train.py and run.py (the online loop and its house) are imported only by the CLI (and, by
+  name, the Python API: `rose_ray.train`).
 - inference/engine.py, the engine contract, imports no backend (no circle with hf/openai).
 - The algorithm recipes and the turn policies import no config (the config imports them).
 - placement.py is below check.py and memory.py: it imports neither (no circle through `plan`).
@@ -81,11 +82,15 @@ def test_nothing_outside_envs_names_a_world_in_code():
 
 
 def test_the_loop_is_imported_only_by_the_cli():
-    """cli.py reaches train.py by name ("rose_ray.train:cli_main"); nothing else in the package
+    """cli.py reaches train.py by name ("rose_ray.train:cli_main"), and so does the Python API
+    (rose_ray/__init__.py: `rose_ray.train`, imported when first used); nothing else in the package
     imports the loop or the run's parts, train.py and its supervision aside (their RunParts)."""
     others = [p for p in modules("") if p.name not in ("cli.py", "train.py", "supervision.py") or p.parent != PACKAGE]
     assert not breaks(others, ("rose_ray.train", "rose_ray.run"))
     assert "rose_ray.train:cli_main" in (PACKAGE / "cli.py").read_text()
+    import rose_ray
+
+    assert "train" in rose_ray.API
 
 
 def test_the_engine_contract_imports_no_backend():

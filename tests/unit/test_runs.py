@@ -62,6 +62,31 @@ def test_a_path_names_a_run_folder_or_a_run_dir_meaning_its_latest(tmp_path):
         resolve_run(tmp_path / "nope")
 
 
+def test_the_latest_file_names_the_run_it_points_at(tmp_path):
+    """`runs/tiny/latest` is taken wherever a run folder is (train --resume, export, eval --run: all
+    read it with resolve_run), so no command needs `runs/tiny/$(cat runs/tiny/latest)`."""
+    runs = tmp_path / "tiny"
+    first, second = fake_run(runs), fake_run(runs)
+    assert resolve_run(runs / "latest") == second == resolve_run(runs)
+    (runs / "latest").write_text("version_0\n")
+    assert resolve_run(runs / "latest") == first
+    (tmp_path / "latest").mkdir()  # a folder named latest is a folder like any other
+    with pytest.raises(ValueError, match="latest: not a run directory"):
+        resolve_run(tmp_path / "latest")
+
+
+def fake_run(runs: Path, overrides: list[str] | tuple[str, ...] = ()) -> Path:
+    """A new run folder under `runs` as `rose-ray train` leaves one, without the training: its
+    config.yaml (the tiny default with `overrides`) and an empty model/."""
+    from rose_ray.config import load_config
+    from rose_ray.runs import saved_config
+
+    run = new_version(runs)
+    (run / "config.yaml").write_text(saved_config(load_config(None, list(overrides))))
+    (run / "model").mkdir()
+    return run
+
+
 def test_a_result_written_again_keeps_the_last(tmp_path):
     out = tmp_path / "results" / "chaos.json"
     first = keep_result(out, json.dumps({"seed": 0}))
