@@ -156,7 +156,7 @@ def check_rose_ray(argv: list[str], whole: bool) -> str | None:
     """Why `rose-ray argv` does not parse (None: it does). `whole`: parse it as argparse would;
     else (a synopsis) only its subcommand and --flags are checked."""
     subs = subparsers()
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv or argv[0] in ("-h", "--help", "--version"):
         return None
     name = argv[0]
     if name not in subs:
