@@ -22,7 +22,7 @@ import json
 import sys
 import time
 from collections import defaultdict
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -190,14 +190,11 @@ def _engine_config(model: str, flag: str, cfg: EvalCommand, base: Any = None):
     """The engine of `model`. `base`: the student engine of the training config an eval plays as
     (`--run`, `--config`): its settings kept (batch size, threads, its backend's own section) under
     the eval's own (dtype, context, KV cache), so the eval plays as that run's evals played."""
-    from rose_ray.inference.backends import command_engine, resolve_backend
+    from rose_ray.inference.backends import command_engine, engine_like, resolve_backend
 
     if base is not None and flag == "--model" and base.spec.local and resolve_backend(cfg.backend) == base.backend:
-        own = getattr(base, base.backend)
-        if base.backend == "vllm":
-            own = replace(own, kv_cache_mb=cfg.kv_cache_mb)
-        return replace(base, model=model, tokenizer=None, dtype=cfg.dtype, context_tokens=cfg.context_tokens,
-                       context_policy=cfg.context_policy, **{base.backend: own})
+        return engine_like(base, model, dtype=cfg.dtype, context_tokens=cfg.context_tokens,
+                           context_policy=cfg.context_policy, kv_cache_mb=cfg.kv_cache_mb)
     return command_engine(model, flag, cfg.backend, cfg.tokenizer, cfg.served_model, dtype=cfg.dtype,
                           context_tokens=cfg.context_tokens, context_policy=cfg.context_policy,
                           max_batch_size=cfg.concurrency, kv_cache_mb=cfg.kv_cache_mb)
