@@ -167,7 +167,7 @@ class PlaySettings(WorldSettings, ContextSettings, ConversationSettings, Backend
                               context_tokens=self.context_tokens, context_policy=self.context_policy,
                               max_batch_size=self.concurrency, kv_cache_mb=self.kv_cache_mb)
 
-    def spec(self, student: EngineConfig, **job: Any) -> PlaySpec:
+    def as_spec(self, student: EngineConfig, **job: Any) -> PlaySpec:
         """These settings as a PlaySpec (rollout/play.py): the sampling (seeded at temperature > 0),
         chat, opening, world and concurrency; `job`: what the command adds (teacher, handoff, turns, ...)."""
         from rose_ray.rollout.play import PlaySpec
@@ -279,7 +279,7 @@ class EvalCommand(PlaySettings):
         else:
             student = self.engine(self.model, "--model", self.dtype)
         teacher = self.teacher if self.teacher in (None, EXPERT) else self.engine(self.teacher, "--teacher", self.dtype)
-        return self.spec(student, teacher=teacher, max_turns=self.max_turns, env_workers=self.env_workers,
+        return self.as_spec(student, teacher=teacher, max_turns=self.max_turns, env_workers=self.env_workers,
                          handoff=turn_policy("none") if self.handoff is None else turn_policy("fixed", k=self.handoff),
                          teacher_sampling=SamplingParams(0.0, max_new_tokens=self.max_new_tokens),
                          report="ask" if self.knowledge_from == "report" else "off")
@@ -298,8 +298,8 @@ def training_eval(cfg: Any, model: str, split: str | None = None, backend: str |
     """The settings of the held-out eval a training run of `cfg` (a TrainConfig) does, as
     EvalCommand fields: its games (`eval.split`, `eval.n`, `eval.seed`, `tasks`), turns, reply
     tokens, engine (its backend, dtype, context; `EvalCommand.play_spec` keeps the rest of the
-    student engine's settings), chat and instruction; greedy. A training run's own evals play this
-    eval (evaluate.training_evals), as `rose-ray eval --run` does. `split`: another split's games (the warm-ups are
+    student engine's settings), chat and instruction; greedy. A run's own evals play this eval, as
+    `eval --run` does (evaluate.training_evals). `split`: another split's games (the warm-ups are
     tuned on dev, never on the test games); `backend`: another engine than the student's."""
     engine = cfg.student_engine
     return dict(
@@ -380,7 +380,7 @@ class CollectCommand(PlaySettings, SchemaSetting, RowsOutput):
 
     def play_spec(self) -> PlaySpec:
         """The student alone, for `turns` turns; no report question (the rows are training data)."""
-        return self.spec(self.engine(self.model, "--model"), max_turns=self.turns)
+        return self.as_spec(self.engine(self.model, "--model"), max_turns=self.turns)
 
 
 @dataclass
@@ -400,7 +400,7 @@ class ContinueCommand(PlaySettings, SchemaSetting, RowsOutput):
 
         teacher = self.engine(self.teacher, "--teacher")
         student = self.engine(self.student, "--student") if self.student not in (None, self.teacher) else teacher
-        return self.spec(student, teacher=teacher, handoff=turn_policy("teacher_only"), max_turns=self.max_turns)
+        return self.as_spec(student, teacher=teacher, handoff=turn_policy("teacher_only"), max_turns=self.max_turns)
 
 
 @dataclass
