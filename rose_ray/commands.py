@@ -262,20 +262,15 @@ class EvalCommand(PlaySettings):
         `--config`; read from `config` when not given): its settings kept (batch size, threads,
         its backend's own section) under the eval's own (dtype, context, KV cache), so the eval
         plays as that config's runs evaluate."""
-        from rose_ray.inference.backends import resolve_backend
-        from rose_ray.inference.registry import settings_owner
+        from rose_ray.inference.backends import engine_like, resolve_backend
         from rose_ray.rollout.agent import EXPERT
         from rose_ray.rollout.handoff import turn_policy
 
         if base is None and self.config:
             base = load_config(self.config, saved=bool(self.run)).student_engine
         if base is not None and base.spec.local and resolve_backend(self.backend) == base.backend:
-            own = getattr(base, base.backend)  # the eval's own settings of that backend over it
-            own = dataclasses.replace(own, **{k: v for k, v in {"kv_cache_mb": self.kv_cache_mb}.items()
-                                               if settings_owner(k) == base.spec})
-            student = dataclasses.replace(base, model=self.model, tokenizer=None, dtype=self.dtype,
-                                          context_tokens=self.context_tokens, context_policy=self.context_policy,
-                                          **{base.backend: own})
+            student = engine_like(base, self.model, dtype=self.dtype, context_tokens=self.context_tokens,
+                                  context_policy=self.context_policy, kv_cache_mb=self.kv_cache_mb)
         else:
             student = self.engine(self.model, "--model", self.dtype)
         teacher = self.teacher if self.teacher in (None, EXPERT) else self.engine(self.teacher, "--teacher", self.dtype)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+from dataclasses import replace
 from typing import Any
 
 from rose_ray.errors import InputError
@@ -111,6 +112,16 @@ def command_engine(model: str, flag: str, backend: str, tokenizer: str | None = 
     if (problem := backend_problem(name)) is not None:
         raise InputError(f"--backend {backend}: {problem}")
     return EngineConfig.of(name, model=model, **_applying(name, settings))
+
+
+def engine_like(base: EngineConfig, model: str, **settings: Any) -> EngineConfig:
+    """`base` (a training config's engine) running `model` instead, `settings` over it: each to
+    the section that holds it (`kv_cache_mb` to the backend's own, `dtype` to the engine's); a
+    setting of another backend is dropped, as `_applying` drops it."""
+    own = getattr(base, base.backend)
+    owned = {k: v for k, v in settings.items() if (b := settings_owner(k)) is not None and b.name == base.backend}
+    common = {k: v for k, v in settings.items() if settings_owner(k) is None}
+    return replace(base, model=model, tokenizer=None, **common, **{base.backend: replace(own, **owned) if owned else own})
 
 
 def _applying(name: str, settings: dict[str, Any]) -> dict[str, Any]:
