@@ -50,7 +50,9 @@ def test_eval_of_the_tiny_student_resumes_and_writes_json_and_markdown(tiny_mode
     assert "| task |" in md and all(f"| {t} |" in md for t in per_task)
     assert not (tmp_path / "ev.partial.jsonl").exists()
 
-    # A partial file from other settings is refused, not silently mixed in.
+    # A partial file from other settings is refused, not silently mixed in (the result written
+    # above moved away: an existing result is refused first).
+    (tmp_path / "ev.json").rename(tmp_path / "ev_done.json")
     partial.write_text(json.dumps({"eval_config": {"model": "other"}}) + "\n")
     with pytest.raises(ValueError, match="other settings"):
         run_eval(cfg)
