@@ -280,6 +280,20 @@ def test_every_play_setting_reaches_collect_and_continue_play():
     assert spec.student is spec.teacher and list(spec.engines("--teacher")) == ["--teacher"]
 
 
+def test_collects_flags_are_what_it_plays(monkeypatch, tmp_path):
+    """`rose-ray collect` with every play setting given as a flag plays the spec of those settings."""
+    import rose_ray.collect as collect
+    from rose_ray.commands import CollectCommand, PlaySettings
+
+    values = {**other_values(PlaySettings), "world": "sciworld"}  # a world whose mappings these are
+    seen = []
+    monkeypatch.setattr(collect, "world_protocol", lambda *a: None)  # --instruction-from names no file
+    monkeypatch.setattr(collect, "play_rows", lambda command, spec, *a, **k: seen.append(spec))
+    out = str(tmp_path / "o.jsonl")
+    assert main(["collect", "--model", "m", "--out", out, "--split", "dev", "--n", "2", *as_flags(values)]) == 0
+    assert seen == [CollectCommand(model="m", out=out, split="dev", n=2, **values).play_spec()]
+
+
 def test_every_eval_config_setting_reaches_a_runs_evals():
     """A training run's `eval.*` settings reach its evals' spec and games (evaluate.training_evals,
     what Trainer.evaluate plays), each changed alone; those that say when and whom a run evaluates
