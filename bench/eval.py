@@ -2,8 +2,8 @@
 
 The same games are played greedily at every concurrency level, through rose_ray's own
 pieces in one Ray session: `start_env_pools` (one pool, `games_per_worker` = concurrency),
-`start_agents` (one student EngineActor, shared by all levels), `EpisodeRunner` and
-`run_episode` (as `evaluate_games` calls them, keeping each episode's timing).
+`start_agents` (one student EngineActor, shared by all levels), `EpisodeRunner`, and `play`
+on them (rose_ray/rollout/play.py, as `rose-ray eval` plays; each episode keeps its timing).
 
 Only the episodes are timed. Before the clock starts: actor and JVM start-up, one engine
 call, and a JVM warm-up in which every env slot plays `--warmup-games` scripted train games.
@@ -88,20 +88,18 @@ def timed_run(runner: Any, games: list, student: Any, args: argparse.Namespace) 
     import ray
 
     from rose_ray.evaluate import game_record
-    from rose_ray.rollout.episode import EpisodeConfig, run_episode
-    from rose_ray.rollout.handoff import StudentOnly
+    from rose_ray.inference.engine import EngineConfig
+    from rose_ray.rollout.play import Players, PlaySpec, play
     from rose_ray.types import SamplingParams
 
-    episode_cfg = EpisodeConfig(
-        max_turns=args.max_turns,
-        student_sampling=SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens),
-        report="off",  # play only: a report question would add a generation nothing here uses
-    )
+    # As `rose-ray eval` plays (greedy, no report question); the players are this bench's own.
+    spec = PlaySpec(student=EngineConfig(model=student.name), max_turns=args.max_turns,
+                    student_sampling=SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens))
     # Every run starts cold: the same games in the last run left their prefixes cached.
     ray.get(student.engine.__ray_call__.remote(lambda self: self.engine.clear_prefix_cache()))
     before = engine_counters(student.engine)
     busy0, t0 = cpu_busy_seconds(), time.perf_counter()
-    trajectories = asyncio.run(play_all(runner, games, student, episode_cfg, StudentOnly(), run_episode))
+    trajectories = asyncio.run(play(spec, games, players=Players(runner, student, None), request_prefix="eval/"))
     seconds = time.perf_counter() - t0
     busy = cpu_busy_seconds() - busy0
     after = engine_counters(student.engine)
@@ -145,16 +143,6 @@ def warm_up_jvms(pools: list, slots: int, games_per_slot: int, max_turns: int) -
         ray.get([p.reset.remote(s, warm[(n * slots + s) % len(warm)]) for p in pools for s in range(slots)])
         for a in range(max_turns):
             ray.get([p.step.remote(s, WARMUP_ACTIONS[a % len(WARMUP_ACTIONS)]) for p in pools for s in range(slots)])
-
-
-async def play_all(runner: Any, games: list, student: Any, episode_cfg: Any, handoff: Any,
-                   run_episode: Any) -> list:
-    """`evaluate_games` without the records: all games on the runner's slots, trajectories in order."""
-    async def one(game: Any) -> Any:
-        return await runner.play(game, lambda g, slot: run_episode(g, slot, student, None, episode_cfg, handoff,
-                                                                   request_prefix="eval/"))
-
-    return list(await asyncio.gather(*(one(g) for g in games)))
 
 
 def main() -> None:

@@ -43,29 +43,22 @@ def play(cfg: Any, student: str, games: list[Any], plays: list[tuple[int, float]
     """Every game once per (K, temperature) of `plays`: the student's first K turns at that
     temperature, then the expert (K=0: the expert alone), up to K + `extra_turns` turns; one set
     of actors for all. Per game and play: how it went (see `game_row`)."""
-    from rose_ray.envs.config import EnvConfig
-    from rose_ray.inference.backends import command_engine
-    from rose_ray.rollout.actors import local_actors
+    from rose_ray.commands import training_play
     from rose_ray.rollout.agent import EXPERT
-    from rose_ray.rollout.episode import EpisodeConfig
     from rose_ray.rollout.handoff import turn_policy
-    from rose_ray.rollout.runner import play_games
+    from rose_ray.rollout.play import local_players
+    from rose_ray.rollout.play import play as play_games
 
-    e = cfg.student_engine
-    engine = command_engine(student, "--student", e.backend, None, "", context_tokens=e.context_tokens,
-                            context_policy=e.context_policy, max_batch_size=cfg.env.games_per_worker, dtype=e.dtype)
-    env = EnvConfig(workers=1, games_per_worker=min(cfg.env.games_per_worker, len(games)), mapping=cfg.env.mapping,
-                    world=cfg.env.world, cpus_per_worker=0.5)
     longest = max(k for k, _ in plays) + extra_turns
+    spec = replace(training_play(cfg, student, None), teacher=EXPERT, max_turns=longest, report="off")
 
-    async def every_play(runner: Any, student_agent: Any, expert: Any) -> list[dict[str, Any]]:
+    async def every_play(players: Any) -> list[dict[str, Any]]:
         rows = []  # one event loop for all: the runner's slots belong to it
         for k, temperature in plays:
-            episode = EpisodeConfig(max_turns=k + extra_turns, report="off",
-                                    student_sampling=replace(cfg.rollout.student_sampling, temperature=temperature),
-                                    teacher_sampling=cfg.rollout.teacher_sampling)
-            played = await play_games(runner, games, student_agent, expert, episode, turn_policy("fixed", k=k),
-                                      [cfg.env.protocol()] * len(games), request_prefix=f"expert-T{temperature}-K{k}-")
+            played = await play_games(
+                replace(spec, max_turns=k + extra_turns, handoff=turn_policy("fixed", k=k),
+                        student_sampling=replace(spec.student_sampling, temperature=temperature)),
+                games, players=players, request_prefix=f"expert-T{temperature}-K{k}-")
             out = [{**game_row(g, traj, k, cfg.rollout.max_turns), "temperature": None if k == 0 else temperature}
                    for g, traj in zip(games, played)]
             s = summary(out)
@@ -74,8 +67,8 @@ def play(cfg: Any, student: str, games: list[Any], plays: list[tuple[int, float]
             rows += out
         return rows
 
-    with local_actors(env, engine, EXPERT, longest, cfg.chat.enable_thinking, cfg.chat.history) as actors:
-        return asyncio.run(every_play(*actors))
+    with local_players(spec, len(games)) as players:  # pools sized for the longest play
+        return asyncio.run(every_play(players))
 
 
 def game_row(game: Any, t: Any, k: int, turn_limit: int) -> dict[str, Any]:

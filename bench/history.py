@@ -64,22 +64,18 @@ def per_turn(trajectories: list[Any], template: Any) -> list[dict[str, float]]:
 
 
 def play(models: dict[str, Path], thinking: bool, args: argparse.Namespace) -> list[Any]:
-    from rose_ray.envs.config import EnvConfig
     from rose_ray.envs.worlds import get_world
     from rose_ray.inference.engine import EngineConfig
-    from rose_ray.rollout.actors import local_actors
-    from rose_ray.rollout.episode import EpisodeConfig
-    from rose_ray.rollout.handoff import StudentOnly
-    from rose_ray.rollout.runner import play_games
+    from rose_ray.rollout.play import PlaySpec
+    from rose_ray.rollout.play import play as play_games
     from rose_ray.types import SamplingParams
 
     games = get_world("sciworld").catalogue(None).sample("test", args.games, 0)
-    env = EnvConfig(workers=1, games_per_worker=min(args.games, 4), cpus_per_worker=0.5)
     engine = EngineConfig(model=str(models["student"]), context_tokens=8192, dtype="float32", max_batch_size=8)
-    with local_actors(env, engine, None, args.turns, thinking, "sampled") as (runner, student, _):
-        sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)
-        config = EpisodeConfig(max_turns=args.turns, student_sampling=sampling, report="off")
-        return asyncio.run(play_games(runner, games, student, None, config, StudentOnly()))
+    spec = PlaySpec(student=engine, max_turns=args.turns, enable_thinking=thinking, history="sampled",
+                    student_sampling=SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0),
+                    concurrency=min(args.games, 4))
+    return asyncio.run(play_games(spec, games))
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ are the 128 shipped gold demonstrations (rose_ray/envs/data/tiny_warmup_gold.jso
 six gold actions of each game, written as the student answers, "Thought: ...\\nAction: ..."),
 then the gold path's detours ("look around", "inventory", "task") in turn up to `--max-turns`.
 Everything else is the real thing: EnvPool actors with one ScienceWorld JVM per game, the
-EpisodeRunner and `run_episode` (through `play_games`, as eval and collect call it; train.py
+EpisodeRunner and `run_episode` (through `play`, as eval and collect call it; train.py
 calls `runner.play` + `run_episode` the same way), ROSE's fixed handoff (the student's
 stand-in plays 2 turns, the teacher's plays on), per-turn prompt building under
 `chat.history` sampled and template, with a tokenizer and chat template shaped like Qwen3's
@@ -19,7 +19,7 @@ Per point (N concurrent episodes = N pool slots, 8 games per EnvPool worker):
     (reset, then one `pool.step` per action through Ray, N slots at once): no engine, no
     tokenization, no episode bookkeeping. Measured after a warm-up pass (the JVMs' JIT), then
     again after each round of rollouts.
-  - rollout: the same games through `play_games`, once per chat history a round, each pass set
+  - rollout: the same games through `play`, once per chat history a round, each pass set
     against the mean of the bound passes before and after it (the machine's load drifts).
   - turns/s (a turn = an engine reply + the env step it causes; resets in the wall time of
     both), fraction_of_bound, the driver's CPU per turn (time.process_time of this process:
@@ -70,10 +70,11 @@ import env_step  # noqa: E402  (bench/, this script's folder)
 from rose_ray.chat import ChatFormat  # noqa: E402
 from rose_ray.envs.protocol import parse_action  # noqa: E402
 from rose_ray.envs.sciworld.gold import DETOURS  # noqa: E402
-from rose_ray.inference.engine import GenerationRequest, GenerationResult  # noqa: E402
-from rose_ray.rollout.episode import Agent, EpisodeConfig  # noqa: E402
+from rose_ray.inference.engine import EngineConfig, GenerationRequest, GenerationResult  # noqa: E402
+from rose_ray.rollout.episode import Agent  # noqa: E402
 from rose_ray.rollout.handoff import turn_policy  # noqa: E402
-from rose_ray.rollout.runner import EpisodeRunner, play_games  # noqa: E402
+from rose_ray.rollout.play import Players, PlaySpec, play  # noqa: E402
+from rose_ray.rollout.runner import EpisodeRunner  # noqa: E402
 from rose_ray.runs import keep_result  # noqa: E402
 from rose_ray.types import GameId  # noqa: E402
 
@@ -220,15 +221,15 @@ async def bound_pass(pools: list[Any], jobs: list[tuple[GameId, list[str]]]) -> 
 
 async def rollout_pass(pools: list[Any], jobs: list[tuple[GameId, list[str]]], student: Agent, teacher: Agent,
                        max_turns: int, parts: dict[str, Any] | None = None) -> int:
-    """The same games through the real episode loop (`play_games`: EpisodeRunner + run_episode),
+    """The same games through the real episode loop (`play`: EpisodeRunner + run_episode),
     ROSE's fixed handoff after 2 student turns. Returns the turns played; with `parts`, puts the
     driver's CPU per turn by part there (PartTimer)."""
-    runner = EpisodeRunner(pools, GAMES_PER_WORKER)
-    config = EpisodeConfig(max_turns=max_turns)
+    players = Players(EpisodeRunner(pools, GAMES_PER_WORKER), student, teacher)
+    spec = PlaySpec(student=EngineConfig(model=student.name), teacher=EngineConfig(model=teacher.name),
+                    handoff=turn_policy("fixed", k=2), max_turns=max_turns, report="ask")
     with PartTimer() as timer:
         thread, process = time.thread_time(), time.process_time()
-        trajectories = await play_games(runner, [g for g, _ in jobs], student, teacher, config,
-                                        turn_policy("fixed", k=2))
+        trajectories = await play(spec, [g for g, _ in jobs], players=players)
         thread, process = time.thread_time() - thread, time.process_time() - process
     turns = sum(t.rounds for t in trajectories)
     if parts is not None:

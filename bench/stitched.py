@@ -44,31 +44,15 @@ def play(cfg: Any, student: str, teacher: str, games: list[Any], k: int, tempera
          draw: int) -> list[dict[str, Any]]:
     """Every game once: the student's first `k` turns at `temperature`, then the teacher (k=0:
     the teacher alone). Per game: its Score, Pass and the owners' valid-action shares."""
-    from rose_ray.envs.config import EnvConfig
-    from rose_ray.inference.backends import command_engine
-    from rose_ray.rollout.actors import local_actors
-    from rose_ray.rollout.episode import EpisodeConfig
+    from rose_ray.commands import training_play
     from rose_ray.rollout.handoff import turn_policy
-    from rose_ray.rollout.runner import play_games
+    from rose_ray.rollout.play import play as play_games
 
-    def engine(model: str, flag: str, e: Any) -> Any:
-        return command_engine(model, flag, e.backend, None, "", context_tokens=e.context_tokens,
-                              context_policy=e.context_policy, max_batch_size=cfg.env.games_per_worker,
-                              dtype=e.dtype)
-
-    env = EnvConfig(workers=1, games_per_worker=min(cfg.env.games_per_worker, len(games)), mapping=cfg.env.mapping,
-                    world=cfg.env.world, cpus_per_worker=0.5)
-    sampling = replace(cfg.rollout.student_sampling, temperature=temperature)
-    episode = EpisodeConfig(max_turns=cfg.eval.max_turns, student_sampling=sampling,
-                            teacher_sampling=cfg.rollout.teacher_sampling, report="off")
-    policy = turn_policy("fixed", k=k) if k else turn_policy("teacher_only")
-    from rose_ray.rollout.agent import EXPERT
-
-    with local_actors(env, engine(student, "--student", cfg.student_engine),
-                      EXPERT if teacher is None else engine(teacher, "--teacher", cfg.teacher_engine), cfg.eval.max_turns,
-                      cfg.chat.enable_thinking, cfg.chat.history) as (runner, s, t):
-        played = asyncio.run(play_games(runner, games, s, t, episode, policy, [cfg.env.protocol()] * len(games),
-                                        request_prefix=f"stitched-T{temperature}-d{draw}-"))
+    spec = training_play(cfg, student, teacher)
+    spec = replace(spec, max_turns=cfg.eval.max_turns, report="off",
+                   handoff=turn_policy("fixed", k=k) if k else turn_policy("teacher_only"),
+                   student_sampling=replace(spec.student_sampling, temperature=temperature))
+    played = asyncio.run(play_games(spec, games, request_prefix=f"stitched-T{temperature}-d{draw}-"))
     out = []
     for g, traj in zip(games, played):
         row = {"item_id": g.item_id, "score": float(traj.score), "pass": float(traj.score > 0)}

@@ -172,21 +172,19 @@ def learner_settings(cfg: Any) -> dict[str, Any]:
 
 def teacher_play(cfg: Any, teacher: str | None, student: str) -> Any:
     """How the SFT arm's teacher plays its whole games: as the online arms' teacher plays its
-    turns (its engine's backend, dtype, context and policy, the run's chat history and thinking
-    switch, its sampling); `teacher` None: the world's expert (`teacher.kind: expert`)."""
-    from rose_ray.collect import PlayConfig
-    from rose_ray.rollout.agent import EXPERT
+    turns (commands.training_play: its engine, the run's chat history and thinking switch, its
+    sampling); `teacher` None: the world's expert (`teacher.kind: expert`), every turn, in the
+    student's tokenizer. A PlaySpec (rose_ray/rollout/play.py)."""
+    from dataclasses import replace
 
-    # The expert (None) plays every turn of an episode whose student's engine lends its tokenizer.
-    s, engine = (cfg.rollout.student_sampling, cfg.student_engine) if teacher is None else \
-        (cfg.rollout.teacher_sampling, cfg.teacher_engine)
-    model, who, handoff = (student, EXPERT, "teacher_only") if teacher is None else (teacher, None, "none")
-    return PlayConfig(model=model, teacher=who, max_turns=cfg.rollout.max_turns, handoff=handoff,
-                      temperature=s.temperature, max_new_tokens=s.max_new_tokens,
-                      concurrency=cfg.env.games_per_worker, world=cfg.env.world, mapping=cfg.env.mapping,
-                      context_tokens=engine.context_tokens, context_policy=engine.context_policy,
-                      enable_thinking=cfg.chat.enable_thinking, history=cfg.chat.history, dtype=engine.dtype,
-                      backend=engine.backend)
+    from rose_ray.commands import training_play
+    from rose_ray.rollout.handoff import turn_policy
+
+    spec = replace(training_play(cfg, student, teacher), report="off")
+    if teacher is None:
+        return replace(spec, handoff=turn_policy("teacher_only"))
+    return replace(spec, student=spec.teacher, teacher=None, handoff=turn_policy("none"),
+                   student_sampling=spec.teacher_sampling)
 
 
 def step_means(history: list[dict[str, Any]], keys: tuple[str, ...] = DIAGNOSTICS) -> dict[str, float]:
@@ -238,13 +236,14 @@ def run_reference(who: str, config: str | None, common: list[str], run_dir: Path
 
 def run_sft(seed: int, steps: int, config: str | None, common: list[str], run_dir: Path, backend: str) -> dict[str, Any]:
     """The teacher plays steps x batch training games offline; `sft` trains the student on them."""
-    from rose_ray.collect import play_episodes
     from rose_ray.config import load_config
     from rose_ray.envs.worlds import get_world
+    from rose_ray.event_loop import run_coroutine
     from rose_ray.metrics import MetricsLogger, episode_scalars, trained_scalars
     from rose_ray.recipes.sft import train_sft
     from rose_ray.recipes.warmup import resolve_models
     from rose_ray.rollout.ledger import GameSampler
+    from rose_ray.rollout.play import play
     from rose_ray.rows import write_jsonl
 
     t0 = time.time()
@@ -255,8 +254,7 @@ def run_sft(seed: int, steps: int, config: str | None, common: list[str], run_di
     # The games an online run of this seed starts with, in its order.
     sampler = GameSampler(catalogue.sample(cfg.rollout.split, None, cfg.seed, tasks=cfg.tasks), seed=cfg.seed)
     games = [sampler.next() for _ in range(steps * cfg.rollout.batch_episodes)]
-    played, _ = play_episodes(teacher_play(cfg, teacher, student), games, [cfg.env.protocol()] * len(games))
-    played = [t for t in played if t is not None]
+    played = run_coroutine(lambda: play(teacher_play(cfg, teacher, student), games))
     rows = []
     for t in played:
         for turn in t.turns:  # the teacher played in the student's seat: its turns are the teacher's

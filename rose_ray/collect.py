@@ -27,28 +27,24 @@ is refused unless `--overwrite` (`rows.PartialRows`).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import random
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rose_ray.commands import PlaySettings
-from rose_ray.envs import DEFAULT_WORLD
 from rose_ray.envs.base import StepResult
 from rose_ray.envs.catalogue import GameCatalogue, parse_item
 from rose_ray.envs.protocol import Protocol, gold_reply, gold_thought, parse_action
 from rose_ray.envs.worlds import CONTINUATIONS, get_world, world_of_item, world_protocol
 from rose_ray.errors import InputError
-from rose_ray.rollout.agent import EXPERT
 from rose_ray.rows import PartialRows, digest, message_text, read_jsonl, row_schema, row_to_turns
-from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
+from rose_ray.types import GameId, Trajectory, Turn
 
 if TYPE_CHECKING:
     from rose_ray.commands import CollectCommand, ContinueCommand, GoldCommand, WorldSettings
+    from rose_ray.rollout.play import PlaySpec
 
 
 # --------------------------------------------------------------------------- gold
@@ -254,70 +250,25 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
 
 
 # --------------------------------------------------------------------------- collect / continue
-@dataclass(kw_only=True)
-class PlayConfig(PlaySettings):
-    """Episodes played by local actors: the play settings `collect` and `continue` take (each of
-    their PlaySettings, as given: `play_config`), and what the job adds. The warm-up's openings
-    and bench/table.py's teacher games make one from a training config."""
-
-    model: str
-    teacher: str | None = None  # a model, or EXPERT: the world's expert teacher
-    max_turns: int
-    handoff: str = "none"  # "none" (student only) or "teacher_only"
-    dtype: str = "auto"  # the engines' weights (auto: as the model folder declares)
-    command: str = "collect"  # the command and the flags naming `model` and `teacher`, for its messages
-    model_flag: str = "--model"
-    teacher_flag: str = "--teacher"
-
-    def engines(self) -> dict[str, Any]:
-        """The flag naming each model -> its EngineConfig (a teacher that is the model itself,
-        as in `continue` without --student, is one engine)."""
-        from rose_ray.inference.backends import command_engine
-
-        def engine(model: str, flag: str) -> Any:
-            return command_engine(model, flag, self.backend, self.tokenizer, self.served_model,
-                                  context_tokens=self.context_tokens, context_policy=self.context_policy,
-                                  max_batch_size=self.concurrency, dtype=self.dtype, kv_cache_mb=self.kv_cache_mb)
-
-        out = {self.model_flag: engine(self.model, self.model_flag)}
-        if self.teacher not in (None, self.model, EXPERT):
-            out[self.teacher_flag] = engine(self.teacher, self.teacher_flag)
-        return out
-
-
-def play_episodes(cfg: PlayConfig, games: list[GameId], protocols: list[Protocol],
-                  replays: list[list[Turn]] | None = None,
-                  on_done: Callable[[int, Trajectory], None] | None = None) -> tuple[list[Trajectory | None], list[str]]:
-    """Episodes over Ray actors, each opened by its protocol; with `replays`, each game first
-    replays its recorded turns. `on_done(i, t)` as game i finishes."""
-    from rose_ray.envs.config import EnvConfig
+def play_rows(command: str, spec: PlaySpec, games: list[GameId], todo: list[int], stream: PartialRows,
+              schema: str, protocols: list[Protocol], replays: list[list[Turn]] | None = None,
+              student_flag: str = "--model") -> None:
+    """Play the games `todo` names (rollout/play.py) into `stream`, each game's row as it
+    finishes; a recorded prefix that the game no longer matches is named and skipped."""
+    from rose_ray.event_loop import run_coroutine
     from rose_ray.inference.backends import check_command_engines
-    from rose_ray.rollout.actors import local_actors
-    from rose_ray.rollout.episode import EpisodeConfig, ReplayMismatch
-    from rose_ray.rollout.handoff import turn_policy
-    from rose_ray.rollout.runner import play_games
+    from rose_ray.rollout.episode import ReplayMismatch
+    from rose_ray.rollout.play import play
 
-    env_cfg = EnvConfig(workers=1, games_per_worker=max(1, min(cfg.concurrency, len(games))),
-                        mapping=cfg.mapping, world=cfg.world or DEFAULT_WORLD, cpus_per_worker=0.5)
-    engines = cfg.engines()
-    check_command_engines(cfg.command, engines)  # a served model that cannot do the job fails now
-    student = engines[cfg.model_flag]
-    teacher = cfg.teacher if cfg.teacher in (None, EXPERT) else engines.get(cfg.teacher_flag, student)
-    with local_actors(env_cfg, student, teacher, cfg.max_turns, cfg.enable_thinking, cfg.history) as (
-            runner, student, teacher):
-        sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
-        # Prefixes and stitched rows are training data: no report question at their end.
-        episode_cfg = EpisodeConfig(max_turns=cfg.max_turns, student_sampling=sampling, teacher_sampling=sampling,
-                                    report="off")
-        # Each game its own object, so that a trajectory (which holds its game) names its index
-        # even where rows of `continue` share a game.
-        games = [dataclasses.replace(g) for g in games]
-        index = {id(g): i for i, g in enumerate(games)}
-        done = None if on_done is None else (lambda t: on_done(index[id(t.game)], t))
-        played = asyncio.run(play_games(runner, games, student, teacher, episode_cfg, turn_policy(cfg.handoff),
-                                        protocols, replays=replays, skip=(ReplayMismatch,), on_done=done))
-    problems = [f"skipped: {t}" for t in played if isinstance(t, ReplayMismatch)]
-    return [None if isinstance(t, ReplayMismatch) else t for t in played], problems
+    check_command_engines(command, spec.engines(student_flag))  # a served model that cannot do the job fails now
+    with stream:
+        played = run_coroutine(lambda: play(
+            spec, [games[i] for i in todo], protocols=[protocols[i] for i in todo],
+            replays=None if replays is None else [replays[i] for i in todo], skip=(ReplayMismatch,),
+            on_done=lambda j, t: stream.add(todo[j], t.to_record(schema))))
+    for t in played:
+        if isinstance(t, ReplayMismatch):
+            print(f"{command}: skipped: {t}", file=sys.stderr)
 
 
 def _games_of_rows(rows: list[dict[str, Any]], catalogue: GameCatalogue) -> list[GameId]:
@@ -430,11 +381,6 @@ def gold_main(args: GoldCommand) -> int:
     return 0
 
 
-def play_config(args: PlaySettings, **job: Any) -> PlayConfig:
-    """Every play setting of a command (none copied by hand), and what its job adds."""
-    return PlayConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PlaySettings)}, **job)
-
-
 def collect_main(args: CollectCommand) -> int:
     catalogue = _catalogue(args)
     protocol = world_protocol(args.world, args.instruction_from)
@@ -443,13 +389,7 @@ def collect_main(args: CollectCommand) -> int:
     _resuming("collect", stream, len(games))
     todo = [i for i in range(len(games)) if i not in stream.done]
     if todo:
-        with stream:
-            _, problems = play_episodes(
-                play_config(args, model=args.model, max_turns=args.turns, command="collect"),
-                [games[i] for i in todo], [protocol] * len(todo),
-                on_done=lambda j, t: stream.add(todo[j], t.to_record(args.schema)))
-        for p in problems:
-            print(f"collect: {p}", file=sys.stderr)
+        play_rows("collect", args.play_spec(), games, todo, stream, args.schema, [protocol] * len(games))
     n = stream.finish()
     print(f"collect: wrote {n} student prefixes ({args.turns} turns, {args.schema} schema) to {args.out}")
     return 0
@@ -474,16 +414,8 @@ def continue_main(args: ContinueCommand) -> int:
     _resuming("continue", stream, len(rows))
     todo = [i for i in range(len(rows)) if i not in stream.done]
     if todo:
-        # The student's engine only lends its tokenizer here; by default the teacher's is used.
-        cfg = play_config(args, model=args.student or args.teacher, teacher=args.teacher, handoff="teacher_only",
-                          max_turns=args.max_turns, command="continue",
-                          model_flag="--student" if args.student else "--teacher")
-        with stream:
-            _, problems = play_episodes(cfg, [games[i] for i in todo], [protocols[i] for i in todo],
-                                        [replays[i] for i in todo],
-                                        on_done=lambda j, t: stream.add(todo[j], t.to_record(args.schema)))
-        for p in problems:
-            print(f"continue: {p}", file=sys.stderr)
+        play_rows("continue", args.play_spec(), games, todo, stream, args.schema, protocols, replays,
+                  student_flag="--student" if args.student else "--teacher")
     n = stream.finish()
     print(f"continue: wrote {n} stitched rows ({args.schema} schema) to {args.out}; {len(rows) - n} skipped")
     return 0

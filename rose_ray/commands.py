@@ -51,7 +51,10 @@ from rose_ray.inference.protocol import MAX_CONCURRENT
 from rose_ray.inference.registry import COMMAND_BACKENDS, DEFAULT_COMMAND_BACKEND, VLLMSettings
 from rose_ray.learner.learner import LEARNER_DTYPES, SCHEDULES, LearnerConfig
 from rose_ray.runs import resolve_run
-from rose_ray.types import SCHEMAS, SamplingParams
+from rose_ray.types import SCHEMAS, GameId, SamplingParams
+
+if typing.TYPE_CHECKING:
+    from rose_ray.rollout.play import PlaySpec
 
 __all__ = ["COMMANDS", "add_flags", "from_keywords", "resolve"]
 
@@ -156,6 +159,26 @@ class PlaySettings(WorldSettings, ContextSettings, ConversationSettings, Backend
     max_new_tokens: int = setting(SamplingParams.max_new_tokens, "reply tokens per turn")
     concurrency: int = setting(8, "episodes at once")
 
+    def engine(self, model: str, flag: str, dtype: str = EngineConfig.dtype) -> EngineConfig:
+        """The engine of `model` (`flag` names it in errors) with these settings."""
+        from rose_ray.inference.backends import command_engine
+
+        return command_engine(model, flag, self.backend, self.tokenizer, self.served_model, dtype=dtype,
+                              context_tokens=self.context_tokens, context_policy=self.context_policy,
+                              max_batch_size=self.concurrency, kv_cache_mb=self.kv_cache_mb)
+
+    def as_spec(self, student: EngineConfig, **job: Any) -> PlaySpec:
+        """These settings as a PlaySpec (rollout/play.py): the sampling (seeded at temperature > 0),
+        chat, opening, world and concurrency; `job`: what the command adds (teacher, handoff, turns, ...)."""
+        from rose_ray.rollout.play import PlaySpec
+
+        sampling = SamplingParams(self.temperature, max_new_tokens=self.max_new_tokens,
+                                  seed=self.seed if self.temperature > 0 else None)
+        return PlaySpec(**{"student": student, "student_sampling": sampling, "teacher_sampling": sampling,
+                           "enable_thinking": self.enable_thinking, "history": self.history,
+                           "world": self.world or DEFAULT_WORLD, "mapping": self.mapping,
+                           "instruction_from": self.instruction_from, "concurrency": self.concurrency, **job})
+
 
 # --------------------------------------------------------------------------- the commands
 @dataclass
@@ -227,6 +250,35 @@ class EvalCommand(PlaySettings):
     def task_names(self) -> list[str]:
         return [t.strip() for t in self.tasks.split(",") if t.strip()]
 
+    def games(self) -> list[GameId]:
+        """The games: the catalogue's task-stratified sample (a training run with these `tasks`,
+        `eval.n` and `eval.seed` evaluates on the same ones)."""
+        return get_world(self.world).catalogue(self.mapping).sample(self.split, self.n or None, self.seed,
+                                                                    tasks=self.task_names)
+
+    def play_spec(self, base: EngineConfig | None = None) -> PlaySpec:
+        """This eval as a PlaySpec: greedy teacher, the report question only when the judge reads
+        its answer. `base`: the student engine of the training config it plays as (`--run`,
+        `--config`; read from `config` when not given): its settings kept (batch size, threads,
+        its backend's own section) under the eval's own (dtype, context, KV cache), so the eval
+        plays as that config's runs evaluate."""
+        from rose_ray.inference.backends import engine_like, resolve_backend
+        from rose_ray.rollout.agent import EXPERT
+        from rose_ray.rollout.handoff import turn_policy
+
+        if base is None and self.config:
+            base = load_config(self.config, saved=bool(self.run)).student_engine
+        if base is not None and base.spec.local and resolve_backend(self.backend) == base.backend:
+            student = engine_like(base, self.model, dtype=self.dtype, context_tokens=self.context_tokens,
+                                  context_policy=self.context_policy, kv_cache_mb=self.kv_cache_mb)
+        else:
+            student = self.engine(self.model, "--model", self.dtype)
+        teacher = self.teacher if self.teacher in (None, EXPERT) else self.engine(self.teacher, "--teacher", self.dtype)
+        return self.as_spec(student, teacher=teacher, max_turns=self.max_turns, env_workers=self.env_workers,
+                         handoff=turn_policy("none") if self.handoff is None else turn_policy("fixed", k=self.handoff),
+                         teacher_sampling=SamplingParams(0.0, max_new_tokens=self.max_new_tokens),
+                         report="ask" if self.knowledge_from == "report" else "off")
+
 
 def model_name(model: str) -> str:
     """A model's name in a default file name: its folder's; a run's `model/` (every run's is named
@@ -240,8 +292,9 @@ def model_name(model: str) -> str:
 def training_eval(cfg: Any, model: str, split: str | None = None, backend: str | None = None) -> dict[str, Any]:
     """The settings of the held-out eval a training run of `cfg` (a TrainConfig) does, as
     EvalCommand fields: its games (`eval.split`, `eval.n`, `eval.seed`, `tasks`), turns, reply
-    tokens, engine (its backend, dtype, context; run_eval keeps the rest of the student engine's
-    settings), chat and instruction; greedy. `split`: another split's games (the warm-ups are
+    tokens, engine (its backend, dtype, context; `EvalCommand.play_spec` keeps the rest of the
+    student engine's settings), chat and instruction; greedy. A run's own evals play this eval, as
+    `eval --run` does (evaluate.training_evals). `split`: another split's games (the warm-ups are
     tuned on dev, never on the test games); `backend`: another engine than the student's."""
     engine = cfg.student_engine
     return dict(
@@ -253,6 +306,24 @@ def training_eval(cfg: Any, model: str, split: str | None = None, backend: str |
         history=cfg.chat.history,
         backend=backend or (engine.backend if engine.backend in COMMAND_BACKENDS else DEFAULT_COMMAND_BACKEND),
         **({"kv_cache_mb": engine.vllm.kv_cache_mb} if engine.vllm is not None else {}))
+
+
+def training_play(cfg: Any, student: str, teacher: str | None) -> PlaySpec:
+    """How a training run of `cfg` (a TrainConfig) plays its episodes, as a PlaySpec: its student
+    and teacher engines with these models (`teacher` None: the world's expert where the config's
+    teacher is, else none), its recipe's handoff, its rollout's turns, sampling and report, its
+    chat, world and opening, `env.games_per_worker` at once. The warm-ups' openings and the
+    benches play from it, changing what they vary."""
+    from rose_ray.rollout.agent import EXPERT
+    from rose_ray.rollout.play import PlaySpec
+
+    r, expert = cfg.rollout, EXPERT if cfg.teacher.expert else None
+    return PlaySpec(student=dataclasses.replace(cfg.student_engine, model=student),
+                    teacher=expert if teacher is None else dataclasses.replace(cfg.teacher_engine, model=teacher),
+                    handoff=cfg.algorithm.turn_policy(), max_turns=r.max_turns, student_sampling=r.student_sampling,
+                    teacher_sampling=r.teacher_sampling, report=r.report, enable_thinking=cfg.chat.enable_thinking,
+                    history=cfg.chat.history, world=cfg.env.world, mapping=cfg.env.mapping,
+                    instruction_from=cfg.env.instruction_from, concurrency=cfg.env.games_per_worker)
 
 
 def training_eval_layer(given: DictConfig) -> tuple[str, dict[str, Any]] | None:
@@ -302,6 +373,10 @@ class CollectCommand(PlaySettings, SchemaSetting, RowsOutput):
     out: str = setting(help="the JSONL file to write (rows stream into OUT.partial meanwhile)")
     temperature: float = setting(SamplingParams.temperature, "0 = greedy")
 
+    def play_spec(self) -> PlaySpec:
+        """The student alone, for `turns` turns; no report question (the rows are training data)."""
+        return self.as_spec(self.engine(self.model, "--model"), max_turns=self.turns)
+
 
 @dataclass
 class ContinueCommand(PlaySettings, SchemaSetting, RowsOutput):
@@ -312,6 +387,15 @@ class ContinueCommand(PlaySettings, SchemaSetting, RowsOutput):
     input: str = setting(help="the prefixes (JSONL) to continue", flag="--in")
     max_turns: int = setting(10, "turns in all, prefix included")
     out: str = setting(help="the JSONL file to write (rows stream into OUT.partial meanwhile)")
+
+    def play_spec(self) -> PlaySpec:
+        """The teacher from the first turn after the replayed prefix. The student's engine only
+        lends its tokenizer (the rows' ids); without --student the teacher's is used: one engine."""
+        from rose_ray.rollout.handoff import turn_policy
+
+        teacher = self.engine(self.teacher, "--teacher")
+        student = self.engine(self.student, "--student") if self.student not in (None, self.teacher) else teacher
+        return self.as_spec(student, teacher=teacher, handoff=turn_policy("teacher_only"), max_turns=self.max_turns)
 
 
 @dataclass

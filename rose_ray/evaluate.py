@@ -24,13 +24,16 @@ import time
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rose_ray import callable_module
 from rose_ray.commands import EvalCommand
 from rose_ray.errors import InputError
 from rose_ray.files import write_file
-from rose_ray.types import GameId, SamplingParams, Trajectory
+from rose_ray.types import GameId, Trajectory
+
+if TYPE_CHECKING:
+    from rose_ray.rollout.play import PlaySpec
 
 
 # --------------------------------------------------------------------------- metrics
@@ -168,44 +171,23 @@ def compare(paths: list[str]) -> str:
     return table + "\n\n" + paper_tables().compare_paper(named).rstrip()
 
 
-# --------------------------------------------------------------------------- episodes
-async def evaluate_games(runner, games: list[GameId], student, teacher, episode_cfg, handoff_cfg,
-                         on_done=None, protocol=None) -> list[dict[str, Any]]:
-    """Play `games` (rollout/runner.play_games); their records in game order."""
-    from rose_ray.rollout.runner import play_games
-
-    records: dict[int, dict[str, Any]] = {}
-
-    def finished(t: Trajectory) -> None:
-        records[id(t)] = game_record(t)
-        if on_done is not None:
-            on_done(records[id(t)])
-
-    played = await play_games(runner, games, student, teacher, episode_cfg, handoff_cfg, protocol,
-                              request_prefix="eval/", on_done=finished)
-    return [records[id(t)] for t in played]
-
-
-def _engine_config(model: str, flag: str, cfg: EvalCommand, base: Any = None):
-    """The engine of `model`. `base`: the student engine of the training config an eval plays as
-    (`--run`, `--config`): its settings kept (batch size, threads, its backend's own section) under
-    the eval's own (dtype, context, KV cache), so the eval plays as that run's evals played."""
-    from rose_ray.inference.backends import command_engine, engine_like, resolve_backend
-
-    if base is not None and flag == "--model" and base.spec.local and resolve_backend(cfg.backend) == base.backend:
-        return engine_like(base, model, dtype=cfg.dtype, context_tokens=cfg.context_tokens,
-                           context_policy=cfg.context_policy, kv_cache_mb=cfg.kv_cache_mb)
-    return command_engine(model, flag, cfg.backend, cfg.tokenizer, cfg.served_model, dtype=cfg.dtype,
-                          context_tokens=cfg.context_tokens, context_policy=cfg.context_policy,
-                          max_batch_size=cfg.concurrency, kv_cache_mb=cfg.kv_cache_mb)
-
-
-def train_eval_job(cfg: Any, model: str, out: str, split: str | None = None, backend: str = "hf") -> EvalCommand:
-    """The held-out eval a training run of `cfg` (a TrainConfig) does (commands.training_eval), on
-    `backend`, written to `out` (replaced: warmup --eval and bench/table.py write their own results)."""
+# --------------------------------------------------------------------------- the job
+def train_eval_job(cfg: Any, model: str, out: str | None = None, split: str | None = None,
+                   backend: str | None = None) -> EvalCommand:
+    """The held-out eval a training run of `cfg` (a TrainConfig) does (commands.training_eval), of
+    `model`, on `backend` (default: the student engine's), written to `out` (replaced: warmup --eval
+    and bench/table.py write their own results)."""
     from rose_ray.commands import training_eval
 
     return EvalCommand(**{**training_eval(cfg, model, split, backend), "out": out, "overwrite": True})
+
+
+def training_evals(cfg: Any, model: str) -> tuple[EvalCommand, PlaySpec]:
+    """A training run's own evals (Trainer.evaluate plays them with the run's actors): the eval
+    `rose-ray eval --run` makes of its config, and its spec, the student engine's settings kept
+    as `--run` keeps them; so the run's evals and `eval --run` agree to the digit."""
+    job = train_eval_job(cfg, model)
+    return job, job.play_spec(base=cfg.student_engine)
 
 
 def run_eval(cfg: EvalCommand) -> dict[str, Any]:
@@ -216,36 +198,17 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     result_file = out.with_name(out.name + ".json")
     if result_file.exists() and not cfg.overwrite:  # nothing started, nothing written
         raise InputError(f"eval: {result_file} already exists; give another --out, or --overwrite to replace it")
-    from rose_ray.envs.config import EnvConfig
-    from rose_ray.envs.worlds import get_world, world_protocol
-    from rose_ray.rollout.actors import local_actors
-    from rose_ray.rollout.agent import EXPERT
-    from rose_ray.rollout.episode import EpisodeConfig
-    from rose_ray.rollout.handoff import turn_policy
+    from rose_ray.inference.backends import check_command_engines
 
-    catalogue = get_world(cfg.world).catalogue(cfg.mapping)
-    protocol = world_protocol(cfg.world, cfg.instruction_from)  # a bad file fails before any actor
-    # The same games as a training run's evals with these `tasks`, `eval.n` and `eval.seed`.
-    games = catalogue.sample(cfg.split, cfg.n or None, cfg.seed, tasks=cfg.task_names)
+    spec = cfg.play_spec()  # --run, --config: as that config's runs evaluate
+    protocol = spec.protocol()  # a bad file fails before any actor
+    games = cfg.games()  # the same games as a training run's evals with these `tasks`, `eval.n` and `eval.seed`
     judge = _judge_config(cfg)
     if judge is not None:
         from rose_ray.judge import check_judge
 
         judge = check_judge(judge)  # a judge that is not there fails now, not after every game is played
-    from rose_ray.inference.backends import check_command_engines
-
-    base = None
-    if cfg.config:  # --run, --config: that config's student engine
-        from rose_ray.config import load_config
-
-        base = load_config(cfg.config, saved=bool(cfg.run)).student_engine
-    engines = {"--model": _engine_config(cfg.model, "--model", cfg, base)}
-    if cfg.teacher and cfg.teacher != EXPERT:
-        engines["--teacher"] = _engine_config(cfg.teacher, "--teacher", cfg)
-    check_command_engines("eval", engines)  # a served model that cannot do the job fails now
-    teacher = EXPERT if cfg.teacher == EXPERT else engines.get("--teacher")
-    # Without --max-turns each game ends at its world's own limit; the episode loop allows the longest.
-    max_turns = cfg.max_turns or max((catalogue.turn_limit(g) for g in games), default=1)
+    check_command_engines("eval", spec.engines())  # a served model that cannot do the job fails now
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial.jsonl")
     header = resume_header(cfg)
@@ -254,22 +217,8 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     todo = [g for g in games if g.item_id not in done]
     print(f"eval: {len(games)} games of {cfg.split!r} ({len(done)} already done, resuming)" if done
           else f"eval: {len(games)} games of {cfg.split!r}")
-
     if todo:
-        env_cfg = EnvConfig(workers=cfg.env_workers,
-                            games_per_worker=max(1, -(-min(cfg.concurrency, len(todo)) // cfg.env_workers)),
-                            mapping=cfg.mapping, world=cfg.world, cpus_per_worker=0.5)
-        with local_actors(env_cfg, engines["--model"], teacher, cfg.max_turns,
-                          cfg.enable_thinking, cfg.history) as (runner, student, teacher):
-            sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                                      seed=cfg.seed if cfg.temperature > 0 else None)
-            # The report question is asked only when the judge is to read its answer.
-            episode_cfg = EpisodeConfig(max_turns=max_turns, student_sampling=sampling,
-                                        teacher_sampling=SamplingParams(0.0, max_new_tokens=cfg.max_new_tokens),
-                                        report="ask" if cfg.knowledge_from == "report" else "off")
-            handoff_cfg = turn_policy("fixed", k=cfg.handoff) if cfg.handoff is not None else turn_policy("none")
-            _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial, done, header,
-                                protocol)
+        _play_with_progress(spec, todo, protocol, partial, done, header)
 
     records = [done[g.item_id] for g in games]
     if judge is not None:
@@ -300,26 +249,28 @@ def _judge_config(cfg: EvalCommand):
                        concurrency=cfg.concurrency, dtype=cfg.dtype)
 
 
-def _play_with_progress(runner, todo, student, teacher, episode_cfg, handoff_cfg, partial: Path,
-                        done: dict[str, dict[str, Any]], header: dict[str, Any], protocol=None) -> None:
+def _play_with_progress(spec: PlaySpec, todo: list[GameId], protocol: Any, partial: Path,
+                        done: dict[str, dict[str, Any]], header: dict[str, Any]) -> None:
     from rose_ray.event_loop import run_coroutine
     from rose_ray.files import open_for_append
     from rose_ray.metrics import progress
+    from rose_ray.rollout.play import play
 
     bar = progress(len(todo), "eval", "game")
     # A last line cut by a kill is dropped first: what is appended starts on a line of its own.
     with open_for_append(partial) as f:
         if partial.stat().st_size == 0:  # the header ties the partial results to the settings that made them
             f.write(json.dumps({"eval_config": header}) + "\n")
-        def on_done(record: dict[str, Any]) -> None:
+
+        def on_done(_: int, t: Trajectory) -> None:
+            record = game_record(t)
             f.write(json.dumps(record) + "\n")
             f.flush()  # each finished game survives an interruption
             done[record["item_id"]] = record
             bar.update(1)
             bar.set_postfix(score=f"{sum(r['score'] for r in done.values()) / len(done):.3f}")
 
-        run_coroutine(lambda: evaluate_games(runner, todo, student, teacher, episode_cfg, handoff_cfg, on_done,
-                                             protocol))
+        run_coroutine(lambda: play(spec, todo, protocols=protocol, on_done=on_done, request_prefix="eval/"))
     bar.close()
 
 

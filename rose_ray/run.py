@@ -33,6 +33,7 @@ from rose_ray.recipes.warmup import resolve_models
 from rose_ray.runs import saved_config
 
 if TYPE_CHECKING:
+    from rose_ray.commands import EvalCommand
     from rose_ray.envs.protocol import Protocol
     from rose_ray.learner.learner import LearnerGroup
     from rose_ray.metrics import MetricsLogger
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from rose_ray.rollout.buffer import TrajectoryBuffer
     from rose_ray.rollout.handoff import TurnPolicy
     from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
+    from rose_ray.rollout.play import PlaySpec
     from rose_ray.rollout.runner import EpisodeRunner
     from rose_ray.rollout.supervisor import EngineSupervisor
     from rose_ray.tokens import TokenWeights
@@ -160,6 +162,8 @@ class RunParts:
     student_path: str
     teacher_path: str | None  # None: the world's expert teaches (teacher.kind=expert)
     sampler: GameSampler
+    eval_job: EvalCommand  # the run's evals, as `rose-ray eval --run` makes them
+    eval_spec: PlaySpec
     eval_games: list[GameId]
     engines: EngineSupervisor
     protocol: Protocol
@@ -191,6 +195,7 @@ class RunParts:
 
     def start(self) -> None:
         from rose_ray.envs.worlds import get_world
+        from rose_ray.evaluate import training_evals
         from rose_ray.learner.learner import LearnerGroup
         from rose_ray.metrics import MetricsLogger
         from rose_ray.models import download_model, hub_cache, is_hub_id, load_tokenizer
@@ -225,10 +230,11 @@ class RunParts:
         self.groups = PlacementGroups(demands(cfg), timeout_s=cfg.resources.placement_timeout_s)
         student_path, teacher_path = resolve_models(cfg)  # tiny models, the teacher warm-up
         self.student_path, self.teacher_path = student_path, teacher_path
-        # The games: `rose-ray eval --n N --seed S` on the same split evaluates on the same ones.
         catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
         self.sampler = GameSampler(catalogue.sample(cfg.rollout.split, None, cfg.seed, tasks=cfg.tasks), seed=cfg.seed)
-        self.eval_games = catalogue.sample(cfg.eval.split, cfg.eval.n, cfg.eval.seed, tasks=cfg.tasks)
+        # The evals are `rose-ray eval --run`'s: its job (games, settings) and spec.
+        self.eval_job, self.eval_spec = training_evals(cfg, student_path)
+        self.eval_games = self.eval_job.games()
 
         # The env pools are created first: their JVMs boot while the engines load their weights.
         self.pools = start_env_pools(cfg.env, max_turns=cfg.rollout.max_turns)

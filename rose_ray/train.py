@@ -40,6 +40,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -318,28 +319,21 @@ class Trainer:
     def dev_games(self) -> list[Any]:
         """The dev games of the eval every `eval.every` steps: `eval.every_n` of the dev split,
         drawn as `rose-ray eval --split dev --n N --seed S` draws them."""
-        from rose_ray.envs.worlds import get_world
-
         if self._dev_games is None:
-            cfg = self.cfg
-            catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
-            self._dev_games = catalogue.sample("dev", cfg.eval.every_n, cfg.eval.seed, tasks=cfg.tasks)
+            self._dev_games = replace(self.parts.eval_job, split="dev", n=self.cfg.eval.every_n).games()
         return self._dev_games
 
     async def evaluate(self, who: str, games: list[Any] | None = None) -> dict[str, Any]:
-        """Greedy play of the held-out games (or `games`) by the student (or the teacher) alone."""
-        from rose_ray.evaluate import evaluate_games, summarise
-        from rose_ray.rollout.agent import EpisodeConfig
-        from rose_ray.rollout.handoff import StudentOnly
-        from rose_ray.types import SamplingParams
+        """The held-out games (or `games`) played by the student (or the teacher) alone on the
+        eval runner, as `rose-ray eval --run` plays them (the same spec: evaluate.training_evals)."""
+        from rose_ray.evaluate import game_record, summarise
+        from rose_ray.rollout.play import Players, play
 
         agent = self.parts.teacher if who == "teacher" else self.parts.student
-        ep = EpisodeConfig(max_turns=self.cfg.eval.max_turns, report=self.cfg.rollout.report,
-                           student_sampling=SamplingParams(0.0, 1.0, self.cfg.eval.max_new_tokens))
         games = self.parts.eval_games if games is None else games
-        records = await evaluate_games(self.parts.eval_runner(), games, agent, None, ep,
-                                       StudentOnly(), protocol=self.parts.protocol)
-        return summarise(records)["overall"]
+        played = await play(self.parts.eval_spec, games, players=Players(self.parts.eval_runner(), agent, None),
+                            protocols=self.parts.protocol, request_prefix="eval/")
+        return summarise([game_record(t) for t in played])["overall"]
 
     async def log_eval(self, step: int, who: str, result: dict[str, Any]) -> None:
         self.progress.history["eval"].append({"step": step, "who": who, **result})

@@ -184,26 +184,25 @@ def student_openings(cfg: TrainConfig, games: list[Any], student: str | None) ->
     """The base student's own first replies on the games drawn for one (`opening_turns`), played
     live as a run's student plays them (its engine, the run's chat history and student sampling),
     by item id."""
-    from rose_ray.collect import PlayConfig, play_episodes
+    from dataclasses import replace
+
+    from rose_ray.commands import training_play
+    from rose_ray.event_loop import run_coroutine
+    from rose_ray.rollout.handoff import StudentOnly
+    from rose_ray.rollout.play import play
 
     if student is None:
         raise ValueError("teacher_warmup.student_openings needs the base student's model")
-    w, s, engine = cfg.teacher_warmup, opening_sampling(cfg), cfg.student_engine
+    w = cfg.teacher_warmup
     turns = {g.item_id: opening_turns(g, w.student_openings, w.opening_turns) for g in games}
     chosen = [g for g in games if turns[g.item_id]]
     if not chosen:
         return {}
-    play = PlayConfig(model=student, teacher=None, max_turns=w.opening_turns, handoff="none",
-                      temperature=s.temperature, max_new_tokens=s.max_new_tokens,
-                      concurrency=cfg.env.games_per_worker, world=cfg.env.world, mapping=cfg.env.mapping,
-                      context_tokens=engine.context_tokens, context_policy=engine.context_policy,
-                      enable_thinking=cfg.chat.enable_thinking, history=cfg.chat.history, dtype=engine.dtype,
-                      backend=engine.backend)
-    played, _ = play_episodes(play, chosen, [cfg.env.protocol()] * len(chosen))
+    spec = replace(training_play(cfg, student, None), teacher=None, handoff=StudentOnly(), max_turns=w.opening_turns,
+                   student_sampling=opening_sampling(cfg), report="off")
+    played = run_coroutine(lambda: play(spec, chosen))
     out = {}
     for game, t in zip(chosen, played):
-        if t is None:
-            continue
         replies = [turn.text for turn in t.turns if turn.role == "assistant" and turn.owner == "student"]
         if replies:
             out[game.item_id] = replies[: turns[game.item_id]]

@@ -1,13 +1,11 @@
 """The Ray actors of a run, started and ended: Ray itself, EnvPools (one JVM or worker per
-game), engine actors for a student and a teacher (`Agent`s), and `local_actors`, which holds
+game) and engine actors for a student and a teacher (`Agent`s); `play.local_players` holds
 all of them for a one-off command (eval, collect, continue) and ends them after.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from rose_ray.envs.config import EnvConfig
@@ -214,35 +212,3 @@ async def ping_pools(pools: list[Any], timeout_s: float = 5.0) -> list[str]:
             return f"env pool {i}: {type(e).__name__} (dead or restarting)"
 
     return [line for line in await asyncio.gather(*(ping(i, p) for i, p in enumerate(pools))) if line]
-
-
-@contextmanager
-def local_actors(env: EnvConfig, student: Any, teacher: Any | None, max_turns: int | None,
-                 enable_thinking: bool = False, history: str = "sampled") -> Iterator[tuple[Any, Agent, Agent | None]]:
-    """(an EpisodeRunner over new env pools, the student agent, the teacher agent or None) for
-    a one-off command on Ray (joined or started); every actor is ended on the way out. A
-    teacher given as `EXPERT` is the world's expert."""
-    import ray
-
-    from rose_ray.rollout.runner import EpisodeRunner
-
-    init_ray()
-    pools = start_env_pools(env, max_turns=max_turns)
-    agents: tuple[Agent | None, Agent | None] = (None, None)
-    # An engine that computes gets a CPU, or its share of what the env pools leave (on a 2-core
-    # machine two engines and a pool would not fit otherwise, and the second would never start);
-    # a served model's client computes nothing.
-    computing = {id(c) for c in (student, teacher) if c is not None and c != EXPERT and c.spec.local}
-    left = ray.cluster_resources().get("CPU", 1.0) - env.workers * env.cpus_per_worker
-    share = min(1.0, max(left, 0.25) / max(len(computing), 1))
-
-    def cpus(config: Any) -> float:
-        return 0.0 if config is None or config == EXPERT or config.spec.served else share
-
-    try:
-        agents = start_agents(student, teacher, cpus(student), cpus(teacher), enable_thinking=enable_thinking,
-                              history=history)
-        yield EpisodeRunner(pools, env.games_per_worker), agents[0], agents[1]
-    finally:
-        close_pools(pools)
-        stop_agents(*agents)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from rose_ray.chat import ChatFormat
 
 REPORT_MODES = ("ask", "train", "off")
-# The teacher named where an engine config would be (start_agents, local_actors, PlayConfig.teacher):
+# The teacher named where an engine config would be (start_agents, PlaySpec.teacher):
 # the world's expert teacher (`expert_agent`).
 EXPERT = "expert"
 

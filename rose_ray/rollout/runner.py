@@ -1,5 +1,5 @@
-"""Many concurrent episodes over EnvPool actors: slots, retries, and `play_games`, the one
-driver that plays a list of games to their ends (held-out eval, datasets, a run's evals).
+"""Many concurrent episodes over EnvPool actors: slots and retries (`play.py` plays a list of
+games to their ends on a runner; a training run's loop hands it one episode at a time).
 
 Every episode holds one pool slot while it runs. An episode whose game process died (or
 whose pool actor died, or whose engine died) is restarted from its first turn on the next
@@ -141,30 +141,3 @@ class EpisodeRunner:
             groups[what] = (n + 1, max(oldest, now - slot.since), example)
         return [f"{n} episode(s) waiting on {what}, the longest for {oldest:.0f} s (e.g. {example})"
                 for what, (n, oldest, example) in sorted(groups.items())]
-
-
-async def play_games(runner: EpisodeRunner, games: list[GameId], student: Any, teacher: Any, config: Any,
-                     handoff: Any, protocol: Any = None, *, replays: list[Any] | None = None,
-                     request_prefix: str = "", on_done: Callable[[Trajectory], None] | None = None,
-                     skip: tuple[type[Exception], ...] = ()) -> list[Trajectory | Exception]:
-    """Play every game to its end, concurrently over the runner's slots; the trajectories in
-    game order. `protocol` is one Protocol, or one per game (None: each game's world's own);
-    `replays[i]`, recorded turns game i replays first; `on_done(t)` as each game finishes. An
-    episode that raises one of `skip` gets that exception in its place; others propagate."""
-    from rose_ray.rollout.episode import run_episode
-
-    protocols = protocol if isinstance(protocol, list) else [protocol] * len(games)
-
-    async def one(i: int, game: GameId) -> Trajectory | Exception:
-        async def episode(g: GameId, slot: EnvSlot) -> Trajectory:
-            return await run_episode(g, slot, student, teacher, config, handoff, protocol=protocols[i],
-                                     request_prefix=request_prefix, replay=replays[i] if replays else None)
-        try:
-            t = await runner.play(game, episode)
-        except skip as e:
-            return e
-        if on_done is not None:
-            on_done(t)
-        return t
-
-    return list(await asyncio.gather(*(one(i, g) for i, g in enumerate(games))))

@@ -3,7 +3,7 @@ seed, the SFT arm's teacher plays as the online arms' teacher does, and the figu
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,14 +32,14 @@ def test_every_arm_gets_the_same_learner_settings_and_the_bench_seed(bench_table
     # ... and its teacher plays as the online arms' teacher: its engine's dtype, the run's history.
     cfg = load_config(SMALL, ["teacher_engine.dtype=bfloat16", "chat.history=template"])
     play = table.teacher_play(cfg, "teacher-folder", "student-folder")
-    assert (play.dtype, play.history, play.temperature, play.max_new_tokens) == (
-        "bfloat16", "template", cfg.rollout.teacher_sampling.temperature, cfg.rollout.teacher_sampling.max_new_tokens)
-    assert play.engines()["--model"].dtype == "bfloat16"
-    assert play.backend == cfg.teacher_engine.backend == "hf"  # not `auto` (vLLM where installed)
+    assert (play.student.dtype, play.history, play.student_sampling, play.teacher) == (
+        "bfloat16", "template", cfg.rollout.teacher_sampling, None)
+    assert play.student == replace(cfg.teacher_engine, model="teacher-folder")  # its engine, hf not `auto`
+    assert list(play.engines()) == ["--model"] and play.student.backend == "hf"
     assert table.teacher_play(load_config(SMALL), "t", "s").history == "sampled"  # the small tier's
     # The expert as the teacher: it plays every turn in the student's tokenizer, from its engine.
     play = table.teacher_play(load_config(SMALL, ["teacher.kind=expert", "teacher_warmup.enabled=false"]), None, "s")
-    assert (play.model, play.teacher, play.handoff) == ("s", "expert", "teacher_only")
+    assert (play.student.model, play.teacher, play.handoff.policy) == ("s", "expert", "teacher_only")
     assert list(play.engines()) == ["--model"]  # no teacher engine
 
 

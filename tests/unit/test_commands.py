@@ -221,19 +221,116 @@ def test_every_eval_setting_reaches_the_job(monkeypatch):
     assert {k: getattr(job, k) for k in values} == values
 
 
-def test_every_play_setting_reaches_the_played_episodes(monkeypatch, tmp_path):
-    """`collect` (and `continue`) play with each of the play settings they were given."""
+# --------------------------------------------------------------------------- what `play` gets
+# Eval settings that play nothing: where results go, the layers under the settings, the judge
+# (it reads the played games' records afterwards).
+NOT_PLAYED = {"out", "overwrite", "compare", "run", "config", "judge", "judge_model", "judge_max_new_tokens",
+              "judge_thinking"}
+SERVED = "openai:http://127.0.0.1:9/v1"  # a served model: where --tokenizer and --served-model count
+
+
+def play_inputs(command: type, settings: dict[str, Any]) -> tuple[Any, list[str] | None]:
+    """What `play` gets from a command of these settings: its PlaySpec, and its games (eval's)."""
+    job = command(**settings)
+    return job.play_spec(), [g.item_id for g in job.games()] if hasattr(job, "games") else None
+
+
+def dropped_settings(command: type, base: dict[str, Any], values: dict[str, Any], skip: set[str],
+                     model: str = "model") -> list[str]:
+    """The settings of `command` that do not reach `play`: each in turn at a value other than its
+    default (`values`; a served model's as `model`) leaves the spec and the games as they were."""
+    dropped = []
+    for f in fields(command):
+        if f.name in skip:
+            continue
+        served = {model: SERVED, "tokenizer": "tok"} if f.name in ("tokenizer", "served_model") else {}
+        under = {**base, **served}
+        if play_inputs(command, {**under, f.name: values[f.name]}) == play_inputs(command, under):
+            dropped.append(f.name)
+    return dropped
+
+
+def test_every_eval_setting_reaches_play():
+    """The guard of "add an eval setting": each `rose-ray eval` setting that plays, changed alone,
+    changes what `play` gets (EvalCommand.play_spec and its games); a setting dropped on the way,
+    or a new one that nothing reads, fails here, named. A training run's evals play the same
+    spec (test_a_runs_evals_are_eval_run_s)."""
+    from rose_ray.commands import EvalCommand
+
+    values = {**other_values(EvalCommand), "model": "m2", "split": "dev", "tasks": "find-plant", "teacher": "t",
+              "instruction_from": "first_row.jsonl", "world": "discoveryworld", "backend": "hf"}
+    base = {"model": "m", "n": 3, "backend": "vllm", "teacher": "expert", "handoff": 1}  # vllm: --kv-cache-mb counts
+    assert dropped_settings(EvalCommand, base, values, NOT_PLAYED) == []
+
+
+def test_every_play_setting_reaches_collect_and_continue_play():
+    """`collect` and `continue` play with each of their play settings (PlaySettings and their own)."""
+    from rose_ray.commands import CollectCommand, ContinueCommand
+
+    values = {**other_values(CollectCommand), "model": "m2", "instruction_from": "first_row.jsonl", "backend": "hf",
+              "world": "discoveryworld"}
+    base = {"model": "m", "out": "o.jsonl", "backend": "vllm"}
+    # split, n and the schema choose games and write rows; `play` gets the games collect_main draws.
+    assert dropped_settings(CollectCommand, base, values, {"out", "overwrite", "schema", "split", "n"}) == []
+    values = {**other_values(ContinueCommand), "teacher": "t2", "student": "s",
+              "instruction_from": "first_row.jsonl", "backend": "hf", "world": "discoveryworld"}
+    base = {"teacher": "t", "input": "p.jsonl", "out": "o.jsonl", "backend": "vllm", "temperature": 0.5}  # T > 0: the seed counts
+    assert dropped_settings(ContinueCommand, base, values, {"out", "overwrite", "schema", "input"}, "teacher") == []
+    spec = ContinueCommand(**base).play_spec()  # without --student the teacher's engine is the only one
+    assert spec.student is spec.teacher and list(spec.engines("--teacher")) == ["--teacher"]
+
+
+def test_collects_flags_are_what_it_plays(monkeypatch, tmp_path):
+    """`rose-ray collect` with every play setting given as a flag plays the spec of those settings."""
     import rose_ray.collect as collect
-    from rose_ray.commands import PlaySettings
+    from rose_ray.commands import CollectCommand, PlaySettings
 
     values = {**other_values(PlaySettings), "world": "sciworld"}  # a world whose mappings these are
     seen = []
     monkeypatch.setattr(collect, "world_protocol", lambda *a: None)  # --instruction-from names no file
-    monkeypatch.setattr(collect, "play_episodes", lambda cfg, *a, **k: (seen.append(cfg), ([], []))[1])
-    assert main(["collect", "--model", "m", "--out", str(tmp_path / "o.jsonl"), "--split", "dev", "--n", "2",
-                 *as_flags(values)]) == 0
-    [play] = seen
-    assert {k: getattr(play, k) for k in values} == values
+    monkeypatch.setattr(collect, "play_rows", lambda command, spec, *a, **k: seen.append(spec))
+    out = str(tmp_path / "o.jsonl")
+    assert main(["collect", "--model", "m", "--out", out, "--split", "dev", "--n", "2", *as_flags(values)]) == 0
+    assert seen == [CollectCommand(model="m", out=out, split="dev", n=2, **values).play_spec()]
+
+
+def test_every_eval_config_setting_reaches_a_runs_evals():
+    """A training run's `eval.*` settings reach its evals' spec and games (evaluate.training_evals,
+    what Trainer.evaluate plays), each changed alone; those that say when and whom a run evaluates
+    are the loop's."""
+    from rose_ray.config import EvalConfig, load_config
+    from rose_ray.evaluate import training_evals
+
+    def inputs(overrides: list[str]) -> tuple[Any, list[str]]:
+        job, spec = training_evals(load_config(None, overrides), "m")
+        return spec, [g.item_id for g in job.games()]
+
+    values = {"split": "dev", "n": 3, "max_turns": 5, "max_new_tokens": 7, "seed": 1}
+    when = {"every", "every_n", "before", "after", "teacher"}
+    assert {f.name for f in fields(EvalConfig)} == set(values) | when  # a new eval.* setting: say which it is
+    assert [k for k, v in values.items() if inputs([f"eval.{k}={v}"]) == inputs([])] == []
+
+
+def test_a_runs_evals_are_eval_run_s(tmp_path):
+    """A training run evaluates with what `rose-ray eval --run RUN` plays: the same spec (engine,
+    turns, tokens, chat, world, opening) and games, from a config whose every eval-related setting
+    differs from the default; so the two agree to the digit (tests/e2e/test_train.py plays both)."""
+    from rose_ray.config import load_config
+    from rose_ray.evaluate import training_evals
+    from tests.unit.test_runs import fake_run
+
+    run = fake_run(tmp_path / "runs", ["eval.n=5", "eval.max_turns=3", "eval.max_new_tokens=16", "eval.seed=4",
+                                       "eval.split=dev", "tasks=[find-plant,boil]", "chat.history=template",
+                                       "chat.enable_thinking=true", "env.games_per_worker=6", "env.mapping=agentgym_traj",
+                                       "student_engine.max_batch_size=3", "student_engine.threads=2",
+                                       "student_engine.context_tokens=1024", "student_engine.context_policy=end_episode",
+                                       "student_engine.dtype=bfloat16"])
+    job, spec = training_evals(load_config(run / "config.yaml", saved=True), str(run / "model"))
+    cli = settings_of(["eval", "--run", str(run)])
+    assert cli.play_spec() == spec and cli.games() == job.games()
+    assert (spec.max_turns, spec.student_sampling.max_new_tokens, spec.history, spec.enable_thinking, spec.concurrency,
+            spec.student.context_tokens, spec.student.dtype, spec.student.threads, spec.mapping) == (
+        3, 16, "template", True, 6, 1024, "bfloat16", 2, "agentgym_traj")
 
 
 def test_context_tokens_has_one_default():
@@ -292,7 +389,6 @@ def test_eval_run_plays_as_the_runs_own_eval_did(tmp_path):
     from dataclasses import replace
 
     from rose_ray.config import load_config
-    from rose_ray.evaluate import _engine_config
     from tests.unit.test_runs import fake_run
 
     runs = tmp_path / "tiny"
@@ -310,8 +406,7 @@ def test_eval_run_plays_as_the_runs_own_eval_did(tmp_path):
                 job.dtype, job.backend, job.world) == ("template", False, 6, 2048, "drop_oldest", "float32", "hf",
                                                        "sciworld")
     # The engine is the run's student engine (batch size, threads, ...), its model the run's model/.
-    assert _engine_config(job.model, "--model", job, cfg.student_engine) == replace(cfg.student_engine,
-                                                                                    model=str(run / "model"))
+    assert job.play_spec().student == replace(cfg.student_engine, model=str(run / "model"))
     job = settings_of(["eval", "--run", str(runs), "--split", "dev", "n=2"])
     assert (job.split, job.n, job.max_turns, job.out) == ("dev", 2, 3, str(run / "eval_dev"))
     from rose_ray.commands import EvalCommand, from_keywords

@@ -1,0 +1,147 @@
+"""`play(spec, games)`: games played to their ends, the one way every command plays them:
+`rose-ray eval`, `collect`, `continue`, a training run's evals, the warm-ups' openings and the
+benches. What to play is a `PlaySpec`; each command's typed settings become one in one place
+(commands.py: `EvalCommand.play_spec`, `CollectCommand.play_spec`, `ContinueCommand.play_spec`,
+and `training_play` for a training config), so a setting reaches every caller alike.
+
+`play` starts the players a spec names (env pools and engine actors, ended after: a one-off
+command) unless it is given players already running (a training run's eval runner and agents,
+a bench's warm pools).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from rose_ray.envs import DEFAULT_WORLD
+from rose_ray.rollout.agent import EXPERT, Agent, EpisodeConfig
+from rose_ray.rollout.handoff import StudentOnly, TurnPolicy
+from rose_ray.types import GameId, SamplingParams, Trajectory, Turn
+
+if TYPE_CHECKING:
+    from rose_ray.envs.protocol import Protocol
+    from rose_ray.inference.engine import EngineConfig
+    from rose_ray.rollout.runner import EpisodeRunner
+
+
+@dataclass
+class PlaySpec:
+    """What to play: who plays (the student's engine; a teacher's engine, the world's expert
+    teacher or none) and who acts at each turn (`handoff`), for how many turns, with what
+    sampling (reply tokens included), chat and opening, on which world, how many at once. The
+    context (tokens, policy) is each engine's own (EngineConfig.context_tokens, context_policy)."""
+
+    student: EngineConfig  # plays the student's turns (with the expert teacher: lends it its tokenizer)
+    teacher: EngineConfig | str | None = None  # a model's engine, EXPERT, or None (the student alone)
+    handoff: TurnPolicy = field(default_factory=StudentOnly)
+    max_turns: int | None = None  # None: each game ends at its world's own limit (catalogue.turn_limit)
+    student_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(0.0))
+    teacher_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(0.0))
+    report: str = "off"  # the world's report question when a game ends (agent.REPORT_MODES)
+    enable_thinking: bool = False  # the chat templates' thinking switch
+    history: str = "template"  # how earlier turns are rendered (chat.HISTORIES)
+    world: str = DEFAULT_WORLD
+    mapping: str | None = None  # the world's item-id mapping (None: its default)
+    instruction_from: str | None = None  # a dataset whose first row gives the opening (None: the world's)
+    concurrency: int = 8  # episodes at once
+    env_workers: int = 1  # game processes, sharing `concurrency`
+
+    def engines(self, student: str = "--model", teacher: str = "--teacher") -> dict[str, EngineConfig]:
+        """The engines to start, by the flag naming each for a command's messages (a teacher that
+        is the student's engine, as in `continue` without --student, is one engine)."""
+        out = {student: self.student}
+        if self.teacher not in (None, EXPERT, self.student):
+            out[teacher] = self.teacher
+        return out
+
+    def protocol(self) -> Protocol:
+        """The world's protocol, with the opening of `instruction_from` when set (a bad file: InputError)."""
+        from rose_ray.envs.worlds import world_protocol
+
+        return world_protocol(self.world, self.instruction_from)
+
+
+class Players(NamedTuple):
+    """Who plays: an episode runner (env pool slots) and the agents in the student's and the teacher's seats."""
+
+    runner: EpisodeRunner
+    student: Agent
+    teacher: Agent | None
+
+
+async def play(spec: PlaySpec, games: list[GameId], *, players: Players | None = None,
+               protocols: Protocol | list[Protocol] | None = None, replays: list[list[Turn]] | None = None,
+               on_done: Callable[[int, Trajectory], None] | None = None, skip: tuple[type[Exception], ...] = (),
+               request_prefix: str = "") -> list[Trajectory | Exception]:
+    """Play every game to its end, concurrently over the players' slots (`players` None: the
+    spec's own, started here and ended after: `local_players`); the trajectories in game order.
+    `protocols`: one Protocol, or one per game (None: the spec's); `replays[i]`: recorded turns
+    game i replays first; `on_done(i, t)` as game i finishes. An episode that raises one of
+    `skip` gets that exception in its place; others propagate."""
+    from rose_ray.envs.worlds import get_world
+    from rose_ray.rollout.episode import run_episode
+
+    if players is None:
+        with local_players(spec, len(games)) as started:
+            return await play(spec, games, players=started, protocols=protocols, replays=replays, on_done=on_done,
+                              skip=skip, request_prefix=request_prefix)
+    protocols = spec.protocol() if protocols is None else protocols
+    per_game = protocols if isinstance(protocols, list) else [protocols] * len(games)
+    max_turns = spec.max_turns or max((get_world(spec.world).catalogue(spec.mapping).turn_limit(g) for g in games),
+                                      default=1)
+    config = EpisodeConfig(max_turns=max_turns, student_sampling=spec.student_sampling,
+                           teacher_sampling=spec.teacher_sampling, report=spec.report)
+
+    async def one(i: int, game: GameId) -> Trajectory | Exception:
+        async def episode(g: GameId, slot: Any) -> Trajectory:
+            return await run_episode(g, slot, players.student, players.teacher, config, spec.handoff,
+                                     protocol=per_game[i], request_prefix=request_prefix,
+                                     replay=replays[i] if replays else None)
+        try:
+            t = await players.runner.play(game, episode)
+        except skip as e:
+            return e
+        if on_done is not None:
+            on_done(i, t)
+        return t
+
+    return list(await asyncio.gather(*(one(i, g) for i, g in enumerate(games))))
+
+
+@contextmanager
+def local_players(spec: PlaySpec, games: int) -> Iterator[Players]:
+    """The spec's players for `games` games, on Ray (joined or started): new env pools, the
+    student's engine actor and the teacher's (or the world's expert); every actor is ended on
+    the way out."""
+    import ray
+
+    from rose_ray.envs.config import EnvConfig
+    from rose_ray.rollout import actors
+    from rose_ray.rollout.runner import EpisodeRunner
+
+    env = EnvConfig(workers=spec.env_workers, mapping=spec.mapping, world=spec.world, cpus_per_worker=0.5,
+                    games_per_worker=max(1, -(-min(spec.concurrency, games) // spec.env_workers)))
+    actors.init_ray()
+    pools = actors.start_env_pools(env, max_turns=spec.max_turns)
+    agents: tuple[Agent | None, Agent | None] = (None, None)
+    # An engine that computes gets a CPU, or its share of what the env pools leave (on a 2-core
+    # machine two engines and a pool would not fit otherwise, and the second would never start);
+    # a served model's client computes nothing.
+    computing = {id(c) for c in (spec.student, spec.teacher) if c not in (None, EXPERT) and c.spec.local}
+    left = ray.cluster_resources().get("CPU", 1.0) - env.workers * env.cpus_per_worker
+    share = min(1.0, max(left, 0.25) / max(len(computing), 1))
+
+    def cpus(config: Any) -> float:
+        return 0.0 if config in (None, EXPERT) or config.spec.served else share
+
+    try:
+        agents = actors.start_agents(spec.student, spec.teacher, cpus(spec.student), cpus(spec.teacher),
+                                     enable_thinking=spec.enable_thinking, history=spec.history)
+        yield Players(EpisodeRunner(pools, env.games_per_worker), agents[0], agents[1])
+    finally:
+        actors.close_pools(pools)
+        actors.stop_agents(*agents)
