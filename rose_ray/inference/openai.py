@@ -286,7 +286,7 @@ class OpenAIEngine:
         self._watcher: asyncio.Task | None = None
         url = urllib.parse.urlsplit(self.base_url)
         self._address = (url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 80))
-        # The environment's proxy, as urllib (and so this client before) takes it. Through a proxy
+        # The environment's proxy (HTTPS_PROXY, NO_PROXY, ...) as urllib reads it. Through a proxy
         # a refused direct connection says nothing about the server: no probes.
         proxy = urllib.request.getproxies().get(url.scheme)
         self._proxy = proxy if proxy and not urllib.request.proxy_bypass(self._address[0]) else None
