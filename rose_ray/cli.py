@@ -10,10 +10,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
+from typing import TYPE_CHECKING
 
 from rose_ray import __version__
 from rose_ray.errors import InputError
+
+if TYPE_CHECKING:
+    from rose_ray.commands import ServeCommand
 
 
 class UsageError(InputError):
@@ -119,6 +124,42 @@ def _init_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def vllm_server(args: ServeCommand) -> list[str]:
+    """vLLM's OpenAI server with what `serve` was given (its module, as `vllm serve` does not
+    start on vLLM's CPU build)."""
+    return ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", args.model, "--served-model-name",
+            args.served_model_name or args.model, "--host", args.host, "--port", str(args.port),
+            "--max-model-len", str(args.context_tokens), "--dtype", args.dtype]
+
+
+def _serve(args: ServeCommand) -> int:
+    """`rose-ray serve MODEL --port P [--host H] [--api-key K] ...`: the hf engine behind
+    inference/server.py; `--backend vllm` is vLLM's own server, which the command names."""
+    from rose_ray.inference.backends import backend_version, command_engine, make_engine
+    from rose_ray.inference.server import OpenAIServer
+
+    if args.model.startswith("openai:"):
+        raise InputError(f"serve {args.model}: serve a local model folder (this command is the server)")
+    api_key = args.api_key or os.environ.get("ROSE_RAY_API_KEY")
+    if args.backend == "vllm":
+        key = " --api-key KEY" if api_key else ""
+        raise InputError(f"--backend vllm: serve the model with vLLM's own OpenAI server, which the openai engine "
+                         f"talks to as it does to this one: {shlex.join(vllm_server(args))}{key} "
+                         "(docs/engines.md#served-models)")
+    name = args.served_model_name or args.model
+    config = command_engine(args.model, "MODEL", "hf", dtype=args.dtype, max_batch_size=args.max_batch_size,
+                            max_wait_ms=args.max_wait_ms, context_tokens=args.context_tokens, threads=args.threads)
+    engine = make_engine(config)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        print(f"warning: serving on {args.host} without an API key (anyone who reaches the port can use it; "
+              "only requests to an IP address or localhost are answered)", flush=True)
+    server = OpenAIServer(engine, name, api_key, max_concurrent=args.max_concurrent)
+    print(f"serving {args.model} as {name!r} on http://{args.host}:{args.port}/v1 with the {config.backend} backend "
+          f"({backend_version(config.backend)}; request bodies up to {server.max_body / 2**20:.1f} MiB)", flush=True)
+    server.run(args.host, args.port)
+    return 0
+
+
 def world_args(g: argparse.ArgumentParser) -> None:
     from rose_ray.envs.worlds import DEFAULT_WORLD, WORLDS, get_world
 
@@ -199,9 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func="rose_ray.collect:check_data_main")
 
     # --- serve (inference) ---
-    g = command("serve", "OpenAI-compatible server over a vLLM or transformers engine")
+    g = command("serve", "OpenAI-compatible server over a transformers engine (vLLM: its own server)")
     add_flags(g, COMMANDS["serve"])
-    g.set_defaults(func="rose_ray.inference.server:cli_main")
+    g.set_defaults(func=_serve)
     # --- end serve ---
 
     # --- sft (learner) ---

@@ -435,10 +435,13 @@ class SftCommand(HistorySetting):
 
 
 @dataclass
-class ServeCommand(ContextTokens, BackendSettings):
-    """`rose-ray serve MODEL` (inference/server.py); the engine's settings default as EngineConfig's."""
+class ServeCommand(ContextTokens):
+    """`rose-ray serve MODEL` (cli.py, inference/server.py): a transformers engine behind an
+    OpenAI-compatible server; its settings default as EngineConfig's. vLLM has its own server."""
 
     model: str = setting(help="local HF model folder", positional=True)
+    backend: str = setting("hf", "the engine: hf (transformers); for vllm, run vLLM's own OpenAI server (the "
+                                 "command says how)", choices=("hf", "vllm"))
     port: int = setting(8000)
     host: str = setting("127.0.0.1", "bind address (default: localhost only)")
     api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' (default: $ROSE_RAY_API_KEY)")

@@ -26,8 +26,7 @@ from rose_ray.inference.registry import BACKENDS, in_flight_backends, settings_o
 from rose_ray.learner.learner import LearnerConfig
 from rose_ray.learner.weights import PublishConfig
 from rose_ray.recipes import Recipe, get_recipe
-from rose_ray.rollout.agent import REPORT_MODES
-from rose_ray.types import SamplingParams
+from rose_ray.types import REPORT_MODES, SamplingParams
 
 __all__ = ["ConfigError", "TrainConfig", "load_config", "to_dict", "to_yaml"]
 

@@ -21,6 +21,14 @@ class ConfigError(InputError):
     """A config that cannot run; the message names the key."""
 
 
+class DataError(InputError):
+    """A dataset row that does not follow the schema; the message names file:line and key."""
+
+    @classmethod
+    def at(cls, where: str, key: str, msg: str) -> DataError:
+        return cls(f"{where}: {key}: {msg}")
+
+
 class UnknownItem(InputError, KeyError):
     """A game, task or variation a catalogue does not have (a KeyError too, for lookups)."""
 

@@ -25,33 +25,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rose_ray.errors import InputError
+from rose_ray.errors import DataError, InputError
 from rose_ray.files import json_line, json_records, open_for_append, writing_file
-from rose_ray.types import OWNERS, GameId, Trajectory, Turn
+from rose_ray.types import (
+    GameId,
+    Trajectory,
+    Turn,
+    message_schema,
+    message_text,
+    validate_conversation,
+)
 
-# Per schema: (role key, text key, {the schema's role name: our role}).
-MESSAGE_KEYS: dict[str, tuple[str, str, dict[str, str]]] = {
-    "card": ("role", "content", {"user": "user", "assistant": "assistant"}),
-    "agentgym": ("from", "value", {"human": "user", "gpt": "assistant"}),
-}
 _OPTIONAL = {"task": str, "var": int, "rounds": int}
-
-
-class DataError(InputError):
-    """A dataset row that does not follow the schema; the message names file:line and key."""
-
-
-def _fail(where: str, key: str, msg: str) -> DataError:
-    return DataError(f"{where}: {key}: {msg}")
-
-
-def message_schema(msg: dict[str, Any]) -> str | None:
-    """"card" for a role/content message, "agentgym" for from/value, else None."""
-    if "role" in msg or "content" in msg:
-        return "card"
-    if "from" in msg or "value" in msg:
-        return "agentgym"
-    return None
 
 
 def row_schema(row: dict[str, Any]) -> str | None:
@@ -59,64 +44,27 @@ def row_schema(row: dict[str, Any]) -> str | None:
     return message_schema(row["conversations"][0])
 
 
-def message_text(msg: dict[str, Any]) -> tuple[str, str]:
-    """(our role "user"/"assistant", text) of a validated message of either schema."""
-    role_key, text_key, roles = MESSAGE_KEYS[message_schema(msg) or "card"]
-    return roles[msg[role_key]], msg[text_key]
-
-
 def validate_row(row: Any, where: str = "row") -> dict[str, Any]:
     """Check one row against either schema; returns it unchanged or raises DataError."""
     if not isinstance(row, dict):
-        raise _fail(where, "row", f"expected a JSON object, got {type(row).__name__}")
+        raise DataError.at(where, "row", f"expected a JSON object, got {type(row).__name__}")
     if not isinstance(row.get("item_id"), str) or not row["item_id"]:
-        raise _fail(where, "item_id", f"expected a non-empty string, got {row.get('item_id')!r}")
+        raise DataError.at(where, "item_id", f"expected a non-empty string, got {row.get('item_id')!r}")
     for key, kind in _OPTIONAL.items():
         value = row.get(key)
         # bool is an int subclass: reject True as a `var` or `rounds`
         if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
-            raise _fail(where, key, f"expected {kind.__name__}, got {value!r}")
+            raise DataError.at(where, key, f"expected {kind.__name__}, got {value!r}")
     score = row.get("score")
     if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))
                               or not 0.0 <= score <= 1.0):
-        raise _fail(where, "score", f"expected the completion in [0, 1] (a game score of 0..100 "
+        raise DataError.at(where, "score", f"expected the completion in [0, 1] (a game score of 0..100 "
                     f"divided by 100; failures count 0), got {score!r}")
     success = row.get("success")
     if success is not None and success not in (0, 1):  # 0/1 (the card), false/true (AgentGym)
-        raise _fail(where, "success", f"expected 0 or 1 (or false/true), got {success!r}")
+        raise DataError.at(where, "success", f"expected 0 or 1 (or false/true), got {success!r}")
     validate_conversation(row.get("conversations"), where)
     return row
-
-
-def validate_conversation(conv: Any, where: str = "row") -> list[dict[str, Any]]:
-    """Check a row's `conversations` (messages of one schema); returns it or raises DataError."""
-    if not isinstance(conv, list) or not conv:
-        raise _fail(where, "conversations", "expected a non-empty list of messages")
-    schema = None
-    for i, msg in enumerate(conv):
-        key = f"conversations[{i}]"
-        if not isinstance(msg, dict):
-            raise _fail(where, key, f"expected an object, got {type(msg).__name__}")
-        this = message_schema(msg)
-        if this is None:
-            raise _fail(where, key, "expected a message with 'role'/'content' (the card's schema) "
-                        f"or 'from'/'value' (AgentGym's), got keys {sorted(msg)}")
-        if schema is not None and this != schema:
-            raise _fail(where, key, f"a {this} message in a row of {schema} messages "
-                        "(one schema per row: role/content or from/value)")
-        schema = this
-        role_key, text_key, roles = MESSAGE_KEYS[this]
-        if msg.get(role_key) not in roles:
-            raise _fail(where, f"{key}.{role_key}", f"expected {' or '.join(map(repr, roles))}, "
-                        f"got {msg.get(role_key)!r}")
-        if not isinstance(msg.get(text_key), str):
-            raise _fail(where, f"{key}.{text_key}", f"expected a string, got {msg.get(text_key)!r}")
-        for flag in ("loss", "truncated"):
-            if msg.get(flag) is not None and not isinstance(msg[flag], bool):
-                raise _fail(where, f"{key}.{flag}", f"expected true, false or null, got {msg[flag]!r}")
-        if msg.get("owner") is not None and msg["owner"] not in OWNERS:
-            raise _fail(where, f"{key}.owner", f"expected one of {OWNERS}, got {msg['owner']!r}")
-    return conv
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

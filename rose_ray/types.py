@@ -10,30 +10,42 @@ import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from rose_ray.envs import DEFAULT_WORLD
-from rose_ray.errors import InputError
+from rose_ray.errors import DataError, InputError
 
 Owner = Literal["prompt", "env", "student", "teacher"]
 Role = Literal["user", "assistant"]
 OWNERS: tuple[str, ...] = ("prompt", "env", "student", "teacher")
 # Dataset row schemas: the dataset card's (role/content messages, success 0/1) and AgentGym's
-# (from/value messages with human/gpt).
-SCHEMAS: tuple[str, ...] = ("card", "agentgym")
+# (from/value messages with human/gpt); per schema, its messages' (role key, text key, {the
+# schema's role name: our role}). Rows are read in rows.py; a world's protocol reads a row's
+# opening messages too (envs/protocol.py), so their checks live here, below both.
+MESSAGE_KEYS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "card": ("role", "content", {"user": "user", "assistant": "assistant"}),
+    "agentgym": ("from", "value", {"human": "user", "gpt": "assistant"}),
+}
+SCHEMAS: tuple[str, ...] = tuple(MESSAGE_KEYS)
 # Prompt + reply tokens, the dataset card's 16,384: the one default of every engine
 # (EngineConfig.context_tokens, which each command's --context-tokens reads) and of a learner's
 # packed row (learner.max_tokens, which must hold a whole context).
 CONTEXT_TOKENS = 16384
+# The world's report question after the last observation (DiscoveryWorld; `rollout.report`): ask
+# it and record the answer, also train on it, or not ask.
+REPORT_MODES: tuple[str, ...] = ("ask", "train", "off")
 
 
 @dataclass(frozen=True)
 class GameId:
     """One game of a world. `item_id` is `<world>_<n>` (`sciworld_12`, `discoveryworld_3`) under
-    the world's catalogue mapping in force."""
+    the world's catalogue mapping in force; `world` defaults to the world it names."""
 
     task: str
     variation: int
     item_id: str
-    world: str = DEFAULT_WORLD
+    world: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.world:
+            object.__setattr__(self, "world", self.item_id.rsplit("_", 1)[0])  # frozen
 
     @property
     def index(self) -> int:
@@ -212,3 +224,49 @@ class Batch:
     versions: Any = None
     num_sequences: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+def message_schema(msg: dict[str, Any]) -> str | None:
+    """"card" for a role/content message, "agentgym" for from/value, else None."""
+    if "role" in msg or "content" in msg:
+        return "card"
+    if "from" in msg or "value" in msg:
+        return "agentgym"
+    return None
+
+
+def message_text(msg: dict[str, Any]) -> tuple[str, str]:
+    """(our role "user"/"assistant", text) of a validated message of either schema."""
+    role_key, text_key, roles = MESSAGE_KEYS[message_schema(msg) or "card"]
+    return roles[msg[role_key]], msg[text_key]
+
+
+def validate_conversation(conv: Any, where: str = "row") -> list[dict[str, Any]]:
+    """Check a row's `conversations` (messages of one schema); returns it or raises DataError."""
+    if not isinstance(conv, list) or not conv:
+        raise DataError.at(where, "conversations", "expected a non-empty list of messages")
+    schema = None
+    for i, msg in enumerate(conv):
+        key = f"conversations[{i}]"
+        if not isinstance(msg, dict):
+            raise DataError.at(where, key, f"expected an object, got {type(msg).__name__}")
+        this = message_schema(msg)
+        if this is None:
+            raise DataError.at(where, key, "expected a message with 'role'/'content' (the card's schema) "
+                        f"or 'from'/'value' (AgentGym's), got keys {sorted(msg)}")
+        if schema is not None and this != schema:
+            raise DataError.at(where, key, f"a {this} message in a row of {schema} messages "
+                        "(one schema per row: role/content or from/value)")
+        schema = this
+        role_key, text_key, roles = MESSAGE_KEYS[this]
+        if msg.get(role_key) not in roles:
+            raise DataError.at(where, f"{key}.{role_key}", f"expected {' or '.join(map(repr, roles))}, "
+                        f"got {msg.get(role_key)!r}")
+        if not isinstance(msg.get(text_key), str):
+            raise DataError.at(where, f"{key}.{text_key}", f"expected a string, got {msg.get(text_key)!r}")
+        for flag in ("loss", "truncated"):
+            if msg.get(flag) is not None and not isinstance(msg[flag], bool):
+                raise DataError.at(where, f"{key}.{flag}", f"expected true, false or null, got {msg[flag]!r}")
+        if msg.get("owner") is not None and msg["owner"] not in OWNERS:
+            raise DataError.at(where, f"{key}.owner", f"expected one of {OWNERS}, got {msg['owner']!r}")
+    return conv

@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rose_ray.errors import InputError
+from rose_ray.errors import DataError, InputError
+from rose_ray.types import message_text, validate_conversation
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,6 @@ class Protocol:
     def with_opening_of(self, row: dict, where: str = "row") -> Protocol:
         """This protocol with the instruction and acknowledgement of a dataset row (its first
         two messages, in either dataset schema), so a conversation starts exactly as it did."""
-        from rose_ray.rows import DataError, message_text, validate_conversation
-
         if not isinstance(row, dict):
             raise DataError(f"{where}: expected a JSON object with 'conversations', got {type(row).__name__}")
         conv = validate_conversation(row.get("conversations"), where)

@@ -4,8 +4,9 @@ Talks to vLLM's OpenAI server on a GPU node or to `rose-ray serve`, which is how
 teacher can run outside the Ray job. Prompts go as token ids and sampled ids come back exactly
 (`return_token_ids`, with "token_id:N" token strings as a fallback), so the learner trains
 on the ids the server sampled. Scoring uses vLLM's `prompt_logprobs`, falling back to
-`echo` + `logprobs`. Standard library only (urllib); a batch's requests go out concurrently
-from a thread pool so the server can batch them.
+`echo` + `logprobs`. The transport is aiohttp's (pooled connections, a whole-exchange timeout,
+redirects that keep the key with its origin), on an event loop of the client's own thread: a
+batch's requests go out concurrently so the server can batch them.
 
 What a failure means (docs/reliability.md):
 - a 4xx is the request's fault: raised at once (`OpenAIServerError`), it fails one episode;
@@ -24,22 +25,22 @@ A redirect to another scheme, host or port does not carry the endpoint's key.
 
 from __future__ import annotations
 
-import http.client
+import asyncio
 import ipaddress
 import json
 import math
 import os
-import socket
 import sys
 import threading
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+import weakref
+from collections.abc import Coroutine
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
+
+import aiohttp
 
 from rose_ray.errors import InputError
 from rose_ray.inference.engine import (
@@ -62,6 +63,7 @@ PROBE_TIMEOUT_S = 5.0
 MAX_REPLY_BYTES = 64 * 2**20
 MAX_ERROR_BYTES = 64 * 2**10  # of an error reply's body, for its message
 SHARED_KEY_ENV = "ROSE_RAY_API_KEY"  # the key of an endpoint that names no key of its own
+T = TypeVar("T")
 
 
 class OpenAIServerError(RuntimeError):
@@ -197,103 +199,101 @@ def endpoint_key(config: EngineConfig) -> tuple[str | None, str]:
     return key, source
 
 
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    """The event loop every openai engine of this process sends on, on a thread of its own (the
+    engine API is synchronous; its requests go out concurrently on this loop)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            _LOOP = asyncio.new_event_loop()
+            threading.Thread(target=_LOOP.run_forever, name="openai-client", daemon=True).start()
+        return _LOOP
+
+
+async def _new_session() -> aiohttp.ClientSession:
+    # No connection limit of aiohttp's: the engine's own (max_batch_size) bounds what is out, and
+    # a wait for a pooled connection would count against a request's timeout_s.
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+
+def _close_session(session: aiohttp.ClientSession) -> None:
+    """On the loop: an engine closed, or collected without close()."""
+    asyncio.ensure_future(session.close())
+
+
+class _Status(Exception):
+    """The server answered with an error status."""
+
+    def __init__(self, status: int, message: str, retry_after: str | None) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status, self.message, self.retry_after = status, message, retry_after
+
+
+class _CutOff(Exception):
+    """A request cut off: no whole answer within timeout_s, or its server stopped taking connections."""
+
+
 class _Call:
-    """One HTTP exchange in flight: when it went out, by when it must be answered whole, its
-    socket once connected, and why it was cut off (None unless it was)."""
+    """One exchange in flight: its task, when it went out, and why it was cut off (None unless it was)."""
 
-    def __init__(self, timeout_s: float) -> None:
-        self.since = time.monotonic()
-        self.deadline = self.since + timeout_s if timeout_s > 0 else math.inf
-        self.timeout_s = timeout_s
-        self.sock: socket.socket | None = None
-        self.cut: str | None = None
-
-    def connected(self, sock: socket.socket) -> None:
-        self.sock = sock
-        if self.cut is not None:  # cut off while it was connecting
-            self.cut_off(self.cut)
+    def __init__(self, task: asyncio.Task) -> None:
+        self.task, self.since, self.cut = task, time.monotonic(), None
 
     def cut_off(self, why: str) -> None:
         self.cut = why
-        if self.sock is not None:
-            try:  # wakes the thread blocked reading the answer
-                self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        self.task.cancel()
 
 
-class _CutOff(ConnectionError):
-    """A request cut off because its server went away (`_Call.cut_off`)."""
+async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """A body's first `limit` + 1 bytes at most (more than `limit`: it goes on)."""
+    raw = bytearray()
+    while len(raw) <= limit:
+        chunk = await response.content.read(limit + 1 - len(raw))
+        if not chunk:
+            break
+        raw += chunk
+    return bytes(raw)
 
 
-def _origin(url: str) -> tuple[str, str, int | None]:
-    parts = urllib.parse.urlsplit(url)
-    return parts.scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-
-
-class _KeyKeepingRedirects(urllib.request.HTTPRedirectHandler):
-    """urllib's redirects, except that the key (the Authorization header) goes only to the
-    origin it was meant for: a redirect to another scheme, host or port drops it (urllib's own
-    handler sends every header on, wherever the redirect points)."""
-
-    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
-                         newurl: str) -> urllib.request.Request | None:
-        new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and _origin(newurl) != _origin(req.full_url):
-            new.remove_header("Authorization")
-        return new
-
-
-def _tracking_opener(on_connect: Callable[[socket.socket], None]) -> urllib.request.OpenerDirector:
-    """urllib's opener (proxies, redirects, HTTPError and all), whose connections hand their
-    socket to `on_connect`, so a request in flight can be cut off; a redirect to another origin
-    does not carry the key (`_KeyKeepingRedirects`)."""
-
-    class Tracked:
-        def connect(self) -> None:
-            super().connect()  # type: ignore[misc]
-            on_connect(self.sock)  # type: ignore[attr-defined]
-
-    class HTTP(Tracked, http.client.HTTPConnection):
-        pass
-
-    class HTTPS(Tracked, http.client.HTTPSConnection):
-        pass
-
-    class HTTPHandler(urllib.request.HTTPHandler):
-        def http_open(self, req: urllib.request.Request) -> Any:
-            return self.do_open(HTTP, req)
-
-    class HTTPSHandler(urllib.request.HTTPSHandler):
-        def https_open(self, req: urllib.request.Request) -> Any:
-            return self.do_open(HTTPS, req, context=self._context)
-
-    return urllib.request.build_opener(HTTPHandler, HTTPSHandler, _KeyKeepingRedirects)
+async def _error_message(response: aiohttp.ClientResponse) -> str:
+    try:
+        body = json.loads(await _read_at_most(response, MAX_ERROR_BYTES))
+    except (ValueError, RecursionError, aiohttp.ClientError):
+        return response.reason or "error"
+    err = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(err, dict):
+        return str(err.get("message", err))
+    return str(err)
 
 
 class OpenAIEngine:
-    """GenerationEngine over HTTP. The served model is frozen: update_weights is refused."""
+    """GenerationEngine over HTTP (aiohttp). The served model is frozen: update_weights is refused."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.base_url = config.openai.base_url.rstrip("/")
         self.api_key, self.api_key_source = endpoint_key(config)
         self._vocab: int | None = None  # the tokenizer's size, read at the first sampled ids
-        self._pool = ThreadPoolExecutor(max_workers=config.max_batch_size, thread_name_prefix="openai")
         self._counters = {"requests": 0, "generated_tokens": 0, "score_calls": 0, "http_s": 0.0, "retries": 0,
                           "cut_off": 0}
         self._answered_at = 0.0  # when the server last answered a request (any)
-        self._local = threading.local()  # the calling thread's _Call
-        self._opener = _tracking_opener(self._connected)
+        self._in_flight = asyncio.Semaphore(config.max_batch_size)  # requests out at once
         self._calls: set[_Call] = set()
-        self._calls_lock = threading.Lock()
-        self._closing = threading.Event()
-        self._watcher: threading.Thread | None = None
+        self._watcher: asyncio.Task | None = None
         url = urllib.parse.urlsplit(self.base_url)
         self._address = (url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 80))
-        # Through a proxy a refused direct connection says nothing about the server: no probes.
-        proxied = urllib.request.getproxies().get(url.scheme) and not urllib.request.proxy_bypass(self._address[0])
-        self._probe_liveness = not proxied
+        # The environment's proxy (HTTPS_PROXY, NO_PROXY, ...) as urllib reads it. Through a proxy
+        # a refused direct connection says nothing about the server: no probes.
+        proxy = urllib.request.getproxies().get(url.scheme)
+        self._proxy = proxy if proxy and not urllib.request.proxy_bypass(self._address[0]) else None
+        session = self._run(_new_session())
+        self._session = session
+        # The session closes with the engine, or when the engine is collected without close().
+        self._close = weakref.finalize(self, _loop().call_soon_threadsafe, _close_session, session)
 
     @property
     def version(self) -> int:
@@ -302,125 +302,125 @@ class OpenAIEngine:
     def stats(self) -> dict[str, Any]:
         return dict(self._counters)
 
+    def _run(self, work: Coroutine[Any, Any, T]) -> T:
+        """`work` on the client's loop; its result here."""
+        return asyncio.run_coroutine_threadsafe(work, _loop()).result()
+
     # ------------------------------------------------------------------ HTTP
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         url = self.base_url + path
         attempt = 0
         failing_since: float | None = None  # retry_s counts from the first failure, not from a long wait
         rejected_at: float | None = None  # this request's first 500
-        while True:  # a server that is down, restarting or overloaded gets retry_s to come back
-            attempt += 1
-            t0 = time.perf_counter()
-            try:
-                out = self._send(method, url, data)
-                self._counters["http_s"] += time.perf_counter() - t0
-                self._answered_at = time.monotonic()
-                return out
-            except urllib.error.HTTPError as e:
-                message = _error_message(e)
-                if e.code < 500 and e.code != 429:  # a client error will not heal; a rate limit will
-                    raise OpenAIServerError(e.code, message) from None
-                if e.code == 500:  # the request's own failure, or the server's?
-                    if rejected_at is not None and self._answers_others(rejected_at):
-                        raise OpenAIRequestFailed(500, f"{message} (this request failed {attempt} times while "
-                                                       f"{self.base_url} answered others)") from None
-                    rejected_at = rejected_at or time.monotonic()
-                error = f"{e.code}: {message}"
-                if e.code == 429:  # wait at least what the server asks for
-                    try:
-                        retry_after = float(e.headers.get("Retry-After") or 0)
-                    except ValueError:
-                        retry_after = 0.0
-                    failing_since = failing_since or time.monotonic()
-                    if retry_after > 0 and time.monotonic() - failing_since + retry_after <= self.config.openai.retry_s:
-                        self._counters["retries"] += 1
-                        time.sleep(min(retry_after, MAX_BACKOFF_S * 4))
-                        continue
-            except _CutOff as e:
-                error = str(e)
-            except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
-                error = f"cannot reach {url}: {getattr(e, 'reason', e)}"
-            failing_since = failing_since or time.monotonic()
-            pause = min(0.5 * 2 ** (attempt - 1), MAX_BACKOFF_S)
-            waited = time.monotonic() - failing_since
-            if waited + pause > self.config.openai.retry_s:
-                raise OpenAIServerGone(None, f"{self.base_url}: no answer after {attempt} attempts over "
-                                             f"{waited:.1f} s (engine retry_s {self.config.openai.retry_s:g}): {error}")
-            self._counters["retries"] += 1
-            time.sleep(pause)
+        async with self._in_flight:
+            while True:  # a server that is down, restarting or overloaded gets retry_s to come back
+                attempt += 1
+                t0 = time.perf_counter()
+                try:
+                    out = await self._send(method, url, data)
+                    self._counters["http_s"] += time.perf_counter() - t0
+                    self._answered_at = time.monotonic()
+                    return out
+                except _Status as e:
+                    if e.status < 500 and e.status != 429:  # a client error will not heal; a rate limit will
+                        raise OpenAIServerError(e.status, e.message) from None
+                    if e.status == 500:  # the request's own failure, or the server's?
+                        if rejected_at is not None and await self._answers_others(rejected_at):
+                            raise OpenAIRequestFailed(500, f"{e.message} (this request failed {attempt} times "
+                                                           f"while {self.base_url} answered others)") from None
+                        rejected_at = rejected_at or time.monotonic()
+                    error = str(e)
+                    if e.status == 429:  # wait at least what the server asks for
+                        try:
+                            retry_after = float(e.retry_after or 0)
+                        except ValueError:
+                            retry_after = 0.0
+                        failing_since = failing_since or time.monotonic()
+                        waited = time.monotonic() - failing_since
+                        if retry_after > 0 and waited + retry_after <= self.config.openai.retry_s:
+                            self._counters["retries"] += 1
+                            await asyncio.sleep(min(retry_after, MAX_BACKOFF_S * 4))
+                            continue
+                except _CutOff as e:
+                    error = str(e)
+                except (aiohttp.ClientError, OSError) as e:
+                    error = f"cannot reach {url}: {e}"
+                failing_since = failing_since or time.monotonic()
+                pause = min(0.5 * 2 ** (attempt - 1), MAX_BACKOFF_S)
+                waited = time.monotonic() - failing_since
+                if waited + pause > self.config.openai.retry_s:
+                    raise OpenAIServerGone(None, f"{self.base_url}: no answer after {attempt} attempts over "
+                                                 f"{waited:.1f} s (engine retry_s {self.config.openai.retry_s:g}): "
+                                                 f"{error}")
+                self._counters["retries"] += 1
+                await asyncio.sleep(pause)
 
-    def _send(self, method: str, url: str, data: bytes | None, timeout_s: float | None = None) -> dict[str, Any]:
-        """One HTTP exchange, watched (`_watch`) while it is out; its JSON answer."""
+    async def _send(self, method: str, url: str, data: bytes | None, timeout_s: float | None = None) -> Any:
+        """One HTTP exchange, its JSON answer; watched while it is out (`_watch`)."""
+        timeout_s = timeout_s or self.config.openai.timeout_s
+        call = _Call(asyncio.ensure_future(self._exchange(method, url, data, timeout_s)))
+        self._calls.add(call)
+        if self._proxy is None and self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._watch())
+        try:
+            return await call.task
+        except asyncio.CancelledError:
+            if call.cut is None:  # this request itself was cancelled
+                raise
+            self._counters["cut_off"] += 1
+            raise _CutOff(call.cut) from None
+        except asyncio.TimeoutError:
+            self._counters["cut_off"] += 1
+            raise _CutOff(f"{self.base_url}: no whole answer within {timeout_s:g} s (engine timeout_s)") from None
+        finally:
+            self._calls.discard(call)
+
+    async def _exchange(self, method: str, url: str, data: bytes | None, timeout_s: float) -> Any:
+        """The request and its whole answer within `timeout_s` (aiohttp's total timeout: a server
+        trickling an answer out trips it too). aiohttp drops the key on a redirect to another
+        scheme, host or port."""
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(url, data=data, headers=headers, method=method)
-        timeout_s = timeout_s or self.config.openai.timeout_s
-        call = self._local.call = _Call(timeout_s)
-        with self._calls_lock:
-            self._calls.add(call)
-            if self._watcher is None:
-                self._watcher = threading.Thread(target=self._watch, name="openai-watch", daemon=True)
-                self._watcher.start()
+        timeout = aiohttp.ClientTimeout(total=timeout_s if timeout_s > 0 else None)
+        async with self._session.request(method, url, data=data, headers=headers, proxy=self._proxy,
+                                         timeout=timeout) as response:
+            if response.status >= 400:
+                raise _Status(response.status, await _error_message(response), response.headers.get("Retry-After"))
+            raw = await _read_at_most(response, MAX_REPLY_BYTES)
+        if len(raw) > MAX_REPLY_BYTES:
+            raise OpenAIBadAnswer(None, f"{url}: the reply is larger than {MAX_REPLY_BYTES // 2**20} MiB; "
+                                        "not read further")
         try:
-            # timeout_s bounds each wait on the socket here, and the whole exchange in `_watch`
-            # (a server trickling an answer out would never trip a per-read timeout).
-            with self._opener.open(req, timeout=timeout_s) as resp:
-                raw = resp.read(MAX_REPLY_BYTES + 1)
-            if call.cut is not None:  # what was read before the cut is a piece of the answer
-                raise OSError("cut off")
-            if len(raw) > MAX_REPLY_BYTES:
-                raise OpenAIBadAnswer(None, f"{url}: the reply is larger than {MAX_REPLY_BYTES // 2**20} MiB; "
-                                            "not read further")
-            try:
-                return json.loads(raw)
-            except (ValueError, RecursionError) as e:
-                raise OpenAIBadAnswer(None, f"{url}: the reply is not JSON ({type(e).__name__}: {str(e)[:120]}): "
-                                            f"{raw[:80]!r}") from None
-        except urllib.error.HTTPError:
-            raise  # the server answered
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-            if call.cut is not None:
-                self._counters["cut_off"] += 1
-                raise _CutOff(call.cut) from e
-            raise
-        finally:
-            with self._calls_lock:
-                self._calls.discard(call)
+            return json.loads(raw)
+        except (ValueError, RecursionError) as e:
+            raise OpenAIBadAnswer(None, f"{url}: the reply is not JSON ({type(e).__name__}: {str(e)[:120]}): "
+                                        f"{raw[:80]!r}") from None
 
-    def _connected(self, sock: socket.socket) -> None:
-        self._local.call.connected(sock)
-
-    def _watch(self) -> None:
-        """Cut off each request not answered whole within its timeout_s; and while requests are
-        out for LIVENESS_S or longer, check every LIVENESS_S that the server still takes
-        connections (not through a proxy): when it does not, cut those requests off."""
-        wait = LIVENESS_S
-        while not self._closing.wait(wait):
-            now = time.monotonic()
-            with self._calls_lock:
-                calls = list(self._calls)
-            for call in calls:
-                if now >= call.deadline and call.cut is None:
-                    call.cut_off(f"{self.base_url}: no whole answer within {call.timeout_s:g} s (engine timeout_s)")
-            waiting = [c for c in calls if now - c.since >= LIVENESS_S and c.cut is None]
-            if waiting and self._probe_liveness:
-                why = self._unreachable()
-                if why is not None:
+    async def _watch(self) -> None:
+        """While requests are out for LIVENESS_S or longer, check every LIVENESS_S that the server
+        still takes connections: when it does not, cut those requests off."""
+        try:
+            while self._calls:
+                await asyncio.sleep(LIVENESS_S)
+                now = time.monotonic()
+                waiting = [c for c in self._calls if now - c.since >= LIVENESS_S and c.cut is None]
+                if waiting and (why := await self._unreachable()) is not None:
                     for call in waiting:
                         call.cut_off(f"{self.base_url} stopped taking connections ({why}) while the request was "
                                      "out: the server is going away")
-            deadlines = [c.deadline - time.monotonic() for c in calls if c.cut is None]
-            wait = max(0.05, min([LIVENESS_S, *deadlines]))
+        finally:
+            self._watcher = None
 
-    def _unreachable(self) -> str | None:
+    async def _unreachable(self) -> str | None:
         """Why the server's address refuses a TCP connection, or None when it takes one."""
         try:
-            socket.create_connection(self._address, timeout=PROBE_TIMEOUT_S).close()
-            return None
-        except OSError as e:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(*self._address), PROBE_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError) as e:
             return str(e) or type(e).__name__
+        writer.close()
+        return None
 
     def key_hint(self) -> str:
         """Which key a refused request carried, for the error."""
@@ -429,19 +429,19 @@ class OpenAIEngine:
         return (f"no key was sent: set the endpoint's own key (api_key, api_key_env, ROSE_RAY_<FLAG>_API_KEY) or "
                 f"{SHARED_KEY_ENV}")
 
-    def _answers_others(self, since: float) -> bool:
+    async def _answers_others(self, since: float) -> bool:
         """Whether the server answered another request after `since`, or answers a probe now (a
         one-token completion): then a request it keeps failing is that request's own failure."""
         if self._answered_at > since:
             return True
         probe = {**self._model_field(), "prompt": [0], "max_tokens": 1, "temperature": 0.0}
         try:
-            self._send("POST", self.base_url + "/completions", json.dumps(probe).encode(),
-                       timeout_s=min(self.config.openai.timeout_s, 60.0))
+            await self._send("POST", self.base_url + "/completions", json.dumps(probe).encode(),
+                             timeout_s=min(self.config.openai.timeout_s, 60.0))
             return True
         except OpenAIBadAnswer:  # an answer all the same
             return True
-        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
+        except (_Status, _CutOff, aiohttp.ClientError, OSError):
             return False
 
     def _model_field(self) -> dict[str, str]:
@@ -452,7 +452,7 @@ class OpenAIEngine:
         """The served models (GET /models): name -> its context (`max_model_len`, which vLLM and
         rose-ray serve give; None where a server does not say), under timeout_s and retry_s."""
         out: dict[str, int | None] = {}
-        models = _dig(self._request("GET", "/models"), "data", kind=list)
+        models = _dig(self._run(self._request("GET", "/models")), "data", kind=list)
         for i in range(len(models)):
             name = _dig(models, i, "id", kind=str, at="data")
             limit = _dig(models, i, "max_model_len", default=None, at="data")
@@ -467,9 +467,14 @@ class OpenAIEngine:
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         for r in requests:
             validate_sampling(r.sampling)
-        return list(self._pool.map(self._generate_one, requests))
+        vocab = self.vocab_size()  # here, not on the loop: the first call loads the tokenizer
 
-    def _generate_one(self, request: GenerationRequest) -> GenerationResult:
+        async def each() -> list[GenerationResult]:
+            return list(await asyncio.gather(*(self._generate_one(r, vocab) for r in requests)))
+
+        return self._run(each())
+
+    async def _generate_one(self, request: GenerationRequest, vocab: int | None) -> GenerationResult:
         ids = list(request.prompt_ids)
         if not prompt_fits(request, self.config):
             return context_result(request, len(ids), self.version)
@@ -485,7 +490,7 @@ class OpenAIEngine:
             body["stop"] = s.stop
         if s.seed is not None:
             body["seed"] = s.seed
-        reply = self._request("POST", "/completions", body)
+        reply = await self._request("POST", "/completions", body)
         choice = _dig(reply, "choices", 0, kind=dict)
         lp = _dig(choice, "logprobs", default=None, at="choices[0]") or {}
         if not isinstance(lp, dict):
@@ -499,7 +504,7 @@ class OpenAIEngine:
         if not isinstance(token_ids, list):
             raise OpenAIBadAnswer(None, f"the server's reply has {where} = {str(token_ids)[:80]!r}, expected a list")
         for i, tid in enumerate(token_ids):
-            self._check_id(tid, f"{where}[{i}]")
+            self._check_id(tid, f"{where}[{i}]", vocab)
         logprobs = _dig(lp, "token_logprobs", default=None, at="choices[0].logprobs")
         if not isinstance(logprobs, list) or len(logprobs) != len(token_ids):
             raise OpenAIServerError(None, "server returned no per-token logprobs for the sampled tokens")
@@ -513,7 +518,7 @@ class OpenAIEngine:
                     raise OpenAIBadAnswer(None, f"the server's reply has {here} = {str(d)[:80]!r}, expected an object")
                 entry = {}
                 for k, v in (d or {}).items():
-                    tid = self._check_id(_token_id(k, here), here)
+                    tid = self._check_id(_token_id(k, here), here, vocab)
                     entry[tid] = _logprob(v, f"{here}[{k!r}]")
                 top.append(entry)
         finish = _dig(choice, "finish_reason", default=None, at="choices[0]") or "length"
@@ -526,13 +531,12 @@ class OpenAIEngine:
             version=self.version, request_id=request.request_id, top_logprobs=top,
         )
 
-    def _check_id(self, tid: Any, where: str) -> int:
+    def _check_id(self, tid: Any, where: str, vocab: int | None) -> int:
         """A token id the server gave: an int in [0, vocabulary) of the local tokenizer (which
         the learner and the engines share); else OpenAIBadAnswer naming it."""
         if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
             raise OpenAIBadAnswer(None, f"the server's reply has token id {str(tid)[:40]} at {where}: a token id "
                                         "is an int >= 0")
-        vocab = self.vocab_size()
         if vocab is not None and tid >= vocab:
             raise OpenAIBadAnswer(None, f"the server's reply has token id {tid} at {where}: outside the vocabulary "
                                         f"[0, {vocab}) of {self.config.tokenizer or self.config.model}")
@@ -554,6 +558,15 @@ class OpenAIEngine:
         return self._vocab
 
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        return self._run(self._score(prompt_ids, completion_ids))
+
+    def score_many(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        async def each() -> list[list[float]]:
+            return list(await asyncio.gather(*(self._score(p, c) for p, c in pairs)))
+
+        return self._run(each())
+
+    async def _score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         if not prompt_ids:
             raise ValueError("score: empty prompt (the first token has no logprob)")
         if not completion_ids:
@@ -561,7 +574,7 @@ class OpenAIEngine:
         ids = list(prompt_ids) + list(completion_ids)
         body = {**self._model_field(), "prompt": ids, "max_tokens": 1, "temperature": 0.0,
                 "prompt_logprobs": 0, "return_tokens_as_token_ids": True}
-        choice = _dig(self._request("POST", "/completions", body), "choices", 0, kind=dict)
+        choice = _dig(await self._request("POST", "/completions", body), "choices", 0, kind=dict)
         self._counters["score_calls"] += 1
         n = len(completion_ids)
         plp = _dig(choice, "prompt_logprobs", default=None, at="choices[0]")
@@ -582,7 +595,7 @@ class OpenAIEngine:
         # Servers without prompt_logprobs: the legacy echo form.
         body = {**body, "echo": True, "logprobs": 0}
         body.pop("prompt_logprobs")
-        choice = _dig(self._request("POST", "/completions", body), "choices", 0, kind=dict)
+        choice = _dig(await self._request("POST", "/completions", body), "choices", 0, kind=dict)
         lps = _dig(choice, "logprobs", "token_logprobs", kind=list, at="choices[0]")[: len(ids)]
         if len(lps) < n:
             raise OpenAIBadAnswer(None, f"the server's reply has {len(lps)} echoed logprobs for {n} tokens to score")
@@ -605,7 +618,7 @@ class OpenAIEngine:
             body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
         if json_object:
             body["response_format"] = {"type": "json_object"}
-        out = self._request("POST", "/chat/completions", body)
+        out = self._run(self._request("POST", "/chat/completions", body))
         try:
             choice = out["choices"][0]
             text = choice["message"].get("content") or ""
@@ -614,26 +627,11 @@ class OpenAIEngine:
         self._counters["requests"] += 1
         return str(text), str(choice.get("finish_reason") or "stop")
 
-    def score_many(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
-        return list(self._pool.map(lambda pc: self.score(*pc), pairs))
-
     def update_weights(self, state: dict[str, Any], version: int) -> None:
         raise NotImplementedError("the openai backend serves a frozen model; weights cannot be updated")
 
     def close(self) -> None:
-        self._closing.set()
-        self._pool.shutdown(wait=False)
-
-
-def _error_message(e: urllib.error.HTTPError) -> str:
-    try:
-        body = json.loads(e.read(MAX_ERROR_BYTES))
-    except (ValueError, OSError, RecursionError):
-        return e.reason or "error"
-    err = body.get("error", body) if isinstance(body, dict) else body
-    if isinstance(err, dict):
-        return str(err.get("message", err))
-    return str(err)
+        self._close()
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ class OpenAISettings:
     base_url: str = "http://127.0.0.1:8000/v1"  # the server's OpenAI API root
     api_key: str | None = None  # this endpoint's key
     api_key_env: str | None = None  # else the environment variable holding it (default: $ROSE_RAY_API_KEY)
-    timeout_s: float = 600.0  # each request's whole exchange (checked every 2 s), and each wait on its socket
+    timeout_s: float = 600.0  # each request's whole exchange, from sending it to the answer's last byte
     # How long to keep retrying a server that does not answer (down, restarting, overloaded),
     # from a request's first failure, with backoff from 0.5 s to 10 s between attempts, before
     # giving up with an error (the run then replaces the engine).

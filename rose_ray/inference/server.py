@@ -1,13 +1,13 @@
-"""`rose-ray serve`: an OpenAI-compatible HTTP endpoint over an engine (`--backend`: vLLM's
-engine, or transformers).
+"""`rose-ray serve`: an OpenAI-compatible HTTP endpoint over a transformers engine (`hf`), for
+machines without vLLM; where vLLM runs, its own OpenAI server is the one to use (docs/engines.md).
 
 Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
 Besides the OpenAI fields it speaks the vLLM extensions the learner relies on:
 `prompt_logprobs` (teacher scoring of given tokens; also `echo` + `logprobs`),
 `return_tokens_as_token_ids` ("token_id:N" token strings), and every choice carries
 `token_ids` / `prompt_token_ids` so sampled ids survive the round trip exactly.
-Concurrent requests are batched by the engine's own frontend (vllm: continuous batching) or an
-AsyncBatcher (hf). Binds 127.0.0.1 unless told otherwise.
+Concurrent requests are batched by an AsyncBatcher (or an engine's own frontend). Binds
+127.0.0.1 unless told otherwise.
 
 Bad input never takes the server down: every bad request gets a 4xx JSON error naming what
 was wrong (a body over the limit, sized from context_tokens, gets 413; one that is not
@@ -33,11 +33,10 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from rose_ray.errors import InputError
 from rose_ray.inference.batcher import async_frontend
 from rose_ray.inference.engine import GenerationRequest, GenerationResult
 from rose_ray.inference.protocol import (
@@ -50,7 +49,7 @@ from rose_ray.inference.protocol import (
     token_strings,
 )
 
-BATCHER = web.AppKey("batcher", object)  # an AsyncBatcher, or the engine's own frontend (vllm)
+BATCHER = web.AppKey("batcher", object)  # an AsyncBatcher, or the engine's own frontend
 PARSER = web.AppKey("parser", ThreadPoolExecutor)
 # Bodies above this are parsed off the event loop: tokenizing the 3 MiB a 4,096-token context
 # allows takes ~3 s (the tokenizer lets go of the GIL), and no other client would be answered.
@@ -59,9 +58,6 @@ ROUTES = "GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/compl
 READ_TIMEOUT_S = 60.0  # for a request's body to arrive
 IDLE_TIMEOUT_S = 75.0  # a connection with no request (or no next one) is closed after this
 log = logging.getLogger(__name__)
-
-if TYPE_CHECKING:
-    from rose_ray.commands import ServeCommand
 
 
 class OpenAIServer:
@@ -90,7 +86,7 @@ class OpenAIServer:
         app.router.add_post("/v1/chat/completions", self._chat)
 
         async def start(app: web.Application) -> None:
-            app[BATCHER] = async_frontend(self.engine)  # vllm batches by itself; others get an AsyncBatcher
+            app[BATCHER] = async_frontend(self.engine)
             app[PARSER] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parse")
 
         async def stop(app: web.Application) -> None:
@@ -162,9 +158,6 @@ class OpenAIServer:
 
     # ------------------------------------------------------------------ handlers
     async def _health(self, request: web.Request) -> web.Response:
-        failure = getattr(self.engine, "failure", None)  # an engine thread that stopped (vllm) serves no more
-        if failure is not None:
-            return _error(503, f"the engine stopped: {failure!r}", None, kind="server_error")
         return web.json_response({"status": "ok", "version": self.engine.version})
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -418,36 +411,3 @@ def _vllm_prompt_logprobs(tok: Any, prompt: list[int], lps: list[float]) -> list
     for tid, lp in zip(prompt[1:], lps):
         out.append({str(tid): {"logprob": lp, "rank": None, "decoded_token": tok.decode([tid])}})
     return out
-
-
-def cli_main(args: ServeCommand) -> int:
-    """Entry for `rose-ray serve MODEL --port P [--backend B] [--host H] [--api-key K] ...`."""
-    import os
-
-    import torch
-
-    from rose_ray.inference.backends import backend_version, command_engine, make_engine
-
-    if args.model.startswith("openai:"):
-        raise InputError(f"serve {args.model}: serve a local model folder (this command is the server)")
-    config = command_engine(args.model, "MODEL", args.backend, dtype=args.dtype, max_batch_size=args.max_batch_size,
-                            max_wait_ms=args.max_wait_ms, context_tokens=args.context_tokens, threads=args.threads,
-                            kv_cache_mb=args.kv_cache_mb)
-    if args.threads > 0:  # before the engine: in-process vLLM makes later calls no-ops
-        torch.set_num_threads(args.threads)
-    api_key = args.api_key or os.environ.get("ROSE_RAY_API_KEY")
-    host = args.host
-    engine = make_engine(config)
-    name = args.served_model_name or args.model
-    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        print(f"warning: serving on {host} without an API key (anyone who reaches the port can use it; "
-              "only requests to an IP address or localhost are answered)", flush=True)
-    server = OpenAIServer(engine, name, api_key, max_concurrent=args.max_concurrent)
-    print(f"serving {args.model} as {name!r} on http://{host}:{args.port}/v1 with the {config.backend} backend "
-          f"({backend_version(config.backend)}; request bodies up to {server.max_body / 2**20:.1f} MiB)", flush=True)
-    try:
-        server.run(host, args.port)
-    finally:
-        if hasattr(engine, "close"):
-            engine.close()
-    return 0

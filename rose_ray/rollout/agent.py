@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rose_ray.types import CONTEXT_TOKENS, GameId, SamplingParams
+from rose_ray.types import CONTEXT_TOKENS, REPORT_MODES, GameId, SamplingParams
 
 if TYPE_CHECKING:
     from rose_ray.chat import ChatFormat
 
-REPORT_MODES = ("ask", "train", "off")
 # The teacher named where an engine config would be (start_agents, PlaySpec.teacher):
 # the world's expert teacher (`expert_agent`).
 EXPERT = "expert"

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from rose_ray.cli import main
+from rose_ray.cli import main, vllm_server
+from rose_ray.commands import ServeCommand
 from rose_ray.inference.engine import EngineConfig, GenerationRequest
 from rose_ray.inference.openai import OpenAIEngine, OpenAIServerError, OpenAIServerGone
 from rose_ray.types import SamplingParams
@@ -36,9 +37,9 @@ NAME = "tiny-teacher"
 CONTEXT = 2048
 
 
-SERVER_FLAGS = ["--dtype", "float32", "--max-model-len", str(CONTEXT), "--enforce-eager", "--seed", "0",
-                "--kv-cache-memory-bytes", str(256 << 20), "--max-num-seqs", "8", "--disable-log-stats",
-                "--uvicorn-log-level", "warning"]
+# Beside what `rose-ray serve --backend vllm` names (cli.vllm_server): this CPU's settings.
+SERVER_FLAGS = ["--enforce-eager", "--seed", "0", "--kv-cache-memory-bytes", str(256 << 20), "--max-num-seqs", "8",
+                "--disable-log-stats", "--uvicorn-log-level", "warning"]
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +67,11 @@ def server(teacher_dir, tmp_path_factory) -> Served:
     # with another thread count (logprobs then differ by ~2e-5).
     env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1", VLLM_NO_USAGE_STATS="1",
                VLLM_DO_NOT_TRACK="1")
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(teacher_dir),
-           "--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port), *SERVER_FLAGS]
+    # The server `rose-ray serve --backend vllm` tells the user to start.
+    named = vllm_server(ServeCommand(model=str(teacher_dir), port=port, served_model_name=NAME,
+                                     context_tokens=CONTEXT, dtype="float32"))
+    assert named[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    cmd = [sys.executable, *named[1:], *SERVER_FLAGS]
     t0 = time.monotonic()
     srv = start_server(cmd, tmp_path_factory.mktemp("vllm") / "server.log", env, port)
     print(f"vLLM's server up in {time.monotonic() - t0:.0f} s")

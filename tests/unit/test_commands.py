@@ -42,9 +42,9 @@ FLAGS_BEFORE = {
              "--workers", "--world"],
     "sft": ["--batch-size", "--data", "--dtype", "--epochs", "--history", "--lr", "--max-tokens", "--model", "--out",
             "--owners", "--ranks", "--schedule", "--seed", "--threads", "--warmup-steps", "--zero-stage"],
-    "serve": ["--api-key", "--backend", "--context-tokens", "--dtype", "--host", "--kv-cache-mb", "--max-batch-size",
-              "--max-concurrent",
-              "--max-wait-ms", "--port", "--served-model-name", "--threads"],
+    # --kv-cache-mb went with serve's vllm backend (vLLM serves with its own server)
+    "serve": ["--api-key", "--backend", "--context-tokens", "--dtype", "--host", "--max-batch-size",
+              "--max-concurrent", "--max-wait-ms", "--port", "--served-model-name", "--threads"],
 }
 
 

@@ -11,6 +11,10 @@ inside functions too): a change that breaks one fails here, naming the module an
 - inference/engine.py, the engine contract, imports no backend (no circle with hf/openai).
 - The algorithm recipes and the turn policies import no config (the config imports them).
 - placement.py is below check.py and memory.py: it imports neither (no circle through `plan`).
+- The layers point down (issue 54's four leaks): types.py, the shared vocabulary, imports nothing
+  of the package but errors.py; envs/ imports neither the data modules (rows, collect) nor the
+  loop, the rollout, the config or the commands; config.py imports nothing of rollout/;
+  inference/ imports neither envs/ nor the command layer (commands.py, cli.py).
 """
 
 from __future__ import annotations
@@ -107,6 +111,25 @@ def test_placement_imports_neither_check_nor_memory():
     """memory.py imports placement.py, and check.py both; `rose-ray plan` lives in check.py."""
     assert not breaks([PACKAGE / "placement.py"], ("rose_ray.check", "rose_ray.memory"))
     assert "rose_ray.check:plan_main" in (PACKAGE / "cli.py").read_text()
+
+
+COMMAND_LAYER = ("rose_ray.commands", "rose_ray.cli")
+
+
+def test_the_shared_vocabulary_imports_only_errors():
+    package = [name for name in imports(PACKAGE / "types.py") if name.split(".")[0] == "rose_ray"]
+    assert package and all(name == "rose_ray.errors" or name.startswith("rose_ray.errors.") for name in package)
+
+
+@pytest.mark.parametrize(("paths", "forbidden"), [
+    pytest.param(lambda: modules("envs"), ("rose_ray.rows", "rose_ray.collect", "rose_ray.evaluate", "rose_ray.config",
+                                           "rose_ray.rollout", "rose_ray.recipes", "rose_ray.train", "rose_ray.run",
+                                           *COMMAND_LAYER), id="envs below the data modules"),
+    pytest.param(lambda: [PACKAGE / "config.py"], ("rose_ray.rollout", *COMMAND_LAYER), id="config below rollout"),
+    pytest.param(lambda: modules("inference"), ("rose_ray.envs", *COMMAND_LAYER), id="inference below the commands"),
+])
+def test_the_layers_point_down(paths, forbidden):
+    assert not breaks(paths(), forbidden)
 
 
 def test_the_rules_see_what_they_forbid(tmp_path):

@@ -288,6 +288,29 @@ def test_a_request_answered_too_slowly_is_cut_off_at_its_timeout():
     assert waited < 6
 
 
+def test_an_answer_cut_short_is_not_taken_for_one():
+    """A reply that ends before its Content-Length (a server going away mid-answer) is a failed
+    exchange, retried as one, not the whole JSON it happened to begin with."""
+    whole = json.dumps({"data": [{"id": "m"}]}).encode()
+
+    class Cut(Quiet):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(whole) + 100))
+            self.end_headers()
+            self.wfile.write(whole)
+            self.close_connection = True
+
+    with serving(Cut) as url:
+        e = engine(url)
+        try:
+            with pytest.raises(OpenAIServerGone, match=r"no answer after 1 attempts .*cannot reach"):
+                e.models()
+        finally:
+            e.close()
+
+
 def test_a_resumed_run_keeps_the_shared_key_to_the_shared_keys_rule(monkeypatch, capsys, tmp_path):
     """A run's config.yaml holds no key: an engine's `api_key` is saved as a read of
     $ROSE_RAY_API_KEY. On --resume that key is the shared one, and keeps its rule (not over

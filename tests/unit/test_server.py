@@ -303,3 +303,21 @@ def test_requests_past_max_concurrent_get_429_and_a_body_that_never_arrives_408(
             for s in slow:
                 s.close()
         assert post(srv.url + "/completions", {"prompt": "look", "max_tokens": 1})[0] == 200
+
+
+def test_serve_on_vllm_names_vllms_own_server(tiny_models, capsys, monkeypatch):
+    """`serve --backend vllm` starts nothing: vLLM serves with its own server (the one
+    tests/e2e/test_vllm_server.py starts from these words), named with the settings given and
+    without the key's value; exit 2."""
+    from rose_ray.cli import main
+
+    monkeypatch.setenv("ROSE_RAY_API_KEY", "secret-key")
+    model = str(tiny_models["teacher"])
+    assert main(["serve", model, "--backend", "vllm", "--port", "8123", "--served-model-name", "teacher",
+                 "--context-tokens", "4096"]) == 2
+    err = capsys.readouterr().err
+    assert (f"rose-ray serve: error: --backend vllm: serve the model with vLLM's own OpenAI server, which the openai "
+            f"engine talks to as it does to this one: python -m vllm.entrypoints.openai.api_server --model {model} "
+            "--served-model-name teacher --host 127.0.0.1 --port 8123 --max-model-len 4096 --dtype auto --api-key KEY"
+            in err), err
+    assert "secret-key" not in err
