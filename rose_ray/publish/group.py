@@ -3,7 +3,7 @@
 `WeightGroup` is a TCPStore and a ProcessGroupGloo or ProcessGroupNCCL built directly (as vLLM's
 StatelessProcessGroup, OpenRLHF and verl do), so learner rank 0 and the engine actors share a
 group without touching the learner's default (DeepSpeed) group. Rank 0 broadcasts each bucket of a
-publication's flat buffers (rose_ray/flat_weights.py); the engines receive into buffers of the
+publication's flat buffers (flat.py); the engines receive into buffers of the
 sizes the header gives: host buffers over gloo, or, over NCCL, buffers on each member's GPU
 (packed there on rank 0, loaded from there by the engine: no host round trip).
 
@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from rose_ray.flat_weights import FlatHeader, FlatState, receive_buffers
+from rose_ray.publish.flat import FlatHeader, FlatState, receive_buffers
 
 
 def local_address() -> str:
@@ -45,7 +45,7 @@ COLLECTIVE_BACKENDS = ("gloo", "nccl")
 # NeMo-RL's transfer group with CUDA IPC errors, NVIDIA-NeMo/RL#564). So a run gives each
 # member's process the launcher's NCCL_* variables over these defaults (`nccl_env`, through
 # Ray's runtime_env: NCCL reads them once per process, at its first use), and a publisher
-# takes no NCCL group whose members report different ones (learner/weights.py `nccl_problem`).
+# takes no NCCL group whose members report different ones (route.py `nccl_problem`).
 NCCL_DEFAULTS = {
     # NVLink SHARP off. With one GPU visible per process it has returned all_gather results in
     # the wrong rank order (NVIDIA/nccl#1906: NCCL 2.26 on NVSwitch machines, a DeepSpeed

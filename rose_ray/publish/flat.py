@@ -16,7 +16,7 @@ per tensor, no copy for a contiguous CPU tensor), which suits the object store, 
 `ray.put` is the one copy anyway.
 
 The buffers travel by Ray's object store or by a weight group's broadcast
-(rose_ray/weight_group.py), into `receive_buffers` of the header's sizes.
+(group.py), into `receive_buffers` of the header's sizes.
 """
 
 from __future__ import annotations
