@@ -152,7 +152,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from rose_ray.publish.flat import FlatState, pack, receive_buffers, unpack
+    from rose_ray.publish.flat import FlatState, buffers_for, pack, unpack
 
     torch.set_num_threads(1)
     register_gloo_engine()
@@ -219,7 +219,7 @@ def main() -> None:
                 timeout = datetime.timedelta(seconds=120)
                 store = TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timeout)
                 group = ProcessGroupGloo(PrefixStore("flat", store), 1, 2, timeout)
-            buffers = buffers or receive_buffers(header)
+            buffers = buffers_for(header, reuse=buffers)
             for b in buffers:
                 if b.numel():
                     group.broadcast(b, 0).wait()

@@ -16,7 +16,7 @@ from typing import Any
 from rose_ray.errors import InputError
 from rose_ray.files import FOLDER_MARKER, is_empty_folder, out_path, writing_folder, written_here
 
-DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+DTYPES = ("float32", "bfloat16", "float16")  # what a source model's declared dtype is kept as
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
 
 
@@ -37,12 +37,6 @@ def check_model_out(out: str | Path, overwrite: bool, flag: str = "--out", offer
                          "--overwrite does not replace it; it is left as it is: give a new folder")
 
 
-def _torch_dtype(name: str) -> Any:
-    import torch
-
-    return getattr(torch, name)
-
-
 def gather_state(module: Any, zero3: bool, keep: bool, dtype: str | None = None,
                  device: Any = "cpu") -> dict[str, Any] | None:
     """{name: tensor on `device`} of unique parameters and persistent buffers; None where not
@@ -52,8 +46,9 @@ def gather_state(module: Any, zero3: bool, keep: bool, dtype: str | None = None,
     peak memory is one full parameter, not the whole model (on `device`: the whole model).
     """
     import deepspeed
+    import torch
 
-    cast = _torch_dtype(dtype) if dtype else None
+    cast = getattr(torch, dtype) if dtype else None
     state: dict[str, Any] = {}
     for name, param in module.named_parameters():  # tied parameters: first name only
         if zero3:  # the gathered full tensor is freed on leaving the context: copy it

@@ -24,15 +24,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from rose_ray.publish.flat import FlatHeader, FlatState, receive_buffers
-
-
-def local_address() -> str:
-    """This node's address as Ray knows it (where a group's store listens)."""
-    import ray
-
-    return ray.util.get_node_ip_address()
-
+from rose_ray.publish.flat import FlatHeader, FlatState, buffers_for
 
 COLLECTIVE_BACKENDS = ("gloo", "nccl")
 
@@ -185,10 +177,12 @@ class WeightGroup:
 
     @staticmethod
     def open_store(world_size: int, timeout_s: float, backend: str = "gloo") -> tuple[Any, dict[str, Any]]:
-        """Rank 0's TCPStore on a free port, and the address the others join with."""
+        """Rank 0's TCPStore on a free port of this node's address as Ray knows it, and the
+        address the others join with."""
+        import ray
         from torch.distributed import TCPStore
 
-        host = local_address()
+        host = ray.util.get_node_ip_address()
         store = TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
                          timeout=datetime.timedelta(seconds=timeout_s))
         return store, {"host": host, "port": store.port, "name": f"weights-{uuid.uuid4().hex[:12]}",
@@ -228,10 +222,6 @@ class WeightGroup:
     def receive(self, header: FlatHeader, buffers: list[Any] | None = None) -> FlatState:
         """A publication's buckets from rank 0, into `buffers` when they have the header's sizes
         (the previous publication's, reused), else new ones on this group's device."""
-        import torch
-
-        if buffers is None or [int(b.numel()) for b in buffers] != list(header.bucket_bytes) \
-                or any(b.device != torch.device(self.device) for b in buffers):
-            buffers = receive_buffers(header, self.device)
+        buffers = buffers_for(header, self.device, buffers)
         self.broadcast(buffers)
         return FlatState(header, buffers)

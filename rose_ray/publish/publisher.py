@@ -101,7 +101,7 @@ class WeightPublisher:
     def publish(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
         """`state` to every engine as `version`; waits until all have loaded it (or, without
         `wait_for_load`, queued it). Returns the method (and `backend`, the collective's), MB
-        sent and per-stage ms: pack, transfer (put or broadcast and the call), load (the slowest
+        and buffers (`buckets`) sent and per-stage ms: pack, transfer (put or broadcast and the call), load (the slowest
         engine's, its wait behind calls submitted before included; 0 when not waited for), send
         (all); `fallback`: why this publication gave the collective up for the object store (None)."""
         method, backend = self.route_for(engines)
@@ -134,7 +134,7 @@ class WeightPublisher:
         ref = ray.put(flat)
         loads = ray.get([e.load_weights.remote(ref, version, self.config.wait_for_load, self.config.keep_after_ms)
                           for e in engines])
-        return self._timings(flat.nbytes / 2**20, t0, t1, loads)
+        return self._timings(flat, t0, t1, loads)
 
     def _collective(self, state: dict[str, Any], engines: list[Any], version: int, backend: str) -> dict[str, Any]:
         import ray
@@ -168,7 +168,7 @@ class WeightPublisher:
             self._give_up_group()
             raise
         loads = ray.get(receives)  # each engine's load (behind its calls in flight: not bounded here)
-        return self._timings(flat.nbytes / 2**20, t0, t1, loads)
+        return self._timings(flat, t0, t1, loads)
 
     def _give_up_group(self) -> None:
         if self._group is not None:
@@ -205,8 +205,8 @@ class WeightPublisher:
         return group
 
     @staticmethod
-    def _timings(mb: float, t0: float, t1: float, loads: list[dict[str, float]]) -> dict[str, Any]:
+    def _timings(flat: FlatState, t0: float, t1: float, loads: list[dict[str, float]]) -> dict[str, Any]:
         done = time.perf_counter()
         load = max(r["load_ms"] for r in loads)
-        return {"mb": mb, "pack_ms": (t1 - t0) * 1e3, "transfer_ms": (done - t1) * 1e3 - load, "load_ms": load,
+        return {"mb": flat.nbytes / 2**20, "buckets": len(flat.buffers), "pack_ms": (t1 - t0) * 1e3, "transfer_ms": (done - t1) * 1e3 - load, "load_ms": load,
                 "versions": [int(r["version"]) for r in loads]}

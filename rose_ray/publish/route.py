@@ -1,21 +1,13 @@
 """How the weights travel (`publish:`), and the route chosen for a set of engines.
 
-`publish.method`:
-
-- `object_store`: one `ray.put` of the flat buffers (numpy: zero-copy reads on the same node),
-  then each engine actor's `load_weights`. Works across nodes, needs nothing shared.
-- `collective`: learner rank 0 and the engine actors in a group of their own (not the
-  learner's DeepSpeed group), each bucket broadcast once to every engine, which receives it
-  while it generates and then loads it. Engines that are local Ray actors (hf, vllm) only.
-  `publish.collective_backend`: `nccl` broadcasts buffers on the GPUs (rank 0 gathers and packs
-  on its GPU, each engine receives on its own and loads from there: no host round trip);
-  `gloo` host buffers; `auto` nccl where it applies (`nccl_problem`), else gloo.
-- `auto` (default): `collective` over NCCL where every engine is an hf/vllm actor on rank 0's
-  node and NCCL applies, else `AUTO_LOCAL` where every engine is such an actor, else
-  `object_store` (across nodes without a shared fabric).
-
-Each engine tells the publisher where it runs and what it can join (`ReceiverInfo`, its
-actor's `weight_receiver`); learner rank 0 is a `Member` too.
+`object_store`: one `ray.put` of the flat buffers (numpy: zero-copy reads on the same node),
+then each engine actor's `load_weights`; works across nodes. `collective`: rank 0 and the
+engine actors (local hf/vllm actors only) in a weight group of their own (group.py), each
+bucket broadcast once, over `nccl` (GPU buffers end to end) or `gloo` (host buffers);
+`collective_backend: auto` takes nccl where `nccl_problem` finds nothing against it. `auto`:
+the collective over NCCL where every engine is a local actor on rank 0's node and NCCL applies,
+else AUTO_LOCAL for local actors, else the object store. Each engine reports itself as a
+`ReceiverInfo` (its actor's `weight_receiver`); learner rank 0 is a `Member`.
 """
 
 from __future__ import annotations

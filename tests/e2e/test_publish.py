@@ -207,6 +207,9 @@ def test_each_method_leaves_the_engine_as_a_fresh_load_of_the_weights(settings, 
         assert out["method"] == settings["method"] and out["versions"] == [version]
         assert out["backend"] == ("gloo" if settings["method"] == "collective" else "")  # no CUDA here
         assert out["mb"] > 0 and out["load_ms"] > 0 and out["transfer_ms"] > 0
+        # publish.bucket_mb packs for either method (0: each tensor's own bytes, one buffer each)
+        tensors = len(states[version])
+        assert 1 < out["buckets"] < tensors if settings.get("bucket_mb") else out["buckets"] == tensors
         assert actor_greedy(hf_actor, prompts) == fresh[version], (settings, version)
 
 
