@@ -9,12 +9,13 @@ part's GPU memory never counts in another's:
   -> generated tokens/s; the KV cache vLLM allocated (blocks x block tokens) beside what the
   memory plan (rose_ray/memory.py) counts for the same engine; then one weight update of the
   whole model as the object-store path sends it (`publish.method: object_store`,
-  rose_ray/flat_weights.py), its stages timed apart: `pack` (each tensor's bytes, no copy),
+  rose_ray/publish/flat.py), its stages timed apart: `pack` (each tensor's bytes, no copy),
   the put's one copy, `unpack` into views, the engine's name/shape check, and vLLM's reload plus
-  the prefix-cache reset; beside it the pickled path before flat buffers (`to_wire`, then the
-  pickling a torch tensor pays in Ray's object store); peak GPU memory of the process.
+  the prefix-cache reset; beside it the pickled path before flat buffers (bench/publish.py's
+  `to_wire`, then the pickling a torch tensor pays in Ray's object store); peak GPU memory of
+  the process.
 - `publish`: the NCCL publication's two ends on one GPU (`publish.collective_backend: nccl`;
-  rose_ray/weight_group.py): learner rank 0's state on the GPU packed into device buffers (no
+  rose_ray/publish/group.py): learner rank 0's state on the GPU packed into device buffers (no
   copy), a one-rank NCCL WeightGroup broadcasting them (the group's construction over its own
   TCPStore and the broadcast call, checked against this torch), unpacked into CUDA views and
   reloaded by a vLLM engine (bf16) with no host round trip; beside it the object-store path from
@@ -140,12 +141,12 @@ def part_engine(model: Path, device: str) -> dict[str, Any]:
 
     import numpy as np
     from generation import play  # the same episode-like callers as bench/generation.py
+    from publish import to_wire  # bench/publish.py's pickled baseline
 
-    from rose_ray.flat_weights import FlatState, pack, unpack
     from rose_ray.inference.engine import EngineConfig
     from rose_ray.inference.vllm_engine import VLLMEngine
-    from rose_ray.learner.weights import to_wire
     from rose_ray.memory import ModelShape, _engine_parts
+    from rose_ray.publish.flat import FlatState, pack, unpack
 
     config = EngineConfig.of("vllm", model=str(model), dtype="bfloat16", max_batch_size=64,
                           context_tokens=16384, gpu_memory_utilization=0.6, kv_cache_mb=2048)
@@ -201,15 +202,17 @@ def part_engine(model: Path, device: str) -> dict[str, Any]:
 
 
 def part_publish(model: Path, device: str) -> dict[str, Any]:
+    from dataclasses import replace
+
     import numpy as np
     import torch
     from safetensors.torch import load_file
 
-    from rose_ray.flat_weights import FlatState, pack, unpack
     from rose_ray.inference.engine import EngineConfig
     from rose_ray.inference.vllm_engine import VLLMEngine
-    from rose_ray.learner.weights import PublishConfig, choose_route
-    from rose_ray.weight_group import WeightGroup, cuda_device_id
+    from rose_ray.publish.flat import FlatState, pack, unpack
+    from rose_ray.publish.group import WeightGroup, cuda_device_id
+    from rose_ray.publish.route import Member, PublishConfig, ReceiverInfo, choose_route
 
     on_gpu = device.startswith("cuda")
     config = EngineConfig.of("vllm", model=str(model), dtype="bfloat16" if on_gpu else "float32", max_batch_size=8,
@@ -275,12 +278,11 @@ def part_publish(model: Path, device: str) -> dict[str, Any]:
         out["device_path_ms_per_mb"] = out["device_ms"]["total_ms"] / mb
         out["object_store_ms_per_mb"] = out["object_store_ms"]["total_ms"] / mb
         here = cuda_device_id()
-        receiver = {"node_id": "here", "backend": "vllm", "takes_weights": True, "device": device, "gpu": here,
-                    "tensor_parallel_size": 1}
-        out["auto_route_engine_on_this_gpu"] = list(choose_route(PublishConfig(), {"node_id": "here", "gpu": here},
-                                                                 [receiver]))
-        out["auto_route_engine_on_another_gpu"] = list(choose_route(
-            PublishConfig(), {"node_id": "here", "gpu": here}, [{**receiver, "gpu": "another GPU"}]))
+        rank0 = Member(node_id="here", gpu=here)
+        receiver = ReceiverInfo(node_id="here", gpu=here, backend="vllm", takes_weights=True, device=device)
+        out["auto_route_engine_on_this_gpu"] = list(choose_route(PublishConfig(), rank0, [receiver]))
+        out["auto_route_engine_on_another_gpu"] = list(choose_route(PublishConfig(), rank0,
+                                                                    [replace(receiver, gpu="another GPU")]))
         out["gpus"] = torch.cuda.device_count() if on_gpu else 0
     finally:
         engine.close()
@@ -293,7 +295,7 @@ STALL_TIMEOUT_S = 10.0
 def part_stall(device: str) -> dict[str, Any]:
     import torch
 
-    from rose_ray.weight_group import CollectiveTimeout, WeightGroup, within
+    from rose_ray.publish.group import CollectiveTimeout, WeightGroup, within
 
     backend = "nccl" if device.startswith("cuda") else "gloo"
     timeout = STALL_TIMEOUT_S

@@ -10,9 +10,13 @@ default; or `vllm`, bf16 where the CPU has it, as a run's engine). The driver
 stands in for learner rank 0: it holds the model, gathers its state (`gather_state`, as a rank
 does; on CPU no copy) and publishes through `WeightPublisher`, the code a run's rank 0 uses.
 
+Beside the methods a run can use, `pickled` is the path before flat buffers, kept here as a
+baseline (`PickledPublisher`; not a `publish.method`): numpy arrays where numpy has the dtype,
+torch tensors (bf16) pickled, in one `ray.put`.
+
 Stages, in ms per MB (median of `--repeats` after one warm-up publication):
 - gather: the state out of the module (a GPU run copies it to host here, or keeps it on device);
-- pack: into flat buffers (`pickled`: the old numpy/tensor dict; the flat methods by default
+- pack: into flat buffers (`pickled`: the numpy/tensor dict; the flat methods by default
   each tensor's byte view, no copy; `/b256`: one copy into 256 MB buckets, reused);
 - transfer: `ray.put` and the call (object store, pickling included for `pickled`) or the
   broadcast of every bucket to the engine (collective);
@@ -59,14 +63,12 @@ from typing import Any
 
 from rose_ray.runs import keep_result
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
-
-# (label, publish config): each method as a run's default config sends it, and each flat method
-# with the other bucketing (0: every tensor's own bytes; 256: packed into 256 MB buckets)
+# (label, publish config): the pickled baseline, each method as a run's default config sends it,
+# and each flat method with the other bucketing (0: every tensor's own bytes; 256: packed into
+# 256 MB buckets)
 VARIANTS = (("pickled", {"method": "pickled"}),
             ("object_store", {"method": "object_store"}),
-            ("object_store/b256", {"method": "object_store", "object_store_bucket_mb": 256}),
+            ("object_store/b256", {"method": "object_store", "bucket_mb": 256}),
             ("collective", {"method": "collective"}),
             ("collective/b256", {"method": "collective", "bucket_mb": 256}))
 PROJECT_BYTES = 3.4e9  # Qwen3-1.7B in bf16
@@ -108,6 +110,40 @@ def build_model(tokenizer_dir: str, gib: float, out: Path) -> tuple[str, Any]:
     return str(out), model.eval()  # only its state is used here (rotary buffers left uninitialised)
 
 
+def to_wire(state: dict[str, Any]) -> dict[str, Any]:
+    """The pickled path's message: numpy arrays where numpy has the dtype (zero-copy in the
+    object store), else torch tensors (pickled)."""
+    import torch
+
+    return {k: v.numpy() if v.dtype in (torch.float32, torch.float16) else v for k, v in state.items()}
+
+
+class PickledPublisher:
+    """The path before flat buffers, as WeightPublisher's object store sends it otherwise: one
+    `ray.put` of `to_wire(state)`, then each engine actor's `load_weights` (which takes a dict).
+    The same result fields as WeightPublisher.publish."""
+
+    def __init__(self, config: Any) -> None:
+        self.config = config  # a PublishConfig: wait_for_load and in_flight are honoured
+
+    def publish(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
+        import numpy as np
+        import ray
+
+        t0 = time.perf_counter()
+        wire = to_wire(state)
+        t1 = time.perf_counter()
+        ref = ray.put(wire)
+        loads = ray.get([e.load_weights.remote(ref, version, self.config.wait_for_load, self.config.keep_after_ms)
+                          for e in engines])
+        done = time.perf_counter()
+        load = max(r["load_ms"] for r in loads)
+        mb = sum(v.nbytes if isinstance(v, np.ndarray) else v.numel() * v.element_size() for v in wire.values()) / 2**20
+        return {"method": "pickled", "backend": "", "mb": mb, "pack_ms": (t1 - t0) * 1e3,
+                "transfer_ms": (done - t1) * 1e3 - load, "load_ms": load, "send_ms": (done - t0) * 1e3,
+                "versions": [int(r["version"]) for r in loads]}
+
+
 SCRATCH_MB = 256  # the bounds' buffers: the same bytes pass through them in pieces of this size
 
 
@@ -122,7 +158,7 @@ class BoundReceiver:
     def join(self, address: dict[str, Any]) -> None:
         import torch
 
-        from rose_ray.weight_group import WeightGroup
+        from rose_ray.publish.group import WeightGroup
 
         self.group = WeightGroup.join(address, 1)
         self.scratch = torch.empty(SCRATCH_MB * 2**20, dtype=torch.uint8)
@@ -140,8 +176,8 @@ class Bounds:
         import ray
         import torch
 
-        from rose_ray.flat_weights import byte_view
-        from rose_ray.weight_group import WeightGroup
+        from rose_ray.publish.flat import byte_view
+        from rose_ray.publish.group import WeightGroup
 
         self.views = [byte_view(t) for t in state.values()]
         self.total = sum(int(v.numel()) for v in self.views)
@@ -208,7 +244,7 @@ def busy_publication(model: Any, engine: Any, publisher: Any, version: int, seed
     import ray
 
     from rose_ray.inference.engine import GenerationRequest
-    from rose_ray.learner.weights import gather_state
+    from rose_ray.learner.export import gather_state
     from rose_ray.types import SamplingParams
 
     rng = random.Random(seed)
@@ -254,11 +290,9 @@ def bench_size(tokenizer_dir: str, gib: float, root: Path, args: argparse.Namesp
     from rose_ray.inference.actor import engine_actor
     from rose_ray.inference.backends import command_engine
     from rose_ray.inference.registry import get_backend
-    from rose_ray.learner.weights import (
-        PublishConfig,
-        WeightPublisher,
-        gather_state,
-    )
+    from rose_ray.learner.export import gather_state
+    from rose_ray.publish.publisher import WeightPublisher
+    from rose_ray.publish.route import PublishConfig
 
     folder, model = build_model(tokenizer_dir, gib, root / f"qwen3_like_{gib}")
     bounds = Bounds(gather_state(model, zero3=False, keep=True))
@@ -270,7 +304,8 @@ def bench_size(tokenizer_dir: str, gib: float, root: Path, args: argparse.Namesp
     variants = [(label, settings) for label, settings in VARIANTS
                 if (not args.methods or settings["method"] in args.methods)
                 and (args.bucketed or "/" not in label)]
-    publishers = {label: WeightPublisher(PublishConfig(**settings)) for label, settings in variants}
+    publishers = {label: PickledPublisher(PublishConfig()) if settings["method"] == "pickled"
+                  else WeightPublisher(PublishConfig(**settings)) for label, settings in variants}
     runs: dict[str, list[dict]] = {label: [] for label, _ in variants}
     version = 0
     for _ in range(args.repeats + 1):
@@ -351,6 +386,8 @@ def main() -> None:
     p.add_argument("--busy-tokens", type=int, default=BUSY_TOKENS,
                    help=f"new tokens per busy request (default {BUSY_TOKENS}, the issue's; fewer to fit a slow CPU)")
     args = p.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # (here, not at import: gpu_check.py imports to_wire)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if args.quick:
         args.sizes, args.repeats = [0.3], 3
 

@@ -8,7 +8,7 @@ group (`init_weight_transfer_engine`), and each update is `start_weight_update`,
 (the worker receives each tensor and loads it through the layerwise reload) and
 `finish_weight_update`. Its own backends need CUDA, so a gloo engine is registered in its factory
 (`WeightTransferEngineFactory.register_engine`), as its docs invite for other transports. rose_ray's
-route: the flat buffers of rose_ray/flat_weights.py received over a gloo group, then
+route: the flat buffers of rose_ray/publish/flat.py received over a gloo group, then
 `reload_weights`. Both into one in-process vLLM engine; the trainer (rank 0) is another process
 broadcasting the same perturbed state. Reported: ms per update (receive, load, prefix-cache reset)
 for each route, and whether the greedy outputs after both updates are the same (and differ from
@@ -51,7 +51,7 @@ def trainer(port: int, state_path: str, commands: Any, done: Any) -> None:
     from safetensors.torch import load_file
     from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
-    from rose_ray.flat_weights import pack
+    from rose_ray.publish.flat import pack
 
     torch.set_num_threads(1)
     state = dict(sorted(load_file(state_path).items()))
@@ -152,7 +152,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from rose_ray.flat_weights import FlatState, pack, receive_buffers, unpack
+    from rose_ray.publish.flat import FlatState, buffers_for, pack, unpack
 
     torch.set_num_threads(1)
     register_gloo_engine()
@@ -219,7 +219,7 @@ def main() -> None:
                 timeout = datetime.timedelta(seconds=120)
                 store = TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timeout)
                 group = ProcessGroupGloo(PrefixStore("flat", store), 1, 2, timeout)
-            buffers = buffers or receive_buffers(header)
+            buffers = buffers_for(header, reuse=buffers)
             for b in buffers:
                 if b.numel():
                     group.broadcast(b, 0).wait()

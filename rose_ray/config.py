@@ -24,7 +24,7 @@ from rose_ray.errors import ConfigError, InputError
 from rose_ray.inference.engine import EngineConfig
 from rose_ray.inference.registry import BACKENDS, in_flight_backends, settings_owner
 from rose_ray.learner.learner import LearnerConfig
-from rose_ray.learner.weights import PublishConfig
+from rose_ray.publish.route import PublishConfig
 from rose_ray.recipes import Recipe, get_recipe
 from rose_ray.types import REPORT_MODES, SamplingParams
 
@@ -278,8 +278,8 @@ class TrainConfig:
     mode: str = "async"  # async | sync
     steps: int = 100  # learner steps
     publish_every: int = 1  # learner steps between weight publications
-    # How the weights travel to the student engine: {method: auto | object_store | collective
-    # | pickled, collective_backend: auto | gloo | nccl, bucket_mb, ...} (rose_ray/learner/weights.py)
+    # How the weights travel to the student engine: {method: auto | object_store | collective,
+    # collective_backend: auto | gloo | nccl, bucket_mb, ...} (rose_ray/publish/route.py)
     publish: PublishConfig = field(default_factory=PublishConfig)
     checkpoint_every: int = 50  # learner steps between checkpoints (a run's stop writes one too)
     keep_checkpoints: int = 2  # whole checkpoints kept; older ones are deleted
@@ -413,6 +413,7 @@ REMOVED_KEYS = {
     "learner.context_policy": "the learner cuts a trajectory where the engine cut it (student_engine.context_policy)",
     "learner.grad_accum": "micro-batches follow a token budget (learner.max_tokens each); their number follows from the batch",
     "learner.gradient_checkpointing": "use learner.activation_checkpointing: full | selective | none (true was full)",
+    "publish.object_store_bucket_mb": "one bucket size for every method: publish.bucket_mb (MB, 0: no buckets)",
 }
 
 

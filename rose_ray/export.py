@@ -47,7 +47,7 @@ def check_request(run_dir: str | Path, out: str | Path, step: int | None) -> tup
     """The config of a run folder and the checkpoint to export (default: the newest whole one
     whose record reads); every problem is an InputError naming it, raised before anything
     starts or is written."""
-    from rose_ray.learner.weights import check_model_out
+    from rose_ray.learner.export import check_model_out
 
     record = read_checkpoint(run_dir, step)
     check_model_out(out, overwrite=False, offers_overwrite=False)

@@ -22,7 +22,7 @@ Per GPU:
   estimator's accounting) under the ZeRO stage over the ranks, and the activations of one
   micro-batch (a packed row of `learner.max_tokens` tokens) with or without gradient
   checkpointing, the LM head run in chunks.
-- **The weight publication** (rose_ray/learner/weights.py): where it may go over NCCL, the
+- **The weight publication** (rose_ray/publish/): where it may go over NCCL, the
   student engine receives each publication into buffers on its GPU, one copy of the learner's
   state in the learner's dtype, kept from one publication to the next. An hf engine holds them
   in its GPU; a vllm engine beside its `gpu_memory_utilization` share (allocated after vLLM

@@ -96,13 +96,13 @@ class Publisher:
 
     def __init__(self, learner: Any, student: Any, engines: Any, failures: Failures, config: Any = None) -> None:
         self.learner, self.student, self.engines, self.failures = learner, student, engines, failures
-        self.config = config  # a PublishConfig (learner/weights.py): how the weights travel
+        self.config = config  # a PublishConfig (rose_ray/publish/route.py): how the weights travel
         self.weights_ms = 0.0
         self.published: tuple[Any, int] | None = None  # (engine, learner version) last sent
         self.fallbacks = 0  # collectives given up for the object store (publish/fallbacks)
 
     def publish_now(self, engine: Any) -> None:
-        from rose_ray.learner.weights import PublishConfig
+        from rose_ray.publish.route import PublishConfig
 
         version = self.learner.version
         out = self.learner.publish_weights([engine], self.config)
@@ -200,13 +200,13 @@ class RunParts:
         from rose_ray.metrics import MetricsLogger
         from rose_ray.models import download_model, hub_cache, is_hub_id, load_tokenizer
         from rose_ray.placement import PlacementGroups, check_cluster, check_shared_storage, demands
+        from rose_ray.publish.group import nccl_env
         from rose_ray.rollout.actors import init_ray, start_agents, start_env_pools
         from rose_ray.rollout.agent import EXPERT, EpisodeConfig
         from rose_ray.rollout.buffer import TrajectoryBuffer
         from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
         from rose_ray.rollout.runner import EpisodeRunner
         from rose_ray.rollout.supervisor import EngineSupervisor
-        from rose_ray.weight_group import nccl_env
 
         cfg = self.cfg
         self.clear_leftovers()
@@ -240,7 +240,7 @@ class RunParts:
         self.pools = start_env_pools(cfg.env, max_turns=cfg.rollout.max_turns)
         expert = cfg.teacher.expert  # the world's expert teaches: it plays from the env pools, no engine
         # The weight group's members (the student engine, learner rank 0) run with the same NCCL
-        # settings wherever Ray starts them (rose_ray/weight_group.py NCCL_DEFAULTS says why).
+        # settings wherever Ray starts them (rose_ray/publish/group.py NCCL_DEFAULTS says why).
         nccl = {"runtime_env": {"env_vars": nccl_env()}}
         student_nccl = nccl if cfg.resources.student_gpus > 0 else {}
         learner_nccl = nccl if cfg.learner.gpus_per_rank > 0 else {}

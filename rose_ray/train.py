@@ -441,7 +441,7 @@ def fresh_run_dir(cfg: TrainConfig, named: bool) -> Path:
             raise InputError(f"run_dir {where} already holds a run: continue it with --resume {where}, or "
                              "give another run_dir= (without run_dir=, each run gets a new version_N folder "
                              "under the config's run_dir)")
-        from rose_ray.learner.weights import check_model_out
+        from rose_ray.learner.export import check_model_out
 
         check_model_out(where / "model", overwrite=True, flag="run_dir")  # the run ends by writing it
     elif (where / "config.yaml").is_file():  # one run, not a folder of versions (an older layout)

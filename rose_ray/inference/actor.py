@@ -8,10 +8,10 @@ submitted and land between batches, never inside a generation.
 loop, and says how long calls have waited without any of them finishing, so an engine whose
 generation thread hangs is found even though the ping itself is answered.
 
-Weights arrive three ways (rose_ray/learner/weights.py chooses, `publish.method`):
-`update_weights(state)` a dict; `load_weights(flat)` a FlatState (flat byte buffers through
-the object store); or `receive_weights(group, header)` after `join_weight_group`, the buckets by
-broadcast from the learner's rank 0 (over gloo into host buffers, or over NCCL into buffers on
+Weights arrive three ways (rose_ray/publish/ chooses, `publish.method`, from what
+`weight_receiver` tells it): `update_weights(state)` a dict; `load_weights(flat)` a FlatState
+(flat byte buffers through the object store); or `receive_weights(group, header)` after
+`join_weight_group`, the buckets by broadcast from the learner's rank 0 (over gloo into host buffers, or over NCCL into buffers on
 this actor's GPU, loaded from there). A broadcast is received at once, while generation goes
 on; only the load into the model queues behind the calls already submitted (or, with
 `keep_after_ms`, publish.in_flight keep on a vllm engine, loads under those still running after
@@ -29,11 +29,12 @@ from typing import Any
 
 import ray
 
-from rose_ray.flat_weights import FlatHeader, FlatState, unpack
 from rose_ray.inference.backends import make_engine
 from rose_ray.inference.batcher import async_frontend
 from rose_ray.inference.engine import EngineConfig, GenerationRequest, GenerationResult
-from rose_ray.weight_group import WeightGroup
+from rose_ray.publish.flat import FlatHeader, FlatState, unpack
+from rose_ray.publish.group import WeightGroup, cuda_device_id, own_nccl_env
+from rose_ray.publish.route import ReceiverInfo
 
 MAX_WEIGHT_GROUPS = 4
 
@@ -117,9 +118,10 @@ class EngineActorImpl:
 
     async def load_weights(self, state: dict[str, Any] | FlatState, version: int,
                            wait: bool = True, keep_after_ms: float | None = None) -> dict[str, float]:
-        """`update_weights` for a dict or a FlatState (unpacked into views, no copy); returns
-        `load_ms` (the wait behind calls submitted before it included) and the version. With
-        `wait` false it returns once the update is queued (`_load`)."""
+        """`update_weights` for a FlatState (unpacked into views, no copy: what a run's publisher
+        sends) or a dict (bench/publish.py's pickled baseline); returns `load_ms` (the wait behind
+        calls submitted before it included) and the version. With `wait` false it returns once
+        the update is queued (`_load`)."""
         with self._call():
             await self._settle()
             if isinstance(state, FlatState):
@@ -159,18 +161,13 @@ class EngineActorImpl:
         if loading is not None:
             await loading
 
-    async def weight_receiver(self) -> dict[str, Any]:
-        """What a publisher needs to choose a method (learner/weights.py `choose_route`): this
-        actor's node, backend and device (`gpu`: its GPU's UUID, None off CUDA), whether its
-        backend can join a weight group, the NCCL_* settings it runs with (an NCCL group's
-        members need the same) and its vLLM tensor-parallel size (workers of their own)."""
-        from rose_ray.weight_group import cuda_device_id, own_nccl_env
-
+    async def weight_receiver(self) -> ReceiverInfo:
+        """What a publisher needs to choose a route (rose_ray/publish/route.py `choose_route`)."""
         on_cuda = str(self.device).startswith("cuda")
-        return {"node_id": ray.get_runtime_context().get_node_id(), "backend": self.config.backend,
-                "takes_weights": self.config.spec.takes_weights, "device": self.device,
-                "gpu": cuda_device_id() if on_cuda else None, "nccl_env": own_nccl_env(),
-                "tensor_parallel_size": int(self.config.vllm.tensor_parallel_size) if self.config.vllm else 1}
+        return ReceiverInfo(node_id=ray.get_runtime_context().get_node_id(), gpu=cuda_device_id() if on_cuda else None,
+                            nccl_env=own_nccl_env(), backend=self.config.backend,
+                            takes_weights=self.config.spec.takes_weights, device=str(self.device),
+                            tensor_parallel_size=self.config.tensor_parallel_size)
 
     async def join_weight_group(self, address: dict[str, Any], rank: int) -> None:
         """Join a publisher's weight group (WeightGroup.open_store's address) as `rank`; returns

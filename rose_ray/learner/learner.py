@@ -316,7 +316,7 @@ class LearnerGroup:
     def export(self, out_dir: str | Path, extra_files: dict[str, str] | None = None) -> dict[str, Any]:
         """A Hugging Face folder of the current weights (gathered under ZeRO-3), written
         atomically; `extra_files` {name: text} go into it too (e.g. where the weights came from)."""
-        from rose_ray.learner.weights import source_dtype
+        from rose_ray.learner.export import source_dtype
 
         dtype = self.config.export_dtype
         if dtype == "auto":
@@ -325,7 +325,7 @@ class LearnerGroup:
 
     def publish_weights(self, engines: list[Any], config: Any = None) -> dict[str, Any]:
         """Current weights + version to every engine actor, by `config`'s method (a
-        PublishConfig, learner/weights.py; default: auto); returns the method, timing per stage
+        PublishConfig, rose_ray/publish/; default: auto); returns the method, timing per stage
         (ms) and size (MB)."""
         with self._lock:  # the version read is the version of the weights sent
             out = self._all("publish", list(engines), self.version, config)[0]

@@ -376,12 +376,12 @@ class LearnerWorker:
         Tied parameters appear once (under their first name); buffers in the state dict keep
         their own dtype, parameters are cast to `dtype` when given.
         """
-        from rose_ray.learner.weights import gather_state
+        from rose_ray.learner.export import gather_state
 
         return gather_state(self.engine.module, self.cfg.zero_stage == 3, self.rank == 0, dtype, device)
 
     def export(self, out_dir: str, dtype: str, extra_files: dict[str, str] | None = None) -> dict[str, Any] | None:
-        from rose_ray.learner.weights import write_hf_folder
+        from rose_ray.learner.export import write_hf_folder
 
         state = self.full_state(dtype)
         if self.rank != 0:
@@ -390,8 +390,9 @@ class LearnerWorker:
 
     def publish(self, engines: list[Any], version: int, config: Any = None) -> dict[str, Any] | None:
         """Send full weights to engine actors (rank 0; every rank gathers under ZeRO-3) by
-        `config`'s method (a PublishConfig; learner/weights.py)."""
-        from rose_ray.learner.weights import PublishConfig, WeightPublisher
+        `config`'s route (a PublishConfig; rose_ray/publish/)."""
+        from rose_ray.publish.publisher import WeightPublisher
+        from rose_ray.publish.route import PublishConfig
 
         start = time.perf_counter()
         config = config or PublishConfig()

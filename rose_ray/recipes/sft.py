@@ -45,8 +45,8 @@ def train_sft(
 
     from rose_ray.chat import ChatFormat
     from rose_ray.files import out_path
+    from rose_ray.learner.export import check_model_out
     from rose_ray.learner.learner import LearnerConfig, LearnerGroup
-    from rose_ray.learner.weights import check_model_out
     from rose_ray.models import load_tokenizer
     from rose_ray.placement import check_shared_storage
     from rose_ray.recipes.teacher_sft import imitate

@@ -1,4 +1,4 @@
-"""Weight publication: flat byte buffers (rose_ray/flat_weights.py) and each `publish.method`
+"""Weight publication: flat byte buffers (rose_ray/publish/flat.py) and each `publish.method`
 into real engine actors, checked against engines loaded fresh from the same weights."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from rose_ray.errors import ConfigError
-from rose_ray.flat_weights import FlatHeader, FlatState, MalformedHeader, byte_view, pack, unpack
 from rose_ray.inference.engine import EngineConfig, GenerationRequest
 from rose_ray.inference.registry import VLLMSettings
+from rose_ray.publish.flat import FlatHeader, FlatState, MalformedHeader, byte_view, pack, unpack
 from rose_ray.types import SamplingParams
 from tests.unit.test_inference_engine import sharpened_state, special_ids
 
@@ -131,7 +131,7 @@ def test_publish_config_names_an_unknown_method_and_a_collective_without_an_acto
 
 def test_publish_in_flight_is_validated_naming_the_key():
     from rose_ray.config import load_config
-    from rose_ray.learner.weights import PublishConfig
+    from rose_ray.publish.route import PublishConfig
 
     with pytest.raises(ConfigError, match=r"publish.in_flight: must be one of \('wait', 'keep'\), got 'abort'"):
         load_config(None, ["publish.in_flight=abort"])
@@ -152,7 +152,7 @@ def weights(tiny_models, tmp_path_factory):
     """(config, prompts, {version: state}, {version: greedy ids of an hf engine loaded fresh
     from a model folder of that state})."""
     from rose_ray.inference.hf import HFEngine
-    from rose_ray.learner.weights import write_hf_folder
+    from rose_ray.learner.export import write_hf_folder
 
     config = EngineConfig(model=str(tiny_models["student"]), dtype="float32", threads=1,
                           max_batch_size=8, context_tokens=512)
@@ -191,15 +191,14 @@ def hf_actor(weights, ray_cluster):
     ray_cluster.kill(actor)
 
 
-SETTINGS = [{"method": "pickled"}, {"method": "object_store"},
-            {"method": "object_store", "object_store_bucket_mb": 0.05},
-            {"method": "collective"},
-            {"method": "collective", "bucket_mb": 0.05}]
+SETTINGS = [{"method": "object_store"}, {"method": "object_store", "bucket_mb": 0.05},
+            {"method": "collective"}, {"method": "collective", "bucket_mb": 0.05}]
 
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: "-".join(str(v) for v in s.values()))
 def test_each_method_leaves_the_engine_as_a_fresh_load_of_the_weights(settings, weights, hf_actor):
-    from rose_ray.learner.weights import PublishConfig, WeightPublisher
+    from rose_ray.publish.publisher import WeightPublisher
+    from rose_ray.publish.route import PublishConfig
 
     _, prompts, states, fresh, _ = weights
     publisher = WeightPublisher(PublishConfig(**settings))
@@ -208,11 +207,15 @@ def test_each_method_leaves_the_engine_as_a_fresh_load_of_the_weights(settings, 
         assert out["method"] == settings["method"] and out["versions"] == [version]
         assert out["backend"] == ("gloo" if settings["method"] == "collective" else "")  # no CUDA here
         assert out["mb"] > 0 and out["load_ms"] > 0 and out["transfer_ms"] > 0
+        # publish.bucket_mb packs for either method (0: each tensor's own bytes, one buffer each)
+        tensors = len(states[version])
+        assert 1 < out["buckets"] < tensors if settings.get("bucket_mb") else out["buckets"] == tensors
         assert actor_greedy(hf_actor, prompts) == fresh[version], (settings, version)
 
 
 def test_auto_picks_the_local_method_for_a_local_engine(weights, hf_actor):
-    from rose_ray.learner.weights import AUTO_LOCAL, PublishConfig, WeightPublisher
+    from rose_ray.publish.publisher import WeightPublisher
+    from rose_ray.publish.route import AUTO_LOCAL, PublishConfig
 
     _, prompts, states, fresh, _ = weights
     publisher = WeightPublisher(PublishConfig())
@@ -224,7 +227,8 @@ def test_auto_picks_the_local_method_for_a_local_engine(weights, hf_actor):
 def test_a_collective_group_follows_the_engines_it_publishes_to(weights, hf_actor, ray_cluster):
     """A replaced engine (another actor) gets a new group; two engines share one broadcast."""
     from rose_ray.inference.actor import engine_actor
-    from rose_ray.learner.weights import PublishConfig, WeightPublisher
+    from rose_ray.publish.publisher import WeightPublisher
+    from rose_ray.publish.route import PublishConfig
 
     config, prompts, states, fresh, _ = weights
     other = engine_actor(config, num_cpus=1)
@@ -250,7 +254,8 @@ def test_a_collective_that_never_forms_falls_back_to_the_object_store_within_its
     import threading
     import time
 
-    from rose_ray.learner.weights import PublishConfig, WeightPublisher
+    from rose_ray.publish.publisher import WeightPublisher
+    from rose_ray.publish.route import PublishConfig
 
     _, prompts, states, fresh, _ = weights
     timeout_s, frozen_s = 3.0, 8.0
@@ -284,7 +289,8 @@ def test_a_vllm_engine_after_a_publication_answers_as_when_loaded_fresh(weights,
     published (its outputs change), then version 2 again: the outputs are its fresh start's."""
     pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
     from rose_ray.inference.actor import engine_actor
-    from rose_ray.learner.weights import PublishConfig, WeightPublisher
+    from rose_ray.publish.publisher import WeightPublisher
+    from rose_ray.publish.route import PublishConfig
 
     config, prompts, states, fresh, folders = weights
     actor = engine_actor(replace(config, backend="vllm", model=str(folders[2]), hf=None, vllm=VLLMSettings(kv_cache_mb=64)), num_cpus=1)
@@ -316,8 +322,9 @@ def test_an_nccl_publication_leaves_a_gpu_engine_as_a_fresh_load(weights, ray_cl
     engine's greedy outputs are those of an engine loaded fresh from the same weights on a GPU."""
     from rose_ray.inference.actor import engine_actor
     from rose_ray.inference.hf import HFEngine
-    from rose_ray.learner.weights import PublishConfig, WeightPublisher
-    from rose_ray.weight_group import cuda_device_id
+    from rose_ray.publish.group import cuda_device_id
+    from rose_ray.publish.publisher import WeightPublisher
+    from rose_ray.publish.route import PublishConfig
 
     config, prompts, states, _, folders = weights
     actor = engine_actor(config, num_cpus=1, num_gpus=1)
@@ -349,7 +356,8 @@ def test_a_publication_that_does_not_wait_for_the_load_is_still_ordered_before_l
     """`wait_for_load: false`: rank 0 goes on while a long request is still generating on the
     old weights; calls submitted after the publication run on the new ones. Waiting (the
     default) returns only after the load, which comes after the request in flight."""
-    from rose_ray.learner.weights import PublishConfig, WeightPublisher
+    from rose_ray.publish.publisher import WeightPublisher
+    from rose_ray.publish.route import PublishConfig
 
     _, prompts, states, fresh, _ = weights
     WeightPublisher(PublishConfig(method=method)).publish(states[1], [hf_actor], 1)
@@ -377,7 +385,8 @@ def test_a_publication_that_does_not_wait_for_the_load_is_still_ordered_before_l
 def test_keep_is_refused_by_an_engine_that_cannot_keep(weights, hf_actor, ray_cluster):
     """An hf engine generates a batch to its end: `keep` is refused, naming the key, and the
     engine is left as it was."""
-    from rose_ray.learner.weights import PublishConfig, WeightPublisher
+    from rose_ray.publish.publisher import WeightPublisher
+    from rose_ray.publish.route import PublishConfig
 
     _, prompts, states, fresh, _ = weights
     WeightPublisher(PublishConfig(method="object_store")).publish(states[1], [hf_actor], 1)
@@ -410,7 +419,8 @@ def test_a_vllm_publication_that_keeps_requests_in_flight_does_not_wait_for_them
     engine's side: the method only carries the weights, and object_store is the local default.)"""
     pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
     from rose_ray.inference.actor import engine_actor
-    from rose_ray.learner.weights import PublishConfig, WeightPublisher
+    from rose_ray.publish.publisher import WeightPublisher
+    from rose_ray.publish.route import PublishConfig
 
     config, prompts, states, fresh, folders = weights
     actor = engine_actor(replace(config, backend="vllm", model=str(folders[2]), hf=None,

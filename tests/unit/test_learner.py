@@ -187,7 +187,7 @@ def test_published_weights_reach_an_engine(group, tiny_models, sequences):
 
     from rose_ray.inference.actor import engine_actor
     from rose_ray.inference.engine import EngineConfig, GenerationRequest
-    from rose_ray.learner.weights import AUTO_LOCAL, PublishConfig
+    from rose_ray.publish.route import AUTO_LOCAL, PublishConfig
     from rose_ray.types import SamplingParams
 
     engine = engine_actor(EngineConfig(model=str(tiny_models["student"]), dtype="float32",
@@ -220,7 +220,7 @@ def test_published_weights_reach_an_engine(group, tiny_models, sequences):
         assert out["method"] == AUTO_LOCAL  # the engine is a local actor
 
         # Every other method, each after a step of its own: the engine scores as the learner.
-        for method in ("object_store", "collective", "pickled"):
+        for method in ("object_store", "collective"):
             group.train_step(make_batch(sequences, WEIGHTS, 256))
             out = group.publish_weights([engine], PublishConfig(method=method))
             assert out["method"] == method and ray.get(engine.version.remote()) == group.version

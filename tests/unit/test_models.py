@@ -47,7 +47,7 @@ def test_init_tiny_replaces_only_folders_it_wrote(tmp_path, capsys):
     import json
 
     from rose_ray.cli import main
-    from rose_ray.learner.weights import FOLDER_MARKER
+    from rose_ray.files import FOLDER_MARKER
 
     mine = tmp_path / "mine"
     (mine / "teacher").mkdir(parents=True)

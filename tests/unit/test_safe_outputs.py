@@ -45,7 +45,8 @@ def test_sft_out_at_a_folder_of_the_users_exits_2_and_leaves_it(tmp_path, tiny_m
 def test_a_model_folder_is_replaced_only_when_rose_ray_wrote_it(tmp_path, tiny_models):
     """What `sft --overwrite` and a run's `<run_dir>/model/` do at the end: the new folder is
     swapped in by rename-aside; another folder at that path is refused and left as it is."""
-    from rose_ray.learner.weights import FOLDER_MARKER, check_model_out, write_hf_folder
+    from rose_ray.files import FOLDER_MARKER
+    from rose_ray.learner.export import check_model_out, write_hf_folder
     from rose_ray.models import load_model
 
     state = dict(load_model(tiny_models["student"]).state_dict())
@@ -114,7 +115,7 @@ def test_a_symlink_as_out_is_written_through_or_refused_before_any_work(tmp_path
     """`--out LINK` (sft, export) or a run's `model/` as a symlink: the folder it points to is
     what is checked and written, resolved before any work. (Before, the check passed and the
     final rename met the link: NotADirectoryError after training, the new weights deleted.)"""
-    from rose_ray.learner.weights import check_model_out, write_hf_folder
+    from rose_ray.learner.export import check_model_out, write_hf_folder
     from rose_ray.models import load_model
 
     state = dict(load_model(tiny_models["student"]).state_dict())

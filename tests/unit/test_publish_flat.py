@@ -1,10 +1,10 @@
-"""Flat weight buffers (rose_ray/flat_weights.py) on their own, no Ray cluster: `plan` puts
+"""Flat weight buffers (rose_ray/publish/flat.py) on their own, no Ray cluster: `plan` puts
 tensors in order into buckets of up to `bucket_mb` at 64-byte offsets (an exact fit stays, the
 next tensor opens a bucket, a tensor larger than a bucket gets one of its own, `bucket_mb=0` one
 per tensor); `pack`/`unpack` give back every tensor bit for bit (bf16, fp32, fp16, int64; odd,
 0-dim and empty shapes; NaN and -0.0), also through the header's JSON and numpy buffers; a pack
 into the buffers of another plan makes new ones instead of writing into them; a header that does
-not describe its buffers is refused naming the fault; and a `WeightGroup` (rose_ray/weight_group.py) over gloo carries rank
+not describe its buffers is refused naming the fault; and a `WeightGroup` (rose_ray/publish/group.py) over gloo carries rank
 0's buckets bit for bit into a second process (spawned, on this host), which reuses its buffers
 for the next publication. More header faults, and publication into real engines:
 tests/e2e/test_publish.py."""
@@ -17,7 +17,7 @@ import pickle
 import pytest
 import torch
 
-from rose_ray.flat_weights import (
+from rose_ray.publish.flat import (
     ALIGN,
     FlatHeader,
     FlatState,
@@ -28,7 +28,7 @@ from rose_ray.flat_weights import (
     plan,
     unpack,
 )
-from rose_ray.weight_group import WeightGroup
+from rose_ray.publish.group import WeightGroup
 
 LIMIT = 256  # bytes: the bucket size the boundary tests plan with
 BUCKET_MB = LIMIT / 2**20

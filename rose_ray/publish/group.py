@@ -3,7 +3,7 @@
 `WeightGroup` is a TCPStore and a ProcessGroupGloo or ProcessGroupNCCL built directly (as vLLM's
 StatelessProcessGroup, OpenRLHF and verl do), so learner rank 0 and the engine actors share a
 group without touching the learner's default (DeepSpeed) group. Rank 0 broadcasts each bucket of a
-publication's flat buffers (rose_ray/flat_weights.py); the engines receive into buffers of the
+publication's flat buffers (flat.py); the engines receive into buffers of the
 sizes the header gives: host buffers over gloo, or, over NCCL, buffers on each member's GPU
 (packed there on rank 0, loaded from there by the engine: no host round trip).
 
@@ -24,15 +24,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from rose_ray.flat_weights import FlatHeader, FlatState, receive_buffers
-
-
-def local_address() -> str:
-    """This node's address as Ray knows it (where a group's store listens)."""
-    import ray
-
-    return ray.util.get_node_ip_address()
-
+from rose_ray.publish.flat import FlatHeader, FlatState, buffers_for
 
 COLLECTIVE_BACKENDS = ("gloo", "nccl")
 
@@ -45,7 +37,7 @@ COLLECTIVE_BACKENDS = ("gloo", "nccl")
 # NeMo-RL's transfer group with CUDA IPC errors, NVIDIA-NeMo/RL#564). So a run gives each
 # member's process the launcher's NCCL_* variables over these defaults (`nccl_env`, through
 # Ray's runtime_env: NCCL reads them once per process, at its first use), and a publisher
-# takes no NCCL group whose members report different ones (learner/weights.py `nccl_problem`).
+# takes no NCCL group whose members report different ones (route.py `nccl_problem`).
 NCCL_DEFAULTS = {
     # NVLink SHARP off. With one GPU visible per process it has returned all_gather results in
     # the wrong rank order (NVIDIA/nccl#1906: NCCL 2.26 on NVSwitch machines, a DeepSpeed
@@ -185,10 +177,12 @@ class WeightGroup:
 
     @staticmethod
     def open_store(world_size: int, timeout_s: float, backend: str = "gloo") -> tuple[Any, dict[str, Any]]:
-        """Rank 0's TCPStore on a free port, and the address the others join with."""
+        """Rank 0's TCPStore on a free port of this node's address as Ray knows it, and the
+        address the others join with."""
+        import ray
         from torch.distributed import TCPStore
 
-        host = local_address()
+        host = ray.util.get_node_ip_address()
         store = TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
                          timeout=datetime.timedelta(seconds=timeout_s))
         return store, {"host": host, "port": store.port, "name": f"weights-{uuid.uuid4().hex[:12]}",
@@ -228,10 +222,6 @@ class WeightGroup:
     def receive(self, header: FlatHeader, buffers: list[Any] | None = None) -> FlatState:
         """A publication's buckets from rank 0, into `buffers` when they have the header's sizes
         (the previous publication's, reused), else new ones on this group's device."""
-        import torch
-
-        if buffers is None or [int(b.numel()) for b in buffers] != list(header.bucket_bytes) \
-                or any(b.device != torch.device(self.device) for b in buffers):
-            buffers = receive_buffers(header, self.device)
+        buffers = buffers_for(header, self.device, buffers)
         self.broadcast(buffers)
         return FlatState(header, buffers)

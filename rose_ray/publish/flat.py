@@ -16,7 +16,7 @@ per tensor, no copy for a contiguous CPU tensor), which suits the object store, 
 `ray.put` is the one copy anyway.
 
 The buffers travel by Ray's object store or by a weight group's broadcast
-(rose_ray/weight_group.py), into `receive_buffers` of the header's sizes.
+(group.py), into buffers of the header's sizes (`buffers_for`).
 """
 
 from __future__ import annotations
@@ -177,16 +177,11 @@ def pack(state: dict[str, Any], bucket_mb: float = 256, out: list[Any] | None = 
     buffers of a previous pack with the same plan, is written into instead of new ones (no fresh
     pages to fault in). `bucket_mb=0`: no packing, each tensor's own bytes as its buffer (a copy
     only for a tensor on another device)."""
-    import torch
 
     header = plan(state, bucket_mb)
     if bucket_mb <= 0:
         return FlatState(header, [byte_view(t.to(device)) for t in state.values()])
-    if out is not None and [int(b.numel()) for b in out] == list(header.bucket_bytes) \
-            and all(b.device == torch.device(device) for b in out):
-        buffers = out
-    else:
-        buffers = [torch.empty(n, dtype=torch.uint8, device=device) for n in header.bucket_bytes]
+    buffers = buffers_for(header, device, out)
     for e, t in zip(header.entries, state.values()):
         if e.nbytes:
             _view(buffers[e.bucket], e).copy_(t.detach())
@@ -223,8 +218,12 @@ def unpack(flat: FlatState) -> dict[str, Any]:
     return {e.name: _view(buffers[e.bucket], e) for e in flat.header.entries}
 
 
-def receive_buffers(header: FlatHeader, device: str = "cpu") -> list[Any]:
-    """Empty buffers of the header's bucket sizes (what a receiver broadcasts into)."""
+def buffers_for(header: FlatHeader, device: Any = "cpu", reuse: list[Any] | None = None) -> list[Any]:
+    """Buffers of the header's bucket sizes on `device` (what a pack fills and a receiver
+    broadcasts into): `reuse`, a previous publication's, where they fit, else new empty ones."""
     import torch
 
+    if reuse is not None and [int(b.numel()) for b in reuse] == list(header.bucket_bytes) \
+            and all(b.device == torch.device(device) for b in reuse):
+        return reuse
     return [torch.empty(n, dtype=torch.uint8, device=device) for n in header.bucket_bytes]

@@ -1,4 +1,4 @@
-"""A learner's weights written as a Hugging Face folder (rose_ray/learner/weights.py:
+"""A learner's weights written as a Hugging Face folder (rose_ray/learner/export.py:
 `gather_state`, `write_hf_folder`): a bf16 export casts the parameters and keeps the model's
 fp32 buffers, and an fp32 export of parameters that are views into one flat buffer (as ZeRO-1/2
 keep them) is written and loads with the same logits. Which route publication takes:
@@ -13,7 +13,7 @@ def test_bf16_export_keeps_fp32_buffers(tiny_models, tmp_path):
     """Parameters cast to the export dtype; buffers stay as the model defines them."""
     from transformers import AutoModelForCausalLM
 
-    from rose_ray.learner.weights import gather_state, write_hf_folder
+    from rose_ray.learner.export import gather_state, write_hf_folder
 
     model = AutoModelForCausalLM.from_pretrained(tiny_models["student"], dtype=torch.float32).eval()
     state = gather_state(model, zero3=False, keep=True, dtype="bfloat16")
@@ -35,7 +35,7 @@ def test_an_fp32_export_of_parameters_in_one_flat_buffer(tiny_models, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rose_ray.learner.weights import gather_state, write_hf_folder
+    from rose_ray.learner.export import gather_state, write_hf_folder
 
     model = AutoModelForCausalLM.from_pretrained(tiny_models["student"], dtype=torch.float32).eval()
     params = list(model.parameters())

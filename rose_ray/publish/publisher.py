@@ -1,0 +1,212 @@
+"""Learner rank 0's side of a publication: the weights to every engine as one version.
+
+The state is packed into flat buffers (flat.py) and sent by the route chosen for the engines
+(route.py). Each engine loads the weights between its batches (behind the calls submitted
+before them), so the returned version is the version every later request is sampled with. The
+requests running when they come finish on the old weights first (`publish.in_flight: wait`), or,
+on a vllm engine, go on under the new ones after at most `publish.in_flight_wait_ms` (`keep`).
+
+A collective cannot hang the learner: forming the group and each broadcast get
+`publish.timeout_s` (group.py `within`). A group that does not form or a broadcast that does
+not end in time (or that fails while every engine is still alive) makes the publisher send that
+publication, and every later one, through the object store (`fallback` in its result says why);
+an NCCL group is aborted, not left to end the process. An engine that died on the way is raised
+as it is: the run replaces it, and the collective goes on with the replacement.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rose_ray.publish.flat import FlatState, pack
+from rose_ray.publish.group import (
+    CollectiveTimeout,
+    WeightGroup,
+    cuda_device_id,
+    own_nccl_env,
+    within,
+)
+from rose_ray.publish.route import Member, PublishConfig, choose_route
+
+
+class CollectiveFailed(RuntimeError):
+    """A weight group that did not form, or a broadcast that did not end (in publish.timeout_s,
+    or with an error while every engine lived): the publisher falls back to the object store."""
+
+
+def _actor_key(engine: Any) -> str:
+    return engine._actor_id.hex()
+
+
+def _dead_engine(calls: list[Any], wait_s: float = 2.0) -> BaseException | None:
+    """The error of an engine call among `calls` that failed because its actor died (waited for
+    up to `wait_s`: a broadcast to a dead engine can fail before Ray has seen the death), else None."""
+    import ray
+
+    if not calls:
+        return None
+    ready, _ = ray.wait(calls, num_returns=len(calls), timeout=wait_s)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            return e
+        except Exception:  # noqa: BLE001 - the engine lives: the collective's failure, not its
+            pass
+    return None
+
+
+class WeightPublisher:
+    """The route for a set of engines (asked once per set), the pack buffers (reused from one
+    publication to the next), and the weight group (rebuilt when the engines change, e.g. a
+    replaced engine). Once a collective has failed it publishes through the object store for
+    good (`fallback`: why)."""
+
+    def __init__(self, config: PublishConfig | None = None) -> None:
+        self.config = config or PublishConfig()
+        self._routes: dict[tuple[str, ...], tuple[str, str]] = {}
+        self._group: WeightGroup | None = None
+        self._members: tuple[str, ...] | None = None
+        self._pack_buffers: list[Any] | None = None
+        self.fallback: str | None = None  # why the collective was given up, once it was
+        self._stranded: list[Any] = []  # engine calls of a given-up collective (kept: errors unread)
+
+    def route_for(self, engines: list[Any]) -> tuple[str, str]:
+        """(method, collective backend) for these engines (`choose_route`)."""
+        import ray
+
+        if self.fallback is not None:
+            return "object_store", ""
+        method, backend = self.config.method, self.config.collective_backend
+        if method == "object_store":  # (these two need nothing from the engines)
+            return "object_store", ""
+        if method == "collective" and backend == "gloo":
+            return "collective", "gloo"
+        key = tuple(_actor_key(e) for e in engines)
+        if key not in self._routes:
+            rank0 = Member(node_id=ray.get_runtime_context().get_node_id(), gpu=cuda_device_id(),
+                           nccl_env=own_nccl_env())
+            infos = ray.get([e.weight_receiver.remote() for e in engines])
+            self._routes[key] = choose_route(self.config, rank0, infos)
+        return self._routes[key]
+
+    def state_device(self, engines: list[Any]) -> Any:
+        """Where rank 0 should gather the state for these engines: its GPU for an NCCL
+        publication (nothing goes through the host), else the host."""
+        import torch
+
+        return torch.device("cuda", torch.cuda.current_device()) if self.route_for(engines)[1] == "nccl" else "cpu"
+
+    def publish(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
+        """`state` to every engine as `version`; waits until all have loaded it (or, without
+        `wait_for_load`, queued it). Returns the method (and `backend`, the collective's), MB
+        and buffers (`buckets`) sent and per-stage ms: pack, transfer (put or broadcast and the call), load (the slowest
+        engine's, its wait behind calls submitted before included; 0 when not waited for), send
+        (all); `fallback`: why this publication gave the collective up for the object store (None)."""
+        method, backend = self.route_for(engines)
+        start = time.perf_counter()
+        fallback = None
+        if method == "collective":
+            try:
+                out = self._collective(state, engines, version, backend)
+            except CollectiveFailed as e:
+                self.fallback = fallback = f"the collective over {backend} gave up: {e}"
+                method, backend = "object_store", ""
+        if method == "object_store":
+            out = self._object_store(state, engines, version)
+        out.update(method=method, backend=backend, send_ms=(time.perf_counter() - start) * 1e3,
+                   engines=float(len(engines)), version=float(version), fallback=fallback)
+        return out
+
+    def _pack(self, state: dict[str, Any], device: Any = "cpu") -> FlatState:
+        flat = pack(state, self.config.bucket_mb, self._pack_buffers, device)
+        if self.config.bucket_mb > 0:  # the put or the broadcast copies them out: reusable next time
+            self._pack_buffers = flat.buffers
+        return flat
+
+    def _object_store(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
+        import ray
+
+        t0 = time.perf_counter()
+        flat = self._pack(state).numpy()
+        t1 = time.perf_counter()
+        ref = ray.put(flat)
+        loads = ray.get([e.load_weights.remote(ref, version, self.config.wait_for_load, self.config.keep_after_ms)
+                          for e in engines])
+        return self._timings(flat, t0, t1, loads)
+
+    def _collective(self, state: dict[str, Any], engines: list[Any], version: int, backend: str) -> dict[str, Any]:
+        import ray
+        import torch
+
+        t0 = time.perf_counter()
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
+        flat = self._pack(state, device)
+        if backend == "nccl":  # the pack's copies done before the clock reads (they run async on the GPU)
+            torch.cuda.current_stream(device).synchronize()
+        t1 = time.perf_counter()
+        calls: list[Any] = []
+        stage = f"forming the weight group ({backend}: learner rank 0 and {len(engines)} engine(s))"
+        try:
+            group = self._connect(engines, backend, calls, stage)
+            stage = f"broadcasting version {version} to {len(engines)} engine(s) over {backend}"
+            receives = [e.receive_weights.remote(group.name, flat.header.to_json(), version,
+                                                 self.config.wait_for_load, self.config.keep_after_ms)
+                        for e in engines]
+            calls += receives
+            within(self.config.timeout_s, stage, group.broadcast, flat.buffers)
+        except Exception as e:
+            self._give_up_group()  # a member may be gone: a new group next time
+            dead = _dead_engine(calls)
+            if dead is not None:  # the engine's loss, not the collective's: the run replaces it
+                raise dead from e
+            self._stranded += calls
+            raise CollectiveFailed(str(e) if isinstance(e, CollectiveTimeout) else
+                                   f"{stage}: {type(e).__name__}: {e}") from e
+        except BaseException:
+            self._give_up_group()
+            raise
+        loads = ray.get(receives)  # each engine's load (behind its calls in flight: not bounded here)
+        return self._timings(flat, t0, t1, loads)
+
+    def _give_up_group(self) -> None:
+        if self._group is not None:
+            self._group.abort()
+        self._group, self._members = None, None
+
+    def _connect(self, engines: list[Any], backend: str, calls: list[Any], what: str) -> WeightGroup:
+        """A weight group of rank 0 and exactly these engines over `backend` (kept while they
+        stay the same), formed within publish.timeout_s; the engines' join calls go to `calls`.
+        The group's own timeout (each member's calls, an NCCL group's watchdog) is twice that:
+        rank 0's deadline comes first, and the members' calls end after it."""
+        import ray
+
+        members = (backend, *(_actor_key(e) for e in engines))
+        if self._group is not None and self._members == members:
+            return self._group
+        self._group = None
+        world, timeout_s = len(engines) + 1, self.config.timeout_s
+        store, address = WeightGroup.open_store(world, 2 * timeout_s, backend)
+        joins = [e.join_weight_group.remote(address, rank) for rank, e in enumerate(engines, start=1)]
+        calls += joins
+        ready, _ = ray.wait(joins, num_returns=len(joins), timeout=0.05)
+        for ref in ready:  # an engine that refused at once (a backend that cannot receive)
+            ray.get(ref)
+        start = time.monotonic()
+        group = within(timeout_s, what, WeightGroup, store, address["name"], 0, world, 2 * timeout_s, backend)
+        try:  # every member is in the group by now: their calls return at once
+            ray.get(joins, timeout=max(timeout_s - (time.monotonic() - start), 1.0))
+        except ray.exceptions.GetTimeoutError:
+            group.abort()
+            raise CollectiveTimeout(f"{what}: an engine's join did not return within {timeout_s:g} s "
+                                    "(publish.timeout_s)") from None
+        self._group, self._members = group, members
+        return group
+
+    @staticmethod
+    def _timings(flat: FlatState, t0: float, t1: float, loads: list[dict[str, float]]) -> dict[str, Any]:
+        done = time.perf_counter()
+        load = max(r["load_ms"] for r in loads)
+        return {"mb": flat.nbytes / 2**20, "buckets": len(flat.buffers), "pack_ms": (t1 - t0) * 1e3, "transfer_ms": (done - t1) * 1e3 - load, "load_ms": load,
+                "versions": [int(r["version"]) for r in loads]}
