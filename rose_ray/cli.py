@@ -124,27 +124,19 @@ def _init_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
-def vllm_server(args: ServeCommand) -> list[str]:
-    """vLLM's OpenAI server with what `serve` was given (its module, as `vllm serve` does not
-    start on vLLM's CPU build)."""
-    return ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", args.model, "--served-model-name",
-            args.served_model_name or args.model, "--host", args.host, "--port", str(args.port),
-            "--max-model-len", str(args.context_tokens), "--dtype", args.dtype]
-
-
 def _serve(args: ServeCommand) -> int:
     """`rose-ray serve MODEL --port P [--host H] [--api-key K] ...`: the hf engine behind
     inference/server.py; `--backend vllm` is vLLM's own server, which the command names."""
     from rose_ray.inference.backends import backend_version, command_engine, make_engine
-    from rose_ray.inference.server import OpenAIServer
+    from rose_ray.inference.server import OpenAIServer, vllm_server
 
     if args.model.startswith("openai:"):
         raise InputError(f"serve {args.model}: serve a local model folder (this command is the server)")
     api_key = args.api_key or os.environ.get("ROSE_RAY_API_KEY")
-    if args.backend == "vllm":
+    if (own_server := vllm_server(args)) is not None:
         key = " --api-key KEY" if api_key else ""
-        raise InputError(f"--backend vllm: serve the model with vLLM's own OpenAI server, which the openai engine "
-                         f"talks to as it does to this one: {shlex.join(vllm_server(args))}{key} "
+        raise InputError(f"--backend {args.backend}: serve the model with vLLM's own OpenAI server, which the openai "
+                         f"engine talks to as it does to this one: {shlex.join(own_server)}{key} "
                          "(docs/engines.md#served-models)")
     name = args.served_model_name or args.model
     config = command_engine(args.model, "MODEL", "hf", dtype=args.dtype, max_batch_size=args.max_batch_size,

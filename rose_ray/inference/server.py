@@ -60,6 +60,17 @@ IDLE_TIMEOUT_S = 75.0  # a connection with no request (or no next one) is closed
 log = logging.getLogger(__name__)
 
 
+def vllm_server(args: Any) -> list[str] | None:
+    """`serve --backend vllm` (`args`: the serve command's settings): vLLM's own OpenAI server with
+    what `serve` was given (its module, as `vllm serve` does not start on vLLM's CPU build), which
+    the openai engine talks to as to this one; None for the backend this server runs."""
+    if args.backend != "vllm":
+        return None
+    return ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", args.model, "--served-model-name",
+            args.served_model_name or args.model, "--host", args.host, "--port", str(args.port),
+            "--max-model-len", str(args.context_tokens), "--dtype", args.dtype]
+
+
 class OpenAIServer:
     """Builds the aiohttp app for one engine; `run` blocks, `start_background` returns at once."""
 

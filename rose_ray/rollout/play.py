@@ -41,7 +41,7 @@ class PlaySpec:
     max_turns: int | None = None  # None: each game ends at its world's own limit (catalogue.turn_limit)
     student_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(0.0))
     teacher_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(0.0))
-    report: str = "off"  # the world's report question when a game ends (agent.REPORT_MODES)
+    report: str = "off"  # the world's report question when a game ends (types.REPORT_MODES)
     enable_thinking: bool = False  # the chat templates' thinking switch
     history: str = "template"  # how earlier turns are rendered (chat.HISTORIES)
     world: str = DEFAULT_WORLD

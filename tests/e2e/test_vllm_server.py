@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from rose_ray.cli import main, vllm_server
+from rose_ray.cli import main
 from rose_ray.commands import ServeCommand
 from rose_ray.inference.engine import EngineConfig, GenerationRequest
 from rose_ray.inference.openai import OpenAIEngine, OpenAIServerError, OpenAIServerGone
+from rose_ray.inference.server import vllm_server
 from rose_ray.types import SamplingParams
 from tests.served import Served, free_port, start_server
 
@@ -37,7 +38,7 @@ NAME = "tiny-teacher"
 CONTEXT = 2048
 
 
-# Beside what `rose-ray serve --backend vllm` names (cli.vllm_server): this CPU's settings.
+# Beside what `rose-ray serve --backend vllm` names (inference.server.vllm_server): this CPU's settings.
 SERVER_FLAGS = ["--enforce-eager", "--seed", "0", "--kv-cache-memory-bytes", str(256 << 20), "--max-num-seqs", "8",
                 "--disable-log-stats", "--uvicorn-log-level", "warning"]
 
