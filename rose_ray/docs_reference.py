@@ -109,11 +109,8 @@ def docstring_table(doc: str) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- types and values
 def section_class(hint: Any) -> type | None:
-    """The dataclass a field holds (also through `X | None`), or None for a plain value."""
-    if dataclasses.is_dataclass(hint):
-        return hint
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if len(args) == 1 and dataclasses.is_dataclass(args[0]) else None
+    """The dataclass a field holds, or None for a plain value."""
+    return hint if dataclasses.is_dataclass(hint) else None
 
 
 def type_name(field: dataclasses.Field, hint: Any) -> str:

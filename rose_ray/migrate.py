@@ -41,21 +41,15 @@ def old_keys(layer: Any) -> list[tuple[str, str]]:
     if not isinstance(layer, Mapping):
         return []
     conf = layer if OmegaConf.is_config(layer) else OmegaConf.create(layer)
-
-    def given(key: str) -> bool:
-        return OmegaConf.select(conf, key, default=None) is not None
-
-    found = [(key, f"removed; moved to {new} ({example})") for key, (new, example) in MOVED.items() if given(key)]
-    found += [(key, f"removed; {why}") for key, why in REMOVED.items() if given(key)]
+    found = [(key, f"removed; moved to {new} ({example})") for key, (new, example) in MOVED.items()
+             if OmegaConf.select(conf, key, default=None) is not None]
+    found += [(key, f"removed; {why}") for key, why in REMOVED.items() if OmegaConf.select(conf, key, default=None) is not None]
     for role in ENGINES:
         section = layer.get(role)
         for key in section if isinstance(section, Mapping) else ():
-            if key in BACKENDS:
-                found.append((f"{role}.{key}", f"a backend's settings live in its section now: "
-                                               f"{role}.backend: {{name: {key}, ...}}"))
-            elif (owner := settings_owner(key)) is not None:
-                found.append((f"{role}.{key}", f"a setting of the {owner.name} backend, in its section now: "
-                                               f"{role}.backend: {{name: {owner.name}, {key}: ...}}"))
+            if (owner := BACKENDS.get(key) or settings_owner(key)) is not None:
+                found.append((f"{role}.{key}", f"the {owner.name} backend's settings live in {role}.backend now: "
+                                               f"{{name: {owner.name}, ...}}"))
     return found
 
 

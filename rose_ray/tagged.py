@@ -39,7 +39,7 @@ class Tagged:
 
 def tagged(family: type[Tagged], default: str) -> Any:
     """A dataclass field holding a section of `family`, of kind `default` unless told."""
-    return dataclasses.field(default=default, metadata={"tagged": family})
+    return dataclasses.field(default_factory=lambda: {family.TAG: default}, metadata={"tagged": family})
 
 
 def tagged_fields(cls: type, prefix: str = "") -> dict[str, type[Tagged]]:
@@ -90,9 +90,6 @@ def chosen(family: type[Tagged], value: Any, key: str) -> Any:
         where = key if tag == "name" else f"{key}.{tag}"  # `algorithm: opd`, `handoff.policy: decay`
         raise ConfigError(f"{where}: must be one of {tuple(kinds)}, got {name!r}")
     kind = kinds[name]
-    # the kind's own tagged sections, over their defaults (`handoff: {k: 3}` is fixed's)
-    value = {k: layered(inner, getattr(kind, k), v) if (inner := tagged_fields(kind).get(k)) else v
-             for k, v in value.items()}
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(kind), value))
     except OmegaConfBaseException as e:

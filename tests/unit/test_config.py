@@ -50,10 +50,10 @@ def test_an_old_key_is_refused_naming_where_it_lives_now():
     for key, says in (("rollout.handoff.k=1", "key 'rollout.handoff': removed; moved to algorithm.handoff"),
                       ("learner.lam=0.5", "key 'learner.lam': removed; moved to algorithm.lam"),
                       ("learner.sft_owners=[teacher]", "key 'learner.sft_owners': removed; moved to algorithm.owners"),
-                      ("student_engine.vllm.kv_cache_mb=64", "key 'student_engine.vllm': a backend's settings live in "
-                                                             "its section now: student_engine.backend: {name: vllm, ...}"),
-                      ("teacher_engine.base_url=http://h:1/v1", "key 'teacher_engine.base_url': a setting of the openai "
-                       "backend, in its section now: teacher_engine.backend: {name: openai, base_url: ...}")):
+                      ("student_engine.vllm.kv_cache_mb=64", "key 'student_engine.vllm': the vllm backend's settings "
+                                                             "live in student_engine.backend now: {name: vllm, ...}"),
+                      ("teacher_engine.base_url=http://h:1/v1", "key 'teacher_engine.base_url': the openai backend's "
+                                                                "settings live in teacher_engine.backend now")):
         with pytest.raises(ConfigError) as e:
             load_config(None, [key])
         assert says in str(e.value) and "migrate" not in str(e.value)  # an override is no run's config.yaml
