@@ -28,13 +28,20 @@ from rose_ray.errors import ConfigError
 
 class Tagged:
     """The base class of a family of kinds: `TAG` names the field that chooses the kind,
-    `kinds()` maps each tag value to its dataclass."""
+    `kinds()` maps each tag value to its dataclass (a family's base that sets `KINDS = {}` has
+    each subclass register there under its tag's default)."""
 
     TAG: ClassVar[str] = "name"
+    KINDS: ClassVar[dict[str, type] | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.KINDS is not None and "KINDS" not in cls.__dict__:
+            cls.KINDS[getattr(cls, cls.TAG)] = cls
 
     @classmethod
     def kinds(cls) -> Mapping[str, type]:
-        raise NotImplementedError
+        return cls.KINDS or {}
 
 
 def tagged(family: type[Tagged], default: str) -> Any:

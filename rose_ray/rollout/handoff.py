@@ -44,14 +44,6 @@ class TurnPolicy(Tagged):
     KINDS: ClassVar[dict[str, type[TurnPolicy]]] = {}
     needs_teacher: ClassVar[bool] = False  # an episode without a teacher cannot play it
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        TurnPolicy.KINDS[cls.policy] = cls
-
-    @classmethod
-    def kinds(cls) -> dict[str, type[TurnPolicy]]:
-        return TurnPolicy.KINDS
-
     def takes_over(self, turn: int, state: TurnState) -> bool:
         """Whether the teacher acts from `turn` (1-based) to the end of the episode."""
         raise NotImplementedError
