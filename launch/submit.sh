@@ -19,7 +19,7 @@
 #   --env-file FILE   KEY=VALUE lines (absolute path, chmod 600, on storage the head node reads)
 #                     that the job's driver loads before it starts: only the path is recorded.
 #                     An API key reaches the engines through the config the driver resolves:
-#                     teacher_engine.openai.api_key='${oc.env:ROSE_RAY_API_KEY}' (never saved in the run)
+#                     teacher_engine.backend.api_key='${oc.env:ROSE_RAY_API_KEY}' (never saved in the run)
 #   --address URL     the dashboard address (default: $RAY_ADDRESS)
 #
 # On a token-auth cluster (launch/slurm.sbatch, rayjob.yaml, cluster.yaml) set RAY_AUTH_MODE=token
@@ -146,7 +146,7 @@ try:
         run = sys.argv[1].removeprefix("--resume=")
         if os.path.exists(run):
             run = resolve_run(run)
-            load_config(run / "config.yaml", sys.argv[2:], saved=True)
+            load_config(run / "config.yaml", sys.argv[2:])
         else:
             print(f"submit.sh: {run} is not on this machine: the job goes on with it if the head node has it",
                   file=sys.stderr)

@@ -150,10 +150,10 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
     from rose_ray.inference.backends import backend_problem
 
     for role, engine in cfg.engines():
-        problem = backend_problem(engine.backend, import_it=True)
+        problem = backend_problem(engine.backend.name, import_it=True)
         if problem is not None:
             raise InputError(f"{role}_engine.backend: {problem}")
-        out.append(f"{role} engine: backend {engine.backend}")
+        out.append(f"{role} engine: backend {engine.backend.name}")
     out += check_served_engines(cfg)
 
     # Tokenizers and chat templates.

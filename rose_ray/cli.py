@@ -146,8 +146,8 @@ def _serve(args: ServeCommand) -> int:
         print(f"warning: serving on {args.host} without an API key (anyone who reaches the port can use it; "
               "only requests to an IP address or localhost are answered)", flush=True)
     server = OpenAIServer(engine, name, api_key, max_concurrent=args.max_concurrent)
-    print(f"serving {args.model} as {name!r} on http://{args.host}:{args.port}/v1 with the {config.backend} backend "
-          f"({backend_version(config.backend)}; request bodies up to {server.max_body / 2**20:.1f} MiB)", flush=True)
+    print(f"serving {args.model} as {name!r} on http://{args.host}:{args.port}/v1 with the {config.backend.name} backend "
+          f"({backend_version(config.backend.name)}; request bodies up to {server.max_body / 2**20:.1f} MiB)", flush=True)
     server.run(args.host, args.port)
     return 0
 
@@ -221,6 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
         g = command(name, help_)
         add_flags(g, COMMANDS.get(name) or TOOLS[name], layers=name in COMMANDS)
         g.set_defaults(func=func)
+
+    g = command("migrate", "rewrite a run's config.yaml from an earlier version of rose_ray in today's keys "
+                           "(the old file kept beside it as config.yaml.old)")
+    g.add_argument("run", metavar="RUN", help="a run folder, a run_dir such as runs/tiny (its latest run), or its latest file")
+    g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="settings the old run needs now")
+    g.set_defaults(func="rose_ray.migrate:cli_main")
 
     from rose_ray.envs.worlds import get_world
 

@@ -267,8 +267,8 @@ class EvalCommand(PlaySettings):
         from rose_ray.rollout.handoff import turn_policy
 
         if base is None and self.config:
-            base = load_config(self.config, saved=bool(self.run)).student_engine
-        if base is not None and base.spec.local and resolve_backend(self.backend) == base.backend:
+            base = load_config(self.config).student_engine
+        if base is not None and base.spec.local and resolve_backend(self.backend) == base.backend.name:
             student = engine_like(base, self.model, dtype=self.dtype, context_tokens=self.context_tokens,
                                   context_policy=self.context_policy, kv_cache_mb=self.kv_cache_mb)
         else:
@@ -304,8 +304,8 @@ def training_eval(cfg: Any, model: str, split: str | None = None, backend: str |
         context_tokens=engine.context_tokens, context_policy=engine.context_policy, dtype=engine.dtype,
         instruction_from=cfg.env.instruction_from, enable_thinking=cfg.chat.enable_thinking,
         history=cfg.chat.history,
-        backend=backend or (engine.backend if engine.backend in COMMAND_BACKENDS else DEFAULT_COMMAND_BACKEND),
-        **({"kv_cache_mb": engine.vllm.kv_cache_mb} if engine.vllm is not None else {}))
+        backend=backend or (engine.backend.name if engine.backend.name in COMMAND_BACKENDS else DEFAULT_COMMAND_BACKEND),
+        **({"kv_cache_mb": engine.backend.kv_cache_mb} if hasattr(engine.backend, "kv_cache_mb") else {}))
 
 
 def training_play(cfg: Any, student: str, teacher: str | None) -> PlaySpec:
@@ -340,7 +340,7 @@ def training_eval_layer(given: DictConfig) -> tuple[str, dict[str, Any]] | None:
         if not (run / "model").is_dir():
             raise InputError(f"eval: --run {run}: no model/ there yet (a run writes it when it stops); "
                              f"`rose-ray export {run} --out DIR` writes one from a checkpoint")
-        layer = training_eval(load_config(run / "config.yaml", saved=True), str(run / "model"))
+        layer = training_eval(load_config(run / "config.yaml"), str(run / "model"))
         return f"--run {run}", {**layer, "config": str(run / "config.yaml")}
     if given.get("config"):
         if not given.get("model"):

@@ -22,10 +22,10 @@ from omegaconf.errors import OmegaConfBaseException
 from rose_ray.envs.config import EnvConfig
 from rose_ray.errors import ConfigError, InputError
 from rose_ray.inference.engine import EngineConfig
-from rose_ray.inference.registry import BACKENDS, in_flight_backends, settings_owner
 from rose_ray.learner.learner import LearnerConfig
 from rose_ray.publish.route import PublishConfig
 from rose_ray.recipes import Recipe, get_recipe
+from rose_ray.tagged import over_layers, tagged
 from rose_ray.types import REPORT_MODES, SamplingParams
 
 __all__ = ["ConfigError", "TrainConfig", "load_config", "to_dict", "to_yaml"]
@@ -142,6 +142,20 @@ class TeacherWarmupConfig:
         if self.schedule not in ("constant", "linear", "cosine"):
             raise ConfigError(f"{self.KEY}.schedule: must be constant, linear or cosine, got {self.schedule!r}")
 
+    def check(self, cfg: TrainConfig) -> None:
+        """Against the run: a local model to warm; the expert that continues the demonstrations
+        plays the run's tasks."""
+        if not self.enabled:
+            return
+        role = self.KEY.removesuffix("_warmup")
+        engine = getattr(cfg, f"{role}_engine")
+        if engine.spec.served:
+            raise ConfigError(f"{self.KEY}.enabled: the warm-up trains a local {role} folder, but {role}_engine.backend "
+                              f"is {engine.backend.name} (a served model, used as it is); set {self.KEY}.enabled=false "
+                              "(or warm a folder with `rose-ray sft` and serve that)")
+        if self.continuation == "expert":
+            check_expert_plays(cfg, f"{self.KEY}.continuation")
+
 
 @dataclass
 class StudentWarmupConfig(TeacherWarmupConfig):
@@ -171,6 +185,20 @@ class TeacherConfig:
     @property
     def expert(self) -> bool:
         return self.kind == "expert"
+
+    def check(self, cfg: TrainConfig) -> None:
+        """The expert teacher: a world that has one, tasks it plays, no OPD, no model to warm."""
+        if not self.expert:
+            return
+        check_expert_plays(cfg, "teacher.kind")
+        recipe = cfg.algorithm
+        if recipe.teacher_scores_student():
+            raise ConfigError(f"{recipe.scoring_key}: {recipe.scoring_value()} asks the teacher to score the student's "
+                              "tokens (OPD), but the expert teacher has no logprobs; use teacher.kind=model, or ROSE "
+                              "without its OPD term (algorithm.lam=0) or teacher_sft")
+        if cfg.teacher_warmup.enabled:
+            raise ConfigError("teacher_warmup.enabled: the expert teacher is no model to warm; set "
+                              "teacher_warmup.enabled=false (or teacher.kind=model)")
 
 
 @dataclass
@@ -274,7 +302,7 @@ class TrainConfig:
     seed: int = 0  # the order of the training games and the decay policy's draws
     # The algorithm and its settings, a recipe chosen by name (rose_ray/recipes/): `rose`,
     # `{name: rose, handoff: {policy: fixed, k: 5}, lam: 0.0}`, `opd`, `{name: teacher_sft, owners: [...]}`
-    algorithm: Any = "rose"
+    algorithm: Any = tagged(Recipe, "rose")
     mode: str = "async"  # async | sync
     steps: int = 100  # learner steps
     publish_every: int = 1  # learner steps between weight publications
@@ -309,153 +337,75 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.algorithm: Recipe = get_recipe(self.algorithm)  # an unknown name or key fails here, named
-        recipe = self.algorithm
         if self.mode not in MODES:
             raise ConfigError(f"mode: must be one of {MODES}, got {self.mode!r}")
         for key in ("steps", "publish_every", "checkpoint_every", "keep_checkpoints"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)!r}")
-        if self.learner.max_tokens < self.student_engine.context_tokens:
-            raise ConfigError(
-                f"learner.max_tokens: {self.learner.max_tokens} is less than student_engine.context_tokens "
-                f"{self.student_engine.context_tokens}; a packed row must hold whatever the engine kept "
-                "(the learner cuts a trajectory only where the engine did)"
-            )
-        if recipe.teacher_scores_student() and self.teacher_engine.context_tokens < self.student_engine.context_tokens:
-            raise ConfigError(
-                f"teacher_engine.context_tokens: {self.teacher_engine.context_tokens} is less than "
-                f"student_engine.context_tokens {self.student_engine.context_tokens}; the teacher scores each "
-                "episode's student tokens in one pass over what the learner trains on, up to the student's context"
-            )
-        if self.teacher_warmup.enabled and self.teacher_engine.spec.served:
-            raise ConfigError(f"teacher_warmup.enabled: the warm-up trains a local teacher folder, but "
-                              f"teacher_engine.backend is {self.teacher_engine.backend} (a served model, used as it "
-                              "is); set teacher_warmup.enabled=false (or warm a folder with `rose-ray sft` and serve that)")
-        if self.student_warmup.enabled and self.student_engine.spec.served:
-            raise ConfigError(f"student_warmup.enabled: the warm-up trains a local student folder, but "
-                              f"student_engine.backend is {self.student_engine.backend} (a served model); "
-                              "set student_warmup.enabled=false")
-        if self.publish.method == "collective" and not self.student_engine.spec.takes_weights:
-            takers = " or ".join(b.name for b in BACKENDS.values() if b.takes_weights)
-            raise ConfigError(f"publish.method: collective needs a student engine that is a local Ray actor "
-                              f"(backend {takers}), not {self.student_engine.backend!r}; use "
-                              "publish.method=object_store or auto")
-        student_vllm = self.student_engine.vllm
-        if self.publish.collective_backend == "nccl" and student_vllm and student_vllm.tensor_parallel_size > 1:
-            # (each vLLM worker would have to join the group itself, as OpenRLHF's worker extension does)
-            raise ConfigError(f"publish.collective_backend: nccl receives the weights in the engine actor's process, "
-                              f"but student_engine.vllm.tensor_parallel_size is {student_vllm.tensor_parallel_size} "
-                              "(the weights live in its worker processes); with tensor parallelism use "
-                              "publish.collective_backend=gloo or auto, or publish.method=object_store")
-        if self.publish.collective_backend == "nccl" and self.resources.colocate:
-            raise ConfigError("publish.collective_backend: nccl takes one rank per GPU, but resources.colocate puts "
-                              "student engine 0 on learner rank 0's GPU; use publish.collective_backend=auto or gloo")
-        if self.publish.in_flight == "keep" and "keep" not in self.student_engine.spec.in_flight:
-            raise ConfigError(f"publish.in_flight: keep loads the weights under an engine's running requests, "
-                              f"which only the {'/'.join(in_flight_backends('keep'))} backend can (the hf backend "
-                              f"generates a batch to its end; an openai engine takes no weights); "
-                              f"student_engine.backend is {self.student_engine.backend!r}: use publish.in_flight=wait")
-        recipe.check(self)
-        if self.teacher.expert:
-            self._check_expert(recipe)
-        if self.teacher_warmup.enabled and self.teacher_warmup.continuation == "expert":
-            self._check_expert_tasks("teacher_warmup.continuation")
-        if self.chat.history == "template" and recipe.teacher_scores_student():
-            setting = recipe.scoring_key.split(".")[1:]  # `algorithm` itself, or one of its keys
-            value = getattr(recipe, setting[0]) if setting else recipe.name
-            raise ConfigError(f"chat.history: 'template' re-renders earlier turns from their text, but the OPD "
-                              f"term ({recipe.scoring_key}={value}) needs the ids that were sampled; "
-                              "use chat.history=sampled")
-
+        # Checks across sections, each by the part that owns the key it names.
+        self.learner.check_rows(self.student_engine.context_tokens)
+        self.teacher_warmup.check(self)
+        self.student_warmup.check(self)
+        self.publish.check(self.student_engine, self.resources.colocate)
+        self.algorithm.check(self)
+        self.teacher.check(self)
 
     def engines(self) -> list[tuple[str, EngineConfig]]:
         """(role, engine config) of each engine the run starts: the student's, and the
         teacher's unless the teacher is the world's expert."""
         return [("student", self.student_engine)] + ([] if self.teacher.expert else [("teacher", self.teacher_engine)])
 
-    def _check_expert(self, recipe: Recipe) -> None:
-        """An expert teacher: a world that has one, tasks it plays, no OPD, no model to warm."""
-        self._check_expert_tasks("teacher.kind")
-        if recipe.teacher_scores_student():
-            setting = recipe.scoring_key.split(".")[1:]
-            value = getattr(recipe, setting[0]) if setting else recipe.name
-            raise ConfigError(f"{recipe.scoring_key}: {value} asks the teacher to score the student's tokens (OPD), "
-                              "but the expert teacher has no logprobs; use teacher.kind=model, or ROSE without "
-                              "its OPD term (algorithm.lam=0) or teacher_sft")
-        if self.teacher_warmup.enabled:
-            raise ConfigError("teacher_warmup.enabled: the expert teacher is no model to warm; set "
-                              "teacher_warmup.enabled=false (or teacher.kind=model)")
 
-    def _check_expert_tasks(self, key: str) -> None:
-        """The world has an expert teacher (`key` asks for it) and it plays every task of the run."""
-        from rose_ray.envs.worlds import get_world
+def check_expert_plays(cfg: TrainConfig, key: str) -> None:
+    """The world has an expert teacher (`key` asks for it) and it plays every task of the run."""
+    from rose_ray.envs.worlds import get_world
 
-        world = get_world(self.env.world)
-        if world.expert is None:
-            raise ConfigError(f"{key}: expert: {world.name} has no expert teacher (env.world={world.name})")
-        tasks = self.tasks or world.catalogue(self.env.mapping).task_names()
-        unknown = [t for t in tasks if t not in world.expert_tasks]
-        if unknown:
-            raise ConfigError(f"tasks: the expert teacher ({key}) plays {list(world.expert_tasks)}, not {unknown}; "
-                              "set tasks to those it plays" + ("" if self.tasks else " (empty tasks means every task)"))
-
-
-# Keys that no longer exist, and what took their place: an old config gets told, by key.
-# A run's own saved config (a resume) has the moved ones carried to their new place.
-MOVED_KEYS = {  # the old key: (where it lives now, an example)
-    "rollout.handoff": ("algorithm.handoff", "rose's turn policy: algorithm: {name: rose, handoff: {policy: fixed, k: 5}}"),
-    "learner.lam": ("algorithm.lam", "rose's OPD weight: algorithm: {name: rose, lam: 0.5}"),
-    "learner.sft_owners": ("algorithm.owners", "algorithm: {name: teacher_sft, owners: [teacher]}"),
-}
-REMOVED_KEYS = {
-    **{key: f"moved to {new} ({example})" for key, (new, example) in MOVED_KEYS.items()},
-    "learner.algorithm": "set `algorithm` only (rose, opd or teacher_sft); its recipe chooses the learner's loss",
-    "learner.context_policy": "the learner cuts a trajectory where the engine cut it (student_engine.context_policy)",
-    "learner.grad_accum": "micro-batches follow a token budget (learner.max_tokens each); their number follows from the batch",
-    "learner.gradient_checkpointing": "use learner.activation_checkpointing: full | selective | none (true was full)",
-    "publish.object_store_bucket_mb": "one bucket size for every method: publish.bucket_mb (MB, 0: no buckets)",
-}
+    world = get_world(cfg.env.world)
+    if world.expert is None:
+        raise ConfigError(f"{key}: expert: {world.name} has no expert teacher (env.world={world.name})")
+    tasks = cfg.tasks or world.catalogue(cfg.env.mapping).task_names()
+    unknown = [t for t in tasks if t not in world.expert_tasks]
+    if unknown:
+        raise ConfigError(f"tasks: the expert teacher ({key}) plays {list(world.expert_tasks)}, not {unknown}; "
+                          "set tasks to those it plays" + ("" if cfg.tasks else " (empty tasks means every task)"))
 
 
 def default_config_path() -> Path:
     return Path(str(resources.files("rose_ray").joinpath("configs/tiny.yaml")))
 
 
-def load_config(path: str | Path | TrainConfig | None = None, overrides: list[str] | None = None,
-                saved: bool = False) -> TrainConfig:
+def load_config(path: str | Path | TrainConfig | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """YAML (default: the embedded tiny config) + `key=value` overrides -> a validated config.
-    `path` may also be a TrainConfig (the Python API's), checked again with the overrides over it.
-
-    `saved`: the file is a run's own config.yaml (a resume), whose removed keys are dropped
-    (they were checked when it was written) rather than refused."""
-    given = None
+    `path` may also be a TrainConfig (the Python API's), checked again with the overrides over it."""
     if isinstance(path, TrainConfig):
-        given = [OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(path)))]
-        path = Path("the TrainConfig given")  # names it in errors
+        return config_of([OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(path)))], overrides,
+                         "the TrainConfig given")
     path = Path(path) if path else default_config_path()
-    if given is None and not path.is_file():
+    if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
+    return config_of(path, overrides, path)
+
+
+def config_of(files: Path | list[Any], overrides: list[str] | None, where: str | Path) -> TrainConfig:
+    """The config of a YAML file (or its layers) and overrides; errors name `where`."""
+    from rose_ray.migrate import old_keys
+
     try:
-        schema = OmegaConf.structured(TrainConfig)
+        files = yaml_layers(files) if isinstance(files, Path) else files
         # One layer per override, so that `algorithm=teacher_sft algorithm.owners=[teacher]`
-        # reads as written: the name, then a key of that recipe (see _algorithm_of).
-        files = given or yaml_layers(path)
+        # reads as written: the name, then a key of that recipe (tagged.py).
         layers = [*files, *(override_layer(o) for o in overrides or [])]
         for n, layer in enumerate(layers):
-            for key, why in REMOVED_KEYS.items():
-                if OmegaConf.select(layer, key, default=None) is None:
-                    continue
-                if saved and n < len(files):
-                    _carry_saved(layer, key)
-                else:
-                    raise ConfigError(f"key {key!r}: removed; {why}")
-        algorithm = _algorithm_of(layers)
-        for role in ENGINE_SECTIONS:
-            _engine_sections(role, schema[role].backend, layers)
-            for name in BACKENDS:  # the default engines' own sections come from their backends, after the layers
-                schema[role][name] = None
+            for key, why in old_keys(layer)[:1]:
+                saved = n < len(files) and Path(where).name == "config.yaml"
+                raise ConfigError(f"key {key!r}: {why}" + (f"; this run's config.yaml is from an earlier version: "
+                                                            f"`rose-ray migrate {Path(where).parent}` rewrites it"
+                                                            if saved else ""))
+        schema = OmegaConf.structured(TrainConfig)
+        sections = over_layers(layers, schema)
         merged = OmegaConf.merge(schema, *layers)
-        merged.algorithm = algorithm
+        for key, section in sections.items():
+            OmegaConf.update(merged, key, section, merge=False)
         # A variable set to nothing (`ROSE_RAY_RUNS=$UNSET`) would put runs at /<name>.
         if os.environ.get("ROSE_RAY_RUNS") == "" and "ROSE_RAY_RUNS" in str(
                 OmegaConf.to_container(merged, resolve=False)["run_dir"]):
@@ -463,9 +413,9 @@ def load_config(path: str | Path | TrainConfig | None = None, overrides: list[st
         return OmegaConf.to_object(merged)  # runs every section's __post_init__ checks
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
-        raise ConfigError(f"{path}: {'key ' + repr(key) + ': ' if key else ''}{first_line(e)}") from None
+        raise ConfigError(f"{where}: {'key ' + repr(key) + ': ' if key else ''}{first_line(e)}") from None
     except InputError as e:  # a section's check, naming its key; anything else is a bug
-        raise ConfigError(f"{path}: {e}") from None
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def override_layer(item: str) -> Any:
@@ -495,109 +445,6 @@ def yaml_layers(path: Path, seen: tuple[Path, ...] = ()) -> list[Any]:
     return [*(yaml_layers(path.parent / base, (*seen, path)) if base else []), layer]
 
 
-def _carry_saved(layer: Any, key: str) -> None:
-    """A run's saved config from before a key moved: the value goes where it lives now, when
-    the saved algorithm has that setting (rose's handoff and lam, teacher_sft's owners)."""
-    section, leaf = key.rsplit(".", 1)
-    value = OmegaConf.select(layer, section).pop(leaf)
-    if key == "learner.gradient_checkpointing" and "activation_checkpointing" not in layer.learner:
-        layer.learner.activation_checkpointing = "full" if value else "none"
-    moved = MOVED_KEYS.get(key)
-    algorithm = layer.get("algorithm", "rose")
-    name = algorithm if isinstance(algorithm, str) else algorithm.get("name", "rose")
-    field_ = moved[0].split(".")[1] if moved else None
-    if field_ and field_ in OmegaConf.structured(get_recipe(name)):
-        if isinstance(algorithm, str):
-            layer.algorithm = {"name": name}
-        if field_ not in layer.algorithm:
-            layer.algorithm[field_] = value
-
-
-def _algorithm_of(layers: list[Any]) -> dict[str, Any]:
-    """The `algorithm` section over the layers (popped from them). A layer that names another
-    recipe, or another turn policy, starts that section afresh: `algorithm=opd` over a rose
-    YAML, or `algorithm.handoff.policy=decay` over `{policy: fixed, k: 2}`, keeps none of the
-    other kind's keys (which the new kind would refuse)."""
-    section: dict[str, Any] = {"name": "rose"}
-    for layer in layers:
-        if "algorithm" not in layer:
-            continue
-        value = layer.pop("algorithm")
-        value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-        section = _layered(section, value, "name", {"handoff": "policy"})
-    return section
-
-
-ENGINE_SECTIONS = ("student_engine", "teacher_engine")
-
-
-def _engine_sections(role: str, backend: str, layers: list[Any]) -> None:
-    """An engine section over the layers, its backend's own settings in the section named after
-    the backend (`student_engine: {backend: vllm, vllm: {kv_cache_mb: 256}}`), in place.
-
-    A setting given flat (`student_engine.kv_cache_mb=256`, as before the sections) moves to
-    its backend's section; one of another backend than the engine's is ignored, as it was
-    before (a run's config.yaml from before the sections holds every backend's). A layer that
-    names another backend drops the other backends' sections of the layers before it
-    (settings the new one would refuse), as the algorithm section does. A section left for
-    another backend than the engine's is refused by key, and so is a setting in the wrong
-    backend's section, naming where it lives."""
-    from dataclasses import fields
-
-    common = {f.name for f in fields(EngineConfig)} - set(BACKENDS)
-    written: list[tuple[int, dict[str, Any], set[str]]] = []  # per layer: its section, its keys given flat
-    for n, layer in enumerate(layers):
-        if not isinstance(layer.get(role), DictConfig):
-            continue
-        section = OmegaConf.to_container(layer[role], resolve=False)
-        flat = set()
-        for key in list(section):
-            if key in BACKENDS:
-                if section[key] is None:  # a saved config's empty section
-                    del section[key]
-                    continue
-                if not isinstance(section[key], dict):
-                    continue  # OmegaConf names it
-                for inner in section[key]:
-                    owner = settings_owner(inner)
-                    where = (f"{role}.{owner.name}.{inner}" if owner is not None
-                             else f"{role}.{inner}" if inner in common else None)
-                    if where is not None and (owner is None or owner.name != key):
-                        raise ConfigError(f"key '{role}.{key}.{inner}': not a setting of the {key} backend; "
-                                          f"it lives at {where}")
-            elif (owner := settings_owner(key)) is not None:
-                value = section.pop(key)
-                section.setdefault(owner.name, {}).setdefault(key, value)
-                flat.add(key)
-        if "backend" in section and section["backend"] != backend:
-            backend = section["backend"]
-            for _, earlier, _ in written:  # another backend: the earlier layers' other sections go
-                for name in BACKENDS:
-                    if name != backend:
-                        earlier.pop(name, None)
-        written.append((n, section, flat))
-    for n, section, flat in written:
-        for name in [k for k in BACKENDS if k in section and k != backend]:
-            if set(section[name]) - flat:
-                raise ConfigError(f"key '{role}.{name}': settings of the {name} backend, but {role}.backend is "
-                                  f"{backend}; set {role}.backend={name} or drop them")
-            del section[name]
-        layers[n][role] = section
-
-
-def _layered(old: dict[str, Any], new: Any, tag: str, nested: dict[str, str]) -> Any:
-    if not isinstance(new, dict):
-        if not isinstance(new, str):
-            return new  # the recipe's own check names it
-        new = {tag: new}
-    out = dict(old) if new.get(tag, old.get(tag)) == old.get(tag) else {}
-    for key, value in new.items():
-        if key in nested and isinstance(out.get(key), dict):
-            value = _layered(out[key], value, nested[key], {})
-        out[key] = value
-    return out
-
-
 def to_yaml(cfg: TrainConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
@@ -622,13 +469,13 @@ def check_served_urls(cfg: TrainConfig, nodes: int) -> None:
         engine = getattr(cfg, f"{role}_engine")
         if not engine.spec.served:
             continue
-        base_url = engine.settings.base_url
+        base_url = engine.backend.base_url
         host = urlparse(base_url).hostname or ""
         try:
             loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
         except ValueError:
             loopback = False
         if loopback:
-            raise ConfigError(f"{role}_engine.{engine.backend}.base_url: {base_url} is a loopback address, but this cluster has "
+            raise ConfigError(f"{role}_engine.backend.base_url: {base_url} is a loopback address, but this cluster has "
                               f"{nodes} nodes and the {role} engine's actor may run on any of them; give the server's "
                               "address as the other nodes reach it")

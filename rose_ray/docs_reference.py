@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from rose_ray.tagged import Tagged
+
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
 # Defaults read from the environment when a config is made (`tiny_dir`): shown as they are without it.
 ENV_DEFAULTS = ("ROSE_RAY_CACHE", "ROSE_RAY_RUNS")
@@ -107,11 +109,8 @@ def docstring_table(doc: str) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- types and values
 def section_class(hint: Any) -> type | None:
-    """The dataclass a field holds (also through `X | None`), or None for a plain value."""
-    if dataclasses.is_dataclass(hint):
-        return hint
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if len(args) == 1 and dataclasses.is_dataclass(args[0]) else None
+    """The dataclass a field holds, or None for a plain value."""
+    return hint if dataclasses.is_dataclass(hint) else None
 
 
 def type_name(field: dataclasses.Field, hint: Any) -> str:
@@ -170,11 +169,9 @@ def _rows(cls: type, prefix: str, defaults: list[Any]) -> tuple[list[str], list[
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         values = [getattr(d, f.name) if d is not None else default_of(f) for d in defaults]
-        inner = section_class(hint)
+        inner = f.metadata.get("tagged") or section_class(hint)
         if inner is not None:
-            # a section left empty by default (an engine's other backends) shows its class's defaults
-            sections.append((f"{prefix}{f.name}", inner, [v if v is not None else inner() for v in values],
-                             comments.get(f.name, "")))
+            sections.append((f"{prefix}{f.name}", inner, values, comments.get(f.name, "")))
             continue
         shown = [show(v) for v in values]
         default = shown[0] if len(set(shown)) == 1 else " / ".join(shown)
@@ -186,6 +183,8 @@ HEADER = "| key | type | default | what it is |\n| --- | --- | --- | --- |"
 
 
 def _section(title_keys: list[str], cls: type, defaults: list[Any], comment: str, level: int, out: list[str]) -> None:
+    if issubclass(cls, Tagged):
+        return _tagged(title_keys, cls, comment, level, out)
     out.append(f"{'#' * level} {', '.join(f'`{k}`' for k in title_keys)}\n")
     out.extend(prose(text) for text in (class_doc(cls), comment) if text)
     prefix = title_keys[0] + "."
@@ -202,35 +201,28 @@ def _section(title_keys: list[str], cls: type, defaults: list[Any], comment: str
         _section(keys, inner, values, why, level + 1, out)
 
 
-def _algorithm(out: list[str], level: int) -> None:
-    """`algorithm`: a recipe chosen by name, each with its own keys; rose's turn policies."""
-    import rose_ray.recipes as recipes_module
-    import rose_ray.rollout.handoff as handoff_module
-    from rose_ray.recipes import recipes
-    from rose_ray.rollout.handoff import TurnPolicy
-
-    out.append(f"{'#' * level} `algorithm`\n")
-    out.append("One section chosen by `name` (a bare name is that recipe with its defaults: `algorithm=opd`); "
-               "a key the chosen recipe lacks is refused by name. A later layer naming another recipe starts "
-               "the section afresh.\n")
-    _kinds(out, level + 1, "algorithm", "name", recipes(), recipes_module.__doc__)
-    out.append(f"{'#' * (level + 1)} `algorithm.handoff`\n")
-    out.append("The `rose` recipe's turn policy, chosen by `policy` (a bare name is that policy with its defaults); "
-               "asked before every student turn whether the teacher takes over for the rest of the episode.\n")
-    _kinds(out, level + 2, "algorithm.handoff", "policy", TurnPolicy.KINDS, handoff_module.__doc__)
-
-
-def _kinds(out: list[str], level: int, key: str, tag: str, kinds: dict[str, type], doc: str | None) -> None:
-    """One heading per kind of a section chosen by `tag`: its line of the module's docstring table
-    and its own keys."""
-    said = docstring_table(doc or "")
+def _tagged(title_keys: list[str], family: type[Tagged], comment: str, level: int, out: list[str]) -> None:
+    """A section chosen by its tag (tagged.py): the rule, then one heading per kind with its line
+    of the family's module docstring table (else its class docstring) and its own keys."""
+    key, tag, kinds = title_keys[0], family.TAG, family.kinds()
+    out.append(f"{'#' * level} {', '.join(f'`{k}`' for k in title_keys)}\n")
+    if comment:
+        out.append(prose(comment))
+    bare = f"{key}={next(iter(kinds))}"
+    out.append(f"One section chosen by `{tag}` (a bare name is that kind with its defaults: `{bare}`); a key the "
+               "chosen kind lacks is refused by name. A later layer naming another kind starts the section afresh"
+               + (f"; the same keys under {' and '.join(f'`{k}`' for k in title_keys)}" if len(title_keys) > 1 else "")
+               + ".\n")
+    said = docstring_table(sys.modules[family.__module__].__doc__ or "")
     for name, kind in kinds.items():
-        out.append(f"{'#' * level} `{key}.{tag}: {name}`\n")
-        if said.get(name):
-            out.append(cell(said[name]) + "\n")
-        rows, _ = _rows(kind, f"{key}.", [None])
+        out.append(f"{'#' * (level + 1)} `{key}.{tag}: {name}`\n")
+        if said.get(name) or class_doc(kind):
+            out.append(prose(said.get(name) or class_doc(kind)))
+        rows, sections = _rows(kind, f"{key}.", [None])
         rows = [r for r in rows if not r.startswith(f"| `{key}.{tag}`")]
         out.append(HEADER + "\n" + "\n".join(rows) + "\n" if rows else "No other keys.\n")
+        for inner_key, inner, values, why in sections:
+            _section([inner_key], inner, values, why, level + 2, out)
 
 
 def render() -> str:
@@ -256,7 +248,7 @@ def render() -> str:
         "date. A default like `${steps}` is another key's value; `${oc.env:VAR,default}` is an environment "
         "variable's.\n",
     ]
-    sections = [f for f in fields if f.name == "algorithm" or section_class(hints[f.name]) is not None]
+    sections = [f for f in fields if "tagged" in f.metadata or section_class(hints[f.name]) is not None]
     out.append("Sections: [top level](#top-level), " + ", ".join(
         f"[`{f.name}`](#{anchor_of(f.name, fields, hints)})" for f in sections
         if f.name != "teacher_engine") + ".\n")
@@ -272,18 +264,10 @@ def render() -> str:
     out.append(HEADER + "\n" + "\n".join(rows) + "\n")
     grouped: dict[type, list[dataclasses.Field]] = {}
     for f in sections:
-        if f.name != "algorithm":
-            grouped.setdefault(section_class(hints[f.name]), []).append(f)
-    for f in sections:
-        if f.name == "algorithm":
-            _algorithm(out, 2)
-            continue
-        group = grouped[section_class(hints[f.name])]
-        if group[0] is not f:
-            continue  # shown with the first of its kind (the student's and the teacher's engine)
+        grouped.setdefault(f.metadata.get("tagged") or section_class(hints[f.name]), []).append(f)
+    for kind, group in grouped.items():  # one heading per kind (the student's and the teacher's engine)
         comment = " ".join(dict.fromkeys(comments.get(g.name, "") for g in group if comments.get(g.name)))
-        _section([g.name for g in group], section_class(hints[f.name]), [defaults[g.name] for g in group],
-                 comment, 2, out)
+        _section([g.name for g in group], kind, [defaults[g.name] for g in group], comment, 2, out)
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -296,33 +280,26 @@ def anchor_of(name: str, fields: Any, hints: dict[str, Any]) -> str:
 
 
 def config_keys() -> set[str]:
-    """Every key a training config can set, dotted (`learner.lr`): every recipe's and turn
-    policy's under `algorithm`, every backend's under each engine (also flat, as the loader
-    moves them), and `KEY.*` under a free-form mapping (`env.resources.*`)."""
+    """Every key a training config can set, dotted (`learner.lr`): every kind's keys under a
+    section chosen by its tag (each recipe's under `algorithm`, each backend's under an engine's
+    `backend`), and `KEY.*` under a free-form mapping (`env.resources.*`)."""
     from rose_ray.config import TrainConfig
-    from rose_ray.recipes import recipes
-    from rose_ray.rollout.handoff import TurnPolicy
 
     def walk(cls: type, prefix: str) -> set[str]:
         hints = typing.get_type_hints(cls)
         keys = set()
         for f in dataclasses.fields(cls):
-            inner = section_class(hints[f.name])
             keys.add(prefix + f.name)
-            if inner is not None:
+            if "tagged" in f.metadata:
+                for kind in f.metadata["tagged"].kinds().values():
+                    keys |= walk(kind, f"{prefix}{f.name}.")
+            elif (inner := section_class(hints[f.name])) is not None:
                 keys |= walk(inner, f"{prefix}{f.name}.")
-                if prefix.endswith("_engine."):  # a backend's section: its keys are read flat too
-                    keys |= walk(inner, prefix)
             elif typing.get_origin(hints[f.name]) is dict:
                 keys.add(f"{prefix}{f.name}.*")
         return keys
 
-    keys = walk(TrainConfig, "")
-    for kind in recipes().values():
-        keys |= walk(kind, "algorithm.")
-    for kind in TurnPolicy.KINDS.values():
-        keys |= walk(kind, "algorithm.handoff.")
-    return keys
+    return walk(TrainConfig, "")
 
 
 def main(argv: list[str] | None = None) -> int:

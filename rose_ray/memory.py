@@ -216,14 +216,14 @@ def _engine_parts(engine: Any, shape: ModelShape, dtype_bytes: int, tp: int, gpu
     vllm = engine.spec.paged_kv
     kv = engine.max_batch_size * engine.context_tokens * shape.kv_bytes_per_token(dtype_bytes, tp)
     # hf keeps past conversations' keys and values for reuse, up to its prefix_cache_mb
-    kv += getattr(engine.settings, "prefix_cache_mb", 0.0) * MIB
+    kv += getattr(engine.backend, "prefix_cache_mb", 0.0) * MIB
     # vLLM prefills at most its batched-token chunk per step; hf prefills a whole batch at once.
     batch_tokens = engine.max_batch_size * engine.context_tokens
     prefill = min(vllm_batched_tokens(gpu_bytes), batch_tokens) if vllm else batch_tokens
     parts = {"weights": shape.parameters() * dtype_bytes / tp, "KV cache": float(kv),
              "activations": prefill * prefill_bytes_per_token(shape, dtype_bytes, tp)}
     if on_gpu:
-        parts["runtime"] = GPU_RUNTIME_BYTES + (CUDA_GRAPHS_BYTES if getattr(engine.settings, "cuda_graphs", False) else 0.0)
+        parts["runtime"] = GPU_RUNTIME_BYTES + (CUDA_GRAPHS_BYTES if getattr(engine.backend, "cuda_graphs", False) else 0.0)
     return parts
 
 
@@ -232,24 +232,24 @@ def engine_memory(role: str, engine: Any, gpus: float, shape: ModelShape, gpu_by
     """An engine's memory per GPU, and whether `max_batch_size` sequences at full context fit."""
     key = role.split()[0]  # "student" / "teacher"
     on_gpu, vllm = gpus > 0, engine.spec.paged_kv  # vLLM's memory: a paged KV cache sized by its settings
-    section = f"{key}_engine.{engine.backend}"
+    section = f"{key}_engine.backend"
     dtype = resolve_dtype(engine.dtype, "cuda" if on_gpu else "cpu")
     e = DTYPE_BYTES[dtype]
     tp = engine.tensor_parallel_size
     where = f"{tp} GPUs (tensor parallel)" if tp > 1 else ("1 GPU" if on_gpu else "CPU")
-    setup = (f"{engine.backend}, {dtype}, {where}, {engine.max_batch_size} sequences x "
+    setup = (f"{engine.backend.name}, {dtype}, {where}, {engine.max_batch_size} sequences x "
              f"{engine.context_tokens:,} tokens ({shape.kv_bytes_per_token(e) / 1024:,.0f} KiB of KV a token)")
     mem = RoleMemory(role, shape, setup, _engine_parts(engine, shape, e, tp, gpu_bytes, on_gpu), on_gpu)
     per_sequence = engine.context_tokens * shape.kv_bytes_per_token(e, tp)
     if not on_gpu and vllm:
-        kv_cache_mb = engine.settings.kv_cache_mb
+        kv_cache_mb = engine.backend.kv_cache_mb
         mem.notes.append(f"{section}.kv_cache_mb {kv_cache_mb:g} holds "
                          f"{_sequences(int(kv_cache_mb * MIB // per_sequence))} at full context "
                          f"({engine.max_batch_size} wanted)")
     if not on_gpu or gpu_bytes is None:
         return mem
     if vllm:  # vLLM's share of the GPU; it gives the KV cache what the rest leaves
-        util = float(engine.settings.gpu_memory_utilization)
+        util = float(engine.backend.gpu_memory_utilization)
         mem.budget, mem.budget_why = util * gpu_bytes, f"{section}.gpu_memory_utilization {util:g} x {gpu_note}"
     else:
         mem.budget, mem.budget_why = gpu_bytes, f"the whole {gpu_note} GPU"
@@ -271,7 +271,7 @@ def _engine_too_big(mem: RoleMemory, engine: Any, key: str, tp: int, dtype_bytes
     for bigger in (2, 4, 8) if vllm else ():
         if bigger > tp and mem.model.num_attention_heads % bigger == 0 and \
                 sum(_engine_parts(engine, mem.model, dtype_bytes, bigger, gpu_bytes, True).values()) <= mem.budget:
-            fixes.append(f"set {key}_engine.{engine.backend}.tensor_parallel_size: {bigger} with "
+            fixes.append(f"set {key}_engine.backend.tensor_parallel_size: {bigger} with "
                          f"resources.{key}_gpus: {bigger}")
             break
     if not vllm:
@@ -296,8 +296,8 @@ def _scoring_problem(mem: RoleMemory, engine: Any, key: str, gpu_bytes: float, g
     most = math.floor((1 - logits / gpu_bytes) * 20) / 20  # in steps of 0.05
     return (f"the {mem.role} cannot fit its GPU{'s' if engine.tensor_parallel_size > 1 else ''}: scoring the "
             f"student's tokens (prompt logprobs of a {tokens:,}-token chunk x {mem.model.vocab_size:,} vocabulary) "
-            f"needs {_gib(logits)} GiB outside vLLM's share, but {key}_engine.{engine.backend}.gpu_memory_utilization "
-            f"{engine.settings.gpu_memory_utilization:g} leaves {_gib(rest)} GiB of each {gpu_note} GPU; set it to "
+            f"needs {_gib(logits)} GiB outside vLLM's share, but {key}_engine.backend.gpu_memory_utilization "
+            f"{engine.backend.gpu_memory_utilization:g} leaves {_gib(rest)} GiB of each {gpu_note} GPU; set it to "
             f"{most:g} or lower")
 
 
@@ -337,7 +337,7 @@ def add_receive_buffers(mem: RoleMemory, nbytes: float, paged_kv: bool, gpu_byte
         most = math.floor((1 - nbytes / gpu_bytes) * 20) / 20  # in steps of 0.05
         mem.problem = (f"the student engine cannot fit its GPU: a weight publication over NCCL receives the learner's "
                        f"state ({_gib(nbytes)} GiB) into buffers beside vLLM's share, but "
-                       f"student_engine.vllm.gpu_memory_utilization {mem.budget / gpu_bytes:g} leaves {_gib(rest)} GiB "
+                       f"student_engine.backend.gpu_memory_utilization {mem.budget / gpu_bytes:g} leaves {_gib(rest)} GiB "
                        f"of each {gpu_note} GPU; set it to {most:g} or lower, or publish.collective_backend=gloo")
 
 

@@ -425,7 +425,7 @@ def train_config(config: str | Path | TrainConfig | None = None, overrides: list
         run_dir = Path(os.path.abspath(resolve_run(resume)))  # absolute, as a fresh run's (fresh_run_dir)
     except InputError as e:
         raise InputError(f"--resume {e}") from None
-    return load_config(run_dir / "config.yaml", overrides, saved=True), run_dir
+    return load_config(run_dir / "config.yaml", overrides), run_dir
 
 
 def fresh_run_dir(cfg: TrainConfig, named: bool) -> Path:

@@ -133,7 +133,7 @@ class EngineActorImpl:
 
         if keep_after_ms is not None and "keep" not in self.config.spec.in_flight:
             raise ValueError(f"publish.in_flight: keep loads weights under running requests, which the "
-                             f"{self.config.backend} backend cannot (it generates a batch to its end); "
+                             f"{self.config.backend.name} backend cannot (it generates a batch to its end); "
                              f"backends that can: {tuple(in_flight_backends('keep'))}; use publish.in_flight=wait")
 
     async def _load(self, state: dict[str, Any], version: int, wait: bool,
@@ -165,7 +165,7 @@ class EngineActorImpl:
         """What a publisher needs to choose a route (rose_ray/publish/route.py `choose_route`)."""
         on_cuda = str(self.device).startswith("cuda")
         return ReceiverInfo(node_id=ray.get_runtime_context().get_node_id(), gpu=cuda_device_id() if on_cuda else None,
-                            nccl_env=own_nccl_env(), backend=self.config.backend,
+                            nccl_env=own_nccl_env(), backend=self.config.backend.name,
                             takes_weights=self.config.spec.takes_weights, device=str(self.device),
                             tensor_parallel_size=self.config.tensor_parallel_size)
 
@@ -174,7 +174,7 @@ class EngineActorImpl:
         once every member has joined. The latest MAX_WEIGHT_GROUPS groups are kept (a learner
         restarted, a second publisher), the oldest left."""
         if not self.config.spec.takes_weights:
-            raise NotImplementedError(f"the {self.config.backend} backend cannot receive weights")
+            raise NotImplementedError(f"the {self.config.backend.name} backend cannot receive weights")
         if address.get("backend") == "nccl" and not str(self.device).startswith("cuda"):
             raise RuntimeError(f"publish.collective_backend: nccl, but this engine runs on {self.device}")
         group = await asyncio.to_thread(WeightGroup.join, address, rank)

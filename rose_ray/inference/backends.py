@@ -118,10 +118,9 @@ def engine_like(base: EngineConfig, model: str, **settings: Any) -> EngineConfig
     """`base` (a training config's engine) running `model` instead, `settings` over it: each to
     the section that holds it (`kv_cache_mb` to the backend's own, `dtype` to the engine's); a
     setting of another backend is dropped, as `_applying` drops it."""
-    own = getattr(base, base.backend)
-    owned = {k: v for k, v in settings.items() if (b := settings_owner(k)) is not None and b.name == base.backend}
+    owned = {k: v for k, v in settings.items() if settings_owner(k) is base.spec}
     common = {k: v for k, v in settings.items() if settings_owner(k) is None}
-    return replace(base, model=model, tokenizer=None, **common, **{base.backend: replace(own, **owned) if owned else own})
+    return replace(base, model=model, tokenizer=None, backend=replace(base.backend, **owned), **common)
 
 
 def _applying(name: str, settings: dict[str, Any]) -> dict[str, Any]:
@@ -149,14 +148,14 @@ def check_command_engines(command: str, engines: dict[str, EngineConfig]) -> Non
             # A hub id is downloaded now (ModelNotAvailable, exit 2, when it cannot be), before
             # Ray starts or a file is made; the engine then finds it in the cache.
             download_model(config.model, command)
-            lines.append(f"{command}: {flag}: {config.model} on the {config.backend} backend "
-                         f"({backend_version(config.backend)})")
+            lines.append(f"{command}: {flag}: {config.model} on the {config.backend.name} backend "
+                         f"({backend_version(config.backend.name)})")
     print("\n".join(lines), flush=True)
 
 
 def make_engine(config: EngineConfig, **kwargs: Any) -> GenerationEngine:
     """Build the configured backend (imports lazily: the openai client needs no torch model)."""
-    problem = backend_problem(config.backend)
+    problem = backend_problem(config.backend.name)
     if problem is not None:  # on the node the engine was placed on
         raise RuntimeError(problem)
     module, name = config.spec.engine.split(":")

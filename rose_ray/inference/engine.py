@@ -14,20 +14,18 @@ Logprobs are always the model's raw log-softmax (temperature 1, no top-p), which
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from rose_ray.errors import ConfigError, InputError
 from rose_ray.inference.registry import (
-    BACKENDS,
     Backend,
-    HFSettings,
-    OpenAISettings,
-    VLLMSettings,
+    BackendSettings,
     get_backend,
+    own_settings,
     settings_owner,
 )
+from rose_ray.tagged import chosen, tagged
 from rose_ray.types import CONTEXT_TOKENS, SamplingParams
 
 FinishReason = Literal["stop", "length", "context"]
@@ -93,12 +91,12 @@ class GenerationResult:
 
 @dataclass
 class EngineConfig:
-    """One engine replica: the settings every backend shares, and its backend's own section.
+    """One engine replica: the settings every backend shares, and its backend's section.
 
-    `backend` names a registered backend (registry.py: hf, vllm, openai); its settings live in
-    the section of that name (`vllm: {kv_cache_mb: 256}`), the other sections stay empty (a
-    section of another backend is refused). `model` is a local HF folder (hf, vllm) or the
-    served model name (openai); `tokenizer` a folder to read the tokenizer from instead.
+    `backend` is a backend registered in registry.py (hf, vllm, openai) with its own settings,
+    chosen by name (tagged.py): `backend: vllm`, or `backend: {name: vllm, kv_cache_mb: 256}`.
+    `model` is a local HF folder (hf, vllm) or the served model name (openai); `tokenizer` a
+    folder to read the tokenizer from instead.
 
     context_tokens bounds prompt + completion; context_policy says what the rollout does with a
     longer conversation (the agent of this engine cuts its prompts with it: rollout/context.py);
@@ -107,7 +105,8 @@ class EngineConfig:
     `max_batch_size` bounds the sequences decoded at once (a served engine's requests in flight).
     """
 
-    backend: str = "hf"  # hf | vllm | openai (registry.py)
+    # hf | vllm | openai (registry.py), with its own settings: {name: vllm, kv_cache_mb: 256}
+    backend: Any = tagged(BackendSettings, "hf")
     model: str = ""  # a local folder, a hub id, tiny:student / tiny:teacher, or the served name (openai)
     dtype: str = "auto"  # auto | float32 | bfloat16
     max_batch_size: int = 16  # sequences decoded at once (openai: requests in flight)
@@ -117,21 +116,11 @@ class EngineConfig:
     keep_first_turns: int = 1  # turns after the opening that drop_oldest never drops
     threads: int = 0  # torch threads (0: leave torch's setting)
     tokenizer: str | None = None  # a folder to read the tokenizer from instead of the model's
-    # one per backend; only the chosen backend's is set (filled with its defaults when not given)
-    hf: HFSettings | None = None
-    vllm: VLLMSettings | None = None
-    openai: OpenAISettings | None = None
 
     def __post_init__(self) -> None:
-        spec = get_backend(self.backend)
-        for name in BACKENDS:
-            if name != self.backend and getattr(self, name) is not None:
-                raise ConfigError(f"engine.{name}: settings of the {name} backend, but engine.backend is "
-                                  f"{self.backend!r}; move them to engine.{self.backend} or drop them")
-        if getattr(self, self.backend) is None:
-            setattr(self, self.backend, spec.settings())
-        if spec.local and not self.model:
-            raise ConfigError(f"engine.model: a model folder or name is required for backend {self.backend!r}")
+        self.backend = chosen(BackendSettings, self.backend, "engine.backend")
+        if self.spec.local and not self.model:
+            raise ConfigError(f"engine.model: a model folder or name is required for backend {self.backend.name!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"engine.dtype: must be one of {DTYPES}, got {self.dtype!r}")
         if self.context_policy not in CONTEXT_POLICIES:
@@ -152,33 +141,27 @@ class EngineConfig:
         """An engine config from flat fields: each of the backend's own settings goes to its
         section (`EngineConfig.of("vllm", model=m, kv_cache_mb=64)`); another backend's is refused."""
         spec = get_backend(backend)
-        own = {f.name for f in dataclass_fields(spec.settings)}
-        section = {k: fields_.pop(k) for k in list(fields_) if k in own}
+        section = {k: fields_.pop(k) for k in list(fields_) if k in own_settings(spec)}
         for key in fields_:
             owner = settings_owner(key)
             if owner is not None:
                 raise ConfigError(f"engine.{key}: a setting of the {owner.name} backend, not of {backend}")
-        return cls(backend=backend, **fields_, **{backend: spec.settings(**section)})
+        return cls(backend=spec.settings(**section), **fields_)
 
     @property
     def spec(self) -> Backend:
         """The registered backend this engine runs on: what callers ask instead of its name."""
-        return get_backend(self.backend)
-
-    @property
-    def settings(self) -> Any:
-        """This backend's own section (HFSettings, VLLMSettings, OpenAISettings)."""
-        return getattr(self, self.backend)
+        return get_backend(self.backend.name)
 
     @property
     def tensor_parallel_size(self) -> int:
         """GPUs one engine spans: its settings' tensor parallelism where the backend splits a model, else 1."""
-        return int(getattr(self.settings, "tensor_parallel_size", 1))
+        return int(getattr(self.backend, "tensor_parallel_size", 1))
 
     @property
     def label(self) -> str:
         """The model, or a served engine's URL when it names no model (for messages)."""
-        return self.model or str(getattr(self.settings, "base_url", ""))
+        return self.model or str(getattr(self.backend, "base_url", ""))
 
 
 def validate_sampling(s: SamplingParams) -> None:

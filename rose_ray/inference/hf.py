@@ -103,8 +103,8 @@ class HFEngine:
                                    device=device)
         self.tokenizer = tokenizer
         self.model = model.eval()
-        if config.hf.attn_implementation and hasattr(self.model, "set_attn_implementation"):
-            self.model.set_attn_implementation(config.hf.attn_implementation)
+        if config.backend.attn_implementation and hasattr(self.model, "set_attn_implementation"):
+            self.model.set_attn_implementation(config.backend.attn_implementation)
         limit = getattr(self.model.config, "max_position_embeddings", None)
         if limit is not None and config.context_tokens > limit:
             raise ConfigError(f"engine.context_tokens: {config.context_tokens} is more than the model's "
@@ -124,7 +124,7 @@ class HFEngine:
         # Prefix reuse and in-place cache growth assume plain full-attention layers (no sliding
         # windows, no linear attention); other models keep transformers' own cache.
         self._plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
-        budget = int(config.hf.prefix_cache_mb * 2**20) // kv_bytes_per_token(self.model)
+        budget = int(config.backend.prefix_cache_mb * 2**20) // kv_bytes_per_token(self.model)
         self._prefix = PrefixCache(budget if self._plain else 0)
 
     # ------------------------------------------------------------------ public API

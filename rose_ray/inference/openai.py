@@ -176,25 +176,25 @@ def endpoint_key(config: EngineConfig) -> tuple[str | None, str]:
     sent (said when the engine is made); an endpoint's own key is sent, with a warning. An
     `api_key_env` of ROSE_RAY_API_KEY names the shared key: a resumed run's config says so of a
     key it read from there (runs.saved_config), so it keeps the shared key's rule."""
-    url = urllib.parse.urlsplit(config.openai.base_url)
+    url = urllib.parse.urlsplit(config.backend.base_url)
     plain = url.scheme == "http" and not _loopback(url.hostname or "")
-    env, shared = config.openai.api_key_env, config.openai.api_key_env == SHARED_KEY_ENV
-    if config.openai.api_key and not shared:
-        key, source = config.openai.api_key, "its api_key"
+    env, shared = config.backend.api_key_env, config.backend.api_key_env == SHARED_KEY_ENV
+    if config.backend.api_key and not shared:
+        key, source = config.backend.api_key, "its api_key"
     elif env and not shared:
         key, source = os.environ.get(env), f"${env} (its api_key_env)"
         if not key:
-            raise InputError(f"engine.openai.api_key_env: {env} is not set in the environment (the key of "
-                             f"{config.openai.base_url})")
+            raise InputError(f"engine.backend.api_key_env: {env} is not set in the environment (the key of "
+                             f"{config.backend.base_url})")
     else:
-        key, source = config.openai.api_key or os.environ.get(SHARED_KEY_ENV) or None, f"${SHARED_KEY_ENV}"
+        key, source = config.backend.api_key or os.environ.get(SHARED_KEY_ENV) or None, f"${SHARED_KEY_ENV}"
         if key and plain:
-            print(f"openai engine: {config.openai.base_url}: not sending ${SHARED_KEY_ENV} over plain http to another host "
+            print(f"openai engine: {config.backend.base_url}: not sending ${SHARED_KEY_ENV} over plain http to another host "
                   "(anyone on the network path could read it); use https, or name the variable of this "
                   "endpoint's own key in api_key_env", file=sys.stderr, flush=True)
             return None, "none"
     if key and plain:
-        print(f"openai engine: {config.openai.base_url}: warning: {source} goes over plain http to another host; anyone "
+        print(f"openai engine: {config.backend.base_url}: warning: {source} goes over plain http to another host; anyone "
               "on the network path can read it (use https)", file=sys.stderr, flush=True)
     return key, source
 
@@ -275,7 +275,7 @@ class OpenAIEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.base_url = config.openai.base_url.rstrip("/")
+        self.base_url = config.backend.base_url.rstrip("/")
         self.api_key, self.api_key_source = endpoint_key(config)
         self._vocab: int | None = None  # the tokenizer's size, read at the first sampled ids
         self._counters = {"requests": 0, "generated_tokens": 0, "score_calls": 0, "http_s": 0.0, "retries": 0,
@@ -338,7 +338,7 @@ class OpenAIEngine:
                             retry_after = 0.0
                         failing_since = failing_since or time.monotonic()
                         waited = time.monotonic() - failing_since
-                        if retry_after > 0 and waited + retry_after <= self.config.openai.retry_s:
+                        if retry_after > 0 and waited + retry_after <= self.config.backend.retry_s:
                             self._counters["retries"] += 1
                             await asyncio.sleep(min(retry_after, MAX_BACKOFF_S * 4))
                             continue
@@ -349,16 +349,16 @@ class OpenAIEngine:
                 failing_since = failing_since or time.monotonic()
                 pause = min(0.5 * 2 ** (attempt - 1), MAX_BACKOFF_S)
                 waited = time.monotonic() - failing_since
-                if waited + pause > self.config.openai.retry_s:
+                if waited + pause > self.config.backend.retry_s:
                     raise OpenAIServerGone(None, f"{self.base_url}: no answer after {attempt} attempts over "
-                                                 f"{waited:.1f} s (engine retry_s {self.config.openai.retry_s:g}): "
+                                                 f"{waited:.1f} s (engine retry_s {self.config.backend.retry_s:g}): "
                                                  f"{error}")
                 self._counters["retries"] += 1
                 await asyncio.sleep(pause)
 
     async def _send(self, method: str, url: str, data: bytes | None, timeout_s: float | None = None) -> Any:
         """One HTTP exchange, its JSON answer; watched while it is out (`_watch`)."""
-        timeout_s = timeout_s or self.config.openai.timeout_s
+        timeout_s = timeout_s or self.config.backend.timeout_s
         call = _Call(asyncio.ensure_future(self._exchange(method, url, data, timeout_s)))
         self._calls.add(call)
         if self._proxy is None and self._watcher is None:
@@ -437,7 +437,7 @@ class OpenAIEngine:
         probe = {**self._model_field(), "prompt": [0], "max_tokens": 1, "temperature": 0.0}
         try:
             await self._send("POST", self.base_url + "/completions", json.dumps(probe).encode(),
-                             timeout_s=min(self.config.openai.timeout_s, 60.0))
+                             timeout_s=min(self.config.backend.timeout_s, 60.0))
             return True
         except OpenAIBadAnswer:  # an answer all the same
             return True
@@ -647,7 +647,7 @@ class SettingNames:
     @classmethod
     def of_section(cls, section: str) -> SettingNames:
         """The keys of a config section, e.g. `teacher_engine`."""
-        return cls(f"{section}.openai.base_url", *(f"{section}.{key}" for key in ("model", "context_tokens", "tokenizer")))
+        return cls(f"{section}.backend.base_url", *(f"{section}.{key}" for key in ("model", "context_tokens", "tokenizer")))
 
 
 @dataclass(frozen=True)
@@ -665,21 +665,21 @@ class ServedModel:
 
 
 def check_served(config: EngineConfig, names: SettingNames, scores: bool = False) -> ServedModel:
-    """Before a run: the server at `config.openai.base_url` serves `config.model` (or, without one, a
+    """Before a run: the server at `config.backend.base_url` serves `config.model` (or, without one, a
     default model), with a context (`max_model_len`) of at least `config.context_tokens`, and
     gives the sampled tokens' ids and logprobs (and prompt logprobs when the run `scores`
     tokens: OPD); the local tokenizer loads. The server is asked once, without retries.
     Raises ServedModelMismatch (exit 2) naming the setting."""
     from rose_ray.models import ModelNotAvailable, load_tokenizer
 
-    url = config.openai.base_url
+    url = config.backend.base_url
     try:
         load_tokenizer(config.tokenizer or config.model)
     except ModelNotAvailable as e:
         raise ServedModelMismatch(f"{names.tokenizer}: an openai engine needs the served model's tokenizer on this "
                                   f"machine (prompts go as token ids): {e}") from None
     # Asked once (retry_s 0): a server that is not there now is an error now, not after backoff.
-    engine = OpenAIEngine(replace(config, max_batch_size=1, openai=replace(config.openai, retry_s=0.0)))
+    engine = OpenAIEngine(replace(config, max_batch_size=1, backend=replace(config.backend, retry_s=0.0)))
     try:
         try:
             served = engine.served()

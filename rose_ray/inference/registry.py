@@ -1,6 +1,6 @@
-"""The engine backends by name: each one's own settings (its section of an engine's config,
-`student_engine: {backend: vllm, vllm: {kv_cache_mb: 256}}`) and what the rest of the package
-may ask of it, so that no code outside `inference/` compares backend names.
+"""The engine backends by name: each one's own settings (an engine's `backend` section, chosen by
+its name: `student_engine: {backend: {name: vllm, kv_cache_mb: 256}}`) and what the rest of the
+package may ask of it, so that no code outside `inference/` compares backend names.
 
 A new backend is one engine module (the GenerationEngine contract of engine.py) and one
 `register(Backend(...))` here. This module imports nothing heavy (no torch, no backend): the
@@ -13,30 +13,44 @@ import importlib.util
 from dataclasses import dataclass, fields
 
 from rose_ray.errors import ConfigError
+from rose_ray.tagged import Tagged
 
 
 @dataclass
-class HFSettings:
+class BackendSettings(Tagged):
+    """An engine's backend and its own settings, chosen by `name` (a bare name: its defaults)."""
+
+    name: str = ""
+
+    @classmethod
+    def kinds(cls) -> dict[str, type]:
+        return {name: backend.settings for name, backend in BACKENDS.items()}
+
+
+@dataclass
+class HFSettings(BackendSettings):
     """transformers in this process. `prefix_cache_mb` bounds the keys/values kept from past
     generations to skip re-encoding a conversation's earlier turns (0 disables; a token costs
     2 * layers * kv_heads * head_dim * dtype bytes: 112 KiB for Qwen3-1.7B in bf16)."""
 
+    name: str = "hf"
     attn_implementation: str = "sdpa"  # transformers' attention
     prefix_cache_mb: float = 1024.0  # past keys/values kept to skip re-encoding earlier turns (0: off)
 
     def __post_init__(self) -> None:
         if float(self.prefix_cache_mb) < 0:
-            raise ConfigError(f"engine.hf.prefix_cache_mb: must be >= 0, got {self.prefix_cache_mb!r}")
+            raise ConfigError(f"engine.backend.prefix_cache_mb: must be >= 0, got {self.prefix_cache_mb!r}")
 
 
 @dataclass
-class VLLMSettings:
+class VLLMSettings(BackendSettings):
     """vLLM's engine in this process. Its KV cache is vLLM's paged cache, sized here and never by
     vLLM's default share of host memory: `kv_cache_mb` on CPU, `gpu_memory_utilization` (the
     fraction of each GPU for weights, activations and KV) on GPUs. `tensor_parallel_size` GPUs
     serve one engine (its placement bundle holds that many); `cuda_graphs` off runs eagerly on
     GPUs (CPUs always run eagerly)."""
 
+    name: str = "vllm"
     kv_cache_mb: float = 512.0  # the KV cache on CPU
     gpu_memory_utilization: float = 0.9  # the share of each GPU for weights, activations and KV
     tensor_parallel_size: int = 1  # GPUs one engine spans (= resources.<role>_gpus)
@@ -44,18 +58,19 @@ class VLLMSettings:
 
     def __post_init__(self) -> None:
         if not float(self.kv_cache_mb) > 0:
-            raise ConfigError(f"engine.vllm.kv_cache_mb: must be > 0, got {self.kv_cache_mb!r}")
+            raise ConfigError(f"engine.backend.kv_cache_mb: must be > 0, got {self.kv_cache_mb!r}")
         if not 0 < float(self.gpu_memory_utilization) <= 1:
-            raise ConfigError(f"engine.vllm.gpu_memory_utilization: must be in (0, 1], "
+            raise ConfigError(f"engine.backend.gpu_memory_utilization: must be in (0, 1], "
                               f"got {self.gpu_memory_utilization!r}")
         if int(self.tensor_parallel_size) < 1:
-            raise ConfigError(f"engine.vllm.tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size!r}")
+            raise ConfigError(f"engine.backend.tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size!r}")
 
 
 @dataclass
-class OpenAISettings:
+class OpenAISettings(BackendSettings):
     """A client of an OpenAI-compatible server (docs/engines.md: Served models, keys)."""
 
+    name: str = "openai"
     base_url: str = "http://127.0.0.1:8000/v1"  # the server's OpenAI API root
     api_key: str | None = None  # this endpoint's key
     api_key_env: str | None = None  # else the environment variable holding it (default: $ROSE_RAY_API_KEY)
@@ -68,13 +83,13 @@ class OpenAISettings:
     def __post_init__(self) -> None:
         for key in ("timeout_s", "retry_s"):
             if float(getattr(self, key)) < 0:
-                raise ConfigError(f"engine.openai.{key}: must be >= 0, got {getattr(self, key)!r}")
+                raise ConfigError(f"engine.backend.{key}: must be >= 0, got {getattr(self, key)!r}")
 
 
 @dataclass(frozen=True)
 class Backend:
-    """One backend: its name (the value of an engine's `backend` and its section's key), its
-    settings' dataclass, and the answers to what callers outside `inference/` ask."""
+    """One backend: its name (an engine's `backend.name`), its settings' dataclass, and the
+    answers to what callers outside `inference/` ask."""
 
     name: str
     settings: type
@@ -121,7 +136,12 @@ def get_backend(name: str) -> Backend:
 
 def settings_owner(key: str) -> Backend | None:
     """The backend whose settings hold `key` (each setting belongs to one), or None."""
-    return next((b for b in BACKENDS.values() if key in {f.name for f in fields(b.settings)}), None)
+    return next((b for b in BACKENDS.values() if key in own_settings(b)), None)
+
+
+def own_settings(backend: Backend) -> set[str]:
+    """The keys of a backend's own settings (its `name` aside)."""
+    return {f.name for f in fields(backend.settings)} - {BackendSettings.TAG}
 
 
 def package_missing(backend: Backend) -> bool:

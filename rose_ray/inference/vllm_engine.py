@@ -268,10 +268,10 @@ class VLLMEngine:
         on_gpu = self.device.startswith("cuda")
         kwargs: dict[str, Any] = {}
         if on_gpu:
-            kwargs["gpu_memory_utilization"] = float(c.vllm.gpu_memory_utilization)
+            kwargs["gpu_memory_utilization"] = float(c.backend.gpu_memory_utilization)
         else:  # vLLM would otherwise take a share of host memory for its KV cache
-            kwargs["kv_cache_memory_bytes"] = int(c.vllm.kv_cache_mb * 2**20)
-        if c.vllm.tensor_parallel_size > 1:
+            kwargs["kv_cache_memory_bytes"] = int(c.backend.kv_cache_mb * 2**20)
+        if c.backend.tensor_parallel_size > 1:
             # One process per rank, children of this actor, on the GPUs its bundle holds. Inside
             # a placement group vLLM would pick its Ray executor, which refuses a bundle of more
             # than one GPU (and on CPU refuses to run at all).
@@ -280,8 +280,8 @@ class VLLMEngine:
         return LLM(
             model=self.model_dir, tokenizer=c.tokenizer or self.model_dir, dtype=resolve_dtype(c.dtype, self.device),
             max_model_len=self.max_model_len, max_num_seqs=c.max_batch_size,
-            tensor_parallel_size=c.vllm.tensor_parallel_size,
-            enforce_eager=not (on_gpu and c.vllm.cuda_graphs), enable_prefix_caching=True,
+            tensor_parallel_size=c.backend.tensor_parallel_size,
+            enforce_eager=not (on_gpu and c.backend.cuda_graphs), enable_prefix_caching=True,
             logprobs_mode="raw_logprobs", seed=0, disable_log_stats=True, use_tqdm_on_load=False,
             **kwargs,
         )

@@ -141,6 +141,14 @@ class LearnerConfig:
         need(self.initial_version >= 0, "initial_version", "must be >= 0")
         need(0.0 < self.clip_eps < 1.0, "clip_eps", "must be in (0, 1)")
 
+    def check_rows(self, context_tokens: int) -> None:
+        """A packed row holds whatever the student engine kept (`context_tokens`): the learner cuts
+        a trajectory only where the engine did."""
+        if self.max_tokens < context_tokens:
+            raise ConfigError(f"learner.max_tokens: {self.max_tokens} is less than student_engine.context_tokens "
+                              f"{context_tokens}; a packed row must hold whatever the engine kept "
+                              "(the learner cuts a trajectory only where the engine did)")
+
 
 def write_latest(path: str | Path, tag: str) -> None:
     """`path/latest` names checkpoint `tag`, atomically and on disk: written only once

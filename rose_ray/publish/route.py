@@ -13,6 +13,7 @@ else AUTO_LOCAL for local actors, else the object store. Each engine reports its
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rose_ray.errors import ConfigError
 
@@ -82,6 +83,30 @@ class PublishConfig:
             raise ConfigError(f"publish.in_flight: must be one of {IN_FLIGHT}, got {self.in_flight!r}")
         if not self.in_flight_wait_ms >= 0:
             raise ConfigError(f"publish.in_flight_wait_ms: must be >= 0, got {self.in_flight_wait_ms!r}")
+
+    def check(self, student: Any, colocate: bool) -> None:
+        """Against the student engine (an EngineConfig) and whether it shares learner rank 0's GPU."""
+        from rose_ray.inference.registry import BACKENDS, in_flight_backends
+
+        if self.method == "collective" and not student.spec.takes_weights:
+            takers = " or ".join(b.name for b in BACKENDS.values() if b.takes_weights)
+            raise ConfigError(f"publish.method: collective needs a student engine that is a local Ray actor "
+                              f"(backend {takers}), not {student.backend.name!r}; use "
+                              "publish.method=object_store or auto")
+        if self.collective_backend == "nccl" and student.tensor_parallel_size > 1:
+            # (each vLLM worker would have to join the group itself, as OpenRLHF's worker extension does)
+            raise ConfigError(f"publish.collective_backend: nccl receives the weights in the engine actor's process, "
+                              f"but student_engine.backend.tensor_parallel_size is {student.tensor_parallel_size} "
+                              "(the weights live in its worker processes); with tensor parallelism use "
+                              "publish.collective_backend=gloo or auto, or publish.method=object_store")
+        if self.collective_backend == "nccl" and colocate:
+            raise ConfigError("publish.collective_backend: nccl takes one rank per GPU, but resources.colocate puts "
+                              "student engine 0 on learner rank 0's GPU; use publish.collective_backend=auto or gloo")
+        if self.in_flight == "keep" and "keep" not in student.spec.in_flight:
+            raise ConfigError(f"publish.in_flight: keep loads the weights under an engine's running requests, "
+                              f"which only the {'/'.join(in_flight_backends('keep'))} backend can (the hf backend "
+                              f"generates a batch to its end; an openai engine takes no weights); "
+                              f"student_engine.backend is {student.backend.name!r}: use publish.in_flight=wait")
 
     @property
     def keep_after_ms(self) -> float | None:

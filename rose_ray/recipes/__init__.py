@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from rose_ray.errors import ConfigError, chosen_section
+from rose_ray.errors import ConfigError
+from rose_ray.tagged import Tagged, chosen
 
 if TYPE_CHECKING:
     from rose_ray.rollout.handoff import TurnPolicy
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Recipe:
+class Recipe(Tagged):
     """One algorithm and its settings. A subclass sets `name` and the methods below. `cfg` is
     the whole TrainConfig (recipes import no config: the config imports them)."""
 
@@ -38,12 +39,29 @@ class Recipe:
     KINDS: ClassVar[dict[str, type[Recipe]]] = {}
     scoring_key: ClassVar[str] = "algorithm"  # the key that makes the teacher score student tokens
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        Recipe.KINDS[cls.name] = cls
+    @classmethod
+    def kinds(cls) -> dict[str, type[Recipe]]:
+        return recipes()  # (each file registers its recipe when imported)
 
     def check(self, cfg: Any) -> None:
-        """Checks against the rest of the config (ConfigError naming the key)."""
+        """Checks against the rest of the config (ConfigError naming the key): a teacher that
+        scores the student's tokens reads what the learner trains on, the ids as sampled."""
+        if not self.teacher_scores_student():
+            return
+        student, teacher = cfg.student_engine.context_tokens, cfg.teacher_engine.context_tokens
+        if teacher < student:
+            raise ConfigError(f"teacher_engine.context_tokens: {teacher} is less than student_engine.context_tokens "
+                              f"{student}; the teacher scores each episode's student tokens in one pass over what "
+                              "the learner trains on, up to the student's context")
+        if cfg.chat.history == "template":
+            raise ConfigError(f"chat.history: 'template' re-renders earlier turns from their text, but the OPD "
+                              f"term ({self.scoring_key}={self.scoring_value()}) needs the ids that were sampled; "
+                              "use chat.history=sampled")
+
+    def scoring_value(self) -> Any:
+        """The value of `scoring_key` (`opd` for `algorithm`, 0.5 for `algorithm.lam`)."""
+        setting = self.scoring_key.split(".")[1:]  # `algorithm` itself, or one of its keys
+        return getattr(self, setting[0]) if setting else self.name
 
     def turn_policy(self) -> TurnPolicy:
         raise NotImplementedError
@@ -77,10 +95,10 @@ def recipes() -> dict[str, type[Recipe]]:
     import rose_ray.recipes.rose  # noqa: F401
     import rose_ray.recipes.teacher_sft  # noqa: F401
 
-    return dict(Recipe.KINDS)
+    return dict(sorted(Recipe.KINDS.items()))  # by name, whatever imported them first
 
 
 def get_recipe(value: Any) -> Recipe:
     """The `algorithm` section as its recipe: a name (`opd`, its defaults), a mapping with
     `name`, or a recipe. A ConfigError naming the key otherwise."""
-    return chosen_section(recipes(), "name", value, "algorithm")
+    return chosen(Recipe, value, "algorithm")

@@ -12,19 +12,20 @@ its own turns led to.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rose_ray.errors import ConfigError
 from rose_ray.recipes import Recipe
 from rose_ray.rollout.handoff import StudentOnly, TurnPolicy, turn_policy
+from rose_ray.tagged import tagged
 from rose_ray.tokens import TokenWeights
 
 
 @dataclass
 class Rose(Recipe):
     name: str = "rose"
-    handoff: Any = field(default_factory=lambda: {"policy": "fixed"})  # a turn policy's section
+    handoff: Any = tagged(TurnPolicy, "fixed")  # who acts at each turn: a turn policy chosen by `policy`
     lam: float = 0.0  # weight of the OPD term on the student's own tokens
     scoring_key: ClassVar[str] = "algorithm.lam"
 

@@ -125,7 +125,7 @@ def check_backends_here(*configs: Any) -> None:
     if len([n for n in ray.nodes() if n.get("Alive")]) > 1:
         return
     for config in configs:
-        if config is not None and (problem := backend_problem(config.backend)) is not None:
+        if config is not None and (problem := backend_problem(config.backend.name)) is not None:
             raise InputError(f"engine {config.label}: {problem}")
 
 

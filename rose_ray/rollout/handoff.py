@@ -22,7 +22,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rose_ray.errors import ConfigError, chosen_section
+from rose_ray.errors import ConfigError
+from rose_ray.tagged import Tagged, chosen
 
 KEY = "algorithm.handoff"
 
@@ -37,14 +38,11 @@ class TurnState:
 
 
 @dataclass
-class TurnPolicy:
+class TurnPolicy(Tagged):
     policy: str = ""
+    TAG: ClassVar[str] = "policy"
     KINDS: ClassVar[dict[str, type[TurnPolicy]]] = {}
     needs_teacher: ClassVar[bool] = False  # an episode without a teacher cannot play it
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        TurnPolicy.KINDS[cls.policy] = cls
 
     def takes_over(self, turn: int, state: TurnState) -> bool:
         """Whether the teacher acts from `turn` (1-based) to the end of the episode."""
@@ -148,7 +146,7 @@ def turn_policy(value: Any = "fixed", **keys: Any) -> TurnPolicy:
     `turn_policy("fixed", k=2)`, `turn_policy({"policy": "decay", "p0": 0.3})`."""
     if keys:
         value = {"policy": value, **keys}
-    return chosen_section(TurnPolicy.KINDS, "policy", value, KEY)
+    return chosen(TurnPolicy, value, KEY)
 
 
 def decay_takes_over(seed: str, turn: int, p: float) -> bool:

@@ -124,7 +124,7 @@ def test_publish_config_names_an_unknown_method_and_a_collective_without_an_acto
         load_config(None, ["publish.bucket_mb=-1"])
     with pytest.raises(ConfigError, match="collective needs a student engine that is a local Ray actor"):
         load_config(None, ["publish.method=collective", "student_engine.backend=openai",
-                           "student_engine.base_url=http://localhost:1/v1", "student_warmup.enabled=false",
+                           "student_engine.backend.base_url=http://localhost:1/v1", "student_warmup.enabled=false",
                            "student_engine.tokenizer=x"])
     assert load_config(None, []).publish.method == "auto"
 
@@ -293,7 +293,7 @@ def test_a_vllm_engine_after_a_publication_answers_as_when_loaded_fresh(weights,
     from rose_ray.publish.route import PublishConfig
 
     config, prompts, states, fresh, folders = weights
-    actor = engine_actor(replace(config, backend="vllm", model=str(folders[2]), hf=None, vllm=VLLMSettings(kv_cache_mb=64)), num_cpus=1)
+    actor = engine_actor(replace(config, backend=VLLMSettings(kv_cache_mb=64), model=str(folders[2])), num_cpus=1)
     try:
         loaded_fresh = actor_greedy(actor, prompts)
         assert loaded_fresh == fresh[2]  # as the hf engine's: the comparison is a real one
@@ -423,8 +423,8 @@ def test_a_vllm_publication_that_keeps_requests_in_flight_does_not_wait_for_them
     from rose_ray.publish.route import PublishConfig
 
     config, prompts, states, fresh, folders = weights
-    actor = engine_actor(replace(config, backend="vllm", model=str(folders[2]), hf=None,
-                                 vllm=VLLMSettings(kv_cache_mb=64), context_tokens=4096), num_cpus=1)
+    actor = engine_actor(replace(config, backend=VLLMSettings(kv_cache_mb=64), model=str(folders[2]),
+                                 context_tokens=4096), num_cpus=1)
     long = GenerationRequest(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=LONG))
     try:
         assert actor_greedy(actor, prompts) == fresh[2]

@@ -205,7 +205,7 @@ def test_a_vllm_student_engine_that_stalls_dies_or_keeps_stale_kv_still_gets_eve
     steps = 4
     cfg = load_config(None, overrides(tiny_models, run_dir, steps, "mode=sync", "algorithm.lam=0.5",
                                       "student_engine.backend=vllm", "teacher_engine.backend=vllm",
-                                      "student_engine.kv_cache_mb=64", "teacher_engine.kv_cache_mb=64",
+                                      "student_engine.backend.kv_cache_mb=64", "teacher_engine.backend.kv_cache_mb=64",
                                       "student_engine.model=org/tiny-student", "teacher_engine.model=org/tiny-teacher",
                                       "publish.method=collective", "publish.collective_backend=gloo",
                                       f"publish.timeout_s={PUBLISH_TIMEOUT_S}"))
@@ -327,8 +327,8 @@ def test_a_teacher_server_that_goes_away_stops_the_run_naming_the_role(tiny_mode
 
     threading.Thread(target=go_away, daemon=True).start()
     code = main(["train", *overrides(tiny_models, run_dir, 3, "teacher_engine.backend=openai",
-                                     f"teacher_engine.base_url={server.url}",
-                                     "teacher_engine.retry_s=1", "reliability.max_restarts=1")])
+                                     f"teacher_engine.backend.base_url={server.url}",
+                                     "teacher_engine.backend.retry_s=1", "reliability.max_restarts=1")])
     err = capsys.readouterr().err
     assert code == 1, err
     assert "rose-ray train: error: teacher engine: lost 2 times, more than reliability.max_restarts=1" in err

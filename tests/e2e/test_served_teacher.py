@@ -63,7 +63,7 @@ TINY = str(Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml")
 
 def served_teacher(server: Served, mismatched: Path, tiny_models) -> list[str]:
     return [f"tiny_dir={tiny_models['student'].parent}", "teacher_engine.backend=openai",
-            f"teacher_engine.base_url={server.url}", f"teacher_engine.model={NAME}",
+            f"teacher_engine.backend.base_url={server.url}", f"teacher_engine.model={NAME}",
             f"teacher_engine.tokenizer={mismatched}", "teacher_warmup.enabled=false"]
 
 
@@ -75,8 +75,8 @@ def served_teacher(server: Served, mismatched: Path, tiny_models) -> list[str]:
     (["teacher_engine.context_tokens=4096", "learner.max_tokens=4096"],
      f"teacher_engine.context_tokens: 4096 tokens is more than the served model's context ('{NAME}' at {{url}}: "
      "max_model_len 2048)"),
-    (["teacher_engine.base_url=http://127.0.0.1:9/v1"],
-     "teacher_engine.openai.base_url: http://127.0.0.1:9/v1: no answer after 1 attempts"),
+    (["teacher_engine.backend.base_url=http://127.0.0.1:9/v1"],
+     "teacher_engine.backend.base_url: http://127.0.0.1:9/v1: no answer after 1 attempts"),
     (["teacher_engine.tokenizer=/nonexistent"], "teacher_engine.tokenizer: an openai engine needs the served "
                                                 "model's tokenizer on this machine"),
     (["teacher_warmup.enabled=true"], "teacher_warmup.enabled: the warm-up trains a local teacher folder"),
@@ -164,9 +164,9 @@ def test_a_run_fails_only_the_episodes_the_server_rejects(server, mismatched, ti
                  "rollout.student_sampling.temperature=0.0",  # a sampled reply could hold the word in a find-plant game
                  "rollout.teacher_sampling.max_new_tokens=12", "env.games_per_worker=2", "eval.before=false",
                  "eval.after=false", "eval.teacher=false", "checkpoint_every=2",
-                 "teacher_engine.backend=openai", f"teacher_engine.base_url={server.url}",
+                 "teacher_engine.backend=openai", f"teacher_engine.backend.base_url={server.url}",
                  f"teacher_engine.model={NAME}", f"teacher_engine.tokenizer={mismatched}",
-                 "teacher_engine.retry_s=20", "reliability.max_restarts=1"]) == 0
+                 "teacher_engine.backend.retry_s=20", "reliability.max_restarts=1"]) == 0
     records = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
     outcomes = Counter(r["outcome"] for r in records)
     failed = [r for r in records if r["outcome"] == "failed"]
@@ -190,7 +190,7 @@ def test_a_run_whose_every_episode_fails_stops_naming_why(server, mismatched, ti
                  "tasks=[find-animal]", "rollout.batch_episodes=2", "rollout.max_turns=2", "algorithm.handoff.k=1",
                  "rollout.student_sampling.max_new_tokens=8", "env.games_per_worker=2", "eval.before=false",
                  "eval.after=false", "eval.teacher=false", "reliability.max_failed_in_a_row=3",
-                 "teacher_engine.retry_s=20"]) == 1
+                 "teacher_engine.backend.retry_s=20"]) == 1
     err = capsys.readouterr().err
     assert "rose-ray train: error: 3 episodes in a row failed, none finishing between them " \
            "(reliability.max_failed_in_a_row=3); the last: teacher engine: OpenAIRequestFailed: 500" in err, err

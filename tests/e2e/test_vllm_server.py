@@ -184,7 +184,7 @@ def test_eval_with_the_served_teacher(server, teacher_dir, tiny_models, ray_clus
 def test_a_short_opd_run_against_the_served_teacher(server, teacher_dir, tiny_models, ray_cluster, tmp_path, capsys):
     run_dir = tmp_path / "run"
     served = [f"tiny_dir={tiny_models['student'].parent}", f"run_dir={run_dir}", "algorithm=opd",
-              "teacher_engine.backend=openai", f"teacher_engine.base_url={server.url}",
+              "teacher_engine.backend=openai", f"teacher_engine.backend.base_url={server.url}",
               f"teacher_engine.tokenizer={teacher_dir}", f"teacher_engine.context_tokens={CONTEXT}"]
     short = ["steps=2", "rollout.batch_episodes=2", "rollout.max_turns=3", "env.games_per_worker=2",
              "rollout.student_sampling.max_new_tokens=16", "eval.before=false", "eval.after=false",

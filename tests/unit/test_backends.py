@@ -1,6 +1,7 @@
 """The backend registry (rose_ray/inference/registry.py) and each engine's backend section in a
-config: what each backend says of itself, where its settings live, and the errors that name a
-setting given in the wrong place."""
+config (`backend: {name: vllm, ...}`, chosen by name as tagged.py chooses every such section):
+what each backend says of itself, where its settings live, and the errors that name a setting
+given in the wrong place."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rose_ray.config import ConfigError, load_config, to_yaml
 from rose_ray.inference.backends import command_engine
@@ -20,6 +20,7 @@ from rose_ray.inference.registry import (
     HFSettings,
     OpenAISettings,
     VLLMSettings,
+    own_settings,
     settings_owner,
 )
 
@@ -38,25 +39,25 @@ def test_each_backend_says_whether_it_is_served_and_what_it_can_do():
 
 
 def test_every_setting_belongs_to_one_backend_and_none_is_shared():
-    owned = [f.name for b in BACKENDS.values() for f in fields(b.settings)]
-    assert len(owned) == len(set(owned))
+    owned = [key for b in BACKENDS.values() for key in own_settings(b)]
+    assert len(owned) == len(set(owned)) and "name" not in owned
     shared = {f.name for f in fields(EngineConfig)}
-    assert not shared & set(owned) and set(BACKENDS) <= shared
+    assert not shared & set(owned) and "backend" in shared
     assert settings_owner("kv_cache_mb") is BACKENDS["vllm"] and settings_owner("base_url") is BACKENDS["openai"]
     assert settings_owner("prefix_cache_mb") is BACKENDS["hf"] and settings_owner("context_tokens") is None
 
 
-def test_an_engine_fills_its_own_section_and_refuses_another():
+def test_an_engine_holds_its_own_backends_section():
     engine = EngineConfig(backend="vllm", model="m")
-    assert engine.vllm == VLLMSettings() and engine.hf is None and engine.openai is None
-    assert engine.settings is engine.vllm and engine.tensor_parallel_size == 1
+    assert engine.backend == VLLMSettings() and engine.spec is BACKENDS["vllm"] and engine.tensor_parallel_size == 1
+    assert EngineConfig(backend={"name": "vllm", "tensor_parallel_size": 2}, model="m").tensor_parallel_size == 2
     assert EngineConfig.of("vllm", model="m", tensor_parallel_size=2).tensor_parallel_size == 2
     assert EngineConfig(model="m").tensor_parallel_size == 1  # hf splits no model
-    with pytest.raises(ConfigError, match="engine.vllm: settings of the vllm backend, but engine.backend is 'hf'"):
-        EngineConfig(model="m", vllm=VLLMSettings())
+    with pytest.raises(ConfigError, match="engine.backend.kv_cache_mb: hf has no such key .its keys: name, attn_impl"):
+        EngineConfig(model="m", backend={"name": "hf", "kv_cache_mb": 64})
     with pytest.raises(ConfigError, match="engine.kv_cache_mb: a setting of the vllm backend, not of hf"):
         EngineConfig.of("hf", model="m", kv_cache_mb=64)
-    with pytest.raises(ConfigError, match="engine.vllm.gpu_memory_utilization: must be in"):
+    with pytest.raises(ConfigError, match="engine.backend.gpu_memory_utilization: must be in"):
         EngineConfig.of("vllm", model="m", gpu_memory_utilization=1.5)
     with pytest.raises(ConfigError, match="engine.backend: must be one of"):
         EngineConfig(backend="tgi", model="m")
@@ -64,62 +65,40 @@ def test_an_engine_fills_its_own_section_and_refuses_another():
 
 def test_a_command_engine_takes_only_its_backends_settings():
     """`--kv-cache-mb` is a vllm flag: an hf engine leaves it, a served one too."""
-    assert command_engine("m", "--model", "hf", kv_cache_mb=64, dtype="float32").hf == HFSettings()
+    assert command_engine("m", "--model", "hf", kv_cache_mb=64, dtype="float32").backend == HFSettings()
     served = command_engine("openai:http://h:1/v1", "--teacher", "hf", "tok", kv_cache_mb=64)
-    assert served.spec.served and served.openai.base_url == "http://h:1/v1" and served.vllm is None
+    assert served.spec.served and served.backend.base_url == "http://h:1/v1" and not hasattr(served.backend, "kv_cache_mb")
 
 
-def test_the_config_sections_per_backend():
+def test_the_config_sections_per_backend(tmp_path):
     cfg = load_config(SEED)
-    assert cfg.teacher_engine.vllm.tensor_parallel_size == 4 and cfg.teacher_engine.hf is None
-    # A flat setting (the spelling before the sections) moves to its backend's section.
-    flat = load_config(SEED, ["teacher_engine.kv_cache_mb=64", "teacher_engine.tensor_parallel_size=2",
+    assert cfg.teacher_engine.backend == VLLMSettings(tensor_parallel_size=4)
+    # A layer that names no backend adds to the one before; one that names another starts afresh.
+    more = load_config(SEED, ["teacher_engine.backend.kv_cache_mb=64", "teacher_engine.backend.tensor_parallel_size=2",
                               "resources.teacher_gpus=2"])
-    assert flat.teacher_engine.vllm.kv_cache_mb == 64 and flat.teacher_engine.vllm.tensor_parallel_size == 2
-    # A later backend drops the other backends' sections before it; its own stay.
-    hf = load_config(SEED, ["teacher_engine.backend=hf", "teacher_engine.hf.prefix_cache_mb=0"])
-    assert hf.teacher_engine.vllm is None and hf.teacher_engine.hf.prefix_cache_mb == 0
-    tiny = load_config(None, ["student_engine.vllm.kv_cache_mb=64", "student_engine.backend=vllm"])
-    assert tiny.student_engine.vllm.kv_cache_mb == 64
-    # A flat setting of another backend is ignored, as it was before the sections.
-    assert load_config(None, ["student_engine.kv_cache_mb=64"]).student_engine.vllm is None
+    assert more.teacher_engine.backend == VLLMSettings(kv_cache_mb=64, tensor_parallel_size=2)
+    hf = load_config(SEED, ["teacher_engine.backend=hf", "teacher_engine.backend.prefix_cache_mb=0"])
+    assert hf.teacher_engine.backend == HFSettings(prefix_cache_mb=0)
+    tiny = load_config(None, ["student_engine.backend={name: vllm, kv_cache_mb: 64}"])
+    assert tiny.student_engine.backend == VLLMSettings(kv_cache_mb=64)
+    # The section is written out whole, and a run's config.yaml reads back the same.
+    saved = tmp_path / "config.yaml"
+    saved.write_text(to_yaml(tiny))
+    assert load_config(saved) == tiny
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["student_engine.vllm.prefix_cache_mb=0", "student_engine.backend=vllm"],
-     "key 'student_engine.vllm.prefix_cache_mb': not a setting of the vllm backend; it lives at "
-     "student_engine.hf.prefix_cache_mb"),
-    (["student_engine.hf.max_batch_size=2"],
-     "key 'student_engine.hf.max_batch_size': not a setting of the hf backend; it lives at student_engine.max_batch_size"),
-    (["teacher_engine.openai.base_url=http://h:1/v1"],
-     "key 'teacher_engine.openai': settings of the openai backend, but teacher_engine.backend is hf; "
-     "set teacher_engine.backend=openai or drop them"),
-    (["student_engine.vllm.kv_cache=64", "student_engine.backend=vllm"],
-     "key 'student_engine.vllm.kv_cache': Key 'kv_cache' not in 'VLLMSettings'"),
+    (["student_engine.backend=vllm", "student_engine.backend.prefix_cache_mb=0"],
+     "student_engine.backend.prefix_cache_mb: vllm has no such key (its keys: name, kv_cache_mb, "),
+    (["student_engine.backend.max_batch_size=2"],
+     "student_engine.backend.max_batch_size: hf has no such key (its keys: name, attn_implementation, prefix_cache_mb)"),
+    (["teacher_engine.backend.base_url=http://h:1/v1"], "teacher_engine.backend.base_url: hf has no such key"),
+    (["student_engine.backend=tgi"], "student_engine.backend: must be one of ('hf', 'vllm', 'openai'), got 'tgi'"),
     (["student_engine.kv_cache=64"], "key 'student_engine.kv_cache': Key 'kv_cache' not in 'EngineConfig'"),
 ])
-def test_a_setting_in_the_wrong_place_is_named_with_where_it_lives(overrides, message):
+def test_a_setting_in_the_wrong_place_is_named(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(None, overrides)
-
-
-def test_a_saved_config_loads_in_either_spelling(tmp_path):
-    """A run's config.yaml from before the sections held every backend's settings flat: it
-    loads as it ran (resume, export)."""
-    cfg = load_config(None, ["student_engine.backend=vllm", "student_engine.kv_cache_mb=64"])
-    new = tmp_path / "new.yaml"
-    new.write_text(to_yaml(cfg))
-    assert load_config(new, saved=True) == cfg
-    old = yaml.safe_load(to_yaml(cfg))
-    for role in ("student_engine", "teacher_engine"):
-        section = old[role]
-        for name in BACKENDS:
-            section.pop(name)
-            section.update({f.name: f.default for f in fields(BACKENDS[name].settings)})
-    old["student_engine"]["kv_cache_mb"] = 64
-    old["teacher_engine"]["kv_cache_mb"] = 32  # an hf teacher's: ignored, as it was
-    (tmp_path / "old.yaml").write_text(yaml.safe_dump(old))
-    assert load_config(tmp_path / "old.yaml") == cfg
 
 
 def test_outside_inference_no_code_compares_backend_names():

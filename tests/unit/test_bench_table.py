@@ -35,7 +35,7 @@ def test_every_arm_gets_the_same_learner_settings_and_the_bench_seed(bench_table
     assert (play.student.dtype, play.history, play.student_sampling, play.teacher) == (
         "bfloat16", "template", cfg.rollout.teacher_sampling, None)
     assert play.student == replace(cfg.teacher_engine, model="teacher-folder")  # its engine, hf not `auto`
-    assert list(play.engines()) == ["--model"] and play.student.backend == "hf"
+    assert list(play.engines()) == ["--model"] and play.student.backend.name == "hf"
     assert table.teacher_play(load_config(SMALL), "t", "s").history == "sampled"  # the small tier's
     # The expert as the teacher: it plays every turn in the student's tokenizer, from its engine.
     play = table.teacher_play(load_config(SMALL, ["teacher.kind=expert", "teacher_warmup.enabled=false"]), None, "s")

@@ -65,8 +65,8 @@ def test_thinking_on_leaves_the_prompt_open(tiny_qwen3, capsys):
     (["eval.split=train"], "eval.split: 2162 of its games are also training games"),
     (["env.mapping=agentgym"], "eval.split: split 'agenteval_test' lists item ids of the 'agentgym_traj' mapping"),
     (["student_engine.context_tokens=600", "learner.max_tokens=600"], "student_engine.context_tokens: the instruction"),
-    (["resources.teacher_gpus=9", "teacher_engine.vllm.tensor_parallel_size=9"], "the cluster cannot hold the teacher engine"),
-    (["resources.teacher_gpus=2"], "resources.teacher_gpus: 2, but teacher_engine.vllm.tensor_parallel_size is 4"),
+    (["resources.teacher_gpus=9", "teacher_engine.backend.tensor_parallel_size=9"], "the cluster cannot hold the teacher engine"),
+    (["resources.teacher_gpus=2"], "resources.teacher_gpus: 2, but teacher_engine.backend.tensor_parallel_size is 4"),
     (["learner.max_tokens=8192"], "learner.max_tokens: 8192 is less than student_engine.context_tokens 16384"),
 ])
 def test_problems_exit_2_naming_the_key(tiny_qwen3, extra, message, capsys):

@@ -81,15 +81,15 @@ def test_train_print_config_prints_the_checked_config_and_starts_nothing(tmp_pat
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ROSE_RAY_RUNS", str(tmp_path / "runs"))
-    served = ["teacher_engine.backend=openai", "teacher_engine.openai.base_url=http://127.0.0.1:9/v1",
-              "teacher_engine.openai.api_key=s3cret", f"teacher_engine.tokenizer={tmp_path}", "teacher_warmup.enabled=false"]
+    served = ["teacher_engine.backend=openai", "teacher_engine.backend.base_url=http://127.0.0.1:9/v1",
+              "teacher_engine.backend.api_key=s3cret", f"teacher_engine.tokenizer={tmp_path}", "teacher_warmup.enabled=false"]
     assert main(["train", "--print-config", "steps=7", "algorithm.handoff.k=3", *served]) == 0
     printed = capsys.readouterr().out
     assert "s3cret" not in printed and "api_key: ${oc.env:ROSE_RAY_API_KEY,null}" in printed  # as config.yaml keeps it
     (tmp_path / "printed.yaml").write_text(printed)
     monkeypatch.setenv("ROSE_RAY_API_KEY", "s3cret")  # where the printed config reads it, as --resume does
     cfg = load_config(tmp_path / "printed.yaml")
-    assert cfg.teacher_engine.openai.api_key == "s3cret"
+    assert cfg.teacher_engine.backend.api_key == "s3cret"
     assert (cfg.steps, cfg.algorithm.handoff.k) == (7, 3) and saved_config(cfg) == printed
     assert sorted(p.name for p in tmp_path.iterdir()) == ["printed.yaml"]  # no run folder, no runs/
     assert main(["train", "--print-config", "no_such_key=1"]) == 2

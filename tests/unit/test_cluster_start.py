@@ -45,10 +45,10 @@ def test_a_loopback_served_teacher_is_refused_on_a_cluster(env_node_cluster, tin
     from rose_ray.cli import main
 
     assert main(["train", f"run_dir={tmp_path}/r", "teacher_engine.backend=openai", "teacher_warmup.enabled=false",
-                 "teacher_engine.base_url=http://127.0.0.1:8000/v1", "teacher_engine.model=tiny-teacher",
+                 "teacher_engine.backend.base_url=http://127.0.0.1:8000/v1", "teacher_engine.model=tiny-teacher",
                  f"teacher_engine.tokenizer={tiny_models['teacher']}", f"tiny_dir={tiny_models['student'].parent}"]) == 2
     err = capsys.readouterr().err
-    assert "teacher_engine.openai.base_url: http://127.0.0.1:8000/v1 is a loopback address, but this cluster has 3 nodes" in err
+    assert "teacher_engine.backend.base_url: http://127.0.0.1:8000/v1 is a loopback address, but this cluster has 3 nodes" in err
 
 
 def test_a_teacher_that_cannot_start_fails_the_run_before_any_eval(tiny_models, ray_cluster, tmp_path):

@@ -325,7 +325,7 @@ def test_a_runs_evals_are_eval_run_s(tmp_path):
                                        "student_engine.max_batch_size=3", "student_engine.threads=2",
                                        "student_engine.context_tokens=1024", "student_engine.context_policy=end_episode",
                                        "student_engine.dtype=bfloat16"])
-    job, spec = training_evals(load_config(run / "config.yaml", saved=True), str(run / "model"))
+    job, spec = training_evals(load_config(run / "config.yaml"), str(run / "model"))
     cli = settings_of(["eval", "--run", str(run)])
     assert cli.play_spec() == spec and cli.games() == job.games()
     assert (spec.max_turns, spec.student_sampling.max_new_tokens, spec.history, spec.enable_thinking, spec.concurrency,
@@ -395,7 +395,7 @@ def test_eval_run_plays_as_the_runs_own_eval_did(tmp_path):
     run = fake_run(runs, ["eval.n=5", "eval.max_turns=3", "eval.max_new_tokens=16", "eval.seed=4", "tasks=[find-plant]",
                           "student_engine.max_batch_size=3", "student_engine.threads=2", "chat.history=template",
                           "env.games_per_worker=6"])
-    cfg = load_config(run / "config.yaml", saved=True)
+    cfg = load_config(run / "config.yaml")
     for given in (run, runs, runs / "latest"):
         job = settings_of(["eval", "--run", str(given)])
         assert (job.run, job.model, job.config, job.out) == (

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 REPO_DIRS = ("configs/", "launch/", "docker/", "bench/", "rose_ray/", "tests/", "docs/", ".ci/")
 NOT_IN_REPO = ("bench/results", "bench/wheels")  # outputs a command writes
-TRAIN_CONFIG_COMMANDS = ("train", "check", "plan", "warmup")  # their KEY=VALUE are the training config's
+TRAIN_CONFIG_COMMANDS = ("train", "check", "plan", "warmup", "migrate")  # their KEY=VALUE are the training config's
 
 
 # --------------------------------------------------------------------------- reading pages

@@ -216,7 +216,7 @@ def test_engine_config_validation_names_the_key():
         EngineConfig(backend="hf")
     with pytest.raises(ValueError, match="engine.backend"):
         EngineConfig(backend="vllm-inproc", model="m")
-    with pytest.raises(ValueError, match="engine.hf.prefix_cache_mb"):
+    with pytest.raises(ValueError, match="engine.backend.prefix_cache_mb"):
         EngineConfig.of("hf", model="m", prefix_cache_mb=-1)
 
 

@@ -78,15 +78,16 @@ def test_submit_sh_refuses_an_api_key_on_its_command_line(tmp_path):
     env = {**os.environ, "RAY_ADDRESS": "http://127.0.0.1:9", "ROSE_RAY_RUNS": "/shared/runs",
            "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     submit = ["bash", str(ROOT / "launch/submit.sh"), "configs/tiny.yaml"]
-    for key in ("teacher_engine.openai.api_key", "teacher_engine.api_key", "student_engine.openai.api_key"):
+    for key in ("teacher_engine.backend.api_key", "student_engine.backend.api_key"):
         out = subprocess.run([*submit, f"{key}=sk-live-123"], cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=120)
         assert out.returncode == 2 and f"{key}=..." in out.stderr and "--env-file" in out.stderr, out.stderr
         assert "sk-live-123" not in out.stdout + out.stderr
-    named = "teacher_engine.api_key=${oc.env:ROSE_RAY_API_KEY}"
-    out = subprocess.run([*submit, named], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and f"-- python -m rose_ray.cli train --config configs/tiny.yaml {named}" in out.stdout, \
-        out.stdout + out.stderr
+    named = ["teacher_engine.backend=openai", "teacher_warmup.enabled=false",
+             "teacher_engine.backend.api_key=${oc.env:ROSE_RAY_API_KEY,null}"]  # a served teacher's key
+    out = subprocess.run([*submit, *named], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and f"-- python -m rose_ray.cli train --config configs/tiny.yaml {' '.join(named)}" \
+        in out.stdout, out.stdout + out.stderr
 
 
 def test_submit_sh_resumes_a_run_folder_by_its_absolute_path(tmp_path):

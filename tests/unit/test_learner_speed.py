@@ -240,6 +240,7 @@ def test_speed_settings_are_checked_by_key():
 
 
 def test_the_old_checkpointing_key_is_named_and_a_saved_run_keeps_its_setting(tmp_path):
+    from rose_ray.cli import main
     from rose_ray.config import load_config
     from rose_ray.errors import ConfigError
 
@@ -247,7 +248,8 @@ def test_the_old_checkpointing_key_is_named_and_a_saved_run_keeps_its_setting(tm
         load_config(None, ["learner.gradient_checkpointing=true"])
     saved = tmp_path / "config.yaml"
     saved.write_text("learner:\n  gradient_checkpointing: true\n")
-    assert load_config(saved, saved=True).learner.activation_checkpointing == "full"
+    assert main(["migrate", str(tmp_path)]) == 0
+    assert load_config(saved).learner.activation_checkpointing == "full"
 
 
 # --------------------------------------------------------------------------- on a GPU

@@ -61,20 +61,20 @@ def test_seed_config_fits_an_eight_gpu_node_with_env_nodes_and_not_four_gpus():
 
 
 def test_a_tensor_parallel_engine_reserves_one_bundle_of_its_gpus():
-    cfg = load_config(SEED)  # teacher_engine.vllm.tensor_parallel_size 4 on vllm
+    cfg = load_config(SEED)  # teacher_engine.backend.tensor_parallel_size 4 on vllm
     teacher = next(u for u in units(demands(cfg)) if u.label == "teacher engine")
     assert teacher.resources["GPU"] == 4 and teacher.group == "teacher"
     # Two 4-GPU nodes: the teacher's four land together on one of them.
     placed = plan(demands(cfg), [node("a", CPU=32, GPU=4), node("b", CPU=32, GPU=4)])
     assert len({a.node.address for a in placed if a.unit.label == "teacher engine"}) == 1
-    with pytest.raises(PlacementError, match=r"resources.teacher_gpus: 2, but teacher_engine.vllm.tensor_parallel_size is 4.*"
+    with pytest.raises(PlacementError, match=r"resources.teacher_gpus: 2, but teacher_engine.backend.tensor_parallel_size is 4.*"
                                              r"set resources.teacher_gpus: 4"):
         demands(load_config(SEED, ["resources.teacher_gpus=2"]))
-    with pytest.raises(PlacementError, match=r"resources.student_gpus: 2, but student_engine.vllm.tensor_parallel_size is 1"):
+    with pytest.raises(PlacementError, match=r"resources.student_gpus: 2, but student_engine.backend.tensor_parallel_size is 1"):
         demands(load_config(SEED, ["resources.student_gpus=2"]))
-    # Another backend drops the vllm section (tensor parallelism) the seed gave.
+    # Another backend starts its section afresh: no tensor parallelism from the seed's vllm.
     assert load_config(SEED, ["teacher_engine.backend=hf"]).teacher_engine.tensor_parallel_size == 1
-    demands(load_config(SEED, ["teacher_engine.vllm.tensor_parallel_size=2", "resources.teacher_gpus=2"]))
+    demands(load_config(SEED, ["teacher_engine.backend.tensor_parallel_size=2", "resources.teacher_gpus=2"]))
 
 
 def test_separate_gpu_sets_by_default_and_colocation_shares_bundles():

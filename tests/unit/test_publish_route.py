@@ -81,10 +81,9 @@ def test_collective_backend_is_validated_naming_the_key():
     with pytest.raises(ConfigError, match="publish.collective_backend: nccl is the collective's; publish.method is "
                                           "object_store"):
         load_config(None, ["publish.method=object_store", "publish.collective_backend=nccl"])
-    with pytest.raises(ConfigError, match="publish.collective_backend: nccl .* student_engine.vllm.tensor_parallel_size "
+    with pytest.raises(ConfigError, match="publish.collective_backend: nccl .* student_engine.backend.tensor_parallel_size "
                                           "is 2"):
-        load_config(None, ["publish.collective_backend=nccl", "student_engine.backend=vllm",
-                           "student_engine.hf=null", "student_engine.vllm.tensor_parallel_size=2"])
+        load_config(None, ["publish.collective_backend=nccl", "student_engine.backend={name: vllm, tensor_parallel_size: 2}"])
     with pytest.raises(ConfigError, match="publish.collective_backend: nccl takes one rank per GPU, but "
                                           "resources.colocate"):
         load_config(None, ["publish.collective_backend=nccl", "resources.colocate=true"])
@@ -142,4 +141,5 @@ def test_the_removed_publication_settings_are_refused_naming_what_replaced_them(
     saved.write_text(to_yaml(load_config(None, ["publish.bucket_mb=64"])).replace(
         "  bucket_mb: 64.0\n", "  bucket_mb: 64.0\n  object_store_bucket_mb: 256.0\n"))
     assert "object_store_bucket_mb" in saved.read_text()
-    assert load_config(saved, saved=True).publish.bucket_mb == 64
+    assert main(["migrate", str(tmp_path)]) == 0  # a run saved before: its bucket_mb kept
+    assert load_config(saved).publish.bucket_mb == 64

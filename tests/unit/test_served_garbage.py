@@ -171,7 +171,7 @@ def test_each_endpoint_gets_its_own_key(monkeypatch):
         generate(student_url, api_key="own")
     assert teacher_keys == ["Bearer teacher-only"]
     assert student_keys == ["Bearer shared", "Bearer own"]
-    with pytest.raises(InputError, match="engine.openai.api_key_env: JUDGE_KEY is not set"):
+    with pytest.raises(InputError, match="engine.backend.api_key_env: JUDGE_KEY is not set"):
         engine(teacher_url, api_key_env="JUDGE_KEY")
 
 
@@ -319,14 +319,14 @@ def test_a_resumed_run_keeps_the_shared_key_to_the_shared_keys_rule(monkeypatch,
     from rose_ray.runs import saved_config
 
     given = ["teacher_warmup.enabled=false", "teacher_engine.backend=openai", "teacher_engine.model=t",
-             "teacher_engine.base_url=http://10.1.2.3:8000/v1", "teacher_engine.api_key=own"]
+             "teacher_engine.backend.base_url=http://10.1.2.3:8000/v1", "teacher_engine.backend.api_key=own"]
     (tmp_path / "config.yaml").write_text(saved_config(load_config(None, given)))
     assert "own" not in (tmp_path / "config.yaml").read_text()
     monkeypatch.setenv("ROSE_RAY_API_KEY", "shared")
-    resumed = load_config(tmp_path / "config.yaml", [], saved=True).teacher_engine
-    assert resumed.openai.api_key == "shared"  # read in the driver: the engines get it with their config
+    resumed = load_config(tmp_path / "config.yaml", []).teacher_engine
+    assert resumed.backend.api_key == "shared"  # read in the driver: the engines get it with their config
     capsys.readouterr()
     assert endpoint_key(resumed) == (None, "none")
     assert "not sending $ROSE_RAY_API_KEY over plain http to another host" in capsys.readouterr().err
-    https = load_config(tmp_path / "config.yaml", ["teacher_engine.base_url=https://10.1.2.3/v1"], saved=True)
+    https = load_config(tmp_path / "config.yaml", ["teacher_engine.backend.base_url=https://10.1.2.3/v1"])
     assert endpoint_key(https.teacher_engine) == ("shared", "$ROSE_RAY_API_KEY")
