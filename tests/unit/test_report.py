@@ -117,6 +117,21 @@ def test_a_teacher_with_its_own_tokenizer_reads_the_question_in_its_ids(chats):
     assert answer == "Rust." and reply.token_ids == student_chat.assistant_ids("Rust.") and reply.logprobs is None
 
 
+def test_under_template_history_the_question_is_read_as_the_template_renders_it(chats):
+    """The asking agent's view rendered with the question in the last observation's place, as a
+    chat API renders it (the view's render cache holds the last prompt's rendering)."""
+    chat = ChatFormat(chats["qwen3"].tokenizer, history="template")
+    assert chat.rewrites_history
+    engine = ScriptedEngine(chat, text="<think>hm</think>\nA red sink.")
+    conv = played(Agent(engine, chat, "student"), None, ["student", "student"])
+    conv.prompt_for("student", 24)  # a turn's prompt, rendered through the view's cache
+    answer, [question, _], _ = ask(conv)
+    messages = [{"role": t.role, "content": t.text} for t in conv.turns[:-1]] + [
+        {"role": "user", "content": question.text}]
+    assert engine.requests[-1].prompt_ids == chat.render_ids(messages, add_generation_prompt=True)
+    assert answer == "A red sink." and conv.turns[-1].text == "You see room 1."
+
+
 def test_no_room_for_an_answer_gives_an_empty_one_and_the_question_alone(chats):
     chat = chats["tiny"]
     engine = ScriptedEngine(chat)
