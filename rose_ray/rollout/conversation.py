@@ -63,16 +63,12 @@ class View:
                     policy_version_end=result.version_end if spanned else None,
                     tokens_on_version=getattr(result, "tokens_on_version", None) if spanned else None)
 
-    def rendered(self, turns: list[Turn] | None = None, generation_prompt: bool = True) -> list[Turn]:
-        """`turns` (default: this view's own, which it then keeps) as the agent reads them:
-        under `template` history, the template's rendering (as a chat API renders)."""
-        own = turns is None
-        turns = self.turns if own else turns
+    def rendered(self, generation_prompt: bool = True) -> list[Turn]:
+        """The turns as the agent reads them: under `template` history, the template's
+        rendering (as a chat API renders), which they keep."""
         if self.chat.history == "template":
-            turns = self.chat.apply_template(turns, add_generation_prompt=generation_prompt, cache=self.cache)
-            if own:
-                self.turns[:] = turns
-        return turns
+            self.turns[:] = self.chat.apply_template(self.turns, generation_prompt, cache=self.cache)
+        return self.turns
 
 
 class Conversation:
@@ -117,22 +113,22 @@ class Conversation:
             view.turns.append(view.reply_turn(owner, result, sampled=view is self.views[owner]))
         return self.turns[-1]
 
-    def prompt_for(self, owner: str, max_new_tokens: int, view: list[Turn] | None = None,
+    def prompt_for(self, owner: str, max_new_tokens: int, turns: list[Turn] | None = None,
                    record: bool = True) -> list[int] | None:
-        """The prompt ids for the agent playing `owner`: its view rendered (or `view`, turn for
+        """The prompt ids for the agent playing `owner`: its view rendered (or `turns`, turn for
         turn the same conversation) less the turns its context leaves out so that
         `max_new_tokens` still fit. The cut is decided here and recorded in `cut` (unless not
         `record`). None: no cut fits (end_episode, or nothing left to drop); `cut` then stays
         the last prompt's."""
-        view = self.views[owner].rendered() if view is None else view
+        turns = self.views[owner].rendered() if turns is None else turns
         try:
-            cut = self.agent(owner).context.cut(view, max_new_tokens)
+            cut = self.agent(owner).context.cut(turns, max_new_tokens)
         except ContextExceeded:
             return None
         if record:
             self.cut = cut
         left_out = set(cut)
-        return [i for n, t in enumerate(view) if n not in left_out for i in t.token_ids]
+        return [i for n, t in enumerate(turns) if n not in left_out for i in t.token_ids]
 
     def rounds(self) -> int:
         return sum(1 for t in self.turns if t.role == "assistant" and t.owner != "prompt")

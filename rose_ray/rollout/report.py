@@ -15,7 +15,7 @@ import time
 from rose_ray.envs.protocol import strip_thinking
 from rose_ray.inference.engine import GenerationRequest
 from rose_ray.rollout.agent import EpisodeConfig
-from rose_ray.rollout.conversation import Conversation
+from rose_ray.rollout.conversation import Conversation, View
 from rose_ray.types import Turn
 
 
@@ -38,7 +38,7 @@ async def ask_report(question: str, conv: Conversation, config: EpisodeConfig, r
     text = with_question(last.text, question)
     ask = Turn("user", text, last.owner, conv.student.chat.user_ids(text))
     view = conv.views[owner]  # the asking agent reads the question in its own ids
-    asked = view.rendered(view.turns[:-1] + [view.text_turn("user", text, last.owner)])
+    asked = View(view.chat, view.turns[:-1] + [view.text_turn("user", text, last.owner)], view.cache).rendered()
     sampling = config.teacher_sampling if owner == "teacher" else config.student_sampling
     t0 = time.perf_counter()
     # The conversation's cut, recorded when the learner trains on the answer (report "train").
