@@ -137,7 +137,7 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
     from rose_ray.envs.worlds import get_world
     from rose_ray.models import load_tokenizer
     from rose_ray.placement import check_cluster, cluster_nodes, demands, format_plan
-    from rose_ray.rollout.context import prompt_budget
+    from rose_ray.rollout.context import ContextSettings
     from rose_ray.rollout.episode import same_tokenizer
 
     out = [f"config {cfg.name!r}: algorithm {cfg.algorithm.describe()}, {cfg.mode}, {cfg.steps} steps, "
@@ -168,7 +168,7 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
             raise InputError(f"{role}_engine.model: {name}: its chat template cannot be used: {e}") from None
         sampling = cfg.rollout.student_sampling if role == "student" else cfg.rollout.teacher_sampling
         out.append(f"{role}: {name} (tokenizer from {path}, {len(toks[role])} tokens)")
-        out += show_pieces(role, chat, protocol, prompt_budget(engine.context_tokens, sampling.max_new_tokens))
+        out += show_pieces(role, chat, protocol, ContextSettings.of(engine).budget(sampling.max_new_tokens))
     if cfg.teacher.expert:
         out.append("teacher: the world's expert (teacher.kind=expert): its replies are text, tokenized with the "
                    "student's tokenizer")

@@ -88,7 +88,7 @@ class ContextTokens:
 
 
 @dataclass
-class ContextSettings(ContextTokens):
+class ContextPolicySetting(ContextTokens):
     context_policy: str = setting(
         "end_episode", "a prompt that no longer fits: end the episode there (AgentGym's rule, the default; "
         "its end reason is `context`) or drop the oldest action/observation pairs", choices=CONTEXT_POLICIES)
@@ -150,7 +150,7 @@ class RowsOutput:
 
 
 @dataclass
-class PlaySettings(WorldSettings, ContextSettings, ConversationSettings, BackendSettings, ServedSettings):
+class PlaySettings(WorldSettings, ContextPolicySetting, ConversationSettings, BackendSettings, ServedSettings):
     """Episodes played by models: `eval`, `collect` and `continue`."""
 
     seed: int = setting(0, "the games drawn; at temperature > 0 also each turn's draw "

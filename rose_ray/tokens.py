@@ -6,11 +6,9 @@ earlier turn, like the acknowledgement inside the opening). Text-only turns (dat
 are rendered with `ChatFormat` the way rollouts build them: per-turn pieces, or under
 `history="template"` the template's rendering of the whole conversation.
 
-A trajectory is cut once, where the engine cut it: `Trajectory.context_cut` lists the turns
-the engine's context policy left out of its last prompt, and they are left out here too. What
-follows the last reply (the observation the episode ended on) predicts nothing; it is left out
-only when it would not fit `max_tokens`, so a sequence is never longer than the engine's
-context.
+A trajectory is cut once, by the rollout: `Trajectory.context_cut` lists the turns its last
+prompt left out and, where the rest would not fit the student's context, the turns after the
+last reply (rollout/context.py: `ContextSettings.learner_cut`); they are left out here too.
 
 Which tokens train, and how much, is decided here and nowhere else: a recipe's
 `TokenWeights` give each owner a weight in each loss term it names (`ce`, `opd`: the terms
@@ -118,32 +116,22 @@ def with_ids(turns: list[Turn], fmt: ChatFormat | None) -> list[Turn]:
     return [replace(t, token_ids=ids) for t, ids in zip(turns, turn_ids(turns, fmt))]
 
 
-def render(traj: Trajectory | list[Turn], fmt: ChatFormat | None = None, cut: Iterable[int] = (),
-           max_tokens: int | None = None) -> Sequence:
-    """One trajectory as token ids with per-token owners, logprobs and versions.
-
-    Left out: the turns in `cut` (for a Trajectory, also its `context_cut`: what the engine
-    left out of its last prompt), and, only when the rest would not fit `max_tokens`, the
-    turns after the last reply (they predict nothing: the last observation after which the
-    engine stopped). A turn's `teacher_logprobs` (the teacher's logprob of each of its ids;
-    OPD) go with its tokens, NaN past the scored ones.
+def render(traj: Trajectory | list[Turn], fmt: ChatFormat | None = None, cut: Iterable[int] = ()) -> Sequence:
+    """One trajectory as token ids with per-token owners, logprobs and versions, less the
+    turns in `cut` (for a Trajectory, also its `context_cut`: what the rollout left out). A
+    turn's `teacher_logprobs` (the teacher's logprob of each of its ids; OPD) go with its
+    tokens, NaN past the scored ones.
     """
     turns = traj.turns if isinstance(traj, Trajectory) else traj
     left_out = set(cut) | (set(traj.context_cut) if isinstance(traj, Trajectory) else set())
     if not any(t.token_ids for t in turns):  # text only (a dataset row): render it
         turns = with_ids(turns, fmt)
-    ids = [t.token_ids for t in turns]
-    kept = [i for i in range(len(turns)) if i not in left_out]
-    if max_tokens is not None:
-        last = max((i for i, t in enumerate(turns) if t.role == "assistant" and t.owner != "prompt"), default=-1)
-        total = sum(len(ids[i]) for i in kept)
-        while total > max_tokens and kept and kept[-1] > last:
-            total -= len(ids[kept.pop()])
     seq = Sequence([], [], [], [], [], dropped_turns=len(left_out))
-    for index in kept:
-        t, tids = turns[index], ids[index]
-        n = len(tids)
-        seq.input_ids += tids
+    for index, t in enumerate(turns):
+        if index in left_out:
+            continue
+        n = len(t.token_ids)
+        seq.input_ids += t.token_ids
         seq.owners += [OWNER_INDEX[t.owner]] * n
         old = [NAN] * n
         if t.logprobs is not None and t.role == "assistant":

@@ -247,8 +247,8 @@ class Trainer:
 
         t0 = time.perf_counter()
         weights = self.parts.token_weights
-        # Trajectories to tokens, each cut where its engine cut it, with the recipe's weights.
-        seqs = [render(t, max_tokens=self.cfg.learner.max_tokens) for t in batch]
+        # Trajectories to tokens, each cut where its rollout cut it, with the recipe's weights.
+        seqs = [render(t) for t in batch]
         made = make_batch(seqs, weights, self.cfg.learner.max_tokens, self.parts.pad_id)
         self.doing("train_step")
         metrics = await self.supervision.in_learner(self.learner.train_step, made)

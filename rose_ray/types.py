@@ -99,8 +99,9 @@ class Trajectory:
     done: bool = False
     end_reason: str = ""
     invalid_actions: int = 0
-    # Indices of the turns the engine's context policy left out of its last prompt: the
-    # learner leaves them out too (rose_ray/tokens.py), so a trajectory is cut only there.
+    # Indices of the turns the learner leaves out, decided by the rollout: those the context
+    # policy left out of the last prompt, and the turns after the last reply where the rest
+    # would not fit the student's context (rollout/context.py: ContextSettings.learner_cut).
     context_cut: list[int] = field(default_factory=list)
     truncated_turns: int = 0  # replies cut at max_new_tokens
     cut_before_action: int = 0  # of those, replies with no `Action:` line before the cut

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +76,7 @@ def train_sft(
         turns = row_to_trajectory(row).turns
         try:
             turns = with_ids(turns, fmt)  # tokenized once, for the cut and the sequence
-            seqs.append(render(turns, cut=row_cut(turns, fmt, config.max_tokens)))
+            seqs.append(render(turns, cut=row_cut(turns, config.max_tokens)))
         except ValueError as e:
             raise InputError(f"{data}:{n}: {e}") from None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else fmt.eos_id
@@ -116,28 +117,20 @@ def train_sft(
     return {"rows": len(rows), "steps": len(history), "history": history, "export": exported}
 
 
-def row_cut(turns: list[Any], fmt: Any, max_tokens: int) -> list[int]:
-    """The turns to leave out so that a row fits `max_tokens`: the oldest action/observation
-    pairs (drop_oldest, as an engine would have), else everything after the longest prefix
-    that fits. A row that cannot keep a trained turn is refused."""
-    from rose_ray.rollout.context import ContextExceeded, context_cut
-    from rose_ray.tokens import with_ids
+def row_cut(turns: list[Any], max_tokens: int) -> list[int]:
+    """The turns (with their ids) to leave out so that a row fits `max_tokens`: the oldest
+    action/observation pairs (drop_oldest, as an engine would have), else everything after the
+    longest prefix that fits. A row that cannot keep a trained turn is refused."""
+    from rose_ray.rollout.context import ContextExceeded, ContextSettings
 
-    work = with_ids(turns, fmt)
     try:  # the rollout's cut (keep_first_turns 1)
-        left_out = set(context_cut(work, max_tokens, "drop_oldest"))
-        kept = [t for n, t in enumerate(work) if n not in left_out]
+        cut = ContextSettings(max_tokens, "drop_oldest").cut(turns)
     except ContextExceeded:
-        kept, total = [], 0
-        for t in work:
-            if total + len(t.token_ids) > max_tokens:
-                break
-            kept.append(t)
-            total += len(t.token_ids)
-    if not any(t.role == "assistant" and t.owner != "prompt" for t in kept):
+        fits = sum(total <= max_tokens for total in accumulate(len(t.token_ids) for t in turns))
+        cut = list(range(fits, len(turns)))
+    if not any(t.role == "assistant" and t.owner != "prompt" for n, t in enumerate(turns) if n not in cut):
         raise InputError(f"the row cannot be cut to max_tokens={max_tokens} and keep a trained turn")
-    kept_ids = {id(t) for t in kept}
-    return [i for i, t in enumerate(work) if id(t) not in kept_ids]
+    return cut
 
 
 def cli_main(args: SftCommand) -> int:

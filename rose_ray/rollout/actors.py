@@ -11,6 +11,7 @@ from typing import Any
 from rose_ray.envs.config import EnvConfig
 from rose_ray.errors import InputError
 from rose_ray.rollout.agent import EXPERT, Agent, expert_agent
+from rose_ray.rollout.context import ContextSettings
 from rose_ray.rollout.episode import same_tokenizer
 
 
@@ -158,8 +159,7 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
     student_tok = load_tokenizer(student.tokenizer or student.model)
     student_chat = ChatFormat(student_tok, enable_thinking, history)
     spawn = spawner(student, student_cpus, student_gpus, student_options)
-    student_agent = Agent(spawn(), student_chat, student.model, student.keep_first_turns, student.context_tokens,
-                          student.context_policy, spawn=spawn)
+    student_agent = Agent(spawn(), student_chat, student.model, ContextSettings.of(student), spawn=spawn)
     if teacher is None:
         return student_agent, None
     if teacher == EXPERT:
@@ -170,8 +170,7 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
     chat = (student_chat if same_tokenizer(student_tok, teacher_tok)
             else ChatFormat(teacher_tok, enable_thinking, history))
     spawn = spawner(teacher, teacher_cpus, teacher_gpus, teacher_options)
-    teacher_agent = Agent(spawn(), chat, teacher.label, teacher.keep_first_turns, teacher.context_tokens,
-                          teacher.context_policy, spawn=spawn)
+    teacher_agent = Agent(spawn(), chat, teacher.label, ContextSettings.of(teacher), spawn=spawn)
     return student_agent, teacher_agent
 
 

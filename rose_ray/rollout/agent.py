@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rose_ray.types import CONTEXT_TOKENS, REPORT_MODES, GameId, SamplingParams
+from rose_ray.rollout.context import ContextSettings
+from rose_ray.types import REPORT_MODES, GameId, SamplingParams
 
 if TYPE_CHECKING:
     from rose_ray.chat import ChatFormat
@@ -57,16 +58,13 @@ class EnvSlot:
 
 @dataclass
 class Agent:
-    """An engine actor, the chat format of its tokenizer, and its context settings: its
-    engine's (`EngineConfig`: context_tokens, context_policy, keep_first_turns), with which the
-    conversation cuts this agent's prompts (`Conversation.prompt_for`)."""
+    """An engine actor, the chat format of its tokenizer, and its context (its engine's:
+    `ContextSettings.of`), with which the conversation cuts this agent's prompts."""
 
     engine: Any
     chat: ChatFormat
     name: str = ""
-    keep_first_turns: int = 1  # turns after the opening the context policy never drops
-    context_tokens: int = CONTEXT_TOKENS  # prompt + reply
-    context_policy: str = "drop_oldest"
+    context: ContextSettings = ContextSettings()
     # spawn(generation): a replacement engine actor, same config, resources and placement
     # (set by start_agents; the run's EngineSupervisor swaps it in when `engine` is lost).
     spawn: Any = None
@@ -87,5 +85,4 @@ def expert_agent(student: Agent) -> Agent:
     with another tokenizer does, and its context is the student's: the episode cuts the
     conversation for it as it would for a model teacher with the student's context, so the
     learner gets the same rows either way."""
-    return Agent(engine=None, chat=student.chat, name="expert", keep_first_turns=student.keep_first_turns,
-                 context_tokens=student.context_tokens, context_policy=student.context_policy, kind="expert")
+    return Agent(engine=None, chat=student.chat, name="expert", context=student.context, kind="expert")

@@ -1,56 +1,84 @@
-"""The context cut: which turns of a conversation an agent's prompt leaves out so that it fits
-the agent's context (`prompt_budget`: what is left of it for the prompt). Decided in one place,
-by the rollout (`Conversation.prompt_for`) and by offline SFT rows (`recipes/sft.row_cut`); the
-engines get the ids that result and cut nothing.
+"""An agent's context (`ContextSettings`) and the one decision made with it: which turns of a
+conversation are left out so that the rest fits. Asked for each prompt (`cut`: the rollout's
+`Conversation.prompt_for`, and `recipes/sft.row_cut` as an engine would have cut a dataset
+row) and for the learner's row when an episode ends (`learner_cut`). Engines get the ids that
+result and cut nothing; the learner leaves out what was recorded.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from rose_ray.inference.engine import CONTEXT_POLICIES
-from rose_ray.types import Turn
+from rose_ray.types import CONTEXT_TOKENS, Turn
+
+if TYPE_CHECKING:
+    from rose_ray.inference.engine import EngineConfig
 
 
 class ContextExceeded(ValueError):
     """A conversation does not fit the context budget under the configured policy."""
 
 
-def prompt_budget(context_tokens: int, max_new_tokens: int) -> int:
-    """The prompt tokens an agent may send so that a full reply still fits its context."""
-    return max(context_tokens - max_new_tokens, 0)
+@dataclass(frozen=True)
+class ContextSettings:
+    """An agent's context: `tokens` (prompt + reply), what a conversation that no longer fits
+    loses (`policy`), and the turns after the prompt turns it never loses (`keep_first_turns`:
+    the first observation carries the task). Its engine's config sets them (`of`)."""
 
+    tokens: int = CONTEXT_TOKENS
+    policy: str = "drop_oldest"
+    keep_first_turns: int = 1
 
-def droppable_from(turns: list[Turn], keep_first_turns: int = 1) -> int:
-    """The first turn drop_oldest may drop: after the prompt turns and `keep_first_turns`."""
-    head = 0
-    while head < len(turns) and turns[head].owner == "prompt":
-        head += 1
-    return min(head + keep_first_turns, len(turns))
+    def __post_init__(self) -> None:
+        if self.policy not in CONTEXT_POLICIES:
+            raise ValueError(f"context_policy: must be one of {CONTEXT_POLICIES}, got {self.policy!r}")
 
+    @classmethod
+    def of(cls, engine: EngineConfig) -> ContextSettings:
+        return cls(engine.context_tokens, engine.context_policy, engine.keep_first_turns)
 
-def context_cut(turns: list[Turn], max_tokens: int, policy: str, keep_first_turns: int = 1) -> list[int]:
-    """The indices of the turns to leave out so that the rest's ids fit in `max_tokens`.
+    def budget(self, max_new_tokens: int) -> int:
+        """The prompt tokens an agent may send so that a full reply still fits its context."""
+        return max(self.tokens - max_new_tokens, 0)
 
-    Protected: the prompt turns (owner "prompt": instruction + acknowledgement), the first
-    `keep_first_turns` turns after them, and the last turn (the observation being answered).
-    drop_oldest leaves out the oldest unprotected turns two at a time (an action and the
-    observation it caused), so user and assistant turns still alternate. Raises
-    ContextExceeded when the policy is end_episode, or nothing more can be dropped.
-    """
-    if policy not in CONTEXT_POLICIES:
-        raise ValueError(f"context_policy: must be one of {CONTEXT_POLICIES}, got {policy!r}")
-    total = sum(len(t.token_ids) for t in turns)
-    if total <= max_tokens:
-        return []
-    if policy == "end_episode":
-        raise ContextExceeded(f"conversation has {total} tokens, budget {max_tokens}")
-    start, end = droppable_from(turns, keep_first_turns), len(turns) - 1  # droppable: turns[start:end]
-    dropped = 0
-    while total > max_tokens and end - (start + dropped) >= 2:
-        total -= len(turns[start + dropped].token_ids) + len(turns[start + dropped + 1].token_ids)
-        dropped += 2
-    if total > max_tokens:
-        raise ContextExceeded(
-            f"conversation has {total} tokens after dropping {dropped} turns, budget {max_tokens}"
-        )
-    return list(range(start, start + dropped))
+    def cut(self, turns: list[Turn], max_new_tokens: int = 0) -> list[int]:
+        """The indices of the turns a prompt leaves out so that the rest's ids and a reply of
+        `max_new_tokens` fit.
 
+        Protected: the prompt turns (owner "prompt": instruction + acknowledgement), the first
+        `keep_first_turns` turns after them, and the last turn (the observation being answered).
+        drop_oldest leaves out the oldest unprotected turns two at a time (an action and the
+        observation it caused), so user and assistant turns still alternate. Raises
+        ContextExceeded when the policy is end_episode, or nothing more can be dropped.
+        """
+        budget, total = self.budget(max_new_tokens), sum(len(t.token_ids) for t in turns)
+        if total <= budget:
+            return []
+        if self.policy == "end_episode":
+            raise ContextExceeded(f"conversation has {total} tokens, budget {budget}")
+        head = next((n for n, t in enumerate(turns) if t.owner != "prompt"), len(turns))
+        start, end = min(head + self.keep_first_turns, len(turns)), len(turns) - 1  # droppable: turns[start:end]
+        dropped = 0
+        while total > budget and end - (start + dropped) >= 2:
+            total -= len(turns[start + dropped].token_ids) + len(turns[start + dropped + 1].token_ids)
+            dropped += 2
+        if total > budget:
+            raise ContextExceeded(f"conversation has {total} tokens after dropping {dropped} turns, budget {budget}")
+        return list(range(start, start + dropped))
+
+    def learner_cut(self, turns: list[Turn], cut: list[int]) -> list[int]:
+        """What the learner leaves out of a finished conversation: `cut` (its last prompt's),
+        and, only where the rest would not fit this context, the turns after the last reply
+        (they predict nothing: the observation the episode ended on), last first."""
+        left_out = set(cut)
+        total = sum(len(t.token_ids) for n, t in enumerate(turns) if n not in left_out)
+        last = max((n for n, t in enumerate(turns) if t.role == "assistant" and t.owner != "prompt"), default=-1)
+        for n in range(len(turns) - 1, last, -1):
+            if total <= self.tokens:
+                break
+            if n not in left_out:
+                total -= len(turns[n].token_ids)
+                left_out.add(n)
+        return sorted(left_out)

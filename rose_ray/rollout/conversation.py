@@ -1,21 +1,18 @@
-"""One episode's conversation: its turns in the student's ids (what the learner trains on) and,
-when the two tokenizers differ, the teacher's view of the same turns in its own ids.
-
-It builds each agent's prompt under that agent's chat and context settings, deciding the context
-cut there, once, and recording it (`prompt_for`): the engine gets the ids that result, and the
-learner, the teacher's scoring and the trajectory read `cut`. It turns an engine's reply into a
-turn of each view (the student's ids, logprobs and policy version only where the student's
-tokenizer sampled them).
+"""One episode's conversation: a `View` per tokenizer, the same turns in its ids. The student's
+is what the learner trains on; a teacher whose tokenizer differs reads its own, one that shares
+the student's reads the student's. Each agent's prompt is its view less the context cut decided
+there, once, and recorded (`prompt_for`): the engine gets the ids that result; the learner, the
+teacher's scoring and the trajectory read `cut`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rose_ray.chat import RenderCache
+from rose_ray.chat import ChatFormat, RenderCache
 from rose_ray.rollout.agent import Agent
-from rose_ray.rollout.context import ContextExceeded, context_cut, prompt_budget
+from rose_ray.rollout.context import ContextExceeded
 from rose_ray.types import Turn
 
 if TYPE_CHECKING:
@@ -35,118 +32,110 @@ class TextReply:
     version: None = None
 
 
-class Conversation:
-    def __init__(self, protocol: Protocol, student: Agent, teacher: Agent | None) -> None:
-        self.student, self.teacher = student, teacher
-        # Agents built with `same_tokenizer` share one ChatFormat: then one id list serves both.
-        self.shared = teacher is None or teacher.chat is student.chat
-        (_, instruction), (_, acknowledgement) = opening = protocol.opening()
-        self.turns = [Turn("user", instruction, "prompt", student.chat.opening_ids(opening)),
-                      Turn("assistant", acknowledgement, "prompt", [])]
-        self.teacher_turns: list[Turn] | None = None
-        if not self.shared:
-            self.teacher_turns = [Turn("user", instruction, "prompt", teacher.chat.opening_ids(opening)),
-                                  Turn("assistant", acknowledgement, "prompt", [])]
-        self.cut: list[int] = []  # turns the last prompt left out (`prompt_for`)
-        # Template history: each view's last rendering, so a prompt tokenizes only its new turns.
-        self.rendered = {"student": RenderCache(), "teacher": RenderCache()}
+@dataclass
+class View:
+    """The conversation in one tokenizer's ids, and its chat template's last rendering
+    (`cache`: a prompt tokenizes only its new turns)."""
 
-    def view(self, owner: str) -> list[Turn]:
-        """The turns in the ids of the agent that plays `owner`."""
-        return self.teacher_turns if owner == "teacher" and self.teacher_turns is not None else self.turns
+    chat: ChatFormat
+    turns: list[Turn]
+    cache: RenderCache = field(default_factory=RenderCache)
 
-    def add_observation(self, text: str) -> None:
-        """An observation, tokenized for each view whose ids are its own (`sampled` history): a
-        view under `template` history gets its ids from the template's next rendering (`prompt`,
-        `for_learner`), which replaces every turn's, so it is not tokenized twice."""
-        student, teacher = self.student.chat, self.teacher.chat if self.teacher is not None else None
-        self.turns.append(Turn("user", text, "env", [] if student.history == "template" else student.user_ids(text)))
-        if self.teacher_turns is not None:
-            self.teacher_turns.append(Turn("user", text, "env",
-                                           [] if teacher.history == "template" else teacher.user_ids(text)))
+    def text_turn(self, role: str, text: str, owner: str, truncated: bool = False) -> Turn:
+        """A turn from its text. Under `template` history without ids: the template's next
+        rendering (`rendered`) gives every turn's, so it is not tokenized twice."""
+        ids = [] if self.chat.history == "template" else (
+            self.chat.user_ids(text) if role == "user" else self.chat.assistant_ids(text))
+        return Turn(role, text, owner, ids, truncated=truncated)
 
-    def add_recorded(self, turn: Turn) -> None:
-        """A recorded reply (a replayed prefix), tokenized from its text for each view whose ids
-        are its own (as `add_observation`)."""
-        student, teacher = self.student.chat, self.teacher.chat if self.teacher is not None else None
-        self.turns.append(Turn("assistant", turn.text, turn.owner,
-                               [] if student.history == "template" else student.assistant_ids(turn.text),
-                               truncated=turn.truncated))
-        if self.teacher_turns is not None:
-            self.teacher_turns.append(Turn("assistant", turn.text, turn.owner,
-                                           [] if teacher.history == "template" else teacher.assistant_ids(turn.text)))
-
-    def prompt(self, owner: str) -> list[Turn]:
-        """What the agent playing `owner` reads: its view, rendered by its chat template when its
-        history is `template` (as a chat API renders a conversation)."""
-        agent, view = self.agent(owner), self.view(owner)
-        if agent.chat.history == "template":
-            view[:] = agent.chat.apply_template(view, add_generation_prompt=True, cache=self.cache(owner))
-        return view
-
-    def prompt_for(self, owner: str, max_new_tokens: int, view: list[Turn] | None = None,
-                   record: bool = True) -> list[int] | None:
-        """The prompt ids for the agent playing `owner`: its view (`prompt`, or `view`, turn for
-        turn the same conversation) less the turns its context policy leaves out so that
-        `max_new_tokens` still fit its context. The cut is decided here and recorded in `cut`
-        (unless not `record`). None: no cut fits (end_episode, or nothing left to drop); `cut`
-        then stays the last prompt's."""
-        agent = self.agent(owner)
-        view = self.prompt(owner) if view is None else view
-        budget = prompt_budget(agent.context_tokens, max_new_tokens)
-        try:
-            cut = context_cut(view, budget, agent.context_policy, agent.keep_first_turns)
-        except ContextExceeded:
-            return None
-        if record:
-            self.cut = cut
-        left_out = set(cut)
-        return [i for n, t in enumerate(view) if n not in left_out for i in t.token_ids]
-
-    def cache(self, owner: str) -> RenderCache:
-        """The render cache of the view `owner`'s agent reads (one id list when it is shared)."""
-        return self.rendered["teacher" if owner == "teacher" and self.teacher_turns is not None else "student"]
-
-    def agent(self, owner: str) -> Agent:
-        return self.teacher if owner == "teacher" else self.student
-
-    def add_reply(self, owner: str, result: Any) -> Turn:
-        """The engine's reply to `prompt_for(owner)`, joining each view. Returns the
-        student's-ids turn."""
-        turn = self.reply_turn(owner, result)
-        self.turns.append(turn)
-        if self.teacher_turns is not None:
-            by_teacher = owner == "teacher"
-            self.teacher_turns.append(Turn("assistant", result.text, owner,
-                                           self.teacher.chat.finish_sampled(result.token_ids) if by_teacher
-                                           else self.teacher.chat.assistant_ids(result.text)))
-        return turn
-
-    def reply_turn(self, owner: str, result: Any) -> Turn:
-        """A reply in the student's ids. Sampled ids and logprobs where they are the student's
-        tokenizer's (a teacher with another tokenizer: its text re-tokenized, no logprobs); the
-        policy version only for the student's own replies. A reply cut at max_new_tokens gets
-        its end-of-turn id appended (`truncated`). A reply no engine sampled (`TextReply`, the
-        expert's) is its text in the student's ids."""
-        by_teacher = owner == "teacher"
-        if result.token_ids is None or (by_teacher and not self.shared):
-            ids, logprobs, version = self.student.chat.assistant_ids(result.text), None, None  # text only
+    def reply_turn(self, owner: str, result: Any, sampled: bool) -> Turn:
+        """An engine's reply: its sampled ids and logprobs where this view's tokenizer `sampled`
+        them (the policy version only for the student's own), else its text tokenized (a
+        `TextReply` always). A reply cut at max_new_tokens gets its end-of-turn id appended."""
+        if sampled and result.token_ids is not None:
+            ids, logprobs = self.chat.finish_sampled(result.token_ids), list(result.logprobs)
+            version = result.version if owner == "student" else None
         else:
-            ids, logprobs = self.student.chat.finish_sampled(result.token_ids), list(result.logprobs)
-            version = None if by_teacher else result.version
+            ids, logprobs, version = self.chat.assistant_ids(result.text), None, None
         spanned = version is not None and getattr(result, "version_end", None) is not None
         return Turn("assistant", result.text, owner, ids, logprobs, version,
                     truncated=result.finish_reason == "length",
                     policy_version_end=result.version_end if spanned else None,
                     tokens_on_version=getattr(result, "tokens_on_version", None) if spanned else None)
 
+    def rendered(self, generation_prompt: bool = True) -> list[Turn]:
+        """The turns as the agent reads them: under `template` history, the template's
+        rendering (as a chat API renders), which they keep."""
+        if self.chat.history == "template":
+            self.turns[:] = self.chat.apply_template(self.turns, generation_prompt, cache=self.cache)
+        return self.turns
+
+
+class Conversation:
+    def __init__(self, protocol: Protocol, student: Agent, teacher: Agent | None) -> None:
+        self.student, self.teacher = student, teacher
+        (_, instruction), (_, acknowledgement) = opening = protocol.opening()
+
+        def view(chat: ChatFormat) -> View:
+            return View(chat, [Turn("user", instruction, "prompt", chat.opening_ids(opening)),
+                               Turn("assistant", acknowledgement, "prompt", [])])
+
+        # Agents built with `same_tokenizer` share one ChatFormat: then one view serves both.
+        self.shared = teacher is None or teacher.chat is student.chat
+        own = view(student.chat)
+        self.views = {"student": own, "teacher": own if self.shared else view(teacher.chat)}
+        self.cut: list[int] = []  # turns the last prompt left out (`prompt_for`)
+
+    @property
+    def turns(self) -> list[Turn]:
+        """The student's view: what the learner trains on."""
+        return self.views["student"].turns
+
+    def each_view(self) -> list[View]:
+        return [self.views["student"]] if self.shared else list(self.views.values())
+
+    def agent(self, owner: str) -> Agent:
+        return self.teacher if owner == "teacher" else self.student
+
+    def add_observation(self, text: str) -> None:
+        for view in self.each_view():
+            view.turns.append(view.text_turn("user", text, "env"))
+
+    def add_recorded(self, turn: Turn) -> None:
+        """A recorded reply (a replayed prefix), from its text."""
+        for view in self.each_view():
+            view.turns.append(view.text_turn("assistant", turn.text, turn.owner, turn.truncated))
+
+    def add_reply(self, owner: str, result: Any) -> Turn:
+        """The engine's reply to `prompt_for(owner)`, joining each view; returns the student's
+        view's turn. A reply no engine sampled (`TextReply`, the expert's) is its text."""
+        for view in self.each_view():
+            view.turns.append(view.reply_turn(owner, result, sampled=view is self.views[owner]))
+        return self.turns[-1]
+
+    def prompt_for(self, owner: str, max_new_tokens: int, turns: list[Turn] | None = None,
+                   record: bool = True) -> list[int] | None:
+        """The prompt ids for the agent playing `owner`: its view rendered (or `turns`, turn for
+        turn the same conversation) less the turns its context leaves out so that
+        `max_new_tokens` still fit. The cut is decided here and recorded in `cut` (unless not
+        `record`). None: no cut fits (end_episode, or nothing left to drop); `cut` then stays
+        the last prompt's."""
+        turns = self.views[owner].rendered() if turns is None else turns
+        try:
+            cut = self.agent(owner).context.cut(turns, max_new_tokens)
+        except ContextExceeded:
+            return None
+        if record:
+            self.cut = cut
+        left_out = set(cut)
+        return [i for n, t in enumerate(turns) if n not in left_out for i in t.token_ids]
+
     def rounds(self) -> int:
         return sum(1 for t in self.turns if t.role == "assistant" and t.owner != "prompt")
 
-    def for_learner(self) -> list[Turn]:
-        """The turns the learner trains on: under `template` history, the template's rendering
-        of the whole conversation."""
-        if self.student.chat.history == "template":
-            self.turns[:] = self.student.chat.apply_template(self.turns, add_generation_prompt=False,
-                                                             cache=self.cache("student"))
-        return self.turns
+    def for_learner(self) -> tuple[list[Turn], list[int]]:
+        """The turns the learner trains on (under `template` history, the template's rendering
+        of the whole conversation) and the turns it leaves out: the student's context's
+        `learner_cut` of the last prompt's cut."""
+        turns = self.views["student"].rendered(generation_prompt=False)
+        return turns, self.student.context.learner_cut(turns, self.cut)

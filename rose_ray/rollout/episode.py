@@ -137,14 +137,14 @@ class Episode:
     def trajectory(self, rounds: int, handoff_turn: int | None, handoff_p: float | None, handoff_seed: str | None,
                    report: str | None, report_turns: list[Turn]) -> Trajectory:
         """The finished episode, its turns as the learner reads them."""
-        turns, last, replies = self.conv.for_learner(), self.last, self.replies
+        (turns, cut), last, replies = self.conv.for_learner(), self.last, self.replies
         self.timing["total_s"] = time.perf_counter() - self.started
         versions = [t.policy_version for t in turns if t.owner == "student" and t.policy_version is not None]
         return Trajectory(
             game=self.game, turns=turns, score=float(last.score), raw_score=int(last.raw_score),
             success=bool(last.success), rounds=rounds, handoff_turn=handoff_turn,
             student_version=min(versions) if versions else None, done=self.done, end_reason=self.end_reason,
-            context_cut=self.conv.cut, invalid_actions=int(replies.invalid), truncated_turns=int(replies.truncated),
+            context_cut=cut, invalid_actions=int(replies.invalid), truncated_turns=int(replies.truncated),
             cut_before_action=int(replies.cut_before_action), invalid_turns=replies.invalid_turns,
             repeated_turns=replies.repeated_turns, handoff_p=handoff_p, handoff_seed=handoff_seed,
             timing=self.timing, report=report, report_turns=report_turns,

@@ -15,7 +15,7 @@ import time
 from rose_ray.envs.protocol import strip_thinking
 from rose_ray.inference.engine import GenerationRequest
 from rose_ray.rollout.agent import EpisodeConfig
-from rose_ray.rollout.conversation import Conversation
+from rose_ray.rollout.conversation import Conversation, View
 from rose_ray.types import Turn
 
 
@@ -35,25 +35,21 @@ async def ask_report(question: str, conv: Conversation, config: EpisodeConfig, r
         raise ValueError("the report question follows an observation (a user turn)")
     last_owner = next((t.owner for t in reversed(turns) if t.role == "assistant" and t.owner != "prompt"), "student")
     owner = "teacher" if conv.teacher is not None and last_owner == "teacher" else "student"
-    agent = conv.agent(owner)
     text = with_question(last.text, question)
     ask = Turn("user", text, last.owner, conv.student.chat.user_ids(text))
-    if owner == "teacher" and conv.teacher_turns is not None:  # the teacher reads its own tokenizer's ids
-        view = conv.teacher_turns[:-1] + [Turn("user", text, last.owner, conv.teacher.chat.user_ids(text))]
-    else:
-        view = turns[:-1] + [ask]
-    if agent.chat.history == "template":
-        view = agent.chat.apply_template(view, add_generation_prompt=True)
+    view = conv.views[owner]  # the asking agent reads the question in its own ids
+    asked = View(view.chat, view.turns[:-1] + [view.text_turn("user", text, last.owner)], view.cache).rendered()
     sampling = config.teacher_sampling if owner == "teacher" else config.student_sampling
     t0 = time.perf_counter()
     # The conversation's cut, recorded when the learner trains on the answer (report "train").
-    prompt = conv.prompt_for(owner, sampling.max_new_tokens, view, record=config.report == "train")
+    prompt = conv.prompt_for(owner, sampling.max_new_tokens, asked, record=config.report == "train")
     if prompt is None:
         timing["report_s"] = time.perf_counter() - t0
         return "", [ask]
-    result = await agent.engine.generate.remote(GenerationRequest(prompt, sampling.for_turn(request_id, "report"),
-                                                                  request_id=request_id))
+    result = await conv.agent(owner).engine.generate.remote(
+        GenerationRequest(prompt, sampling.for_turn(request_id, "report"), request_id=request_id))
     timing["report_s"] = time.perf_counter() - t0
     if result.finish_reason == "context":
         return "", [ask]
-    return strip_thinking(result.text).strip(), [ask, conv.reply_turn(owner, result)]
+    reply = conv.views["student"].reply_turn(owner, result, sampled=view is conv.views["student"])
+    return strip_thinking(result.text).strip(), [ask, reply]

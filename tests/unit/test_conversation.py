@@ -1,13 +1,14 @@
 """`Conversation` (rollout/conversation.py) driven directly, with the tiny tokenizers (built, no
 model) and real `Agent`s and `ChatFormat`s, no engine: a prompt that fits is the chat template's
 rendering of the conversation tokenized, and is not cut; one that does not fit is cut by
-`prompt_for` under the asking agent's own context settings (budget = context_tokens less the
+`prompt_for` under the asking agent's own `ContextSettings` (budget = tokens less the
 reply's max_new_tokens, an exact fit kept whole; drop_oldest after `keep_first_turns`;
 end_episode gives no prompt and leaves the last cut), and the cut is recorded in `conv.cut`
 (not with `record=False`); a student and a teacher with their own tokenizers and context
-settings each get their own cut of their own ids; and the learner's rendering (`tokens.render`
-of the trajectory built from `for_learner` and `conv.cut`) begins with exactly the ids of the
-last prompt, then the reply sampled to it. The report turn's use of the cut:
+settings each get their own cut of their own ids, each in its own `View`; and the learner's
+rendering (`tokens.render` of the trajectory built from `for_learner`'s turns and cut) begins
+with exactly the ids of the last prompt, then the reply sampled to it, and leaves out the
+observation the episode ended on only where it would not fit the student's context. The report turn's use of the cut:
 tests/unit/test_report.py; the cut's rule on bare turns: tests/unit/test_context.py."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rose_ray.envs.protocol import Protocol
 from rose_ray.inference.engine import GenerationResult
 from rose_ray.models import build_tokenizer
 from rose_ray.rollout.agent import Agent
+from rose_ray.rollout.context import ContextSettings
 from rose_ray.rollout.conversation import Conversation
 from rose_ray.tokens import render
 from rose_ray.types import GameId, Trajectory
@@ -52,6 +54,11 @@ def messages(conv: Conversation) -> list[dict[str, str]]:
     return [{"role": t.role, "content": t.text} for t in conv.turns]
 
 
+def fit(agent: Agent, tokens: int) -> None:
+    """The agent's context set to `tokens` (its other settings kept)."""
+    agent.context = ContextSettings(tokens, agent.context.policy, agent.context.keep_first_turns)
+
+
 def ids_of(turns, left_out=()) -> list[int]:
     return [i for n, t in enumerate(turns) if n not in set(left_out) for i in t.token_ids]
 
@@ -81,17 +88,17 @@ def test_template_history_prompts_are_the_templates_rendering_of_the_conversatio
 @pytest.mark.parametrize("keep_first_turns, cut", [(1, [3, 4]), (0, [2, 3]), (3, [5, 6])])
 def test_a_prompt_over_the_budget_drops_the_oldest_exchange_after_the_kept_turns(tokenizers, keep_first_turns, cut):
     chat = ChatFormat(tokenizers["plain"])
-    student = Agent(None, chat, "student", keep_first_turns=keep_first_turns)
+    student = Agent(None, chat, "student", ContextSettings(keep_first_turns=keep_first_turns))
     conv = Conversation(PROTOCOL, student, None)
     play(conv, 4)  # opening (0, 1), observation 2, then (reply, observation) pairs 3..10
     whole = len(ids_of(conv.turns))
-    student.context_tokens = whole + REPLY_TOKENS  # an exact fit: nothing is cut
+    fit(student, whole + REPLY_TOKENS)  # an exact fit: nothing is cut
     assert conv.prompt_for("student", REPLY_TOKENS) == ids_of(conv.turns) and conv.cut == []
-    student.context_tokens = whole + REPLY_TOKENS - 1  # one id over: one exchange goes
+    fit(student, whole + REPLY_TOKENS - 1)  # one id over: one exchange goes
     prompt = conv.prompt_for("student", REPLY_TOKENS)
     assert conv.cut == cut
     assert prompt == ids_of(conv.turns, cut)
-    assert len(prompt) <= student.context_tokens - REPLY_TOKENS
+    assert len(prompt) <= student.context.tokens - REPLY_TOKENS
     kept = [t for n, t in enumerate(conv.turns) if n not in cut]
     assert [t.role for t in kept[2:]] == ["user", "assistant"] * 3 + ["user"]  # still alternating
     assert kept[-1] is conv.turns[-1]  # the observation being answered is never dropped
@@ -99,37 +106,38 @@ def test_a_prompt_over_the_budget_drops_the_oldest_exchange_after_the_kept_turns
 
 def test_end_episode_gives_no_prompt_and_keeps_the_last_cut(tokenizers):
     chat = ChatFormat(tokenizers["plain"])
-    student = Agent(None, chat, "student", context_policy="end_episode")
+    student = Agent(None, chat, "student", ContextSettings(policy="end_episode"))
     conv = Conversation(PROTOCOL, student, None)
     play(conv, 3)
     conv.cut = ["the last prompt's"]
-    student.context_tokens = len(ids_of(conv.turns)) + REPLY_TOKENS - 1
+    fit(student, len(ids_of(conv.turns)) + REPLY_TOKENS - 1)
     assert conv.prompt_for("student", REPLY_TOKENS) is None
     assert conv.cut == ["the last prompt's"]
     # The same conversation under drop_oldest has a cut that fits; unrecorded when asked so.
-    student.context_policy = "drop_oldest"
+    student.context = ContextSettings(student.context.tokens, "drop_oldest")
     assert conv.prompt_for("student", REPLY_TOKENS, record=False) == ids_of(conv.turns, [3, 4])
     assert conv.cut == ["the last prompt's"]
 
 
 def test_student_and_teacher_each_get_their_own_cut_of_their_own_ids(tokenizers):
     student_chat, teacher_chat = ChatFormat(tokenizers["plain"]), ChatFormat(tokenizers["qwen3"])
-    student = Agent(None, student_chat, "student", keep_first_turns=1)
-    teacher = Agent(None, teacher_chat, "teacher", keep_first_turns=0, context_policy="drop_oldest")
+    student = Agent(None, student_chat, "student", ContextSettings(keep_first_turns=1))
+    teacher = Agent(None, teacher_chat, "teacher", ContextSettings(keep_first_turns=0, policy="drop_oldest"))
     conv = Conversation(PROTOCOL, student, teacher)
-    assert not conv.shared
+    assert not conv.shared and conv.views["teacher"].chat is teacher_chat
     play(conv, 4)
-    assert len(conv.teacher_turns) == len(conv.turns)  # turn for turn the same conversation
-    assert ids_of(conv.teacher_turns) != ids_of(conv.turns)
-    teacher.context_tokens = len(ids_of(conv.teacher_turns)) + REPLY_TOKENS - 1
+    teacher_turns = conv.views["teacher"].turns
+    assert len(teacher_turns) == len(conv.turns)  # turn for turn the same conversation
+    assert [t.text for t in teacher_turns] == [t.text for t in conv.turns]
+    assert ids_of(teacher_turns) != ids_of(conv.turns)
+    fit(teacher, len(ids_of(teacher_turns)) + REPLY_TOKENS - 1)
     prompt = conv.prompt_for("teacher", REPLY_TOKENS)
-    assert conv.cut == [2, 3] and prompt == ids_of(conv.teacher_turns, [2, 3])
-    assert prompt == [i for n, t in enumerate(conv.view("teacher")) if n not in (2, 3) for i in t.token_ids]
+    assert conv.cut == [2, 3] and prompt == ids_of(teacher_turns, [2, 3])
     # The student's context is the default (16384 tokens): its prompt is whole, and it is the
     # cut recorded now (the last prompt's).
     assert conv.prompt_for("student", REPLY_TOKENS) == ids_of(conv.turns) and conv.cut == []
     # The student's own settings: keep_first_turns 1 protects the first observation.
-    student.context_tokens = len(ids_of(conv.turns)) + REPLY_TOKENS - 1
+    fit(student, len(ids_of(conv.turns)) + REPLY_TOKENS - 1)
     assert conv.prompt_for("student", REPLY_TOKENS) == ids_of(conv.turns, [3, 4]) and conv.cut == [3, 4]
 
 
@@ -137,11 +145,11 @@ def test_agents_sharing_a_tokenizer_share_the_ids_and_cut_with_their_own_budgets
     chat = ChatFormat(tokenizers["plain"])
     student, teacher = Agent(None, chat, "student"), Agent(None, chat, "teacher")
     conv = Conversation(PROTOCOL, student, teacher)
-    assert conv.shared and conv.teacher_turns is None and conv.view("teacher") is conv.turns
+    assert conv.shared and conv.views["teacher"] is conv.views["student"] and conv.views["teacher"].turns is conv.turns
     play(conv, 4)
     whole = len(ids_of(conv.turns))
-    student.context_tokens = whole + REPLY_TOKENS - 1  # one exchange over
-    teacher.context_tokens = whole + 64 - 1  # the teacher leaves room for 64 new tokens
+    fit(student, whole + REPLY_TOKENS - 1)  # one exchange over
+    fit(teacher, whole + 64 - 1)  # the teacher leaves room for 64 new tokens
     assert conv.prompt_for("teacher", REPLY_TOKENS) == ids_of(conv.turns) and conv.cut == []
     assert conv.prompt_for("teacher", 64) == ids_of(conv.turns, [3, 4]) and conv.cut == [3, 4]
     assert conv.prompt_for("student", 16) == ids_of(conv.turns) and conv.cut == []
@@ -152,14 +160,22 @@ def test_the_learner_renders_the_last_prompt_as_it_was_cut_then_the_reply(tokeni
     student = Agent(None, chat, "student")
     conv = Conversation(PROTOCOL, student, None)
     play(conv, 4)
-    student.context_tokens = len(ids_of(conv.turns)) + REPLY_TOKENS - 1
+    fit(student, len(ids_of(conv.turns)) + REPLY_TOKENS - 1)
     prompt = conv.prompt_for("student", REPLY_TOKENS)
     answer = reply(chat, "Thought: done.\nAction: open thing 3", version=7)
     last = conv.add_reply("student", answer)
     conv.add_observation("The box is open.")
-    traj = Trajectory(GameId("boil", 0, "sciworld_0"), conv.for_learner(), context_cut=conv.cut)
+    turns, cut = conv.for_learner()
+    traj = Trajectory(GameId("boil", 0, "sciworld_0"), turns, context_cut=cut)
     seq = render(traj)
-    assert traj.context_cut == [3, 4] and seq.dropped_turns == 2
+    assert traj.context_cut == [3, 4] and seq.dropped_turns == 2  # the observation it ended on fits: kept
+    assert len(seq) <= student.context.tokens and seq.turn_spans[-1][0] == len(turns) - 1
     assert seq.input_ids[: len(prompt)] == prompt  # the learner sees what the engine saw
     assert seq.input_ids[len(prompt):len(prompt) + len(last.token_ids)] == answer.token_ids == last.token_ids
     assert last.logprobs == answer.logprobs and last.policy_version == 7
+    # Where that observation would not fit the context, the learner's row leaves it out (it
+    # predicts nothing) in the same recorded cut; the reply stays.
+    fit(student, len(seq) - 1)
+    turns, cut = conv.for_learner()
+    assert cut == [3, 4, len(turns) - 1]
+    assert render(Trajectory(traj.game, turns, context_cut=cut)).input_ids == seq.input_ids[: len(seq) - len(turns[-1].token_ids)]

@@ -13,6 +13,7 @@ from rose_ray.chat import ChatFormat
 from rose_ray.envs.base import StepResult
 from rose_ray.inference.engine import GenerationResult
 from rose_ray.models import load_tokenizer
+from rose_ray.rollout.context import ContextSettings
 from rose_ray.rollout.episode import (
     Agent,
     EpisodeConfig,
@@ -269,7 +270,7 @@ def test_the_context_cut_is_recorded_and_the_learner_leaves_it_out(chats):
     chat = chats["student"]
     # The last prompt leaves out 2 turns after the opening and the first observation.
     engine = ScriptedEngine(chat, ["a", "b", "c"])
-    student = Agent(engine, chat, "student", keep_first_turns=1, context_tokens=context_dropping(chat, 2))
+    student = Agent(engine, chat, "student", ContextSettings(context_dropping(chat, 2), keep_first_turns=1))
     t = play(student, None, turn_policy("none"), max_turns=3)
     assert t.context_cut == [3, 4]
     seq = render(t)
@@ -291,7 +292,7 @@ def test_the_learners_row_and_the_engines_last_prompt_are_one_recorded_cut(chats
     # Room for the opening, the first observation, one reply and the observation after it.
     context = sum(lengths[:3]) + max(a + b for a, b in zip(lengths[3::2], lengths[4::2])) + 32
     engine = ScriptedEngine(chat, actions)
-    student = Agent(engine, chat, "student", context_tokens=context, context_policy=policy)
+    student = Agent(engine, chat, "student", ContextSettings(context, policy))
     t = play(student, None, turn_policy("none"), max_turns=8)
     if policy == "end_episode":
         assert t.end_reason == "context" and t.context_cut == [] and t.rounds == len(engine.requests) == 2
@@ -307,7 +308,7 @@ def test_the_learners_row_and_the_engines_last_prompt_are_one_recorded_cut(chats
 @pytest.mark.parametrize("dropped", [0, 2])
 def test_opd_scores_every_student_token_in_one_pass_over_what_the_learner_trains_on(chats, dropped):
     chat = chats["student"]
-    student = Agent(ScriptedEngine(chat, ["a", "b", "c"]), chat, "student", context_tokens=context_dropping(chat, dropped))
+    student = Agent(ScriptedEngine(chat, ["a", "b", "c"]), chat, "student", ContextSettings(context_dropping(chat, dropped)))
     teacher_engine = ScriptedEngine(chat, [])
     teacher = Agent(teacher_engine, chat, "teacher")
     t = play(student, teacher, turn_policy("none"), max_turns=3, scored=True)

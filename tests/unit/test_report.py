@@ -15,6 +15,7 @@ from rose_ray.envs.protocol import Protocol
 from rose_ray.inference.engine import GenerationResult
 from rose_ray.models import load_tokenizer
 from rose_ray.rollout.agent import Agent, EpisodeConfig
+from rose_ray.rollout.context import ContextSettings
 from rose_ray.rollout.conversation import Conversation
 from rose_ray.rollout.report import ask_report, with_question
 from rose_ray.types import SamplingParams
@@ -110,16 +111,31 @@ def test_a_teacher_with_its_own_tokenizer_reads_the_question_in_its_ids(chats):
     answer, [question, reply], _ = ask(conv)
     text = with_question("You see room 1.", QUESTION)
     prompt = teacher.requests[0].prompt_ids
-    assert prompt == [i for t in conv.teacher_turns[:-1] for i in t.token_ids] + teacher_chat.user_ids(text)
+    assert prompt == [i for t in conv.views["teacher"].turns[:-1] for i in t.token_ids] + teacher_chat.user_ids(text)
     # What the trajectory keeps is in the student's ids, the teacher's text re-tokenized.
     assert question.token_ids == student_chat.user_ids(text)
     assert answer == "Rust." and reply.token_ids == student_chat.assistant_ids("Rust.") and reply.logprobs is None
 
 
+def test_under_template_history_the_question_is_read_as_the_template_renders_it(chats):
+    """The asking agent's view rendered with the question in the last observation's place, as a
+    chat API renders it (the view's render cache holds the last prompt's rendering)."""
+    chat = ChatFormat(chats["qwen3"].tokenizer, history="template")
+    assert chat.rewrites_history
+    engine = ScriptedEngine(chat, text="<think>hm</think>\nA red sink.")
+    conv = played(Agent(engine, chat, "student"), None, ["student", "student"])
+    conv.prompt_for("student", 24)  # a turn's prompt, rendered through the view's cache
+    answer, [question, _], _ = ask(conv)
+    messages = [{"role": t.role, "content": t.text} for t in conv.turns[:-1]] + [
+        {"role": "user", "content": question.text}]
+    assert engine.requests[-1].prompt_ids == chat.render_ids(messages, add_generation_prompt=True)
+    assert answer == "A red sink." and conv.turns[-1].text == "You see room 1."
+
+
 def test_no_room_for_an_answer_gives_an_empty_one_and_the_question_alone(chats):
     chat = chats["tiny"]
     engine = ScriptedEngine(chat)
-    conv = played(Agent(engine, chat, "student", context_tokens=10, context_policy="end_episode"), None, ["student"])
+    conv = played(Agent(engine, chat, "student", ContextSettings(10, "end_episode")), None, ["student"])
     answer, turns, timing = ask(conv)
     assert (answer, [t.text for t in turns]) == ("", [with_question("You see room 0.", QUESTION)])
     assert not engine.requests and "report_s" in timing
@@ -137,7 +153,7 @@ def test_the_cut_is_recorded_only_when_the_learner_trains_on_the_answer(chats):
         agent = Agent(engine, chat, "student")
         conv = played(agent, None, ["student", "student", "student"])
         full = sum(len(t.token_ids) for t in conv.turns[:-1]) + question_ids
-        agent.context_tokens = full + 24 - 1  # one id short: drop_oldest leaves out one exchange
+        agent.context = ContextSettings(full + 24 - 1)  # one id short: drop_oldest leaves out one exchange
         conv.cut = ["before"]
         ask(conv, EpisodeConfig(student_sampling=CONFIG.student_sampling, report=report))
         cut = [3, 4]  # after the opening (0, 1) and the first observation (kept): the first reply and its observation

@@ -1,5 +1,5 @@
 """Trajectories to tokens (rose_ray/tokens.py): ids exactly as the engine/template saw them,
-owners, the recipes' token weights, the engine's cut, packing."""
+owners, the recipes' token weights, the rollout's cut, packing."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from rose_ray.chat import ChatFormat
 from rose_ray.config import load_config
 from rose_ray.learner.batching import micro_batches
 from rose_ray.recipes.sft import row_cut
+from rose_ray.rollout.context import ContextSettings
 from rose_ray.rows import row_to_trajectory
 from rose_ray.tokens import TokenWeights, loss_turns, make_batch, pack, render
 from rose_ray.types import OWNERS, GameId, Trajectory, Turn
@@ -112,23 +113,29 @@ def test_text_rows_render_like_the_chat_template(tiny_models):
     assert tok.decode(trained) == "Action: open door<|im_end|>Action: go to hall<|im_end|>"
 
 
-def test_a_trajectory_is_cut_where_the_engine_cut_it():
+def test_a_trajectory_is_cut_where_the_rollout_cut_it():
     traj = hand_trajectory()
     traj.turns += [Turn("user", "obs3", "env", [11, 12]), Turn("assistant", "act3", "teacher", [13, EOS]),
                    Turn("user", "final observation", "env", [14, 15])]
     full = render(traj)
     assert full.input_ids == [1, 2, 3, 4, 5, 6, 7, EOS, 8, 9, 10, EOS, 11, 12, 13, EOS, 14, 15]
+
+    def row(context: int, cut: list[int] = ()):
+        """The learner's row of this episode ended in a `context`-token student context, its last
+        prompt cut at `cut` (the rollout's one recorded decision: `ContextSettings.learner_cut`)."""
+        traj.context_cut = ContextSettings(context).learner_cut(traj.turns, list(cut))
+        return render(traj)
+
     # The final observation predicts nothing: it goes only when the rest would not fit.
-    assert render(traj, max_tokens=18).input_ids == full.input_ids
-    assert render(traj, max_tokens=16).input_ids == full.input_ids[:16]
-    traj.context_cut = [3, 4]  # the engine's last prompt left out the oldest action + observation
-    cut = render(traj, max_tokens=16)
+    assert row(18).input_ids == full.input_ids
+    assert row(16).input_ids == full.input_ids[:16] and traj.context_cut == [8]
+    cut = row(16, [3, 4])  # the engine's last prompt left out the oldest action + observation
     assert cut.dropped_turns == 2
     assert cut.input_ids == [1, 2, 3, 4, 5, 9, 10, EOS, 11, 12, 13, EOS, 14, 15]
     assert [i for i, _ in cut.turn_spans] == [0, 1, 2, 5, 6, 7, 8]
     # Replies are never dropped to fit: what is too long for a row stays too long (pack says so).
     with pytest.raises(ValueError, match="learner.max_tokens must hold the engine's whole context"):
-        make_batch([render(traj, max_tokens=8)], weights_of("rose"), max_tokens=8)
+        make_batch([row(8, [3, 4])], weights_of("rose"), max_tokens=8)
 
 
 def test_offline_rows_are_cut_as_an_engine_would():
@@ -136,14 +143,14 @@ def test_offline_rows_are_cut_as_an_engine_would():
     turns = hand_trajectory().turns + [
         Turn("user", "obs3", "env", [11, 12]), Turn("assistant", "act3", "teacher", [13, EOS])]
     full = sum(len(t.token_ids) for t in turns)
-    assert row_cut(turns, None, full) == []
-    assert row_cut(turns, None, full - 2) == [3, 4]  # the oldest action + observation
-    assert row_cut(turns, None, 8) == [3, 4, 5, 6]  # every droppable pair
+    assert row_cut(turns, full) == []
+    assert row_cut(turns, full - 2) == [3, 4]  # the oldest action + observation
+    assert row_cut(turns, 8) == [3, 4, 5, 6]  # every droppable pair
     # Dropping cannot make it fit (a long last reply): the longest prefix of whole turns.
     turns[-1].token_ids = list(range(20, 30))
-    assert row_cut(turns, None, 9) == [5, 6, 7]
+    assert row_cut(turns, 9) == [5, 6, 7]
     with pytest.raises(ValueError, match="max_tokens=4"):
-        row_cut(turns, None, 4)  # not even the first reply fits
+        row_cut(turns, 4)  # not even the first reply fits
 
 
 @pytest.mark.parametrize("algo, overrides, trained_owners", [
