@@ -17,6 +17,7 @@ its state at load (room, inventory, focus: what a handoff hands over). No torch 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.worlds import get_world
 from rose_ray.errors import InputError
 from rose_ray.types import GameId
+
+START_ATTEMPTS = 3  # a game process's starts before the pool gives up (2 s, then 4 s between)
 
 
 @dataclass
@@ -77,7 +80,17 @@ class EnvPool:
         slot.world = world or slot.world or self.world
         w = get_world(slot.world)
         jvm = {"heap": self.heap} if w.jvm else {}
-        slot.game = w.game(call_timeout_s=self.call_timeout_s, max_turns=self.max_turns, **jvm)
+        # A game process that does not come up is tried again before the pool gives up: on a
+        # loaded machine a JVM's gateway can miss its start once (seen at load ~25), and a
+        # pool whose constructor raises is dead for good, taking an eval with it.
+        for attempt in range(START_ATTEMPTS):
+            try:
+                slot.game = w.game(call_timeout_s=self.call_timeout_s, max_turns=self.max_turns, **jvm)
+                return
+            except GameError:
+                if attempt == START_ATTEMPTS - 1:
+                    raise
+                time.sleep(2.0 * 2**attempt)
 
     def _replace(self, slot: _Slot, world: str | None = None) -> None:
         if slot.game is not None:

@@ -195,3 +195,38 @@ def test_pool_as_a_ray_actor(ray_cluster):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_game_process_that_misses_its_start_is_started_again(monkeypatch):
+    """A JVM whose gateway does not come up (seen once at load ~25, which killed a whole eval:
+    a pool whose constructor raises is dead for good) is tried again; one that never comes up
+    is given up after START_ATTEMPTS with the JVM's error. py4j's launch is the fake here: a
+    gateway that misses its start cannot be made to happen on demand."""
+    import rose_ray.envs.sciworld.game as game_module
+    from rose_ray.envs.pool import START_ATTEMPTS
+
+    real, calls = game_module.launch_gateway, []
+
+    def launch_missing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("the gateway did not answer in time")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(game_module, "launch_gateway", launch_missing_once)
+    p = EnvPool(num_games=1, call_timeout_s=10.0)
+    try:
+        assert len(calls) == 2
+        assert p.reset(0, "sciworld_0").observation.startswith("Your task")
+    finally:
+        p.close()
+
+    def never(*args, **kwargs):
+        calls.append(1)
+        raise OSError("the gateway did not answer in time")
+
+    calls.clear()
+    monkeypatch.setattr(game_module, "launch_gateway", never)
+    with pytest.raises(GameError, match="could not start a ScienceWorld JVM.*did not answer"):
+        EnvPool(num_games=1)
+    assert len(calls) == START_ATTEMPTS
