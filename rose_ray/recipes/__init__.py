@@ -77,7 +77,7 @@ def recipes() -> dict[str, type[Recipe]]:
     import rose_ray.recipes.rose  # noqa: F401
     import rose_ray.recipes.teacher_sft  # noqa: F401
 
-    return dict(Recipe.KINDS)
+    return dict(sorted(Recipe.KINDS.items()))  # by name: the order modules were imported in varies
 
 
 def get_recipe(value: Any) -> Recipe:
