@@ -1,5 +1,6 @@
-"""A run's checkpoint, one typed record: `Checkpoint`, read by `read_checkpoint` (`train --resume`,
-a learner group going back after a rank's loss, `export`, the tests) and written by
+"""A run's checkpoint, one typed record of each component's state (`Checkpoint`: `{component:
+state}`, each state a dataclass of its own), read by `read_checkpoint` (`train --resume`, a
+learner group going back after a rank's loss, `export`, the tests) and written by
 `write_checkpoint`, nowhere else.
 
 On disk, under `<run_dir>/checkpoints/`: the learner's DeepSpeed folder `step_N` (per rank:
@@ -16,9 +17,9 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 from rose_ray.errors import InputError
 from rose_ray.files import (
@@ -30,33 +31,66 @@ from rose_ray.files import (
     writing_folder,
 )
 
-# The record's layout. 1: written before the record named its format (the same fields).
-FORMAT = 2
+# The record's layout: each component's state under its name (`Checkpoint`). 1 and 2: one flat
+# record of the same fields (1: before the record named its format), read into the parts below.
+FORMAT = 3
 
 
 class UnreadableRecord(InputError):
     """A checkpoint's record that cannot be read (cut short, corrupt, not a record)."""
 
 
+def no_replies() -> dict[str, int]:
+    return {"replies": 0, "truncated": 0, "cut_before_action": 0}
+
+
+@dataclass
+class LearningState:
+    """`Learning`'s (run.py), beside the learner's own DeepSpeed folder."""
+
+    step: int  # the loop's learner steps
+    version: int  # the learner's policy version
+    replies: dict[str, int] = field(default_factory=no_replies)  # trained episodes' replies (none counted before)
+
+
+@dataclass
+class RolloutState:
+    """`Rollouts`' (run.py): each part's `state_dict()`, without the episodes open then."""
+
+    ledger: dict[str, Any]  # EpisodeLedger: the game order, the episodes open then, the file's length
+    buffer: dict[str, int]  # TrajectoryBuffer's counters
+    runner: dict[str, int]  # EpisodeRunner's counters
+
+
+@dataclass
+class EvalState:
+    """`Evals`' (run.py)."""
+
+    history: dict[str, Any]  # the evals so far
+
+
 @dataclass
 class Checkpoint:
-    """The loop's side of a checkpoint, each part's `state_dict()`, beside the learner's folder `tag`."""
+    """The loop's side of a checkpoint, `{component: state}`, beside the learner's folder `tag`."""
 
-    step: int
-    version: int  # the learner's policy version
-    ledger: dict[str, Any]  # EpisodeLedger: the game order, the episodes open then, the file's length
-    buffer: dict[str, int]  # TrajectoryBuffer's counters, without the open episodes
-    runner: dict[str, int]  # EpisodeRunner's counters, likewise
-    replies: dict[str, int]  # Progress: trained episodes' replies
-    history: dict[str, Any]  # Progress: the evals so far
-    restarts: dict[str, int]  # replacements per role over the whole run
+    learning: LearningState
+    rollouts: RolloutState
+    evals: EvalState
+    # Replacements per role over the whole run: the run's own, put back by a resume only (a
+    # learner group going back to a checkpoint keeps counting on).
+    restarts: dict[str, int] = field(default_factory=dict)
     tag: str = ""  # the learner's folder under checkpoints/ ("" for a run's start: none)
     format: int = FORMAT
 
     @property
-    def progress(self) -> dict[str, Any]:
-        """What `Progress.load_state_dict` takes."""
-        return {"step": self.step, "history": self.history, "replies": self.replies}
+    def step(self) -> int:
+        return self.learning.step
+
+    @classmethod
+    def parts(cls) -> dict[str, type]:
+        """Each component's name and the dataclass of its state."""
+        hints = get_type_hints(cls)
+        return {f.name: hints[f.name] for f in fields(cls) if is_dataclass(hints[f.name])}
 
     @classmethod
     def from_dict(cls, record: dict[str, Any], where: Path) -> Checkpoint:
@@ -65,13 +99,19 @@ class Checkpoint:
         if not isinstance(version, int) or not 1 <= version <= FORMAT:
             raise InputError(f"{where}: checkpoint format {version!r}; this rose_ray reads formats 1 to {FORMAT} "
                              "(a newer rose_ray wrote it?)")
-        # Records from before these were kept: no replies counted, no restarts.
-        record = {"replies": {"replies": 0, "truncated": 0, "cut_before_action": 0}, "restarts": {}, **record}
-        names = {f.name for f in fields(cls)}
-        missing = sorted(names - set(record) - {"format"})
+        parts = cls.parts()
+        if version < 3:  # one flat record: each field to the part that keeps it now
+            record = {**record, **{name: {f.name: record[f.name] for f in fields(part) if f.name in record}
+                                   for name, part in parts.items()}}
+        given = {name: record.get(name) if isinstance(record.get(name), dict) else {} for name in parts}
+        missing = sorted(f.name for name, part in parts.items() for f in fields(part) if f.name not in given[name]
+                         and f.default is MISSING and f.default_factory is MISSING)
         if missing:
             raise UnreadableRecord(f"{where}: checkpoint format {version} without {', '.join(missing)}")
-        return cls(**{**{k: v for k, v in record.items() if k in names}, "format": version})
+        state = {name: part(**{f.name: given[name][f.name] for f in fields(part) if f.name in given[name]})
+                 for name, part in parts.items()}
+        rest = {f.name: record[f.name] for f in fields(cls) if f.name not in parts and f.name in record}
+        return cls(**{**rest, **state, "format": version})
 
 
 def kept_steps(run_dir: str | Path) -> list[int]:

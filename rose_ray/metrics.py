@@ -218,6 +218,51 @@ def trained_scalars(batch: list[Any], loss_flags: list[list[bool]], tokens: dict
     return out
 
 
+def run_scalars(rollouts: Any, learning: Any, restarts: dict[str, int], batch: list[Any],
+                env_health: list[dict[str, Any]], episodes_per_s: float) -> dict[str, float]:
+    """A step's numbers from the run's own counters (run.py's `Rollouts` and `Learning`):
+    throughput, lag, env pools (`env_health`: each worker's health), weights, restarts."""
+    p50 = [h["step_ms_p50"] for h in env_health if h["step_ms_p50"] is not None]
+    p95 = [h["step_ms_p95"] for h in env_health if h["step_ms_p95"] is not None]
+    buffer, lags = rollouts.buffer, rollouts.buffer.lags[-len(batch):]
+    return {
+        "rollout/episodes_per_s": episodes_per_s,
+        "async/policy_lag": sum(lags) / len(lags) if lags else 0.0,
+        "async/buffer_size": float(len(buffer.items)),
+        "async/dropped_stale": float(buffer.counters.dropped_stale),
+        "env/step_ms_p50": sorted(p50)[len(p50) // 2] if p50 else 0.0,
+        "env/step_ms_p95": max(p95) if p95 else 0.0,
+        "env/restarts": float(rollouts.runner.counters.restarts + sum(h["restarts"] for h in env_health)),
+        "weights/sync_ms": learning.publisher.weights_ms,
+        "weights/version": float(learning.learner.version),
+        "publish/fallbacks": float(learning.publisher.fallbacks),
+        "reliability/engine_restarts": float(sum(n for role, n in restarts.items() if role != "learner")),
+        "reliability/learner_restarts": float(restarts["learner"]),
+    }
+
+
+class EpisodeRate:
+    """Finished episodes per second over the last minute (`rollout/episodes_per_s`)."""
+
+    def __init__(self) -> None:
+        self.window: list[Any] = []
+
+    def add(self, batch: list[Any]) -> float:
+        now = time.time()
+        self.window = [t for t in self.window + batch if now - t.timing["finished_at"] < 60]
+        return len(self.window) / max(now - min(t.timing["finished_at"] for t in self.window), 1e-3)
+
+
+def eval_scalars(who: str, result: dict[str, Any]) -> dict[str, float]:
+    """An eval's numbers: the held-out games' as `eval/`, the dev games' as `eval/dev_`; none for the teacher."""
+    if who == "student":
+        return {f"eval/{k}": result[k] for k in ("score", "success", "pass")}
+    if who == "dev":
+        return {f"eval/dev_{k}": result[k] for k in
+                ("score", "success", "pass", "invalid_action_rate", "cut_before_action_rate")}
+    return {}
+
+
 class LineProgress:
     """Progress as plain lines ("eval: 12/48 games, score=0.125 [00:30<01:30]": elapsed, and the
     time left at the rate so far), about every tenth of the work (or every `every`), for logs that

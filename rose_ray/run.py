@@ -1,73 +1,65 @@
-"""A training run's parts, which the loop in `train.py` drives: they are built here
-(`RunParts.start`), handed to the `Trainer`, and closed here.
+"""A training run's components, which the loop in `train.py` drives: each is started here
+(`Run.start`, in order), handed to the `Trainer`, and closed here (`Run.close`); each owns its
+checkpoint state (`state_dict`/`load_state_dict`, a dataclass of checkpoint.py each).
 
-- Actors: placement groups, the models (tiny ones built, a tiny teacher warmed:
-  recipes/warmup.py), a student and a teacher engine under an `EngineSupervisor`, EnvPools,
-  the episode runner, the episode ledger, the trajectory buffer and the learner group.
-- `Publisher`: the learner's weights to the student engine, a replacement engine included.
-- `Failures`: the run's one failure channel. A part that meets a failure it cannot handle
+- `Rollouts`: episodes into the buffer: env pools, the student and the teacher engine under an
+  `EngineSupervisor` (a tiny teacher warmed first: recipes/warmup.py), the episode runner, the
+  episode ledger (the game order, each episode's outcome) and the trajectory buffer.
+- `Learning`: the learner group trained on the buffer's batches, and the `Publisher` of its
+  weights to the student engine, a replacement engine included.
+- `Evals`: the held-out evals, as `rose-ray eval --run` plays them, and their history.
+- `Failures`: the run's one failure channel. A component that meets a failure it cannot handle
   itself (an engine lost for good, the learner lost while publishing to a replacement engine,
   episodes that keep failing) reports it there, and the loop raises it where it waits.
-- Checkpoints (checkpoint.py): each part's `state_dict()` in one record beside the learner's
+- Checkpoints (checkpoint.py): `{component: state}` in one record beside the learner's
   DeepSpeed state; going back to one (`--resume`, or a learner group restarted after a rank's
-  loss) puts each part back (`load_state_dict`): counters, history, the game order and the
-  episodes open then, and cuts the logs to match. `<run_dir>/model/` is the student as a
-  Hugging Face folder.
+  loss) puts each component back: counters, history, the game order and the episodes open
+  then, and cuts the logs to match. `<run_dir>/model/` is the student as a Hugging Face folder.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
-from dataclasses import dataclass, field, replace
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from rose_ray.checkpoint import Checkpoint, kept_steps, read_checkpoint, unreadable_checkpoint
+from rose_ray.checkpoint import (
+    Checkpoint,
+    EvalState,
+    LearningState,
+    RolloutState,
+    kept_steps,
+    no_replies,
+    read_checkpoint,
+    unreadable_checkpoint,
+)
 from rose_ray.config import TrainConfig
 from rose_ray.learner.learner import LearnerLost
 from rose_ray.recipes.warmup import resolve_models
+from rose_ray.reliability import RoleFailed, describe_error
 from rose_ray.runs import saved_config
 
 if TYPE_CHECKING:
-    from rose_ray.commands import EvalCommand
     from rose_ray.envs.protocol import Protocol
     from rose_ray.learner.learner import LearnerGroup
     from rose_ray.metrics import MetricsLogger
     from rose_ray.placement import PlacementGroups
-    from rose_ray.recipes import Recipe
     from rose_ray.rollout.agent import Agent, EpisodeConfig
     from rose_ray.rollout.buffer import TrajectoryBuffer
     from rose_ray.rollout.handoff import TurnPolicy
-    from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
-    from rose_ray.rollout.play import PlaySpec
+    from rose_ray.rollout.ledger import Draw, EpisodeLedger
     from rose_ray.rollout.runner import EpisodeRunner
     from rose_ray.rollout.supervisor import EngineSupervisor
     from rose_ray.tokens import TokenWeights
-    from rose_ray.types import GameId
-
-
-@dataclass
-class Progress:
-    """The loop's counters: what a checkpoint keeps beside the learner's state."""
-
-    step: int = 0
-    history: dict[str, Any] = field(default_factory=lambda: {"eval": []})
-    # trained episodes' replies, and how many of them were cut
-    replies: dict[str, int] = field(default_factory=lambda: {"replies": 0, "truncated": 0, "cut_before_action": 0})
-    learner_restarts: int = 0  # in this process (reliability.max_restarts counts these)
-    restarts_before: dict[str, int] = field(default_factory=dict)  # per role, before a --resume
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps (restarts apart: `RunParts.restarts` counts them with the engines')."""
-        return {"step": self.step, "history": copy.deepcopy(self.history), "replies": dict(self.replies)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step, self.replies = state["step"], dict(state["replies"])
-        self.history = copy.deepcopy(state["history"])  # a copy: the state may be restored again
+    from rose_ray.types import GameId, Trajectory
 
 
 class Failures:
@@ -155,53 +147,33 @@ def await_ready(agents: dict[str, Any], timeout_s: float) -> None:
             raise RuntimeError(f"the {role} failed to start: {e}") from None
 
 
-class RunParts:
-    """The actors and state of one training run (see the module docstring): `start` sets the
-    parts below, in this order; `close` ends those it got to (the ones None until then)."""
+class Rollouts:
+    """Episodes played into the buffer: kept coming while there is room (`start_playing`, async
+    mode) or a batch at a time (`play_batch`, sync mode). Its checkpoint state: RolloutState."""
 
-    student_path: str
-    teacher_path: str | None  # None: the world's expert teaches (teacher.kind=expert)
-    sampler: GameSampler
-    eval_job: EvalCommand  # the run's evals, as `rose-ray eval --run` makes them
-    eval_spec: PlaySpec
-    eval_games: list[GameId]
     engines: EngineSupervisor
     protocol: Protocol
-    recipe: Recipe
-    token_weights: TokenWeights
     handoff: TurnPolicy
     episode_cfg: EpisodeConfig
     runner: EpisodeRunner
     buffer: TrajectoryBuffer
-    publisher: Publisher
-    pad_id: int
-    start_state: Checkpoint  # where "back to the latest checkpoint" goes without one
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool) -> None:
-        self.cfg, self.run_dir, self.resume = cfg, run_dir, resume
-        self.session = f"{cfg.name}-{os.urandom(3).hex()}"  # names its engines (a run folder is version_N)
-        self.progress = Progress()
-        self.failures = Failures()
-        self.groups: PlacementGroups | None = None
+    def __init__(self, cfg: TrainConfig, run_dir: Path, failures: Failures) -> None:
+        self.cfg, self.run_dir, self.failures = cfg, run_dir, failures
         self.pools: list[Any] = []
         self.student: Agent | None = None
         self.teacher: Agent | None = None
         self.ledger: EpisodeLedger | None = None
-        self.learner: LearnerGroup | None = None
-        self.metrics: MetricsLogger | None = None
-        self.eval_pools: list[Any] = []  # started at the first eval (none if evals are off)
-        self._eval_runner: EpisodeRunner | None = None
-        self.checkpointed_step: int | None = None  # the step whose checkpoint the learner's state is
+        self.producer: asyncio.Task | None = None
+        self.episode_tasks: set[asyncio.Task] = set()
+        self.failed_in_a_row = 0  # episodes failed since the last one that finished
+        self.finished: Callable[[], None] = lambda: None  # told of each finished episode (the watchdog)
 
-    def start(self) -> None:
+    def start(self, groups: PlacementGroups, student_path: str, teacher_path: str | None, session: str,
+              fresh: bool) -> None:
         from rose_ray.envs.worlds import get_world
-        from rose_ray.evaluate import training_evals
-        from rose_ray.learner.learner import LearnerGroup
-        from rose_ray.metrics import MetricsLogger
-        from rose_ray.models import download_model, hub_cache, is_hub_id, load_tokenizer
-        from rose_ray.placement import PlacementGroups, check_cluster, check_shared_storage, demands
         from rose_ray.publish.group import nccl_env
-        from rose_ray.rollout.actors import init_ray, start_agents, start_env_pools
+        from rose_ray.rollout.actors import start_agents, start_env_pools
         from rose_ray.rollout.agent import EXPERT, EpisodeConfig
         from rose_ray.rollout.buffer import TrajectoryBuffer
         from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
@@ -209,95 +181,303 @@ class RunParts:
         from rose_ray.rollout.supervisor import EngineSupervisor
 
         cfg = self.cfg
-        self.clear_leftovers()
-        init_ray(cfg.ray_address)
-        shared = {"run_dir": self.run_dir}
-        if any(e.model.startswith("tiny:") for e in (cfg.student_engine, cfg.teacher_engine)) or \
-                cfg.teacher_warmup.enabled or cfg.student_warmup.enabled:
-            shared["tiny_dir (ROSE_RAY_CACHE)"] = Path(cfg.tiny_dir)
-        hub_ids = [e.model for e in (cfg.student_engine, cfg.teacher_engine) if not e.spec.served and is_hub_id(e.model)]
-        if hub_ids:
-            # The driver downloads a hub model once; every node's actors then read that one
-            # snapshot, so the cache must be shared. The marker goes into the cache's `.locks`
-            # folder, the one entry the client's cache scan (`hf cache ls`) passes over.
-            shared["HF_HOME (the Hugging Face cache)"] = Path(hub_cache()) / ".locks"
-        for line in check_shared_storage(shared):
-            print(line, flush=True)
-        for name in dict.fromkeys(hub_ids):  # before any actor starts, with the client's progress bars
-            download_model(name, "train")
-        if cfg.resources.check_placement:  # fail now, naming the role, rather than wait forever
-            check_cluster(cfg, use_total=True)
-        self.groups = PlacementGroups(demands(cfg), timeout_s=cfg.resources.placement_timeout_s)
-        student_path, teacher_path = resolve_models(cfg)  # tiny models, the teacher warm-up
-        self.student_path, self.teacher_path = student_path, teacher_path
         catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
-        self.sampler = GameSampler(catalogue.sample(cfg.rollout.split, None, cfg.seed, tasks=cfg.tasks), seed=cfg.seed)
-        # The evals are `rose-ray eval --run`'s: its job (games, settings) and spec.
-        self.eval_job, self.eval_spec = training_evals(cfg, student_path)
-        self.eval_games = self.eval_job.games()
-
+        sampler = GameSampler(catalogue.sample(cfg.rollout.split, None, cfg.seed, tasks=cfg.tasks), seed=cfg.seed)
         # The env pools are created first: their JVMs boot while the engines load their weights.
         self.pools = start_env_pools(cfg.env, max_turns=cfg.rollout.max_turns)
         expert = cfg.teacher.expert  # the world's expert teaches: it plays from the env pools, no engine
         # The weight group's members (the student engine, learner rank 0) run with the same NCCL
         # settings wherever Ray starts them (rose_ray/publish/group.py NCCL_DEFAULTS says why).
-        nccl = {"runtime_env": {"env_vars": nccl_env()}}
-        student_nccl = nccl if cfg.resources.student_gpus > 0 else {}
-        learner_nccl = nccl if cfg.learner.gpus_per_rank > 0 else {}
+        nccl = {"runtime_env": {"env_vars": nccl_env()}} if cfg.resources.student_gpus > 0 else {}
         self.student, self.teacher = start_agents(
             replace(cfg.student_engine, model=student_path),
             EXPERT if expert else replace(cfg.teacher_engine, model=teacher_path),
             cfg.resources.student_cpus, cfg.resources.teacher_cpus,
             cfg.resources.student_gpus, cfg.resources.teacher_gpus,
             # Named, so the dashboard (and bench/chaos.py) can tell them apart.
-            student_options={**self.groups.options("student engine"), **student_nccl,
-                             "name": f"rose_ray {self.session} student engine"},
-            teacher_options=None if expert else {**self.groups.options("teacher engine"),
-                                                 "name": f"rose_ray {self.session} teacher engine"},
+            student_options={**groups.options("student engine"), **nccl,
+                             "name": f"rose_ray {session} student engine"},
+            teacher_options=None if expert else {**groups.options("teacher engine"),
+                                                 "name": f"rose_ray {session} teacher engine"},
             enable_thinking=cfg.chat.enable_thinking, history=cfg.chat.history,
         )
         r = cfg.reliability  # a lost engine is replaced on its placement; past max_restarts the run stops
         self.engines = EngineSupervisor(r.max_restarts, r.health_every_s, r.health_timeout_s, r.start_timeout_s,
                                         on_failed=self.failures.report)
-        engines = {"student engine": self.student, **({} if expert else {"teacher engine": self.teacher})}
-        for role, agent in engines.items():
+        agents = {"student engine": self.student, **({} if expert else {"teacher engine": self.teacher})}
+        for role, agent in agents.items():
             self.engines.watch(role, agent)
-        await_ready(engines, r.start_timeout_s)
+        await_ready(agents, r.start_timeout_s)
         self.protocol = cfg.env.protocol()
-        self.recipe = cfg.algorithm  # who acts when, which tokens train (rose_ray/recipes/)
-        self.recipe.check_agents(cfg, self.teacher.chat is self.student.chat)
-        self.token_weights = self.recipe.token_weights()
-        self.handoff = self.recipe.turn_policy()
+        recipe = cfg.algorithm  # who acts when, which tokens train (rose_ray/recipes/)
+        recipe.check_agents(cfg, self.teacher.chat is self.student.chat)
+        self.handoff = recipe.turn_policy()
         self.episode_cfg = EpisodeConfig(
             max_turns=cfg.rollout.max_turns,
             student_sampling=cfg.rollout.student_sampling,
             teacher_sampling=cfg.rollout.teacher_sampling,
-            score_student_with_teacher=self.recipe.teacher_scores_student(),
+            score_student_with_teacher=recipe.teacher_scores_student(),
             report=cfg.rollout.report,
         )
         self.runner = EpisodeRunner(self.pools, cfg.env.games_per_worker, cfg.rollout.max_retries, self.engines)
-        self.ledger = EpisodeLedger(self.run_dir / "episodes.jsonl", self.sampler, fresh=not self.resume)
+        self.ledger = EpisodeLedger(self.run_dir / "episodes.jsonl", sampler, fresh=fresh)
         # Lag makes only the student's own tokens off-policy: a recipe that trains none of them
         # (ROSE without its OPD term) keeps every episode.
         self.buffer = TrajectoryBuffer(cfg.rollout.batch_episodes, cfg.rollout.max_lag,
                                        on_drop=lambda t: self.ledger.record(t.episode_id, "dropped_stale"),
-                                       drop_stale=self.token_weights.trains("student"))
+                                       drop_stale=recipe.token_weights().trains("student"))
+
+    def state_dict(self) -> RolloutState:
+        """Taken in the event loop (nothing moves meanwhile): the ledger's open episodes, and
+        counters without them (a resume plays them again)."""
+        return RolloutState(ledger=self.ledger.state_dict(), buffer=self.buffer.state_dict(),
+                            runner=self.runner.state_dict(buffered=len(self.buffer.items)))
+
+    def load_state_dict(self, state: RolloutState) -> None:
+        self.ledger.load_state_dict(state.ledger)
+        self.buffer.load_state_dict(state.buffer)
+        self.runner.load_state_dict(state.runner)
+
+    def start_playing(self, learning: Learning, stop: asyncio.Event) -> None:
+        """Async mode: episodes keep coming while there is room in the buffer, until `stop`."""
+        async def produce() -> None:
+            while not stop.is_set():
+                await self.buffer.admit()
+                task = asyncio.create_task(self.play_one(self.ledger.draw(), learning))
+                self.episode_tasks.add(task)
+                task.add_done_callback(self.episode_tasks.discard)
+
+        self.producer = asyncio.create_task(produce())
+
+    async def play_batch(self, learning: Learning) -> None:
+        """Sync mode: one batch of episodes, then back to the learner."""
+        async def one() -> None:
+            await self.buffer.admit()
+            await self.play_one(self.ledger.draw(), learning)
+
+        await asyncio.gather(*(one() for _ in range(self.cfg.rollout.batch_episodes)))
+
+    async def stop_playing(self) -> None:
+        """Cancel the producer and every episode in flight (they stay open in the ledger)."""
+        tasks = [t for t in (self.producer, *self.episode_tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.producer = None
+
+    async def play_one(self, draw: Draw, learning: Learning) -> None:
+        """One admitted episode, from its game to the buffer or the ledger."""
+        from rose_ray.rollout.episode import EpisodeInterrupted, run_episode
+
+        game = draw.game
+        # The decay policy's draws: the run's seed and the game's place in the (checkpointed)
+        # game order, so a rerun or a resumed run decides the same, whatever the timing.
+        handoff_seed = f"{self.cfg.seed}/{draw.epoch}/{draw.position}/{game.item_id}"
+
+        async def episode(g: GameId, slot: Any) -> Trajectory:
+            return await run_episode(g, slot, self.student, self.teacher, self.episode_cfg, self.handoff,
+                                     protocol=self.protocol, learner_step=learning.step,
+                                     request_prefix=f"s{learning.step}/", handoff_seed=handoff_seed)
+        try:
+            t = await self.runner.play(game, episode)
+        except asyncio.CancelledError:
+            raise
+        except RoleFailed:
+            return  # the run is stopping: the episode stays open (in flight at the stop)
+        except Exception as e:  # noqa: BLE001 - one bad episode must not stop the run
+            # e.g. "teacher engine: OpenAIRequestFailed: 500: <the server's message>"
+            role = self.engines.whose(e)
+            error = f"{role + ': ' if role else ''}{describe_error(e)}"
+            if not isinstance(e, EpisodeInterrupted):
+                print(f"\ntrain: episode on {game.item_id} failed: {error}", flush=True)
+            self.ledger.record(draw.episode_id, "failed", error=error)
+            await self.buffer.fail()
+            self.failed_in_a_row += 1
+            limit = self.cfg.reliability.max_failed_in_a_row
+            if limit and self.failed_in_a_row == limit:  # nothing works: stop, naming why, not draw on
+                self.failures.report(RoleFailed(
+                    f"{limit} episodes in a row failed, none finishing between them "
+                    f"(reliability.max_failed_in_a_row={limit}); the last: {error}"))
+            return
+        self.failed_in_a_row = 0
+        t.timing["finished_at"] = time.time()
+        t.episode_id = draw.episode_id
+        self.finished()
+        await self.buffer.add(t, learning.learner.version)
+
+    async def env_health(self) -> list[dict[str, Any]]:
+        """Each env worker's health; awaited, never blocking the loop: a hung pool costs its
+        numbers, not the step."""
+        try:
+            return [h for hs in await asyncio.wait_for(asyncio.gather(
+                *(p.health.remote() for p in self.pools)), 5) for h in hs]
+        except Exception:  # noqa: BLE001
+            return []
+
+
+class Learning:
+    """The learner group trained on the buffer's batches (`train`), and the `publisher` of its
+    weights to the student engine. Its checkpoint state: LearningState (the learner's own is its
+    DeepSpeed folder beside the record)."""
+
+    publisher: Publisher
+    token_weights: TokenWeights
+    pad_id: int
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
+        self.cfg, self.run_dir = cfg, run_dir
+        self.learner: LearnerGroup | None = None
+        self.step = 0  # the loop's learner steps
+        self.replies = no_replies()  # trained episodes' replies, and how many of them were cut
+        self.restarts = 0  # learner groups restarted in this process (reliability.max_restarts counts these)
+        self.checkpointed_step: int | None = None  # the step whose checkpoint the learner's state is
+
+    def start(self, groups: PlacementGroups, student_path: str, rollouts: Rollouts, failures: Failures) -> None:
+        from rose_ray.learner.learner import LearnerGroup
+        from rose_ray.models import load_tokenizer
+        from rose_ray.publish.group import nccl_env
+
+        cfg = self.cfg
+        nccl = {"runtime_env": {"env_vars": nccl_env()}} if cfg.learner.gpus_per_rank > 0 else {}
+        self.learner = LearnerGroup(replace(cfg.learner, model=student_path),
+                                    worker_options=lambda r: {**groups.options("learner ranks", r), **nccl})
+        self.publisher = Publisher(self.learner, rollouts.student, rollouts.engines, failures, cfg.publish)
+        rollouts.engines.on_start = self.publisher.engine_started
+        self.token_weights = cfg.algorithm.token_weights()
+        tok = load_tokenizer(student_path)
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else rollouts.student.chat.eos_id
+
+    def state_dict(self) -> LearningState:
+        return LearningState(step=self.step, version=self.learner.version, replies=dict(self.replies))
+
+    def load_state_dict(self, state: LearningState) -> None:
+        """The counters; the learner's own state (its version too) comes from its folder."""
+        self.step, self.replies = state.step, dict(state.replies)
+
+    async def train(self, batch: list[Trajectory], call: Callable[..., Awaitable[Any]]) -> dict[str, float]:
+        """One optimizer step on `batch`, the learner called through `call` (the supervision's
+        `in_learner`); what it trained on goes to trajectories.jsonl."""
+        from rose_ray.metrics import trained_scalars
+        from rose_ray.tokens import loss_turns, make_batch, render, trained_tokens
+
+        # Trajectories to tokens, each cut where its rollout cut it, with the recipe's weights.
+        seqs = [render(t) for t in batch]
+        made = make_batch(seqs, self.token_weights, self.cfg.learner.max_tokens, self.pad_id)
+        metrics = await call(self.learner.train_step, made)
+        self.step += 1
+        flags = [loss_turns(seq, len(t.turns), self.token_weights) for t, seq in zip(batch, seqs)]
+        metrics.update(trained_scalars(batch, flags, trained_tokens(seqs, self.token_weights)))
+        with (self.run_dir / "trajectories.jsonl").open("a") as f:
+            for t, loss in zip(batch, flags):  # `loss` per turn: did its tokens carry loss this step
+                f.write(json.dumps({"step": self.step, **t.to_record(loss=loss)}) + "\n")
+        for t in batch:
+            self.replies["replies"] += t.rounds
+            self.replies["truncated"] += t.truncated_turns
+            self.replies["cut_before_action"] += t.cut_before_action
+        return metrics
+
+
+class Evals:
+    """The held-out games played by the student (or the teacher) alone, as `rose-ray eval --run`
+    plays them (the same job and spec: evaluate.training_evals), on env pools of their own
+    (started at the first eval); `dev`: `eval.every_n` games of the dev split, drawn as `rose-ray
+    eval --split dev --n N --seed S` draws them. Its checkpoint state: EvalState (the history)."""
+
+    def __init__(self, cfg: TrainConfig, rollouts: Rollouts) -> None:
+        self.cfg, self.rollouts = cfg, rollouts
+        self.history: dict[str, Any] = {"eval": []}
+        self.pools: list[Any] = []
+        self._runner: EpisodeRunner | None = None
+        self._dev_games: list[GameId] | None = None
+
+    def start(self, student_path: str) -> None:
+        from rose_ray.evaluate import training_evals
+
+        self.job, self.spec = training_evals(self.cfg, student_path)
+        self.games = self.job.games()
+
+    def state_dict(self) -> EvalState:
+        return EvalState(history=copy.deepcopy(self.history))
+
+    def load_state_dict(self, state: EvalState) -> None:
+        self.history = copy.deepcopy(state.history)  # a copy: the state may be restored again
+
+    def dev_games(self) -> list[GameId]:
+        if self._dev_games is None:
+            self._dev_games = replace(self.job, split="dev", n=self.cfg.eval.every_n).games()
+        return self._dev_games
+
+    def runner(self) -> EpisodeRunner:
+        from rose_ray.rollout.actors import start_env_pools
+        from rose_ray.rollout.runner import EpisodeRunner
+
+        if self._runner is None:
+            env = replace(self.cfg.env, workers=1, resources=dict(self.cfg.env.resources))
+            self.pools = start_env_pools(env, max_turns=self.cfg.eval.max_turns)
+            self._runner = EpisodeRunner(self.pools, env.games_per_worker, engines=self.rollouts.engines)
+        return self._runner
+
+    async def play(self, step: int, who: str) -> dict[str, Any]:
+        """`who` ("student", "teacher", or "dev": the student on the dev games) plays; the
+        result goes to the history and is returned."""
+        from rose_ray.evaluate import game_record, summarise
+        from rose_ray.rollout.play import Players, play
+
+        agent = self.rollouts.teacher if who == "teacher" else self.rollouts.student
+        games = self.dev_games() if who == "dev" else self.games
+        played = await play(self.spec, games, players=Players(self.runner(), agent, None),
+                            protocols=self.rollouts.protocol, request_prefix="eval/")
+        result = summarise([game_record(t) for t in played])["overall"]
+        self.history["eval"].append({"step": step, "who": who, **result})
+        return result
+
+
+class Run:
+    """One training run's components (see the module docstring): `start` starts them in order;
+    `close` ends what it got to. Its checkpoint is each component's state under its name."""
+
+    student_path: str
+    start_state: Checkpoint  # where "back to the latest checkpoint" goes without one
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool) -> None:
+        self.cfg, self.run_dir, self.resume = cfg, run_dir, resume
+        self.session = f"{cfg.name}-{os.urandom(3).hex()}"  # names its engines (a run folder is version_N)
+        self.failures = Failures()
+        self.groups: PlacementGroups | None = None
+        self.rollouts = Rollouts(cfg, run_dir, self.failures)
+        self.learning = Learning(cfg, run_dir)
+        self.evals = Evals(cfg, self.rollouts)
+        self.metrics: MetricsLogger | None = None
+        self.restarts_before: dict[str, int] = {}  # per role, before a --resume
+
+    def components(self) -> dict[str, Any]:
+        """Each component under its name in the checkpoint."""
+        return {name: getattr(self, name) for name in Checkpoint.parts()}
+
+    def start(self) -> None:
+        from rose_ray.metrics import MetricsLogger
+        from rose_ray.placement import PlacementGroups, demands
+        from rose_ray.rollout.actors import init_ray
+
+        cfg = self.cfg
+        self.clear_leftovers()
+        init_ray(cfg.ray_address)
+        prepare_cluster(cfg, self.run_dir)
+        self.groups = PlacementGroups(demands(cfg), timeout_s=cfg.resources.placement_timeout_s)
+        self.student_path, teacher_path = resolve_models(cfg)  # tiny models, the teacher warm-up
+        self.evals.start(self.student_path)
+        self.rollouts.start(self.groups, self.student_path, teacher_path, self.session, fresh=not self.resume)
         # The learner last: an engine that cannot start, or agents the recipe refuses, fail the
         # run in seconds, not after DeepSpeed's init.
-        self.learner = LearnerGroup(replace(cfg.learner, model=student_path),
-                                    worker_options=lambda r: {**self.groups.options("learner ranks", r), **learner_nccl})
-        self.publisher = Publisher(self.learner, self.student, self.engines, self.failures, cfg.publish)
-        self.engines.on_start = self.publisher.engine_started
-        tok = load_tokenizer(student_path)
-        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.student.chat.eos_id
+        self.learning.start(self.groups, self.student_path, self.rollouts, self.failures)
         self.metrics = MetricsLogger(self.run_dir, cfg.logging.wandb, f"{cfg.name}/{self.run_dir.name}",
                                      yaml.safe_load(saved_config(cfg)))  # W&B's copy: no secrets, as config.yaml
         if not self.resume:
             (self.run_dir / "trajectories.jsonl").unlink(missing_ok=True)  # left by a run that never checkpointed
         self.start_state = self.checkpoint_state()
-        self.start_state.ledger["offset"] = 0
+        self.start_state.rollouts.ledger["offset"] = 0
         if self.resume:
-            self.progress.restarts_before = dict(self.load_checkpoint().restarts)
+            self.restarts_before = dict(self.load_checkpoint().restarts)
 
     # ----------------------------------------------------------------- checkpoints
     @property
@@ -305,11 +485,8 @@ class RunParts:
         return self.run_dir / "checkpoints"
 
     def checkpoint_state(self) -> Checkpoint:
-        """The loop's side of a checkpoint, taken in the event loop (nothing moves meanwhile):
-        the ledger's open episodes, and counters without them (a resume plays them again)."""
-        return Checkpoint(version=self.learner.version, ledger=self.ledger.state_dict(), buffer=self.buffer.state_dict(),
-                          runner=self.runner.state_dict(buffered=len(self.buffer.items)), restarts=self.restarts(),
-                          **self.progress.state_dict())
+        """The loop's side of a checkpoint, taken in the event loop (nothing moves meanwhile)."""
+        return Checkpoint(**{name: c.state_dict() for name, c in self.components().items()}, restarts=self.restarts())
 
     def clear_leftovers(self) -> None:
         """What a run stopped by a kill left in this run folder (its own: nothing else writes
@@ -324,42 +501,41 @@ class RunParts:
             prune(self.ckpt_dir)
 
     def load_checkpoint(self, publish: bool = True) -> Checkpoint:
-        """Back to the latest whole checkpoint (or the start, without one): the learner, the game
-        order and the episodes open then (played again first), counters, and the logs cut to
-        match. Returns the record it went back to."""
+        """Back to the latest whole checkpoint (or the start, without one): the learner, each
+        component's state (the game order and the episodes open then, played again first;
+        counters), and the logs cut to match. Returns the record it went back to."""
         from rose_ray.learner.worker import CheckpointUnreadable
         from rose_ray.rollout.ledger import keep_steps
 
-        state = self.start_state
+        state, learning = self.start_state, self.learning
         if kept_steps(self.run_dir):  # a save cut short is not among them
             state = read_checkpoint(self.run_dir)  # the newest whose record reads (it says when it goes back)
             try:
-                self.learner.load_checkpoint(self.ckpt_dir, state.tag)
+                learning.learner.load_checkpoint(self.ckpt_dir, state.tag)
             except CheckpointUnreadable as e:
                 raise unreadable_checkpoint(e, self.run_dir, state.step, kept_steps(self.run_dir),
                                             "train --resume") from None
-            self.checkpointed_step = state.step
+            learning.checkpointed_step = state.step
         elif self.resume:
             print(f"train: --resume: {self.run_dir} has no whole checkpoint: starting again from step 0", flush=True)
-        for part, part_state in ((self.progress, state.progress), (self.ledger, state.ledger),
-                                 (self.buffer, state.buffer), (self.runner, state.runner)):
-            part.load_state_dict(part_state)
+        for name, component in self.components().items():
+            component.load_state_dict(getattr(state, name))
         for log in ("trajectories.jsonl", "metrics.jsonl"):  # steps after it are trained again
             keep_steps(self.run_dir / log, state.step)
-        if publish:
-            self.publisher.publish_now(self.student.engine)  # the student engine starts from the checkpoint's weights
-        print(f"train: {self.run_dir} at step {state.step} (policy version {self.learner.version}); "
-              f"{len(self.ledger.replay)} open episodes to play again", flush=True)
+        if publish:  # the student engine starts from the checkpoint's weights
+            learning.publisher.publish_now(self.rollouts.student.engine)
+        print(f"train: {self.run_dir} at step {state.step} (policy version {learning.learner.version}); "
+              f"{len(self.rollouts.ledger.replay)} open episodes to play again", flush=True)
         return state
 
     def restarts(self) -> dict[str, int]:
         """Replacements per role over the whole run: this process's, plus those before a resume
         (kept in each checkpoint; a learner group going back to one keeps counting on)."""
-        before = self.progress.restarts_before
-        now = {**self.engines.restarts(), "learner": self.progress.learner_restarts}
+        before = self.restarts_before
+        now = {**self.rollouts.engines.restarts(), "learner": self.learning.restarts}
         return {role: before.get(role, 0) + now.get(role, 0) for role in {**before, **now}}
 
-    # ----------------------------------------------------------------- model/ and evals
+    # ----------------------------------------------------------------- model/ and the end
     @property
     def model_dir(self) -> Path:
         return self.run_dir / "model"
@@ -368,34 +544,67 @@ class RunParts:
         """The student as a Hugging Face folder, `<run_dir>/model/`, replaced atomically."""
         from rose_ray.export import MODEL_INFO, model_info
 
-        info = model_info(self.cfg, self.run_dir, self.progress.step, self.learner.version, self.student_path)
-        self.learner.export(self.model_dir, {MODEL_INFO: info})
+        learner = self.learning.learner
+        info = model_info(self.cfg, self.run_dir, self.learning.step, learner.version, self.student_path)
+        learner.export(self.model_dir, {MODEL_INFO: info})
 
-    def eval_runner(self) -> EpisodeRunner:
-        """The runner of the held-out evals: env pools of its own, started at the first eval."""
-        from rose_ray.rollout.actors import start_env_pools
-        from rose_ray.rollout.runner import EpisodeRunner
-
-        if not self.eval_pools:
-            eval_env = replace(self.cfg.env, workers=1, resources=dict(self.cfg.env.resources))
-            self.eval_pools = start_env_pools(eval_env, max_turns=self.cfg.eval.max_turns)
-            self._eval_runner = EpisodeRunner(self.eval_pools, eval_env.games_per_worker, engines=self.engines)
-        return self._eval_runner
+    def summary(self) -> dict[str, Any]:
+        """What the run did (summary.json)."""
+        evals, step, rollouts = self.evals.history["eval"], self.learning.step, self.rollouts
+        student = [e for e in evals if e["who"] == "student"]
+        teacher = [e for e in evals if e["who"] == "teacher"]
+        return {
+            "run_dir": str(self.run_dir), "steps": step, "version": self.learning.learner.version,
+            "model": str(self.model_dir),
+            "before": student[0] if student and student[0]["step"] == 0 else None,
+            "after": student[-1] if student and student[-1]["step"] == step and step else None,
+            "teacher": teacher[0] if teacher else None,
+            "dev": [e for e in evals if e["who"] == "dev"],  # the eval.every curve
+            "buffer": rollouts.buffer.counters.as_dict(), "runner": rollouts.runner.counters.as_dict(),
+            "replies": self.learning.replies,
+            "accounting_holds": rollouts.buffer.accounting_holds(),
+            "restarts": self.restarts(),
+            "episodes": dict(rollouts.ledger.outcomes),  # outcomes in episodes.jsonl
+        }
 
     def close(self) -> None:
         """Ends what `start` started, as far as it got."""
         from rose_ray.rollout.actors import close_pools, stop_agents
 
-        close_pools(self.pools + self.eval_pools)
-        stop_agents(self.student, self.teacher)
-        if self.learner is not None:
-            self.learner.shutdown()
+        close_pools(self.rollouts.pools + self.evals.pools)
+        stop_agents(self.rollouts.student, self.rollouts.teacher)
+        if self.learning.learner is not None:
+            self.learning.learner.shutdown()
         if self.groups is not None:
             self.groups.remove()
         if self.metrics is not None:
             self.metrics.close()
-        if self.ledger is not None:
-            self.ledger.close()
+        if self.rollouts.ledger is not None:
+            self.rollouts.ledger.close()
+
+
+def prepare_cluster(cfg: TrainConfig, run_dir: Path) -> None:
+    """Before any actor starts: the storage every node must share, hub models downloaded once,
+    and (resources.check_placement) the cluster checked to hold every role."""
+    from rose_ray.models import download_model, hub_cache, is_hub_id
+    from rose_ray.placement import check_cluster, check_shared_storage
+
+    shared = {"run_dir": run_dir}
+    if any(e.model.startswith("tiny:") for e in (cfg.student_engine, cfg.teacher_engine)) or \
+            cfg.teacher_warmup.enabled or cfg.student_warmup.enabled:
+        shared["tiny_dir (ROSE_RAY_CACHE)"] = Path(cfg.tiny_dir)
+    hub_ids = [e.model for e in (cfg.student_engine, cfg.teacher_engine) if not e.spec.served and is_hub_id(e.model)]
+    if hub_ids:
+        # The driver downloads a hub model once; every node's actors then read that one
+        # snapshot, so the cache must be shared. The marker goes into the cache's `.locks`
+        # folder, the one entry the client's cache scan (`hf cache ls`) passes over.
+        shared["HF_HOME (the Hugging Face cache)"] = Path(hub_cache()) / ".locks"
+    for line in check_shared_storage(shared):
+        print(line, flush=True)
+    for name in dict.fromkeys(hub_ids):  # before any actor starts, with the client's progress bars
+        download_model(name, "train")
+    if cfg.resources.check_placement:  # fail now, naming the role, rather than wait forever
+        check_cluster(cfg, use_total=True)
 
 
 def results_table(summary: dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ from rose_ray.learner.learner import LearnerLost
 from rose_ray.reliability import RoleFailed, Watchdog
 
 if TYPE_CHECKING:
-    from rose_ray.run import RunParts
+    from rose_ray.run import Run
 
 
 class Supervision:
@@ -24,15 +24,15 @@ class Supervision:
     loop tells it what it is doing (`doing`, for the watchdog's report) and calls the learner
     through `in_learner`."""
 
-    def __init__(self, parts: RunParts) -> None:
-        self.parts, self.cfg = parts, parts.cfg
+    def __init__(self, run: Run) -> None:
+        self.run, self.cfg = run, run.cfg
         # A learner call cut short (its thread goes on) or a restart not finished: the learner's
         # state is unknown, so the stop writes no checkpoint and no model/ over the latest good ones.
         self.learner_unsure = False
         self.restarting_learner = False
         # A role being replaced is not a stall (each replacement has its own time limit).
         self.watchdog = Watchdog(self.cfg.reliability.watchdog_s, self.waiting_report,
-                                 busy=lambda: self.restarting_learner or parts.engines.replacing())
+                                 busy=lambda: self.restarting_learner or run.rollouts.engines.replacing())
         self.doing("starting")
 
     async def in_learner(self, fn: Any, *args: Any) -> Any:
@@ -45,17 +45,17 @@ class Supervision:
             raise
 
     async def checkpoint(self) -> None:
-        parts = self.parts
-        same_state = parts.checkpointed_step == parts.learner.step  # saved or loaded: only its record again
-        await self.in_learner(write_checkpoint, parts.run_dir, parts.checkpoint_state(), parts.learner,
+        learning = self.run.learning
+        same_state = learning.checkpointed_step == learning.learner.step  # saved or loaded: only its record again
+        await self.in_learner(write_checkpoint, self.run.run_dir, self.run.checkpoint_state(), learning.learner,
                               self.cfg.keep_checkpoints, same_state)
-        parts.checkpointed_step = parts.learner.step
+        learning.checkpointed_step = learning.learner.step
 
     async def supervise(self, loop: Any) -> BaseException | None:
         """Run `loop` beside the engines' monitor (a lost engine is replaced) and a watchdog
         that gives up on it when nothing moves for too long. Returns what ended it, if not the
         loop's own end: a role lost for good or a stall (RoleFailed), or a crash."""
-        monitor = asyncio.create_task(self.parts.engines.monitor())
+        monitor = asyncio.create_task(self.run.rollouts.engines.monitor())
         try:
             self.watchdog.progress()
             waits = {asyncio.create_task(loop)}
@@ -72,20 +72,20 @@ class Supervision:
     async def restart_learner(self, lost: LearnerLost) -> None:
         """A rank is gone: new ranks on the same placement, back to the latest checkpoint and
         its weights published; RoleFailed past `reliability.max_restarts`."""
-        parts, limit = self.parts, self.cfg.reliability.max_restarts
+        learning, limit = self.run.learning, self.cfg.reliability.max_restarts
         self.learner_unsure, self.restarting_learner = True, True
         while True:
-            parts.progress.learner_restarts += 1
-            if parts.progress.learner_restarts > limit:
-                raise RoleFailed(f"learner: lost {parts.progress.learner_restarts} times, more than "
+            learning.restarts += 1
+            if learning.restarts > limit:
+                raise RoleFailed(f"learner: lost {learning.restarts} times, more than "
                                  f"reliability.max_restarts={limit}; the last time: {lost}") from lost
             print(f"\ntrain: {lost}; restarting the learner group from the latest checkpoint "
-                  f"({parts.progress.learner_restarts}/{limit})", flush=True)
+                  f"({learning.restarts}/{limit})", flush=True)
             self.doing("restarting the learner group")
             try:
-                await asyncio.to_thread(parts.learner.restart)
-                await asyncio.to_thread(parts.load_checkpoint, False)
-                await parts.publisher.publish()
+                await asyncio.to_thread(learning.learner.restart)
+                await asyncio.to_thread(self.run.load_checkpoint, False)
+                await learning.publisher.publish()
                 break
             except LearnerLost as again:
                 lost = again
@@ -100,21 +100,21 @@ class Supervision:
             saved = await self.final_checkpoint(failure)
             if saved:
                 try:
-                    await asyncio.to_thread(self.parts.export_model)  # before the eval: a failing eval keeps it
+                    await asyncio.to_thread(self.run.export_model)  # before the eval: a failing eval keeps it
                 except Exception as e:
                     if failure is None:
                         raise
                     print(f"\ntrain: no model/ at the stop: {type(e).__name__}: {e}", flush=True)
         finally:
-            self.parts.ledger.stop()  # after the checkpoint: a resume plays these again
+            self.run.rollouts.ledger.stop()  # after the checkpoint: a resume plays these again
         if failure is None:
             return
         if not isinstance(failure, RoleFailed):
             raise failure
-        latest = latest_tag(self.parts.run_dir)
+        latest = latest_tag(self.run.run_dir)
         where = f"checkpoint {latest}" if latest else "no checkpoint"
         raise type(failure)(f"{failure}\n{'the stop wrote' if saved else 'the stop could not write one; the latest is'} "
-                            f"{where} (rose-ray train --resume {self.parts.run_dir} goes on from it)")
+                            f"{where} (rose-ray train --resume {self.run.run_dir} goes on from it)")
 
     async def final_checkpoint(self, failure: BaseException | None) -> bool:
         """The stop's checkpoint; False when the learner's state is unknown (a call cut short, a
@@ -133,20 +133,20 @@ class Supervision:
             if failure is None and not isinstance(e, LearnerLost):
                 raise
             print(f"\ntrain: no checkpoint at the stop: {type(e).__name__}: {e}", flush=True)
-            self.parts.learner.shutdown()
+            self.run.learning.learner.shutdown()
             return False
 
     async def waiting_report(self) -> str:
         """Which role waits on what (the watchdog's report), one line each."""
         from rose_ray.rollout.actors import ping_pools
 
-        parts, (what, since) = self.parts, self.phase
-        lines = [f"driver: {what} for {time.monotonic() - since:.0f} s (step {parts.progress.step}/{self.cfg.steps}; "
-                 f"{len(parts.buffer.items)} of {self.cfg.rollout.batch_episodes} episodes ready, "
-                 f"{parts.buffer.in_flight} in flight)"]
-        lines += parts.runner.waiting()
-        lines += await parts.engines.describe()
-        lines += await ping_pools(parts.pools) or [f"env pools: all {len(parts.pools)} answer a ping"]
+        rollouts, (what, since) = self.run.rollouts, self.phase
+        lines = [f"driver: {what} for {time.monotonic() - since:.0f} s (step {self.run.learning.step}/{self.cfg.steps}; "
+                 f"{len(rollouts.buffer.items)} of {self.cfg.rollout.batch_episodes} episodes ready, "
+                 f"{rollouts.buffer.in_flight} in flight)"]
+        lines += rollouts.runner.waiting()
+        lines += await rollouts.engines.describe()
+        lines += await ping_pools(rollouts.pools) or [f"env pools: all {len(rollouts.pools)} answer a ping"]
         return "\n  ".join(lines)
 
     def doing(self, what: str) -> None:
