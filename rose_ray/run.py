@@ -477,7 +477,7 @@ class Run:
         self.start_state = self.checkpoint_state()
         self.start_state.rollouts.ledger["offset"] = 0
         if self.resume:
-            self.restarts_before = dict(self.load_checkpoint().restarts)
+            self.resume_from_latest()
 
     # ----------------------------------------------------------------- checkpoints
     @property
@@ -507,7 +507,7 @@ class Run:
         from rose_ray.learner.worker import CheckpointUnreadable
         from rose_ray.rollout.ledger import keep_steps
 
-        state, learning = self.start_state, self.learning
+        learning = self.learning
         if kept_steps(self.run_dir):  # a save cut short is not among them
             state = read_checkpoint(self.run_dir)  # the newest whose record reads (it says when it goes back)
             try:
@@ -516,8 +516,10 @@ class Run:
                 raise unreadable_checkpoint(e, self.run_dir, state.step, kept_steps(self.run_dir),
                                             "train --resume") from None
             learning.checkpointed_step = state.step
-        elif self.resume:
-            print(f"train: --resume: {self.run_dir} has no whole checkpoint: starting again from step 0", flush=True)
+        else:
+            state = self.start_state
+            if self.resume:
+                print(f"train: --resume: {self.run_dir} has no whole checkpoint: starting again from step 0", flush=True)
         for name, component in self.components().items():
             component.load_state_dict(getattr(state, name))
         for log in ("trajectories.jsonl", "metrics.jsonl"):  # steps after it are trained again
@@ -527,6 +529,10 @@ class Run:
         print(f"train: {self.run_dir} at step {state.step} (policy version {learning.learner.version}); "
               f"{len(self.rollouts.ledger.replay)} open episodes to play again", flush=True)
         return state
+
+    def resume_from_latest(self, publish: bool = True) -> None:
+        """`--resume`: back to the latest checkpoint, counting on from the restarts before it."""
+        self.restarts_before = dict(self.load_checkpoint(publish).restarts)
 
     def restarts(self) -> dict[str, int]:
         """Replacements per role over the whole run: this process's, plus those before a resume

@@ -1,10 +1,12 @@
 """The checkpoint record (rose_ray/checkpoint.py): written whole, read by one function, its format
-checked; records written before it named its format still load."""
+checked; records of the flat formats 1 and 2 still load; a run's components (rose_ray/run.py)
+go back to their state through it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -12,12 +14,16 @@ import pytest
 from rose_ray.checkpoint import (
     FORMAT,
     Checkpoint,
+    EvalState,
+    LearningState,
+    RolloutState,
     kept_steps,
     latest_tag,
     read_checkpoint,
     write_checkpoint,
 )
 from rose_ray.errors import InputError
+from rose_ray.types import GameId
 
 
 class FakeLearner:
@@ -36,9 +42,10 @@ class FakeLearner:
 
 
 def record(step: int) -> Checkpoint:
-    return Checkpoint(step=step, version=step, ledger={"next_n": 4, "offset": 10, "open": []},
-                      buffer={"admitted": 4}, runner={"started": 4}, replies={"replies": 3},
-                      history={"eval": [{"step": 0, "who": "student", "score": 0.5}]},
+    return Checkpoint(learning=LearningState(step=step, version=step, replies={"replies": 3}),
+                      rollouts=RolloutState(ledger={"next_n": 4, "offset": 10, "open": []}, buffer={"admitted": 4},
+                                            runner={"started": 4}),
+                      evals=EvalState(history={"eval": [{"step": 0, "who": "student", "score": 0.5}]}),
                       restarts={"learner": 1})
 
 
@@ -50,7 +57,8 @@ def test_a_record_is_written_whole_read_back_and_old_ones_go(tmp_path):
     assert kept_steps(tmp_path) == [2, 3] and latest_tag(tmp_path) == "step_3"
     assert not (tmp_path / "checkpoints" / "step_1").exists()
     back = read_checkpoint(tmp_path)
-    assert back == Checkpoint(**{**asdict(record(3)), "tag": "step_3"}) and back.format == FORMAT
+    assert back == replace(record(3), tag="step_3") and back.format == FORMAT
+    assert json.loads((tmp_path / "checkpoints" / "trainer_step_3.json").read_text())["learning"]["step"] == 3
     assert read_checkpoint(tmp_path, 2).step == 2
     with pytest.raises(InputError, match="no checkpoint of step 1; kept steps: 2, 3"):
         read_checkpoint(tmp_path, 1)
@@ -65,14 +73,25 @@ def write_record(run_dir: Path, fields: dict) -> Path:
     return path
 
 
-def test_a_record_without_a_format_reads_as_format_1(tmp_path):
-    """As the run wrote it before the record named its format: the same fields, no `format`."""
-    old = {"step": 2, "version": 2, "ledger": {"next_n": 4}, "buffer": {"admitted": 4}, "runner": {"started": 4},
-           "replies": {"replies": 3}, "history": {"eval": []}, "restarts": {"learner": 0}, "tag": "step_2"}
-    write_record(tmp_path, old)
+FLAT = {"step": 2, "version": 2, "ledger": {"next_n": 4}, "buffer": {"admitted": 4}, "runner": {"started": 4},
+        "replies": {"replies": 3}, "history": {"eval": []}, "restarts": {"learner": 1}, "tag": "step_2"}
+
+
+@pytest.mark.parametrize("fmt", [None, 2])
+def test_a_flat_record_reads_into_each_components_part(tmp_path, fmt):
+    """Formats 1 (before the record named its format: no `format`) and 2 were one flat record of
+    the same fields; each field goes to the part that keeps it now, so their runs resume."""
+    write_record(tmp_path, FLAT if fmt is None else {**FLAT, "format": fmt})
     back = read_checkpoint(tmp_path)
-    assert back.format == 1 and asdict(back) == {**old, "format": 1}
-    assert back.progress == {"step": 2, "history": {"eval": []}, "replies": {"replies": 3}}
+    assert back == Checkpoint(learning=LearningState(step=2, version=2, replies={"replies": 3}),
+                              rollouts=RolloutState(ledger={"next_n": 4}, buffer={"admitted": 4},
+                                                    runner={"started": 4}),
+                              evals=EvalState(history={"eval": []}), restarts={"learner": 1}, tag="step_2",
+                              format=fmt or 1)
+    # Older still: before replies and restarts were kept (none counted).
+    write_record(tmp_path / "older", {k: v for k, v in FLAT.items() if k not in ("replies", "restarts")})
+    older = read_checkpoint(tmp_path / "older")
+    assert older.learning.replies == {"replies": 0, "truncated": 0, "cut_before_action": 0} and older.restarts == {}
 
 
 def test_a_record_this_code_cannot_read_is_named_with_its_format(tmp_path):
@@ -82,53 +101,92 @@ def test_a_record_this_code_cannot_read_is_named_with_its_format(tmp_path):
     path.write_text(json.dumps({"step": 2, "version": 2, "tag": "step_2"}))
     with pytest.raises(InputError, match=f"{path}: checkpoint format 1 without buffer, history, ledger, runner"):
         read_checkpoint(tmp_path)
+    path.write_text(json.dumps({"format": FORMAT, "learning": {"step": 2}, "rollouts": [], "tag": "step_2"}))
+    with pytest.raises(InputError, match=f"{path}: checkpoint format {FORMAT} without buffer, history, ledger, "
+                                         "runner, version"):
+        read_checkpoint(tmp_path)
 
 
-def test_every_part_goes_back_to_its_state_dict_through_the_record(tmp_path):
-    """Progress, ledger (with its sampler), buffer and runner: each part's `state_dict()` into a
-    record, written and read back, then `load_state_dict` into fresh parts gives the same state."""
-    import asyncio
+class StandInLearner(FakeLearner):
+    """The learner group's side of going back (its DeepSpeed state is its own folder: the e2e
+    runs carry that): its step and version are the folder's."""
 
+    def load_checkpoint(self, path: Path, tag: str) -> dict:
+        self.step = self.version = int((Path(path) / tag / "mp_rank_00_model_states.pt").read_text().split()[-1])
+        return {"tag": tag, "step": self.step, "version": self.version}
+
+
+GAMES = [GameId("boil", i, f"sciworld_{i}") for i in range(5)]
+
+
+def run_of(run_dir: Path, resume: bool):
+    """A run's own components (rose_ray/run.py), with their parts as `Run.start` makes them but
+    no actors (env pools, engines, DeepSpeed ranks): a ledger, a buffer, a runner, an engine
+    supervisor watching nothing, the evals' history, and the stand-in learner."""
+    from rose_ray.config import load_config
     from rose_ray.rollout.buffer import TrajectoryBuffer
     from rose_ray.rollout.ledger import EpisodeLedger, GameSampler
     from rose_ray.rollout.runner import EpisodeRunner
-    from rose_ray.run import Progress
-    from rose_ray.types import GameId
+    from rose_ray.rollout.supervisor import EngineSupervisor
+    from rose_ray.run import Run
 
-    games = [GameId("boil", i, f"sciworld_{i}") for i in range(5)]
-    progress = Progress(step=3, history={"eval": [{"step": 0, "who": "dev", "score": 0.25}]})
-    progress.replies["replies"] = 7
-    ledger = EpisodeLedger(tmp_path / "episodes.jsonl", GameSampler(games, seed=3))
-    drawn = [ledger.draw() for _ in range(6)]
-    ledger.record(drawn[0].episode_id, "trained", step=1)
-    buffer, runner = TrajectoryBuffer(batch_episodes=2, max_lag=1), EpisodeRunner([], 1)
+    run = Run(load_config(None, []), run_dir, resume=resume)
+    rollouts = run.rollouts
+    rollouts.ledger = EpisodeLedger(run_dir / "episodes.jsonl", GameSampler(GAMES, seed=3 if not resume else 0),
+                                    fresh=not resume)
+    rollouts.buffer, rollouts.runner, rollouts.engines = TrajectoryBuffer(2, 1), EpisodeRunner([], 1), EngineSupervisor()
+    run.learning.learner = StandInLearner()
+    return run
 
-    async def admit() -> None:
+
+def fields_of(record: Checkpoint) -> dict:
+    """Each component's state field by field (`learning.step`, ...), and the run's restarts."""
+    return {"restarts": record.restarts, **{f"{name}.{key}": value for name in Checkpoint.parts()
+                                            for key, value in asdict(getattr(record, name)).items()}}
+
+
+def test_a_runs_components_go_back_to_their_state_through_the_checkpoint(tmp_path):
+    """The round trip through the run's own components: a run driven away from its start (games
+    drawn, episodes trained, failed and open, steps and replies counted, evals, restarts) saves
+    `Run.checkpoint_state()` with `write_checkpoint`; a fresh run resumed from it
+    (`Run.resume_from_latest`, as `train --resume`) holds the same state, every field of every
+    component. Each field is first checked to differ from a fresh run's, so a field that a
+    component does not carry (left out of its `state_dict`, or not put back by its
+    `load_state_dict`) fails here, named."""
+    run = run_of(tmp_path, resume=False)
+    rollouts, learning = run.rollouts, run.learning
+    drawn = [rollouts.ledger.draw() for _ in range(6)]
+    rollouts.ledger.record(drawn[0].episode_id, "trained", step=1)
+    rollouts.ledger.record(drawn[1].episode_id, "failed", error="a test")
+
+    async def play() -> None:
         for _ in range(3):
-            await buffer.admit()
-    asyncio.run(admit())
-    runner.counters.started, runner.counters.finished = 5, 2
-    runner.in_flight = 1
-    learner = FakeLearner()
-    learner.step = learner.version = 3
-    saved = Checkpoint(version=3, ledger=ledger.state_dict(), buffer=buffer.state_dict(),
-                       runner=runner.state_dict(buffered=1), restarts={}, **progress.state_dict())
-    write_checkpoint(tmp_path, saved, learner, keep=1)
-    back = read_checkpoint(tmp_path)
-    assert back == Checkpoint(**{**asdict(saved), "tag": "step_3"})
+            await rollouts.buffer.admit()
+        await rollouts.buffer.fail()
+    asyncio.run(play())
+    rollouts.runner.counters.started, rollouts.runner.counters.finished = 5, 2
+    rollouts.runner.in_flight = 1
+    learning.learner.step = learning.learner.version = learning.step = 3
+    learning.replies.update(replies=7, truncated=1)
+    learning.restarts = 1
+    run.evals.history["eval"].append({"step": 0, "who": "dev", "score": 0.25})
+    run.restarts_before = {"student engine": 2}
+    saved = run.checkpoint_state()
+    write_checkpoint(tmp_path, saved, learning.learner, keep=1)
+    run.rollouts.ledger.close()
 
-    progress2, buffer2, runner2 = Progress(), TrajectoryBuffer(2, 1), EpisodeRunner([], 1)
-    ledger2 = EpisodeLedger(tmp_path / "episodes.jsonl", GameSampler(games, seed=0), fresh=False)
-    for part, state in ((progress2, back.progress), (ledger2, back.ledger), (buffer2, back.buffer),
-                        (runner2, back.runner)):
-        part.load_state_dict(state)
-    assert progress2.state_dict() == progress.state_dict()
-    assert buffer2.state_dict() == buffer.state_dict() == {"admitted": 0, "accepted": 0, "dropped_stale": 0,
-                                                           "failed": 0, "trained": 0}
-    assert runner2.state_dict() == {"started": 3, "finished": 1, "restarts": 0, "failed": 0}
-    assert ledger2.state_dict() == ledger.state_dict()
-    assert [d.n for d in (ledger2.draw() for _ in range(6))] == [1, 2, 3, 4, 5, 6]  # the open ones first
-    ledger.close(), ledger2.close()
+    resumed = run_of(tmp_path, resume=True)
+    fresh = fields_of(resumed.checkpoint_state())
+    for key, value in fields_of(saved).items():
+        assert value != fresh[key], (f"{key}: a fresh run has the value this run saved; drive it away from its "
+                                     "start here, or this test cannot see whether it is carried")
+    resumed.resume_from_latest(publish=False)
+    back = fields_of(resumed.checkpoint_state())
+    for key, value in fields_of(saved).items():
+        assert back[key] == value, f"{key}: not carried through the checkpoint"
+    # What it goes on with: the episodes open at the save first, then the game order's next.
+    assert [resumed.rollouts.ledger.draw().n for _ in range(6)] == [2, 3, 4, 5, 6, 7]
+    resumed.rollouts.ledger.close()
 
 
 def test_a_whole_checkpoint_is_not_written_again_at_the_same_step(tmp_path):
@@ -141,10 +199,10 @@ def test_a_whole_checkpoint_is_not_written_again_at_the_same_step(tmp_path):
     assert write_checkpoint(tmp_path, record(2), learner, keep=1) is True
     shard = tmp_path / "checkpoints" / "step_2" / "mp_rank_00_model_states.pt"
     before = shard.stat()
-    later = Checkpoint(**{**asdict(record(2)), "history": {"eval": [{"step": 2, "who": "dev", "score": 0.75}]}})
+    later = replace(record(2), evals=EvalState(history={"eval": [{"step": 2, "who": "dev", "score": 0.75}]}))
     assert write_checkpoint(tmp_path, later, learner, keep=1, same_state=True) is False
     assert learner.saves == 1 and (shard.stat().st_ino, shard.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-    assert read_checkpoint(tmp_path).history == later.history and kept_steps(tmp_path) == [2]
+    assert read_checkpoint(tmp_path).evals == later.evals and kept_steps(tmp_path) == [2]
     # The same step number from another state (a run gone back past an unreadable record to
     # step 1 and trained to step 2 again): written again, through a temp folder.
     assert write_checkpoint(tmp_path, record(2), learner, keep=1) is True and learner.saves == 2
