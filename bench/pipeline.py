@@ -67,16 +67,17 @@ def actor_info(handle: Any) -> dict[str, Any]:
 
 
 def role_processes(parts: Any) -> dict[str, dict[str, Any]]:
-    """Process ids of every role of a started run (RunParts): {name: {pid, torch_threads, role}}."""
+    """Process ids of every role of a started run (run.Run): {name: {pid, torch_threads, role}}."""
     import psutil
 
     out: dict[str, dict[str, Any]] = {}
-    for n, w in enumerate(parts.learner.workers):
+    rollouts = parts.rollouts
+    for n, w in enumerate(parts.learning.learner.workers):
         out[f"learner rank {n}"] = {"role": "learner", **actor_info(w)}
-    out["student engine"] = {"role": "rollout", **actor_info(parts.student.engine)}
-    if parts.teacher is not None and parts.teacher.engine is not parts.student.engine:
-        out["teacher engine"] = {"role": "rollout", **actor_info(parts.teacher.engine)}
-    for kind, pools in (("env pool", parts.pools), ("eval env pool", parts.eval_pools)):
+    out["student engine"] = {"role": "rollout", **actor_info(rollouts.student.engine)}
+    if rollouts.teacher is not None and rollouts.teacher.engine is not rollouts.student.engine:
+        out["teacher engine"] = {"role": "rollout", **actor_info(rollouts.teacher.engine)}
+    for kind, pools in (("env pool", rollouts.pools), ("eval env pool", parts.evals.pools)):
         for n, pool in enumerate(pools):
             info = actor_info(pool)
             out[f"{kind} {n}"] = {"role": "rollout", **info}
@@ -123,29 +124,30 @@ def engine_steps(parts: Any) -> dict[str, list[float]]:
     import ray
 
     out = {}
-    for role, agent in (("student", parts.student), ("teacher", parts.teacher)):
+    for role, agent in (("student", parts.rollouts.student), ("teacher", parts.rollouts.teacher)):
         stats = ray.get(agent.engine.stats.remote(), timeout=60)
         out[role] = [float(stats.get("steps", 0)), float(stats.get("sequence_steps", 0))]
     return out
 
 
 def counters(trainer: Any) -> dict[str, Any]:
-    lags = trainer.buffer.lags
+    buffer, runner = trainer.rollouts.buffer, trainer.rollouts.runner
+    lags = buffer.lags
     return {
-        "steps": trainer.step, "version": trainer.learner.version,
-        "episodes_finished": trainer.runner.counters.finished,
-        "buffer": trainer.buffer.counters.as_dict(), "runner": trainer.runner.counters.as_dict(),
+        "steps": trainer.step, "version": trainer.learning.learner.version,
+        "episodes_finished": runner.counters.finished,
+        "buffer": buffer.counters.as_dict(), "runner": runner.counters.as_dict(),
         "mean_policy_lag": sum(lags) / len(lags) if lags else 0.0, "learn_s": trainer.learn_s,
     }
 
 
 async def drive(trainer: Any, budget_s: float, procs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Run the trainer for `budget_s` seconds of its loop; counters as they stood at the budget."""
-    run = asyncio.create_task(trainer.run())
-    while trainer.stop is None and not run.done():  # run() makes its stop event first thing
+    run = asyncio.create_task(trainer.train())
+    while trainer.stop is None and not run.done():  # train() makes its stop event first thing
         await asyncio.sleep(0.01)
     cpu0, t0, learn0 = cpu_seconds(procs), time.perf_counter(), trainer.learn_s
-    steps0 = await asyncio.to_thread(engine_steps, trainer.parts)
+    steps0 = await asyncio.to_thread(engine_steps, trainer.run)
     done, _ = await asyncio.wait({run}, timeout=budget_s)
     if done:  # the loop ended early: an error (raise it) or an unexpected finish
         run.result()
@@ -153,7 +155,7 @@ async def drive(trainer: Any, budget_s: float, procs: dict[str, dict[str, Any]])
     seconds = time.perf_counter() - t0
     snap = counters(trainer)
     snap["learn_s"] -= learn0
-    steps1 = await asyncio.to_thread(engine_steps, trainer.parts)
+    steps1 = await asyncio.to_thread(engine_steps, trainer.run)
     snap["engine_mean_batch"] = {role: (steps1[role][1] - steps0[role][1]) / (steps1[role][0] - steps0[role][0])
                                  for role in steps1 if steps1[role][0] > steps0[role][0]}
     cpu1 = cpu_seconds(procs)
@@ -171,14 +173,14 @@ def run_mode(mode: str, args: argparse.Namespace, overrides: list[str], work: Pa
 
     from rose_ray.config import load_config
     from rose_ray.rollout.actors import init_ray
-    from rose_ray.run import RunParts
+    from rose_ray.run import Run
     from rose_ray.train import Trainer
 
     run_dir = work / mode
     cfg = load_config(None, [*overrides, f"mode={mode}", f"name=bench_{mode}", f"run_dir={run_dir}"])
     run_dir.mkdir(parents=True, exist_ok=True)
     init_ray()
-    parts = RunParts(cfg, run_dir, resume=False)
+    parts = Run(cfg, run_dir, resume=False)
     try:
         t0 = time.perf_counter()
         parts.start()
@@ -197,10 +199,10 @@ def run_mode(mode: str, args: argparse.Namespace, overrides: list[str], work: Pa
             except ProcessLookupError:
                 info["affinity"] = None
     finally:
-        agents = (getattr(parts, "student", None), getattr(parts, "teacher", None))
+        agents = (parts.rollouts.student, parts.rollouts.teacher)
         engines = {id(a.engine): a.engine for a in agents if a is not None}.values()
         parts.close()
-        for engine in engines:  # RunParts.close leaves the engine actors to the Ray session
+        for engine in engines:  # Run.close leaves the engine actors to the Ray session
             ray.kill(engine)
         pin(os.getpid(), set(range(os.cpu_count() or 1)))  # unpin the driver for the next mode
         ray.shutdown()

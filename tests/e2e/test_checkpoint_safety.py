@@ -21,13 +21,21 @@ import pytest
 import torch
 
 from rose_ray.chat import ChatFormat
-from rose_ray.checkpoint import Checkpoint, kept_steps, latest_tag, write_checkpoint
+from rose_ray.checkpoint import (
+    Checkpoint,
+    EvalState,
+    LearningState,
+    RolloutState,
+    kept_steps,
+    latest_tag,
+    write_checkpoint,
+)
 from rose_ray.cli import main
 from rose_ray.config import load_config, to_yaml
 from rose_ray.learner.learner import LearnerGroup
 from rose_ray.learner.worker import NonFiniteWeights, _load_rng_state, _rng_state, _set_rng_state
 from rose_ray.rows import row_to_trajectory
-from rose_ray.run import RunParts
+from rose_ray.run import Run
 from rose_ray.tokens import make_batch, render
 from tests.unit.test_learner import WEIGHTS, config, conversations
 
@@ -76,7 +84,7 @@ def test_a_nonfinite_loss_skips_its_step(group, tiny_models, zero_stage, dtype):
     assert np.isfinite(after).all() and not np.array_equal(after, before)
 
 
-def run_folder(tmp_path: Path, tiny_models, group) -> RunParts:
+def run_folder(tmp_path: Path, tiny_models, group) -> Run:
     """A run folder (its config.yaml) whose checkpoints `write_checkpoint` writes from the real
     learner group, as a run does."""
     run_dir = tmp_path / "run"
@@ -84,14 +92,15 @@ def run_folder(tmp_path: Path, tiny_models, group) -> RunParts:
     cfg = load_config(None, [f"student_engine.model={tiny_models['student']}", "keep_checkpoints=2",
                              "learner.threads=1", "learner.max_tokens=2048"])
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    parts = RunParts(cfg, run_dir, resume=False)
-    parts.learner = group
-    return parts
+    run = Run(cfg, run_dir, resume=False)
+    run.learning.learner = group
+    return run
 
 
-def save(parts: RunParts) -> None:
-    record = Checkpoint(parts.learner.step, parts.learner.version, {"sampler": {}}, {}, {}, {}, {}, {})
-    write_checkpoint(parts.run_dir, record, parts.learner, parts.cfg.keep_checkpoints)
+def save(parts: Run) -> None:
+    group = parts.learning.learner
+    record = Checkpoint(LearningState(group.step, group.version), RolloutState({"sampler": {}}, {}, {}), EvalState({}))
+    write_checkpoint(parts.run_dir, record, group, parts.cfg.keep_checkpoints)
 
 
 def test_no_checkpoint_is_written_from_nonfinite_weights(group, tiny_models, tmp_path):
@@ -166,7 +175,7 @@ def test_export_and_resume_pass_over_a_save_killed_midway(group, tiny_models, tm
     assert f"checkpoint step_2 of {parts.run_dir}: its record cannot be read" in err and "going back to step_1" in err
 
 
-def _save_or_fail(parts: RunParts, failed: list[BaseException]) -> None:
+def _save_or_fail(parts: Run, failed: list[BaseException]) -> None:
     try:
         save(parts)
     except BaseException as e:  # noqa: BLE001 - the save's failure is what the test checks

@@ -21,7 +21,7 @@ from rose_ray.cli import main
 from rose_ray.config import load_config
 from rose_ray.inference.engine import EngineConfig
 from rose_ray.reliability import RoleFailed, Stalled
-from rose_ray.run import RunParts
+from rose_ray.run import Run
 from rose_ray.train import Trainer, train
 from tests.unit.test_reliability import read_jsonl, until
 
@@ -62,17 +62,17 @@ def actor_pid(handle) -> int:
     return ray.get(handle.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
 
 
-def drive(parts: RunParts, chaos) -> tuple[dict | None, BaseException | None]:
-    """Run the loop over the started `parts` beside `chaos(trainer)`; (summary, None) or (None, the error)."""
-    trainer = Trainer(parts)
+def drive(run: Run, chaos) -> tuple[dict | None, BaseException | None]:
+    """Run the loop over the started `run` beside `chaos(trainer)`; (summary, None) or (None, the error)."""
+    trainer = Trainer(run)
 
     async def main():
-        run = asyncio.create_task(trainer.run())
+        loop = asyncio.create_task(trainer.train())
         while trainer.stop is None:
             await asyncio.sleep(0.01)
         side = asyncio.create_task(chaos(trainer))
         try:
-            return await run
+            return await loop
         finally:
             if not side.done():
                 side.cancel()
@@ -93,21 +93,21 @@ def test_a_run_survives_a_killed_student_a_hung_teacher_and_a_killed_learner_ran
     steps = 6
     cfg = load_config(None, overrides(tiny_models, run_dir, steps, "learner.ranks=2", "learner.cpus_per_rank=0.25"))
     run_dir.mkdir()
-    parts = RunParts(cfg, run_dir, resume=False)
+    run = Run(cfg, run_dir, resume=False)
     seen: dict = {}
 
     async def chaos(t: Trainer) -> None:
         await until("step 1", lambda: t.step >= 1)
-        seen["student"] = t.parts.student.engine
-        os.kill((await t.parts.student.engine.health.remote())["pid"], signal.SIGKILL)
-        await until("the student's replacement", lambda: t.engines.restarts()["student engine"] == 1
-                    and t.parts.student.engine is not seen["student"] and t.step >= 2)
+        seen["student"] = t.rollouts.student.engine
+        os.kill((await t.rollouts.student.engine.health.remote())["pid"], signal.SIGKILL)
+        await until("the student's replacement", lambda: t.rollouts.engines.restarts()["student engine"] == 1
+                    and t.rollouts.student.engine is not seen["student"] and t.step >= 2)
         # Hung, not dead: only the health ping (no answer within health_timeout_s) can tell.
-        hung = (await t.parts.teacher.engine.health.remote())["pid"]
-        seen["teacher"] = t.parts.teacher.engine
+        hung = (await t.rollouts.teacher.engine.health.remote())["pid"]
+        seen["teacher"] = t.rollouts.teacher.engine
         os.kill(hung, signal.SIGSTOP)
         try:
-            await until("the teacher's replacement", lambda: t.parts.teacher.engine is not seen["teacher"])
+            await until("the teacher's replacement", lambda: t.rollouts.teacher.engine is not seen["teacher"])
         finally:
             try:
                 os.kill(hung, signal.SIGCONT)  # a no-op once the replacement's kill has landed
@@ -115,14 +115,14 @@ def test_a_run_survives_a_killed_student_a_hung_teacher_and_a_killed_learner_ran
                 pass
         await until("an odd step", lambda: t.step % 2 == 1 and t.step >= 3)  # past the last checkpoint
         seen["step_killed"] = t.step
-        os.kill(await asyncio.to_thread(actor_pid, t.learner.workers[1]), signal.SIGKILL)
+        os.kill(await asyncio.to_thread(actor_pid, t.learning.learner.workers[1]), signal.SIGKILL)
 
     try:
-        parts.start()
-        summary, error = drive(parts, chaos)
-        version = asyncio.run(_health(parts.student.engine))["version"]
+        run.start()
+        summary, error = drive(run, chaos)
+        version = asyncio.run(_health(run.rollouts.student.engine))["version"]
     finally:
-        parts.close()
+        run.close()
     out = capsys.readouterr().out
     assert error is None, error
     assert summary["steps"] == steps and summary["version"] == steps
@@ -136,14 +136,14 @@ def test_a_run_survives_a_killed_student_a_hung_teacher_and_a_killed_learner_ran
     # Resumed, and the student engine lost once more: summary.json counts over the whole run.
     steps_after = steps + 4  # steps enough that the run cannot end on buffered episodes alone
     cfg = load_config(None, overrides(tiny_models, run_dir, steps_after, "learner.ranks=2", "learner.cpus_per_rank=0.25"))
-    resumed = RunParts(cfg, run_dir, resume=True)
+    resumed = Run(cfg, run_dir, resume=True)
 
     async def kill_student(t: Trainer) -> None:
         await until("a step after the resume", lambda: t.step > steps)
-        engine = t.parts.student.engine
+        engine = t.rollouts.student.engine
         os.kill((await engine.health.remote())["pid"], signal.SIGKILL)
-        await until("the student's replacement", lambda: t.engines.restarts()["student engine"] == 1
-                    and t.parts.student.engine is not engine)
+        await until("the student's replacement", lambda: t.rollouts.engines.restarts()["student engine"] == 1
+                    and t.rollouts.student.engine is not engine)
 
     try:
         resumed.start()
@@ -214,12 +214,12 @@ def test_a_vllm_student_engine_that_stalls_dies_or_keeps_stale_kv_still_gets_eve
                                       # thawed on a loaded machine (a CI run counted a third restart).
                                       f"reliability.health_timeout_s={PUBLISH_TIMEOUT_S + 60}"))
     run_dir.mkdir()
-    parts = RunParts(cfg, run_dir, resume=False)
+    run = Run(cfg, run_dir, resume=False)
     killed_at: list[int] = []
     faults: dict[str, object] = {}
 
     async def faults_on_the_way(t: Trainer) -> None:
-        publish_now = t.publisher.publish_now
+        publish_now = t.learning.publisher.publish_now
 
         def publish_now_with_faults(engine) -> None:  # (in the publisher's thread, before the learner sends)
             if "stopped" not in faults:  # the first publication: a member that does not join
@@ -227,28 +227,28 @@ def test_a_vllm_student_engine_that_stalls_dies_or_keeps_stale_kv_still_gets_eve
                 stop_process(pid)
                 faults["stopped"] = threading.Timer(PUBLISH_TIMEOUT_S + 4, os.kill, (pid, signal.SIGCONT))
                 faults["stopped"].start()
-            elif t.learner.version == 3 and "held" not in faults:  # sync: the engine is idle now
+            elif t.learning.learner.version == 3 and "held" not in faults:  # sync: the engine is idle now
                 faults["held"] = engine
                 ray.get(engine.__ray_call__.remote(hold_vllm_blocks))
             publish_now(engine)
 
-        t.publisher.publish_now = publish_now_with_faults  # (the supervisor's replacements call it too)
+        t.learning.publisher.publish_now = publish_now_with_faults  # (the supervisor's replacements call it too)
         await until("step 2", lambda: t.step >= 2)
-        engine = t.parts.student.engine
+        engine = t.rollouts.student.engine
         killed_at.append(t.step)
         os.kill((await engine.health.remote())["pid"], signal.SIGKILL)
-        await until("the student's replacement", lambda: t.engines.restarts()["student engine"] == 1
-                    and t.parts.student.engine is not engine)
-        await until("the replacement's replacement", lambda: t.engines.restarts()["student engine"] == 2)
+        await until("the student's replacement", lambda: t.rollouts.engines.restarts()["student engine"] == 1
+                    and t.rollouts.student.engine is not engine)
+        await until("the replacement's replacement", lambda: t.rollouts.engines.restarts()["student engine"] == 2)
 
     try:
-        parts.start()
-        summary, error = drive(parts, faults_on_the_way)
-        version = asyncio.run(_health(parts.student.engine))["version"]
+        run.start()
+        summary, error = drive(run, faults_on_the_way)
+        version = asyncio.run(_health(run.rollouts.student.engine))["version"]
     finally:
         if "stopped" in faults:
             faults["stopped"].join()
-        parts.close()
+        run.close()
     out = capsys.readouterr().out
     assert error is None, error
     assert summary["steps"] == steps and version == steps
@@ -282,22 +282,22 @@ def test_the_watchdog_names_a_hung_env_pool_then_checkpoints_and_stops(tiny_mode
     run_dir = tmp_path / "run"
     cfg = load_config(None, overrides(tiny_models, run_dir, 100, "reliability.watchdog_s=6"))
     run_dir.mkdir()
-    parts = RunParts(cfg, run_dir, resume=False)
+    run = Run(cfg, run_dir, resume=False)
     pids: list[int] = []
 
     async def chaos(t: Trainer) -> None:
         await until("step 1", lambda: t.step >= 1)
-        pids.append(await asyncio.to_thread(actor_pid, t.parts.pools[0]))
+        pids.append(await asyncio.to_thread(actor_pid, t.rollouts.pools[0]))
         os.kill(pids[0], signal.SIGSTOP)  # every env call now waits forever
 
     try:
-        parts.start()
-        summary, error = drive(parts, chaos)
-        step = parts.progress.step
+        run.start()
+        summary, error = drive(run, chaos)
+        step = run.learning.step
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)  # so that closing it is quick
-        parts.close()
+        run.close()
     out = capsys.readouterr().out
     assert summary is None and isinstance(error, Stalled)
     message = str(error)
