@@ -233,9 +233,9 @@ def run_scalars(rollouts: Any, learning: Any, restarts: dict[str, int], batch: l
         "env/step_ms_p50": sorted(p50)[len(p50) // 2] if p50 else 0.0,
         "env/step_ms_p95": max(p95) if p95 else 0.0,
         "env/restarts": float(rollouts.runner.counters.restarts + sum(h["restarts"] for h in env_health)),
-        "weights/sync_ms": learning.publisher.weights_ms,
+        "weights/sync_ms": learning.weights_ms,
         "weights/version": float(learning.learner.version),
-        "publish/fallbacks": float(learning.publisher.fallbacks),
+        "publish/fallbacks": float(learning.fallbacks),
         "reliability/engine_restarts": float(sum(n for role, n in restarts.items() if role != "learner")),
         "reliability/learner_restarts": float(restarts["learner"]),
     }

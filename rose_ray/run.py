@@ -5,8 +5,8 @@ checkpoint state (`state_dict`/`load_state_dict`, a dataclass of checkpoint.py e
 - `Rollouts`: episodes into the buffer: env pools, the student and the teacher engine under an
   `EngineSupervisor` (a tiny teacher warmed first: recipes/warmup.py), the episode runner, the
   episode ledger (the game order, each episode's outcome) and the trajectory buffer.
-- `Learning`: the learner group trained on the buffer's batches, and the `Publisher` of its
-  weights to the student engine, a replacement engine included.
+- `Learning`: the learner group trained on the buffer's batches, its weights published to the
+  student engine, a replacement engine included.
 - `Evals`: the held-out evals, as `rose-ray eval --run` plays them, and their history.
 - `Failures`: the run's one failure channel. A component that meets a failure it cannot handle
   itself (an engine lost for good, the learner lost while publishing to a replacement engine,
@@ -80,56 +80,6 @@ class Failures:
         if not self.errors:
             self.reported.clear()
         return error
-
-
-class Publisher:
-    """The learner's weights to the student engine, every `publish_every` steps and to each
-    replacement student engine before it serves."""
-
-    def __init__(self, learner: Any, student: Any, engines: Any, failures: Failures, config: Any = None) -> None:
-        self.learner, self.student, self.engines, self.failures = learner, student, engines, failures
-        self.config = config  # a PublishConfig (rose_ray/publish/route.py): how the weights travel
-        self.weights_ms = 0.0
-        self.published: tuple[Any, int] | None = None  # (engine, learner version) last sent
-        self.fallbacks = 0  # collectives given up for the object store (publish/fallbacks)
-
-    def publish_now(self, engine: Any) -> None:
-        from rose_ray.publish.route import PublishConfig
-
-        version = self.learner.version
-        out = self.learner.publish_weights([engine], self.config)
-        self.weights_ms = out["total_ms"]
-        self.published = (engine, version)
-        if out.get("fallback"):
-            # The object store from now on, a restarted learner group's publisher included (it
-            # would otherwise try the collective again, and stall as long again).
-            self.fallbacks += 1
-            self.config = replace(self.config or PublishConfig(), method="object_store", collective_backend="auto")
-            print(f"\ntrain: weight publication: {out['fallback']}; version {version} and every later one go "
-                  "through the object store (publish/fallbacks)", flush=True)
-
-    async def publish(self) -> None:
-        """To the serving student engine. One lost meanwhile is replaced first (the replacement
-        gets the weights before it serves); LearnerLost is the learner's, raised."""
-        while True:
-            engine = self.student.engine
-            if self.published == (engine, self.learner.version):
-                return  # a step skipped for a non-finite loss made no new version: nothing to send
-            try:
-                return await asyncio.to_thread(self.publish_now, engine)
-            except LearnerLost:
-                raise
-            except Exception:
-                if not await self.engines.lost("student engine", engine):
-                    raise
-
-    async def engine_started(self, role: str, engine: Any) -> None:
-        """The supervisor's hook: a replacement student engine gets the latest weights first."""
-        if role == "student engine":
-            try:
-                await asyncio.to_thread(self.publish_now, engine)
-            except LearnerLost as lost:  # not the engine's fault: the loop restarts the learner
-                self.failures.report(lost)  # group, which then publishes to this engine
 
 
 def await_ready(agents: dict[str, Any], timeout_s: float) -> None:
@@ -316,13 +266,16 @@ class Rollouts:
 
 
 class Learning:
-    """The learner group trained on the buffer's batches (`train`), and the `publisher` of its
-    weights to the student engine. Its checkpoint state: LearningState (the learner's own is its
-    DeepSpeed folder beside the record)."""
+    """The learner group trained on the buffer's batches (`train`), its weights published to the
+    student engine every `publish_every` steps (`publish`) and to each replacement student engine
+    before it serves. Its checkpoint state: LearningState (the learner's own is its DeepSpeed
+    folder beside the record)."""
 
-    publisher: Publisher
     token_weights: TokenWeights
     pad_id: int
+    student: Agent
+    engines: EngineSupervisor
+    failures: Failures
 
     def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
         self.cfg, self.run_dir = cfg, run_dir
@@ -331,6 +284,10 @@ class Learning:
         self.replies = no_replies()  # trained episodes' replies, and how many of them were cut
         self.restarts = 0  # learner groups restarted in this process (reliability.max_restarts counts these)
         self.checkpointed_step: int | None = None  # the step whose checkpoint the learner's state is
+        self.publish_config = cfg.publish  # a PublishConfig (rose_ray/publish/route.py): how the weights travel
+        self.weights_ms = 0.0
+        self.published: tuple[Any, int] | None = None  # (engine, learner version) last sent
+        self.fallbacks = 0  # collectives given up for the object store (publish/fallbacks)
 
     def start(self, groups: PlacementGroups, student_path: str, rollouts: Rollouts, failures: Failures) -> None:
         from rose_ray.learner.learner import LearnerGroup
@@ -341,8 +298,8 @@ class Learning:
         nccl = {"runtime_env": {"env_vars": nccl_env()}} if cfg.learner.gpus_per_rank > 0 else {}
         self.learner = LearnerGroup(replace(cfg.learner, model=student_path),
                                     worker_options=lambda r: {**groups.options("learner ranks", r), **nccl})
-        self.publisher = Publisher(self.learner, rollouts.student, rollouts.engines, failures, cfg.publish)
-        rollouts.engines.on_start = self.publisher.engine_started
+        self.student, self.engines, self.failures = rollouts.student, rollouts.engines, failures
+        rollouts.engines.on_start = self.engine_started
         self.token_weights = cfg.algorithm.token_weights()
         tok = load_tokenizer(student_path)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else rollouts.student.chat.eos_id
@@ -375,6 +332,43 @@ class Learning:
             self.replies["truncated"] += t.truncated_turns
             self.replies["cut_before_action"] += t.cut_before_action
         return metrics
+
+    def publish_now(self, engine: Any) -> None:
+        """The learner's weights to `engine` (the student engine, or its replacement), now."""
+        version = self.learner.version
+        out = self.learner.publish_weights([engine], self.publish_config)
+        self.weights_ms = out["total_ms"]
+        self.published = (engine, version)
+        if out.get("fallback"):
+            # The object store from now on, a restarted learner group included (it
+            # would otherwise try the collective again, and stall as long again).
+            self.fallbacks += 1
+            self.publish_config = replace(self.publish_config, method="object_store", collective_backend="auto")
+            print(f"\ntrain: weight publication: {out['fallback']}; version {version} and every later one go "
+                  "through the object store (publish/fallbacks)", flush=True)
+
+    async def publish(self) -> None:
+        """To the serving student engine. One lost meanwhile is replaced first (the replacement
+        gets the weights before it serves); LearnerLost is the learner's, raised."""
+        while True:
+            engine = self.student.engine
+            if self.published == (engine, self.learner.version):
+                return  # a step skipped for a non-finite loss made no new version: nothing to send
+            try:
+                return await asyncio.to_thread(self.publish_now, engine)
+            except LearnerLost:
+                raise
+            except Exception:
+                if not await self.engines.lost("student engine", engine):
+                    raise
+
+    async def engine_started(self, role: str, engine: Any) -> None:
+        """The supervisor's hook: a replacement student engine gets the latest weights first."""
+        if role == "student engine":
+            try:
+                await asyncio.to_thread(self.publish_now, engine)
+            except LearnerLost as lost:  # not the engine's fault: the loop restarts the learner
+                self.failures.report(lost)  # group, which then publishes to this engine
 
 
 class Evals:
@@ -525,7 +519,7 @@ class Run:
         for log in ("trajectories.jsonl", "metrics.jsonl"):  # steps after it are trained again
             keep_steps(self.run_dir / log, state.step)
         if publish:  # the student engine starts from the checkpoint's weights
-            learning.publisher.publish_now(self.rollouts.student.engine)
+            learning.publish_now(self.rollouts.student.engine)
         print(f"train: {self.run_dir} at step {state.step} (policy version {learning.learner.version}); "
               f"{len(self.rollouts.ledger.replay)} open episodes to play again", flush=True)
         return state

@@ -85,7 +85,7 @@ class Supervision:
             try:
                 await asyncio.to_thread(learning.learner.restart)
                 await asyncio.to_thread(self.run.load_checkpoint, False)
-                await learning.publisher.publish()
+                await learning.publish()
                 break
             except LearnerLost as again:
                 lost = again

@@ -7,7 +7,7 @@ Each fresh run gets its own folder, `<run_dir>/version_N` (`runs.py`); `--resume
 on with the latest of them.
 
 1. The run's components start (`run.py`: `Rollouts`, with the env pools, a student and a
-   teacher engine and the buffer; `Learning`, the learner and its publisher; `Evals`; the
+   teacher engine and the buffer; `Learning`, the learner and the publication of its weights; `Evals`; the
    failure channel) and are handed to the `Trainer`, which drives them. The algorithm is a recipe (`recipes/`): who acts at each turn (the handoff),
    whether the teacher scores the student's tokens, and which tokens train.
 2. Eval before training (student and teacher) on held-out games: the catalogue's sample of
@@ -179,7 +179,7 @@ class Trainer:
             self.rollouts.ledger.record(t.episode_id, "trained", step=self.step)
         if self.step % self.cfg.publish_every == 0:
             self.doing("publishing weights")
-            await self.learning.publisher.publish()
+            await self.learning.publish()
         self.learn_s += time.perf_counter() - t0  # the learner's side of a step (bench/pipeline.py's L)
         return metrics
 

@@ -219,7 +219,7 @@ def test_a_vllm_student_engine_that_stalls_dies_or_keeps_stale_kv_still_gets_eve
     faults: dict[str, object] = {}
 
     async def faults_on_the_way(t: Trainer) -> None:
-        publish_now = t.learning.publisher.publish_now
+        publish_now = t.learning.publish_now
 
         def publish_now_with_faults(engine) -> None:  # (in the publisher's thread, before the learner sends)
             if "stopped" not in faults:  # the first publication: a member that does not join
@@ -232,7 +232,7 @@ def test_a_vllm_student_engine_that_stalls_dies_or_keeps_stale_kv_still_gets_eve
                 ray.get(engine.__ray_call__.remote(hold_vllm_blocks))
             publish_now(engine)
 
-        t.learning.publisher.publish_now = publish_now_with_faults  # (the supervisor's replacements call it too)
+        t.learning.publish_now = publish_now_with_faults  # (the supervisor's replacements call it too)
         await until("step 2", lambda: t.step >= 2)
         engine = t.rollouts.student.engine
         killed_at.append(t.step)
