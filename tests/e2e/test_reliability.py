@@ -402,7 +402,7 @@ def test_a_run_killed_mid_save_resumes_and_exports_from_the_newest_whole_step(
     assert [p.name for p in (run_dir / "checkpoints").iterdir() if TEMP_TAG in p.name]  # the killed save's
     before = read_jsonl(run_dir / "episodes.jsonl", partial_ok=True)
     assert max(r.get("step", 0) for r in before) > saved.step  # work after the checkpoint was lost
-    open_then = {d["n"] for d in saved.ledger["open"]}
+    open_then = {d["n"] for d in saved.rollouts.ledger["open"]}
     assert open_then  # in flight or buffered at the checkpoint
     assert main(["export", str(run_dir), "--out", str(tmp_path / "exported")]) == 0
     assert json.loads((tmp_path / "exported" / MODEL_INFO).read_text())["step"] == 2
