@@ -107,11 +107,11 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
     if any(engine.spec.served for _, engine in cfg.engines()) and _on_a_cluster(cfg):
         import ray
 
-        from rose_ray.config import check_served_urls
+        from rose_ray.inference.openai import check_served_urls
         from rose_ray.rollout.actors import init_ray
 
         init_ray(cfg.ray_address)  # the run's cluster: a loopback URL reaches one node only
-        check_served_urls(cfg, sum(bool(n.get("Alive")) for n in ray.nodes()))
+        check_served_urls(cfg.engines(), sum(bool(n.get("Alive")) for n in ray.nodes()))
     for role, engine in cfg.engines():
         if not engine.spec.served:
             continue

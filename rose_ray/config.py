@@ -455,27 +455,3 @@ def to_dict(cfg: TrainConfig) -> dict[str, Any]:
 
 def first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0]
-
-
-def check_served_urls(cfg: TrainConfig, nodes: int) -> None:
-    """A served model's URL as every node reaches it: on a cluster of more than one node a
-    loopback address names a different machine for each engine actor (ConfigError naming the key)."""
-    import ipaddress
-    from urllib.parse import urlparse
-
-    if nodes < 2:
-        return
-    for role in ("student", "teacher"):
-        engine = getattr(cfg, f"{role}_engine")
-        if not engine.spec.served:
-            continue
-        base_url = engine.backend.base_url
-        host = urlparse(base_url).hostname or ""
-        try:
-            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = False
-        if loopback:
-            raise ConfigError(f"{role}_engine.backend.base_url: {base_url} is a loopback address, but this cluster has "
-                              f"{nodes} nodes and the {role} engine's actor may run on any of them; give the server's "
-                              "address as the other nodes reach it")
