@@ -101,7 +101,7 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
     from dataclasses import replace
 
     from rose_ray.inference.openai import SettingNames, check_served
-    from rose_ray.recipes.warmup import resolve_tiny
+    from rose_ray.provision.warmup import resolve_tiny
 
     out = []
     if any(engine.spec.served for _, engine in cfg.engines()) and _on_a_cluster(cfg):

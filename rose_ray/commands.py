@@ -499,11 +499,14 @@ class PlanCommand(TrainConfigSettings, PlacementSettings):
 
 @dataclass
 class WarmupCommand(TrainConfigSettings):
-    """`rose-ray warmup` (recipes/warmup.py)."""
+    """`rose-ray warmup` (provision/warmup.py)."""
 
     eval: str | None = setting(None, "then evaluate the base student and the teacher on the config's eval games "
                                      "of SPLIT", choices=("train", "dev", "test"), metavar="SPLIT")
     backend: str = setting("hf", "the engine of --eval", choices=COMMAND_BACKENDS)
+    ship: bool = setting(False, "instead, write the demonstrations the config's warm-ups trained on (its cached "
+                                "build, made first where missing) into rose_ray/envs/data for shipping; without "
+                                "--config, replay the tiny default's teacher gold paths")
 
 
 @dataclass

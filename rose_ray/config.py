@@ -95,7 +95,7 @@ class TeacherWarmupConfig:
     observe: bool = False
     # the share of demonstrations opening with one or two student-owned replies that change
     # nothing (a harmless action, a reply with no action) before the gold path: a teacher that
-    # carries on from a small student's first turns (`collect.detour_replies`)
+    # carries on from a small student's first turns (`provision.gold.detour_replies`)
     detours: float = 0.0
     # the share of demonstrations opening with the base student's own turns, played live at
     # `rollout.student_sampling` (1 to `opening_turns` of them, drawn per game): what ROSE's

@@ -29,7 +29,7 @@ import yaml
 from rose_ray.checkpoint import Checkpoint, kept_steps, read_checkpoint, unreadable_checkpoint
 from rose_ray.config import TrainConfig
 from rose_ray.learner.learner import LearnerLost
-from rose_ray.recipes.warmup import resolve_models
+from rose_ray.provision.warmup import resolve_models
 from rose_ray.runs import saved_config
 
 if TYPE_CHECKING:

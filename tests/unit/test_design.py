@@ -14,7 +14,9 @@ inside functions too): a change that breaks one fails here, naming the module an
 - The layers point down (issue 54's four leaks): types.py, the shared vocabulary, imports nothing
   of the package but errors.py; envs/ imports neither the data modules (rows, collect) nor the
   loop, the rollout, the config or the commands; config.py imports nothing of rollout/;
-  inference/ imports neither envs/ nor the command layer (commands.py, cli.py).
+  inference/ imports neither envs/ nor the command layer (commands.py, cli.py); provisioning
+  (provision/: tiny models, gold demonstrations, warm-ups) is above the algorithms (recipes/),
+  the rollout and the worlds, which import none of it.
 - A backend is a plug-in (inference/registry.py): outside inference/ no code compares backend
   names or reads a backend's own settings; it asks the questions its section answers
   (`BackendSettings`: tensor parallel, GPU share, KV budget, ...).
@@ -130,6 +132,8 @@ def test_the_shared_vocabulary_imports_only_errors():
                                            *COMMAND_LAYER), id="envs below the data modules"),
     pytest.param(lambda: [PACKAGE / "config.py"], ("rose_ray.rollout", *COMMAND_LAYER), id="config below rollout"),
     pytest.param(lambda: modules("inference"), ("rose_ray.envs", *COMMAND_LAYER), id="inference below the commands"),
+    pytest.param(lambda: [*modules("recipes"), *modules("rollout"), *modules("envs")], ("rose_ray.provision",),
+                 id="the algorithms below provisioning"),
 ])
 def test_the_layers_point_down(paths, forbidden):
     assert not breaks(paths(), forbidden)

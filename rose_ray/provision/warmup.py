@@ -6,8 +6,8 @@ Gold paths played live differ between ScienceWorld loads, so a warm-up trains on
 demonstrations where some were shipped for its settings (rose_ray/envs/data/*_warmup_gold.*):
 then every machine builds the same models.
 
-    python -m rose_ray.recipes.warmup     # replay and ship the tiny default's teacher demonstrations
-    python -m rose_ray.recipes.warmup --config configs/small.yaml   # ship what a cached build trained on
+    rose-ray warmup --ship     # replay and ship the tiny default's teacher demonstrations
+    rose-ray warmup --ship --config configs/small.yaml   # ship what a cached build trained on
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def gold_games(cfg: TrainConfig, role: str = "teacher") -> list[Any]:
 def play_gold(cfg: TrainConfig, role: str = "teacher", student: str | None = None) -> list[dict[str, Any]]:
     """Gold demonstrations of a warm-up's `gold_games` training games, played now (the teacher's
     opening with `student`'s own turns where `teacher_warmup.student_openings` asks)."""
-    from rose_ray.collect import gold_rows
+    from rose_ray.provision.gold import gold_rows
 
     w = warmup_of(cfg, role)
     games = gold_games(cfg, role)
@@ -336,6 +336,11 @@ def cli_main(args: Any) -> int:
     from rose_ray.evaluate import run_eval, train_eval_job
 
     cfg = load_config(args.config, args.overrides)
+    if args.ship:  # rewrite the shipped demonstrations (the module's docstring)
+        here = Path(__file__).parents[1] / "envs" / "data"
+        for path in ship_demonstrations(cfg, here) if args.config else [write_shipped_gold(cfg, here)]:
+            print(f"warmup: wrote {path}")
+        return 0
     t0 = time.time()
     student, teacher = resolve_models(cfg)
     print(f"warmup: built or found in {time.time() - t0:.0f} s (cached under {Path(cfg.tiny_dir).expanduser()})")
@@ -357,19 +362,3 @@ def cli_main(args: Any) -> int:
         print(f"| {role} | {o['score']:.4f} | {o['success']:.3f} | {o['pass']:.3f} |")
     return 0
 
-
-if __name__ == "__main__":  # rewrite the shipped demonstrations (see the module's docstring)
-    import argparse
-
-    from rose_ray.config import load_config
-
-    parser = argparse.ArgumentParser(description="write shipped warm-up demonstrations into rose_ray/envs/data")
-    parser.add_argument("--config", help="ship what this config's cached build trained on (default: replay the "
-                                         "tiny default's gold paths)")
-    args = parser.parse_args()
-    here = Path(__file__).parent.parent / "envs" / "data"
-    if args.config:
-        for path in ship_demonstrations(load_config(args.config), here):
-            print(f"wrote {path}")
-    else:
-        print(f"wrote {write_shipped_gold(load_config(None), here)}")
