@@ -154,9 +154,9 @@ def model_shape(name: str, key: str, tiny_dir: str, config_for: dict[str, str]) 
     if name in config_for:
         folder = Path(config_for[name])
     elif name.startswith("tiny:"):
-        from rose_ray.models import init_tiny
+        from rose_ray.models import resolve_tiny
 
-        folder = init_tiny(Path(tiny_dir).expanduser(), seed=0)[name[5:]]
+        folder = Path(resolve_tiny(name, tiny_dir))
     else:
         folder = _local_folder(name)
     if folder is not None:

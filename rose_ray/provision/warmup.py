@@ -19,26 +19,16 @@ from typing import Any
 from rose_ray.config import TrainConfig, to_dict
 
 
-def resolve_tiny(cfg: TrainConfig, model: str) -> str:
-    """A model name as it runs: `tiny:student` / `tiny:teacher` become the tiny models' folders
-    (built under `tiny_dir` on first use); other names stay."""
-    if not model.startswith("tiny:"):
-        return model
-    from rose_ray.models import init_tiny
-
-    return str(init_tiny(Path(cfg.tiny_dir).expanduser(), seed=0)[model[5:]])
-
-
 def resolve_models(cfg: TrainConfig) -> tuple[str, str | None]:
     """Student and teacher model paths, building tiny models and warming them if asked; the
     teacher's is None where the teacher is the world's expert (`teacher.kind: expert`)."""
     from rose_ray.envs.worlds import get_world
-    from rose_ray.models import local_model
+    from rose_ray.models import local_model, resolve_tiny
 
     # A hub id becomes its cached snapshot once, here: every actor gets a folder (a served
     # model's name stays a name).
-    models = {role: resolve_tiny(cfg, engine.model) if engine.spec.served
-              else local_model(resolve_tiny(cfg, engine.model)) for role, engine in cfg.engines()}
+    models = {role: resolve_tiny(engine.model, cfg.tiny_dir) if engine.spec.served
+              else local_model(resolve_tiny(engine.model, cfg.tiny_dir)) for role, engine in cfg.engines()}
     models.setdefault("teacher", None)
     # The student first: a teacher whose demonstrations open with its turns needs it warmed.
     for role in ("student", "teacher"):
