@@ -38,7 +38,8 @@ from scienceworld import ScienceWorldEnv
 
 from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
-from rose_ray.envs.sciworld.game import SciWorldGame, differs_only_in_temperature
+from rose_ray.envs.sciworld.game import SciWorldGame
+from rose_ray.envs.sciworld.protocol import PROTOCOL
 from rose_ray.runs import keep_result
 from rose_ray.types import GameId
 
@@ -184,7 +185,7 @@ def bench_lean_vs_stock(paths: list[dict], warmup: int) -> dict:
                 if s_obs != obs:
                     mismatches += 1
                     # ScienceWorld's own run-to-run heat transfer order (envs/sciworld/game.py)
-                    temperatures += differs_only_in_temperature(obs, s_obs)
+                    temperatures += PROTOCOL.same_observation(obs, s_obs)
                     if len(examples) < 3:
                         examples.append({"item": game.item_id, "action": a,
                                          "lean": obs[:300], "stock": s_obs[:300]})

@@ -151,7 +151,7 @@ def main() -> None:
 
     from rose_ray.config import load_config
     from rose_ray.envs.worlds import get_world
-    from rose_ray.recipes.warmup import resolve_models, weights_digest
+    from rose_ray.provision.warmup import resolve_models, weights_digest
     from rose_ray.rollout.actors import init_ray
 
     config = config_path(args.config)

@@ -220,7 +220,7 @@ def warm_teacher_cached(overrides: list[str]) -> bool:
     """Whether the tiny config's warmed teacher is already cached (then using it costs nothing)."""
     from rose_ray.config import load_config
     from rose_ray.models import init_tiny
-    from rose_ray.recipes.warmup import warmup_cache  # the cache warm_model uses
+    from rose_ray.provision.warmup import warmup_cache  # the cache warm_model uses
 
     cfg = load_config(None, overrides)
     teacher = str(init_tiny(Path(cfg.tiny_dir).expanduser(), seed=0)["teacher"])

@@ -224,7 +224,7 @@ def run_online(arm: str, seed: int, steps: int, config: str | None, common: list
 def run_reference(who: str, config: str | None, common: list[str], run_dir: Path, backend: str) -> dict[str, Any]:
     """The base student, the (warmed) teacher, or the world's expert alone, evaluated once."""
     from rose_ray.config import load_config
-    from rose_ray.recipes.warmup import resolve_models
+    from rose_ray.provision.warmup import resolve_models
 
     t0 = time.time()
     cfg = load_config(config, common)
@@ -240,8 +240,8 @@ def run_sft(seed: int, steps: int, config: str | None, common: list[str], run_di
     from rose_ray.envs.worlds import get_world
     from rose_ray.event_loop import run_coroutine
     from rose_ray.metrics import MetricsLogger, episode_scalars, trained_scalars
+    from rose_ray.provision.warmup import resolve_models
     from rose_ray.recipes.sft import train_sft
-    from rose_ray.recipes.warmup import resolve_models
     from rose_ray.rollout.ledger import GameSampler
     from rose_ray.rollout.play import play
     from rose_ray.rows import write_jsonl

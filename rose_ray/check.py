@@ -48,11 +48,10 @@ def parse_stand_ins(pairs: list[str], flag: str = "--tokenizer-for") -> dict[str
 def _tokenizer_path(cfg: TrainConfig, role: str, name: str, stand_ins: dict[str, str]) -> str:
     if name in stand_ins:
         return stand_ins[name]
-    if name.startswith("tiny:"):
-        from rose_ray.models import init_tiny
+    from rose_ray.models import ModelNotAvailable, local_model, resolve_tiny
 
-        return str(init_tiny(Path(cfg.tiny_dir).expanduser(), seed=0)[name[5:]])
-    from rose_ray.models import ModelNotAvailable, local_model
+    if name.startswith("tiny:"):
+        return resolve_tiny(name, cfg.tiny_dir)
 
     try:
         return local_model(name)  # a folder, or a hub id's snapshot in the local Hugging Face cache
@@ -101,22 +100,22 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
     from dataclasses import replace
 
     from rose_ray.inference.openai import SettingNames, check_served
-    from rose_ray.recipes.warmup import resolve_tiny
+    from rose_ray.models import resolve_tiny
 
     out = []
     if any(engine.spec.served for _, engine in cfg.engines()) and _on_a_cluster(cfg):
         import ray
 
-        from rose_ray.config import check_served_urls
+        from rose_ray.inference.openai import check_served_urls
         from rose_ray.rollout.actors import init_ray
 
         init_ray(cfg.ray_address)  # the run's cluster: a loopback URL reaches one node only
-        check_served_urls(cfg, sum(bool(n.get("Alive")) for n in ray.nodes()))
+        check_served_urls(cfg.engines(), sum(bool(n.get("Alive")) for n in ray.nodes()))
     for role, engine in cfg.engines():
         if not engine.spec.served:
             continue
         scores = role == "teacher" and cfg.algorithm.teacher_scores_student()
-        config = replace(engine, model=resolve_tiny(cfg, engine.model))  # served under its folder's name
+        config = replace(engine, model=resolve_tiny(engine.model, cfg.tiny_dir))  # served under its folder's name
         served = check_served(config, SettingNames.of_section(f"{role}_engine"), scores)
         longest = cfg.student_engine.context_tokens  # the teacher scores whole episodes, up to this
         if scores and served.max_model_len is not None and served.max_model_len <= longest:

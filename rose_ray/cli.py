@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     from rose_ray.commands import COMMANDS, TOOLS, add_flags
 
     for name, func, help_ in (
-            ("warmup", "rose_ray.recipes.warmup:cli_main",
+            ("warmup", "rose_ray.provision.warmup:cli_main",
              "build a config's tiny models and warm-ups (cached), e.g. the small tier"),
             ("export", "rose_ray.export:cli_main", "a Hugging Face folder of the student from a run's kept checkpoint"),
             ("check", "rose_ray.check:check_main",

@@ -48,7 +48,7 @@ from rose_ray.envs.worlds import DEFAULT_WORLD, WORLDS, get_world
 from rose_ray.errors import ConfigError, InputError
 from rose_ray.inference.engine import CONTEXT_POLICIES, DTYPES, EngineConfig
 from rose_ray.inference.protocol import MAX_CONCURRENT
-from rose_ray.inference.registry import COMMAND_BACKENDS, DEFAULT_COMMAND_BACKEND, VLLMSettings
+from rose_ray.inference.registry import COMMAND_BACKENDS, DEFAULT_COMMAND_BACKEND
 from rose_ray.learner.learner import LEARNER_DTYPES, SCHEDULES, LearnerConfig
 from rose_ray.runs import resolve_run
 from rose_ray.types import SCHEMAS, GameId, SamplingParams
@@ -121,9 +121,8 @@ class BackendSettings:
                            "the engine of a local model: vllm (vLLM's engine), hf (transformers), or auto: "
                            f"vllm where it is installed, else hf (default {DEFAULT_COMMAND_BACKEND})",
                            choices=COMMAND_BACKENDS)
-    kv_cache_mb: float = setting(VLLMSettings.kv_cache_mb,
-                                 f"vllm on CPU: the KV cache's size (default {VLLMSettings.kv_cache_mb:g})",
-                                 metavar="MB")
+    kv_cache_mb: float | None = setting(None, "vllm on CPU: the KV cache's size (default: the backend's own; "
+                                              "with --run or --config, that config's)", metavar="MB")
 
 
 @dataclass
@@ -304,8 +303,7 @@ def training_eval(cfg: Any, model: str, split: str | None = None, backend: str |
         context_tokens=engine.context_tokens, context_policy=engine.context_policy, dtype=engine.dtype,
         instruction_from=cfg.env.instruction_from, enable_thinking=cfg.chat.enable_thinking,
         history=cfg.chat.history,
-        backend=backend or (engine.backend.name if engine.backend.name in COMMAND_BACKENDS else DEFAULT_COMMAND_BACKEND),
-        **({"kv_cache_mb": engine.backend.kv_cache_mb} if hasattr(engine.backend, "kv_cache_mb") else {}))
+        backend=backend or (engine.backend.name if engine.backend.name in COMMAND_BACKENDS else DEFAULT_COMMAND_BACKEND))
 
 
 def training_play(cfg: Any, student: str, teacher: str | None) -> PlaySpec:
@@ -501,11 +499,14 @@ class PlanCommand(TrainConfigSettings, PlacementSettings):
 
 @dataclass
 class WarmupCommand(TrainConfigSettings):
-    """`rose-ray warmup` (recipes/warmup.py)."""
+    """`rose-ray warmup` (provision/warmup.py)."""
 
     eval: str | None = setting(None, "then evaluate the base student and the teacher on the config's eval games "
                                      "of SPLIT", choices=("train", "dev", "test"), metavar="SPLIT")
     backend: str = setting("hf", "the engine of --eval", choices=COMMAND_BACKENDS)
+    ship: bool = setting(False, "instead, write the demonstrations the config's warm-ups trained on (its cached "
+                                "build, made first where missing) into rose_ray/envs/data for shipping; without "
+                                "--config, replay the tiny default's teacher gold paths")
 
 
 @dataclass

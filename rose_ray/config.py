@@ -95,7 +95,7 @@ class TeacherWarmupConfig:
     observe: bool = False
     # the share of demonstrations opening with one or two student-owned replies that change
     # nothing (a harmless action, a reply with no action) before the gold path: a teacher that
-    # carries on from a small student's first turns (`collect.detour_replies`)
+    # carries on from a small student's first turns (`provision.gold.detour_replies`)
     detours: float = 0.0
     # the share of demonstrations opening with the base student's own turns, played live at
     # `rollout.student_sampling` (1 to `opening_turns` of them, drawn per game): what ROSE's
@@ -455,27 +455,3 @@ def to_dict(cfg: TrainConfig) -> dict[str, Any]:
 
 def first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0]
-
-
-def check_served_urls(cfg: TrainConfig, nodes: int) -> None:
-    """A served model's URL as every node reaches it: on a cluster of more than one node a
-    loopback address names a different machine for each engine actor (ConfigError naming the key)."""
-    import ipaddress
-    from urllib.parse import urlparse
-
-    if nodes < 2:
-        return
-    for role in ("student", "teacher"):
-        engine = getattr(cfg, f"{role}_engine")
-        if not engine.spec.served:
-            continue
-        base_url = engine.backend.base_url
-        host = urlparse(base_url).hostname or ""
-        try:
-            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = False
-        if loopback:
-            raise ConfigError(f"{role}_engine.backend.base_url: {base_url} is a loopback address, but this cluster has "
-                              f"{nodes} nodes and the {role} engine's actor may run on any of them; give the server's "
-                              "address as the other nodes reach it")

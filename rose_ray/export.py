@@ -27,12 +27,9 @@ MODEL_INFO = "rose_ray_model.json"
 def student_model(cfg: TrainConfig) -> str:
     """The student's base model folder (the tiny models are built here when missing; they are
     made from a fixed seed, and the checkpoint's weights replace theirs anyway)."""
-    name = cfg.student_engine.model
-    if name.startswith("tiny:"):
-        from rose_ray.models import init_tiny
+    from rose_ray.models import resolve_tiny
 
-        return str(init_tiny(Path(cfg.tiny_dir).expanduser(), seed=0)[name[5:]])
-    return name
+    return resolve_tiny(cfg.student_engine.model, cfg.tiny_dir)
 
 
 def model_info(cfg: TrainConfig, run_dir: str | Path, step: int, version: int, base: str) -> str:

@@ -154,9 +154,9 @@ def model_shape(name: str, key: str, tiny_dir: str, config_for: dict[str, str]) 
     if name in config_for:
         folder = Path(config_for[name])
     elif name.startswith("tiny:"):
-        from rose_ray.models import init_tiny
+        from rose_ray.models import resolve_tiny
 
-        folder = init_tiny(Path(tiny_dir).expanduser(), seed=0)[name[5:]]
+        folder = Path(resolve_tiny(name, tiny_dir))
     else:
         folder = _local_folder(name)
     if folder is not None:
@@ -215,15 +215,14 @@ def _engine_parts(engine: Any, shape: ModelShape, dtype_bytes: int, tp: int, gpu
                   on_gpu: bool) -> dict[str, float]:
     vllm = engine.spec.paged_kv
     kv = engine.max_batch_size * engine.context_tokens * shape.kv_bytes_per_token(dtype_bytes, tp)
-    # hf keeps past conversations' keys and values for reuse, up to its prefix_cache_mb
-    kv += getattr(engine.backend, "prefix_cache_mb", 0.0) * MIB
+    kv += engine.backend.kept_kv_mb * MIB  # hf keeps past conversations' keys and values for reuse
     # vLLM prefills at most its batched-token chunk per step; hf prefills a whole batch at once.
     batch_tokens = engine.max_batch_size * engine.context_tokens
     prefill = min(vllm_batched_tokens(gpu_bytes), batch_tokens) if vllm else batch_tokens
     parts = {"weights": shape.parameters() * dtype_bytes / tp, "KV cache": float(kv),
              "activations": prefill * prefill_bytes_per_token(shape, dtype_bytes, tp)}
     if on_gpu:
-        parts["runtime"] = GPU_RUNTIME_BYTES + (CUDA_GRAPHS_BYTES if getattr(engine.backend, "cuda_graphs", False) else 0.0)
+        parts["runtime"] = GPU_RUNTIME_BYTES + (CUDA_GRAPHS_BYTES if engine.backend.captures_cuda_graphs else 0.0)
     return parts
 
 
@@ -241,16 +240,14 @@ def engine_memory(role: str, engine: Any, gpus: float, shape: ModelShape, gpu_by
              f"{engine.context_tokens:,} tokens ({shape.kv_bytes_per_token(e) / 1024:,.0f} KiB of KV a token)")
     mem = RoleMemory(role, shape, setup, _engine_parts(engine, shape, e, tp, gpu_bytes, on_gpu), on_gpu)
     per_sequence = engine.context_tokens * shape.kv_bytes_per_token(e, tp)
-    if not on_gpu and vllm:
-        kv_cache_mb = engine.backend.kv_cache_mb
-        mem.notes.append(f"{section}.kv_cache_mb {kv_cache_mb:g} holds "
-                         f"{_sequences(int(kv_cache_mb * MIB // per_sequence))} at full context "
+    if not on_gpu and (kv := engine.backend.kv_budget_mb) is not None:
+        mem.notes.append(f"{section}.{kv.key} {kv.value:g} holds "
+                         f"{_sequences(int(kv.value * MIB // per_sequence))} at full context "
                          f"({engine.max_batch_size} wanted)")
     if not on_gpu or gpu_bytes is None:
         return mem
-    if vllm:  # vLLM's share of the GPU; it gives the KV cache what the rest leaves
-        util = float(engine.backend.gpu_memory_utilization)
-        mem.budget, mem.budget_why = util * gpu_bytes, f"{section}.gpu_memory_utilization {util:g} x {gpu_note}"
+    if (share := engine.backend.gpu_share) is not None:  # vLLM's; it gives the KV cache what the rest leaves
+        mem.budget, mem.budget_why = share.value * gpu_bytes, f"{section}.{share.key} {share.value:g} x {gpu_note}"
     else:
         mem.budget, mem.budget_why = gpu_bytes, f"the whole {gpu_note} GPU"
     fitting = max(int((mem.budget - mem.total + mem.parts["KV cache"]) // per_sequence), 0)
@@ -268,11 +265,11 @@ def _engine_too_big(mem: RoleMemory, engine: Any, key: str, tp: int, dtype_bytes
     """Why an engine's batch does not fit at full context, and what would."""
     vllm = engine.spec.paged_kv
     fixes = [f"lower {key}_engine.max_batch_size to {fitting}"] if vllm and fitting else []
-    for bigger in (2, 4, 8) if vllm else ():
+    split = engine.backend.tensor_parallel
+    for bigger in (2, 4, 8) if split is not None else ():
         if bigger > tp and mem.model.num_attention_heads % bigger == 0 and \
                 sum(_engine_parts(engine, mem.model, dtype_bytes, bigger, gpu_bytes, True).values()) <= mem.budget:
-            fixes.append(f"set {key}_engine.backend.tensor_parallel_size: {bigger} with "
-                         f"resources.{key}_gpus: {bigger}")
+            fixes.append(f"set {key}_engine.backend.{split.key}: {bigger} with resources.{key}_gpus: {bigger}")
             break
     if not vllm:
         paged = [b.name for b in BACKENDS.values() if b.paged_kv]
@@ -296,9 +293,8 @@ def _scoring_problem(mem: RoleMemory, engine: Any, key: str, gpu_bytes: float, g
     most = math.floor((1 - logits / gpu_bytes) * 20) / 20  # in steps of 0.05
     return (f"the {mem.role} cannot fit its GPU{'s' if engine.tensor_parallel_size > 1 else ''}: scoring the "
             f"student's tokens (prompt logprobs of a {tokens:,}-token chunk x {mem.model.vocab_size:,} vocabulary) "
-            f"needs {_gib(logits)} GiB outside vLLM's share, but {key}_engine.backend.gpu_memory_utilization "
-            f"{engine.backend.gpu_memory_utilization:g} leaves {_gib(rest)} GiB of each {gpu_note} GPU; set it to "
-            f"{most:g} or lower")
+            f"needs {_gib(logits)} GiB outside vLLM's share, but {_share(engine, key)} "
+            f"leaves {_gib(rest)} GiB of each {gpu_note} GPU; set it to {most:g} or lower")
 
 
 def publication_receive_bytes(cfg: Any, shape: ModelShape) -> float:
@@ -315,12 +311,19 @@ def publication_receive_bytes(cfg: Any, shape: ModelShape) -> float:
     return float(shape.parameters() * DTYPE_BYTES[cfg.learner.dtype]) if may_use_nccl else 0.0
 
 
-def add_receive_buffers(mem: RoleMemory, nbytes: float, paged_kv: bool, gpu_bytes: float | None,
+def _share(engine: Any, key: str) -> str:
+    """`<key>_engine.backend.<its GPU share's key> <value>`, for messages."""
+    share = engine.backend.gpu_share
+    return f"{key}_engine.backend.{share.key} {share.value:g}"
+
+
+def add_receive_buffers(mem: RoleMemory, nbytes: float, engine: Any, gpu_bytes: float | None,
                         gpu_note: str) -> None:
     """The publication's receive buffers on the student engine's GPU: in an hf engine's parts (its
-    budget is the whole GPU); beside a vllm engine's (`paged_kv`) share, which must leave room."""
+    budget is the whole GPU); beside the share of one sized to a share of its GPU (vllm), which
+    must leave room."""
     what = f"weight publication over NCCL: receive buffers of {_gib(nbytes)} GiB (the learner's state)"
-    if not paged_kv:
+    if engine.backend.gpu_share is None:
         mem.parts["publication buffers"] = nbytes
         mem.notes.append(f"{what} in the engine's GPU")
         if mem.budget is not None and mem.problem is None and mem.total > mem.budget:
@@ -337,7 +340,7 @@ def add_receive_buffers(mem: RoleMemory, nbytes: float, paged_kv: bool, gpu_byte
         most = math.floor((1 - nbytes / gpu_bytes) * 20) / 20  # in steps of 0.05
         mem.problem = (f"the student engine cannot fit its GPU: a weight publication over NCCL receives the learner's "
                        f"state ({_gib(nbytes)} GiB) into buffers beside vLLM's share, but "
-                       f"student_engine.backend.gpu_memory_utilization {mem.budget / gpu_bytes:g} leaves {_gib(rest)} GiB "
+                       f"{_share(engine, 'student')} leaves {_gib(rest)} GiB "
                        f"of each {gpu_note} GPU; set it to {most:g} or lower, or publish.collective_backend=gloo")
 
 
@@ -456,7 +459,7 @@ def memory_plan(cfg: Any, gpu_gib: float | None, config_for: dict[str, str] | No
                                 shape(cfg.student_engine.model, "student_engine.model"), gpu_bytes, gpu_note, False)
         receive = publication_receive_bytes(cfg, shape(cfg.learner.model, "learner.model"))
         if receive:
-            add_receive_buffers(student, receive, cfg.student_engine.spec.paged_kv, gpu_bytes, gpu_note)
+            add_receive_buffers(student, receive, cfg.student_engine, gpu_bytes, gpu_note)
         roles.append(student)
     if cfg.teacher_engine.spec.local and not cfg.teacher.expert:
         scores = cfg.algorithm.teacher_scores_student()

@@ -363,5 +363,11 @@ def init_tiny(out_dir: str | Path, seed: int = 0, vocab_size: int = 8192, style:
     return paths
 
 
+def resolve_tiny(name: str, tiny_dir: str | Path) -> str:
+    """A model name as it runs: `tiny:student` / `tiny:teacher` become the tiny models' folders
+    (built under `tiny_dir` on first use); other names stay."""
+    return str(init_tiny(Path(tiny_dir).expanduser(), seed=0)[name[5:]]) if name.startswith("tiny:") else name
+
+
 def count_parameters(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())

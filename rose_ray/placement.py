@@ -79,11 +79,11 @@ def demands(cfg: Any) -> list[RoleDemand]:
 def check_engine_gpus(role: str, engine: Any, gpus: float) -> None:
     """The bundle of an engine that splits a model over GPUs (vllm's tensor parallelism) holds one
     GPU per rank (a fraction of one GPU without tensor parallelism shares it with a colocated
-    learner). Only a backend whose settings have `tensor_parallel_size` splits a model."""
-    if not hasattr(engine.backend, "tensor_parallel_size"):
+    learner). Only a backend with a tensor-parallel setting splits a model."""
+    split = engine.backend.tensor_parallel
+    if split is None:
         return
-    tp = engine.tensor_parallel_size
-    key = f"{role}_engine.backend.tensor_parallel_size"
+    tp, key = int(split.value), f"{role}_engine.backend.{split.key}"
     if gpus > 0 and gpus != tp and not (tp == 1 and gpus < 1):
         raise PlacementError(f"resources.{role}_gpus: {gpus:g}, but {key} is {tp}: "
                              f"the engine uses one GPU per tensor-parallel rank; set resources.{role}_gpus: {tp} "

@@ -3,7 +3,7 @@
 checkpoint state (`state_dict`/`load_state_dict`, a dataclass of checkpoint.py each).
 
 - `Rollouts`: episodes into the buffer: env pools, the student and the teacher engine under an
-  `EngineSupervisor` (a tiny teacher warmed first: recipes/warmup.py), the episode runner, the
+  `EngineSupervisor` (a tiny teacher warmed first: provision/warmup.py), the episode runner, the
   episode ledger (the game order, each episode's outcome) and the trajectory buffer.
 - `Learning`: the learner group trained on the buffer's batches, its weights published to the
   student engine, a replacement engine included.
@@ -43,7 +43,7 @@ from rose_ray.checkpoint import (
 )
 from rose_ray.config import TrainConfig
 from rose_ray.learner.learner import LearnerLost
-from rose_ray.recipes.warmup import resolve_models
+from rose_ray.provision.warmup import resolve_models
 from rose_ray.reliability import RoleFailed, describe_error
 from rose_ray.runs import saved_config
 

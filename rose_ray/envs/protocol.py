@@ -105,6 +105,11 @@ class Protocol:
         not say, or the world does not tell."""
         return None
 
+    def same_observation(self, a: str, b: str) -> bool:
+        """Whether two observations of the same game after the same actions agree, as far as the
+        world's own run-to-run differences allow (a replayed prefix is checked with it)."""
+        return a.strip() == b.strip()
+
     def opening(self) -> list[tuple[str, str]]:
         """(role, text) of the two turns before the first observation."""
         return [("user", self.instruction), ("assistant", self.acknowledgement)]

@@ -20,7 +20,7 @@ from rose_ray.envs.base import Game
 from rose_ray.envs.protocol import Protocol
 from rose_ray.errors import InputError
 
-# What plays a demonstration after its opening (collect.gold_rows, teacher_warmup.continuation):
+# What plays a demonstration after its opening (provision.gold.gold_rows, teacher_warmup.continuation):
 # the world's gold path, or its expert teacher from the state the opening left.
 CONTINUATIONS: tuple[str, ...] = ("gold", "expert")
 

@@ -117,15 +117,18 @@ def command_engine(model: str, flag: str, backend: str, tokenizer: str | None = 
 def engine_like(base: EngineConfig, model: str, **settings: Any) -> EngineConfig:
     """`base` (a training config's engine) running `model` instead, `settings` over it: each to
     the section that holds it (`kv_cache_mb` to the backend's own, `dtype` to the engine's); a
-    setting of another backend is dropped, as `_applying` drops it."""
-    owned = {k: v for k, v in settings.items() if settings_owner(k) is base.spec}
+    setting of another backend, or one of its own left None (its default), is dropped, as
+    `_applying` drops it."""
+    owned = {k: v for k, v in settings.items() if settings_owner(k) is base.spec and v is not None}
     common = {k: v for k, v in settings.items() if settings_owner(k) is None}
     return replace(base, model=model, tokenizer=None, backend=replace(base.backend, **owned), **common)
 
 
 def _applying(name: str, settings: dict[str, Any]) -> dict[str, Any]:
-    """A command's settings less those of other backends (`--kv-cache-mb` on the hf backend)."""
-    return {k: v for k, v in settings.items() if (settings_owner(k) or get_backend(name)).name == name}
+    """A command's settings less those of other backends (`--kv-cache-mb` on the hf backend) and
+    the backend's own left None (its default)."""
+    return {k: v for k, v in settings.items()
+            if (owner := settings_owner(k)) is None or (owner.name == name and v is not None)}
 
 
 def check_command_engines(command: str, engines: dict[str, EngineConfig]) -> None:

@@ -155,8 +155,9 @@ class EngineConfig:
 
     @property
     def tensor_parallel_size(self) -> int:
-        """GPUs one engine spans: its settings' tensor parallelism where the backend splits a model, else 1."""
-        return int(getattr(self.backend, "tensor_parallel_size", 1))
+        """GPUs one engine spans: its backend's tensor parallelism where it splits a model, else 1."""
+        tp = self.backend.tensor_parallel
+        return 1 if tp is None else int(tp.value)
 
     @property
     def label(self) -> str:

@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from rose_ray.errors import InputError
+from rose_ray.errors import ConfigError, InputError
 from rose_ray.inference.engine import (
     EngineConfig,
     GenerationRequest,
@@ -159,6 +159,17 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def check_served_urls(engines: list[tuple[str, EngineConfig]], nodes: int) -> None:
+    """Each served engine's URL (`engines`: role and engine) as every node reaches it: on a
+    cluster of more than one node a loopback address names a different machine for each engine
+    actor (ConfigError naming the key)."""
+    for role, engine in engines if nodes > 1 else ():
+        if engine.spec.served and _loopback(urllib.parse.urlsplit(engine.backend.base_url).hostname or ""):
+            raise ConfigError(f"{role}_engine.backend.base_url: {engine.backend.base_url} is a loopback address, but "
+                              f"this cluster has {nodes} nodes and the {role} engine's actor may run on any of them; "
+                              "give the server's address as the other nodes reach it")
 
 
 def flag_key_env(flag: str) -> str | None:

@@ -16,15 +16,53 @@ from rose_ray.errors import ConfigError
 from rose_ray.tagged import Tagged
 
 
+@dataclass(frozen=True)
+class Setting:
+    """A backend's answer that is one of its settings: the value, and the key that holds it in
+    the engine's `backend` section (messages name `<role>_engine.backend.<key>`)."""
+
+    key: str
+    value: float
+
+
 @dataclass
 class BackendSettings(Tagged):
-    """An engine's backend and its own settings, chosen by `name` (a bare name: its defaults)."""
+    """An engine's backend and its own settings, chosen by `name` (a bare name: its defaults).
+
+    The rest of the package (memory, placement, publication, checks) asks these questions and
+    reads no setting itself (tests/unit/test_design.py); a backend answers those where it
+    differs from the defaults here."""
 
     name: str = ""
 
     @classmethod
     def kinds(cls) -> dict[str, type]:
         return {name: backend.settings for name, backend in BACKENDS.items()}
+
+    @property
+    def tensor_parallel(self) -> Setting | None:
+        """The GPUs one engine spans, where the backend splits a model over GPUs (None: never)."""
+        return None
+
+    @property
+    def gpu_share(self) -> Setting | None:
+        """The fraction of each GPU the engine sizes itself to (None: what it needs, up to all)."""
+        return None
+
+    @property
+    def kv_budget_mb(self) -> Setting | None:
+        """The KV cache's fixed size off GPUs (None: as large as the batch makes it)."""
+        return None
+
+    @property
+    def kept_kv_mb(self) -> float:
+        """Keys and values kept from past generations, beyond the batch's own."""
+        return 0.0
+
+    @property
+    def captures_cuda_graphs(self) -> bool:
+        """It captures CUDA graphs on GPUs (their memory counts)."""
+        return False
 
 
 @dataclass
@@ -40,6 +78,10 @@ class HFSettings(BackendSettings):
     def __post_init__(self) -> None:
         if float(self.prefix_cache_mb) < 0:
             raise ConfigError(f"engine.backend.prefix_cache_mb: must be >= 0, got {self.prefix_cache_mb!r}")
+
+    @property
+    def kept_kv_mb(self) -> float:
+        return float(self.prefix_cache_mb)
 
 
 @dataclass
@@ -64,6 +106,22 @@ class VLLMSettings(BackendSettings):
                               f"got {self.gpu_memory_utilization!r}")
         if int(self.tensor_parallel_size) < 1:
             raise ConfigError(f"engine.backend.tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size!r}")
+
+    @property
+    def tensor_parallel(self) -> Setting:
+        return Setting("tensor_parallel_size", int(self.tensor_parallel_size))
+
+    @property
+    def gpu_share(self) -> Setting:
+        return Setting("gpu_memory_utilization", float(self.gpu_memory_utilization))
+
+    @property
+    def kv_budget_mb(self) -> Setting:
+        return Setting("kv_cache_mb", float(self.kv_cache_mb))
+
+    @property
+    def captures_cuda_graphs(self) -> bool:
+        return bool(self.cuda_graphs)
 
 
 @dataclass

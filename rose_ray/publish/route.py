@@ -93,10 +93,10 @@ class PublishConfig:
             raise ConfigError(f"publish.method: collective needs a student engine that is a local Ray actor "
                               f"(backend {takers}), not {student.backend.name!r}; use "
                               "publish.method=object_store or auto")
-        if self.collective_backend == "nccl" and student.tensor_parallel_size > 1:
+        if self.collective_backend == "nccl" and (split := student.backend.tensor_parallel) and split.value > 1:
             # (each vLLM worker would have to join the group itself, as OpenRLHF's worker extension does)
             raise ConfigError(f"publish.collective_backend: nccl receives the weights in the engine actor's process, "
-                              f"but student_engine.backend.tensor_parallel_size is {student.tensor_parallel_size} "
+                              f"but student_engine.backend.{split.key} is {split.value:g} "
                               "(the weights live in its worker processes); with tensor parallelism use "
                               "publish.collective_backend=gloo or auto, or publish.method=object_store")
         if self.collective_backend == "nccl" and colocate:

@@ -13,8 +13,8 @@ A recipe owns everything that differs between algorithms, and nothing else does:
     opd          the student plays every turn; OPD on its tokens               recipes/opd.py
     teacher_sft  the teacher plays every turn; CE on its tokens                recipes/teacher_sft.py
 
-Beside them, the drivers that are not the online loop: offline SFT on a dataset
-(`recipes/sft.py`, `rose-ray sft`) and the tiny models' warm-ups (`recipes/warmup.py`).
+Beside them, offline SFT on a dataset (`recipes/sft.py`, `rose-ray sft`); what a run needs
+before it trains (tiny models, gold demonstrations, warm-ups) is provision/'s.
 """
 
 from __future__ import annotations

@@ -234,14 +234,15 @@ async def run_episode(
 async def replay_prefix(episode: Episode, replay: list[Turn]) -> int:
     """Send a recorded conversation's replies (`replay`: the first observation, then
     reply/observation pairs) to the game again, each of its observations checked against the
-    record (`ReplayMismatch` otherwise). Returns how many replies were replayed."""
-    _check_observation(episode.game, 0, replay[0].text, episode.last.observation)
+    record as the world compares them (`Protocol.same_observation`: ScienceWorld's temperature
+    readings aside; `ReplayMismatch` otherwise). Returns how many replies were replayed."""
+    _check_observation(episode, 0, replay[0].text)
     pairs = list(zip(replay[1::2], replay[2::2]))
     for n, (reply, expected) in enumerate(pairs, 1):
         episode.conv.add_recorded(reply)
         parsed = parse_action(reply.text)
         await episode.step(parsed.action)
-        _check_observation(episode.game, n, expected.text, episode.last.observation)
+        _check_observation(episode, n, expected.text)
         episode.record(parsed)
     return len(pairs)
 
@@ -270,12 +271,11 @@ async def score_student_tokens(turns: list[Turn], cut: list[int], teacher: Agent
         t.teacher_logprobs = logprobs[a - start : b - start]
 
 
-def _check_observation(game: GameId, turn: int, expected: str, got: str) -> None:
-    if expected.strip() != got.strip():
-        raise ReplayMismatch(
-            f"{game.item_id}: observation after turn {turn} differs from the record: "
-            f"expected {expected.strip()[:80]!r}, got {got.strip()[:80]!r}"
-        )
+def _check_observation(episode: Episode, turn: int, expected: str) -> None:
+    got = episode.last.observation
+    if not episode.protocol.same_observation(expected, got):
+        raise ReplayMismatch(f"{episode.game.item_id}: observation after turn {turn} differs from the record: "
+                             f"expected {expected.strip()[:80]!r}, got {got.strip()[:80]!r}")
 
 
 def same_tokenizer(a: Any, b: Any) -> bool:

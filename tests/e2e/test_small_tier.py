@@ -17,7 +17,7 @@ def test_rose_ray_warmup_builds_a_partly_trained_student_and_caches_it(tiny_dir,
     """`rose-ray warmup`: the base student SFT'd on the tier's shipped observed demonstrations (one
     epoch here: epochs do not choose the rows; its own cache folder and record), the teacher
     untouched when its warm-up is off; a second call is cached."""
-    from rose_ray.recipes.warmup import DEMONSTRATIONS, weights_digest
+    from rose_ray.provision.warmup import DEMONSTRATIONS, weights_digest
 
     args = ["warmup", "--config", SMALL, f"tiny_dir={tiny_dir}", "teacher_warmup.enabled=false",
             "student_warmup.epochs=1"]

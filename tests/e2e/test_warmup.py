@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rose_ray.config import load_config
-from rose_ray.recipes.warmup import DEMONSTRATIONS, shipped_gold, warmup_cache
+from rose_ray.provision.warmup import DEMONSTRATIONS, shipped_gold, warmup_cache
 from rose_ray.rows import read_jsonl
 
 
@@ -17,7 +17,7 @@ from rose_ray.rows import read_jsonl
 def test_the_warm_up_trains_on_the_shipped_rows_and_is_cached(tiny_dir, ray_cluster):
     """A one-step warm-up (all 128 shipped rows in one batch, cut to 1,024 tokens, which is not
     part of the gold key) through resolve_models, then the cache: no second warm-up."""
-    from rose_ray.recipes.warmup import resolve_models
+    from rose_ray.provision.warmup import resolve_models
 
     short = ["teacher_warmup.epochs=1", "teacher_warmup.batch_episodes=128", "learner.max_tokens=1024",
              "student_engine.context_tokens=1024"]
@@ -37,8 +37,8 @@ def test_the_warm_up_trains_on_the_shipped_rows_and_is_cached(tiny_dir, ray_clus
 def test_the_warm_up_sft_is_the_same_teacher_twice(tmp_path, ray_cluster, tiny_models):
     """The warm-up's SFT, seeded, run twice on 8 shipped rows: the same weights digest (what
     makes the tiny teacher the same on every machine)."""
+    from rose_ray.provision.warmup import weights_digest
     from rose_ray.recipes.sft import train_sft
-    from rose_ray.recipes.warmup import weights_digest
     from rose_ray.rows import write_jsonl
 
     cfg = load_config(None, [f"tiny_dir={tmp_path}"])
@@ -61,8 +61,8 @@ def test_teacher_demonstrations_open_with_the_students_own_sampled_turns(tiny_mo
     the teacher's demonstrations there open with exactly those replies, student-owned, then gold.
     The openings checked are the ones play_gold drew itself (read through a spy: one student
     engine and one round of openings, where calling student_openings first played them twice)."""
-    from rose_ray.recipes import warmup
-    from rose_ray.recipes.warmup import gold_games, opening_turns, play_gold
+    from rose_ray.provision import warmup
+    from rose_ray.provision.warmup import gold_games, opening_turns, play_gold
 
     cfg = load_config(None, ["teacher_warmup.student_openings=1.0", "teacher_warmup.opening_turns=2",
                              "teacher_warmup.gold_games=4", "rollout.student_sampling.max_new_tokens=12",

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from rose_ray.cli import main
-from rose_ray.collect import gold_rows
 from rose_ray.envs.protocol import parse_action
 from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
 from rose_ray.envs.sciworld.game import SciWorldGame
+from rose_ray.provision.gold import gold_rows
 from rose_ray.rows import write_jsonl
 
 CAT = SciWorldCatalogue("agentgym")

@@ -367,6 +367,7 @@ def test_a_training_configs_flags_and_overrides_reach_its_command_as_given():
     check = settings_of(["check", "--config", "c.yaml", "--total", "steps=2"])
     assert (check.config, check.total, check.overrides, check.backends) == ("c.yaml", True, ["steps=2"], False)
     assert settings_of(["warmup", "--eval", "dev", "seed=1"]).overrides == ["seed=1"]
+    assert settings_of(["warmup", "--ship", "--config", "c.yaml"]).ship and not settings_of(["warmup"]).ship
 
 
 # --------------------------------------------------------------------------- --config, --run, defaults

@@ -14,7 +14,12 @@ inside functions too): a change that breaks one fails here, naming the module an
 - The layers point down (issue 54's four leaks): types.py, the shared vocabulary, imports nothing
   of the package but errors.py; envs/ imports neither the data modules (rows, collect) nor the
   loop, the rollout, the config or the commands; config.py imports nothing of rollout/;
-  inference/ imports neither envs/ nor the command layer (commands.py, cli.py).
+  inference/ imports neither envs/ nor the command layer (commands.py, cli.py); provisioning
+  (provision/: tiny models, gold demonstrations, warm-ups) is above the algorithms (recipes/),
+  the rollout and the worlds, which import none of it.
+- A backend is a plug-in (inference/registry.py): outside inference/ no code compares backend
+  names or reads a backend's own settings; it asks the questions its section answers
+  (`BackendSettings`: tensor parallel, GPU share, KV budget, ...).
 """
 
 from __future__ import annotations
@@ -127,6 +132,8 @@ def test_the_shared_vocabulary_imports_only_errors():
                                            *COMMAND_LAYER), id="envs below the data modules"),
     pytest.param(lambda: [PACKAGE / "config.py"], ("rose_ray.rollout", *COMMAND_LAYER), id="config below rollout"),
     pytest.param(lambda: modules("inference"), ("rose_ray.envs", *COMMAND_LAYER), id="inference below the commands"),
+    pytest.param(lambda: [*modules("recipes"), *modules("rollout"), *modules("envs")], ("rose_ray.provision",),
+                 id="the algorithms below provisioning"),
 ])
 def test_the_layers_point_down(paths, forbidden):
     assert not breaks(paths(), forbidden)
@@ -160,3 +167,61 @@ def test_the_config_and_the_cli_load_without_torch(module):
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def backend_leaks(paths: list[Path]) -> list[str]:
+    """What code outside inference/ may not do with a backend (an AST walk, the lazy code inside
+    functions too): compare a backend's name with a string (`name == "vllm"`, `in ("hf", ...)`);
+    read an engine's backend section other than its `name` and the questions `BackendSettings`
+    declares (`engine.backend.kv_cache_mb`); hand the section to getattr/hasattr/vars/asdict;
+    name a backend's settings class (its defaults are its settings too)."""
+    from dataclasses import fields
+
+    from rose_ray.inference.registry import BACKENDS, BackendSettings
+
+    names = set(BACKENDS)
+    asked = {"name"} | {k for k, v in vars(BackendSettings).items() if isinstance(v, property)}
+    classes = {b.settings.__name__ for b in BACKENDS.values()}
+    assert asked.isdisjoint(f.name for b in BACKENDS.values() for f in fields(b.settings) if f.name != "name")
+
+    def is_section(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "backend"
+
+    def names_a_backend(node: ast.AST) -> bool:
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return any(isinstance(i, ast.Constant) and i.value in names for i in items)
+
+    found = []
+    for p in paths:
+        where = p.relative_to(PACKAGE.parent) if PACKAGE in p.parents else p.name
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Compare) and any(names_a_backend(n) for n in (node.left, *node.comparators)):
+                found.append(f"{where}:{node.lineno} compares a backend's name")
+            elif isinstance(node, ast.Attribute) and is_section(node.value) and node.attr not in asked:
+                found.append(f"{where}:{node.lineno} reads backend.{node.attr}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id in ("getattr", "hasattr", "vars", "asdict") and node.args and is_section(node.args[0])):
+                found.append(f"{where}:{node.lineno} {node.func.id}(... .backend ...)")
+            elif isinstance(node, ast.Name) and node.id in classes or \
+                    isinstance(node, ast.ImportFrom) and classes & {a.name for a in node.names}:
+                found.append(f"{where}:{node.lineno} names a backend's settings class")
+    return found
+
+
+def test_outside_inference_a_backend_is_asked_not_read():
+    """Adding a backend is one engine module and its settings and registry line in
+    inference/registry.py: nothing else knows a backend's name or its settings."""
+    outside = [p for p in modules("") if (PACKAGE / "inference") not in p.parents]
+    assert not backend_leaks(outside)
+
+
+def test_the_backend_rule_sees_what_it_forbids(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def f(engine):\n"
+                 "    from rose_ray.inference.registry import VLLMSettings\n"
+                 "    a = engine.backend.kv_cache_mb + VLLMSettings.kv_cache_mb\n"
+                 "    b = hasattr(cfg.student_engine.backend, 'cuda_graphs') or engine.backend.name in ('hf', 'x')\n"
+                 "    return engine.backend.name, engine.backend.gpu_share, engine.tensor_parallel_size\n")
+    assert sorted(line.split(" ", 1)[1] for line in backend_leaks([f])) == [
+        "compares a backend's name", "hasattr(... .backend ...)", "names a backend's settings class",
+        "names a backend's settings class", "reads backend.kv_cache_mb"]

@@ -139,7 +139,7 @@ def test_parse_command_on_a_hand_made_view():
 
 
 def test_gold_says_plainly_that_there_is_none(game, tmp_path):
-    from rose_ray.collect import gold_rows
+    from rose_ray.provision.gold import gold_rows
 
     assert not get_world("discoveryworld").has_gold
     with pytest.raises(NoGoldPath):

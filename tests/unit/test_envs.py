@@ -52,11 +52,11 @@ def test_gold_replay_reaches_100(game, task):
 def test_the_lean_step_plays_scienceworlds_own_game(game):
     """The lean step against ScienceWorld's stock `step` on the same games and gold paths: every
     observation and score agrees, except temperature readings, which ScienceWorld itself varies
-    from run to run (its heat transfer order; `differs_only_in_temperature`). sciworld_121 is the
+    from run to run (its heat transfer order; `SciWorldProtocol.same_observation`). sciworld_121 is the
     game where the benchmark saw 47 against 49 degrees."""
     from scienceworld import ScienceWorldEnv
 
-    from rose_ray.envs.sciworld.game import differs_only_in_temperature
+    from rose_ray.envs.sciworld.protocol import PROTOCOL
 
     stock = ScienceWorldEnv(envStepLimit=10**9)
     items = ["sciworld_121", CATALOGUE.find("find-living-thing", 1), CATALOGUE.find("chemistry-mix", 1)]
@@ -74,7 +74,7 @@ def test_the_lean_step_plays_scienceworlds_own_game(game):
                 lean = game.step(action)
                 obs, _, _, info = stock.step(action)
                 steps += 1
-                if differs_only_in_temperature(lean.observation, obs):
+                if lean.observation != obs and PROTOCOL.same_observation(lean.observation, obs):
                     temperatures, warm = temperatures + 1, True
                 elif lean.observation != obs or (lean.raw_score != info["score"] and not warm):
                     unexplained.append((g.item_id, action, lean.observation[:120], obs[:120]))

@@ -17,11 +17,12 @@ from rose_ray.rollout.context import ContextSettings
 from rose_ray.rollout.episode import (
     Agent,
     EpisodeConfig,
+    ReplayMismatch,
     run_episode,
 )
 from rose_ray.rollout.handoff import decay_takes_over, turn_policy
 from rose_ray.tokens import render
-from rose_ray.types import GameId, SamplingParams
+from rose_ray.types import GameId, SamplingParams, Turn
 
 GAME = GameId("find-plant", 0, "sciworld_7")
 
@@ -366,3 +367,51 @@ def test_a_new_turn_policy_is_one_class(chats):
         assert owners(t) == ["student", "teacher", "teacher", "teacher"] and t.handoff_turn == 2
     finally:
         del TurnPolicy.KINDS["from_turn"]
+
+
+class ThermometerGame(ScriptedGame):
+    """A ScienceWorld-like slot whose thermometer reads `degrees`: ScienceWorld's heat transfer
+    runs in a hash set's order, so the same game and actions can read a few degrees apart from
+    run to run (envs/sciworld/protocol.py); a JVM cannot be made to drift on demand."""
+
+    def __init__(self, degrees: int) -> None:
+        super().__init__()
+        self.degrees = degrees
+
+    async def step(self, action: str) -> StepResult:
+        if action == "use thermometer on water":
+            self.actions.append(action)
+            return StepResult(f"the thermometer measures a temperature of {self.degrees} degrees celsius",
+                              turn=len(self.actions))
+        return await super().step(action)
+
+
+@pytest.mark.parametrize(("recorded", "kept"), [
+    ("the thermometer measures a temperature of 49 degrees celsius", True),  # the drift: the same game
+    ("the thermometer measures a temperature of 47 degrees celsius", True),
+    ("the thermometer measures a temperature of 49 degrees fahrenheit", False),  # another observation
+    ("the ruler measures a length of 47 degrees celsius", False),
+])
+def test_a_replayed_prefix_is_checked_as_the_world_compares_observations(chats, recorded, kept):
+    """`continue` replays a recorded prefix and drops it as tampered where an observation differs
+    from the record; a ScienceWorld temperature a few degrees off is the world's own run-to-run
+    difference (`Protocol.same_observation`), not tampering: that prefix is continued."""
+    chat = chats["student"]
+    replay = [Turn("user", "You are in the kitchen.", "env"),
+              Turn("assistant", "Thought: measure it.\nAction: use thermometer on water", "student"),
+              Turn("user", recorded, "env"), Turn("assistant", "Thought: go on.\nAction: look around", "student"),
+              Turn("user", "You did look around.", "env")]
+    student = Agent(ScriptedEngine(chat, []), chat, "student")
+    teacher = Agent(ScriptedEngine(chat, ["open door"]), chat, "teacher")
+    config = EpisodeConfig(max_turns=3, student_sampling=SamplingParams(1.0, 1.0, 32),
+                           teacher_sampling=SamplingParams(0.0, 1.0, 32))
+    game = ThermometerGame(47)
+    episode = run_episode(GAME, game, student, teacher, config, turn_policy("fixed", k=2), replay=replay)
+    if not kept:
+        with pytest.raises(ReplayMismatch, match="observation after turn 1 differs from the record"):
+            asyncio.run(episode)
+        assert game.actions == ["use thermometer on water"]  # dropped there: nothing played on
+        return
+    t = asyncio.run(episode)
+    assert game.actions == ["use thermometer on water", "look around", "open door"]
+    assert owners(t) == ["student", "student", "teacher"]

@@ -199,7 +199,7 @@ def test_warm_up_demonstrations_continue_with_the_expert_after_the_students_open
     """teacher_warmup.continuation=expert: after the base student's real turns (here: replies
     that move, and junk), the expert plays from the state they left, and wins; the opening's
     replies stay the student's (context), the expert's are the teacher's, as its replies read."""
-    from rose_ray.collect import gold_rows
+    from rose_ray.provision.gold import gold_rows
 
     cfg = load_config(SMALL)
     games = SciWorldCatalogue(cfg.env.mapping).sample("train", 4, 0, tasks=cfg.tasks)

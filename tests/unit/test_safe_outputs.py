@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rose_ray.cli import main
-from rose_ray.envs.sciworld.game import differs_only_in_temperature
+from rose_ray.envs.sciworld.protocol import PROTOCOL
 from rose_ray.errors import InputError
 from rose_ray.rows import write_jsonl
 
@@ -107,7 +107,7 @@ def test_gold_streams_its_rows_and_refuses_to_replace_its_out_unasked(tmp_path, 
         rest = ("conversations", "score", "success")
         assert {k: v for k, v in a.items() if k not in rest} == {k: v for k, v in b.items() if k not in rest}
         assert [m["role"] for m in a["conversations"]] == [m["role"] for m in b["conversations"]]
-        assert all(x["content"] == y["content"] or differs_only_in_temperature(x["content"], y["content"])
+        assert all(PROTOCOL.same_observation(x["content"], y["content"])
                    for x, y in zip(a["conversations"], b["conversations"]))
 
 

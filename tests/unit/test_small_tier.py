@@ -46,9 +46,9 @@ def test_visible_names_follow_what_the_game_said():
 def test_observed_gold_paths_see_what_they_choose():
     """Real games: ScienceWorld's lifespan gold paths focus on an animal never looked at, under
     an internal name; the observed paths look first, use the name the game shows, and still win."""
-    from rose_ray.collect import gold_rows
     from rose_ray.envs.protocol import parse_action
     from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
+    from rose_ray.provision.gold import gold_rows
 
     cfg = load_config(SMALL)
     games = SciWorldCatalogue(cfg.env.mapping).sample("train", 6, 0, tasks=cfg.tasks)
@@ -99,8 +99,8 @@ def test_student_openings_are_kept_where_the_gold_path_still_wins():
     """Real games: a demonstration opens with a student's own replies (junk that changes nothing,
     actions that change little) and its gold path after them; an opening after which the gold
     path loses (a wrong focus ends a lifespan game) is dropped and the game demonstrated without it."""
-    from rose_ray.collect import gold_rows
     from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
+    from rose_ray.provision.gold import gold_rows
 
     cfg = load_config(SMALL)
     games = SciWorldCatalogue(cfg.env.mapping).sample("train", 4, 0, tasks=cfg.tasks)
@@ -124,7 +124,7 @@ def test_student_openings_are_kept_where_the_gold_path_still_wins():
 
 
 def test_student_openings_drawn_per_game_and_keyed_by_the_student():
-    from rose_ray.recipes.warmup import opening_turns, warmup_cache
+    from rose_ray.provision.warmup import opening_turns, warmup_cache
     from rose_ray.types import GameId
 
     games = [GameId("find-animal", i, f"sciworld_{i}") for i in range(200)]
@@ -152,9 +152,9 @@ def test_student_openings_drawn_per_game_and_keyed_by_the_student():
 
 
 def test_detours_are_harmless_replies_drawn_from_the_game():
-    from rose_ray.collect import detour_replies
     from rose_ray.envs.protocol import parse_action
     from rose_ray.envs.sciworld.gold import DETOURS
+    from rose_ray.provision.gold import detour_replies
     from rose_ray.types import GameId
 
     games = [GameId("find-animal", i, f"sciworld_{i}") for i in range(200)]
@@ -248,7 +248,7 @@ def test_the_small_tier_warms_on_its_shipped_demonstrations():
     settings draw, each row within its turns, the teacher's opening with 1-2 student-owned replies
     (the base student's own, or a detour) where drawn; another base student plays gold now."""
     from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
-    from rose_ray.recipes.warmup import gold_games, shipped_gold, warmup_cache, warmup_of
+    from rose_ray.provision.warmup import gold_games, shipped_gold, warmup_cache, warmup_of
 
     cfg = load_config(SMALL)
     catalogue = SciWorldCatalogue(cfg.env.mapping)

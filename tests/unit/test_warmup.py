@@ -8,7 +8,7 @@ from rose_ray.config import load_config
 from rose_ray.envs.protocol import parse_action
 from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
 from rose_ray.envs.sciworld.game import SciWorldGame
-from rose_ray.recipes.warmup import shipped_gold, warmup_cache
+from rose_ray.provision.warmup import shipped_gold, warmup_cache
 
 
 def test_the_tiny_default_warms_on_the_shipped_demonstrations():

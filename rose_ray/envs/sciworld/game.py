@@ -20,8 +20,7 @@ from scienceworld.constants import BASEPATH, JAR_PATH
 from rose_ray.envs.base import GameError, ProcessGame, StepResult, kill_process
 from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.sciworld.gold import focused_name
-from rose_ray.envs.sciworld.protocol import (  # noqa: F401  (differs_only_in_temperature: also read from here)
-    differs_only_in_temperature,
+from rose_ray.envs.sciworld.protocol import (
     first_observation,
     is_success,
     location_of,

@@ -5,7 +5,7 @@ outside and focus on an animal without a `look around`) and name them by interna
 (`focus on egg giant tortoise`, `focus on cloth sittable`) where the game says "the giant
 tortoise egg" and "the mattress". A model that imitates such a path can only guess. The
 observed path looks around before the first focus after a move, and names each focused thing
-as the game named it; `collect.gold_rows(observe=True)` replays it and keeps it only when it
+as the game named it; `provision.gold.gold_rows(observe=True)` replays it and keeps it only when it
 scores as the original does.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-# Actions that change nothing in the game: a demonstration's detour (`collect.detour_replies`)
+# Actions that change nothing in the game: a demonstration's detour (`provision.gold.detour_replies`)
 DETOURS = ("look around", "inventory", "task")
 _FOCUSED = re.compile(r"^You focus on (?:the |a |an )?(.+?)\.\s*$")
 

@@ -86,11 +86,6 @@ def same_but_temperature(a: str, b: str) -> bool:
     return _TEMPERATURE.sub("T degrees celsius", a) == _TEMPERATURE.sub("T degrees celsius", b)
 
 
-def differs_only_in_temperature(a: str, b: str) -> bool:
-    """Whether two observations differ, and only in temperature readings (see above)."""
-    return a != b and same_but_temperature(a, b)
-
-
 def normalise_score(raw_score: float) -> float:
     """ScienceWorld scores run 0..100, or -100 on failure; normalised is max(score, 0)/100."""
     return max(float(raw_score), 0.0) / 100.0
@@ -106,10 +101,14 @@ def is_pass(raw_score: float) -> bool:
 
 @dataclass(frozen=True)
 class SciWorldProtocol(Protocol):
-    """ScienceWorld's protocol: its observations say where the agent is."""
+    """ScienceWorld's protocol: its observations say where the agent is, and may read a
+    temperature a few degrees apart from run to run (see above)."""
 
     def location_of(self, observation: str) -> str | None:
         return location_of(observation)
+
+    def same_observation(self, a: str, b: str) -> bool:
+        return same_but_temperature(a.strip(), b.strip())
 
 
 PROTOCOL = SciWorldProtocol(INSTRUCTION, ACKNOWLEDGEMENT, invalid_prefixes=INVALID_OBSERVATIONS)

@@ -6,8 +6,8 @@ Gold paths played live differ between ScienceWorld loads, so a warm-up trains on
 demonstrations where some were shipped for its settings (rose_ray/envs/data/*_warmup_gold.*):
 then every machine builds the same models.
 
-    python -m rose_ray.recipes.warmup     # replay and ship the tiny default's teacher demonstrations
-    python -m rose_ray.recipes.warmup --config configs/small.yaml   # ship what a cached build trained on
+    rose-ray warmup --ship     # replay and ship the tiny default's teacher demonstrations
+    rose-ray warmup --ship --config configs/small.yaml   # ship what a cached build trained on
 """
 
 from __future__ import annotations
@@ -19,26 +19,16 @@ from typing import Any
 from rose_ray.config import TrainConfig, to_dict
 
 
-def resolve_tiny(cfg: TrainConfig, model: str) -> str:
-    """A model name as it runs: `tiny:student` / `tiny:teacher` become the tiny models' folders
-    (built under `tiny_dir` on first use); other names stay."""
-    if not model.startswith("tiny:"):
-        return model
-    from rose_ray.models import init_tiny
-
-    return str(init_tiny(Path(cfg.tiny_dir).expanduser(), seed=0)[model[5:]])
-
-
 def resolve_models(cfg: TrainConfig) -> tuple[str, str | None]:
     """Student and teacher model paths, building tiny models and warming them if asked; the
     teacher's is None where the teacher is the world's expert (`teacher.kind: expert`)."""
     from rose_ray.envs.worlds import get_world
-    from rose_ray.models import local_model
+    from rose_ray.models import local_model, resolve_tiny
 
     # A hub id becomes its cached snapshot once, here: every actor gets a folder (a served
     # model's name stays a name).
-    models = {role: resolve_tiny(cfg, engine.model) if engine.spec.served
-              else local_model(resolve_tiny(cfg, engine.model)) for role, engine in cfg.engines()}
+    models = {role: resolve_tiny(engine.model, cfg.tiny_dir) if engine.spec.served
+              else local_model(resolve_tiny(engine.model, cfg.tiny_dir)) for role, engine in cfg.engines()}
     models.setdefault("teacher", None)
     # The student first: a teacher whose demonstrations open with its turns needs it warmed.
     for role in ("student", "teacher"):
@@ -143,7 +133,7 @@ def gold_games(cfg: TrainConfig, role: str = "teacher") -> list[Any]:
 def play_gold(cfg: TrainConfig, role: str = "teacher", student: str | None = None) -> list[dict[str, Any]]:
     """Gold demonstrations of a warm-up's `gold_games` training games, played now (the teacher's
     opening with `student`'s own turns where `teacher_warmup.student_openings` asks)."""
-    from rose_ray.collect import gold_rows
+    from rose_ray.provision.gold import gold_rows
 
     w = warmup_of(cfg, role)
     games = gold_games(cfg, role)
@@ -336,6 +326,11 @@ def cli_main(args: Any) -> int:
     from rose_ray.evaluate import run_eval, train_eval_job
 
     cfg = load_config(args.config, args.overrides)
+    if args.ship:  # rewrite the shipped demonstrations (the module's docstring)
+        here = Path(__file__).parents[1] / "envs" / "data"
+        for path in ship_demonstrations(cfg, here) if args.config else [write_shipped_gold(cfg, here)]:
+            print(f"warmup: wrote {path}")
+        return 0
     t0 = time.time()
     student, teacher = resolve_models(cfg)
     print(f"warmup: built or found in {time.time() - t0:.0f} s (cached under {Path(cfg.tiny_dir).expanduser()})")
@@ -357,19 +352,3 @@ def cli_main(args: Any) -> int:
         print(f"| {role} | {o['score']:.4f} | {o['success']:.3f} | {o['pass']:.3f} |")
     return 0
 
-
-if __name__ == "__main__":  # rewrite the shipped demonstrations (see the module's docstring)
-    import argparse
-
-    from rose_ray.config import load_config
-
-    parser = argparse.ArgumentParser(description="write shipped warm-up demonstrations into rose_ray/envs/data")
-    parser.add_argument("--config", help="ship what this config's cached build trained on (default: replay the "
-                                         "tiny default's gold paths)")
-    args = parser.parse_args()
-    here = Path(__file__).parent.parent / "envs" / "data"
-    if args.config:
-        for path in ship_demonstrations(load_config(args.config), here):
-            print(f"wrote {path}")
-    else:
-        print(f"wrote {write_shipped_gold(load_config(None), here)}")

@@ -1,0 +1,217 @@
+"""Gold demonstrations: each game's gold action path (ScienceWorld's), played and written as a
+dataset row (`rose-ray gold`, and the warm-ups' demonstrations), after an opening where asked
+(a detour, or a student's own turns), continued by the gold path or the world's expert."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from rose_ray.envs.base import StepResult
+from rose_ray.envs.protocol import Protocol, gold_reply, gold_thought, parse_action
+from rose_ray.envs.worlds import CONTINUATIONS, get_world
+from rose_ray.errors import InputError
+from rose_ray.types import GameId, Trajectory, Turn
+
+
+def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str]],
+                last: StepResult, protocol: Protocol, schema: str = "card",
+                detour: list[tuple[str, str]] = ()) -> dict[str, Any]:
+    """A gold episode as a dataset row (teacher-owned assistant turns), after the `detour`
+    replies and observations, if any (student-owned: context that trains nothing)."""
+    turns = [Turn("user", protocol.instruction, "prompt"), Turn("assistant", protocol.acknowledgement, "prompt"),
+             Turn("user", first_observation, "env")]
+    for reply, observation in detour:
+        turns += [Turn("assistant", reply, "student"), Turn("user", observation, "env")]
+    location = protocol.location_of(first_observation)
+    for _, observation in detour:  # the replies after it name the room the opening left the agent in
+        location = protocol.location_of(observation) or location
+    for action, observation in steps:
+        turns.append(Turn("assistant", gold_reply(action, location), "teacher"))
+        turns.append(Turn("user", observation, "env"))
+        location = protocol.location_of(observation) or location
+    t = Trajectory(game=game, turns=turns, score=last.score, raw_score=last.raw_score,
+                   success=last.success, rounds=len(steps))
+    return t.to_record(schema)
+
+
+def detour_replies(game: GameId, rate: float, actions: tuple[str, ...]) -> list[str]:
+    """The replies a demonstration opens with before its gold path: none for a share `1 - rate`
+    of games; else one or two, each a harmless action of the world's (`actions`) or a cut-off
+    reply with no action, as a small student gives. Drawn from the game's id: the same every time."""
+    rng = random.Random(f"detour:{game.item_id}")
+    if rate <= 0 or rng.random() >= rate:
+        return []
+    replies = []
+    for _ in range(rng.choice((1, 2))):
+        action = rng.choice(actions)
+        if rng.random() < 0.5:
+            replies.append(gold_reply(action))
+        else:  # a reply cut before its action: the game gets the thought as its action
+            words = gold_thought(action).split()
+            replies.append("Thought: " + " ".join(words[: rng.randint(2, len(words) - 1)]))
+    return replies
+
+
+def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, progress: bool = True,
+              protocol: Protocol | None = None, schema: str = "card", observe: bool = False,
+              detours: float = 0.0, on_row: Callable[[int, dict[str, Any]], None] | None = None,
+              openings: dict[str, list[str]] | None = None,
+              continuation: str = "gold") -> tuple[list[dict[str, Any]], list[str]]:
+    """Play each game's gold path on `workers` game processes; returns (rows, problems).
+    `on_row(i, row)` as game i's row is made (on a worker thread).
+
+    `observe`: the world's observed gold paths (`World.observed_gold`: look before choosing,
+    things named as the game shows them), replayed; a game whose observed path does not score
+    as its gold path did keeps the gold path (and says so in problems).
+    `detours`: the share of demonstrations that open with one or two student-owned replies
+    (`detour_replies`: the world's harmless actions, or a reply with no action) before the gold
+    path, so that a teacher warmed on them carries on from a student's first turns.
+    `openings`: a game's own student-owned replies (by item id; a student's real sampled turns)
+    played before its gold path instead of a detour; where the gold path after them scores
+    worse than from a fresh load, the game is demonstrated without them (and says so in problems).
+    `continuation`: after the opening, ScienceWorld's gold path (`gold`), or the world's expert
+    teacher playing from the state the opening left (`expert`: envs/sciworld/expert.py; its
+    replies are already observed ones: it looks before it focuses and names things as shown)."""
+    from rose_ray.envs.pool import EnvPool
+
+    worlds = {g.world for g in games}
+    for name in worlds:
+        if not get_world(name).has_gold:
+            raise InputError(f"{name} has no gold action paths for any of its games, so there are no "
+                             "gold demonstrations to write; eval, collect and train work without them")
+    if len(worlds) > 1:
+        raise InputError(f"gold: games of several worlds ({sorted(worlds)}); make one dataset per world")
+    world = get_world(worlds.pop() if worlds else None)
+    if (observe or detours) and world.observed_gold is None:
+        raise InputError(f"gold: {world.name} has no observed gold paths or detours (observe, detours); "
+                         "use its gold paths as they are")
+    if continuation not in CONTINUATIONS:
+        raise InputError(f"gold: continuation must be one of {CONTINUATIONS}, got {continuation!r}")
+    if continuation == "expert" and world.expert is None:
+        raise InputError(f"gold: {world.name} has no expert teacher to continue the demonstrations")
+    protocol = protocol or world.protocol
+    pool = EnvPool(num_games=max(1, min(workers, len(games))), world=world.name)
+    free: list[int] = list(range(pool.num_games()))
+    problems: list[str] = []
+
+    def opening(game: GameId) -> list[str]:
+        if openings and openings.get(game.item_id):
+            return openings[game.item_id]
+        return detour_replies(game, detours, world.observed_gold.DETOURS if detours else ())
+
+    def start(slot: int, game: GameId, gold: bool,
+              replies: list[str]) -> tuple[StepResult, list[tuple[str, str]], StepResult]:
+        """The game loaded, and its opening replies played (a detour or a student's turns): the
+        first observation, the opening's (reply, observation) pairs, and the game's last answer."""
+        last = first = pool.reset(slot, game, gold=gold)
+        pairs = []
+        for reply in replies:
+            last = pool.step(slot, parse_action(reply).action)
+            pairs.append((reply, last.observation))
+        return first, pairs, last
+
+    def expert_from(slot: int, last: StepResult) -> tuple[list[tuple[str, str]], StepResult | None]:
+        """The expert's play from the slot's state (`last`: the game's last answer), up to
+        `max_actions`, until the game ends or the expert has no plan; None if the game died."""
+        steps, result = [], last
+        while len(steps) < max_actions and not result.done:
+            reply = pool.expert_reply(slot)
+            if reply.action is None:
+                break
+            result = pool.step(slot, reply.action)
+            if result.interrupted:
+                return steps, None
+            steps.append((reply.action, result.observation))
+        return steps, result
+
+    def replay(slot: int, first: StepResult, actions: list[str]) -> tuple[StepResult, list[tuple[str, str]], Any]:
+        steps, result = [], first
+        for action in actions:
+            result = pool.step(slot, action)
+            if result.interrupted:
+                return first, steps, None
+            steps.append((action, result.observation))
+            if result.done:
+                break
+        return first, steps, result
+
+    def play(i: int, game: GameId) -> dict[str, Any] | None:
+        row = play_one(game)
+        if row is not None and on_row is not None:
+            on_row(i, row)
+        return row
+
+    def play_one(game: GameId) -> dict[str, Any] | None:
+        replies = opening(game)
+        if not (openings and openings.get(game.item_id)):
+            return play_from(game, replies)
+        # A student's opening may have changed the game: its row only where the play after it
+        # (the gold path, or the expert) scores as well as from a fresh load.
+        clean = play_from(game, [])
+        row = play_from(game, replies, report_loss=False)
+        if clean is None or row is None or (row["success"], row["score"]) >= (clean["success"], clean["score"]):
+            return row if row is not None else clean
+        what = "the gold path" if continuation == "gold" else "the expert"
+        problems.append(f"{game.item_id}: {what} did not score as well after the student's opening; "
+                        "demonstrated without it")
+        return clean
+
+    def gold_from(slot: int, game: GameId, replies: list[str]) -> tuple[StepResult, list[tuple[str, str]],
+                                                                        list[tuple[str, str]], StepResult | None]:
+        """The game's gold path after the opening (observed where asked): the first observation,
+        the opening's pairs, the path's (action, observation) pairs and its last answer."""
+        first, detour, _ = start(slot, game, gold=True, replies=replies)
+        actions = pool.gold_actions(slot)
+        if observe:
+            actions = world.observed_gold.look_before_focus(actions)
+        first, steps, result = replay(slot, first, actions[:max_actions])
+        if result is not None and observe:
+            played = [a for a, _ in steps]
+            renamed = world.observed_gold.visible_names(played, [o for _, o in steps])
+            if renamed != played:
+                again = replay(slot, start(slot, game, gold=False, replies=replies)[0], renamed)
+                if again[2] is not None and (again[2].raw_score, again[2].success) == (result.raw_score,
+                                                                                     result.success):
+                    first, steps, result = again
+                else:
+                    problems.append(f"{game.item_id}: the observed path did not score as the gold path; kept gold")
+        return first, detour, steps, result
+
+    def play_from(game: GameId, replies: list[str], report_loss: bool = True) -> dict[str, Any] | None:
+        slot = free.pop()
+        try:
+            if continuation == "expert":
+                first, detour, last = start(slot, game, gold=False, replies=replies)
+                steps, result = expert_from(slot, last)
+            else:
+                first, detour, steps, result = gold_from(slot, game, replies)
+            gold = continuation == "gold"
+            if result is None:
+                during = "replay" if gold else "the expert's play"
+                problems.append(f"{game.item_id}: game process died during {during}")
+                return None
+            if not result.success and report_loss:
+                problems.append(f"{game.item_id}: {'gold path' if gold else 'the expert'} reached {result.raw_score}, "
+                                "not success")
+            return gold_record(game, first.observation, steps, result, protocol, schema, detour)
+        finally:
+            free.append(slot)
+
+    from rose_ray.metrics import progress as progress_bar
+
+    bar = progress_bar(len(games), "gold", "game") if progress else None
+    rows = []
+    try:
+        with ThreadPoolExecutor(max_workers=pool.num_games()) as ex:
+            for row in ex.map(play, range(len(games)), games):
+                rows.append(row)
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        pool.close()
+    return [r for r in rows if r is not None], problems
