@@ -69,7 +69,7 @@ def server(teacher_dir, tmp_path_factory) -> Served:
     env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1", VLLM_NO_USAGE_STATS="1",
                VLLM_DO_NOT_TRACK="1")
     # The server `rose-ray serve --backend vllm` tells the user to start.
-    named = vllm_server(ServeCommand(model=str(teacher_dir), port=port, served_model_name=NAME,
+    named = vllm_server(ServeCommand(model=str(teacher_dir), backend="vllm", port=port, served_model_name=NAME,
                                      context_tokens=CONTEXT, dtype="float32"))
     assert named[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
     cmd = [sys.executable, *named[1:], *SERVER_FLAGS]
