@@ -117,11 +117,22 @@ def wandb_records(run_dir: Path) -> list:
     return records
 
 
-def wandb_history(run_dir: Path) -> list[dict]:
-    """What each W&B log call of the run folder's W&B runs held, without W&B's own keys."""
+def wandb_history(run_dir: Path, runs: int = 1, timeout_s: float = 60.0) -> list[dict]:
+    """What each W&B log call of the run folder's W&B runs held, without W&B's own keys. W&B's
+    service process may still be writing (or not yet have made) a run's file when `finish` has
+    returned (seen here: the last run's history missing): read once `runs` runs' files are there,
+    each with its exit record."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = wandb_records(run_dir)
+        started = sum(r.WhichOneof("record_type") == "run" for r in records)
+        if started >= runs and sum(r.WhichOneof("record_type") == "exit" for r in records) == started:
+            break
+        assert time.monotonic() < deadline, f"a W&B run's file in {run_dir} has no exit record after {timeout_s} s"
+        time.sleep(0.2)
     return [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item
              if not (item.key or item.nested_key[0]).startswith("_")}
-            for r in wandb_records(run_dir) if r.WhichOneof("record_type") == "history"]
+            for r in records if r.WhichOneof("record_type") == "history"]
 
 
 def test_wandb_gets_every_scalar_tensorboard_gets_and_the_config(tmp_path, monkeypatch):
@@ -148,7 +159,7 @@ def test_wandb_gets_every_scalar_tensorboard_gets_and_the_config(tmp_path, monke
     resumed.log(*logged[3])
     resumed.close()
 
-    assert wandb_history(tmp_path) == [{"step": step, **scalars} for step, scalars in logged]
+    assert wandb_history(tmp_path, runs=2) == [{"step": step, **scalars} for step, scalars in logged]
     jsonl = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [{k: v for k, v in m.items() if k != "time"} for m in jsonl] == wandb_history(tmp_path)
     tensorboard = read_scalars(tmp_path / "tb")
