@@ -413,14 +413,16 @@ def diagnostics_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def write_figure(rows: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]], path: str | Path) -> Path:
-    """A PNG: each arm's Score and Pass with their 95% intervals, and each training run's dev
-    Score over its learner steps (eval.every; one line per seed, one color per arm)."""
+    """A PNG: each arm's Score and Pass with their 95% intervals, and, where the runs evaluated
+    on dev as they trained (eval.every), each one's dev Score over its learner steps (one line per
+    seed, one color per arm); without dev points, the two panels alone."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    curved = [arm for arm in ARMS if any(r.get("dev") for r in runs.get(arm) or [])]
+    fig, axes = plt.subplots(1, 3 if curved else 2, figsize=(15 if curved else 10, 4.5))
     arms = [r["arm"] for r in rows]
     colors = {arm: plt.get_cmap("tab10")(i % 10) for i, arm in enumerate(ARMS)}
     for ax, m in zip(axes[:2], ("score", "pass")):
@@ -430,17 +432,16 @@ def write_figure(rows: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]
         ax.set_xticks(range(len(rows)), arms, rotation=30, ha="right")
         ax.set_title(f"{m.capitalize()} on the held-out games [95%]")
         ax.set_ylim(0, max(1e-3, float(max((r[f"{m}_high"] for r in rows), default=0))) * 1.1)
-    curves = axes[2]
-    for arm in (a for a in ARMS if runs.get(a)):
+    for arm in curved:
         for i, r in enumerate(runs[arm]):
             points = sorted((p["step"], p["score"]) for p in r.get("dev") or [])
             if points:
                 steps, scores = zip(*points)
-                curves.plot(steps, scores, marker="o", color=colors[arm], alpha=0.8, label=arm if i == 0 else None)
-    curves.set_title("dev Score over learner steps (eval.every)")
-    curves.set_xlabel("learner step")
-    if curves.get_legend_handles_labels()[0]:
-        curves.legend(fontsize=8)
+                axes[2].plot(steps, scores, marker="o", color=colors[arm], alpha=0.8, label=arm if i == 0 else None)
+    if curved:
+        axes[2].set_title("dev Score over learner steps (eval.every)")
+        axes[2].set_xlabel("learner step")
+        axes[2].legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -67,6 +67,11 @@ def test_the_table_shows_play_rates_and_diagnostics_and_the_figure_is_a_png(benc
     assert "| sft | 0.50 | - | - | 40 |" in diag and "| student |" not in diag
     png = table.write_figure(rows, runs, tmp_path / "out" / "table.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    # Without dev points (--dev-every 0, as the test tables run) no empty curves panel: 2 panels' width.
+    plain = table.write_figure(rows, {arm: [{k: v for k, v in r.items() if k != "dev"} for r in rs]
+                                      for arm, rs in runs.items()}, tmp_path / "out" / "plain.png")
+    width = lambda path: int.from_bytes(path.read_bytes()[16:20], "big")  # noqa: E731 (the PNG header's)
+    assert (width(png), width(plain)) == (1500, 1000)
 
 
 def test_an_arm_set_reaches_that_arm_only(bench_table):
