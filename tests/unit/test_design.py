@@ -17,6 +17,8 @@ inside functions too): a change that breaks one fails here, naming the module an
   inference/ imports neither envs/ nor the command layer (commands.py, cli.py); provisioning
   (provision/: tiny models, gold demonstrations, warm-ups) is above the algorithms (recipes/),
   the rollout and the worlds, which import none of it.
+- No circle: the whole package's file-level import graph has none, however far round (a lazy
+  import inside a function is how a module reaches a later layer on purpose).
 - A backend is a plug-in (inference/registry.py): outside inference/ no code compares backend
   names or reads a backend's own settings; it asks the questions its section answers
   (`BackendSettings`: tensor parallel, GPU share, KV budget, ...).
@@ -225,3 +227,98 @@ def test_the_backend_rule_sees_what_it_forbids(tmp_path):
     assert sorted(line.split(" ", 1)[1] for line in backend_leaks([f])) == [
         "compares a backend's name", "hasattr(... .backend ...)", "names a backend's settings class",
         "names a backend's settings class", "reads backend.kv_cache_mb"]
+
+
+def file_level_imports(path: Path, package: Path = PACKAGE) -> set[str]:
+    """The package's modules a file imports when it is imported: the statements at file level
+    (in a top-level `try`/`if` too, not under `if TYPE_CHECKING:`), not those inside functions,
+    which run later. `from a import b` names the module a.b where one exists, else a."""
+    root = package.parent
+    name = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+
+    def exists(module: str) -> bool:
+        p = root.joinpath(*module.split("."))
+        return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+    def statements(body: list[ast.stmt]):
+        for node in body:
+            if isinstance(node, ast.If):
+                if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                    yield from statements(node.body + node.orelse)
+            elif isinstance(node, ast.Try):
+                yield from statements(node.body + node.orelse + node.finalbody
+                                      + [s for h in node.handlers for s in h.body])
+            else:
+                yield node
+
+    found: set[str] = set()
+    for node in statements(ast.parse(path.read_text()).body):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the file's package up
+                parts = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            found.update(f"{base}.{a.name}" if exists(f"{base}.{a.name}") else base for a in node.names)
+    return {m for m in found if m.split(".")[0] == package.name and exists(m) and m != name}
+
+
+def import_cycles(package: Path = PACKAGE) -> list[list[str]]:
+    """The circles of the package's file-level import graph (Tarjan's strongly connected parts
+    with more than one module)."""
+    root = package.parent
+    graph = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): file_level_imports(p, package)
+             for p in sorted(package.rglob("*.py"))}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                cycles.append(sorted(part))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_the_file_level_import_graph_has_no_circle():
+    """The whole package: no module imports, at file level, one that imports it back (however
+    far round). A lazy import inside a function is how a later layer is reached on purpose."""
+    assert import_cycles() == []
+
+
+def test_the_circle_check_sees_a_circle(tmp_path):
+    """The checker itself, on a package of four modules: a → b → c → a is a circle (found through
+    a relative import and a `try`), d's import under TYPE_CHECKING and a lazy one are not."""
+    pkg = tmp_path / "rose_ray"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from rose_ray.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("try:\n    from . import c\nexcept ImportError:\n    c = None\n")
+    (pkg / "sub" / "c.py").write_text("import rose_ray.a\n")
+    (pkg / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rose_ray import a\n"
+                              "def f():\n    import rose_ray.a\n")
+    (pkg / "e.py").write_text("import rose_ray.d\n")
+    assert import_cycles(pkg) == [["rose_ray.a", "rose_ray.sub.b", "rose_ray.sub.c"]]
+    (pkg / "sub" / "c.py").write_text("def f():\n    import rose_ray.a\n")
+    assert import_cycles(pkg) == []
