@@ -70,8 +70,7 @@ def test_the_table_shows_play_rates_and_diagnostics_and_the_figure_is_a_png(benc
     # Without dev points (--dev-every 0, as the test tables run) no empty curves panel: 2 panels' width.
     plain = table.write_figure(rows, {arm: [{k: v for k, v in r.items() if k != "dev"} for r in rs]
                                       for arm, rs in runs.items()}, tmp_path / "out" / "plain.png")
-    width = lambda path: int.from_bytes(path.read_bytes()[16:20], "big")  # noqa: E731 (the PNG header's)
-    assert (width(png), width(plain)) == (1500, 1000)
+    assert (png_width(png), png_width(plain)) == (1500, 1000)
 
 
 def test_an_arm_set_reaches_that_arm_only(bench_table):
@@ -112,3 +111,8 @@ def test_stitched_play_is_summarised_against_the_teacher_alone():
     assert row["ended_before_handoff"] == 0.25
     text = stitched.markdown([stitched.summary("teacher only", None, alone, None), row])
     assert "| teacher only | - | 0.2000 [" in text and "| 0.50 | -0.1000 [" in text and text.endswith("| 0.25 | 0.33 | 0.25 |")
+
+
+def png_width(path) -> int:
+    """A PNG's width in pixels, from its header (IHDR, bytes 16-20)."""
+    return int.from_bytes(path.read_bytes()[16:20], "big")
