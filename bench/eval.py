@@ -187,7 +187,7 @@ def main() -> None:
 
     from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
     from rose_ray.inference.engine import EngineConfig, GenerationRequest
-    from rose_ray.models import init_tiny
+    from rose_ray.provision.tiny import init_tiny
     from rose_ray.rollout.actors import init_ray, start_agents
     from rose_ray.types import SamplingParams
 

@@ -83,7 +83,8 @@ async def play(front: Any, chat: Any, callers: int, turns: int, max_new: int) ->
 def medium_model(root: Path, tiny_student: Path) -> Path:
     """A ~30M-parameter Qwen3 with the tiny tokenizer, random weights, built once."""
     from rose_ray.files import writing_folder
-    from rose_ray.models import TinySize, build_tiny_model, count_parameters, load_tokenizer
+    from rose_ray.models import count_parameters, load_tokenizer
+    from rose_ray.provision.tiny import TinySize, build_tiny_model
 
     out = root / "qwen3_30m"
     if (out / "config.json").is_file():
@@ -171,7 +172,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)  # before vLLM starts (it fixes the count for the process)
-    from rose_ray.models import init_tiny
+    from rose_ray.provision.tiny import init_tiny
 
     root = Path(args.models)
     tiny = init_tiny(root / "tiny")["student"]

@@ -412,7 +412,7 @@ def main() -> None:
         print(f"wrote {out}")
         return
     if args.part != "all":  # one part, in this process
-        from rose_ray.models import init_tiny
+        from rose_ray.provision.tiny import init_tiny
 
         tok = init_tiny(work / "tok", style="qwen3")["student"]
         model = build_model(work / f"model_{args.shape}", shape(args.shape), tok)

@@ -89,7 +89,8 @@ def main() -> None:
         args.games, args.turns = 4, 5
 
     from rose_ray.chat import ChatFormat
-    from rose_ray.models import init_tiny, load_tokenizer
+    from rose_ray.models import load_tokenizer
+    from rose_ray.provision.tiny import init_tiny
 
     t0 = time.perf_counter()
     models = init_tiny(Path(tempfile.mkdtemp(prefix="rose_ray_history_")), seed=0, style="qwen3")

@@ -274,7 +274,7 @@ def available_bytes() -> float:
 
 
 def bench_memory(args) -> None:
-    from rose_ray.models import QWEN3_VOCAB_SIZE, build_qwen3_vocab_model
+    from rose_ray.provision.tiny import QWEN3_VOCAB_SIZE, build_qwen3_vocab_model
 
     model_dir = Path(tempfile.gettempdir()) / "rose_ray_bench" / "qwen3_vocab"
     if not (model_dir / "config.json").exists():
@@ -344,7 +344,8 @@ def main() -> None:
 
     import ray
 
-    from rose_ray.models import init_tiny, load_tokenizer
+    from rose_ray.models import load_tokenizer
+    from rose_ray.provision.tiny import init_tiny
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     root = Path(tempfile.gettempdir()) / "rose_ray_bench"

@@ -219,7 +219,7 @@ def run_mode(mode: str, args: argparse.Namespace, overrides: list[str], work: Pa
 def warm_teacher_cached(overrides: list[str]) -> bool:
     """Whether the tiny config's warmed teacher is already cached (then using it costs nothing)."""
     from rose_ray.config import load_config
-    from rose_ray.models import init_tiny
+    from rose_ray.provision.tiny import init_tiny
     from rose_ray.provision.warmup import warmup_cache  # the cache warm_model uses
 
     cfg = load_config(None, overrides)

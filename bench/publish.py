@@ -393,7 +393,7 @@ def main() -> None:
 
     import ray
 
-    from rose_ray.models import init_tiny
+    from rose_ray.provision.tiny import init_tiny
 
     start = time.perf_counter()
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # a cluster of its own

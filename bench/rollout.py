@@ -509,7 +509,7 @@ def main() -> None:
         args.max_rss_gb = round(0.75 * psutil.virtual_memory().available / 2**30, 1)
     import ray
 
-    from rose_ray.models import build_tokenizer
+    from rose_ray.provision.tiny import build_tokenizer
 
     points = [int(x) for x in (args.episodes or ("16" if args.quick else "16,32,64,256")).split(",")]
     per_slot = args.per_slot or (1 if args.quick else 4)

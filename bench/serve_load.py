@@ -1,6 +1,6 @@
 """`rose-ray serve` under load and bad input.
 
-Builds the tiny student (rose_ray.models.init_tiny, a temp dir unless --models), starts
+Builds the tiny student (rose_ray.provision.tiny.init_tiny, a temp dir unless --models), starts
 `rose-ray serve` on 127.0.0.1 as a subprocess, and runs two phases, each bounded by a request
 count and a wall time, with CONCURRENCY client threads (one HTTP connection per request):
 
@@ -308,7 +308,7 @@ def main() -> None:
         args.requests, args.seconds, args.concurrency = min(args.requests, 80), min(args.seconds, 12.0), 8
     out_path = Path(args.out or RESULTS / ("serve_load_quick.json" if args.quick else "serve_load.json"))
 
-    from rose_ray.models import init_tiny
+    from rose_ray.provision.tiny import init_tiny
 
     tmp = tempfile.TemporaryDirectory(prefix="serve_load_")
     model = init_tiny(args.models or Path(tmp.name) / "models")["student"]

@@ -128,7 +128,7 @@ def register_gloo_engine() -> None:
 
 
 def model_folder(size: str, work: Path) -> Path:
-    from rose_ray.models import init_tiny
+    from rose_ray.provision.tiny import init_tiny
 
     tiny = init_tiny(work / "tiny", seed=0)["student"]
     if size == "tiny":

@@ -23,7 +23,7 @@ STAND_INS = {"student": "rose-ray-rehearsal/tiny-qwen3-student", "teacher": "ros
 
 
 def models(work: Path) -> None:
-    from rose_ray.models import init_tiny
+    from rose_ray.provision.tiny import init_tiny
 
     tiny = init_tiny(work / "tiny", seed=0, style="qwen3")
     for role, repo_id in STAND_INS.items():

@@ -48,7 +48,8 @@ def parse_stand_ins(pairs: list[str], flag: str = "--tokenizer-for") -> dict[str
 def _tokenizer_path(cfg: TrainConfig, role: str, name: str, stand_ins: dict[str, str]) -> str:
     if name in stand_ins:
         return stand_ins[name]
-    from rose_ray.models import ModelNotAvailable, local_model, resolve_tiny
+    from rose_ray.models import ModelNotAvailable, local_model
+    from rose_ray.provision.tiny import resolve_tiny
 
     if name.startswith("tiny:"):
         return resolve_tiny(name, cfg.tiny_dir)
@@ -100,7 +101,7 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
     from dataclasses import replace
 
     from rose_ray.inference.openai import SettingNames, check_served
-    from rose_ray.models import resolve_tiny
+    from rose_ray.provision.tiny import resolve_tiny
 
     out = []
     if any(engine.spec.served for _, engine in cfg.engines()) and _on_a_cluster(cfg):

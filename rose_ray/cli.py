@@ -116,7 +116,8 @@ def _play(args: argparse.Namespace) -> int:
 
 
 def _init_tiny(args: argparse.Namespace) -> int:
-    from rose_ray.models import count_parameters, init_tiny, load_model
+    from rose_ray.models import count_parameters, load_model
+    from rose_ray.provision.tiny import init_tiny
 
     paths = init_tiny(args.out, seed=args.seed, style=args.style)
     for role, path in paths.items():

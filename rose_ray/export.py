@@ -27,7 +27,7 @@ MODEL_INFO = "rose_ray_model.json"
 def student_model(cfg: TrainConfig) -> str:
     """The student's base model folder (the tiny models are built here when missing; they are
     made from a fixed seed, and the checkpoint's weights replace theirs anyway)."""
-    from rose_ray.models import resolve_tiny
+    from rose_ray.provision.tiny import resolve_tiny
 
     return resolve_tiny(cfg.student_engine.model, cfg.tiny_dir)
 

@@ -154,7 +154,7 @@ def model_shape(name: str, key: str, tiny_dir: str, config_for: dict[str, str]) 
     if name in config_for:
         folder = Path(config_for[name])
     elif name.startswith("tiny:"):
-        from rose_ray.models import resolve_tiny
+        from rose_ray.provision.tiny import resolve_tiny
 
         folder = Path(resolve_tiny(name, tiny_dir))
     else:

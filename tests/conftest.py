@@ -46,7 +46,7 @@ def session_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """{"student": Path, "teacher": Path}: tiny Qwen3 models sharing one tokenizer."""
-    from rose_ray.models import init_tiny
+    from rose_ray.provision.tiny import init_tiny
 
     return init_tiny(tmp_path_factory.mktemp("tiny_models"), seed=0)
 
@@ -55,7 +55,7 @@ def tiny_models(tmp_path_factory):
 def tiny_qwen3(tmp_path_factory):
     """Tiny models that look like Qwen3 from the outside: its special tokens (<think> too) and
     a chat template that rewrites history as Qwen3's does (`rose-ray init-tiny --style qwen3`)."""
-    from rose_ray.models import init_tiny
+    from rose_ray.provision.tiny import init_tiny
 
     return init_tiny(tmp_path_factory.mktemp("tiny_qwen3"), seed=0, style="qwen3")
 

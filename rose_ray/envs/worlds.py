@@ -51,7 +51,7 @@ class World:
     # (`judge_messages`, `read_verdict`, `episode_thoughts`, `PROMPT_HASH`: DiscoveryWorld's
     # knowledge.py; rose_ray/judge.py asks the judge, `eval --judge`), or None
     knowledge: Any = None
-    # text of the world to train a tiny tokenizer on (models.build_tokenizer), or None
+    # text of the world to train a tiny tokenizer on (provision.tiny.build_tokenizer), or None
     corpus: Callable[[], str] | None = None
     # its expert teacher, when it has one: a factory taking `heap` and `call_timeout_s` whose
     # object answers `reply(game, first, history, episode) -> ExpertReply` and `close()`

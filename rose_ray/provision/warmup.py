@@ -23,7 +23,8 @@ def resolve_models(cfg: TrainConfig) -> tuple[str, str | None]:
     """Student and teacher model paths, building tiny models and warming them if asked; the
     teacher's is None where the teacher is the world's expert (`teacher.kind: expert`)."""
     from rose_ray.envs.worlds import get_world
-    from rose_ray.models import local_model, resolve_tiny
+    from rose_ray.models import local_model
+    from rose_ray.provision.tiny import resolve_tiny
 
     # A hub id becomes its cached snapshot once, here: every actor gets a folder (a served
     # model's name stays a name).

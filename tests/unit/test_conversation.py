@@ -18,7 +18,7 @@ import pytest
 from rose_ray.chat import ChatFormat
 from rose_ray.envs.protocol import Protocol
 from rose_ray.inference.engine import GenerationResult
-from rose_ray.models import build_tokenizer
+from rose_ray.provision.tiny import build_tokenizer
 from rose_ray.rollout.agent import Agent
 from rose_ray.rollout.context import ContextSettings
 from rose_ray.rollout.conversation import Conversation

@@ -24,7 +24,7 @@ RTOL = 1e-5
 
 
 def qwen3_vocab(path):
-    from rose_ray.models import build_qwen3_vocab_model
+    from rose_ray.provision.tiny import build_qwen3_vocab_model
 
     if not (path / "config.json").exists():
         build_qwen3_vocab_model(seed=0).save_pretrained(path)

@@ -1,17 +1,12 @@
-"""Tiny local models (rose_ray/models.py). The chat-format token pieces: test_chat.py; the
-small CLI commands: test_cli.py."""
+"""Tiny local models (rose_ray/provision/tiny.py) and model loading (rose_ray/models.py). The
+chat-format token pieces: test_chat.py; the small CLI commands: test_cli.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from rose_ray.models import (
-    ModelNotAvailable,
-    count_parameters,
-    init_tiny,
-    load_model,
-    load_tokenizer,
-)
+from rose_ray.models import ModelNotAvailable, count_parameters, load_model, load_tokenizer
+from rose_ray.provision.tiny import init_tiny
 
 
 def test_tiny_models_are_real_qwen3_with_a_chat_template(tiny_models):

@@ -1,0 +1,225 @@
+"""Tiny Qwen3 models built locally (nothing downloaded), for tests, benches and `tiny:` names.
+
+`init_tiny` trains a byte-level BPE tokenizer on shipped ScienceWorld text, gives it a
+Qwen-style chat template, and saves two randomly initialised Qwen3 models of different sizes
+(student smaller than teacher) that share it. Two styles:
+
+- `plain`: ChatML turns, nothing else (the tiny default).
+- `qwen3`: what Qwen/Qwen3-1.7B and Qwen3-32B look like from the outside: their special tokens
+  (`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`, and `<think>`/`</think>` as single added
+  tokens), their pre-tokenizer regex (digits one by one), and a chat template written here
+  that behaves like theirs: reasoning is stripped from earlier assistant turns, the assistant
+  turn after the last user message gets a `<think>` block, and `enable_thinking=False` puts an
+  empty think block into the generation prompt. The vocabulary is trained here like the plain
+  one (Qwen's real vocabulary cannot be downloaded on this machine).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rose_ray.errors import InputError
+from rose_ray.models import quiet_transformers
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Behaves like Qwen3's official template for text conversations (no tools).
+QWEN3_LIKE_TEMPLATE = (
+    "{%- if messages and messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- set state = namespace(last_user=messages|length - 1) %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}{%- set state.last_user = loop.index0 %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}"
+    "{%- elif m.role == 'assistant' %}"
+    "{%- set answer = m.content %}{%- set reasoning = '' %}"
+    "{%- if m.reasoning_content is string %}{%- set reasoning = m.reasoning_content %}"
+    "{%- elif '</think>' in answer %}"
+    "{%- set reasoning = answer.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}"
+    "{%- set answer = answer.split('</think>')[-1].lstrip('\n') %}"
+    "{%- endif %}"
+    "{%- if loop.index0 > state.last_user and (loop.last or reasoning) %}"
+    "{{- '<|im_start|>assistant\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n'"
+    " + answer.lstrip('\n') + '<|im_end|>\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>assistant\n' + answer + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}"
+    "{%- endif %}{%- endif %}"
+)
+# Qwen2/Qwen3's pre-tokenizer split (before byte-level BPE).
+QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+THINK_TOKENS = ["<think>", "</think>"]
+STYLES = ("plain", "qwen3")
+DONE_MARKER = "rose_ray_tiny.json"
+
+
+@dataclass(frozen=True)
+class TinySize:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+
+
+TINY_SIZES = {
+    "student": TinySize(128, 2, 4, 2, 32, 384),
+    "teacher": TinySize(256, 4, 4, 2, 64, 768),
+}
+
+
+def world_corpus() -> str:
+    """The default world's text (ScienceWorld's), the tiny tokenizers' training data."""
+    from rose_ray.envs.worlds import get_world
+
+    return get_world(None).corpus()
+
+
+def build_tokenizer(vocab_size: int = 8192, style: str = "plain") -> Any:
+    """A byte-level BPE tokenizer trained on ScienceWorld text, with a Qwen-style template."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if style not in STYLES:
+        raise InputError(f"tiny style: must be one of {STYLES}, got {style!r}")
+    tok = Tokenizer(models.BPE())
+    if style == "qwen3":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    text = world_corpus()
+    tok.train_from_iterator(text.split("\n\n"), trainer=trainer)  # deterministic for a corpus
+    if style == "qwen3":  # single tokens, not special: decoding keeps them (as Qwen3's do)
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    fast.chat_template = QWEN3_LIKE_TEMPLATE if style == "qwen3" else CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_model(tokenizer: Any, size: TinySize, seed: int, max_positions: int = 16384) -> Any:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        **asdict(size),
+    )
+    return Qwen3ForCausalLM(config).eval()
+
+
+# Qwen3's vocabulary size (Qwen3-1.7B and Qwen3-32B): at this size the LM head, not the body,
+# decides the learner's memory, which the tiny models (8k vocabulary) cannot show.
+QWEN3_VOCAB_SIZE = 151_936
+QWEN3_VOCAB_SIZE_TINY = TinySize(64, 2, 4, 2, 16, 128)
+
+
+def build_qwen3_vocab_model(seed: int = 0, max_positions: int = 16384) -> Any:
+    """A 2-layer, 64-wide Qwen3 with Qwen3's vocabulary size and special-token ids, randomly
+    initialised (no tokenizer: token ids only), for the learner's memory and equality tests."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=QWEN3_VOCAB_SIZE, max_position_embeddings=max_positions,
+                         tie_word_embeddings=True, bos_token_id=None, eos_token_id=151645,
+                         pad_token_id=151643, **asdict(QWEN3_VOCAB_SIZE_TINY))
+    return Qwen3ForCausalLM(config).eval()
+
+
+def init_tiny(out_dir: str | Path, seed: int = 0, vocab_size: int = 8192, style: str = "plain") -> dict[str, Path]:
+    """Make (or reuse) `out_dir/student` and `out_dir/teacher`; returns their paths.
+
+    Runs sharing a cache build it once: the builder holds `out_dir/rose_ray_tiny.json.lock`
+    and writes each model whole (files.writing_folder); a run that waited for the lock finds
+    the models built and reuses them. A `student` or `teacher` folder there that rose_ray did
+    not write is never replaced: InputError naming it, checked before anything is built."""
+    from rose_ray.files import (
+        FOLDER_MARKER,
+        check_replaceable,
+        clear_leftovers,
+        locked,
+        write_file,
+        writing_folder,
+    )
+
+    out = Path(out_dir).expanduser()
+    paths = {role: out / role for role in TINY_SIZES}
+    marker = out / DONE_MARKER
+    # Positions up to the card's 16,384-token context (Qwen3-1.7B allows 40,960).
+    wanted = {"seed": seed, "vocab_size": vocab_size, "style": style, "max_positions": 16384}
+
+    def built() -> bool:
+        try:
+            return json.loads(marker.read_text()) == wanted
+        except (OSError, ValueError):
+            return False
+
+    if built():
+        return paths
+    with locked(marker):
+        if built():  # another run built them while this one waited
+            return paths
+        for name in (*paths, DONE_MARKER):  # the lock's holder: a temp of these is a stopped build's
+            clear_leftovers(out, name, owned=True)
+        for path in paths.values():
+            if marker.is_file() and (path / "config.json").is_file() and not (path / FOLDER_MARKER).exists():
+                write_file(path / FOLDER_MARKER, "{}\n")  # built before tiny folders held it: the marker vouches
+            check_replaceable(path, "tiny model folder")  # before anything is built
+        try:
+            quiet_transformers()
+            tokenizer = build_tokenizer(vocab_size, style)
+            for i, (role, size) in enumerate(TINY_SIZES.items()):
+                model = build_tiny_model(tokenizer, size, seed=seed * 1000 + i, max_positions=wanted["max_positions"])
+                with writing_folder(paths[role], "tiny model folder") as tmp:  # never half-written, never none
+                    model.save_pretrained(tmp, safe_serialization=True)
+                    tokenizer.save_pretrained(tmp)
+            write_file(marker, json.dumps(wanted))
+        except FileNotFoundError as e:  # a failed build, not a missing input: keep its traceback (exit 1)
+            raise RuntimeError(f"building the tiny models in {out} failed: {e}") from e
+    return paths
+
+
+def resolve_tiny(name: str, tiny_dir: str | Path) -> str:
+    """A model name as it runs: `tiny:student` / `tiny:teacher` become the tiny models' folders
+    (built under `tiny_dir` on first use); other names stay."""
+    return str(init_tiny(Path(tiny_dir).expanduser(), seed=0)[name[5:]]) if name.startswith("tiny:") else name
