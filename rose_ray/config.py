@@ -33,6 +33,13 @@ __all__ = ["ConfigError", "TrainConfig", "load_config", "to_dict", "to_yaml"]
 MODES = ("async", "sync")
 
 
+def at_least(section: Any, prefix: str, minimum: int, *keys: str) -> None:
+    """A ConfigError naming the first of the section's `keys` below `minimum`."""
+    for key in keys:
+        if getattr(section, key) < minimum:
+            raise ConfigError(f"{prefix}{key}: must be >= {minimum}, got {getattr(section, key)!r}")
+
+
 @dataclass
 class RolloutConfig:
     batch_episodes: int = 8  # episodes per learner step
@@ -47,15 +54,12 @@ class RolloutConfig:
     report: str = "ask"
 
     def __post_init__(self) -> None:
-        for key in ("batch_episodes", "max_turns"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"rollout.{key}: must be >= 1, got {getattr(self, key)!r}")
+        at_least(self, "rollout.", 1, "batch_episodes", "max_turns")
         if self.report in (False, "False", "false"):  # YAML reads a bare `off` as false
             self.report = "off"
         if self.report not in REPORT_MODES:
             raise ConfigError(f"rollout.report: must be ask, train or off, got {self.report!r}")
-        if self.max_lag < 0:
-            raise ConfigError(f"rollout.max_lag: must be >= 0, got {self.max_lag!r}")
+        at_least(self, "rollout.", 0, "max_lag")
 
 
 @dataclass
@@ -75,11 +79,8 @@ class EvalConfig:
     seed: int = 0  # the seed of the sample of games
 
     def __post_init__(self) -> None:
-        for key in ("n", "max_turns", "max_new_tokens", "every_n"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"eval.{key}: must be >= 1, got {getattr(self, key)!r}")
-        if self.every < 0:
-            raise ConfigError(f"eval.every: must be >= 0, got {self.every!r}")
+        at_least(self, "eval.", 1, "n", "max_turns", "max_new_tokens", "every_n")
+        at_least(self, "eval.", 0, "every")
 
 
 @dataclass
@@ -90,24 +91,20 @@ class TeacherWarmupConfig:
     enabled: bool = False  # warm the model before training (cached under tiny_dir by its settings)
     gold_games: int = 40  # training games whose gold demonstrations it trains on
     max_turns: int = 8  # the opening of each gold path: what short episodes need most
-    # gold paths that look before they choose and name things as the game shows them
-    # (ScienceWorld: `envs/sciworld/gold.py`), replayed to check they still succeed
+    # gold paths that look before they choose (ScienceWorld: `envs/sciworld/gold.py`), checked by replay
     observe: bool = False
     # the share of demonstrations opening with one or two student-owned replies that change
     # nothing (a harmless action, a reply with no action) before the gold path: a teacher that
     # carries on from a small student's first turns (`provision.gold.detour_replies`)
     detours: float = 0.0
-    # the share of demonstrations opening with the base student's own turns, played live at
-    # `rollout.student_sampling` (1 to `opening_turns` of them, drawn per game): what ROSE's
-    # teacher meets after a handoff. Kept where the gold path replayed after them still wins;
-    # elsewhere the game's demonstration opens as it would without them. Teacher only.
+    # the share of demonstrations opening with 1 to `opening_turns` of the base student's own turns,
+    # played live at `rollout.student_sampling`: what ROSE's teacher meets after a handoff (kept
+    # where the gold path after them still wins). Teacher only.
     student_openings: float = 0.0
     opening_turns: int = 2  # the most base-student turns an opening has (`student_openings`)
     opening_temperature: float | None = None  # None: the student's sampling temperature of the run
-    # what plays after a demonstration's opening: ScienceWorld's gold path (`gold`), or the world's
-    # expert teacher from the state the opening left (`expert`: every demonstration then shows
-    # the expert's play, after the base student's real turns where `student_openings` draws
-    # them, so a teacher warmed on them has seen recoveries from real moves). Teacher only.
+    # what plays after a demonstration's opening: the gold path (`gold`), or the world's expert
+    # teacher from the state the opening left (`expert`: recoveries from real moves). Teacher only.
     continuation: str = "gold"
     epochs: int = 10  # passes over the demonstrations
     lr: float = 1e-3  # learning rate
@@ -117,9 +114,8 @@ class TeacherWarmupConfig:
     seed: int = 0  # its own seed: runs with other seeds share one warmed teacher
 
     def __post_init__(self) -> None:
-        for key in ("gold_games", "max_turns", "epochs", "batch_episodes", "threads", "opening_turns"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{self.KEY}.{key}: must be >= 1, got {getattr(self, key)!r}")
+        at_least(self, f"{self.KEY}.", 1, "gold_games", "max_turns", "epochs", "batch_episodes", "threads",
+                 "opening_turns")
         if self.lr <= 0:
             raise ConfigError(f"{self.KEY}.lr: must be > 0, got {self.lr!r}")
         if not 0.0 <= self.detours <= 1.0:
@@ -163,7 +159,6 @@ class StudentWarmupConfig(TeacherWarmupConfig):
     demonstrations gives a partly competent base student, as a real base model is."""
 
     KEY = "student_warmup"
-
 
 
 TEACHER_KINDS = ("model", "expert")
@@ -253,9 +248,7 @@ class ReliabilityConfig:
     max_failed_in_a_row: int = 16
 
     def __post_init__(self) -> None:
-        for key in ("max_restarts", "max_failed_in_a_row"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"reliability.{key}: must be >= 0, got {getattr(self, key)!r}")
+        at_least(self, "reliability.", 0, "max_restarts", "max_failed_in_a_row")
         for key in ("health_every_s", "health_timeout_s", "start_timeout_s"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"reliability.{key}: must be > 0, got {getattr(self, key)!r}")
@@ -265,11 +258,9 @@ class ReliabilityConfig:
 
 @dataclass
 class WandbConfig:
-    """Weights & Biases beside TensorBoard (the `wandb` extra): every scalar TensorBoard gets, at
-    the same learner step, and the run's config (its secrets left out, as in config.yaml). The run
-    folder keeps the W&B run's id, so `--resume` goes on in the same W&B run. Credentials are
-    W&B's own (`wandb login` or WANDB_API_KEY on the driver's machine); WANDB_MODE=offline writes
-    the W&B files under the run folder only (`wandb sync` uploads them later)."""
+    """Weights & Biases beside TensorBoard (the `wandb` extra): every scalar TensorBoard gets and the
+    run's config (secrets left out); `--resume` goes on in the same W&B run. Credentials are W&B's
+    own (`wandb login` or WANDB_API_KEY); WANDB_MODE=offline writes under the run folder only."""
 
     enabled: bool = False
     project: str = "rose_ray"
@@ -296,8 +287,8 @@ class LoggingConfig:
 @dataclass
 class TrainConfig:
     name: str = "run"  # the config's name: its runs go to runs/<name> (run_dir)
-    # Where this config's runs go, each in a new version_N folder (rose_ray/runs.py); under
-    # ROSE_RAY_RUNS when set (shared storage for a Ray job), else ./runs.
+    # Where this config's runs go, each in a new version_N folder; under ROSE_RAY_RUNS when set
+    # (shared storage for a Ray job), else ./runs.
     run_dir: str = "${oc.env:ROSE_RAY_RUNS,runs}/${name}"
     seed: int = 0  # the order of the training games and the decay policy's draws
     # The algorithm and its settings, a recipe chosen by name (rose_ray/recipes/): `rose`,
@@ -339,9 +330,7 @@ class TrainConfig:
         self.algorithm: Recipe = get_recipe(self.algorithm)  # an unknown name or key fails here, named
         if self.mode not in MODES:
             raise ConfigError(f"mode: must be one of {MODES}, got {self.mode!r}")
-        for key in ("steps", "publish_every", "checkpoint_every", "keep_checkpoints"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)!r}")
+        at_least(self, "", 1, "steps", "publish_every", "checkpoint_every", "keep_checkpoints")
         # Checks across sections, each by the part that owns the key it names.
         self.learner.check_rows(self.student_engine.context_tokens)
         self.teacher_warmup.check(self)
