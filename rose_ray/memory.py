@@ -4,29 +4,14 @@
     print("\\n".join(format_memory(roles, "80 GiB per GPU (--gpu-memory)")))
     check_memory(roles)                         # PlacementError naming the role and its numbers
 
-No weights are loaded and nothing here imports torch. A model's sizes come from its config.json
-(a local folder, the tiny models, a `--model-config-for NAME=DIR` stand-in, the local Hugging
-Face cache) or, for the Qwen3 models, from the table shipped with the package
-(`qwen3_sizes.json`). The counts are for dense decoder-only models shaped like Qwen3 or Llama.
-
-Per GPU:
-- **Engines** (vllm, hf): weights (parameters × dtype bytes, split over `tensor_parallel_size`),
-  the KV cache of `max_batch_size` sequences at `context_tokens` (2 × layers × KV heads ×
-  head_dim × dtype bytes per token, KV heads split over the tensor-parallel ranks), prefill
-  activations and a runtime allowance. vLLM must hold all of it in `gpu_memory_utilization` ×
-  the GPU (it gives the KV cache whatever is left; the plan asks that the whole batch fits at
-  full context, so no sequence is ever preempted for memory); an hf engine has the whole GPU.
-  An engine that scores (the OPD teacher) also needs its prompt-logprob logits, which vLLM
-  computes outside the share it profiled: they must fit in the rest of the GPU.
-- **Learner ranks**: parameters, gradients and Adam states as DeepSpeed keeps them (its own
-  estimator's accounting) under the ZeRO stage over the ranks, and the activations of one
-  micro-batch (a packed row of `learner.max_tokens` tokens) with or without gradient
-  checkpointing, the LM head run in chunks.
-- **The weight publication** (rose_ray/publish/): where it may go over NCCL, the
-  student engine receives each publication into buffers on its GPU, one copy of the learner's
-  state in the learner's dtype, kept from one publication to the next. An hf engine holds them
-  in its GPU; a vllm engine beside its `gpu_memory_utilization` share (allocated after vLLM
-  sized its KV cache), so they must fit in the rest of the GPU.
+No weights are loaded and nothing here imports torch. Sizes come from a model's config.json (a
+local folder, the tiny models, a `--model-config-for NAME=DIR` stand-in, the Hugging Face cache)
+or the shipped Qwen3 table (`qwen3_sizes.json`); dense decoder-only models shaped like Qwen3.
+Engines hold weights, the KV cache of `max_batch_size` sequences at full context (vLLM must hold
+it all in its `gpu_memory_utilization` share, so no sequence is preempted), prefill activations
+and a runtime allowance; a scoring vLLM engine's prompt-logprob logits, and NCCL publication
+buffers, go beside that share. Learner ranks hold DeepSpeed's ZeRO-partitioned weights,
+gradients and Adam states, and one micro-batch's activations.
 """
 
 from __future__ import annotations
@@ -47,17 +32,14 @@ GIB = 2**30
 MIB = 2**20
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
-# Every GPU a role uses: the CUDA context, cuBLAS and NCCL workspaces and the allocator's slack.
-# An allowance (a CUDA context alone is ~0.5 GiB), not a measurement.
+# The CUDA context, cuBLAS and NCCL workspaces and the allocator's slack: an allowance.
 GPU_RUNTIME_BYTES = 1.5 * GIB
 # vLLM captures CUDA graphs for decode batches up to max_num_seqs (`cuda_graphs: true`).
 CUDA_GRAPHS_BYTES = 1.0 * GIB
-# The learner's LM head runs this many tokens at a time (issue 28's chunked token logprobs);
-# `learner.logprob_chunk` replaces it where the config has that key.
+# The learner's LM head runs this many tokens at a time, unless `learner.logprob_chunk` says.
 LOGPROB_CHUNK = 1024
-# Scoring (prompt logprobs): vLLM takes each scheduled prompt token's logits (model dtype), their
-# fp32 log-softmax and a boolean rank mask, ~2 + 4 + 1 bytes a logit, plus the tensor-parallel
-# gather: 8 bytes a logit, the whole vocabulary on every rank.
+# Scoring (prompt logprobs): logits, their fp32 log-softmax, a rank mask and the tensor-parallel
+# gather, ~8 bytes a logit, the whole vocabulary on every rank.
 SCORE_BYTES_PER_LOGIT = 8
 # GPU memory as Ray's `accelerator_type:` names the GPU (GiB that nvidia-smi reports in all).
 ACCELERATOR_GIB = {"A100-40G": 40.0, "A100-80G": 80.0, "H100": 79.6, "H200": 140.4,
@@ -135,22 +117,10 @@ def shipped_sizes() -> dict[str, dict[str, Any]]:
     return {k: v for k, v in table.items() if not k.startswith("_")}
 
 
-def _local_folder(name: str) -> Path | None:
-    """The folder of `name` (a local folder, or a hub id's snapshot in the local Hugging Face
-    cache, as the engines resolve it), or None."""
-    from rose_ray.models import ModelNotAvailable, local_model
-
-    try:
-        return Path(local_model(name))
-    except ModelNotAvailable:
-        return None
-
-
 def model_shape(name: str, key: str, tiny_dir: str, config_for: dict[str, str]) -> ModelShape:
-    """The sizes of the model `name` that the config key `key` names: from a stand-in folder,
-    the tiny models, a local folder or the hub cache (their config.json), else the shipped
-    Qwen3 table; a ValueError naming the key when none has it."""
-    folder: Path | None = None
+    """The sizes of the model `name` (config key `key`): a stand-in folder's, the tiny models', a
+    local folder's or the hub cache's config.json, else the shipped Qwen3 table; else InputError."""
+    folder = None
     if name in config_for:
         folder = Path(config_for[name])
     elif name.startswith("tiny:"):
@@ -158,7 +128,12 @@ def model_shape(name: str, key: str, tiny_dir: str, config_for: dict[str, str]) 
 
         folder = Path(resolve_tiny(name, tiny_dir))
     else:
-        folder = _local_folder(name)
+        from rose_ray.models import ModelNotAvailable, local_model
+
+        try:  # a local folder, or a hub id's snapshot in the local Hugging Face cache
+            folder = Path(local_model(name))
+        except ModelNotAvailable:
+            pass
     if folder is not None:
         file = folder / "config.json"
         if not file.is_file():
@@ -298,11 +273,8 @@ def _scoring_problem(mem: RoleMemory, engine: Any, key: str, gpu_bytes: float, g
 
 
 def publication_receive_bytes(cfg: Any, shape: ModelShape) -> float:
-    """Bytes of the NCCL publication's receive buffers on the student engine's GPU (the whole
-    learner state, `shape` in learner.dtype), where the publication may go over NCCL: method
-    auto or collective, collective_backend auto or nccl, the student engine and the learner on
-    GPUs, no tensor-parallel engine and no colocation (`nccl_problem`'s rules); else 0 (over gloo
-    or the object store the buffers are host memory)."""
+    """Bytes of the publication's receive buffers on the student engine's GPU (the learner's state
+    in learner.dtype) where it may go over NCCL (`nccl_problem`'s rules); else 0 (host memory)."""
     p, student = cfg.publish, cfg.student_engine
     may_use_nccl = (p.method in ("auto", "collective") and p.collective_backend in ("auto", "nccl")
                     and student.spec.takes_weights and cfg.resources.student_gpus > 0
@@ -319,9 +291,8 @@ def _share(engine: Any, key: str) -> str:
 
 def add_receive_buffers(mem: RoleMemory, nbytes: float, engine: Any, gpu_bytes: float | None,
                         gpu_note: str) -> None:
-    """The publication's receive buffers on the student engine's GPU: in an hf engine's parts (its
-    budget is the whole GPU); beside the share of one sized to a share of its GPU (vllm), which
-    must leave room."""
+    """The publication's receive buffers on the student engine's GPU: in an hf engine's parts, or
+    beside a vllm engine's GPU share, which must leave room."""
     what = f"weight publication over NCCL: receive buffers of {_gib(nbytes)} GiB (the learner's state)"
     if engine.backend.gpu_share is None:
         mem.parts["publication buffers"] = nbytes
@@ -346,9 +317,8 @@ def add_receive_buffers(mem: RoleMemory, nbytes: float, engine: Any, gpu_bytes: 
 
 def learner_activations(shape: ModelShape, tokens: int, chunk: int, checkpointing: bool | str,
                         dtype_bytes: int, head: str = "full") -> dict[str, float]:
-    """Peak activation bytes of one micro-batch of `tokens` tokens as the learner runs it: packed
-    segments without an L×L mask and the LM head `chunk` tokens at a time (0: all at once), or
-    fused (`head`); the learner's own measured formula (rose_ray/learner/memory.py)."""
+    """Peak activation bytes of one micro-batch of `tokens` tokens, the LM head `chunk` tokens at a
+    time (0: all at once) or fused (`head`): the learner's own formula (learner/memory.py)."""
     from rose_ray.learner.memory import learner_activation_bytes
 
     act = learner_activation_bytes(asdict(shape), tokens, chunk, checkpointing, dtype_bytes, head)
@@ -404,10 +374,9 @@ def learner_memory(learner: Any, shape: ModelShape, gpu_bytes: float | None, gpu
 
 
 def learner_speed_memory(learner: Any, parameters: int, on_gpu: bool) -> dict[str, Any]:
-    """What the learner's speed settings (rose_ray/learner/speed.py) cost beside its activations,
-    as `auto` resolves them on a GPU cluster: the LM head counted (a fused head only where the
-    config names it, `auto` counted as the chunked one, the larger), the optimizer step's
-    temporaries and ZeRO's buckets (with overlap_comm where it is on), and a note saying so."""
+    """What the learner's speed settings cost beside its activations, as `auto` resolves them on a
+    GPU cluster (`auto`'s head counted as the chunked one, the larger): the LM head, the optimizer
+    step's temporaries, ZeRO's buckets, and a note saying so."""
     from rose_ray.learner.memory import optimizer_step_bytes, zero_bucket_bytes
     from rose_ray.learner.worker import overlap_comm
 
@@ -441,7 +410,6 @@ def gpu_memory(gib: float | None, nodes: list[NodeInfo] | None) -> tuple[float |
 
 def memory_plan(cfg: Any, gpu_gib: float | None, config_for: dict[str, str] | None = None) -> list[RoleMemory]:
     """Each model-holding role of a TrainConfig, per GPU (an openai teacher is served elsewhere)."""
-
     gpu_bytes = gpu_gib * GIB if gpu_gib else None
     gpu_note = f"{gpu_gib:g} GiB" if gpu_gib else "unknown"
     shapes: dict[str, ModelShape] = {}

@@ -1,14 +1,10 @@
 """Where each role's actors go: demands from the config, a per-node plan, placement groups
 (printed by `rose-ray plan`, rose_ray/check.py).
 
-Roles: env workers (CPU only, spread over nodes, optionally pinned by a custom resource such
-as `env.resources: {env_node: 1}`), the eval env worker, student and teacher engines (GPUs per
-replica) and learner ranks (GPUs per rank). GPU roles get separate GPU sets by default: each
-replica's bundle reserves whole GPUs (a 0.5-GPU engine still holds one GPU of its own). With
-`resources.colocate: true` student engine replica i shares learner rank i's bundle (set
-fractional GPUs, e.g. 0.5 + 0.5). An actor must fit on ONE node, so the plan bin-packs per
-node, not just cluster totals: without the check an actor that cannot be placed waits
-forever; with it the run stops at start with the role and the missing resource named.
+GPU roles get whole GPUs of their own, one bundle per replica, unless `resources.colocate`
+puts student engine replica i into learner rank i's bundle. An actor must fit on ONE node, so
+the plan bin-packs per node: an actor Ray cannot place would wait forever; the plan stops the
+run at start naming the role and the missing resource.
 """
 
 from __future__ import annotations
@@ -23,7 +19,6 @@ from rose_ray.errors import InputError
 
 # Resources Ray reports per node that no role asks for; left out of tables.
 _HIDDEN = ("memory", "object_store_memory", "node:", "accelerator_type:")
-
 
 
 class PlacementError(InputError):
@@ -46,9 +41,7 @@ def demands(cfg: Any) -> list[RoleDemand]:
     """Per role of a TrainConfig: replica count, resources per replica, strategy, GPU group."""
     env = {"CPU": cfg.env.cpus_per_worker, **cfg.env.resources}
     r = cfg.resources
-    # ResourcesConfig declares colocate but no replica counts: one student and one teacher
-    # engine (getattr reads student_replicas / teacher_replicas only from a config object
-    # that carries them; the plan and the colocate check take any count).
+    # One engine per role unless a config object carries replica counts (the plan takes any).
     colocate = bool(getattr(r, "colocate", False))
     student_n = int(getattr(r, "student_replicas", 1))
     teacher_n = int(getattr(r, "teacher_replicas", 1))
@@ -77,9 +70,8 @@ def demands(cfg: Any) -> list[RoleDemand]:
 
 
 def check_engine_gpus(role: str, engine: Any, gpus: float) -> None:
-    """The bundle of an engine that splits a model over GPUs (vllm's tensor parallelism) holds one
-    GPU per rank (a fraction of one GPU without tensor parallelism shares it with a colocated
-    learner). Only a backend with a tensor-parallel setting splits a model."""
+    """An engine that splits a model over GPUs (a backend's tensor-parallel setting) has one GPU
+    per rank; without tensor parallelism a fraction of one GPU may share it with the learner."""
     split = engine.backend.tensor_parallel
     if split is None:
         return
@@ -88,22 +80,6 @@ def check_engine_gpus(role: str, engine: Any, gpus: float) -> None:
         raise PlacementError(f"resources.{role}_gpus: {gpus:g}, but {key} is {tp}: "
                              f"the engine uses one GPU per tensor-parallel rank; set resources.{role}_gpus: {tp} "
                              f"or {key}: {gpus:g}")
-
-
-def check_fits(roles: list[RoleDemand], available: dict[str, float]) -> None:
-    """Raise ValueError naming the first role whose resources run out (cluster totals only;
-    `check_cluster` also checks that each actor fits on one node)."""
-    left = dict(available)
-    for d in roles:
-        for key, amount in d.total().items():
-            have = left.get(key, 0.0)
-            if amount > have + 1e-9:
-                raise PlacementError(
-                    f"the cluster cannot hold the {d.role} ({d.replicas} x {d.per_replica}): "
-                    f"it needs {amount:g} {key} but only {have:g} of the cluster's "
-                    f"{available.get(key, 0.0):g} are left after the roles before it"
-                )
-            left[key] = have - amount
 
 
 # --------------------------------------------------------------------------- bundles
@@ -144,9 +120,7 @@ def units(roles: list[RoleDemand]) -> list[Unit]:
         for b in group:  # separate GPU sets: a bundle holds whole GPUs
             b.resources["GPU"] = float(math.ceil(b.resources.get("GPU", 0.0) - 1e-9))
     gpu = sorted((b for g in bundles.values() for b in g), key=lambda u: -u.resources.get("GPU", 0))
-    packed = [u for u in out if u.strategy != "SPREAD"]
-    spread = [u for u in out if u.strategy == "SPREAD"]
-    return gpu + packed + spread
+    return gpu + sorted(out, key=lambda u: u.strategy == "SPREAD")  # stable: PACK actors, then SPREAD
 
 
 # --------------------------------------------------------------------------- nodes
@@ -200,10 +174,8 @@ class Assignment:
 
 def plan(roles: list[RoleDemand], nodes: list[NodeInfo], use_total: bool = False) -> list[Assignment]:
     """Bin-pack every unit onto one node, or raise PlacementError naming role and resource.
-
-    Greedy, biggest first: PACK units go to the node already holding their group, else the
-    fullest node that fits (best fit); SPREAD units to the node holding fewest of their role.
-    """
+    Greedy, biggest first: PACK units go to the node holding their group, else the fullest node
+    that fits; SPREAD units to the node holding fewest of their role."""
     if not nodes:
         raise PlacementError("the cluster has no alive nodes")
     left = {n.node_id: dict(n.total if use_total else n.available) for n in nodes}
@@ -286,11 +258,8 @@ def check_cluster(cfg: Any, use_total: bool = False, nodes: list[NodeInfo] | Non
 
 # --------------------------------------------------------------------------- placement groups
 class PlacementGroups:
-    """Ray placement groups for the GPU roles, reserved all at once before any actor starts.
-
-    `options(role, index)` gives the `.options(...)` keywords that put replica `index` of
-    `role` into its bundle ({} for a role without GPUs: Ray places it freely).
-    """
+    """Ray placement groups for the GPU roles, reserved all at once before any actor starts;
+    `options(role, index)` puts a replica into its bundle ({} for a role without GPUs)."""
 
     def __init__(self, roles: list[RoleDemand], timeout_s: float = 300.0, prefix: str = "rose_ray") -> None:
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -350,23 +319,15 @@ def describe_demands(cfg: Any, nodes: list[NodeInfo], described: bool) -> list[s
 SHARED_MARKER = ".rose_ray_shared"
 
 
-def alive_nodes() -> list[dict[str, Any]]:
-    import ray
-
-    return [n for n in ray.nodes() if n.get("Alive")]
-
-
 def check_shared_storage(paths: dict[str, Path], command: str = "train") -> list[str]:
-    """On a cluster of more than one node, each path (config key or flag -> folder) must be
-    the same folder on every node: the learner writes checkpoints and the student's folder
-    (`sft`/`export --out` too) on its node, engines load tiny and warmed models on theirs. The
-    driver writes a marker file of its own (a fresh token in its name and in it) into each; a
-    task on every node reads it back; then it is removed. An InputError names the key and the
-    nodes that do not see it. Returns one line per path checked (none on a single node)."""
+    """On more than one node, each path (config key or flag -> folder) must be the same folder
+    on every node (the learner writes on its node, engines load on theirs): the driver writes a
+    marker with a fresh token, a task on every node reads it back. An InputError names the key
+    and the nodes that do not see it. Returns a line per path checked (none on one node)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    nodes = alive_nodes()
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
     if len(nodes) < 2:
         return []
 
@@ -381,7 +342,6 @@ def check_shared_storage(paths: dict[str, Path], command: str = "train") -> list
     for key, folder in paths.items():
         folder = Path(folder).expanduser().resolve()
         folder.mkdir(parents=True, exist_ok=True)
-        # A name of its own: two runs starting at once never read each other's token.
         token = os.urandom(8).hex()
         marker = folder / f"{SHARED_MARKER}.{token}"
         marker.write_text(token)
