@@ -1,40 +1,26 @@
 """Conversation token ids, turn by turn, as the chat template renders them.
 
-Engines extend a conversation's ids turn by turn instead of re-rendering its text (the
-learner must train on the ids that were sampled). The pieces, derived once from the
-tokenizer's own chat template:
+Engines extend a conversation's ids turn by turn instead of re-rendering its text (the learner
+must train on the ids that were sampled). The pieces, derived once from the tokenizer's own
+chat template:
 
     opening  = instruction + acknowledgement, up to the acknowledgement's end-of-turn token
     user     = separator + user header + text + end of turn + the generation prompt
     assistant= the sampled ids, ending with the end-of-turn token
 
-Some templates rewrite earlier turns as a conversation grows. Qwen3's renders the assistant
-turn after the last user message with a `<think>…</think>` block and every earlier assistant
-turn without one, so [user, assistant] and [user, assistant, user] disagree on the assistant
-part. The pieces are therefore cut from conversations that end with a user turn (plus the
-generation prompt): appending a user piece never re-renders an assistant turn, and the
-generation prompt (with Qwen3's empty think block when thinking is off) is part of the user
-piece, so it is context and never trained.
+Some templates rewrite earlier turns (Qwen3 drops the `<think>` block of every assistant turn
+but the last), so the pieces are cut from conversations that end with a user turn and the
+generation prompt: a user piece never re-renders an assistant turn, and the generation prompt
+is context, never trained. Concatenated, the pieces are what the model saw while it generated
+each turn: `history="sampled"`, what on-policy training needs (OPD compares the sampled ids).
 
-For templates that do not rewrite history, the pieces concatenated give exactly the ids of
-the template applied to the whole conversation; for those that do, they give what the model
-saw while it generated each turn (earlier turns keep the form they were sampled in).
-
-That is `history="sampled"`, what on-policy training needs (OPD's ratios compare the very ids
-that were sampled). `history="template"` renders history as the template does, as a chat API
-renders a conversation each turn: `apply_template` gives every turn its part of the template's
-rendering of the whole conversation so far, tokenized whole and cut after each end-of-turn
-token (an added special token, so the parts concatenated are exactly the whole), the last turn
-followed by the generation prompt. Earlier replies then lose what the template drops (Qwen3:
-the empty think block, reasoning) and are re-tokenized from their text; the learner trains on
-the template's rendering of the whole conversation. A turn's `frame` counts its leading ids
-that are the template's framing (the role header): context, never trained.
-
-Under `template` the text is rendered whole every turn, but only what changed is tokenized:
-with a `RenderCache` (one per conversation), `apply_template` reuses the ids of the last
-rendering up to the last end-of-turn token the two texts share, and tokenizes the rest. The
-tokenizer splits its text at added special tokens before anything else, so the ids are exactly
-those of tokenizing the whole text (tests/unit/test_qwen3.py checks it token for token).
+`history="template"` renders history as a chat API does, each turn: `apply_template` gives every
+turn its part of the template's rendering of the whole conversation, tokenized whole and cut
+after each end-of-turn token (an added special token, so the parts are exactly the whole); a
+turn's `frame` counts its role header's ids (context, never trained). With a `RenderCache` only
+the text after the last end-of-turn token two renderings share is tokenized again: the
+tokenizer cuts its text at added special tokens first, so the ids are the same
+(tests/unit/test_qwen3.py checks it token for token).
 """
 
 from __future__ import annotations
@@ -55,9 +41,8 @@ class ChatTemplateError(InputError):
 
 
 class RenderCache:
-    """The last template rendering tokenized for one conversation (its text and ids): the next
-    `apply_template` with this cache tokenizes only the text after the last end-of-turn token
-    the two renderings share."""
+    """The last template rendering tokenized for one conversation (its text and ids), for the next
+    `apply_template` to tokenize only what changed."""
 
     def __init__(self) -> None:
         self.text = ""
@@ -66,11 +51,8 @@ class RenderCache:
 
 
 class ChatFormat:
-    """Token-id pieces of one tokenizer's chat template.
-
-    `enable_thinking` is passed to the template (Qwen3's variable; other templates ignore it):
-    False puts an empty think block into the generation prompt so the model answers directly.
-    """
+    """Token-id pieces of one tokenizer's chat template. `enable_thinking` is passed to the
+    template (Qwen3's switch): False puts an empty think block into the generation prompt."""
 
     def __init__(self, tokenizer: Any, enable_thinking: bool = False, history: str = "sampled") -> None:
         if history not in HISTORIES:
@@ -125,10 +107,8 @@ class ChatFormat:
         before, after = text.split(_MARK)
         end = before.rfind(self.end_text)
         if end < 0:
-            raise ChatTemplateError(
-                f"chat template does not close the assistant turn with {self.end_text!r} "
-                "before the next user turn"
-            )
+            raise ChatTemplateError(f"chat template does not close the assistant turn with {self.end_text!r} "
+                                    "before the next user turn")
         end += len(self.end_text)
         return before[:end], before[end:], after
 
@@ -174,9 +154,8 @@ class ChatFormat:
     def finish_sampled(self, sampled_ids: list[int]) -> list[int]:
         """Sampled ids closed with the end-of-turn token if generation stopped without it
         (that token was never sampled: the learner gives it no loss in a truncated turn)."""
-        if sampled_ids and sampled_ids[-1] == self.eos_id:
-            return list(sampled_ids)
-        return list(sampled_ids) + [self.eos_id]
+        closed = bool(sampled_ids) and sampled_ids[-1] == self.eos_id
+        return list(sampled_ids) + ([] if closed else [self.eos_id])
 
     def decode(self, ids: list[int]) -> str:
         """Text of an assistant turn (end-of-turn token dropped)."""
@@ -195,8 +174,8 @@ class ChatFormat:
         return list(ids)
 
     def _shared_rendering(self, text: str, cache: RenderCache) -> tuple[int, int]:
-        """(the length of the longest prefix `text` shares with the cached rendering that ends
-        with an end-of-turn token, the index of that token's id in the cached ids); (0, -1): none."""
+        """(the longest prefix `text` shares with the cached rendering that ends with an end-of-turn
+        token, that token's index in the cached ids); (0, -1): none."""
         cut = len(cache.text)
         while (cut := cache.text.rfind(self.end_text, 0, cut)) >= 0:  # the last one first: usually it
             shared = cut + len(self.end_text)
@@ -234,10 +213,9 @@ class ChatFormat:
     def apply_template(self, turns: list[Turn], add_generation_prompt: bool,
                        cache: RenderCache | None = None) -> list[Turn]:
         """The turns with the ids of the template's rendering of their texts (`template_pieces`):
-        the last turn also holds the generation prompt (or the close; its `close` counts them),
-        each turn's `frame` counts its role header (a closing reply's as the template frames it).
-        Replies keep their text; their sampled ids and logprobs give way. With a `cache` (one per
-        conversation), only what changed since its last rendering is tokenized."""
+        the last turn also holds the generation prompt or close (`close` counts them), each turn's
+        `frame` counts its role header. Replies keep their text; their sampled ids and logprobs
+        give way. `cache`: see `encode_rendering`."""
         messages = [{"role": t.role, "content": t.text} for t in turns]
         pieces, tail = self.template_pieces(messages, add_generation_prompt, cache)
         frames = [self._frames[t.role] if i else 0 for i, t in enumerate(turns)]
@@ -257,10 +235,8 @@ class ChatFormat:
 
     def _last_reply_frame(self, messages: list[dict[str, str]], ids: list[int]) -> int:
         """The leading ids of a conversation's closing reply (`ids`: its piece) that are the
-        template's framing. A template may frame that reply unlike earlier ones (Qwen3 puts
-        `<think>\n\n</think>\n\n` before it), so its header is read off the template's
-        rendering of the same conversation with that reply's text marked: the text both
-        renderings share before the reply's own text; the frame is the ids that spell it."""
+        template's framing, which may differ from earlier replies' (Qwen3 puts an empty think
+        block before it): read off the rendering with that reply's text marked."""
         marked = self.render_text(messages[:-1] + [{"role": "assistant", "content": _MARK}], False)
         header = marked.split(_MARK)[0]
         header = header[header.rfind(self.end_text) + len(self.end_text):]

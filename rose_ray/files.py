@@ -1,27 +1,10 @@
 """Writing files and folders whole, where other runs may be writing too and a kill may land at
-any moment. This module owns "write a folder or file whole, replace only what rose_ray wrote":
-model folders, the tiny models, warm-ups, checkpoint steps, records and result files all go
-through it.
-
-- `writing_folder`: a folder built in a temp folder beside its target and swapped in whole
-  (`swap_in`); what is at the target is replaced only when it is nothing, an empty folder, or a
-  folder rose_ray wrote (`written_here`: it holds FOLDER_MARKER, which every such folder gets).
-- `write_file` / `writing_file`: a file written (or streamed) into a temp file beside it,
-  fsynced, renamed over it.
-- Temp names are `.<target>.rose_ray-<kind>.<host>.<pid>.<random>`, so that `clear_leftovers`
-  can tell its own from anything else: the next writer of a target removes the temp files and
-  folders of writers that are gone (same host, process ended), and a run removes every one in
-  its own folder; a swap cut between its two renames gets its old copy put back.
-- `swap_in`: where Linux's renameat2(RENAME_EXCHANGE) is there, one atomic exchange (the target
-  never missing), then the old copy deleted; elsewhere rename-aside.
-- `locked`: an exclusive lock of a shared cache entry (`filelock`, over flock on POSIX).
-- `open_for_append` / `drop_cut_line`: a JSONL file appended to from a whole line.
-- `json_line`: one JSONL line read back, its problem named `file:line` (an InputError).
-- `out_path`: an output path made absolute with symlinks resolved, on the driver, before any
-  work: written from another process (a learner rank, another working directory) it means the
-  same folder, and the final rename never meets a symlink.
-- `crash_point`: the tests' stand-in for a crash at a chosen point (tests/e2e/test_kills.py);
-  nothing unless ROSE_RAY_CRASH_AT names that point.
+any moment: model folders, the tiny models, warm-ups, checkpoints, records and result files all
+go through here. A folder is built in a temp folder beside its target and swapped in whole; what
+is at the target is replaced only when it is nothing, an empty folder or a folder rose_ray wrote
+(it holds FOLDER_MARKER). A file is written into a temp file, fsynced and renamed over its
+target. Temp names (`.<target>.rose_ray-<kind>.<host>.<pid>.<random>`) let `clear_leftovers`
+tell a stopped writer's temps from anything else.
 """
 
 from __future__ import annotations
@@ -72,10 +55,9 @@ _crash_counts: dict[str, int] = {}
 
 
 def crash_point(name: str) -> None:
-    """A test's stand-in for a crash here: with ROSE_RAY_CRASH_AT=`name` (or `name#N`: the N-th
-    time this process gets here) in the environment, the process stops itself (SIGSTOP), and
-    the test SIGKILLs the whole job around it, as a lost node would. Unset (always, outside
-    tests) it does nothing."""
+    """A test's stand-in for a crash here (tests/e2e/test_kills.py): with ROSE_RAY_CRASH_AT=`name`
+    (or `name#N`: the N-th time here) the process stops itself (SIGSTOP) for the test to SIGKILL
+    the job around it, as a lost node would. Unset, it does nothing."""
     wanted = os.environ.get(CRASH_ENV)
     if not wanted or wanted.partition("#")[0] != name:
         return
@@ -122,10 +104,8 @@ def _writer_gone(host: str, pid: int) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
+    except OSError as e:  # no permission: a process of someone else's, alive
+        return isinstance(e, ProcessLookupError)
     return False
 
 
@@ -137,11 +117,10 @@ def _remove(path: Path) -> None:
 
 
 def clear_leftovers(folder: str | Path, name: str | None = None, owned: bool = False) -> list[str]:
-    """Temp files and folders rose_ray named in `folder` (those of target `name`, or of every
-    target) whose writer is gone: removed, except that a swap's old copy whose target is
-    missing (a kill between the two renames) is put back. `owned`: the caller owns the folder
-    (a run its run folder, a builder holding the cache lock), so every such temp is a
-    leftover. Returns one line per thing done."""
+    """Temp files and folders rose_ray named in `folder` (of target `name`, or of every target)
+    whose writer is gone: removed, or put back where a swap's old copy lost its target (a kill
+    between the two renames). `owned`: the caller owns the folder (a run folder, a builder
+    holding the cache lock), so every such temp is a leftover. Returns a line per thing done."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -193,11 +172,9 @@ def fsync_dir(folder: Path) -> None:
 
 
 def swap_in(new: str | Path, target: str | Path) -> None:
-    """Move folder `new` to `target`, replacing what is there: nothing or an empty folder
-    directly; a non-empty one by an atomic exchange (then the old copy, now at `new`'s name,
-    deleted), or where the file system has none, renamed aside first (if renaming `new` in
-    fails, it is put back; a kill between the two leaves it for `clear_leftovers` to put back).
-    Callers decide whether `target` may be replaced."""
+    """Move folder `new` to `target`, replacing what is there (callers decide whether it may be):
+    by an atomic exchange where the file system has one, else renamed aside first (put back if
+    the second rename fails; after a kill between them, by `clear_leftovers`)."""
     new, target = Path(new), Path(os.path.abspath(target))
     if not os.path.lexists(target) or is_empty_folder(target):
         os.replace(new, target)  # rename(2) replaces an empty folder, and fails on a non-empty one
@@ -235,12 +212,10 @@ def check_replaceable(target: str | Path, what: str) -> None:
 
 @contextmanager
 def writing_folder(target: str | Path, what: str = "folder") -> Iterator[Path]:
-    """Build a folder whole: yields a new empty temp folder beside `target` (temps a stopped
-    writer left there removed first); when the block ends, FOLDER_MARKER is added (unless the
-    block wrote its own) and the folder is swapped in. What is at `target` is replaced only when
-    `check_replaceable` allows it (checked before and again just before the swap: InputError,
-    left as it is). If the block fails, the temp folder goes and `target` is untouched. A
-    symlink at `target` is written through (`out_path`), never replaced."""
+    """Build a folder whole: yields a new empty temp folder beside `target`; when the block ends,
+    FOLDER_MARKER is added and the folder swapped in, where `check_replaceable` allows it (checked
+    before and just before the swap). If the block fails, `target` is untouched. A symlink at
+    `target` is written through (`out_path`), never replaced."""
     target = out_path(target)
     clear_leftovers(target.parent, target.name)
     check_replaceable(target, what)
@@ -259,10 +234,9 @@ def writing_folder(target: str | Path, what: str = "folder") -> Iterator[Path]:
 # ----------------------------------------------------------------------------- files
 @contextmanager
 def writing_file(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
-    """A file streamed whole: the block writes into a temp file beside `path` (opened in
-    `mode`, "w" or "wb"), which is fsynced and renamed over `path` when the block ends; if the
-    block fails, the temp file goes and `path` is untouched. A symlink at `path` is written
-    through (`out_path`)."""
+    """A file streamed whole: the block writes into a temp file beside `path` (`mode` "w" or "wb"),
+    fsynced and renamed over `path` when it ends; if it fails, `path` is untouched. A symlink at
+    `path` is written through (`out_path`)."""
     path = out_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     clear_leftovers(path.parent, path.name)
@@ -315,10 +289,9 @@ def json_line(raw: bytes, where: str, error: type[InputError] = InputError) -> A
 
 
 def json_records(path: str | Path, on_bad: Callable[[int, str], None]) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
-    """(line number, the line's bytes, its object) of each whole line of a JSONL file that holds
-    a JSON object, read as a stream; a line that does not is passed over, its number and problem
-    (naming file:line) given to `on_bad`. Blank lines and a last line without its newline (cut by a
-    kill) are passed over silently."""
+    """(line number, bytes, object) of each whole line of a JSONL file holding a JSON object, as a
+    stream; another line's number and problem (naming file:line) go to `on_bad`. Blank lines and
+    a last line without its newline (cut by a kill) are passed over silently."""
     with Path(path).open("rb") as f:
         for n, raw in enumerate(f, start=1):
             if not raw.endswith(b"\n") or not raw.strip():
@@ -345,17 +318,12 @@ def drop_cut_line(path: str | Path) -> int:
         f.seek(-1, os.SEEK_END)
         if f.read(1) == b"\n":
             return 0
-        # Search back from the end for the last newline, a block at a time.
-        end, block = size, 1 << 16
-        keep = 0
-        while end > 0:
-            start = max(0, end - block)
+        keep, end = 0, size
+        while end > 0 and not keep:  # back from the end, a block at a time, to the last newline
+            start = max(0, end - (1 << 16))
             f.seek(start)
             at = f.read(end - start).rfind(b"\n")
-            if at >= 0:
-                keep = start + at + 1
-                break
-            end = start
+            keep, end = (start + at + 1 if at >= 0 else 0), start
         f.truncate(keep)
     return size - keep
 

@@ -2,17 +2,9 @@
 Turns (the commands that make and check datasets are in `collect.py`).
 
 A row is one episode: `item_id`, `conversations` (required) and `task`, `var`, `score`,
-`success`, `rounds` (optional). Two message schemas are read (one per row):
-
-- the dataset card's (student_partial_sciworld): `{"role": "user"|"assistant", "content": str}`,
-  `success` an integer 0/1 (1 when score == 1), `score` ScienceWorld's completion in [0, 1];
-- AgentGym's: `{"from": "human"|"gpt", "value": str, "loss": bool|null}`.
-
-Either may carry `owner` (prompt, env, student, teacher), `truncated` (the reply hit
-max_new_tokens) and `loss` per message (a training run's `trajectories.jsonl` says with it
-whether each turn's tokens carried loss in that step); `collect`, `continue` and `gold` write
-the card's by default.
-Bad rows raise `DataError` naming the file, line and key.
+`success`, `rounds` (optional), its messages of one schema (types.py): the dataset card's
+(`role`/`content`, `success` 0/1; what `collect`, `continue` and `gold` write) or AgentGym's
+(`from`/`value`). Bad rows raise `DataError` naming the file, line and key.
 """
 
 from __future__ import annotations
@@ -107,14 +99,11 @@ def digest(obj: Any) -> str:
 
 
 class PartialRows:
-    """A dataset file written as its rows come: `<out>.partial` holds a header line naming the
-    job (`{"partial_of": job}`) and one `{"game": i, "row": row}` line per finished game,
-    appended and flushed, so a crash or a kill loses only the line it cut. `finish` writes
-    `<out>` (atomically, rows in game order) and removes the partial file.
-
-    Opening refuses an existing `out` unless `overwrite`, resumes the partial file of the same
-    `job` (`done`: its rows by game), and refuses one of another job unless `overwrite` (then
-    it starts over)."""
+    """A dataset file written as its rows come: `<out>.partial` holds a header naming the job
+    (`{"partial_of": job}`) and a `{"game": i, "row": row}` line per finished game, flushed, so a
+    kill loses only the line it cut; `finish` writes `<out>` whole, in game order. Opening resumes
+    the partial file of the same `job` (`done`: its rows by game); an existing `out` or another
+    job's partial file is refused unless `overwrite` (then it starts over)."""
 
     def __init__(self, out: str | Path, job: dict[str, Any], overwrite: bool = False) -> None:
         self.out = Path(out)
@@ -142,10 +131,9 @@ class PartialRows:
         self._file: Any = None
 
     def _read(self) -> tuple[dict[str, Any] | None, dict[int, dict[str, Any]]]:
-        """The header and rows of the partial file; a last line without its newline (cut by
-        a kill) is left out, and dropped before anything is appended. A row line that cannot be
-        read is named (file:line) and passed over (its game is played again); a header that
-        cannot be read is refused (the file is left as it is)."""
+        """The header and rows of the partial file (a line a kill cut short left out). A row line
+        that cannot be read is named (file:line) and its game played again; a header that cannot
+        be read is refused."""
         def bad(n: int, problem: str) -> None:
             if n == 1:
                 raise InputError(f"{problem}: the partial file's header cannot be read; give --overwrite to start "
@@ -202,13 +190,9 @@ class PartialRows:
 
 
 def row_to_turns(row: dict[str, Any]) -> list[Turn]:
-    """Turns of a row (text only; batching renders them through the chat template).
-
-    Owners, unless a message names one: the first user message (the instruction) and the
-    assistant message right after it (its acknowledgement) are the "prompt", later user
-    messages "env"; other assistant messages are "teacher" (datasets hold teacher or gold
-    play). `loss: false` makes an assistant message "prompt" (context, never trained).
-    """
+    """Turns of a row (text only). Owners, unless a message names one: the instruction and its
+    acknowledgement are the "prompt", later user messages "env", other assistant messages
+    "teacher" (teacher or gold play); `loss: false` makes an assistant message "prompt"."""
     turns = []
     for i, msg in enumerate(row["conversations"]):
         role, text = message_text(msg)

@@ -4,11 +4,9 @@
     runs/tiny/version_1/
     runs/tiny/latest       a one-line file naming the newest run: "version_1"
 
-`version_N` as Lightning's loggers number runs: short, ordered, and free of clocks. N is one
-past the highest there, claimed by an atomic `mkdir`, so two runs started at once never share
-a folder. `latest` is a plain file (as DeepSpeed's `checkpoints/latest`), not a symlink:
-TensorBoard follows symlinks, so a `latest` link would show the newest run twice under
-`tensorboard --logdir runs/tiny`, and some shared file systems have no symlinks at all.
+N is one past the highest there, claimed by an atomic `mkdir`, so two runs started at once never
+share a folder. `latest` is a plain file, not a symlink: TensorBoard would show a linked run
+twice, and some shared file systems have no symlinks.
 """
 
 from __future__ import annotations
@@ -21,12 +19,9 @@ from rose_ray.files import write_file
 
 VERSION = "version_"
 LATEST = "latest"
-# An engine's api_key is a secret: a run folder (often on shared storage) keeps none. The saved
-# config reads it from the environment again on --resume, in the driver (from the variable the
-# engine's api_key_env names, else ROSE_RAY_API_KEY), so the engines get it as before. One read
-# from ROSE_RAY_API_KEY is the shared key, and the saved config says so (api_key_env), so that it
-# keeps the shared key's rule (inference/openai.py endpoint_key: never over plain http to another
-# host) rather than becoming that endpoint's own.
+# An engine's api_key is a secret: a run folder keeps none; --resume reads it from the environment
+# again (the variable api_key_env names, else ROSE_RAY_API_KEY). A key read from ROSE_RAY_API_KEY
+# is saved as that (api_key_env), so it keeps the shared key's rule (openai.py endpoint_key).
 SECRET_KEY, DEFAULT_KEY_ENV = "api_key", "ROSE_RAY_API_KEY"
 
 

@@ -1,25 +1,15 @@
 """Trajectories to token batches, on the rollout side of the learner's wall.
 
-Tokens in, tokens out: a trajectory's turns carry the ids the engine produced or appended,
-and those ids are concatenated as they are (an empty list means the turn's ids live in an
-earlier turn, like the acknowledgement inside the opening). Text-only turns (dataset rows)
-are rendered with `ChatFormat` the way rollouts build them: per-turn pieces, or under
-`history="template"` the template's rendering of the whole conversation.
+A trajectory's turns carry the ids the engine produced or appended, concatenated as they are
+(an empty list: the turn's ids live in an earlier turn, like the acknowledgement inside the
+opening). Text-only turns (dataset rows) are rendered with `ChatFormat` as rollouts build them.
+The turns the rollout cut (`Trajectory.context_cut`) are left out here too.
 
-A trajectory is cut once, by the rollout: `Trajectory.context_cut` lists the turns its last
-prompt left out and, where the rest would not fit the student's context, the turns after the
-last reply (rollout/context.py: `ContextSettings.learner_cut`); they are left out here too.
-
-Which tokens train, and how much, is decided here and nowhere else: a recipe's
-`TokenWeights` give each owner a weight in each loss term it names (`ce`, `opd`: the terms
-registered in learner/losses.py), and `make_batch` writes them per token (`Batch.weights`).
-The learner only multiplies.
-A reply cut at max_new_tokens (`Turn.truncated`) ends with an end-of-turn id the model never
-produced: that id gets no weight (`Sequence.trainable`), the sampled ids keep theirs.
-
-Packed rows: several sequences share a row; `attention_mask` holds the 1-based segment number of
-each token (0 = padding), from which the learner derives position ids that restart at every
-segment and the segment boundaries its attention keeps apart (learner/attention.py).
+Which tokens train, and how much, is decided here and nowhere else: a recipe's `TokenWeights`
+give each owner a weight in each loss term (`ce`, `opd`: learner/losses.py), and `make_batch`
+writes them per token; the learner only multiplies. The end-of-turn id appended to a reply cut
+at max_new_tokens gets no weight. Rows are packed: `attention_mask` holds each token's 1-based
+segment number (0 = padding), from which the learner derives positions and segment boundaries.
 """
 
 from __future__ import annotations
@@ -90,11 +80,7 @@ def turn_ids(turns: list[Turn], fmt: ChatFormat | None) -> list[list[int]]:
         raise ValueError("turns carry no token_ids: a ChatFormat is needed to render their text")
     ids: list[list[int]] = []
     start = 0
-    if (
-        len(turns) >= 2
-        and (turns[0].role, turns[0].owner) == ("user", "prompt")
-        and (turns[1].role, turns[1].owner) == ("assistant", "prompt")
-    ):
+    if [(t.role, t.owner) for t in turns[:2]] == [("user", "prompt"), ("assistant", "prompt")]:
         # The rollout opening: instruction + acknowledgement on the first turn.
         ids += [fmt.opening_ids([("user", turns[0].text), ("assistant", turns[1].text)]), []]
         start = 2
@@ -164,12 +150,14 @@ def loss_turns(seq: Sequence, n_turns: int, weights: TokenWeights) -> list[bool]
     flags = [False] * n_turns
     at = 0
     for i, n in seq.turn_spans:
-        flags[i] = any(
-            j > 0 and weights.trains(OWNERS[seq.owners[j]]) and (not seq.trainable or seq.trainable[j])
-            for j in range(at, at + n)
-        )
+        flags[i] = any(_trains(seq, j, weights) for j in range(at, at + n))
         at += n
     return flags
+
+
+def _trains(seq: Sequence, j: int, weights: TokenWeights) -> bool:
+    """Whether `make_batch` gives token `j` a weight > 0 (a sequence's first predicts nothing)."""
+    return j > 0 and weights.trains(OWNERS[seq.owners[j]]) and (not seq.trainable or seq.trainable[j])
 
 
 def trained_tokens(seqs: list[Sequence], weights: TokenWeights) -> dict[str, int]:
@@ -178,9 +166,8 @@ def trained_tokens(seqs: list[Sequence], weights: TokenWeights) -> dict[str, int
     counts = dict.fromkeys(OWNERS, 0)
     for seq in seqs:
         for j in range(1, len(seq)):
-            owner = OWNERS[seq.owners[j]]
-            if weights.trains(owner) and (not seq.trainable or seq.trainable[j]):
-                counts[owner] += 1
+            if _trains(seq, j, weights):
+                counts[OWNERS[seq.owners[j]]] += 1
     return counts
 
 

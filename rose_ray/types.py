@@ -24,9 +24,8 @@ MESSAGE_KEYS: dict[str, tuple[str, str, dict[str, str]]] = {
     "agentgym": ("from", "value", {"human": "user", "gpt": "assistant"}),
 }
 SCHEMAS: tuple[str, ...] = tuple(MESSAGE_KEYS)
-# Prompt + reply tokens, the dataset card's 16,384: the one default of every engine
-# (EngineConfig.context_tokens, which each command's --context-tokens reads) and of a learner's
-# packed row (learner.max_tokens, which must hold a whole context).
+# Prompt + reply tokens, the dataset card's 16,384: the default of every engine's context_tokens
+# and of a learner's packed row (learner.max_tokens, which must hold a whole context).
 CONTEXT_TOKENS = 16384
 # The world's report question after the last observation (DiscoveryWorld; `rollout.report`): ask
 # it and record the answer, also train on it, or not ask.
@@ -57,17 +56,14 @@ class GameId:
 class Turn:
     """One message of a conversation; `owner` says who produced the text.
 
-    `token_ids` are the ids the engine produced (assistant turns) or appended (user turns),
-    in the student's tokenizer; the learner trains on exactly these. `teacher_logprobs` are
-    the teacher's teacher-forced logprobs of a student turn's ids (OPD), one per logprob.
-    `truncated`: the reply hit max_new_tokens, so its closing end-of-turn id was appended,
-    not sampled (the learner gives that id no loss). `frame`: how many leading ids are the chat
-    template's framing (a role header; chat.history=template), context only; `close`: how many
-    trailing ids follow the turn's end-of-turn id (the template's closing text or generation
-    prompt on a conversation's last turn), context only. `policy_version_end`: set when a weight
-    update landed while the reply was sampled (publish.in_flight keep), the version of its last
-    tokens; `policy_version`, the one it started on, is what the learner and the buffer count;
-    `tokens_on_version`: then, how many of its first sampled tokens are `policy_version`'s.
+    `token_ids`: the ids the engine produced or appended, in the student's tokenizer; the learner
+    trains on exactly these. `teacher_logprobs`: the teacher's logprobs of a student turn's ids
+    (OPD). `truncated`: the reply hit max_new_tokens, its end-of-turn id appended, not sampled (no
+    loss). `frame` / `close`: leading ids that are the template's role header, trailing ids after
+    the end-of-turn id (the last turn's generation prompt or close); context only.
+    `policy_version_end`: the version of the last tokens when a weight update landed during
+    sampling (publish.in_flight keep); `tokens_on_version`: how many of the first sampled tokens
+    are `policy_version`'s (the one the learner and the buffer count).
     """
 
     role: Role
@@ -99,9 +95,8 @@ class Trajectory:
     done: bool = False
     end_reason: str = ""
     invalid_actions: int = 0
-    # Indices of the turns the learner leaves out, decided by the rollout: those the context
-    # policy left out of the last prompt, and the turns after the last reply where the rest
-    # would not fit the student's context (rollout/context.py: ContextSettings.learner_cut).
+    # Indices of the turns the learner leaves out, decided by the rollout (rollout/context.py:
+    # ContextSettings.learner_cut): those left out of the last prompt, and what would not fit.
     context_cut: list[int] = field(default_factory=list)
     truncated_turns: int = 0  # replies cut at max_new_tokens
     cut_before_action: int = 0  # of those, replies with no `Action:` line before the cut
@@ -113,18 +108,15 @@ class Trajectory:
     handoff_p: float | None = None  # decay: the takeover probability per student turn
     handoff_seed: str | None = None  # decay: seeds the takeover draws (with the turn)
     timing: dict[str, float] = field(default_factory=dict)
-    # The agent's answer to the world's report question after the last observation (what it
-    # says it discovered; DiscoveryWorld), and that exchange's two turns (the question, owner
-    # "prompt", and the reply). Not part of `turns`, so nothing trains on them, unless the
-    # episode was told to add them (`rollout.report=train`).
+    # The agent's answer to the world's report question after the last observation (DiscoveryWorld)
+    # and that exchange's two turns; not in `turns` (nothing trains on them) unless rollout.report=train.
     report: str | None = None
     report_turns: list[Turn] = field(default_factory=list)
     # What the world says about scoring this game, never shown to the agent (DiscoveryWorld:
     # task description, critical questions, the package's own normalised score `process`).
     scoring: dict[str, Any] = field(default_factory=dict)
-    # At the handoff, which parts of the game's state differed from its state at load
-    # (ScienceWorld: room, inventory, focus; `changed`: any); None without a handoff or where
-    # the world gives no state.
+    # At the handoff, which parts of the game's state differed from its state at load (ScienceWorld:
+    # room, inventory, focus; `changed`: any); None without a handoff or a world's state.
     handoff_state: dict[str, bool] | None = None
     # An expert teacher's record: whether it had a plan at the handoff (`planned`) and one that
     # won on replay (`verified`), its last `status`, its `replans` and planning time `plan_s`;
@@ -134,11 +126,8 @@ class Trajectory:
     def to_record(self, schema: str = "card", loss: list[bool] | None = None) -> dict[str, Any]:
         """A dataset row: the card's schema (`role`/`content` messages, `success` 0/1) or
         AgentGym's (`from`/`value`, with `loss`); either way each message keeps its `owner`.
-
-        `loss`, one flag per turn: whether the turn's tokens carried loss (a training step's
-        record); every message then gets `loss`. Without it the card's messages carry none
-        and AgentGym's mark every student and teacher reply (what a dataset offers to train).
-        """
+        `loss`, one flag per turn: whether the turn carried loss (a training step's record).
+        Without it the card's messages carry none and AgentGym's mark every model reply."""
         if schema not in SCHEMAS:
             raise InputError(f"schema: must be one of {SCHEMAS}, got {schema!r}")
         if loss is not None and len(loss) != len(self.turns):
@@ -154,24 +143,15 @@ class Trajectory:
                      "value": t.text, "owner": t.owner}
             if loss is not None:
                 m["loss"] = bool(loss[i])
-            if t.truncated:
-                m["truncated"] = True
-            if i in invalid:
-                m["invalid"] = True
-            if i in repeated:
-                m["repeated"] = True
+            m.update((k, True) for k, on in (("truncated", t.truncated), ("invalid", i in invalid),
+                                             ("repeated", i in repeated)) if on)
             conversations.append(m)
-        extra: dict[str, Any] = {}
-        if self.handoff_p is not None:
-            extra = {"handoff_p": self.handoff_p, "handoff_seed": self.handoff_seed}
-        if self.report is not None:
-            extra["report"] = self.report
-        if self.end_reason:  # why the episode ended (`context`: its prompt no longer fit)
-            extra["end_reason"] = self.end_reason
-        if self.handoff_state is not None:
-            extra["handoff_state"] = self.handoff_state
-        if self.expert is not None:
-            extra["expert"] = self.expert
+        extra: dict[str, Any] = ({"handoff_p": self.handoff_p, "handoff_seed": self.handoff_seed}
+                                 if self.handoff_p is not None else {})
+        # end_reason: why the episode ended (`context`: its prompt no longer fit)
+        extra.update((k, v) for k, v in (("report", self.report), ("end_reason", self.end_reason or None),
+                                         ("handoff_state", self.handoff_state), ("expert", self.expert))
+                     if v is not None)
         return {
             "item_id": self.game.item_id,
             "task": self.game.task,
@@ -209,13 +189,11 @@ class SamplingParams:
 class Batch:
     """Token-level training batch, packed: every field is [rows][row_len] (arrays).
 
-    `attention_mask` holds each token's 1-based segment (sequence) number in its row, 0 for
-    padding. `weights` holds, per loss term (`ce`, `opd`, ...: learner/losses.py), each token's
-    weight in it (0: context only), decided by the recipe (rose_ray/tokens.py). `old_logprobs`
-    are the behaviour policy's logprobs of each token (NaN where unknown: 0 is a real
-    logprob); `teacher_logprobs` the teacher's (OPD, NaN where unscored); `versions` the policy
-    version that sampled each token (-1 for tokens without an old logprob).
-    """
+    `attention_mask`: each token's 1-based segment number in its row, 0 for padding. `weights`:
+    per loss term (learner/losses.py), each token's weight (0: context only; rose_ray/tokens.py).
+    `old_logprobs`: the behaviour policy's (NaN where unknown: 0 is a real logprob);
+    `teacher_logprobs`: the teacher's (OPD); `versions`: the policy version that sampled each
+    token (-1 without an old logprob)."""
 
     input_ids: Any
     attention_mask: Any
