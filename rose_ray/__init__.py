@@ -1,15 +1,13 @@
 """rose_ray: online ROSE (student-then-teacher distillation) for ScienceWorld agents on Ray.
 
-The Python API, the two commands as functions (each also works inside a running event loop,
-as in a Jupyter notebook):
+The Python API, the two commands as functions (inside a running event loop too, as in Jupyter):
 
     import rose_ray
     summary = rose_ray.train("configs/tiny.yaml", ["steps=4"])   # rose-ray train --config ... steps=4
     result = rose_ray.evaluate(run=summary["run_dir"])            # rose-ray eval --run RUN
 
-`rose_ray.train` and `rose_ray.evaluate` are the modules train.py and evaluate.py, which call
-their function of the same name (`train.train`, `evaluate.evaluate`); they load torch when first
-touched, `import rose_ray` alone does not.
+Both are modules (train.py, evaluate.py) that take the call, imported when first used: `import
+rose_ray` alone loads no torch.
 """
 
 from __future__ import annotations
@@ -25,9 +23,8 @@ API = ("train", "evaluate")
 
 
 class _CallableModule(types.ModuleType):
-    """A module that is also its main function: once `rose_ray.train` is imported, the package's
-    attribute `train` is that module (Python binds a submodule over a function of its name), so
-    the module itself takes the call."""
+    """A module that is also its main function (Python binds a submodule over a package attribute
+    of its name, so the module itself takes the call)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return getattr(self, self.__name__.rpartition(".")[2])(*args, **kwargs)

@@ -183,9 +183,9 @@ HEADER = "| key | type | default | what it is |\n| --- | --- | --- | --- |"
 
 
 def _section(title_keys: list[str], cls: type, defaults: list[Any], comment: str, level: int, out: list[str]) -> None:
+    out.append(f"{'#' * level} {', '.join(f'`{k}`' for k in title_keys)}\n")
     if issubclass(cls, Tagged):
         return _tagged(title_keys, cls, comment, level, out)
-    out.append(f"{'#' * level} {', '.join(f'`{k}`' for k in title_keys)}\n")
     out.extend(prose(text) for text in (class_doc(cls), comment) if text)
     prefix = title_keys[0] + "."
     rows, sections = _rows(cls, prefix, defaults)
@@ -202,10 +202,9 @@ def _section(title_keys: list[str], cls: type, defaults: list[Any], comment: str
 
 
 def _tagged(title_keys: list[str], family: type[Tagged], comment: str, level: int, out: list[str]) -> None:
-    """A section chosen by its tag (tagged.py): the rule, then one heading per kind with its line
-    of the family's module docstring table (else its class docstring) and its own keys."""
+    """A section chosen by its tag (tagged.py), under its heading: the rule, then one heading per
+    kind with its line of the family's module docstring table (else its class doc) and its keys."""
     key, tag, kinds = title_keys[0], family.TAG, family.kinds()
-    out.append(f"{'#' * level} {', '.join(f'`{k}`' for k in title_keys)}\n")
     if comment:
         out.append(prose(comment))
     bare = f"{key}={next(iter(kinds))}"
@@ -230,10 +229,13 @@ def render() -> str:
     from rose_ray.config import TrainConfig
 
     with _without_env(ENV_DEFAULTS):
-        defaults = {f.name: default_of(f) for f in dataclasses.fields(TrainConfig)}
-    hints = typing.get_type_hints(TrainConfig)
-    comments = field_comments(TrainConfig)
-    fields = dataclasses.fields(TrainConfig)
+        rows, sections = _rows(TrainConfig, "", [None])
+    grouped: dict[type, list[tuple[str, Any, str]]] = {}  # one heading per kind (the two engines share one)
+    for key, kind, values, comment in sections:
+        grouped.setdefault(kind, []).append((key, values[0], comment))
+    # a heading's anchor as GitHub makes it: its keys, lower case, punctuation dropped
+    anchors = [re.sub(r"[^\w\- ]", "", ", ".join(f"`{k}`" for k, _, _ in g).lower()).replace(" ", "-")
+               for g in grouped.values()]
     out = [
         "# Configuration reference\n",
         "[← README](../README.md) · [all pages](../README.md#documentation)\n",
@@ -247,36 +249,17 @@ def render() -> str:
         "holds) by `python -m rose_ray.docs_reference`; `tests/unit/test_docs.py` fails when it is out of "
         "date. A default like `${steps}` is another key's value; `${oc.env:VAR,default}` is an environment "
         "variable's.\n",
+        "Sections: [top level](#top-level), "
+        + ", ".join(f"[`{g[0][0]}`](#{a})" for g, a in zip(grouped.values(), anchors)) + ".\n",
+        "## Top level\n",
     ]
-    sections = [f for f in fields if "tagged" in f.metadata or section_class(hints[f.name]) is not None]
-    out.append("Sections: [top level](#top-level), " + ", ".join(
-        f"[`{f.name}`](#{anchor_of(f.name, fields, hints)})" for f in sections
-        if f.name != "teacher_engine") + ".\n")
-    out.append("## Top level\n")
     if class_doc(TrainConfig):
         out.append(prose(class_doc(TrainConfig)))
-    rows = []
-    for f in fields:
-        if f in sections:
-            continue
-        rows.append(f"| `{f.name}` | {cell(type_name(f, hints[f.name]))} | {cell(show(defaults[f.name]))} | "
-                    f"{cell(comments.get(f.name, ''))} |")
     out.append(HEADER + "\n" + "\n".join(rows) + "\n")
-    grouped: dict[type, list[dataclasses.Field]] = {}
-    for f in sections:
-        grouped.setdefault(f.metadata.get("tagged") or section_class(hints[f.name]), []).append(f)
-    for kind, group in grouped.items():  # one heading per kind (the student's and the teacher's engine)
-        comment = " ".join(dict.fromkeys(comments.get(g.name, "") for g in group if comments.get(g.name)))
-        _section([g.name for g in group], kind, [defaults[g.name] for g in group], comment, 2, out)
+    for kind, group in grouped.items():
+        comment = " ".join(dict.fromkeys(c for _, _, c in group if c))
+        _section([k for k, _, _ in group], kind, [v for _, v, _ in group], comment, 2, out)
     return "\n".join(out).rstrip() + "\n"
-
-
-def anchor_of(name: str, fields: Any, hints: dict[str, Any]) -> str:
-    """The heading anchor of a section: its keys (sections of one kind share a heading), as
-    GitHub makes anchors."""
-    kind = section_class(hints[name])
-    names = [f.name for f in fields if kind is not None and section_class(hints[f.name]) is kind] or [name]
-    return re.sub(r"[^\w\- ]", "", ", ".join(f"`{n}`" for n in names).lower()).replace(" ", "-")
 
 
 def config_keys() -> set[str]:

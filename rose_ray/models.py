@@ -37,8 +37,7 @@ def _offline_hint(name: str, err: Exception) -> ModelNotAvailable:
 
 def is_hub_id(name: str) -> bool:
     """A model name that is neither a local folder nor a `tiny:` name and has a hub id's form
-    (`name` or `org/name`): a hub id to resolve. A path that is not there (`/data/model`,
-    `./model`, `~/model`) is not one: it is named as a missing folder, not sent to the hub."""
+    (`name` or `org/name`). A missing path (`/data/model`, `./model`, `~/model`) is not one."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     if name.startswith(("tiny:", ".", "~")) or Path(name).expanduser().is_dir():
@@ -51,12 +50,9 @@ def is_hub_id(name: str) -> bool:
 
 
 def local_model(name: str | Path) -> str:
-    """The folder a model name stands for, resolved once before anything reads its files: a
-    local folder as it is; a hub id (`Qwen/Qwen3-1.7B`) its snapshot in the local Hugging Face
-    cache (`$HF_HOME/hub/models--Qwen--Qwen3-1.7B/snapshots/<rev>/`, the revision `refs/main`
-    names; nothing is downloaded: `download_model` does that, on the driver). Engines, the
-    learner, tokenizers, vLLM's weight-name check, `plan` and `check` all take this folder.
-    ModelNotAvailable when it is neither."""
+    """The folder a model name stands for: a local folder as it is; a hub id (`Qwen/Qwen3-1.7B`)
+    its snapshot in the local Hugging Face cache (the revision `refs/main` names; nothing is
+    downloaded: `download_model` does that, on the driver). ModelNotAvailable when it is neither."""
     path = Path(name).expanduser()
     if path.is_dir():
         return str(path)
@@ -69,11 +65,10 @@ def local_model(name: str | Path) -> str:
 
 
 def download_model(name: str, label: str) -> str:
-    """`local_model` for a command's driver, before any actor starts: a hub id missing from the
-    Hugging Face cache is downloaded into it first (once: files already there are not fetched
-    again; the hub is asked only whether `main` moved), with the client's progress bars on
-    stderr. With HF_HUB_OFFLINE set nothing is asked and a model not in the cache is a
-    ModelNotAvailable naming the command that downloads it. `label` prefixes the lines printed."""
+    """`local_model` for a command's driver, before any actor starts: a hub id is downloaded into
+    the Hugging Face cache first (files already there are not fetched again), with progress bars
+    on stderr. With HF_HUB_OFFLINE set a model not in the cache is a ModelNotAvailable naming the
+    command that downloads it. `label` prefixes the lines printed."""
     if not is_hub_id(name):
         return local_model(name)
     from huggingface_hub import constants, snapshot_download

@@ -6,11 +6,10 @@ backend (`name`).
     algorithm: {name: rose, handoff: {policy: fixed, k: 5}}   # a kind and its keys
     student_engine: {backend: {name: vllm, kv_cache_mb: 256}}
 
-One rule for all of them, here. The chosen kind's dataclass checks the keys (OmegaConf: a key
-the kind lacks or a wrong type is named `<section>.<key>`). Over a config's layers (a `base:`
-file, the file, each KEY=VALUE), a layer that names another kind starts the section afresh
-(`algorithm=opd` over a rose file keeps none of rose's keys, which opd would refuse); a layer
-that names none adds to the kind before it.
+The chosen kind's dataclass checks the keys (a key it lacks or a wrong type is named
+`<section>.<key>`). Over a config's layers (a `base:` file, the file, each KEY=VALUE), a layer
+that names another kind starts the section afresh (`algorithm=opd` over a rose file keeps none
+of rose's keys); a layer that names none adds to the kind before it.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """Tiny Qwen3 models built locally (nothing downloaded), for tests, benches and `tiny:` names.
 
-`init_tiny` trains a byte-level BPE tokenizer on shipped ScienceWorld text, gives it a
-Qwen-style chat template, and saves two randomly initialised Qwen3 models of different sizes
-(student smaller than teacher) that share it. Two styles:
-
-- `plain`: ChatML turns, nothing else (the tiny default).
-- `qwen3`: what Qwen/Qwen3-1.7B and Qwen3-32B look like from the outside: their special tokens
-  (`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`, and `<think>`/`</think>` as single added
-  tokens), their pre-tokenizer regex (digits one by one), and a chat template written here
-  that behaves like theirs: reasoning is stripped from earlier assistant turns, the assistant
-  turn after the last user message gets a `<think>` block, and `enable_thinking=False` puts an
-  empty think block into the generation prompt. The vocabulary is trained here like the plain
-  one (Qwen's real vocabulary cannot be downloaded on this machine).
+`init_tiny` trains a byte-level BPE tokenizer on shipped ScienceWorld text, gives it a chat
+template, and saves two randomly initialised Qwen3 models (student smaller than teacher) that
+share it. Two styles: `plain`, ChatML turns (the default); `qwen3`, what Qwen3-1.7B and
+Qwen3-32B look like from the outside: their special tokens (`<think>`/`</think>` single added
+tokens), their pre-tokenizer split (digits one by one), and a template that behaves like
+theirs (reasoning stripped from earlier assistant turns, a `<think>` block on the turn after
+the last user message, an empty one in the generation prompt with `enable_thinking=False`).
 """
 
 from __future__ import annotations
@@ -130,21 +125,20 @@ def build_tokenizer(vocab_size: int = 8192, style: str = "plain") -> Any:
     return fast
 
 
-def build_tiny_model(tokenizer: Any, size: TinySize, seed: int, max_positions: int = 16384) -> Any:
+def _random_qwen3(size: TinySize, seed: int, max_positions: int, **token_ids: int) -> Any:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.pad_token_id,
-        **asdict(size),
-    )
+    config = Qwen3Config(max_position_embeddings=max_positions, tie_word_embeddings=True, bos_token_id=None,
+                         **token_ids, **asdict(size))
     return Qwen3ForCausalLM(config).eval()
+
+
+def build_tiny_model(tokenizer: Any, size: TinySize, seed: int, max_positions: int = 16384) -> Any:
+    return _random_qwen3(size, seed, max_positions, vocab_size=len(tokenizer),
+                         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+                         pad_token_id=tokenizer.pad_token_id)
 
 
 # Qwen3's vocabulary size (Qwen3-1.7B and Qwen3-32B): at this size the LM head, not the body,
@@ -156,23 +150,14 @@ QWEN3_VOCAB_SIZE_TINY = TinySize(64, 2, 4, 2, 16, 128)
 def build_qwen3_vocab_model(seed: int = 0, max_positions: int = 16384) -> Any:
     """A 2-layer, 64-wide Qwen3 with Qwen3's vocabulary size and special-token ids, randomly
     initialised (no tokenizer: token ids only), for the learner's memory and equality tests."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=QWEN3_VOCAB_SIZE, max_position_embeddings=max_positions,
-                         tie_word_embeddings=True, bos_token_id=None, eos_token_id=151645,
-                         pad_token_id=151643, **asdict(QWEN3_VOCAB_SIZE_TINY))
-    return Qwen3ForCausalLM(config).eval()
+    return _random_qwen3(QWEN3_VOCAB_SIZE_TINY, seed, max_positions, vocab_size=QWEN3_VOCAB_SIZE,
+                         eos_token_id=151645, pad_token_id=151643)
 
 
 def init_tiny(out_dir: str | Path, seed: int = 0, vocab_size: int = 8192, style: str = "plain") -> dict[str, Path]:
-    """Make (or reuse) `out_dir/student` and `out_dir/teacher`; returns their paths.
-
-    Runs sharing a cache build it once: the builder holds `out_dir/rose_ray_tiny.json.lock`
-    and writes each model whole (files.writing_folder); a run that waited for the lock finds
-    the models built and reuses them. A `student` or `teacher` folder there that rose_ray did
-    not write is never replaced: InputError naming it, checked before anything is built."""
+    """Make (or reuse) `out_dir/student` and `out_dir/teacher`; returns their paths. Runs sharing
+    a cache build it once (under `out_dir/rose_ray_tiny.json.lock`, each model written whole); a
+    folder there that rose_ray did not write is never replaced (InputError, before any build)."""
     from rose_ray.files import (
         FOLDER_MARKER,
         check_replaceable,
