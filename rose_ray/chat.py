@@ -60,9 +60,8 @@ class ChatFormat:
         self.tokenizer = tokenizer
         self.enable_thinking = bool(enable_thinking)
         self.history = history
-        # A fast tokenizer's Rust backend, called as `tokenizer(text)` calls it (that call's
-        # Python costs more than tokenizing an observation); `encode` checks each time that
-        # the call would change none of its settings. A subclass with a call of its own keeps it.
+        # A fast tokenizer's Rust backend, called directly (`tokenizer(text)` costs more than the
+        # tokenizing) where the call would change nothing; a subclass's own call is kept.
         mro = type(tokenizer).__mro__
         fast = next((i for i, c in enumerate(mro) if c.__name__ in ("TokenizersBackend", "PreTrainedTokenizerFast")),
                     None)
@@ -78,19 +77,18 @@ class ChatFormat:
         head, self.user_prefix, self.user_suffix = self._split_user_turn(probe)
         # What follows an end-of-turn token before the next turn ("\n" for Qwen templates).
         self.separator = self.user_prefix[: len(self.user_prefix) - len(self.user_prefix.lstrip())]
-        # Informational (`rose-ray check`): does the template render a closing assistant turn
-        # differently from the same turn once a user turn follows (Qwen3 does)?
+        # For `rose-ray check`: is a closing assistant turn rendered unlike the same turn later?
         closed = self.render_text(probe, add_generation_prompt=False)
         self.rewrites_history = not closed.startswith(head)
-        # Template history: end-of-turn ids a template renders beyond one per message (a
-        # default system prompt), and the framing that opens a user and an assistant turn.
+        # Template history: end-of-turn ids beyond one per message (a default system prompt), and
+        # the framing that opens a user and an assistant turn.
         self._extra_ends = self.encode(self.render_text(probe[:1], False)).count(self.eos_id) - 1
         marked = self.render_text([probe[0], {"role": "assistant", "content": _MARK}, probe[0]], False)
         before = marked.split(_MARK)[0]
         self._frames = {"user": len(self.encode(self.user_prefix)),
                         "assistant": len(self.encode(before[before.rfind(self.end_text) + len(self.end_text):]))}
-        # A text's ids split at the end-of-turn token only if the tokenizer cuts its text there
-        # before normalising or merging anything: an added token that strips no whitespace.
+        # Ids split at the end-of-turn token only where the tokenizer cuts its text there first:
+        # an added token that strips no whitespace.
         added = getattr(tokenizer, "added_tokens_decoder", {}).get(self.eos_id)
         self._openings: dict[tuple[tuple[str, str], ...], list[int]] = {}  # every episode opens alike
         self._splits_at_end = added is not None and not (
@@ -98,9 +96,8 @@ class ChatFormat:
             or getattr(added, "single_word", True))
 
     def _split_user_turn(self, messages: list[dict[str, str]]) -> tuple[str, str, str]:
-        """Render `messages` + a marked user turn with the generation prompt; return (the
-        rendering up to the end-of-turn token that closes `messages`, the text between it and
-        the user's text, the text after the user's text)."""
+        """`messages` + a marked user turn, rendered with the generation prompt: (the text up to the
+        end-of-turn token that closes `messages`, the text before the user's, the text after it)."""
         text = self.render_text(messages + [{"role": "user", "content": _MARK}], True)
         if text.count(_MARK) != 1:
             raise ChatTemplateError("chat template does not render a user message's content verbatim")
@@ -191,10 +188,9 @@ class ChatFormat:
 
     def template_pieces(self, messages: list[dict[str, str]], add_generation_prompt: bool,
                         cache: RenderCache | None = None) -> tuple[list[list[int]], list[int]]:
-        """The template's own rendering of `messages`, tokenized whole as a chat API does, cut
-        after each message's end-of-turn id: (each message's ids, the ids after the last one:
-        the generation prompt, or what closes the conversation). A template's extra turns (a
-        default system prompt) go with the first message. `cache`: see `encode_rendering`."""
+        """The template's own rendering of `messages`, tokenized whole as a chat API does, cut after
+        each message's end-of-turn id: (each message's ids, the ids after the last: the generation
+        prompt or close). Extra turns (a default system prompt) go with the first message."""
         ids = self.encode_rendering(self.render_text(messages, add_generation_prompt), cache)
         ends = [i for i, t in enumerate(ids) if t == self.eos_id]
         # A text that spells the end-of-turn token is tokenized to it (as a chat API does): it

@@ -56,28 +56,23 @@ def _own_comments(cls: type) -> dict[str, str]:
     node = _class_node(cls)
     if node is None:
         return {}
-    source = textwrap.dedent(inspect.getsource(cls))
-    lines = source.splitlines()
-    comments: dict[int, str] = {}  # line number (1-based) -> comment text
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+    alone: dict[int, str] = {}  # line number (1-based) -> text of a comment on a line of its own
+    inline: dict[int, str] = {}  # ... of a comment after code
+    for tok in tokenize.generate_tokens(io.StringIO(textwrap.dedent(inspect.getsource(cls))).readline):
         if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = tok.string.lstrip("#").strip()
-
-    def comment_only(n: int) -> bool:
-        return n in comments and lines[n - 1].lstrip().startswith("#")
-
+            own_line = tok.line.lstrip().startswith("#")
+            (alone if own_line else inline)[tok.start[0]] = tok.string.lstrip("#").strip()
     out: dict[str, str] = {}
     for stmt in node.body:
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
             continue
         above: list[str] = []
         n = stmt.lineno - 1
-        while n >= 1 and comment_only(n):
-            above.insert(0, comments[n])
+        while n in alone:
+            above.insert(0, alone[n])
             n -= 1
-        inline = [comments[n] for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)
-                  if n in comments and not comment_only(n)]
-        out[stmt.target.id] = " ".join(part for part in [*above, *inline] if part)
+        after = [inline[n] for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1) if n in inline]
+        out[stmt.target.id] = " ".join(part for part in [*above, *after] if part)
     return out
 
 

@@ -29,10 +29,8 @@ NAN = float("nan")
 
 
 class TokenWeights:
-    """Per loss term, per owner, the weight of its tokens (absent = 0: context only):
-    `TokenWeights(ce={"teacher": 1.0}, opd={"student": 0.5})`. A term is a name registered in
-    learner/losses.py: `ce`, cross entropy (imitation); `opd`, the on-policy-distillation
-    surrogate, which needs the teacher's logprobs of those tokens."""
+    """Per loss term (learner/losses.py: `ce`, `opd`), per owner, the weight of its tokens (absent:
+    0, context only): `TokenWeights(ce={"teacher": 1.0}, opd={"student": 0.5})`."""
 
     def __init__(self, **terms: dict[str, float]) -> None:
         for term, per_owner in terms.items():
@@ -61,11 +59,10 @@ class Sequence:
     teacher_logprobs: list[float]  # teacher logprob of each token (OPD)
     versions: list[int]  # policy version that sampled the token and gave its logprob, else -1
     dropped_turns: int = 0
-    # False where a token may carry no loss whatever its owner: the end-of-turn id appended
-    # to a reply cut at max_new_tokens (the model never produced it). Empty: all trainable.
+    # False where a token carries no loss whatever its owner (a template's framing, the end-of-turn
+    # id appended to a reply cut at max_new_tokens). Empty: all trainable.
     trainable: list[bool] = field(default_factory=list)
-    # (index in the trajectory's turns, token count) of each turn kept, in order: what
-    # `loss_turns` maps tokens back to turns with (turns cut for context are absent).
+    # (index in the trajectory's turns, token count) of each turn kept, for `loss_turns`.
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -103,11 +100,8 @@ def with_ids(turns: list[Turn], fmt: ChatFormat | None) -> list[Turn]:
 
 
 def render(traj: Trajectory | list[Turn], fmt: ChatFormat | None = None, cut: Iterable[int] = ()) -> Sequence:
-    """One trajectory as token ids with per-token owners, logprobs and versions, less the
-    turns in `cut` (for a Trajectory, also its `context_cut`: what the rollout left out). A
-    turn's `teacher_logprobs` (the teacher's logprob of each of its ids; OPD) go with its
-    tokens, NaN past the scored ones.
-    """
+    """One trajectory as token ids with per-token owners, logprobs (the teacher's too, NaN past
+    the scored ones) and versions, less the turns in `cut` (and a Trajectory's `context_cut`)."""
     turns = traj.turns if isinstance(traj, Trajectory) else traj
     left_out = set(cut) | (set(traj.context_cut) if isinstance(traj, Trajectory) else set())
     if not any(t.token_ids for t in turns):  # text only (a dataset row): render it
@@ -144,9 +138,8 @@ def render(traj: Trajectory | list[Turn], fmt: ChatFormat | None = None, cut: It
 
 
 def loss_turns(seq: Sequence, n_turns: int, weights: TokenWeights) -> list[bool]:
-    """Per turn of the rendered trajectory: whether `make_batch` gives any of its tokens a
-    weight > 0. A turn left out, a reply whose only id is the end-of-turn appended after a
-    cut, and the sequence's first token carry none."""
+    """Per turn of the rendered trajectory: whether `make_batch` gives any of its tokens a weight
+    > 0 (a turn left out carries none)."""
     flags = [False] * n_turns
     at = 0
     for i, n in seq.turn_spans:
