@@ -7,15 +7,9 @@
     group.publish_weights(engine_actors)       # new weights + version to the student engines
     group.restart()                            # new ranks on the same placement, after a rank's loss
 
-The learner sees tokens only: a `Batch` carries each token's weight in each loss term (the
-terms registered in `losses.py`: cross entropy, OPD), chosen by the recipe (rose_ray/recipes/),
-and the loss multiplies and sums. It never branches on an algorithm and imports nothing from
-inference, rollout, envs or the data modules.
-
-A rank that dies fails the call at once (the others are not waited on: they may be stuck in a
-collective with it) with `LearnerLost` naming the rank; a failure with every rank alive is
-raised as it is. Calls from several threads (a step, a publication to a replaced engine) take
-turns.
+The learner sees tokens only (each token's weight in each loss term, learner/losses.py) and
+never branches on an algorithm. A rank that dies fails the call at once with `LearnerLost`;
+calls from several threads take turns.
 """
 
 from __future__ import annotations
@@ -39,7 +33,7 @@ from rose_ray.learner.speed import (
     HEADS,
     OPTIMIZERS,
 )
-from rose_ray.learner.worker import SUMMED, CheckpointUnreadable, LearnerWorker
+from rose_ray.learner.worker import SUMMED, CheckpointUnreadable, LearnerWorker, first_line
 from rose_ray.types import CONTEXT_TOKENS, Batch
 
 SCHEDULES = ("constant", "linear", "cosine")
@@ -116,10 +110,9 @@ class LearnerConfig:
         need(self.max_tokens >= 2, "max_tokens", "must be >= 2")
         need(self.attn_implementation in ATTN_IMPLEMENTATIONS, "attn_implementation",
              f"must be one of {ATTN_IMPLEMENTATIONS}")
-        need(self.attn_implementation != "flash_attention_2" or (self.dtype == "bfloat16" and self.gpus_per_rank > 0),
-             "attn_implementation", "flash_attention_2 needs learner.dtype=bfloat16 and GPUs (learner.gpus_per_rank > 0)")
-        need(self.attn_implementation != "torch_varlen" or (self.dtype == "bfloat16" and self.gpus_per_rank > 0),
-             "attn_implementation", "torch_varlen needs learner.dtype=bfloat16 and GPUs (learner.gpus_per_rank > 0)")
+        need(self.attn_implementation not in ("flash_attention_2", "torch_varlen")
+             or (self.dtype == "bfloat16" and self.gpus_per_rank > 0), "attn_implementation",
+             f"{self.attn_implementation} needs learner.dtype=bfloat16 and GPUs (learner.gpus_per_rank > 0)")
         need(self.head in HEADS, "head", f"must be one of {HEADS}")
         need(self.head not in ("cce", "liger") or self.gpus_per_rank > 0, "head",
              f"{self.head} is a Triton kernel: it needs GPUs (learner.gpus_per_rank > 0)")
@@ -142,8 +135,6 @@ class LearnerConfig:
         need(0.0 < self.clip_eps < 1.0, "clip_eps", "must be in (0, 1)")
 
     def check_rows(self, context_tokens: int) -> None:
-        """A packed row holds whatever the student engine kept (`context_tokens`): the learner cuts
-        a trajectory only where the engine did."""
         if self.max_tokens < context_tokens:
             raise ConfigError(f"learner.max_tokens: {self.max_tokens} is less than student_engine.context_tokens "
                               f"{context_tokens}; a packed row must hold whatever the engine kept "
@@ -151,8 +142,7 @@ class LearnerConfig:
 
 
 def write_latest(path: str | Path, tag: str) -> None:
-    """`path/latest` names checkpoint `tag`, atomically and on disk: written only once
-    everything of the checkpoint is (the mark that it is whole)."""
+    """`path/latest` names checkpoint `tag` (atomic, on disk): the mark that it is whole."""
     write_file(Path(path) / "latest", tag)
 
 
@@ -186,13 +176,9 @@ class LearnerGroup:
         self._get([w.init_distributed.remote(addr, port, config.backend) for w in self.workers], "start")
 
     def restart(self) -> None:
-        """Kill every rank and start new ones on the same placement, built from the model path
-        (step and version back to the start: load a checkpoint next)."""
-        import ray
-
+        """Kill every rank and start new ones on the same placement (load a checkpoint next)."""
         with self._lock:
-            for w in self.workers:
-                ray.kill(w)
+            self.shutdown()
             self._start_ranks()
             self.info = self.setup()
 
@@ -210,8 +196,7 @@ class LearnerGroup:
             gone = self._gone_ranks()
             if gone:
                 raise LearnerLost(f"learner rank {gone[0]} lost during {what} after step {self.step} "
-                                  f"({type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})"
-                                  ) from e
+                                  f"({first_line(e)})") from e
             raise
 
     def _gone_ranks(self, timeout_s: float = 10.0) -> list[int]:
@@ -236,7 +221,7 @@ class LearnerGroup:
 
     def setup(self, **overrides: Any) -> dict[str, Any]:
         """(Re)build every rank's engine from the model path; overrides change the config
-        (e.g. zero_stage), but not `ranks`. Step and version restart."""
+        (not `ranks`). Step and version restart."""
         if overrides:
             if overrides.get("ranks", self.config.ranks) != self.config.ranks:
                 raise ValueError("learner.ranks: a group cannot change its size; make a new group")
@@ -291,10 +276,8 @@ class LearnerGroup:
 
     def save_checkpoint(self, path: str | Path, mark_latest: bool = True, folder: str | None = None) -> str:
         """Model, optimizer, scheduler, per-rank RNG, step and version under path/step_<n> (or
-        path/`folder`: checkpoint.py has them written into a temp folder, renamed whole), on
-        disk (fsynced) before `path/latest` names it (`mark_latest`; a caller that keeps more
-        beside it writes that itself, last: `write_latest`). Refused (NonFiniteWeights) when the
-        weights are not finite."""
+        path/`folder`), fsynced before `path/latest` names it (`mark_latest`; else the caller
+        calls `write_latest` last). NonFiniteWeights when the weights are not finite."""
         with self._lock:  # the step and version read are those of the weights saved
             tag = folder or f"step_{self.step}"
             self._all("save_checkpoint", str(path), tag, {"step": self.step, "version": self.version})
@@ -303,8 +286,7 @@ class LearnerGroup:
         return tag
 
     def load_checkpoint(self, path: str | Path, tag: str | None = None) -> dict[str, Any]:
-        """Resume exactly; `tag` defaults to the latest checkpoint under path. A checkpoint whose
-        files cannot be read raises CheckpointUnreadable naming it."""
+        """Resume exactly; `tag` defaults to the latest. CheckpointUnreadable names a bad file."""
         latest = Path(path) / "latest"
         if tag is None:
             if not latest.is_file():
@@ -313,7 +295,7 @@ class LearnerGroup:
         try:
             state = self._all("load_checkpoint", str(path), tag)[0]
         except Exception as e:
-            # A rank that met the bad file, or one stuck waiting for it (LearnerLost, its cause)
+            # the rank that met the bad file, or LearnerLost caused by it
             unreadable = next((x for x in (e, e.__cause__) if isinstance(x, CheckpointUnreadable)), None)
             if unreadable is None:
                 raise
@@ -322,8 +304,7 @@ class LearnerGroup:
         return {"tag": tag, **state}
 
     def export(self, out_dir: str | Path, extra_files: dict[str, str] | None = None) -> dict[str, Any]:
-        """A Hugging Face folder of the current weights (gathered under ZeRO-3), written
-        atomically; `extra_files` {name: text} go into it too (e.g. where the weights came from)."""
+        """A Hugging Face folder of the current weights, written whole, with `extra_files` {name: text}."""
         from rose_ray.learner.export import source_dtype
 
         dtype = self.config.export_dtype
@@ -332,9 +313,8 @@ class LearnerGroup:
         return self._all("export", str(out_dir), dtype, extra_files)[0]
 
     def publish_weights(self, engines: list[Any], config: Any = None) -> dict[str, Any]:
-        """Current weights + version to every engine actor, by `config`'s method (a
-        PublishConfig, rose_ray/publish/; default: auto); returns the method, timing per stage
-        (ms) and size (MB)."""
+        """Current weights + version to every engine actor by `config` (a PublishConfig); returns
+        the method, timing per stage (ms) and size (MB)."""
         with self._lock:  # the version read is the version of the weights sent
             out = self._all("publish", list(engines), self.version, config)[0]
         out["ms_per_mb"] = out["total_ms"] / max(out["mb"], 1e-9)

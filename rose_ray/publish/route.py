@@ -1,13 +1,9 @@
 """How the weights travel (`publish:`), and the route chosen for a set of engines.
 
-`object_store`: one `ray.put` of the flat buffers (numpy: zero-copy reads on the same node),
-then each engine actor's `load_weights`; works across nodes. `collective`: rank 0 and the
-engine actors (local hf/vllm actors only) in a weight group of their own (group.py), each
-bucket broadcast once, over `nccl` (GPU buffers end to end) or `gloo` (host buffers);
-`collective_backend: auto` takes nccl where `nccl_problem` finds nothing against it. `auto`:
-the collective over NCCL where every engine is a local actor on rank 0's node and NCCL applies,
-else AUTO_LOCAL for local actors, else the object store. Each engine reports itself as a
-`ReceiverInfo` (its actor's `weight_receiver`); learner rank 0 is a `Member`.
+`object_store`: one `ray.put` of the flat buffers, then each engine's `load_weights`; works
+across nodes. `collective`: rank 0 and the local engine actors in a weight group (group.py),
+each bucket broadcast once over nccl or gloo. `auto`: the collective over NCCL where every
+engine is a local actor on rank 0's node and NCCL applies, else AUTO_LOCAL or the object store.
 """
 
 from __future__ import annotations
@@ -20,14 +16,8 @@ from rose_ray.errors import ConfigError
 PUBLISH_METHODS = ("auto", "object_store", "collective")
 COLLECTIVE_BACKENDS = ("auto", "gloo", "nccl")  # publish.collective_backend
 IN_FLIGHT = ("wait", "keep")  # publish.in_flight
-# What `auto` picks where every engine is a local actor and NCCL does not apply: the faster of
-# the two host-buffer paths as bench/publish.py measured them on one node. On this CPU machine
-# the object store (shared memory) was as fast or faster than gloo over loopback (e.g. 1 GiB:
-# 0.44 vs 0.77 ms/MB), so the object store it is. Those were CPU measurements: where NCCL
-# applies, `auto` takes the collective instead (`choose_route`), since the object store would
-# take the weights GPU -> host -> GPU while NCCL moves them GPU to GPU (NVLink/PCIe, tens of
-# GB/s; the anchors' ~0.1-0.5 s for 3.4 GB, issue 35), and the same-node condition is kept
-# because only there is such a fabric sure (bench/gpu_check.py compares the two on a GPU).
+# `auto` for local actors where NCCL does not apply: bench/publish.py measured the object store
+# as fast as or faster than gloo over loopback (docs/engines.md, "How the weights travel").
 AUTO_LOCAL = "object_store"
 
 
@@ -116,9 +106,8 @@ class PublishConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class Member:
-    """Where a would-be weight-group member runs: its Ray node, its GPU (a UUID, the same
-    whatever CUDA_VISIBLE_DEVICES numbers it; None off CUDA) and the NCCL_* variables its
-    process runs with (an NCCL group's members need the same)."""
+    """Where a would-be weight-group member runs: its Ray node, its GPU (a UUID; None off CUDA)
+    and its process's NCCL_* variables."""
 
     node_id: str
     gpu: str | None = None
@@ -127,9 +116,7 @@ class Member:
 
 @dataclass(frozen=True, kw_only=True)
 class ReceiverInfo(Member):
-    """What an engine actor tells a publisher (its `weight_receiver`): where it runs, its
-    backend and device, whether that backend can join a weight group (a local actor that holds
-    its weights), and its vLLM tensor-parallel size (weights in worker processes of their own)."""
+    """What an engine actor tells a publisher (its `weight_receiver`)."""
 
     backend: str
     takes_weights: bool
@@ -138,19 +125,16 @@ class ReceiverInfo(Member):
 
 
 def nccl_problem(rank0: Member, engines: list[ReceiverInfo]) -> str | None:
-    """Why an NCCL weight group cannot join learner rank 0 and these engines, or None when it
-    can: every member needs a CUDA device and the same NCCL_* settings, NCCL takes one rank per
-    GPU (a colocated engine on rank 0's GPU cannot join; gloo can), and a vLLM engine with
-    tensor-parallel workers receives in its actor's process while the weights live in its
-    workers' (each would have to join the group itself, as OpenRLHF's worker extension and
-    vLLM's weight-transfer API do: not used, docs/engines.md says why)."""
+    """Why an NCCL weight group cannot join learner rank 0 and these engines, or None: every
+    member needs its own CUDA device and the same NCCL_* settings, and a tensor-parallel vLLM
+    engine's weights live in worker processes that do not join."""
     if rank0.gpu is None:
         return "learner rank 0 has no CUDA device"
     seen = {rank0.gpu: "learner rank 0"}
     for n, e in enumerate(engines):
         mine, theirs = rank0.nccl_env, e.nccl_env
         differ = sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
-        if differ:  # NCCL does not reconcile its settings across ranks (group.NCCL_DEFAULTS)
+        if differ:
             return (f"student engine {n} runs with other NCCL settings than learner rank 0 "
                     f"({', '.join(f'{k}={theirs.get(k)} against {mine.get(k)}' for k in differ)}); every member "
                     "of an NCCL group needs the same")
@@ -168,9 +152,8 @@ def nccl_problem(rank0: Member, engines: list[ReceiverInfo]) -> str | None:
 
 
 def choose_route(config: PublishConfig, rank0: Member, engines: list[ReceiverInfo]) -> tuple[str, str]:
-    """(method, collective backend) for learner rank 0 and these engines; the backend is "" for
-    the object store. ConfigError naming publish.collective_backend where nccl is asked for and
-    cannot run (`nccl_problem`)."""
+    """(method, collective backend; "" for the object store). ConfigError where nccl is asked
+    for and cannot run (`nccl_problem`)."""
     problem = nccl_problem(rank0, engines)
     backend = config.collective_backend
     if backend == "auto":
