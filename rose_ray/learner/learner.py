@@ -59,23 +59,20 @@ class LearnerConfig:
     total_steps: int = 0  # the steps linear / cosine decay over (`rose-ray train`: its `steps`)
     min_lr_ratio: float = 0.0  # where a linear or cosine decay ends, as a share of lr
     grad_clip: float = 1.0  # 0 disables
-    # tokens per packed row, at least the student engine's context; also the token budget of a
-    # micro-batch (rows share one only while they fit; their number follows from the batch)
+    # tokens per packed row, at least the student engine's context; also a micro-batch's budget
     max_tokens: int = CONTEXT_TOKENS
-    # The speed settings (learner/speed.py; docs/learner.md has what each costs); `auto` takes
-    # the fastest that runs here, and the group prints what was chosen.
-    # learner/attention.py: how packed segments are kept apart (auto: flash_attention_2 on GPUs with
-    # flash-attn under bf16, else torch_varlen on GPUs, else sdpa_varlen; dense_mask: the L×L reference)
+    # The speed settings (docs/learner.md has what each costs): `auto` takes the fastest that
+    # runs here. How packed segments are kept apart (auto: flash_attention_2 on GPUs with
+    # flash-attn under bf16, else torch_varlen on GPUs, else sdpa_varlen; dense_mask: the reference)
     attn_implementation: str = "auto"
-    # learner/forward.py: the LM head: full (every token, in chunks), trained (only the tokens a loss
-    # term weighs), cce or liger (fused linear + log-probability kernels on those tokens; CUDA)
+    # The LM head: full (every token, in chunks), trained (only the tokens a loss term weighs),
+    # cce or liger (fused kernels on those tokens; CUDA)
     head: str = "auto"
     logprob_chunk: int = 1024  # tokens per pass through the LM head (0: the whole micro-batch at once)
     optimizer: str = "auto"  # adamw_fused | adamw (torch's default implementation); auto: fused on GPUs
     activation_checkpointing: str = "none"  # none | full | selective (every second decoder layer)
     fused_kernels: str = "auto"  # liger | compile | none; auto: Liger's RMSNorm/RoPE/SwiGLU where it runs
-    # ZeRO's communication: reduce gradients while backward runs (null: auto, on for ZeRO 1-2 over
-    # several GPU ranks), and its buckets, in elements (DeepSpeed's default 5e8)
+    # reduce gradients while backward runs (null: auto, on for ZeRO 1-2 over several GPU ranks)
     overlap_comm: bool | None = None
     zero_bucket_size: int = 500_000_000  # elements per ZeRO communication bucket
     seed: int = 0  # torch, numpy and random on every rank
@@ -94,44 +91,35 @@ class LearnerConfig:
         need(isinstance(self.model, str) and bool(self.model), "model", "a model path or name is required")
         need(self.ranks >= 1, "ranks", "must be >= 1")
         need(self.zero_stage in (0, 1, 2, 3), "zero_stage", "must be 0, 1, 2 or 3")
-        need(self.dtype in LEARNER_DTYPES, "dtype", f"must be one of {LEARNER_DTYPES}")
-        need(self.lr > 0, "lr", "must be > 0")
-        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
-        need(0 <= self.adam_beta1 < 1, "adam_beta1", "must be in [0, 1)")
-        need(0 <= self.adam_beta2 < 1, "adam_beta2", "must be in [0, 1)")
-        need(self.adam_eps > 0, "adam_eps", "must be > 0")
-        need(self.schedule in SCHEDULES, "schedule", f"must be one of {SCHEDULES}")
-        need(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        for key, allowed in (("dtype", LEARNER_DTYPES), ("schedule", SCHEDULES),
+                             ("attn_implementation", ATTN_IMPLEMENTATIONS), ("head", HEADS),
+                             ("optimizer", OPTIMIZERS), ("activation_checkpointing", CHECKPOINTING),
+                             ("fused_kernels", FUSED_KERNELS), ("backend", DIST_BACKENDS),
+                             ("export_dtype", EXPORT_DTYPES)):
+            need(getattr(self, key) in allowed, key, f"must be one of {allowed}")
+        for key in ("lr", "adam_eps", "cpus_per_rank"):
+            need(getattr(self, key) > 0, key, "must be > 0")
+        for key in ("weight_decay", "warmup_steps", "grad_clip", "logprob_chunk", "gpus_per_rank",
+                    "initial_version"):
+            need(getattr(self, key) >= 0, key, "must be >= 0")
+        for key in ("adam_beta1", "adam_beta2"):
+            need(0 <= getattr(self, key) < 1, key, "must be in [0, 1)")
         need(self.schedule == "constant" or self.total_steps > self.warmup_steps, "total_steps",
              f"must exceed learner.warmup_steps={self.warmup_steps} for a {self.schedule} schedule "
              "(in a run it defaults to `steps`)")
         need(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
-        need(self.grad_clip >= 0, "grad_clip", "must be >= 0")
         need(self.max_tokens >= 2, "max_tokens", "must be >= 2")
-        need(self.attn_implementation in ATTN_IMPLEMENTATIONS, "attn_implementation",
-             f"must be one of {ATTN_IMPLEMENTATIONS}")
         need(self.attn_implementation not in ("flash_attention_2", "torch_varlen")
              or (self.dtype == "bfloat16" and self.gpus_per_rank > 0), "attn_implementation",
              f"{self.attn_implementation} needs learner.dtype=bfloat16 and GPUs (learner.gpus_per_rank > 0)")
-        need(self.head in HEADS, "head", f"must be one of {HEADS}")
         need(self.head not in ("cce", "liger") or self.gpus_per_rank > 0, "head",
              f"{self.head} is a Triton kernel: it needs GPUs (learner.gpus_per_rank > 0)")
-        need(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {OPTIMIZERS}")
-        need(self.activation_checkpointing in CHECKPOINTING, "activation_checkpointing",
-             f"must be one of {CHECKPOINTING}")
-        need(self.fused_kernels in FUSED_KERNELS, "fused_kernels", f"must be one of {FUSED_KERNELS}")
         need(self.fused_kernels != "liger" or self.gpus_per_rank > 0, "fused_kernels",
              "liger is a Triton kernel: it needs GPUs (learner.gpus_per_rank > 0)")
         need(self.fused_kernels != "compile" or self.zero_stage < 3, "fused_kernels",
              "compile runs under ZeRO 0-2 (ZeRO-3 gathers parameters in hooks the compiled regions would trace)")
         need(self.zero_bucket_size >= 1_000_000, "zero_bucket_size", "must be >= 1e6 elements")
-        need(self.logprob_chunk >= 0, "logprob_chunk", "must be >= 0")
         need(self.threads >= 1, "threads", "must be >= 1")
-        need(self.cpus_per_rank > 0, "cpus_per_rank", "must be > 0")
-        need(self.gpus_per_rank >= 0, "gpus_per_rank", "must be >= 0")
-        need(self.backend in DIST_BACKENDS, "backend", f"must be one of {DIST_BACKENDS}")
-        need(self.export_dtype in EXPORT_DTYPES, "export_dtype", f"must be one of {EXPORT_DTYPES}")
-        need(self.initial_version >= 0, "initial_version", "must be >= 0")
         need(0.0 < self.clip_eps < 1.0, "clip_eps", "must be in (0, 1)")
 
     def check_rows(self, context_tokens: int) -> None:

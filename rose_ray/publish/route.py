@@ -27,41 +27,28 @@ class PublishConfig:
 
     method: str = "auto"  # auto | object_store | collective
     # >0 packs the tensors into buckets of up to this many MB first (one copy, the buffers
-    # reused from one publication to the next), 0 sends each tensor's own bytes (no copy; one
-    # broadcast or object-store buffer each). One setting for both methods, as verl has one
-    # bucket size. bench/publish.py --bucketed on this CPU machine: 256 MB buckets were a little
-    # faster at 0.3 GiB and much slower at 1 GiB (the pack's copy outweighs fewer, larger transfers).
+    # reused), 0 sends each tensor's own bytes (no copy; one buffer each). Both methods.
     bucket_mb: float = 0.0
     # The collective's group: auto (nccl where it applies: `nccl_problem`) | gloo | nccl
     collective_backend: str = "auto"
     # The collective's deadline for forming its group and for each broadcast; past it (or on an
     # error of the group's) the publisher falls back to the object store for the rest of the run.
     timeout_s: float = 300.0
-    # Whether rank 0 waits until every engine has loaded the weights. Either way an engine
-    # queues them before it answers, so every call submitted after a publication runs on them;
-    # false: rank 0 goes on at once instead of waiting for the engine's calls in flight (its
-    # longest request) and the load; a failed load is raised by the next publication.
+    # Whether rank 0 waits until every engine has loaded the weights (either way every call
+    # submitted after a publication runs on them); false: a failed load is raised by the next one.
     wait_for_load: bool = True
     # The requests an engine is running when the weights come. `wait`: they finish on the old
-    # weights first (a drain: the load, and everything submitted after it, waits for the
-    # engine's longest request). `keep` (vllm only): they are waited for at most
-    # `in_flight_wait_ms`, then the weights load under them and they go on sampling from the
-    # new ones (their keys/values recomputed; vLLM's pause_generation(mode="keep")), so neither
-    # the engine nor a learner that waits for the load waits for a long request. Such a
-    # request's result keeps the version it started on (what max_lag counts: conservative) and
-    # says where the weights changed (GenerationResult.version_end, tokens_on_version); the
-    # logprobs of its tokens from before that are the old weights', as PipelineRL's in-flight
-    # updates leave them. `wait` stays the default: bench/publish.py --busy measured both
-    # (docs/engines.md "How the weights travel"), and `keep` changes what a trajectory holds.
+    # weights first. `keep` (vllm only): after at most `in_flight_wait_ms` the weights load
+    # under them and they go on sampling from the new ones; such a result keeps the version it
+    # started on and says where the weights changed (docs/engines.md, "How the weights travel").
     in_flight: str = "wait"  # wait | keep
     in_flight_wait_ms: float = 0.0  # keep: the most a publication waits for running requests
 
     def __post_init__(self) -> None:
-        if self.method not in PUBLISH_METHODS:
-            raise ConfigError(f"publish.method: must be one of {PUBLISH_METHODS}, got {self.method!r}")
-        if self.collective_backend not in COLLECTIVE_BACKENDS:
-            raise ConfigError(f"publish.collective_backend: must be one of {COLLECTIVE_BACKENDS}, "
-                              f"got {self.collective_backend!r}")
+        for key, allowed in (("method", PUBLISH_METHODS), ("collective_backend", COLLECTIVE_BACKENDS),
+                             ("in_flight", IN_FLIGHT)):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"publish.{key}: must be one of {allowed}, got {getattr(self, key)!r}")
         if self.collective_backend != "auto" and self.method not in ("auto", "collective"):
             raise ConfigError(f"publish.collective_backend: {self.collective_backend} is the collective's; "
                               f"publish.method is {self.method}: leave it auto or use publish.method=collective")
@@ -69,8 +56,6 @@ class PublishConfig:
             raise ConfigError(f"publish.bucket_mb: must be >= 0 (0: no buckets), got {self.bucket_mb!r}")
         if not self.timeout_s > 0:
             raise ConfigError(f"publish.timeout_s: must be > 0, got {self.timeout_s!r}")
-        if self.in_flight not in IN_FLIGHT:
-            raise ConfigError(f"publish.in_flight: must be one of {IN_FLIGHT}, got {self.in_flight!r}")
         if not self.in_flight_wait_ms >= 0:
             raise ConfigError(f"publish.in_flight_wait_ms: must be >= 0, got {self.in_flight_wait_ms!r}")
 
