@@ -101,29 +101,23 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
             pairs.append((reply, last.observation))
         return first, pairs, last
 
-    def expert_from(slot: int, last: StepResult) -> tuple[list[tuple[str, str]], StepResult | None]:
-        """The expert's play from the slot's state, up to `max_actions`; None if the game died."""
-        steps, result = [], last
+    def follow(slot: int, result: StepResult, next_action: Callable[[int], str | None]
+               ) -> tuple[list[tuple[str, str]], StepResult | None]:
+        """(action, observation) pairs from the slot's state (`result`: its last answer) while
+        `next_action(n)` gives one, up to `max_actions` or the game's end; None if the game died."""
+        steps: list[tuple[str, str]] = []
         while len(steps) < max_actions and not result.done:
-            reply = pool.expert_reply(slot)
-            if reply.action is None:
+            action = next_action(len(steps))
+            if action is None:
                 break
-            result = pool.step(slot, reply.action)
+            result = pool.step(slot, action)
             if result.interrupted:
                 return steps, None
-            steps.append((reply.action, result.observation))
+            steps.append((action, result.observation))
         return steps, result
 
     def replay(slot: int, first: StepResult, actions: list[str]) -> tuple[StepResult, list[tuple[str, str]], Any]:
-        steps, result = [], first
-        for action in actions:
-            result = pool.step(slot, action)
-            if result.interrupted:
-                return first, steps, None
-            steps.append((action, result.observation))
-            if result.done:
-                break
-        return first, steps, result
+        return (first, *follow(slot, first, lambda n: actions[n] if n < len(actions) else None))
 
     def play(i: int, game: GameId) -> dict[str, Any] | None:
         row = play_one(game)
@@ -154,7 +148,7 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
         actions = pool.gold_actions(slot)
         if observe:
             actions = world.observed_gold.look_before_focus(actions)
-        first, steps, result = replay(slot, first, actions[:max_actions])
+        first, steps, result = replay(slot, first, actions)
         if result is not None and observe:
             played = [a for a, _ in steps]
             renamed = world.observed_gold.visible_names(played, [o for _, o in steps])
@@ -172,7 +166,7 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
         try:
             if continuation == "expert":
                 first, detour, last = start(slot, game, gold=False, replies=replies)
-                steps, result = expert_from(slot, last)
+                steps, result = follow(slot, last, lambda _: pool.expert_reply(slot).action)
             else:
                 first, detour, steps, result = gold_from(slot, game, replies)
             gold = continuation == "gold"
