@@ -239,11 +239,8 @@ class LearnerGroup:
                       f"({self.skipped_nonfinite} skipped so far); the weights stay as they were", flush=True)
             else:
                 self.version += 1
-        metrics: dict[str, float] = {}
-        for res in results:
-            for k, v in res.items():
-                if k.startswith(SUMMED):
-                    metrics[k[len(SUMMED):]] = metrics.get(k[len(SUMMED):], 0.0) + v
+        summed = dict.fromkeys(k for res in results for k in res if k.startswith(SUMMED))
+        metrics = {k.removeprefix(SUMMED): sum(res.get(k, 0.0) for res in results) for k in summed}
         first = results[0]
         versions = np.asarray(batch.versions) if batch.versions is not None else np.zeros((0,))
         sampled = versions[versions >= 0]
