@@ -8,6 +8,7 @@ global means.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import pickle
@@ -117,15 +118,9 @@ def _load_rng_state(path: Path) -> dict[str, Any]:
 def fsync_tree(folder: Path) -> None:
     """Every file and folder under `folder` fsynced: a complete checkpoint survives a machine crash."""
     for root, _, files in os.walk(folder):
-        for name in files:
-            try:
-                fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            except FileNotFoundError:  # another rank's temporary file, renamed meanwhile
-                continue
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        for name in files:  # (fsync_dir opens any path read-only and fsyncs it)
+            with contextlib.suppress(FileNotFoundError):  # another rank's temporary file, renamed meanwhile
+                fsync_dir(Path(root, name))
         fsync_dir(Path(root))
 
 
