@@ -179,16 +179,14 @@ class LearnerWorker:
         """(Re)build model, optimizer, scheduler and engine from `cfg.model`."""
         import deepspeed
         import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, set_seed
 
         from rose_ray.learner import attention, speed
         from rose_ray.learner.forward import PackedForward
 
         self.engine = None
         self.cfg = cfg
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
+        set_seed(cfg.seed)  # random, numpy and torch
         chosen = speed.chosen(cfg, AutoConfig.from_pretrained(cfg.model).model_type, torch.cuda.is_available())
         self.attn = chosen["attn_implementation"]
         # fp32 master weights; under bf16 DeepSpeed casts the module's parameters itself.
