@@ -7,7 +7,6 @@ runs); Liger's kernels under bf16 where CUDA, Triton and Liger know the model ty
 from __future__ import annotations
 
 import importlib.util
-import inspect
 from typing import Any
 
 # No torch at import: the config reads these.
@@ -20,14 +19,8 @@ FUSED_KERNELS = ("auto", "none", "liger", "compile")
 
 def fused_adamw_supported(device: str) -> bool:
     """Whether this torch's AdamW has a fused kernel for `device` ('cuda' or 'cpu')."""
-    import torch
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
-    if "fused" not in inspect.signature(torch.optim.AdamW).parameters:
-        return False
-    try:
-        from torch.optim.optimizer import _get_fused_kernels_supported_devices
-    except ImportError:  # a torch from before fused kernels left CUDA
-        return device == "cuda"
     return device in _get_fused_kernels_supported_devices()
 
 
