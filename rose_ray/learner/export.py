@@ -1,9 +1,5 @@
-"""Full weights out of a (possibly ZeRO-3-partitioned) model, and a model folder written from them.
-
-`gather_state` gives the full state on learner rank 0 (what a model folder and a weight
-publication both start from: rose_ray/publish/); `write_hf_folder` writes it as a Hugging Face
-folder, whole or not at all; `check_model_out` refuses to write over anything but an empty
-folder or, asked to, a model folder rose_ray wrote.
+"""Full weights out of a (possibly ZeRO-3-partitioned) model (`gather_state`: for a model folder
+and for a publication), and a Hugging Face folder written from them, whole or not at all.
 """
 
 from __future__ import annotations
