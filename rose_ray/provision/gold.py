@@ -23,10 +23,9 @@ def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str
     replies and observations, if any (student-owned: context that trains nothing)."""
     turns = [Turn("user", protocol.instruction, "prompt"), Turn("assistant", protocol.acknowledgement, "prompt"),
              Turn("user", first_observation, "env")]
+    location = protocol.location_of(first_observation)  # the room the replies after the opening name
     for reply, observation in detour:
         turns += [Turn("assistant", reply, "student"), Turn("user", observation, "env")]
-    location = protocol.location_of(first_observation)
-    for _, observation in detour:  # the replies after it name the room the opening left the agent in
         location = protocol.location_of(observation) or location
     for action, observation in steps:
         turns.append(Turn("assistant", gold_reply(action, location), "teacher"))
