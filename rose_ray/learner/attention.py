@@ -1,28 +1,12 @@
 """Attention over packed rows without an L×L mask (`learner.attn_implementation`).
 
-A micro-batch reaches the model as one padding-free row of segments (learner/batching.py):
-position ids restart at every segment and `cu_seq_lens` holds the segment boundaries, in the
-form FlashAttention's variable-length kernels take (`cu_seq_lens_q/k`, `max_length_q/k`), so
-one set of model arguments serves every implementation:
-
-- `torch_varlen`: torch's own variable-length kernel (`torch.nn.attention.varlen.varlen_attn`,
-  FlashAttention inside torch): one call for every segment of the row, no host sync, no copy of
-  the output. Needs CUDA, 16-bit activations and a torch that has the module (2.10 and later).
-- `sdpa_varlen`: torch's scaled_dot_product_attention once per segment, causal inside it.
-  No mask exists at all; torch's flash kernels (CPU and CUDA) keep memory linear in the
-  segment's length. The segment boundaries come as Python ints with the model's arguments
-  (`segment_bounds`), so no layer reads them back from the device. The CPU default.
-- `flash_attention_2`: transformers' FlashAttention path, which reads the same boundaries
-  (`flash_attn_varlen_func`). Needs CUDA, the `flash-attn` package and bf16.
-- `dense_mask`: transformers' sdpa with an explicit [B, 1, L, L] block-diagonal mask: the
-  learner's original path, kept as the reference the others are tested against.
-- `auto`: flash_attention_2 where a GPU, flash-attn and bf16 are at hand, else torch_varlen
-  where the GPU's torch has it, else sdpa_varlen.
-
-flex_attention is not offered: torch 2.13 has no flex backward on CPU, so it could not be
-tested here.
+A micro-batch is one padding-free row of segments: positions restart at each and `cu_seq_lens`
+holds the boundaries, in the form FlashAttention's varlen kernels take, so one set of model
+arguments serves every implementation: `torch_varlen` (torch's varlen kernel: CUDA, 16-bit),
+`sdpa_varlen` (sdpa once per segment; the CPU default), `flash_attention_2` (transformers'
+path: CUDA, flash-attn, bf16) and `dense_mask` (an explicit block-diagonal mask: the reference
+the others are tested against). docs/learner.md compares them.
 """
-
 from __future__ import annotations
 
 import functools
@@ -45,9 +29,8 @@ def sdpa_varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
                           dropout: float = 0.0, scaling: float | None = None,
                           cu_seq_lens_q: torch.Tensor | None = None,
                           segment_bounds: Sequence[int] | None = None, **_: Any) -> tuple[torch.Tensor, None]:
-    """Causal attention within each segment (`segment_bounds`, else `cu_seq_lens_q`, of one
-    packed row, [1, heads, T, D]); without boundaries, plain causal attention over each whole
-    row. Returns [B, T, heads, D]."""
+    """Causal attention within each segment (`segment_bounds`, else `cu_seq_lens_q`) of one packed
+    row [1, heads, T, D]; without boundaries, over each whole row. Returns [B, T, heads, D]."""
     if attention_mask is not None:
         raise ValueError("sdpa_varlen takes segment boundaries (cu_seq_lens_q), not an attention mask")
     gqa = getattr(module, "num_key_value_groups", 1) > 1
@@ -63,7 +46,6 @@ def sdpa_varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
         return causal(query, key, value).contiguous(), None
     if query.shape[0] != 1:
         raise ValueError(f"sdpa_varlen packs segments into one row, got {query.shape[0]} rows")
-    # each segment's output already in [1, T, heads, D]: the concatenation is the only copy
     return torch.cat([causal(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e])
                       for s, e in zip(segment_bounds[:-1], segment_bounds[1:])], dim=1), None
 
@@ -83,7 +65,7 @@ def torch_varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: to
                            dropout: float = 0.0, scaling: float | None = None,
                            cu_seq_lens_q: torch.Tensor | None = None, max_length_q: int | None = None,
                            **_: Any) -> tuple[torch.Tensor, None]:
-    """Causal attention within each segment of one packed row ([1, heads, T, D]) in one call of
+    """Causal attention within each segment of one packed row [1, heads, T, D] in one call of
     torch's variable-length kernel. Returns [1, T, heads, D]."""
     api = _varlen_api()
     if api is None:
@@ -137,8 +119,8 @@ def transformers_name(resolved: str) -> str:
 
 
 def segment_mask(segments: torch.Tensor) -> torch.Tensor:
-    """[B, 1, L, L] boolean mask: causal attention within each packed segment only (the
-    `dense_mask` path). Padding (segment 0) attends to itself only, which keeps softmax finite."""
+    """[B, 1, L, L] boolean mask (`dense_mask`): causal within each segment; padding (segment 0)
+    attends to itself only, which keeps softmax finite."""
     length = segments.shape[1]
     causal = torch.ones(length, length, dtype=torch.bool, device=segments.device).tril()
     same = segments[:, :, None] == segments[:, None, :]
@@ -149,8 +131,8 @@ def segment_mask(segments: torch.Tensor) -> torch.Tensor:
 
 def model_kwargs(resolved: str, segments: torch.Tensor, cu_seq_lens: torch.Tensor,
                  bounds: Sequence[int] | None = None) -> dict[str, Any]:
-    """What the model's forward needs to keep packed segments apart under `resolved`; `bounds`
-    are the boundaries as Python ints where the caller has them on the host (else read once)."""
+    """The model's arguments that keep packed segments apart under `resolved`; `bounds`: the
+    boundaries as ints where the caller has them (else read once)."""
     if resolved == "dense_mask":
         return {"attention_mask": segment_mask(segments)}
     bounds = [int(b) for b in (cu_seq_lens.tolist() if bounds is None else bounds)]

@@ -1,15 +1,10 @@
 """A global batch into per-rank micro-batches by a token budget, each one padding-free row.
 
-A `Batch` arrives packed (rose_ray/tokens.py): `attention_mask` holds each token's 1-based
-segment number (0 = padding). Rows are dealt to ranks balanced by tokens, and each rank's rows
-are packed into micro-batches of at most `max_tokens` tokens (several rows share a micro-batch
-only while they fit), so one long trajectory does not set the size of every micro-batch. A
-micro-batch is its rows' tokens laid end to end with the padding dropped: one row of
-segments, positions restarting at each, and `cu_seq_lens` (the segment boundaries) for the
-attention (learner/attention.py). Every rank gets the same number of micro-batches (ZeRO's
-collectives run once per forward and backward), the missing ones empty.
+`attention_mask` holds each token's 1-based segment number (0 = padding). Rows are dealt to
+ranks balanced by tokens, then packed first-fit into micro-batches of at most `max_tokens`:
+their tokens end to end, positions restarting at each segment, `cu_seq_lens` the boundaries.
+Every rank gets as many micro-batches (ZeRO's collectives run once per forward and backward).
 """
-
 from __future__ import annotations
 
 import numpy as np

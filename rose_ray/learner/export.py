@@ -1,9 +1,5 @@
-"""Full weights out of a (possibly ZeRO-3-partitioned) model, and a model folder written from them.
-
-`gather_state` gives the full state on learner rank 0 (what a model folder and a weight
-publication both start from: rose_ray/publish/); `write_hf_folder` writes it as a Hugging Face
-folder, whole or not at all; `check_model_out` refuses to write over anything but an empty
-folder or, asked to, a model folder rose_ray wrote.
+"""Full weights out of a (possibly ZeRO-3-partitioned) model (`gather_state`: for a model folder
+and for a publication), and a Hugging Face folder written from them, whole or not at all.
 """
 
 from __future__ import annotations
@@ -39,12 +35,8 @@ def check_model_out(out: str | Path, overwrite: bool, flag: str = "--out", offer
 
 def gather_state(module: Any, zero3: bool, keep: bool, dtype: str | None = None,
                  device: Any = "cpu") -> dict[str, Any] | None:
-    """{name: tensor on `device`} of unique parameters and persistent buffers; None where not
-    `keep`. `device` is the host's, or the rank's own GPU for an NCCL publication.
-
-    Under ZeRO-3 each parameter is gathered in turn (collective: every rank calls this), so
-    peak memory is one full parameter, not the whole model (on `device`: the whole model).
-    """
+    """{name: tensor on `device`} of unique parameters (cast to `dtype`) and persistent buffers;
+    None where not `keep`. Under ZeRO-3 each parameter is gathered in turn (every rank calls)."""
     import deepspeed
     import torch
 
@@ -79,12 +71,8 @@ def source_dtype(model_path: str) -> str:
 
 def write_hf_folder(state: dict[str, Any], model_path: str, out_dir: str, dtype: str,
                     extra_files: dict[str, str] | None = None) -> dict[str, Any]:
-    """A Hugging Face folder (config, model.safetensors, tokenizer with its chat template,
-    generation config, `extra_files` {name: text} and FOLDER_MARKER) written whole
-    (files.writing_folder: built beside `out_dir`, swapped in). What is at `out_dir` (symlinks
-    resolved) is replaced only when it is empty or a model folder rose_ray wrote (anything
-    else: InputError, left as it is); commands that must not replace one at all check first
-    (`check_model_out`)."""
+    """A Hugging Face folder (config, weights, tokenizer, generation config, `extra_files` and
+    FOLDER_MARKER) written whole, replacing only an empty folder or a model folder rose_ray wrote."""
     from huggingface_hub import save_torch_state_dict
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 

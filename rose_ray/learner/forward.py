@@ -1,30 +1,12 @@
 """The learner's forward: a causal LM's final hidden states for packed micro-batches, then the
-LM head on the tokens a loss term trains, so token logprobs and logits never need
-[tokens, vocab] at once (`learner.head`).
+LM head on the tokens a loss term trains, so token logprobs never need [tokens, vocab] at once
+(`learner.head`: `full`, every position in checkpointed chunks, the reference; `trained`, only
+the weighted positions; `cce` and `liger`, fused Triton kernels that write no logits).
 
-With Qwen3's vocabulary (151,936) the whole logits of a 16k-token row are ~10 GB in fp32, and
-cross entropy keeps several such tensors alive. The head's implementations:
-
-- `full`: every position through the head, `chunk` tokens at a time, each chunk's head and
-  log-softmax under `torch.utils.checkpoint`, which keeps only the chunk's input (a view of the
-  hidden states that backward keeps anyway) and recomputes the chunk's logits in backward: the
-  head's peak is O(chunk × vocab), forward and backward. The reference the others are tested
-  against.
-- `trained`: the same, on the positions whose target some loss term weighs (> 0) only; the
-  others get logprob 0, which no term reads (ROSE trains the teacher's turns alone).
-- `cce`: the trained positions through cut-cross-entropy's `linear_cross_entropy` (Triton,
-  CUDA): the logits are never written to memory, forward or backward.
-- `liger`: the trained positions through Liger's fused linear cross entropy (Triton, CUDA).
-- `auto`: cce where CUDA and cut-cross-entropy are at hand under bf16, else liger where Liger
-  is, else trained.
-
-The model's own forward runs with `logits_to_keep=1` (its head sees one position) and the
-body's output is captured by a hook. The head runs inside ONE call of the head module (its
-class becomes `ChunkedLMHead`, same parameters): DeepSpeed's ZeRO-3 hooks then gather the
-(partitioned, possibly tied) weight once per forward and once per backward, the same number of
-collectives on every rank whatever its number of tokens.
+The model's forward runs with `logits_to_keep=1` and a hook captures the body's output. The head
+runs inside ONE call of the head module (`ChunkedLMHead`), so ZeRO-3 gathers its weight once per
+forward and backward, the same collectives on every rank whatever its number of tokens.
 """
-
 from __future__ import annotations
 
 import importlib.util
@@ -48,10 +30,9 @@ def head_available(head: str) -> bool:
 
 
 def resolve_head(name: str, on_cuda: bool, dtype: str = "bfloat16") -> str:
-    """The head `name` stands for here. `auto` on a GPU: the fastest that can run (a fused kernel
-    only under bf16: an fp32 run is for exactness, and Triton's fp32 dot rounds like TF32), else
-    `trained`; on CPU `full`, the reference, so CPU runs keep their weights bit for bit (`trained`
-    is equal within tolerance only, and a few ulps change a sampled run's trajectories)."""
+    """The head `name` stands for here. `auto` on a GPU: a fused kernel under bf16 (Triton's fp32
+    dot rounds like TF32), else `trained`; on CPU `full`, so CPU runs keep their weights bit for
+    bit (`trained` is equal within tolerance only)."""
     if name != "auto":
         return name
     for fused in FUSED_HEADS:
@@ -67,8 +48,7 @@ def _logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 def _fused_logprobs(kernel: str, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                     targets: torch.Tensor) -> torch.Tensor:
-    """Each target's logprob through a fused linear + cross-entropy kernel, exact (no
-    gradient filtering), per token so any loss can weigh them."""
+    """Each target's logprob through a fused linear + cross-entropy kernel (no gradient filtering)."""
     if bias is not None:
         raise ValueError(f"learner.head={kernel}: the fused head takes no bias")
     if kernel == "cce":
@@ -83,9 +63,8 @@ def _fused_logprobs(kernel: str, hidden: torch.Tensor, weight: torch.Tensor, bia
 
 
 class ChunkedLMHead(torch.nn.Linear):
-    """The model's head (an nn.Linear) that, given targets, returns each target's logprob
-    computed `chunk` tokens at a time (0: all at once, logits kept for backward), or by a
-    fused kernel (`kernel`: cce, liger)."""
+    """The model's head that, given targets, returns each target's logprob `chunk` tokens at a
+    time (0: all at once), or by a fused kernel (`kernel`: cce, liger)."""
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None,
                 chunk: int = 0, kernel: str = "torch") -> torch.Tensor:
@@ -104,10 +83,8 @@ class ChunkedLMHead(torch.nn.Linear):
 
 
 class PackedForward:
-    """`model` (a transformers causal LM loaded with the attention implementation `attn`
-    resolves to, learner/attention.py) run for the learner: final hidden states of packed
-    micro-batches, then token logprobs and logits from its head (`head`, resolved), `chunk`
-    tokens at a time."""
+    """`model` run for the learner: final hidden states of packed micro-batches, then token
+    logprobs and logits from its head (`head`, resolved), `chunk` tokens at a time."""
 
     def __init__(self, model: torch.nn.Module, attn: str, chunk: int, head: str = "full") -> None:
         if head not in HEADS[1:]:
@@ -123,9 +100,7 @@ class PackedForward:
     def hidden_states(self, run: Callable[..., Any], t: dict[str, torch.Tensor],
                       bounds: Sequence[int] | None = None) -> torch.Tensor:
         """[B, L, H] for the micro-batch `t`, through `run` (the model, or the DeepSpeed engine
-        wrapping it, so its hooks fire). A packed micro-batch carries its segment boundaries
-        (`cu_seq_lens`, and `bounds`: the same as ints, where the caller has them on the host);
-        rows without them are one sequence each (plain causal attention)."""
+        wrapping it). Rows without `cu_seq_lens` are one sequence each."""
         kwargs = (model_kwargs(self.attn, t["attention_mask"], t["cu_seq_lens"], bounds)
                   if "cu_seq_lens" in t else {})
         self._captured.clear()
@@ -134,9 +109,8 @@ class PackedForward:
 
     def token_logprobs(self, hidden: torch.Tensor, input_ids: torch.Tensor,
                        trained: torch.Tensor | None = None) -> torch.Tensor:
-        """logp[b, t] = log π(input_ids[b, t+1] | prefix): [B, L-1], float32. `trained`: the
-        flat indices (into [B·(L-1)]) of the targets a loss term weighs; under the `trained`,
-        `cce` and `liger` heads only those go through the head, the others' logprob is 0."""
+        """logp[b, t] = log π(input_ids[b, t+1] | prefix): [B, L-1], float32. `trained`: flat
+        indices of the targets a loss term weighs; other heads than `full` score only those (0 elsewhere)."""
         b, length, width = hidden.shape
         flat = hidden[:, :-1].reshape(-1, width)
         targets = input_ids[:, 1:].reshape(-1)
@@ -152,8 +126,8 @@ class PackedForward:
 
     @torch.no_grad()
     def logits_into(self, hidden: torch.Tensor, out: torch.Tensor | None) -> None:
-        """The head's logits of `hidden` [B, L, H] written chunk by chunk into `out` [B, L, V]
-        (float32). With `out` None the head still runs (under ZeRO-3 every rank must)."""
+        """The head's logits of `hidden` written chunk by chunk into `out` [B, L, V] (float32); with
+        `out` None the head still runs (under ZeRO-3 every rank must)."""
         flat = hidden.reshape(-1, hidden.shape[-1])
         target = out.view(-1, out.shape[-1]) if out is not None else None
         step = self.chunk if self.chunk > 0 else max(flat.shape[0], 1)

@@ -7,15 +7,9 @@
     group.publish_weights(engine_actors)       # new weights + version to the student engines
     group.restart()                            # new ranks on the same placement, after a rank's loss
 
-The learner sees tokens only: a `Batch` carries each token's weight in each loss term (the
-terms registered in `losses.py`: cross entropy, OPD), chosen by the recipe (rose_ray/recipes/),
-and the loss multiplies and sums. It never branches on an algorithm and imports nothing from
-inference, rollout, envs or the data modules.
-
-A rank that dies fails the call at once (the others are not waited on: they may be stuck in a
-collective with it) with `LearnerLost` naming the rank; a failure with every rank alive is
-raised as it is. Calls from several threads (a step, a publication to a replaced engine) take
-turns.
+The learner sees tokens only (each token's weight in each loss term, learner/losses.py) and
+never branches on an algorithm. A rank that dies fails the call at once with `LearnerLost`;
+calls from several threads take turns.
 """
 
 from __future__ import annotations
@@ -39,7 +33,7 @@ from rose_ray.learner.speed import (
     HEADS,
     OPTIMIZERS,
 )
-from rose_ray.learner.worker import SUMMED, CheckpointUnreadable, LearnerWorker
+from rose_ray.learner.worker import SUMMED, CheckpointUnreadable, LearnerWorker, first_line
 from rose_ray.types import CONTEXT_TOKENS, Batch
 
 SCHEDULES = ("constant", "linear", "cosine")
@@ -65,23 +59,20 @@ class LearnerConfig:
     total_steps: int = 0  # the steps linear / cosine decay over (`rose-ray train`: its `steps`)
     min_lr_ratio: float = 0.0  # where a linear or cosine decay ends, as a share of lr
     grad_clip: float = 1.0  # 0 disables
-    # tokens per packed row, at least the student engine's context; also the token budget of a
-    # micro-batch (rows share one only while they fit; their number follows from the batch)
+    # tokens per packed row, at least the student engine's context; also a micro-batch's budget
     max_tokens: int = CONTEXT_TOKENS
-    # The speed settings (learner/speed.py; docs/learner.md has what each costs); `auto` takes
-    # the fastest that runs here, and the group prints what was chosen.
-    # learner/attention.py: how packed segments are kept apart (auto: flash_attention_2 on GPUs with
-    # flash-attn under bf16, else torch_varlen on GPUs, else sdpa_varlen; dense_mask: the L×L reference)
+    # The speed settings (docs/learner.md has what each costs): `auto` takes the fastest that
+    # runs here. How packed segments are kept apart (auto: flash_attention_2 on GPUs with
+    # flash-attn under bf16, else torch_varlen on GPUs, else sdpa_varlen; dense_mask: the reference)
     attn_implementation: str = "auto"
-    # learner/forward.py: the LM head: full (every token, in chunks), trained (only the tokens a loss
-    # term weighs), cce or liger (fused linear + log-probability kernels on those tokens; CUDA)
+    # The LM head: full (every token, in chunks), trained (only the tokens a loss term weighs),
+    # cce or liger (fused kernels on those tokens; CUDA)
     head: str = "auto"
     logprob_chunk: int = 1024  # tokens per pass through the LM head (0: the whole micro-batch at once)
     optimizer: str = "auto"  # adamw_fused | adamw (torch's default implementation); auto: fused on GPUs
     activation_checkpointing: str = "none"  # none | full | selective (every second decoder layer)
     fused_kernels: str = "auto"  # liger | compile | none; auto: Liger's RMSNorm/RoPE/SwiGLU where it runs
-    # ZeRO's communication: reduce gradients while backward runs (null: auto, on for ZeRO 1-2 over
-    # several GPU ranks), and its buckets, in elements (DeepSpeed's default 5e8)
+    # reduce gradients while backward runs (null: auto, on for ZeRO 1-2 over several GPU ranks)
     overlap_comm: bool | None = None
     zero_bucket_size: int = 500_000_000  # elements per ZeRO communication bucket
     seed: int = 0  # torch, numpy and random on every rank
@@ -100,50 +91,38 @@ class LearnerConfig:
         need(isinstance(self.model, str) and bool(self.model), "model", "a model path or name is required")
         need(self.ranks >= 1, "ranks", "must be >= 1")
         need(self.zero_stage in (0, 1, 2, 3), "zero_stage", "must be 0, 1, 2 or 3")
-        need(self.dtype in LEARNER_DTYPES, "dtype", f"must be one of {LEARNER_DTYPES}")
-        need(self.lr > 0, "lr", "must be > 0")
-        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
-        need(0 <= self.adam_beta1 < 1, "adam_beta1", "must be in [0, 1)")
-        need(0 <= self.adam_beta2 < 1, "adam_beta2", "must be in [0, 1)")
-        need(self.adam_eps > 0, "adam_eps", "must be > 0")
-        need(self.schedule in SCHEDULES, "schedule", f"must be one of {SCHEDULES}")
-        need(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        for key, allowed in (("dtype", LEARNER_DTYPES), ("schedule", SCHEDULES),
+                             ("attn_implementation", ATTN_IMPLEMENTATIONS), ("head", HEADS),
+                             ("optimizer", OPTIMIZERS), ("activation_checkpointing", CHECKPOINTING),
+                             ("fused_kernels", FUSED_KERNELS), ("backend", DIST_BACKENDS),
+                             ("export_dtype", EXPORT_DTYPES)):
+            need(getattr(self, key) in allowed, key, f"must be one of {allowed}")
+        for key in ("lr", "adam_eps", "cpus_per_rank"):
+            need(getattr(self, key) > 0, key, "must be > 0")
+        for key in ("weight_decay", "warmup_steps", "grad_clip", "logprob_chunk", "gpus_per_rank",
+                    "initial_version"):
+            need(getattr(self, key) >= 0, key, "must be >= 0")
+        for key in ("adam_beta1", "adam_beta2"):
+            need(0 <= getattr(self, key) < 1, key, "must be in [0, 1)")
         need(self.schedule == "constant" or self.total_steps > self.warmup_steps, "total_steps",
              f"must exceed learner.warmup_steps={self.warmup_steps} for a {self.schedule} schedule "
              "(in a run it defaults to `steps`)")
         need(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
-        need(self.grad_clip >= 0, "grad_clip", "must be >= 0")
         need(self.max_tokens >= 2, "max_tokens", "must be >= 2")
-        need(self.attn_implementation in ATTN_IMPLEMENTATIONS, "attn_implementation",
-             f"must be one of {ATTN_IMPLEMENTATIONS}")
-        need(self.attn_implementation != "flash_attention_2" or (self.dtype == "bfloat16" and self.gpus_per_rank > 0),
-             "attn_implementation", "flash_attention_2 needs learner.dtype=bfloat16 and GPUs (learner.gpus_per_rank > 0)")
-        need(self.attn_implementation != "torch_varlen" or (self.dtype == "bfloat16" and self.gpus_per_rank > 0),
-             "attn_implementation", "torch_varlen needs learner.dtype=bfloat16 and GPUs (learner.gpus_per_rank > 0)")
-        need(self.head in HEADS, "head", f"must be one of {HEADS}")
+        need(self.attn_implementation not in ("flash_attention_2", "torch_varlen")
+             or (self.dtype == "bfloat16" and self.gpus_per_rank > 0), "attn_implementation",
+             f"{self.attn_implementation} needs learner.dtype=bfloat16 and GPUs (learner.gpus_per_rank > 0)")
         need(self.head not in ("cce", "liger") or self.gpus_per_rank > 0, "head",
              f"{self.head} is a Triton kernel: it needs GPUs (learner.gpus_per_rank > 0)")
-        need(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {OPTIMIZERS}")
-        need(self.activation_checkpointing in CHECKPOINTING, "activation_checkpointing",
-             f"must be one of {CHECKPOINTING}")
-        need(self.fused_kernels in FUSED_KERNELS, "fused_kernels", f"must be one of {FUSED_KERNELS}")
         need(self.fused_kernels != "liger" or self.gpus_per_rank > 0, "fused_kernels",
              "liger is a Triton kernel: it needs GPUs (learner.gpus_per_rank > 0)")
         need(self.fused_kernels != "compile" or self.zero_stage < 3, "fused_kernels",
              "compile runs under ZeRO 0-2 (ZeRO-3 gathers parameters in hooks the compiled regions would trace)")
         need(self.zero_bucket_size >= 1_000_000, "zero_bucket_size", "must be >= 1e6 elements")
-        need(self.logprob_chunk >= 0, "logprob_chunk", "must be >= 0")
         need(self.threads >= 1, "threads", "must be >= 1")
-        need(self.cpus_per_rank > 0, "cpus_per_rank", "must be > 0")
-        need(self.gpus_per_rank >= 0, "gpus_per_rank", "must be >= 0")
-        need(self.backend in DIST_BACKENDS, "backend", f"must be one of {DIST_BACKENDS}")
-        need(self.export_dtype in EXPORT_DTYPES, "export_dtype", f"must be one of {EXPORT_DTYPES}")
-        need(self.initial_version >= 0, "initial_version", "must be >= 0")
         need(0.0 < self.clip_eps < 1.0, "clip_eps", "must be in (0, 1)")
 
     def check_rows(self, context_tokens: int) -> None:
-        """A packed row holds whatever the student engine kept (`context_tokens`): the learner cuts
-        a trajectory only where the engine did."""
         if self.max_tokens < context_tokens:
             raise ConfigError(f"learner.max_tokens: {self.max_tokens} is less than student_engine.context_tokens "
                               f"{context_tokens}; a packed row must hold whatever the engine kept "
@@ -151,8 +130,7 @@ class LearnerConfig:
 
 
 def write_latest(path: str | Path, tag: str) -> None:
-    """`path/latest` names checkpoint `tag`, atomically and on disk: written only once
-    everything of the checkpoint is (the mark that it is whole)."""
+    """`path/latest` names checkpoint `tag` (atomic, on disk): the mark that it is whole."""
     write_file(Path(path) / "latest", tag)
 
 
@@ -186,13 +164,9 @@ class LearnerGroup:
         self._get([w.init_distributed.remote(addr, port, config.backend) for w in self.workers], "start")
 
     def restart(self) -> None:
-        """Kill every rank and start new ones on the same placement, built from the model path
-        (step and version back to the start: load a checkpoint next)."""
-        import ray
-
+        """Kill every rank and start new ones on the same placement (load a checkpoint next)."""
         with self._lock:
-            for w in self.workers:
-                ray.kill(w)
+            self.shutdown()
             self._start_ranks()
             self.info = self.setup()
 
@@ -210,8 +184,7 @@ class LearnerGroup:
             gone = self._gone_ranks()
             if gone:
                 raise LearnerLost(f"learner rank {gone[0]} lost during {what} after step {self.step} "
-                                  f"({type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})"
-                                  ) from e
+                                  f"({first_line(e)})") from e
             raise
 
     def _gone_ranks(self, timeout_s: float = 10.0) -> list[int]:
@@ -236,7 +209,7 @@ class LearnerGroup:
 
     def setup(self, **overrides: Any) -> dict[str, Any]:
         """(Re)build every rank's engine from the model path; overrides change the config
-        (e.g. zero_stage), but not `ranks`. Step and version restart."""
+        (not `ranks`). Step and version restart."""
         if overrides:
             if overrides.get("ranks", self.config.ranks) != self.config.ranks:
                 raise ValueError("learner.ranks: a group cannot change its size; make a new group")
@@ -266,11 +239,8 @@ class LearnerGroup:
                       f"({self.skipped_nonfinite} skipped so far); the weights stay as they were", flush=True)
             else:
                 self.version += 1
-        metrics: dict[str, float] = {}
-        for res in results:
-            for k, v in res.items():
-                if k.startswith(SUMMED):
-                    metrics[k[len(SUMMED):]] = metrics.get(k[len(SUMMED):], 0.0) + v
+        summed = dict.fromkeys(k for res in results for k in res if k.startswith(SUMMED))
+        metrics = {k.removeprefix(SUMMED): sum(res.get(k, 0.0) for res in results) for k in summed}
         first = results[0]
         versions = np.asarray(batch.versions) if batch.versions is not None else np.zeros((0,))
         sampled = versions[versions >= 0]
@@ -291,10 +261,8 @@ class LearnerGroup:
 
     def save_checkpoint(self, path: str | Path, mark_latest: bool = True, folder: str | None = None) -> str:
         """Model, optimizer, scheduler, per-rank RNG, step and version under path/step_<n> (or
-        path/`folder`: checkpoint.py has them written into a temp folder, renamed whole), on
-        disk (fsynced) before `path/latest` names it (`mark_latest`; a caller that keeps more
-        beside it writes that itself, last: `write_latest`). Refused (NonFiniteWeights) when the
-        weights are not finite."""
+        path/`folder`), fsynced before `path/latest` names it (`mark_latest`; else the caller
+        calls `write_latest` last). NonFiniteWeights when the weights are not finite."""
         with self._lock:  # the step and version read are those of the weights saved
             tag = folder or f"step_{self.step}"
             self._all("save_checkpoint", str(path), tag, {"step": self.step, "version": self.version})
@@ -303,8 +271,7 @@ class LearnerGroup:
         return tag
 
     def load_checkpoint(self, path: str | Path, tag: str | None = None) -> dict[str, Any]:
-        """Resume exactly; `tag` defaults to the latest checkpoint under path. A checkpoint whose
-        files cannot be read raises CheckpointUnreadable naming it."""
+        """Resume exactly; `tag` defaults to the latest. CheckpointUnreadable names a bad file."""
         latest = Path(path) / "latest"
         if tag is None:
             if not latest.is_file():
@@ -313,7 +280,7 @@ class LearnerGroup:
         try:
             state = self._all("load_checkpoint", str(path), tag)[0]
         except Exception as e:
-            # A rank that met the bad file, or one stuck waiting for it (LearnerLost, its cause)
+            # the rank that met the bad file, or LearnerLost caused by it
             unreadable = next((x for x in (e, e.__cause__) if isinstance(x, CheckpointUnreadable)), None)
             if unreadable is None:
                 raise
@@ -322,8 +289,7 @@ class LearnerGroup:
         return {"tag": tag, **state}
 
     def export(self, out_dir: str | Path, extra_files: dict[str, str] | None = None) -> dict[str, Any]:
-        """A Hugging Face folder of the current weights (gathered under ZeRO-3), written
-        atomically; `extra_files` {name: text} go into it too (e.g. where the weights came from)."""
+        """A Hugging Face folder of the current weights, written whole, with `extra_files` {name: text}."""
         from rose_ray.learner.export import source_dtype
 
         dtype = self.config.export_dtype
@@ -332,9 +298,8 @@ class LearnerGroup:
         return self._all("export", str(out_dir), dtype, extra_files)[0]
 
     def publish_weights(self, engines: list[Any], config: Any = None) -> dict[str, Any]:
-        """Current weights + version to every engine actor, by `config`'s method (a
-        PublishConfig, rose_ray/publish/; default: auto); returns the method, timing per stage
-        (ms) and size (MB)."""
+        """Current weights + version to every engine actor by `config` (a PublishConfig); returns
+        the method, timing per stage (ms) and size (MB)."""
         with self._lock:  # the version read is the version of the weights sent
             out = self._all("publish", list(engines), self.version, config)[0]
         out["ms_per_mb"] = out["total_ms"] / max(out["mb"], 1e-9)

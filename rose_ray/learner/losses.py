@@ -1,26 +1,15 @@
-"""The learner's loss: registered terms, each weighted per token, summed.
+"""The learner's loss: registered terms (`@loss_term`), each weighted per token, summed.
 
-The learner is algorithm-blind: which tokens train, in which term and how much, arrives with
-the batch (one weight array per term, `<term>_weights`; a recipe decides them,
-rose_ray/recipes/). The learner computes each target token's logprob under the current model
-and this module turns it into a loss. A term is one function registered by name
-(`@loss_term`): Σ over its tokens of w·(its per-token loss), and sums of its diagnostics.
-Each term is a weighted mean over its own tokens:
+Which tokens train, in which term and how much, arrives with the batch (`<term>_weights`,
+decided by a recipe). Each term is a weighted mean over its own tokens in the whole global batch
+(`denominators`), so each micro-batch's values are shares that the learner sums exactly:
 
     ce  = Σ w_ce·(−logp) / n_ce          over tokens with w_ce > 0
     opd = Σ w_opd·surrogate / n_opd      over tokens with w_opd > 0
 
-where n counts the term's tokens with w > 0 in the whole global batch (all ranks, all
-micro-batches; `denominators`). Every value `loss` returns is a micro-batch's share of a
-global mean, so the learner sums them across micro-batches and ranks and gets exact means.
-A new term is one function here and a recipe whose `TokenWeights` name it.
-
-OPD surrogate (on-policy distillation): advantage A = −(logp_behaviour − logp_teacher), the
-negative per-token reverse-KL estimate; PPO-clipped importance ratio r = π_now/π_behaviour
-for tokens sampled by an older policy: surrogate = −min(r·A, clip(r, 1±ε)·A). Its gradient
-raises the logprob of tokens the teacher likes more than the student.
+OPD (on-policy distillation): advantage A = logp_teacher − logp_behaviour (negative reverse
+KL), PPO-clipped ratio r = π_now/π_behaviour: surrogate = −min(r·A, clip(r, 1±ε)·A).
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -36,10 +25,8 @@ from rose_ray.types import Batch
 
 @dataclass(frozen=True)
 class LossTerm:
-    """`value(logp, mask, weights, fields, clip_eps)`: Σ over masked tokens of w·(per-token
-    loss), and sums of its diagnostics (numbers, or 0-dim tensors left on the device: the
-    learner reads them back once per step); `needs`: batch fields that must be known on its
-    tokens, with what to do when they are not."""
+    """`value(logp, mask, weights, fields, clip_eps)`: Σ over masked tokens of w·(per-token loss),
+    and sums of its diagnostics; `needs`: batch fields that must be known on its tokens (the remedy)."""
 
     name: str
     value: Callable[..., tuple[torch.Tensor, dict[str, float]]]
@@ -80,8 +67,7 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
 
 
 def aligned(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A micro-batch's per-token fields shifted to the targets they weigh (columns 1..L-1),
-    the shape of `token_logprobs`; what the model reads (ids, positions, boundaries) is left out."""
+    """A micro-batch's per-token fields shifted to the targets they weigh (columns 1..L-1)."""
     return {k: v[:, 1:] for k, v in t.items() if k not in ("input_ids", "position_ids", "cu_seq_lens")}
 
 
@@ -101,11 +87,7 @@ def denominators(batch: Batch) -> dict[str, float]:
 
 def loss(logp: torch.Tensor, t: dict[str, torch.Tensor], den: dict[str, float],
          clip_eps: float) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
-    """(this micro-batch's share of the loss, its share of each metric: 0-dim tensors on the
-    loss's device, or numbers).
-
-    `t` holds target-aligned fields ([B, L-1], i.e. the batch's columns 1..L-1).
-    """
+    """(this micro-batch's share of the loss, its share of each metric) from target-aligned `t`."""
     total = logp.sum() * 0.0  # keeps a graph when this micro-batch has no trained token
     metrics: dict[str, torch.Tensor | float] = {}
     for name, n in den.items():

@@ -1,39 +1,17 @@
 """The learner's activation memory per micro-batch, as the learner runs a model: what the GPU
-memory plan (rose_ray/memory.py, which also counts the model states under ZeRO) reads.
+memory plan (rose_ray/memory.py) reads. No torch. `config`: a Hugging Face config or a dict
+of Qwen3's field names.
 
-No torch: a plan is made before any model is loaded. `config` is a Hugging Face config or a
-dict with its fields (Qwen3's names: hidden_size, intermediate_size, num_hidden_layers,
-num_attention_heads, num_key_value_heads, head_dim, vocab_size).
-
-Activations, per token of a micro-batch, were measured on transformers 5.19's Qwen3 (bytes of
-the tensors autograd saves, fitted over several shapes to within a byte per token; e = bytes of
-an activation element, 2 in bf16, 4 in fp32):
-
-- one decoder layer keeps H·(8 + 4e) + (Q + K)·(4 + 3e) + I·4e + 11·heads bytes, where
-  Q = heads·head_dim and K = kv_heads·head_dim (RMSNorm keeps fp32 copies; attention keeps
-  q, k, v, its output and an fp32 log-sum-exp per head: linear in the segment's length, the
-  way sdpa_varlen and FlashAttention's varlen path run, no L×L term);
-- with gradient checkpointing a layer keeps its input (e·H) and one layer's activations are
-  rebuilt at a time in backward (`learner.activation_checkpointing`: `full`, every layer;
-  `selective`, every second one from the first, the others keeping all of theirs; `none`);
-- outside the layers (the final norm's fp32 input and its output): ≈ (4 + e)·H.
-
-The LM head runs `chunk` tokens at a time (learner/forward.py): its logits in e bytes, then in
-fp32 through log-softmax and its backward, ≈ chunk·V·(e + 12) bytes at the peak (an upper
-bound: ~13 bytes per logit measured in fp32). `chunk=0` is the original path: every token's
-logits at once. The fused heads write no logits: cut-cross-entropy keeps a log-sum-exp and a
-logprob per token (fp32) beside the trained tokens' hidden states (e·H each, gathered); Liger's
-also a block of logits of about H fp32 values per token and the input's gradient (e·H), the
-package's own accounting, not measured here. Liger's fused RMSNorm/SwiGLU keep less than
-transformers' own ops: the body's count is an upper bound for them.
-
-Outside the activations, at the optimizer step (when they are freed): torch's foreach AdamW
-(`learner.optimizer: adamw` on a GPU) allocates a temporary of the fp32 parameters it steps (the
-square roots of the second moments), the fused one none; ZeRO 1-2 keep a reduce and an
-all-gather bucket of `learner.zero_bucket_size` elements, and with `overlap_comm` DeepSpeed
-counts 4.5 times both (its documentation: 9 GB at the default 5e8 in 16-bit).
+Bytes per token, fitted on transformers 5.19's Qwen3 (e = bytes of an activation element):
+- a decoder layer: H·(8 + 4e) + (Q + K)·(4 + 3e) + I·4e + 11·heads, Q = heads·head_dim,
+  K = kv_heads·head_dim (attention linear in the segment's length, no L×L term);
+- a checkpointed layer keeps its input (e·H), one layer rebuilt at a time in backward;
+- outside the layers: (4 + e)·H.
+The LM head at `chunk` tokens a pass: chunk·V·(e + 12) at the peak; the fused heads write no
+logits (cce: e·H + 8 per trained token; Liger's, by its own accounting, also ~H fp32 values
+and e·H). At the optimizer step torch's foreach AdamW holds a temporary of the fp32 parameters
+it steps; ZeRO 1-2 keep reduce and all-gather buckets (4.5 times with overlap_comm).
 """
-
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -45,7 +23,6 @@ from rose_ray.errors import InputError
 QWEN3_1P7B = {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
               "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
               "vocab_size": 151936, "tie_word_embeddings": True}
-
 
 
 def _get(config: Any, key: str, default: Any = None) -> Any:

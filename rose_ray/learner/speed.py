@@ -1,29 +1,15 @@
-"""The learner's speed settings: what `auto` chooses for each on this machine, and applying them
-to a model before DeepSpeed wraps it. Each one is tested for equality against its reference
-(tests/unit/test_learner_speed.py); docs/learner.md has the table of what each costs.
-
-- `learner.attn_implementation` (learner/attention.py) and `learner.head` (learner/forward.py)
-  resolve in their own modules.
-- `learner.optimizer`: `adamw_fused` (torch's fused AdamW: one kernel for every parameter, no
-  temporaries) or `adamw` (torch's default: foreach on a GPU, a loop on CPU; the reference).
-  `auto`: adamw_fused on a GPU where this torch has it; adamw on CPU (the tiny runs keep their
-  steps bit for bit; the fused CPU kernel is tested equal within tolerance and can be named).
-  DeepSpeed's FusedAdam is not offered: it is a compiled op (DeepSpeed built without ops has none).
-- `learner.activation_checkpointing`: `none`, `full` (every decoder layer keeps its input only
-  and is recomputed in backward) or `selective` (every second layer, from the first).
-- `learner.fused_kernels`: `liger` (Liger's Triton RMSNorm, RoPE and SwiGLU put into the model
-  instance; CUDA), `compile` (regional torch.compile of every RMSNorm and MLP module, dynamic
-  shapes; ZeRO 0–2) or `none`. `auto`: liger under bf16 where CUDA, Triton and Liger are at hand
-  and Liger knows the model type, else none.
+"""The learner's speed settings: what `auto` chooses on this machine, and applying them to a
+model before DeepSpeed wraps it (attention and head resolve in their own modules). Each is
+tested equal to its reference (tests/unit/test_learner_speed.py); docs/learner.md has the
+table of what each costs. `auto`: the fused AdamW on a GPU, adamw on CPU (bit for bit tiny
+runs); Liger's kernels under bf16 where CUDA, Triton and Liger know the model type.
 """
-
 from __future__ import annotations
 
 import importlib.util
-import inspect
 from typing import Any
 
-# The settings' values; no torch here: the config (rose_ray/config.py) reads them.
+# No torch at import: the config reads these.
 ATTN_IMPLEMENTATIONS = ("auto", "torch_varlen", "sdpa_varlen", "flash_attention_2", "dense_mask")
 HEADS = ("auto", "full", "trained", "cce", "liger")
 OPTIMIZERS = ("auto", "adamw_fused", "adamw")
@@ -33,14 +19,8 @@ FUSED_KERNELS = ("auto", "none", "liger", "compile")
 
 def fused_adamw_supported(device: str) -> bool:
     """Whether this torch's AdamW has a fused kernel for `device` ('cuda' or 'cpu')."""
-    import torch
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
-    if "fused" not in inspect.signature(torch.optim.AdamW).parameters:
-        return False
-    try:
-        from torch.optim.optimizer import _get_fused_kernels_supported_devices
-    except ImportError:  # a torch from before fused kernels left CUDA
-        return device == "cuda"
     return device in _get_fused_kernels_supported_devices()
 
 

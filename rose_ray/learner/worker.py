@@ -1,20 +1,14 @@
 """One learner rank: a DeepSpeed engine in a Ray actor, one member of a torch.distributed group.
 
-The driver (`LearnerGroup`) computes global token counts and deals micro-batches (as many to
-every rank, each one padding-free row under a token budget); a rank runs them through forward
-and backward, then one optimizer step, and returns its share of every metric. DeepSpeed is told
-where the accumulation boundary is (the last micro-batch), so their number may change from step
-to step. The loss is scaled by world_size before `engine.backward`, because DeepSpeed averages
-gradients over ranks, while our loss shares are already global means.
-
-The forward stops at the final hidden states (captured from the model body); token logprobs
-and logits come from the LM head in chunks (learner/forward.py), and packed segments are kept
-apart by `learner.attn_implementation` (learner/attention.py), with no L×L mask but on the
-`dense_mask` reference path.
+A rank runs its micro-batches (dealt by `LearnerGroup`) through forward and backward, then one
+optimizer step, and returns its share of every metric. The loss is scaled by world_size before
+`engine.backward`: DeepSpeed averages gradients over ranks, while our loss shares are already
+global means.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import pickle
@@ -70,7 +64,6 @@ def overlap_comm(cfg: Any, world_size: int) -> bool | None:
 
 def lr_lambda(cfg: Any) -> Any:
     """LR multiplier per optimizer step: linear warmup, then constant/linear/cosine decay."""
-    import math
 
     def factor(step: int) -> float:
         if step < cfg.warmup_steps:
@@ -86,8 +79,8 @@ def lr_lambda(cfg: Any) -> Any:
 
 
 def _rng_state() -> dict[str, Any]:
-    """Every RNG's state as tensors, lists and numbers only, so that `torch.load(...,
-    weights_only=True)` reads it back (a pickle of arbitrary objects would be code to run)."""
+    """Every RNG's state as tensors, lists and numbers only: `torch.load(weights_only=True)`
+    reads it back, and nothing in a run folder runs as code."""
     import torch
 
     version, words, gauss = random.getstate()
@@ -113,9 +106,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _load_rng_state(path: Path) -> dict[str, Any]:
-    """An RNG file, read as tensors, numbers and lists only (`weights_only`). Numpy's array
-    rebuild is allowed for files from before the state was kept as tensors: torch's restricted
-    unpickler still refuses anything else."""
+    """An RNG file, read `weights_only`; numpy's array rebuild is allowed for older files."""
     import torch
 
     core = getattr(np, "_core", None) or np.core
@@ -125,22 +116,15 @@ def _load_rng_state(path: Path) -> dict[str, Any]:
 
 
 def fsync_tree(folder: Path) -> None:
-    """Every file under `folder` and the folders themselves on disk (not only in the page
-    cache): a checkpoint marked complete must survive a crash of the machine."""
+    """Every file and folder under `folder` fsynced: a complete checkpoint survives a machine crash."""
     for root, _, files in os.walk(folder):
-        for name in files:
-            try:
-                fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            except FileNotFoundError:  # another rank's temporary file, renamed meanwhile
-                continue
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        for name in files:  # (fsync_dir opens any path read-only and fsyncs it)
+            with contextlib.suppress(FileNotFoundError):  # another rank's temporary file, renamed meanwhile
+                fsync_dir(Path(root, name))
         fsync_dir(Path(root))
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
 
@@ -165,7 +149,7 @@ class LearnerWorker:
         torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 in actors
         self.engine: Any = None
         self.cfg: Any = None
-        self._publisher: Any = None  # rank 0's WeightPublisher (its buffers and weight group)
+        self._publisher: Any = None  # rank 0's WeightPublisher
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a free port for the group's rendezvous (called on rank 0)."""
@@ -195,16 +179,14 @@ class LearnerWorker:
         """(Re)build model, optimizer, scheduler and engine from `cfg.model`."""
         import deepspeed
         import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, set_seed
 
         from rose_ray.learner import attention, speed
         from rose_ray.learner.forward import PackedForward
 
         self.engine = None
         self.cfg = cfg
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
+        set_seed(cfg.seed)  # random, numpy and torch
         chosen = speed.chosen(cfg, AutoConfig.from_pretrained(cfg.model).model_type, torch.cuda.is_available())
         self.attn = chosen["attn_implementation"]
         # fp32 master weights; under bf16 DeepSpeed casts the module's parameters itself.
@@ -248,8 +230,7 @@ class LearnerWorker:
         return {k: torch.from_numpy(np.array(v)).to(self.engine.device) for k, v in part.items()}
 
     def train_step(self, parts: list[dict[str, np.ndarray]], den: dict[str, float]) -> dict[str, float]:
-        """One optimizer step over this rank's micro-batches (every rank gets as many). Losses
-        and metrics add up on the device and are read back once per step."""
+        """One optimizer step over this rank's micro-batches; metrics are read back once."""
         import torch
 
         from rose_ray.learner.batching import trained_targets
@@ -268,9 +249,7 @@ class LearnerWorker:
             logp = self.packed.token_logprobs(hidden, t["input_ids"], trained)
             loss, metrics = batch_loss(logp, aligned(t), den, self.cfg.clip_eps)
             metrics["loss"] = loss.detach()
-            # A non-finite loss makes every gradient NaN, so that every rank skips this step (the
-            # gradients are averaged over ranks): DeepSpeed's optimizers skip a step whose
-            # gradient norm is not finite, and the plain one's is checked below.
+            # A non-finite loss makes every gradient NaN, so every rank skips the step together.
             loss = loss * torch.where(torch.isfinite(loss.detach()), 1.0, float("nan"))
             self.engine.backward(loss * self.world_size)
             metrics["tokens"] = float((part["attention_mask"] > 0).sum())
@@ -294,8 +273,7 @@ class LearnerWorker:
         return sums
 
     def _grad_norm(self) -> float | None:
-        """Pre-clip gradient norm where DeepSpeed keeps none (plain fp32 without ZeRO: the
-        full, averaged gradients are on the parameters until the step)."""
+        """Pre-clip gradient norm where DeepSpeed keeps none (plain fp32 without ZeRO)."""
         import torch
 
         if self.cfg.zero_stage != 0 or self.cfg.dtype != "float32":
@@ -304,8 +282,7 @@ class LearnerWorker:
         return float(torch.stack(grads).norm()) if grads else 0.0
 
     def logits(self, input_ids: np.ndarray) -> np.ndarray | None:
-        """Logits of unpacked rows (every rank runs the forward; rank 0 returns them), from the
-        head in chunks: the float32 result is the only [B, L, V] there is."""
+        """Logits of unpacked rows (every rank runs the forward; rank 0 returns them)."""
         import torch
 
         ids = torch.from_numpy(np.array(input_ids, dtype=np.int64)).to(self.engine.device)
@@ -319,8 +296,7 @@ class LearnerWorker:
     # -- checkpoints ---------------------------------------------------------------------
 
     def save_checkpoint(self, path: str, tag: str, client_state: dict[str, Any]) -> None:
-        """This rank's share of checkpoint `path/tag`, on disk when this returns. Nobody marks it
-        complete here (no `latest`): the driver does once every rank has returned."""
+        """This rank's share of checkpoint `path/tag`, on disk; the driver marks it complete."""
         import torch
 
         if not self._weights_finite():
@@ -335,8 +311,7 @@ class LearnerWorker:
         fsync_tree(Path(path) / tag)
 
     def _weights_finite(self) -> bool:
-        """Whether every rank's weights (its partitions under ZeRO-3) are finite; every rank
-        gets the same answer, so that all of them save or none does."""
+        """Whether every rank's weights are finite (the same answer on every rank)."""
         import torch
         import torch.distributed as dist
 
@@ -357,25 +332,21 @@ class LearnerWorker:
                 path, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
             )
         except (RuntimeError, OSError, EOFError, ValueError, KeyError, pickle.UnpicklingError) as e:
-            raise CheckpointUnreadable(f"{folder}: cannot be read ({_first_line(e)})") from None
+            raise CheckpointUnreadable(f"{folder}: cannot be read ({first_line(e)})") from None
         if loaded is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {path}")
         rng_file = folder / f"rng_rank{self.rank}.pt"
-        try:  # tensors, lists and numbers only: nothing in a run folder runs as code
+        try:
             rng = _load_rng_state(rng_file)
         except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as e:
-            raise CheckpointUnreadable(f"{rng_file}: cannot be read ({_first_line(e)})") from None
+            raise CheckpointUnreadable(f"{rng_file}: cannot be read ({first_line(e)})") from None
         _set_rng_state(rng)
         return {k: v for k, v in (client or {}).items() if k in ("step", "version")}
 
     # -- full weights: export and publication ----------------------------------------------
 
     def full_state(self, dtype: str | None = None, device: Any = "cpu") -> dict[str, Any] | None:
-        """Full weights on rank 0, on `device` (gathered under ZeRO-3; every rank must call).
-
-        Tied parameters appear once (under their first name); buffers in the state dict keep
-        their own dtype, parameters are cast to `dtype` when given.
-        """
+        """Full weights on rank 0 (learner/export.py `gather_state`; every rank must call)."""
         from rose_ray.learner.export import gather_state
 
         return gather_state(self.engine.module, self.cfg.zero_stage == 3, self.rank == 0, dtype, device)
@@ -389,8 +360,7 @@ class LearnerWorker:
         return write_hf_folder(state, self.cfg.model, out_dir, dtype, extra_files)
 
     def publish(self, engines: list[Any], version: int, config: Any = None) -> dict[str, Any] | None:
-        """Send full weights to engine actors (rank 0; every rank gathers under ZeRO-3) by
-        `config`'s route (a PublishConfig; rose_ray/publish/)."""
+        """Full weights to engine actors by `config`'s route (a PublishConfig); every rank calls."""
         from rose_ray.publish.publisher import WeightPublisher
         from rose_ray.publish.route import PublishConfig
 
@@ -398,7 +368,6 @@ class LearnerWorker:
         config = config or PublishConfig()
         if self.rank == 0 and (self._publisher is None or self._publisher.config != config):
             self._publisher = WeightPublisher(config)
-        # Rank 0 gathers where its method sends from: its GPU for NCCL, else the host.
         state = self.full_state(device=self._publisher.state_device(engines) if self.rank == 0 else "cpu")
         if self.rank != 0:
             return None

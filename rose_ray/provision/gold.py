@@ -23,10 +23,9 @@ def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str
     replies and observations, if any (student-owned: context that trains nothing)."""
     turns = [Turn("user", protocol.instruction, "prompt"), Turn("assistant", protocol.acknowledgement, "prompt"),
              Turn("user", first_observation, "env")]
+    location = protocol.location_of(first_observation)  # the room the replies after the opening name
     for reply, observation in detour:
         turns += [Turn("assistant", reply, "student"), Turn("user", observation, "env")]
-    location = protocol.location_of(first_observation)
-    for _, observation in detour:  # the replies after it name the room the opening left the agent in
         location = protocol.location_of(observation) or location
     for action, observation in steps:
         turns.append(Turn("assistant", gold_reply(action, location), "teacher"))
@@ -63,18 +62,11 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
     """Play each game's gold path on `workers` game processes; returns (rows, problems).
     `on_row(i, row)` as game i's row is made (on a worker thread).
 
-    `observe`: the world's observed gold paths (`World.observed_gold`: look before choosing,
-    things named as the game shows them), replayed; a game whose observed path does not score
-    as its gold path did keeps the gold path (and says so in problems).
-    `detours`: the share of demonstrations that open with one or two student-owned replies
-    (`detour_replies`: the world's harmless actions, or a reply with no action) before the gold
-    path, so that a teacher warmed on them carries on from a student's first turns.
-    `openings`: a game's own student-owned replies (by item id; a student's real sampled turns)
-    played before its gold path instead of a detour; where the gold path after them scores
-    worse than from a fresh load, the game is demonstrated without them (and says so in problems).
-    `continuation`: after the opening, ScienceWorld's gold path (`gold`), or the world's expert
-    teacher playing from the state the opening left (`expert`: envs/sciworld/expert.py; its
-    replies are already observed ones: it looks before it focuses and names things as shown)."""
+    `observe`: the world's observed gold paths replayed (the gold path kept where they score
+    otherwise). `detours`: the share of demonstrations that open with `detour_replies`.
+    `openings`: a game's own student replies (by item id) played first instead, dropped where
+    the play after them scores worse than from a fresh load. `continuation`: after the opening,
+    the gold path (`gold`) or the world's expert teacher (`expert`). Problems say what was dropped."""
     from rose_ray.envs.pool import EnvPool
 
     worlds = {g.world for g in games}
@@ -97,15 +89,10 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
     free: list[int] = list(range(pool.num_games()))
     problems: list[str] = []
 
-    def opening(game: GameId) -> list[str]:
-        if openings and openings.get(game.item_id):
-            return openings[game.item_id]
-        return detour_replies(game, detours, world.observed_gold.DETOURS if detours else ())
-
     def start(slot: int, game: GameId, gold: bool,
               replies: list[str]) -> tuple[StepResult, list[tuple[str, str]], StepResult]:
-        """The game loaded, and its opening replies played (a detour or a student's turns): the
-        first observation, the opening's (reply, observation) pairs, and the game's last answer."""
+        """The game loaded and its opening replies played: the first observation, the opening's
+        (reply, observation) pairs, and the game's last answer."""
         last = first = pool.reset(slot, game, gold=gold)
         pairs = []
         for reply in replies:
@@ -113,30 +100,23 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
             pairs.append((reply, last.observation))
         return first, pairs, last
 
-    def expert_from(slot: int, last: StepResult) -> tuple[list[tuple[str, str]], StepResult | None]:
-        """The expert's play from the slot's state (`last`: the game's last answer), up to
-        `max_actions`, until the game ends or the expert has no plan; None if the game died."""
-        steps, result = [], last
+    def follow(slot: int, result: StepResult, next_action: Callable[[int], str | None]
+               ) -> tuple[list[tuple[str, str]], StepResult | None]:
+        """(action, observation) pairs from the slot's state (`result`: its last answer) while
+        `next_action(n)` gives one, up to `max_actions` or the game's end; None if the game died."""
+        steps: list[tuple[str, str]] = []
         while len(steps) < max_actions and not result.done:
-            reply = pool.expert_reply(slot)
-            if reply.action is None:
+            action = next_action(len(steps))
+            if action is None:
                 break
-            result = pool.step(slot, reply.action)
+            result = pool.step(slot, action)
             if result.interrupted:
                 return steps, None
-            steps.append((reply.action, result.observation))
+            steps.append((action, result.observation))
         return steps, result
 
     def replay(slot: int, first: StepResult, actions: list[str]) -> tuple[StepResult, list[tuple[str, str]], Any]:
-        steps, result = [], first
-        for action in actions:
-            result = pool.step(slot, action)
-            if result.interrupted:
-                return first, steps, None
-            steps.append((action, result.observation))
-            if result.done:
-                break
-        return first, steps, result
+        return (first, *follow(slot, first, lambda n: actions[n] if n < len(actions) else None))
 
     def play(i: int, game: GameId) -> dict[str, Any] | None:
         row = play_one(game)
@@ -145,9 +125,10 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
         return row
 
     def play_one(game: GameId) -> dict[str, Any] | None:
-        replies = opening(game)
         if not (openings and openings.get(game.item_id)):
-            return play_from(game, replies)
+            detour = world.observed_gold.DETOURS if detours else ()
+            return play_from(game, detour_replies(game, detours, detour))
+        replies = openings[game.item_id]
         # A student's opening may have changed the game: its row only where the play after it
         # (the gold path, or the expert) scores as well as from a fresh load.
         clean = play_from(game, [])
@@ -161,13 +142,12 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
 
     def gold_from(slot: int, game: GameId, replies: list[str]) -> tuple[StepResult, list[tuple[str, str]],
                                                                         list[tuple[str, str]], StepResult | None]:
-        """The game's gold path after the opening (observed where asked): the first observation,
-        the opening's pairs, the path's (action, observation) pairs and its last answer."""
+        """The game's gold path after the opening (observed where asked), as `start` and its steps."""
         first, detour, _ = start(slot, game, gold=True, replies=replies)
         actions = pool.gold_actions(slot)
         if observe:
             actions = world.observed_gold.look_before_focus(actions)
-        first, steps, result = replay(slot, first, actions[:max_actions])
+        first, steps, result = replay(slot, first, actions)
         if result is not None and observe:
             played = [a for a, _ in steps]
             renamed = world.observed_gold.visible_names(played, [o for _, o in steps])
@@ -185,7 +165,7 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
         try:
             if continuation == "expert":
                 first, detour, last = start(slot, game, gold=False, replies=replies)
-                steps, result = expert_from(slot, last)
+                steps, result = follow(slot, last, lambda _: pool.expert_reply(slot).action)
             else:
                 first, detour, steps, result = gold_from(slot, game, replies)
             gold = continuation == "gold"

@@ -1,10 +1,7 @@
-"""Models before training: tiny local models built on first use, and the warm-ups (SFT of a
-tiny teacher on gold demonstrations, so that it is honestly better than the student; of the
-student on fewer or shorter ones, so that it starts partly competent), cached by their settings.
-
-Gold paths played live differ between ScienceWorld loads, so a warm-up trains on shipped
-demonstrations where some were shipped for its settings (rose_ray/envs/data/*_warmup_gold.*):
-then every machine builds the same models.
+"""Models before training: tiny local models built on first use, and the warm-ups (SFT of the
+teacher, or the student, on gold demonstrations), cached by their settings. A warm-up trains on
+shipped demonstrations where some were shipped for its settings (rose_ray/envs/data/), since
+live gold paths differ between ScienceWorld loads.
 
     rose-ray warmup --ship     # replay and ship the tiny default's teacher demonstrations
     rose-ray warmup --ship --config configs/small.yaml   # ship what a cached build trained on
@@ -26,8 +23,7 @@ def resolve_models(cfg: TrainConfig) -> tuple[str, str | None]:
     from rose_ray.models import local_model
     from rose_ray.provision.tiny import resolve_tiny
 
-    # A hub id becomes its cached snapshot once, here: every actor gets a folder (a served
-    # model's name stays a name).
+    # A hub id becomes its cached snapshot once, here (a served model's name stays a name).
     models = {role: resolve_tiny(engine.model, cfg.tiny_dir) if engine.spec.served
               else local_model(resolve_tiny(engine.model, cfg.tiny_dir)) for role, engine in cfg.engines()}
     models.setdefault("teacher", None)
@@ -54,20 +50,10 @@ SHIPPED_SUFFIX = "_warmup_gold"  # every shipped file: NAME_warmup_gold.jsonl[.g
 
 
 def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str | None = None) -> str:
-    """SFT a model (the teacher, or the base student) on gold demonstrations of training
-    games, with `teacher_warmup` or `student_warmup`; cached by its settings.
-
-    The demonstrations are the shipped ones when they are what the settings ask for (the tiny
-    default's teacher's, the small tier's student's and teacher's: ScienceWorld can give another
-    gold path for the same game after a reload, so playing them live would differ between
-    machines); otherwise gold paths are played now.
-    Training is seeded (and gave the same weights with 1 and 2 threads here), so the same
-    settings give the same model: its weights' digest is printed and cached with it.
-
-    Runs sharing the cache warm each model once: the builder holds `<folder>.lock` and trains
-    into a uniquely named temp folder, swapped in whole; a run that waited for the lock finds
-    the warmed model and reuses it.
-    """
+    """SFT a model (the teacher, or the base student) on gold demonstrations of training games
+    (the shipped ones where they match the settings, else played now), seeded, cached by its
+    settings. Runs sharing the cache warm each model once (`<folder>.lock`, a temp folder
+    swapped in whole)."""
     from rose_ray.files import clear_leftovers, locked, temp_name, writing_folder
 
     key, out = warmup_cache(cfg, model, role)
@@ -77,7 +63,7 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str
         if (out / "rose_ray_warmup.json").is_file():  # warmed by another run while this one waited
             print(f"train: {role} warmed by another run meanwhile: {out}", flush=True)
             return str(out)
-        clear_leftovers(out.parent, out.name, owned=True)  # the lock's holder: such a temp is a stopped warm-up's
+        clear_leftovers(out.parent, out.name, owned=True)  # a stopped warm-up's temp
         rows = shipped_gold(key)
         source = "shipped" if rows is not None else "played now"
         if rows is None:
@@ -92,8 +78,7 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str
 
 def _warm_into(cfg: TrainConfig, model: str, role: str, key: dict[str, Any], rows: list[dict[str, Any]],
                source: str, tmp: Path, data: Path) -> None:
-    """SFT `model` on `rows` (written to `data` for it, then kept in the folder) into the empty
-    folder `tmp`, with the warm-up's record in it."""
+    """SFT `model` on `rows` (written to `data`, then kept) into the empty folder `tmp`."""
     from rose_ray.recipes.sft import train_sft
     from rose_ray.rows import write_jsonl
 
@@ -110,8 +95,7 @@ def _warm_into(cfg: TrainConfig, model: str, role: str, key: dict[str, Any], row
         result = train_sft(data, model, tmp, epochs=w.epochs, batch_size=w.batch_episodes, lr=w.lr,
                            schedule=w.schedule, max_tokens=cfg.learner.max_tokens, seed=w.seed, log=log,
                            sft_owners=["teacher"], threads=w.threads)
-        # Kept with the weights: what the model learnt from (live gold paths differ between
-        # loads, so these rows are the only record of a build, and what one would ship).
+        # Kept with the weights: the only record of what the model learnt from (and what one ships).
         data.replace(tmp / DEMONSTRATIONS)
     finally:
         data.unlink(missing_ok=True)
@@ -172,9 +156,8 @@ def opening_sampling(cfg: TrainConfig) -> Any:
 
 
 def student_openings(cfg: TrainConfig, games: list[Any], student: str | None) -> dict[str, list[str]]:
-    """The base student's own first replies on the games drawn for one (`opening_turns`), played
-    live as a run's student plays them (its engine, the run's chat history and student sampling),
-    by item id."""
+    """The base student's own first replies (`opening_turns` of them) by item id, played live as a
+    run's student plays them."""
     from dataclasses import replace
 
     from rose_ray.commands import training_play
@@ -240,8 +223,8 @@ def write_shipped_gold(cfg: TrainConfig, out_dir: Path) -> Path:
 
 
 def ship_demonstrations(cfg: TrainConfig, out_dir: Path) -> list[Path]:
-    """Write the demonstrations a config's warm-ups trained on (its cached build, made first where
-    missing), gzipped, each with the settings it answers (`gold_key`), for shipping."""
+    """The demonstrations a config's warm-ups trained on (built first where missing), gzipped,
+    each with the settings it answers (`gold_key`), for shipping."""
     import gzip
 
     from rose_ray.files import write_file
@@ -252,11 +235,11 @@ def ship_demonstrations(cfg: TrainConfig, out_dir: Path) -> list[Path]:
         if not warmup_of(cfg, role).enabled:
             continue
         key, _ = warmup_cache(cfg, model, role)
-        stem = out_dir / f"{cfg.name}_{role}{SHIPPED_SUFFIX}"
+        stem = f"{cfg.name}_{role}{SHIPPED_SUFFIX}"
         rows = (Path(model) / DEMONSTRATIONS).read_bytes()
-        write_file(stem.with_name(stem.name + ".jsonl.gz"), gzip.compress(rows, mtime=0))  # the same bytes every time
-        write_file(stem.with_name(stem.name + ".meta.json"), json.dumps(gold_key(key), indent=1) + "\n")
-        written.append(stem.with_name(stem.name + ".jsonl.gz"))
+        write_file(out_dir / f"{stem}.jsonl.gz", gzip.compress(rows, mtime=0))  # the same bytes every time
+        write_file(out_dir / f"{stem}.meta.json", json.dumps(gold_key(key), indent=1) + "\n")
+        written.append(out_dir / f"{stem}.jsonl.gz")
     return written
 
 
@@ -271,41 +254,37 @@ def weights_digest(folder: Path) -> str:
 
 
 def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher") -> tuple[dict[str, Any], Path]:
-    """The settings a warmed model depends on, and the folder it is cached in (a teacher whose
-    demonstrations open with the base student's turns: that student and its sampling too)."""
+    """The settings a warmed model depends on, and the folder it is cached in."""
     import dataclasses
 
     from rose_ray.envs.worlds import get_world
 
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
     opening = _digest(cfg.env.protocol().opening())  # the instruction the demonstrations open with
-    # The demonstrated games themselves: a teacher warmed on other games (another way of
-    # sampling them, an older shipped file) is another teacher.
+    # The demonstrated games themselves: a teacher warmed on other games is another teacher.
     games = _digest([g.item_id for g in gold_games(cfg, role)])
     settings = warmup_settings(cfg, role)
     for option in ("observe", "detours"):  # off: the key of every teacher warmed before they existed
         if not settings[option]:
             del settings[option]
+    settings.pop("opening_temperature", None)  # in opening_sampling where it counts
     if settings.pop("student_openings", 0):
         settings["student_openings"] = cfg.teacher_warmup.student_openings
-        # The student by what it is built from, not by its folder: the same on every machine, so
-        # the demonstrations shipped for it are found there (gold_key).
+        # The student by what it is built from, not its folder: the same on every machine.
         student_warmup = warmup_settings(cfg, "student") if cfg.student_warmup.enabled else None
         settings["opening_student"] = _digest({"model": cfg.student_engine.model, "warmup": student_warmup})
         settings["opening_sampling"] = dataclasses.asdict(opening_sampling(cfg))
-        settings.pop("opening_temperature", None)  # in opening_sampling
         settings["opening_history"] = cfg.chat.history
     else:
         settings.pop("opening_turns", None)
-        settings.pop("opening_temperature", None)
     key = {role: model, "world": cfg.env.world, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
            "mapping": catalogue.mapping, "opening": opening, "games": games, **settings}
     return key, Path(cfg.tiny_dir).expanduser() / f"{role}_warm_{_digest(key)}"
 
 
 def warmup_settings(cfg: TrainConfig, role: str) -> dict[str, Any]:
-    """A warm-up's section as its cache key reads it: `continuation` only where it is not the
-    gold path (the key of every model warmed before the expert could continue demonstrations)."""
+    """A warm-up's section as its cache key reads it (`continuation` only where not `gold`,
+    keeping older keys)."""
     settings = to_dict(cfg)[f"{role}_warmup"]
     if settings.get("continuation") == "gold":
         del settings["continuation"]
@@ -319,15 +298,14 @@ def _digest(obj: Any) -> str:
 
 
 def cli_main(args: Any) -> int:
-    """`rose-ray warmup`: build a config's models and warm-ups (cached), and optionally evaluate
-    the base student and the teacher greedily on the config's eval games of a split."""
+    """`rose-ray warmup`: build a config's models and warm-ups (cached), optionally evaluated."""
     import time
 
     from rose_ray.config import load_config
     from rose_ray.evaluate import run_eval, train_eval_job
 
     cfg = load_config(args.config, args.overrides)
-    if args.ship:  # rewrite the shipped demonstrations (the module's docstring)
+    if args.ship:
         here = Path(__file__).parents[1] / "envs" / "data"
         for path in ship_demonstrations(cfg, here) if args.config else [write_shipped_gold(cfg, here)]:
             print(f"warmup: wrote {path}")

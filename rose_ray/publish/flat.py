@@ -1,22 +1,11 @@
 """Weights as flat byte buffers: what the learner publishes and the engines load.
 
-A state dict {name: tensor} is packed into a few flat uint8 buffers (buckets) and a small
-typed header saying where each tensor lies (name, dtype, shape, bucket, offset, bytes). Every
-dtype travels as its raw bytes (bf16 and fp32 exactly, nothing converted), so no tensor is
-pickled: Ray's object store sends numpy buffers zero-copy (a pickled torch tensor costs ~1000x
-more per MB: DESIGN.md, "Moving weights"), and a collective sends one buffer per bucket.
-`unpack` gives tensors that are views into the buffers (no copy), which the engines'
-`update_weights` copy into their models.
+A state dict is packed into a few flat uint8 buffers (buckets) and a typed header saying where
+each tensor lies. Every dtype travels as its raw bytes, so nothing is pickled: Ray's object
+store sends numpy buffers zero-copy, and a collective sends one buffer per bucket.
 
-    flat = pack(state, bucket_mb=256)      # FlatState(header, buffers)
-    state = unpack(flat)                   # {name: tensor view}
-
-`bucket_mb=0` packs nothing: each tensor is sent as a byte view of its own storage (one buffer
-per tensor, no copy for a contiguous CPU tensor), which suits the object store, where the
-`ray.put` is the one copy anyway.
-
-The buffers travel by Ray's object store or by a weight group's broadcast
-(group.py), into buffers of the header's sizes (`buffers_for`).
+    flat = pack(state, bucket_mb=256)      # FlatState(header, buffers); 0: each tensor's own bytes
+    state = unpack(flat)                   # {name: tensor view}, no copy
 """
 
 from __future__ import annotations
@@ -89,8 +78,8 @@ class FlatHeader:
         return header
 
     def check(self, buffer_bytes: list[int] | None = None) -> None:
-        """MalformedHeader unless every entry is a known dtype whose bytes match its shape and
-        lie inside its bucket, names are unique, and (given) the buffers have the bucket sizes."""
+        """MalformedHeader unless entries are unique, typed, sized and inside their buckets, and
+        (given) the buffers have the bucket sizes."""
         if not all(_is_count(b) for b in self.bucket_bytes):
             raise MalformedHeader(f"flat weights header: bucket sizes must be counts of bytes, got {self.bucket_bytes}")
         if buffer_bytes is not None and list(buffer_bytes) != list(self.bucket_bytes):
@@ -147,8 +136,8 @@ def _dtype_name(t: Any) -> str:
 
 
 def plan(state: dict[str, Any], bucket_mb: float) -> FlatHeader:
-    """Where each tensor goes: in order, into buckets of up to `bucket_mb` (a larger tensor
-    gets one of its own), each tensor aligned to ALIGN bytes; `bucket_mb=0`: one per tensor."""
+    """Each tensor, in order, into buckets of up to `bucket_mb` (a larger one alone), aligned to
+    ALIGN bytes; `bucket_mb=0`: one per tensor."""
     limit = int(bucket_mb * 2**20)
     entries, sizes = [], []
     for name, t in state.items():
@@ -172,11 +161,9 @@ def byte_view(t: Any) -> Any:
 
 def pack(state: dict[str, Any], bucket_mb: float = 256, out: list[Any] | None = None,
          device: Any = "cpu") -> FlatState:
-    """`state` {name: tensor} as a FlatState of uint8 tensors on `device` (a GPU's for an NCCL
-    broadcast). Each tensor is copied once into its bucket (from any device or layout); `out`,
-    buffers of a previous pack with the same plan, is written into instead of new ones (no fresh
-    pages to fault in). `bucket_mb=0`: no packing, each tensor's own bytes as its buffer (a copy
-    only for a tensor on another device)."""
+    """`state` as a FlatState of uint8 tensors on `device`, each tensor copied once into its
+    bucket (into `out`, a previous pack's buffers, where they fit). `bucket_mb=0`: each tensor's
+    own bytes as its buffer (a copy only from another device)."""
 
     header = plan(state, bucket_mb)
     if bucket_mb <= 0:
@@ -208,8 +195,7 @@ def as_byte_tensor(buffer: Any) -> Any:
 
 
 def unpack(flat: FlatState) -> dict[str, Any]:
-    """{name: tensor} viewing `flat`'s buffers (no copy); MalformedHeader where the header does
-    not describe them."""
+    """{name: tensor} viewing `flat`'s buffers (no copy); MalformedHeader if they do not match."""
     buffers = [as_byte_tensor(b) for b in flat.buffers]
     for n, b in enumerate(buffers):
         if b.dtype.itemsize != 1:
@@ -219,8 +205,7 @@ def unpack(flat: FlatState) -> dict[str, Any]:
 
 
 def buffers_for(header: FlatHeader, device: Any = "cpu", reuse: list[Any] | None = None) -> list[Any]:
-    """Buffers of the header's bucket sizes on `device` (what a pack fills and a receiver
-    broadcasts into): `reuse`, a previous publication's, where they fit, else new empty ones."""
+    """Buffers of the header's bucket sizes on `device`: `reuse` where it fits, else new ones."""
     import torch
 
     if reuse is not None and [int(b.numel()) for b in reuse] == list(header.bucket_bytes) \

@@ -1,17 +1,10 @@
 """A weight group: learner rank 0 and the engine actors in a torch.distributed group of their own.
 
-`WeightGroup` is a TCPStore and a ProcessGroupGloo or ProcessGroupNCCL built directly (as vLLM's
-StatelessProcessGroup, OpenRLHF and verl do), so learner rank 0 and the engine actors share a
-group without touching the learner's default (DeepSpeed) group. Rank 0 broadcasts each bucket of a
-publication's flat buffers (flat.py); the engines receive into buffers of the
-sizes the header gives: host buffers over gloo, or, over NCCL, buffers on each member's GPU
-(packed there on rank 0, loaded from there by the engine: no host round trip).
-
-Nothing here may hang the learner: rank 0 forms the group and broadcasts `within` a deadline
-(a call stuck in gloo or NCCL cannot be interrupted, so it runs on a thread of its own and
-rank 0 goes on without it: CollectiveTimeout), an NCCL group is made so that its own timeout
-aborts its communicator instead of ending the process (NCCL_GROUP_ENV), and every member runs
-with the same NCCL settings (`nccl_env`).
+A TCPStore and a ProcessGroupGloo or ProcessGroupNCCL built directly (as vLLM's
+StatelessProcessGroup does), apart from the learner's DeepSpeed group. Rank 0 broadcasts each
+bucket of a publication's flat buffers (flat.py): host buffers over gloo, GPU buffers over NCCL.
+Nothing here may hang the learner: rank 0 waits `within` a deadline, an NCCL group's timeout
+aborts only its communicator (NCCL_GROUP_ENV), and every member runs with the same NCCL settings.
 """
 
 from __future__ import annotations
@@ -28,40 +21,19 @@ from rose_ray.publish.flat import FlatHeader, FlatState, buffers_for
 
 COLLECTIVE_BACKENDS = ("gloo", "nccl")
 
-# The NCCL settings every member of a weight group runs with. The members are learner rank 0 and
-# the student engine actors, each a Ray actor that sees one GPU (Ray sets CUDA_VISIBLE_DEVICES
-# per actor), possibly on nodes whose raylets were started with different environments. NCCL
-# never reconciles its settings across ranks: members that differ hang or fail (vLLM's
-# weight-transfer code warns that "a process sharing this communicator must set the same NCCL_*
-# variables or it will hang", vllm/utils/nccl.py; NCCL_CUMEM_ENABLE=0 on one side broke
-# NeMo-RL's transfer group with CUDA IPC errors, NVIDIA-NeMo/RL#564). So a run gives each
-# member's process the launcher's NCCL_* variables over these defaults (`nccl_env`, through
-# Ray's runtime_env: NCCL reads them once per process, at its first use), and a publisher
-# takes no NCCL group whose members report different ones (route.py `nccl_problem`).
-NCCL_DEFAULTS = {
-    # NVLink SHARP off. With one GPU visible per process it has returned all_gather results in
-    # the wrong rank order (NVIDIA/nccl#1906: NCCL 2.26 on NVSwitch machines, a DeepSpeed
-    # learner's all_gather included), hung or failed to bind its multicast memory while a
-    # communicator was made (NVIDIA/nccl#1197, NVIDIA/nccl-tests#216; on H200 nodes under Ray,
-    # NVIDIA-NeMo/RL#1963). A broadcast never uses it; sglang turns it off by default
-    # (sgl-project/sglang#631) and vLLM pins it off for batch-invariant runs
-    # (vllm/model_executor/determinism/batch_invariant.py). Set explicitly to keep NVLS.
-    "NCCL_NVLS_ENABLE": "0",
-}
-# Set only while a weight group's ProcessGroupNCCL is made (its constructor reads it, for that
-# group alone). torch's default, 3, ends the process when a collective of the group times out:
-# learner rank 0 would die, restart and stall again at its next publication. 2 aborts the
-# group's communicator and nothing else (pytorch.org/docs/stable/torch_nccl_environment_variables.html);
-# the publisher then goes on without the group.
+# The NCCL settings every member of a weight group runs with (the launcher's NCCL_* over these):
+# NCCL never reconciles its settings across ranks, and members that differ hang or fail.
+# docs/engines.md ("NCCL settings") says why each default is set.
+NCCL_DEFAULTS = {"NCCL_NVLS_ENABLE": "0"}  # NVLink SHARP: wrong all_gather order, hangs (NVIDIA/nccl#1906)
+# Set only while a weight group's ProcessGroupNCCL is made: 2 aborts the group's communicator on
+# a timeout, where torch's default (3) would end learner rank 0's process.
 NCCL_GROUP_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
 _ENV_LOCK = threading.Lock()
 ABORT_WAIT_S = 10.0
 T = TypeVar("T")
 
 
-# NCCL_* names that are not NCCL's settings, left out of the comparison: torch's old name for
-# TORCH_NCCL_ASYNC_ERROR_HANDLING, which vLLM's GPU worker removes from its own process ("This env
-# var set by Ray causes exceptions with graph building", vllm/v1/worker/gpu_worker.py).
+# Not NCCL's settings (torch's old TORCH_NCCL_ASYNC_ERROR_HANDLING, which vLLM's worker removes):
 NOT_NCCL_SETTINGS = frozenset({"NCCL_ASYNC_ERROR_HANDLING"})
 
 
@@ -82,8 +54,7 @@ def own_nccl_env() -> dict[str, str]:
 
 @contextlib.contextmanager
 def _scoped_env(values: dict[str, str]) -> Iterator[None]:
-    """`values` in this process's environment for the duration (as vLLM makes its communicators
-    under its own NCCL settings: vllm/utils/nccl.py `unpinned_nccl_env`)."""
+    """`values` in this process's environment for the duration."""
     with _ENV_LOCK:
         before = {k: os.environ.get(k) for k in values}
         os.environ.update(values)
@@ -102,11 +73,9 @@ class CollectiveTimeout(TimeoutError):
 
 
 def within(timeout_s: float, what: str, fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)`, waited for at most `timeout_s`; CollectiveTimeout naming `what` when it has
-    not returned by then. A call stuck in gloo or NCCL cannot be interrupted from Python, so it
-    runs on a daemon thread of its own, which is left to the group's own timeout (or its abort)
-    while the caller goes on; an error it raises in time is raised here. The thread works on the
-    caller's CUDA device (a new thread starts on device 0)."""
+    """`fn(*args)`, waited for at most `timeout_s` (else CollectiveTimeout naming `what`). A call
+    stuck in gloo or NCCL cannot be interrupted, so it runs on a daemon thread (on the caller's
+    CUDA device), left to the group's own timeout while the caller goes on."""
     import torch
 
     device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
@@ -132,8 +101,7 @@ def within(timeout_s: float, what: str, fn: Callable[..., T], *args: Any) -> T:
 
 
 def cuda_device_id() -> str | None:
-    """This process's current CUDA device as a GPU UUID (the same whatever CUDA_VISIBLE_DEVICES
-    numbers it), None without CUDA: how a publisher tells whether two processes share a GPU."""
+    """This process's CUDA device as a GPU UUID (whatever CUDA_VISIBLE_DEVICES numbers it), or None."""
     import torch
 
     if not torch.cuda.is_available():
@@ -142,13 +110,9 @@ def cuda_device_id() -> str | None:
 
 
 class WeightGroup:
-    """A group of its own: rank 0 (the learner) and the engine actors, on a TCPStore that rank 0
-    hosts; `backend` gloo (host buffers) or nccl (buffers on each member's current CUDA device;
-    NCCL takes one rank per GPU). Create rank 0's store with `WeightGroup.open_store` (its
-    `address` is what the others join with), the others with `WeightGroup.join(address, rank)`;
-    every member must be constructing at the same time (the group's rendezvous waits for all,
-    up to `timeout_s`, which also bounds each collective: then gloo raises, and NCCL aborts the
-    group's communicator, NCCL_GROUP_ENV)."""
+    """Rank 0 (the learner) and the engine actors on a TCPStore that rank 0 hosts
+    (`open_store`; the others `join` its address), over gloo or nccl. Every member constructs at
+    once; `timeout_s` bounds the rendezvous and each collective."""
 
     def __init__(self, store: Any, name: str, rank: int, world_size: int, timeout_s: float,
                  backend: str = "gloo") -> None:
@@ -165,8 +129,7 @@ class WeightGroup:
 
             self.device = torch.device("cuda", torch.cuda.current_device())
             options = ProcessGroupNCCL.Options()
-            options._timeout = timeout  # (the watchdog's: a collective running longer is aborted)
-            # (its communicator is made by the first broadcast, on the buffers' device)
+            options._timeout = timeout  # the watchdog's: a collective running longer is aborted
             with _scoped_env(NCCL_GROUP_ENV):
                 self.group = ProcessGroupNCCL(PrefixStore(name, store), rank, world_size, options)
         else:
@@ -177,8 +140,7 @@ class WeightGroup:
 
     @staticmethod
     def open_store(world_size: int, timeout_s: float, backend: str = "gloo") -> tuple[Any, dict[str, Any]]:
-        """Rank 0's TCPStore on a free port of this node's address as Ray knows it, and the
-        address the others join with."""
+        """Rank 0's TCPStore on a free port, and the address the others join with."""
         import ray
         from torch.distributed import TCPStore
 
@@ -198,19 +160,16 @@ class WeightGroup:
                    address.get("backend", "gloo"))
 
     def abort(self) -> None:
-        """Give the group up: an NCCL communicator is aborted, so a broadcast stuck in it ends and
-        its kernels free the GPU (waited for at most ABORT_WAIT_S: an abort can itself hang on a
-        communicator still being made, as vLLM's PyNcclCommunicator.destroy also allows for);
-        gloo has nothing to abort (a stuck call ends at the group's timeout)."""
+        """Give the group up: an NCCL communicator is aborted (waited for at most ABORT_WAIT_S: an
+        abort can hang on a communicator still being made); gloo's stuck calls end at its timeout."""
         abort = getattr(self.group, "abort", None) if self.backend == "nccl" else None
         if abort is not None:
-            with contextlib.suppress(Exception):  # (already aborted by its watchdog, or still at it)
+            with contextlib.suppress(Exception):  # already aborted by its watchdog
                 within(ABORT_WAIT_S, "aborting the weight group", abort)
 
     def broadcast(self, buffers: list[Any]) -> None:
-        """Rank 0's buffers into everyone's (same sizes, in order, on this group's device), one
-        bucket at a time; returns once they are all in place (over NCCL: the stream synchronized,
-        so another thread, the engine's, may read them and rank 0 may change its own)."""
+        """Rank 0's buffers into everyone's, one bucket at a time; returns once they are in place
+        (over NCCL: the stream synchronized, so other threads may read them)."""
         for b in buffers:
             if b.numel():
                 self.group.broadcast(b, 0).wait()
@@ -220,8 +179,7 @@ class WeightGroup:
             torch.cuda.current_stream(self.device).synchronize()
 
     def receive(self, header: FlatHeader, buffers: list[Any] | None = None) -> FlatState:
-        """A publication's buckets from rank 0, into `buffers` when they have the header's sizes
-        (the previous publication's, reused), else new ones on this group's device."""
+        """A publication's buckets from rank 0, into `buffers` where they fit (`buffers_for`)."""
         buffers = buffers_for(header, self.device, buffers)
         self.broadcast(buffers)
         return FlatState(header, buffers)

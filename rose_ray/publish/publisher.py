@@ -1,17 +1,10 @@
 """Learner rank 0's side of a publication: the weights to every engine as one version.
 
-The state is packed into flat buffers (flat.py) and sent by the route chosen for the engines
-(route.py). Each engine loads the weights between its batches (behind the calls submitted
-before them), so the returned version is the version every later request is sampled with. The
-requests running when they come finish on the old weights first (`publish.in_flight: wait`), or,
-on a vllm engine, go on under the new ones after at most `publish.in_flight_wait_ms` (`keep`).
-
-A collective cannot hang the learner: forming the group and each broadcast get
-`publish.timeout_s` (group.py `within`). A group that does not form or a broadcast that does
-not end in time (or that fails while every engine is still alive) makes the publisher send that
-publication, and every later one, through the object store (`fallback` in its result says why);
-an NCCL group is aborted, not left to end the process. An engine that died on the way is raised
-as it is: the run replaces it, and the collective goes on with the replacement.
+The state is packed (flat.py) and sent by the route chosen for the engines (route.py); each
+engine loads it between its batches, so every later request is sampled with the new version.
+A collective that does not form or finish in `publish.timeout_s` (or fails while every engine
+lives) makes the publisher fall back to the object store for good (`fallback` says why); an
+engine that died on the way is raised as it is.
 """
 
 from __future__ import annotations
@@ -31,8 +24,7 @@ from rose_ray.publish.route import Member, PublishConfig, choose_route
 
 
 class CollectiveFailed(RuntimeError):
-    """A weight group that did not form, or a broadcast that did not end (in publish.timeout_s,
-    or with an error while every engine lived): the publisher falls back to the object store."""
+    """A weight group that did not form or a broadcast that did not end: fall back to the object store."""
 
 
 def _actor_key(engine: Any) -> str:
@@ -40,8 +32,8 @@ def _actor_key(engine: Any) -> str:
 
 
 def _dead_engine(calls: list[Any], wait_s: float = 2.0) -> BaseException | None:
-    """The error of an engine call among `calls` that failed because its actor died (waited for
-    up to `wait_s`: a broadcast to a dead engine can fail before Ray has seen the death), else None."""
+    """The error of a call among `calls` whose actor died (waited for up to `wait_s`: a broadcast
+    can fail before Ray has seen the death), else None."""
     import ray
 
     if not calls:
@@ -58,10 +50,8 @@ def _dead_engine(calls: list[Any], wait_s: float = 2.0) -> BaseException | None:
 
 
 class WeightPublisher:
-    """The route for a set of engines (asked once per set), the pack buffers (reused from one
-    publication to the next), and the weight group (rebuilt when the engines change, e.g. a
-    replaced engine). Once a collective has failed it publishes through the object store for
-    good (`fallback`: why)."""
+    """The route per set of engines, the pack buffers (reused), and the weight group (rebuilt
+    when the engines change); after a collective fails, the object store for good (`fallback`)."""
 
     def __init__(self, config: PublishConfig | None = None) -> None:
         self.config = config or PublishConfig()
@@ -92,18 +82,15 @@ class WeightPublisher:
         return self._routes[key]
 
     def state_device(self, engines: list[Any]) -> Any:
-        """Where rank 0 should gather the state for these engines: its GPU for an NCCL
-        publication (nothing goes through the host), else the host."""
+        """Where rank 0 gathers the state: its GPU for an NCCL publication, else the host."""
         import torch
 
         return torch.device("cuda", torch.cuda.current_device()) if self.route_for(engines)[1] == "nccl" else "cpu"
 
     def publish(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
-        """`state` to every engine as `version`; waits until all have loaded it (or, without
-        `wait_for_load`, queued it). Returns the method (and `backend`, the collective's), MB
-        and buffers (`buckets`) sent and per-stage ms: pack, transfer (put or broadcast and the call), load (the slowest
-        engine's, its wait behind calls submitted before included; 0 when not waited for), send
-        (all); `fallback`: why this publication gave the collective up for the object store (None)."""
+        """`state` to every engine as `version`, waiting until all have loaded it (or, without
+        `wait_for_load`, queued it). Returns method, backend, mb, buckets, per-stage ms (pack,
+        transfer, load: the slowest engine's, send: all) and `fallback` (why, or None)."""
         method, backend = self.route_for(engines)
         start = time.perf_counter()
         fallback = None

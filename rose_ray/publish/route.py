@@ -1,13 +1,9 @@
 """How the weights travel (`publish:`), and the route chosen for a set of engines.
 
-`object_store`: one `ray.put` of the flat buffers (numpy: zero-copy reads on the same node),
-then each engine actor's `load_weights`; works across nodes. `collective`: rank 0 and the
-engine actors (local hf/vllm actors only) in a weight group of their own (group.py), each
-bucket broadcast once, over `nccl` (GPU buffers end to end) or `gloo` (host buffers);
-`collective_backend: auto` takes nccl where `nccl_problem` finds nothing against it. `auto`:
-the collective over NCCL where every engine is a local actor on rank 0's node and NCCL applies,
-else AUTO_LOCAL for local actors, else the object store. Each engine reports itself as a
-`ReceiverInfo` (its actor's `weight_receiver`); learner rank 0 is a `Member`.
+`object_store`: one `ray.put` of the flat buffers, then each engine's `load_weights`; works
+across nodes. `collective`: rank 0 and the local engine actors in a weight group (group.py),
+each bucket broadcast once over nccl or gloo. `auto`: the collective over NCCL where every
+engine is a local actor on rank 0's node and NCCL applies, else AUTO_LOCAL or the object store.
 """
 
 from __future__ import annotations
@@ -20,14 +16,8 @@ from rose_ray.errors import ConfigError
 PUBLISH_METHODS = ("auto", "object_store", "collective")
 COLLECTIVE_BACKENDS = ("auto", "gloo", "nccl")  # publish.collective_backend
 IN_FLIGHT = ("wait", "keep")  # publish.in_flight
-# What `auto` picks where every engine is a local actor and NCCL does not apply: the faster of
-# the two host-buffer paths as bench/publish.py measured them on one node. On this CPU machine
-# the object store (shared memory) was as fast or faster than gloo over loopback (e.g. 1 GiB:
-# 0.44 vs 0.77 ms/MB), so the object store it is. Those were CPU measurements: where NCCL
-# applies, `auto` takes the collective instead (`choose_route`), since the object store would
-# take the weights GPU -> host -> GPU while NCCL moves them GPU to GPU (NVLink/PCIe, tens of
-# GB/s; the anchors' ~0.1-0.5 s for 3.4 GB, issue 35), and the same-node condition is kept
-# because only there is such a fabric sure (bench/gpu_check.py compares the two on a GPU).
+# `auto` for local actors where NCCL does not apply: bench/publish.py measured the object store
+# as fast as or faster than gloo over loopback (docs/engines.md, "How the weights travel").
 AUTO_LOCAL = "object_store"
 
 
@@ -37,41 +27,28 @@ class PublishConfig:
 
     method: str = "auto"  # auto | object_store | collective
     # >0 packs the tensors into buckets of up to this many MB first (one copy, the buffers
-    # reused from one publication to the next), 0 sends each tensor's own bytes (no copy; one
-    # broadcast or object-store buffer each). One setting for both methods, as verl has one
-    # bucket size. bench/publish.py --bucketed on this CPU machine: 256 MB buckets were a little
-    # faster at 0.3 GiB and much slower at 1 GiB (the pack's copy outweighs fewer, larger transfers).
+    # reused), 0 sends each tensor's own bytes (no copy; one buffer each). Both methods.
     bucket_mb: float = 0.0
     # The collective's group: auto (nccl where it applies: `nccl_problem`) | gloo | nccl
     collective_backend: str = "auto"
     # The collective's deadline for forming its group and for each broadcast; past it (or on an
     # error of the group's) the publisher falls back to the object store for the rest of the run.
     timeout_s: float = 300.0
-    # Whether rank 0 waits until every engine has loaded the weights. Either way an engine
-    # queues them before it answers, so every call submitted after a publication runs on them;
-    # false: rank 0 goes on at once instead of waiting for the engine's calls in flight (its
-    # longest request) and the load; a failed load is raised by the next publication.
+    # Whether rank 0 waits until every engine has loaded the weights (either way every call
+    # submitted after a publication runs on them); false: a failed load is raised by the next one.
     wait_for_load: bool = True
     # The requests an engine is running when the weights come. `wait`: they finish on the old
-    # weights first (a drain: the load, and everything submitted after it, waits for the
-    # engine's longest request). `keep` (vllm only): they are waited for at most
-    # `in_flight_wait_ms`, then the weights load under them and they go on sampling from the
-    # new ones (their keys/values recomputed; vLLM's pause_generation(mode="keep")), so neither
-    # the engine nor a learner that waits for the load waits for a long request. Such a
-    # request's result keeps the version it started on (what max_lag counts: conservative) and
-    # says where the weights changed (GenerationResult.version_end, tokens_on_version); the
-    # logprobs of its tokens from before that are the old weights', as PipelineRL's in-flight
-    # updates leave them. `wait` stays the default: bench/publish.py --busy measured both
-    # (docs/engines.md "How the weights travel"), and `keep` changes what a trajectory holds.
+    # weights first. `keep` (vllm only): after at most `in_flight_wait_ms` the weights load
+    # under them and they go on sampling from the new ones; such a result keeps the version it
+    # started on and says where the weights changed (docs/engines.md, "How the weights travel").
     in_flight: str = "wait"  # wait | keep
     in_flight_wait_ms: float = 0.0  # keep: the most a publication waits for running requests
 
     def __post_init__(self) -> None:
-        if self.method not in PUBLISH_METHODS:
-            raise ConfigError(f"publish.method: must be one of {PUBLISH_METHODS}, got {self.method!r}")
-        if self.collective_backend not in COLLECTIVE_BACKENDS:
-            raise ConfigError(f"publish.collective_backend: must be one of {COLLECTIVE_BACKENDS}, "
-                              f"got {self.collective_backend!r}")
+        for key, allowed in (("method", PUBLISH_METHODS), ("collective_backend", COLLECTIVE_BACKENDS),
+                             ("in_flight", IN_FLIGHT)):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"publish.{key}: must be one of {allowed}, got {getattr(self, key)!r}")
         if self.collective_backend != "auto" and self.method not in ("auto", "collective"):
             raise ConfigError(f"publish.collective_backend: {self.collective_backend} is the collective's; "
                               f"publish.method is {self.method}: leave it auto or use publish.method=collective")
@@ -79,8 +56,6 @@ class PublishConfig:
             raise ConfigError(f"publish.bucket_mb: must be >= 0 (0: no buckets), got {self.bucket_mb!r}")
         if not self.timeout_s > 0:
             raise ConfigError(f"publish.timeout_s: must be > 0, got {self.timeout_s!r}")
-        if self.in_flight not in IN_FLIGHT:
-            raise ConfigError(f"publish.in_flight: must be one of {IN_FLIGHT}, got {self.in_flight!r}")
         if not self.in_flight_wait_ms >= 0:
             raise ConfigError(f"publish.in_flight_wait_ms: must be >= 0, got {self.in_flight_wait_ms!r}")
 
@@ -116,9 +91,8 @@ class PublishConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class Member:
-    """Where a would-be weight-group member runs: its Ray node, its GPU (a UUID, the same
-    whatever CUDA_VISIBLE_DEVICES numbers it; None off CUDA) and the NCCL_* variables its
-    process runs with (an NCCL group's members need the same)."""
+    """Where a would-be weight-group member runs: its Ray node, its GPU (a UUID; None off CUDA)
+    and its process's NCCL_* variables."""
 
     node_id: str
     gpu: str | None = None
@@ -127,9 +101,7 @@ class Member:
 
 @dataclass(frozen=True, kw_only=True)
 class ReceiverInfo(Member):
-    """What an engine actor tells a publisher (its `weight_receiver`): where it runs, its
-    backend and device, whether that backend can join a weight group (a local actor that holds
-    its weights), and its vLLM tensor-parallel size (weights in worker processes of their own)."""
+    """What an engine actor tells a publisher (its `weight_receiver`)."""
 
     backend: str
     takes_weights: bool
@@ -138,19 +110,16 @@ class ReceiverInfo(Member):
 
 
 def nccl_problem(rank0: Member, engines: list[ReceiverInfo]) -> str | None:
-    """Why an NCCL weight group cannot join learner rank 0 and these engines, or None when it
-    can: every member needs a CUDA device and the same NCCL_* settings, NCCL takes one rank per
-    GPU (a colocated engine on rank 0's GPU cannot join; gloo can), and a vLLM engine with
-    tensor-parallel workers receives in its actor's process while the weights live in its
-    workers' (each would have to join the group itself, as OpenRLHF's worker extension and
-    vLLM's weight-transfer API do: not used, docs/engines.md says why)."""
+    """Why an NCCL weight group cannot join learner rank 0 and these engines, or None: every
+    member needs its own CUDA device and the same NCCL_* settings, and a tensor-parallel vLLM
+    engine's weights live in worker processes that do not join."""
     if rank0.gpu is None:
         return "learner rank 0 has no CUDA device"
     seen = {rank0.gpu: "learner rank 0"}
     for n, e in enumerate(engines):
         mine, theirs = rank0.nccl_env, e.nccl_env
         differ = sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
-        if differ:  # NCCL does not reconcile its settings across ranks (group.NCCL_DEFAULTS)
+        if differ:
             return (f"student engine {n} runs with other NCCL settings than learner rank 0 "
                     f"({', '.join(f'{k}={theirs.get(k)} against {mine.get(k)}' for k in differ)}); every member "
                     "of an NCCL group needs the same")
@@ -168,9 +137,8 @@ def nccl_problem(rank0: Member, engines: list[ReceiverInfo]) -> str | None:
 
 
 def choose_route(config: PublishConfig, rank0: Member, engines: list[ReceiverInfo]) -> tuple[str, str]:
-    """(method, collective backend) for learner rank 0 and these engines; the backend is "" for
-    the object store. ConfigError naming publish.collective_backend where nccl is asked for and
-    cannot run (`nccl_problem`)."""
+    """(method, collective backend; "" for the object store). ConfigError where nccl is asked
+    for and cannot run (`nccl_problem`)."""
     problem = nccl_problem(rank0, engines)
     backend = config.collective_backend
     if backend == "auto":

@@ -1,22 +1,15 @@
-"""Algorithms as recipes: `algorithm: {name: <recipe>, ...}` is one typed section, one small file each.
-
-A recipe owns everything that differs between algorithms, and nothing else does:
-- its settings (the `algorithm` section: a dataclass whose keys OmegaConf checks),
-- its turn policy (who acts at each turn of an episode, rollout/handoff.py),
-- whether the teacher scores the student's tokens (OPD needs the teacher's logprobs),
-- which tokens train, in which loss term and how much (`TokenWeights`, rose_ray/tokens.py);
-  the learner only multiplies,
-- its config checks (a `ConfigError` naming the key).
+"""Algorithms as recipes: `algorithm: {name: <recipe>, ...}`, one small file each. A recipe owns
+what differs between algorithms: its settings and their checks, its turn policy
+(rollout/handoff.py), whether the teacher scores the student's tokens, and which tokens train
+in which loss term (`TokenWeights`, rose_ray/tokens.py); the learner only multiplies.
 
     rose         the student plays K turns, the teacher the rest; CE on the teacher's tokens
                  (+ λ·OPD on the student's)                                    recipes/rose.py
     opd          the student plays every turn; OPD on its tokens               recipes/opd.py
     teacher_sft  the teacher plays every turn; CE on its tokens                recipes/teacher_sft.py
 
-Beside them, offline SFT on a dataset (`recipes/sft.py`, `rose-ray sft`); what a run needs
-before it trains (tiny models, gold demonstrations, warm-ups) is provision/'s.
+Offline SFT on a dataset is recipes/sft.py (`rose-ray sft`).
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +37,7 @@ class Recipe(Tagged):
         return recipes()  # (each file registers its recipe when imported)
 
     def check(self, cfg: Any) -> None:
-        """Checks against the rest of the config (ConfigError naming the key): a teacher that
-        scores the student's tokens reads what the learner trains on, the ids as sampled."""
+        """Checks against the rest of the config (ConfigError naming the key)."""
         if not self.teacher_scores_student():
             return
         student, teacher = cfg.student_engine.context_tokens, cfg.teacher_engine.context_tokens

@@ -1,13 +1,6 @@
-"""On-policy distillation (OPD): the student plays whole episodes; the teacher scores every
-student token, and the student is pushed toward the tokens the teacher likes more than it
-does (reverse KL as a clipped policy-gradient surrogate, rose_ray/learner/losses.py).
-
-    algorithm: {name: opd}
-
-    handoff   none: the student acts at every turn
-    tokens    OPD on the student's tokens (the teacher must share the student's tokenizer)
+"""On-policy distillation (OPD): the student plays whole episodes and is pushed toward the
+tokens the teacher likes more than it does (learner/losses.py). `algorithm: {name: opd}`
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass

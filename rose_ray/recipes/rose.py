@@ -1,15 +1,8 @@
-"""ROSE: the student acts for the first turns, the teacher takes over for the rest, in the
-same game and conversation; the student learns to imitate the teacher's turns from the states
-its own turns led to.
+"""ROSE: the student acts for the first turns, the teacher takes over for the rest; cross
+entropy on the teacher's tokens, and with lam > 0 also λ·OPD on the student's own.
 
     algorithm: {name: rose, handoff: {policy: fixed, k: 5}, lam: 0.0}
-
-    handoff   who acts when (rollout/handoff.py: fixed K, curriculum, on_failure, decay, ...)
-    tokens    cross entropy on the teacher's tokens; with lam > 0 also λ·OPD on the student's
-              own tokens (then the teacher scores them); otherwise the student's turns are
-              context only
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass

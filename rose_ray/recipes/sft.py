@@ -1,14 +1,10 @@
 """Offline SFT: `rose-ray sft --data FILE.jsonl --model M --out DIR`.
 
-Rows (the dataset card's schema or AgentGym's) are rendered through the student's chat
-template and trained with the same DeepSpeed learner group the online loop uses: cross
-entropy on the chosen owners' tokens (`teacher_sft.imitate`). No engine played these rows, so
-a row longer than `max_tokens` is cut here, as an engine's drop_oldest policy would cut it.
-The result is a Hugging Face folder in DIR, with the per-step log in DIR/sft_log.jsonl. DIR
-must be new or empty; `--overwrite` replaces a model folder rose-ray wrote (never another
-folder), swapped in only once the new one is whole.
+Rows (the dataset card's schema or AgentGym's) are rendered through the student's chat template
+and trained by the online loop's learner group: cross entropy on the chosen owners' tokens. A row
+longer than `max_tokens` is cut as an engine's drop_oldest would. The result is a Hugging Face
+folder in DIR with DIR/sft_log.jsonl; `--overwrite` replaces only a model folder rose-ray wrote.
 """
-
 from __future__ import annotations
 
 import json
@@ -37,11 +33,9 @@ def train_sft(
     **learner: Any,
 ) -> dict[str, Any]:
     """Train on every row `epochs` times in shuffled batches of `batch_size` rows, export to
-    `out`. `learner` holds LearnerConfig fields (lr, ranks, zero_stage, dtype, ...). `history`:
-    rows as per-turn pieces (`sampled`, what an engine builds) or as the chat template renders
-    each whole conversation (`template`, SFT as the card did it). `sft_owners`: whose tokens
-    are imitated. `out` must be new or an empty folder, or with `overwrite` a model folder
-    rose_ray wrote (checked before anything starts)."""
+    `out` (checked first). `learner`: LearnerConfig fields. `history`: `sampled` (per-turn
+    pieces, as an engine builds them) or `template` (each conversation as the template renders
+    it). `sft_owners`: whose tokens are imitated."""
     import ray
 
     from rose_ray.chat import ChatFormat
@@ -86,16 +80,11 @@ def train_sft(
         from rose_ray.rollout.actors import init_ray
 
         init_ray(None)  # RAY_ADDRESS (a submitted job), else a private local cluster with its own token
+    group, history = None, []
     try:
         for line in check_shared_storage({"--out": out.parent}, "sft"):  # rank 0 may be on another node
             print(line, flush=True)
-    except BaseException:
-        if started_ray:
-            ray.shutdown()
-        raise
-    group = LearnerGroup(config)
-    history = []
-    try:
+        group = LearnerGroup(config)
         rng = random.Random(config.seed)
         for epoch in range(epochs):
             order = list(range(len(seqs)))
@@ -111,16 +100,16 @@ def train_sft(
         # The log goes in with the weights: the folder appears whole or not at all.
         exported = group.export(out, {"sft_log.jsonl": "".join(json.dumps(m) + "\n" for m in history)})
     finally:
-        group.shutdown()
+        if group is not None:
+            group.shutdown()
         if started_ray:
             ray.shutdown()
     return {"rows": len(rows), "steps": len(history), "history": history, "export": exported}
 
 
 def row_cut(turns: list[Any], max_tokens: int) -> list[int]:
-    """The turns (with their ids) to leave out so that a row fits `max_tokens`: the oldest
-    action/observation pairs (drop_oldest, as an engine would have), else everything after the
-    longest prefix that fits. A row that cannot keep a trained turn is refused."""
+    """The turns to leave out so that a row fits `max_tokens`: the oldest pairs (drop_oldest),
+    else everything after the longest prefix that fits; InputError if no trained turn is left."""
     from rose_ray.rollout.context import ContextExceeded, ContextSettings
 
     try:  # the rollout's cut (keep_first_turns 1)

@@ -1,12 +1,6 @@
-"""Teacher SFT, online: the teacher plays whole episodes and the student imitates them (the
-seed table's SFT row, with episodes played as training goes instead of read from a file).
-
-    algorithm: {name: teacher_sft, owners: [student, teacher]}
-
-    handoff   teacher_only: the teacher acts from the first turn
-    tokens    cross entropy on the tokens of `owners` (in teacher-only episodes, the teacher's)
+"""Teacher SFT, online: the teacher plays whole episodes and the student imitates the tokens of
+`owners`. `algorithm: {name: teacher_sft, owners: [student, teacher]}`
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
