@@ -116,17 +116,12 @@ def _row_task_description(row: dict[str, Any]) -> str | None:
 
 
 # --------------------------------------------------------------------------- CLI
-def rows_job(command: str, args: Any, games: list[str], **more: Any) -> dict[str, Any]:
-    """What makes a partial file of `command` the same job: the settings that decide its rows
-    and the games, not where the rows go or how many play at once."""
+def _rows_stream(command: str, args: Any, games: list[GameId], **more: Any) -> tuple[PartialRows, list[int]]:
+    """The partial rows of this job (its settings that decide the rows, and the games), and the
+    games still to play (by index)."""
     settings = {k: v for k, v in dataclasses.asdict(args).items()
                 if k not in ("out", "overwrite", "concurrency", "workers", "kv_cache_mb", "input")}
-    return {"command": command, **settings, "games": digest(games), **more}
-
-
-def _rows_stream(command: str, args: Any, games: list[GameId], **more: Any) -> tuple[PartialRows, list[int]]:
-    """The partial rows of this job, and the games still to play (by index)."""
-    job = rows_job(command, args, [g.item_id for g in games], **more)
+    job = {"command": command, **settings, "games": digest([g.item_id for g in games]), **more}
     stream = PartialRows(args.out, job, args.overwrite)
     if stream.done:
         print(f"{command}: resuming {stream.path}: {len(stream.done)} of {len(games)} games already done",

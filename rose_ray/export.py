@@ -21,14 +21,6 @@ from rose_ray.runs import resolve_run
 MODEL_INFO = "rose_ray_model.json"
 
 
-def student_model(cfg: TrainConfig) -> str:
-    """The student's base model folder (tiny models built here when missing: the weights are
-    the checkpoint's anyway)."""
-    from rose_ray.models import resolve_tiny
-
-    return resolve_tiny(cfg.student_engine.model, cfg.tiny_dir)
-
-
 def model_info(cfg: TrainConfig, run_dir: str | Path, step: int, version: int, base: str) -> str:
     """The provenance file of an exported model: which run, step and policy version."""
     return json.dumps({
@@ -55,13 +47,14 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     from rose_ray.files import out_path
     from rose_ray.learner.learner import LearnerGroup
     from rose_ray.learner.worker import CheckpointUnreadable
+    from rose_ray.models import resolve_tiny
     from rose_ray.placement import check_shared_storage
     from rose_ray.rollout.actors import init_ray
 
     run_dir = resolve_run(run_dir)
     out = out_path(out)  # on the driver: learner rank 0 writes it, from its own node and working directory
     cfg, record = check_request(run_dir, out, step)
-    base = student_model(cfg)
+    base = resolve_tiny(cfg.student_engine.model, cfg.tiny_dir)  # the weights are the checkpoint's
     started = not ray.is_initialized()
     init_ray(None)  # RAY_ADDRESS, else a private local cluster
     try:

@@ -138,31 +138,23 @@ def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, floa
     return scalars
 
 
-def validity_scalars(batch: list[Any]) -> dict[str, float]:
-    """The share of each owner's replies that the game accepted as actions, where it replied."""
-    out = {}
-    for owner in ("student", "teacher"):
-        replies = [(t, i) for t in batch for i, x in enumerate(t.turns) if x.role == "assistant" and x.owner == owner]
-        if replies:
-            valid = sum(i not in set(t.invalid_turns) for t, i in replies)
-            out[f"rollout/{owner}_valid_rate"] = valid / len(replies)
-    return out
-
-
 def episode_scalars(batch: list[Any]) -> dict[str, float]:
-    """What a batch's episodes played: `validity_scalars`; the teacher's valid share at each turn
-    counted from the episode's first reply; the share of handoffs at which the game's state (or a
-    part of it) differed from its state at load; with an expert teacher, the shares of handoffs
-    with a plan and a winning plan, and of episodes ended for want of a plan or lost before it."""
-    out = validity_scalars(batch)
+    """What a batch's episodes played: the share of each owner's replies that the game accepted
+    as actions, and the teacher's at each turn counted from the episode's first reply; the share
+    of handoffs at which the game's state (or a part of it) differed from its state at load; with
+    an expert teacher, the shares of handoffs with a plan and a winning plan, and of episodes
+    ended for want of a plan or lost before it."""
+    valid: dict[str, list[bool]] = {}
     by_turn: dict[int, list[bool]] = {}
     for t in batch:
         invalid, at = set(t.invalid_turns), 0
         for i, x in enumerate(t.turns):
             if x.role == "assistant" and x.owner != "prompt":
                 at += 1
+                valid.setdefault(x.owner, []).append(i not in invalid)
                 if x.owner == "teacher":
                     by_turn.setdefault(at, []).append(i not in invalid)
+    out = {f"rollout/{o}_valid_rate": sum(v) / len(v) for o in ("student", "teacher") if (v := valid.get(o))}
     out.update({f"rollout/teacher_valid_by_turn/t{n:02d}": sum(v) / len(v) for n, v in sorted(by_turn.items())})
     states = [t.handoff_state for t in batch if t.handoff_state]
     for part in dict.fromkeys(k for s in states for k in s):
