@@ -145,13 +145,13 @@ def _serve(args: ServeCommand) -> int:
 
 
 def world_args(g: argparse.ArgumentParser) -> None:
-    from rose_ray.envs.worlds import DEFAULT_WORLD, WORLDS, get_world
+    """--world and --mapping as the typed commands have them (commands.WorldSettings)."""
+    from dataclasses import fields
 
-    g.add_argument("--world", choices=sorted(WORLDS),
-                   help=f"default: the world an item id names, else {DEFAULT_WORLD}")
-    mappings = get_world(DEFAULT_WORLD).mappings
-    g.add_argument("--mapping", choices=list(mappings),
-                   help=f"ScienceWorld's item-id mapping (default {mappings[0]})")
+    from rose_ray.commands import WorldSettings
+
+    for f in fields(WorldSettings):
+        g.add_argument(f"--{f.name}", choices=f.metadata["choices"], help=f.metadata["help"])
 
 
 def build_parser() -> argparse.ArgumentParser:

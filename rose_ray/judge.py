@@ -79,9 +79,8 @@ class VerdictCache:
 
         if self.path.exists():
             for n, _, row in json_records(self.path, bad):
-                fields = (row.get("judge"), row.get("key"), row.get("verdict"), row.get("parsed"))
-                if not (isinstance(fields[0], str) and isinstance(fields[1], str) and isinstance(fields[2], int)
-                        and isinstance(fields[3], bool)):
+                kinds = {"judge": str, "key": str, "verdict": int, "parsed": bool}
+                if not all(isinstance(row.get(k), kind) for k, kind in kinds.items()):
                     bad(n, f"{self.path}:{n}: not a verdict (judge, key, verdict, parsed)")
                     continue
                 self.entries[(row["judge"], row["key"])] = row
@@ -296,9 +295,8 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
         r["judge"] = cfg.name
         counts["cut"] += cut
         counts["cached"] += sum(v.cached for v in got)
-        counted = verdict_counts(r["verdicts"])
-        counts["unparsed"] += counted["unparsed"]
-        counts["errors"] += counted["errors"]
+        for key, n in verdict_counts(r["verdicts"]).items():
+            counts[key] += n
     return counts
 
 
