@@ -71,7 +71,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
             "invalid_action_rate": sum(r["invalid_actions"] for r in rows) / turns if turns else 0.0,
             # replies that ran out of tokens before an `Action:` line (older partial files lack it)
             "cut_before_action_rate": sum(r.get("cut_before_action", 0) for r in rows) / turns if turns else 0.0,
-            **(cell(rows) if paper else {}),
+            **(tables.cell(rows) if paper else {}),
         }
 
     paper = bool(records) and all("process" in r for r in records)  # DiscoveryWorld games
@@ -79,13 +79,12 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         from rose_ray.envs.worlds import paper_tables
 
         tables = paper_tables()
-        cell, paper_summary = tables.cell, tables.paper_summary
     by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         by_task[r["task"]].append(r)
     out = {"overall": block(records), "per_task": {t: block(rs) for t, rs in sorted(by_task.items())}}
     if paper:
-        out["paper"] = paper_summary(records)
+        out["paper"] = tables.paper_summary(records)
         from rose_ray.judge import verdict_counts
 
         verdicts = [v for r in records for v in r.get("verdicts") or []]
