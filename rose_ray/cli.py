@@ -259,19 +259,18 @@ def main(argv: list[str] | None = None) -> int:
 
             given = resolve(args.settings, args, args.command)
         return int(func(given) or 0)
-    except (InputError, FileNotFoundError, ModelNotAvailable) as e:  # bad input: its one line; a bug keeps its traceback
-        if os.environ.get("ROSE_RAY_DEBUG"):
+    except (InputError, FileNotFoundError, ModelNotAvailable, OpenAIServerError) as e:
+        if os.environ.get("ROSE_RAY_DEBUG"):  # else one line (a bug, not caught here, keeps its traceback)
             raise
-        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        if isinstance(e, OpenAIServerError):  # a served model failed a command (not bad input): exit 1
+            from rose_ray.reliability import describe_error
+
+            message = f"a served model failed: {describe_error(e)}"
+            print(f"rose-ray {args.command}: error: {message}", file=sys.stderr)
+            return 1
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e  # bad input: its one line, exit 2
         print(f"rose-ray {args.command}: error: {message}", file=sys.stderr)
         return 2
-    except OpenAIServerError as e:  # a served model failed a command (not bad input): exit 1, said plainly
-        if os.environ.get("ROSE_RAY_DEBUG"):
-            raise
-        from rose_ray.reliability import describe_error
-
-        print(f"rose-ray {args.command}: error: a served model failed: {describe_error(e)}", file=sys.stderr)
-        return 1
     except BrokenPipeError:  # output piped into `head`
         sys.stderr.close()
         return 0
