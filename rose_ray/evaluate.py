@@ -190,11 +190,7 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     spec = cfg.play_spec()  # --run, --config: as that config's runs evaluate
     protocol = spec.protocol()  # a bad file fails before any actor
     games = cfg.games()  # the same games as a training run's evals with these `tasks`, `eval.n` and `eval.seed`
-    judge = _judge_config(cfg)
-    if judge is not None:
-        from rose_ray.judge import check_judge
-
-        judge = check_judge(judge)  # a judge that is not there fails now, not after every game is played
+    judge = _judge_config(cfg)  # a judge that is not there fails now, not after every game is played
     check_command_engines("eval", spec.engines())  # a served model that cannot do the job fails now
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial.jsonl")
@@ -227,13 +223,15 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
 
 
 def _judge_config(cfg: EvalCommand):
+    """The eval's judge, checked to be there (None without --judge)."""
     if not cfg.judge:
         return None
-    from rose_ray.judge import JudgeConfig
+    from rose_ray.judge import JudgeConfig, check_judge
 
-    return JudgeConfig(model=cfg.judge, world=cfg.world, served_model=cfg.judge_model, max_new_tokens=cfg.judge_max_new_tokens,
-                       thinking=None if cfg.judge_thinking is None else cfg.judge_thinking == "on",
-                       concurrency=cfg.concurrency, dtype=cfg.dtype)
+    return check_judge(JudgeConfig(
+        model=cfg.judge, world=cfg.world, served_model=cfg.judge_model,
+        max_new_tokens=cfg.judge_max_new_tokens, concurrency=cfg.concurrency, dtype=cfg.dtype,
+        thinking=None if cfg.judge_thinking is None else cfg.judge_thinking == "on"))
 
 
 def _play_with_progress(spec: PlaySpec, todo: list[GameId], protocol: Any, partial: Path,

@@ -19,6 +19,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -367,8 +368,6 @@ class Evals:
         self.cfg, self.rollouts = cfg, rollouts
         self.history: dict[str, Any] = {"eval": []}
         self.pools: list[Any] = []
-        self._runner: EpisodeRunner | None = None
-        self._dev_games: list[GameId] | None = None
 
     def start(self, student_path: str) -> None:
         from rose_ray.evaluate import training_evals
@@ -382,20 +381,19 @@ class Evals:
     def load_state_dict(self, state: EvalState) -> None:
         self.history = copy.deepcopy(state.history)  # a copy: the state may be restored again
 
+    @cached_property
     def dev_games(self) -> list[GameId]:
-        if self._dev_games is None:
-            self._dev_games = replace(self.job, split="dev", n=self.cfg.eval.every_n).games()
-        return self._dev_games
+        return replace(self.job, split="dev", n=self.cfg.eval.every_n).games()
 
+    @cached_property
     def runner(self) -> EpisodeRunner:
+        """The evals' own env pools, started at the first eval."""
         from rose_ray.rollout.actors import start_env_pools
         from rose_ray.rollout.runner import EpisodeRunner
 
-        if self._runner is None:
-            env = replace(self.cfg.env, workers=1, resources=dict(self.cfg.env.resources))
-            self.pools = start_env_pools(env, max_turns=self.cfg.eval.max_turns)
-            self._runner = EpisodeRunner(self.pools, env.games_per_worker, engines=self.rollouts.engines)
-        return self._runner
+        env = replace(self.cfg.env, workers=1, resources=dict(self.cfg.env.resources))
+        self.pools = start_env_pools(env, max_turns=self.cfg.eval.max_turns)
+        return EpisodeRunner(self.pools, env.games_per_worker, engines=self.rollouts.engines)
 
     async def play(self, step: int, who: str) -> dict[str, Any]:
         """`who` ("student", "teacher", or "dev": the student on the dev games) plays; the
@@ -404,8 +402,8 @@ class Evals:
         from rose_ray.rollout.play import Players, play
 
         agent = self.rollouts.teacher if who == "teacher" else self.rollouts.student
-        games = self.dev_games() if who == "dev" else self.games
-        played = await play(self.spec, games, players=Players(self.runner(), agent, None),
+        games = self.dev_games if who == "dev" else self.games
+        played = await play(self.spec, games, players=Players(self.runner, agent, None),
                             protocols=self.rollouts.protocol, request_prefix="eval/")
         result = summarise([game_record(t) for t in played])["overall"]
         self.history["eval"].append({"step": step, "who": who, **result})
