@@ -146,19 +146,15 @@ class JudgeUnavailable(InputError):
     """The judge cannot be reached or loaded (a clear error, before or while judging)."""
 
 
-def _base_url(cfg: JudgeConfig) -> str:
-    base_url = cfg.model[len("openai:"):].rstrip("/")
-    if not base_url.startswith(("http://", "https://")):
-        raise JudgeUnavailable(f"--judge {cfg.model}: expected openai:http://HOST:PORT/v1")
-    return base_url
-
-
 def _served_engine(cfg: JudgeConfig, timeout_s: float = 300.0, **retry: float) -> Any:
     """The client of a served judge (`retry`: the engine's retry_s, when not its default)."""
     from rose_ray.inference.engine import EngineConfig
     from rose_ray.inference.openai import OpenAIEngine, flag_key_env
 
-    return OpenAIEngine(EngineConfig.of("openai", base_url=_base_url(cfg), model=cfg.served_model,
+    base_url = cfg.model[len("openai:"):].rstrip("/")
+    if not base_url.startswith(("http://", "https://")):
+        raise JudgeUnavailable(f"--judge {cfg.model}: expected openai:http://HOST:PORT/v1")
+    return OpenAIEngine(EngineConfig.of("openai", base_url=base_url, model=cfg.served_model,
                                         context_tokens=cfg.context_tokens, max_batch_size=cfg.concurrency,
                                         timeout_s=timeout_s, api_key_env=flag_key_env("--judge"), **retry))
 
