@@ -498,8 +498,9 @@ def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = Tru
     hints = typing.get_type_hints(command)
     own = vars(command).get("__annotations__", {})
     for f in sorted(fields(command), key=lambda f: f.name not in own):  # the command's own first
-        meta = f.metadata
-        kind = _flag_type(hints[f.name])
+        meta, hint = f.metadata, hints[f.name]
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]  # int | None, list[str]: their item
+        kind = inner[0] if typing.get_origin(hint) is list or len(inner) == 1 else hint
         required = f.default is MISSING
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         about = " ".join(filter(None, [meta["help"], "(required)" if required else default_text(meta["help"], default)]))
@@ -509,7 +510,7 @@ def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = Tru
             options["action"] = "store_true"
         else:
             options.update(type=kind, choices=meta["choices"], metavar=meta["metavar"], nargs=meta["nargs"])
-            if typing.get_origin(hints[f.name]) is list and not meta["nargs"]:  # a repeatable flag
+            if typing.get_origin(hint) is list and not meta["nargs"]:  # a repeatable flag
                 options.update(action="append", nargs=None)
         if meta["positional"]:
             parser.add_argument(f.name, **options)
@@ -536,14 +537,6 @@ def default_text(help_: str, default: Any) -> str:
 def _flag(f: Any) -> str:
     """A field's flag: `--field-name`, or the one its metadata names (`--in`)."""
     return f.metadata["flag"] or "--" + f.name.replace("_", "-")
-
-
-def _flag_type(hint: Any) -> Any:
-    """int for `int | None`, str for `list[str]` (the flag takes several), else the type."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if typing.get_origin(hint) is list or len(args) == 1:
-        return args[0]
-    return hint
 
 
 def resolve(command: type, args: argparse.Namespace, name: str) -> Any:
