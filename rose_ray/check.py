@@ -1,14 +1,10 @@
 """`rose-ray check [--config CONFIG] [k=v ...]`: what to run before asking for GPUs.
 
-Loads the config and the student's and teacher's tokenizers (not their weights), asks a served
-engine's server whether it serves the model with enough context and logprobs, renders a
-sample conversation through each chat template and shows its turn pieces, checks that OPD's
-teacher shares the student's tokenizer, counts the games of every split and id list the
-config uses, plans placement on the cluster (or on nodes described with `--node`) and each
-role's memory per GPU (rose_ray/memory.py: from the models' config.json, `--model-config-for`
-stand-ins or the shipped Qwen3 sizes; the GPU's size from `--gpu-memory` or the nodes'
-`accelerator_type:`). The first problem stops it with exit status 2 and a message naming the key.
-`rose-ray plan` (plan_main) prints the placement and memory parts alone.
+Loads the config and the tokenizers (not the weights), asks served engines whether they can do
+the job, renders a sample conversation through each chat template, counts the games the config
+uses, and plans placement and each role's memory per GPU (memory.py) on the cluster or on nodes
+described with `--node`. The first problem exits 2 naming the key. `rose-ray plan` (plan_main)
+prints the placement and memory parts alone.
 
     rose-ray check --config configs/rose_qwen3_1p7b_32b.yaml \\
         --tokenizer-for Qwen/Qwen3-1.7B=/models/qwen3-1.7b --node CPU=64,GPU=8 --gpu-memory 80
@@ -32,8 +28,7 @@ SAMPLE_REPLY = "Thought: water boils on a hot stove, so I turn the stove on firs
 
 
 def parse_stand_ins(pairs: list[str], flag: str = "--tokenizer-for") -> dict[str, str]:
-    """`MODEL=DIR` pairs: a local folder standing in for a model that is not on disk (its
-    tokenizer for --tokenizer-for, its config.json for --model-config-for)."""
+    """`MODEL=DIR` pairs: a local folder standing in for a model that is not on disk."""
     out = {}
     for pair in pairs:
         model, sep, folder = pair.partition("=")
@@ -53,14 +48,11 @@ def _tokenizer_path(cfg: TrainConfig, role: str, name: str, stand_ins: dict[str,
 
     if name.startswith("tiny:"):
         return resolve_tiny(name, cfg.tiny_dir)
-
     try:
         return local_model(name)  # a folder, or a hub id's snapshot in the local Hugging Face cache
     except ModelNotAvailable:
-        raise InputError(
-            f"{role}_engine.model: {name!r} is not on this machine; pass "
-            f"--tokenizer-for {name}=DIR with a folder holding its tokenizer"
-        ) from None
+        raise InputError(f"{role}_engine.model: {name!r} is not on this machine; pass "
+                         f"--tokenizer-for {name}=DIR with a folder holding its tokenizer") from None
 
 
 def show_pieces(role: str, chat: Any, protocol: Any, budget: int) -> list[str]:
@@ -94,10 +86,22 @@ def _on_a_cluster(cfg: TrainConfig) -> bool:
     return ray.is_initialized() or (bool(address) and address != "local")
 
 
+def plan_nodes(cfg: TrainConfig, args: Any, described: list[Any] | None) -> tuple[list[Any], bool]:
+    """The nodes to plan on, and whether on their total resources: the `described` ones (from
+    --node), else the cluster's (joined here)."""
+    from rose_ray.placement import cluster_nodes
+
+    if described is not None:
+        return described, True
+    from rose_ray.rollout.actors import init_ray
+
+    init_ray(args.address or cfg.ray_address)
+    return cluster_nodes(), args.total
+
+
 def check_served_engines(cfg: TrainConfig) -> list[str]:
-    """Each engine of a served backend (openai), asked before a run whether it can do its job (its served
-    model's name, context and logprobs, and prompt scoring for a teacher that scores: OPD);
-    a ServedModelMismatch (exit 2) names the key. One line per served engine."""
+    """Each served engine (openai) asked whether it can do its job (model name, context,
+    logprobs, prompt scoring for OPD's teacher); a ServedModelMismatch names the key."""
     from dataclasses import replace
 
     from rose_ray.inference.openai import SettingNames, check_served
@@ -129,24 +133,25 @@ def check_served_engines(cfg: TrainConfig) -> list[str]:
     return out
 
 
-def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
-          address: str | None, use_total: bool, gpu_gib: float | None = None,
-          config_for: dict[str, str] | None = None) -> list[str]:
+def check(cfg: TrainConfig, args: Any) -> list[str]:
     """Every check, in order; returns the report lines or raises naming the first problem."""
     from rose_ray.chat import ChatFormat, ChatTemplateError
     from rose_ray.envs.worlds import get_world
     from rose_ray.models import load_tokenizer
-    from rose_ray.placement import check_cluster, cluster_nodes, demands, format_plan
+    from rose_ray.placement import check_cluster, demands, format_plan, parse_nodes
     from rose_ray.rollout.context import ContextSettings
     from rose_ray.rollout.episode import same_tokenizer
 
+    stand_ins = parse_stand_ins(args.tokenizer_for or [])
+    config_for = parse_stand_ins(args.model_config_for or [], "--model-config-for")
+    described = parse_nodes(args.node) if args.node else None
     out = [f"config {cfg.name!r}: algorithm {cfg.algorithm.describe()}, {cfg.mode}, {cfg.steps} steps, "
            f"world {cfg.env.world}"]
     protocol = cfg.env.protocol()
     if cfg.env.instruction_from:
         out.append(f"instruction and acknowledgement from {cfg.env.instruction_from}")
 
-    # Engine backends (where the engines run on this machine's cluster; a remote node says so when its engine starts).
+    # Engine backends (a remote node's are checked when its engine starts).
     from rose_ray.inference.backends import backend_problem
 
     for role, engine in cfg.engines():
@@ -203,14 +208,8 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
                          f"(e.g. {sorted(overlap)[0]}); the eval would not be held out")
 
     # Placement.
-    if nodes is None:
-        from rose_ray.rollout.actors import init_ray
-
-        init_ray(address or cfg.ray_address)
-        nodes = cluster_nodes()
-        where = "the connected cluster"
-    else:
-        use_total, where = True, f"{len(nodes)} described node(s)"
+    nodes, use_total = plan_nodes(cfg, args, described)
+    where = f"{len(nodes)} described node(s)" if args.node else "the connected cluster"
     placed = check_cluster(cfg, use_total=use_total, nodes=nodes)
     out.append(f"placement on {where}: {len(demands(cfg))} roles fit")
     out += [("  " + line).rstrip() for line in format_plan(placed, nodes, use_total=use_total).splitlines()]
@@ -218,7 +217,7 @@ def check(cfg: TrainConfig, stand_ins: dict[str, str], nodes: list[Any] | None,
     # Memory per GPU.
     from rose_ray.memory import check_memory, format_memory, gpu_memory, memory_plan
 
-    gib, source = gpu_memory(gpu_gib, nodes)
+    gib, source = gpu_memory(args.gpu_memory, nodes)
     memory = memory_plan(cfg, gib, config_for)
     check_memory(memory)
     out += format_memory(memory, source)
@@ -241,12 +240,7 @@ def check_main(args: Any) -> int:
             raise InputError(f"check: {args.overrides[0]!r}: not KEY=VALUE (the config is --config {args.config})")
         args.config, args.overrides = args.overrides[0], args.overrides[1:]
     cfg = load_config(args.config, args.overrides)
-    from rose_ray.placement import parse_nodes
-
-    stand_ins = parse_stand_ins(args.tokenizer_for or [])
-    config_for = parse_stand_ins(args.model_config_for or [], "--model-config-for")
-    nodes = parse_nodes(args.node) if args.node else None
-    for line in check(cfg, stand_ins, nodes, args.address, args.total, args.gpu_memory, config_for):
+    for line in check(cfg, args):
         print(line)
     for line in gpu_report():  # this machine's GPUs, when the check runs on a GPU node
         print(line)
@@ -255,27 +249,13 @@ def check_main(args: Any) -> int:
 
 
 def plan_main(args: Any) -> int:
-    """`rose-ray plan [--config CONFIG] [--total] [KEY=VALUE ...]`: print where each actor would
-    go and each role's memory per GPU; exit 2 (PlacementError) when the cluster cannot hold it or
-    a role cannot fit its GPUs. The placement and memory parts of `check`, without the rest."""
+    """`rose-ray plan`: where each actor would go and each role's memory per GPU; exit 2
+    (PlacementError) when the cluster cannot hold it or a role cannot fit its GPUs."""
     from rose_ray.memory import check_memory, format_memory, gpu_memory, memory_plan
-    from rose_ray.placement import (
-        check_cluster,
-        cluster_nodes,
-        describe_demands,
-        format_plan,
-        parse_nodes,
-    )
+    from rose_ray.placement import check_cluster, describe_demands, format_plan, parse_nodes
 
     cfg = load_config(args.config, args.overrides)
-    use_total = args.total
-    if args.node:
-        nodes, use_total = parse_nodes(args.node), True
-    else:
-        from rose_ray.rollout.actors import init_ray
-
-        init_ray(args.address or cfg.ray_address)
-        nodes = cluster_nodes()
+    nodes, use_total = plan_nodes(cfg, args, parse_nodes(args.node) if args.node else None)
     print("\n".join(describe_demands(cfg, nodes, described=bool(args.node))))
     placed = check_cluster(cfg, use_total=use_total, nodes=nodes)
     print()

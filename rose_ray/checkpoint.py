@@ -1,15 +1,10 @@
-"""A run's checkpoint, one typed record of each component's state (`Checkpoint`: `{component:
-state}`, each state a dataclass of its own), read by `read_checkpoint` (`train --resume`, a
-learner group going back after a rank's loss, `export`, the tests) and written by
-`write_checkpoint`, nowhere else.
+"""A run's checkpoint: one typed record of each component's state (`Checkpoint`), read by
+`read_checkpoint` and written by `write_checkpoint`, nowhere else.
 
-On disk, under `<run_dir>/checkpoints/`: the learner's DeepSpeed folder `step_N` (per rank:
-model, optimizer, scheduler, RNG), the record beside it as `trainer_step_N.json`, and `latest`
-naming the newest. The folder is written into a temp folder and renamed `step_N` whole
-(files.writing_folder), then the record is written (whole, fsynced): the mark that the
-checkpoint is whole (`kept_steps`). A whole checkpoint is never written again: the stop's
-checkpoint of a step already saved replaces only its record. Pruning takes a step's mark away
-before any of its files. The run's config is its `config.yaml`.
+Under `<run_dir>/checkpoints/`: the learner's DeepSpeed folder `step_N` (written into a temp
+folder and renamed whole), then the record `trainer_step_N.json`, the mark that the checkpoint
+is whole (`kept_steps`), and `latest` naming the newest. Pruning takes a step's mark away
+before any of its files.
 """
 
 from __future__ import annotations
@@ -94,7 +89,7 @@ class Checkpoint:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any], where: Path) -> Checkpoint:
-        """A record as read from `where`; an InputError naming it when this code cannot read it."""
+        """A record as read from `where`; an InputError naming it when it cannot be read."""
         version = record.get("format", 1)
         if not isinstance(version, int) or not 1 <= version <= FORMAT:
             raise InputError(f"{where}: checkpoint format {version!r}; this rose_ray reads formats 1 to {FORMAT} "
@@ -115,9 +110,8 @@ class Checkpoint:
 
 
 def kept_steps(run_dir: str | Path) -> list[int]:
-    """Learner steps with a whole checkpoint: the learner's folder and the record, which is
-    written only once the folder is whole (`write_checkpoint`), so a checkpoint whose save
-    was cut short, or whose pruning began, is not listed."""
+    """Learner steps with a whole checkpoint: the learner's folder and its record (written only
+    once the folder is whole)."""
     ckpt = Path(run_dir) / "checkpoints"
     steps = []
     for d in ckpt.glob("step_*"):
@@ -139,9 +133,8 @@ def _read_record(run: Path, step: int) -> Checkpoint:
 
 
 def read_checkpoint(run_dir: str | Path, step: int | None = None) -> Checkpoint:
-    """The record of a run's whole checkpoint of `step`, or by default the newest whole one
-    whose record can be read: a record that cannot (cut short, corrupt) is passed over for the
-    one before it, saying so. An InputError naming the run when there is none."""
+    """The record of a run's whole checkpoint of `step`, by default the newest whose record reads
+    (an unreadable one is passed over, saying so); an InputError naming the run when none."""
     run = Path(run_dir)
     steps = kept_steps(run)
     if not steps:
@@ -163,14 +156,10 @@ def read_checkpoint(run_dir: str | Path, step: int | None = None) -> Checkpoint:
 
 
 def write_checkpoint(run_dir: Path, record: Checkpoint, learner: Any, keep: int, same_state: bool = False) -> bool:
-    """Complete before marked: the learner's files (`learner`: a LearnerGroup) into a temp
-    folder renamed `step_N` whole, then the record (the mark that the checkpoint is whole), then
-    `latest`, each on disk before the next; a save cut short anywhere leaves the previous
-    checkpoint the latest whole one. `same_state`: the learner holds the state of the whole
-    checkpoint of its step already (this process saved or loaded it: the stop right after a
-    periodic checkpoint), so its files are not written again; only its record is replaced,
-    whole. Then the oldest whole ones past `keep` go (`prune`). Returns whether the learner's
-    files were written."""
+    """Complete before marked: the learner's (a LearnerGroup's) folder, then the record, then
+    `latest`, each on disk before the next; then the oldest past `keep` go. `same_state`: the
+    learner holds its step's whole checkpoint already, so only the record is replaced. Returns
+    whether the learner's files were written."""
     from rose_ray.learner.learner import write_latest
 
     ckpt_dir, tag = run_dir / "checkpoints", f"step_{learner.step}"
@@ -192,9 +181,8 @@ def write_checkpoint(run_dir: Path, record: Checkpoint, learner: Any, keep: int,
 
 
 def prune(ckpt_dir: Path, keep: int | None = None) -> None:
-    """Delete all but the newest `keep` whole checkpoints (None: all whole ones stay) and any
-    step folder without its mark: each step's mark first (on disk), then its files, so a kill
-    in between leaves a folder that is not counted as whole (and is deleted the next time)."""
+    """Delete all but the newest `keep` whole checkpoints (None: all) and any step folder without
+    its mark; the mark goes first, so a kill in between leaves a folder not counted as whole."""
     whole = kept_steps(ckpt_dir.parent)
     kept = {f"step_{n}" for n in (whole[-keep:] if keep is not None else whole)}
     for folder in sorted(ckpt_dir.glob("step_*")):
@@ -216,8 +204,7 @@ def latest_tag(run_dir: Path) -> str | None:
 
 def unreadable_checkpoint(error: Exception, run_dir: str | Path, step: int, kept: list[int],
                           command: str) -> InputError:
-    """The error for a kept checkpoint whose files cannot be read (a corrupt shard): it names
-    the checkpoint and the whole one before it to use instead."""
+    """The error for a kept checkpoint whose files cannot be read, naming the one to use instead."""
     earlier = [n for n in kept if n < step]
     if not earlier:
         instead = "no earlier checkpoint is kept"

@@ -12,7 +12,7 @@ import importlib
 import os
 import shlex
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rose_ray import __version__
 from rose_ray.errors import InputError
@@ -21,14 +21,9 @@ if TYPE_CHECKING:
     from rose_ray.commands import ServeCommand
 
 
-class UsageError(InputError):
-    """Bad user input: printed as `rose-ray: error: ...`, exit status 2."""
-
-
 class HelpFormatter(argparse.HelpFormatter):
-    """`--help` that says each option's default (as ArgumentDefaultsHelpFormatter, but not for
-    an unset value, an off switch or a help that already says it). The typed commands' flags
-    say theirs in their help (commands.add_flags), their argparse default being a placeholder."""
+    """`--help` that says each option's default where its help does not (commands.default_text);
+    the typed commands' flags say theirs in their help (commands.add_flags)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         from rose_ray.commands import default_text
@@ -58,9 +53,7 @@ def _games(args: argparse.Namespace) -> int:
     width = max(len(t) for t in counts)
     print(f"{world.name}, mapping {catalogue.mapping}: {len(catalogue)} games, {len(counts)} tasks")
     print(f"{'id':<5} {'task':<{width}} {'first':>6} {'all':>5} {'train':>6} {'dev':>5} {'test':>5}")
-    firsts: dict[str, str] = {}
-    for g in catalogue.games:
-        firsts.setdefault(g.task, g.item_id)
+    firsts = {g.task: g.item_id for g in reversed(catalogue.games)}  # each task's first game
     for task, c in counts.items():
         print(
             f"{c.get('task_id', ''):<5} {task:<{width}} {firsts[task].rsplit('_', 1)[1]:>6} {c['all']:>5} "
@@ -126,8 +119,7 @@ def _init_tiny(args: argparse.Namespace) -> int:
 
 
 def _serve(args: ServeCommand) -> int:
-    """`rose-ray serve MODEL --port P [--host H] [--api-key K] ...`: the hf engine behind
-    inference/server.py; `--backend vllm` is vLLM's own server, which the command names."""
+    """`rose-ray serve MODEL`: the hf engine behind inference/server.py (vllm: its own server)."""
     from rose_ray.inference.backends import backend_version, command_engine, make_engine
     from rose_ray.inference.server import OpenAIServer, vllm_server
 
@@ -154,13 +146,13 @@ def _serve(args: ServeCommand) -> int:
 
 
 def world_args(g: argparse.ArgumentParser) -> None:
-    from rose_ray.envs.worlds import DEFAULT_WORLD, WORLDS, get_world
+    """--world and --mapping as the typed commands have them (commands.WorldSettings)."""
+    from dataclasses import fields
 
-    g.add_argument("--world", choices=sorted(WORLDS),
-                   help=f"default: the world an item id names, else {DEFAULT_WORLD}")
-    mappings = get_world(DEFAULT_WORLD).mappings
-    g.add_argument("--mapping", choices=list(mappings),
-                   help=f"ScienceWorld's item-id mapping (default {mappings[0]})")
+    from rose_ray.commands import WorldSettings
+
+    for f in fields(WorldSettings):
+        g.add_argument(f"--{f.name}", choices=f.metadata["choices"], help=f.metadata["help"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -202,12 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. steps=20")
     g.set_defaults(func="rose_ray.train:cli_main")
 
-    # The commands with typed settings (commands.py), their flags made from the fields there. The
-    # runs also take --config FILE.yaml and KEY=VALUE of their settings, as train does; warmup,
-    # check and plan pass theirs to the training config, and export has flags alone.
     from rose_ray.commands import COMMANDS, TOOLS, add_flags
 
-    for name, func, help_ in (
+    def typed(name: str, func: Any, help_: str) -> None:
+        """A command with typed settings (commands.py), its flags made from the fields there."""
+        g = command(name, help_)
+        add_flags(g, COMMANDS.get(name) or TOOLS[name], layers=name in COMMANDS)
+        g.set_defaults(func=func)
+
+    for args in (
             ("warmup", "rose_ray.provision.warmup:cli_main",
              "build a config's tiny models and warm-ups (cached), e.g. the small tier"),
             ("export", "rose_ray.export:cli_main", "a Hugging Face folder of the student from a run's kept checkpoint"),
@@ -219,9 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
             ("collect", "rose_ray.collect:collect_main", "write student prefixes: the first K turns of each game"),
             ("continue", "rose_ray.collect:continue_main", "replay recorded prefixes, then let the teacher play on"),
             ("gold", "rose_ray.collect:gold_main", "write gold demonstrations (ScienceWorld's gold paths)")):
-        g = command(name, help_)
-        add_flags(g, COMMANDS.get(name) or TOOLS[name], layers=name in COMMANDS)
-        g.set_defaults(func=func)
+        typed(*args)
 
     g = command("migrate", "rewrite a run's config.yaml from an earlier version of rose_ray in today's keys "
                            "(the old file kept beside it as config.yaml.old)")
@@ -238,17 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-jvm", action="store_true", help="check only the rows' task names")
     g.set_defaults(func="rose_ray.collect:check_data_main")
 
-    # --- serve (inference) ---
-    g = command("serve", "OpenAI-compatible server over a transformers engine (vLLM: its own server)")
-    add_flags(g, COMMANDS["serve"])
-    g.set_defaults(func=_serve)
-    # --- end serve ---
-
-    # --- sft (learner) ---
-    g = command("sft", "offline SFT on dataset rows (the card's role/content schema or AgentGym's from/value)")
-    add_flags(g, COMMANDS["sft"])
-    g.set_defaults(func="rose_ray.recipes.sft:cli_main")
-    # --- end sft ---
+    typed("serve", _serve, "OpenAI-compatible server over a transformers engine (vLLM: its own server)")
+    typed("sft", "rose_ray.recipes.sft:cli_main",
+          "offline SFT on dataset rows (the card's role/content schema or AgentGym's from/value)")
     return p
 
 
@@ -275,19 +260,18 @@ def main(argv: list[str] | None = None) -> int:
 
             given = resolve(args.settings, args, args.command)
         return int(func(given) or 0)
-    except (InputError, FileNotFoundError, ModelNotAvailable) as e:  # bad input: its one line; a bug keeps its traceback
-        if os.environ.get("ROSE_RAY_DEBUG"):
+    except (InputError, FileNotFoundError, ModelNotAvailable, OpenAIServerError) as e:
+        if os.environ.get("ROSE_RAY_DEBUG"):  # else one line (a bug, not caught here, keeps its traceback)
             raise
-        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        if isinstance(e, OpenAIServerError):  # a served model failed a command (not bad input): exit 1
+            from rose_ray.reliability import describe_error
+
+            message = f"a served model failed: {describe_error(e)}"
+            print(f"rose-ray {args.command}: error: {message}", file=sys.stderr)
+            return 1
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e  # bad input: its one line, exit 2
         print(f"rose-ray {args.command}: error: {message}", file=sys.stderr)
         return 2
-    except OpenAIServerError as e:  # a served model failed a command (not bad input): exit 1, said plainly
-        if os.environ.get("ROSE_RAY_DEBUG"):
-            raise
-        from rose_ray.reliability import describe_error
-
-        print(f"rose-ray {args.command}: error: a served model failed: {describe_error(e)}", file=sys.stderr)
-        return 1
     except BrokenPipeError:  # output piped into `head`
         sys.stderr.close()
         return 0

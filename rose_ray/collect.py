@@ -1,37 +1,23 @@
-"""Making and checking datasets by playing games: gold demonstrations, student prefixes,
-teacher continuations, checks (the row format itself is `rows.py`).
+"""Making and checking datasets by playing games (the row format itself is `rows.py`):
 
-- `rose-ray gold --split train --out gold.jsonl`: ScienceWorld's gold action paths as
-  conversations (a short templated Thought before each Action), replayed to check the score.
-  A world without gold paths (DiscoveryWorld) says so and writes nothing.
-- `rose-ray collect --model M --turns 5 --split train --out prefixes.jsonl`: the student's
-  first K turns of each game (temperature 1.0, 512 new tokens by default).
-- `rose-ray continue --teacher T --in prefixes.jsonl --max-turns M --out stitched.jsonl`:
-  replays each recorded prefix in a fresh game, checks every observation against the record
-  (a mismatch is reported and the row skipped), then the teacher plays on to M turns in all.
-  Each row is continued from its own instruction and acknowledgement (its first two
-  messages), so the teacher continues the very conversation the student had.
-- `rose-ray check-data FILE`: schema check with line numbers; which schema (the card's or
-  AgentGym's) and which catalogue mapping the rows follow.
+- `rose-ray gold`: ScienceWorld's gold action paths as conversations, replayed to check the score.
+- `rose-ray collect`: the student's first K turns of each game.
+- `rose-ray continue`: each recorded prefix replayed in a fresh game (an observation that differs
+  from the record skips the row), then the teacher plays on, from the row's own opening.
+- `rose-ray check-data FILE`: schema check with line numbers, and the rows' schema and mapping.
 
-Rows are written in the dataset card's schema (`item_id, task, var, score, success, rounds,
-conversations` of `role`/`content` messages) unless `--schema agentgym` asks for AgentGym's
-`from`/`value` form; each message also keeps its `owner` (prompt, env, student, teacher).
-`--instruction-from FILE` takes the instruction and acknowledgement from a dataset's first row.
-
-`collect`, `continue` and `gold` stream each finished game's row into `<out>.partial` (appended
-and flushed: a crash or a kill keeps the finished rows) and write `<out>` when every game is
-done; rerun the same command to resume (games already there are skipped). An existing `<out>`
-is refused unless `--overwrite` (`rows.PartialRows`).
+`collect`, `continue` and `gold` stream each finished row into `<out>.partial` and write `<out>`
+when every game is done; the same command again resumes (`rows.PartialRows`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from rose_ray.envs.catalogue import GameCatalogue, parse_item
+from rose_ray.envs.catalogue import parse_item
 from rose_ray.envs.protocol import Protocol
 from rose_ray.envs.worlds import get_world, world_of_item, world_protocol
 from rose_ray.errors import InputError
@@ -40,7 +26,7 @@ from rose_ray.rows import PartialRows, digest, message_text, read_jsonl, row_sch
 from rose_ray.types import GameId, Turn
 
 if TYPE_CHECKING:
-    from rose_ray.commands import CollectCommand, ContinueCommand, GoldCommand, WorldSettings
+    from rose_ray.commands import CollectCommand, ContinueCommand, GoldCommand
     from rose_ray.rollout.play import PlaySpec
 
 
@@ -48,8 +34,8 @@ if TYPE_CHECKING:
 def play_rows(command: str, spec: PlaySpec, games: list[GameId], todo: list[int], stream: PartialRows,
               schema: str, protocols: list[Protocol], replays: list[list[Turn]] | None = None,
               student_flag: str = "--model") -> None:
-    """Play the games `todo` names (rollout/play.py) into `stream`, each game's row as it
-    finishes; a recorded prefix that the game no longer matches is named and skipped."""
+    """Play the games `todo` names into `stream`, each row as it finishes; a recorded prefix that
+    the game no longer matches is named and skipped."""
     from rose_ray.event_loop import run_coroutine
     from rose_ray.inference.backends import check_command_engines
     from rose_ray.rollout.episode import ReplayMismatch
@@ -66,14 +52,9 @@ def play_rows(command: str, spec: PlaySpec, games: list[GameId], todo: list[int]
             print(f"{command}: skipped: {t}", file=sys.stderr)
 
 
-def _games_of_rows(rows: list[dict[str, Any]], catalogue: GameCatalogue) -> list[GameId]:
-    return [catalogue.game(r["item_id"]) for r in rows]
-
-
 def _replay_turns(row: dict[str, Any]) -> list[Turn]:
-    """A row's turns after the opening (first observation, then action/observation pairs).
-    A recorded action without an owner is the student's: `continue` goes on from student
-    prefixes (the card's rows name no owners)."""
+    """A row's turns after the opening. An action without an owner is the student's (the card's
+    rows name no owners)."""
     turns = row_to_turns(row)
     for turn, msg in zip(turns, row["conversations"]):
         if turn.role == "assistant" and turn.owner == "teacher" and msg.get("owner") is None:
@@ -91,7 +72,7 @@ def _replay_turns(row: dict[str, Any]) -> list[Turn]:
 def detect_mapping(rows: list[dict[str, Any]], sample: int = 20, live: bool = True,
                    world_name: str | None = None) -> dict[str, Any]:
     """Which of a world's mappings the rows' item ids follow: by their `task` fields and, with
-    `live`, by comparing each sampled row's task description with the game's under each mapping."""
+    `live`, each sampled row's task description against the game's under each mapping."""
     world = get_world(world_name)
     votes: dict[str, dict[str, int]] = {m: {"agree": 0, "disagree": 0} for m in world.mappings}
     catalogues = {m: world.catalogue(m) for m in world.mappings}
@@ -135,33 +116,31 @@ def _row_task_description(row: dict[str, Any]) -> str | None:
 
 
 # --------------------------------------------------------------------------- CLI
-def _catalogue(args: WorldSettings) -> GameCatalogue:
-    return get_world(args.world).catalogue(args.mapping)
-
-
-def rows_job(command: str, args: Any, games: list[str], **more: Any) -> dict[str, Any]:
-    """What makes a partial file of `command` the same job: the settings that decide its rows
-    and the games (in order), not where the rows go or how many play at once."""
+def _rows_stream(command: str, args: Any, games: list[GameId], **more: Any) -> tuple[PartialRows, list[int]]:
+    """The partial rows of this job (its settings that decide the rows, and the games), and the
+    games still to play (by index)."""
     settings = {k: v for k, v in dataclasses.asdict(args).items()
                 if k not in ("out", "overwrite", "concurrency", "workers", "kv_cache_mb", "input")}
-    return {"command": command, **settings, "games": digest(games), **more}
-
-
-def _resuming(command: str, stream: PartialRows, total: int) -> None:
+    job = {"command": command, **settings, "games": digest([g.item_id for g in games]), **more}
+    stream = PartialRows(args.out, job, args.overwrite)
     if stream.done:
-        print(f"{command}: resuming {stream.path}: {len(stream.done)} of {total} games already done", flush=True)
+        print(f"{command}: resuming {stream.path}: {len(stream.done)} of {len(games)} games already done",
+              flush=True)
+    return stream, [i for i in range(len(games)) if i not in stream.done]
+
+
+def _sample(args: Any) -> list[GameId]:
+    catalogue = get_world(args.world).catalogue(args.mapping)
+    return catalogue.sample(args.split, args.n, args.seed) if args.n else catalogue.split(args.split)
 
 
 def gold_main(args: GoldCommand) -> int:
     if not get_world(args.world).has_gold:
         raise InputError(f"{args.world} has no gold action paths for any of its games, so there is "
                          "nothing to write; eval, collect and train work without gold demonstrations")
-    catalogue = _catalogue(args)
     protocol = world_protocol(args.world, args.instruction_from)
-    games = catalogue.sample(args.split, args.n, args.seed) if args.n else catalogue.split(args.split)
-    stream = PartialRows(args.out, rows_job("gold", args, [g.item_id for g in games]), args.overwrite)
-    _resuming("gold", stream, len(games))
-    todo = [i for i in range(len(games)) if i not in stream.done]
+    games = _sample(args)
+    stream, todo = _rows_stream("gold", args, games)
     problems: list[str] = []
     if todo:
         with stream:
@@ -177,12 +156,9 @@ def gold_main(args: GoldCommand) -> int:
 
 
 def collect_main(args: CollectCommand) -> int:
-    catalogue = _catalogue(args)
     protocol = world_protocol(args.world, args.instruction_from)
-    games = catalogue.sample(args.split, args.n, args.seed) if args.n else catalogue.split(args.split)
-    stream = PartialRows(args.out, rows_job("collect", args, [g.item_id for g in games]), args.overwrite)
-    _resuming("collect", stream, len(games))
-    todo = [i for i in range(len(games)) if i not in stream.done]
+    games = _sample(args)
+    stream, todo = _rows_stream("collect", args, games)
     if todo:
         play_rows("collect", args.play_spec(), games, todo, stream, args.schema, [protocol] * len(games))
     n = stream.finish()
@@ -194,8 +170,8 @@ def continue_main(args: ContinueCommand) -> int:
     rows = read_jsonl(args.input)
     if args.world is None and rows:  # the rows' item ids name their world
         args.world = world_of_item(rows[0]["item_id"])
-    catalogue = _catalogue(args)
-    games = _games_of_rows(rows, catalogue)
+    catalogue = get_world(args.world).catalogue(args.mapping)
+    games = [catalogue.game(r["item_id"]) for r in rows]
     replays = [_replay_turns(r) for r in rows]
     # Each row goes on from its own opening, unless --instruction-from names another.
     if args.instruction_from:
@@ -204,10 +180,7 @@ def continue_main(args: ContinueCommand) -> int:
         protocol = get_world(args.world).protocol
         protocols = [protocol.with_opening_of(r, f"{args.input} row {n}") for n, r in enumerate(rows, 1)]
     # The games are the input's rows: a partial file of other prefixes is another job.
-    stream = PartialRows(args.out, rows_job("continue", args, [g.item_id for g in games], prefixes=digest(rows)),
-                         args.overwrite)
-    _resuming("continue", stream, len(rows))
-    todo = [i for i in range(len(rows)) if i not in stream.done]
+    stream, todo = _rows_stream("continue", args, games, prefixes=digest(rows))
     if todo:
         play_rows("continue", args.play_spec(), games, todo, stream, args.schema, protocols, replays,
                   student_flag="--student" if args.student else "--teacher")
@@ -218,13 +191,8 @@ def continue_main(args: ContinueCommand) -> int:
 
 def check_data_main(args) -> int:
     rows = read_jsonl(args.file)
-    owners: dict[str, int] = {}
-    for r in rows:
-        for m in r["conversations"]:
-            owners[m.get("owner", "?")] = owners.get(m.get("owner", "?"), 0) + 1
-    schemas: dict[str, int] = {}
-    for r in rows:
-        schemas[row_schema(r)] = schemas.get(row_schema(r), 0) + 1
+    owners = dict(Counter(m.get("owner", "?") for r in rows for m in r["conversations"]))
+    schemas = Counter(row_schema(r) for r in rows)
     found = ", ".join(f"{SCHEMA_NAMES[k]}: {v} rows" for k, v in schemas.items())
     print(f"{args.file}: {len(rows)} rows, schema OK ({found}); messages by owner: {owners}")
     named = {world_of_item(str(r["item_id"])) for r in rows}

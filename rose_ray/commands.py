@@ -1,33 +1,16 @@
 """One typed config for each command: `eval`, `collect`, `continue`, `gold`, `sft` and `serve`
-(COMMANDS), and `check`, `plan`, `warmup` and `export` (TOOLS). The config is what the
-command's job runs on (`run_eval` takes an EvalCommand; `collect` plays with each of its
-PlaySettings): a new setting is one field, and the code that reads it.
-
-Each command's settings are a dataclass below (EvalCommand, CollectCommand, ...), composed
-from small shared groups of settings (the world, the context, the conversation, the engine
-backend, ...). A setting is given in any of four layers, each over the one before:
+(COMMANDS), and `check`, `plan`, `warmup` and `export` (TOOLS). A command's job runs on its
+config, so a new setting is one field and the code that reads it. Settings are composed from
+small shared groups (world, context, conversation, backend, ...) and given in layers:
 
     dataclass default  <  --settings FILE.yaml  <  --flag  <  KEY=VALUE
 
-    rose-ray collect --settings collect.yaml --turns 3 seed=2
-
-`--config` means one thing in every command that takes it: a training config (config.py:
-TrainConfig, as `train --config` takes). `eval --config F --model M` plays M as F's runs
-evaluate (its games, turns, tokens, engine, chat: a layer under the settings given), and
-`eval --run RUN` is that for a run's own config.yaml and model/ (`training_eval`). The other
-commands refuse `--config`, naming `--settings`.
-
-The flags are made from the fields in one place (`add_flags`): the field `max_new_tokens`
-is `--max-new-tokens`, with the help and choices of the field's metadata, so a setting has
-one name, one type and one default however it is given. OmegaConf merges the layers, so an
-unknown key or a wrong type is refused naming the key (`resolve`: a ConfigError, exit 2), as
-is a required setting (no default) that no layer gives.
-
-TOOLS have their flags alone: `check`, `plan` and `warmup` read a training config, and their
-`--config` and KEY=VALUE are that config's (the fields `config` and `overrides`). `train` takes its config directly; `games`, `play`, `init-tiny` and `check-data`
-are plain argparse flags in cli.py.
-
-Importing this module loads no torch: each command imports its engines when it runs.
+The flags are made from the fields (`add_flags`) and OmegaConf merges the layers (`resolve`),
+so an unknown key, a wrong type or a missing required setting is a ConfigError naming the key.
+`--config` is always a training config: `eval --config F --model M` plays M as F's runs
+evaluate, `eval --run RUN` does so for a run's own model (`training_eval`); the other COMMANDS
+refuse it. TOOLS have flags alone, and their `--config` and KEY=VALUE are the training config's.
+Importing this module loads no torch.
 """
 
 from __future__ import annotations
@@ -64,8 +47,7 @@ MAPPINGS = tuple(get_world(DEFAULT_WORLD).mappings)
 def setting(default: Any = MISSING, help: str = "", choices: tuple[Any, ...] | None = None,
             flag: str | None = None, metavar: str | None = None, nargs: str | None = None,
             positional: bool = False) -> Any:
-    """A command's setting: its default (none: the setting is required) and what its flag
-    shows and accepts. `flag` names a flag other than `--field-name`; `positional`, an argument."""
+    """A command's setting: its default (none: required) and what its flag shows and accepts."""
     meta = {"help": help, "choices": choices, "flag": flag, "metavar": metavar, "nargs": nargs,
             "positional": positional}
     if isinstance(default, list):
@@ -141,8 +123,7 @@ class SchemaSetting:
 
 @dataclass
 class RowsOutput:
-    """A dataset command's --out: rows stream into `<out>.partial` as games finish (a rerun of
-    the same job resumes there) and `<out>` is written when all are done."""
+    """A dataset command's --out: rows stream into `<out>.partial`, `<out>` is written at the end."""
 
     overwrite: bool = setting(False, "replace --out if it exists (default: refuse), and start over from a "
                                      "partial file of other settings")
@@ -167,8 +148,7 @@ class PlaySettings(WorldSettings, ContextPolicySetting, ConversationSettings, Ba
                               max_batch_size=self.concurrency, kv_cache_mb=self.kv_cache_mb)
 
     def as_spec(self, student: EngineConfig, **job: Any) -> PlaySpec:
-        """These settings as a PlaySpec (rollout/play.py): the sampling (seeded at temperature > 0),
-        chat, opening, world and concurrency; `job`: what the command adds (teacher, handoff, turns, ...)."""
+        """These settings as a PlaySpec (rollout/play.py); `job`: what the command adds."""
         from rose_ray.rollout.play import PlaySpec
 
         sampling = SamplingParams(self.temperature, max_new_tokens=self.max_new_tokens,
@@ -182,8 +162,7 @@ class PlaySettings(WorldSettings, ContextPolicySetting, ConversationSettings, Ba
 # --------------------------------------------------------------------------- the commands
 @dataclass
 class EvalCommand(PlaySettings):
-    """`rose-ray eval` (evaluate.py), and the job `run_eval` runs: a training run's evals come here
-    too (training_eval, evaluate.train_eval_job). Checked as it is made, however its settings are given."""
+    """`rose-ray eval` (evaluate.py), and a training run's evals (training_eval); checked as made."""
 
     model: str = setting("", "local model folder, or openai:URL of a served model")
     split: str = setting("test", "train, dev, test, all, agenteval_test, or an id-list file")
@@ -250,17 +229,14 @@ class EvalCommand(PlaySettings):
         return [t.strip() for t in self.tasks.split(",") if t.strip()]
 
     def games(self) -> list[GameId]:
-        """The games: the catalogue's task-stratified sample (a training run with these `tasks`,
-        `eval.n` and `eval.seed` evaluates on the same ones)."""
+        """The catalogue's task-stratified sample, as a training run's evals draw it."""
         return get_world(self.world).catalogue(self.mapping).sample(self.split, self.n or None, self.seed,
                                                                     tasks=self.task_names)
 
     def play_spec(self, base: EngineConfig | None = None) -> PlaySpec:
         """This eval as a PlaySpec: greedy teacher, the report question only when the judge reads
-        its answer. `base`: the student engine of the training config it plays as (`--run`,
-        `--config`; read from `config` when not given): its settings kept (batch size, threads,
-        its backend's own section) under the eval's own (dtype, context, KV cache), so the eval
-        plays as that config's runs evaluate."""
+        it. `base`: the student engine of the training config it plays as (default: `config`'s),
+        its settings kept under the eval's own (dtype, context, KV cache)."""
         from rose_ray.inference.backends import engine_like, resolve_backend
         from rose_ray.rollout.agent import EXPERT
         from rose_ray.rollout.handoff import turn_policy
@@ -280,8 +256,8 @@ class EvalCommand(PlaySettings):
 
 
 def model_name(model: str) -> str:
-    """A model's name in a default file name: its folder's; a run's `model/` (every run's is named
-    so) after its run, e.g. `tiny_version_0_model`, so that two runs' evals never share a file."""
+    """A model's name in a default file name: its folder's, a run's `model/` after its run
+    (`tiny_version_0_model`), so two runs' evals never share a file."""
     path = Path(model or "model")
     if (path.parent / "config.yaml").is_file():
         return f"{path.parent.parent.name}_{path.parent.name}_{path.name}"
@@ -289,12 +265,8 @@ def model_name(model: str) -> str:
 
 
 def training_eval(cfg: Any, model: str, split: str | None = None, backend: str | None = None) -> dict[str, Any]:
-    """The settings of the held-out eval a training run of `cfg` (a TrainConfig) does, as
-    EvalCommand fields: its games (`eval.split`, `eval.n`, `eval.seed`, `tasks`), turns, reply
-    tokens, engine (its backend, dtype, context; `EvalCommand.play_spec` keeps the rest of the
-    student engine's settings), chat and instruction; greedy. A run's own evals play this eval, as
-    `eval --run` does (evaluate.training_evals). `split`: another split's games (the warm-ups are
-    tuned on dev, never on the test games); `backend`: another engine than the student's."""
+    """The held-out eval a training run of `cfg` (a TrainConfig) does, as EvalCommand fields;
+    greedy. `split`, `backend`: another split's games (the warm-ups tune on dev), another engine."""
     engine = cfg.student_engine
     return dict(
         model=model, split=split or cfg.eval.split, n=cfg.eval.n, seed=cfg.eval.seed, tasks=",".join(cfg.tasks),
@@ -307,11 +279,8 @@ def training_eval(cfg: Any, model: str, split: str | None = None, backend: str |
 
 
 def training_play(cfg: Any, student: str, teacher: str | None) -> PlaySpec:
-    """How a training run of `cfg` (a TrainConfig) plays its episodes, as a PlaySpec: its student
-    and teacher engines with these models (`teacher` None: the world's expert where the config's
-    teacher is, else none), its recipe's handoff, its rollout's turns, sampling and report, its
-    chat, world and opening, `env.games_per_worker` at once. The warm-ups' openings and the
-    benches play from it, changing what they vary."""
+    """How a training run of `cfg` (a TrainConfig) plays its episodes, as a PlaySpec, with these
+    models (`teacher` None: the world's expert where the config's teacher is, else none)."""
     from rose_ray.rollout.agent import EXPERT
     from rose_ray.rollout.play import PlaySpec
 
@@ -325,8 +294,8 @@ def training_play(cfg: Any, student: str, teacher: str | None) -> PlaySpec:
 
 
 def training_eval_layer(given: DictConfig) -> tuple[str, dict[str, Any]] | None:
-    """`eval --run RUN` or `eval --config F`: the eval of that run or config (`training_eval`), a
-    layer under the settings given; None without either."""
+    """`eval --run RUN` or `--config F`: that eval (`training_eval`) as a layer under the settings
+    given; None without either."""
     if given.get("run") and given.get("config"):
         raise ConfigError("eval: --run evaluates a run's model with its own config.yaml; to play another model as a "
                           "config's runs evaluate, give --config and --model")
@@ -372,7 +341,7 @@ class CollectCommand(PlaySettings, SchemaSetting, RowsOutput):
     temperature: float = setting(SamplingParams.temperature, "0 = greedy")
 
     def play_spec(self) -> PlaySpec:
-        """The student alone, for `turns` turns; no report question (the rows are training data)."""
+        """The student alone, for `turns` turns; no report question."""
         return self.as_spec(self.engine(self.model, "--model"), max_turns=self.turns)
 
 
@@ -387,8 +356,8 @@ class ContinueCommand(PlaySettings, SchemaSetting, RowsOutput):
     out: str = setting(help="the JSONL file to write (rows stream into OUT.partial meanwhile)")
 
     def play_spec(self) -> PlaySpec:
-        """The teacher from the first turn after the replayed prefix. The student's engine only
-        lends its tokenizer (the rows' ids); without --student the teacher's is used: one engine."""
+        """The teacher after the replayed prefix; the student's engine only lends its tokenizer
+        (without --student: the teacher's, one engine)."""
         from rose_ray.rollout.handoff import turn_policy
 
         teacher = self.engine(self.teacher, "--teacher")
@@ -434,8 +403,7 @@ class SftCommand(HistorySetting):
 
 @dataclass
 class ServeCommand(ContextTokens):
-    """`rose-ray serve MODEL` (cli.py, inference/server.py): a transformers engine behind an
-    OpenAI-compatible server; its settings default as EngineConfig's. vLLM has its own server."""
+    """`rose-ray serve MODEL` (cli.py, inference/server.py); settings default as EngineConfig's."""
 
     model: str = setting(help="local HF model folder", positional=True)
     backend: str = setting("hf", "the engine: hf (transformers); for vllm, run vLLM's own OpenAI server (the "
@@ -458,8 +426,7 @@ COMMANDS: dict[str, type] = {"eval": EvalCommand, "collect": CollectCommand, "co
 # ------------------------------------------------------------------ tools: settings as flags alone
 @dataclass
 class TrainConfigSettings:
-    """A command that reads a training config (config.py: TrainConfig): its --config and KEY=VALUE
-    are that config's, not the command's own settings."""
+    """A command that reads a training config: its --config and KEY=VALUE are that config's."""
 
     config: str | None = setting(None, "a training config, as train --config takes (default: the embedded tiny "
                                        "config)", metavar="FILE.yaml")
@@ -526,14 +493,14 @@ TOOLS: dict[str, type] = {"check": CheckCommand, "plan": PlanCommand, "warmup": 
 
 # --------------------------------------------------------------------------- flags and layers
 def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = True) -> None:
-    """Each field of `command` as a flag of `parser`, and with `layers`, `--config` and KEY=VALUE
-    of its settings. A flag not given is absent from the parsed arguments (argparse.SUPPRESS), so
-    the layers under it (the YAML file, the defaults) show through."""
+    """Each field of `command` as a flag of `parser`, with `layers` also --settings and KEY=VALUE.
+    A flag not given is absent (argparse.SUPPRESS), so the layers under it show through."""
     hints = typing.get_type_hints(command)
     own = vars(command).get("__annotations__", {})
     for f in sorted(fields(command), key=lambda f: f.name not in own):  # the command's own first
-        meta = f.metadata
-        kind = _flag_type(hints[f.name])
+        meta, hint = f.metadata, hints[f.name]
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]  # int | None, list[str]: their item
+        kind = inner[0] if typing.get_origin(hint) is list or len(inner) == 1 else hint
         required = f.default is MISSING
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         about = " ".join(filter(None, [meta["help"], "(required)" if required else default_text(meta["help"], default)]))
@@ -543,7 +510,7 @@ def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = Tru
             options["action"] = "store_true"
         else:
             options.update(type=kind, choices=meta["choices"], metavar=meta["metavar"], nargs=meta["nargs"])
-            if typing.get_origin(hints[f.name]) is list and not meta["nargs"]:  # a repeatable flag
+            if typing.get_origin(hint) is list and not meta["nargs"]:  # a repeatable flag
                 options.update(action="append", nargs=None)
         if meta["positional"]:
             parser.add_argument(f.name, **options)
@@ -561,8 +528,7 @@ def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = Tru
 
 
 def default_text(help_: str, default: Any) -> str:
-    """What `--help` says of a setting's default, unless its help already says it: nothing for
-    None (not set), False (a switch) or an empty list."""
+    """What `--help` says of a default not said already: nothing for None, False or empty."""
     if default is None or default is False or default == [] or default == "" or "default" in help_.lower():
         return ""
     return f"(default: {default})".replace("%", "%%")  # argparse formats help with %
@@ -573,19 +539,9 @@ def _flag(f: Any) -> str:
     return f.metadata["flag"] or "--" + f.name.replace("_", "-")
 
 
-def _flag_type(hint: Any) -> Any:
-    """int for `int | None`, str for `list[str]` (the flag takes several), else the type."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if typing.get_origin(hint) is list or len(args) == 1:
-        return args[0]
-    return hint
-
-
 def resolve(command: type, args: argparse.Namespace, name: str) -> Any:
-    """The settings of command `name` from its defaults, `args.settings_file` (YAML), the flags
-    given and `args.overrides` (KEY=VALUE), each over the one before; errors name the key. A
-    command whose `config` and `overrides` are fields (a training config's) has the flags alone.
-    `eval --run`/`--config`: the eval of that run or config goes under the file (training_eval_layer)."""
+    """The settings of command `name`: defaults < `args.settings_file` < flags < `args.overrides`;
+    errors name the key. A TOOL (its `config` and `overrides` are fields) has the flags alone."""
     if getattr(args, "misplaced_config", None):
         raise ConfigError(f"--config {args.misplaced_config}: --config names a training config (train, check, plan, "
                           f"warmup and eval take one); a YAML file of {name}'s settings is --settings FILE.yaml")
@@ -627,7 +583,7 @@ def resolve(command: type, args: argparse.Namespace, name: str) -> Any:
 
 
 def _merged(command: type, layers: list[tuple[str, Any]], name: str) -> DictConfig:
-    """The command's defaults with `layers` (source, layer) merged over them, each over the one before."""
+    """The command's defaults with `layers` (source, layer) merged over them in order."""
     keys = [f.name for f in fields(command)]
     merged = OmegaConf.structured(command)
     for source, layer in layers:
@@ -642,8 +598,7 @@ def _merged(command: type, layers: list[tuple[str, Any]], name: str) -> DictConf
 
 
 def from_keywords(command: type, name: str, given: dict[str, Any]) -> Any:
-    """A command's settings from Python keywords (the Python API: `rose_ray.evaluate(run=...)`),
-    layered and checked as its flags are."""
+    """A command's settings from Python keywords (`rose_ray.evaluate(run=...)`), checked as flags are."""
     keys = {f.name for f in fields(command)}
     unknown = sorted(set(given) - keys)
     if unknown:

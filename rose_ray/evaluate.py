@@ -1,19 +1,13 @@
 """Held-out evaluation: Score (mean normalised score), Success (the task is done: a score of
-100 in ScienceWorld), Pass (score > 0); `--world` picks the world.
+100 in ScienceWorld), Pass (score > 0).
 
-`rose-ray eval --model M --split test --n 200 --max-turns 20` plays each game greedily with
-many episodes at once, appends each finished game to `<out>.partial.jsonl` (so an
-interrupted eval resumes where it stopped), and writes `<out>.json` and `<out>.md` with the
-totals and a per-task table (an existing `<out>.json` is refused unless `--overwrite`).
-`rose-ray eval --run RUN` evaluates a training run's model/ exactly as the run's own evals
-did, into the run's folder; `--config F --model M` plays M as config F's runs evaluate.
-`--handoff K --teacher T` evaluates student-then-teacher play. `rose-ray eval --compare A.json
-B.json` prints results side by side. From Python: `rose_ray.evaluate(run=RUN)` (`evaluate`).
-
-DiscoveryWorld is also scored as its paper scores it (the world's `paper_tables`): completion, process
-score and, with `--judge MODEL`, explanatory knowledge (`judge`), from the agent's thoughts as the
-paper's scorer reads them (`--knowledge-from thoughts`, the default) or from its answer to a
-report question asked when each episode ends (`--knowledge-from report`).
+`rose-ray eval --model M --split test --n 200` plays each game greedily, many at once, appends
+each finished game to `<out>.partial.jsonl` (an interrupted eval resumes there) and writes
+`<out>.json` and `<out>.md` (an existing `<out>.json` is refused unless `--overwrite`).
+`--run RUN` evaluates a run's model/ as the run's own evals did; `--config F --model M` plays M
+as F's runs evaluate; `--compare A.json B.json` prints results side by side. DiscoveryWorld is
+also scored as its paper scores it (completion, process and, with `--judge`, knowledge: judge.py).
+From Python: `rose_ray.evaluate(run=RUN)`.
 """
 
 from __future__ import annotations
@@ -52,10 +46,10 @@ def game_record(t: Trajectory) -> dict[str, Any]:
         **({"handoff_state": t.handoff_state} if t.handoff_state is not None else {}),
         **({"expert": t.expert} if t.expert is not None else {}),
         **({"report": t.report} if t.report is not None else {}),
-        # DiscoveryWorld: the package's own score (the paper's process score) and what the judge needs
+        # DiscoveryWorld: the paper's process score and what the judge needs
         **({"process": t.scoring["process"]} if "process" in t.scoring else {}),
         **{k: t.scoring[k] for k in ("task_description", "critical_questions") if k in t.scoring},
-        # what the judge reads by default: the agent's thoughts, numbered (games with questions)
+        # what the judge reads by default: the agent's thoughts, numbered
         **({"thoughts": knowledge_scorer(world_of_item(t.game.item_id)).episode_thoughts(
             [u.text for u in t.turns if u.role == "assistant" and u.owner != "prompt"])}
            if "critical_questions" in t.scoring else {}),
@@ -77,7 +71,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
             "invalid_action_rate": sum(r["invalid_actions"] for r in rows) / turns if turns else 0.0,
             # replies that ran out of tokens before an `Action:` line (older partial files lack it)
             "cut_before_action_rate": sum(r.get("cut_before_action", 0) for r in rows) / turns if turns else 0.0,
-            **(cell(rows) if paper else {}),
+            **(tables.cell(rows) if paper else {}),
         }
 
     paper = bool(records) and all("process" in r for r in records)  # DiscoveryWorld games
@@ -85,13 +79,12 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         from rose_ray.envs.worlds import paper_tables
 
         tables = paper_tables()
-        cell, paper_summary = tables.cell, tables.paper_summary
     by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         by_task[r["task"]].append(r)
     out = {"overall": block(records), "per_task": {t: block(rs) for t, rs in sorted(by_task.items())}}
     if paper:
-        out["paper"] = paper_summary(records)
+        out["paper"] = tables.paper_summary(records)
         from rose_ray.judge import verdict_counts
 
         verdicts = [v for r in records for v in r.get("verdicts") or []]
@@ -103,8 +96,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(summary: dict[str, Any], title: str) -> str:
-    """Totals, then a per-task table. "cut before action": replies that ran out of tokens
-    before an `Action:` line, per reply (a thinking model's budget too small shows here)."""
+    """Totals, then a per-task table."""
     head = "| {}games | Score | Success | Pass | mean turns | invalid actions | cut before action |"
     rule = "| {}---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 
@@ -119,8 +111,6 @@ def markdown(summary: dict[str, Any], title: str) -> str:
     if "paper" in summary:
         from rose_ray.envs.worlds import paper_tables
 
-        paper_markdown = paper_tables().paper_markdown
-
         o = summary["overall"]
         lines += ["", "## DiscoveryWorld, as its paper scores it", "",
                   f"Pooled over all {o['games']} games (themes, unit tests and Tutorial alike; the paper's "
@@ -131,13 +121,12 @@ def markdown(summary: dict[str, Any], title: str) -> str:
                      f"over the {o['knowledge_games']} games with critical questions "
                      f"({o['judged_questions']} questions judged, {o['unparsed_verdicts']} unparsed verdicts and "
                      f"{o['judge_errors']} judge errors, which count 0)."), "",
-                  paper_markdown(summary["paper"]).rstrip()]
+                  paper_tables().paper_markdown(summary["paper"]).rstrip()]
     return "\n".join(lines) + "\n"
 
 
 def compare(paths: list[str]) -> str:
-    """Several results side by side, in the shape of the seed's table; DiscoveryWorld results
-    also with completion / process / knowledge, overall and per scenario."""
+    """Several results side by side (DiscoveryWorld's also with completion, process, knowledge)."""
     results = []
     for p in paths:
         try:
@@ -174,18 +163,16 @@ def compare(paths: list[str]) -> str:
 # --------------------------------------------------------------------------- the job
 def train_eval_job(cfg: Any, model: str, out: str | None = None, split: str | None = None,
                    backend: str | None = None) -> EvalCommand:
-    """The held-out eval a training run of `cfg` (a TrainConfig) does (commands.training_eval), of
-    `model`, on `backend` (default: the student engine's), written to `out` (replaced: warmup --eval
-    and bench/table.py write their own results)."""
+    """The held-out eval a training run of `cfg` does (commands.training_eval), of `model`, written
+    to `out` (replaced)."""
     from rose_ray.commands import training_eval
 
     return EvalCommand(**{**training_eval(cfg, model, split, backend), "out": out, "overwrite": True})
 
 
 def training_evals(cfg: Any, model: str) -> tuple[EvalCommand, PlaySpec]:
-    """A training run's own evals (Trainer.evaluate plays them with the run's actors): the eval
-    `rose-ray eval --run` makes of its config, and its spec, the student engine's settings kept
-    as `--run` keeps them; so the run's evals and `eval --run` agree to the digit."""
+    """A training run's own evals and their spec, as `rose-ray eval --run` makes them, so the two
+    agree to the digit."""
     job = train_eval_job(cfg, model)
     return job, job.play_spec(base=cfg.student_engine)
 
@@ -203,11 +190,7 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     spec = cfg.play_spec()  # --run, --config: as that config's runs evaluate
     protocol = spec.protocol()  # a bad file fails before any actor
     games = cfg.games()  # the same games as a training run's evals with these `tasks`, `eval.n` and `eval.seed`
-    judge = _judge_config(cfg)
-    if judge is not None:
-        from rose_ray.judge import check_judge
-
-        judge = check_judge(judge)  # a judge that is not there fails now, not after every game is played
+    judge = _judge_config(cfg)  # a judge that is not there fails now, not after every game is played
     check_command_engines("eval", spec.engines())  # a served model that cannot do the job fails now
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial.jsonl")
@@ -224,7 +207,7 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     if judge is not None:
         from rose_ray.judge import VerdictCache, judge_records
 
-        # Kept after the eval: a rerun (or a resumed eval) with this judge asks nothing twice.
+        # Kept: a rerun with this judge asks nothing twice.
         cache = VerdictCache(out.with_name(out.name + ".verdicts.jsonl"))
         counts = judge_records(records, judge, cache, cfg.knowledge_from)
         print(f"eval: judge {judge.name} on the agent's {cfg.knowledge_from}: {counts['questions']} critical "
@@ -240,13 +223,15 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
 
 
 def _judge_config(cfg: EvalCommand):
+    """The eval's judge, checked to be there (None without --judge)."""
     if not cfg.judge:
         return None
-    from rose_ray.judge import JudgeConfig
+    from rose_ray.judge import JudgeConfig, check_judge
 
-    return JudgeConfig(model=cfg.judge, world=cfg.world, served_model=cfg.judge_model, max_new_tokens=cfg.judge_max_new_tokens,
-                       thinking=None if cfg.judge_thinking is None else cfg.judge_thinking == "on",
-                       concurrency=cfg.concurrency, dtype=cfg.dtype)
+    return check_judge(JudgeConfig(
+        model=cfg.judge, world=cfg.world, served_model=cfg.judge_model,
+        max_new_tokens=cfg.judge_max_new_tokens, concurrency=cfg.concurrency, dtype=cfg.dtype,
+        thinking=None if cfg.judge_thinking is None else cfg.judge_thinking == "on"))
 
 
 def _play_with_progress(spec: PlaySpec, todo: list[GameId], protocol: Any, partial: Path,
@@ -280,13 +265,10 @@ RESUME_KEYS = ("model", "teacher", "handoff", "max_turns", "temperature", "max_n
 
 
 def resume_header(cfg: EvalCommand) -> dict[str, Any]:
-    """The settings that tie a partial results file to an eval (the mapping resolved, so a
-    default and an explicit `--mapping agentgym` are the same eval)."""
+    """The settings that tie a partial results file to an eval (the mapping resolved)."""
     from rose_ray.envs.worlds import get_world
 
     world = get_world(cfg.world)
-    # report: the world asks what the agent discovered when a game ends (DiscoveryWorld, when the
-    # judge reads the report)
     return {**{k: getattr(cfg, k) for k in RESUME_KEYS}, "tasks": cfg.task_names,
             "mapping": world.catalogue(cfg.mapping).mapping,
             "report": world.protocol.report_question is not None and cfg.knowledge_from == "report"}
@@ -299,10 +281,8 @@ RECORD_FIELDS = {"item_id": str, "task": str, "score": (int, float), "success": 
 
 def _read_partial(path: Path, want: dict[str, Any], overwrite: bool = False) -> dict[str, dict[str, Any]]:
     """Finished games of an interrupted eval with the same settings (`want`, a resume header).
-    A line that cannot be read (not JSON, not a finished game) is named (file:line) and passed
-    over: its game is played again and every other finished game is kept. A file of other
-    settings, or whose header cannot be read, is refused (InputError) and left as it is, or
-    with `overwrite` started over."""
+    An unreadable line is named and passed over (its game is played again); a file of other
+    settings or without a readable header is refused and left as it is (`overwrite`: started over)."""
     from rose_ray.files import json_records
 
     done: dict[str, dict[str, Any]] = {}
@@ -338,18 +318,15 @@ def _read_partial(path: Path, want: dict[str, Any], overwrite: bool = False) -> 
 
 
 def evaluate(model: str | None = None, **settings: Any) -> dict[str, Any]:
-    """`rose-ray eval` from Python: `settings` are its settings by name (commands.EvalCommand:
-    run=, config=, split=, n=, out=, overwrite=, ...), layered and checked as its flags are
-    (`evaluate(run="runs/tiny")` is `rose-ray eval --run runs/tiny`). Returns the result written to
-    OUT.json: {"config", "summary", "games", "finished_at"}. Works inside a running event loop
-    (a notebook): the games are played on a loop of their own (rose_ray/event_loop.py)."""
+    """`rose-ray eval` from Python, `settings` by name (commands.EvalCommand), checked as its flags
+    are: `evaluate(run="runs/tiny")` is `rose-ray eval --run runs/tiny`. Returns the result written
+    to OUT.json. Works inside a running event loop (event_loop.py)."""
     from rose_ray.commands import from_keywords
 
     return run_eval(from_keywords(EvalCommand, "eval", {**settings, **({} if model is None else {"model": model})}))
 
 
 def cli_main(cfg: EvalCommand) -> int:
-    """`rose-ray eval`: its settings are the job."""
     if cfg.compare:
         print(compare(cfg.compare))
         return 0

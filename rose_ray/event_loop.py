@@ -1,9 +1,5 @@
-"""A coroutine run to its end from synchronous code, whether or not this thread already runs an
-event loop.
-
-`asyncio.run` refuses to start inside a running loop, which is where a Jupyter notebook's cells
-run; there the coroutine gets a loop of its own in a new thread, and the caller waits for it.
-"""
+"""A coroutine run to its end from synchronous code, also inside a running event loop (a
+notebook's cells), where `asyncio.run` refuses to start."""
 
 from __future__ import annotations
 
@@ -18,11 +14,8 @@ T = TypeVar("T")
 
 def run_coroutine(make: Callable[[], Coroutine[Any, Any, T]], stop: Callable[[], None] | None = None) -> T:
     """`asyncio.run(make())`; inside a running event loop, the same in a thread of its own.
-
-    There a Ctrl-C (the notebook's interrupt) reaches the waiting thread, not the loop: the first
-    one calls `stop` in the loop (default: cancel the coroutine, which raises KeyboardInterrupt
-    once it has ended), a second one raises KeyboardInterrupt at once. Outside a running loop
-    the coroutine handles its own signals, as before."""
+    There the first Ctrl-C calls `stop` in the loop (default: cancel the coroutine, then raise
+    KeyboardInterrupt), a second one raises KeyboardInterrupt at once."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:

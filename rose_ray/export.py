@@ -1,13 +1,10 @@
-"""The trained student as a Hugging Face folder.
+"""The trained student as a Hugging Face folder, from any kept checkpoint.
 
     rose-ray export RUN [--step N] --out DIR     # RUN: a run folder, or a run_dir (its latest run)
 
-Every run writes `<run_dir>/model/` when it ends; this command writes one from any kept
-checkpoint (`<run_dir>/checkpoints/step_N`, default the latest). DeepSpeed checkpoints are
-per rank and per ZeRO stage, so the checkpoint is loaded into a learner group built from the
-run's own `config.yaml` (its ranks, ZeRO stage and dtype), on this machine's CPUs when it has
-no GPU, and exported the way the run exports: gathered under ZeRO-3, written atomically. The
-folder names where it came from in `rose_ray_model.json`.
+DeepSpeed checkpoints are per rank and ZeRO stage, so the checkpoint is loaded into a learner
+group built from the run's own config.yaml (on CPUs where there is no GPU) and exported as a
+run exports; `rose_ray_model.json` names where it came from.
 """
 
 from __future__ import annotations
@@ -24,14 +21,6 @@ from rose_ray.runs import resolve_run
 MODEL_INFO = "rose_ray_model.json"
 
 
-def student_model(cfg: TrainConfig) -> str:
-    """The student's base model folder (the tiny models are built here when missing; they are
-    made from a fixed seed, and the checkpoint's weights replace theirs anyway)."""
-    from rose_ray.provision.tiny import resolve_tiny
-
-    return resolve_tiny(cfg.student_engine.model, cfg.tiny_dir)
-
-
 def model_info(cfg: TrainConfig, run_dir: str | Path, step: int, version: int, base: str) -> str:
     """The provenance file of an exported model: which run, step and policy version."""
     return json.dumps({
@@ -41,9 +30,8 @@ def model_info(cfg: TrainConfig, run_dir: str | Path, step: int, version: int, b
 
 
 def check_request(run_dir: str | Path, out: str | Path, step: int | None) -> tuple[TrainConfig, Checkpoint]:
-    """The config of a run folder and the checkpoint to export (default: the newest whole one
-    whose record reads); every problem is an InputError naming it, raised before anything
-    starts or is written."""
+    """The config of a run folder and the checkpoint to export; every problem is an InputError
+    raised before anything starts or is written."""
     from rose_ray.learner.export import check_model_out
 
     record = read_checkpoint(run_dir, step)
@@ -59,20 +47,20 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     from rose_ray.files import out_path
     from rose_ray.learner.learner import LearnerGroup
     from rose_ray.learner.worker import CheckpointUnreadable
+    from rose_ray.provision.tiny import resolve_tiny
     from rose_ray.placement import check_shared_storage
     from rose_ray.rollout.actors import init_ray
 
     run_dir = resolve_run(run_dir)
     out = out_path(out)  # on the driver: learner rank 0 writes it, from its own node and working directory
     cfg, record = check_request(run_dir, out, step)
-    base = student_model(cfg)
+    base = resolve_tiny(cfg.student_engine.model, cfg.tiny_dir)  # the weights are the checkpoint's
     started = not ray.is_initialized()
     init_ray(None)  # RAY_ADDRESS, else a private local cluster
     try:
         for line in check_shared_storage({"--out": out.parent}, "export"):  # rank 0 may be on another node
             print(line, flush=True)
-        # The run's ranks, ZeRO stage and dtype (its checkpoint files are laid out by them);
-        # resources scaled to what this cluster has, so a GPU run exports on a laptop too.
+        # The run's ranks, ZeRO stage and dtype, on what this cluster has (a laptop too).
         lc = cfg.learner
         total = ray.cluster_resources()
         gpus = lc.gpus_per_rank if total.get("GPU", 0.0) >= lc.gpus_per_rank * lc.ranks else 0.0
@@ -97,7 +85,6 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
 
 
 def cli_main(args: Any) -> int:
-    """`rose-ray export` (its settings: commands.ExportCommand)."""
     result = export_run(args.run, args.out, args.step)
     print(f"export: step {result['step']} (policy version {result['version']}) of {result['run']} -> "
           f"{result['path']} ({result['tensors']} tensors, {result['mb']:.1f} MB, {result['dtype']})")

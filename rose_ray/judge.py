@@ -1,20 +1,13 @@
-"""Explanatory knowledge, judged by a language model: for each game with critical questions, a
-judge reads the task description, the agent's knowledge and one question at a time, and its
-answer is read as a verdict, 1 (the knowledge shows the discovery) or 0, greedy. Knowledge =
-the fraction of a game's critical questions judged 1. What the judge is asked and how its answer
-is read is the world's scorer (`World.knowledge`: DiscoveryWorld's paper's, in
-`envs/discoveryworld/knowledge.py`); this module asks the judge and keeps the verdicts.
+"""Explanatory knowledge, judged by a language model: for each critical question of a game, a
+judge reads the task description, the agent's knowledge and the question, and its greedy answer
+is read as a verdict, 1 or 0; knowledge = the fraction judged 1. The prompt and the reading are
+the world's scorer's (`World.knowledge`); this module asks the judge and keeps the verdicts.
 
-The agent's knowledge is, by default, what the world's scorer reads for a ReAct agent: the
-thoughts it wrote while playing (`--knowledge-from thoughts`); `--knowledge-from report` judges
-instead its answer to a question asked when the episode ended (rollout/report.py).
-
-The judge is any model `eval` takes: a local folder (an engine actor; the prompt is built with
-its tokenizer's chat template) or `openai:URL` (chat completions in JSON mode, as the paper
-asked GPT-4o, so the server applies its own template; vLLM, `rose-ray serve`, or OpenAI's API).
-An answer the scorer cannot read counts 0 and is counted as unparsed; a request the server
-refuses counts 0 and is counted as an error. Verdicts are cached in a JSONL file keyed by a hash
-of (question, knowledge) and the judge's name, so a resumed or repeated eval does not ask twice.
+The knowledge is the agent's thoughts while playing (`--knowledge-from thoughts`) or its answer
+to a question asked when the episode ended (`report`). The judge is a local folder (an engine
+actor) or `openai:URL` (chat completions in JSON mode, as the paper asked GPT-4o). An unreadable
+answer or a refused request counts 0 (counted as unparsed, or as an error). Verdicts are cached
+in a JSONL file keyed by the judge and a hash of (question, knowledge).
 """
 
 from __future__ import annotations
@@ -37,8 +30,7 @@ PROMPT_TOKENS = 1024  # the judge's prompt without the knowledge: task descripti
 
 
 def fit_knowledge(knowledge: str, max_chars: int) -> tuple[str, bool]:
-    """(the knowledge, whether it was cut): past `max_chars` the oldest part goes, so the latest
-    thoughts (where discoveries are made) stay."""
+    """(the knowledge, whether it was cut): past `max_chars` the oldest part goes."""
     if len(knowledge) <= max_chars:
         return knowledge, False
     kept = knowledge[len(knowledge) - max_chars:]
@@ -47,8 +39,8 @@ def fit_knowledge(knowledge: str, max_chars: int) -> tuple[str, bool]:
 
 @dataclass
 class Verdict:
-    """One critical question's verdict. `parsed`: the answer held a readable verdict (else the
-    verdict is 0 and the answer counts as unparsed); `error`: the judge could not answer."""
+    """One critical question's verdict. `parsed`: the answer held a readable one (else 0);
+    `error`: the judge could not answer."""
 
     question: str
     verdict: int
@@ -73,8 +65,7 @@ def verdict_key(question: str, knowledge: str) -> str:
 
 class VerdictCache:
     """Verdicts by (judge, hash of question and knowledge), appended to a JSONL file as they
-    come (after a line a kill cut short, which is dropped first). A line that cannot be read
-    is named (file:line) and skipped: a miss asks again."""
+    come. An unreadable line is named and skipped: a miss asks again."""
 
     def __init__(self, path: str | Path) -> None:
         from rose_ray.files import drop_cut_line, json_records
@@ -88,9 +79,8 @@ class VerdictCache:
 
         if self.path.exists():
             for n, _, row in json_records(self.path, bad):
-                fields = (row.get("judge"), row.get("key"), row.get("verdict"), row.get("parsed"))
-                if not (isinstance(fields[0], str) and isinstance(fields[1], str) and isinstance(fields[2], int)
-                        and isinstance(fields[3], bool)):
+                kinds = {"judge": str, "key": str, "verdict": int, "parsed": bool}
+                if not all(isinstance(row.get(k), kind) for k, kind in kinds.items()):
                     bad(n, f"{self.path}:{n}: not a verdict (judge, key, verdict, parsed)")
                     continue
                 self.entries[(row["judge"], row["key"])] = row
@@ -121,8 +111,7 @@ class JudgeConfig:
     max_new_tokens: int = 800  # the paper's scorer's budget
     thinking: bool | None = None  # the chat template's enable_thinking (None: off locally, unsent to a server)
     concurrency: int = 8
-    # Prompt + answer; the knowledge is cut to fit it. A served judge: Qwen3-32B's native
-    # context; a local folder: at most its positions (check_judge).
+    # Prompt + answer, the knowledge cut to fit (Qwen3-32B's; a local folder's positions at most).
     context_tokens: int = 32768
     dtype: str = "auto"
 
@@ -132,13 +121,11 @@ class JudgeConfig:
 
     @property
     def name(self) -> str:
-        """The judge's name in results."""
         return f"{self.model}@{self.served_model}" if self.served_model else self.model
 
     @property
     def cache_name(self) -> str:
-        """The cache's name: the judge and what changes its greedy answers (the prompt, thinking,
-        the token budget: an answer cut short may be whole with a larger one)."""
+        """The cache's name: the judge and what changes its greedy answers."""
         return (f"{self.name}|thinking={self.thinking}|max_new_tokens={self.max_new_tokens}"
                 f"|prompt={self.scorer.PROMPT_HASH}")
 
@@ -149,7 +136,6 @@ class JudgeConfig:
 
     @property
     def knowledge_chars(self) -> int:
-        """The most characters of knowledge one prompt carries (fit_knowledge)."""
         return CHARS_PER_TOKEN * max(self.context_tokens - self.max_new_tokens - PROMPT_TOKENS, 256)
 
     def sampling(self) -> SamplingParams:
@@ -160,32 +146,26 @@ class JudgeUnavailable(InputError):
     """The judge cannot be reached or loaded (a clear error, before or while judging)."""
 
 
-def _base_url(cfg: JudgeConfig) -> str:
-    base_url = cfg.model[len("openai:"):].rstrip("/")
-    if not base_url.startswith(("http://", "https://")):
-        raise JudgeUnavailable(f"--judge {cfg.model}: expected openai:http://HOST:PORT/v1")
-    return base_url
-
-
 def _served_engine(cfg: JudgeConfig, timeout_s: float = 300.0, **retry: float) -> Any:
     """The client of a served judge (`retry`: the engine's retry_s, when not its default)."""
     from rose_ray.inference.engine import EngineConfig
     from rose_ray.inference.openai import OpenAIEngine, flag_key_env
 
-    return OpenAIEngine(EngineConfig.of("openai", base_url=_base_url(cfg), model=cfg.served_model,
+    base_url = cfg.model[len("openai:"):].rstrip("/")
+    if not base_url.startswith(("http://", "https://")):
+        raise JudgeUnavailable(f"--judge {cfg.model}: expected openai:http://HOST:PORT/v1")
+    return OpenAIEngine(EngineConfig.of("openai", base_url=base_url, model=cfg.served_model,
                                         context_tokens=cfg.context_tokens, max_batch_size=cfg.concurrency,
                                         timeout_s=timeout_s, api_key_env=flag_key_env("--judge"), **retry))
 
 
 def check_judge(cfg: JudgeConfig) -> JudgeConfig:
-    """Fail before any game is played when the judge is not there: a folder without a
-    tokenizer, a server that does not answer, or one that does not serve `served_model`.
-    Returns the config to judge with (a local model's context capped at its positions)."""
+    """Fail before any game is played when the judge is not there. Returns the config to judge
+    with (a local model's context capped at its positions)."""
     if cfg.served:
         from rose_ray.inference.openai import OpenAIServerError
 
-        # Asked once (retry_s 0): a judge that is not there now is an error now, not after a
-        # minute of backoff.
+        # Asked once (retry_s 0): not there now is an error now, not after a minute of backoff.
         engine = _served_engine(cfg, timeout_s=30.0, retry_s=0.0)
         try:
             models = engine.models()
@@ -234,8 +214,8 @@ class Judge:
             self.engine, self.chat = self._agent.engine, self._agent.chat
 
     async def answer(self, messages: list[dict[str, str]], request_id: str) -> tuple[str, str]:
-        """(the judge's text, "") or ("", why it could not answer). A server that cannot be
-        reached at all raises JudgeUnavailable: every other question would fail the same way."""
+        """(the judge's text, "") or ("", why it could not answer); JudgeUnavailable when the server
+        cannot be reached at all."""
         from rose_ray.inference.engine import GenerationRequest
         from rose_ray.inference.openai import OpenAIServerError, OpenAIServerGone
 
@@ -268,11 +248,9 @@ class Judge:
 # --------------------------------------------------------------------------- scoring
 def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: VerdictCache,
                   source: str = "thoughts") -> dict[str, int]:
-    """Judge every critical question of every record that has some, on the record's `source`
-    text (`thoughts` or `report`, cut to fit the judge); sets each such record's `verdicts`,
-    `knowledge`, `knowledge_from` and `judge`. The judge is started only when the cache lacks
-    an answer. Returns counts: questions, asked, cached, unparsed, errors, and `cut` (records
-    whose knowledge was cut to fit)."""
+    """Judge every critical question of the records on their `source` text, cut to fit; sets each
+    such record's `verdicts`, `knowledge`, `knowledge_from` and `judge`. The judge starts only for
+    what the cache lacks. Returns counts: questions, asked, cached, unparsed, errors, cut."""
     if source not in KNOWLEDGE_SOURCES:
         raise InputError(f"knowledge from: must be one of {KNOWLEDGE_SOURCES}, got {source!r}")
     knowledge_of: dict[int, tuple[str, bool]] = {
@@ -313,9 +291,8 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
         r["judge"] = cfg.name
         counts["cut"] += cut
         counts["cached"] += sum(v.cached for v in got)
-        counted = verdict_counts(r["verdicts"])
-        counts["unparsed"] += counted["unparsed"]
-        counts["errors"] += counted["errors"]
+        for key, n in verdict_counts(r["verdicts"]).items():
+            counts[key] += n
     return counts
 
 

@@ -19,14 +19,12 @@ WANDB_ID = "wandb_id"  # a run folder's W&B run id: --resume goes on in the same
 class MetricsLogger:
     def __init__(self, run_dir: str | Path, wandb: Any = None, run_name: str = "",
                  config: dict[str, Any] | None = None) -> None:
-        """`wandb`: a WandbConfig (config.py); when enabled, a W&B run named `run_name` (unless
-        it names one) holding `config` gets every scalar."""
+        """`wandb`: a WandbConfig; when enabled, a W&B run named `run_name` gets every scalar."""
         from torch.utils.tensorboard import SummaryWriter
 
         self.run_dir = Path(run_dir)
         self.tb = SummaryWriter(str(self.run_dir / "tb"))
-        # Opened at each write: a resume's rewrite of the file (a new file renamed over it,
-        # rollout/ledger.py keep_steps) is the one written to next.
+        # Opened at each write: a resume renames a rewritten file over it (ledger.keep_steps).
         self.jsonl = self.run_dir / "metrics.jsonl"
         self.t0 = time.time()
         self.bar: Any = None  # the step bar, made at the first step (`progress`)
@@ -46,8 +44,7 @@ class MetricsLogger:
         self.tb.add_text(tag, text, step)
 
     def progress(self, step: int, total: int, text: str) -> None:
-        """The run at learner step `step` of `total`: tqdm's bar with its ETA on a terminal, one
-        plain line per step elsewhere (a Ray job's log, a file); `text` after the count."""
+        """The run at learner step `step` of `total` (`progress`); `text` after the count."""
         if self.bar is None:
             self.bar = progress(total, "train", "step", file=sys.stdout, every=1, initial=step - 1)
         self.bar.set_postfix_str(text, refresh=False)
@@ -68,8 +65,7 @@ class MetricsLogger:
 
 
 def start_wandb(settings: Any, run_dir: Path, run_name: str, config: dict[str, Any] | None) -> Any:
-    """A W&B run for a run folder (`settings`: a WandbConfig), its files under `run_dir/wandb`;
-    the same W&B run again when the folder already has one (a resume)."""
+    """A W&B run for a run folder (`settings`: a WandbConfig); the same one again on a resume."""
     import wandb
 
     from rose_ray.files import write_file
@@ -108,15 +104,13 @@ def trajectory_markdown(record: dict[str, Any], max_chars: int = 600) -> str:
 
 
 def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, float]:
-    """A learner step's numbers from its metrics and its batch of trajectories (the async/,
-    env/, weights/, publish/ and reliability/ groups come from the run's own counters)."""
+    """A learner step's numbers from its metrics and its batch of trajectories."""
     student_tokens = sum(len(x.token_ids) for t in batch for x in t.turns if x.owner == "student")
     handoffs = [t.handoff_turn for t in batch if t.handoff_turn is not None]
     actions = sum(t.rounds for t in batch) or 1
     scalars = {f"learner/{k}": learner.get(k, 0.0)
                for k in ("loss", "grad_norm", "lr", "tokens_per_s", "trained_tokens", "skipped_nonfinite")}
-    # OPD: the mean importance ratio π_now/π_behaviour (1 when the learner scores exactly the
-    # ids and logprobs the engine sampled, at the same weights) and the reverse-KL estimate.
+    # OPD: the mean importance ratio π_now/π_behaviour and the reverse-KL estimate.
     scalars.update({f"learner/{k}": learner[k] for k in ("opd_ratio", "opd_reverse_kl", "opd_clip_frac")
                     if k in learner})
     scalars.update({
@@ -127,8 +121,7 @@ def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, floa
         "rollout/tokens_per_s": student_tokens / max(sum(t.timing.get("student_s", 0) for t in batch), 1e-6),
         "rollout/handoff_turn": sum(handoffs) / len(handoffs) if handoffs else 0.0,
         "rollout/invalid_action_rate": sum(t.invalid_actions for t in batch) / actions,
-        # Replies cut at max_new_tokens, and those cut before an `Action:` line (thinking
-        # that never reached an answer): a budget too small for the model shows here.
+        # Replies cut at max_new_tokens, and those cut before an `Action:` line.
         "rollout/truncated_rate": sum(t.truncated_turns for t in batch) / actions,
         "rollout/cut_before_action_rate": sum(t.cut_before_action for t in batch) / actions,
     })
@@ -137,7 +130,7 @@ def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, floa
         scored = sum(len(x.teacher_logprobs) for t in batch for x in t.turns if x.teacher_logprobs is not None)
         scalars["rollout/teacher_read_per_scored_token"] = read / max(scored, 1)
     scalars.update(episode_scalars(batch))
-    # What the step trained on (`trained_scalars`, from the rendered batch), as learn_step adds it.
+    # What the step trained on (`trained_scalars`).
     scalars.update({k: v for k, v in learner.items() if k.startswith("learner/")})
     ps = [t.handoff_p for t in batch if t.handoff_p is not None]
     if ps:  # decay: the takeover probability this batch's episodes played under
@@ -145,39 +138,23 @@ def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, floa
     return scalars
 
 
-def validity_scalars(batch: list[Any]) -> dict[str, float]:
-    """The share of the student's sampled replies, and of the teacher's (in ROSE: its turns
-    after a handoff), that the game accepted as actions; a key only where that owner replied."""
-    out = {}
-    for owner in ("student", "teacher"):
-        replies = [(t, i) for t in batch for i, x in enumerate(t.turns) if x.role == "assistant" and x.owner == owner]
-        if replies:
-            valid = sum(i not in set(t.invalid_turns) for t, i in replies)
-            out[f"rollout/{owner}_valid_rate"] = valid / len(replies)
-    return out
-
-
 def episode_scalars(batch: list[Any]) -> dict[str, float]:
-    """What a batch's episodes played, beside what trained (an online step's, and the SFT data's
-    in bench/table.py): `validity_scalars`; the teacher's valid share at each turn of the game
-    (`rollout/teacher_valid_by_turn/tNN`, turn NN counted from the episode's first reply, so a
-    teacher that took over at turn 3 and one that played from turn 1 compare turn for turn); at
-    the handoffs, the share at which the game's state differed from its state at load
-    (`rollout/handoff_state_changed_rate`, and per part: `rollout/handoff_<part>_changed_rate`,
-    ScienceWorld's room, inventory, focus); and with an expert teacher, the shares of its
-    handoffs at which it had a plan and a plan that won on replay (`rollout/expert_planned_rate`,
-    `rollout/expert_verified_rate`), of episodes it ended for want of a plan
-    (`rollout/expert_no_plan_rate`) and of episodes lost before it was handed the game
-    (`rollout/expert_unwinnable_rate`)."""
-    out = validity_scalars(batch)
+    """What a batch's episodes played: the share of each owner's replies that the game accepted
+    as actions, and the teacher's at each turn counted from the episode's first reply; the share
+    of handoffs at which the game's state (or a part of it) differed from its state at load; with
+    an expert teacher, the shares of handoffs with a plan and a winning plan, and of episodes
+    ended for want of a plan or lost before it."""
+    valid: dict[str, list[bool]] = {}
     by_turn: dict[int, list[bool]] = {}
     for t in batch:
         invalid, at = set(t.invalid_turns), 0
         for i, x in enumerate(t.turns):
             if x.role == "assistant" and x.owner != "prompt":
                 at += 1
+                valid.setdefault(x.owner, []).append(i not in invalid)
                 if x.owner == "teacher":
                     by_turn.setdefault(at, []).append(i not in invalid)
+    out = {f"rollout/{o}_valid_rate": sum(v) / len(v) for o in ("student", "teacher") if (v := valid.get(o))}
     out.update({f"rollout/teacher_valid_by_turn/t{n:02d}": sum(v) / len(v) for n, v in sorted(by_turn.items())})
     states = [t.handoff_state for t in batch if t.handoff_state]
     for part in dict.fromkeys(k for s in states for k in s):
@@ -195,12 +172,9 @@ def episode_scalars(batch: list[Any]) -> dict[str, float]:
 
 
 def trained_scalars(batch: list[Any], loss_flags: list[list[bool]], tokens: dict[str, int]) -> dict[str, float]:
-    """What a learner step trained on: tokens per owner (`tokens.trained_tokens`), and of the
-    replies whose tokens carried loss (`loss_flags`, per trajectory per turn: `tokens.loss_turns`)
-    the share cut at max_new_tokens, sending the same action as the reply before, and invalid.
-    With student tokens trained: the share of them sampled on an older policy version than their
-    reply's last tokens (publish.in_flight keep: an update landed under the reply; its tokens
-    before it, `tokens_on_version`, are counted; 0 when every reply ran on one version)."""
+    """What a learner step trained on: tokens per owner; of the replies that carried loss
+    (`loss_flags`: tokens.loss_turns) the share truncated, repeated and invalid; and the share of
+    student tokens sampled on an older policy version than their reply's end (in-flight updates)."""
     trained = [(t, i) for t, flags in zip(batch, loss_flags) for i, f in enumerate(flags)
                if f and t.turns[i].role == "assistant"]
     n = len(trained)
@@ -220,8 +194,7 @@ def trained_scalars(batch: list[Any], loss_flags: list[list[bool]], tokens: dict
 
 def run_scalars(rollouts: Any, learning: Any, restarts: dict[str, int], batch: list[Any],
                 env_health: list[dict[str, Any]], episodes_per_s: float) -> dict[str, float]:
-    """A step's numbers from the run's own counters (run.py's `Rollouts` and `Learning`):
-    throughput, lag, env pools (`env_health`: each worker's health), weights, restarts."""
+    """A step's numbers from the run's own counters (run.py's `Rollouts` and `Learning`)."""
     p50 = [h["step_ms_p50"] for h in env_health if h["step_ms_p50"] is not None]
     p95 = [h["step_ms_p95"] for h in env_health if h["step_ms_p95"] is not None]
     buffer, lags = rollouts.buffer, rollouts.buffer.lags[-len(batch):]
@@ -264,10 +237,8 @@ def eval_scalars(who: str, result: dict[str, Any]) -> dict[str, float]:
 
 
 class LineProgress:
-    """Progress as plain lines ("eval: 12/48 games, score=0.125 [00:30<01:30]": elapsed, and the
-    time left at the rate so far), about every tenth of the work (or every `every`), for logs that
-    are not a terminal (a Ray job's log, `bench/table.py > log`), where tqdm's `\\r` updates
-    would pile into one long line. `initial`: work done before (a resumed run's steps)."""
+    """Progress as plain lines ("eval: 12/48 games, score=0.125 [00:30<01:30]") about every tenth
+    of the work (or every `every`), for logs where tqdm's `\\r` updates would pile into one line."""
 
     def __init__(self, total: int, desc: str, unit: str, file: Any = None, every: int | None = None,
                  initial: int = 0) -> None:
@@ -284,7 +255,6 @@ class LineProgress:
                   file=self.file, flush=True)
 
     def timing(self) -> str:
-        """Elapsed, and the time left at the rate so far (as tqdm shows them)."""
         from tqdm import tqdm
 
         elapsed, done = time.monotonic() - self.t0, self.n - self.initial

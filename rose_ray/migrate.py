@@ -1,11 +1,6 @@
-"""Configs written by earlier versions of rose_ray. The loader reads today's keys only: a key
-that moved or went is refused naming where it lives now (`old_keys`, exit 2), and
-
-    rose-ray migrate RUN [KEY=VALUE ...]
-
-rewrites a run folder's config.yaml once in today's keys (`migrated`), checked as a run would
-load it and written whole as a run writes it, so that an old run resumes, evaluates and exports
-again; the file it replaces stays beside it as config.yaml.old.
+"""Configs written by earlier versions of rose_ray. The loader refuses a key that moved or went,
+naming where it lives now (`old_keys`); `rose-ray migrate RUN [KEY=VALUE ...]` rewrites a run's
+config.yaml once in today's keys (`migrated`), keeping the old one as config.yaml.old.
 """
 
 from __future__ import annotations
@@ -36,8 +31,7 @@ ENGINES = ("student_engine", "teacher_engine")
 
 
 def old_keys(layer: Any) -> list[tuple[str, str]]:
-    """The keys of a config layer (a mapping) that only an earlier version wrote, each with
-    what to write now."""
+    """The keys of a config layer that only an earlier version wrote, each with what to write now."""
     if not isinstance(layer, Mapping):
         return []
     conf = layer if OmegaConf.is_config(layer) else OmegaConf.create(layer)
@@ -54,11 +48,9 @@ def old_keys(layer: Any) -> list[tuple[str, str]]:
 
 
 def migrated(raw: dict[str, Any]) -> dict[str, Any]:
-    """A config mapping an earlier version wrote, in today's keys: a moved setting goes where it
-    lives now when the run's recipe has it (rose's handoff and lam, teacher_sft's owners), a
-    removed one is dropped (gradient checkpointing becomes activation_checkpointing), and each
-    engine's backend settings (flat, or in a section named after the backend) join its
-    `backend` section, those of other backends than the engine's dropped, as they were unused."""
+    """A config mapping an earlier version wrote, in today's keys: moved settings where the recipe
+    has them, removed ones dropped, and each engine's backend settings in its `backend` section
+    (other backends' dropped: they were unused)."""
     from rose_ray.recipes import recipes
 
     cfg = copy.deepcopy(raw)
@@ -98,8 +90,7 @@ def _pop(cfg: dict[str, Any], key: str) -> Any:
 
 
 def cli_main(args: Any) -> int:
-    """`rose-ray migrate RUN [KEY=VALUE ...]`: nothing is written unless the whole new config
-    loads (KEY=VALUE: settings the old run needs now; the error names the key)."""
+    """`rose-ray migrate`: nothing is written unless the whole new config loads."""
     import yaml
 
     from rose_ray.config import config_of

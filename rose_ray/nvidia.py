@@ -1,7 +1,6 @@
-"""The NVIDIA driver of this machine against the CUDA the installed torch was built for (vLLM's
-wheel is built for the same: pyproject.toml pins one vLLM minor, which pins one torch).
-`rose-ray check` reports both and refuses a GPU node whose driver cannot run the wheels: there
-torch finds no GPU and a run would put its learner and engines on the CPU without a word."""
+"""The NVIDIA driver against the CUDA the installed torch (and vLLM) was built for: `rose-ray
+check` refuses a GPU node whose driver cannot run the wheels, where a run would otherwise fall
+back to the CPU without a word."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from dataclasses import dataclass
 
 from rose_ray.errors import InputError
 
-# The oldest Linux driver that runs each CUDA major (NVIDIA's CUDA Toolkit release notes, table
-# "CUDA Toolkit and Minimum Required Driver Version for CUDA Minor Version Compatibility").
+# The oldest Linux driver that runs each CUDA major (NVIDIA's CUDA Toolkit release notes).
 MIN_DRIVER = {11: 450, 12: 525, 13: 580}
 
 
@@ -25,8 +23,7 @@ class Driver:
 
 
 def nvidia_driver() -> Driver | str | None:
-    """What nvidia-smi says: a Driver; None where there is no nvidia-smi (no NVIDIA GPU); its
-    own words where it fails (a driver not loaded, no device)."""
+    """What nvidia-smi says: a Driver; None without nvidia-smi; its own words where it fails."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
@@ -68,8 +65,7 @@ def driver_problem(driver: Driver, torch_version: str, wheel_cuda: str | None) -
 
 
 def gpu_report() -> list[str]:
-    """The driver, the GPUs and the wheels' CUDA, one line each; an InputError (exit 2) when
-    this node has NVIDIA GPUs that the installed torch cannot use."""
+    """The driver, the GPUs and the wheels' CUDA; an InputError when torch cannot use the GPUs."""
     import torch
 
     driver = nvidia_driver()

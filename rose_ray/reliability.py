@@ -1,10 +1,5 @@
-"""What stops a run that cannot go on, and the watchdog that makes sure none hangs silently.
-
-A role that cannot be kept alive (an engine lost more than `reliability.max_restarts` times, a
-learner group likewise) raises `RoleFailed` naming it; the watchdog raises `Stalled` when
-neither a learner step nor a finished episode has happened for two periods. Either way the
-trainer writes a final checkpoint when it can and `rose-ray train` exits 1 with the message.
-"""
+"""What stops a run that cannot go on (`RoleFailed`: `rose-ray train` exits 1 with it), and the
+watchdog that makes sure none hangs silently."""
 
 from __future__ import annotations
 
@@ -22,10 +17,9 @@ class Stalled(RoleFailed):
 
 
 class Watchdog:
-    """Progress is a learner step or a finished episode (`progress()`). After `period_s`
-    without any, `run()` prints `report()` (which role waits on what); after a second
-    period it raises Stalled with the report. While `busy()` is true (a role being replaced,
-    which has its own time limit) the clock does not run."""
+    """Progress is a learner step or a finished episode (`progress()`). After `period_s` without
+    any, `run()` prints `report()`; after a second period it raises Stalled with the report.
+    While `busy()` (a role being replaced) the clock does not run."""
 
     def __init__(self, period_s: float, report: Callable[[], Awaitable[str]],
                  busy: Callable[[], bool] | None = None) -> None:

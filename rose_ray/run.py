@@ -1,20 +1,13 @@
-"""A training run's components, which the loop in `train.py` drives: each is started here
-(`Run.start`, in order), handed to the `Trainer`, and closed here (`Run.close`); each owns its
-checkpoint state (`state_dict`/`load_state_dict`, a dataclass of checkpoint.py each).
+"""A training run's components, which the loop in `train.py` drives: started here in order
+(`Run.start`), handed to the `Trainer`, closed here (`Run.close`). Each owns its checkpoint
+state (`state_dict`/`load_state_dict`, a dataclass of checkpoint.py each).
 
-- `Rollouts`: episodes into the buffer: env pools, the student and the teacher engine under an
-  `EngineSupervisor` (a tiny teacher warmed first: provision/warmup.py), the episode runner, the
-  episode ledger (the game order, each episode's outcome) and the trajectory buffer.
-- `Learning`: the learner group trained on the buffer's batches, its weights published to the
-  student engine, a replacement engine included.
-- `Evals`: the held-out evals, as `rose-ray eval --run` plays them, and their history.
-- `Failures`: the run's one failure channel. A component that meets a failure it cannot handle
-  itself (an engine lost for good, the learner lost while publishing to a replacement engine,
-  episodes that keep failing) reports it there, and the loop raises it where it waits.
-- Checkpoints (checkpoint.py): `{component: state}` in one record beside the learner's
-  DeepSpeed state; going back to one (`--resume`, or a learner group restarted after a rank's
-  loss) puts each component back: counters, history, the game order and the episodes open
-  then, and cuts the logs to match. `<run_dir>/model/` is the student as a Hugging Face folder.
+- `Rollouts`: env pools, the student and teacher engines under an `EngineSupervisor`, the
+  episode runner, the episode ledger (game order, outcomes) and the trajectory buffer.
+- `Learning`: the learner group, its weights published to the student engine.
+- `Evals`: the held-out evals, as `rose-ray eval --run` plays them.
+- `Failures`: the one channel for failures a component cannot handle itself; the loop raises
+  them where it waits.
 """
 
 from __future__ import annotations
@@ -26,6 +19,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,8 +57,8 @@ if TYPE_CHECKING:
 
 
 class Failures:
-    """The run's one failure channel. Parts report what they cannot handle (`report`); the loop
-    waits on it beside its batch (`wait`) and raises what it takes (`take`)."""
+    """The run's one failure channel: parts `report`, the loop waits on `reported` and raises
+    what it takes."""
 
     def __init__(self) -> None:
         self.errors: list[BaseException] = []
@@ -81,10 +75,14 @@ class Failures:
             self.reported.clear()
         return error
 
+    def raise_taken(self) -> None:
+        """Raises the oldest failure not yet raised, if any."""
+        if (error := self.take()) is not None:
+            raise error
+
 
 def await_ready(agents: dict[str, Any], timeout_s: float) -> None:
-    """Each engine has loaded its model (its actor constructed) before anything runs on it: a
-    broken teacher fails the start, not the first rollout after a long eval."""
+    """Each engine has loaded its model: a broken teacher fails the start, not the first rollout."""
     import ray
 
     for role, agent in agents.items():
@@ -98,8 +96,8 @@ def await_ready(agents: dict[str, Any], timeout_s: float) -> None:
 
 
 class Rollouts:
-    """Episodes played into the buffer: kept coming while there is room (`start_playing`, async
-    mode) or a batch at a time (`play_batch`, sync mode). Its checkpoint state: RolloutState."""
+    """Episodes played into the buffer: while there is room (`start_playing`, async mode) or a
+    batch at a time (`play_batch`, sync mode)."""
 
     engines: EngineSupervisor
     protocol: Protocol
@@ -136,8 +134,7 @@ class Rollouts:
         # The env pools are created first: their JVMs boot while the engines load their weights.
         self.pools = start_env_pools(cfg.env, max_turns=cfg.rollout.max_turns)
         expert = cfg.teacher.expert  # the world's expert teaches: it plays from the env pools, no engine
-        # The weight group's members (the student engine, learner rank 0) run with the same NCCL
-        # settings wherever Ray starts them (rose_ray/publish/group.py NCCL_DEFAULTS says why).
+        # The weight group's members run with the same NCCL settings (publish/group.py says why).
         nccl = {"runtime_env": {"env_vars": nccl_env()}} if cfg.resources.student_gpus > 0 else {}
         self.student, self.teacher = start_agents(
             replace(cfg.student_engine, model=student_path),
@@ -178,8 +175,7 @@ class Rollouts:
                                        drop_stale=recipe.token_weights().trains("student"))
 
     def state_dict(self) -> RolloutState:
-        """Taken in the event loop (nothing moves meanwhile): the ledger's open episodes, and
-        counters without them (a resume plays them again)."""
+        """Taken in the event loop: the ledger's open episodes, counters without them."""
         return RolloutState(ledger=self.ledger.state_dict(), buffer=self.buffer.state_dict(),
                             runner=self.runner.state_dict(buffered=len(self.buffer.items)))
 
@@ -220,8 +216,7 @@ class Rollouts:
         from rose_ray.rollout.episode import EpisodeInterrupted, run_episode
 
         game = draw.game
-        # The decay policy's draws: the run's seed and the game's place in the (checkpointed)
-        # game order, so a rerun or a resumed run decides the same, whatever the timing.
+        # The decay policy's draws follow the game's place in the (checkpointed) order, not timing.
         handoff_seed = f"{self.cfg.seed}/{draw.epoch}/{draw.position}/{game.item_id}"
 
         async def episode(g: GameId, slot: Any) -> Trajectory:
@@ -235,7 +230,6 @@ class Rollouts:
         except RoleFailed:
             return  # the run is stopping: the episode stays open (in flight at the stop)
         except Exception as e:  # noqa: BLE001 - one bad episode must not stop the run
-            # e.g. "teacher engine: OpenAIRequestFailed: 500: <the server's message>"
             role = self.engines.whose(e)
             error = f"{role + ': ' if role else ''}{describe_error(e)}"
             if not isinstance(e, EpisodeInterrupted):
@@ -256,8 +250,7 @@ class Rollouts:
         await self.buffer.add(t, learning.learner.version)
 
     async def env_health(self) -> list[dict[str, Any]]:
-        """Each env worker's health; awaited, never blocking the loop: a hung pool costs its
-        numbers, not the step."""
+        """Each env worker's health; a hung pool costs its numbers, not the step."""
         try:
             return [h for hs in await asyncio.wait_for(asyncio.gather(
                 *(p.health.remote() for p in self.pools)), 5) for h in hs]
@@ -267,9 +260,7 @@ class Rollouts:
 
 class Learning:
     """The learner group trained on the buffer's batches (`train`), its weights published to the
-    student engine every `publish_every` steps (`publish`) and to each replacement student engine
-    before it serves. Its checkpoint state: LearningState (the learner's own is its DeepSpeed
-    folder beside the record)."""
+    student engine (`publish`), and to a replacement student engine before it serves."""
 
     token_weights: TokenWeights
     pad_id: int
@@ -312,12 +303,11 @@ class Learning:
         self.step, self.replies = state.step, dict(state.replies)
 
     async def train(self, batch: list[Trajectory], call: Callable[..., Awaitable[Any]]) -> dict[str, float]:
-        """One optimizer step on `batch`, the learner called through `call` (the supervision's
-        `in_learner`); what it trained on goes to trajectories.jsonl."""
+        """One optimizer step on `batch` through `call` (Supervision.in_learner), logged to
+        trajectories.jsonl."""
         from rose_ray.metrics import trained_scalars
         from rose_ray.tokens import loss_turns, make_batch, render, trained_tokens
 
-        # Trajectories to tokens, each cut where its rollout cut it, with the recipe's weights.
         seqs = [render(t) for t in batch]
         made = make_batch(seqs, self.token_weights, self.cfg.learner.max_tokens, self.pad_id)
         metrics = await call(self.learner.train_step, made)
@@ -340,16 +330,14 @@ class Learning:
         self.weights_ms = out["total_ms"]
         self.published = (engine, version)
         if out.get("fallback"):
-            # The object store from now on, a restarted learner group included (it
-            # would otherwise try the collective again, and stall as long again).
+            # The object store from now on, a restarted learner group too (else it stalls again).
             self.fallbacks += 1
             self.publish_config = replace(self.publish_config, method="object_store", collective_backend="auto")
             print(f"\ntrain: weight publication: {out['fallback']}; version {version} and every later one go "
                   "through the object store (publish/fallbacks)", flush=True)
 
     async def publish(self) -> None:
-        """To the serving student engine. One lost meanwhile is replaced first (the replacement
-        gets the weights before it serves); LearnerLost is the learner's, raised."""
+        """To the serving student engine; one lost meanwhile is replaced first."""
         while True:
             engine = self.student.engine
             if self.published == (engine, self.learner.version):
@@ -373,16 +361,13 @@ class Learning:
 
 class Evals:
     """The held-out games played by the student (or the teacher) alone, as `rose-ray eval --run`
-    plays them (the same job and spec: evaluate.training_evals), on env pools of their own
-    (started at the first eval); `dev`: `eval.every_n` games of the dev split, drawn as `rose-ray
-    eval --split dev --n N --seed S` draws them. Its checkpoint state: EvalState (the history)."""
+    plays them (evaluate.training_evals), on env pools of their own; `dev`: `eval.every_n` games
+    of the dev split."""
 
     def __init__(self, cfg: TrainConfig, rollouts: Rollouts) -> None:
         self.cfg, self.rollouts = cfg, rollouts
         self.history: dict[str, Any] = {"eval": []}
         self.pools: list[Any] = []
-        self._runner: EpisodeRunner | None = None
-        self._dev_games: list[GameId] | None = None
 
     def start(self, student_path: str) -> None:
         from rose_ray.evaluate import training_evals
@@ -396,30 +381,29 @@ class Evals:
     def load_state_dict(self, state: EvalState) -> None:
         self.history = copy.deepcopy(state.history)  # a copy: the state may be restored again
 
+    @cached_property
     def dev_games(self) -> list[GameId]:
-        if self._dev_games is None:
-            self._dev_games = replace(self.job, split="dev", n=self.cfg.eval.every_n).games()
-        return self._dev_games
+        return replace(self.job, split="dev", n=self.cfg.eval.every_n).games()
 
+    @cached_property
     def runner(self) -> EpisodeRunner:
+        """The evals' own env pools, started at the first eval."""
         from rose_ray.rollout.actors import start_env_pools
         from rose_ray.rollout.runner import EpisodeRunner
 
-        if self._runner is None:
-            env = replace(self.cfg.env, workers=1, resources=dict(self.cfg.env.resources))
-            self.pools = start_env_pools(env, max_turns=self.cfg.eval.max_turns)
-            self._runner = EpisodeRunner(self.pools, env.games_per_worker, engines=self.rollouts.engines)
-        return self._runner
+        env = replace(self.cfg.env, workers=1, resources=dict(self.cfg.env.resources))
+        self.pools = start_env_pools(env, max_turns=self.cfg.eval.max_turns)
+        return EpisodeRunner(self.pools, env.games_per_worker, engines=self.rollouts.engines)
 
     async def play(self, step: int, who: str) -> dict[str, Any]:
         """`who` ("student", "teacher", or "dev": the student on the dev games) plays; the
-        result goes to the history and is returned."""
+        result goes to the history."""
         from rose_ray.evaluate import game_record, summarise
         from rose_ray.rollout.play import Players, play
 
         agent = self.rollouts.teacher if who == "teacher" else self.rollouts.student
-        games = self.dev_games() if who == "dev" else self.games
-        played = await play(self.spec, games, players=Players(self.runner(), agent, None),
+        games = self.dev_games if who == "dev" else self.games
+        played = await play(self.spec, games, players=Players(self.runner, agent, None),
                             protocols=self.rollouts.protocol, request_prefix="eval/")
         result = summarise([game_record(t) for t in played])["overall"]
         self.history["eval"].append({"step": step, "who": who, **result})
@@ -427,8 +411,7 @@ class Evals:
 
 
 class Run:
-    """One training run's components (see the module docstring): `start` starts them in order;
-    `close` ends what it got to. Its checkpoint is each component's state under its name."""
+    """One training run's components: `start` starts them in order, `close` ends what it got to."""
 
     student_path: str
     start_state: Checkpoint  # where "back to the latest checkpoint" goes without one
@@ -445,7 +428,6 @@ class Run:
         self.restarts_before: dict[str, int] = {}  # per role, before a --resume
 
     def components(self) -> dict[str, Any]:
-        """Each component under its name in the checkpoint."""
         return {name: getattr(self, name) for name in Checkpoint.parts()}
 
     def start(self) -> None:
@@ -461,8 +443,7 @@ class Run:
         self.student_path, teacher_path = resolve_models(cfg)  # tiny models, the teacher warm-up
         self.evals.start(self.student_path)
         self.rollouts.start(self.groups, self.student_path, teacher_path, self.session, fresh=not self.resume)
-        # The learner last: an engine that cannot start, or agents the recipe refuses, fail the
-        # run in seconds, not after DeepSpeed's init.
+        # The learner last: a bad engine or recipe fails in seconds, not after DeepSpeed's init.
         self.learning.start(self.groups, self.student_path, self.rollouts, self.failures)
         self.metrics = MetricsLogger(self.run_dir, cfg.logging.wandb, f"{cfg.name}/{self.run_dir.name}",
                                      yaml.safe_load(saved_config(cfg)))  # W&B's copy: no secrets, as config.yaml
@@ -483,9 +464,8 @@ class Run:
         return Checkpoint(**{name: c.state_dict() for name, c in self.components().items()}, restarts=self.restarts())
 
     def clear_leftovers(self) -> None:
-        """What a run stopped by a kill left in this run folder (its own: nothing else writes
-        there): temp files and folders rose_ray named (a swap's old copy put back where the
-        new one never came), and checkpoint step folders without their mark."""
+        """What a kill left in this run folder: rose_ray's temp files and folders, and checkpoint
+        step folders without their mark."""
         from rose_ray.checkpoint import prune
         from rose_ray.files import clear_leftovers
 
@@ -496,8 +476,7 @@ class Run:
 
     def load_checkpoint(self, publish: bool = True) -> Checkpoint:
         """Back to the latest whole checkpoint (or the start, without one): the learner, each
-        component's state (the game order and the episodes open then, played again first;
-        counters), and the logs cut to match. Returns the record it went back to."""
+        component's state, and the logs cut to match. Returns the record."""
         from rose_ray.learner.worker import CheckpointUnreadable
         from rose_ray.rollout.ledger import keep_steps
 
@@ -529,8 +508,7 @@ class Run:
         self.restarts_before = dict(self.load_checkpoint(publish).restarts)
 
     def restarts(self) -> dict[str, int]:
-        """Replacements per role over the whole run: this process's, plus those before a resume
-        (kept in each checkpoint; a learner group going back to one keeps counting on)."""
+        """Replacements per role over the whole run: this process's plus those before a resume."""
         before = self.restarts_before
         now = {**self.rollouts.engines.restarts(), "learner": self.learning.restarts}
         return {role: before.get(role, 0) + now.get(role, 0) for role in {**before, **now}}
@@ -584,8 +562,8 @@ class Run:
 
 
 def prepare_cluster(cfg: TrainConfig, run_dir: Path) -> None:
-    """Before any actor starts: the storage every node must share, hub models downloaded once,
-    and (resources.check_placement) the cluster checked to hold every role."""
+    """Before any actor starts: shared storage checked, hub models downloaded once, and
+    (resources.check_placement) the cluster checked to hold every role."""
     from rose_ray.models import download_model, hub_cache, is_hub_id
     from rose_ray.placement import check_cluster, check_shared_storage
 
@@ -595,9 +573,8 @@ def prepare_cluster(cfg: TrainConfig, run_dir: Path) -> None:
         shared["tiny_dir (ROSE_RAY_CACHE)"] = Path(cfg.tiny_dir)
     hub_ids = [e.model for e in (cfg.student_engine, cfg.teacher_engine) if not e.spec.served and is_hub_id(e.model)]
     if hub_ids:
-        # The driver downloads a hub model once; every node's actors then read that one
-        # snapshot, so the cache must be shared. The marker goes into the cache's `.locks`
-        # folder, the one entry the client's cache scan (`hf cache ls`) passes over.
+        # Every node reads the driver's one download, so the cache must be shared; the marker
+        # goes into `.locks`, the one entry `hf cache ls` passes over.
         shared["HF_HOME (the Hugging Face cache)"] = Path(hub_cache()) / ".locks"
     for line in check_shared_storage(shared):
         print(line, flush=True)

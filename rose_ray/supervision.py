@@ -1,7 +1,4 @@
-"""The supervision of a run's loop (train.py's `Trainer`), apart from the loop: the engines'
-monitor and the watchdog beside it, a lost learner group restarted from the latest checkpoint,
-and the stop (docs/reliability.md).
-"""
+"""The supervision of a run's loop (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -19,10 +16,8 @@ if TYPE_CHECKING:
 
 class Supervision:
     """What keeps the loop going or ends it well: `supervise` runs it beside the engines' monitor
-    (a lost engine is replaced) and the watchdog; `restart_learner` brings a lost learner group
-    back; `wind_down` is the stop (a final checkpoint and model/, then the failure raised). The
-    loop tells it what it is doing (`doing`, for the watchdog's report) and calls the learner
-    through `in_learner`."""
+    and the watchdog; `restart_learner` brings a lost learner group back; `wind_down` is the stop.
+    The loop says what it is doing (`doing`) and calls the learner through `in_learner`."""
 
     def __init__(self, run: Run) -> None:
         self.run, self.cfg = run, run.cfg
@@ -36,8 +31,8 @@ class Supervision:
         self.doing("starting")
 
     async def in_learner(self, fn: Any, *args: Any) -> Any:
-        """`fn(*args)` on the learner, in a thread. Cancelled meanwhile (a stall, a lost role),
-        the thread goes on, so the learner's state is unknown from then on."""
+        """`fn(*args)` on the learner, in a thread. Cancelled meanwhile, the thread goes on, so
+        the learner's state is unknown from then on."""
         try:
             return await asyncio.to_thread(fn, *args)
         except asyncio.CancelledError:
@@ -52,9 +47,8 @@ class Supervision:
         learning.checkpointed_step = learning.learner.step
 
     async def supervise(self, loop: Any) -> BaseException | None:
-        """Run `loop` beside the engines' monitor (a lost engine is replaced) and a watchdog
-        that gives up on it when nothing moves for too long. Returns what ended it, if not the
-        loop's own end: a role lost for good or a stall (RoleFailed), or a crash."""
+        """Run `loop` beside the engines' monitor and the watchdog. Returns what ended it, if not
+        the loop's own end: RoleFailed (a role lost for good, a stall) or a crash."""
         monitor = asyncio.create_task(self.run.rollouts.engines.monitor())
         try:
             self.watchdog.progress()
@@ -70,8 +64,8 @@ class Supervision:
             monitor.cancel()
 
     async def restart_learner(self, lost: LearnerLost) -> None:
-        """A rank is gone: new ranks on the same placement, back to the latest checkpoint and
-        its weights published; RoleFailed past `reliability.max_restarts`."""
+        """New ranks on the same placement, back to the latest checkpoint, its weights published;
+        RoleFailed past `reliability.max_restarts`."""
         learning, limit = self.run.learning, self.cfg.reliability.max_restarts
         self.learner_unsure, self.restarting_learner = True, True
         while True:
@@ -94,8 +88,7 @@ class Supervision:
 
     async def wind_down(self, failure: BaseException | None) -> None:
         """The stop: a final checkpoint and model/ (when the learner's state is known), the
-        ledger's open episodes marked; then the failure, if any, is raised: a lost role naming
-        the checkpoint a `--resume` goes on from, a crash as it was."""
+        ledger's open episodes marked; then the failure raised (RoleFailed naming the checkpoint)."""
         try:
             saved = await self.final_checkpoint(failure)
             if saved:
@@ -117,9 +110,8 @@ class Supervision:
                             f"{where} (rose-ray train --resume {self.run.run_dir} goes on from it)")
 
     async def final_checkpoint(self, failure: BaseException | None) -> bool:
-        """The stop's checkpoint; False when the learner's state is unknown (a call cut short, a
-        restart unfinished: the latest checkpoint stands), or when it cannot write one (gone,
-        or hung: then its ranks are ended, which frees every thread still waiting on them)."""
+        """The stop's checkpoint; False when the learner's state is unknown, or when it cannot
+        write one (then its ranks are ended, freeing every thread waiting on them)."""
         if self.learner_unsure:
             print("\ntrain: no checkpoint at the stop: a learner call was cut short, so its state is "
                   "unknown; the latest checkpoint stands", flush=True)

@@ -1,32 +1,16 @@
-"""The online loop: episodes keep arriving while the learner trains on them, top to bottom.
+"""The online loop: episodes keep arriving while the learner trains on them.
 
     rose-ray train [--config configs/tiny.yaml] [key=value ...] [--resume RUN_DIR] [--print-config]
     rose_ray.train("configs/tiny.yaml", ["steps=4"])     # the same from Python (a notebook too)
 
-Each fresh run gets its own folder, `<run_dir>/version_N` (`runs.py`); `--resume <run_dir>` goes
-on with the latest of them.
-
-1. The run's components start (`run.py`: `Rollouts`, with the env pools, a student and a
-   teacher engine and the buffer; `Learning`, the learner and the publication of its weights; `Evals`; the
-   failure channel) and are handed to the `Trainer`, which drives them. The algorithm is a recipe (`recipes/`): who acts at each turn (the handoff),
-   whether the teacher scores the student's tokens, and which tokens train.
-2. Eval before training (student and teacher) on held-out games: the catalogue's sample of
-   `eval.n` games, the same ones `rose-ray eval --n` picks at that seed.
-3. The loop (async): episode tasks keep the buffer full (`Rollouts.play_one`: the student plays
-   the first turns, the teacher the rest, in ROSE) while the learner takes batches (`learn_step`:
-   trajectories to tokens with the recipe's weights, one optimizer step), publishes weights
-   every N steps, plays `eval.every_n` dev games every E steps (`eval.every`) and checkpoints
-   every C steps. `mode: sync` alternates rollout and training instead.
-4. The stop: a final checkpoint, the student as a Hugging Face folder `<run_dir>/model/`, an
-   eval after, and a before/after table beside the teacher's.
-
-Ctrl-C stops cleanly: the step in progress finishes, a final checkpoint and `model/` are
-written, and every JVM is closed. A lost env worker, engine or learner rank costs only the
-episodes or steps it was running (docs/reliability.md). A failure the components cannot handle
-themselves reaches the loop as one exception from the run's failure channel, raised where it
-waits for a batch: a lost learner rank (LearnerLost) sends it back to the latest checkpoint
-with new ranks; a role lost for good or a stall (RoleFailed) ends the loop, and the stop writes
-a final checkpoint when the learner's state is known, then raises it naming that checkpoint.
+A fresh run gets its own folder, `<run_dir>/version_N` (runs.py); `--resume` goes on with the
+latest. The run's components (run.py) are handed to the `Trainer`: evals before, then batches
+through the learner with weights published every N steps, dev evals every E steps and
+checkpoints every C steps (`mode: sync` alternates rollout and training), then the stop: a
+final checkpoint, `<run_dir>/model/` and the evals after. Ctrl-C stops after the current step.
+A failure the components cannot handle reaches the loop through the run's failure channel:
+LearnerLost sends it back to the latest checkpoint with new ranks; RoleFailed ends it
+(docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -56,10 +40,8 @@ from rose_ray.types import Trajectory
 
 
 class Trainer:
-    """The loop over a started run's components (run.py): `rollouts` plays episodes into the
-    buffer, `learning` trains on its batches and publishes weights to the student engine,
-    `evals` plays the held-out games, and the failure channel brings whatever they cannot
-    handle to the loop. Restarts, the watchdog and the stop are its `Supervision`'s."""
+    """The loop over a started run's components (run.py); restarts, the watchdog and the stop
+    are its `Supervision`'s."""
 
     def __init__(self, run: Run) -> None:
         self.run, self.cfg = run, run.cfg
@@ -86,9 +68,7 @@ class Trainer:
             loop.add_signal_handler(signal.SIGTERM, self._interrupt)
         cfg = self.cfg
         if not self.run.resume:
-            for who, wanted in (("student", cfg.eval.before), ("teacher", cfg.eval.teacher), ("dev", cfg.eval.every)):
-                if wanted:
-                    await self.evaluate(0, who)
+            await self.evaluate_each(0, student=cfg.eval.before, teacher=cfg.eval.teacher, dev=cfg.eval.every)
             self.run.start_state.evals = self.evals.state_dict()  # a restart keeps them
         try:
             failure = await self.supervision.supervise(self.train_loop())  # beside the engines' monitor and the watchdog
@@ -98,9 +78,7 @@ class Trainer:
             self.metrics.end_progress()
         await self.supervision.wind_down(failure)  # the final checkpoint and model/; raises the failure
         if self.step >= cfg.steps:
-            for who, wanted in (("dev", cfg.eval.every), ("student", cfg.eval.after)):
-                if wanted:
-                    await self.evaluate(self.step, who)
+            await self.evaluate_each(self.step, dev=cfg.eval.every, student=cfg.eval.after)
         return self.run.summary()
 
     async def train_loop(self) -> None:
@@ -147,12 +125,9 @@ class Trainer:
             self.eval_task.cancel()
 
     async def next_batch(self) -> list[Trajectory] | None:
-        """The learner's next batch from the buffer; None when the run is told to stop first.
-        A failure the components reported is raised here, before a batch is taken or instead of
-        one (a batch taken is always trained)."""
-        failure = self.failures.take()
-        if failure is not None:
-            raise failure
+        """The learner's next batch; None when the run is told to stop first. A reported failure
+        is raised before a batch is taken or instead of one (a batch taken is always trained)."""
+        self.failures.raise_taken()
         batch_task = asyncio.create_task(self.rollouts.buffer.take_batch(self.learning.learner.version))
         waits = {batch_task, asyncio.create_task(self.stop.wait()), asyncio.create_task(self.failures.reported.wait())}
         try:
@@ -163,14 +138,11 @@ class Trainer:
                     task.cancel()
         if batch_task.done() and not batch_task.cancelled():
             return batch_task.result()
-        failure = self.failures.take()
-        if failure is not None:
-            raise failure
+        self.failures.raise_taken()
         return None
 
     async def learn_step(self, batch: list[Trajectory]) -> dict[str, float]:
-        """One optimizer step on `batch`, its episodes marked trained, the weights published
-        every `publish_every` steps."""
+        """One optimizer step on `batch`, its episodes marked trained, the weights published."""
         t0 = time.perf_counter()
         self.doing("train_step")
         metrics = await self.learning.train(batch, self.supervision.in_learner)
@@ -206,6 +178,11 @@ class Trainer:
         if scalars:
             self.metrics.log(step, scalars)
 
+    async def evaluate_each(self, step: int, **wanted: Any) -> None:
+        """The evals asked for (`who=setting`), in order."""
+        for who in [who for who, want in wanted.items() if want]:
+            await self.evaluate(step, who)
+
     def _interrupt(self) -> None:
         if self.stop.is_set():  # a second Ctrl-C: stop waiting
             raise KeyboardInterrupt
@@ -218,12 +195,10 @@ def train(config: str | Path | TrainConfig | None = None, overrides: list[str] |
           resume: str | Path | None = None) -> dict[str, Any]:
     """A training run, as `rose-ray train` makes one; returns its summary (summary.json).
 
-    `config`: a YAML file (default: the embedded tiny config) or a TrainConfig, with `overrides`
-    (KEY=VALUE) over it. A fresh run goes to a new `version_N` folder under the config's run_dir
-    (or exactly to a `run_dir=` given as an override). `resume`: a run folder, a run_dir meaning
-    its latest run, or `RUN_DIR/latest`, continued from its latest checkpoint with its own
-    config.yaml (and `overrides`). Inside a running event loop (a notebook) the run's loop runs
-    in a thread of its own (rose_ray/event_loop.py); an interrupt there stops it as Ctrl-C does."""
+    `config`: a YAML file (default: the embedded tiny config) or a TrainConfig, `overrides`
+    (KEY=VALUE) over it. A fresh run goes to a new `version_N` under the config's run_dir (or to
+    a `run_dir=` override itself); `resume` names a run continued from its latest checkpoint
+    with its own config.yaml. Works inside a running event loop (event_loop.py)."""
     from rose_ray.check import check_served_engines
     from rose_ray.event_loop import run_coroutine
 
@@ -232,8 +207,7 @@ def train(config: str | Path | TrainConfig | None = None, overrides: list[str] |
         print(f"train: {line}", flush=True)
     if run_dir is None:
         run_dir = fresh_run_dir(cfg, named=any(o.partition("=")[0].strip() == "run_dir" for o in overrides or []))
-        # The config as given: its run_dir is where runs go, so training from this file again
-        # makes the next version.
+        # As given: its run_dir is where runs go, so training from it again makes the next version.
         write_file(run_dir / "config.yaml", saved_config(cfg))  # no secrets (runs.SECRET_KEY)
         print(f"train: new run in {run_dir}", flush=True)
     run = Run(cfg, run_dir, resume=bool(resume))

@@ -40,12 +40,12 @@ def test_bad_input_is_an_input_error_and_a_bug_is_not(monkeypatch, capsys):
     one that raises what a contract check deep in the code raises.)"""
     import rose_ray.check
     from rose_ray.chat import ChatTemplateError
-    from rose_ray.cli import UsageError, main
+    from rose_ray.cli import main
     from rose_ray.errors import ConfigError, InputError, UnknownItem
     from rose_ray.placement import PlacementError
     from rose_ray.rows import DataError
 
-    for cls in (ConfigError, UnknownItem, DataError, ChatTemplateError, PlacementError, UsageError):
+    for cls in (ConfigError, UnknownItem, DataError, ChatTemplateError, PlacementError):
         assert issubclass(cls, InputError)
     assert issubclass(UnknownItem, KeyError)  # catalogue lookups are caught as KeyError too
     from rose_ray.config import default_config_path
