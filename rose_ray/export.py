@@ -47,8 +47,8 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     from rose_ray.files import out_path
     from rose_ray.learner.learner import LearnerGroup
     from rose_ray.learner.worker import CheckpointUnreadable
-    from rose_ray.provision.tiny import resolve_tiny
     from rose_ray.placement import check_shared_storage
+    from rose_ray.provision.tiny import resolve_tiny
     from rose_ray.rollout.actors import init_ray
 
     run_dir = resolve_run(run_dir)
