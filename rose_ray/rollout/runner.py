@@ -1,9 +1,6 @@
-"""Many concurrent episodes over EnvPool actors: slots and retries (`play.py` plays a list of
-games to their ends on a runner; a training run's loop hands it one episode at a time).
-
-Every episode holds one pool slot while it runs. An episode whose game process died (or
-whose pool actor died, or whose engine died) is restarted from its first turn on the next
-free slot and counted; it is never lost and never returned twice.
+"""Many concurrent episodes over EnvPool actors: each holds one pool slot while it runs; one
+whose game process, pool actor or engine died is restarted from its first turn on the next
+free slot and counted, never lost and never returned twice.
 """
 
 from __future__ import annotations
@@ -48,18 +45,6 @@ class TrackedSlot(EnvSlot):
             return await call
         finally:
             self.waiting, self.since = None, time.monotonic()
-
-    async def reset(self, game: GameId):
-        return await self._call("reset", super().reset(game))
-
-    async def step(self, action: str):
-        return await self._call("step", super().step(action))
-
-    async def expert_reply(self):
-        return await self._call("expert reply", super().expert_reply())
-
-    async def state(self):
-        return await self._call("state", super().state())
 
 
 class EpisodeRunner:

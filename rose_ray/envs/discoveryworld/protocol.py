@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from rose_ray.envs.protocol import Protocol
+from rose_ray.envs.protocol import ACKNOWLEDGEMENT, Protocol, instruction
 
 DIRECTIONS = ("north", "east", "south", "west")
 # Ground tiles: listing them would fill the observation; they are never an action's object.
@@ -39,22 +39,16 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("done", "end the episode when you think the task is finished"),
 )
 
-INSTRUCTION = (
+INSTRUCTION = instruction(
     "You are an agent in DiscoveryWorld, a simulated world where you explore, run "
     "experiments and make scientific discoveries. Each turn you get an observation and "
-    "reply with one action.\n\n"
-    "Reply in exactly this format, nothing else:\n"
-    "Thought: <your short reasoning about what to do next>\n"
-    "Action: <one command from the list below>\n\n"
+    "reply with one action.",
     "Commands (OBJ is an object as the observation writes it, `name #id`; a bare name works "
-    "when only one object of that name is within reach):\n"
-    + "\n".join(f"- {cmd}: {what}" for cmd, what in COMMANDS)
-    + "\n\n"
+    "when only one object of that name is within reach)",
+    COMMANDS,
     "You can only pick up, open, use or talk to objects in your inventory or directly in front "
-    "of you; walk or teleport next to an object first. Only one action per turn is carried out."
+    "of you; walk or teleport next to an object first. Only one action per turn is carried out.",
 )
-
-ACKNOWLEDGEMENT = "OK. I will answer with a Thought and one Action each turn."
 
 # Asked after the episode's last observation (success, turn limit, `done`): the answer is the
 # agent's explanatory knowledge, which a judge checks against the scenario's critical questions.

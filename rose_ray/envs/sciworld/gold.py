@@ -1,12 +1,7 @@
-"""Gold paths a model can copy from what it sees.
-
-ScienceWorld's gold paths act on things the agent has not looked at (the lifespan tasks walk
-outside and focus on an animal without a `look around`) and name them by internal referents
-(`focus on egg giant tortoise`, `focus on cloth sittable`) where the game says "the giant
-tortoise egg" and "the mattress". A model that imitates such a path can only guess. The
-observed path looks around before the first focus after a move, and names each focused thing
-as the game named it; `provision.gold.gold_rows(observe=True)` replays it and keeps it only when it
-scores as the original does.
+"""Gold paths a model can copy from what it sees: ScienceWorld's act on things the agent has not
+looked at and name them by internal referents (`focus on egg giant tortoise` where the game says
+"the giant tortoise egg"). The observed path looks around before the first focus after a move
+and names each focused thing as the game named it.
 """
 
 from __future__ import annotations
