@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from rose_ray.types import GameId
 
@@ -49,31 +49,12 @@ class ExpertReply:
     plan_s: float = 0.0
 
 
-class Game(Protocol):
-    """One game of one world, on its own process (a JVM, a worker); a failed or timed-out
-    call kills the process and raises GameError."""
-
-    def load(self, game: GameId, gold: bool = False) -> StepResult: ...
-
-    def step(self, action: str) -> StepResult: ...
-
-    def gold_actions(self) -> list[str]: ...
-
-    def state(self) -> dict[str, Any]: ...
-
-    def alive(self) -> bool: ...
-
-    def kill(self) -> None: ...
-
-    @property
-    def pid(self) -> int | None: ...
-
-    def close(self) -> None: ...
-
-
 class ProcessGame:
-    """Closes its game's process after a `with` block and when garbage-collected. `state()`:
-    a small fingerprint of the game's state, `initial_state` the one at load (empty by default)."""
+    """One game of one world on its own process (a JVM, a worker), as a pool hosts it: `load`,
+    `step`, `gold_actions`, `valid_actions`, `state`, `alive`, `kill`, `pid`, `close`. A failed
+    or timed-out call kills the process and raises GameError. `state()`: a small fingerprint of
+    the game's state, `initial_state` the one at load (empty by default). Closed after a `with`
+    block and when garbage-collected."""
 
     initial_state: dict[str, Any] = {}
 

@@ -114,8 +114,7 @@ class GameCatalogue:
             if unknown:
                 raise InputError(f"tasks: unknown task(s) {unknown} in {self.world} (mapping {self.mapping!r}); "
                                  f"`rose-ray games --world {self.world}` lists them")
-            wanted = set(tasks)
-            pool = [g for g in pool if g.task in wanted]
+            pool = [g for g in pool if g.task in tasks]
         if n is None or n >= len(pool):
             return pool
         by_task: dict[str, list[GameId]] = {}

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rose_ray.envs.base import ExpertReply, Game, GameError, StepResult
+from rose_ray.envs.base import ExpertReply, GameError, ProcessGame, StepResult
 from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.worlds import get_world
 from rose_ray.errors import InputError
@@ -28,7 +28,7 @@ START_ATTEMPTS = 3  # a game process's starts before the pool gives up (2 s, the
 @dataclass
 class _Slot:
     index: int
-    game: Game | None = None
+    game: ProcessGame | None = None
     world: str = ""
     current: GameId | None = None
     restarts: int = 0

@@ -47,12 +47,9 @@ def parse_action(text: str) -> ParsedAction:
     without one, an empty action with `valid_format` False."""
     text = strip_thinking(text)
     marker = text.rfind("Action:")
-    if marker < 0:
-        return ParsedAction("", False)
-    for line in text[marker + len("Action:") :].splitlines():
-        if line.strip():
-            return ParsedAction(line.strip(), True)
-    return ParsedAction("", False)
+    after = text[marker + len("Action:") :].splitlines() if marker >= 0 else []
+    action = next((line.strip() for line in after if line.strip()), "")
+    return ParsedAction(action, bool(action))
 
 
 def parse_thought(text: str) -> str:

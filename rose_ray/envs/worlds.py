@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rose_ray.envs import DEFAULT_WORLD
-from rose_ray.envs.base import Game
+from rose_ray.envs.base import ProcessGame
 from rose_ray.envs.protocol import Protocol
 from rose_ray.errors import InputError
 
@@ -29,7 +29,7 @@ class World:
     name: str
     catalogue: Callable[[str | None], Any]  # mapping (None = the world's default) -> GameCatalogue
     protocol: Protocol
-    game: Callable[..., Game]  # (call_timeout_s, max_turns, and heap where `jvm`)
+    game: Callable[..., ProcessGame]  # (call_timeout_s, max_turns, and heap where `jvm`)
     has_gold: bool  # whether games have gold action paths (`rose-ray gold`, teacher warm-up)
     mappings: tuple[str, ...]  # the catalogue's item-id mappings, the default first
     jvm: bool = False  # its games run on a JVM and `game` takes `heap`

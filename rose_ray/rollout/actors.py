@@ -4,6 +4,7 @@ teacher's engine actors (`Agent`s)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from rose_ray.envs.config import EnvConfig
@@ -175,10 +176,8 @@ def close_pools(pools: list[Any], timeout_s: float = 30.0) -> None:
 
     refs = []
     for pool in pools:
-        try:
+        with contextlib.suppress(Exception):  # a dead pool has no JVMs left to close
             refs.append(pool.close.remote())
-        except Exception:
-            pass  # a dead pool has no JVMs left to close
     if refs:
         ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     for pool in pools:

@@ -33,17 +33,6 @@ class Replies:
     invalid_turns: list[int] = field(default_factory=list)
     repeated_turns: list[int] = field(default_factory=list)
 
-    def add(self, at: int, parsed: Any, bad: bool, repeated: bool, played: Turn | None = None) -> None:
-        """The reply at `at` in the turns; `played`: its turn when the engine sampled it now."""
-        if bad:
-            self.invalid_turns.append(at)
-        if repeated:
-            self.repeated_turns.append(at)
-        if played is not None:
-            self.invalid += bad
-            self.truncated += played.truncated
-            self.cut_before_action += played.truncated and not parsed.valid_format
-
 
 class ReplayMismatch(InputError):
     """A replayed prefix's observation differs from the recorded one."""
@@ -116,7 +105,15 @@ class Episode:
         Whether it failed: not accepted, or a repeat of the action before."""
         bad = not parsed.valid_format or self.protocol.is_invalid(self.last.observation)
         repeated = parsed.action == self.last_action
-        self.replies.add(len(self.conv.turns) - 2, parsed, bad, repeated, played)
+        replies, at = self.replies, len(self.conv.turns) - 2  # the reply's index in the turns
+        if bad:
+            replies.invalid_turns.append(at)
+        if repeated:
+            replies.repeated_turns.append(at)
+        if played is not None:
+            replies.invalid += bad
+            replies.truncated += played.truncated
+            replies.cut_before_action += played.truncated and not parsed.valid_format
         self.last_action = parsed.action
         if self.last.done:
             self.done, self.end_reason = True, self.last.end_reason

@@ -72,10 +72,6 @@ class Draw:
     def episode_id(self) -> str:
         return f"e{self.n}"
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Draw:
-        return cls(d["n"], GameId(**d["game"]), d["epoch"], d["position"])
-
 
 class EpisodeLedger:
     def __init__(self, path: str | Path, sampler: Any, fresh: bool = True) -> None:
@@ -134,7 +130,8 @@ class EpisodeLedger:
         self.next_n = state["next_n"]
         self.sampler.load_state_dict(state["sampler"])
         self.open = {}
-        self.replay = deque(Draw.from_dict(d) for d in state["open"])
+        self.replay = deque(Draw(d["n"], GameId(**d["game"]), d["epoch"], d["position"])
+                            for d in state["open"])
         self.outcomes = Counter(state["outcomes"])
 
     def stop(self) -> None:

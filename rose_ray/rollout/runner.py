@@ -48,11 +48,8 @@ class TrackedSlot(EnvSlot):
 
 
 class EpisodeRunner:
-    """Hands free pool slots to episodes and restarts interrupted ones.
-
-    With `engines` (an EngineSupervisor), an episode whose engine was lost waits for the
-    replacement, then starts again from its first turn (counted in `restarts`).
-    """
+    """Hands free pool slots to episodes and restarts interrupted ones (with `engines`, an
+    episode whose engine was lost waits for the replacement first)."""
 
     def __init__(self, pools: list[Any], games_per_pool: int, max_retries: int = 5,
                  engines: EngineSupervisor | None = None) -> None:

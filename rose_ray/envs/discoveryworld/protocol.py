@@ -1,10 +1,7 @@
-"""DiscoveryWorld in text: the instruction, the observation we show, and how a text action
-becomes the package's JSON action.
-
-Pure Python on plain dicts (the package's `ui.renderJSON()`), so it is tested without a game.
-Objects are written `name #uuid`; an action may name an object by `#uuid`, by `name #uuid`,
-or by a bare name when exactly one object of that name is within reach. Anything that
-cannot be turned into an action comes back as an observation starting with `Invalid action:`.
+"""DiscoveryWorld in text: the instruction, the observation we show (from the package's
+`ui.renderJSON()` dicts), and how a text action becomes the package's JSON action. Objects are
+written `name #uuid`; an action may name one by `#uuid`, `name #uuid`, or a bare name unique
+within reach. What cannot be an action comes back as an observation `Invalid action: ...`.
 """
 
 from __future__ import annotations

@@ -150,8 +150,7 @@ class SciWorldExpert:
             return None
         carriers = self._carriers(first, history)  # asked of the scratch game in that state
         best: Attempt | None = None
-        # The gold path this process made for the game before, then a new one: ScienceWorld can
-        # give another path for the same game after a reload (another thing, another door).
+        # The gold path made before, then a new one (a reload can give another path).
         for fresh in (False, True):
             if fresh or key not in GOLDS:
                 GOLDS[key] = self._gold(game)
@@ -183,8 +182,7 @@ class SciWorldExpert:
         (shown names, then the game's referents), then as the gold path has them."""
         gold = self.gold
         focused = _focused(first, history)
-        # A student's ambiguous command leaves the game asking which one it meant: the next
-        # input answers it (any other cancels it and is lost), so answer first where harmless.
+        # After an ambiguous command the game waits for the option's number: answer it first.
         asked = bool(history) and history[-1][1].startswith(AMBIGUOUS)
         out: list[list[tuple[str, str | None]]] = []
         for steps in (gold.steps, gold.raw_steps):
@@ -197,10 +195,8 @@ class SciWorldExpert:
         return out
 
     def _carriers(self, first: str, history: list[tuple[str, str]]) -> list[list[tuple[str, str | None]]]:
-        """The student's focused things as they can be carried, where one is inside another (a
-        liquid in a cup): by each referent the game's valid actions give its holder here
-        (`cup containing red paint in art studio`; the scratch game stands where the replay
-        left it), up to three; none where nothing holds them, or nothing was focused on."""
+        """The student's focused things as they can be carried where one is inside another (up
+        to three holders, as the valid actions name them: `cup containing red paint in ...`)."""
         focused = _focused(first, history)
         if not focused:
             return []
@@ -223,8 +219,7 @@ class SciWorldExpert:
         self.scratch = None
 
     def _replay(self, game: GameId, history: list[tuple[str, str]]) -> Attempt:
-        """The scratch game loaded and the episode's actions played again; `replayed`: every
-        answer as recorded (temperature readings aside)."""
+        """The scratch game loaded and the episode's actions played again."""
         scratch = self._game()
         scratch.load(game)
         attempt = Attempt()
@@ -334,10 +329,9 @@ class SciWorldExpert:
 
 def _after_focus(steps: list[tuple[str, str | None]], focused: list[tuple[str, str | None]],
                  how: str = "stay") -> list[tuple[str, str | None]]:
-    """The task's steps after the student's focuses: the path's first focuses dropped, one per
-    thing the student focused on, and that thing named in their place in the steps after. Where
-    the student's thing is elsewhere than the path's, a later `move X to Y` needs them together:
-    `fetch` picks the thing up where it is first, `bring` carries Y to it; `stay` does neither."""
+    """The task's steps after the student's focuses: one of the path's focuses dropped per thing
+    the student focused on, named in its place after. Where that thing is elsewhere, a later
+    `move X to Y` needs them together: `fetch` picks X up first, `bring` carries Y to it."""
     out, renames, away, at = [], {}, {}, 0
     for action, room in steps:
         for old, new in renames.items():

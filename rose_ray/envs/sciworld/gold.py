@@ -36,9 +36,8 @@ def focused_name(observation: str) -> str | None:
 
 
 def visible_names(actions: list[str], observations: list[str]) -> list[str]:
-    """`actions` with every focused referent renamed as the game named it on focusing
-    ("focus on egg giant tortoise" -> "You focus on the giant tortoise egg." -> "focus on
-    giant tortoise egg"), in that action and in later ones that name the same referent."""
+    """`actions` with every focused referent renamed as the game named it on focusing, in that
+    action and later ones ("focus on egg giant tortoise" -> "focus on giant tortoise egg")."""
     renames: dict[str, str] = {}
     out = []
     for action, observation in zip(actions, observations, strict=True):
