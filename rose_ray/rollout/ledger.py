@@ -1,9 +1,7 @@
 """The game order (`GameSampler`) and every sampled game's one outcome, in
-`<run_dir>/episodes.jsonl`.
-
-Each drawn game is episode `e<n>` (n counts over the whole run, resumes included) and gets one
-outcome record: `trained` (with the learner step), `dropped_stale`, `failed`, or `in_flight`
-(running or buffered when the run stopped).
+`<run_dir>/episodes.jsonl`. Each drawn game is episode `e<n>` (n counts over the whole run,
+resumes included) and gets one outcome record: `trained` (with the learner step),
+`dropped_stale`, `failed`, or `in_flight` (running or buffered when the run stopped).
 
 A checkpoint keeps the open episodes and the file's length. Going back to it cuts the file to
 that length, plays the open episodes again first and puts the sampler back at its cursor, so

@@ -35,15 +35,12 @@ def actor_id(handle: Any) -> str:
 
 
 class EngineSupervisor:
-    """Keeps the engine actors serving.
-
-    An engine is lost when a call fails because its actor died (or its server stayed away), or
-    when a health ping fails, goes unanswered for `health_timeout_s`, or finds calls waiting that
-    long with none finishing. Then `agent.spawn` starts a replacement on the same placement and
-    `on_start(role, handle)` runs before episodes see it (the student gets the learner's
-    weights). A role lost more than `max_restarts` times has failed: `failed` holds a RoleFailed
-    and `on_failed` is called once.
-    """
+    """Keeps the engine actors serving. An engine is lost when a call fails because its actor
+    died (or its server stayed away), or when a health ping fails, goes unanswered for
+    `health_timeout_s`, or finds calls waiting that long with none finishing. Then `agent.spawn`
+    starts a replacement on the same placement and `on_start(role, handle)` runs before episodes
+    see it (the student gets the learner's weights). A role lost more than `max_restarts` times
+    has failed: `failed` holds a RoleFailed and `on_failed` is called once."""
 
     def __init__(self, max_restarts: int = 3, health_every_s: float = 10.0, health_timeout_s: float = 120.0,
                  start_timeout_s: float = 1800.0,

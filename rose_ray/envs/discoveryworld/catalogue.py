@@ -1,8 +1,7 @@
 """DiscoveryWorld's games: 35 (scenario, difficulty) pairs x seeds 0..9 = 350 games.
 
-Item ids are `discoveryworld_<n>`, n = 10 * pair + seed, pairs in the package's own order
-(`getValidScenarios()`: Tutorial, the 8 discovery themes each Easy/Normal/Challenge, the 10
-Small Skills). A task is a pair, named as a slug (`combinatorial-chemistry-easy`).
+Item ids are `discoveryworld_<n>`, n = 10 * pair + seed, pairs in the package's own order; a
+task is a pair, named as a slug (`combinatorial-chemistry-easy`).
 
 Splits: `test` is the benchmark's instances, seeds 0-4 of the pairs the paper runs (170
 games); `train` is seeds 5-8 of every pair and the Tutorial's 0-8, `dev` seed 9. Several themes

@@ -47,8 +47,7 @@ INSTRUCTION = instruction(
     "of you; walk or teleport next to an object first. Only one action per turn is carried out.",
 )
 
-# Asked after the episode's last observation (success, turn limit, `done`): the answer is the
-# agent's explanatory knowledge, which a judge checks against the scenario's critical questions.
+# Asked when an episode ends: a judge checks the answer against the critical questions.
 REPORT_QUESTION = (
     "The episode is over and no more actions will be carried out. Report what you discovered "
     "about the task: state plainly, in a few sentences, the facts, measurements, causes or "

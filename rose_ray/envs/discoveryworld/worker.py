@@ -119,8 +119,7 @@ class Session:
             self.api.agentsThatHaveActedThisStep = set()
             return self._invalid(f"{INVALID_PREFIX}: the world could not carry out '{text[:80]}' "
                                  f"({type(e).__name__}: {e})")
-        # A failure from here on is the world's, not the action's: the reply is an error, the
-        # game process is replaced and the episode restarts (as for a crashed JVM).
+        # A failure from here on is the world's: an error reply, and the episode restarts.
         self.api.tick()
         self.last_ui = self.ui.renderJSON()
         observation = render_observation(self.last_ui)

@@ -26,9 +26,7 @@ MAPPINGS: dict[str, frozenset[str]] = {
 }
 # Named id-list splits shipped with the package, with the mapping their ids follow.
 NAMED_ID_LISTS: dict[str, tuple[str, str]] = {
-    # AgentEval's 200-game ScienceWorld test list (public copy: zerosurplus/Agent-R,
-    # mcts_utils/sciworld/sciworld_test.json); all in ScienceWorld's test variations under
-    # `agentgym_traj`.
+    # AgentEval's 200-game test list (public copy: zerosurplus/Agent-R), all test variations
     "agenteval_test": ("agenteval_sciworld_test_ids.json", "agentgym_traj"),
 }
 ITEM_PREFIX = "sciworld_"

@@ -98,7 +98,6 @@ class SciWorldExpert:
         self.replans = 0
         self.status = ""
 
-    # ----------------------------------------------------------------- the reply
     def reply(self, game: GameId, first: str, history: list[tuple[str, str]], episode: Any) -> ExpertReply:
         """The next reply of the episode on `game` (its first observation `first`, then its
         (action, observation) pairs so far); `episode` tells one episode from the next."""
@@ -175,7 +174,6 @@ class SciWorldExpert:
             self.status += "_replay_differed"
         return Plan(best.actions, best.observations, len(history), best.won)
 
-    # ----------------------------------------------------------------- what to try
     def _candidates(self, first: str, history: list[tuple[str, str]],
                     carriers: list[list[tuple[str, str | None]]]) -> list[list[tuple[str, str | None]]]:
         """The task's steps to play from here: with what the student did taken into account
@@ -205,7 +203,6 @@ class SciWorldExpert:
         return [[(holders[i] if i < len(holders) else name, where) for holders, (name, where) in zip(choices, focused)]
                 for i in range(max(map(len, choices), default=0))]
 
-    # ----------------------------------------------------------------- the scratch game
     def _game(self) -> SciWorldGame:
         from rose_ray.envs.sciworld.game import SciWorldGame
 
