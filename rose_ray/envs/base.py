@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from rose_ray.types import GameId
 
@@ -17,13 +18,8 @@ class GameError(RuntimeError):
 
 @dataclass
 class StepResult:
-    """One observation. `raw_score` is the world's own score (ScienceWorld: -100..100);
-    `score` is it normalised to [0, 1] and `success` whether the task is done, as the world
-    defines them.
-
-    `interrupted` means the game's process died or hung during the call: the episode is lost
-    and the caller should restart it from its first turn.
-    """
+    """One observation. `raw_score` is the world's own score, `score` it normalised to [0, 1];
+    `interrupted`: the game's process died or hung, and the episode must start again."""
 
     observation: str
     raw_score: int = 0
@@ -40,11 +36,9 @@ class StepResult:
 
 @dataclass
 class ExpertReply:
-    """A world's expert teacher's next reply in an episode (envs/sciworld/expert.py): its text in
-    the protocol's form, or None where it has no plan (the episode then ends). `planned`: it has
-    a plan from this state; `verified`: that plan won when replayed in its scratch game;
-    `status` says which (verified, partial, no_plan, ...); `replans`: plans made again this
-    episode after the game answered otherwise than the replay; `plan_s`: this reply's time."""
+    """A world's expert teacher's next reply: its text, or None where it has no plan.
+    `verified`: the plan won when replayed in its scratch game; `status` says how it stands
+    (verified, partial, no_plan, ...); `replans`: plans made again this episode."""
 
     text: str | None
     action: str | None = None
@@ -55,32 +49,12 @@ class ExpertReply:
     plan_s: float = 0.0
 
 
-class Game(Protocol):
-    """One game of one world, on its own process (a JVM, a worker); a failed or timed-out
-    call kills the process and raises GameError."""
-
-    def load(self, game: GameId, gold: bool = False) -> StepResult: ...
-
-    def step(self, action: str) -> StepResult: ...
-
-    def gold_actions(self) -> list[str]: ...
-
-    def state(self) -> dict[str, Any]: ...
-
-    def alive(self) -> bool: ...
-
-    def kill(self) -> None: ...
-
-    @property
-    def pid(self) -> int | None: ...
-
-    def close(self) -> None: ...
-
-
 class ProcessGame:
-    """Closes its game's process at the end of a `with` block and when garbage-collected
-    (subclasses define `close`). `state()`: a small fingerprint of the game's state, and
-    `initial_state` the one at load (empty unless the world gives one: ScienceWorld does)."""
+    """One game of one world on its own process (a JVM, a worker), as a pool hosts it: `load`,
+    `step`, `gold_actions`, `valid_actions`, `state`, `alive`, `kill`, `pid`, `close`. A failed
+    or timed-out call kills the process and raises GameError. `state()`: a small fingerprint of
+    the game's state, `initial_state` the one at load (empty by default). Closed after a `with`
+    block and when garbage-collected."""
 
     initial_state: dict[str, Any] = {}
 
@@ -106,11 +80,19 @@ class ProcessGame:
 def kill_process(proc: subprocess.Popen) -> None:
     """SIGKILL a game's process if it still runs, and reap it (after a hang or a crash)."""
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
+
+
+def end_process(proc: subprocess.Popen, goodbye: bytes) -> None:
+    """Ask a game's process to exit (`goodbye` on its stdin); killed if it has not within 5 s."""
+    if proc.poll() is None:
+        try:
+            proc.stdin.write(goodbye)
+            proc.stdin.flush()
+            proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - gone or hung: killed below
+            pass
+    kill_process(proc)

@@ -1,9 +1,5 @@
-"""What every world's game catalogue does: games by item id, by split (`train`, `dev`,
-`test`, `all`, a named id list shipped in `envs/data/`, or an id-list file) and as a seeded,
-task-stratified sample; `parse_item` reads an item id.
-
-A world's own catalogue (`envs/sciworld/catalogue.py`, `envs/discoveryworld/catalogue.py`)
-subclasses `GameCatalogue`: it lists its games and says each one's split.
+"""What every world's game catalogue does (`GameCatalogue`, which a world's own subclasses: it
+lists its games and says each one's split); `parse_item` reads an item id.
 """
 
 from __future__ import annotations
@@ -85,7 +81,7 @@ class GameCatalogue:
 
     def load_id_list(self, path: str | Path) -> list[GameId]:
         """A JSON list of integer item indices, `<prefix><n>` strings, or rows that carry an
-        `item_id` (a dataset file as AgentGym publishes it, e.g. AgentTraj-L's sciworld_train.json)."""
+        `item_id` (a dataset file as AgentGym publishes it)."""
         try:
             items = json.loads(Path(path).read_text() if isinstance(path, str) else path.read_text())
         except json.JSONDecodeError as e:
@@ -106,15 +102,10 @@ class GameCatalogue:
 
     def sample(self, split: str | Path, n: int | None, seed: int = 0,
                tasks: list[str] | None = None) -> list[GameId]:
-        """A seeded, task-stratified sample of `n` games of a split, in item order; `n=None`
-        (or `n` at least the split's size): all of them, in the split's order. The one sampler:
-        a training run's games, its held-out evals, the teacher's warm-up demonstrations and
-        `rose-ray eval/collect --n` all draw with it, so the same settings give the same games.
-
-        `tasks` (task names; empty or None: all) keeps only those tasks' games, before
-        sampling. Balanced over tasks: each task's games are shuffled with the seed, and tasks
-        (in name order) give one game each in turn until `n` are chosen; a task with fewer
-        games than its turns drops out, and the others fill in.
+        """A seeded sample of `n` games of a split (only `tasks`' games, if given), in item order;
+        `n=None` or at least the split's size: all of them, in the split's order. The one sampler
+        every command draws with. Balanced over tasks: each task's games are shuffled with the
+        seed, and tasks in name order give one game each in turn until `n` are chosen.
         """
         pool = self.split(split)
         if tasks:
@@ -123,8 +114,7 @@ class GameCatalogue:
             if unknown:
                 raise InputError(f"tasks: unknown task(s) {unknown} in {self.world} (mapping {self.mapping!r}); "
                                  f"`rose-ray games --world {self.world}` lists them")
-            wanted = set(tasks)
-            pool = [g for g in pool if g.task in wanted]
+            pool = [g for g in pool if g.task in tasks]
         if n is None or n >= len(pool):
             return pool
         by_task: dict[str, list[GameId]] = {}
@@ -150,7 +140,7 @@ class GameCatalogue:
 
 
 def parse_item(item: int | str, prefix: str = "") -> int:
-    """`<prefix>12` (`sciworld_12`), `12` or 12 -> 12; anything else is a ValueError naming the value."""
+    """`<prefix>12`, `12` or 12 -> 12; anything else is an InputError naming the value."""
     if isinstance(item, bool):
         raise InputError(f"not an item id: {item!r}")
     if isinstance(item, int):

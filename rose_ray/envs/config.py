@@ -1,7 +1,4 @@
-"""The `env:` section of a run's config: how many game processes, on which world and mapping,
-with which opening; checked when the config loads (an unknown world or mapping, an
-unreadable `instruction_from`, fails naming its key). No torch here.
-"""
+"""The `env:` section of a run's config, checked when it loads (errors name the key)."""
 
 from __future__ import annotations
 

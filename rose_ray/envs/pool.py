@@ -1,17 +1,10 @@
 """EnvPool: N games of a world, each on its own process (a ScienceWorld JVM, a DiscoveryWorld
-worker), driven from one process (a Ray actor on a CPU worker). Worlds come from
-`envs.worlds` by name; this module imports none.
+worker), driven from one Ray actor; calls on different slots run in parallel threads.
 
-Calls on different slots run in parallel threads (each game is its own process, so the
-waits release the GIL). A game process that dies or hangs is killed and replaced at once;
-the call that found it returns `interrupted=True` with the game it was running, so the
-caller can restart that episode from its first turn. A slot asked to load a game of another
-world swaps its process for one of that world.
-
-A slot keeps its episode's record (the first observation, then each action and the game's
-answer): a world's expert teacher plans from it (`expert_reply`: the slot's expert, with a
-scratch game of its own, started on first use), and `state` compares the game's state now with
-its state at load (room, inventory, focus: what a handoff hands over). No torch here.
+A game process that dies or hangs is killed and replaced at once; the call that found it
+returns `interrupted=True`, so the caller restarts that episode. A slot keeps its episode's
+record (first observation, then each action and answer), from which the world's expert
+teacher plans (`expert_reply`).
 """
 
 from __future__ import annotations
@@ -23,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rose_ray.envs.base import ExpertReply, Game, GameError, StepResult
+from rose_ray.envs.base import ExpertReply, GameError, ProcessGame, StepResult
 from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.worlds import get_world
 from rose_ray.errors import InputError
@@ -35,7 +28,7 @@ START_ATTEMPTS = 3  # a game process's starts before the pool gives up (2 s, the
 @dataclass
 class _Slot:
     index: int
-    game: Game | None = None
+    game: ProcessGame | None = None
     world: str = ""
     current: GameId | None = None
     restarts: int = 0
@@ -80,9 +73,8 @@ class EnvPool:
         slot.world = world or slot.world or self.world
         w = get_world(slot.world)
         jvm = {"heap": self.heap} if w.jvm else {}
-        # A game process that does not come up is tried again before the pool gives up: on a
-        # loaded machine a JVM's gateway can miss its start once (seen at load ~25), and a
-        # pool whose constructor raises is dead for good, taking an eval with it.
+        # Tried again: on a loaded machine a JVM's gateway can miss its start once, and a pool
+        # whose constructor raises is dead for good.
         for attempt in range(START_ATTEMPTS):
             try:
                 slot.game = w.game(call_timeout_s=self.call_timeout_s, max_turns=self.max_turns, **jvm)
@@ -105,10 +97,8 @@ class EnvPool:
         return self.slots[index]
 
     def reset(self, slot: int, game: GameId | str | int, gold: bool = False) -> StepResult:
-        """Load `game` into a slot and return its first observation.
-
-        A dead process is replaced first; a load that kills it is retried once on a new one.
-        """
+        """Load `game` into a slot and return its first observation (a dead process is replaced
+        first; a load that kills it is retried once on a new one)."""
         s = self._slot(slot)
         game = game if isinstance(game, GameId) else self.catalogue.game(game)
         with s.lock:
@@ -171,8 +161,7 @@ class EnvPool:
             return s.game.valid_actions()
 
     def expert_reply(self, slot: int) -> ExpertReply:
-        """The world's expert teacher's next reply in the episode the slot plays (its text in
-        the protocol's form, or None where it has no plan: envs/sciworld/expert.py)."""
+        """The world's expert teacher's next reply in the episode the slot plays."""
         s = self._slot(slot)
         with s.lock:
             if s.current is None:
@@ -185,8 +174,7 @@ class EnvPool:
             return s.expert.reply(s.current, s.first, list(s.history), s.loads)
 
     def state(self, slot: int) -> dict[str, Any]:
-        """The game's state fingerprint at load and now (`initial`, `now`: room, inventory,
-        focus for ScienceWorld; empty where the world gives none)."""
+        """The game's state fingerprint at load and now (`initial`, `now`)."""
         s = self._slot(slot)
         with s.lock:
             if s.current is None:
@@ -233,11 +221,8 @@ def _percentile(sorted_values: list[float], q: float) -> float | None:
 
 
 def env_pool_actor(num_games: int = 4, num_cpus: float = 1.0, resources: dict | None = None, **kwargs):
-    """Start an EnvPool as a threaded Ray actor (calls on different slots run concurrently).
-
-    Ray restarts a pool whose process dies (its node is lost, say); calls in flight then
-    fail with RayActorError and the episode runner restarts those episodes.
-    """
+    """An EnvPool as a threaded Ray actor, restarted by Ray when its process dies (calls in
+    flight then fail with RayActorError and the episode runner restarts those episodes)."""
     import ray
 
     cls = ray.remote(EnvPool)

@@ -1,12 +1,6 @@
-"""What every world's conversation shares: a `Protocol` (the instruction and acknowledgement
-that open a conversation, how to tell an observation that says the action was not
-understood), the `Thought: ... Action: ...` reply format and `parse_action`.
-
-A conversation is: the instruction (user), an acknowledgement (assistant), the first
-observation (user), then alternating `Thought: ... Action: ...` (assistant) and the game's
-observation (user). The instruction can be taken from a dataset's first user message so
-that existing data is reproduced exactly. Each world's own wording is in its package
-(`envs/sciworld/protocol.py`, `envs/discoveryworld/protocol.py`).
+"""What every world's conversation shares: a `Protocol` and the `Thought: ... Action: ...` reply
+format (`parse_action`). A conversation is the instruction (user), an acknowledgement
+(assistant), the first observation (user), then alternating replies and observations.
 """
 
 from __future__ import annotations
@@ -17,6 +11,16 @@ from pathlib import Path
 
 from rose_ray.errors import DataError, InputError
 from rose_ray.types import message_text, validate_conversation
+
+ACKNOWLEDGEMENT = "OK. I will answer with a Thought and one Action each turn."
+
+
+def instruction(intro: str, commands_title: str, commands: tuple[tuple[str, str], ...], rules: str) -> str:
+    """A world's instruction: its intro, the reply format, its commands, then its rules."""
+    listed = "\n".join(f"- {cmd}: {what}" for cmd, what in commands)
+    return (f"{intro}\n\nReply in exactly this format, nothing else:\n"
+            "Thought: <your short reasoning about what to do next>\n"
+            f"Action: <one command from the list below>\n\n{commands_title}:\n{listed}\n\n{rules}")
 
 
 @dataclass(frozen=True)
@@ -29,10 +33,8 @@ THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 
 def strip_thinking(text: str) -> str:
-    """A reply without its `<think>…</think>` reasoning (Qwen3's thinking mode). After an
-    unclosed `<think>` (the reply ran out of tokens while thinking) nothing is an answer; a
-    `</think>` without its opening (templates that put `<think>` in the prompt) ends the
-    reasoning, so only what follows the last one is an answer."""
+    """A reply without its `<think>…</think>` reasoning: nothing after an unclosed `<think>` (it
+    ran out of tokens), and only what follows a lone `</think>` (a template opened it)."""
     text = THINK_BLOCK.sub("", text)
     start = text.find("<think>")
     text = text[:start] if start >= 0 else text
@@ -41,20 +43,13 @@ def strip_thinking(text: str) -> str:
 
 
 def parse_action(text: str) -> ParsedAction:
-    """The action is the first non-empty line after the last `Action:` marker outside any
-    `<think>` block.
-
-    Without a marker, or with nothing after it, the action is empty and `valid_format` is
-    False; the game answers it like any other unknown command.
-    """
+    """The first non-empty line after the last `Action:` marker outside any `<think>` block;
+    without one, an empty action with `valid_format` False."""
     text = strip_thinking(text)
     marker = text.rfind("Action:")
-    if marker < 0:
-        return ParsedAction("", False)
-    for line in text[marker + len("Action:") :].splitlines():
-        if line.strip():
-            return ParsedAction(line.strip(), True)
-    return ParsedAction("", False)
+    after = text[marker + len("Action:") :].splitlines() if marker >= 0 else []
+    action = next((line.strip() for line in after if line.strip()), "")
+    return ParsedAction(action, bool(action))
 
 
 def parse_thought(text: str) -> str:
@@ -68,8 +63,8 @@ def parse_thought(text: str) -> str:
 
 
 def gold_thought(action: str, location: str | None = None) -> str:
-    """A short templated Thought: where the agent is (copied from the observations, so that a
-    small model learns to read the room before it acts) and the action it leads to."""
+    """A short templated Thought: where the agent is (so a small model learns to read the room)
+    and the action it leads to."""
     where = f"I am in the {location}. " if location else ""
     if action.strip().isdigit():
         return f"{where}The game asks which one I meant; option {action.strip()} is the right one."
@@ -77,19 +72,14 @@ def gold_thought(action: str, location: str | None = None) -> str:
 
 
 def gold_reply(action: str, location: str | None = None) -> str:
-    """A demonstration's reply in the protocol's form: the templated Thought, then the Action
-    (gold rows, and the expert teacher's turns)."""
+    """A demonstration's reply: the templated Thought, then the Action."""
     return f"Thought: {gold_thought(action, location)}\nAction: {action}"
 
 
 @dataclass(frozen=True)
 class Protocol:
-    """A world's conversation rules: the instruction and acknowledgement that open every
-    conversation, and how to tell an observation that says the action was not understood.
-    Every world shares the `Thought:`/`Action:` format and `parse_action`.
-
-    `report_question`: asked once more in the same conversation when an episode ends, for
-    worlds scored on what the agent says it learned (DiscoveryWorld); None asks nothing."""
+    """A world's conversation rules: the opening, how to tell an observation that says the
+    action was not understood, and `report_question`, asked when an episode ends (None: none)."""
 
     instruction: str
     acknowledgement: str
@@ -101,13 +91,12 @@ class Protocol:
         return observation.strip().startswith(self.invalid_prefixes)
 
     def location_of(self, observation: str) -> str | None:
-        """The place an observation says the agent is in (for gold Thoughts); None: it does
-        not say, or the world does not tell."""
+        """The place an observation says the agent is in (for gold Thoughts), or None."""
         return None
 
     def same_observation(self, a: str, b: str) -> bool:
-        """Whether two observations of the same game after the same actions agree, as far as the
-        world's own run-to-run differences allow (a replayed prefix is checked with it)."""
+        """Whether two observations of the same game after the same actions agree, up to the
+        world's own run-to-run differences."""
         return a.strip() == b.strip()
 
     def opening(self) -> list[tuple[str, str]]:
@@ -115,8 +104,7 @@ class Protocol:
         return [("user", self.instruction), ("assistant", self.acknowledgement)]
 
     def with_opening_of(self, row: dict, where: str = "row") -> Protocol:
-        """This protocol with the instruction and acknowledgement of a dataset row (its first
-        two messages, in either dataset schema), so a conversation starts exactly as it did."""
+        """This protocol with the opening of a dataset row (its first two messages)."""
         if not isinstance(row, dict):
             raise DataError(f"{where}: expected a JSON object with 'conversations', got {type(row).__name__}")
         conv = validate_conversation(row.get("conversations"), where)
@@ -127,7 +115,7 @@ class Protocol:
         return replace(self, instruction=message_text(conv[0])[1], acknowledgement=message_text(conv[1])[1])
 
     def from_dataset(self, path: str | Path) -> Protocol:
-        """This protocol with the instruction and acknowledgement of a JSONL dataset's first row."""
+        """This protocol with the opening of a JSONL dataset's first row."""
         from rose_ray.files import json_line
 
         path = Path(path)

@@ -1,11 +1,6 @@
-"""Worlds by name. A world is its catalogue, its protocol and its game class; everything
-above `envs/` (pools, episodes, eval, datasets, training), and `envs/pool.py`, reaches a
-world only through here: `get_world(name)` returns its `World`.
-
-Adding a world: a package `rose_ray/envs/<name>/` whose `__init__` defines `WORLD` (as
-`envs/sciworld/` and `envs/discoveryworld/` do: `catalogue.py`, `protocol.py`, `game.py`),
-and its name in `WORLDS`. Packages are imported on first use, so a world's dependencies are
-needed only when that world is used.
+"""Worlds by name: everything else reaches a world through `get_world(name)`, its `World`.
+Adding one: a package `rose_ray/envs/<name>/` whose `__init__` defines `WORLD`, and its name in
+`WORLDS` (imported on first use, so its dependencies are needed only when it is used).
 """
 
 from __future__ import annotations
@@ -16,12 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rose_ray.envs import DEFAULT_WORLD
-from rose_ray.envs.base import Game
+from rose_ray.envs.base import ProcessGame
 from rose_ray.envs.protocol import Protocol
 from rose_ray.errors import InputError
 
-# What plays a demonstration after its opening (provision.gold.gold_rows, teacher_warmup.continuation):
-# the world's gold path, or its expert teacher from the state the opening left.
+# What plays a demonstration after its opening: the gold path, or the expert from that state.
 CONTINUATIONS: tuple[str, ...] = ("gold", "expert")
 
 WORLDS: dict[str, str] = {
@@ -35,30 +29,18 @@ class World:
     name: str
     catalogue: Callable[[str | None], Any]  # mapping (None = the world's default) -> GameCatalogue
     protocol: Protocol
-    # keyword args: call_timeout_s, max_turns, and heap (the JVM's -Xmx cap, None: uncapped)
-    # for a world whose games run a JVM (`jvm`)
-    game: Callable[..., Game]
+    game: Callable[..., ProcessGame]  # (call_timeout_s, max_turns, and heap where `jvm`)
     has_gold: bool  # whether games have gold action paths (`rose-ray gold`, teacher warm-up)
     mappings: tuple[str, ...]  # the catalogue's item-id mappings, the default first
     jvm: bool = False  # its games run on a JVM and `game` takes `heap`
-    # a module scoring results as the world's paper does (DiscoveryWorld's Tables 4 and 5:
-    # `cell`, `paper_summary`, `paper_markdown`, `compare_paper`), or None
-    paper_tables: Any = None
-    # a module making gold paths a model can copy from what it sees (`look_before_focus`,
-    # `visible_names`: ScienceWorld's `gold.py`), or None: gold paths are used as they are
-    observed_gold: Any = None
-    # its knowledge scorer, when its games carry critical questions that a judge model answers
-    # (`judge_messages`, `read_verdict`, `episode_thoughts`, `PROMPT_HASH`: DiscoveryWorld's
-    # knowledge.py; rose_ray/judge.py asks the judge, `eval --judge`), or None
-    knowledge: Any = None
-    # text of the world to train a tiny tokenizer on (provision.tiny.build_tokenizer), or None
-    corpus: Callable[[], str] | None = None
-    # its expert teacher, when it has one: a factory taking `heap` and `call_timeout_s` whose
-    # object answers `reply(game, first, history, episode) -> ExpertReply` and `close()`
-    # (ScienceWorld's envs/sciworld/expert.py), and the tasks it plays; None: no expert
+    # Optional modules and factories (None: the world has none):
+    paper_tables: Any = None  # results as its paper's tables (discoveryworld/paper_tables.py)
+    observed_gold: Any = None  # gold paths a model can copy from what it sees (sciworld/gold.py)
+    knowledge: Any = None  # a judge's knowledge scorer (discoveryworld/knowledge.py)
+    corpus: Callable[[], str] | None = None  # text to train a tiny tokenizer on (provision/tiny.py)
+    # an expert teacher factory (heap, call_timeout_s) answering `reply(...)` and `close()`
     expert: Callable[..., Any] | None = None
-    expert_tasks: tuple[str, ...] = ()
-
+    expert_tasks: tuple[str, ...] = ()  # the tasks the expert plays
 
     @property
     def judged(self) -> bool:
@@ -103,7 +85,6 @@ def world_of_item(item: object) -> str | None:
 
 
 def world_protocol(name: str | None, instruction_from: str | None = None) -> Protocol:
-    """A world's protocol, with the instruction and acknowledgement of a dataset's first row
-    when `instruction_from` names one (exact compatibility with existing data)."""
+    """A world's protocol, with the opening of the dataset `instruction_from` when set."""
     protocol = get_world(name).protocol
     return protocol.from_dataset(instruction_from) if instruction_from else protocol

@@ -1,11 +1,10 @@
-"""The Ray actors of a run, started and ended: Ray itself, EnvPools (one JVM or worker per
-game) and engine actors for a student and a teacher (`Agent`s); `play.local_players` holds
-all of them for a one-off command (eval, collect, continue) and ends them after.
-"""
+"""The Ray actors of a run, started and ended: Ray itself, EnvPools and the student's and
+teacher's engine actors (`Agent`s)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from rose_ray.envs.config import EnvConfig
@@ -34,9 +33,8 @@ def start_env_pools(config: EnvConfig, max_turns: int | None = None) -> list[Any
     ]
 
 
-# The first Ray whose `ray.init()` turns token auth on for a new local cluster by itself
-# (ray/_private/worker.py: `enable_token_auth_by_default`, read in Ray 2.58.1 and 2.59.0): on
-# older ones the token `private_token` sets enables nothing. pyproject.toml's floor is this one.
+# The first Ray whose `ray.init()` turns token auth on for a new local cluster by itself (on
+# older ones the token `private_token` sets enables nothing); pyproject.toml's floor too.
 RAY_TOKEN_AUTH_FLOOR = (2, 59)
 
 
@@ -61,9 +59,8 @@ def check_ray_version() -> None:
 
 
 def init_ray(address: str | None = None) -> None:
-    """Join `address` (or RAY_ADDRESS, which `ray job submit` sets), else start a private local
-    cluster (token auth on: see `private_token`); use `auto` to join a cluster started with
-    `ray start` on this machine. A Ray too old for that auth is refused first (`check_ray_version`)."""
+    """Join `address` (or RAY_ADDRESS), else start a private local cluster (`private_token`);
+    `auto` joins a cluster started with `ray start` on this machine."""
     import os
 
     import ray
@@ -82,14 +79,10 @@ def init_ray(address: str | None = None) -> None:
 def private_token() -> None:
     """Token auth for a local cluster this process starts, with a fresh token of its own.
 
-    A local Ray cluster's ports (GCS, raylet, object manager, agents) listen on every
-    interface whatever address is asked for (checked with Ray 2.60), so without a token anyone
-    who reaches this machine runs code as its user. Ray turns token auth on by default (and
-    with RAY_AUTH_MODE=token) but, given no token, writes one to ~/.ray/auth_token with the
-    umask's permissions (often readable by every user of a shared login node); this token lives
-    only in this process's environment, which Ray's processes inherit and other users cannot
-    read, so nothing is written. A token the user gave (RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH:
-    refused while other users can read the file) and RAY_AUTH_MODE=disabled are kept."""
+    A local cluster's ports listen on every interface, and Ray, given no token, writes one to
+    ~/.ray/auth_token with the umask's permissions; this one lives only in this process's
+    environment, which Ray's processes inherit. A token the user gave (RAY_AUTH_TOKEN, or
+    RAY_AUTH_TOKEN_PATH, refused while others can read it) and RAY_AUTH_MODE=disabled are kept."""
     import logging
     import os
     import secrets
@@ -116,9 +109,8 @@ def private_token() -> None:
 
 
 def check_backends_here(*configs: Any) -> None:
-    """When Ray is this machine alone (the engines start here), a backend it cannot run is a
-    ValueError naming the engine and how to install it, before any actor starts. On a cluster
-    an engine placed on a node without its backend fails at start with the same words."""
+    """On a one-machine Ray, a backend it cannot run is an InputError naming the engine, before
+    any actor starts (on a cluster the engine fails at start with the same words)."""
     import ray
 
     from rose_ray.inference.backends import backend_problem
@@ -135,13 +127,9 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
                  teacher_gpus: float = 0, student_options: dict[str, Any] | None = None,
                  teacher_options: dict[str, Any] | None = None,
                  enable_thinking: bool = False, history: str = "sampled") -> tuple[Agent, Agent | None]:
-    """Engine actors for a student and an optional teacher (EngineConfigs), with chat formats.
-    A teacher given as `EXPERT` is the world's expert (`expert_agent`: no engine).
-
-    When both tokenizers give the same ids the agents share one ChatFormat, so an episode
-    keeps one id list and the teacher can score student tokens (OPD). `enable_thinking` goes
-    to both chat templates; `history` (sampled | template) is how both render earlier turns.
-    """
+    """Engine actors for a student and an optional teacher (EngineConfigs, or `EXPERT`: the
+    world's expert, no engine). Agents whose tokenizers give the same ids share one ChatFormat,
+    so an episode keeps one id list and the teacher can score student tokens (OPD)."""
     from rose_ray.chat import ChatFormat
     from rose_ray.inference.actor import engine_actor
     from rose_ray.models import load_tokenizer
@@ -183,16 +171,13 @@ def stop_agents(*agents: Agent | None) -> None:
 
 
 def close_pools(pools: list[Any], timeout_s: float = 30.0) -> None:
-    """Close every JVM of the pools (all at once, for at most `timeout_s`), then end the actors.
-    A hung pool is killed without waiting longer: its JVMs die with it (die_on_exit)."""
+    """Close the pools' games (at most `timeout_s`), then end the actors (their JVMs die with them)."""
     import ray
 
     refs = []
     for pool in pools:
-        try:
+        with contextlib.suppress(Exception):  # a dead pool has no JVMs left to close
             refs.append(pool.close.remote())
-        except Exception:
-            pass  # a dead pool has no JVMs left to close
     if refs:
         ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     for pool in pools:
@@ -200,7 +185,7 @@ def close_pools(pools: list[Any], timeout_s: float = 30.0) -> None:
 
 
 async def ping_pools(pools: list[Any], timeout_s: float = 5.0) -> list[str]:
-    """One line per env pool that does not answer a ping within `timeout_s` (the watchdog's report)."""
+    """One line per env pool that does not answer a ping within `timeout_s` (for the watchdog)."""
     async def ping(i: int, pool: Any) -> str | None:
         try:
             await asyncio.wait_for(pool.num_games.remote(), timeout_s)

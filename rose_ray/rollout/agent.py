@@ -1,11 +1,10 @@
-"""Who plays an episode and under what settings: an `Agent` (an engine actor, its chat format
-and its context settings; or the world's expert teacher: `expert_agent`), the `EnvSlot` it plays
-in, and the `EpisodeConfig`. Kept apart from the loop (episode.py) so the conversation and the
-report turn can import them without a circle.
+"""Who plays an episode and under what settings: an `Agent`, the `EnvSlot` it plays in, and
+the `EpisodeConfig` (apart from episode.py so that conversation.py imports them without a circle).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,9 +14,7 @@ from rose_ray.types import REPORT_MODES, GameId, SamplingParams
 if TYPE_CHECKING:
     from rose_ray.chat import ChatFormat
 
-# The teacher named where an engine config would be (start_agents, PlaySpec.teacher):
-# the world's expert teacher (`expert_agent`).
-EXPERT = "expert"
+EXPERT = "expert"  # the teacher named where an engine config would be: the world's expert
 
 
 @dataclass
@@ -41,36 +38,34 @@ class EnvSlot:
     def __init__(self, pool: Any, slot: int) -> None:
         self.pool, self.slot = pool, slot
 
+    async def _call(self, what: str, call: Awaitable[Any]) -> Any:
+        return await call
+
     async def reset(self, game: GameId):
-        return await self.pool.reset.remote(self.slot, game)
+        return await self._call("reset", self.pool.reset.remote(self.slot, game))
 
     async def step(self, action: str):
-        return await self.pool.step.remote(self.slot, action)
+        return await self._call("step", self.pool.step.remote(self.slot, action))
 
     async def expert_reply(self):
         """The world's expert teacher's next reply in this slot's episode (an ExpertReply)."""
-        return await self.pool.expert_reply.remote(self.slot)
+        return await self._call("expert reply", self.pool.expert_reply.remote(self.slot))
 
     async def state(self) -> dict[str, Any]:
         """The game's state fingerprint at load and now ({"initial": ..., "now": ...})."""
-        return await self.pool.state.remote(self.slot)
+        return await self._call("state", self.pool.state.remote(self.slot))
 
 
 @dataclass
 class Agent:
-    """An engine actor, the chat format of its tokenizer, and its context (its engine's:
-    `ContextSettings.of`), with which the conversation cuts this agent's prompts."""
+    """An engine actor, its tokenizer's chat format, and its engine's context settings."""
 
     engine: Any
     chat: ChatFormat
     name: str = ""
     context: ContextSettings = ContextSettings()
-    # spawn(generation): a replacement engine actor, same config, resources and placement
-    # (set by start_agents; the run's EngineSupervisor swaps it in when `engine` is lost).
-    spawn: Any = None
-    # "engine": its engine actor writes its replies from the prompt's ids; "expert": the world's
-    # expert teacher writes them from the game (no engine, no logprobs: `expert_agent`)
-    kind: str = "engine"
+    spawn: Any = None  # spawn(generation): a replacement engine actor (EngineSupervisor)
+    kind: str = "engine"  # or "expert": the world's expert writes the replies (`expert_agent`)
 
     @property
     def expert(self) -> bool:
@@ -78,11 +73,7 @@ class Agent:
 
 
 def expert_agent(student: Agent) -> Agent:
-    """The world's expert teacher as an agent (envs/sciworld/expert.py). It needs the game, not
-    the text, so it sits beside the game in the EnvPool slot, and an episode asks the slot for
-    its reply instead of an engine (the engine contract, prompt ids in and ids and logprobs out,
-    stays as it is). Its text joins the conversation in the student's ids, as a model teacher's
-    with another tokenizer does, and its context is the student's: the episode cuts the
-    conversation for it as it would for a model teacher with the student's context, so the
-    learner gets the same rows either way."""
+    """The world's expert teacher as an agent: no engine (an episode asks the EnvPool slot for
+    its reply); its text joins in the student's ids and its context is the student's, so the
+    learner gets the rows a model teacher with the student's context would give."""
     return Agent(engine=None, chat=student.chat, name="expert", context=student.context, kind="expert")

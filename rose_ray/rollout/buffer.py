@@ -1,16 +1,12 @@
 """TrajectoryBuffer: bounded, staleness-aware hand-off from rollouts to the learner.
 
-Backpressure: a new episode is admitted only while in_flight + buffered <=
-(max_lag + 1) * batch_episodes, so rollouts never run more than max_lag policy versions
-ahead of the learner. With `drop_stale` (the recipe trains tokens the student sampled, whose
-behaviour logprobs go stale), a finished episode whose oldest student token lags the
-learner's version by more than max_lag is dropped and counted; without it (only the frozen
-teacher's tokens train, which no lag makes off-policy) every episode is kept. Each
-trajectory is handed out once.
+A new episode is admitted only while in_flight + buffered < (max_lag + 1) * batch_episodes, so
+rollouts run at most max_lag policy versions ahead of the learner. With `drop_stale` (the recipe
+trains tokens the student sampled), a finished episode whose oldest student token lags the
+learner by more than max_lag is dropped and counted. Each trajectory is handed out once.
 
-Accounting (always): admitted = trained + buffered + dropped_stale + failed + in_flight.
-A resumed run starts from counters saved without its open episodes (in flight or buffered at
-the checkpoint: they are admitted again when they are played again), so the sum still holds.
+Always: admitted = trained + buffered + dropped_stale + failed + in_flight (a checkpoint's
+counters leave out its open episodes, admitted again when played again).
 """
 
 from __future__ import annotations
@@ -47,16 +43,14 @@ class TrajectoryBuffer:
         self._changed = asyncio.Condition()
 
     def state_dict(self) -> dict[str, int]:
-        """The counters as a checkpoint keeps them: without the episodes still open (in flight
-        or buffered), which a resumed run admits again when it plays them again."""
+        """The counters without the open episodes (in flight or buffered), as a checkpoint keeps them."""
         c = self.counters.as_dict()
         c["admitted"] -= self.in_flight + len(self.items)
         c["accepted"] -= len(self.items)
         return c
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Back to a checkpoint's counters, empty: its open episodes are played again (the run
-        has cancelled every episode in flight first)."""
+        """Back to a checkpoint's counters, empty (the run has cancelled every episode in flight)."""
         self.items, self.in_flight, self.lags = [], 0, []
         self.counters = BufferCounters(**state)
         self._changed = asyncio.Condition()

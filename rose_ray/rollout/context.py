@@ -1,8 +1,6 @@
 """An agent's context (`ContextSettings`) and the one decision made with it: which turns of a
-conversation are left out so that the rest fits. Asked for each prompt (`cut`: the rollout's
-`Conversation.prompt_for`, and `recipes/sft.row_cut` as an engine would have cut a dataset
-row) and for the learner's row when an episode ends (`learner_cut`). Engines get the ids that
-result and cut nothing; the learner leaves out what was recorded.
+conversation are left out so that the rest fits, for each prompt (`cut`) and for the learner's
+row (`learner_cut`). Engines get the ids that result and cut nothing.
 """
 
 from __future__ import annotations
@@ -23,9 +21,9 @@ class ContextExceeded(ValueError):
 
 @dataclass(frozen=True)
 class ContextSettings:
-    """An agent's context: `tokens` (prompt + reply), what a conversation that no longer fits
-    loses (`policy`), and the turns after the prompt turns it never loses (`keep_first_turns`:
-    the first observation carries the task). Its engine's config sets them (`of`)."""
+    """`tokens` (prompt + reply), what a conversation that no longer fits loses (`policy`), and
+    the turns after the prompt turns it never loses (`keep_first_turns`: the first observation
+    carries the task)."""
 
     tokens: int = CONTEXT_TOKENS
     policy: str = "drop_oldest"
@@ -44,15 +42,11 @@ class ContextSettings:
         return max(self.tokens - max_new_tokens, 0)
 
     def cut(self, turns: list[Turn], max_new_tokens: int = 0) -> list[int]:
-        """The indices of the turns a prompt leaves out so that the rest's ids and a reply of
-        `max_new_tokens` fit.
-
-        Protected: the prompt turns (owner "prompt": instruction + acknowledgement), the first
-        `keep_first_turns` turns after them, and the last turn (the observation being answered).
-        drop_oldest leaves out the oldest unprotected turns two at a time (an action and the
-        observation it caused), so user and assistant turns still alternate. Raises
-        ContextExceeded when the policy is end_episode, or nothing more can be dropped.
-        """
+        """The indices of the turns a prompt leaves out so that the rest and a reply of
+        `max_new_tokens` fit. The prompt turns, the first `keep_first_turns` after them and the
+        last turn are kept; drop_oldest leaves out the oldest others two at a time (an action and
+        its observation, so roles still alternate). ContextExceeded under end_episode, or when
+        nothing more can be dropped."""
         budget, total = self.budget(max_new_tokens), sum(len(t.token_ids) for t in turns)
         if total <= budget:
             return []
@@ -69,9 +63,8 @@ class ContextSettings:
         return list(range(start, start + dropped))
 
     def learner_cut(self, turns: list[Turn], cut: list[int]) -> list[int]:
-        """What the learner leaves out of a finished conversation: `cut` (its last prompt's),
-        and, only where the rest would not fit this context, the turns after the last reply
-        (they predict nothing: the observation the episode ended on), last first."""
+        """What the learner leaves out: `cut` (the last prompt's), and, only where the rest would
+        not fit, the turns after the last reply (they predict nothing), last first."""
         left_out = set(cut)
         total = sum(len(t.token_ids) for n, t in enumerate(turns) if n not in left_out)
         last = max((n for n, t in enumerate(turns) if t.role == "assistant" and t.owner != "prompt"), default=-1)

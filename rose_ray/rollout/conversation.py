@@ -1,8 +1,6 @@
-"""One episode's conversation: a `View` per tokenizer, the same turns in its ids. The student's
-is what the learner trains on; a teacher whose tokenizer differs reads its own, one that shares
-the student's reads the student's. Each agent's prompt is its view less the context cut decided
-there, once, and recorded (`prompt_for`): the engine gets the ids that result; the learner, the
-teacher's scoring and the trajectory read `cut`.
+"""One episode's conversation: a `View` per tokenizer, the same turns in its ids (the student's
+is what the learner trains on). Each agent's prompt is its view less the context cut decided
+once, in `prompt_for`, and recorded in `cut` for the learner and the teacher's scoring.
 """
 
 from __future__ import annotations
@@ -21,9 +19,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class TextReply:
-    """A reply that no engine sampled (the expert teacher's): text only, so the conversation
-    tokenizes it with the student's tokenizer, as it does the text of a teacher whose tokenizer
-    differs; no logprobs, no policy version."""
+    """A reply that no engine sampled (the expert teacher's): text only, no logprobs or version."""
 
     text: str
     token_ids: None = None
@@ -34,24 +30,21 @@ class TextReply:
 
 @dataclass
 class View:
-    """The conversation in one tokenizer's ids, and its chat template's last rendering
-    (`cache`: a prompt tokenizes only its new turns)."""
+    """The conversation in one tokenizer's ids, and its template's last rendering (`cache`)."""
 
     chat: ChatFormat
     turns: list[Turn]
     cache: RenderCache = field(default_factory=RenderCache)
 
     def text_turn(self, role: str, text: str, owner: str, truncated: bool = False) -> Turn:
-        """A turn from its text. Under `template` history without ids: the template's next
-        rendering (`rendered`) gives every turn's, so it is not tokenized twice."""
+        """A turn from its text (under `template` history without ids: `rendered` gives them)."""
         ids = [] if self.chat.history == "template" else (
             self.chat.user_ids(text) if role == "user" else self.chat.assistant_ids(text))
         return Turn(role, text, owner, ids, truncated=truncated)
 
     def reply_turn(self, owner: str, result: Any, sampled: bool) -> Turn:
         """An engine's reply: its sampled ids and logprobs where this view's tokenizer `sampled`
-        them (the policy version only for the student's own), else its text tokenized (a
-        `TextReply` always). A reply cut at max_new_tokens gets its end-of-turn id appended."""
+        them (the policy version only for the student's), else its text tokenized."""
         if sampled and result.token_ids is not None:
             ids, logprobs = self.chat.finish_sampled(result.token_ids), list(result.logprobs)
             version = result.version if owner == "student" else None
@@ -64,8 +57,7 @@ class View:
                     tokens_on_version=getattr(result, "tokens_on_version", None) if spanned else None)
 
     def rendered(self, generation_prompt: bool = True) -> list[Turn]:
-        """The turns as the agent reads them: under `template` history, the template's
-        rendering (as a chat API renders), which they keep."""
+        """The turns as the agent reads them (under `template` history, the template's rendering)."""
         if self.chat.history == "template":
             self.turns[:] = self.chat.apply_template(self.turns, generation_prompt, cache=self.cache)
         return self.turns
@@ -107,19 +99,16 @@ class Conversation:
             view.turns.append(view.text_turn("assistant", turn.text, turn.owner, turn.truncated))
 
     def add_reply(self, owner: str, result: Any) -> Turn:
-        """The engine's reply to `prompt_for(owner)`, joining each view; returns the student's
-        view's turn. A reply no engine sampled (`TextReply`, the expert's) is its text."""
+        """The engine's reply to `prompt_for(owner)`, joining each view; the student's view's turn."""
         for view in self.each_view():
             view.turns.append(view.reply_turn(owner, result, sampled=view is self.views[owner]))
         return self.turns[-1]
 
     def prompt_for(self, owner: str, max_new_tokens: int, turns: list[Turn] | None = None,
                    record: bool = True) -> list[int] | None:
-        """The prompt ids for the agent playing `owner`: its view rendered (or `turns`, turn for
-        turn the same conversation) less the turns its context leaves out so that
-        `max_new_tokens` still fit. The cut is decided here and recorded in `cut` (unless not
-        `record`). None: no cut fits (end_episode, or nothing left to drop); `cut` then stays
-        the last prompt's."""
+        """The prompt ids for the agent playing `owner`: its view rendered (or `turns`) less the
+        turns its context leaves out so that `max_new_tokens` fit, recorded in `cut` if `record`.
+        None: no cut fits (`cut` then stays the last prompt's)."""
         turns = self.views[owner].rendered() if turns is None else turns
         try:
             cut = self.agent(owner).context.cut(turns, max_new_tokens)
@@ -134,8 +123,6 @@ class Conversation:
         return sum(1 for t in self.turns if t.role == "assistant" and t.owner != "prompt")
 
     def for_learner(self) -> tuple[list[Turn], list[int]]:
-        """The turns the learner trains on (under `template` history, the template's rendering
-        of the whole conversation) and the turns it leaves out: the student's context's
-        `learner_cut` of the last prompt's cut."""
+        """The turns the learner trains on and those it leaves out (`ContextSettings.learner_cut`)."""
         turns = self.views["student"].rendered(generation_prompt=False)
         return turns, self.student.context.learner_cut(turns, self.cut)

@@ -1,13 +1,7 @@
-"""One episode: the student acts for turns 1..K, then the teacher takes over, in the same game
-and the same conversation. Read top to bottom, `run_episode` is the ROSE rollout; what it
-changes as it plays is one `Episode`. Who acts when is the recipe's turn policy
-(rollout/handoff.py), asked before each turn the student would play.
-
-Episodes talk to an EnvPool slot and to engine actors through Ray; every call is awaited,
-so many episodes run concurrently in one event loop. An expert teacher (`agent.expert_agent`)
-has no engine: its replies come from the EnvPool slot that holds the game, and where it has no
-plan the episode ends there (`no_plan`). At the handoff the episode records which parts of the
-game's state the student's turns changed (`Trajectory.handoff_state`), whoever the teacher is.
+"""One episode: the student acts until the turn policy (handoff.py) hands over, then the teacher
+plays to the end, in the same game and conversation. `run_episode` is the ROSE rollout; what it
+changes as it plays is one `Episode`. Every Ray call is awaited, so many episodes share one
+event loop.
 """
 
 from __future__ import annotations
@@ -30,26 +24,14 @@ from rose_ray.types import GameId, Trajectory, Turn
 
 @dataclass
 class Replies:
-    """What the episode's replies did, for the Trajectory: those the game did not accept and
-    those that repeated the action before them (indices in the conversation's turns, replayed
-    replies flagged as when they were played), and the played ones cut at max_new_tokens."""
+    """What the episode's replies did: the indices of those the game did not accept or that
+    repeated the action before, and counts over the replies played now."""
 
     invalid: int = 0  # played replies the game did not accept
     truncated: int = 0
     cut_before_action: int = 0  # truncated before an action could be read
     invalid_turns: list[int] = field(default_factory=list)
     repeated_turns: list[int] = field(default_factory=list)
-
-    def add(self, at: int, parsed: Any, bad: bool, repeated: bool, played: Turn | None = None) -> None:
-        """The reply at `at` in the turns; `played`: its turn when the engine sampled it now."""
-        if bad:
-            self.invalid_turns.append(at)
-        if repeated:
-            self.repeated_turns.append(at)
-        if played is not None:
-            self.invalid += bad
-            self.truncated += played.truncated
-            self.cut_before_action += played.truncated and not parsed.valid_format
 
 
 class ReplayMismatch(InputError):
@@ -65,9 +47,8 @@ class EpisodeInterrupted(RuntimeError):
 
 
 class Episode:
-    """One episode's state as it is played: the conversation, the replies' record, the game's
-    first and latest answers (the latest's scores are the episode's), how it ended, and where
-    its time went. `step` and `generate` are its timed calls to the game and the engines."""
+    """One episode's state as it is played; `step` and `generate` are its timed calls to the
+    game and the engines."""
 
     def __init__(self, game: GameId, env: EnvSlot, protocol: Protocol, student: Agent, teacher: Agent | None) -> None:
         self.started = time.perf_counter()
@@ -83,8 +64,7 @@ class Episode:
         self.expert: dict[str, Any] | None = None  # an expert teacher's record (`generate`)
 
     async def step(self, action: str | None) -> None:
-        """The game's answer to an action (None: load the game) becomes `last`; its
-        observation joins the conversation."""
+        """The game's answer to an action (None: load the game) becomes `last` and joins the conversation."""
         t0 = time.perf_counter()
         result = await (self.env.reset(self.game) if action is None else self.env.step(action))
         self.timing["env_s"] += time.perf_counter() - t0
@@ -96,8 +76,7 @@ class Episode:
         self.last = result
 
     async def generate(self, owner: str, request: GenerationRequest) -> Any:
-        """The reply of the engine of the agent playing `owner`; an expert's from the game's
-        slot (a TextReply, or None where it has no plan)."""
+        """The reply of the agent playing `owner`; an expert's from the slot (None: no plan)."""
         t0 = time.perf_counter()
         if self.conv.agent(owner).expert:
             reply = await self.env.expert_reply()
@@ -112,8 +91,7 @@ class Episode:
         return result
 
     async def hand_over(self) -> None:
-        """At the handoff: which parts of the game's state differ from the state at load
-        (ScienceWorld: room, inventory, focus; `changed`: any of them)."""
+        """At the handoff: which parts of the game's state differ from the state at load."""
         t0 = time.perf_counter()
         state = await self.env.state()
         self.timing["env_s"] += time.perf_counter() - t0
@@ -123,12 +101,19 @@ class Episode:
             self.handoff_state = {**differs, "changed": any(differs.values())}
 
     def record(self, parsed: ParsedAction, played: Turn | None = None) -> bool:
-        """The reply just sent to the game and its answer (`last`); `played`: the reply's turn
-        when the engine sampled it now (not replayed). Returns whether it failed: the game did
-        not accept it, or it repeated the action before it."""
+        """The reply just sent and the game's answer (`last`); `played`: its turn if sampled now.
+        Whether it failed: not accepted, or a repeat of the action before."""
         bad = not parsed.valid_format or self.protocol.is_invalid(self.last.observation)
         repeated = parsed.action == self.last_action
-        self.replies.add(len(self.conv.turns) - 2, parsed, bad, repeated, played)
+        replies, at = self.replies, len(self.conv.turns) - 2  # the reply's index in the turns
+        if bad:
+            replies.invalid_turns.append(at)
+        if repeated:
+            replies.repeated_turns.append(at)
+        if played is not None:
+            replies.invalid += bad
+            replies.truncated += played.truncated
+            replies.cut_before_action += played.truncated and not parsed.valid_format
         self.last_action = parsed.action
         if self.last.done:
             self.done, self.end_reason = True, self.last.end_reason
@@ -166,16 +151,9 @@ async def run_episode(
     replay: list[Turn] | None = None,
     handoff_seed: str | None = None,
 ) -> Trajectory:
-    """Play one game; the returned Trajectory's token ids are in the student's tokenizer.
-
-    With `replay` (a recorded conversation's turns after the opening: first observation,
-    then action/observation pairs), the recorded actions are replayed first and every
-    observation is checked against the record (`ReplayMismatch` otherwise); the episode then
-    continues from there under the handoff policy.
-
-    `handoff_seed` seeds the `decay` policy's draws (default: the item id); a run passes one
-    per episode, made from its seed and the episode's place in the game order.
-    """
+    """Play one game; the Trajectory's token ids are in the student's tokenizer. `replay`: a
+    recorded conversation's turns after the opening, replayed first (`replay_prefix`).
+    `handoff_seed` seeds the `decay` policy's draws (default: the item id)."""
     protocol = protocol or get_world(game.world).protocol
     if teacher is None and handoff.needs_teacher:
         raise ValueError(f"handoff policy {handoff.policy} needs a teacher")
@@ -232,10 +210,9 @@ async def run_episode(
 
 
 async def replay_prefix(episode: Episode, replay: list[Turn]) -> int:
-    """Send a recorded conversation's replies (`replay`: the first observation, then
-    reply/observation pairs) to the game again, each of its observations checked against the
-    record as the world compares them (`Protocol.same_observation`: ScienceWorld's temperature
-    readings aside; `ReplayMismatch` otherwise). Returns how many replies were replayed."""
+    """Send a recorded conversation's replies (the first observation, then reply/observation
+    pairs) to the game again, each answer checked with `Protocol.same_observation`
+    (`ReplayMismatch` otherwise). Returns how many replies were replayed."""
     _check_observation(episode, 0, replay[0].text)
     pairs = list(zip(replay[1::2], replay[2::2]))
     for n, (reply, expected) in enumerate(pairs, 1):
@@ -248,17 +225,14 @@ async def replay_prefix(episode: Episode, replay: list[Turn]) -> int:
 
 
 async def score_student_tokens(turns: list[Turn], cut: list[int], teacher: Agent, timing: dict[str, float]) -> None:
-    """OPD: the teacher's logprob of every student token (the end-of-turn id appended after a
-    cut-off included), set on the student's turns. One pass over the conversation the learner
-    trains on (the turns less the last prompt's recorded cut): the teacher reads an episode once, not
-    once per turn, and scores each token in the context the learner sees it in."""
+    """OPD: the teacher's logprob of every student token, in one pass over the conversation as
+    the learner sees it (less the recorded cut)."""
     left_out = set(cut)
-    spans, at = [], 0
+    spans, ids = [], []
     for i, t in enumerate(turns):
         if i not in left_out:
-            spans.append((t, at, at + len(t.token_ids)))
-            at += len(t.token_ids)
-    ids = [i for j, t in enumerate(turns) if j not in left_out for i in t.token_ids]
+            spans.append((t, len(ids), len(ids) + len(t.token_ids)))
+            ids += t.token_ids
     scored = [(t, a, b) for t, a, b in spans if t.role == "assistant" and t.owner == "student" and b > a]
     if not scored:
         return

@@ -1,7 +1,5 @@
-"""Turn policies: who acts at each turn of an episode (`algorithm.handoff`, a recipe's).
-
-The student acts until its policy says the teacher takes over; from then on the teacher acts
-to the end. One method decides, asked before each turn the student would play:
+"""Turn policies (`algorithm.handoff`): `takes_over`, asked before each turn the student would
+play, says when the teacher takes over to the end of the episode:
 
     fixed         the teacher takes over after K student turns (the seed: K=5)
     curriculum    K grows with the learner step (k_start, +1 every grow_every steps, to k_max)
@@ -12,8 +10,7 @@ to the end. One method decides, asked before each turn the student would play:
     none          never: the student plays the whole episode (eval, OPD)
     teacher_only  at once (K = 0)
 
-A new policy is one dataclass here with a `policy` name and `takes_over`; its keys are checked
-by OmegaConf and its errors name `algorithm.handoff.<key>`.
+A new policy is one dataclass here with a `policy` name and `takes_over`.
 """
 
 from __future__ import annotations
@@ -150,7 +147,6 @@ def turn_policy(value: Any = "fixed", **keys: Any) -> TurnPolicy:
 
 
 def decay_takes_over(seed: str, turn: int, p: float) -> bool:
-    """Whether the teacher takes over at `turn` (decay): one uniform draw from a generator
-    seeded by the episode's seed and the turn, below p. String seeds hash the same in every
-    process, so the decision depends on nothing else (not on timing, nor on other episodes)."""
+    """Whether the teacher takes over at `turn` (decay): a draw seeded by the episode's seed and
+    the turn (string seeds hash alike in every process), below p."""
     return random.Random(f"{seed}/turn{turn}").random() < p

@@ -1,17 +1,11 @@
 """The game order (`GameSampler`) and every sampled game's one outcome, in
-`<run_dir>/episodes.jsonl`.
+`<run_dir>/episodes.jsonl`. Each drawn game is episode `e<n>` (n counts over the whole run,
+resumes included) and gets one outcome record: `trained` (with the learner step),
+`dropped_stale`, `failed`, or `in_flight` (running or buffered when the run stopped).
 
-Each game drawn from the sampler is episode `e<n>` (n = 0, 1, 2, ... over the whole run,
-resumes included). It gets exactly one outcome record: `trained` (with the learner step),
-`dropped_stale`, `failed` (after its retries), or `in_flight` (running or buffered when the
-run stopped).
-
-A checkpoint keeps the open episodes (drawn, no outcome yet) and the file's length. Going
-back to it (`--resume`, or a learner group restarted after a rank's loss) cuts the file to
-that length, plays the open episodes again before anything new (an `in_flight` record
-written at a stop lies past the cut, so it gives way to the real outcome), and puts the
-sampler back at the checkpoint's cursor, so every game drawn after the checkpoint is drawn
-again with the same number: no game is skipped and none is trained twice.
+A checkpoint keeps the open episodes and the file's length. Going back to it cuts the file to
+that length, plays the open episodes again first and puts the sampler back at its cursor, so
+every later game is drawn again with the same number: none skipped, none trained twice.
 """
 
 from __future__ import annotations
@@ -76,10 +70,6 @@ class Draw:
     def episode_id(self) -> str:
         return f"e{self.n}"
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Draw:
-        return cls(d["n"], GameId(**d["game"]), d["epoch"], d["position"])
-
 
 class EpisodeLedger:
     def __init__(self, path: str | Path, sampler: Any, fresh: bool = True) -> None:
@@ -114,8 +104,7 @@ class EpisodeLedger:
         self._file.flush()
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps (take it when nothing else moves: in the event loop). The
-        file is on disk to the length it records before the checkpoint can refer to it."""
+        """What a checkpoint keeps (take it in the event loop); the file is synced to that length."""
         self._file.flush()
         os.fsync(self._file.fileno())
         pending = sorted([*self.open.values(), *self.replay], key=lambda d: d.n)
@@ -123,9 +112,8 @@ class EpisodeLedger:
                 "open": [asdict(d) for d in pending], "outcomes": dict(self.outcomes)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Back to a checkpoint: the file cut to its length, its open episodes to play first.
-        A file shorter than that (records lost with a machine's crash) is not lengthened: what
-        is there stays, a cut last line dropped, and the loss is said."""
+        """Back to a checkpoint: the file cut to its length, its open episodes to play first. A
+        shorter file (a machine's crash) keeps what it has, less a cut last line, and says so."""
         self._file.close()
         size = self.path.stat().st_size
         if size >= state["offset"]:
@@ -140,7 +128,8 @@ class EpisodeLedger:
         self.next_n = state["next_n"]
         self.sampler.load_state_dict(state["sampler"])
         self.open = {}
-        self.replay = deque(Draw.from_dict(d) for d in state["open"])
+        self.replay = deque(Draw(d["n"], GameId(**d["game"]), d["epoch"], d["position"])
+                            for d in state["open"])
         self.outcomes = Counter(state["outcomes"])
 
     def stop(self) -> None:
@@ -156,10 +145,9 @@ class EpisodeLedger:
 
 
 def keep_steps(path: str | Path, last_step: int) -> None:
-    """Cut a per-step JSONL log (metrics, trajectories) back to records of steps <= last_step:
-    streamed into a temp file renamed over it (files.writing_file: a kill meanwhile leaves the
-    file as it was). A line cut short by a killed process goes too; a line that is not a JSON
-    object with an integer step (or none) is named (file:line) and left out."""
+    """Cut a per-step JSONL log back to records of steps <= last_step, atomically
+    (files.writing_file). A line cut short goes too; one that is not a JSON object with an
+    integer step (or none) is named (file:line) and left out."""
     path = Path(path)
     if not path.exists():
         return

@@ -1,12 +1,7 @@
-"""`play(spec, games)`: games played to their ends, the one way every command plays them:
-`rose-ray eval`, `collect`, `continue`, a training run's evals, the warm-ups' openings and the
-benches. What to play is a `PlaySpec`; each command's typed settings become one in one place
-(commands.py: `EvalCommand.play_spec`, `CollectCommand.play_spec`, `ContinueCommand.play_spec`,
-and `training_play` for a training config), so a setting reaches every caller alike.
-
-`play` starts the players a spec names (env pools and engine actors, ended after: a one-off
-command) unless it is given players already running (a training run's eval runner and agents,
-a bench's warm pools).
+"""`play(spec, games)`: games played to their ends, the one way every command plays them (eval,
+collect, continue, a training run's evals, the warm-ups' openings, the benches). What to play is
+a `PlaySpec`; each command's settings become one in one place (commands.py's `play_spec`s and
+`training_play`), so a setting reaches every caller alike.
 """
 
 from __future__ import annotations
@@ -30,10 +25,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class PlaySpec:
-    """What to play: who plays (the student's engine; a teacher's engine, the world's expert
-    teacher or none) and who acts at each turn (`handoff`), for how many turns, with what
-    sampling (reply tokens included), chat and opening, on which world, how many at once. The
-    context (tokens, policy) is each engine's own (EngineConfig.context_tokens, context_policy)."""
+    """What to play: who plays and who acts at each turn (`handoff`), for how many turns, with
+    what sampling, chat and opening, on which world, how many at once (the context is each
+    engine's own)."""
 
     student: EngineConfig  # plays the student's turns (with the expert teacher: lends it its tokenizer)
     teacher: EngineConfig | str | None = None  # a model's engine, EXPERT, or None (the student alone)
@@ -51,8 +45,7 @@ class PlaySpec:
     env_workers: int = 1  # game processes, sharing `concurrency`
 
     def engines(self, student: str = "--model", teacher: str = "--teacher") -> dict[str, EngineConfig]:
-        """The engines to start, by the flag naming each for a command's messages (a teacher that
-        is the student's engine, as in `continue` without --student, is one engine)."""
+        """The engines to start, by the flag naming each (a teacher that is the student is one)."""
         out = {student: self.student}
         if self.teacher not in (None, EXPERT, self.student):
             out[teacher] = self.teacher
@@ -66,7 +59,7 @@ class PlaySpec:
 
 
 class Players(NamedTuple):
-    """Who plays: an episode runner (env pool slots) and the agents in the student's and the teacher's seats."""
+    """Who plays: an episode runner (env pool slots) and the student's and the teacher's agents."""
 
     runner: EpisodeRunner
     student: Agent
@@ -77,11 +70,10 @@ async def play(spec: PlaySpec, games: list[GameId], *, players: Players | None =
                protocols: Protocol | list[Protocol] | None = None, replays: list[list[Turn]] | None = None,
                on_done: Callable[[int, Trajectory], None] | None = None, skip: tuple[type[Exception], ...] = (),
                request_prefix: str = "") -> list[Trajectory | Exception]:
-    """Play every game to its end, concurrently over the players' slots (`players` None: the
-    spec's own, started here and ended after: `local_players`); the trajectories in game order.
-    `protocols`: one Protocol, or one per game (None: the spec's); `replays[i]`: recorded turns
-    game i replays first; `on_done(i, t)` as game i finishes. An episode that raises one of
-    `skip` gets that exception in its place; others propagate."""
+    """Play every game to its end, concurrently over the players' slots (None: the spec's own,
+    `local_players`); the trajectories in game order. `protocols`: one, or one per game;
+    `replays[i]`: turns game i replays first; `on_done(i, t)` as game i finishes. An episode
+    that raises one of `skip` gets that exception in its place."""
     from rose_ray.envs.worlds import get_world
     from rose_ray.rollout.episode import run_episode
 
@@ -114,9 +106,7 @@ async def play(spec: PlaySpec, games: list[GameId], *, players: Players | None =
 
 @contextmanager
 def local_players(spec: PlaySpec, games: int) -> Iterator[Players]:
-    """The spec's players for `games` games, on Ray (joined or started): new env pools, the
-    student's engine actor and the teacher's (or the world's expert); every actor is ended on
-    the way out."""
+    """The spec's players for `games` games (env pools and engine actors), ended on the way out."""
     import ray
 
     from rose_ray.envs.config import EnvConfig
@@ -128,9 +118,8 @@ def local_players(spec: PlaySpec, games: int) -> Iterator[Players]:
     actors.init_ray()
     pools = actors.start_env_pools(env, max_turns=spec.max_turns)
     agents: tuple[Agent | None, Agent | None] = (None, None)
-    # An engine that computes gets a CPU, or its share of what the env pools leave (on a 2-core
-    # machine two engines and a pool would not fit otherwise, and the second would never start);
-    # a served model's client computes nothing.
+    # An engine that computes gets a CPU, or its share of what the env pools leave (else on a
+    # 2-core machine the second engine would never start); a served model's client gets none.
     computing = {id(c) for c in (spec.student, spec.teacher) if c not in (None, EXPERT) and c.spec.local}
     left = ray.cluster_resources().get("CPU", 1.0) - env.workers * env.cpus_per_worker
     share = min(1.0, max(left, 0.25) / max(len(computing), 1))

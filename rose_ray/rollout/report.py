@@ -1,11 +1,6 @@
-"""The report turn: after an episode's last observation, the agent is asked what it discovered
-(DiscoveryWorld scores that answer as explanatory knowledge). It is not an action and takes
-no step in the game.
-
-The question goes into the last user turn (observation, a blank line, the question): that
-turn's ids already end with the generation prompt, so a second user turn cannot follow it.
-The agent that acted last answers (the teacher after a handoff, else the student), with its
-own sampling settings.
+"""The report turn: after an episode's last observation, the agent that acted last is asked what
+it discovered (DiscoveryWorld scores the answer as knowledge); no step in the game. The question
+joins the last user turn, whose ids already end with the generation prompt.
 """
 
 from __future__ import annotations
@@ -26,9 +21,8 @@ def with_question(observation: str, question: str) -> str:
 
 async def ask_report(question: str, conv: Conversation, config: EpisodeConfig, request_id: str,
                      timing: dict[str, float]) -> tuple[str, list[Turn]]:
-    """(the answer without any think block, [the last observation with the question, the
-    reply]) in the student's ids. A conversation with no room left for a reply gets an empty
-    answer and the question turn alone."""
+    """(the answer without think blocks, [the last observation with the question, the reply])
+    in the student's ids; with no room for a reply, an empty answer and the question alone."""
     turns = conv.turns
     last = turns[-1]
     if last.role != "user":

@@ -1,9 +1,6 @@
-"""Many concurrent episodes over EnvPool actors: slots and retries (`play.py` plays a list of
-games to their ends on a runner; a training run's loop hands it one episode at a time).
-
-Every episode holds one pool slot while it runs. An episode whose game process died (or
-whose pool actor died, or whose engine died) is restarted from its first turn on the next
-free slot and counted; it is never lost and never returned twice.
+"""Many concurrent episodes over EnvPool actors: each holds one pool slot while it runs; one
+whose game process, pool actor or engine died is restarted from its first turn on the next
+free slot and counted, never lost and never returned twice.
 """
 
 from __future__ import annotations
@@ -49,25 +46,10 @@ class TrackedSlot(EnvSlot):
         finally:
             self.waiting, self.since = None, time.monotonic()
 
-    async def reset(self, game: GameId):
-        return await self._call("reset", super().reset(game))
-
-    async def step(self, action: str):
-        return await self._call("step", super().step(action))
-
-    async def expert_reply(self):
-        return await self._call("expert reply", super().expert_reply())
-
-    async def state(self):
-        return await self._call("state", super().state())
-
 
 class EpisodeRunner:
-    """Hands free pool slots to episodes and restarts interrupted ones.
-
-    With `engines` (an EngineSupervisor), an episode whose engine was lost waits for the
-    replacement, then starts again from its first turn (counted in `restarts`).
-    """
+    """Hands free pool slots to episodes and restarts interrupted ones (with `engines`, an
+    episode whose engine was lost waits for the replacement first)."""
 
     def __init__(self, pools: list[Any], games_per_pool: int, max_retries: int = 5,
                  engines: EngineSupervisor | None = None) -> None:

@@ -1,13 +1,11 @@
-"""The engine supervisor: a dead or hung student or teacher engine is replaced on its placement.
-
-Engines are plain Ray actors without restarts of their own, because a replacement must get
-the learner's latest weights before it serves, and the episodes it interrupted must start
-again from their first turn (the EpisodeRunner does that, asking `role_of` whose the error was).
+"""The engine supervisor: a dead or hung student or teacher engine is replaced on its placement
+(engines have no Ray restarts: a replacement must get the learner's weights before it serves).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -18,8 +16,7 @@ from rose_ray.rollout.agent import Agent
 
 
 async def _ping(handle: Any, timeout_s: float) -> dict[str, Any]:
-    """An engine actor's health report (`EngineActorImpl.health`); raises what a dead actor
-    raises, or asyncio.TimeoutError when it does not answer within `timeout_s`."""
+    """An engine actor's health report; asyncio.TimeoutError when it does not answer in time."""
     return await asyncio.wait_for(handle.health.remote(), timeout_s)
 
 
@@ -38,17 +35,12 @@ def actor_id(handle: Any) -> str:
 
 
 class EngineSupervisor:
-    """Keeps the engine actors serving; a dead or hung engine is replaced on its placement.
-
-    An engine is lost when a call fails because its actor died (or its OpenAI-compatible server
-    stayed away past `retry_s`), or when a health ping fails, goes unanswered for
-    `health_timeout_s`, or finds calls waiting that long with none finishing. Then its actor is
-    killed and `agent.spawn` starts a replacement with the same config, resources and
-    placement-group bundle; `on_start(role, handle)` runs before episodes see it (the student
-    gets the learner's latest weights and version). Episodes interrupted by the loss are
-    retried from their first turn by the EpisodeRunner. A role lost more than `max_restarts`
-    times has failed: `failed` holds a RoleFailed naming it and `on_failed` is called once.
-    """
+    """Keeps the engine actors serving. An engine is lost when a call fails because its actor
+    died (or its server stayed away), or when a health ping fails, goes unanswered for
+    `health_timeout_s`, or finds calls waiting that long with none finishing. Then `agent.spawn`
+    starts a replacement on the same placement and `on_start(role, handle)` runs before episodes
+    see it (the student gets the learner's weights). A role lost more than `max_restarts` times
+    has failed: `failed` holds a RoleFailed and `on_failed` is called once."""
 
     def __init__(self, max_restarts: int = 3, health_every_s: float = 10.0, health_timeout_s: float = 120.0,
                  start_timeout_s: float = 1800.0,
@@ -89,8 +81,8 @@ class EngineSupervisor:
         return next((w.role for w in self.watched.values() if actor is not None and actor in w.ids), None)
 
     async def recover(self, role: str, error: BaseException | None = None, handle: Any = None) -> None:
-        """Return once `role` has an engine serving that is not the lost one (the actor named
-        by `error`, or `handle`); start its replacement if nobody has. Raises RoleFailed."""
+        """Return once `role` has an engine serving that is not the lost one (named by `error`,
+        or `handle`), starting its replacement if nobody has. Raises RoleFailed."""
         w = self.watched[role]
         if self.failed is not None:
             raise self.failed
@@ -115,19 +107,13 @@ class EngineSupervisor:
         try:
             while True:
                 w.restarts += 1
+                with contextlib.suppress(Exception):  # already gone
+                    ray.kill(w.agent.engine)  # a hung engine goes too, whatever comes next
                 if w.restarts > self.max_restarts:
-                    try:  # a hung engine goes too: nothing may wait on it after the run stops
-                        ray.kill(w.agent.engine)
-                    except Exception:  # noqa: BLE001 - already gone
-                        pass
                     raise self._fail(w, cause)
                 print(f"\ntrain: {w.role} lost ({describe_error(cause)}); starting a replacement "
                       f"({w.restarts}/{self.max_restarts})", flush=True)
                 t0 = time.monotonic()
-                try:
-                    ray.kill(w.agent.engine)
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
                 new = w.agent.spawn(w.restarts)
                 w.ids.add(actor_id(new))
                 try:
@@ -155,7 +141,7 @@ class EngineSupervisor:
         return self.failed
 
     async def monitor(self) -> None:
-        """Ping every engine every `health_every_s` (a task for the run's life); replace the lost."""
+        """Ping every engine every `health_every_s` (a task for the run's life)."""
         async def watch(w: _Watched) -> None:
             while self.failed is None:
                 if w.restarting is None:
@@ -185,7 +171,7 @@ class EngineSupervisor:
             pass  # on_failed has told the run
 
     async def describe(self, timeout_s: float = 5.0) -> list[str]:
-        """One line per engine: does it answer, what waits on it (the watchdog's report)."""
+        """One line per engine: does it answer, what waits on it (for the watchdog)."""
         async def one(w: _Watched) -> str:
             if w.restarting is not None:
                 return f"{w.role}: being replaced ({w.restarts}/{self.max_restarts})"

@@ -1,7 +1,4 @@
-"""DiscoveryWorld as a world: 35 (scenario, difficulty) pairs x 5 seeds (`catalogue`), text
-actions with object ids (`protocol`), one worker process per game (`game`, `worker`), its
-paper's scoring (`paper_tables`) and knowledge scorer (`knowledge`). Needs `pip install
-discoveryworld` only to play."""
+"""DiscoveryWorld as a world (the discoveryworld package is needed only to play)."""
 
 from rose_ray.envs.discoveryworld import knowledge, paper_tables
 from rose_ray.envs.discoveryworld.catalogue import DiscoveryWorldCatalogue

@@ -1,17 +1,11 @@
 """DiscoveryWorld's games: 35 (scenario, difficulty) pairs x seeds 0..9 = 350 games.
 
-Item ids are `discoveryworld_<n>`, n = 10 * pair + seed, pairs in the package's own order
-(`getValidScenarios()`: Tutorial, the 8 discovery themes each Easy/Normal/Challenge, the 10
-Small Skills). A task is a pair, named as a slug (`combinatorial-chemistry-easy`).
+Item ids are `discoveryworld_<n>`, n = 10 * pair + seed, pairs in the package's own order; a
+task is a pair, named as a slug (`combinatorial-chemistry-easy`).
 
-Splits follow the benchmark: its instances are seeds 0-4 of the pairs the paper runs (the
-8 themes x 3 difficulties and the 10 unit tests; the package's README: "the seed is nominally
-0-4 ... other higher values ... are officially outside of the benchmark"), and they are the
-`test` split, 170 games. Training never sees them: `train` is seeds 5-8 of every pair and the
-Tutorial's seeds 0-8 (it is no benchmark instance), `dev` is seed 9 of every pair. Seeds 5-9
-give new worlds (other layouts), but several themes pick their hidden answer by seed mod 5,
-so a training seed can share its answer with a benchmark instance (README, DiscoveryWorld).
-
+Splits: `test` is the benchmark's instances, seeds 0-4 of the pairs the paper runs (170
+games); `train` is seeds 5-8 of every pair and the Tutorial's 0-8, `dev` seed 9. Several themes
+pick their hidden answer by seed mod 5, so a training seed can share one with a test game.
 Listing games never imports the package.
 """
 
@@ -41,8 +35,7 @@ PAIRS: tuple[tuple[str, str], ...] = (
     + tuple((t, d) for t in THEMES for d in DIFFICULTIES)
     + tuple((f"{UNIT_TEST_PREFIX}{s}", "Normal") for s in SKILLS)
 )
-# The paper's step limits: 100 for Easy tasks and for the unit tests (the Small Skills, all
-# Normal), 1,000 for Normal and Challenge themes (and the Tutorial, which the paper does not run).
+# The paper's step limits: 100 for Easy tasks and the unit tests, else 1,000.
 TURN_LIMITS = {"Easy": 100, "Normal": 1000, "Challenge": 1000}
 UNIT_TEST_TURNS = 100
 

@@ -1,13 +1,11 @@
-"""One DiscoveryWorld game in its own worker process, behind the same interface as a
-ScienceWorld JVM: `load`, `step`, a timeout on every call, kill and replace on failure.
-
-A process per game because the package keeps global state (pygame's display, the global
-RNG, a working directory per thread id) and because a hung or crashed game must be killable.
-The worker runs in a private temporary directory, removed on close.
+"""One DiscoveryWorld game in its own worker process (the package keeps global state, and a hung
+game must be killable), in a private temporary directory removed on close; the same interface
+as a ScienceWorld JVM.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -18,7 +16,7 @@ import tempfile
 import time
 from typing import Any
 
-from rose_ray.envs.base import GameError, ProcessGame, StepResult, kill_process
+from rose_ray.envs.base import GameError, ProcessGame, StepResult, end_process, kill_process
 from rose_ray.envs.discoveryworld.catalogue import DiscoveryWorldCatalogue
 from rose_ray.errors import InputError
 from rose_ray.types import GameId
@@ -33,12 +31,10 @@ class NoGoldPath(InputError):
 class DiscoveryWorldGame(ProcessGame):
     """A worker process holding one DiscoveryWorld game at a time.
 
-    Score: the package's normalised score, rescaled so the starting score is 0 and the
-    maximum is 1 (some scenarios start above 0). Success: the scenario's own
-    `completedSuccessfully`. Turn limit: `max_turns`, else the paper's (Easy and unit tests
-    100, otherwise 1,000). `done` ends an episode at the agent's word (`agent_stop`).
-    Every result's `info["scoring"]` holds the package's own normalised score (`process`);
-    the load's also holds the task description and the critical questions (for the judge).
+    Score: the package's normalised score rescaled from the starting score (`relative`);
+    success: the scenario's `completedSuccessfully`; turn limit: `max_turns`, else the paper's.
+    `done` ends an episode at the agent's word (`agent_stop`). `info["scoring"]` holds the
+    package's own score (`process`); the load's also the task and the critical questions.
     """
 
     world = "discoveryworld"
@@ -180,22 +176,13 @@ class DiscoveryWorldGame(ProcessGame):
     def _cleanup(self) -> None:
         self.closed = True
         for stream in (self._proc.stdin, self._proc.stdout):
-            try:
+            with contextlib.suppress(OSError):
                 stream.close()
-            except OSError:
-                pass
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def close(self) -> None:
         """Ask the worker to exit; killed if it does not within 5 s."""
         if self.closed:
             return
-        if self._proc.poll() is None:
-            try:
-                self._proc.stdin.write(b'{"cmd": "close"}\n')
-                self._proc.stdin.flush()
-                self._proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        kill_process(self._proc)  # it did not exit in time
+        end_process(self._proc, b'{"cmd": "close"}\n')
         self._cleanup()

@@ -1,8 +1,6 @@
-"""DiscoveryWorld's knowledge scorer, as its paper's (allenai/discoveryworld,
-`scripts/knowledgeScorer.py`): the prompt that asks a judge about one critical question, the
-agent's knowledge as the paper reads a ReAct agent's (its numbered thoughts), and the judge's
-JSON answer read as a verdict. `rose_ray/judge.py` asks a judge model with these; the world
-record reaches them as `World.knowledge`.
+"""DiscoveryWorld's knowledge scorer, as its paper's (`scripts/knowledgeScorer.py`): the judge's
+prompt for one critical question, the agent's knowledge (its numbered thoughts) and the judge's
+JSON answer read as a verdict (`rose_ray/judge.py` asks the judge).
 """
 
 from __future__ import annotations
@@ -43,9 +41,7 @@ shows what the critical question asks>"}}"""
 
 
 def episode_thoughts(replies: list[str]) -> str:
-    """The agent's knowledge as the paper's scorer reads a ReAct agent's: each reply's thought
-    (its `Thought:` part, without reasoning in think blocks), numbered, one per line; replies
-    without one are skipped."""
+    """The agent's knowledge as the paper reads a ReAct agent's: each reply's thought, numbered."""
     thoughts = [t for t in (parse_thought(r) for r in replies) if t]
     return "".join(f"Thought {n}: {t}\n" for n, t in enumerate(thoughts, 1))
 
@@ -58,14 +54,11 @@ def judge_messages(task: str, knowledge: str, question: str) -> list[dict[str, s
 
 PROMPT_HASH = hashlib.sha256(JUDGE_PROMPT.encode()).hexdigest()[:8]  # in a judge cache's name: a new prompt asks again
 
-
-
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
 
 
 def _json_object(text: str) -> dict[str, Any] | None:
-    """The answer's JSON object: the whole answer (JSON mode), the inside of a ```json fence, or
-    else the one {...} object in it; None when there is none (or several)."""
+    """The answer's JSON object: the whole answer, a ```json fence's inside, or else its one {...}."""
     fenced = _FENCE.match(text)
     candidates = [fenced.group(1) if fenced else text]
     if not fenced:
@@ -82,9 +75,8 @@ def _json_object(text: str) -> dict[str, Any] | None:
 
 
 def read_verdict(text: str) -> tuple[int, bool, str]:
-    """A judge's answer as (verdict, parsed, explanation): its JSON object's `evaluation`, an
-    integer 0 or 1, and its `explanation`. Anything else (no JSON object, no `evaluation`, "1"
-    as a string, 2, true) is unparsed: verdict 0."""
+    """A judge's answer as (verdict, parsed, explanation): its JSON's `evaluation`, an integer
+    0 or 1, and `explanation`; anything else is unparsed, verdict 0."""
     obj = _json_object(strip_thinking(str(text or "")).strip())
     if obj is None:
         return 0, False, ""

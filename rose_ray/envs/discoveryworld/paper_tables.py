@@ -1,12 +1,7 @@
-"""DiscoveryWorld results in the shape of its paper's Tables 4 and 5 (eval reaches this
-module as the world's `paper_tables`, through `envs.worlds.paper_tables()`).
-
-Three metrics per game: completion (the scenario's `completedSuccessfully`, our Success),
-process (the package's own normalised score, partial credit for task-relevant actions; our
-Score is the same rescaled from the starting score) and knowledge (the fraction of the
-scenario's critical questions a judge says the agent's report answers; only with a judge).
-Each (scenario, difficulty) cell averages its games, i.e. the seeds played; a table's Average
-row averages its rows (the themes), as the paper's does.
+"""DiscoveryWorld results in the shape of its paper's Tables 4 and 5: per game, completion (our
+Success), process (the package's own normalised score) and knowledge (the fraction of critical
+questions a judge says the report answers). A cell averages the seeds played; an Average row
+averages the rows, as the paper's does.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""DiscoveryWorld in text: the instruction, the observation we show, and how a text action
-becomes the package's JSON action.
-
-Pure Python on plain dicts (the package's `ui.renderJSON()`), so it is tested without a game.
-Objects are written `name #uuid`; an action may name an object by `#uuid`, by `name #uuid`,
-or by a bare name when exactly one object of that name is within reach. Anything that
-cannot be turned into an action comes back as an observation starting with `Invalid action:`.
+"""DiscoveryWorld in text: the instruction, the observation we show (from the package's
+`ui.renderJSON()` dicts), and how a text action becomes the package's JSON action. Objects are
+written `name #uuid`; an action may name one by `#uuid`, `name #uuid`, or a bare name unique
+within reach. What cannot be an action comes back as an observation `Invalid action: ...`.
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from rose_ray.envs.protocol import Protocol
+from rose_ray.envs.protocol import ACKNOWLEDGEMENT, Protocol, instruction
 
 DIRECTIONS = ("north", "east", "south", "west")
 # Ground tiles: listing them would fill the observation; they are never an action's object.
@@ -39,25 +36,18 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("done", "end the episode when you think the task is finished"),
 )
 
-INSTRUCTION = (
+INSTRUCTION = instruction(
     "You are an agent in DiscoveryWorld, a simulated world where you explore, run "
     "experiments and make scientific discoveries. Each turn you get an observation and "
-    "reply with one action.\n\n"
-    "Reply in exactly this format, nothing else:\n"
-    "Thought: <your short reasoning about what to do next>\n"
-    "Action: <one command from the list below>\n\n"
+    "reply with one action.",
     "Commands (OBJ is an object as the observation writes it, `name #id`; a bare name works "
-    "when only one object of that name is within reach):\n"
-    + "\n".join(f"- {cmd}: {what}" for cmd, what in COMMANDS)
-    + "\n\n"
+    "when only one object of that name is within reach)",
+    COMMANDS,
     "You can only pick up, open, use or talk to objects in your inventory or directly in front "
-    "of you; walk or teleport next to an object first. Only one action per turn is carried out."
+    "of you; walk or teleport next to an object first. Only one action per turn is carried out.",
 )
 
-ACKNOWLEDGEMENT = "OK. I will answer with a Thought and one Action each turn."
-
-# Asked after the episode's last observation (success, turn limit, `done`): the answer is the
-# agent's explanatory knowledge, which a judge checks against the scenario's critical questions.
+# Asked when an episode ends: a judge checks the answer against the critical questions.
 REPORT_QUESTION = (
     "The episode is over and no more actions will be carried out. Report what you discovered "
     "about the task: state plainly, in a few sentences, the facts, measurements, causes or "

@@ -1,17 +1,10 @@
-"""One DiscoveryWorld game process: JSON lines in on stdin, JSON lines out on its own pipe.
-
-Run by `DiscoveryWorldGame` as `python -m rose_ray.envs.discoveryworld.worker`. The package
-prints a lot; fd 1 goes to /dev/null and Python's stdout to a buffer whose tail comes back
-with an error, so logs stay readable. Each load builds a fresh `DiscoveryWorldAPI` (one per
-episode: a second load on one object leaves the agent in the old world) and loads the
-scenario itself, without the package's frame folder. The fast paths:
-- the observation is `ui.renderJSON()` alone; the stock `getAgentObservation` renders the
-  screen twice and writes two PNG files per step;
-- `World.saveWorldHistory` is switched off: it pickles the whole world every tick, and only
-  an LLM-judged knowledge scorer reads it.
-Seeding: the package also draws from the global `random` and from unseeded `random.Random()`
-instances, so the global RNG is seeded with the game's seed and every unseeded instance is
-seeded from it.
+"""One DiscoveryWorld game process (`DiscoveryWorldGame` runs it): JSON lines in on stdin, out
+on its own pipe; the package's prints go to /dev/null and a buffer whose tail comes back with
+an error. Each load builds a fresh `DiscoveryWorldAPI` (a second load on one leaves the agent in
+the old world). Fast paths: the observation is `ui.renderJSON()` alone (the stock one renders
+the screen twice and writes PNGs) and `World.saveWorldHistory` (a pickle per tick) is off.
+The package also draws from the global `random` and unseeded `random.Random()`s, so the global
+RNG is seeded with the game's seed and every unseeded instance from it.
 """
 
 from __future__ import annotations
@@ -91,20 +84,16 @@ class Session:
         self.places = sorted(world.getTeleportLocations())
         self.last_ui = self.ui.renderJSON()
         card = self.api.getTaskScorecard()[0]  # one card (the package serialises every task's progress)
+        # What the knowledge score needs, never shown to the agent.
+        scoring = {"task_description": str(card.get("taskDescription") or "").strip(),
+                   "critical_questions": [str(q) for q in card.get("criticalQuestions") or []]}
         return {"observation": first_observation(self.last_ui, self.places), **self._scorecard(card),
-                "scoring": self._scoring_info(card)}
+                "scoring": scoring}
 
     def _scorecard(self, card: dict[str, Any] | None = None) -> dict[str, Any]:
         card = card or self.api.getTaskScorecard()[0]
         return {"score": float(card["scoreNormalized"]), "completed": bool(card["completed"]),
                 "success": bool(card["completedSuccessfully"])}
-
-    @staticmethod
-    def _scoring_info(card: dict[str, Any]) -> dict[str, Any]:
-        """What the paper's knowledge score needs, never shown to the agent: the task
-        description and the scenario's critical questions (set when the scenario is built)."""
-        return {"task_description": str(card.get("taskDescription") or "").strip(),
-                "critical_questions": [str(q) for q in card.get("criticalQuestions") or []]}
 
     def _invalid(self, observation: str) -> dict[str, Any]:
         """A turn that changed nothing in the world: the message is the observation."""
@@ -130,8 +119,7 @@ class Session:
             self.api.agentsThatHaveActedThisStep = set()
             return self._invalid(f"{INVALID_PREFIX}: the world could not carry out '{text[:80]}' "
                                  f"({type(e).__name__}: {e})")
-        # A failure from here on is the world's, not the action's: the reply is an error, the
-        # game process is replaced and the episode restarts (as for a crashed JVM).
+        # A failure from here on is the world's: an error reply, and the episode restarts.
         self.api.tick()
         self.last_ui = self.ui.renderJSON()
         observation = render_observation(self.last_ui)
@@ -140,8 +128,7 @@ class Session:
 
 
 def _exit_with_parent(parent: int) -> None:
-    """End this process when the one that started it is gone (killed, crashed) even if the
-    game is stuck in a tick and never reads the closed stdin."""
+    """End this process when its parent is gone, even if the game is stuck in a tick."""
     while os.getppid() == parent:
         time.sleep(2.0)
     _remove_workdir()

@@ -1,6 +1,5 @@
-"""ScienceWorld as a world: the `agentgym` catalogues (`catalogue`), the AgentGym protocol
-(`protocol`), one JVM per game (`game`), an expert teacher (`expert`); `make_catalogue_data` and `make_corpus` regenerate
-the shipped data. The game (py4j, scienceworld) is imported only when one is started."""
+"""ScienceWorld as a world; `make_catalogue_data` and `make_corpus` regenerate the shipped data.
+The game (py4j, scienceworld) is imported only when one is started."""
 
 from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.sciworld import gold

@@ -1,8 +1,5 @@
-"""ScienceWorld's games: id mappings, splits, id-list files (the sampler and the rest of a
-catalogue's behaviour are the generic `GameCatalogue`'s, in `envs/catalogue.py`).
-
-Reads only the shipped `envs/data/sciworld_catalogue.json` (made by
-`python -m rose_ray.envs.sciworld.make_catalogue_data`), so listing games never starts a JVM.
+"""ScienceWorld's games: id mappings and splits, from the shipped
+`envs/data/sciworld_catalogue.json` (`make_catalogue_data`), so listing games starts no JVM.
 
 Mappings (by name):
 - `agentgym` (default, 4,639 games): all tasks but 5-1, 5-2, 9-1..9-3, 10-1, 10-2, taken
@@ -29,9 +26,7 @@ MAPPINGS: dict[str, frozenset[str]] = {
 }
 # Named id-list splits shipped with the package, with the mapping their ids follow.
 NAMED_ID_LISTS: dict[str, tuple[str, str]] = {
-    # AgentEval's 200-game ScienceWorld test list (public copy: zerosurplus/Agent-R,
-    # mcts_utils/sciworld/sciworld_test.json); all in ScienceWorld's test variations under
-    # `agentgym_traj`.
+    # AgentEval's 200-game test list (public copy: zerosurplus/Agent-R), all test variations
     "agenteval_test": ("agenteval_sciworld_test_ids.json", "agentgym_traj"),
 }
 ITEM_PREFIX = "sciworld_"

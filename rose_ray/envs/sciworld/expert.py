@@ -1,39 +1,23 @@
 """ScienceWorld's expert teacher: from whatever state the student's turns left, it plays the rest
 of the game, each plan checked by replay before it is played.
 
-It lives here, beside the game, because it needs the game and not the text: the engine contract
-(prompt ids in; ids and logprobs out) would make it read the world back out of a prompt, and it
-has no logprobs to give. The EnvPool slot that holds an episode's game also holds the slot's
-expert, with a scratch game of its own (another JVM); the rollout's expert agent asks the slot
-for each reply's text (`EnvPool.expert_reply`), and the conversation tokenizes it with the
-student's tokenizer, as it does the text of a model teacher with another tokenizer.
+It needs the game, not the text, so it lives in the EnvPool slot beside the episode's game, with
+a scratch game (another JVM) of its own; the expert agent asks the slot for each reply's text
+(`EnvPool.expert_reply`), which the conversation tokenizes with the student's tokenizer.
 
 How it plans (`SciWorldExpert.reply`):
-
-1. Once per game (per process), the scratch game loads the game with ScienceWorld's gold path
-   and plays that path from a fresh load: where each action happens, what the game answers,
-   where it wins (where no candidate below wins, a new gold path is made and tried: a reload
-   can give another one). The task's steps are the path's actions other than walking (doors, `go to`) up to the
-   win; the things it focuses on are renamed as the game names them (`gold.visible_names`).
-2. The house's rooms and doors: read from the scratch game's free looks on a walk through every
-   door (once per game per process).
-3. Candidate plans from the present state: the task's steps in order, each reached by the
-   shortest walk through the doors from where the agent is (closed doors opened on the way),
-   `look around` before a focus in a room just entered (as the observed gold paths do), and
-   what the student did taken into account (a thing it already focused on is not focused
-   again, and stands in for the path's thing after: fetched, or the box brought to it, where
-   it is elsewhere).
-   Each candidate is played in the scratch game after the episode's own actions are replayed
-   there; the first that wins is the plan (`verified`). Where none wins, the one that scored
-   most above the present score is played unverified; where none scores, there is no plan.
-4. Each reply is the plan's next action after a templated Thought that names the room, as the
-   gold demonstrations' replies do (`protocol.gold_reply`). When the game's answer differs
-   from the one the replay gave (temperature readings aside: they vary between runs), it
-   plans again from there.
-
-A game the student lost (a wrong focus: -100) has ended before any handoff (asked anyway, it says
-`unwinnable`); a state from which no candidate scores is reported as `no_plan`, and the episode
-ends there.
+1. Once per game per process, the scratch game plays ScienceWorld's gold path from a fresh load
+   (a new path where none of the candidates below wins: a reload can give another). The task's
+   steps are its actions other than walking, up to the win, with focused things renamed as the
+   game names them (`gold.visible_names`); the house's doors are read on a walk through them.
+2. Candidates from the present state: the steps in order, each reached by the shortest walk
+   (closed doors opened), `look around` before a focus in a room just entered, and a thing the
+   student already focused on standing in for the path's (fetched, or the box brought to it).
+   Each is played in the scratch game after the episode's actions are replayed there; the first
+   that wins is the plan (`verified`), else the one scoring most above now (unverified), else
+   no plan (`no_plan`: the episode ends; a lost game is `unwinnable`).
+3. Each reply is the plan's next action after a templated Thought (`protocol.gold_reply`); when
+   the game answers otherwise than the replay did (temperatures aside), it plans again.
 """
 
 from __future__ import annotations
@@ -54,8 +38,7 @@ from rose_ray.types import GameId
 if TYPE_CHECKING:
     from rose_ray.envs.sciworld.game import SciWorldGame
 
-# Tasks on which bench/expert.py measured the expert (from the base student's openings); the
-# config check refuses an expert teacher on others.
+# Tasks bench/expert.py measured the expert on; the config check refuses it on others.
 EXPERT_TASKS: tuple[str, ...] = (
     "find-living-thing", "find-non-living-thing", "find-plant", "find-animal",
     "lifespan-longest-lived", "lifespan-shortest-lived", "lifespan-longest-lived-then-shortest-lived",
@@ -63,18 +46,16 @@ EXPERT_TASKS: tuple[str, ...] = (
 _DOOR = re.compile(r"A door to the (.+?) \(that is (open|closed)\)")
 _WALKING = ("open door to ", "close door to ", "go to ")
 AMBIGUOUS = "Ambiguous request"
-MAX_REPLANS = 4  # per episode: a game that keeps answering otherwise than its replay is not planned for
-# Per game, (task, variation), shared by the experts of one process (an EnvPool's slots): each
-# room's doors, and a gold path as the task's steps (made once, kept; made again where it fails).
+MAX_REPLANS = 4  # per episode
+# Per (task, variation), shared by one process's experts: each room's doors, and the gold steps.
 DOORS: dict[tuple[str, int], dict[str, list[str]]] = {}
 GOLDS: dict[tuple[str, int], Gold] = {}
 
 
 @dataclass
 class Attempt:
-    """A candidate plan played in the scratch game after the episode's actions: the actions it
-    sent and what the game answered, the score it ended on and whether the episode's own
-    actions replayed as recorded."""
+    """A candidate plan played in the scratch game after the episode's actions; `replayed`:
+    the episode's own actions answered as recorded."""
 
     actions: list[str] = field(default_factory=list)
     observations: list[str] = field(default_factory=list)
@@ -88,9 +69,8 @@ class Attempt:
 
 @dataclass
 class Gold:
-    """What a game's gold path does from a fresh load: the task's steps (action, the room it
-    happens in) with the names the game shows, and the same steps with ScienceWorld's own
-    referents (played where the shown names are ambiguous)."""
+    """A gold path's task steps (action, its room) with the names the game shows, and with
+    ScienceWorld's own referents (played where the shown names are ambiguous)."""
 
     steps: list[tuple[str, str | None]]
     raw_steps: list[tuple[str, str | None]]
@@ -106,8 +86,7 @@ class Plan:
 
 
 class SciWorldExpert:
-    """The expert of one EnvPool slot (see the module docstring). `reply` is asked for the next
-    reply of the episode the slot plays, with the episode's record so far."""
+    """The expert of one EnvPool slot (see the module docstring)."""
 
     def __init__(self, heap: str | None = DEFAULT_HEAP, call_timeout_s: float = 60.0) -> None:
         self.heap, self.call_timeout_s = heap, call_timeout_s
@@ -119,7 +98,6 @@ class SciWorldExpert:
         self.replans = 0
         self.status = ""
 
-    # ----------------------------------------------------------------- the reply
     def reply(self, game: GameId, first: str, history: list[tuple[str, str]], episode: Any) -> ExpertReply:
         """The next reply of the episode on `game` (its first observation `first`, then its
         (action, observation) pairs so far); `episode` tells one episode from the next."""
@@ -171,8 +149,7 @@ class SciWorldExpert:
             return None
         carriers = self._carriers(first, history)  # asked of the scratch game in that state
         best: Attempt | None = None
-        # The gold path this process made for the game before, then a new one: ScienceWorld can
-        # give another path for the same game after a reload (another thing, another door).
+        # The gold path made before, then a new one (a reload can give another path).
         for fresh in (False, True):
             if fresh or key not in GOLDS:
                 GOLDS[key] = self._gold(game)
@@ -197,15 +174,13 @@ class SciWorldExpert:
             self.status += "_replay_differed"
         return Plan(best.actions, best.observations, len(history), best.won)
 
-    # ----------------------------------------------------------------- what to try
     def _candidates(self, first: str, history: list[tuple[str, str]],
                     carriers: list[list[tuple[str, str | None]]]) -> list[list[tuple[str, str | None]]]:
         """The task's steps to play from here: with what the student did taken into account
         (shown names, then the game's referents), then as the gold path has them."""
         gold = self.gold
         focused = _focused(first, history)
-        # A student's ambiguous command leaves the game asking which one it meant: the next
-        # input answers it (any other cancels it and is lost), so answer first where harmless.
+        # After an ambiguous command the game waits for the option's number: answer it first.
         asked = bool(history) and history[-1][1].startswith(AMBIGUOUS)
         out: list[list[tuple[str, str | None]]] = []
         for steps in (gold.steps, gold.raw_steps):
@@ -218,10 +193,8 @@ class SciWorldExpert:
         return out
 
     def _carriers(self, first: str, history: list[tuple[str, str]]) -> list[list[tuple[str, str | None]]]:
-        """The student's focused things as they can be carried, where one is inside another (a
-        liquid in a cup): by each referent the game's valid actions give its holder here
-        (`cup containing red paint in art studio`; the scratch game stands where the replay
-        left it), up to three; none where nothing holds them, or nothing was focused on."""
+        """The student's focused things as they can be carried where one is inside another (up
+        to three holders, as the valid actions name them: `cup containing red paint in ...`)."""
         focused = _focused(first, history)
         if not focused:
             return []
@@ -230,7 +203,6 @@ class SciWorldExpert:
         return [[(holders[i] if i < len(holders) else name, where) for holders, (name, where) in zip(choices, focused)]
                 for i in range(max(map(len, choices), default=0))]
 
-    # ----------------------------------------------------------------- the scratch game
     def _game(self) -> SciWorldGame:
         from rose_ray.envs.sciworld.game import SciWorldGame
 
@@ -244,8 +216,7 @@ class SciWorldExpert:
         self.scratch = None
 
     def _replay(self, game: GameId, history: list[tuple[str, str]]) -> Attempt:
-        """The scratch game loaded and the episode's actions played again; `replayed`: every
-        answer as recorded (temperature readings aside)."""
+        """The scratch game loaded and the episode's actions played again."""
         scratch = self._game()
         scratch.load(game)
         attempt = Attempt()
@@ -355,10 +326,9 @@ class SciWorldExpert:
 
 def _after_focus(steps: list[tuple[str, str | None]], focused: list[tuple[str, str | None]],
                  how: str = "stay") -> list[tuple[str, str | None]]:
-    """The task's steps after the student's focuses: the path's first focuses dropped, one per
-    thing the student focused on, and that thing named in their place in the steps after. Where
-    the student's thing is elsewhere than the path's, a later `move X to Y` needs them together:
-    `fetch` picks the thing up where it is first, `bring` carries Y to it; `stay` does neither."""
+    """The task's steps after the student's focuses: one of the path's focuses dropped per thing
+    the student focused on, named in its place after. Where that thing is elsewhere, a later
+    `move X to Y` needs them together: `fetch` picks X up first, `bring` carries Y to it."""
     out, renames, away, at = [], {}, {}, 0
     for action, room in steps:
         for old, new in renames.items():

@@ -1,14 +1,13 @@
 """One ScienceWorld game on its own JVM, with a lean step and a timeout on every call.
 
-`ScienceWorldEnv.step` lists every valid action-object combination after each action
-(~90% of its cost); `SciWorldGame.step` asks the server only for the observation, score and
-completion, and lists valid actions only through `valid_actions()`. Both make the same one
-`server.step` call; the stock step's extra calls (free look, inventory, task description, valid
-actions) run no tick, so the game is ScienceWorld's own (a test compares the two).
+`ScienceWorldEnv.step` lists every valid action-object combination after each action (most of
+its cost); `SciWorldGame.step` makes the same one `server.step` call and asks only for the
+observation, score and completion (the stock step's other calls run no tick).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -17,7 +16,7 @@ from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
 from py4j.protocol import Py4JError
 from scienceworld.constants import BASEPATH, JAR_PATH
 
-from rose_ray.envs.base import GameError, ProcessGame, StepResult, kill_process
+from rose_ray.envs.base import GameError, ProcessGame, StepResult, end_process, kill_process
 from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.sciworld.gold import focused_name
 from rose_ray.envs.sciworld.protocol import (
@@ -28,8 +27,8 @@ from rose_ray.envs.sciworld.protocol import (
 )
 from rose_ray.types import GameId
 
-# py4j logs a page of traceback for every broken connection, partly through the root
-# logger; our callers get a GameError instead.
+# py4j logs a page of traceback for every broken connection (partly through the root logger);
+# our callers get a GameError instead.
 logging.getLogger("py4j").setLevel(logging.CRITICAL)
 
 
@@ -44,10 +43,9 @@ if _not_from_py4j not in logging.getLogger().filters:
 class SciWorldGame(ProcessGame):
     """A ScienceWorld JVM holding one game at a time (score: max(raw, 0)/100, success: 100).
 
-    Every call to the JVM is bounded by `call_timeout_s`; a call that fails or times out
-    kills the JVM and raises `GameError` (the game is then dead: make a new one).
-    Turns are counted here (the game's move counter skips free actions); the episode ends at
-    `max_turns`, on completion, or on a score of -100 (a failed game).
+    A call that fails or outlasts `call_timeout_s` kills the JVM and raises `GameError`. Turns
+    are counted here (the game's counter skips free actions); an episode ends at `max_turns`,
+    on completion, or on a negative score (a failed game).
     """
 
     def __init__(
@@ -185,29 +183,15 @@ class SciWorldGame(ProcessGame):
     def kill(self) -> None:
         """End the JVM at once (after a hang or when it is already dead)."""
         kill_process(self._proc)
-        self._close_gateway()
-        self.closed = True
-
-    def _close_gateway(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self._gateway.close(keep_callback_server=False, close_callback_server_connections=False)
-        except Exception:
-            pass
+        self.closed = True
 
     def close(self) -> None:
         """Shut the JVM down cleanly; killed if it does not exit within 5 s."""
         if self.closed:
             return
         self.closed = True
-        try:
+        with contextlib.suppress(Exception):
             self._gateway.shutdown()
-        except Exception:
-            pass
-        if self._proc.poll() is None:
-            try:  # py4j's JVM exits when its stdin gets a newline
-                self._proc.stdin.write(b"\n")
-                self._proc.stdin.flush()
-                self._proc.wait(timeout=5)
-            except Exception:
-                pass
-        kill_process(self._proc)  # it did not exit in time
+        end_process(self._proc, b"\n")  # py4j's JVM exits when its stdin gets a newline

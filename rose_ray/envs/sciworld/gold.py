@@ -1,12 +1,7 @@
-"""Gold paths a model can copy from what it sees.
-
-ScienceWorld's gold paths act on things the agent has not looked at (the lifespan tasks walk
-outside and focus on an animal without a `look around`) and name them by internal referents
-(`focus on egg giant tortoise`, `focus on cloth sittable`) where the game says "the giant
-tortoise egg" and "the mattress". A model that imitates such a path can only guess. The
-observed path looks around before the first focus after a move, and names each focused thing
-as the game named it; `provision.gold.gold_rows(observe=True)` replays it and keeps it only when it
-scores as the original does.
+"""Gold paths a model can copy from what it sees: ScienceWorld's act on things the agent has not
+looked at and name them by internal referents (`focus on egg giant tortoise` where the game says
+"the giant tortoise egg"). The observed path looks around before the first focus after a move
+and names each focused thing as the game named it.
 """
 
 from __future__ import annotations
@@ -41,9 +36,8 @@ def focused_name(observation: str) -> str | None:
 
 
 def visible_names(actions: list[str], observations: list[str]) -> list[str]:
-    """`actions` with every focused referent renamed as the game named it on focusing
-    ("focus on egg giant tortoise" -> "You focus on the giant tortoise egg." -> "focus on
-    giant tortoise egg"), in that action and in later ones that name the same referent."""
+    """`actions` with every focused referent renamed as the game named it on focusing, in that
+    action and later ones ("focus on egg giant tortoise" -> "focus on giant tortoise egg")."""
     renames: dict[str, str] = {}
     out = []
     for action, observation in zip(actions, observations, strict=True):

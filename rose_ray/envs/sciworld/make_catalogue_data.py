@@ -2,8 +2,7 @@
 
     python -m rose_ray.envs.sciworld.make_catalogue_data
 
-The catalogue ships this file so that listing games never starts a JVM; the test suite
-checks it against a live JVM.
+A test checks the shipped file against a live JVM.
 """
 
 from __future__ import annotations

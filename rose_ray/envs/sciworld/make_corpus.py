@@ -2,9 +2,7 @@
 
     python -m rose_ray.envs.sciworld.make_corpus
 
-Plays the gold path of the first training variations of every task and writes the
-instruction, task descriptions, observations and actions. Shipped so that `init-tiny`
-needs no JVM.
+Plays the gold paths of each task's first training variations (shipped: `init-tiny` needs no JVM).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""The AgentGym ReAct protocol for ScienceWorld, in our own words: the instruction and its
-acknowledgement, the first observation (task description, newline, `look around`), the
-observations that say an action was not understood, where an observation says the agent is,
-and ScienceWorld's score (normalised, success, pass). `PROTOCOL` is its `Protocol`.
-"""
+"""The AgentGym ReAct protocol for ScienceWorld, in our own words (`PROTOCOL`), and its score."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-from rose_ray.envs.protocol import Protocol
+from rose_ray.envs.protocol import ACKNOWLEDGEMENT, Protocol, instruction
 
 # The 24 action forms of the AgentGym instruction (open/close and activate/deactivate pair up).
 ACTIONS: tuple[tuple[str, str], ...] = (
@@ -39,21 +35,15 @@ ACTIONS: tuple[tuple[str, str], ...] = (
     ("inventory", "list what you carry"),
 )
 
-INSTRUCTION = (
+INSTRUCTION = instruction(
     "You are an agent in ScienceWorld, a text-based laboratory and household simulation. "
     "Each turn you get an observation of the world and reply with one action that moves you "
-    "closer to finishing the task.\n\n"
-    "Reply in exactly this format, nothing else:\n"
-    "Thought: <your short reasoning about what to do next>\n"
-    "Action: <one command from the list below>\n\n"
-    "Commands (OBJ and LOC are names as they appear in the observations):\n"
-    + "\n".join(f"- {cmd}: {what}" for cmd, what in ACTIONS)
-    + "\n\n"
+    "closer to finishing the task.",
+    "Commands (OBJ and LOC are names as they appear in the observations)",
+    ACTIONS,
     "If the game asks you to choose between ambiguous objects, answer with the number of the "
-    "option as your action. Only one action per turn is carried out."
+    "option as your action. Only one action per turn is carried out.",
 )
-
-ACKNOWLEDGEMENT = "OK. I will answer with a Thought and one Action each turn."
 
 
 def first_observation(task_description: str, look_around: str) -> str:
@@ -75,9 +65,8 @@ def location_of(observation: str) -> str | None:
     return found[-1].strip() if found else None
 
 
-# ScienceWorld up to 1.2.3 transfers heat between the objects in a container in the order of a
-# hash set, which changes from run to run (allenai/ScienceWorld#33; sorted by uuid on its main
-# branch after 1.2.3): the same game and actions can read a temperature a few degrees apart.
+# ScienceWorld up to 1.2.3 transfers heat in a hash set's order, which changes from run to run
+# (allenai/ScienceWorld#33): the same game and actions can read temperatures a few degrees apart.
 _TEMPERATURE = re.compile(r"-?\d+(?:\.\d+)? degrees celsius")
 
 
@@ -101,8 +90,7 @@ def is_pass(raw_score: float) -> bool:
 
 @dataclass(frozen=True)
 class SciWorldProtocol(Protocol):
-    """ScienceWorld's protocol: its observations say where the agent is, and may read a
-    temperature a few degrees apart from run to run (see above)."""
+    """Observations say where the agent is, and temperatures vary from run to run (see above)."""
 
     def location_of(self, observation: str) -> str | None:
         return location_of(observation)
