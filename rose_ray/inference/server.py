@@ -1,24 +1,15 @@
 """`rose-ray serve`: an OpenAI-compatible HTTP endpoint over a transformers engine (`hf`), for
-machines without vLLM; where vLLM runs, its own OpenAI server is the one to use (docs/engines.md).
+machines without vLLM, whose own OpenAI server is the one to use where it runs (docs/engines.md).
 
-Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
-Besides the OpenAI fields it speaks the vLLM extensions the learner relies on:
-`prompt_logprobs` (teacher scoring of given tokens; also `echo` + `logprobs`),
-`return_tokens_as_token_ids` ("token_id:N" token strings), and every choice carries
-`token_ids` / `prompt_token_ids` so sampled ids survive the round trip exactly.
-Concurrent requests are batched by an AsyncBatcher (or an engine's own frontend). Binds
-127.0.0.1 unless told otherwise.
+Besides the OpenAI fields it speaks the vLLM extensions the learner relies on (`prompt_logprobs`,
+`return_tokens_as_token_ids`, `token_ids` / `prompt_token_ids` on every choice). Concurrent
+requests are batched by an AsyncBatcher (or an engine's own frontend).
 
-Bad input never takes the server down: every bad request gets a 4xx JSON error naming what
-was wrong (a body over the limit, sized from context_tokens, gets 413; one that is not
-`Content-Type: application/json`, 415; one past `max_concurrent` requests in flight, 429 with
-Retry-After; a body that does not arrive within `read_timeout_s`, 408), and a client that
-goes away before its reply costs only its own computation (bench/serve_load.py measures it).
-
-A server without an API key answers only requests whose Host is an IP address or localhost:
-a web page the user visits could otherwise reach it through a name of its own that resolves
-to 127.0.0.1 (DNS rebinding). Requesting JSON keeps pages from posting to it directly (a
-cross-site `application/json` POST needs a CORS preflight, which this server never grants).
+Bad input never takes the server down: each bad request gets a 4xx JSON error naming what was
+wrong (413 over the body limit, 415 not JSON, 429 past `max_concurrent`, 408 a body slower than
+`read_timeout_s`), and a client that goes away costs only its own computation.
+Without an API key it answers only a Host that is an IP address or localhost (against DNS
+rebinding); requiring JSON keeps web pages from posting to it (a CORS preflight it never grants).
 """
 
 from __future__ import annotations
@@ -26,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import itertools
 import json
 import logging
 import math
@@ -51,8 +43,7 @@ from rose_ray.inference.protocol import (
 
 BATCHER = web.AppKey("batcher", object)  # an AsyncBatcher, or the engine's own frontend
 PARSER = web.AppKey("parser", ThreadPoolExecutor)
-# Bodies above this are parsed off the event loop: tokenizing the 3 MiB a 4,096-token context
-# allows takes ~3 s (the tokenizer lets go of the GIL), and no other client would be answered.
+# Bodies above this are tokenized off the event loop (seconds for a few MiB).
 PARSE_INLINE_BYTES = 1 << 16
 ROUTES = "GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions"
 READ_TIMEOUT_S = 60.0  # for a request's body to arrive
@@ -61,9 +52,8 @@ log = logging.getLogger(__name__)
 
 
 def vllm_server(args: Any) -> list[str] | None:
-    """`serve --backend vllm` (`args`: the serve command's settings): vLLM's own OpenAI server with
-    what `serve` was given (its module, as `vllm serve` does not start on vLLM's CPU build), which
-    the openai engine talks to as to this one; None for the backend this server runs."""
+    """The command of vLLM's own OpenAI server for `serve --backend vllm` (its module: `vllm serve`
+    does not start on vLLM's CPU build); None for the backend this server runs."""
     if args.backend != "vllm":
         return None
     return ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", args.model, "--served-model-name",
@@ -81,7 +71,6 @@ class OpenAIServer:
         self.model_name = model_name
         self.api_key = api_key or None
         self.context_tokens = engine.config.context_tokens
-        # What the largest valid request needs (protocol.max_body_bytes), not a fixed size.
         self.max_body = max_body or max_body_bytes(self.context_tokens)
         self.max_concurrent = max_concurrent
         self.read_timeout_s = read_timeout_s
@@ -207,8 +196,7 @@ class OpenAIServer:
         return body, len(raw)
 
     async def _parsed(self, request: web.Request, parse: Any, *args: Any) -> Any:
-        """The body read, then validated and tokenized by `parse(body, *args)`: inline for small
-        bodies, on the parse thread for big ones."""
+        """The body read and parsed by `parse(body, *args)`, big ones on the parse thread."""
         body, size = await self._body(request)
         if size <= PARSE_INLINE_BYTES:
             return parse(body, *args)
@@ -259,10 +247,7 @@ class OpenAIServer:
                     for d in ((result.top_logprobs or []) if result else [])
                 ]
                 tops = prompt_tops + gen_tops
-            offsets, pos = [], 0
-            for s in strings:
-                offsets.append(pos)
-                pos += len(s)
+            offsets = list(itertools.accumulate(map(len, strings), initial=0))[:-1]
             choice["logprobs"] = {"tokens": strings, "token_logprobs": lps, "top_logprobs": tops,
                                   "text_offset": offsets}
         else:
@@ -379,8 +364,7 @@ def _error(status: int, message: str, param: str | None, kind: str = "invalid_re
 
 
 def _literal_host(host: str) -> bool:
-    """Whether a Host header names an IP address (v4, or v6 in brackets) or localhost, with or
-    without a port: names a DNS server could point anywhere are the others."""
+    """Whether a Host header names an IP address (v6 in brackets) or localhost, port or not."""
     host = host.strip().lower()
     if host.startswith("["):
         name = host[1:host.find("]")] if "]" in host else ""
