@@ -2,16 +2,13 @@
 
 A batch is left-padded so every row's next token sits in the last column; position ids come
 from the attention mask, so a padded row computes what it would compute alone. Each request
-samples with its own torch.Generator, so a seeded request gives the same tokens whatever
-else is in its batch. Rows that finish leave the batch (their cache rows are dropped).
+samples with its own torch.Generator (a seeded request gives the same tokens whatever its
+batch), and finished rows leave the batch.
 
 A finished row's keys/values go into a PrefixCache; a later prompt that starts the same way
-(the next turn of that conversation) feeds only its new tokens. Its row is then laid out
-[pad | cached keys/values | pad | new tokens], the mask marking real positions and the
-position ids continuing from the cached length, so it computes what the full prompt would.
-
-This class is synchronous and single-threaded by design; concurrent callers go through
-`inference.batcher.AsyncBatcher` (the Ray actor and the HTTP server both do).
+feeds only its new tokens, its row laid out [pad | cached keys/values | pad | new tokens] with
+positions continuing from the cached length. Synchronous and single-threaded: concurrent
+callers go through `inference.batcher.AsyncBatcher`.
 """
 
 from __future__ import annotations
@@ -44,8 +41,6 @@ from rose_ray.types import SamplingParams
 
 # Bound on logits materialised at once when scoring (elements; 2^27 fp32 = 512 MiB).
 SCORE_LOGITS_BUDGET = 1 << 27
-
-
 
 def kv_bytes_per_token(model: Any) -> int:
     """Memory of one token's keys and values over all layers."""
@@ -110,19 +105,16 @@ class HFEngine:
             raise ConfigError(f"engine.context_tokens: {config.context_tokens} is more than the model's "
                              f"max_position_embeddings ({limit})")
         self.chat = ChatFormat(tokenizer)
-        self.stop_ids = {self.chat.eos_id}
-        if tokenizer.eos_token_id is not None:
-            self.stop_ids.add(tokenizer.eos_token_id)
+        self.stop_ids = {self.chat.eos_id} | ({tokenizer.eos_token_id} - {None})
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eos_id
-        # transformers 5 renamed past_key_values -> cache; support both.
+        # transformers 5 renamed past_key_values -> cache
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         self._version = 0
         self._lock = threading.Lock()  # one forward pass at a time, weights never torn
         self._batch_sizes: deque[int] = deque(maxlen=1024)
         self._counters = {"batches": 0, "requests": 0, "generated_tokens": 0, "prompt_tokens": 0,
                           "busy_s": 0.0, "score_calls": 0, "weight_updates": 0}
-        # Prefix reuse and in-place cache growth assume plain full-attention layers (no sliding
-        # windows, no linear attention); other models keep transformers' own cache.
+        # Prefix reuse and in-place cache growth need plain full-attention layers.
         self._plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
         budget = int(config.backend.prefix_cache_mb * 2**20) // kv_bytes_per_token(self.model)
         self._prefix = PrefixCache(budget if self._plain else 0)
@@ -195,8 +187,7 @@ class HFEngine:
         unknown = sorted(set(state) - set(params))
         if unknown:
             raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")
-        with self._lock, torch.no_grad(), warnings.catch_warnings():
-            # Arrays from Ray's object store are read-only; we only copy out of them.
+        with self._lock, torch.no_grad(), warnings.catch_warnings():  # Ray's arrays are read-only; only read
             warnings.filterwarnings("ignore", message=".*not writable.*")
             for name, value in state.items():
                 t = torch.as_tensor(value)
@@ -306,19 +297,11 @@ class HFEngine:
         self._counters["generated_tokens"] += sum(len(r.ids) for r in rows)
         self._counters["prompt_tokens"] += sum(len(p) for p in prompts)
         self._counters["busy_s"] += elapsed
-        results = []
-        for row, req in zip(rows, requests):
-            text_ids = row.ids
-            text = self.chat.decode(text_ids)
-            if row.cut is not None:
-                text = text[: row.cut]
-            results.append(GenerationResult(
-                text=text, token_ids=row.ids, logprobs=row.logprobs,
-                finish_reason=row.finish or "length", prompt_tokens=len(row.prompt),
-                version=version, request_id=req.request_id,
-                top_logprobs=row.top if row.top_k > 0 else None,
-            ))
-        return results
+        return [GenerationResult(
+            text=self.chat.decode(row.ids)[: row.cut], token_ids=row.ids, logprobs=row.logprobs,
+            finish_reason=row.finish or "length", prompt_tokens=len(row.prompt),
+            version=version, request_id=req.request_id, top_logprobs=row.top if row.top_k > 0 else None,
+        ) for row, req in zip(rows, requests)]
 
     def _decode(self, active: list[_Row]) -> None:
         """The KV-cache loop: prefill all prompts, then one token per active row per step."""
@@ -377,8 +360,7 @@ class HFEngine:
         return logits, cache, mask, positions[:, -1]
 
     def _remember(self, row: _Row, row_mask: torch.Tensor, cache: Any, r: int) -> None:
-        """Store a finished row's keys/values: its prompt and every sampled id but the last
-        (which was never fed)."""
+        """Store a finished row's keys/values: its prompt and every sampled id but the last (never fed)."""
         if self._prefix.max_tokens <= 0:
             return
         cols = row_mask.nonzero()[:, 0]
