@@ -1,10 +1,7 @@
-"""The engine backends by name: each one's own settings (an engine's `backend` section, chosen by
-its name: `student_engine: {backend: {name: vllm, kv_cache_mb: 256}}`) and what the rest of the
-package may ask of it, so that no code outside `inference/` compares backend names.
-
-A new backend is one engine module (the GenerationEngine contract of engine.py) and one
-`register(Backend(...))` here. This module imports nothing heavy (no torch, no backend): the
-config reads it, and `backends.make_engine` imports the engine it names.
+"""The engine backends by name: each one's own settings (an engine's `backend` section) and what
+the rest of the package may ask of it, so that no code outside `inference/` compares backend
+names. A new backend is one engine module and one `register(Backend(...))` here. Imports
+nothing heavy: the config reads it.
 """
 
 from __future__ import annotations
