@@ -25,7 +25,7 @@ import time
 import urllib.parse
 import urllib.request
 import weakref
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -110,19 +110,14 @@ def _dig(reply: Any, *path: str | int, kind: type | tuple[type, ...] | None = No
         if not found:
             if default is not _MISSING:
                 return default
-            raise OpenAIBadAnswer(None, f"the server's reply has no {where} ({_shape(reply)})")
+            shape = (f"its keys: {sorted(map(str, reply))[:10]}" if isinstance(reply, dict)
+                     else f"it is {type(reply).__name__} {str(reply)[:80]!r}")
+            raise OpenAIBadAnswer(None, f"the server's reply has no {where} ({shape})")
         value = value[key]
     if kind is not None and not isinstance(value, kind):
         names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
         raise OpenAIBadAnswer(None, f"the server's reply has {where} = {str(value)[:80]!r}, expected {names}")
     return value
-
-
-def _shape(reply: Any) -> str:
-    """What a reply holds, briefly, for an error."""
-    if isinstance(reply, dict):
-        return f"its keys: {sorted(map(str, reply))[:10]}"
-    return f"it is {type(reply).__name__} {str(reply)[:80]!r}"
 
 
 def _logprob(value: Any, where: str) -> float:
@@ -212,6 +207,10 @@ async def _new_session() -> aiohttp.ClientSession:
 
 def _close_session(session: aiohttp.ClientSession) -> None:
     asyncio.ensure_future(session.close())
+
+
+async def _gather(work: Iterable[Awaitable[T]]) -> list[T]:
+    return list(await asyncio.gather(*work))
 
 
 class _Status(Exception):
@@ -438,7 +437,6 @@ class OpenAIEngine:
         return out
 
     def models(self) -> list[str]:
-        """The served model names."""
         return list(self.served())
 
     # ------------------------------------------------------------------ engine API
@@ -446,11 +444,7 @@ class OpenAIEngine:
         for r in requests:
             validate_sampling(r.sampling)
         vocab = self.vocab_size()  # here, not on the loop: the first call loads the tokenizer
-
-        async def each() -> list[GenerationResult]:
-            return list(await asyncio.gather(*(self._generate_one(r, vocab) for r in requests)))
-
-        return self._run(each())
+        return self._run(_gather(self._generate_one(r, vocab) for r in requests))
 
     async def _generate_one(self, request: GenerationRequest, vocab: int | None) -> GenerationResult:
         ids = list(request.prompt_ids)
@@ -494,11 +488,8 @@ class OpenAIEngine:
                 here = f"choices[0].logprobs.top_logprobs[{i}]"
                 if not isinstance(d or {}, dict):
                     raise OpenAIBadAnswer(None, f"the server's reply has {here} = {str(d)[:80]!r}, expected an object")
-                entry = {}
-                for k, v in (d or {}).items():
-                    tid = self._check_id(_token_id(k, here), here, vocab)
-                    entry[tid] = _logprob(v, f"{here}[{k!r}]")
-                top.append(entry)
+                top.append({self._check_id(_token_id(k, here), here, vocab): _logprob(v, f"{here}[{k!r}]")
+                            for k, v in (d or {}).items()})
         finish = _dig(choice, "finish_reason", default=None, at="choices[0]") or "length"
         text = _dig(choice, "text", default="", at="choices[0]")
         self._counters["requests"] += 1
@@ -537,10 +528,7 @@ class OpenAIEngine:
         return self._run(self._score(prompt_ids, completion_ids))
 
     def score_many(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
-        async def each() -> list[list[float]]:
-            return list(await asyncio.gather(*(self._score(p, c) for p, c in pairs)))
-
-        return self._run(each())
+        return self._run(_gather(self._score(p, c) for p, c in pairs))
 
     async def _score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         if not prompt_ids:
