@@ -28,6 +28,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from rose_ray.chat import ChatFormat
 from rose_ray.errors import ConfigError
 from rose_ray.inference.engine import (
@@ -80,14 +82,7 @@ def _quiet_expected_warnings() -> None:
             log.addFilter(_ExpectedWarning(start, arg))
 
 
-def _torch_thread_setter() -> Any:
-    """torch.set_num_threads as it is before vLLM's CPU worker replaces it with a no-op."""
-    import torch
-
-    return torch.set_num_threads
-
-
-_SET_TORCH_THREADS = _torch_thread_setter()
+_SET_TORCH_THREADS = torch.set_num_threads  # as it is before vLLM's CPU worker makes it a no-op
 
 
 class EngineFailed(RuntimeError):
@@ -144,8 +139,6 @@ class VLLMEngine:
             "weights_s": 0.0, "updates_kept": 0, "requests_kept": 0}
         self._running_sizes: deque[int] = deque(maxlen=1024)
         started: concurrent.futures.Future = concurrent.futures.Future()
-        import torch
-
         threads = self.config.threads or torch.get_num_threads()  # the config's, else the caller's
         self._thread = threading.Thread(target=self._run, args=(started, threads),
                                         name="vllm-engine", daemon=True)
@@ -510,8 +503,6 @@ class VLLMEngine:
     def _checkpoint_weights(self, state: dict[str, Any]) -> list[tuple[str, Any]]:
         """(name, tensor) pairs, checked against the checkpoint's names and shapes. A tied output
         head goes along with the embedding (vLLM's in-place reload leaves it unloaded otherwise)."""
-        import torch
-
         names = self._names()
         unknown = sorted(set(state) - set(names) - {"lm_head.weight"})
         if unknown:
