@@ -161,7 +161,8 @@ class AsyncBatcher:
                         _resolve(job, result=result)
             if barrier is not None:
                 try:
-                    await loop.run_in_executor(self._executor, self.engine.update_weights, *barrier.payload[1])
+                    await loop.run_in_executor(self._executor, self.engine.update_weights,
+                                               *barrier.payload[1])
                 except Exception as e:
                     _resolve(barrier, error=e)
                 else:

@@ -213,7 +213,7 @@ class OpenAIServer:
         choices = await asyncio.gather(*(
             self._complete_one(batcher, i, ids, parsed) for i, ids in enumerate(parsed.prompts)))
         prompt_tokens = sum(len(p) for p in parsed.prompts)
-        completion_tokens = sum(len(c.pop("_completion_ids")) for c in choices)
+        completion_tokens = sum(len(c["token_ids"]) for c in choices)
         return web.json_response({
             "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": self.model_name, "choices": choices,
@@ -223,7 +223,7 @@ class OpenAIServer:
 
     async def _complete_one(self, batcher: Any, index: int, prompt: list[int],
                             p: Any) -> dict[str, Any]:
-        result, prompt_lps = await self._run(batcher, prompt, p, top=p.logprobs or 0)
+        result, prompt_lps = await self._run(batcher, prompt, p)
         tok = self.engine.tokenizer
         ids = result.token_ids if result else []
         text = result.text if result else ""
@@ -233,7 +233,7 @@ class OpenAIServer:
             "finish_reason": _finish(result),
             "token_ids": ids,
             "prompt_token_ids": prompt,
-            "_completion_ids": ids,
+            "logprobs": None,
         }
         if p.logprobs is not None:
             shown_ids = (prompt + ids) if p.echo else ids
@@ -250,19 +250,18 @@ class OpenAIServer:
             offsets = list(itertools.accumulate(map(len, strings), initial=0))[:-1]
             choice["logprobs"] = {"tokens": strings, "token_logprobs": lps, "top_logprobs": tops,
                                   "text_offset": offsets}
-        else:
-            choice["logprobs"] = None
         if p.prompt_logprobs is not None:
             choice["prompt_logprobs"] = _vllm_prompt_logprobs(tok, prompt, prompt_lps)
         return choice
 
-    async def _run(self, batcher: Any, prompt: list[int], p: Any, top: int
+    async def _run(self, batcher: Any, prompt: list[int], p: Any
                    ) -> tuple[GenerationResult | None, list[float]]:
         """Generation (unless max_tokens is 0) and prompt scoring (when asked), concurrently."""
         want_prompt = p.prompt_logprobs is not None or (p.echo and p.logprobs is not None)
         gen = scoring = None
         if p.sampling.max_new_tokens > 0:
-            gen = asyncio.ensure_future(batcher.generate(GenerationRequest(prompt, p.sampling, top_logprobs=top)))
+            request = GenerationRequest(prompt, p.sampling, top_logprobs=p.logprobs or 0)
+            gen = asyncio.ensure_future(batcher.generate(request))
         if want_prompt and len(prompt) > 1:
             scoring = asyncio.ensure_future(batcher.score(prompt[:1], prompt[1:]))
         result = await gen if gen is not None else None
@@ -274,7 +273,7 @@ class OpenAIServer:
         p = await self._parsed(request, parse_chat, self.engine.chat, self.context_tokens)
         tok = self.engine.tokenizer
         prompt = p.prompts[0]
-        result, prompt_lps = await self._run(batcher, prompt, p, top=p.logprobs or 0)
+        result, prompt_lps = await self._run(batcher, prompt, p)
         ids = result.token_ids if result else []
         choice: dict[str, Any] = {
             "index": 0,
