@@ -18,7 +18,6 @@ from rose_ray.inference.registry import (
     COMMAND_BACKENDS,
     DEFAULT_COMMAND_BACKEND,
     get_backend,
-    package_missing,
     settings_owner,
 )
 
@@ -34,7 +33,7 @@ def backend_problem(name: str, import_it: bool = False) -> str | None:
     backend = get_backend(name)
     if backend.package is None:
         return None  # hf needs what the package needs; openai is a client
-    if package_missing(backend):  # (only vllm has a package of its own so far)
+    if importlib.util.find_spec(backend.package) is None:  # (only vllm has a package of its own so far)
         return f"the vllm backend needs vLLM, which is not installed: {VLLM_INSTALL}"
     if import_it:
         try:

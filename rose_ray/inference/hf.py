@@ -19,6 +19,7 @@ import threading
 import time
 import warnings
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -60,24 +61,24 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter(0, order, sorted_logits)
 
 
+@dataclass
 class _Row:
     """Decoding state of one request inside a batch."""
 
-    def __init__(self, index: int, prompt: list[int], sampling: SamplingParams, top_k: int,
-                 max_new: int) -> None:
-        self.index = index
-        self.prompt = prompt
-        self.sampling = sampling
-        self.top_k = top_k
-        self.max_new = max_new
-        seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
+    prompt: list[int]
+    sampling: SamplingParams
+    top_k: int
+    max_new: int
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[dict[int, float]] = field(default_factory=list)
+    finish: str | None = None
+    cut: int | None = None  # text length before a matched stop string
+    hit: PrefixHit | None = None  # the cached prefix its prompt reused
+
+    def __post_init__(self) -> None:
+        seed = self.sampling.seed if self.sampling.seed is not None else random.getrandbits(63)
         self.generator = torch.Generator().manual_seed(seed)
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.top: list[dict[int, float]] = []
-        self.finish: str | None = None
-        self.cut: int | None = None  # text length before a matched stop string
-        self.hit: PrefixHit | None = None  # the cached prefix its prompt reused
 
 
 class HFEngine:
@@ -146,8 +147,8 @@ class HFEngine:
         size = self.config.max_batch_size
         for start in range(0, len(pending), size):
             chunk = pending[start : start + size]
-            outs = self._generate_batch([requests[i] for i, _ in chunk], [ids for _, ids in chunk])
-            for (i, _), out in zip(chunk, outs):
+            for (i, _), out in zip(chunk, self._generate_batch([requests[i] for i, _ in chunk],
+                                                               [ids for _, ids in chunk])):
                 results[i] = out
         return results  # type: ignore[return-value]
 
@@ -277,15 +278,10 @@ class HFEngine:
     def _generate_batch(self, requests: list[GenerationRequest], prompts: list[list[int]]
                         ) -> list[GenerationResult]:
         t0 = time.perf_counter()
-        rows = [
-            _Row(i, p, r.sampling, r.top_logprobs,
-                 min(r.sampling.max_new_tokens, self.config.context_tokens - len(p)))
-            for i, (r, p) in enumerate(zip(requests, prompts))
-        ]
-        active = [row for row in rows if row.max_new > 0]
-        for row in rows:
-            if row.max_new <= 0:
-                row.finish = "length"
+        context = self.config.context_tokens
+        rows = [_Row(p, r.sampling, r.top_logprobs, min(r.sampling.max_new_tokens, context - len(p)))
+                for r, p in zip(requests, prompts)]
+        active = [row for row in rows if row.max_new > 0]  # the others end at once ("length")
         with self._lock, torch.inference_mode():
             version = self._version
             if active:

@@ -6,7 +6,6 @@ nothing heavy: the config reads it.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, fields
 
 from rose_ray.errors import ConfigError
@@ -197,11 +196,6 @@ def settings_owner(key: str) -> Backend | None:
 def own_settings(backend: Backend) -> set[str]:
     """The keys of a backend's own settings (its `name` aside)."""
     return {f.name for f in fields(backend.settings)} - {BackendSettings.TAG}
-
-
-def package_missing(backend: Backend) -> bool:
-    """Its extra package is not installed here (cheap: nothing is imported)."""
-    return backend.package is not None and importlib.util.find_spec(backend.package) is None
 
 
 def in_flight_backends(mode: str) -> list[str]:
