@@ -25,6 +25,7 @@ import ray
 from rose_ray.inference.backends import make_engine
 from rose_ray.inference.batcher import async_frontend
 from rose_ray.inference.engine import EngineConfig, GenerationRequest, GenerationResult
+from rose_ray.inference.registry import in_flight_backends
 from rose_ray.publish.flat import FlatHeader, FlatState, unpack
 from rose_ray.publish.group import WeightGroup, cuda_device_id, own_nccl_env
 from rose_ray.publish.route import ReceiverInfo
@@ -50,7 +51,7 @@ class EngineActorImpl:
         self._progress_at = time.monotonic()  # the last call finished (or the first began)
         self._weight_groups: dict[str, WeightGroup] = {}  # by name, the latest MAX_WEIGHT_GROUPS
         self._receive_buffers: list[Any] | None = None  # reused by the next broadcast
-        self._receiving: asyncio.Lock | None = None
+        self._receiving = asyncio.Lock()  # one broadcast at a time
         self._loading: Any = None  # an update queued without waiting, until the next one settles it
 
     def _batcher(self) -> Any:
@@ -117,20 +118,16 @@ class EngineActorImpl:
                 state = unpack(state)
             return await self._load(state, version, wait, keep_after_ms)
 
-    def _check_keep(self, keep_after_ms: float | None) -> None:
-        from rose_ray.inference.registry import in_flight_backends
-
-        if keep_after_ms is not None and "keep" not in self.config.spec.in_flight:
-            raise ValueError(f"publish.in_flight: keep loads weights under running requests, which the "
-                             f"{self.config.backend.name} backend cannot (it generates a batch to its end); "
-                             f"backends that can: {tuple(in_flight_backends('keep'))}; use publish.in_flight=wait")
-
     async def _load(self, state: dict[str, Any], version: int, wait: bool,
                     keep_after_ms: float | None = None) -> dict[str, float]:
         """Queue the update behind the calls already submitted (`keep_after_ms`: see vllm_engine).
         `wait`: until it is loaded; else at once (`queued` 1), and the next publication waits for
         this load first (and raises its error, if any)."""
-        self._check_keep(keep_after_ms)  # (after a broadcast, which rank 0 sends whatever happens here)
+        # (after a broadcast, which rank 0 sends whatever happens here)
+        if keep_after_ms is not None and "keep" not in self.config.spec.in_flight:
+            raise ValueError(f"publish.in_flight: keep loads weights under running requests, which the "
+                             f"{self.config.backend.name} backend cannot (it generates a batch to its end); "
+                             f"backends that can: {tuple(in_flight_backends('keep'))}; use publish.in_flight=wait")
         start = time.perf_counter()
         batcher = self._batcher()
         loaded = (batcher.queue_weights(state, version) if keep_after_ms is None
@@ -175,8 +172,6 @@ class EngineActorImpl:
         weight_group = self._weight_groups.get(group)
         if weight_group is None:
             raise RuntimeError(f"receive_weights: this engine is not in weight group {group!r}")
-        if self._receiving is None:
-            self._receiving = asyncio.Lock()
         header = FlatHeader.from_json(header_json)
         async with self._receiving:
             start = time.perf_counter()
