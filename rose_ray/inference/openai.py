@@ -96,7 +96,7 @@ def _token_id(s: Any, where: str) -> int:
 _MISSING = object()
 
 
-def _dig(reply: Any, *path: str | int, kind: type | tuple[type, ...] | None = None, default: Any = _MISSING,
+def _dig(reply: Any, *path: str | int, kind: type | None = None, default: Any = _MISSING,
          at: str = "") -> Any:
     """`reply[path[0]][path[1]]...`; a missing field (without `default`) or one not of `kind` is an
     OpenAIBadAnswer naming it (`at`: where `reply` sits in the whole reply)."""
@@ -115,16 +115,18 @@ def _dig(reply: Any, *path: str | int, kind: type | tuple[type, ...] | None = No
             raise OpenAIBadAnswer(None, f"the server's reply has no {where} ({shape})")
         value = value[key]
     if kind is not None and not isinstance(value, kind):
-        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        raise OpenAIBadAnswer(None, f"the server's reply has {where} = {str(value)[:80]!r}, expected {names}")
+        raise _unexpected(where, value, kind.__name__)
     return value
+
+
+def _unexpected(where: str, value: Any, expected: str) -> OpenAIBadAnswer:
+    return OpenAIBadAnswer(None, f"the server's reply has {where} = {str(value)[:80]!r}, expected {expected}")
 
 
 def _logprob(value: Any, where: str) -> float:
     """A logprob the server gave: a finite number, at most 0; else OpenAIBadAnswer naming it."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise OpenAIBadAnswer(None, f"the server's reply has {where} = {str(value)[:80]!r}, expected a logprob "
-                                    "(a number)")
+        raise _unexpected(where, value, "a logprob (a number)")
     x = float(value)
     if not math.isfinite(x) or x > 0.0:
         raise OpenAIBadAnswer(None, f"the server's reply has logprob {x!r} at {where}: a logprob must be finite "
@@ -466,17 +468,15 @@ class OpenAIEngine:
         choice = _dig(reply, "choices", 0, kind=dict)
         lp = _dig(choice, "logprobs", default=None, at="choices[0]") or {}
         if not isinstance(lp, dict):
-            raise OpenAIBadAnswer(None, f"the server's reply has choices[0].logprobs = {str(lp)[:80]!r}, expected an "
-                                        "object")
+            raise _unexpected("choices[0].logprobs", lp, "an object")
         token_ids = _dig(choice, "token_ids", default=None, at="choices[0]")
         if token_ids is None:
             tokens = _dig(lp, "tokens", kind=list, default=[], at="choices[0].logprobs")
             token_ids = [_token_id(t, f"choices[0].logprobs.tokens[{i}]") for i, t in enumerate(tokens)]
-        where = "choices[0].token_ids"
         if not isinstance(token_ids, list):
-            raise OpenAIBadAnswer(None, f"the server's reply has {where} = {str(token_ids)[:80]!r}, expected a list")
+            raise _unexpected("choices[0].token_ids", token_ids, "a list")
         for i, tid in enumerate(token_ids):
-            self._check_id(tid, f"{where}[{i}]", vocab)
+            self._check_id(tid, f"choices[0].token_ids[{i}]", vocab)
         logprobs = _dig(lp, "token_logprobs", default=None, at="choices[0].logprobs")
         if not isinstance(logprobs, list) or len(logprobs) != len(token_ids):
             raise OpenAIServerError(None, "server returned no per-token logprobs for the sampled tokens")
@@ -487,7 +487,7 @@ class OpenAIEngine:
             for i, d in enumerate(_dig(lp, "top_logprobs", kind=list, default=None, at="choices[0].logprobs") or []):
                 here = f"choices[0].logprobs.top_logprobs[{i}]"
                 if not isinstance(d or {}, dict):
-                    raise OpenAIBadAnswer(None, f"the server's reply has {here} = {str(d)[:80]!r}, expected an object")
+                    raise _unexpected(here, d, "an object")
                 top.append({self._check_id(_token_id(k, here), here, vocab): _logprob(v, f"{here}[{k!r}]")
                             for k, v in (d or {}).items()})
         finish = _dig(choice, "finish_reason", default=None, at="choices[0]") or "length"
