@@ -61,6 +61,25 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter(0, order, sorted_logits)
 
 
+def checked_weights(state: dict[str, Any], shapes: dict[str, tuple[int, ...] | None]
+                    ) -> list[tuple[str, torch.Tensor]]:
+    """`state` (name -> tensor or array) as tensors, all checked against the model's names and
+    shapes (None: any shape) before any is loaded."""
+    unknown = sorted(set(state) - set(shapes))
+    if unknown:
+        raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")
+    weights = []
+    with warnings.catch_warnings():  # arrays from Ray's object store are read-only; only read
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        for name, value in state.items():
+            t = torch.as_tensor(value)
+            if shapes[name] is not None and tuple(t.shape) != shapes[name]:
+                raise ValueError(f"update_weights: {name} has shape {tuple(t.shape)}, "
+                                 f"model expects {shapes[name]}")
+            weights.append((name, t))
+    return weights
+
+
 @dataclass
 class _Row:
     """Decoding state of one request inside a batch."""
@@ -185,16 +204,9 @@ class HFEngine:
         """Copy `state` (name -> tensor or array; a subset is fine) into the model."""
         # state_dict names, so tied aliases (lm_head.weight) a learner sends are accepted too.
         params = self.model.state_dict(keep_vars=True)
-        unknown = sorted(set(state) - set(params))
-        if unknown:
-            raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")
-        with self._lock, torch.no_grad(), warnings.catch_warnings():  # Ray's arrays are read-only; only read
-            warnings.filterwarnings("ignore", message=".*not writable.*")
-            for name, value in state.items():
-                t = torch.as_tensor(value)
-                if tuple(t.shape) != tuple(params[name].shape):
-                    raise ValueError(f"update_weights: {name} has shape {tuple(t.shape)}, "
-                                     f"model expects {tuple(params[name].shape)}")
+        weights = checked_weights(state, {name: tuple(p.shape) for name, p in params.items()})
+        with self._lock, torch.no_grad():
+            for name, t in weights:
                 params[name].copy_(t)
             self._version = int(version)
             self._counters["weight_updates"] += 1

@@ -23,7 +23,6 @@ import os
 import queue
 import threading
 import time
-import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +40,7 @@ from rose_ray.inference.engine import (
     resolve_dtype,
     validate_sampling,
 )
+from rose_ray.inference.hf import checked_weights
 
 # Defaults set before vLLM is imported in this process:
 VLLM_ENV = {
@@ -503,20 +503,9 @@ class VLLMEngine:
     def _checkpoint_weights(self, state: dict[str, Any]) -> list[tuple[str, Any]]:
         """(name, tensor) pairs, checked against the checkpoint's names and shapes. A tied output
         head goes along with the embedding (vLLM's in-place reload leaves it unloaded otherwise)."""
-        names = self._names()
-        unknown = sorted(set(state) - set(names) - {"lm_head.weight"})
-        if unknown:
-            raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")
-        weights = []
-        with warnings.catch_warnings():  # arrays from Ray's object store are read-only; only read
-            warnings.filterwarnings("ignore", message=".*not writable.*")
-            for name, value in state.items():
-                t = torch.as_tensor(value)
-                if name in names and tuple(t.shape) != names[name]:
-                    raise ValueError(f"update_weights: {name} has shape {tuple(t.shape)}, model expects {names[name]}")
-                weights.append((name, t))
+        weights = checked_weights(state, {"lm_head.weight": None, **self._names()})
         if "lm_head.weight" not in state and "model.embed_tokens.weight" in state and self._tied():
-            weights.append(("lm_head.weight", torch.as_tensor(state["model.embed_tokens.weight"])))
+            weights.append(("lm_head.weight", dict(weights)["model.embed_tokens.weight"]))
         return weights
 
     def _names(self) -> dict[str, tuple[int, ...]]:
