@@ -24,7 +24,7 @@ import math
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
@@ -316,8 +316,7 @@ class BackgroundServer:
         self.host = host
         self._loop = asyncio.new_event_loop()
         self._runner = web.AppRunner(server.app(), keepalive_timeout=IDLE_TIMEOUT_S)
-        ready = threading.Event()
-        failure: list[BaseException] = []
+        bound: Future[int] = Future()
 
         def main() -> None:
             asyncio.set_event_loop(self._loop)
@@ -325,21 +324,17 @@ class BackgroundServer:
                 self._loop.run_until_complete(self._runner.setup())
                 site = web.TCPSite(self._runner, host, port)
                 self._loop.run_until_complete(site.start())
-                self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+                bound.set_result(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
             except BaseException as e:  # surfaced to the constructor's caller
-                failure.append(e)
-                ready.set()
+                bound.set_exception(e)
                 return
-            ready.set()
             self._loop.run_forever()
             self._loop.run_until_complete(self._runner.cleanup())
             self._loop.close()
 
         self._thread = threading.Thread(target=main, name="openai-server", daemon=True)
         self._thread.start()
-        ready.wait()
-        if failure:
-            raise failure[0]
+        self.port = bound.result()
 
     @property
     def url(self) -> str:
@@ -390,9 +385,7 @@ def _finite(text: str) -> float:
 
 
 def _finish(result: GenerationResult | None) -> str:
-    if result is None or result.finish_reason == "context":
-        return "length"
-    return result.finish_reason
+    return "length" if result is None or result.finish_reason == "context" else result.finish_reason
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
