@@ -274,13 +274,9 @@ class VLLMEngine:
         self._cache = {"kv_cache_bytes": cache.kv_cache_memory_bytes, "kv_blocks": cache.num_gpu_blocks,
                        "kv_block_tokens": cache.block_size}
         started.set_result(None)
-        refused: tuple[type[BaseException], ...] = (ValueError,)
-        try:  # vLLM's validation errors (max_tokens, lengths) are not ValueErrors
-            from vllm.exceptions import VLLMClientError
+        from vllm.exceptions import VLLMClientError
 
-            refused += (VLLMClientError,)
-        except ImportError:
-            pass
+        refused = (ValueError, VLLMClientError)  # vLLM's validation errors (max_tokens, lengths)
         running: dict[str, _Job] = {}
         waiting: deque[_Job] = deque()  # in submission order; a weights job holds back the rest
         wave = 1  # requests the last wave started from idle held
@@ -289,11 +285,8 @@ class VLLMEngine:
                 if not running and not waiting:
                     waiting.append(self._jobs.get())  # idle: sleep until a job comes
                     wave = self._gather(waiting, wave)
-                while True:
-                    try:
-                        waiting.append(self._jobs.get_nowait())
-                    except queue.Empty:
-                        break
+                while not self._jobs.empty():  # (this thread is the queue's only reader)
+                    waiting.append(self._jobs.get_nowait())
                 while waiting:
                     job = waiting[0]
                     if job.kind == "close":
@@ -318,11 +311,8 @@ class VLLMEngine:
             self._failure = error = e
         for job in [*running.values(), *waiting]:
             _deliver(job, error=EngineFailed(f"vllm engine stopped: {error!r}"))
-        while True:
-            try:
-                _deliver(self._jobs.get_nowait(), error=EngineFailed(f"vllm engine stopped: {error!r}"))
-            except queue.Empty:
-                break
+        while not self._jobs.empty():
+            _deliver(self._jobs.get_nowait(), error=EngineFailed(f"vllm engine stopped: {error!r}"))
         del self._llm
 
     def _gather(self, waiting: deque[_Job], wave: int) -> int:
@@ -552,8 +542,7 @@ class VLLMFrontend:
         await self.queue_weights(state, version)
 
     def queue_weights(self, state: dict[str, Any], version: int, keep_after_ms: float | None = None) -> asyncio.Future:
-        """Queue a weight update now (requests submitted after it run on the new weights;
-        `keep_after_ms` as in `VLLMEngine.update_weights`); the future resolves once they are loaded."""
+        """Queue a weight update now (as `VLLMEngine.update_weights`); the future resolves once it is loaded."""
         return asyncio.wrap_future(self.engine.submit("weights", (state, int(version), keep_after_ms)))
 
     def stats(self) -> dict[str, Any]:
