@@ -237,8 +237,7 @@ class HFEngine:
         if cache not in (None, False):
             kwargs[self._cache_kw] = cache
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs)
-        new_cache = out.get("cache", None) if self._cache_kw == "cache" else out.get("past_key_values")
-        return out.logits, new_cache
+        return out.logits, out.get(self._cache_kw)
 
     def _score_batch(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         keep = max(len(c) for _, c in pairs) + 1
