@@ -81,9 +81,8 @@ def _common(body: dict[str, Any], max_tokens_default: int | None) -> tuple[Sampl
         raise RequestError("'stream': true is not supported by this server (each reply is sent "
                            "whole, when generated); send 'stream': false or leave it out", "stream")
     _number(body, "n", 1, int, 1, 1)
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    max_tokens = _number({key: max_tokens}, key, max_tokens_default, int, 0)
+    max_tokens = _number(body, key, max_tokens_default, int, 0)
     stop = body.get("stop")
     if stop is None:
         stops: list[str] = []
@@ -150,12 +149,10 @@ def parse_completion(body: dict[str, Any], tokenizer: Any, context: int) -> Pars
     prompts = []
     for item in raw:
         if isinstance(item, str):
-            ids = list(tokenizer(item, add_special_tokens=False)["input_ids"])
-            prompts.append(_check_ids(ids, vocab, "prompt"))
-        elif isinstance(item, list):
-            prompts.append(_check_ids(item, vocab, "prompt"))
-        else:
+            item = list(tokenizer(item, add_special_tokens=False)["input_ids"])
+        if not isinstance(item, list):
             raise RequestError(f"'prompt' items must be strings or lists of token ids, got {_short(item)}", "prompt")
+        prompts.append(_check_ids(item, vocab, "prompt"))
     for p in prompts:
         _fit(p, sampling, context)
     logprobs = _number(body, "logprobs", None, int, 0, MAX_TOP_LOGPROBS)
