@@ -169,15 +169,12 @@ class AsyncBatcher:
                     _resolve(barrier)
 
     def _execute(self, batch: list[_Job]) -> list[Any]:
-        gens = [(n, j.payload[1]) for n, j in enumerate(batch) if j.kind == "generate"]
-        scores = [(n, j.payload[1]) for n, j in enumerate(batch) if j.kind == "score"]
         out: list[Any] = [None] * len(batch)
-        if gens:
-            for (n, _), res in zip(gens, self.engine.generate([r for _, r in gens])):
-                out[n] = res
-        if scores:
-            for (n, _), res in zip(scores, self.engine.score_many([p for _, p in scores])):
-                out[n] = res
+        for kind, run in (("generate", self.engine.generate), ("score", self.engine.score_many)):
+            jobs = [(n, j.payload[1]) for n, j in enumerate(batch) if j.kind == kind]
+            if jobs:
+                for (n, _), res in zip(jobs, run([p for _, p in jobs])):
+                    out[n] = res
         return out
 
 
