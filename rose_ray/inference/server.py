@@ -394,7 +394,5 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 
 def _vllm_prompt_logprobs(tok: Any, prompt: list[int], lps: list[float]) -> list[Any]:
     """vLLM's shape: None for the first token, then {id: {logprob, rank, decoded_token}}."""
-    out: list[Any] = [None]
-    for tid, lp in zip(prompt[1:], lps):
-        out.append({str(tid): {"logprob": lp, "rank": None, "decoded_token": tok.decode([tid])}})
-    return out
+    return [None] + [{str(tid): {"logprob": lp, "rank": None, "decoded_token": tok.decode([tid])}}
+                     for tid, lp in zip(prompt[1:], lps)]
