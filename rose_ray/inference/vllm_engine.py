@@ -340,9 +340,8 @@ class VLLMEngine:
         """Whether a weights job may load under the running requests now: `keep_after_ms` given and
         passed, and no score request running (a preemption would compute its pieces twice)."""
         keep_after_ms = job.payload[2]
-        if keep_after_ms is None or (time.perf_counter() - job.submitted) * 1e3 < keep_after_ms:
-            return False
-        return all(j.kind == "generate" for j in running.values())
+        return (keep_after_ms is not None and (time.perf_counter() - job.submitted) * 1e3 >= keep_after_ms
+                and all(j.kind == "generate" for j in running.values()))
 
     def _add(self, job: _Job, running: dict[str, _Job]) -> None:
         from vllm import SamplingParams
