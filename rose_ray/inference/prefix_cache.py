@@ -45,9 +45,6 @@ class PrefixCache:
         self.counters = {"prefix_hits": 0, "prefix_misses": 0, "prefix_cached_tokens": 0,
                          "prefix_evictions": 0}
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
     def stats(self) -> dict[str, int]:
         return {**self.counters, "prefix_entries": len(self._entries), "prefix_stored_tokens": self.tokens}
 

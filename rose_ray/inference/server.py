@@ -105,19 +105,19 @@ class OpenAIServer:
             return _error(e.status, e.message, e.param)
         except web.HTTPException as e:
             if e.status == 404:
-                return _error(404, f"no endpoint {request.method} {request.path}; this server has {ROUTES}", None)
+                return _error(404, f"no endpoint {request.method} {request.path}; this server has {ROUTES}")
             if e.status == 405:
                 return _error(405, f"{request.method} is not allowed on {request.path}; this server has "
-                                   f"{ROUTES}", None)
-            return _error(e.status, e.reason or "error", None)
+                                   f"{ROUTES}")
+            return _error(e.status, e.reason or "error")
         except ValueError as e:  # engine-side validation (sampling, lengths)
-            return _error(400, str(e), None)
+            return _error(400, str(e))
         except ConnectionError:  # the client went away mid-body; nobody reads this answer
-            return _error(400, "the request body ended early (the client went away)", None)
+            return _error(400, "the request body ended early (the client went away)")
         except Exception as e:  # not bad input we could name: say what failed, log it, keep serving
             log.exception("error handling %s %s", request.method, request.path)
             first = (str(e).strip().splitlines() or [""])[0][:300]
-            return _error(500, f"internal server error: {type(e).__name__}: {first} (logged by the server)", None,
+            return _error(500, f"internal server error: {type(e).__name__}: {first} (logged by the server)",
                           kind="server_error")
 
     @web.middleware
@@ -127,7 +127,7 @@ class OpenAIServer:
             given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
                 return _error(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
-                              None, kind="authentication_error")
+                              kind="authentication_error")
         return await handler(request)
 
     @web.middleware
@@ -137,7 +137,7 @@ class OpenAIServer:
         if not self.api_key and host is not None and not _literal_host(host):
             return _error(403, f"Host {host[:100]!r} refused: this server has no API key, so it answers only "
                                "requests to an IP address or localhost (start it with --api-key to serve a name)",
-                          None, kind="permission_error")
+                          kind="permission_error")
         return await handler(request)
 
     @web.middleware
@@ -146,7 +146,7 @@ class OpenAIServer:
             return await handler(request)
         if self.in_flight >= self.max_concurrent:
             response = _error(429, f"this server is handling {self.in_flight} requests, its limit "
-                                   f"(max_concurrent {self.max_concurrent}); retry shortly", None,
+                                   f"(max_concurrent {self.max_concurrent}); retry shortly",
                               kind="rate_limit_error")
             response.headers["Retry-After"] = "1"
             return response
@@ -351,7 +351,7 @@ class BackgroundServer:
         self.stop()
 
 
-def _error(status: int, message: str, param: str | None, kind: str = "invalid_request_error"
+def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"
            ) -> web.Response:
     return web.json_response(
         {"error": {"message": message, "type": kind, "param": param, "code": status}}, status=status)
