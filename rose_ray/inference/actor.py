@@ -1,21 +1,14 @@
 """One engine replica as a Ray actor.
 
-The actor's methods are async, so many episodes' calls are in flight at once and the
-AsyncBatcher folds them into batches. Weight updates queue behind the calls already
-submitted and land between batches, never inside a generation.
+Its methods are async, so many episodes' calls are in flight at once and the batcher folds them
+into batches; weight updates queue behind the calls already submitted. `health()` is the
+supervisor's ping (rollout/supervisor.py): answered from the event loop, it says how long calls
+have waited with none finishing, so a hung generation thread is found.
 
-`health()` is the supervisor's ping (rollout/supervisor.py): it answers from the actor's event
-loop, and says how long calls have waited without any of them finishing, so an engine whose
-generation thread hangs is found even though the ping itself is answered.
-
-Weights arrive three ways (rose_ray/publish/ chooses, `publish.method`, from what
-`weight_receiver` tells it): `update_weights(state)` a dict; `load_weights(flat)` a FlatState
-(flat byte buffers through the object store); or `receive_weights(group, header)` after
-`join_weight_group`, the buckets by broadcast from the learner's rank 0 (over gloo into host buffers, or over NCCL into buffers on
-this actor's GPU, loaded from there). A broadcast is received at once, while generation goes
-on; only the load into the model queues behind the calls already submitted (or, with
-`keep_after_ms`, publish.in_flight keep on a vllm engine, loads under those still running after
-that long: rose_ray/inference/vllm_engine.py).
+Weights arrive as `publish.method` chooses (rose_ray/publish/, from `weight_receiver`): a dict
+(`update_weights`), a FlatState through the object store (`load_weights`), or a broadcast from
+the learner's rank 0 (`receive_weights` after `join_weight_group`), received at once while
+generation goes on; only the load queues (or, with `keep_after_ms`, goes under running requests).
 """
 
 from __future__ import annotations
@@ -32,6 +25,7 @@ import ray
 from rose_ray.inference.backends import make_engine
 from rose_ray.inference.batcher import async_frontend
 from rose_ray.inference.engine import EngineConfig, GenerationRequest, GenerationResult
+from rose_ray.inference.registry import in_flight_backends
 from rose_ray.publish.flat import FlatHeader, FlatState, unpack
 from rose_ray.publish.group import WeightGroup, cuda_device_id, own_nccl_env
 from rose_ray.publish.route import ReceiverInfo
@@ -48,8 +42,7 @@ class EngineActorImpl:
         # Ray sets OMP_NUM_THREADS=1 in workers; use what the config (or the CPU grant) says.
         torch.set_num_threads(config.threads or max(1, threads))
         self.config = config
-        # The device this process sees, not the GPUs it asked Ray for: Ray's GPUs may be
-        # resources only (`ray start --num-gpus=8` on a machine without any rehearses a cluster).
+        # The device this process sees: Ray's GPUs may be resources only (a rehearsed cluster).
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         kwargs: dict[str, Any] = {"device": self.device} if config.spec.local else {}
         self.engine = make_engine(config, **kwargs)
@@ -58,7 +51,7 @@ class EngineActorImpl:
         self._progress_at = time.monotonic()  # the last call finished (or the first began)
         self._weight_groups: dict[str, WeightGroup] = {}  # by name, the latest MAX_WEIGHT_GROUPS
         self._receive_buffers: list[Any] | None = None  # reused by the next broadcast
-        self._receiving: asyncio.Lock | None = None
+        self._receiving = asyncio.Lock()  # one broadcast at a time
         self._loading: Any = None  # an update queued without waiting, until the next one settles it
 
     def _batcher(self) -> Any:
@@ -68,9 +61,8 @@ class EngineActorImpl:
 
     @contextlib.contextmanager
     def _call(self) -> Iterator[None]:
-        """Count a call in flight; its end is progress. A served model's error is tagged with
-        this actor's id, so the run knows which engine to replace (a server that stayed away)
-        or whose request failed (named in the episode's record)."""
+        """Count a call in flight; its end is progress. A served model's error is tagged with this
+        actor's id, so the run knows which engine failed."""
         if self._in_flight == 0:
             self._progress_at = time.monotonic()
         self._in_flight += 1
@@ -118,32 +110,24 @@ class EngineActorImpl:
 
     async def load_weights(self, state: dict[str, Any] | FlatState, version: int,
                            wait: bool = True, keep_after_ms: float | None = None) -> dict[str, float]:
-        """`update_weights` for a FlatState (unpacked into views, no copy: what a run's publisher
-        sends) or a dict (bench/publish.py's pickled baseline); returns `load_ms` (the wait behind
-        calls submitted before it included) and the version. With `wait` false it returns once
-        the update is queued (`_load`)."""
+        """`update_weights` for a FlatState (unpacked into views, no copy) or a dict; returns
+        `load_ms` and the version (`_load`)."""
         with self._call():
             await self._settle()
             if isinstance(state, FlatState):
                 state = unpack(state)
             return await self._load(state, version, wait, keep_after_ms)
 
-    def _check_keep(self, keep_after_ms: float | None) -> None:
-        from rose_ray.inference.registry import in_flight_backends
-
+    async def _load(self, state: dict[str, Any], version: int, wait: bool,
+                    keep_after_ms: float | None = None) -> dict[str, float]:
+        """Queue the update behind the calls already submitted (`keep_after_ms`: see vllm_engine).
+        `wait`: until it is loaded; else at once (`queued` 1), and the next publication waits for
+        this load first (and raises its error, if any)."""
+        # (after a broadcast, which rank 0 sends whatever happens here)
         if keep_after_ms is not None and "keep" not in self.config.spec.in_flight:
             raise ValueError(f"publish.in_flight: keep loads weights under running requests, which the "
                              f"{self.config.backend.name} backend cannot (it generates a batch to its end); "
                              f"backends that can: {tuple(in_flight_backends('keep'))}; use publish.in_flight=wait")
-
-    async def _load(self, state: dict[str, Any], version: int, wait: bool,
-                    keep_after_ms: float | None = None) -> dict[str, float]:
-        """Queue the update behind the calls already submitted (every call submitted after this
-        returns runs on the new weights; those running, with `keep_after_ms`, after at most that
-        long go on under the new weights). `wait`: until it is loaded; else at once (`load_ms`
-        0, `queued` 1), the publisher not held for this engine's longest call in flight, and
-        the next publication waits for this load first (and raises its error, if any)."""
-        self._check_keep(keep_after_ms)  # (after a broadcast, which rank 0 sends whatever happens here)
         start = time.perf_counter()
         batcher = self._batcher()
         loaded = (batcher.queue_weights(state, version) if keep_after_ms is None
@@ -170,9 +154,8 @@ class EngineActorImpl:
                             tensor_parallel_size=self.config.tensor_parallel_size)
 
     async def join_weight_group(self, address: dict[str, Any], rank: int) -> None:
-        """Join a publisher's weight group (WeightGroup.open_store's address) as `rank`; returns
-        once every member has joined. The latest MAX_WEIGHT_GROUPS groups are kept (a learner
-        restarted, a second publisher), the oldest left."""
+        """Join a publisher's weight group as `rank`, once every member has joined; the latest
+        MAX_WEIGHT_GROUPS groups are kept (a learner restarted, a second publisher)."""
         if not self.config.spec.takes_weights:
             raise NotImplementedError(f"the {self.config.backend.name} backend cannot receive weights")
         if address.get("backend") == "nccl" and not str(self.device).startswith("cuda"):
@@ -184,24 +167,18 @@ class EngineActorImpl:
 
     async def receive_weights(self, group: str, header_json: str, version: int,
                               wait: bool = True, keep_after_ms: float | None = None) -> dict[str, float]:
-        """One publication by broadcast: its buckets into this actor's buffers now, then loaded
-        as `update_weights` (behind the calls submitted before it; `wait` as in `_load`). The
-        learner's rank 0 broadcasts the buckets the header describes; one publication at a time
-        (the buffers of the last are reused once it is loaded)."""
+        """One publication broadcast by the learner's rank 0: received into this actor's buffers
+        now (one at a time, the buffers reused), then loaded as in `_load`."""
         weight_group = self._weight_groups.get(group)
         if weight_group is None:
             raise RuntimeError(f"receive_weights: this engine is not in weight group {group!r}")
-        if self._receiving is None:
-            self._receiving = asyncio.Lock()
         header = FlatHeader.from_json(header_json)
         async with self._receiving:
             start = time.perf_counter()
             try:
                 with self._call():
                     await self._settle()
-            finally:  # the broadcast goes ahead whatever the last load did: rank 0 is sending it
-                # (not a call the health ping counts as waiting: a broadcast that rank 0 gave up on
-                # ends at the group's own timeout, and says nothing about this engine)
+            finally:  # rank 0 sends it whatever the last load did (not a call the health ping counts)
                 flat = await asyncio.to_thread(weight_group.receive, header, self._receive_buffers)
             self._receive_buffers = flat.buffers
             received = time.perf_counter()
@@ -222,11 +199,8 @@ class EngineActorImpl:
 
 def engine_actor(config: EngineConfig, num_cpus: float = 1, num_gpus: float = 0,
                  name: str | None = None, **options: Any) -> Any:
-    """Start an EngineActor with the given resources; returns the actor handle.
-
-    Torch threads default to the CPUs granted (at least 1) unless config.threads says; the
-    device is the actor's own (CUDA where it sees a GPU).
-    """
+    """Start an EngineActor with the given resources (torch threads: the CPUs granted, unless
+    config.threads says); returns the actor handle."""
     if name is not None:
         options["name"] = name
     return EngineActor.options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=1000,

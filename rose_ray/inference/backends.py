@@ -1,9 +1,6 @@
-"""The engine-backend factory: builds the GenerationEngine an EngineConfig names, says which
-backends this machine can run, and builds the engines of the one-off commands.
-
-The backends themselves, their settings and what callers may ask of them are registered in
-registry.py; this module is the one place that imports the engines, so engine.py (the shared
-types) imports none of them.
+"""The engine-backend factory: builds the GenerationEngine an EngineConfig names (the one place
+that imports engines; registry.py registers them), says which backends this machine can run,
+and builds the engines of the one-off commands.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from rose_ray.inference.registry import (
     COMMAND_BACKENDS,
     DEFAULT_COMMAND_BACKEND,
     get_backend,
-    package_missing,
     settings_owner,
 )
 
@@ -33,12 +29,11 @@ VLLM_INSTALL = ("install it with `bash launch/setup.sh`, or `pip install -e '.[v
 
 
 def backend_problem(name: str, import_it: bool = False) -> str | None:
-    """Why backend `name` cannot run on this machine, or None when it can. Without
-    `import_it` only whether its package is installed (cheap: nothing is imported)."""
+    """Why backend `name` cannot run here, or None; without `import_it`, nothing is imported."""
     backend = get_backend(name)
     if backend.package is None:
         return None  # hf needs what the package needs; openai is a client
-    if package_missing(backend):  # (only vllm has a package of its own so far)
+    if importlib.util.find_spec(backend.package) is None:  # (only vllm has a package of its own so far)
         return f"the vllm backend needs vLLM, which is not installed: {VLLM_INSTALL}"
     if import_it:
         try:
@@ -90,10 +85,9 @@ def backend_version(name: str) -> str:
 
 def command_engine(model: str, flag: str, backend: str, tokenizer: str | None = None, served_model: str = "",
                    **settings: Any) -> EngineConfig:
-    """The engine of a one-off command's model, `flag` naming it in errors: `openai:URL` is a
-    served model (its tokenizer a local folder, `--tokenizer`; its name `--served-model`, or
-    the server's default); anything else is a model folder run on `backend` (auto: vllm where
-    installed, else hf). `settings`: the EngineConfig's other fields."""
+    """The engine of a one-off command's model (`flag` names it in errors): `openai:URL` is a served
+    model (tokenizer `--tokenizer`, name `--served-model`), anything else a model run on `backend`.
+    `settings`: the EngineConfig's other fields."""
     if model.startswith(SERVED_PREFIX):
         base_url = model[len(SERVED_PREFIX):]
         if not base_url.startswith(("http://", "https://")):
@@ -115,10 +109,8 @@ def command_engine(model: str, flag: str, backend: str, tokenizer: str | None = 
 
 
 def engine_like(base: EngineConfig, model: str, **settings: Any) -> EngineConfig:
-    """`base` (a training config's engine) running `model` instead, `settings` over it: each to
-    the section that holds it (`kv_cache_mb` to the backend's own, `dtype` to the engine's); a
-    setting of another backend, or one of its own left None (its default), is dropped, as
-    `_applying` drops it."""
+    """`base` (a training config's engine) running `model`, with `settings` each in the section
+    that holds it; another backend's settings, and its own left None, are dropped."""
     owned = {k: v for k, v in settings.items() if settings_owner(k) is base.spec and v is not None}
     common = {k: v for k, v in settings.items() if settings_owner(k) is None}
     return replace(base, model=model, tokenizer=None, backend=replace(base.backend, **owned), **common)
@@ -132,11 +124,9 @@ def _applying(name: str, settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_command_engines(command: str, engines: dict[str, EngineConfig]) -> None:
-    """Before a one-off command starts anything: each served model is asked whether it can do
-    the job (`check_served`; a ServedModelMismatch, exit 2, names the flag), each local one must
-    be a folder or a hub id, downloaded here if it is not cached (`download_model`), and each
-    engine's backend is printed
-    (`engines`: the flag naming the model -> its EngineConfig)."""
+    """Before a one-off command starts anything (`engines`: flag -> EngineConfig): each served
+    model is checked (`check_served`), each local one downloaded if not cached (exit 2 when it
+    cannot be), and each engine's backend printed."""
     from rose_ray.inference.openai import SettingNames, check_served
 
     lines = []
@@ -148,8 +138,6 @@ def check_command_engines(command: str, engines: dict[str, EngineConfig]) -> Non
         else:
             from rose_ray.models import download_model
 
-            # A hub id is downloaded now (ModelNotAvailable, exit 2, when it cannot be), before
-            # Ray starts or a file is made; the engine then finds it in the cache.
             download_model(config.model, command)
             lines.append(f"{command}: {flag}: {config.model} on the {config.backend.name} backend "
                          f"({backend_version(config.backend.name)})")

@@ -1,13 +1,9 @@
 """Dynamic batching of concurrent calls onto one synchronous engine.
 
-Callers (episodes in a Ray actor, HTTP handlers in the server) await `generate`/`score`;
-a background task takes whatever is queued, waits up to max_wait_ms for the batch to fill
-to max_batch_size, and runs it in a one-thread executor so the event loop keeps accepting
-calls meanwhile. Calls that arrive while a batch runs go into the next one.
-
-Weight updates are queued in order with the calls: everything queued before an update
-runs on the old weights, everything after on the new, and an update never lands inside a
-batch.
+Callers (a Ray actor's episodes, the server's handlers) await `generate`/`score`; a background
+task takes what is queued, waits up to max_wait_ms for the batch to fill to max_batch_size,
+and runs it in a one-thread executor. Weight updates queue in order with the calls: those
+before run on the old weights, those after on the new, none inside a batch.
 """
 
 from __future__ import annotations
@@ -56,7 +52,7 @@ class AsyncBatcher:
     # ------------------------------------------------------------------ calls
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         validate_sampling(request.sampling)  # a bad request fails its caller, not the batch
-        return await self._submit("generate", request)
+        return await self._enqueue("generate", request)
 
     async def generate_many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return list(await asyncio.gather(*(self.generate(r) for r in requests)))
@@ -64,10 +60,10 @@ class AsyncBatcher:
     async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         if not prompt_ids:
             raise ValueError("score: empty prompt (the first token has no logprob)")
-        return await self._submit("score", (list(prompt_ids), list(completion_ids)))
+        return await self._enqueue("score", (list(prompt_ids), list(completion_ids)))
 
     async def update_weights(self, state: dict[str, Any], version: int) -> None:
-        await self._submit("weights", (state, version))
+        await self._enqueue("weights", (state, version))
 
     def queue_weights(self, state: dict[str, Any], version: int) -> asyncio.Future:
         """Queue a weight update now (calls submitted after this return run on the new weights);
@@ -94,9 +90,6 @@ class AsyncBatcher:
         self._executor.shutdown(wait=True)
 
     # ------------------------------------------------------------------ internals
-    async def _submit(self, kind: str, payload: Any) -> Any:
-        return await self._enqueue(kind, payload)
-
     def _enqueue(self, kind: str, payload: Any) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done():
@@ -105,8 +98,7 @@ class AsyncBatcher:
                 raise RuntimeError("engine batching task died") from self._task.exception()
             self._wake = asyncio.Event()
             self._task = loop.create_task(self._run())
-        job = _Job(kind, payload, loop.create_future())
-        job.payload = (time.perf_counter(), payload)
+        job = _Job(kind, (time.perf_counter(), payload), loop.create_future())
         self._pending.append(job)
         self._wake.set()  # type: ignore[union-attr]
         return job.future
@@ -121,9 +113,8 @@ class AsyncBatcher:
         if first.kind == "weights":
             return [], first
         batch = [first]
-        # Episodes that shared the last batch come back at slightly different times (each had
-        # an env step in between); waiting longer for as many keeps them in one batch instead
-        # of splitting into groups that never merge again.
+        # Episodes of the last batch come back at slightly different times (an env step each):
+        # waiting longer for as many keeps them together instead of in groups that never merge.
         start = time.perf_counter()
         regroup = min(self.max_batch_size, self._last_size)
         while len(batch) < self.max_batch_size:
@@ -169,24 +160,21 @@ class AsyncBatcher:
                     for job, result in zip(batch, results):
                         _resolve(job, result=result)
             if barrier is not None:
-                state, version = barrier.payload[1]
                 try:
-                    await loop.run_in_executor(self._executor, self.engine.update_weights, state, version)
+                    await loop.run_in_executor(self._executor, self.engine.update_weights,
+                                               *barrier.payload[1])
                 except Exception as e:
                     _resolve(barrier, error=e)
                 else:
-                    _resolve(barrier, result=None)
+                    _resolve(barrier)
 
     def _execute(self, batch: list[_Job]) -> list[Any]:
-        gens = [(n, j.payload[1]) for n, j in enumerate(batch) if j.kind == "generate"]
-        scores = [(n, j.payload[1]) for n, j in enumerate(batch) if j.kind == "score"]
         out: list[Any] = [None] * len(batch)
-        if gens:
-            for (n, _), res in zip(gens, self.engine.generate([r for _, r in gens])):
-                out[n] = res
-        if scores:
-            for (n, _), res in zip(scores, self.engine.score_many([p for _, p in scores])):
-                out[n] = res
+        for kind, run in (("generate", self.engine.generate), ("score", self.engine.score_many)):
+            jobs = [(n, j.payload[1]) for n, j in enumerate(batch) if j.kind == kind]
+            if jobs:
+                for (n, _), res in zip(jobs, run([p for _, p in jobs])):
+                    out[n] = res
         return out
 
 

@@ -1,14 +1,10 @@
 """The generation-engine contract: requests, results, config and the context-budget policy.
 
-Every backend (transformers in-process, vLLM, an OpenAI-compatible server) takes prompt ids in
-and gives token ids, logprobs, a finish reason and the weights' version out (and takes weights
-in), so the learner trains on exactly the sampled ids. Which turns a prompt leaves out is the
-rollout's decision (`rollout/context.py`, `Conversation.prompt_for`), made once and recorded;
-an engine cuts nothing. This module imports no backend: `backends.make_engine` builds the one
-a config names.
-
-Logprobs are always the model's raw log-softmax (temperature 1, no top-p), which is what
-`score` returns for the same tokens and what the learner's importance ratios compare against.
+Every backend takes prompt ids in and gives token ids, logprobs, a finish reason and the
+weights' version out, so the learner trains on exactly the sampled ids. An engine cuts no
+prompt (the rollout does: `rollout/context.py`). Logprobs are always the model's raw
+log-softmax (temperature 1, no top-p), as `score` returns them. This module imports no
+backend: `backends.make_engine` builds the one a config names.
 """
 
 from __future__ import annotations
@@ -31,7 +27,6 @@ from rose_ray.types import CONTEXT_TOKENS, SamplingParams
 FinishReason = Literal["stop", "length", "context"]
 CONTEXT_POLICIES: tuple[str, ...] = ("drop_oldest", "end_episode")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16")
-
 
 
 def cpu_supports_bf16() -> bool:
@@ -67,14 +62,11 @@ class GenerationRequest:
 class GenerationResult:
     """What one request produced.
 
-    `token_ids` are exactly the sampled ids (the end-of-turn token included when the model
-    produced it; a stop string's token is kept while `text` is cut before the stop string).
-    `logprobs[i]` is the model's logprob of `token_ids[i]`. finish_reason "context" means the
-    prompt left no room in the context: no tokens were sampled.
-    `version` is the weights' version it started on. A weight update that landed while it ran
-    (publish.in_flight keep; the vllm backend) sets `version_end`, the version that sampled its
-    last tokens, and `tokens_on_version`: its first that many tokens (and their logprobs) are
-    `version`'s, the rest a later one's. Both None when one version sampled it all.
+    `token_ids` are exactly the sampled ids (a stop string's tokens kept, `text` cut before it);
+    `logprobs[i]` is the logprob of `token_ids[i]`. finish_reason "context": the prompt left no
+    room, nothing sampled. `version`: the weights it started on; an update that landed while it
+    ran (publish.in_flight keep) sets `version_end` and `tokens_on_version`, the count of its
+    first tokens sampled by `version` (both None when one version sampled it all).
     """
 
     text: str
@@ -166,7 +158,7 @@ class EngineConfig:
 
 
 def validate_sampling(s: SamplingParams) -> None:
-    """Raise ValueError naming the bad field."""
+    """Raise InputError (a ValueError) naming the bad field."""
     if s.temperature < 0:
         raise InputError(f"sampling.temperature: must be >= 0, got {s.temperature!r}")
     if not 0 < s.top_p <= 1:
@@ -178,22 +170,13 @@ def validate_sampling(s: SamplingParams) -> None:
 
 
 def prompt_fits(request: GenerationRequest, config: EngineConfig) -> bool:
-    """Whether a request's prompt leaves room in the context (the caller cut it to fit: an
-    engine cuts nothing; one that does not fit gets `context_result`)."""
+    """Whether a request's prompt leaves room in the context (else it gets `context_result`)."""
     return len(request.prompt_ids) < config.context_tokens
 
 
 def context_result(request: GenerationRequest, prompt_len: int, version: int) -> GenerationResult:
     """The result for a request whose prompt does not fit: nothing sampled."""
-    return GenerationResult(
-        text="",
-        token_ids=[],
-        logprobs=[],
-        finish_reason="context",
-        prompt_tokens=prompt_len,
-        version=version,
-        request_id=request.request_id,
-    )
+    return GenerationResult("", [], [], "context", prompt_len, version, request.request_id)
 
 
 @runtime_checkable

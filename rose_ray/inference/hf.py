@@ -2,16 +2,13 @@
 
 A batch is left-padded so every row's next token sits in the last column; position ids come
 from the attention mask, so a padded row computes what it would compute alone. Each request
-samples with its own torch.Generator, so a seeded request gives the same tokens whatever
-else is in its batch. Rows that finish leave the batch (their cache rows are dropped).
+samples with its own torch.Generator (a seeded request gives the same tokens whatever its
+batch), and finished rows leave the batch.
 
 A finished row's keys/values go into a PrefixCache; a later prompt that starts the same way
-(the next turn of that conversation) feeds only its new tokens. Its row is then laid out
-[pad | cached keys/values | pad | new tokens], the mask marking real positions and the
-position ids continuing from the cached length, so it computes what the full prompt would.
-
-This class is synchronous and single-threaded by design; concurrent callers go through
-`inference.batcher.AsyncBatcher` (the Ray actor and the HTTP server both do).
+feeds only its new tokens, its row laid out [pad | cached keys/values | pad | new tokens] with
+positions continuing from the cached length. Synchronous and single-threaded: concurrent
+callers go through `inference.batcher.AsyncBatcher`.
 """
 
 from __future__ import annotations
@@ -22,6 +19,7 @@ import threading
 import time
 import warnings
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,8 +43,6 @@ from rose_ray.types import SamplingParams
 # Bound on logits materialised at once when scoring (elements; 2^27 fp32 = 512 MiB).
 SCORE_LOGITS_BUDGET = 1 << 27
 
-
-
 def kv_bytes_per_token(model: Any) -> int:
     """Memory of one token's keys and values over all layers."""
     c = model.config
@@ -65,24 +61,43 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter(0, order, sorted_logits)
 
 
+def checked_weights(state: dict[str, Any], shapes: dict[str, tuple[int, ...] | None]
+                    ) -> list[tuple[str, torch.Tensor]]:
+    """`state` (name -> tensor or array) as tensors, all checked against the model's names and
+    shapes (None: any shape) before any is loaded."""
+    unknown = sorted(set(state) - set(shapes))
+    if unknown:
+        raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")
+    weights = []
+    with warnings.catch_warnings():  # arrays from Ray's object store are read-only; only read
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        for name, value in state.items():
+            t = torch.as_tensor(value)
+            if shapes[name] is not None and tuple(t.shape) != shapes[name]:
+                raise ValueError(f"update_weights: {name} has shape {tuple(t.shape)}, "
+                                 f"model expects {shapes[name]}")
+            weights.append((name, t))
+    return weights
+
+
+@dataclass
 class _Row:
     """Decoding state of one request inside a batch."""
 
-    def __init__(self, index: int, prompt: list[int], sampling: SamplingParams, top_k: int,
-                 max_new: int) -> None:
-        self.index = index
-        self.prompt = prompt
-        self.sampling = sampling
-        self.top_k = top_k
-        self.max_new = max_new
-        seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
+    prompt: list[int]
+    sampling: SamplingParams
+    top_k: int
+    max_new: int
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[dict[int, float]] = field(default_factory=list)
+    finish: str | None = None
+    cut: int | None = None  # text length before a matched stop string
+    hit: PrefixHit | None = None  # the cached prefix its prompt reused
+
+    def __post_init__(self) -> None:
+        seed = self.sampling.seed if self.sampling.seed is not None else random.getrandbits(63)
         self.generator = torch.Generator().manual_seed(seed)
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.top: list[dict[int, float]] = []
-        self.finish: str | None = None
-        self.cut: int | None = None  # text length before a matched stop string
-        self.hit: PrefixHit | None = None  # the cached prefix its prompt reused
 
 
 class HFEngine:
@@ -110,19 +125,16 @@ class HFEngine:
             raise ConfigError(f"engine.context_tokens: {config.context_tokens} is more than the model's "
                              f"max_position_embeddings ({limit})")
         self.chat = ChatFormat(tokenizer)
-        self.stop_ids = {self.chat.eos_id}
-        if tokenizer.eos_token_id is not None:
-            self.stop_ids.add(tokenizer.eos_token_id)
+        self.stop_ids = {self.chat.eos_id} | ({tokenizer.eos_token_id} - {None})
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eos_id
-        # transformers 5 renamed past_key_values -> cache; support both.
+        # transformers 5 renamed past_key_values -> cache
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         self._version = 0
         self._lock = threading.Lock()  # one forward pass at a time, weights never torn
         self._batch_sizes: deque[int] = deque(maxlen=1024)
         self._counters = {"batches": 0, "requests": 0, "generated_tokens": 0, "prompt_tokens": 0,
                           "busy_s": 0.0, "score_calls": 0, "weight_updates": 0}
-        # Prefix reuse and in-place cache growth assume plain full-attention layers (no sliding
-        # windows, no linear attention); other models keep transformers' own cache.
+        # Prefix reuse and in-place cache growth need plain full-attention layers.
         self._plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
         budget = int(config.backend.prefix_cache_mb * 2**20) // kv_bytes_per_token(self.model)
         self._prefix = PrefixCache(budget if self._plain else 0)
@@ -154,8 +166,8 @@ class HFEngine:
         size = self.config.max_batch_size
         for start in range(0, len(pending), size):
             chunk = pending[start : start + size]
-            outs = self._generate_batch([requests[i] for i, _ in chunk], [ids for _, ids in chunk])
-            for (i, _), out in zip(chunk, outs):
+            for (i, _), out in zip(chunk, self._generate_batch([requests[i] for i, _ in chunk],
+                                                               [ids for _, ids in chunk])):
                 results[i] = out
         return results  # type: ignore[return-value]
 
@@ -192,17 +204,9 @@ class HFEngine:
         """Copy `state` (name -> tensor or array; a subset is fine) into the model."""
         # state_dict names, so tied aliases (lm_head.weight) a learner sends are accepted too.
         params = self.model.state_dict(keep_vars=True)
-        unknown = sorted(set(state) - set(params))
-        if unknown:
-            raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")
-        with self._lock, torch.no_grad(), warnings.catch_warnings():
-            # Arrays from Ray's object store are read-only; we only copy out of them.
-            warnings.filterwarnings("ignore", message=".*not writable.*")
-            for name, value in state.items():
-                t = torch.as_tensor(value)
-                if tuple(t.shape) != tuple(params[name].shape):
-                    raise ValueError(f"update_weights: {name} has shape {tuple(t.shape)}, "
-                                     f"model expects {tuple(params[name].shape)}")
+        weights = checked_weights(state, {name: tuple(p.shape) for name, p in params.items()})
+        with self._lock, torch.no_grad():
+            for name, t in weights:
                 params[name].copy_(t)
             self._version = int(version)
             self._counters["weight_updates"] += 1
@@ -233,8 +237,7 @@ class HFEngine:
         if cache not in (None, False):
             kwargs[self._cache_kw] = cache
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs)
-        new_cache = out.get("cache", None) if self._cache_kw == "cache" else out.get("past_key_values")
-        return out.logits, new_cache
+        return out.logits, out.get(self._cache_kw)
 
     def _score_batch(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         keep = max(len(c) for _, c in pairs) + 1
@@ -286,15 +289,10 @@ class HFEngine:
     def _generate_batch(self, requests: list[GenerationRequest], prompts: list[list[int]]
                         ) -> list[GenerationResult]:
         t0 = time.perf_counter()
-        rows = [
-            _Row(i, p, r.sampling, r.top_logprobs,
-                 min(r.sampling.max_new_tokens, self.config.context_tokens - len(p)))
-            for i, (r, p) in enumerate(zip(requests, prompts))
-        ]
-        active = [row for row in rows if row.max_new > 0]
-        for row in rows:
-            if row.max_new <= 0:
-                row.finish = "length"
+        context = self.config.context_tokens
+        rows = [_Row(p, r.sampling, r.top_logprobs, min(r.sampling.max_new_tokens, context - len(p)))
+                for r, p in zip(requests, prompts)]
+        active = [row for row in rows if row.max_new > 0]  # the others end at once ("length")
         with self._lock, torch.inference_mode():
             version = self._version
             if active:
@@ -306,19 +304,11 @@ class HFEngine:
         self._counters["generated_tokens"] += sum(len(r.ids) for r in rows)
         self._counters["prompt_tokens"] += sum(len(p) for p in prompts)
         self._counters["busy_s"] += elapsed
-        results = []
-        for row, req in zip(rows, requests):
-            text_ids = row.ids
-            text = self.chat.decode(text_ids)
-            if row.cut is not None:
-                text = text[: row.cut]
-            results.append(GenerationResult(
-                text=text, token_ids=row.ids, logprobs=row.logprobs,
-                finish_reason=row.finish or "length", prompt_tokens=len(row.prompt),
-                version=version, request_id=req.request_id,
-                top_logprobs=row.top if row.top_k > 0 else None,
-            ))
-        return results
+        return [GenerationResult(
+            text=self.chat.decode(row.ids)[: row.cut], token_ids=row.ids, logprobs=row.logprobs,
+            finish_reason=row.finish or "length", prompt_tokens=len(row.prompt),
+            version=version, request_id=req.request_id, top_logprobs=row.top if row.top_k > 0 else None,
+        ) for row, req in zip(rows, requests)]
 
     def _decode(self, active: list[_Row]) -> None:
         """The KV-cache loop: prefill all prompts, then one token per active row per step."""
@@ -377,8 +367,7 @@ class HFEngine:
         return logits, cache, mask, positions[:, -1]
 
     def _remember(self, row: _Row, row_mask: torch.Tensor, cache: Any, r: int) -> None:
-        """Store a finished row's keys/values: its prompt and every sampled id but the last
-        (which was never fed)."""
+        """Store a finished row's keys/values: its prompt and every sampled id but the last (never fed)."""
         if self._prefix.max_tokens <= 0:
             return
         cols = row_mask.nonzero()[:, 0]

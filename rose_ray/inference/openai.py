@@ -1,25 +1,14 @@
-"""The `openai` engine backend: a client for any OpenAI-compatible server.
+"""The `openai` engine backend: a client for any OpenAI-compatible server (vLLM's, `rose-ray serve`).
 
-Talks to vLLM's OpenAI server on a GPU node or to `rose-ray serve`, which is how a frozen
-teacher can run outside the Ray job. Prompts go as token ids and sampled ids come back exactly
-(`return_token_ids`, with "token_id:N" token strings as a fallback), so the learner trains
-on the ids the server sampled. Scoring uses vLLM's `prompt_logprobs`, falling back to
-`echo` + `logprobs`. The transport is aiohttp's (pooled connections, a whole-exchange timeout,
-redirects that keep the key with its origin), on an event loop of the client's own thread: a
-batch's requests go out concurrently so the server can batch them.
+Prompts go as token ids and the sampled ids come back exactly (`return_token_ids`, else
+"token_id:N" token strings), so the learner trains on what the server sampled; scoring uses
+`prompt_logprobs`, else `echo` + `logprobs`. A batch's requests go out concurrently over
+aiohttp, on an event loop of the client's own thread.
 
-What a failure means (docs/reliability.md):
-- a 4xx is the request's fault: raised at once (`OpenAIServerError`), it fails one episode;
-- a server that does not answer, or answers 5xx, gets `retry_s` to come back, then the engine
-  gives up (`OpenAIServerGone`: the run replaces the engine, counting a restart of its role);
-- a 500 that the same request gets again while the server answers other requests (or a probe)
-  is that request's own failure (`OpenAIRequestFailed`, a prompt the served model rejects): it
-  fails its episode only, and uses up no restart;
-- a server going away (stopped gracefully: it takes no new connections but leaves requests in
-  flight unanswered) is noticed within `LIVENESS_S` by a connection probe: the requests in
-  flight are cut off and retried as above, rather than waiting for an answer that never comes;
-- a request not answered whole within `timeout_s` (a server trickling it out too) is cut off
-  and retried as above.
+Failures (docs/reliability.md): a 4xx fails its request at once (`OpenAIServerError`); a server
+that does not answer, answers 5xx, stops taking connections (probed every `LIVENESS_S`) or does
+not answer whole within `timeout_s` gets `retry_s` to come back, then `OpenAIServerGone`; a 500
+that the same request gets again while the server answers others is `OpenAIRequestFailed`.
 A redirect to another scheme, host or port does not carry the endpoint's key.
 """
 
@@ -36,7 +25,7 @@ import time
 import urllib.parse
 import urllib.request
 import weakref
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -54,12 +43,11 @@ from rose_ray.inference.engine import (
 from rose_ray.types import SamplingParams
 
 MAX_BACKOFF_S = 10.0
-# While a request is out this long, the server is probed (a TCP connect) this often: a server
-# that refuses connections is going away, and its requests in flight would never be answered.
+# A request out this long has its server probed (a TCP connect) this often: one that refuses
+# connections is going away and would never answer.
 LIVENESS_S = 2.0
 PROBE_TIMEOUT_S = 5.0
-# The largest reply read (a 32k-token prompt's prompt_logprobs take a few MB; a reply past this
-# is a server gone wrong, and reading on would hold it all in memory).
+# The largest reply read (a 32k-token prompt's prompt_logprobs take a few MB).
 MAX_REPLY_BYTES = 64 * 2**20
 MAX_ERROR_BYTES = 64 * 2**10  # of an error reply's body, for its message
 SHARED_KEY_ENV = "ROSE_RAY_API_KEY"  # the key of an endpoint that names no key of its own
@@ -90,10 +78,8 @@ class OpenAIRequestFailed(OpenAIServerError):
 
 
 class OpenAIBadAnswer(OpenAIServerError):
-    """The server answered something a run cannot use: a reply too large, not JSON, without a
-    field it must have, or with a logprob that is not finite or is above 0, or a token id
-    outside the vocabulary. The served model's failure on that request: like
-    OpenAIRequestFailed, it fails its episode only, and nothing of it reaches the learner."""
+    """The server answered something a run cannot use (too large, not JSON, a field missing, a
+    logprob not finite or above 0, a token id outside the vocabulary): fails its episode only."""
 
 
 class ServedModelMismatch(InputError):
@@ -110,11 +96,10 @@ def _token_id(s: Any, where: str) -> int:
 _MISSING = object()
 
 
-def _dig(reply: Any, *path: str | int, kind: type | tuple[type, ...] | None = None, default: Any = _MISSING,
+def _dig(reply: Any, *path: str | int, kind: type | None = None, default: Any = _MISSING,
          at: str = "") -> Any:
-    """`reply[path[0]][path[1]]...`, checked: a missing field (unless a `default` is given) or
-    one that is not of `kind` is an OpenAIBadAnswer naming the field (`at`: where `reply` is in
-    the whole reply), not a KeyError."""
+    """`reply[path[0]][path[1]]...`; a missing field (without `default`) or one not of `kind` is an
+    OpenAIBadAnswer naming it (`at`: where `reply` sits in the whole reply)."""
     value, where = reply, at
     for key in path:
         where += f"[{key}]" if isinstance(key, int) else (f".{key}" if where else key)
@@ -125,26 +110,23 @@ def _dig(reply: Any, *path: str | int, kind: type | tuple[type, ...] | None = No
         if not found:
             if default is not _MISSING:
                 return default
-            raise OpenAIBadAnswer(None, f"the server's reply has no {where} ({_shape(reply)})")
+            shape = (f"its keys: {sorted(map(str, reply))[:10]}" if isinstance(reply, dict)
+                     else f"it is {type(reply).__name__} {str(reply)[:80]!r}")
+            raise OpenAIBadAnswer(None, f"the server's reply has no {where} ({shape})")
         value = value[key]
     if kind is not None and not isinstance(value, kind):
-        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        raise OpenAIBadAnswer(None, f"the server's reply has {where} = {str(value)[:80]!r}, expected {names}")
+        raise _unexpected(where, value, kind.__name__)
     return value
 
 
-def _shape(reply: Any) -> str:
-    """What a reply holds, briefly, for an error."""
-    if isinstance(reply, dict):
-        return f"its keys: {sorted(map(str, reply))[:10]}"
-    return f"it is {type(reply).__name__} {str(reply)[:80]!r}"
+def _unexpected(where: str, value: Any, expected: str) -> OpenAIBadAnswer:
+    return OpenAIBadAnswer(None, f"the server's reply has {where} = {str(value)[:80]!r}, expected {expected}")
 
 
 def _logprob(value: Any, where: str) -> float:
     """A logprob the server gave: a finite number, at most 0; else OpenAIBadAnswer naming it."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise OpenAIBadAnswer(None, f"the server's reply has {where} = {str(value)[:80]!r}, expected a logprob "
-                                    "(a number)")
+        raise _unexpected(where, value, "a logprob (a number)")
     x = float(value)
     if not math.isfinite(x) or x > 0.0:
         raise OpenAIBadAnswer(None, f"the server's reply has logprob {x!r} at {where}: a logprob must be finite "
@@ -162,9 +144,8 @@ def _loopback(host: str) -> bool:
 
 
 def check_served_urls(engines: list[tuple[str, EngineConfig]], nodes: int) -> None:
-    """Each served engine's URL (`engines`: role and engine) as every node reaches it: on a
-    cluster of more than one node a loopback address names a different machine for each engine
-    actor (ConfigError naming the key)."""
+    """On a cluster of several nodes, a served engine's URL (`engines`: role and engine) must not
+    be a loopback address, which names each engine actor's own machine (ConfigError)."""
     for role, engine in engines if nodes > 1 else ():
         if engine.spec.served and _loopback(urllib.parse.urlsplit(engine.backend.base_url).hostname or ""):
             raise ConfigError(f"{role}_engine.backend.base_url: {engine.backend.base_url} is a loopback address, but "
@@ -173,20 +154,17 @@ def check_served_urls(engines: list[tuple[str, EngineConfig]], nodes: int) -> No
 
 
 def flag_key_env(flag: str) -> str | None:
-    """The variable of the key of a one-off command's served model given by `flag` (`--teacher`:
-    ROSE_RAY_TEACHER_API_KEY), when it is set: that endpoint's own key."""
+    """The variable holding the key of the served model a command's `flag` names (`--teacher`:
+    ROSE_RAY_TEACHER_API_KEY), when it is set."""
     name = f"ROSE_RAY_{flag.lstrip('-').upper().replace('-', '_')}_API_KEY"
     return name if os.environ.get(name) else None
 
 
 def endpoint_key(config: EngineConfig) -> tuple[str | None, str]:
-    """The key an endpoint's requests carry, and where it came from (for messages): its own
-    `api_key`, else the variable its `api_key_env` names (a name without a value is an
-    error), else $ROSE_RAY_API_KEY, the shared one. The shared key goes over plain http only
-    to this machine (loopback): anyone on the way could read it; to another host it is not
-    sent (said when the engine is made); an endpoint's own key is sent, with a warning. An
-    `api_key_env` of ROSE_RAY_API_KEY names the shared key: a resumed run's config says so of a
-    key it read from there (runs.saved_config), so it keeps the shared key's rule."""
+    """The key an endpoint's requests carry, and its source (for messages): its `api_key`, else
+    the variable `api_key_env` names (unset: an error), else the shared $ROSE_RAY_API_KEY. Over
+    plain http to another host the shared key is not sent, an endpoint's own is, with a warning.
+    An `api_key_env` of ROSE_RAY_API_KEY (a resumed run's saved config) is the shared key."""
     url = urllib.parse.urlsplit(config.backend.base_url)
     plain = url.scheme == "http" and not _loopback(url.hostname or "")
     env, shared = config.backend.api_key_env, config.backend.api_key_env == SHARED_KEY_ENV
@@ -215,8 +193,7 @@ _LOOP_LOCK = threading.Lock()
 
 
 def _loop() -> asyncio.AbstractEventLoop:
-    """The event loop every openai engine of this process sends on, on a thread of its own (the
-    engine API is synchronous; its requests go out concurrently on this loop)."""
+    """The event loop, on a thread of its own, that every openai engine of this process sends on."""
     global _LOOP
     with _LOOP_LOCK:
         if _LOOP is None:
@@ -226,14 +203,16 @@ def _loop() -> asyncio.AbstractEventLoop:
 
 
 async def _new_session() -> aiohttp.ClientSession:
-    # No connection limit of aiohttp's: the engine's own (max_batch_size) bounds what is out, and
-    # a wait for a pooled connection would count against a request's timeout_s.
+    # No pool limit: max_batch_size bounds what is out, and a pool wait would count in timeout_s.
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
 
 def _close_session(session: aiohttp.ClientSession) -> None:
-    """On the loop: an engine closed, or collected without close()."""
     asyncio.ensure_future(session.close())
+
+
+async def _gather(work: Iterable[Awaitable[T]]) -> list[T]:
+    return list(await asyncio.gather(*work))
 
 
 class _Status(Exception):
@@ -276,9 +255,7 @@ async def _error_message(response: aiohttp.ClientResponse) -> str:
     except (ValueError, RecursionError, aiohttp.ClientError):
         return response.reason or "error"
     err = body.get("error", body) if isinstance(body, dict) else body
-    if isinstance(err, dict):
-        return str(err.get("message", err))
-    return str(err)
+    return str(err.get("message", err) if isinstance(err, dict) else err)
 
 
 class OpenAIEngine:
@@ -297,13 +274,11 @@ class OpenAIEngine:
         self._watcher: asyncio.Task | None = None
         url = urllib.parse.urlsplit(self.base_url)
         self._address = (url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 80))
-        # The environment's proxy (HTTPS_PROXY, NO_PROXY, ...) as urllib reads it. Through a proxy
-        # a refused direct connection says nothing about the server: no probes.
+        # The environment's proxy, as urllib reads it; through one, a direct probe says nothing.
         proxy = urllib.request.getproxies().get(url.scheme)
         self._proxy = proxy if proxy and not urllib.request.proxy_bypass(self._address[0]) else None
-        session = self._run(_new_session())
-        self._session = session
-        # The session closes with the engine, or when the engine is collected without close().
+        self._session = session = self._run(_new_session())
+        # Closed with the engine, or when it is collected without close().
         self._close = weakref.finalize(self, _loop().call_soon_threadsafe, _close_session, session)
 
     @property
@@ -327,6 +302,7 @@ class OpenAIEngine:
         async with self._in_flight:
             while True:  # a server that is down, restarting or overloaded gets retry_s to come back
                 attempt += 1
+                retry_after = 0.0
                 t0 = time.perf_counter()
                 try:
                     out = await self._send(method, url, data)
@@ -346,21 +322,17 @@ class OpenAIEngine:
                         try:
                             retry_after = float(e.retry_after or 0)
                         except ValueError:
-                            retry_after = 0.0
-                        failing_since = failing_since or time.monotonic()
-                        waited = time.monotonic() - failing_since
-                        if retry_after > 0 and waited + retry_after <= self.config.backend.retry_s:
-                            self._counters["retries"] += 1
-                            await asyncio.sleep(min(retry_after, MAX_BACKOFF_S * 4))
-                            continue
+                            pass
                 except _CutOff as e:
                     error = str(e)
                 except (aiohttp.ClientError, OSError) as e:
                     error = f"cannot reach {url}: {e}"
                 failing_since = failing_since or time.monotonic()
-                pause = min(0.5 * 2 ** (attempt - 1), MAX_BACKOFF_S)
                 waited = time.monotonic() - failing_since
-                if waited + pause > self.config.backend.retry_s:
+                pause = min(0.5 * 2 ** (attempt - 1), MAX_BACKOFF_S)
+                if retry_after > 0 and waited + retry_after <= self.config.backend.retry_s:
+                    pause = min(retry_after, MAX_BACKOFF_S * 4)
+                elif waited + pause > self.config.backend.retry_s:
                     raise OpenAIServerGone(None, f"{self.base_url}: no answer after {attempt} attempts over "
                                                  f"{waited:.1f} s (engine retry_s {self.config.backend.retry_s:g}): "
                                                  f"{error}")
@@ -368,7 +340,7 @@ class OpenAIEngine:
                 await asyncio.sleep(pause)
 
     async def _send(self, method: str, url: str, data: bytes | None, timeout_s: float | None = None) -> Any:
-        """One HTTP exchange, its JSON answer; watched while it is out (`_watch`)."""
+        """One HTTP exchange, its JSON answer, watched while it is out (`_watch`)."""
         timeout_s = timeout_s or self.config.backend.timeout_s
         call = _Call(asyncio.ensure_future(self._exchange(method, url, data, timeout_s)))
         self._calls.add(call)
@@ -388,9 +360,8 @@ class OpenAIEngine:
             self._calls.discard(call)
 
     async def _exchange(self, method: str, url: str, data: bytes | None, timeout_s: float) -> Any:
-        """The request and its whole answer within `timeout_s` (aiohttp's total timeout: a server
-        trickling an answer out trips it too). aiohttp drops the key on a redirect to another
-        scheme, host or port."""
+        """The request and its whole answer within `timeout_s` (a trickled answer trips it too);
+        aiohttp drops the key on a redirect to another scheme, host or port."""
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -410,8 +381,7 @@ class OpenAIEngine:
                                         f"{raw[:80]!r}") from None
 
     async def _watch(self) -> None:
-        """While requests are out for LIVENESS_S or longer, check every LIVENESS_S that the server
-        still takes connections: when it does not, cut those requests off."""
+        """Every LIVENESS_S, cut off the requests out that long if the server refuses connections."""
         try:
             while self._calls:
                 await asyncio.sleep(LIVENESS_S)
@@ -441,8 +411,7 @@ class OpenAIEngine:
                 f"{SHARED_KEY_ENV}")
 
     async def _answers_others(self, since: float) -> bool:
-        """Whether the server answered another request after `since`, or answers a probe now (a
-        one-token completion): then a request it keeps failing is that request's own failure."""
+        """Whether the server answered another request after `since`, or answers a one-token probe now."""
         if self._answered_at > since:
             return True
         probe = {**self._model_field(), "prompt": [0], "max_tokens": 1, "temperature": 0.0}
@@ -460,8 +429,7 @@ class OpenAIEngine:
         return {"model": self.config.model} if self.config.model else {}
 
     def served(self) -> dict[str, int | None]:
-        """The served models (GET /models): name -> its context (`max_model_len`, which vLLM and
-        rose-ray serve give; None where a server does not say), under timeout_s and retry_s."""
+        """The served models (GET /models): name -> `max_model_len` (None where a server does not say)."""
         out: dict[str, int | None] = {}
         models = _dig(self._run(self._request("GET", "/models")), "data", kind=list)
         for i in range(len(models)):
@@ -471,7 +439,6 @@ class OpenAIEngine:
         return out
 
     def models(self) -> list[str]:
-        """The served model names."""
         return list(self.served())
 
     # ------------------------------------------------------------------ engine API
@@ -479,11 +446,7 @@ class OpenAIEngine:
         for r in requests:
             validate_sampling(r.sampling)
         vocab = self.vocab_size()  # here, not on the loop: the first call loads the tokenizer
-
-        async def each() -> list[GenerationResult]:
-            return list(await asyncio.gather(*(self._generate_one(r, vocab) for r in requests)))
-
-        return self._run(each())
+        return self._run(_gather(self._generate_one(r, vocab) for r in requests))
 
     async def _generate_one(self, request: GenerationRequest, vocab: int | None) -> GenerationResult:
         ids = list(request.prompt_ids)
@@ -505,17 +468,15 @@ class OpenAIEngine:
         choice = _dig(reply, "choices", 0, kind=dict)
         lp = _dig(choice, "logprobs", default=None, at="choices[0]") or {}
         if not isinstance(lp, dict):
-            raise OpenAIBadAnswer(None, f"the server's reply has choices[0].logprobs = {str(lp)[:80]!r}, expected an "
-                                        "object")
+            raise _unexpected("choices[0].logprobs", lp, "an object")
         token_ids = _dig(choice, "token_ids", default=None, at="choices[0]")
         if token_ids is None:
             tokens = _dig(lp, "tokens", kind=list, default=[], at="choices[0].logprobs")
             token_ids = [_token_id(t, f"choices[0].logprobs.tokens[{i}]") for i, t in enumerate(tokens)]
-        where = "choices[0].token_ids"
         if not isinstance(token_ids, list):
-            raise OpenAIBadAnswer(None, f"the server's reply has {where} = {str(token_ids)[:80]!r}, expected a list")
+            raise _unexpected("choices[0].token_ids", token_ids, "a list")
         for i, tid in enumerate(token_ids):
-            self._check_id(tid, f"{where}[{i}]", vocab)
+            self._check_id(tid, f"choices[0].token_ids[{i}]", vocab)
         logprobs = _dig(lp, "token_logprobs", default=None, at="choices[0].logprobs")
         if not isinstance(logprobs, list) or len(logprobs) != len(token_ids):
             raise OpenAIServerError(None, "server returned no per-token logprobs for the sampled tokens")
@@ -526,12 +487,9 @@ class OpenAIEngine:
             for i, d in enumerate(_dig(lp, "top_logprobs", kind=list, default=None, at="choices[0].logprobs") or []):
                 here = f"choices[0].logprobs.top_logprobs[{i}]"
                 if not isinstance(d or {}, dict):
-                    raise OpenAIBadAnswer(None, f"the server's reply has {here} = {str(d)[:80]!r}, expected an object")
-                entry = {}
-                for k, v in (d or {}).items():
-                    tid = self._check_id(_token_id(k, here), here, vocab)
-                    entry[tid] = _logprob(v, f"{here}[{k!r}]")
-                top.append(entry)
+                    raise _unexpected(here, d, "an object")
+                top.append({self._check_id(_token_id(k, here), here, vocab): _logprob(v, f"{here}[{k!r}]")
+                            for k, v in (d or {}).items()})
         finish = _dig(choice, "finish_reason", default=None, at="choices[0]") or "length"
         text = _dig(choice, "text", default="", at="choices[0]")
         self._counters["requests"] += 1
@@ -543,8 +501,7 @@ class OpenAIEngine:
         )
 
     def _check_id(self, tid: Any, where: str, vocab: int | None) -> int:
-        """A token id the server gave: an int in [0, vocabulary) of the local tokenizer (which
-        the learner and the engines share); else OpenAIBadAnswer naming it."""
+        """A token id the server gave: an int in [0, the local tokenizer's size); else OpenAIBadAnswer."""
         if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
             raise OpenAIBadAnswer(None, f"the server's reply has token id {str(tid)[:40]} at {where}: a token id "
                                         "is an int >= 0")
@@ -554,8 +511,7 @@ class OpenAIEngine:
         return tid
 
     def vocab_size(self) -> int | None:
-        """The local tokenizer's size (the ids a run can train on), read once; None for an
-        engine without a tokenizer here (a judge talks text)."""
+        """The local tokenizer's size, read once; None without a tokenizer here (a judge talks text)."""
         if self._vocab is None:
             name = self.config.tokenizer or self.config.model
             if not name:
@@ -572,10 +528,7 @@ class OpenAIEngine:
         return self._run(self._score(prompt_ids, completion_ids))
 
     def score_many(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
-        async def each() -> list[list[float]]:
-            return list(await asyncio.gather(*(self._score(p, c) for p, c in pairs)))
-
-        return self._run(each())
+        return self._run(_gather(self._score(p, c) for p, c in pairs))
 
     async def _score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         if not prompt_ids:
@@ -615,11 +568,9 @@ class OpenAIEngine:
 
     def chat(self, messages: list[dict[str, str]], sampling: SamplingParams,
              enable_thinking: bool | None = None, json_object: bool = False) -> tuple[str, str]:
-        """One chat completion, the server applying its own chat template: (text, finish
-        reason). Needs no local tokenizer, so it reaches any OpenAI-compatible server, OpenAI's
-        own included (a judge). `enable_thinking` goes as vLLM's `chat_template_kwargs` only
-        when given (other servers may refuse the field); `json_object` asks for JSON mode
-        (`response_format`; a server without it, as `rose-ray serve`, ignores the field)."""
+        """One chat completion with the server's chat template: (text, finish reason). Needs no
+        local tokenizer (a judge). `enable_thinking` goes as vLLM's `chat_template_kwargs` only
+        when given; `json_object` asks for JSON mode (`response_format`)."""
         validate_sampling(sampling)
         body: dict[str, Any] = {**self._model_field(), "messages": messages,
                                 "max_tokens": sampling.max_new_tokens, "temperature": sampling.temperature}
@@ -647,8 +598,7 @@ class OpenAIEngine:
 
 @dataclass(frozen=True)
 class SettingNames:
-    """What a caller calls an openai engine's settings (config keys, or a command's flags), so
-    that a served model that does not fit is reported in the words the user can change."""
+    """The names (config keys or a command's flags) errors give an openai engine's settings."""
 
     base_url: str
     model: str
@@ -676,11 +626,10 @@ class ServedModel:
 
 
 def check_served(config: EngineConfig, names: SettingNames, scores: bool = False) -> ServedModel:
-    """Before a run: the server at `config.backend.base_url` serves `config.model` (or, without one, a
-    default model), with a context (`max_model_len`) of at least `config.context_tokens`, and
-    gives the sampled tokens' ids and logprobs (and prompt logprobs when the run `scores`
-    tokens: OPD); the local tokenizer loads. The server is asked once, without retries.
-    Raises ServedModelMismatch (exit 2) naming the setting."""
+    """Before a run, asking the server once: it serves `config.model` (or a default), with a
+    `max_model_len` of at least `config.context_tokens`, and gives sampled ids and logprobs (and
+    prompt logprobs when the run `scores`: OPD); the local tokenizer loads. Raises
+    ServedModelMismatch (exit 2) naming the setting."""
     from rose_ray.models import ModelNotAvailable, load_tokenizer
 
     url = config.backend.base_url
@@ -689,7 +638,6 @@ def check_served(config: EngineConfig, names: SettingNames, scores: bool = False
     except ModelNotAvailable as e:
         raise ServedModelMismatch(f"{names.tokenizer}: an openai engine needs the served model's tokenizer on this "
                                   f"machine (prompts go as token ids): {e}") from None
-    # Asked once (retry_s 0): a server that is not there now is an error now, not after backoff.
     engine = OpenAIEngine(replace(config, max_batch_size=1, backend=replace(config.backend, retry_s=0.0)))
     try:
         try:

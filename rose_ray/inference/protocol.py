@@ -1,8 +1,7 @@
 """Parsing and validating OpenAI-style request bodies (completions and chat completions).
 
-Every rejection is a RequestError naming the offending field, which the server turns into
-a 4xx with a readable message. Whatever passes here must not fail inside the engine: a
-failing batch is rerun one request at a time, which slows every request that shared it.
+Every rejection is a RequestError naming the field (the server's 4xx). Whatever passes must not
+fail inside the engine: a failing batch is rerun one request at a time.
 """
 
 from __future__ import annotations
@@ -16,18 +15,14 @@ from rose_ray.types import SamplingParams
 
 MAX_TOP_LOGPROBS = 20
 MAX_PROMPTS = 16  # prompts in one completions request (the body limit is sized on it)
-# Each stop string is looked for in the whole decoded text at every step: a bound on both keeps
-# one request from costing every other one in its batch (OpenAI's API takes 4 strings).
+# Stop strings are searched in the whole text at every step: bounded, so one request cannot slow its batch.
 MAX_STOP_STRINGS = 16
 MAX_CONCURRENT = 256  # requests a server holds in flight (read, queued or generating); more get 429
 MAX_STOP_CHARS = 256
-# A prompt as JSON costs at most ~8 bytes a token as ids (six digits and ", ") and rarely over
-# ~20 as text (JSON escapes a non-ASCII character as 6 bytes; long tokens are few), so 32 bytes
-# a token covers either form; 1 MiB more covers every other field, chat framing included.
+# A prompt's token costs ~8 bytes of JSON as an id, rarely over ~20 as text; 1 MiB covers the rest.
 BODY_BYTES_PER_TOKEN = 32
 BODY_HEADROOM_BYTES = 1 << 20
-# As vLLM: below this a temperature means greedy. Dividing logits by a vanishing temperature
-# overflows to inf and NaN probabilities, which would fail the whole batch.
+# As vLLM: below this a temperature means greedy (a vanishing one overflows to NaN probabilities).
 GREEDY_BELOW = 1e-5
 SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed takes
 
@@ -82,15 +77,12 @@ def _flag(body: dict[str, Any], key: str) -> bool:
 
 def _common(body: dict[str, Any], max_tokens_default: int | None) -> tuple[SamplingParams, int | None, bool]:
     if _flag(body, "stream"):
-        # The engine hands back a reply only when its whole batch is done, so a stream would be
-        # one chunk at the end: no earlier first token, and one more way to fail mid-reply.
+        # A reply is whole only when its batch is done: a stream would be one chunk at the end.
         raise RequestError("'stream': true is not supported by this server (each reply is sent "
                            "whole, when generated); send 'stream': false or leave it out", "stream")
-    n = _number(body, "n", 1, int, 1, 1)
-    del n
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    _number(body, "n", 1, int, 1, 1)
     key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    max_tokens = _number({key: max_tokens}, key, max_tokens_default, int, 0)
+    max_tokens = _number(body, key, max_tokens_default, int, 0)
     stop = body.get("stop")
     if stop is None:
         stops: list[str] = []
@@ -157,12 +149,10 @@ def parse_completion(body: dict[str, Any], tokenizer: Any, context: int) -> Pars
     prompts = []
     for item in raw:
         if isinstance(item, str):
-            ids = list(tokenizer(item, add_special_tokens=False)["input_ids"])
-            prompts.append(_check_ids(ids, vocab, "prompt"))
-        elif isinstance(item, list):
-            prompts.append(_check_ids(item, vocab, "prompt"))
-        else:
+            item = list(tokenizer(item, add_special_tokens=False)["input_ids"])
+        if not isinstance(item, list):
             raise RequestError(f"'prompt' items must be strings or lists of token ids, got {_short(item)}", "prompt")
+        prompts.append(_check_ids(item, vocab, "prompt"))
     for p in prompts:
         _fit(p, sampling, context)
     logprobs = _number(body, "logprobs", None, int, 0, MAX_TOP_LOGPROBS)

@@ -1,15 +1,11 @@
-"""The engine backends by name: each one's own settings (an engine's `backend` section, chosen by
-its name: `student_engine: {backend: {name: vllm, kv_cache_mb: 256}}`) and what the rest of the
-package may ask of it, so that no code outside `inference/` compares backend names.
-
-A new backend is one engine module (the GenerationEngine contract of engine.py) and one
-`register(Backend(...))` here. This module imports nothing heavy (no torch, no backend): the
-config reads it, and `backends.make_engine` imports the engine it names.
+"""The engine backends by name: each one's own settings (an engine's `backend` section) and what
+the rest of the package may ask of it, so that no code outside `inference/` compares backend
+names. A new backend is one engine module and one `register(Backend(...))` here. Imports
+nothing heavy: the config reads it.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, fields
 
 from rose_ray.errors import ConfigError
@@ -200,11 +196,6 @@ def settings_owner(key: str) -> Backend | None:
 def own_settings(backend: Backend) -> set[str]:
     """The keys of a backend's own settings (its `name` aside)."""
     return {f.name for f in fields(backend.settings)} - {BackendSettings.TAG}
-
-
-def package_missing(backend: Backend) -> bool:
-    """Its extra package is not installed here (cheap: nothing is imported)."""
-    return backend.package is not None and importlib.util.find_spec(backend.package) is None
 
 
 def in_flight_backends(mode: str) -> list[str]:

@@ -1,24 +1,15 @@
 """`rose-ray serve`: an OpenAI-compatible HTTP endpoint over a transformers engine (`hf`), for
-machines without vLLM; where vLLM runs, its own OpenAI server is the one to use (docs/engines.md).
+machines without vLLM, whose own OpenAI server is the one to use where it runs (docs/engines.md).
 
-Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
-Besides the OpenAI fields it speaks the vLLM extensions the learner relies on:
-`prompt_logprobs` (teacher scoring of given tokens; also `echo` + `logprobs`),
-`return_tokens_as_token_ids` ("token_id:N" token strings), and every choice carries
-`token_ids` / `prompt_token_ids` so sampled ids survive the round trip exactly.
-Concurrent requests are batched by an AsyncBatcher (or an engine's own frontend). Binds
-127.0.0.1 unless told otherwise.
+Besides the OpenAI fields it speaks the vLLM extensions the learner relies on (`prompt_logprobs`,
+`return_tokens_as_token_ids`, `token_ids` / `prompt_token_ids` on every choice). Concurrent
+requests are batched by an AsyncBatcher (or an engine's own frontend).
 
-Bad input never takes the server down: every bad request gets a 4xx JSON error naming what
-was wrong (a body over the limit, sized from context_tokens, gets 413; one that is not
-`Content-Type: application/json`, 415; one past `max_concurrent` requests in flight, 429 with
-Retry-After; a body that does not arrive within `read_timeout_s`, 408), and a client that
-goes away before its reply costs only its own computation (bench/serve_load.py measures it).
-
-A server without an API key answers only requests whose Host is an IP address or localhost:
-a web page the user visits could otherwise reach it through a name of its own that resolves
-to 127.0.0.1 (DNS rebinding). Requesting JSON keeps pages from posting to it directly (a
-cross-site `application/json` POST needs a CORS preflight, which this server never grants).
+Bad input never takes the server down: each bad request gets a 4xx JSON error naming what was
+wrong (413 over the body limit, 415 not JSON, 429 past `max_concurrent`, 408 a body slower than
+`read_timeout_s`), and a client that goes away costs only its own computation.
+Without an API key it answers only a Host that is an IP address or localhost (against DNS
+rebinding); requiring JSON keeps web pages from posting to it (a CORS preflight it never grants).
 """
 
 from __future__ import annotations
@@ -26,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import itertools
 import json
 import logging
 import math
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
@@ -51,8 +43,7 @@ from rose_ray.inference.protocol import (
 
 BATCHER = web.AppKey("batcher", object)  # an AsyncBatcher, or the engine's own frontend
 PARSER = web.AppKey("parser", ThreadPoolExecutor)
-# Bodies above this are parsed off the event loop: tokenizing the 3 MiB a 4,096-token context
-# allows takes ~3 s (the tokenizer lets go of the GIL), and no other client would be answered.
+# Bodies above this are tokenized off the event loop (seconds for a few MiB).
 PARSE_INLINE_BYTES = 1 << 16
 ROUTES = "GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions"
 READ_TIMEOUT_S = 60.0  # for a request's body to arrive
@@ -61,9 +52,8 @@ log = logging.getLogger(__name__)
 
 
 def vllm_server(args: Any) -> list[str] | None:
-    """`serve --backend vllm` (`args`: the serve command's settings): vLLM's own OpenAI server with
-    what `serve` was given (its module, as `vllm serve` does not start on vLLM's CPU build), which
-    the openai engine talks to as to this one; None for the backend this server runs."""
+    """The command of vLLM's own OpenAI server for `serve --backend vllm` (its module: `vllm serve`
+    does not start on vLLM's CPU build); None for the backend this server runs."""
     if args.backend != "vllm":
         return None
     return ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", args.model, "--served-model-name",
@@ -81,7 +71,6 @@ class OpenAIServer:
         self.model_name = model_name
         self.api_key = api_key or None
         self.context_tokens = engine.config.context_tokens
-        # What the largest valid request needs (protocol.max_body_bytes), not a fixed size.
         self.max_body = max_body or max_body_bytes(self.context_tokens)
         self.max_concurrent = max_concurrent
         self.read_timeout_s = read_timeout_s
@@ -116,19 +105,19 @@ class OpenAIServer:
             return _error(e.status, e.message, e.param)
         except web.HTTPException as e:
             if e.status == 404:
-                return _error(404, f"no endpoint {request.method} {request.path}; this server has {ROUTES}", None)
+                return _error(404, f"no endpoint {request.method} {request.path}; this server has {ROUTES}")
             if e.status == 405:
                 return _error(405, f"{request.method} is not allowed on {request.path}; this server has "
-                                   f"{ROUTES}", None)
-            return _error(e.status, e.reason or "error", None)
+                                   f"{ROUTES}")
+            return _error(e.status, e.reason or "error")
         except ValueError as e:  # engine-side validation (sampling, lengths)
-            return _error(400, str(e), None)
+            return _error(400, str(e))
         except ConnectionError:  # the client went away mid-body; nobody reads this answer
-            return _error(400, "the request body ended early (the client went away)", None)
+            return _error(400, "the request body ended early (the client went away)")
         except Exception as e:  # not bad input we could name: say what failed, log it, keep serving
             log.exception("error handling %s %s", request.method, request.path)
             first = (str(e).strip().splitlines() or [""])[0][:300]
-            return _error(500, f"internal server error: {type(e).__name__}: {first} (logged by the server)", None,
+            return _error(500, f"internal server error: {type(e).__name__}: {first} (logged by the server)",
                           kind="server_error")
 
     @web.middleware
@@ -138,7 +127,7 @@ class OpenAIServer:
             given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
                 return _error(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
-                              None, kind="authentication_error")
+                              kind="authentication_error")
         return await handler(request)
 
     @web.middleware
@@ -148,7 +137,7 @@ class OpenAIServer:
         if not self.api_key and host is not None and not _literal_host(host):
             return _error(403, f"Host {host[:100]!r} refused: this server has no API key, so it answers only "
                                "requests to an IP address or localhost (start it with --api-key to serve a name)",
-                          None, kind="permission_error")
+                          kind="permission_error")
         return await handler(request)
 
     @web.middleware
@@ -157,7 +146,7 @@ class OpenAIServer:
             return await handler(request)
         if self.in_flight >= self.max_concurrent:
             response = _error(429, f"this server is handling {self.in_flight} requests, its limit "
-                                   f"(max_concurrent {self.max_concurrent}); retry shortly", None,
+                                   f"(max_concurrent {self.max_concurrent}); retry shortly",
                               kind="rate_limit_error")
             response.headers["Retry-After"] = "1"
             return response
@@ -207,8 +196,7 @@ class OpenAIServer:
         return body, len(raw)
 
     async def _parsed(self, request: web.Request, parse: Any, *args: Any) -> Any:
-        """The body read, then validated and tokenized by `parse(body, *args)`: inline for small
-        bodies, on the parse thread for big ones."""
+        """The body read and parsed by `parse(body, *args)`, big ones on the parse thread."""
         body, size = await self._body(request)
         if size <= PARSE_INLINE_BYTES:
             return parse(body, *args)
@@ -225,7 +213,7 @@ class OpenAIServer:
         choices = await asyncio.gather(*(
             self._complete_one(batcher, i, ids, parsed) for i, ids in enumerate(parsed.prompts)))
         prompt_tokens = sum(len(p) for p in parsed.prompts)
-        completion_tokens = sum(len(c.pop("_completion_ids")) for c in choices)
+        completion_tokens = sum(len(c["token_ids"]) for c in choices)
         return web.json_response({
             "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": self.model_name, "choices": choices,
@@ -235,7 +223,7 @@ class OpenAIServer:
 
     async def _complete_one(self, batcher: Any, index: int, prompt: list[int],
                             p: Any) -> dict[str, Any]:
-        result, prompt_lps = await self._run(batcher, prompt, p, top=p.logprobs or 0)
+        result, prompt_lps = await self._run(batcher, prompt, p)
         tok = self.engine.tokenizer
         ids = result.token_ids if result else []
         text = result.text if result else ""
@@ -245,7 +233,7 @@ class OpenAIServer:
             "finish_reason": _finish(result),
             "token_ids": ids,
             "prompt_token_ids": prompt,
-            "_completion_ids": ids,
+            "logprobs": None,
         }
         if p.logprobs is not None:
             shown_ids = (prompt + ids) if p.echo else ids
@@ -259,25 +247,21 @@ class OpenAIServer:
                     for d in ((result.top_logprobs or []) if result else [])
                 ]
                 tops = prompt_tops + gen_tops
-            offsets, pos = [], 0
-            for s in strings:
-                offsets.append(pos)
-                pos += len(s)
+            offsets = list(itertools.accumulate(map(len, strings), initial=0))[:-1]
             choice["logprobs"] = {"tokens": strings, "token_logprobs": lps, "top_logprobs": tops,
                                   "text_offset": offsets}
-        else:
-            choice["logprobs"] = None
         if p.prompt_logprobs is not None:
             choice["prompt_logprobs"] = _vllm_prompt_logprobs(tok, prompt, prompt_lps)
         return choice
 
-    async def _run(self, batcher: Any, prompt: list[int], p: Any, top: int
+    async def _run(self, batcher: Any, prompt: list[int], p: Any
                    ) -> tuple[GenerationResult | None, list[float]]:
         """Generation (unless max_tokens is 0) and prompt scoring (when asked), concurrently."""
         want_prompt = p.prompt_logprobs is not None or (p.echo and p.logprobs is not None)
         gen = scoring = None
         if p.sampling.max_new_tokens > 0:
-            gen = asyncio.ensure_future(batcher.generate(GenerationRequest(prompt, p.sampling, top_logprobs=top)))
+            request = GenerationRequest(prompt, p.sampling, top_logprobs=p.logprobs or 0)
+            gen = asyncio.ensure_future(batcher.generate(request))
         if want_prompt and len(prompt) > 1:
             scoring = asyncio.ensure_future(batcher.score(prompt[:1], prompt[1:]))
         result = await gen if gen is not None else None
@@ -289,7 +273,7 @@ class OpenAIServer:
         p = await self._parsed(request, parse_chat, self.engine.chat, self.context_tokens)
         tok = self.engine.tokenizer
         prompt = p.prompts[0]
-        result, prompt_lps = await self._run(batcher, prompt, p, top=p.logprobs or 0)
+        result, prompt_lps = await self._run(batcher, prompt, p)
         ids = result.token_ids if result else []
         choice: dict[str, Any] = {
             "index": 0,
@@ -332,8 +316,7 @@ class BackgroundServer:
         self.host = host
         self._loop = asyncio.new_event_loop()
         self._runner = web.AppRunner(server.app(), keepalive_timeout=IDLE_TIMEOUT_S)
-        ready = threading.Event()
-        failure: list[BaseException] = []
+        bound: Future[int] = Future()
 
         def main() -> None:
             asyncio.set_event_loop(self._loop)
@@ -341,21 +324,17 @@ class BackgroundServer:
                 self._loop.run_until_complete(self._runner.setup())
                 site = web.TCPSite(self._runner, host, port)
                 self._loop.run_until_complete(site.start())
-                self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+                bound.set_result(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
             except BaseException as e:  # surfaced to the constructor's caller
-                failure.append(e)
-                ready.set()
+                bound.set_exception(e)
                 return
-            ready.set()
             self._loop.run_forever()
             self._loop.run_until_complete(self._runner.cleanup())
             self._loop.close()
 
         self._thread = threading.Thread(target=main, name="openai-server", daemon=True)
         self._thread.start()
-        ready.wait()
-        if failure:
-            raise failure[0]
+        self.port = bound.result()
 
     @property
     def url(self) -> str:
@@ -372,15 +351,14 @@ class BackgroundServer:
         self.stop()
 
 
-def _error(status: int, message: str, param: str | None, kind: str = "invalid_request_error"
+def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"
            ) -> web.Response:
     return web.json_response(
         {"error": {"message": message, "type": kind, "param": param, "code": status}}, status=status)
 
 
 def _literal_host(host: str) -> bool:
-    """Whether a Host header names an IP address (v4, or v6 in brackets) or localhost, with or
-    without a port: names a DNS server could point anywhere are the others."""
+    """Whether a Host header names an IP address (v6 in brackets) or localhost, port or not."""
     host = host.strip().lower()
     if host.startswith("["):
         name = host[1:host.find("]")] if "]" in host else ""
@@ -407,9 +385,7 @@ def _finite(text: str) -> float:
 
 
 def _finish(result: GenerationResult | None) -> str:
-    if result is None or result.finish_reason == "context":
-        return "length"
-    return result.finish_reason
+    return "length" if result is None or result.finish_reason == "context" else result.finish_reason
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
@@ -418,7 +394,5 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 
 def _vllm_prompt_logprobs(tok: Any, prompt: list[int], lps: list[float]) -> list[Any]:
     """vLLM's shape: None for the first token, then {id: {logprob, rank, decoded_token}}."""
-    out: list[Any] = [None]
-    for tid, lp in zip(prompt[1:], lps):
-        out.append({str(tid): {"logprob": lp, "rank": None, "decoded_token": tok.decode([tid])}})
-    return out
+    return [None] + [{str(tid): {"logprob": lp, "rank": None, "decoded_token": tok.decode([tid])}}
+                     for tid, lp in zip(prompt[1:], lps)]

@@ -1,54 +1,33 @@
 """The `vllm` engine backend: vLLM's V1 engine in this process, stepped by a thread of its own.
 
-Episodes ask for one turn at a time, from many episodes at once. One thread owns the engine:
-it adds each request as it arrives and steps the engine while any is unfinished, so requests
-join and leave the running batch at every step (continuous batching, with vLLM's paged KV
-cache under the config's memory budget and its prefix cache for a conversation's earlier
-turns); callers, threads or an event loop, wait on a future (`submit`, `frontend`).
+That thread adds each request as it arrives and steps the engine while any is unfinished
+(continuous batching, vLLM's paged KV cache and prefix cache); callers wait on a future
+(`submit`, `frontend`). The engine contract holds as for the hf backend: raw logprobs (vLLM's
+`raw_logprobs`), `score` by `prompt_logprobs`, per-request seeds, the weights' version on every result.
 
-The engine contract holds as for the transformers backend: token ids in; sampled ids, their
-raw logprobs (vLLM's `raw_logprobs`: the model's log-softmax before temperature or top-p) and
-finish reasons out; `score` by `prompt_logprobs`; the same context policies and per-request
-seeds; every result carries the weight version it was sampled with.
-
-Weight updates come in order with the requests: requests submitted after one run on the new
-weights. Those running when it comes either finish first (a drain: `keep_after_ms` None, the
-default, publish.in_flight `wait`) or, given `keep_after_ms` (publish.in_flight `keep`), are
-waited for at most that long from the update's submission and then kept: the weights are
-reloaded between two engine steps and every running request is preempted, as vLLM's own
-`pause_generation(mode="keep", clear_cache=True)` does (`reset_prefix_cache(
-reset_running_requests=True)`: their blocks freed, requeued at the front), so its keys and
-values are recomputed by the new weights when it is next scheduled and it goes on sampling
-from them. Its result keeps the version it started on (`version`, what staleness counts) and
-says where the weights changed (`version_end`, `tokens_on_version`); the logprobs of its tokens
-sampled before that are the old weights', as PipelineRL's in-flight updates leave them. Score
-requests are never kept: an update waits for those running (one forward pass each).
-
-The new weights are reloaded in place through vLLM's worker (`reload_weights`, which takes
-checkpoint-format names; `load_weights` alone fails on CPU, where linear weights are repacked
-after loading), and the prefix cache is reset: its keys and values belong to the old weights,
-and prompts longer than one KV block would reuse them. vLLM refuses the reset (returns False,
-and warns) while blocks are held; after PREFIX_RESET_TRIES refusals the engine fails
-(PrefixCacheNotReset): its supervisor replaces it rather than let it serve the old keys and values.
-
-vLLM's own warnings reach the log (stdout), bar the few that repeat on every reload or call
-and say nothing about the run (EXPECTED_VLLM_WARNINGS).
+Weight updates come in order with the requests. Those running when one comes finish first
+(`keep_after_ms` None: publish.in_flight `wait`) or, after `keep_after_ms` (`keep`), are
+preempted as vLLM's `pause_generation(mode="keep", clear_cache=True)` does, and recomputed on
+the new weights; their results say where the weights changed (`version_end`,
+`tokens_on_version`). Score requests are never kept. Weights reload in place through vLLM's
+worker (`reload_weights`, checkpoint names), then the prefix cache is reset; a reset vLLM
+keeps refusing stops the engine (PrefixCacheNotReset) rather than serve the old keys and values.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
 import logging
 import os
 import queue
 import threading
 import time
-import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from rose_ray.chat import ChatFormat
 from rose_ray.errors import ConfigError
@@ -61,28 +40,25 @@ from rose_ray.inference.engine import (
     resolve_dtype,
     validate_sampling,
 )
+from rose_ray.inference.hf import checked_weights
 
-# Set before vLLM is imported in this process (each is a default a user may override):
+# Defaults set before vLLM is imported in this process:
 VLLM_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process: weights pass as tensors
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # share the cores Ray gave this actor; do not pin
-    # Its warnings are the run's business (a refused prefix-cache reset among them); its info
-    # lines (one per loaded model, per compiled graph...) are not.
     "VLLM_LOGGING_LEVEL": "WARNING",
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_DO_NOT_TRACK": "1",
 }
-# vLLM warnings dropped from the log: (logger, message start, first argument or None to match any),
-# each repeated on every reload or call and about nothing the run could change.
+# vLLM warnings dropped from the log, each repeated on every reload or call: (logger, message
+# start, first argument or None to match any).
 EXPECTED_VLLM_WARNINGS = (
-    # an in-place reload has no checkpoint tensor for the rotary cache (computed, never saved)
-    # and says so on every publication
+    # an in-place reload finds no checkpoint tensor for the (computed) rotary cache
     ("vllm.model_executor.model_loader.reload.layerwise", "%s: Failed to load weights", "RotaryEmbedding"),
     # its CPU worker turns torch.set_num_threads into a no-op that warns at each call, its own included
     ("vllm.v1.worker.cpu_worker", "CPU backend doesn't allow to use `torch.set_num_threads`", None),
 )
-# A refused prefix-cache reset is tried this many times, PREFIX_RESET_WAIT_S apart (blocks that
-# vLLM frees as it finishes an abort), before the engine fails.
+# A refused prefix-cache reset is tried this many times, PREFIX_RESET_WAIT_S apart, before the engine fails.
 PREFIX_RESET_TRIES = 3
 PREFIX_RESET_WAIT_S = 0.1
 
@@ -106,14 +82,7 @@ def _quiet_expected_warnings() -> None:
             log.addFilter(_ExpectedWarning(start, arg))
 
 
-def _torch_thread_setter() -> Any:
-    """torch.set_num_threads as it is before vLLM's CPU worker replaces it with a no-op."""
-    import torch
-
-    return torch.set_num_threads
-
-
-_SET_TORCH_THREADS = _torch_thread_setter()
+_SET_TORCH_THREADS = torch.set_num_threads  # as it is before vLLM's CPU worker makes it a no-op
 
 
 class EngineFailed(RuntimeError):
@@ -121,8 +90,7 @@ class EngineFailed(RuntimeError):
 
 
 class PrefixCacheNotReset(RuntimeError):
-    """vLLM kept refusing to reset its prefix cache after a weight update: the cached keys and
-    values of the old weights would be served, so the engine stops (and is replaced)."""
+    """vLLM kept refusing to reset its prefix cache after a weight update: the engine stops."""
 
 
 @dataclass
@@ -162,7 +130,6 @@ class VLLMEngine:
         self.stop_ids = sorted({self.chat.eos_id} | ({self.tokenizer.eos_token_id} - {None}))
         self._version = 0
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._ids = itertools.count()
         self._failure: BaseException | None = None
         self._closing = False
         self._checkpoint_names: dict[str, tuple[int, ...]] | None = None
@@ -172,8 +139,6 @@ class VLLMEngine:
             "weights_s": 0.0, "updates_kept": 0, "requests_kept": 0}
         self._running_sizes: deque[int] = deque(maxlen=1024)
         started: concurrent.futures.Future = concurrent.futures.Future()
-        import torch
-
         threads = self.config.threads or torch.get_num_threads()  # the config's, else the caller's
         self._thread = threading.Thread(target=self._run, args=(started, threads),
                                         name="vllm-engine", daemon=True)
@@ -236,9 +201,8 @@ class VLLMEngine:
         return [f.result() for f in futures]
 
     def update_weights(self, state: dict[str, Any], version: int, keep_after_ms: float | None = None) -> None:
-        """Reload `state` (checkpoint names -> tensors or arrays) in place; later requests run
-        on the new weights. The requests running when it comes finish first, or with
-        `keep_after_ms`, once that long has passed, go on under the new weights (module docstring)."""
+        """Reload `state` (checkpoint names -> tensors or arrays) in place; later requests run on
+        the new weights, running ones as `keep_after_ms` says (module docstring)."""
         self.submit("weights", (state, int(version), keep_after_ms)).result()
 
     def clear_prefix_cache(self) -> None:
@@ -246,8 +210,7 @@ class VLLMEngine:
         self.submit("weights", (None, self._version, None)).result()
 
     def frontend(self) -> VLLMFrontend:
-        """The async face the engine actor and the HTTP server use (no batching of its own:
-        the engine batches continuously)."""
+        """The async face the engine actor and the HTTP server use (the engine batches by itself)."""
         return VLLMFrontend(self)
 
     def close(self) -> None:
@@ -272,9 +235,8 @@ class VLLMEngine:
         else:  # vLLM would otherwise take a share of host memory for its KV cache
             kwargs["kv_cache_memory_bytes"] = int(c.backend.kv_cache_mb * 2**20)
         if c.backend.tensor_parallel_size > 1:
-            # One process per rank, children of this actor, on the GPUs its bundle holds. Inside
-            # a placement group vLLM would pick its Ray executor, which refuses a bundle of more
-            # than one GPU (and on CPU refuses to run at all).
+            # One process per rank, children of this actor: in a placement group vLLM's Ray
+            # executor would refuse a bundle of several GPUs (and CPUs).
             kwargs["distributed_executor_backend"] = "mp"
         self.max_model_len = self._model_len()
         return LLM(
@@ -287,10 +249,9 @@ class VLLMEngine:
         )
 
     def _model_len(self) -> int:
-        """vLLM's max_model_len: context_tokens and one more where the model's positions allow,
-        since vLLM scores a sequence as a prompt with one token to generate (generation stays
-        within context_tokens). More context than positions is refused here, named, as the hf
-        backend refuses it (vLLM's own error at start is a long traceback)."""
+        """vLLM's max_model_len: context_tokens, and one more where the positions allow (vLLM
+        scores a sequence as a prompt with one token to generate). More context than positions
+        is refused, named, as in the hf backend."""
         from transformers import AutoConfig
 
         ctx = self.config.context_tokens
@@ -301,9 +262,8 @@ class VLLMEngine:
         return ctx + 1 if positions is None or positions > ctx else ctx
 
     def _run(self, started: concurrent.futures.Future, threads: int) -> None:
-        # OpenMP's thread count is per thread, and vLLM's CPU kernels read it where they run: a
-        # new thread starts at the machine's core count, whatever the caller set. This thread
-        # builds and steps the engine at the caller's count (vLLM then makes torch's setter a no-op).
+        # OpenMP's thread count is per thread (a new one starts at the core count), and vLLM's CPU
+        # kernels read it where they run; vLLM then makes torch's setter a no-op.
         _SET_TORCH_THREADS(threads)
         try:
             self._llm = self._start()
@@ -314,13 +274,9 @@ class VLLMEngine:
         self._cache = {"kv_cache_bytes": cache.kv_cache_memory_bytes, "kv_blocks": cache.num_gpu_blocks,
                        "kv_block_tokens": cache.block_size}
         started.set_result(None)
-        refused: tuple[type[BaseException], ...] = (ValueError,)
-        try:  # vLLM's validation errors (max_tokens, lengths) are not ValueErrors
-            from vllm.exceptions import VLLMClientError
+        from vllm.exceptions import VLLMClientError
 
-            refused += (VLLMClientError,)
-        except ImportError:
-            pass
+        refused = (ValueError, VLLMClientError)  # vLLM's validation errors (max_tokens, lengths)
         running: dict[str, _Job] = {}
         waiting: deque[_Job] = deque()  # in submission order; a weights job holds back the rest
         wave = 1  # requests the last wave started from idle held
@@ -329,11 +285,8 @@ class VLLMEngine:
                 if not running and not waiting:
                     waiting.append(self._jobs.get())  # idle: sleep until a job comes
                     wave = self._gather(waiting, wave)
-                while True:
-                    try:
-                        waiting.append(self._jobs.get_nowait())
-                    except queue.Empty:
-                        break
+                while not self._jobs.empty():  # (this thread is the queue's only reader)
+                    waiting.append(self._jobs.get_nowait())
                 while waiting:
                     job = waiting[0]
                     if job.kind == "close":
@@ -358,20 +311,14 @@ class VLLMEngine:
             self._failure = error = e
         for job in [*running.values(), *waiting]:
             _deliver(job, error=EngineFailed(f"vllm engine stopped: {error!r}"))
-        while True:
-            try:
-                _deliver(self._jobs.get_nowait(), error=EngineFailed(f"vllm engine stopped: {error!r}"))
-            except queue.Empty:
-                break
+        while not self._jobs.empty():
+            _deliver(self._jobs.get_nowait(), error=EngineFailed(f"vllm engine stopped: {error!r}"))
         del self._llm
 
     def _gather(self, waiting: deque[_Job], wave: int) -> int:
-        """From idle, wait a little for the rest of a wave before the first step (as the hf
-        backend's batcher does): episodes that shared the last wave come back at slightly
-        different times (each had an env step in between), and on a CPU a decode step costs
-        about the same for one sequence as for several. Up to `max_wait_ms` for any request,
-        and REGROUP_FACTOR times that while fewer have come than the last wave held. A weights
-        job or a close ends the wait at once (what follows it waits for it anyway)."""
+        """From idle, wait for the rest of a wave before the first step, as AsyncBatcher does: up to
+        `max_wait_ms`, REGROUP_FACTOR times that while fewer have come than the last wave held.
+        A weights job or a close ends the wait."""
         from rose_ray.inference.batcher import REGROUP_FACTOR
 
         start, wait = time.perf_counter(), self.config.max_wait_ms / 1000
@@ -390,13 +337,11 @@ class VLLMEngine:
 
     @staticmethod
     def _keep_now(job: _Job, running: dict[str, _Job]) -> bool:
-        """Whether a weights job may load under the running requests now: it keeps them
-        (`keep_after_ms` given), has waited that long, and no score request is running (its
-        prompt logprobs come in pieces, which a preemption would compute twice)."""
+        """Whether a weights job may load under the running requests now: `keep_after_ms` given and
+        passed, and no score request running (a preemption would compute its pieces twice)."""
         keep_after_ms = job.payload[2]
-        if keep_after_ms is None or (time.perf_counter() - job.submitted) * 1e3 < keep_after_ms:
-            return False
-        return all(j.kind == "generate" for j in running.values())
+        return (keep_after_ms is not None and (time.perf_counter() - job.submitted) * 1e3 >= keep_after_ms
+                and all(j.kind == "generate" for j in running.values()))
 
     def _add(self, job: _Job, running: dict[str, _Job]) -> None:
         from vllm import SamplingParams
@@ -488,8 +433,7 @@ class VLLMEngine:
 
     def _reload(self, job: _Job, running: dict[str, _Job]) -> None:
         """Load a weights job's state (None: only forget cached prefixes), under `running`
-        requests where `_keep_now` allowed it: they are preempted, to be recomputed on the new
-        weights, and their results remember where the weights changed."""
+        requests where `_keep_now` allowed it (preempted; their results say where it changed)."""
         state, version, _ = job.payload
         t0 = time.perf_counter()
         try:
@@ -511,8 +455,7 @@ class VLLMEngine:
                         held.tokens_on_version = n if n is not None else 0
                         self._counters["requests_kept"] += 1
                 self._counters["updates_kept"] += bool(running)
-            # Keys/values computed by the old weights are stale (and a cold start wants none);
-            # running requests' too, when there are any (kept: recomputed when next scheduled).
+            # The old weights' keys/values are stale, running requests' too (recomputed when next scheduled).
             self._reset_prefix_cache(bool(running))
         except (KeyError, ValueError) as e:  # a bad state: the caller's error, the engine is fine
             _deliver(job, error=e)
@@ -524,9 +467,8 @@ class VLLMEngine:
         _deliver(job, None)
 
     def _reset_prefix_cache(self, running: bool) -> None:
-        """vLLM's reset, checked: it returns False (and warns) while blocks are held. Tried
-        PREFIX_RESET_TRIES times; then PrefixCacheNotReset stops the engine (its thread's
-        failure: every caller hears it, the health ping raises it, the supervisor replaces it)."""
+        """vLLM's reset, which returns False while blocks are held, tried PREFIX_RESET_TRIES times;
+        then PrefixCacheNotReset stops the engine (the supervisor replaces it)."""
         for attempt in range(PREFIX_RESET_TRIES):
             if attempt:
                 time.sleep(PREFIX_RESET_WAIT_S)
@@ -539,8 +481,7 @@ class VLLMEngine:
             "of the old weights would be reused, so this engine stops")
 
     def _sampled_so_far(self, running: dict[str, _Job]) -> dict[str, int]:
-        """Tokens each running request has sampled so far, from vLLM's scheduler (this
-        process's engine core; {} where it is out of reach, e.g. a future vLLM's layout)."""
+        """Tokens each running request has sampled so far, from vLLM's scheduler ({} out of reach)."""
         try:
             requests = self._llm.llm_engine.engine_core.engine_core.scheduler.requests
             return {key: int(requests[job.vllm_id].num_output_tokens)
@@ -549,25 +490,11 @@ class VLLMEngine:
             return {}
 
     def _checkpoint_weights(self, state: dict[str, Any]) -> list[tuple[str, Any]]:
-        """(name, tensor) pairs in the model folder's checkpoint names, checked against them
-        (unknown names and wrong shapes are errors, as in the hf backend). A tied output head
-        goes along with the embedding: vLLM's in-place reload leaves it unloaded otherwise."""
-        import torch
-
-        names = self._names()
-        unknown = sorted(set(state) - set(names) - {"lm_head.weight"})
-        if unknown:
-            raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")
-        weights = []
-        with warnings.catch_warnings():  # arrays from Ray's object store are read-only; only read
-            warnings.filterwarnings("ignore", message=".*not writable.*")
-            for name, value in state.items():
-                t = torch.as_tensor(value)
-                if name in names and tuple(t.shape) != names[name]:
-                    raise ValueError(f"update_weights: {name} has shape {tuple(t.shape)}, model expects {names[name]}")
-                weights.append((name, t))
+        """(name, tensor) pairs, checked against the checkpoint's names and shapes. A tied output
+        head goes along with the embedding (vLLM's in-place reload leaves it unloaded otherwise)."""
+        weights = checked_weights(state, {"lm_head.weight": None, **self._names()})
         if "lm_head.weight" not in state and "model.embed_tokens.weight" in state and self._tied():
-            weights.append(("lm_head.weight", torch.as_tensor(state["model.embed_tokens.weight"])))
+            weights.append(("lm_head.weight", dict(weights)["model.embed_tokens.weight"]))
         return weights
 
     def _names(self) -> dict[str, tuple[int, ...]]:
@@ -614,8 +541,7 @@ class VLLMFrontend:
         await self.queue_weights(state, version)
 
     def queue_weights(self, state: dict[str, Any], version: int, keep_after_ms: float | None = None) -> asyncio.Future:
-        """Queue a weight update now (requests submitted after it run on the new weights;
-        `keep_after_ms` as in `VLLMEngine.update_weights`); the future resolves once they are loaded."""
+        """Queue a weight update now (as `VLLMEngine.update_weights`); the future resolves once it is loaded."""
         return asyncio.wrap_future(self.engine.submit("weights", (state, int(version), keep_after_ms)))
 
     def stats(self) -> dict[str, Any]:
