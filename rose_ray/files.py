@@ -20,7 +20,7 @@ through it.
 - `out_path`: an output path made absolute with symlinks resolved, on the driver, before any
   work: written from another process (a learner rank, another working directory) it means the
   same folder, and the final rename never meets a symlink.
-- `crash_point`: the tests' stand-in for a crash at a chosen point (tests/e2e/test_kills.py);
+- `crash_point`: the tests' stand-in for a crash at a chosen point (tests/integration/test_files.py);
   nothing unless ROSE_RAY_CRASH_AT names that point.
 """
 

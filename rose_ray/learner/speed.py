@@ -1,6 +1,6 @@
 """The learner's speed settings: what `auto` chooses for each on this machine, and applying them
 to a model before DeepSpeed wraps it. Each one is tested for equality against its reference
-(tests/unit/test_learner_speed.py); docs/learner.md has the table of what each costs.
+(tests/unit/learner/test_speed.py); docs/learner.md has the table of what each costs.
 
 - `learner.attn_implementation` (learner/attention.py) and `learner.head` (learner/forward.py)
   resolve in their own modules.

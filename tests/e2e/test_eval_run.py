@@ -1,4 +1,4 @@
-"""The slow half of tests/unit/test_eval.py (marked `slow`: whole runs, servers, jobs); that
+"""The slow half of tests/unit/test_evaluate.py (marked `slow`: whole runs, servers, jobs); that
 file's docstring says what both halves check."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from rose_ray.evaluate import EvalCommand, run_eval
-from tests.unit.test_eval import record
+from tests.unit.test_evaluate import record
 
 
 @pytest.mark.slow

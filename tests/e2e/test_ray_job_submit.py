@@ -1,4 +1,4 @@
-"""The slow half of tests/unit/test_launch_submit.py (marked `slow`: whole runs, servers, jobs); that
+"""The slow half of tests/integration/test_launch_submit.py (marked `slow`: whole runs, servers, jobs); that
 file's docstring says what both halves check."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_launch_submit import ROOT
+from tests.integration.test_launch_submit import ROOT
 
 PORT_FLAGS = ("port", "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port",
               "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port",

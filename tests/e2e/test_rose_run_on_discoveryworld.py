@@ -1,6 +1,6 @@
-"""The slow half of tests/unit/test_discoveryworld.py (marked `slow`: whole runs, servers, jobs); that
+"""The slow half of tests/unit/envs/test_discoveryworld.py (marked `slow`: whole runs, servers, jobs); that
 file's docstring says what both halves check. The eval of the tiny student on easy games is
-tests/e2e/test_knowledge.py's, with a served judge (one eval for both)."""
+tests/e2e/test_eval_with_a_judge.py's, with a served judge (one eval for both)."""
 
 from __future__ import annotations
 

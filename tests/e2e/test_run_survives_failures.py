@@ -197,7 +197,7 @@ def test_a_vllm_student_engine_that_stalls_dies_or_keeps_stale_kv_still_gets_eve
     actors and the replacement engines read after (a second run's download step sending no file:
     tests/unit/test_hub_ids.py): a hub-id student on vLLM trains and takes the learner's weights (vLLM's weight-name check reads the snapshot's safetensors), and the run
     trains on exactly the ids vLLM sampled. The only run on vLLM engines with an OPD term:
-    tests/e2e/test_qwen3.py runs opd itself on hf engines."""
+    tests/e2e/test_runs_on_qwen3_like_models.py runs opd itself on hf engines."""
     pytest.importorskip("vllm", reason="the vllm backend needs vLLM (launch/setup.sh installs it)")
     import ray
 

@@ -1,4 +1,4 @@
-"""The slow half of tests/unit/test_served_teacher.py (marked `slow`: whole runs, servers, jobs); that
+"""The slow half of tests/unit/inference/test_served_teacher.py (marked `slow`: whole runs, servers, jobs); that
 file's docstring says what both halves check."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The slow half of tests/unit/test_sft.py (marked `slow`: whole runs, servers, jobs); that
+"""The slow half of tests/unit/recipes/test_sft.py (marked `slow`: whole runs, servers, jobs); that
 file's docstring says what both halves check."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from rose_ray.chat import ChatFormat
 from rose_ray.cli import main
 from rose_ray.rows import write_jsonl
-from tests.unit.test_sft import EPISODES, INSTRUCTION, rows
+from tests.unit.recipes.test_sft import EPISODES, INSTRUCTION, rows
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_reliability import BATCH, check_exactly_once
+from tests.e2e.test_run_survives_failures import BATCH, check_exactly_once
 from tests.unit.test_launch_files import ROOT
 
 SBIN = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])

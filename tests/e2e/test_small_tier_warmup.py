@@ -1,4 +1,4 @@
-"""The slow half of tests/unit/test_small_tier.py (marked `slow`: whole runs, servers, jobs); that
+"""The slow half of tests/unit/provision/test_small_tier.py (marked `slow`: whole runs, servers, jobs); that
 file's docstring says what both halves check."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rose_ray.cli import main
-from tests.unit.test_small_tier import SMALL
+from tests.unit.provision.test_small_tier import SMALL
 
 
 @pytest.mark.slow

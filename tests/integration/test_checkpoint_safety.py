@@ -37,7 +37,7 @@ from rose_ray.learner.worker import NonFiniteWeights, _load_rng_state, _rng_stat
 from rose_ray.rows import row_to_trajectory
 from rose_ray.run import Run
 from rose_ray.tokens import make_batch, render
-from tests.unit.test_learner import WEIGHTS, config, conversations
+from tests.unit.learner.test_learner import WEIGHTS, config, conversations
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def test_export_and_resume_pass_over_a_save_killed_midway(group, tiny_models, tm
     assert failed and "learner rank 0 lost" in str(failed[0])
     assert kept_steps(parts.run_dir) == [1] and latest_tag(parts.run_dir) == "step_1"
     # The driver lived: it removed the half-written temp folder (a whole job killed leaves it to
-    # the next save or run: tests/e2e/test_reliability.py).
+    # the next save or run: tests/e2e/test_run_survives_failures.py).
     assert sorted(p.name for p in parts.ckpt_dir.iterdir()) == ["latest", "step_1", "trainer_step_1.json"]
     work = tmp_path / "work"
     work.mkdir()

@@ -12,7 +12,7 @@ from rose_ray.inference.actor import engine_actor
 from rose_ray.inference.engine import EngineConfig, GenerationRequest
 from rose_ray.inference.hf import HFEngine
 from rose_ray.types import SamplingParams
-from tests.unit.test_inference_engine import sharpened_state
+from tests.unit.inference.test_engine import sharpened_state
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 

@@ -1,4 +1,4 @@
-"""The slow half of tests/unit/test_server.py (marked `slow`: whole runs, servers, jobs); that
+"""The slow half of tests/unit/inference/test_server.py (marked `slow`: whole runs, servers, jobs); that
 file's docstring says what both halves check."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import sys
 import pytest
 
 from tests.served import free_port, start_server
-from tests.unit.test_server import KEY, NAME, post
+from tests.unit.inference.test_server import KEY, NAME, post
 
 
 @pytest.mark.slow
 def test_rose_ray_serve_command(tiny_models, tmp_path):
     """The CLI end to end: a subprocess serving on a free port, with a key (vLLM's own server,
-    which `serve --backend vllm` names: tests/e2e/test_vllm_server.py)."""
+    which `serve --backend vllm` names: tests/integration/test_vllm_server.py)."""
     port = free_port()
     env = {**os.environ, "ROSE_RAY_API_KEY": KEY}
     cmd = [sys.executable, "-m", "rose_ray.cli", "serve", str(tiny_models["student"]), "--port", str(port),

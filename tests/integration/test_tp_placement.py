@@ -14,7 +14,7 @@ import pytest
 from rose_ray.inference.engine import EngineConfig, GenerationRequest
 from rose_ray.inference.hf import HFEngine
 from rose_ray.types import SamplingParams
-from tests.unit.test_inference_engine import sharpened_state, special_ids
+from tests.unit.inference.test_engine import sharpened_state, special_ids
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=4)
 LONGER = SamplingParams(temperature=0.0, max_new_tokens=24)

@@ -48,7 +48,7 @@ def teacher_dir(tiny_models, tmp_path_factory) -> Path:
     """The tiny teacher with sharpened weights: its outputs depend on the prompt (at init scale
     greedy decoding repeats one token whatever it is given, and agreement would say little)."""
     from rose_ray.models import load_model, load_tokenizer
-    from tests.unit.test_inference_engine import sharpened_state, special_ids
+    from tests.unit.inference.test_engine import sharpened_state, special_ids
 
     out = tmp_path_factory.mktemp("sharp") / "teacher"
     model, tok = load_model(tiny_models["teacher"]), load_tokenizer(tiny_models["teacher"])

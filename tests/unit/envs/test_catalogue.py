@@ -131,15 +131,3 @@ def test_the_sampler_keeps_only_the_tasks_asked_for():
                             "`rose-ray games --world sciworld` lists them")
 
 
-def test_shipped_data_matches_a_live_jvm():
-    from rose_ray.envs.sciworld.make_catalogue_data import read_live_catalogue
-
-    live = read_live_catalogue()
-    shipped = [
-        {
-            "task_id": t.task_id, "task": t.task, "num_variations": t.num_variations,
-            "train": list(t.train), "dev": list(t.dev), "test": list(t.test),
-        }
-        for t in all_tasks()
-    ]
-    assert live == shipped

@@ -24,7 +24,7 @@ from rose_ray.inference.registry import (
     settings_owner,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SEED = ROOT / "configs/rose_qwen3_1p7b_32b.yaml"
 
 

@@ -498,7 +498,7 @@ def test_a_refused_prefix_cache_reset_fails_the_vllm_engine_and_vllm_says_why(hf
     request the engine does not track holds them: it is added to vLLM's own engine directly, as
     no caller of ours can (the engine thread is idle meanwhile). The weight update's reset is
     tried again, then the engine fails, so the run's supervisor replaces it (its health ping
-    raises; tests/e2e/test_reliability.py runs that); it never serves the old weights' keys and
+    raises; tests/e2e/test_run_survives_failures.py runs that); it never serves the old weights' keys and
     values. vLLM's own warning about it is logged (its logger's handler prints it), not silenced."""
     import logging
 

@@ -39,7 +39,7 @@ def test_a_server_that_fails_every_request_is_taken_for_gone():
 
 def test_a_server_going_away_cuts_off_its_requests_in_flight():
     """A server that stops taking connections and leaves a request unanswered (as vLLM's does on
-    SIGTERM: tests/e2e/test_vllm_server.py) fails that request within seconds, not after timeout_s."""
+    SIGTERM: tests/integration/test_vllm_server.py) fails that request within seconds, not after timeout_s."""
     answer = threading.Event()
 
     class Silent(http.server.BaseHTTPRequestHandler):

@@ -16,7 +16,7 @@ from rose_ray.inference.hf import HFEngine
 from rose_ray.inference.openai import OpenAIEngine, OpenAIServerError
 from rose_ray.inference.server import OpenAIServer
 from rose_ray.types import SamplingParams
-from tests.unit.test_inference_engine import sharpened_state
+from tests.unit.inference.test_engine import sharpened_state
 
 KEY = "test-key-123"
 
@@ -307,7 +307,7 @@ def test_requests_past_max_concurrent_get_429_and_a_body_that_never_arrives_408(
 
 def test_serve_on_vllm_names_vllms_own_server(tiny_models, capsys, monkeypatch):
     """`serve --backend vllm` starts nothing: vLLM serves with its own server (the one
-    tests/e2e/test_vllm_server.py starts from these words), named with the settings given and
+    tests/integration/test_vllm_server.py starts from these words), named with the settings given and
     without the key's value; exit 2."""
     from rose_ray.cli import main
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from rose_ray.learner.forward import PackedForward
-from tests.unit.test_learner_paths import RTOL, load
+from tests.unit.learner.test_paths import RTOL, load
 
 
 def test_chunked_logits_equal_the_models_logits(tiny_models):

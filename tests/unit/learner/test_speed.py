@@ -30,8 +30,8 @@ from rose_ray.learner.losses import loss as batch_loss
 from rose_ray.models import load_tokenizer
 from rose_ray.rows import row_to_trajectory
 from rose_ray.tokens import make_batch, render
-from tests.unit.test_learner import WEIGHTS, conversations
-from tests.unit.test_learner_paths import RTOL, assert_same_grads, qwen3_vocab
+from tests.unit.learner.test_learner import WEIGHTS, conversations
+from tests.unit.learner.test_paths import RTOL, assert_same_grads, qwen3_vocab
 
 
 @pytest.fixture(scope="module")
@@ -120,30 +120,6 @@ def test_activation_checkpointing_equals_none(models, name, mode):
     assert recomputed == (set(range(len(layers))) if mode == "full" else set(range(0, len(layers), 2)))
     assert_same_logprobs(lp_new[trained], lp_ref[trained])
     assert_same_grads(ref, new)
-
-
-# --------------------------------------------------------------------------- fused kernels
-def test_regionally_compiled_kernels_equal_eager(models):
-    """`fused_kernels: compile` (torch.compile of every RMSNorm and MLP, dynamic shapes): the
-    same logprobs and gradients, and a micro-batch of another length needs no new graph."""
-    from torch._dynamo.utils import counters
-
-    path, tok = models["tiny_qwen3"]
-    part, den = rose_part(tok)
-    ref, new = load(path), load(path)
-    speed.apply_fused_kernels(new, "compile")
-    graphs = counters["stats"]["unique_graphs"]
-    lp_ref, trained = run(ref, part, den)
-    lp_new, _ = run(new, part, den)
-    assert counters["stats"]["unique_graphs"] > graphs  # compiled indeed
-    assert_same_logprobs(lp_new[trained], lp_ref[trained])
-    assert_same_grads(ref, new)
-    other, den2 = rose_part(tok, seed=1)
-    shorter = {k: v[:, :-7] if v.ndim == 2 else v for k, v in other.items()}
-    shorter["cu_seq_lens"] = np.minimum(other["cu_seq_lens"], shorter["input_ids"].shape[1]).astype(np.int32)
-    graphs = counters["stats"]["unique_graphs"]
-    run(new, shorter, den2)
-    assert counters["stats"]["unique_graphs"] == graphs
 
 
 # --------------------------------------------------------------------------- the optimizer

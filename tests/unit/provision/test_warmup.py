@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 
 from rose_ray.config import load_config
-from rose_ray.envs.protocol import parse_action
 from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
-from rose_ray.envs.sciworld.game import SciWorldGame
 from rose_ray.provision.warmup import shipped_gold, warmup_cache
 
 
@@ -30,21 +28,6 @@ def test_the_tiny_default_warms_on_the_shipped_demonstrations():
     for r in rows:
         assert [(m["role"], m["content"]) for m in r["conversations"][:2]] == opening
         assert 1 <= r["rounds"] <= cfg.teacher_warmup.max_turns
-
-
-def test_the_shipped_demonstrations_still_match_the_games():
-    """A ScienceWorld release that changed these games would make the shipped data a lie."""
-    cfg = load_config(None)
-    rows = shipped_gold(warmup_cache(cfg, "")[0])
-    catalogue = SciWorldCatalogue(cfg.env.mapping)
-    with SciWorldGame() as game:
-        for row in rows[:: len(rows) // 3][:3]:
-            first = game.load(catalogue.game(row["item_id"]))
-            conv = row["conversations"]
-            assert first.observation == conv[2]["content"]
-            for action, observation in zip(conv[3::2], conv[4::2]):
-                step = game.step(parse_action(action["content"]).action)
-                assert step.observation == observation["content"]
 
 
 def test_other_settings_play_gold_now():

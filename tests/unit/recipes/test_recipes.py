@@ -2,7 +2,7 @@
 __init__.py) as objects: whether each makes the teacher score the student's tokens, which
 tokens each trains, the checks that name their key. Elsewhere: the section read from YAML and
 its one-line description (tests/unit/test_config.py), the loss each recipe's weights give
-(tests/unit/test_losses.py), OPD refused by `rose-ray check` across tokenizers
+(tests/unit/learner/test_losses.py), OPD refused by `rose-ray check` across tokenizers
 (tests/unit/test_check.py); offline SFT and the warm-ups have test_sft.py and test_warmup.py."""
 
 from __future__ import annotations

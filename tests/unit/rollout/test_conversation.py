@@ -9,7 +9,7 @@ settings each get their own cut of their own ids, each in its own `View`; and th
 rendering (`tokens.render` of the trajectory built from `for_learner`'s turns and cut) begins
 with exactly the ids of the last prompt, then the reply sampled to it, and leaves out the
 observation the episode ended on only where it would not fit the student's context. The report turn's use of the cut:
-tests/unit/test_report.py; the cut's rule on bare turns: tests/unit/test_context.py."""
+tests/unit/rollout/test_report.py; the cut's rule on bare turns: tests/unit/rollout/test_context.py."""
 
 from __future__ import annotations
 
