@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
 from rose_ray.config import load_config
 from rose_ray.envs.pool import EnvPool
@@ -144,3 +145,24 @@ class TextEngine:
         text = self.texts.pop(0)
         ids = self.chat.encode(text) + [self.chat.eos_id]
         return GenerationResult(text, ids, [-0.5] * len(ids), "stop", len(request.prompt_ids), 0)
+
+
+def test_warm_up_demonstrations_continue_with_the_expert_after_the_students_opening():
+    """teacher_warmup.continuation=expert: after the base student's real turns (here: replies
+    that move, and junk), the expert plays from the state they left, and wins; the opening's
+    replies stay the student's (context), the expert's are the teacher's, as its replies read."""
+    from rose_ray.provision.gold import gold_rows
+
+    cfg = load_config(SMALL)
+    games = SciWorldCatalogue(cfg.env.mapping).sample("train", 4, 0, tasks=cfg.tasks)
+    openings = {games[0].item_id: ["Thought: go.\nAction: open door to hallway", "Thought: go.\nAction: go to hallway"],
+                games[1].item_id: ["Thought: I am in the"]}
+    rows, problems = gold_rows(games, workers=2, progress=False, openings=openings, continuation="expert")
+    assert len(rows) == 4 and all(r["success"] for r in rows), problems
+    for game, row in zip(games, rows):
+        replies = row["conversations"][3::2]
+        n = len(openings.get(game.item_id, []))
+        assert [m["owner"] for m in replies[:n]] == ["student"] * n and all(m["owner"] == "teacher" for m in replies[n:])
+        assert all(m["content"].startswith("Thought: I am in the ") for m in replies[n:])
+    with pytest.raises(Exception, match="continuation"):
+        gold_rows(games[:1], progress=False, continuation="oracle")

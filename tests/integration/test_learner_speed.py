@@ -6,8 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 from rose_ray.learner import speed
+from tests.unit.learner import test_speed as speed_tests
 from tests.unit.learner.test_paths import assert_same_grads
 from tests.unit.learner.test_speed import assert_same_logprobs, load, rose_part, run
+
+# the unit half's fixture, shared: the models each kernel is checked on
+models = speed_tests.models
 
 
 # --------------------------------------------------------------------------- fused kernels

@@ -18,9 +18,9 @@ PROCESS_FIXTURES = {"ray_cluster", "env_node_cluster"}
 PROCESS_MODULES = {"subprocess", "multiprocessing", "deepspeed.launcher"}
 # what starts one when called: a Ray cluster (`ray.init`; a Ray actor needs one), a ScienceWorld or
 # DiscoveryWorld game (a JVM or a worker process), a pool of them, tests/served.py's server
-# process, a process of a pool or a fork
+# process, a process of a pool or a fork, vLLM's engine (its compiler processes)
 PROCESS_CALLS = {"init", "EnvPool", "SciWorldGame", "DiscoveryWorldGame", "ScienceWorldEnv",
-                 "start_server", "launch_gateway", "Popen", "ProcessPoolExecutor", "fork"}
+                 "start_server", "launch_gateway", "Popen", "ProcessPoolExecutor", "fork", "VLLMEngine"}
 
 
 def process_starts(path: Path, rel: str) -> list[str]:

@@ -7,14 +7,9 @@ leave, through Ray; a short ROSE run with it) is tests/e2e/test_rose_run_with_th
 
 from __future__ import annotations
 
-import pytest
-
-from rose_ray.config import load_config
 from rose_ray.envs.pool import EnvPool
 from rose_ray.envs.protocol import parse_action
-from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
 from rose_ray.envs.sciworld.expert import _after_focus, _moved_since_look, _walk
-from tests.unit.provision.test_small_tier import SMALL
 
 # The house every ScienceWorld game shares (the expert reads it from a walk through the doors).
 HOUSE = {"outside": ["foundry", "greenhouse", "kitchen"], "foundry": ["outside"], "greenhouse": ["hallway", "outside"],
@@ -61,22 +56,3 @@ def play_expert(pool: EnvPool, max_turns: int = 30):
     return replies, result
 
 
-def test_warm_up_demonstrations_continue_with_the_expert_after_the_students_opening():
-    """teacher_warmup.continuation=expert: after the base student's real turns (here: replies
-    that move, and junk), the expert plays from the state they left, and wins; the opening's
-    replies stay the student's (context), the expert's are the teacher's, as its replies read."""
-    from rose_ray.provision.gold import gold_rows
-
-    cfg = load_config(SMALL)
-    games = SciWorldCatalogue(cfg.env.mapping).sample("train", 4, 0, tasks=cfg.tasks)
-    openings = {games[0].item_id: ["Thought: go.\nAction: open door to hallway", "Thought: go.\nAction: go to hallway"],
-                games[1].item_id: ["Thought: I am in the"]}
-    rows, problems = gold_rows(games, workers=2, progress=False, openings=openings, continuation="expert")
-    assert len(rows) == 4 and all(r["success"] for r in rows), problems
-    for game, row in zip(games, rows):
-        replies = row["conversations"][3::2]
-        n = len(openings.get(game.item_id, []))
-        assert [m["owner"] for m in replies[:n]] == ["student"] * n and all(m["owner"] == "teacher" for m in replies[n:])
-        assert all(m["content"].startswith("Thought: I am in the ") for m in replies[n:])
-    with pytest.raises(Exception, match="continuation"):
-        gold_rows(games[:1], progress=False, continuation="oracle")
