@@ -59,7 +59,9 @@ def layout_faults(root: Path) -> list[str]:
 
 
 def test_unit_tests_start_no_process_and_mirror_the_package():
-    assert layout_faults(ROOT) == []
+    faults = layout_faults(ROOT)
+    assert not faults, "tests/unit/ holds tests that start no process, in rose_ray/'s folders " \
+        "(tests/integration/ takes the others):\n" + "\n".join(faults)
 
 
 def test_the_layout_rule_sees_what_it_forbids(tmp_path):
