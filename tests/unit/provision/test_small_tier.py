@@ -41,34 +41,6 @@ def test_visible_names_follow_what_the_game_said():
         visible_names(["a", "b"], ["only one"])
 
 
-def test_student_openings_are_kept_where_the_gold_path_still_wins():
-    """Real games: a demonstration opens with a student's own replies (junk that changes nothing,
-    actions that change little) and its gold path after them; an opening after which the gold
-    path loses (a wrong focus ends a lifespan game) is dropped and the game demonstrated without it."""
-    from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
-    from rose_ray.provision.gold import gold_rows
-
-    cfg = load_config(SMALL)
-    games = SciWorldCatalogue(cfg.env.mapping).sample("train", 4, 0, tasks=cfg.tasks)
-    lifespan = [g for g in games if g.task.startswith("lifespan")]
-    junk = ["Thought: I am in the on the task, I am in studio. To make progresss"]
-    looked = ["Thought: x\nAction: look around", "Thought: y\nAction: inventory"]
-    openings = {games[0].item_id: junk, lifespan[0].item_id: looked, lifespan[1].item_id: ["Action: focus on agent"]}
-    rows, problems = gold_rows(games, workers=2, progress=False, observe=True, openings=openings)
-    assert all(r["success"] for r in rows) and len(rows) == len(games)
-    by_id = {r["item_id"]: r["conversations"] for r in rows}
-
-    def student_replies(conv):
-        return [m["content"] for m in conv[3::2] if m["owner"] == "student"]
-
-    assert student_replies(by_id[games[0].item_id]) == junk
-    assert student_replies(by_id[lifespan[0].item_id]) == looked
-    assert student_replies(by_id[lifespan[1].item_id]) == []  # dropped: the wrong focus lost the game
-    assert problems == [f"{lifespan[1].item_id}: the gold path did not score as well after the student's "
-                        "opening; demonstrated without it"]
-    assert all(student_replies(by_id[g.item_id]) == [] for g in games if g.item_id not in openings)
-
-
 def test_student_openings_drawn_per_game_and_keyed_by_the_student():
     from rose_ray.provision.warmup import opening_turns, warmup_cache
     from rose_ray.types import GameId
