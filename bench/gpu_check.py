@@ -24,7 +24,7 @@ part's GPU memory never counts in another's:
   engine's fresh load. ms/MB for both; what `auto` chose for an engine on this GPU (object_store:
   NCCL takes one rank per GPU) and for one on another GPU (the collective over NCCL). The
   broadcast between two processes needs a second GPU: bench/gpu_check.sh then runs
-  tests/e2e/test_publish.py's NCCL test (a one-GPU machine skips it, saying so).
+  tests/integration/test_publish.py's NCCL test (a one-GPU machine skips it, saying so).
 - `stall`: a weight group whose second member never joins (NCCL on the GPU; gloo on a CPU),
   learner rank 0's side as the publisher runs it: it must give up within its timeout
   (CollectiveTimeout), abort the group, and live past the group's own timeout (twice that: the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU check, for a machine with one GPU (within 8 minutes on one H200: each step has a
 # time limit, 80 + 290 + 60 + 50 s at most, beside the wheels' install):
-#  1. the learner's GPU kernels against their reference paths (tests/unit/test_learner_speed.py's
+#  1. the learner's GPU kernels against their reference paths (tests/unit/learner/test_speed.py's
 #     and test_learner_paths.py's CUDA tests: torch's varlen FlashAttention, cut-cross-entropy,
 #     Liger, fused AdamW on CUDA, flash-attn where installed), ~1 minute;
 #  2. the learner at the seed's step shape (bench/gpu_learner.py: 3 packed rows of 16,384 tokens
@@ -66,7 +66,7 @@ done | tee -a "$out/gpu_check_env.log"
 # 1. equality of the GPU kernels (skipped, saying so, without CUDA or a kernel's package)
 if python3 -c "import pytest" 2>/dev/null; then
   DS_ACCELERATOR=$DS_ACCELERATOR timeout 80 python3 -m pytest -q -rs -o addopts="" -p no:cacheprovider \
-    tests/unit/test_learner_speed.py tests/unit/test_learner_paths.py -k "gpu or flash" 2>&1 \
+    tests/unit/learner/test_speed.py tests/unit/learner/test_paths.py -k "gpu or flash" 2>&1 \
     | tail -15 | tee "$out/gpu_check_equality.log" || true
 else
   echo "gpu_check: pytest is not installed: the GPU equality tests did not run" | tee "$out/gpu_check_equality.log"

@@ -55,7 +55,7 @@ _crash_counts: dict[str, int] = {}
 
 
 def crash_point(name: str) -> None:
-    """A test's stand-in for a crash here (tests/e2e/test_kills.py): with ROSE_RAY_CRASH_AT=`name`
+    """A test's stand-in for a crash here (tests/integration/test_files.py): with ROSE_RAY_CRASH_AT=`name`
     (or `name#N`: the N-th time here) the process stops itself (SIGSTOP) for the test to SIGKILL
     the job around it, as a lost node would. Unset, it does nothing."""
     wanted = os.environ.get(CRASH_ENV)

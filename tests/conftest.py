@@ -1,10 +1,10 @@
 """Shared fixtures: tiny local models (built once per session) and a local Ray cluster.
 
-Layout: `tests/unit/` holds the quick tests (`pytest tests/unit`, or `-m "not slow"`);
-`tests/e2e/` holds everything marked `slow` (whole runs, warm-ups, evals, servers, jobs) and the
-few quick tests that share an expensive module fixture with them (test_publish,
-test_checkpoint_safety, test_cluster_envs). A file's name says what it tests in
-both folders; a helper both halves use lives in the unit file and the e2e file imports it."""
+Layout (docs/design.md, "Tests"): `tests/unit/<package path>/` holds the tests that start no
+process, mirroring rose_ray/ (tests/unit/test_layout.py holds them to it); `tests/integration/`
+those that start Ray, engines, servers, JVMs or commands; `tests/e2e/` whole runs, named by
+scenario. Long tests are marked `slow` wherever they live. A file split between two folders keeps
+the helpers both halves use in its unit half, and the other half imports them."""
 
 from __future__ import annotations
 

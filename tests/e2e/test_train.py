@@ -22,7 +22,7 @@ import rose_ray
 from rose_ray.envs.protocol import parse_action
 from rose_ray.metrics import read_scalars
 from rose_ray.train import train
-from tests.unit.test_metrics import wandb_history, wandb_records
+from tests.integration.test_metrics import wandb_history, wandb_records
 
 K = 2
 
@@ -321,8 +321,8 @@ def every_reply_of_its_owners_trained(run_dir: Path, owners: set[str]) -> None:
 
 @pytest.mark.slow
 def test_teacher_sft_runs(tiny_models, ray_cluster, tmp_path):
-    """teacher_sft on the default (hf) engines; tests/e2e/test_qwen3.py runs opd (on hf engines),
-    tests/e2e/test_reliability.py rose with its OPD term on vLLM engines."""
+    """teacher_sft on the default (hf) engines; tests/e2e/test_runs_on_qwen3_like_models.py runs opd (on hf engines),
+    tests/e2e/test_run_survives_failures.py rose with its OPD term on vLLM engines."""
     run_dir = tmp_path / "run"
     summary = train(None, overrides(tiny_models, run_dir, steps=1) + [
         "algorithm=teacher_sft", "eval.before=false",
