@@ -1,16 +1,6 @@
-"""One typed config for each command: `eval`, `collect`, `continue`, `gold`, `sft` and `serve`
-(COMMANDS), and `check`, `plan`, `warmup` and `export` (TOOLS). A command's job runs on its
-config, so a new setting is one field and the code that reads it. Settings are composed from
-small shared groups (world, context, conversation, backend, ...) and given in layers:
-
-    dataclass default  <  --settings FILE.yaml  <  --flag  <  KEY=VALUE
-
-The flags are made from the fields (`add_flags`) and OmegaConf merges the layers (`resolve`),
-so an unknown key, a wrong type or a missing required setting is a ConfigError naming the key.
-`--config` is always a training config: `eval --config F --model M` plays M as F's runs
-evaluate, `eval --run RUN` does so for a run's own model (`training_eval`); the other COMMANDS
-refuse it. TOOLS have flags alone, and their `--config` and KEY=VALUE are the training config's.
-Importing this module loads no torch.
+"""One typed config for each command (COMMANDS), and for the tools with flags alone (TOOLS):
+flags made from the fields (`add_flags`), layers merged by OmegaConf (`resolve`), errors naming
+the key (docs/configuration.md#commands). Importing this module loads no torch.
 """
 
 from __future__ import annotations
@@ -503,7 +493,9 @@ def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = Tru
         kind = inner[0] if typing.get_origin(hint) is list or len(inner) == 1 else hint
         required = f.default is MISSING
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        about = " ".join(filter(None, [meta["help"], "(required)" if required else default_text(meta["help"], default)]))
+        said = default is None or default is False or default in ([], "") or "default" in meta["help"].lower()
+        end = "(required)" if required else "" if said else f"(default: {default})".replace("%", "%%")  # argparse's %
+        about = " ".join(filter(None, [meta["help"], end]))
         # A positional KEY=VALUE list is there even when empty: more may follow the flags (cli.main).
         options: dict[str, Any] = {"help": about or None, "default": [] if meta["nargs"] == "*" else argparse.SUPPRESS}
         if kind is bool:
@@ -525,13 +517,6 @@ def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = Tru
         parser.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE",
                             help="settings over the flags and the file, e.g. seed=1")
     parser.set_defaults(settings=command)
-
-
-def default_text(help_: str, default: Any) -> str:
-    """What `--help` says of a default not said already: nothing for None, False or empty."""
-    if default is None or default is False or default == [] or default == "" or "default" in help_.lower():
-        return ""
-    return f"(default: {default})".replace("%", "%%")  # argparse formats help with %
 
 
 def _flag(f: Any) -> str:

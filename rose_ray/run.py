@@ -31,9 +31,9 @@ from rose_ray.checkpoint import (
     LearningState,
     RolloutState,
     kept_steps,
+    load_learner,
     no_replies,
     read_checkpoint,
-    unreadable_checkpoint,
 )
 from rose_ray.config import TrainConfig
 from rose_ray.learner.learner import LearnerLost
@@ -42,17 +42,12 @@ from rose_ray.reliability import RoleFailed, describe_error
 from rose_ray.runs import saved_config
 
 if TYPE_CHECKING:
-    from rose_ray.envs.protocol import Protocol
     from rose_ray.learner.learner import LearnerGroup
     from rose_ray.metrics import MetricsLogger
     from rose_ray.placement import PlacementGroups
-    from rose_ray.rollout.agent import Agent, EpisodeConfig
-    from rose_ray.rollout.buffer import TrajectoryBuffer
-    from rose_ray.rollout.handoff import TurnPolicy
+    from rose_ray.rollout.agent import Agent
     from rose_ray.rollout.ledger import Draw, EpisodeLedger
     from rose_ray.rollout.runner import EpisodeRunner
-    from rose_ray.rollout.supervisor import EngineSupervisor
-    from rose_ray.tokens import TokenWeights
     from rose_ray.types import GameId, Trajectory
 
 
@@ -98,13 +93,6 @@ def await_ready(agents: dict[str, Any], timeout_s: float) -> None:
 class Rollouts:
     """Episodes played into the buffer: while there is room (`start_playing`, async mode) or a
     batch at a time (`play_batch`, sync mode)."""
-
-    engines: EngineSupervisor
-    protocol: Protocol
-    handoff: TurnPolicy
-    episode_cfg: EpisodeConfig
-    runner: EpisodeRunner
-    buffer: TrajectoryBuffer
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, failures: Failures) -> None:
         self.cfg, self.run_dir, self.failures = cfg, run_dir, failures
@@ -261,12 +249,6 @@ class Rollouts:
 class Learning:
     """The learner group trained on the buffer's batches (`train`), its weights published to the
     student engine (`publish`), and to a replacement student engine before it serves."""
-
-    token_weights: TokenWeights
-    pad_id: int
-    student: Agent
-    engines: EngineSupervisor
-    failures: Failures
 
     def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
         self.cfg, self.run_dir = cfg, run_dir
@@ -477,17 +459,12 @@ class Run:
     def load_checkpoint(self, publish: bool = True) -> Checkpoint:
         """Back to the latest whole checkpoint (or the start, without one): the learner, each
         component's state, and the logs cut to match. Returns the record."""
-        from rose_ray.learner.worker import CheckpointUnreadable
         from rose_ray.rollout.ledger import keep_steps
 
         learning = self.learning
         if kept_steps(self.run_dir):  # a save cut short is not among them
             state = read_checkpoint(self.run_dir)  # the newest whose record reads (it says when it goes back)
-            try:
-                learning.learner.load_checkpoint(self.ckpt_dir, state.tag)
-            except CheckpointUnreadable as e:
-                raise unreadable_checkpoint(e, self.run_dir, state.step, kept_steps(self.run_dir),
-                                            "train --resume") from None
+            load_learner(learning.learner, self.run_dir, state.tag, "train --resume")
             learning.checkpointed_step = state.step
         else:
             state = self.start_state
