@@ -86,9 +86,11 @@ class ConversationSettings(HistorySetting, InstructionSetting):
 
 
 @dataclass
-class BackendSettings:
-    """The engine of a local model."""
+class EngineSettings:
+    """The engine of a local model; a served one's (`openai:URL`) tokenizer here, and its name there."""
 
+    tokenizer: str | None = setting(None, "tokenizer folder of the openai:URL models (prompts go as token ids)")
+    served_model: str = setting("", "the model name the openai: server expects (default: the server's own)")
     backend: str = setting(DEFAULT_COMMAND_BACKEND,
                            "the engine of a local model: vllm (vLLM's engine), hf (transformers), or auto: "
                            f"vllm where it is installed, else hf (default {DEFAULT_COMMAND_BACKEND})",
@@ -98,29 +100,17 @@ class BackendSettings:
 
 
 @dataclass
-class ServedSettings:
-    """What a served model (`openai:URL`) needs: its tokenizer here, and the name it is served as."""
+class RowsOutput:
+    """A dataset command's rows and --out: they stream into `<out>.partial`, `<out>` is written at the end."""
 
-    tokenizer: str | None = setting(None, "tokenizer folder of the openai:URL models (prompts go as token ids)")
-    served_model: str = setting("", "the model name the openai: server expects (default: the server's own)")
-
-
-@dataclass
-class SchemaSetting:
+    overwrite: bool = setting(False, "replace --out if it exists (default: refuse), and start over from a "
+                                     "partial file of other settings")
     schema: str = setting("card", "rows as the dataset card writes them (role/content) or as AgentGym does "
                                   "(from/value)", choices=SCHEMAS)
 
 
 @dataclass
-class RowsOutput:
-    """A dataset command's --out: rows stream into `<out>.partial`, `<out>` is written at the end."""
-
-    overwrite: bool = setting(False, "replace --out if it exists (default: refuse), and start over from a "
-                                     "partial file of other settings")
-
-
-@dataclass
-class PlaySettings(WorldSettings, ContextPolicySetting, ConversationSettings, BackendSettings, ServedSettings):
+class PlaySettings(WorldSettings, ContextPolicySetting, ConversationSettings, EngineSettings):
     """Episodes played by models: `eval`, `collect` and `continue`."""
 
     seed: int = setting(0, "the games drawn; at temperature > 0 also each turn's draw "
@@ -320,7 +310,7 @@ def training_eval_layer(given: DictConfig) -> tuple[str, dict[str, Any]] | None:
 
 
 @dataclass
-class CollectCommand(PlaySettings, SchemaSetting, RowsOutput):
+class CollectCommand(PlaySettings, RowsOutput):
     """`rose-ray collect` (collect.py): the student's first K turns of each game."""
 
     model: str = setting(help="local model folder, or openai:URL of a served model")
@@ -336,7 +326,7 @@ class CollectCommand(PlaySettings, SchemaSetting, RowsOutput):
 
 
 @dataclass
-class ContinueCommand(PlaySettings, SchemaSetting, RowsOutput):
+class ContinueCommand(PlaySettings, RowsOutput):
     """`rose-ray continue` (collect.py): recorded prefixes replayed, then the teacher plays on."""
 
     teacher: str = setting(help="local model folder, or openai:URL of a served model")
@@ -356,7 +346,7 @@ class ContinueCommand(PlaySettings, SchemaSetting, RowsOutput):
 
 
 @dataclass
-class GoldCommand(WorldSettings, InstructionSetting, SchemaSetting, RowsOutput):
+class GoldCommand(WorldSettings, InstructionSetting, RowsOutput):
     """`rose-ray gold` (collect.py): ScienceWorld's gold paths as demonstrations."""
 
     split: str = setting("train")
