@@ -108,12 +108,8 @@ def kept_steps(run_dir: str | Path) -> list[int]:
     """Learner steps with a whole checkpoint: the learner's folder and its record (written only
     once the folder is whole)."""
     ckpt = Path(run_dir) / "checkpoints"
-    steps = []
-    for d in ckpt.glob("step_*"):
-        n = d.name.split("_", 1)[1]
-        if d.is_dir() and n.isdigit() and (ckpt / f"trainer_{d.name}.json").is_file():
-            steps.append(int(n))
-    return sorted(steps)
+    return sorted(int(d.name[5:]) for d in ckpt.glob("step_*")
+                  if d.name[5:].isdigit() and d.is_dir() and (ckpt / f"trainer_{d.name}.json").is_file())
 
 
 def _read_record(run: Path, step: int) -> Checkpoint:

@@ -28,26 +28,21 @@ def _games(args: argparse.Namespace) -> int:
     catalogue = world.catalogue(args.mapping)
     if args.show is not None:
         game = catalogue.game(args.show)
-        g = world.game()
-        try:
+        with world.game() as g:
             first = g.load(game)
-        finally:
-            g.close()
         print(f"{game.item_id}  task={game.task}  variation={game.variation}  split={catalogue.split_of(game)}")
         print(first.observation)
         return 0
     counts = catalogue.task_counts()
     width = max(len(t) for t in counts)
+    row = f"{{:<5}} {{:<{width}}} {{:>6}} {{:>5}} {{:>6}} {{:>5}} {{:>5}}".format  # id, task, first, all, splits
     print(f"{world.name}, mapping {catalogue.mapping}: {len(catalogue)} games, {len(counts)} tasks")
-    print(f"{'id':<5} {'task':<{width}} {'first':>6} {'all':>5} {'train':>6} {'dev':>5} {'test':>5}")
+    print(row("id", "task", "first", "all", "train", "dev", "test"))
     firsts = {g.task: g.item_id for g in reversed(catalogue.games)}  # each task's first game
     for task, c in counts.items():
-        print(
-            f"{c.get('task_id', ''):<5} {task:<{width}} {firsts[task].rsplit('_', 1)[1]:>6} {c['all']:>5} "
-            f"{c['train']:>6} {c['dev']:>5} {c['test']:>5}"
-        )
-    sizes = {s: len(catalogue.split(s)) for s in ("train", "dev", "test")}
-    print(f"{'':<5} {'total':<{width}} {'':>6} {len(catalogue):>5} {sizes['train']:>6} {sizes['dev']:>5} {sizes['test']:>5}")
+        first = firsts[task].rsplit("_", 1)[1]
+        print(row(c.get("task_id", ""), task, first, c["all"], c["train"], c["dev"], c["test"]))
+    print(row("", "total", "", len(catalogue), *(len(catalogue.split(s)) for s in ("train", "dev", "test"))))
     return 0
 
 

@@ -76,20 +76,6 @@ class Failures:
             raise error
 
 
-def await_ready(agents: dict[str, Any], timeout_s: float) -> None:
-    """Each engine has loaded its model: a broken teacher fails the start, not the first rollout."""
-    import ray
-
-    for role, agent in agents.items():
-        try:
-            ray.get(agent.engine.ready.remote(), timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(f"the {role} did not start within reliability.start_timeout_s "
-                               f"({timeout_s:g} s)") from None
-        except ray.exceptions.RayActorError as e:
-            raise RuntimeError(f"the {role} failed to start: {e}") from None
-
-
 class Rollouts:
     """Episodes played into the buffer: while there is room (`start_playing`, async mode) or a
     batch at a time (`play_batch`, sync mode)."""
@@ -107,6 +93,8 @@ class Rollouts:
 
     def start(self, groups: PlacementGroups, student_path: str, teacher_path: str | None, session: str,
               fresh: bool) -> None:
+        import ray
+
         from rose_ray.envs.worlds import get_world
         from rose_ray.publish.group import nccl_env
         from rose_ray.rollout.actors import start_agents, start_env_pools
@@ -140,9 +128,15 @@ class Rollouts:
         self.engines = EngineSupervisor(r.max_restarts, r.health_every_s, r.health_timeout_s, r.start_timeout_s,
                                         on_failed=self.failures.report)
         agents = {"student engine": self.student, **({} if expert else {"teacher engine": self.teacher})}
-        for role, agent in agents.items():
+        for role, agent in agents.items():  # loaded: a broken teacher fails the start, not the first rollout
             self.engines.watch(role, agent)
-        await_ready(agents, r.start_timeout_s)
+            try:
+                ray.get(agent.engine.ready.remote(), timeout=r.start_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise RuntimeError(f"the {role} did not start within reliability.start_timeout_s "
+                                   f"({r.start_timeout_s:g} s)") from None
+            except ray.exceptions.RayActorError as e:
+                raise RuntimeError(f"the {role} failed to start: {e}") from None
         self.protocol = cfg.env.protocol()
         recipe = cfg.algorithm  # who acts when, which tokens train (rose_ray/recipes/)
         recipe.check_agents(cfg, self.teacher.chat is self.student.chat)
