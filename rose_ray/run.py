@@ -522,14 +522,10 @@ class Run:
 
         close_pools(self.rollouts.pools + self.evals.pools)
         stop_agents(self.rollouts.student, self.rollouts.teacher)
-        if self.learning.learner is not None:
-            self.learning.learner.shutdown()
-        if self.groups is not None:
-            self.groups.remove()
-        if self.metrics is not None:
-            self.metrics.close()
-        if self.rollouts.ledger is not None:
-            self.rollouts.ledger.close()
+        for part, end in ((self.learning.learner, "shutdown"), (self.groups, "remove"), (self.metrics, "close"),
+                          (self.rollouts.ledger, "close")):
+            if part is not None:
+                getattr(part, end)()
 
 
 def prepare_cluster(cfg: TrainConfig, run_dir: Path) -> None:
