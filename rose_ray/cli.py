@@ -52,9 +52,7 @@ def _play(args: argparse.Namespace) -> int:
 
     world = get_world(args.world or world_of_item(args.item))
     game = world.catalogue(args.mapping).game(args.item)
-    protocol = world.protocol
-    if args.instruction_from:
-        protocol = protocol.from_dataset(args.instruction_from)
+    protocol = world.protocol.from_dataset(args.instruction_from) if args.instruction_from else world.protocol
     interactive = sys.stdin.isatty()
     with world.game(max_turns=args.max_turns) as g:
         first = g.load(game)

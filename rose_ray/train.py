@@ -189,9 +189,8 @@ def train(config: str | Path | TrainConfig | None = None, overrides: list[str] |
     """A training run, as `rose-ray train` makes one; returns its summary (summary.json).
 
     `config`: a YAML file (default: the embedded tiny config) or a TrainConfig, `overrides`
-    (KEY=VALUE) over it. A fresh run goes to a new `version_N` under the config's run_dir (or to
-    a `run_dir=` override itself); `resume` names a run continued from its latest checkpoint
-    with its own config.yaml. Works inside a running event loop (event_loop.py)."""
+    (KEY=VALUE) over it; `resume`: a run to continue (`fresh_run_dir` says where a fresh one
+    goes). Works inside a running event loop (event_loop.py)."""
     from rose_ray.check import check_served_engines
     from rose_ray.event_loop import run_coroutine
 
