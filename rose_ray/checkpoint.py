@@ -208,6 +208,6 @@ def load_learner(learner: Any, run_dir: str | Path, tag: str, command: str) -> d
         elif command == "export":
             instead = f"export the one before it with --step {earlier[-1]}"
         else:
-            instead = (f"move {Path(run_dir) / 'checkpoints' / tag} and trainer_{tag}.json aside to {command} from "
-                       f"step {earlier[-1]}, the one before it")
+            instead = (f"move {Path(run_dir) / 'checkpoints' / tag} and trainer_{tag}.json aside to "
+                       f"{command} from step {earlier[-1]}, the one before it")
         raise InputError(f"checkpoint {tag} of {run_dir}: {e}; {instead}") from None

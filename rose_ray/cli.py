@@ -35,7 +35,7 @@ def _games(args: argparse.Namespace) -> int:
         return 0
     counts = catalogue.task_counts()
     width = max(len(t) for t in counts)
-    row = f"{{:<5}} {{:<{width}}} {{:>6}} {{:>5}} {{:>6}} {{:>5}} {{:>5}}".format  # id, task, first, all, splits
+    row = f"{{:<5}} {{:<{width}}} {{:>6}} {{:>5}} {{:>6}} {{:>5}} {{:>5}}".format
     print(f"{world.name}, mapping {catalogue.mapping}: {len(catalogue)} games, {len(counts)} tasks")
     print(row("id", "task", "first", "all", "train", "dev", "test"))
     firsts = {g.task: g.item_id for g in reversed(catalogue.games)}  # each task's first game
@@ -159,8 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", required=True, help="the folder to build them in (required)")
     g.add_argument("--seed", type=int, default=0, help="the models' initialization seed (default: 0)")
     g.add_argument("--style", choices=["plain", "qwen3"], default="plain",
-                   help="qwen3: Qwen3's special tokens (<think> too) and a chat template that behaves like Qwen3's "
-                        "(default: plain)")
+                   help="qwen3: Qwen3's special tokens (<think> too) and a chat template that behaves like "
+                        "Qwen3's (default: plain)")
     g.set_defaults(func=_init_tiny)
 
     g = command("train", "online ROSE (or opd / teacher_sft) on a Ray cluster or this machine")
@@ -208,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = command("check-data", "validate a JSONL dataset and tell its item-id mapping")
     g.add_argument("file")
     g.add_argument("--mapping", choices=list(get_world(None).mappings), help="fail unless it is this one")
-    g.add_argument("--sample", type=int, default=20, help="rows whose task description is checked (default: 20)")
+    g.add_argument("--sample", type=int, default=20,
+                   help="rows whose task description is checked (default: 20)")
     g.add_argument("--no-jvm", action="store_true", help="check only the rows' task names")
     g.set_defaults(func="rose_ray.collect:check_data_main")
 

@@ -484,7 +484,7 @@ def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = Tru
         required = f.default is MISSING
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         said = default is None or default is False or default in ([], "") or "default" in meta["help"].lower()
-        end = "(required)" if required else "" if said else f"(default: {default})".replace("%", "%%")  # argparse's %
+        end = "(required)" if required else "" if said else f"(default: {default})".replace("%", "%%")
         about = " ".join(filter(None, [meta["help"], end]))
         # A positional KEY=VALUE list is there even when empty: more may follow the flags (cli.main).
         options: dict[str, Any] = {"help": about or None, "default": [] if meta["nargs"] == "*" else argparse.SUPPRESS}

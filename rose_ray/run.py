@@ -522,8 +522,8 @@ class Run:
 
         close_pools(self.rollouts.pools + self.evals.pools)
         stop_agents(self.rollouts.student, self.rollouts.teacher)
-        for part, end in ((self.learning.learner, "shutdown"), (self.groups, "remove"), (self.metrics, "close"),
-                          (self.rollouts.ledger, "close")):
+        for part, end in ((self.learning.learner, "shutdown"), (self.groups, "remove"),
+                          (self.metrics, "close"), (self.rollouts.ledger, "close")):
             if part is not None:
                 getattr(part, end)()
 
