@@ -1,10 +1,5 @@
-"""A run's checkpoint: one typed record of each component's state (`Checkpoint`), read by
-`read_checkpoint` and written by `write_checkpoint`, nowhere else.
-
-Under `<run_dir>/checkpoints/`: the learner's DeepSpeed folder `step_N` (written into a temp
-folder and renamed whole), then the record `trainer_step_N.json`, the mark that the checkpoint
-is whole (`kept_steps`), and `latest` naming the newest. Pruning takes a step's mark away
-before any of its files.
+"""A run's checkpoint (docs/configuration.md#checkpoints): one typed record of each component's
+state (`Checkpoint`), read by `read_checkpoint` and written by `write_checkpoint`, nowhere else.
 """
 
 from __future__ import annotations
@@ -113,12 +108,8 @@ def kept_steps(run_dir: str | Path) -> list[int]:
     """Learner steps with a whole checkpoint: the learner's folder and its record (written only
     once the folder is whole)."""
     ckpt = Path(run_dir) / "checkpoints"
-    steps = []
-    for d in ckpt.glob("step_*"):
-        n = d.name.split("_", 1)[1]
-        if d.is_dir() and n.isdigit() and (ckpt / f"trainer_{d.name}.json").is_file():
-            steps.append(int(n))
-    return sorted(steps)
+    return sorted(int(d.name[5:]) for d in ckpt.glob("step_*")
+                  if d.name[5:].isdigit() and d.is_dir() and (ckpt / f"trainer_{d.name}.json").is_file())
 
 
 def _read_record(run: Path, step: int) -> Checkpoint:
@@ -202,15 +193,21 @@ def latest_tag(run_dir: Path) -> str | None:
     return latest.read_text().strip() if latest.is_file() else None
 
 
-def unreadable_checkpoint(error: Exception, run_dir: str | Path, step: int, kept: list[int],
-                          command: str) -> InputError:
-    """The error for a kept checkpoint whose files cannot be read, naming the one to use instead."""
-    earlier = [n for n in kept if n < step]
-    if not earlier:
-        instead = "no earlier checkpoint is kept"
-    elif command == "export":
-        instead = f"export the one before it with --step {earlier[-1]}"
-    else:
-        instead = (f"move {Path(run_dir) / 'checkpoints' / f'step_{step}'} and trainer_step_{step}.json aside to "
-                   f"{command} from step {earlier[-1]}, the one before it")
-    return InputError(f"checkpoint step_{step} of {run_dir}: {error}; {instead}")
+def load_learner(learner: Any, run_dir: str | Path, tag: str, command: str) -> dict[str, Any]:
+    """The learner (group) loaded from checkpoint `tag` of a run; files that cannot be read are an
+    InputError naming the one to use instead."""
+    from rose_ray.learner.worker import CheckpointUnreadable
+
+    try:
+        return learner.load_checkpoint(Path(run_dir) / "checkpoints", tag)
+    except CheckpointUnreadable as e:
+        step = int(tag.removeprefix("step_"))
+        earlier = [n for n in kept_steps(run_dir) if n < step]
+        if not earlier:
+            instead = "no earlier checkpoint is kept"
+        elif command == "export":
+            instead = f"export the one before it with --step {earlier[-1]}"
+        else:
+            instead = (f"move {Path(run_dir) / 'checkpoints' / tag} and trainer_{tag}.json aside to "
+                       f"{command} from step {earlier[-1]}, the one before it")
+        raise InputError(f"checkpoint {tag} of {run_dir}: {e}; {instead}") from None

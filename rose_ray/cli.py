@@ -21,19 +21,6 @@ if TYPE_CHECKING:
     from rose_ray.commands import ServeCommand
 
 
-class HelpFormatter(argparse.HelpFormatter):
-    """`--help` that says each option's default where its help does not (commands.default_text);
-    the typed commands' flags say theirs in their help (commands.add_flags)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        from rose_ray.commands import default_text
-
-        text = action.help or ""
-        if not action.option_strings or action.default is argparse.SUPPRESS or text is argparse.SUPPRESS:
-            return action.help
-        return " ".join(filter(None, [text, default_text(text, action.default)]))
-
-
 def _games(args: argparse.Namespace) -> int:
     from rose_ray.envs.worlds import get_world, world_of_item
 
@@ -41,26 +28,21 @@ def _games(args: argparse.Namespace) -> int:
     catalogue = world.catalogue(args.mapping)
     if args.show is not None:
         game = catalogue.game(args.show)
-        g = world.game()
-        try:
+        with world.game() as g:
             first = g.load(game)
-        finally:
-            g.close()
         print(f"{game.item_id}  task={game.task}  variation={game.variation}  split={catalogue.split_of(game)}")
         print(first.observation)
         return 0
     counts = catalogue.task_counts()
     width = max(len(t) for t in counts)
+    row = f"{{:<5}} {{:<{width}}} {{:>6}} {{:>5}} {{:>6}} {{:>5}} {{:>5}}".format
     print(f"{world.name}, mapping {catalogue.mapping}: {len(catalogue)} games, {len(counts)} tasks")
-    print(f"{'id':<5} {'task':<{width}} {'first':>6} {'all':>5} {'train':>6} {'dev':>5} {'test':>5}")
+    print(row("id", "task", "first", "all", "train", "dev", "test"))
     firsts = {g.task: g.item_id for g in reversed(catalogue.games)}  # each task's first game
     for task, c in counts.items():
-        print(
-            f"{c.get('task_id', ''):<5} {task:<{width}} {firsts[task].rsplit('_', 1)[1]:>6} {c['all']:>5} "
-            f"{c['train']:>6} {c['dev']:>5} {c['test']:>5}"
-        )
-    sizes = {s: len(catalogue.split(s)) for s in ("train", "dev", "test")}
-    print(f"{'':<5} {'total':<{width}} {'':>6} {len(catalogue):>5} {sizes['train']:>6} {sizes['dev']:>5} {sizes['test']:>5}")
+        first = firsts[task].rsplit("_", 1)[1]
+        print(row(c.get("task_id", ""), task, first, c["all"], c["train"], c["dev"], c["test"]))
+    print(row("", "total", "", len(catalogue), *(len(catalogue.split(s)) for s in ("train", "dev", "test"))))
     return 0
 
 
@@ -70,9 +52,7 @@ def _play(args: argparse.Namespace) -> int:
 
     world = get_world(args.world or world_of_item(args.item))
     game = world.catalogue(args.mapping).game(args.item)
-    protocol = world.protocol
-    if args.instruction_from:
-        protocol = protocol.from_dataset(args.instruction_from)
+    protocol = world.protocol.from_dataset(args.instruction_from) if args.instruction_from else world.protocol
     interactive = sys.stdin.isatty()
     with world.game(max_turns=args.max_turns) as g:
         first = g.load(game)
@@ -156,12 +136,12 @@ def world_args(g: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rose-ray", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    p = argparse.ArgumentParser(prog="rose-ray", description=__doc__.split("\n\n")[0])
     p.add_argument("--version", action="version", version=f"rose-ray {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help_, description=help_, formatter_class=HelpFormatter)
+        return sub.add_parser(name, help=help_, description=help_)
 
     g = command("games", "list a world's games: counts per task, splits, mapping")
     world_args(g)
@@ -171,15 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
     g = command("play", "play one game in the terminal, through the model's protocol")
     g.add_argument("item", help="item id, e.g. sciworld_0 or discoveryworld_5")
     world_args(g)
-    g.add_argument("--max-turns", type=int, default=50, help="turns before the game ends")
+    g.add_argument("--max-turns", type=int, default=50, help="turns before the game ends (default: 50)")
     g.add_argument("--instruction-from", metavar="JSONL", help="take the instruction from a dataset")
     g.set_defaults(func=_play)
 
     g = command("init-tiny", "build a tiny tokenizer and tiny Qwen3 student/teacher")
     g.add_argument("--out", required=True, help="the folder to build them in (required)")
-    g.add_argument("--seed", type=int, default=0, help="the models' initialization seed")
+    g.add_argument("--seed", type=int, default=0, help="the models' initialization seed (default: 0)")
     g.add_argument("--style", choices=["plain", "qwen3"], default="plain",
-                   help="qwen3: Qwen3's special tokens (<think> too) and a chat template that behaves like Qwen3's")
+                   help="qwen3: Qwen3's special tokens (<think> too) and a chat template that behaves like "
+                        "Qwen3's (default: plain)")
     g.set_defaults(func=_init_tiny)
 
     g = command("train", "online ROSE (or opd / teacher_sft) on a Ray cluster or this machine")
@@ -227,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = command("check-data", "validate a JSONL dataset and tell its item-id mapping")
     g.add_argument("file")
     g.add_argument("--mapping", choices=list(get_world(None).mappings), help="fail unless it is this one")
-    g.add_argument("--sample", type=int, default=20, help="rows whose task description is checked")
+    g.add_argument("--sample", type=int, default=20,
+                   help="rows whose task description is checked (default: 20)")
     g.add_argument("--no-jvm", action="store_true", help="check only the rows' task names")
     g.set_defaults(func="rose_ray.collect:check_data_main")
 
@@ -263,15 +245,15 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, FileNotFoundError, ModelNotAvailable, OpenAIServerError) as e:
         if os.environ.get("ROSE_RAY_DEBUG"):  # else one line (a bug, not caught here, keeps its traceback)
             raise
-        if isinstance(e, OpenAIServerError):  # a served model failed a command (not bad input): exit 1
-            from rose_ray.reliability import describe_error
+        from rose_ray.reliability import describe_error
 
+        served = isinstance(e, OpenAIServerError)  # a served model failed a command (not bad input): exit 1
+        if served:
             message = f"a served model failed: {describe_error(e)}"
-            print(f"rose-ray {args.command}: error: {message}", file=sys.stderr)
-            return 1
-        message = e.args[0] if isinstance(e, KeyError) and e.args else e  # bad input: its one line, exit 2
+        else:  # bad input: its one line, exit 2
+            message = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"rose-ray {args.command}: error: {message}", file=sys.stderr)
-        return 2
+        return 1 if served else 2
     except BrokenPipeError:  # output piped into `head`
         sys.stderr.close()
         return 0

@@ -1,16 +1,6 @@
-"""One typed config for each command: `eval`, `collect`, `continue`, `gold`, `sft` and `serve`
-(COMMANDS), and `check`, `plan`, `warmup` and `export` (TOOLS). A command's job runs on its
-config, so a new setting is one field and the code that reads it. Settings are composed from
-small shared groups (world, context, conversation, backend, ...) and given in layers:
-
-    dataclass default  <  --settings FILE.yaml  <  --flag  <  KEY=VALUE
-
-The flags are made from the fields (`add_flags`) and OmegaConf merges the layers (`resolve`),
-so an unknown key, a wrong type or a missing required setting is a ConfigError naming the key.
-`--config` is always a training config: `eval --config F --model M` plays M as F's runs
-evaluate, `eval --run RUN` does so for a run's own model (`training_eval`); the other COMMANDS
-refuse it. TOOLS have flags alone, and their `--config` and KEY=VALUE are the training config's.
-Importing this module loads no torch.
+"""One typed config for each command (COMMANDS), and for the tools with flags alone (TOOLS):
+flags made from the fields (`add_flags`), layers merged by OmegaConf (`resolve`), errors naming
+the key (docs/configuration.md#commands). Importing this module loads no torch.
 """
 
 from __future__ import annotations
@@ -96,9 +86,11 @@ class ConversationSettings(HistorySetting, InstructionSetting):
 
 
 @dataclass
-class BackendSettings:
-    """The engine of a local model."""
+class EngineSettings:
+    """The engine of a local model; a served one's (`openai:URL`) tokenizer here, and its name there."""
 
+    tokenizer: str | None = setting(None, "tokenizer folder of the openai:URL models (prompts go as token ids)")
+    served_model: str = setting("", "the model name the openai: server expects (default: the server's own)")
     backend: str = setting(DEFAULT_COMMAND_BACKEND,
                            "the engine of a local model: vllm (vLLM's engine), hf (transformers), or auto: "
                            f"vllm where it is installed, else hf (default {DEFAULT_COMMAND_BACKEND})",
@@ -108,29 +100,17 @@ class BackendSettings:
 
 
 @dataclass
-class ServedSettings:
-    """What a served model (`openai:URL`) needs: its tokenizer here, and the name it is served as."""
+class RowsOutput:
+    """A dataset command's rows and --out: they stream into `<out>.partial`, `<out>` is written at the end."""
 
-    tokenizer: str | None = setting(None, "tokenizer folder of the openai:URL models (prompts go as token ids)")
-    served_model: str = setting("", "the model name the openai: server expects (default: the server's own)")
-
-
-@dataclass
-class SchemaSetting:
+    overwrite: bool = setting(False, "replace --out if it exists (default: refuse), and start over from a "
+                                     "partial file of other settings")
     schema: str = setting("card", "rows as the dataset card writes them (role/content) or as AgentGym does "
                                   "(from/value)", choices=SCHEMAS)
 
 
 @dataclass
-class RowsOutput:
-    """A dataset command's --out: rows stream into `<out>.partial`, `<out>` is written at the end."""
-
-    overwrite: bool = setting(False, "replace --out if it exists (default: refuse), and start over from a "
-                                     "partial file of other settings")
-
-
-@dataclass
-class PlaySettings(WorldSettings, ContextPolicySetting, ConversationSettings, BackendSettings, ServedSettings):
+class PlaySettings(WorldSettings, ContextPolicySetting, ConversationSettings, EngineSettings):
     """Episodes played by models: `eval`, `collect` and `continue`."""
 
     seed: int = setting(0, "the games drawn; at temperature > 0 also each turn's draw "
@@ -330,7 +310,7 @@ def training_eval_layer(given: DictConfig) -> tuple[str, dict[str, Any]] | None:
 
 
 @dataclass
-class CollectCommand(PlaySettings, SchemaSetting, RowsOutput):
+class CollectCommand(PlaySettings, RowsOutput):
     """`rose-ray collect` (collect.py): the student's first K turns of each game."""
 
     model: str = setting(help="local model folder, or openai:URL of a served model")
@@ -346,7 +326,7 @@ class CollectCommand(PlaySettings, SchemaSetting, RowsOutput):
 
 
 @dataclass
-class ContinueCommand(PlaySettings, SchemaSetting, RowsOutput):
+class ContinueCommand(PlaySettings, RowsOutput):
     """`rose-ray continue` (collect.py): recorded prefixes replayed, then the teacher plays on."""
 
     teacher: str = setting(help="local model folder, or openai:URL of a served model")
@@ -366,7 +346,7 @@ class ContinueCommand(PlaySettings, SchemaSetting, RowsOutput):
 
 
 @dataclass
-class GoldCommand(WorldSettings, InstructionSetting, SchemaSetting, RowsOutput):
+class GoldCommand(WorldSettings, InstructionSetting, RowsOutput):
     """`rose-ray gold` (collect.py): ScienceWorld's gold paths as demonstrations."""
 
     split: str = setting("train")
@@ -503,7 +483,9 @@ def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = Tru
         kind = inner[0] if typing.get_origin(hint) is list or len(inner) == 1 else hint
         required = f.default is MISSING
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        about = " ".join(filter(None, [meta["help"], "(required)" if required else default_text(meta["help"], default)]))
+        said = default is None or default is False or default in ([], "") or "default" in meta["help"].lower()
+        end = "(required)" if required else "" if said else f"(default: {default})".replace("%", "%%")
+        about = " ".join(filter(None, [meta["help"], end]))
         # A positional KEY=VALUE list is there even when empty: more may follow the flags (cli.main).
         options: dict[str, Any] = {"help": about or None, "default": [] if meta["nargs"] == "*" else argparse.SUPPRESS}
         if kind is bool:
@@ -525,13 +507,6 @@ def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = Tru
         parser.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE",
                             help="settings over the flags and the file, e.g. seed=1")
     parser.set_defaults(settings=command)
-
-
-def default_text(help_: str, default: Any) -> str:
-    """What `--help` says of a default not said already: nothing for None, False or empty."""
-    if default is None or default is False or default == [] or default == "" or "default" in help_.lower():
-        return ""
-    return f"(default: {default})".replace("%", "%%")  # argparse formats help with %
 
 
 def _flag(f: Any) -> str:

@@ -1,7 +1,5 @@
-"""Errors that mean bad input.
-
-`InputError` is bad input (a config key, a data line, a CLI argument): the CLI prints its one
-line, which names the key or line, and exits 2. Anything else is a bug and keeps its traceback.
+"""Errors that mean bad input (a config key, a data line, a CLI argument): the CLI prints an
+`InputError`'s one line and exits 2. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations

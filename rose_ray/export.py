@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rose_ray.checkpoint import Checkpoint, kept_steps, read_checkpoint, unreadable_checkpoint
+from rose_ray.checkpoint import Checkpoint, load_learner, read_checkpoint
 from rose_ray.config import TrainConfig, load_config
 from rose_ray.runs import resolve_run
 
@@ -46,7 +46,6 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
 
     from rose_ray.files import out_path
     from rose_ray.learner.learner import LearnerGroup
-    from rose_ray.learner.worker import CheckpointUnreadable
     from rose_ray.placement import check_shared_storage
     from rose_ray.provision.tiny import resolve_tiny
     from rose_ray.rollout.actors import init_ray
@@ -69,11 +68,7 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
                           backend=lc.backend if gpus else "auto")
         group = LearnerGroup(learner)
         try:
-            try:
-                state = group.load_checkpoint(Path(run_dir) / "checkpoints", record.tag)
-            except CheckpointUnreadable as e:
-                step = int(record.tag.removeprefix("step_"))
-                raise unreadable_checkpoint(e, run_dir, step, kept_steps(run_dir), "export") from None
+            state = load_learner(group, run_dir, record.tag, "export")
             info = model_info(cfg, run_dir, state["step"], state["version"], base)
             result = group.export(out, {MODEL_INFO: info})
         finally:

@@ -31,9 +31,9 @@ from rose_ray.checkpoint import (
     LearningState,
     RolloutState,
     kept_steps,
+    load_learner,
     no_replies,
     read_checkpoint,
-    unreadable_checkpoint,
 )
 from rose_ray.config import TrainConfig
 from rose_ray.learner.learner import LearnerLost
@@ -42,17 +42,12 @@ from rose_ray.reliability import RoleFailed, describe_error
 from rose_ray.runs import saved_config
 
 if TYPE_CHECKING:
-    from rose_ray.envs.protocol import Protocol
     from rose_ray.learner.learner import LearnerGroup
     from rose_ray.metrics import MetricsLogger
     from rose_ray.placement import PlacementGroups
-    from rose_ray.rollout.agent import Agent, EpisodeConfig
-    from rose_ray.rollout.buffer import TrajectoryBuffer
-    from rose_ray.rollout.handoff import TurnPolicy
+    from rose_ray.rollout.agent import Agent
     from rose_ray.rollout.ledger import Draw, EpisodeLedger
     from rose_ray.rollout.runner import EpisodeRunner
-    from rose_ray.rollout.supervisor import EngineSupervisor
-    from rose_ray.tokens import TokenWeights
     from rose_ray.types import GameId, Trajectory
 
 
@@ -81,30 +76,9 @@ class Failures:
             raise error
 
 
-def await_ready(agents: dict[str, Any], timeout_s: float) -> None:
-    """Each engine has loaded its model: a broken teacher fails the start, not the first rollout."""
-    import ray
-
-    for role, agent in agents.items():
-        try:
-            ray.get(agent.engine.ready.remote(), timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(f"the {role} did not start within reliability.start_timeout_s "
-                               f"({timeout_s:g} s)") from None
-        except ray.exceptions.RayActorError as e:
-            raise RuntimeError(f"the {role} failed to start: {e}") from None
-
-
 class Rollouts:
     """Episodes played into the buffer: while there is room (`start_playing`, async mode) or a
     batch at a time (`play_batch`, sync mode)."""
-
-    engines: EngineSupervisor
-    protocol: Protocol
-    handoff: TurnPolicy
-    episode_cfg: EpisodeConfig
-    runner: EpisodeRunner
-    buffer: TrajectoryBuffer
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, failures: Failures) -> None:
         self.cfg, self.run_dir, self.failures = cfg, run_dir, failures
@@ -119,6 +93,8 @@ class Rollouts:
 
     def start(self, groups: PlacementGroups, student_path: str, teacher_path: str | None, session: str,
               fresh: bool) -> None:
+        import ray
+
         from rose_ray.envs.worlds import get_world
         from rose_ray.publish.group import nccl_env
         from rose_ray.rollout.actors import start_agents, start_env_pools
@@ -152,9 +128,15 @@ class Rollouts:
         self.engines = EngineSupervisor(r.max_restarts, r.health_every_s, r.health_timeout_s, r.start_timeout_s,
                                         on_failed=self.failures.report)
         agents = {"student engine": self.student, **({} if expert else {"teacher engine": self.teacher})}
-        for role, agent in agents.items():
+        for role, agent in agents.items():  # loaded: a broken teacher fails the start, not the first rollout
             self.engines.watch(role, agent)
-        await_ready(agents, r.start_timeout_s)
+            try:
+                ray.get(agent.engine.ready.remote(), timeout=r.start_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise RuntimeError(f"the {role} did not start within reliability.start_timeout_s "
+                                   f"({r.start_timeout_s:g} s)") from None
+            except ray.exceptions.RayActorError as e:
+                raise RuntimeError(f"the {role} failed to start: {e}") from None
         self.protocol = cfg.env.protocol()
         recipe = cfg.algorithm  # who acts when, which tokens train (rose_ray/recipes/)
         recipe.check_agents(cfg, self.teacher.chat is self.student.chat)
@@ -261,12 +243,6 @@ class Rollouts:
 class Learning:
     """The learner group trained on the buffer's batches (`train`), its weights published to the
     student engine (`publish`), and to a replacement student engine before it serves."""
-
-    token_weights: TokenWeights
-    pad_id: int
-    student: Agent
-    engines: EngineSupervisor
-    failures: Failures
 
     def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
         self.cfg, self.run_dir = cfg, run_dir
@@ -477,17 +453,12 @@ class Run:
     def load_checkpoint(self, publish: bool = True) -> Checkpoint:
         """Back to the latest whole checkpoint (or the start, without one): the learner, each
         component's state, and the logs cut to match. Returns the record."""
-        from rose_ray.learner.worker import CheckpointUnreadable
         from rose_ray.rollout.ledger import keep_steps
 
         learning = self.learning
         if kept_steps(self.run_dir):  # a save cut short is not among them
             state = read_checkpoint(self.run_dir)  # the newest whose record reads (it says when it goes back)
-            try:
-                learning.learner.load_checkpoint(self.ckpt_dir, state.tag)
-            except CheckpointUnreadable as e:
-                raise unreadable_checkpoint(e, self.run_dir, state.step, kept_steps(self.run_dir),
-                                            "train --resume") from None
+            load_learner(learning.learner, self.run_dir, state.tag, "train --resume")
             learning.checkpointed_step = state.step
         else:
             state = self.start_state
@@ -551,14 +522,10 @@ class Run:
 
         close_pools(self.rollouts.pools + self.evals.pools)
         stop_agents(self.rollouts.student, self.rollouts.teacher)
-        if self.learning.learner is not None:
-            self.learning.learner.shutdown()
-        if self.groups is not None:
-            self.groups.remove()
-        if self.metrics is not None:
-            self.metrics.close()
-        if self.rollouts.ledger is not None:
-            self.rollouts.ledger.close()
+        for part, end in ((self.learning.learner, "shutdown"), (self.groups, "remove"),
+                          (self.metrics, "close"), (self.rollouts.ledger, "close")):
+            if part is not None:
+                getattr(part, end)()
 
 
 def prepare_cluster(cfg: TrainConfig, run_dir: Path) -> None:

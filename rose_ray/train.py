@@ -3,14 +3,8 @@
     rose-ray train [--config configs/tiny.yaml] [key=value ...] [--resume RUN_DIR] [--print-config]
     rose_ray.train("configs/tiny.yaml", ["steps=4"])     # the same from Python (a notebook too)
 
-A fresh run gets its own folder, `<run_dir>/version_N` (runs.py); `--resume` goes on with the
-latest. The run's components (run.py) are handed to the `Trainer`: evals before, then batches
-through the learner with weights published every N steps, dev evals every E steps and
-checkpoints every C steps (`mode: sync` alternates rollout and training), then the stop: a
-final checkpoint, `<run_dir>/model/` and the evals after. Ctrl-C stops after the current step.
-A failure the components cannot handle reaches the loop through the run's failure channel:
-LearnerLost sends it back to the latest checkpoint with new ranks; RoleFailed ends it
-(docs/reliability.md).
+The run's components (run.py) are handed to the `Trainer`; a failure they cannot handle reaches
+the loop through the run's failure channel (docs/reliability.md). Ctrl-C stops after the step.
 """
 
 from __future__ import annotations
@@ -63,9 +57,8 @@ class Trainer:
         """Evals before, the loop under the run's supervision, the stop, the evals after."""
         self.stop = asyncio.Event()
         if threading.current_thread() is threading.main_thread():  # else run_coroutine forwards a Ctrl-C
-            loop = asyncio.get_running_loop()
-            loop.add_signal_handler(signal.SIGINT, self._interrupt)
-            loop.add_signal_handler(signal.SIGTERM, self._interrupt)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                asyncio.get_running_loop().add_signal_handler(sig, self._interrupt)
         cfg = self.cfg
         if not self.run.resume:
             await self.evaluate_each(0, student=cfg.eval.before, teacher=cfg.eval.teacher, dev=cfg.eval.every)
@@ -196,9 +189,8 @@ def train(config: str | Path | TrainConfig | None = None, overrides: list[str] |
     """A training run, as `rose-ray train` makes one; returns its summary (summary.json).
 
     `config`: a YAML file (default: the embedded tiny config) or a TrainConfig, `overrides`
-    (KEY=VALUE) over it. A fresh run goes to a new `version_N` under the config's run_dir (or to
-    a `run_dir=` override itself); `resume` names a run continued from its latest checkpoint
-    with its own config.yaml. Works inside a running event loop (event_loop.py)."""
+    (KEY=VALUE) over it; `resume`: a run to continue (`fresh_run_dir` says where a fresh one
+    goes). Works inside a running event loop (event_loop.py)."""
     from rose_ray.check import check_served_engines
     from rose_ray.event_loop import run_coroutine
 
