@@ -40,6 +40,7 @@ from rose_ray.inference.engine import (
     prompt_fits,
     validate_sampling,
 )
+from rose_ray.inference.registry import SHARED_KEY_ENV
 from rose_ray.types import SamplingParams
 
 MAX_BACKOFF_S = 10.0
@@ -50,7 +51,6 @@ PROBE_TIMEOUT_S = 5.0
 # The largest reply read (a 32k-token prompt's prompt_logprobs take a few MB).
 MAX_REPLY_BYTES = 64 * 2**20
 MAX_ERROR_BYTES = 64 * 2**10  # of an error reply's body, for its message
-SHARED_KEY_ENV = "ROSE_RAY_API_KEY"  # the key of an endpoint that names no key of its own
 T = TypeVar("T")
 
 
