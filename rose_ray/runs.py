@@ -1,10 +1,5 @@
-"""Versioned run folders: every fresh run gets its own folder, the latest is easy to reach.
-
-    runs/tiny/version_0/   a run (config.yaml, checkpoints/, tb/, model/, summary.json, ...)
-    runs/tiny/version_1/
-    runs/tiny/latest       a one-line file naming the newest run: "version_1"
-
-N is one past the highest there, claimed by an atomic `mkdir`, so two runs started at once never
+"""Versioned run folders: `runs/tiny/version_N/` a run, `runs/tiny/latest` a one-line file naming
+the newest ("version_1"). N is claimed by an atomic `mkdir`, so two runs started at once never
 share a folder. `latest` is a plain file, not a symlink: TensorBoard would show a linked run
 twice, and some shared file systems have no symlinks.
 """

