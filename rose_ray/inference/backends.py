@@ -25,7 +25,6 @@ __all__ = ["COMMAND_BACKENDS", "DEFAULT_COMMAND_BACKEND", "backend_problem", "co
 SERVED_PREFIX = "openai:"  # a command's model given as openai:URL is served, not local
 
 
-
 def backend_problem(name: str, import_it: bool = False) -> str | None:
     """Why backend `name` cannot run here, or None; without `import_it`, nothing is imported."""
     backend = get_backend(name)
