@@ -161,11 +161,13 @@ def test_the_saved_config_hides_the_secrets_their_settings_declare():
     """A field its settings mark secret (registry.SECRET_ENV) is saved as a read of the variable
     its companion field names (else $ROSE_RAY_API_KEY), wherever it sits; a field merely named
     api_key is not; an unset secret stays null. The openai backend's api_key is one such field."""
-    saved = yaml.safe_load(saved_config(_WithSecrets(_Vault(token="s3cret"), [_Vault(), _Vault("t", "VAULT_KEY")])))
+    config = _WithSecrets(_Vault(token="s3cret"), [_Vault(), _Vault("t", "VAULT_KEY")])
+    saved = yaml.safe_load(saved_config(config))
     assert saved["vault"] == {"token": "${oc.env:ROSE_RAY_API_KEY,null}", "token_env": "ROSE_RAY_API_KEY",
                               "api_key": "plain"}
-    assert saved["vaults"] == [{"token": None, "token_env": None, "api_key": "plain"},
-                               {"token": "${oc.env:VAULT_KEY,null}", "token_env": "VAULT_KEY", "api_key": "plain"}]
+    assert saved["vaults"] == [
+        {"token": None, "token_env": None, "api_key": "plain"},
+        {"token": "${oc.env:VAULT_KEY,null}", "token_env": "VAULT_KEY", "api_key": "plain"}]
     served = ["teacher_warmup.enabled=false", "teacher_engine.backend=openai", "teacher_engine.model=t",
               "teacher_engine.backend.api_key=own", "teacher_engine.backend.api_key_env=TEACHER_KEY"]
     text = saved_config(load_config(None, served))

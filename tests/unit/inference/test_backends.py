@@ -130,7 +130,8 @@ def test_a_backend_names_its_own_package_install_hint_and_version(monkeypatch, t
                   in_flight=(), paged_kv=False, package="rose_ray_tgi_stand_in", package_label="TGI",
                   install="pip install tgi-client", distributions=("aiohttp", "no-such-distribution"))
     monkeypatch.setitem(BACKENDS, "tgi", tgi)
-    assert backend_problem("tgi") == "the tgi backend needs TGI, which is not installed: pip install tgi-client"
+    assert backend_problem("tgi") == (
+        "the tgi backend needs TGI, which is not installed: pip install tgi-client")
     (tmp_path / "rose_ray_tgi_stand_in.py").write_text("raise ImportError('no libtgi.so')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert backend_problem("tgi") is None  # found; importing it is the check's job
