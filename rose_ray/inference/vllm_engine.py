@@ -137,7 +137,8 @@ class VLLMEngine:
             raise EngineFailed(f"vllm engine stopped: {self._failure or 'closed'!r}") from self._failure
         job = _Job(kind, payload)
         if kind == "generate":
-            job.prompt = list(payload.prompt_ids)  # a bad request fails its caller, not the engine:
+            job.prompt = list(payload.prompt_ids)
+            # (checked here: a bad request fails its caller, not the engine)
             if (early := early_result(payload, self.config, self._version)) is not None:
                 job.future.set_result(early)
                 return job.future
