@@ -1,16 +1,12 @@
-"""Versioned run folders: every fresh run gets its own folder, the latest is easy to reach.
-
-    runs/tiny/version_0/   a run (config.yaml, checkpoints/, tb/, model/, summary.json, ...)
-    runs/tiny/version_1/
-    runs/tiny/latest       a one-line file naming the newest run: "version_1"
-
-N is one past the highest there, claimed by an atomic `mkdir`, so two runs started at once never
+"""Versioned run folders: `runs/tiny/version_N/` a run, `runs/tiny/latest` a one-line file naming
+the newest ("version_1"). N is claimed by an atomic `mkdir`, so two runs started at once never
 share a folder. `latest` is a plain file, not a symlink: TensorBoard would show a linked run
 twice, and some shared file systems have no symlinks.
 """
 
 from __future__ import annotations
 
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,26 +15,30 @@ from rose_ray.files import write_file
 
 VERSION = "version_"
 LATEST = "latest"
-# An engine's api_key is a secret: a run folder keeps none; --resume reads it from the environment
-# again (the variable api_key_env names, else ROSE_RAY_API_KEY). A key read from ROSE_RAY_API_KEY
-# is saved as that (api_key_env), so it keeps the shared key's rule (openai.py endpoint_key).
-SECRET_KEY, DEFAULT_KEY_ENV = "api_key", "ROSE_RAY_API_KEY"
 
 
 def saved_config(cfg: Any) -> str:
-    """A run's config.yaml: the config as given, each secret replaced by where --resume finds
-    it (SECRET_KEY); a secret that was not set stays null."""
+    """A run's config.yaml: the config as given, each secret (a field its settings mark with
+    registry.SECRET_ENV) replaced by a read of its environment variable, where --resume finds it
+    again; a secret that was not set stays null. A key read from ROSE_RAY_API_KEY is saved as that,
+    so it keeps the shared key's rule (openai.py endpoint_key)."""
     from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    from rose_ray.inference.registry import SECRET_ENV, SHARED_KEY_ENV
 
     conf = OmegaConf.structured(cfg)
 
     def redact(node: Any) -> None:
         if isinstance(node, DictConfig):
+            kind = OmegaConf.get_type(node)
+            secrets = {f.name: f.metadata[SECRET_ENV] for f in (fields(kind) if is_dataclass(kind) else ())
+                       if SECRET_ENV in f.metadata}
             for key in list(node.keys()):
-                if key == SECRET_KEY and node[key] is not None:
-                    if not node.get("api_key_env"):
-                        node["api_key_env"] = DEFAULT_KEY_ENV
-                    node[key] = f"${{oc.env:{node['api_key_env']},null}}"
+                if key in secrets and node[key] is not None:
+                    env = secrets[key]
+                    if not node.get(env):
+                        node[env] = SHARED_KEY_ENV
+                    node[key] = f"${{oc.env:{node[env]},null}}"
                 else:
                     redact(node._get_node(key))
         elif isinstance(node, ListConfig):

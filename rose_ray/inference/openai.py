@@ -36,10 +36,10 @@ from rose_ray.inference.engine import (
     EngineConfig,
     GenerationRequest,
     GenerationResult,
-    context_result,
-    prompt_fits,
+    early_result,
     validate_sampling,
 )
+from rose_ray.inference.registry import SHARED_KEY_ENV
 from rose_ray.types import SamplingParams
 
 MAX_BACKOFF_S = 10.0
@@ -50,7 +50,6 @@ PROBE_TIMEOUT_S = 5.0
 # The largest reply read (a 32k-token prompt's prompt_logprobs take a few MB).
 MAX_REPLY_BYTES = 64 * 2**20
 MAX_ERROR_BYTES = 64 * 2**10  # of an error reply's body, for its message
-SHARED_KEY_ENV = "ROSE_RAY_API_KEY"  # the key of an endpoint that names no key of its own
 T = TypeVar("T")
 
 
@@ -94,12 +93,13 @@ def _token_id(s: Any, where: str) -> int:
 
 
 _MISSING = object()
+_KINDS = {list: "a list", dict: "an object", str: "a string"}  # for messages
 
 
-def _dig(reply: Any, *path: str | int, kind: type | None = None, default: Any = _MISSING,
+def _dig(reply: Any, *path: str | int, kind: type | tuple[type, ...] | None = None, default: Any = _MISSING,
          at: str = "") -> Any:
-    """`reply[path[0]][path[1]]...`; a missing field (without `default`) or one not of `kind` is an
-    OpenAIBadAnswer naming it (`at`: where `reply` sits in the whole reply)."""
+    """`reply[path[0]][path[1]]...`; a missing field (without `default`) or one not of `kind` (the
+    first of several named) is an OpenAIBadAnswer naming it (`at`: where `reply` sits in the reply)."""
     value, where = reply, at
     for key in path:
         where += f"[{key}]" if isinstance(key, int) else (f".{key}" if where else key)
@@ -115,7 +115,7 @@ def _dig(reply: Any, *path: str | int, kind: type | None = None, default: Any = 
             raise OpenAIBadAnswer(None, f"the server's reply has no {where} ({shape})")
         value = value[key]
     if kind is not None and not isinstance(value, kind):
-        raise _unexpected(where, value, kind.__name__)
+        raise _unexpected(where, value, _KINDS[kind[0] if isinstance(kind, tuple) else kind])
     return value
 
 
@@ -450,8 +450,8 @@ class OpenAIEngine:
 
     async def _generate_one(self, request: GenerationRequest, vocab: int | None) -> GenerationResult:
         ids = list(request.prompt_ids)
-        if not prompt_fits(request, self.config):
-            return context_result(request, len(ids), self.version)
+        if (early := early_result(request, self.config, self.version)) is not None:
+            return early
         s = request.sampling
         max_tokens = min(s.max_new_tokens, self.config.context_tokens - len(ids))
         body: dict[str, Any] = {
@@ -466,15 +466,11 @@ class OpenAIEngine:
             body["seed"] = s.seed
         reply = await self._request("POST", "/completions", body)
         choice = _dig(reply, "choices", 0, kind=dict)
-        lp = _dig(choice, "logprobs", default=None, at="choices[0]") or {}
-        if not isinstance(lp, dict):
-            raise _unexpected("choices[0].logprobs", lp, "an object")
-        token_ids = _dig(choice, "token_ids", default=None, at="choices[0]")
+        lp = _dig(choice, "logprobs", kind=(dict, type(None)), default=None, at="choices[0]") or {}
+        token_ids = _dig(choice, "token_ids", kind=(list, type(None)), default=None, at="choices[0]")
         if token_ids is None:
             tokens = _dig(lp, "tokens", kind=list, default=[], at="choices[0].logprobs")
             token_ids = [_token_id(t, f"choices[0].logprobs.tokens[{i}]") for i, t in enumerate(tokens)]
-        if not isinstance(token_ids, list):
-            raise _unexpected("choices[0].token_ids", token_ids, "a list")
         for i, tid in enumerate(token_ids):
             self._check_id(tid, f"choices[0].token_ids[{i}]", vocab)
         logprobs = _dig(lp, "token_logprobs", default=None, at="choices[0].logprobs")
@@ -486,10 +482,8 @@ class OpenAIEngine:
             top = []
             for i, d in enumerate(_dig(lp, "top_logprobs", kind=list, default=None, at="choices[0].logprobs") or []):
                 here = f"choices[0].logprobs.top_logprobs[{i}]"
-                if not isinstance(d or {}, dict):
-                    raise _unexpected(here, d, "an object")
                 top.append({self._check_id(_token_id(k, here), here, vocab): _logprob(v, f"{here}[{k!r}]")
-                            for k, v in (d or {}).items()})
+                            for k, v in (_dig(d, kind=(dict, type(None)), at=here) or {}).items()})
         finish = _dig(choice, "finish_reason", default=None, at="choices[0]") or "length"
         text = _dig(choice, "text", default="", at="choices[0]")
         self._counters["requests"] += 1
@@ -580,12 +574,8 @@ class OpenAIEngine:
             body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
         if json_object:
             body["response_format"] = {"type": "json_object"}
-        out = self._run(self._request("POST", "/chat/completions", body))
-        try:
-            choice = out["choices"][0]
-            text = choice["message"].get("content") or ""
-        except (KeyError, IndexError, TypeError, AttributeError):
-            raise OpenAIServerError(None, f"server returned no chat message: {str(out)[:200]}") from None
+        choice = _dig(self._run(self._request("POST", "/chat/completions", body)), "choices", 0, kind=dict)
+        text = _dig(choice, "message", kind=dict, at="choices[0]").get("content") or ""
         self._counters["requests"] += 1
         return str(text), str(choice.get("finish_reason") or "stop")
 

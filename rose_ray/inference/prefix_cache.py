@@ -1,8 +1,5 @@
-"""An LRU of past conversations' key/value tensors, reused by the longest common prefix.
-
-Each finished generation leaves an entry (its fed ids and, per layer, their keys/values); a new
-prompt reuses the entry sharing the longest prefix and feeds only the rest. Entries are matched
-by content alone: callers need no conversation key. `RoomyLayer` is the batch's own cache
+"""An LRU of past conversations' key/value tensors, reused by the longest common prefix (matched
+by content alone: callers need no conversation key), and `RoomyLayer`, the batch's own cache
 layer, writing each new position into spare room instead of re-concatenating the cache.
 """
 

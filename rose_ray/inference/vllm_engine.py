@@ -1,17 +1,12 @@
-"""The `vllm` engine backend: vLLM's V1 engine in this process, stepped by a thread of its own.
-
-That thread adds each request as it arrives and steps the engine while any is unfinished
-(continuous batching, vLLM's paged KV cache and prefix cache); callers wait on a future
-(`submit`, `frontend`). The engine contract holds as for the hf backend: raw logprobs (vLLM's
-`raw_logprobs`), `score` by `prompt_logprobs`, per-request seeds, the weights' version on every result.
+"""The `vllm` engine backend: vLLM's V1 engine in this process, stepped by a thread of its own
+that adds each request as it arrives (continuous batching); callers wait on a future.
 
 Weight updates come in order with the requests. Those running when one comes finish first
 (`keep_after_ms` None: publish.in_flight `wait`) or, after `keep_after_ms` (`keep`), are
-preempted as vLLM's `pause_generation(mode="keep", clear_cache=True)` does, and recomputed on
-the new weights; their results say where the weights changed (`version_end`,
-`tokens_on_version`). Score requests are never kept. Weights reload in place through vLLM's
-worker (`reload_weights`, checkpoint names), then the prefix cache is reset; a reset vLLM
-keeps refusing stops the engine (PrefixCacheNotReset) rather than serve the old keys and values.
+preempted as vLLM's `pause_generation(mode="keep", clear_cache=True)` does and recomputed on the
+new weights (docs/engines.md); score requests are never kept. Weights reload in place through
+vLLM's worker, then the prefix cache is reset; a reset vLLM keeps refusing stops the engine
+(PrefixCacheNotReset) rather than serve the old keys and values.
 """
 
 from __future__ import annotations
@@ -31,14 +26,13 @@ import torch
 
 from rose_ray.chat import ChatFormat
 from rose_ray.errors import ConfigError
+from rose_ray.inference.batcher import REGROUP_FACTOR, settle
 from rose_ray.inference.engine import (
     EngineConfig,
     GenerationRequest,
     GenerationResult,
-    context_result,
-    prompt_fits,
+    early_result,
     resolve_dtype,
-    validate_sampling,
 )
 from rose_ray.inference.hf import checked_weights
 
@@ -63,23 +57,11 @@ PREFIX_RESET_TRIES = 3
 PREFIX_RESET_WAIT_S = 0.1
 
 
-class _ExpectedWarning(logging.Filter):
-    def __init__(self, start: str, arg: str | None) -> None:
-        super().__init__()
-        self.start, self.arg = start, arg
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith(self.start):
-            return True
-        return self.arg is not None and (not record.args or record.args[0] != self.arg)
-
-
-def _quiet_expected_warnings() -> None:
-    """Drop EXPECTED_VLLM_WARNINGS (once per process; every other warning of vLLM's is kept)."""
-    for name, start, arg in EXPECTED_VLLM_WARNINGS:
-        log = logging.getLogger(name)
-        if not any(isinstance(f, _ExpectedWarning) and (f.start, f.arg) == (start, arg) for f in log.filters):
-            log.addFilter(_ExpectedWarning(start, arg))
+def _not_expected(record: logging.LogRecord) -> bool:
+    """The logging filter that drops EXPECTED_VLLM_WARNINGS (every other warning of vLLM's is kept)."""
+    return not any(record.name == name and str(record.msg).startswith(start)
+                   and (arg is None or bool(record.args) and record.args[0] == arg)
+                   for name, start, arg in EXPECTED_VLLM_WARNINGS)
 
 
 _SET_TORCH_THREADS = torch.set_num_threads  # as it is before vLLM's CPU worker makes it a no-op
@@ -103,17 +85,6 @@ class _Job:
     submitted: float = field(default_factory=time.perf_counter)
     version: int = 0  # the weights' version when it started
     tokens_on_version: int | None = None  # its tokens sampled before an update landed under it
-
-
-def _deliver(job: _Job, result: Any = None, error: BaseException | None = None) -> None:
-    """Resolve a job's future; a caller that gave up (cancelled) gets nothing."""
-    try:
-        if error is not None:
-            job.future.set_exception(error)
-        else:
-            job.future.set_result(result)
-    except concurrent.futures.InvalidStateError:
-        pass
 
 
 class VLLMEngine:
@@ -166,12 +137,10 @@ class VLLMEngine:
             raise EngineFailed(f"vllm engine stopped: {self._failure or 'closed'!r}") from self._failure
         job = _Job(kind, payload)
         if kind == "generate":
-            validate_sampling(payload.sampling)  # a bad request fails its caller, not the engine
             job.prompt = list(payload.prompt_ids)
-            if not job.prompt:
-                raise ValueError(f"generate: request {payload.request_id or '?'} has an empty prompt")
-            if not prompt_fits(payload, self.config):
-                job.future.set_result(context_result(payload, len(job.prompt), self._version))
+            # (checked here: a bad request fails its caller, not the engine)
+            if (early := early_result(payload, self.config, self._version)) is not None:
+                job.future.set_result(early)
                 return job.future
         elif kind == "score":
             prompt, completion = payload
@@ -225,7 +194,8 @@ class VLLMEngine:
             os.environ.setdefault(key, value)
         from vllm import LLM
 
-        _quiet_expected_warnings()
+        for name, _, _ in EXPECTED_VLLM_WARNINGS:
+            logging.getLogger(name).addFilter(_not_expected)  # (a filter already there is not added again)
 
         c = self.config
         on_gpu = self.device.startswith("cuda")
@@ -302,7 +272,7 @@ class VLLMEngine:
                         try:
                             self._add(job, running)
                         except refused as e:  # vLLM refused this request: its caller's error, not the engine's
-                            _deliver(job, error=ValueError(f"vllm refused the request: {e}"))
+                            settle(job.future, error=ValueError(f"vllm refused the request: {e}"))
                 if running:
                     self._step(running)
         except _Closed:
@@ -310,17 +280,15 @@ class VLLMEngine:
         except BaseException as e:  # noqa: BLE001 - the engine is gone: every caller hears why
             self._failure = error = e
         for job in [*running.values(), *waiting]:
-            _deliver(job, error=EngineFailed(f"vllm engine stopped: {error!r}"))
+            settle(job.future, error=EngineFailed(f"vllm engine stopped: {error!r}"))
         while not self._jobs.empty():
-            _deliver(self._jobs.get_nowait(), error=EngineFailed(f"vllm engine stopped: {error!r}"))
+            settle(self._jobs.get_nowait().future, error=EngineFailed(f"vllm engine stopped: {error!r}"))
         del self._llm
 
     def _gather(self, waiting: deque[_Job], wave: int) -> int:
         """From idle, wait for the rest of a wave before the first step, as AsyncBatcher does: up to
         `max_wait_ms`, REGROUP_FACTOR times that while fewer have come than the last wave held.
         A weights job or a close ends the wait."""
-        from rose_ray.inference.batcher import REGROUP_FACTOR
-
         start, wait = time.perf_counter(), self.config.max_wait_ms / 1000
         target = min(wave, self.config.max_batch_size)
         while waiting[-1].kind not in ("close", "weights"):
@@ -358,8 +326,8 @@ class VLLMEngine:
             ids = job.prompt
             max_tokens = min(s.max_new_tokens, self.config.context_tokens - len(ids))
             if max_tokens <= 0:
-                _deliver(job, GenerationResult("", [], [], "length", len(ids), self._version,
-                                               request.request_id))
+                settle(job.future, GenerationResult("", [], [], "length", len(ids), self._version,
+                                                    request.request_id))
                 return
             params = SamplingParams(
                 temperature=s.temperature, top_p=s.top_p, max_tokens=max_tokens, seed=s.seed,
@@ -393,9 +361,9 @@ class VLLMEngine:
             try:
                 result = self._score_result(job, out) if job.kind == "score" else self._result(job, out)
             except Exception as e:  # noqa: BLE001 - one odd output fails its own caller
-                _deliver(job, error=e)
+                settle(job.future, error=e)
             else:
-                _deliver(job, result)
+                settle(job.future, result)
 
     def _result(self, job: _Job, out: Any) -> GenerationResult:
         request: GenerationRequest = job.payload
@@ -458,13 +426,13 @@ class VLLMEngine:
             # The old weights' keys/values are stale, running requests' too (recomputed when next scheduled).
             self._reset_prefix_cache(bool(running))
         except (KeyError, ValueError) as e:  # a bad state: the caller's error, the engine is fine
-            _deliver(job, error=e)
+            settle(job.future, error=e)
             return
         except BaseException as e:  # the engine's: it stops, and this job (no longer queued) hears why
-            _deliver(job, error=EngineFailed(f"vllm engine stopped: {e!r}"))
+            settle(job.future, error=EngineFailed(f"vllm engine stopped: {e!r}"))
             raise
         self._counters["weights_s"] += time.perf_counter() - t0
-        _deliver(job, None)
+        settle(job.future, None)
 
     def _reset_prefix_cache(self, running: bool) -> None:
         """vLLM's reset, which returns False while blocks are held, tried PREFIX_RESET_TRIES times;

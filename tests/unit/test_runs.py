@@ -6,14 +6,18 @@ test_train.py (resume by run_dir) and test_run_outputs.py (the next version, exp
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 from tensorboard.backend.event_processing.io_wrapper import GetLogdirSubdirectories
 from torch.utils.tensorboard import SummaryWriter
 
 from rose_ray.cli import main
-from rose_ray.runs import keep_result, new_version, resolve_run
+from rose_ray.config import load_config
+from rose_ray.inference.registry import SECRET_ENV
+from rose_ray.runs import keep_result, new_version, resolve_run, saved_config
 
 
 def test_each_new_run_is_the_next_version_and_latest_names_it(tmp_path):
@@ -138,3 +142,33 @@ def test_train_refuses_a_config_run_dir_that_is_itself_one_run(tmp_path, monkeyp
 def test_resume_of_a_folder_without_a_run_names_it(tmp_path, capsys):
     assert main(["train", "--resume", str(tmp_path / "nope")]) == 2
     assert f"--resume {tmp_path / 'nope'}: not a run directory" in capsys.readouterr().err
+
+
+@dataclass
+class _Vault:
+    token: str | None = field(default=None, metadata={SECRET_ENV: "token_env"})
+    token_env: str | None = None
+    api_key: str = "plain"  # named like a secret, declared none: kept
+
+
+@dataclass
+class _WithSecrets:
+    vault: _Vault = field(default_factory=_Vault)
+    vaults: list[_Vault] = field(default_factory=list)
+
+
+def test_the_saved_config_hides_the_secrets_their_settings_declare():
+    """A field its settings mark secret (registry.SECRET_ENV) is saved as a read of the variable
+    its companion field names (else $ROSE_RAY_API_KEY), wherever it sits; a field merely named
+    api_key is not; an unset secret stays null. The openai backend's api_key is one such field."""
+    config = _WithSecrets(_Vault(token="s3cret"), [_Vault(), _Vault("t", "VAULT_KEY")])
+    saved = yaml.safe_load(saved_config(config))
+    assert saved["vault"] == {"token": "${oc.env:ROSE_RAY_API_KEY,null}", "token_env": "ROSE_RAY_API_KEY",
+                              "api_key": "plain"}
+    assert saved["vaults"] == [
+        {"token": None, "token_env": None, "api_key": "plain"},
+        {"token": "${oc.env:VAULT_KEY,null}", "token_env": "VAULT_KEY", "api_key": "plain"}]
+    served = ["teacher_warmup.enabled=false", "teacher_engine.backend=openai", "teacher_engine.model=t",
+              "teacher_engine.backend.api_key=own", "teacher_engine.backend.api_key_env=TEACHER_KEY"]
+    text = saved_config(load_config(None, served))
+    assert "own" not in text and "api_key: ${oc.env:TEACHER_KEY,null}\n    api_key_env: TEACHER_KEY\n" in text

@@ -114,3 +114,29 @@ def test_each_backend_answers_the_questions_asked_of_it():
             None, None, None, False)
     assert (HFSettings(prefix_cache_mb=256).kept_kv_mb, OpenAISettings().kept_kv_mb) == (256.0, 0.0)
     assert EngineConfig.of("vllm", model="m", tensor_parallel_size=4).tensor_parallel_size == 4
+
+
+def test_a_backend_names_its_own_package_install_hint_and_version(monkeypatch, tmp_path):
+    """What `rose-ray check --backends` and an engine's start say of a backend come from its own
+    record: a backend needing another package (a stand-in registered here, its package missing,
+    then present but broken) is named with that package and its own install hint, not vLLM's;
+    each backend's version is that of the distributions it names (openai: its HTTP client)."""
+    from importlib.metadata import version
+
+    from rose_ray.inference.backends import backend_problem, backend_version
+    from rose_ray.inference.registry import Backend
+
+    tgi = Backend("tgi", HFSettings, "rose_ray_tgi_stand_in:Engine", served=False, takes_weights=False,
+                  in_flight=(), paged_kv=False, package="rose_ray_tgi_stand_in", package_label="TGI",
+                  install="pip install tgi-client", distributions=("aiohttp", "no-such-distribution"))
+    monkeypatch.setitem(BACKENDS, "tgi", tgi)
+    assert backend_problem("tgi") == (
+        "the tgi backend needs TGI, which is not installed: pip install tgi-client")
+    (tmp_path / "rose_ray_tgi_stand_in.py").write_text("raise ImportError('no libtgi.so')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert backend_problem("tgi") is None  # found; importing it is the check's job
+    assert backend_problem("tgi", import_it=True) == (
+        "TGI is installed but does not import (ImportError: no libtgi.so); pip install tgi-client")
+    assert backend_version("tgi") == backend_version("openai") == f"aiohttp {version('aiohttp')}"
+    assert backend_version("hf") == f"transformers {version('transformers')}, torch {version('torch')}"
+    assert backend_problem("hf") is None and backend_problem("openai", import_it=True) is None
