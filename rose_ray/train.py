@@ -200,7 +200,7 @@ def train(config: str | Path | TrainConfig | None = None, overrides: list[str] |
     if run_dir is None:
         run_dir = fresh_run_dir(cfg, named=any(o.partition("=")[0].strip() == "run_dir" for o in overrides or []))
         # As given: its run_dir is where runs go, so training from it again makes the next version.
-        write_file(run_dir / "config.yaml", saved_config(cfg))  # no secrets (runs.SECRET_KEY)
+        write_file(run_dir / "config.yaml", saved_config(cfg))  # no secrets (runs.saved_config)
         print(f"train: new run in {run_dir}", flush=True)
     run = Run(cfg, run_dir, resume=bool(resume))
     try:
