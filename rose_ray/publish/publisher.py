@@ -143,17 +143,16 @@ class WeightPublisher:
                         for e in engines]
             calls += receives
             within(self.config.timeout_s, stage, group.broadcast, flat.buffers)
-        except Exception as e:
+        except BaseException as e:
             self._give_up_group()  # a member may be gone: a new group next time
+            if not isinstance(e, Exception):
+                raise
             dead = _dead_engine(calls)
             if dead is not None:  # the engine's loss, not the collective's: the run replaces it
                 raise dead from e
             self._stranded += calls
             raise CollectiveFailed(str(e) if isinstance(e, CollectiveTimeout) else
                                    f"{stage}: {type(e).__name__}: {e}") from e
-        except BaseException:
-            self._give_up_group()
-            raise
         loads = ray.get(receives)  # each engine's load (behind its calls in flight: not bounded here)
         return self._timings(flat, t0, t1, loads)
 
