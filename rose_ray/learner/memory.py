@@ -25,7 +25,8 @@ QWEN3_1P7B = {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers
 def _shape(config: Mapping[str, Any]) -> tuple[int, int, int, int, int, int, int]:
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     return (hidden, config["intermediate_size"], config["num_hidden_layers"], heads,
-            config.get("num_key_value_heads", heads), config.get("head_dim", hidden // heads), config["vocab_size"])
+            config.get("num_key_value_heads", heads), config.get("head_dim", hidden // heads),
+            config["vocab_size"])
 
 
 def checkpointed(mode: bool | str, layers: int) -> int:

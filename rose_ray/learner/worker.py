@@ -208,8 +208,8 @@ class LearnerWorker:
         )
         self._restore_buffers(buffers)
         self.engine.train()
-        return {"parameters": int(sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
-                                      for p in self.engine.module.parameters())),
+        params = self.engine.module.parameters()
+        return {"parameters": int(sum(getattr(p, "ds_numel", p.numel()) for p in params)),
                 "attn_implementation": self.attn,
                 "speed": {**chosen, "overlap_comm": overlap_comm(cfg, self.world_size)}}
 
@@ -222,12 +222,6 @@ class LearnerWorker:
                 owner_name, _, leaf = name.rpartition(".")
                 owner = module.get_submodule(owner_name) if owner_name else module
                 owner._buffers[leaf] = want.to(buf.device)
-
-    def _tensors(self, part: dict[str, np.ndarray]) -> dict[str, Any]:
-        import torch
-
-        # np.array copies: Ray hands actors read-only views of numpy arguments
-        return {k: torch.from_numpy(np.array(v)).to(self.engine.device) for k, v in part.items()}
 
     def train_step(self, parts: list[dict[str, np.ndarray]], den: dict[str, float]) -> dict[str, float]:
         """One optimizer step over this rank's micro-batches; metrics are read back once."""
@@ -243,7 +237,8 @@ class LearnerWorker:
         for i, part in enumerate(parts):
             # Gradients are reduced once, after the last micro-batch; then one optimizer step.
             self.engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
-            t = self._tensors(part)
+            # np.array copies: Ray hands actors read-only views of numpy arguments
+            t = {k: torch.from_numpy(np.array(v)).to(self.engine.device) for k, v in part.items()}
             hidden = self.packed.hidden_states(self.engine, t, part["cu_seq_lens"].tolist())
             trained = torch.from_numpy(trained_targets(part)).to(hidden.device)  # the head scores these
             logp = self.packed.token_logprobs(hidden, t["input_ids"], trained)

@@ -114,7 +114,8 @@ class WeightGroup:
 
         if backend not in COLLECTIVE_BACKENDS:
             raise ValueError(f"weight group backend: must be one of {COLLECTIVE_BACKENDS}, got {backend!r}")
-        self.store, self.name, self.rank, self.world_size, self.backend = store, name, rank, world_size, backend
+        self.store, self.name, self.rank, self.world_size = store, name, rank, world_size
+        self.backend = backend
         timeout = datetime.timedelta(seconds=timeout_s)
         if backend == "nccl":
             import torch
