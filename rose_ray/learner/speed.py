@@ -25,12 +25,6 @@ def fused_adamw_supported(device: str) -> bool:
     return device in _get_fused_kernels_supported_devices()
 
 
-def resolve_optimizer(name: str, device: str) -> str:
-    if name != "auto":
-        return name
-    return "adamw_fused" if device == "cuda" and fused_adamw_supported(device) else "adamw"
-
-
 def make_optimizer(name: str, params: Any, cfg: Any) -> Any:
     """A torch AdamW of `cfg`'s hyper-parameters, fused or torch's default implementation."""
     import torch
@@ -72,12 +66,6 @@ def liger_supports(model_type: str) -> bool:
     return model_type in MODEL_TYPE_TO_APPLY_LIGER_FN
 
 
-def resolve_fused_kernels(name: str, model_type: str, dtype: str = "bfloat16") -> str:
-    if name != "auto":
-        return name
-    return "liger" if dtype == "bfloat16" and liger_supports(model_type) else "none"
-
-
 def apply_fused_kernels(model: Any, name: str) -> None:
     """Liger's kernels, or regional compilation, put into `model` (in place)."""
     if name == "liger":
@@ -100,8 +88,13 @@ def chosen(cfg: Any, model_type: str, on_cuda: bool) -> dict[str, str]:
     from rose_ray.learner.attention import resolve
     from rose_ray.learner.forward import resolve_head
 
+    optimizer, kernels = cfg.optimizer, cfg.fused_kernels
+    if optimizer == "auto":
+        optimizer = "adamw_fused" if on_cuda and fused_adamw_supported("cuda") else "adamw"
+    if kernels == "auto":
+        kernels = "liger" if cfg.dtype == "bfloat16" and liger_supports(model_type) else "none"
     return {"attn_implementation": resolve(cfg.attn_implementation, cfg.dtype),
-            "optimizer": resolve_optimizer(cfg.optimizer, "cuda" if on_cuda else "cpu"),
+            "optimizer": optimizer,
             "activation_checkpointing": cfg.activation_checkpointing,
-            "fused_kernels": resolve_fused_kernels(cfg.fused_kernels, model_type, cfg.dtype),
+            "fused_kernels": kernels,
             "head": resolve_head(cfg.head, on_cuda, cfg.dtype)}

@@ -1,11 +1,7 @@
-"""A weight group: learner rank 0 and the engine actors in a torch.distributed group of their own.
-
-A TCPStore and a ProcessGroupGloo or ProcessGroupNCCL built directly (as vLLM's
-StatelessProcessGroup does), apart from the learner's DeepSpeed group. Rank 0 broadcasts each
-bucket of a publication's flat buffers (flat.py): host buffers over gloo, GPU buffers over NCCL.
-Nothing here may hang the learner: rank 0 waits `within` a deadline, an NCCL group's timeout
-aborts only its communicator (NCCL_GROUP_ENV), and every member runs with the same NCCL settings.
-"""
+"""A weight group: learner rank 0 and the engine actors in a torch.distributed group of their own
+(a TCPStore and a ProcessGroupGloo or ProcessGroupNCCL built directly, as vLLM's
+StatelessProcessGroup does). Nothing here may hang the learner: rank 0 waits `within` a deadline
+and an NCCL group's timeout aborts only its communicator (NCCL_GROUP_ENV)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Learner rank 0's side of a publication: the weights to every engine as one version.
-
-The state is packed (flat.py) and sent by the route chosen for the engines (route.py); each
-engine loads it between its batches, so every later request is sampled with the new version.
-A collective that does not form or finish in `publish.timeout_s` (or fails while every engine
-lives) makes the publisher fall back to the object store for good (`fallback` says why); an
-engine that died on the way is raised as it is.
-"""
+"""Learner rank 0's side of a publication: the weights packed (flat.py) and sent to every engine
+as one version by the route chosen for them (route.py); a collective that stalls or fails while
+every engine lives falls back to the object store for good (docs/engines.md, `publish.timeout_s`)."""
 
 from __future__ import annotations
 
