@@ -1,9 +1,6 @@
-"""The learner's speed settings: what `auto` chooses on this machine, and applying them to a
-model before DeepSpeed wraps it (attention and head resolve in their own modules). Each is
-tested equal to its reference (tests/unit/learner/test_speed.py); docs/learner.md has the
-table of what each costs. `auto`: the fused AdamW on a GPU, adamw on CPU (bit for bit tiny
-runs); Liger's kernels under bf16 where CUDA, Triton and Liger know the model type.
-"""
+"""The learner's speed settings: what `auto` chooses on this machine, applied to a model before
+DeepSpeed wraps it (attention and head resolve in their own modules). docs/learner.md has what
+each costs; tests/unit/learner/test_speed.py checks each against its reference."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """One learner rank: a DeepSpeed engine in a Ray actor, one member of a torch.distributed group.
-
-A rank runs its micro-batches (dealt by `LearnerGroup`) through forward and backward, then one
-optimizer step, and returns its share of every metric. The loss is scaled by world_size before
-`engine.backward`: DeepSpeed averages gradients over ranks, while our loss shares are already
-global means.
-"""
+The loss is scaled by world_size before `engine.backward`: DeepSpeed averages gradients over
+ranks, while our loss shares are already global means."""
 
 from __future__ import annotations
 

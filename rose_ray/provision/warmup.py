@@ -1,11 +1,6 @@
-"""Models before training: tiny local models built on first use, and the warm-ups (SFT of the
-teacher, or the student, on gold demonstrations), cached by their settings. A warm-up trains on
-shipped demonstrations where some were shipped for its settings (rose_ray/envs/data/), since
-live gold paths differ between ScienceWorld loads.
-
-    rose-ray warmup --ship     # replay and ship the tiny default's teacher demonstrations
-    rose-ray warmup --ship --config configs/small.yaml   # ship what a cached build trained on
-"""
+"""The warm-ups (SFT of the teacher, or the student, on gold demonstrations), cached by their
+settings; shipped demonstrations (rose_ray/envs/data/) where some match the settings, since live
+gold paths differ between ScienceWorld loads (`rose-ray warmup --ship` writes them)."""
 
 from __future__ import annotations
 
