@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from rose_ray.errors import InputError
-from rose_ray.files import crash_point, fsync_dir
+from rose_ray.files import crash_point, fsync_dir, writing_file
 
 SUMMED = "sum/"  # prefix of metrics that are shares of a global value (the driver adds them)
 
@@ -41,8 +41,7 @@ def ds_config(cfg: Any, world_size: int) -> dict[str, Any]:
         "train_batch_size": world_size,
         "gradient_clipping": cfg.grad_clip,
         "zero_optimization": zero,
-        # A step whose gradients are not finite is skipped (a non-finite loss relies on it):
-        # DeepSpeed's default for bf16 ZeRO 1/2 from 0.19.3, said here as the run depends on it.
+        # A step whose gradients are not finite is skipped (said here: a non-finite loss relies on it)
         "bf16": {"enabled": cfg.dtype == "bfloat16", "check_grad_overflow": True},
         "zero_allow_untested_optimizer": True,  # a plain torch AdamW: no fused op to compile
         "steps_per_print": 2**31 - 1,
@@ -293,10 +292,8 @@ class LearnerWorker:
         if not self._weights_finite():
             raise NonFiniteWeights(f"learner: the weights after step {client_state.get('step')} hold NaN or "
                                    f"infinity; no checkpoint {tag} is written from them")
-        rng_file = Path(path) / tag / f"rng_rank{self.rank}.pt"
-        rng_file.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(_rng_state(), rng_file.with_suffix(".tmp"))
-        os.replace(rng_file.with_suffix(".tmp"), rng_file)
+        with writing_file(Path(path) / tag / f"rng_rank{self.rank}.pt", "wb") as f:
+            torch.save(_rng_state(), f)
         crash_point("checkpoint-write")  # the tests' kill in the middle of a save
         self.engine.save_checkpoint(path, tag=tag, client_state=client_state, save_latest=False)
         fsync_tree(Path(path) / tag)
