@@ -23,9 +23,12 @@ OWNER_INDEX = {o: i for i, o in enumerate(OWNERS)}
 NAN = float("nan")
 
 
+@dataclass(init=False)
 class TokenWeights:
     """Per loss term (learner/losses.py: `ce`, `opd`), per owner, the weight of its tokens (absent:
     0, context only): `TokenWeights(ce={"teacher": 1.0}, opd={"student": 0.5})`."""
+
+    terms: dict[str, dict[str, float]]
 
     def __init__(self, **terms: dict[str, float]) -> None:
         for term, per_owner in terms.items():
@@ -36,13 +39,6 @@ class TokenWeights:
 
     def trains(self, owner: str) -> bool:
         return any(per_owner.get(owner, 0.0) > 0 for per_owner in self.terms.values())
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, TokenWeights) and self.terms == other.terms
-
-    def __repr__(self) -> str:
-        return f"TokenWeights({', '.join(f'{k}={v}' for k, v in self.terms.items())})"
-
 
 @dataclass
 class Sequence:

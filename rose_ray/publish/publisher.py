@@ -58,15 +58,13 @@ class WeightPublisher:
         self._stranded: list[Any] = []  # engine calls of a given-up collective (kept: errors unread)
 
     def route_for(self, engines: list[Any]) -> tuple[str, str]:
-        """(method, collective backend) for these engines (`choose_route`)."""
+        """(method, collective backend) for these engines (`choose_route`; the engines are asked
+        only where the settings leave a choice)."""
         import ray
 
-        if self.fallback is not None:
+        if self.fallback is not None or self.config.method == "object_store":
             return "object_store", ""
-        method, backend = self.config.method, self.config.collective_backend
-        if method == "object_store":  # (these two need nothing from the engines)
-            return "object_store", ""
-        if method == "collective" and backend == "gloo":
+        if (self.config.method, self.config.collective_backend) == ("collective", "gloo"):
             return "collective", "gloo"
         key = tuple(_actor_key(e) for e in engines)
         if key not in self._routes:
