@@ -149,10 +149,10 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
             played = [a for a, _ in steps]
             renamed = world.observed_gold.visible_names(played, [o for _, o in steps])
             if renamed != played:
-                again_first = start(slot, game, gold=False, replies=replies)[0]
-                again_steps, again = follow(slot, again_first, iter(renamed))
-                if again is not None and (again.raw_score, again.success) == (result.raw_score, result.success):
-                    first, steps, result = again_first, again_steps, again
+                redo_first = start(slot, game, gold=False, replies=replies)[0]
+                redo_steps, redo = follow(slot, redo_first, iter(renamed))
+                if redo is not None and (redo.raw_score, redo.success) == (result.raw_score, result.success):
+                    first, steps, result = redo_first, redo_steps, redo
                 else:
                     problems.append(f"{game.item_id}: the observed path did not score as the gold path; kept gold")
         return first, detour, steps, result
