@@ -1,26 +1,16 @@
 """Conversation token ids, turn by turn, as the chat template renders them.
 
 Engines extend a conversation's ids turn by turn instead of re-rendering its text (the learner
-must train on the ids that were sampled). The pieces, derived once from the tokenizer's own
-chat template:
+trains on the ids that were sampled). The pieces (opening, user turn + generation prompt,
+assistant ids + end-of-turn) are cut once from the tokenizer's own template, from conversations
+that end with a user turn, so templates that rewrite earlier turns (Qwen3 drops old `<think>`
+blocks) are cut right: `history="sampled"`, what the model saw while it generated each turn.
 
-    opening  = instruction + acknowledgement, up to the acknowledgement's end-of-turn token
-    user     = separator + user header + text + end of turn + the generation prompt
-    assistant= the sampled ids, ending with the end-of-turn token
-
-Some templates rewrite earlier turns (Qwen3 drops the `<think>` block of every assistant turn
-but the last), so the pieces are cut from conversations that end with a user turn and the
-generation prompt: a user piece never re-renders an assistant turn, and the generation prompt
-is context, never trained. Concatenated, the pieces are what the model saw while it generated
-each turn: `history="sampled"`, what on-policy training needs (OPD compares the sampled ids).
-
-`history="template"` renders history as a chat API does, each turn: `apply_template` gives every
-turn its part of the template's rendering of the whole conversation, tokenized whole and cut
-after each end-of-turn token (an added special token, so the parts are exactly the whole); a
-turn's `frame` counts its role header's ids (context, never trained). With a `RenderCache` only
-the text after the last end-of-turn token two renderings share is tokenized again: the
-tokenizer cuts its text at added special tokens first, so the ids are the same
-(tests/unit/test_qwen3.py checks it token for token).
+`history="template"` renders history as a chat API does (`apply_template`): the whole
+conversation rendered, tokenized whole and cut after each end-of-turn token (an added special
+token, so the parts are exactly the whole); a turn's `frame` counts its role header's ids. With
+a `RenderCache` only the text after the last end-of-turn token two renderings share is tokenized
+again (the same ids: tests/unit/test_qwen3.py checks it token for token).
 """
 
 from __future__ import annotations
@@ -186,34 +176,28 @@ class ChatFormat:
                 return shared, at
         return 0, -1
 
-    def template_pieces(self, messages: list[dict[str, str]], add_generation_prompt: bool,
-                        cache: RenderCache | None = None) -> tuple[list[list[int]], list[int]]:
-        """The template's own rendering of `messages`, tokenized whole as a chat API does, cut after
-        each message's end-of-turn id: (each message's ids, the ids after the last: the generation
-        prompt or close). Extra turns (a default system prompt) go with the first message."""
+    def apply_template(self, turns: list[Turn], add_generation_prompt: bool,
+                       cache: RenderCache | None = None) -> list[Turn]:
+        """The turns with the ids of the template's rendering of their texts, tokenized whole as a
+        chat API does and cut after each message's end-of-turn id (extra turns, a default system
+        prompt, go with the first): the last turn also holds the generation prompt or close
+        (`close` counts them), each turn's `frame` counts its role header. Replies keep their
+        text; their sampled ids and logprobs give way. `cache`: see `encode_rendering`."""
+        messages = [{"role": t.role, "content": t.text} for t in turns]
         ids = self.encode_rendering(self.render_text(messages, add_generation_prompt), cache)
         ends = [i for i, t in enumerate(ids) if t == self.eos_id]
         # A text that spells the end-of-turn token is tokenized to it (as a chat API does): it
         # belongs to its message, whose own end-of-turn id comes after.
-        last, at = [], self._extra_ends - 1
+        own_ends, at = [], self._extra_ends - 1
         for m in messages:
             at += 1 + m["content"].count(self.end_text)
-            last.append(at)
-        if len(ends) != last[-1] + 1:
+            own_ends.append(at)
+        if len(ends) != own_ends[-1] + 1:
             raise ChatTemplateError(f"the template's rendering of {len(messages)} messages has {len(ends)} "
-                                    f"{self.end_text!r} tokens, not the {last[-1] + 1} its texts make")
-        ends = [ends[i] for i in last]
+                                    f"{self.end_text!r} tokens, not the {own_ends[-1] + 1} its texts make")
+        ends = [ends[i] for i in own_ends]
         starts = [0] + [e + 1 for e in ends[:-1]]
-        return [ids[a : e + 1] for a, e in zip(starts, ends)], ids[ends[-1] + 1 :]
-
-    def apply_template(self, turns: list[Turn], add_generation_prompt: bool,
-                       cache: RenderCache | None = None) -> list[Turn]:
-        """The turns with the ids of the template's rendering of their texts (`template_pieces`):
-        the last turn also holds the generation prompt or close (`close` counts them), each turn's
-        `frame` counts its role header. Replies keep their text; their sampled ids and logprobs
-        give way. `cache`: see `encode_rendering`."""
-        messages = [{"role": t.role, "content": t.text} for t in turns]
-        pieces, tail = self.template_pieces(messages, add_generation_prompt, cache)
+        pieces, tail = [ids[a : e + 1] for a, e in zip(starts, ends)], ids[ends[-1] + 1 :]
         frames = [self._frames[t.role] if i else 0 for i, t in enumerate(turns)]
         if len(turns) > 1 and turns[-1].role == "assistant":
             frames[-1] = self._last_reply_frame(messages, pieces[-1])
@@ -245,9 +229,3 @@ class ChatFormat:
                 break
             frame += 1
         return frame
-
-    def pieces(self) -> dict[str, str]:
-        """The text around a user turn's content (what `rose-ray check` shows)."""
-        return {"separator": self.separator, "user_prefix": self.user_prefix,
-                "user_suffix": self.user_suffix, "end_of_turn": self.end_text}
-

@@ -1,15 +1,10 @@
 """Trajectories to token batches, on the rollout side of the learner's wall.
 
-A trajectory's turns carry the ids the engine produced or appended, concatenated as they are
-(an empty list: the turn's ids live in an earlier turn, like the acknowledgement inside the
-opening). Text-only turns (dataset rows) are rendered with `ChatFormat` as rollouts build them.
-The turns the rollout cut (`Trajectory.context_cut`) are left out here too.
-
-Which tokens train, and how much, is decided here and nowhere else: a recipe's `TokenWeights`
-give each owner a weight in each loss term (`ce`, `opd`: learner/losses.py), and `make_batch`
-writes them per token; the learner only multiplies. The end-of-turn id appended to a reply cut
-at max_new_tokens gets no weight. Rows are packed: `attention_mask` holds each token's 1-based
-segment number (0 = padding), from which the learner derives positions and segment boundaries.
+A trajectory's turns carry the ids the engine produced or appended (empty: they live in an
+earlier turn); text-only turns (dataset rows) are rendered with `ChatFormat`; the turns the
+rollout cut (`Trajectory.context_cut`) are left out. Which tokens train, and how much, is
+decided here only: a recipe's `TokenWeights` give each owner a weight per loss term, which
+`make_batch` writes per token into packed rows (`attention_mask`: 1-based segment numbers).
 """
 
 from __future__ import annotations
@@ -28,9 +23,12 @@ OWNER_INDEX = {o: i for i, o in enumerate(OWNERS)}
 NAN = float("nan")
 
 
+@dataclass(init=False)
 class TokenWeights:
     """Per loss term (learner/losses.py: `ce`, `opd`), per owner, the weight of its tokens (absent:
     0, context only): `TokenWeights(ce={"teacher": 1.0}, opd={"student": 0.5})`."""
+
+    terms: dict[str, dict[str, float]]
 
     def __init__(self, **terms: dict[str, float]) -> None:
         for term, per_owner in terms.items():
@@ -41,13 +39,6 @@ class TokenWeights:
 
     def trains(self, owner: str) -> bool:
         return any(per_owner.get(owner, 0.0) > 0 for per_owner in self.terms.values())
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, TokenWeights) and self.terms == other.terms
-
-    def __repr__(self) -> str:
-        return f"TokenWeights({', '.join(f'{k}={v}' for k, v in self.terms.items())})"
-
 
 @dataclass
 class Sequence:

@@ -1,8 +1,5 @@
-"""The shared vocabulary: plain dataclasses that cross Ray and go to JSONL.
-
-Nothing here holds a model, a JVM or an open handle, so every object pickles cheaply;
-`Trajectory.to_record()` gives a trajectory's dataset row.
-"""
+"""The shared vocabulary: plain dataclasses that cross Ray (nothing holds a model, a JVM or a
+handle) and go to JSONL (`Trajectory.to_record()`)."""
 
 from __future__ import annotations
 
@@ -15,20 +12,16 @@ from rose_ray.errors import DataError, InputError
 Owner = Literal["prompt", "env", "student", "teacher"]
 Role = Literal["user", "assistant"]
 OWNERS: tuple[str, ...] = ("prompt", "env", "student", "teacher")
-# Dataset row schemas: the dataset card's (role/content messages, success 0/1) and AgentGym's
-# (from/value messages with human/gpt); per schema, its messages' (role key, text key, {the
-# schema's role name: our role}). Rows are read in rows.py; a world's protocol reads a row's
-# opening messages too (envs/protocol.py), so their checks live here, below both.
+# Dataset row schemas (the card's, AgentGym's): per schema, its messages' (role key, text key,
+# {the schema's role name: our role}). Here, below rows.py and envs/protocol.py that both read them.
 MESSAGE_KEYS: dict[str, tuple[str, str, dict[str, str]]] = {
     "card": ("role", "content", {"user": "user", "assistant": "assistant"}),
     "agentgym": ("from", "value", {"human": "user", "gpt": "assistant"}),
 }
 SCHEMAS: tuple[str, ...] = tuple(MESSAGE_KEYS)
-# Prompt + reply tokens, the dataset card's 16,384: the default of every engine's context_tokens
-# and of a learner's packed row (learner.max_tokens, which must hold a whole context).
+# Prompt + reply tokens, the dataset card's: the default engine context_tokens and learner.max_tokens.
 CONTEXT_TOKENS = 16384
-# The world's report question after the last observation (DiscoveryWorld; `rollout.report`): ask
-# it and record the answer, also train on it, or not ask.
+# `rollout.report`, the world's report question after the last observation (DiscoveryWorld).
 REPORT_MODES: tuple[str, ...] = ("ask", "train", "off")
 
 

@@ -1,12 +1,6 @@
-"""Attention over packed rows without an L×L mask (`learner.attn_implementation`).
-
-A micro-batch is one padding-free row of segments: positions restart at each and `cu_seq_lens`
-holds the boundaries, in the form FlashAttention's varlen kernels take, so one set of model
-arguments serves every implementation: `torch_varlen` (torch's varlen kernel: CUDA, 16-bit),
-`sdpa_varlen` (sdpa once per segment; the CPU default), `flash_attention_2` (transformers'
-path: CUDA, flash-attn, bf16) and `dense_mask` (an explicit block-diagonal mask: the reference
-the others are tested against). docs/learner.md compares them.
-"""
+"""Attention over packed rows without an L×L mask (`learner.attn_implementation`): one padding-free
+row of segments, positions restarting at each, `cu_seq_lens` the boundaries in the form
+FlashAttention's varlen kernels take. docs/learner.md compares the implementations."""
 from __future__ import annotations
 
 import functools

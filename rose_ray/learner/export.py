@@ -4,6 +4,7 @@ and for a publication), and a Hugging Face folder written from them, whole or no
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -86,10 +87,8 @@ def write_hf_folder(state: dict[str, Any], model_path: str, out_dir: str, dtype:
                     shutil.copy2(f, tmp / f.name)
         else:
             AutoTokenizer.from_pretrained(model_path).save_pretrained(tmp)
-            try:
+            with contextlib.suppress(OSError):  # a model without a generation config
                 GenerationConfig.from_pretrained(model_path).save_pretrained(tmp)
-            except OSError:
-                pass  # a model without a generation config
         config = AutoConfig.from_pretrained(model_path)
         config.dtype = dtype
         config.save_pretrained(tmp)

@@ -1,12 +1,7 @@
-"""The learner's forward: a causal LM's final hidden states for packed micro-batches, then the
-LM head on the tokens a loss term trains, so token logprobs never need [tokens, vocab] at once
-(`learner.head`: `full`, every position in checkpointed chunks, the reference; `trained`, only
-the weighted positions; `cce` and `liger`, fused Triton kernels that write no logits).
-
-The model's forward runs with `logits_to_keep=1` and a hook captures the body's output. The head
-runs inside ONE call of the head module (`ChunkedLMHead`), so ZeRO-3 gathers its weight once per
-forward and backward, the same collectives on every rank whatever its number of tokens.
-"""
+"""The learner's forward: final hidden states of packed micro-batches (the model runs with
+`logits_to_keep=1`, a hook captures the body's output), then the LM head on the tokens a loss
+term trains (`learner.head`, docs/learner.md) inside ONE call of the head module, so ZeRO-3
+gathers its weight once per forward and backward, whatever a rank's number of tokens."""
 from __future__ import annotations
 
 import importlib.util

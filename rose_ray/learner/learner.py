@@ -112,10 +112,9 @@ class LearnerConfig:
         need(self.attn_implementation not in ("flash_attention_2", "torch_varlen")
              or (self.dtype == "bfloat16" and self.gpus_per_rank > 0), "attn_implementation",
              f"{self.attn_implementation} needs learner.dtype=bfloat16 and GPUs (learner.gpus_per_rank > 0)")
-        need(self.head not in ("cce", "liger") or self.gpus_per_rank > 0, "head",
-             f"{self.head} is a Triton kernel: it needs GPUs (learner.gpus_per_rank > 0)")
-        need(self.fused_kernels != "liger" or self.gpus_per_rank > 0, "fused_kernels",
-             "liger is a Triton kernel: it needs GPUs (learner.gpus_per_rank > 0)")
+        for key in ("head", "fused_kernels"):
+            need(getattr(self, key) not in ("cce", "liger") or self.gpus_per_rank > 0, key,
+                 f"{getattr(self, key)} is a Triton kernel: it needs GPUs (learner.gpus_per_rank > 0)")
         need(self.fused_kernels != "compile" or self.zero_stage < 3, "fused_kernels",
              "compile runs under ZeRO 0-2 (ZeRO-3 gathers parameters in hooks the compiled regions would trace)")
         need(self.zero_bucket_size >= 1_000_000, "zero_bucket_size", "must be >= 1e6 elements")

@@ -51,12 +51,6 @@ def cross_entropy(logp: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor,
     return torch.where(mask, -logp * weights, 0.0).sum(), {}
 
 
-@loss_term("opd", needs={"teacher_logprobs": "score them with the teacher engine"})
-def on_policy_distillation(logp: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor,
-                           t: dict[str, torch.Tensor], clip_eps: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    return opd_surrogate(logp, mask, weights, t["old_logprobs"], t["teacher_logprobs"], clip_eps)
-
-
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """logp[b, t] = log π(input_ids[b, t+1] | prefix): shape [B, L-1], in float32."""
     b, length, v = logits.shape
@@ -101,27 +95,21 @@ def loss(logp: torch.Tensor, t: dict[str, torch.Tensor], den: dict[str, float],
     return total, metrics
 
 
-def opd_surrogate(
-    logp: torch.Tensor,
-    mask: torch.Tensor,
-    weights: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    teacher_logprobs: torch.Tensor,
-    clip_eps: float,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+@loss_term("opd", needs={"teacher_logprobs": "score them with the teacher engine"})
+def on_policy_distillation(logp: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor,
+                           t: dict[str, torch.Tensor], clip_eps: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Σ over masked tokens of w·(clipped policy-gradient surrogate); sums of its diagnostics."""
-    now = logp.detach()
-    behaviour = torch.where(torch.isnan(old_logprobs), now, old_logprobs)  # unknown: on-policy
-    teacher = torch.where(mask, teacher_logprobs, 0.0)  # NaN outside the mask must not leak
+    old = t["old_logprobs"]
+    behaviour = torch.where(torch.isnan(old), logp.detach(), old)  # unknown: on-policy
+    teacher = torch.where(mask, t["teacher_logprobs"], 0.0)  # NaN outside the mask must not leak
     advantage = torch.where(mask, teacher - behaviour, 0.0)
     ratio = torch.exp(torch.where(mask, logp - behaviour, 0.0))
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     surrogate = -torch.minimum(ratio * advantage, clipped * advantage)
     term = torch.where(mask, surrogate * weights, 0.0).sum()
     r = ratio.detach()
-    extra = {
+    return term, {
         "opd_reverse_kl": torch.where(mask, behaviour - teacher, 0.0).sum(),
         "opd_ratio": torch.where(mask, r, 0.0).sum(),
         "opd_clip_frac": (mask & ((r - 1.0).abs() > clip_eps)).sum().float(),
     }
-    return term, extra

@@ -1,6 +1,5 @@
 """The learner's activation memory per micro-batch, as the learner runs a model: what the GPU
-memory plan (rose_ray/memory.py) reads. No torch. `config`: a Hugging Face config or a dict
-of Qwen3's field names.
+memory plan (rose_ray/memory.py) reads. No torch. `config`: a dict of Qwen3's config.json names.
 
 Bytes per token, fitted on transformers 5.19's Qwen3 (e = bytes of an activation element):
 - a decoder layer: H·(8 + 4e) + (Q + K)·(4 + 3e) + I·4e + 11·heads, Q = heads·head_dim,
@@ -17,27 +16,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rose_ray.errors import InputError
-
 # The seed configs' student (configs/*_qwen3_1p7b_32b.yaml), from its config.json.
 QWEN3_1P7B = {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
               "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
               "vocab_size": 151936, "tie_word_embeddings": True}
 
 
-def _get(config: Any, key: str, default: Any = None) -> Any:
-    value = config.get(key, default) if isinstance(config, Mapping) else getattr(config, key, default)
-    if value is None:
-        raise InputError(f"model config: {key} is required")
-    return value
-
-
-def _shape(config: Any) -> tuple[int, int, int, int, int, int, int]:
-    hidden = _get(config, "hidden_size")
-    heads = _get(config, "num_attention_heads")
-    head_dim = _get(config, "head_dim", hidden // heads)
-    return (hidden, _get(config, "intermediate_size"), _get(config, "num_hidden_layers"), heads,
-            _get(config, "num_key_value_heads", heads), head_dim, _get(config, "vocab_size"))
+def _shape(config: Mapping[str, Any]) -> tuple[int, int, int, int, int, int, int]:
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    return (hidden, config["intermediate_size"], config["num_hidden_layers"], heads,
+            config.get("num_key_value_heads", heads), config.get("head_dim", hidden // heads),
+            config["vocab_size"])
 
 
 def checkpointed(mode: bool | str, layers: int) -> int:
@@ -46,7 +35,7 @@ def checkpointed(mode: bool | str, layers: int) -> int:
     return {"full": layers, "selective": (layers + 1) // 2, "none": 0}[mode]
 
 
-def learner_activation_bytes(config: Any, tokens: int, chunk: int, checkpointing: bool | str,
+def learner_activation_bytes(config: Mapping[str, Any], tokens: int, chunk: int, checkpointing: bool | str,
                              dtype_bytes: int = 2, head: str = "full") -> dict[str, int]:
     """Peak activation memory of one micro-batch of `tokens` tokens: the body (layers,
     embeddings; with checkpointing, one layer's activations rebuilt: `layer`), the LM head

@@ -1,9 +1,6 @@
-"""The learner's speed settings: what `auto` chooses on this machine, and applying them to a
-model before DeepSpeed wraps it (attention and head resolve in their own modules). Each is
-tested equal to its reference (tests/unit/learner/test_speed.py); docs/learner.md has the
-table of what each costs. `auto`: the fused AdamW on a GPU, adamw on CPU (bit for bit tiny
-runs); Liger's kernels under bf16 where CUDA, Triton and Liger know the model type.
-"""
+"""The learner's speed settings: what `auto` chooses on this machine, applied to a model before
+DeepSpeed wraps it (attention and head resolve in their own modules). docs/learner.md has what
+each costs; tests/unit/learner/test_speed.py checks each against its reference."""
 
 from __future__ import annotations
 
@@ -23,12 +20,6 @@ def fused_adamw_supported(device: str) -> bool:
     from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
     return device in _get_fused_kernels_supported_devices()
-
-
-def resolve_optimizer(name: str, device: str) -> str:
-    if name != "auto":
-        return name
-    return "adamw_fused" if device == "cuda" and fused_adamw_supported(device) else "adamw"
 
 
 def make_optimizer(name: str, params: Any, cfg: Any) -> Any:
@@ -72,12 +63,6 @@ def liger_supports(model_type: str) -> bool:
     return model_type in MODEL_TYPE_TO_APPLY_LIGER_FN
 
 
-def resolve_fused_kernels(name: str, model_type: str, dtype: str = "bfloat16") -> str:
-    if name != "auto":
-        return name
-    return "liger" if dtype == "bfloat16" and liger_supports(model_type) else "none"
-
-
 def apply_fused_kernels(model: Any, name: str) -> None:
     """Liger's kernels, or regional compilation, put into `model` (in place)."""
     if name == "liger":
@@ -100,8 +85,13 @@ def chosen(cfg: Any, model_type: str, on_cuda: bool) -> dict[str, str]:
     from rose_ray.learner.attention import resolve
     from rose_ray.learner.forward import resolve_head
 
+    optimizer, kernels = cfg.optimizer, cfg.fused_kernels
+    if optimizer == "auto":
+        optimizer = "adamw_fused" if on_cuda and fused_adamw_supported("cuda") else "adamw"
+    if kernels == "auto":
+        kernels = "liger" if cfg.dtype == "bfloat16" and liger_supports(model_type) else "none"
     return {"attn_implementation": resolve(cfg.attn_implementation, cfg.dtype),
-            "optimizer": resolve_optimizer(cfg.optimizer, "cuda" if on_cuda else "cpu"),
+            "optimizer": optimizer,
             "activation_checkpointing": cfg.activation_checkpointing,
-            "fused_kernels": resolve_fused_kernels(cfg.fused_kernels, model_type, cfg.dtype),
+            "fused_kernels": kernels,
             "head": resolve_head(cfg.head, on_cuda, cfg.dtype)}

@@ -1,10 +1,6 @@
 """One learner rank: a DeepSpeed engine in a Ray actor, one member of a torch.distributed group.
-
-A rank runs its micro-batches (dealt by `LearnerGroup`) through forward and backward, then one
-optimizer step, and returns its share of every metric. The loss is scaled by world_size before
-`engine.backward`: DeepSpeed averages gradients over ranks, while our loss shares are already
-global means.
-"""
+The loss is scaled by world_size before `engine.backward`: DeepSpeed averages gradients over
+ranks, while our loss shares are already global means."""
 
 from __future__ import annotations
 
@@ -21,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from rose_ray.errors import InputError
-from rose_ray.files import crash_point, fsync_dir
+from rose_ray.files import crash_point, fsync_dir, writing_file
 
 SUMMED = "sum/"  # prefix of metrics that are shares of a global value (the driver adds them)
 
@@ -45,8 +41,7 @@ def ds_config(cfg: Any, world_size: int) -> dict[str, Any]:
         "train_batch_size": world_size,
         "gradient_clipping": cfg.grad_clip,
         "zero_optimization": zero,
-        # A step whose gradients are not finite is skipped (a non-finite loss relies on it):
-        # DeepSpeed's default for bf16 ZeRO 1/2 from 0.19.3, said here as the run depends on it.
+        # A step whose gradients are not finite is skipped (said here: a non-finite loss relies on it)
         "bf16": {"enabled": cfg.dtype == "bfloat16", "check_grad_overflow": True},
         "zero_allow_untested_optimizer": True,  # a plain torch AdamW: no fused op to compile
         "steps_per_print": 2**31 - 1,
@@ -208,8 +203,8 @@ class LearnerWorker:
         )
         self._restore_buffers(buffers)
         self.engine.train()
-        return {"parameters": int(sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
-                                      for p in self.engine.module.parameters())),
+        params = self.engine.module.parameters()
+        return {"parameters": int(sum(getattr(p, "ds_numel", p.numel()) for p in params)),
                 "attn_implementation": self.attn,
                 "speed": {**chosen, "overlap_comm": overlap_comm(cfg, self.world_size)}}
 
@@ -222,12 +217,6 @@ class LearnerWorker:
                 owner_name, _, leaf = name.rpartition(".")
                 owner = module.get_submodule(owner_name) if owner_name else module
                 owner._buffers[leaf] = want.to(buf.device)
-
-    def _tensors(self, part: dict[str, np.ndarray]) -> dict[str, Any]:
-        import torch
-
-        # np.array copies: Ray hands actors read-only views of numpy arguments
-        return {k: torch.from_numpy(np.array(v)).to(self.engine.device) for k, v in part.items()}
 
     def train_step(self, parts: list[dict[str, np.ndarray]], den: dict[str, float]) -> dict[str, float]:
         """One optimizer step over this rank's micro-batches; metrics are read back once."""
@@ -243,7 +232,8 @@ class LearnerWorker:
         for i, part in enumerate(parts):
             # Gradients are reduced once, after the last micro-batch; then one optimizer step.
             self.engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
-            t = self._tensors(part)
+            # np.array copies: Ray hands actors read-only views of numpy arguments
+            t = {k: torch.from_numpy(np.array(v)).to(self.engine.device) for k, v in part.items()}
             hidden = self.packed.hidden_states(self.engine, t, part["cu_seq_lens"].tolist())
             trained = torch.from_numpy(trained_targets(part)).to(hidden.device)  # the head scores these
             logp = self.packed.token_logprobs(hidden, t["input_ids"], trained)
@@ -302,10 +292,8 @@ class LearnerWorker:
         if not self._weights_finite():
             raise NonFiniteWeights(f"learner: the weights after step {client_state.get('step')} hold NaN or "
                                    f"infinity; no checkpoint {tag} is written from them")
-        rng_file = Path(path) / tag / f"rng_rank{self.rank}.pt"
-        rng_file.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(_rng_state(), rng_file.with_suffix(".tmp"))
-        os.replace(rng_file.with_suffix(".tmp"), rng_file)
+        with writing_file(Path(path) / tag / f"rng_rank{self.rank}.pt", "wb") as f:
+            torch.save(_rng_state(), f)
         crash_point("checkpoint-write")  # the tests' kill in the middle of a save
         self.engine.save_checkpoint(path, tag=tag, client_state=client_state, save_latest=False)
         fsync_tree(Path(path) / tag)

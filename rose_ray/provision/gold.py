@@ -5,7 +5,7 @@ dataset row (`rose-ray gold`, and the warm-ups' demonstrations), after an openin
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -100,13 +100,13 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
             pairs.append((reply, last.observation))
         return first, pairs, last
 
-    def follow(slot: int, result: StepResult, next_action: Callable[[int], str | None]
+    def follow(slot: int, result: StepResult, actions: Iterator[str | None]
                ) -> tuple[list[tuple[str, str]], StepResult | None]:
         """(action, observation) pairs from the slot's state (`result`: its last answer) while
-        `next_action(n)` gives one, up to `max_actions` or the game's end; None if the game died."""
+        `actions` gives one, up to `max_actions` or the game's end; None if the game died."""
         steps: list[tuple[str, str]] = []
         while len(steps) < max_actions and not result.done:
-            action = next_action(len(steps))
+            action = next(actions, None)
             if action is None:
                 break
             result = pool.step(slot, action)
@@ -114,9 +114,6 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
                 return steps, None
             steps.append((action, result.observation))
         return steps, result
-
-    def replay(slot: int, first: StepResult, actions: list[str]) -> tuple[StepResult, list[tuple[str, str]], Any]:
-        return (first, *follow(slot, first, lambda n: actions[n] if n < len(actions) else None))
 
     def play(i: int, game: GameId) -> dict[str, Any] | None:
         row = play_one(game)
@@ -147,15 +144,15 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
         actions = pool.gold_actions(slot)
         if observe:
             actions = world.observed_gold.look_before_focus(actions)
-        first, steps, result = replay(slot, first, actions)
+        steps, result = follow(slot, first, iter(actions))
         if result is not None and observe:
             played = [a for a, _ in steps]
             renamed = world.observed_gold.visible_names(played, [o for _, o in steps])
             if renamed != played:
-                again = replay(slot, start(slot, game, gold=False, replies=replies)[0], renamed)
-                if again[2] is not None and (again[2].raw_score, again[2].success) == (result.raw_score,
-                                                                                     result.success):
-                    first, steps, result = again
+                redo_first = start(slot, game, gold=False, replies=replies)[0]
+                redo_steps, redo = follow(slot, redo_first, iter(renamed))
+                if redo is not None and (redo.raw_score, redo.success) == (result.raw_score, result.success):
+                    first, steps, result = redo_first, redo_steps, redo
                 else:
                     problems.append(f"{game.item_id}: the observed path did not score as the gold path; kept gold")
         return first, detour, steps, result
@@ -165,7 +162,7 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
         try:
             if continuation == "expert":
                 first, detour, last = start(slot, game, gold=False, replies=replies)
-                steps, result = follow(slot, last, lambda _: pool.expert_reply(slot).action)
+                steps, result = follow(slot, last, iter(lambda: pool.expert_reply(slot).action, None))
             else:
                 first, detour, steps, result = gold_from(slot, game, replies)
             gold = continuation == "gold"

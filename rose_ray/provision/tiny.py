@@ -82,17 +82,12 @@ TINY_SIZES = {
 }
 
 
-def world_corpus() -> str:
-    """The default world's text (ScienceWorld's), the tiny tokenizers' training data."""
-    from rose_ray.envs.worlds import get_world
-
-    return get_world(None).corpus()
-
-
 def build_tokenizer(vocab_size: int = 8192, style: str = "plain") -> Any:
     """A byte-level BPE tokenizer trained on ScienceWorld text, with a Qwen-style template."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+
+    from rose_ray.envs.worlds import get_world
 
     if style not in STYLES:
         raise InputError(f"tiny style: must be one of {STYLES}, got {style!r}")
@@ -111,7 +106,7 @@ def build_tokenizer(vocab_size: int = 8192, style: str = "plain") -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    text = world_corpus()
+    text = get_world(None).corpus()  # the default world's (ScienceWorld's)
     tok.train_from_iterator(text.split("\n\n"), trainer=trainer)  # deterministic for a corpus
     if style == "qwen3":  # single tokens, not special: decoding keeps them (as Qwen3's do)
         tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])

@@ -1,15 +1,12 @@
-"""Models before training: tiny local models built on first use, and the warm-ups (SFT of the
-teacher, or the student, on gold demonstrations), cached by their settings. A warm-up trains on
-shipped demonstrations where some were shipped for its settings (rose_ray/envs/data/), since
-live gold paths differ between ScienceWorld loads.
-
-    rose-ray warmup --ship     # replay and ship the tiny default's teacher demonstrations
-    rose-ray warmup --ship --config configs/small.yaml   # ship what a cached build trained on
-"""
+"""The warm-ups (SFT of the teacher, or the student, on gold demonstrations), cached by their
+settings; shipped demonstrations (rose_ray/envs/data/) where some match the settings, since live
+gold paths differ between ScienceWorld loads (`rose-ray warmup --ship` writes them)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +61,9 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str
             print(f"train: {role} warmed by another run meanwhile: {out}", flush=True)
             return str(out)
         clear_leftovers(out.parent, out.name, owned=True)  # a stopped warm-up's temp
-        rows = shipped_gold(key)
-        source = "shipped" if rows is not None else "played now"
+        rows, source = shipped_gold(key), "shipped"
         if rows is None:
-            rows = play_gold(cfg, role, student)
+            rows, source = play_gold(cfg, role, student), "played now"
         try:
             with writing_folder(out, "warm-up folder") as tmp:
                 _warm_into(cfg, model, role, key, rows, source, tmp, temp_name(out, "gold"))
@@ -149,8 +145,6 @@ def opening_turns(game: Any, share: float, most: int) -> int:
 def opening_sampling(cfg: TrainConfig) -> Any:
     """How the base student samples the teacher's demonstration openings: the run's student
     sampling, at `teacher_warmup.opening_temperature` where set."""
-    from dataclasses import replace
-
     t = cfg.teacher_warmup.opening_temperature
     return cfg.rollout.student_sampling if t is None else replace(cfg.rollout.student_sampling, temperature=t)
 
@@ -158,8 +152,6 @@ def opening_sampling(cfg: TrainConfig) -> Any:
 def student_openings(cfg: TrainConfig, games: list[Any], student: str | None) -> dict[str, list[str]]:
     """The base student's own first replies (`opening_turns` of them) by item id, played live as a
     run's student plays them."""
-    from dataclasses import replace
-
     from rose_ray.commands import training_play
     from rose_ray.event_loop import run_coroutine
     from rose_ray.rollout.handoff import StudentOnly
@@ -245,8 +237,6 @@ def ship_demonstrations(cfg: TrainConfig, out_dir: Path) -> list[Path]:
 
 def weights_digest(folder: Path) -> str:
     """sha256 of a model folder's safetensors files: the same teacher on every machine or not."""
-    import hashlib
-
     h = hashlib.sha256()
     for f in sorted(Path(folder).glob("*.safetensors")):
         h.update(f.read_bytes())
@@ -255,8 +245,6 @@ def weights_digest(folder: Path) -> str:
 
 def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher") -> tuple[dict[str, Any], Path]:
     """The settings a warmed model depends on, and the folder it is cached in."""
-    import dataclasses
-
     from rose_ray.envs.worlds import get_world
 
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
@@ -273,7 +261,7 @@ def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher") -> tuple[d
         # The student by what it is built from, not its folder: the same on every machine.
         student_warmup = warmup_settings(cfg, "student") if cfg.student_warmup.enabled else None
         settings["opening_student"] = _digest({"model": cfg.student_engine.model, "warmup": student_warmup})
-        settings["opening_sampling"] = dataclasses.asdict(opening_sampling(cfg))
+        settings["opening_sampling"] = asdict(opening_sampling(cfg))
         settings["opening_history"] = cfg.chat.history
     else:
         settings.pop("opening_turns", None)
@@ -292,8 +280,6 @@ def warmup_settings(cfg: TrainConfig, role: str) -> dict[str, Any]:
 
 
 def _digest(obj: Any) -> str:
-    import hashlib
-
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:10]
 
 

@@ -1,12 +1,6 @@
-"""Weights as flat byte buffers: what the learner publishes and the engines load.
-
-A state dict is packed into a few flat uint8 buffers (buckets) and a typed header saying where
-each tensor lies. Every dtype travels as its raw bytes, so nothing is pickled: Ray's object
-store sends numpy buffers zero-copy, and a collective sends one buffer per bucket.
-
-    flat = pack(state, bucket_mb=256)      # FlatState(header, buffers); 0: each tensor's own bytes
-    state = unpack(flat)                   # {name: tensor view}, no copy
-"""
+"""Weights as flat byte buffers: a state dict packed into a few uint8 buffers (buckets) and a
+typed header saying where each tensor lies. Every dtype travels as its raw bytes, so nothing is
+pickled: Ray's object store sends numpy buffers zero-copy, a collective one buffer per bucket."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""A weight group: learner rank 0 and the engine actors in a torch.distributed group of their own.
-
-A TCPStore and a ProcessGroupGloo or ProcessGroupNCCL built directly (as vLLM's
-StatelessProcessGroup does), apart from the learner's DeepSpeed group. Rank 0 broadcasts each
-bucket of a publication's flat buffers (flat.py): host buffers over gloo, GPU buffers over NCCL.
-Nothing here may hang the learner: rank 0 waits `within` a deadline, an NCCL group's timeout
-aborts only its communicator (NCCL_GROUP_ENV), and every member runs with the same NCCL settings.
-"""
+"""A weight group: learner rank 0 and the engine actors in a torch.distributed group of their own
+(a TCPStore and a ProcessGroupGloo or ProcessGroupNCCL built directly, as vLLM's
+StatelessProcessGroup does). Nothing here may hang the learner: rank 0 waits `within` a deadline
+and an NCCL group's timeout aborts only its communicator (NCCL_GROUP_ENV)."""
 
 from __future__ import annotations
 
@@ -20,7 +16,6 @@ from typing import Any, TypeVar
 from rose_ray.publish.flat import FlatHeader, FlatState, buffers_for
 
 COLLECTIVE_BACKENDS = ("gloo", "nccl")
-
 # The NCCL settings every member of a weight group runs with (the launcher's NCCL_* over these):
 # NCCL never reconciles its settings across ranks, and members that differ hang or fail.
 # docs/engines.md ("NCCL settings") says why each default is set.
@@ -31,25 +26,20 @@ NCCL_GROUP_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
 _ENV_LOCK = threading.Lock()
 ABORT_WAIT_S = 10.0
 T = TypeVar("T")
-
-
 # Not NCCL's settings (torch's old TORCH_NCCL_ASYNC_ERROR_HANDLING, which vLLM's worker removes):
 NOT_NCCL_SETTINGS = frozenset({"NCCL_ASYNC_ERROR_HANDLING"})
 
 
-def _nccl_settings(environ: Mapping[str, str]) -> dict[str, str]:
+def own_nccl_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The NCCL_* variables of `environ` (default: this process's, what a member reports)."""
+    environ = os.environ if environ is None else environ
     return {k: v for k, v in environ.items() if k.startswith("NCCL_") and k not in NOT_NCCL_SETTINGS}
 
 
 def nccl_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The NCCL_* variables every weight-group member runs with: the launching process's own
     (`environ`, default this process's) over NCCL_DEFAULTS."""
-    return {**NCCL_DEFAULTS, **_nccl_settings(os.environ if environ is None else environ)}
-
-
-def own_nccl_env() -> dict[str, str]:
-    """The NCCL_* variables this process runs with (what a member reports to the publisher)."""
-    return _nccl_settings(os.environ)
+    return {**NCCL_DEFAULTS, **own_nccl_env(environ)}
 
 
 @contextlib.contextmanager

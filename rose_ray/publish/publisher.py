@@ -1,11 +1,6 @@
-"""Learner rank 0's side of a publication: the weights to every engine as one version.
-
-The state is packed (flat.py) and sent by the route chosen for the engines (route.py); each
-engine loads it between its batches, so every later request is sampled with the new version.
-A collective that does not form or finish in `publish.timeout_s` (or fails while every engine
-lives) makes the publisher fall back to the object store for good (`fallback` says why); an
-engine that died on the way is raised as it is.
-"""
+"""Learner rank 0's side of a publication: the weights packed (flat.py) and sent to every engine
+as one version by the route chosen for them (route.py); a collective that stalls or fails while
+every engine lives falls back to the object store for good (docs/engines.md, `publish.timeout_s`)."""
 
 from __future__ import annotations
 
@@ -63,15 +58,13 @@ class WeightPublisher:
         self._stranded: list[Any] = []  # engine calls of a given-up collective (kept: errors unread)
 
     def route_for(self, engines: list[Any]) -> tuple[str, str]:
-        """(method, collective backend) for these engines (`choose_route`)."""
+        """(method, collective backend) for these engines (`choose_route`; the engines are asked
+        only where the settings leave a choice)."""
         import ray
 
-        if self.fallback is not None:
+        if self.fallback is not None or self.config.method == "object_store":
             return "object_store", ""
-        method, backend = self.config.method, self.config.collective_backend
-        if method == "object_store":  # (these two need nothing from the engines)
-            return "object_store", ""
-        if method == "collective" and backend == "gloo":
+        if (self.config.method, self.config.collective_backend) == ("collective", "gloo"):
             return "collective", "gloo"
         key = tuple(_actor_key(e) for e in engines)
         if key not in self._routes:
@@ -143,17 +136,16 @@ class WeightPublisher:
                         for e in engines]
             calls += receives
             within(self.config.timeout_s, stage, group.broadcast, flat.buffers)
-        except Exception as e:
+        except BaseException as e:
             self._give_up_group()  # a member may be gone: a new group next time
+            if not isinstance(e, Exception):
+                raise
             dead = _dead_engine(calls)
             if dead is not None:  # the engine's loss, not the collective's: the run replaces it
                 raise dead from e
             self._stranded += calls
             raise CollectiveFailed(str(e) if isinstance(e, CollectiveTimeout) else
                                    f"{stage}: {type(e).__name__}: {e}") from e
-        except BaseException:
-            self._give_up_group()
-            raise
         loads = ray.get(receives)  # each engine's load (behind its calls in flight: not bounded here)
         return self._timings(flat, t0, t1, loads)
 

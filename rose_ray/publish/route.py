@@ -1,10 +1,5 @@
-"""How the weights travel (`publish:`), and the route chosen for a set of engines.
-
-`object_store`: one `ray.put` of the flat buffers, then each engine's `load_weights`; works
-across nodes. `collective`: rank 0 and the local engine actors in a weight group (group.py),
-each bucket broadcast once over nccl or gloo. `auto`: the collective over NCCL where every
-engine is a local actor on rank 0's node and NCCL applies, else AUTO_LOCAL or the object store.
-"""
+"""How the weights travel (`publish:`), and the route chosen for a set of engines (docs/engines.md,
+"How the weights travel")."""
 
 from __future__ import annotations
 
