@@ -12,7 +12,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,12 +74,12 @@ class EnvPool:
     def _start(self, slot: _Slot, world: str | None = None) -> None:
         slot.world = world or slot.world or self.world
         w = get_world(slot.world)
-        jvm = {"heap": self.heap} if w.jvm else {}
         # Tried again: on a loaded machine a JVM's gateway can miss its start once, and a pool
         # whose constructor raises is dead for good.
         for attempt in range(START_ATTEMPTS):
             try:
-                slot.game = w.game(call_timeout_s=self.call_timeout_s, max_turns=self.max_turns, **jvm)
+                slot.game = w.game(call_timeout_s=self.call_timeout_s, max_turns=self.max_turns,
+                                   heap=self.heap)
                 return
             except GameError:
                 if attempt == START_ATTEMPTS - 1:
@@ -91,39 +93,38 @@ class EnvPool:
         slot.current = None
         self._start(slot, world)
 
-    def _slot(self, index: int) -> _Slot:
+    @contextmanager
+    def _held(self, index: int, needs_game: str = "") -> Iterator[_Slot]:
+        """The slot, locked; `needs_game`: the call that needs a game loaded first."""
         if not 0 <= index < len(self.slots):
             raise IndexError(f"slot {index} out of range 0..{len(self.slots) - 1}")
-        return self.slots[index]
+        s = self.slots[index]
+        with s.lock:
+            if needs_game and s.current is None:
+                raise RuntimeError(f"slot {index}: {needs_game} before reset")
+            yield s
 
     def reset(self, slot: int, game: GameId | str | int, gold: bool = False) -> StepResult:
         """Load `game` into a slot and return its first observation (a dead process is replaced
         first; a load that kills it is retried once on a new one)."""
-        s = self._slot(slot)
         game = game if isinstance(game, GameId) else self.catalogue.game(game)
-        with s.lock:
+        with self._held(slot) as s:
             if s.game is not None and game.world != s.world:
                 self._replace(s, game.world)
-            for attempt in range(2):
-                if s.game is None or not s.game.alive():
-                    self._replace(s)
-                try:
-                    result = s.game.load(game, gold=gold)
-                    s.current, s.first, s.history = game, result.observation, []
-                    s.loads += 1
-                    return result
-                except GameError:
-                    if attempt == 1:
-                        raise
-                    self._replace(s)
-        raise AssertionError("unreachable")
+            if s.game is None or not s.game.alive():
+                self._replace(s)
+            try:
+                result = s.game.load(game, gold=gold)
+            except GameError:
+                self._replace(s)
+                result = s.game.load(game, gold=gold)
+            s.current, s.first, s.history = game, result.observation, []
+            s.loads += 1
+            return result
 
     def step(self, slot: int, action: str) -> StepResult:
         """One action in one slot; `interrupted=True` if the game process died or hung (now replaced)."""
-        s = self._slot(slot)
-        with s.lock:
-            if s.current is None:
-                raise RuntimeError(f"slot {slot}: step before reset")
+        with self._held(slot, "step") as s:
             game = s.current
             try:
                 result = s.game.step(action)
@@ -141,8 +142,6 @@ class EnvPool:
             s.steps += 1
             s.history.append((action, result.observation))
             s.latencies_ms.append(result.latency_ms)
-            if result.done:
-                s.current = game  # still loaded; a further step answers "ended"
             return result
 
     def step_many(self, actions: dict[int, str]) -> dict[int, StepResult]:
@@ -151,21 +150,16 @@ class EnvPool:
         return {i: f.result() for i, f in futures.items()}
 
     def gold_actions(self, slot: int) -> list[str]:
-        s = self._slot(slot)
-        with s.lock:
+        with self._held(slot) as s:
             return s.game.gold_actions()
 
     def valid_actions(self, slot: int) -> list[str]:
-        s = self._slot(slot)
-        with s.lock:
+        with self._held(slot) as s:
             return s.game.valid_actions()
 
     def expert_reply(self, slot: int) -> ExpertReply:
         """The world's expert teacher's next reply in the episode the slot plays."""
-        s = self._slot(slot)
-        with s.lock:
-            if s.current is None:
-                raise RuntimeError(f"slot {slot}: expert reply before reset")
+        with self._held(slot, "expert reply") as s:
             if s.expert is None:
                 make = get_world(s.world).expert
                 if make is None:
@@ -175,10 +169,7 @@ class EnvPool:
 
     def state(self, slot: int) -> dict[str, Any]:
         """The game's state fingerprint at load and now (`initial`, `now`)."""
-        s = self._slot(slot)
-        with s.lock:
-            if s.current is None:
-                raise RuntimeError(f"slot {slot}: state before reset")
+        with self._held(slot, "state") as s:
             return {"initial": dict(s.game.initial_state), "now": s.game.state()}
 
     def health(self) -> list[dict[str, Any]]:

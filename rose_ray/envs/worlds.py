@@ -29,10 +29,9 @@ class World:
     name: str
     catalogue: Callable[[str | None], Any]  # mapping (None = the world's default) -> GameCatalogue
     protocol: Protocol
-    game: Callable[..., ProcessGame]  # (call_timeout_s, max_turns, and heap where `jvm`)
+    game: Callable[..., ProcessGame]  # (call_timeout_s, max_turns, heap: a JVM's cap where it runs one)
     has_gold: bool  # whether games have gold action paths (`rose-ray gold`, teacher warm-up)
     mappings: tuple[str, ...]  # the catalogue's item-id mappings, the default first
-    jvm: bool = False  # its games run on a JVM and `game` takes `heap`
     # Optional modules and factories (None: the world has none):
     paper_tables: Any = None  # results as its paper's tables (discoveryworld/paper_tables.py)
     observed_gold: Any = None  # gold paths a model can copy from what it sees (sciworld/gold.py)

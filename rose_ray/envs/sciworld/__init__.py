@@ -28,5 +28,5 @@ def _expert(heap: str | None = DEFAULT_HEAP, call_timeout_s: float = 60.0):
 
 
 WORLD = World(name="sciworld", catalogue=SciWorldCatalogue, protocol=PROTOCOL, game=_game,
-              has_gold=True, mappings=tuple(MAPPINGS), jvm=True, observed_gold=gold, corpus=_corpus,
+              has_gold=True, mappings=tuple(MAPPINGS), observed_gold=gold, corpus=_corpus,
               expert=_expert, expert_tasks=EXPERT_TASKS)
