@@ -27,12 +27,21 @@ class GameCatalogue:
 
     def __init__(self, games: list[GameId]) -> None:
         self.games = games
+        self._by_task = {(g.task, g.variation): g for g in games}
 
     def __len__(self) -> int:
         return len(self.games)
 
     def split_of(self, game: GameId) -> str:
         raise NotImplementedError
+
+    def find(self, task: str, variation: int) -> GameId:
+        """A game by task and variation (a seed, in DiscoveryWorld)."""
+        try:
+            return self._by_task[task, variation]
+        except KeyError:
+            raise UnknownItem(f"no {self.world} game of task {task!r} with variation {variation!r} "
+                              f"in the {self.mapping!r} mapping") from None
 
     def task_names(self) -> list[str]:
         return list(dict.fromkeys(g.task for g in self.games))
