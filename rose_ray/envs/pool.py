@@ -1,11 +1,6 @@
-"""EnvPool: N games of a world, each on its own process (a ScienceWorld JVM, a DiscoveryWorld
-worker), driven from one Ray actor; calls on different slots run in parallel threads.
-
-A game process that dies or hangs is killed and replaced at once; the call that found it
-returns `interrupted=True`, so the caller restarts that episode. A slot keeps its episode's
-record (first observation, then each action and answer), from which the world's expert
-teacher plans (`expert_reply`).
-"""
+"""EnvPool: N games of a world, each on its own process, driven from one Ray actor; calls on
+different slots run in parallel threads. A game process that dies or hangs is replaced at once and
+the call that found it returns `interrupted=True` (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -46,9 +41,9 @@ class _Slot:
 
 
 class EnvPool:
-    """Hosts `num_games` games; every method takes a slot index in 0..num_games-1.
-
-    `heap` caps the JVM of a world whose games run one (ScienceWorld; None: uncapped)."""
+    """Hosts `num_games` games; every method takes a slot index in 0..num_games-1. `heap` caps
+    the JVM of a world whose games run one (None: uncapped). A slot keeps its episode's record,
+    from which the world's expert teacher plans (`expert_reply`)."""
 
     def __init__(
         self,

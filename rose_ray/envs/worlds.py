@@ -59,12 +59,9 @@ def get_world(name: str | None) -> World:
     return module.WORLD
 
 
-def paper_tables(name: str = "discoveryworld") -> Any:
-    """The paper scoring of a world (`World.paper_tables`); a ValueError for a world without."""
-    tables = get_world(name).paper_tables
-    if tables is None:
-        raise InputError(f"world {name!r} has no paper tables")
-    return tables
+def paper_tables() -> Any:
+    """DiscoveryWorld's results as its paper's tables (`World.paper_tables`)."""
+    return get_world("discoveryworld").paper_tables
 
 
 def knowledge_scorer(name: str | None) -> Any:

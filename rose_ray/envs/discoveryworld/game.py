@@ -1,7 +1,5 @@
 """One DiscoveryWorld game in its own worker process (the package keeps global state, and a hung
-game must be killable), in a private temporary directory removed on close; the same interface
-as a ScienceWorld JVM.
-"""
+game must be killable), in a private temporary directory removed on close."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""DiscoveryWorld results in the shape of its paper's Tables 4 and 5: per game, completion (our
-Success), process (the package's own normalised score) and knowledge (the fraction of critical
-questions a judge says the report answers). A cell averages the seeds played; an Average row
-averages the rows, as the paper's does.
-"""
+"""DiscoveryWorld results in the shape of its paper's Tables 4 and 5 (docs/games.md): a cell
+averages the seeds played, an Average row the rows, as the paper's does."""
 
 from __future__ import annotations
 

@@ -31,9 +31,6 @@ from rose_ray.envs.discoveryworld.protocol import (
     render_observation,
 )
 
-os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
-os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-
 _seed_random = random.Random.seed
 
 

@@ -1,9 +1,5 @@
-"""One ScienceWorld game on its own JVM, with a lean step and a timeout on every call.
-
-`ScienceWorldEnv.step` lists every valid action-object combination after each action (most of
-its cost); `SciWorldGame.step` makes the same one `server.step` call and asks only for the
-observation, score and completion (the stock step's other calls run no tick).
-"""
+"""One ScienceWorld game on its own JVM, with a timeout on every call and a lean step: the stock
+step's one `server.step`, then only score and completion (docs/games.md, the lean step)."""
 
 from __future__ import annotations
 
