@@ -4,6 +4,7 @@ lists its games and says each one's split); `parse_item` reads an item id.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from importlib import resources
@@ -130,12 +131,9 @@ class GameCatalogue:
         for g in pool:
             by_task.setdefault(g.task, []).append(g)
         rng = random.Random(seed)
-        shuffled = {t: rng.sample(gs, len(gs)) for t, gs in sorted(by_task.items())}
-        chosen: list[GameId] = []
-        while len(chosen) < n:
-            for t in shuffled:
-                if shuffled[t] and len(chosen) < n:
-                    chosen.append(shuffled[t].pop())
+        shuffled = [rng.sample(gs, len(gs))[::-1] for _, gs in sorted(by_task.items())]
+        rounds = itertools.zip_longest(*shuffled)  # each task's next game, in task order
+        chosen = [g for games in rounds for g in games if g is not None][:n]
         return sorted(chosen, key=lambda g: g.index)
 
     def task_counts(self) -> dict[str, dict[str, int]]:

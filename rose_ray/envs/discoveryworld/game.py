@@ -27,13 +27,11 @@ class NoGoldPath(InputError):
 
 
 class DiscoveryWorldGame(ProcessGame):
-    """A worker process holding one DiscoveryWorld game at a time.
-
-    Score: the package's normalised score rescaled from the starting score (`relative`);
-    success: the scenario's `completedSuccessfully`; turn limit: `max_turns`, else the paper's.
-    `done` ends an episode at the agent's word (`agent_stop`). `info["scoring"]` holds the
-    package's own score (`process`); the load's also the task and the critical questions.
-    """
+    """A worker process holding one DiscoveryWorld game at a time. Score: the package's normalised
+    score rescaled from the starting score (`relative`); success: the scenario's
+    `completedSuccessfully`; turn limit: `max_turns`, else the paper's. `done` ends an episode at
+    the agent's word (`agent_stop`). `info["scoring"]` holds the package's own score (`process`);
+    the load's also the task and the critical questions."""
 
     world = "discoveryworld"
     goodbye = b'{"cmd": "close"}\n'

@@ -92,7 +92,12 @@ class SciWorldExpert:
         if action is None and self.replans < MAX_REPLANS:
             if self.plan is not None:
                 self.replans += 1
-            self.plan = self._make_plan(game, first, history)
+            try:
+                self.plan = self._plan(game, first, history)
+            except GameError:  # the scratch game died: a new one next time, no plan now
+                if self.scratch is not None:
+                    self.scratch.kill()
+                self.scratch, self.plan, self.status = None, None, "scratch_failed"
             action = self._next_action(history)
         location = None
         for text in [first, *(o for _, o in history)]:
@@ -114,14 +119,6 @@ class SciWorldExpert:
             if action != planned or not same_but_temperature(observation, expected):
                 return None
         return plan.actions[len(done)]
-
-    def _make_plan(self, game: GameId, first: str, history: list[tuple[str, str]]) -> Plan | None:
-        try:
-            return self._plan(game, first, history)
-        except GameError:  # the scratch game died: a new one next time, no plan now
-            self._drop_scratch()
-            self.status = "scratch_failed"
-            return None
 
     def _plan(self, game: GameId, first: str, history: list[tuple[str, str]]) -> Plan | None:
         key = (game.task, game.variation)
@@ -191,11 +188,6 @@ class SciWorldExpert:
         if self.scratch is None or not self.scratch.alive():
             self.scratch = SciWorldGame(heap=self.heap, call_timeout_s=self.call_timeout_s)
         return self.scratch
-
-    def _drop_scratch(self) -> None:
-        if self.scratch is not None:
-            self.scratch.kill()
-        self.scratch = None
 
     def _replay(self, game: GameId, history: list[tuple[str, str]]) -> Attempt:
         """The scratch game loaded and the episode's actions played again."""

@@ -38,11 +38,8 @@ if _not_from_py4j not in logging.getLogger().filters:
 
 class SciWorldGame(ProcessGame):
     """A ScienceWorld JVM holding one game at a time (score: max(raw, 0)/100, success: 100).
-
-    A call that fails or outlasts `call_timeout_s` kills the JVM and raises `GameError`. Turns
-    are counted here (the game's counter skips free actions); an episode ends at `max_turns`,
-    on completion, or on a negative score (a failed game).
-    """
+    Turns are counted here (the game's counter skips free actions); an episode ends at
+    `max_turns`, on completion, or on a negative score (a failed game)."""
 
     def __init__(
         self,
