@@ -33,7 +33,6 @@ class DiscoveryWorldGame(ProcessGame):
     the agent's word (`agent_stop`). `info["scoring"]` holds the package's own score (`process`);
     the load's also the task and the critical questions."""
 
-    world = "discoveryworld"
     goodbye = b'{"cmd": "close"}\n'
 
     def __init__(self, call_timeout_s: float = 60.0, max_turns: int | None = None,

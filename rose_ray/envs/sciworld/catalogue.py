@@ -46,13 +46,8 @@ class TaskInfo:
 def all_tasks() -> tuple[TaskInfo, ...]:
     """Every ScienceWorld task in topic order (30 tasks, 7,207 games)."""
     text = resources.files("rose_ray.envs").joinpath("data/sciworld_catalogue.json").read_text()
-    return tuple(
-        TaskInfo(
-            r["task_id"], r["task"], r["num_variations"],
-            tuple(r["train"]), tuple(r["dev"]), tuple(r["test"]),
-        )
-        for r in json.loads(text)["tasks"]
-    )
+    rows = json.loads(text)["tasks"]  # each with TaskInfo's fields, the splits as lists
+    return tuple(TaskInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()}) for r in rows)
 
 
 class SciWorldCatalogue(GameCatalogue):

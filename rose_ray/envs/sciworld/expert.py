@@ -39,12 +39,13 @@ GOLDS: dict[tuple[str, int], Gold] = {}
 @dataclass
 class Attempt:
     """A candidate plan played in the scratch game after the episode's actions; `replayed`:
-    the episode's own actions answered as recorded."""
+    the episode's own actions answered as recorded. The one chosen is the plan."""
 
     actions: list[str] = field(default_factory=list)
-    observations: list[str] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)  # what the scratch game answered to each
     raw_score: int = 0
     replayed: bool = True
+    start: int = 0  # the episode's action count when it was planned from
 
     @property
     def won(self) -> bool:
@@ -61,13 +62,6 @@ class Gold:
     route: list[str]  # the rooms the path walks through, in order (ties in a walk go its way)
 
 
-@dataclass
-class Plan:
-    actions: list[str]
-    observations: list[str]  # what the scratch game answered to each
-    start: int  # the episode's action count when it was made
-
-
 class SciWorldExpert:
     """The expert of one EnvPool slot. `status`: how its last plan stands (verified, partial,
     with `_replay_differed` where the episode's own actions answered otherwise on replay; no_plan,
@@ -78,7 +72,7 @@ class SciWorldExpert:
         self.scratch: SciWorldGame | None = None
         self.episode: Any = None  # the slot's load counter of the episode planned for
         self.gold: Gold | None = None
-        self.plan: Plan | None = None
+        self.plan: Attempt | None = None
         self.replans = 0
         self.status = ""
 
@@ -120,7 +114,7 @@ class SciWorldExpert:
                 return None
         return plan.actions[len(done)]
 
-    def _plan(self, game: GameId, first: str, history: list[tuple[str, str]]) -> Plan | None:
+    def _plan(self, game: GameId, first: str, history: list[tuple[str, str]]) -> Attempt | None:
         key = (game.task, game.variation)
         doors = self._doors(game)
         now = self._replay(game, history)  # the game where the student left it
@@ -151,7 +145,8 @@ class SciWorldExpert:
         self.status = "verified" if best.won else "partial"
         if not best.replayed:
             self.status += "_replay_differed"
-        return Plan(best.actions, best.observations, len(history))
+        best.start = len(history)
+        return best
 
     def _candidates(self, first: str, history: list[tuple[str, str]],
                     carriers: list[list[tuple[str, str | None]]]) -> list[list[tuple[str, str | None]]]:
