@@ -100,12 +100,8 @@ def paper_markdown(paper: dict[str, Any]) -> str:
 def compare_paper(named: list[tuple[str, dict[str, Any]]]) -> str:
     """DiscoveryWorld results side by side: one row per (scenario, difficulty), one column per
     result, each cell `completion / process / knowledge`."""
-    keys: list[tuple[str, str]] = []
-    for _, paper in named:
-        for t, cells in paper["themes"].items():
-            keys += [(t, d) for d in cells if (t, d) not in keys]
-    for _, paper in named:
-        keys += [(u, "") for u in paper["unit_tests"] if (u, "") not in keys]
+    themes = [(t, d) for _, paper in named for t, cells in paper["themes"].items() for d in cells]
+    keys = list(dict.fromkeys(themes + [(u, "") for _, paper in named for u in paper["unit_tests"]]))
     if not keys:
         return ""
     lines = ["DiscoveryWorld, completion / process / knowledge per scenario (– = not measured):", "",

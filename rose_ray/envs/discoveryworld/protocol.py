@@ -96,15 +96,13 @@ def render_observation(ui: dict[str, Any], action_message: bool = True) -> str:
     if nearby:
         lines.append("Nearby:\n" + "\n".join(nearby))
     agents = (ui.get("nearbyAgents") or {}).get("list_of_agents") or {}
-    for name, history in agents.items():
-        lines.append(f"Nearby agent {name} recently: {history}")
+    lines += [f"Nearby agent {name} recently: {history}" for name, history in agents.items()]
     dialog = ui.get("dialog_box") or {}
     if dialog.get("is_in_dialog"):
         options = "\n".join(f"  {k}. {v}" for k, v in (dialog.get("dialogOptions") or {}).items())
         lines.append(f"In conversation: {dialog.get('dialogIn', '')}\nOptions (choose N):\n{options}")
     posts = (ui.get("discoveryFeed") or {}).get("posts") or []
-    for p in posts:
-        lines.append(f"Feed post {p.get('postID')} by {p.get('author')}: {p.get('content')}")
+    lines += [f"Feed post {p.get('postID')} by {p.get('author')}: {p.get('content')}" for p in posts]
     return "\n".join(lines)
 
 

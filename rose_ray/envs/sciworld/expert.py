@@ -137,9 +137,7 @@ class SciWorldExpert:
                     best = attempt
             if best.won:
                 break
-        if not best.won and best.raw_score <= now.raw_score:
-            best = None  # nothing scores above where the game is now
-        if best is None:
+        if not best.won and best.raw_score <= now.raw_score:  # nothing scores above where the game is now
             self.status = "no_plan"
             return None
         self.status = "verified" if best.won else "partial"
