@@ -48,6 +48,11 @@ class ExpertReply:
     plan_s: float = 0.0
 
 
+def end_reason(**reasons: bool) -> str:
+    """The first of `reasons` that holds, in the order given ("" while the episode goes on)."""
+    return next((reason for reason, holds in reasons.items() if holds), "")
+
+
 class ProcessGame:
     """One game of one world on its own process (a JVM, a worker), as a pool hosts it: `load`,
     `step`, `gold_actions`, `valid_actions`, `state`, `alive`, `kill`, `pid`, `close`. A failed

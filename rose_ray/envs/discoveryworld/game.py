@@ -14,7 +14,7 @@ import tempfile
 import time
 from typing import Any
 
-from rose_ray.envs.base import GameError, ProcessGame, StepResult
+from rose_ray.envs.base import GameError, ProcessGame, StepResult, end_reason
 from rose_ray.envs.discoveryworld.catalogue import DiscoveryWorldCatalogue
 from rose_ray.errors import InputError
 from rose_ray.types import GameId
@@ -108,15 +108,8 @@ class DiscoveryWorldGame(ProcessGame):
     def _step(self, action: str) -> StepResult:
         reply = self._call("step", {"cmd": "step", "action": str(action)})
         self.turn += 1
-        end = ""
-        if reply["success"]:
-            end = "success"
-        elif reply["completed"]:
-            end = "completed"
-        elif reply.get("stopped"):
-            end = "agent_stop"
-        elif self.turn >= self.limit:
-            end = "turn_limit"
+        end = end_reason(success=reply["success"], completed=reply["completed"],
+                         agent_stop=reply.get("stopped"), turn_limit=self.turn >= self.limit)
         return StepResult(
             observation=reply["observation"], raw_score=round(100 * reply["score"]), done=bool(end),
             turn=self.turn, game=self.game, end_reason=end, score=self.relative(reply["score"]),

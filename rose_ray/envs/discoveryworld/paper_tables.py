@@ -24,11 +24,9 @@ def cell(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _average(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"games": sum(c["games"] for c in cells),
-                           "knowledge_games": sum(c["knowledge_games"] for c in cells)}
-    for m in METRICS:
-        out[m] = _mean([c[m] for c in cells if c[m] is not None])
-    return out
+    return {"games": sum(c["games"] for c in cells),
+            "knowledge_games": sum(c["knowledge_games"] for c in cells),
+            **{m: _mean([c[m] for c in cells if c[m] is not None]) for m in METRICS}}
 
 
 def paper_summary(records: list[dict[str, Any]]) -> dict[str, Any]:

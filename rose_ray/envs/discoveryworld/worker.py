@@ -149,8 +149,7 @@ def main() -> None:
         session = Session()
     reply.write(json.dumps({"ok": True, "ready": True}) + "\n")
     for line in sys.stdin:
-        captured.seek(0)
-        captured.truncate()
+        captured = io.StringIO()
         try:
             request = json.loads(line)
             with contextlib.redirect_stdout(captured):

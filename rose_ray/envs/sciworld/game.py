@@ -12,7 +12,7 @@ from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
 from py4j.protocol import Py4JError
 from scienceworld.constants import BASEPATH, JAR_PATH
 
-from rose_ray.envs.base import GameError, ProcessGame, StepResult
+from rose_ray.envs.base import GameError, ProcessGame, StepResult, end_reason
 from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.sciworld.gold import focused_name
 from rose_ray.envs.sciworld.protocol import (
@@ -104,15 +104,8 @@ class SciWorldGame(ProcessGame):
         score = int(round(100 * self._call("score", "getScore")))
         completed = bool(self._call("completed", "getCompleted"))
         self.turn += 1
-        end = ""
-        if score < 0:
-            end = "failed"
-        elif score >= 100:
-            end = "success"
-        elif completed:
-            end = "completed"
-        elif self.max_turns is not None and self.turn >= self.max_turns:
-            end = "turn_limit"
+        end = end_reason(failed=score < 0, success=score >= 100, completed=completed,
+                         turn_limit=self.max_turns is not None and self.turn >= self.max_turns)
         return StepResult(
             observation=observation,
             raw_score=score,
