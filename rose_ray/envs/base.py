@@ -124,12 +124,10 @@ class ProcessGame:
         if self.closed:
             return
         if self._proc.poll() is None:
-            try:
+            with contextlib.suppress(Exception):  # gone or hung: killed below
                 self._proc.stdin.write(self.goodbye)
                 self._proc.stdin.flush()
                 self._proc.wait(timeout=5)
-            except Exception:  # noqa: BLE001 - gone or hung: killed below
-                pass
         self.kill()
 
     def __enter__(self):
@@ -139,7 +137,5 @@ class ProcessGame:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # a half-built game, or interpreter shutdown
             self.close()
-        except Exception:  # a half-built game, or interpreter shutdown
-            pass

@@ -223,9 +223,8 @@ class SciWorldExpert:
                     if location_of(attempt.observations[-1]) != next_room:
                         return attempt  # the walk failed: this candidate cannot reach its room
                     room, moved = next_room, True
-            if action.startswith("focus on") and moved:
-                if not play("look around"):
-                    return attempt
+            if action.startswith("focus on") and moved and not play("look around"):
+                return attempt
             if action.startswith("focus on") or action == "look around":
                 moved = False
             if not play(action):
