@@ -24,7 +24,6 @@ START_ATTEMPTS = 3  # a game process's starts before the pool gives up (2 s, the
 
 @dataclass
 class _Slot:
-    index: int
     game: ProcessGame | None = None
     world: str = ""
     current: GameId | None = None
@@ -59,7 +58,7 @@ class EnvPool:
         self.heap, self.call_timeout_s, self.max_turns = heap, call_timeout_s, max_turns
         self.world = world
         self.catalogue = get_world(world).catalogue(mapping)
-        self.slots = [_Slot(i) for i in range(num_games)]
+        self.slots = [_Slot() for _ in range(num_games)]
         self._threads = ThreadPoolExecutor(max_workers=num_games, thread_name_prefix="envpool")
         list(self._threads.map(self._start, self.slots))  # game processes start in parallel
 
@@ -170,11 +169,11 @@ class EnvPool:
     def health(self) -> list[dict[str, Any]]:
         """Per slot: alive, process pid, current game, steps, restarts, interrupted, latency p50/p95."""
         out = []
-        for s in self.slots:
+        for i, s in enumerate(self.slots):
             lat = sorted(s.latencies_ms)
             out.append(
                 {
-                    "slot": s.index,
+                    "slot": i,
                     "world": s.world,
                     "alive": s.game is not None and s.game.alive(),
                     "pid": s.game.pid if s.game is not None else None,

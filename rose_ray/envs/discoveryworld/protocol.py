@@ -1,8 +1,6 @@
 """DiscoveryWorld in text: the instruction, the observation we show (from the package's
-`ui.renderJSON()` dicts), and how a text action becomes the package's JSON action. Objects are
-written `name #uuid`; an action may name one by `#uuid`, `name #uuid`, or a bare name unique
-within reach. What cannot be an action comes back as an observation `Invalid action: ...`.
-"""
+`ui.renderJSON()` dicts), and how a text action (docs/games.md) becomes the package's JSON action;
+what cannot be one comes back as an observation `Invalid action: ...`."""
 
 from __future__ import annotations
 
