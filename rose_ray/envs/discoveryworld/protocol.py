@@ -221,16 +221,17 @@ def parse_command(text: str, ui: dict[str, Any], places: list[str]) -> Command:
         if uuid is None:
             return _invalid(f"{error}. Teleport to a place ({', '.join(places)}) or to an object as `name #id`.")
         return Command({"action": "TELEPORT_TO_OBJECT", "arg1": uuid})
-    if action in _SEPARATORS:
-        return _two_objects(action, phrase, rest, reach, where)
+    if action in _SEPARATORS and (command := _two_objects(action, phrase, rest, reach, where)):
+        return command
     uuid, error = resolve(rest, reach, where)
     if uuid is None:
         return _invalid(f"{error}.")
     return Command({"action": action, "arg1": uuid})
 
 
-def _two_objects(action: str, phrase: str, rest: str, reach: list[dict[str, Any]], where: str) -> Command:
-    """`put A in B`, `use A on B` (and `use A` alone): try each separator position in turn."""
+def _two_objects(action: str, phrase: str, rest: str, reach: list[dict[str, Any]],
+                 where: str) -> Command | None:
+    """`put A in B`, `use A on B`: try each separator position in turn (None: `use A` alone)."""
     low = rest.lower()
     splits = sorted((m.start(), sep) for sep in _SEPARATORS[action]
                     for m in re.finditer(re.escape(sep), low))
@@ -242,10 +243,7 @@ def _two_objects(action: str, phrase: str, rest: str, reach: list[dict[str, Any]
             return Command({"action": action, "arg1": a, "arg2": b})
         first_error = first_error or ea or eb
     if action == "USE" and not splits:
-        uuid, error = resolve(rest, reach, where)
-        if uuid is None:
-            return _invalid(f"{error}.")
-        return Command({"action": "USE", "arg1": uuid})
+        return None
     if not splits:
         return _invalid(f"'{phrase}' needs two objects: {phrase} OBJ {_SEPARATORS[action][0].strip()} OBJ.")
     return _invalid(f"{first_error}.")
