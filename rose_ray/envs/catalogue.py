@@ -4,6 +4,7 @@ lists its games and says each one's split); `parse_item` reads an item id.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from importlib import resources
@@ -27,12 +28,21 @@ class GameCatalogue:
 
     def __init__(self, games: list[GameId]) -> None:
         self.games = games
+        self._by_task = {(g.task, g.variation): g for g in games}
 
     def __len__(self) -> int:
         return len(self.games)
 
     def split_of(self, game: GameId) -> str:
         raise NotImplementedError
+
+    def find(self, task: str, variation: int) -> GameId:
+        """A game by task and variation (a seed, in DiscoveryWorld)."""
+        try:
+            return self._by_task[task, variation]
+        except KeyError:
+            raise UnknownItem(f"no {self.world} game of task {task!r} with variation {variation!r} "
+                              f"in the {self.mapping!r} mapping") from None
 
     def task_names(self) -> list[str]:
         return list(dict.fromkeys(g.task for g in self.games))
@@ -121,12 +131,9 @@ class GameCatalogue:
         for g in pool:
             by_task.setdefault(g.task, []).append(g)
         rng = random.Random(seed)
-        shuffled = {t: rng.sample(gs, len(gs)) for t, gs in sorted(by_task.items())}
-        chosen: list[GameId] = []
-        while len(chosen) < n:
-            for t in shuffled:
-                if shuffled[t] and len(chosen) < n:
-                    chosen.append(shuffled[t].pop())
+        shuffled = [rng.sample(gs, len(gs))[::-1] for _, gs in sorted(by_task.items())]
+        rounds = itertools.zip_longest(*shuffled)  # each task's next game, in task order
+        chosen = [g for games in rounds for g in games if g is not None][:n]
         return sorted(chosen, key=lambda g: g.index)
 
     def task_counts(self) -> dict[str, dict[str, int]]:

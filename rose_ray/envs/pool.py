@@ -1,18 +1,15 @@
-"""EnvPool: N games of a world, each on its own process (a ScienceWorld JVM, a DiscoveryWorld
-worker), driven from one Ray actor; calls on different slots run in parallel threads.
-
-A game process that dies or hangs is killed and replaced at once; the call that found it
-returns `interrupted=True`, so the caller restarts that episode. A slot keeps its episode's
-record (first observation, then each action and answer), from which the world's expert
-teacher plans (`expert_reply`).
-"""
+"""EnvPool: N games of a world, each on its own process, driven from one Ray actor; calls on
+different slots run in parallel threads. A game process that dies or hangs is replaced at once and
+the call that found it returns `interrupted=True` (docs/reliability.md)."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +24,6 @@ START_ATTEMPTS = 3  # a game process's starts before the pool gives up (2 s, the
 
 @dataclass
 class _Slot:
-    index: int
     game: ProcessGame | None = None
     world: str = ""
     current: GameId | None = None
@@ -44,9 +40,9 @@ class _Slot:
 
 
 class EnvPool:
-    """Hosts `num_games` games; every method takes a slot index in 0..num_games-1.
-
-    `heap` caps the JVM of a world whose games run one (ScienceWorld; None: uncapped)."""
+    """Hosts `num_games` games; every method takes a slot index in 0..num_games-1. `heap` caps
+    the JVM of a world whose games run one (None: uncapped). A slot keeps its episode's record,
+    from which the world's expert teacher plans (`expert_reply`)."""
 
     def __init__(
         self,
@@ -62,7 +58,7 @@ class EnvPool:
         self.heap, self.call_timeout_s, self.max_turns = heap, call_timeout_s, max_turns
         self.world = world
         self.catalogue = get_world(world).catalogue(mapping)
-        self.slots = [_Slot(i) for i in range(num_games)]
+        self.slots = [_Slot() for _ in range(num_games)]
         self._threads = ThreadPoolExecutor(max_workers=num_games, thread_name_prefix="envpool")
         list(self._threads.map(self._start, self.slots))  # game processes start in parallel
 
@@ -72,12 +68,12 @@ class EnvPool:
     def _start(self, slot: _Slot, world: str | None = None) -> None:
         slot.world = world or slot.world or self.world
         w = get_world(slot.world)
-        jvm = {"heap": self.heap} if w.jvm else {}
         # Tried again: on a loaded machine a JVM's gateway can miss its start once, and a pool
         # whose constructor raises is dead for good.
         for attempt in range(START_ATTEMPTS):
             try:
-                slot.game = w.game(call_timeout_s=self.call_timeout_s, max_turns=self.max_turns, **jvm)
+                slot.game = w.game(call_timeout_s=self.call_timeout_s, max_turns=self.max_turns,
+                                   heap=self.heap)
                 return
             except GameError:
                 if attempt == START_ATTEMPTS - 1:
@@ -91,39 +87,38 @@ class EnvPool:
         slot.current = None
         self._start(slot, world)
 
-    def _slot(self, index: int) -> _Slot:
+    @contextmanager
+    def _held(self, index: int, needs_game: str = "") -> Iterator[_Slot]:
+        """The slot, locked; `needs_game`: the call that needs a game loaded first."""
         if not 0 <= index < len(self.slots):
             raise IndexError(f"slot {index} out of range 0..{len(self.slots) - 1}")
-        return self.slots[index]
+        s = self.slots[index]
+        with s.lock:
+            if needs_game and s.current is None:
+                raise RuntimeError(f"slot {index}: {needs_game} before reset")
+            yield s
 
     def reset(self, slot: int, game: GameId | str | int, gold: bool = False) -> StepResult:
         """Load `game` into a slot and return its first observation (a dead process is replaced
         first; a load that kills it is retried once on a new one)."""
-        s = self._slot(slot)
         game = game if isinstance(game, GameId) else self.catalogue.game(game)
-        with s.lock:
+        with self._held(slot) as s:
             if s.game is not None and game.world != s.world:
                 self._replace(s, game.world)
-            for attempt in range(2):
-                if s.game is None or not s.game.alive():
-                    self._replace(s)
-                try:
-                    result = s.game.load(game, gold=gold)
-                    s.current, s.first, s.history = game, result.observation, []
-                    s.loads += 1
-                    return result
-                except GameError:
-                    if attempt == 1:
-                        raise
-                    self._replace(s)
-        raise AssertionError("unreachable")
+            if s.game is None or not s.game.alive():
+                self._replace(s)
+            try:
+                result = s.game.load(game, gold=gold)
+            except GameError:
+                self._replace(s)
+                result = s.game.load(game, gold=gold)
+            s.current, s.first, s.history = game, result.observation, []
+            s.loads += 1
+            return result
 
     def step(self, slot: int, action: str) -> StepResult:
         """One action in one slot; `interrupted=True` if the game process died or hung (now replaced)."""
-        s = self._slot(slot)
-        with s.lock:
-            if s.current is None:
-                raise RuntimeError(f"slot {slot}: step before reset")
+        with self._held(slot, "step") as s:
             game = s.current
             try:
                 result = s.game.step(action)
@@ -141,8 +136,6 @@ class EnvPool:
             s.steps += 1
             s.history.append((action, result.observation))
             s.latencies_ms.append(result.latency_ms)
-            if result.done:
-                s.current = game  # still loaded; a further step answers "ended"
             return result
 
     def step_many(self, actions: dict[int, str]) -> dict[int, StepResult]:
@@ -151,21 +144,16 @@ class EnvPool:
         return {i: f.result() for i, f in futures.items()}
 
     def gold_actions(self, slot: int) -> list[str]:
-        s = self._slot(slot)
-        with s.lock:
+        with self._held(slot) as s:
             return s.game.gold_actions()
 
     def valid_actions(self, slot: int) -> list[str]:
-        s = self._slot(slot)
-        with s.lock:
+        with self._held(slot) as s:
             return s.game.valid_actions()
 
     def expert_reply(self, slot: int) -> ExpertReply:
         """The world's expert teacher's next reply in the episode the slot plays."""
-        s = self._slot(slot)
-        with s.lock:
-            if s.current is None:
-                raise RuntimeError(f"slot {slot}: expert reply before reset")
+        with self._held(slot, "expert reply") as s:
             if s.expert is None:
                 make = get_world(s.world).expert
                 if make is None:
@@ -175,20 +163,17 @@ class EnvPool:
 
     def state(self, slot: int) -> dict[str, Any]:
         """The game's state fingerprint at load and now (`initial`, `now`)."""
-        s = self._slot(slot)
-        with s.lock:
-            if s.current is None:
-                raise RuntimeError(f"slot {slot}: state before reset")
+        with self._held(slot, "state") as s:
             return {"initial": dict(s.game.initial_state), "now": s.game.state()}
 
     def health(self) -> list[dict[str, Any]]:
         """Per slot: alive, process pid, current game, steps, restarts, interrupted, latency p50/p95."""
         out = []
-        for s in self.slots:
+        for i, s in enumerate(self.slots):
             lat = sorted(s.latencies_ms)
             out.append(
                 {
-                    "slot": s.index,
+                    "slot": i,
                     "world": s.world,
                     "alive": s.game is not None and s.game.alive(),
                     "pid": s.game.pid if s.game is not None else None,

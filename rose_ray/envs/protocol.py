@@ -1,7 +1,5 @@
-"""What every world's conversation shares: a `Protocol` and the `Thought: ... Action: ...` reply
-format (`parse_action`). A conversation is the instruction (user), an acknowledgement
-(assistant), the first observation (user), then alternating replies and observations.
-"""
+"""What every world's conversation shares: a `Protocol` (the instruction, its acknowledgement, the
+first observation, then replies and observations) and the `Thought: ... Action: ...` reply format."""
 
 from __future__ import annotations
 

@@ -29,10 +29,9 @@ class World:
     name: str
     catalogue: Callable[[str | None], Any]  # mapping (None = the world's default) -> GameCatalogue
     protocol: Protocol
-    game: Callable[..., ProcessGame]  # (call_timeout_s, max_turns, and heap where `jvm`)
+    game: Callable[..., ProcessGame]  # (call_timeout_s, max_turns, heap: a JVM's cap where it runs one)
     has_gold: bool  # whether games have gold action paths (`rose-ray gold`, teacher warm-up)
     mappings: tuple[str, ...]  # the catalogue's item-id mappings, the default first
-    jvm: bool = False  # its games run on a JVM and `game` takes `heap`
     # Optional modules and factories (None: the world has none):
     paper_tables: Any = None  # results as its paper's tables (discoveryworld/paper_tables.py)
     observed_gold: Any = None  # gold paths a model can copy from what it sees (sciworld/gold.py)
@@ -60,12 +59,9 @@ def get_world(name: str | None) -> World:
     return module.WORLD
 
 
-def paper_tables(name: str = "discoveryworld") -> Any:
-    """The paper scoring of a world (`World.paper_tables`); a ValueError for a world without."""
-    tables = get_world(name).paper_tables
-    if tables is None:
-        raise InputError(f"world {name!r} has no paper tables")
-    return tables
+def paper_tables() -> Any:
+    """DiscoveryWorld's results as its paper's tables (`World.paper_tables`)."""
+    return get_world("discoveryworld").paper_tables
 
 
 def knowledge_scorer(name: str | None) -> Any:

@@ -7,7 +7,8 @@ from rose_ray.envs.worlds import World
 from rose_ray.errors import InputError
 
 
-def _game(call_timeout_s: float = 60.0, max_turns: int | None = None):
+def _game(call_timeout_s: float = 60.0, max_turns: int | None = None, heap: str | None = None):
+    """`heap`: ignored (no JVM)."""
     import importlib.util
 
     if importlib.util.find_spec("discoveryworld") is None:

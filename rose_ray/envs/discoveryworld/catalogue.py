@@ -1,13 +1,5 @@
-"""DiscoveryWorld's games: 35 (scenario, difficulty) pairs x seeds 0..9 = 350 games.
-
-Item ids are `discoveryworld_<n>`, n = 10 * pair + seed, pairs in the package's own order; a
-task is a pair, named as a slug (`combinatorial-chemistry-easy`).
-
-Splits: `test` is the benchmark's instances, seeds 0-4 of the pairs the paper runs (170
-games); `train` is seeds 5-8 of every pair and the Tutorial's 0-8, `dev` seed 9. Several themes
-pick their hidden answer by seed mod 5, so a training seed can share one with a test game.
-Listing games never imports the package.
-"""
+"""DiscoveryWorld's games (docs/games.md): 35 (scenario, difficulty) pairs x seeds 0..9; a task
+is a pair, named as a slug (`combinatorial-chemistry-easy`). Listing games never imports the package."""
 
 from __future__ import annotations
 
@@ -90,12 +82,6 @@ class DiscoveryWorldCatalogue(GameCatalogue):
         except KeyError:
             raise UnknownItem(f"task {game.task!r} is not a DiscoveryWorld scenario") from None
         return Scenario(name, difficulty, int(game.variation))
-
-    def find(self, task: str, seed: int) -> GameId:
-        for g in self.games:
-            if g.task == task and g.variation == seed:
-                return g
-        raise UnknownItem(f"no DiscoveryWorld game {task!r} with seed {seed} (seeds {SEEDS[0]}..{SEEDS[-1]})")
 
     def turn_limit(self, game: GameId) -> int:
         """The paper's step limit for a game: 100 for Easy and unit tests, else 1,000."""

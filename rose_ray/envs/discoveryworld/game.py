@@ -1,7 +1,5 @@
 """One DiscoveryWorld game in its own worker process (the package keeps global state, and a hung
-game must be killable), in a private temporary directory removed on close; the same interface
-as a ScienceWorld JVM.
-"""
+game must be killable), in a private temporary directory removed on close."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ import tempfile
 import time
 from typing import Any
 
-from rose_ray.envs.base import GameError, ProcessGame, StepResult, end_process, kill_process
+from rose_ray.envs.base import GameError, ProcessGame, StepResult, end_reason
 from rose_ray.envs.discoveryworld.catalogue import DiscoveryWorldCatalogue
 from rose_ray.errors import InputError
 from rose_ray.types import GameId
@@ -29,15 +27,13 @@ class NoGoldPath(InputError):
 
 
 class DiscoveryWorldGame(ProcessGame):
-    """A worker process holding one DiscoveryWorld game at a time.
+    """A worker process holding one DiscoveryWorld game at a time. Score: the package's normalised
+    score rescaled from the starting score (`relative`); success: the scenario's
+    `completedSuccessfully`; turn limit: `max_turns`, else the paper's. `done` ends an episode at
+    the agent's word (`agent_stop`). `info["scoring"]` holds the package's own score (`process`);
+    the load's also the task and the critical questions."""
 
-    Score: the package's normalised score rescaled from the starting score (`relative`);
-    success: the scenario's `completedSuccessfully`; turn limit: `max_turns`, else the paper's.
-    `done` ends an episode at the agent's word (`agent_stop`). `info["scoring"]` holds the
-    package's own score (`process`); the load's also the task and the critical questions.
-    """
-
-    world = "discoveryworld"
+    goodbye = b'{"cmd": "close"}\n'
 
     def __init__(self, call_timeout_s: float = 60.0, max_turns: int | None = None,
                  start_timeout_s: float = 120.0) -> None:
@@ -56,22 +52,10 @@ class DiscoveryWorldGame(ProcessGame):
         except OSError as e:
             shutil.rmtree(self.workdir, ignore_errors=True)
             raise GameError(f"could not start a DiscoveryWorld worker: {e}") from e
-        self.closed = False
         self._buffer = b""
         self._read("start", start_timeout_s)
-        self.game: GameId | None = None
-        self.turn = 0
-        self.done = True
         self.limit = 0
         self.start_score = 0.0
-        self.last: StepResult | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid
-
-    def alive(self) -> bool:
-        return not self.closed and self._proc.poll() is None
 
     def _read(self, what: str, timeout_s: float) -> dict[str, Any]:
         """The worker's next reply line, within `timeout_s`; a hang, a death or a garbled
@@ -108,53 +92,32 @@ class DiscoveryWorldGame(ProcessGame):
             raise GameError(f"DiscoveryWorld {what}: the worker is gone ({e})") from e
         return self._read(what, self.call_timeout_s)
 
-    def load(self, game: GameId, gold: bool = False) -> StepResult:
-        """Load a game; the first observation is the task, the named places, then the state."""
+    def _load(self, game: GameId, gold: bool) -> StepResult:
+        """The first observation: the task, the named places, then the state."""
         if gold:
             raise NoGoldPath("discoveryworld has no gold action paths")
         scenario = self.catalogue.scenario(game)
-        t0 = time.perf_counter()
         reply = self._call("load", {"cmd": "load", "scenario": scenario.name,
                                     "difficulty": scenario.difficulty, "seed": scenario.seed})
-        self.game, self.turn, self.done = game, 0, False
         self.limit = self.max_turns if self.max_turns is not None else self.catalogue.turn_limit(game)
         self.start_score = reply["score"]
         scoring = {**reply.get("scoring", {}), "process": reply["score"]}
-        self.last = StepResult(observation=reply["observation"], raw_score=round(100 * reply["score"]),
-                               game=game, latency_ms=(time.perf_counter() - t0) * 1e3,
-                               info={"scoring": scoring})
-        return self.last
+        return StepResult(observation=reply["observation"], raw_score=round(100 * reply["score"]),
+                          game=game, info={"scoring": scoring})
 
-    def step(self, action: str) -> StepResult:
-        """One agent turn. Bad input of any kind comes back as an observation."""
-        if self.game is None:
-            raise GameError("step before load")
-        if self.done:
-            return StepResult("The episode has ended.", self.last.raw_score, True, self.turn, self.game,
-                              "ended", score=self.last.score, success=self.last.success)
-        t0 = time.perf_counter()
+    def _step(self, action: str) -> StepResult:
         reply = self._call("step", {"cmd": "step", "action": str(action)})
         self.turn += 1
-        end = ""
-        if reply["success"]:
-            end = "success"
-        elif reply["completed"]:
-            end = "completed"
-        elif reply.get("stopped"):
-            end = "agent_stop"
-        elif self.turn >= self.limit:
-            end = "turn_limit"
-        self.done = bool(end)
-        self.last = StepResult(
-            observation=reply["observation"], raw_score=round(100 * reply["score"]), done=self.done,
-            turn=self.turn, game=self.game, end_reason=end,
-            latency_ms=(time.perf_counter() - t0) * 1e3, score=self.relative(reply["score"]),
+        end = end_reason(success=reply["success"], completed=reply["completed"],
+                         agent_stop=reply.get("stopped"), turn_limit=self.turn >= self.limit)
+        return StepResult(
+            observation=reply["observation"], raw_score=round(100 * reply["score"]), done=bool(end),
+            turn=self.turn, game=self.game, end_reason=end, score=self.relative(reply["score"]),
             success=bool(reply["success"]),
             # process: the package's own normalised score (the paper's process score)
             info={"invalid": reply["invalid"], "world_step_ms": reply.get("step_ms"),
                   "scoring": {"process": reply["score"]}},
         )
-        return self.last
 
     def relative(self, score: float) -> float:
         """The package's normalised score rescaled to [0, 1] from the starting score."""
@@ -168,21 +131,9 @@ class DiscoveryWorldGame(ProcessGame):
     def valid_actions(self) -> list[str]:
         raise NotImplementedError("discoveryworld does not list valid actions; see the instruction's commands")
 
-    def kill(self) -> None:
-        """End the worker at once (after a hang or when it is already dead)."""
-        kill_process(self._proc)
-        self._cleanup()
-
-    def _cleanup(self) -> None:
+    def _release(self) -> None:
         self.closed = True
         for stream in (self._proc.stdin, self._proc.stdout):
             with contextlib.suppress(OSError):
                 stream.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def close(self) -> None:
-        """Ask the worker to exit; killed if it does not within 5 s."""
-        if self.closed:
-            return
-        end_process(self._proc, b'{"cmd": "close"}\n')
-        self._cleanup()

@@ -1,8 +1,5 @@
-"""DiscoveryWorld results in the shape of its paper's Tables 4 and 5: per game, completion (our
-Success), process (the package's own normalised score) and knowledge (the fraction of critical
-questions a judge says the report answers). A cell averages the seeds played; an Average row
-averages the rows, as the paper's does.
-"""
+"""DiscoveryWorld results in the shape of its paper's Tables 4 and 5 (docs/games.md): a cell
+averages the seeds played, an Average row the rows, as the paper's does."""
 
 from __future__ import annotations
 
@@ -27,11 +24,9 @@ def cell(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _average(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"games": sum(c["games"] for c in cells),
-                           "knowledge_games": sum(c["knowledge_games"] for c in cells)}
-    for m in METRICS:
-        out[m] = _mean([c[m] for c in cells if c[m] is not None])
-    return out
+    return {"games": sum(c["games"] for c in cells),
+            "knowledge_games": sum(c["knowledge_games"] for c in cells),
+            **{m: _mean([c[m] for c in cells if c[m] is not None]) for m in METRICS}}
 
 
 def paper_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -103,12 +98,8 @@ def paper_markdown(paper: dict[str, Any]) -> str:
 def compare_paper(named: list[tuple[str, dict[str, Any]]]) -> str:
     """DiscoveryWorld results side by side: one row per (scenario, difficulty), one column per
     result, each cell `completion / process / knowledge`."""
-    keys: list[tuple[str, str]] = []
-    for _, paper in named:
-        for t, cells in paper["themes"].items():
-            keys += [(t, d) for d in cells if (t, d) not in keys]
-    for _, paper in named:
-        keys += [(u, "") for u in paper["unit_tests"] if (u, "") not in keys]
+    themes = [(t, d) for _, paper in named for t, cells in paper["themes"].items() for d in cells]
+    keys = list(dict.fromkeys(themes + [(u, "") for _, paper in named for u in paper["unit_tests"]]))
     if not keys:
         return ""
     lines = ["DiscoveryWorld, completion / process / knowledge per scenario (– = not measured):", "",

@@ -1,8 +1,6 @@
 """DiscoveryWorld in text: the instruction, the observation we show (from the package's
-`ui.renderJSON()` dicts), and how a text action becomes the package's JSON action. Objects are
-written `name #uuid`; an action may name one by `#uuid`, `name #uuid`, or a bare name unique
-within reach. What cannot be an action comes back as an observation `Invalid action: ...`.
-"""
+`ui.renderJSON()` dicts), and how a text action (docs/games.md) becomes the package's JSON action;
+what cannot be one comes back as an observation `Invalid action: ...`."""
 
 from __future__ import annotations
 
@@ -96,15 +94,13 @@ def render_observation(ui: dict[str, Any], action_message: bool = True) -> str:
     if nearby:
         lines.append("Nearby:\n" + "\n".join(nearby))
     agents = (ui.get("nearbyAgents") or {}).get("list_of_agents") or {}
-    for name, history in agents.items():
-        lines.append(f"Nearby agent {name} recently: {history}")
+    lines += [f"Nearby agent {name} recently: {history}" for name, history in agents.items()]
     dialog = ui.get("dialog_box") or {}
     if dialog.get("is_in_dialog"):
         options = "\n".join(f"  {k}. {v}" for k, v in (dialog.get("dialogOptions") or {}).items())
         lines.append(f"In conversation: {dialog.get('dialogIn', '')}\nOptions (choose N):\n{options}")
     posts = (ui.get("discoveryFeed") or {}).get("posts") or []
-    for p in posts:
-        lines.append(f"Feed post {p.get('postID')} by {p.get('author')}: {p.get('content')}")
+    lines += [f"Feed post {p.get('postID')} by {p.get('author')}: {p.get('content')}" for p in posts]
     return "\n".join(lines)
 
 
@@ -225,16 +221,17 @@ def parse_command(text: str, ui: dict[str, Any], places: list[str]) -> Command:
         if uuid is None:
             return _invalid(f"{error}. Teleport to a place ({', '.join(places)}) or to an object as `name #id`.")
         return Command({"action": "TELEPORT_TO_OBJECT", "arg1": uuid})
-    if action in _SEPARATORS:
-        return _two_objects(action, phrase, rest, reach, where)
+    if action in _SEPARATORS and (command := _two_objects(action, phrase, rest, reach, where)):
+        return command
     uuid, error = resolve(rest, reach, where)
     if uuid is None:
         return _invalid(f"{error}.")
     return Command({"action": action, "arg1": uuid})
 
 
-def _two_objects(action: str, phrase: str, rest: str, reach: list[dict[str, Any]], where: str) -> Command:
-    """`put A in B`, `use A on B` (and `use A` alone): try each separator position in turn."""
+def _two_objects(action: str, phrase: str, rest: str, reach: list[dict[str, Any]],
+                 where: str) -> Command | None:
+    """`put A in B`, `use A on B`: try each separator position in turn (None: `use A` alone)."""
     low = rest.lower()
     splits = sorted((m.start(), sep) for sep in _SEPARATORS[action]
                     for m in re.finditer(re.escape(sep), low))
@@ -246,10 +243,7 @@ def _two_objects(action: str, phrase: str, rest: str, reach: list[dict[str, Any]
             return Command({"action": action, "arg1": a, "arg2": b})
         first_error = first_error or ea or eb
     if action == "USE" and not splits:
-        uuid, error = resolve(rest, reach, where)
-        if uuid is None:
-            return _invalid(f"{error}.")
-        return Command({"action": "USE", "arg1": uuid})
+        return None
     if not splits:
         return _invalid(f"'{phrase}' needs two objects: {phrase} OBJ {_SEPARATORS[action][0].strip()} OBJ.")
     return _invalid(f"{first_error}.")

@@ -31,9 +31,6 @@ from rose_ray.envs.discoveryworld.protocol import (
     render_observation,
 )
 
-os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
-os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-
 _seed_random = random.Random.seed
 
 
@@ -152,8 +149,7 @@ def main() -> None:
         session = Session()
     reply.write(json.dumps({"ok": True, "ready": True}) + "\n")
     for line in sys.stdin:
-        captured.seek(0)
-        captured.truncate()
+        captured = io.StringIO()
         try:
             request = json.loads(line)
             with contextlib.redirect_stdout(captured):

@@ -1,12 +1,5 @@
-"""ScienceWorld's games: id mappings and splits, from the shipped
-`envs/data/sciworld_catalogue.json` (`make_catalogue_data`), so listing games starts no JVM.
-
-Mappings (by name):
-- `agentgym` (default, 4,639 games): all tasks but 5-1, 5-2, 9-1..9-3, 10-1, 10-2, taken
-  in topic order, each task's variations 0..n-1 in order; `sciworld_<n>` is the n-th game.
-- `agentgym_traj` (4,339 games): also without 2-3; AgentGym's released training and test
-  item lists use this one.
-"""
+"""ScienceWorld's games: id mappings and splits (docs/games.md), from the shipped
+`envs/data/sciworld_catalogue.json` (`make_catalogue_data`), so listing games starts no JVM."""
 
 from __future__ import annotations
 
@@ -53,13 +46,8 @@ class TaskInfo:
 def all_tasks() -> tuple[TaskInfo, ...]:
     """Every ScienceWorld task in topic order (30 tasks, 7,207 games)."""
     text = resources.files("rose_ray.envs").joinpath("data/sciworld_catalogue.json").read_text()
-    return tuple(
-        TaskInfo(
-            r["task_id"], r["task"], r["num_variations"],
-            tuple(r["train"]), tuple(r["dev"]), tuple(r["test"]),
-        )
-        for r in json.loads(text)["tasks"]
-    )
+    rows = json.loads(text)["tasks"]  # each with TaskInfo's fields, the splits as lists
+    return tuple(TaskInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()}) for r in rows)
 
 
 class SciWorldCatalogue(GameCatalogue):
@@ -76,12 +64,9 @@ class SciWorldCatalogue(GameCatalogue):
         self.mapping = mapping
         self.tasks = tuple(t for t in all_tasks() if t.task_id not in MAPPINGS[mapping])
         games: list[GameId] = []
-        self._first: dict[str, int] = {}
         for t in self.tasks:
-            first = self._first[t.task] = len(games)
-            games.extend(
-                GameId(t.task, v, f"{ITEM_PREFIX}{first + v}") for v in range(t.num_variations)
-            )
+            first = len(games)
+            games.extend(GameId(t.task, v, f"{ITEM_PREFIX}{first + v}") for v in range(t.num_variations))
         super().__init__(games)
         self._task_by_name = {t.task: t for t in self.tasks}
 
@@ -91,23 +76,9 @@ class SciWorldCatalogue(GameCatalogue):
         except KeyError:
             raise UnknownItem(f"task {name!r} is not in the {self.mapping!r} mapping") from None
 
-    def find(self, task: str, variation: int) -> GameId:
-        info = self.task(task)
-        if not 0 <= variation < info.num_variations:
-            raise UnknownItem(f"task {task!r} has variations 0..{info.num_variations - 1}, not {variation}")
-        return self.games[self._first[task] + variation]
-
     def split_of(self, game: GameId) -> str:
         return self.task(game.task).split_of(game.variation)
 
-    def task_counts(self) -> dict[str, dict[str, int]]:
-        return {
-            t.task: {
-                "task_id": t.task_id,  # type: ignore[dict-item]
-                "all": t.num_variations,
-                "train": t.train[1] - t.train[0],
-                "dev": t.dev[1] - t.dev[0],
-                "test": t.test[1] - t.test[0],
-            }
-            for t in self.tasks
-        }
+    def task_counts(self) -> dict[str, dict[str, int | str]]:  # type: ignore[override]
+        counts = super().task_counts()
+        return {t: {"task_id": self.task(t).task_id, **c} for t, c in counts.items()}

@@ -1,23 +1,7 @@
 """ScienceWorld's expert teacher: from whatever state the student's turns left, it plays the rest
-of the game, each plan checked by replay before it is played.
-
-It needs the game, not the text, so it lives in the EnvPool slot beside the episode's game, with
-a scratch game (another JVM) of its own; the expert agent asks the slot for each reply's text
-(`EnvPool.expert_reply`), which the conversation tokenizes with the student's tokenizer.
-
-How it plans (`SciWorldExpert.reply`):
-1. Once per game per process, the scratch game plays ScienceWorld's gold path from a fresh load
-   (a new path where none of the candidates below wins: a reload can give another). The task's
-   steps are its actions other than walking, up to the win, with focused things renamed as the
-   game names them (`gold.visible_names`); the house's doors are read on a walk through them.
-2. Candidates from the present state: the steps in order, each reached by the shortest walk
-   (closed doors opened), `look around` before a focus in a room just entered, and a thing the
-   student already focused on standing in for the path's (fetched, or the box brought to it).
-   Each is played in the scratch game after the episode's actions are replayed there; the first
-   that wins is the plan (`verified`), else the one scoring most above now (unverified), else
-   no plan (`no_plan`: the episode ends; a lost game is `unwinnable`).
-3. Each reply is the plan's next action after a templated Thought (`protocol.gold_reply`); when
-   the game answers otherwise than the replay did (temperatures aside), it plans again.
+of the game, each plan checked by replay in a scratch game (another JVM) before it is played. It
+lives in the EnvPool slot beside the episode's game (`EnvPool.expert_reply`); how it plans:
+docs/games.md#the-expert-teacher.
 """
 
 from __future__ import annotations
@@ -55,12 +39,13 @@ GOLDS: dict[tuple[str, int], Gold] = {}
 @dataclass
 class Attempt:
     """A candidate plan played in the scratch game after the episode's actions; `replayed`:
-    the episode's own actions answered as recorded."""
+    the episode's own actions answered as recorded. The one chosen is the plan."""
 
     actions: list[str] = field(default_factory=list)
-    observations: list[str] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)  # what the scratch game answered to each
     raw_score: int = 0
     replayed: bool = True
+    start: int = 0  # the episode's action count when it was planned from
 
     @property
     def won(self) -> bool:
@@ -77,24 +62,17 @@ class Gold:
     route: list[str]  # the rooms the path walks through, in order (ties in a walk go its way)
 
 
-@dataclass
-class Plan:
-    actions: list[str]
-    observations: list[str]  # what the scratch game answered to each
-    start: int  # the episode's action count when it was made
-    verified: bool
-
-
 class SciWorldExpert:
-    """The expert of one EnvPool slot (see the module docstring)."""
+    """The expert of one EnvPool slot. `status`: how its last plan stands (verified, partial,
+    with `_replay_differed` where the episode's own actions answered otherwise on replay; no_plan,
+    unwinnable, scratch_failed)."""
 
     def __init__(self, heap: str | None = DEFAULT_HEAP, call_timeout_s: float = 60.0) -> None:
         self.heap, self.call_timeout_s = heap, call_timeout_s
         self.scratch: SciWorldGame | None = None
         self.episode: Any = None  # the slot's load counter of the episode planned for
         self.gold: Gold | None = None
-        self.plan: Plan | None = None
-        self.planned = self.verified = False
+        self.plan: Attempt | None = None
         self.replans = 0
         self.status = ""
 
@@ -103,20 +81,24 @@ class SciWorldExpert:
         (action, observation) pairs so far); `episode` tells one episode from the next."""
         t0 = time.perf_counter()
         if episode != self.episode:
-            self.episode, self.plan, self.replans = episode, None, 0
-            self.planned = self.verified = False
-            self.status = ""
+            self.episode, self.plan, self.replans, self.status = episode, None, 0, ""
         action = self._next_action(history)
         if action is None and self.replans < MAX_REPLANS:
             if self.plan is not None:
                 self.replans += 1
-            self.plan = self._make_plan(game, first, history)
+            try:
+                self.plan = self._plan(game, first, history)
+            except GameError:  # the scratch game died: a new one next time, no plan now
+                if self.scratch is not None:
+                    self.scratch.kill()
+                self.scratch, self.plan, self.status = None, None, "scratch_failed"
             action = self._next_action(history)
         location = None
         for text in [first, *(o for _, o in history)]:
             location = location_of(text) or location
         return ExpertReply(text=None if action is None else gold_reply(action, location), action=action,
-                           planned=self.planned, verified=self.verified, status=self.status,
+                           planned=self.status.startswith(("verified", "partial")),
+                           verified=self.status.startswith("verified"), status=self.status,
                            replans=self.replans, plan_s=time.perf_counter() - t0)
 
     def _next_action(self, history: list[tuple[str, str]]) -> str | None:
@@ -132,20 +114,12 @@ class SciWorldExpert:
                 return None
         return plan.actions[len(done)]
 
-    def _make_plan(self, game: GameId, first: str, history: list[tuple[str, str]]) -> Plan | None:
-        try:
-            return self._plan(game, first, history)
-        except GameError:  # the scratch game died: a new one next time, no plan now
-            self._drop_scratch()
-            self.status, self.planned, self.verified = "scratch_failed", False, False
-            return None
-
-    def _plan(self, game: GameId, first: str, history: list[tuple[str, str]]) -> Plan | None:
+    def _plan(self, game: GameId, first: str, history: list[tuple[str, str]]) -> Attempt | None:
         key = (game.task, game.variation)
         doors = self._doors(game)
         now = self._replay(game, history)  # the game where the student left it
         if now.raw_score < 0:  # lost (a wrong focus): nothing can be won from here
-            self.status, self.planned, self.verified = "unwinnable", False, False
+            self.status = "unwinnable"
             return None
         carriers = self._carriers(first, history)  # asked of the scratch game in that state
         best: Attempt | None = None
@@ -163,16 +137,14 @@ class SciWorldExpert:
                     best = attempt
             if best.won:
                 break
-        if not best.won and best.raw_score <= now.raw_score:
-            best = None  # nothing scores above where the game is now
-        if best is None:
-            self.status, self.planned, self.verified = "no_plan", False, False
+        if not best.won and best.raw_score <= now.raw_score:  # nothing scores above where the game is now
+            self.status = "no_plan"
             return None
-        self.planned, self.verified = True, best.won
         self.status = "verified" if best.won else "partial"
         if not best.replayed:
             self.status += "_replay_differed"
-        return Plan(best.actions, best.observations, len(history), best.won)
+        best.start = len(history)
+        return best
 
     def _candidates(self, first: str, history: list[tuple[str, str]],
                     carriers: list[list[tuple[str, str | None]]]) -> list[list[tuple[str, str | None]]]:
@@ -209,11 +181,6 @@ class SciWorldExpert:
         if self.scratch is None or not self.scratch.alive():
             self.scratch = SciWorldGame(heap=self.heap, call_timeout_s=self.call_timeout_s)
         return self.scratch
-
-    def _drop_scratch(self) -> None:
-        if self.scratch is not None:
-            self.scratch.kill()
-        self.scratch = None
 
     def _replay(self, game: GameId, history: list[tuple[str, str]]) -> Attempt:
         """The scratch game loaded and the episode's actions played again."""
@@ -256,9 +223,8 @@ class SciWorldExpert:
                     if location_of(attempt.observations[-1]) != next_room:
                         return attempt  # the walk failed: this candidate cannot reach its room
                     room, moved = next_room, True
-            if action.startswith("focus on") and moved:
-                if not play("look around"):
-                    return attempt
+            if action.startswith("focus on") and moved and not play("look around"):
+                return attempt
             if action.startswith("focus on") or action == "look around":
                 moved = False
             if not play(action):
@@ -266,7 +232,8 @@ class SciWorldExpert:
         return attempt
 
     def _gold(self, game: GameId) -> Gold:
-        """The gold path played from a fresh load, as the task's steps (see the module docstring)."""
+        """The gold path played from a fresh load, as the task's steps: its actions other than
+        walking, up to the win, with focused things renamed as the game names them."""
         scratch = self._game()
         scratch.load(game, gold=True)
         path = scratch.gold_actions()

@@ -1,9 +1,5 @@
-"""One ScienceWorld game on its own JVM, with a lean step and a timeout on every call.
-
-`ScienceWorldEnv.step` lists every valid action-object combination after each action (most of
-its cost); `SciWorldGame.step` makes the same one `server.step` call and asks only for the
-observation, score and completion (the stock step's other calls run no tick).
-"""
+"""One ScienceWorld game on its own JVM, with a timeout on every call and a lean step: the stock
+step's one `server.step`, then only score and completion (docs/games.md, the lean step)."""
 
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
 from py4j.protocol import Py4JError
 from scienceworld.constants import BASEPATH, JAR_PATH
 
-from rose_ray.envs.base import GameError, ProcessGame, StepResult, end_process, kill_process
+from rose_ray.envs.base import GameError, ProcessGame, StepResult, end_reason
 from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.sciworld.gold import focused_name
 from rose_ray.envs.sciworld.protocol import (
@@ -42,11 +38,8 @@ if _not_from_py4j not in logging.getLogger().filters:
 
 class SciWorldGame(ProcessGame):
     """A ScienceWorld JVM holding one game at a time (score: max(raw, 0)/100, success: 100).
-
-    A call that fails or outlasts `call_timeout_s` kills the JVM and raises `GameError`. Turns
-    are counted here (the game's counter skips free actions); an episode ends at `max_turns`,
-    on completion, or on a negative score (a failed game).
-    """
+    Turns are counted here (the game's counter skips free actions); an episode ends at
+    `max_turns`, on completion, or on a negative score (a failed game)."""
 
     def __init__(
         self,
@@ -77,20 +70,7 @@ class SciWorldGame(ProcessGame):
             self.server = self._gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface()
         except Exception as e:  # java missing, port trouble: say which
             raise GameError(f"could not start a ScienceWorld JVM (java opts {opts}): {e}") from e
-        self.game: GameId | None = None
-        self.turn = 0
-        self.done = True
-        self.last_score = 0
-        self.closed = False
         self.focused: list[str] = []  # what the agent focused on this game, in order
-        self.initial_state: dict[str, Any] = {}
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    def alive(self) -> bool:
-        return not self.closed and self._proc.poll() is None
 
     def _call(self, what: str, method: str, *args):
         """`self.server.<method>(*args)`; any py4j failure kills the JVM and raises GameError."""
@@ -106,30 +86,16 @@ class SciWorldGame(ProcessGame):
             self.kill()
             raise GameError(f"ScienceWorld {what} {reason} (JVM pid {self.pid}): {e}") from e
 
-    def load(self, game: GameId, gold: bool = False) -> StepResult:
-        """Load a game; returns the first observation (task description, newline, look around)."""
-        t0 = time.perf_counter()
+    def _load(self, game: GameId, gold: bool) -> StepResult:
+        """The first observation: task description, newline, look around."""
         self._call("load", "load", game.task, int(game.variation), "", bool(gold))
         description = self._call("task description", "getTaskDescription")
         look = self._call("look around", "step", "look around")
-        self.game, self.turn, self.done, self.last_score, self.focused = game, 0, False, 0, []
+        self.focused = []
         self.initial_state = self.state()
-        return StepResult(
-            observation=first_observation(description, look),
-            game=game,
-            latency_ms=(time.perf_counter() - t0) * 1e3,
-        )
+        return StepResult(observation=first_observation(description, look), game=game)
 
-    def step(self, action: str) -> StepResult:
-        """One agent turn. Bad input (empty, huge, non-ASCII) comes back as an observation."""
-        if self.game is None:
-            raise GameError("step before load")
-        if self.done:
-            return StepResult(
-                "The episode has ended.", self.last_score, True, self.turn, self.game, "ended",
-                score=normalise_score(self.last_score), success=is_success(self.last_score),
-            )
-        t0 = time.perf_counter()
+    def _step(self, action: str) -> StepResult:
         # The JVM's parser handles any string; newlines would be read as several commands.
         action = " ".join(str(action).split())
         observation = self._call("step", "step", action)
@@ -138,25 +104,15 @@ class SciWorldGame(ProcessGame):
         score = int(round(100 * self._call("score", "getScore")))
         completed = bool(self._call("completed", "getCompleted"))
         self.turn += 1
-        self.last_score = score
-        end = ""
-        if score < 0:
-            end = "failed"
-        elif score >= 100:
-            end = "success"
-        elif completed:
-            end = "completed"
-        elif self.max_turns is not None and self.turn >= self.max_turns:
-            end = "turn_limit"
-        self.done = bool(end)
+        end = end_reason(failed=score < 0, success=score >= 100, completed=completed,
+                         turn_limit=self.max_turns is not None and self.turn >= self.max_turns)
         return StepResult(
             observation=observation,
             raw_score=score,
-            done=self.done,
+            done=bool(end),
             turn=self.turn,
             game=self.game,
             end_reason=end,
-            latency_ms=(time.perf_counter() - t0) * 1e3,
             score=normalise_score(score),
             success=is_success(score),
         )
@@ -180,18 +136,14 @@ class SciWorldGame(ProcessGame):
         """Every valid action-object combination now (slow: ~20-50 ms)."""
         return [str(a) for a in self._call("valid actions", "getValidActionObjectCombinations")]
 
-    def kill(self) -> None:
-        """End the JVM at once (after a hang or when it is already dead)."""
-        kill_process(self._proc)
+    def _release(self) -> None:
         with contextlib.suppress(Exception):
             self._gateway.close(keep_callback_server=False, close_callback_server_connections=False)
         self.closed = True
 
     def close(self) -> None:
-        """Shut the JVM down cleanly; killed if it does not exit within 5 s."""
-        if self.closed:
-            return
-        self.closed = True
-        with contextlib.suppress(Exception):
-            self._gateway.shutdown()
-        end_process(self._proc, b"\n")  # py4j's JVM exits when its stdin gets a newline
+        """Shut the JVM down cleanly (py4j's JVM exits when its stdin gets a newline)."""
+        if not self.closed:
+            with contextlib.suppress(Exception):
+                self._gateway.shutdown()
+        super().close()

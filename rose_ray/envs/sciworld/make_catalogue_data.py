@@ -19,30 +19,23 @@ OUT = Path(__file__).parent.parent / "data" / "sciworld_catalogue.json"
 
 def read_live_catalogue() -> list[dict]:
     """Per task in topic order: id, name, variation count, train/dev/test as [start, end)."""
-    game = SciWorldGame()
-    try:
-        rows = []
+    rows = []
+    with SciWorldGame() as game:
+        server = game.server
         for t in TASKS:
-            server = game.server
             server.load(t["task_name"], 0, "", False)
             row = {
                 "task_id": t["task_id"],
                 "task": t["task_name"],
                 "num_variations": int(server.getTaskMaxVariations(t["task_name"])),
             }
-            for split, getter in (
-                ("train", server.getVariationsTrain),
-                ("dev", server.getVariationsDev),
-                ("test", server.getVariationsTest),
-            ):
-                variations = sorted(int(v) for v in getter())
+            for split in ("train", "dev", "test"):
+                variations = sorted(int(v) for v in getattr(server, f"getVariations{split.title()}")())
                 # ScienceWorld's splits are contiguous; store them as half-open ranges.
                 assert variations == list(range(variations[0], variations[-1] + 1)), split
                 row[split] = [variations[0], variations[-1] + 1]
             rows.append(row)
-        return rows
-    finally:
-        game.close()
+    return rows
 
 
 def main() -> None:

@@ -84,10 +84,6 @@ def is_success(raw_score: float) -> bool:
     return raw_score >= 100
 
 
-def is_pass(raw_score: float) -> bool:
-    return raw_score > 0
-
-
 @dataclass(frozen=True)
 class SciWorldProtocol(Protocol):
     """Observations say where the agent is, and temperatures vary from run to run (see above)."""

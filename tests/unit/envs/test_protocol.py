@@ -12,7 +12,6 @@ from rose_ray.envs.sciworld.protocol import (
     INSTRUCTION,
     PROTOCOL,
     first_observation,
-    is_pass,
     is_success,
     location_of,
     normalise_score,
@@ -48,7 +47,6 @@ def test_scores():
     assert normalise_score(37) == 0.37
     assert normalise_score(100) == 1.0
     assert is_success(100) and not is_success(99)
-    assert is_pass(1) and not is_pass(0) and not is_pass(-100)
 
 
 def test_first_observation_is_task_newline_look():
