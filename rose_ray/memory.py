@@ -1,17 +1,9 @@
-"""The GPU memory plan: what each role holds on each of its GPUs, from the models' config.json.
+"""The GPU memory plan: what each role holds on each of its GPUs, from the models' config.json
+(no weights loaded, no torch); what is counted: docs/cluster.md, "What each GPU holds".
 
     roles = memory_plan(cfg, gpu_gib=80)       # a RoleMemory per GPU role
     print("\\n".join(format_memory(roles, "80 GiB per GPU (--gpu-memory)")))
     check_memory(roles)                         # PlacementError naming the role and its numbers
-
-No weights are loaded and nothing here imports torch. Sizes come from a model's config.json (a
-local folder, the tiny models, a `--model-config-for NAME=DIR` stand-in, the Hugging Face cache)
-or the shipped Qwen3 table (`qwen3_sizes.json`); dense decoder-only models shaped like Qwen3.
-Engines hold weights, the KV cache of `max_batch_size` sequences at full context (vLLM must hold
-it all in its `gpu_memory_utilization` share, so no sequence is preempted), prefill activations
-and a runtime allowance; a scoring vLLM engine's prompt-logprob logits, and NCCL publication
-buffers, go beside that share. Learner ranks hold DeepSpeed's ZeRO-partitioned weights,
-gradients and Adam states, and one micro-batch's activations.
 """
 
 from __future__ import annotations
@@ -179,13 +171,6 @@ def _breakdown(parts: dict[str, float]) -> str:
     return " + ".join(f"{_gib(v)} GiB {k}" for k, v in parts.items() if v)
 
 
-def prefill_bytes_per_token(shape: ModelShape, dtype_bytes: int, tensor_parallel: int = 1) -> float:
-    """Inference activations of one layer (freed before the next) per prompt token: the residual
-    stream and its norm, q/k/v, the attention output, gate/up and their product."""
-    split = shape.q_width + 2 * shape.kv_width + 3 * shape.intermediate_size
-    return (4 * shape.hidden_size + split / tensor_parallel) * dtype_bytes
-
-
 def _engine_parts(engine: Any, shape: ModelShape, dtype_bytes: int, tp: int, gpu_bytes: float | None,
                   on_gpu: bool) -> dict[str, float]:
     vllm = engine.spec.paged_kv
@@ -194,8 +179,11 @@ def _engine_parts(engine: Any, shape: ModelShape, dtype_bytes: int, tp: int, gpu
     # vLLM prefills at most its batched-token chunk per step; hf prefills a whole batch at once.
     batch_tokens = engine.max_batch_size * engine.context_tokens
     prefill = min(vllm_batched_tokens(gpu_bytes), batch_tokens) if vllm else batch_tokens
+    # a layer's activations a prompt token (freed before the next layer): the residual stream and
+    # its norm, q/k/v, the attention output, gate/up and their product
+    split = shape.q_width + 2 * shape.kv_width + 3 * shape.intermediate_size
     parts = {"weights": shape.parameters() * dtype_bytes / tp, "KV cache": float(kv),
-             "activations": prefill * prefill_bytes_per_token(shape, dtype_bytes, tp)}
+             "activations": prefill * (4 * shape.hidden_size + split / tp) * dtype_bytes}
     if on_gpu:
         parts["runtime"] = GPU_RUNTIME_BYTES + (CUDA_GRAPHS_BYTES if engine.backend.captures_cuda_graphs else 0.0)
     return parts
@@ -272,27 +260,23 @@ def _scoring_problem(mem: RoleMemory, engine: Any, key: str, gpu_bytes: float, g
             f"leaves {_gib(rest)} GiB of each {gpu_note} GPU; set it to {most:g} or lower")
 
 
-def publication_receive_bytes(cfg: Any, shape: ModelShape) -> float:
-    """Bytes of the publication's receive buffers on the student engine's GPU (the learner's state
-    in learner.dtype) where it may go over NCCL (`nccl_problem`'s rules); else 0 (host memory)."""
-    p, student = cfg.publish, cfg.student_engine
-    may_use_nccl = (p.method in ("auto", "collective") and p.collective_backend in ("auto", "nccl")
-                    and student.spec.takes_weights and cfg.resources.student_gpus > 0
-                    and cfg.learner.gpus_per_rank > 0 and student.tensor_parallel_size == 1
-                    and not cfg.resources.colocate)
-    return float(shape.parameters() * DTYPE_BYTES[cfg.learner.dtype]) if may_use_nccl else 0.0
-
-
 def _share(engine: Any, key: str) -> str:
     """`<key>_engine.backend.<its GPU share's key> <value>`, for messages."""
     share = engine.backend.gpu_share
     return f"{key}_engine.backend.{share.key} {share.value:g}"
 
 
-def add_receive_buffers(mem: RoleMemory, nbytes: float, engine: Any, gpu_bytes: float | None,
+def add_receive_buffers(mem: RoleMemory, cfg: Any, shape: ModelShape, gpu_bytes: float | None,
                         gpu_note: str) -> None:
-    """The publication's receive buffers on the student engine's GPU: in an hf engine's parts, or
-    beside a vllm engine's GPU share, which must leave room."""
+    """The publication's receive buffers (the learner's state in learner.dtype) on the student
+    engine's GPU where it may go over NCCL (`nccl_problem`'s rules; else host memory): in an hf
+    engine's parts, or beside a vllm engine's GPU share, which must leave room."""
+    p, engine = cfg.publish, cfg.student_engine
+    if not (p.method in ("auto", "collective") and p.collective_backend in ("auto", "nccl")
+            and engine.spec.takes_weights and cfg.resources.student_gpus > 0 and cfg.learner.gpus_per_rank > 0
+            and engine.tensor_parallel_size == 1 and not cfg.resources.colocate):
+        return
+    nbytes = float(shape.parameters() * DTYPE_BYTES[cfg.learner.dtype])
     what = f"weight publication over NCCL: receive buffers of {_gib(nbytes)} GiB (the learner's state)"
     if engine.backend.gpu_share is None:
         mem.parts["publication buffers"] = nbytes
@@ -419,21 +403,18 @@ def memory_plan(cfg: Any, gpu_gib: float | None, config_for: dict[str, str] | No
             shapes[name] = model_shape(name, key, cfg.tiny_dir, config_for or {})
         return shapes[name]
 
-    r = cfg.resources
     roles = []
-    student = None
-    if cfg.student_engine.spec.local:
-        student = engine_memory("student engine", cfg.student_engine, r.student_gpus,
-                                shape(cfg.student_engine.model, "student_engine.model"), gpu_bytes, gpu_note, False)
-        receive = publication_receive_bytes(cfg, shape(cfg.learner.model, "learner.model"))
-        if receive:
-            add_receive_buffers(student, receive, cfg.student_engine, gpu_bytes, gpu_note)
-        roles.append(student)
-    if cfg.teacher_engine.spec.local and not cfg.teacher.expert:
-        scores = cfg.algorithm.teacher_scores_student()
-        roles.append(engine_memory("teacher engine", cfg.teacher_engine, r.teacher_gpus,
-                                   shape(cfg.teacher_engine.model, "teacher_engine.model"), gpu_bytes, gpu_note, scores))
-    shared = student if r.colocate and student is not None and student.on_gpu else None
+    for role, engine in cfg.engines():  # an openai engine is served elsewhere
+        if not engine.spec.local:
+            continue
+        scores = role == "teacher" and cfg.algorithm.teacher_scores_student()
+        mem = engine_memory(f"{role} engine", engine, getattr(cfg.resources, f"{role}_gpus"),
+                            shape(engine.model, f"{role}_engine.model"), gpu_bytes, gpu_note, scores)
+        if role == "student":
+            add_receive_buffers(mem, cfg, shape(cfg.learner.model, "learner.model"), gpu_bytes, gpu_note)
+        roles.append(mem)
+    student = next((m for m in roles if m.role == "student engine" and m.on_gpu), None)
+    shared = student if cfg.resources.colocate else None
     roles.append(learner_memory(cfg.learner, shape(cfg.learner.model, "learner.model"), gpu_bytes, gpu_note, shared))
     return roles
 
