@@ -1,16 +1,12 @@
-"""Where each role's actors go: demands from the config, a per-node plan, placement groups
-(printed by `rose-ray plan`, rose_ray/check.py).
-
-GPU roles get whole GPUs of their own, one bundle per replica, unless `resources.colocate`
-puts student engine replica i into learner rank i's bundle. An actor must fit on ONE node, so
-the plan bin-packs per node: an actor Ray cannot place would wait forever; the plan stops the
-run at start naming the role and the missing resource.
-"""
+"""Where each role's actors go: demands from the config, a per-node plan (bin-packed: an actor
+must fit on ONE node), placement groups for the GPU roles. Printed by `rose-ray plan`; the
+manual: docs/cluster.md, "Where each actor goes"."""
 
 from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,40 +29,22 @@ class RoleDemand:
     strategy: str = "PACK"  # PACK: fill a node before the next; SPREAD: one node after another
     group: str | None = None  # GPU roles: the placement group whose bundles they use
 
-    def total(self) -> dict[str, float]:
-        return {k: v * self.replicas for k, v in self.per_replica.items() if v}
-
 
 def demands(cfg: Any) -> list[RoleDemand]:
     """Per role of a TrainConfig: replica count, resources per replica, strategy, GPU group."""
     env = {"CPU": cfg.env.cpus_per_worker, **cfg.env.resources}
-    r = cfg.resources
-    # One engine per role unless a config object carries replica counts (the plan takes any).
-    colocate = bool(getattr(r, "colocate", False))
-    student_n = int(getattr(r, "student_replicas", 1))
-    teacher_n = int(getattr(r, "teacher_replicas", 1))
-    learner = {"CPU": cfg.learner.cpus_per_rank, "GPU": cfg.learner.gpus_per_rank}
-    expert = cfg.teacher.expert  # the world's expert teaches: no teacher engine to place
-    check_engine_gpus("student", cfg.student_engine, r.student_gpus)
-    if not expert:
-        check_engine_gpus("teacher", cfg.teacher_engine, r.teacher_gpus)
-    student = {"CPU": r.student_cpus, "GPU": r.student_gpus}
-    teacher = {"CPU": r.teacher_cpus, "GPU": r.teacher_gpus}
-    if colocate and student_n > cfg.learner.ranks:
-        raise PlacementError(f"resources.colocate: {student_n} student engine replicas cannot share "
-                             f"{cfg.learner.ranks} learner ranks' GPUs (at most one per rank)")
-
-    def group(name: str, res: dict[str, float]) -> str | None:
-        return name if res.get("GPU", 0) > 0 else None
-
-    return [
-        RoleDemand("env workers", cfg.env.workers, env, "SPREAD"),
-        RoleDemand("eval env worker", 1, env, "SPREAD"),
-        RoleDemand("student engine", student_n, student, "PACK",
-                   group("learner" if colocate and learner["GPU"] > 0 else "student", student)),
-        *([] if expert else [RoleDemand("teacher engine", teacher_n, teacher, "PACK", group("teacher", teacher))]),
-        RoleDemand("learner ranks", cfg.learner.ranks, learner, "PACK", group("learner", learner)),
-    ]
+    r, learner = cfg.resources, {"CPU": cfg.learner.cpus_per_rank, "GPU": cfg.learner.gpus_per_rank}
+    out = [RoleDemand("env workers", cfg.env.workers, env, "SPREAD"),
+           RoleDemand("eval env worker", 1, env, "SPREAD")]
+    for role, engine in cfg.engines():  # the world's expert teacher has no engine to place
+        gpus = getattr(r, f"{role}_gpus")
+        check_engine_gpus(role, engine, gpus)
+        group = "learner" if role == "student" and r.colocate and learner["GPU"] > 0 else role
+        out.append(RoleDemand(f"{role} engine", 1, {"CPU": getattr(r, f"{role}_cpus"), "GPU": gpus}, "PACK",
+                              group if gpus > 0 else None))
+    out.append(RoleDemand("learner ranks", cfg.learner.ranks, learner, "PACK",
+                          "learner" if learner["GPU"] > 0 else None))
+    return out
 
 
 def check_engine_gpus(role: str, engine: Any, gpus: float) -> None:
@@ -305,10 +283,9 @@ class PlacementGroups:
 
 def describe_demands(cfg: Any, nodes: list[NodeInfo], described: bool) -> list[str]:
     """The nodes' totals, then each role's replicas and resources per replica (`rose-ray plan`)."""
-    totals: dict[str, float] = {}
+    totals: Counter[str] = Counter()
     for n in nodes:
-        for k, v in _shown(n.total).items():
-            totals[k] = totals.get(k, 0.0) + v
+        totals.update(_shown(n.total))
     lines = [f"{'described' if described else 'cluster'}: {len(nodes)} node(s), {_fmt(totals)}"]
     for d in demands(cfg):
         lines.append(f"  {d.role:<16} {d.replicas} x {_fmt({k: v for k, v in d.per_replica.items() if v})}"
