@@ -118,11 +118,9 @@ class TeacherWarmupConfig:
                  "opening_turns")
         if self.lr <= 0:
             raise ConfigError(f"{self.KEY}.lr: must be > 0, got {self.lr!r}")
-        if not 0.0 <= self.detours <= 1.0:
-            raise ConfigError(f"{self.KEY}.detours: a share of demonstrations, from 0 to 1; got {self.detours!r}")
-        if not 0.0 <= self.student_openings <= 1.0:
-            raise ConfigError(f"{self.KEY}.student_openings: a share of demonstrations, from 0 to 1; "
-                              f"got {self.student_openings!r}")
+        for key in ("detours", "student_openings"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ConfigError(f"{self.KEY}.{key}: a share of demonstrations, from 0 to 1; got {getattr(self, key)!r}")
         if self.opening_temperature is not None and self.opening_temperature < 0:
             raise ConfigError(f"{self.KEY}.opening_temperature: must be >= 0 (or null), got {self.opening_temperature!r}")
         from rose_ray.envs.worlds import CONTINUATIONS
