@@ -40,21 +40,6 @@ def parse_stand_ins(pairs: list[str], flag: str = "--tokenizer-for") -> dict[str
     return out
 
 
-def _tokenizer_path(cfg: TrainConfig, role: str, name: str, stand_ins: dict[str, str]) -> str:
-    if name in stand_ins:
-        return stand_ins[name]
-    from rose_ray.models import ModelNotAvailable, local_model
-    from rose_ray.provision.tiny import resolve_tiny
-
-    if name.startswith("tiny:"):
-        return resolve_tiny(name, cfg.tiny_dir)
-    try:
-        return local_model(name)  # a folder, or a hub id's snapshot in the local Hugging Face cache
-    except ModelNotAvailable:
-        raise InputError(f"{role}_engine.model: {name!r} is not on this machine; pass "
-                         f"--tokenizer-for {name}=DIR with a folder holding its tokenizer") from None
-
-
 def show_pieces(role: str, chat: Any, protocol: Any, budget: int) -> list[str]:
     """The sample conversation as the engine builds it, one line per turn piece."""
     pieces = [("prompt", "instruction + acknowledgement", chat.opening_ids(protocol.opening())),
@@ -137,7 +122,7 @@ def check(cfg: TrainConfig, args: Any) -> list[str]:
     """Every check, in order; returns the report lines or raises naming the first problem."""
     from rose_ray.chat import ChatFormat, ChatTemplateError
     from rose_ray.envs.worlds import get_world
-    from rose_ray.models import load_tokenizer
+    from rose_ray.models import load_tokenizer, model_folder
     from rose_ray.placement import check_cluster, demands, format_plan, parse_nodes
     from rose_ray.rollout.context import ContextSettings
     from rose_ray.rollout.episode import same_tokenizer
@@ -165,7 +150,9 @@ def check(cfg: TrainConfig, args: Any) -> list[str]:
     toks = {}
     for role, engine in cfg.engines():
         name = engine.tokenizer or engine.model
-        path = _tokenizer_path(cfg, role, name, stand_ins)
+        if (path := model_folder(name, cfg.tiny_dir, stand_ins)) is None:
+            raise InputError(f"{role}_engine.model: {name!r} is not on this machine; pass "
+                             f"--tokenizer-for {name}=DIR with a folder holding its tokenizer")
         toks[role] = load_tokenizer(path)
         try:
             chat = ChatFormat(toks[role], cfg.chat.enable_thinking, cfg.chat.history)

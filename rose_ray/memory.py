@@ -112,24 +112,12 @@ def shipped_sizes() -> dict[str, dict[str, Any]]:
 def model_shape(name: str, key: str, tiny_dir: str, config_for: dict[str, str]) -> ModelShape:
     """The sizes of the model `name` (config key `key`): a stand-in folder's, the tiny models', a
     local folder's or the hub cache's config.json, else the shipped Qwen3 table; else InputError."""
-    folder = None
-    if name in config_for:
-        folder = Path(config_for[name])
-    elif name.startswith("tiny:"):
-        from rose_ray.provision.tiny import resolve_tiny
+    from rose_ray.models import model_folder
 
-        folder = Path(resolve_tiny(name, tiny_dir))
-    else:
-        from rose_ray.models import ModelNotAvailable, local_model
-
-        try:  # a local folder, or a hub id's snapshot in the local Hugging Face cache
-            folder = Path(local_model(name))
-        except ModelNotAvailable:
-            pass
-    if folder is not None:
-        file = folder / "config.json"
+    if (found := model_folder(name, tiny_dir, config_for)) is not None:
+        file = Path(found) / "config.json"
         if not file.is_file():
-            raise InputError(f"{key}: {folder} holds no config.json (the memory plan reads the model's sizes there)")
+            raise InputError(f"{key}: {Path(found)} holds no config.json (the memory plan reads the model's sizes there)")
         return ModelShape.from_config(name, str(file), json.loads(file.read_text()))
     table = shipped_sizes()
     if name in table:

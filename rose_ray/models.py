@@ -64,6 +64,21 @@ def local_model(name: str | Path) -> str:
         raise _offline_hint(str(name), e) from e
 
 
+def model_folder(name: str, tiny_dir: str, stand_ins: dict[str, str]) -> str | None:
+    """The folder of model `name`: its stand-in (`--tokenizer-for`, `--model-config-for`), the tiny
+    models', a local folder or a hub id's snapshot in the local cache; None when it is none."""
+    if name in stand_ins:
+        return stand_ins[name]
+    if name.startswith("tiny:"):
+        from rose_ray.provision.tiny import resolve_tiny
+
+        return resolve_tiny(name, tiny_dir)
+    try:
+        return local_model(name)
+    except ModelNotAvailable:
+        return None
+
+
 def download_model(name: str, label: str) -> str:
     """`local_model` for a command's driver, before any actor starts: a hub id is downloaded into
     the Hugging Face cache first (files already there are not fetched again), with progress bars
