@@ -1,10 +1,8 @@
-"""Writing files and folders whole, where other runs may be writing too and a kill may land at
-any moment: model folders, the tiny models, warm-ups, checkpoints, records and result files all
-go through here. A folder is built in a temp folder beside its target and swapped in whole; what
-is at the target is replaced only when it is nothing, an empty folder or a folder rose_ray wrote
-(it holds FOLDER_MARKER). A file is written into a temp file, fsynced and renamed over its
-target. Temp names (`.<target>.rose_ray-<kind>.<host>.<pid>.<random>`) let `clear_leftovers`
-tell a stopped writer's temps from anything else.
+"""Files and folders written whole, where other runs may write too and a kill may land at any
+moment. A folder is built in a temp folder beside its target and swapped in; it replaces only
+nothing, an empty folder or a folder rose_ray wrote (it holds FOLDER_MARKER). A file goes to a
+temp file, fsynced and renamed over its target. Temp names (`.<target>.rose_ray-<kind>.<host>.
+<pid>.<random>`) let `clear_leftovers` tell a stopped writer's temps from anything else.
 """
 
 from __future__ import annotations
@@ -176,25 +174,24 @@ def swap_in(new: str | Path, target: str | Path) -> None:
     by an atomic exchange where the file system has one, else renamed aside first (put back if
     the second rename fails; after a kill between them, by `clear_leftovers`)."""
     new, target = Path(new), Path(os.path.abspath(target))
+    old = None  # where what was at `target` went
     if not os.path.lexists(target) or is_empty_folder(target):
         os.replace(new, target)  # rename(2) replaces an empty folder, and fails on a non-empty one
-        fsync_dir(target.parent)
-        return
-    if _exchange(new, target):
-        fsync_dir(target.parent)
+    elif _exchange(new, target):
+        old = new
         crash_point("swap")
-        shutil.rmtree(new, ignore_errors=True)
-        return
-    aside = temp_name(target, "old")
-    os.replace(target, aside)
-    crash_point("swap")
-    try:
-        os.replace(new, target)
-    except BaseException:
-        os.replace(aside, target)
-        raise
+    else:
+        old = temp_name(target, "old")
+        os.replace(target, old)
+        crash_point("swap")
+        try:
+            os.replace(new, target)
+        except BaseException:
+            os.replace(old, target)
+            raise
     fsync_dir(target.parent)
-    shutil.rmtree(aside, ignore_errors=True)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def check_replaceable(target: str | Path, what: str) -> None:
