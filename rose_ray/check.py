@@ -1,13 +1,7 @@
-"""`rose-ray check [--config CONFIG] [k=v ...]`: what to run before asking for GPUs.
-
-Loads the config and the tokenizers (not the weights), asks served engines whether they can do
-the job, renders a sample conversation through each chat template, counts the games the config
-uses, and plans placement and each role's memory per GPU (memory.py) on the cluster or on nodes
-described with `--node`. The first problem exits 2 naming the key. `rose-ray plan` (plan_main)
-prints the placement and memory parts alone.
-
-    rose-ray check --config configs/rose_qwen3_1p7b_32b.yaml \\
-        --tokenizer-for Qwen/Qwen3-1.7B=/models/qwen3-1.7b --node CPU=64,GPU=8 --gpu-memory 80
+"""`rose-ray check [--config CONFIG] [k=v ...]`: what to run before asking for GPUs (tokenizers,
+chat templates, served engines, games, placement, memory per GPU; docs/seed.md, "Before asking
+for GPUs"). The first problem exits 2 naming the key. `rose-ray plan` (plan_main) prints the
+placement and memory parts alone.
 """
 
 from __future__ import annotations
@@ -61,16 +55,6 @@ def show_pieces(role: str, chat: Any, protocol: Any, budget: int) -> list[str]:
     return lines
 
 
-def _on_a_cluster(cfg: TrainConfig) -> bool:
-    """Ray is joined or to be joined (a private local cluster is this machine alone)."""
-    import os
-
-    import ray
-
-    address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
-    return ray.is_initialized() or (bool(address) and address != "local")
-
-
 def plan_nodes(cfg: TrainConfig, args: Any, described: list[Any] | None) -> tuple[list[Any], bool]:
     """The nodes to plan on, and whether on their total resources: the `described` ones (from
     --node), else the cluster's (joined here)."""
@@ -87,20 +71,23 @@ def plan_nodes(cfg: TrainConfig, args: Any, described: list[Any] | None) -> tupl
 def check_served_engines(cfg: TrainConfig) -> list[str]:
     """Each served engine (openai) asked whether it can do its job (model name, context,
     logprobs, prompt scoring for OPD's teacher); a ServedModelMismatch names the key."""
+    import os
     from dataclasses import replace
 
     from rose_ray.inference.openai import SettingNames, check_served
     from rose_ray.provision.tiny import resolve_tiny
 
     out = []
-    if any(engine.spec.served for _, engine in cfg.engines()) and _on_a_cluster(cfg):
+    if any(engine.spec.served for _, engine in cfg.engines()):
         import ray
 
         from rose_ray.inference.openai import check_served_urls
         from rose_ray.rollout.actors import init_ray
 
-        init_ray(cfg.ray_address)  # the run's cluster: a loopback URL reaches one node only
-        check_served_urls(cfg.engines(), sum(bool(n.get("Alive")) for n in ray.nodes()))
+        address = cfg.ray_address or os.environ.get("RAY_ADDRESS")  # "local": this machine alone
+        if ray.is_initialized() or (bool(address) and address != "local"):  # a cluster, joined or to be
+            init_ray(cfg.ray_address)  # the run's cluster: a loopback URL reaches one node only
+            check_served_urls(cfg.engines(), sum(bool(n.get("Alive")) for n in ray.nodes()))
     for role, engine in cfg.engines():
         if not engine.spec.served:
             continue

@@ -11,6 +11,7 @@ import ctypes
 import errno
 import glob
 import json
+import mmap
 import os
 import secrets
 import shutil
@@ -307,21 +308,14 @@ def json_records(path: str | Path, on_bad: Callable[[int, str], None]) -> Iterat
 def drop_cut_line(path: str | Path) -> int:
     """Truncate `path` after its last newline (a line a kill cut short has none); returns the
     number of bytes dropped."""
-    path = Path(path)
-    size = path.stat().st_size
+    size = Path(path).stat().st_size
     if size == 0:
         return 0
-    with path.open("rb+") as f:
-        f.seek(-1, os.SEEK_END)
-        if f.read(1) == b"\n":
-            return 0
-        keep, end = 0, size
-        while end > 0 and not keep:  # back from the end, a block at a time, to the last newline
-            start = max(0, end - (1 << 16))
-            f.seek(start)
-            at = f.read(end - start).rfind(b"\n")
-            keep, end = (start + at + 1 if at >= 0 else 0), start
-        f.truncate(keep)
+    with Path(path).open("rb+") as f:
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            keep = m.rfind(b"\n") + 1  # from the end, reading only the pages it passes
+        if keep < size:
+            f.truncate(keep)
     return size - keep
 
 
