@@ -54,9 +54,8 @@ _crash_counts: dict[str, int] = {}
 
 
 def crash_point(name: str) -> None:
-    """A test's stand-in for a crash here (tests/integration/test_files.py): with ROSE_RAY_CRASH_AT=`name`
-    (or `name#N`: the N-th time here) the process stops itself (SIGSTOP) for the test to SIGKILL
-    the job around it, as a lost node would. Unset, it does nothing."""
+    """A test's crash here: with ROSE_RAY_CRASH_AT=`name` (or `name#N`: the N-th time here) the
+    process stops itself (SIGSTOP) for the test to SIGKILL, as a lost node would."""
     wanted = os.environ.get(CRASH_ENV)
     if not wanted or wanted.partition("#")[0] != name:
         return
@@ -210,10 +209,9 @@ def check_replaceable(target: str | Path, what: str) -> None:
 
 @contextmanager
 def writing_folder(target: str | Path, what: str = "folder") -> Iterator[Path]:
-    """Build a folder whole: yields a new empty temp folder beside `target`; when the block ends,
-    FOLDER_MARKER is added and the folder swapped in, where `check_replaceable` allows it (checked
-    before and just before the swap). If the block fails, `target` is untouched. A symlink at
-    `target` is written through (`out_path`), never replaced."""
+    """Yields a new empty temp folder beside `target`, swapped in with FOLDER_MARKER when the block
+    ends, where `check_replaceable` allows it (before and just before the swap); if the block
+    fails, `target` is untouched. A symlink at `target` is written through (`out_path`)."""
     target = out_path(target)
     clear_leftovers(target.parent, target.name)
     check_replaceable(target, what)
@@ -232,9 +230,8 @@ def writing_folder(target: str | Path, what: str = "folder") -> Iterator[Path]:
 # ----------------------------------------------------------------------------- files
 @contextmanager
 def writing_file(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
-    """A file streamed whole: the block writes into a temp file beside `path` (`mode` "w" or "wb"),
-    fsynced and renamed over `path` when it ends; if it fails, `path` is untouched. A symlink at
-    `path` is written through (`out_path`)."""
+    """A file streamed whole: the block writes a temp file beside `path` (`mode` "w" or "wb"), renamed
+    over `path` when it ends; if it fails, `path` is untouched. A symlink is written through."""
     path = out_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     clear_leftovers(path.parent, path.name)

@@ -139,11 +139,9 @@ def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, floa
 
 
 def episode_scalars(batch: list[Any]) -> dict[str, float]:
-    """What a batch's episodes played: the share of each owner's replies that the game accepted
-    as actions, and the teacher's at each turn counted from the episode's first reply; the share
-    of handoffs at which the game's state (or a part of it) differed from its state at load; with
-    an expert teacher, the shares of handoffs with a plan and a winning plan, and of episodes
-    ended for want of a plan or lost before it."""
+    """What a batch's episodes played: each owner's share of replies the game took as actions (the
+    teacher's also by turn from the first reply), the share of handoffs whose game state (or a part
+    of it) differed from its state at load, and an expert teacher's plan and failure shares."""
     valid: dict[str, list[bool]] = {}
     by_turn: dict[int, list[bool]] = {}
     for t in batch:

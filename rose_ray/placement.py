@@ -240,7 +240,7 @@ class PlacementGroups:
     `options(role, index)` puts a replica into its bundle ({} for a role without GPUs)."""
 
     def __init__(self, roles: list[RoleDemand], timeout_s: float = 300.0, prefix: str = "rose_ray") -> None:
-        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.placement_group import placement_group
 
         self.groups: dict[str, Any] = {}
         self.where: dict[tuple[str, int], tuple[str, int]] = {}
@@ -250,14 +250,11 @@ class PlacementGroups:
                 by_group.setdefault(u.group, []).append(u)
         for name, bundles in by_group.items():
             bundles.sort(key=lambda u: u.bundle)
-            for u in bundles:
-                for m in u.members:
-                    self.where[m] = (name, u.bundle)
+            self.where.update({m: (name, u.bundle) for u in bundles for m in u.members})
             pg = placement_group([u.resources for u in bundles], strategy="PACK", name=f"{prefix}_{name}")
             self.groups[name] = pg
             if not pg.wait(timeout_seconds=timeout_s):
-                for g in self.groups.values():
-                    remove_placement_group(g)
+                self.remove()
                 need = " + ".join(_fmt(u.resources) for u in bundles)
                 raise PlacementError(f"placement group {name!r} ({need}) was not ready after {timeout_s:g} s: "
                                      f"the cluster cannot hold the GPUs of {bundles[0].label} "
