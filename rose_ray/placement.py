@@ -37,27 +37,19 @@ def demands(cfg: Any) -> list[RoleDemand]:
     out = [RoleDemand("env workers", cfg.env.workers, env, "SPREAD"),
            RoleDemand("eval env worker", 1, env, "SPREAD")]
     for role, engine in cfg.engines():  # the world's expert teacher has no engine to place
-        gpus = getattr(r, f"{role}_gpus")
-        check_engine_gpus(role, engine, gpus)
+        gpus, split = getattr(r, f"{role}_gpus"), engine.backend.tensor_parallel
+        tp = int(split.value) if split is not None else 1
+        # one GPU per tensor-parallel rank; without tensor parallelism a fraction of one GPU may be shared
+        if split is not None and gpus > 0 and gpus != tp and not (tp == 1 and gpus < 1):
+            key = f"{role}_engine.backend.{split.key}"
+            raise PlacementError(f"resources.{role}_gpus: {gpus:g}, but {key} is {tp}: the engine uses one GPU "
+                                 f"per tensor-parallel rank; set resources.{role}_gpus: {tp} or {key}: {gpus:g}")
         group = "learner" if role == "student" and r.colocate and learner["GPU"] > 0 else role
         out.append(RoleDemand(f"{role} engine", 1, {"CPU": getattr(r, f"{role}_cpus"), "GPU": gpus}, "PACK",
                               group if gpus > 0 else None))
     out.append(RoleDemand("learner ranks", cfg.learner.ranks, learner, "PACK",
                           "learner" if learner["GPU"] > 0 else None))
     return out
-
-
-def check_engine_gpus(role: str, engine: Any, gpus: float) -> None:
-    """An engine that splits a model over GPUs (a backend's tensor-parallel setting) has one GPU
-    per rank; without tensor parallelism a fraction of one GPU may share it with the learner."""
-    split = engine.backend.tensor_parallel
-    if split is None:
-        return
-    tp, key = int(split.value), f"{role}_engine.backend.{split.key}"
-    if gpus > 0 and gpus != tp and not (tp == 1 and gpus < 1):
-        raise PlacementError(f"resources.{role}_gpus: {gpus:g}, but {key} is {tp}: "
-                             f"the engine uses one GPU per tensor-parallel rank; set resources.{role}_gpus: {tp} "
-                             f"or {key}: {gpus:g}")
 
 
 # --------------------------------------------------------------------------- bundles
