@@ -206,8 +206,13 @@ def engine_memory(role: str, engine: Any, gpus: float, shape: ModelShape, gpu_by
         mem.notes.append(f"{_sequences(fitting)} fit at full context ({engine.max_batch_size} wanted)")
     if mem.total > mem.budget:
         mem.problem = _engine_too_big(mem, engine, key, tp, e, gpu_bytes, fitting)
-    if scores and vllm and mem.problem is None:
-        mem.problem = _scoring_problem(mem, engine, key, gpu_bytes, gpu_note)
+    if scores and vllm and mem.problem is None:  # vLLM computes prompt logprobs outside its share
+        tokens = min(vllm_batched_tokens(gpu_bytes), engine.context_tokens)
+        logits = tokens * shape.vocab_size * SCORE_BYTES_PER_LOGIT
+        _outside_share(mem, engine, key, logits, gpu_bytes, gpu_note,
+                       f"scoring (prompt logprobs of a {tokens:,}-token chunk): {_gib(logits)} GiB",
+                       f"scoring the student's tokens (prompt logprobs of a {tokens:,}-token chunk x "
+                       f"{shape.vocab_size:,} vocabulary) needs {_gib(logits)} GiB outside vLLM's share")
     return mem
 
 
@@ -232,26 +237,17 @@ def _engine_too_big(mem: RoleMemory, engine: Any, key: str, tp: int, dtype_bytes
             f"{_gib(mem.budget)} GiB; {short}" + (f"; {' or '.join(fixes)}" if fixes else ""))
 
 
-def _scoring_problem(mem: RoleMemory, engine: Any, key: str, gpu_bytes: float, gpu_note: str) -> str | None:
-    """vLLM computes prompt logprobs outside the memory it profiled: they need the rest of the GPU."""
-    tokens = min(vllm_batched_tokens(gpu_bytes), engine.context_tokens)
-    logits = tokens * mem.model.vocab_size * SCORE_BYTES_PER_LOGIT
-    rest = gpu_bytes - mem.budget
-    mem.notes.append(f"scoring (prompt logprobs of a {tokens:,}-token chunk): {_gib(logits)} GiB beside "
-                     f"vLLM's share, {_gib(rest)} GiB left there")
-    if logits <= rest:
-        return None
-    most = math.floor((1 - logits / gpu_bytes) * 20) / 20  # in steps of 0.05
-    return (f"the {mem.role} cannot fit its GPU{'s' if engine.tensor_parallel_size > 1 else ''}: scoring the "
-            f"student's tokens (prompt logprobs of a {tokens:,}-token chunk x {mem.model.vocab_size:,} vocabulary) "
-            f"needs {_gib(logits)} GiB outside vLLM's share, but {_share(engine, key)} "
-            f"leaves {_gib(rest)} GiB of each {gpu_note} GPU; set it to {most:g} or lower")
-
-
-def _share(engine: Any, key: str) -> str:
-    """`<key>_engine.backend.<its GPU share's key> <value>`, for messages."""
-    share = engine.backend.gpu_share
-    return f"{key}_engine.backend.{share.key} {share.value:g}"
+def _outside_share(mem: RoleMemory, engine: Any, key: str, nbytes: float, gpu_bytes: float, gpu_note: str,
+                   note: str, need: str, fix: str = "") -> None:
+    """`nbytes` that vLLM holds outside the memory it profiled (`note`, `need`: what they are, for
+    the notes and the problem): the rest of each GPU must hold them."""
+    rest, share = gpu_bytes - mem.budget, engine.backend.gpu_share
+    mem.notes.append(f"{note} beside vLLM's share, {_gib(rest)} GiB left there")
+    if nbytes > rest and mem.problem is None:
+        most = math.floor((1 - nbytes / gpu_bytes) * 20) / 20  # in steps of 0.05
+        mem.problem = (f"the {mem.role} cannot fit its GPU{'s' if engine.tensor_parallel_size > 1 else ''}: {need}, "
+                       f"but {key}_engine.backend.{share.key} {share.value:g} leaves {_gib(rest)} GiB of each "
+                       f"{gpu_note} GPU; set it to {most:g} or lower{fix}")
 
 
 def add_receive_buffers(mem: RoleMemory, cfg: Any, shape: ModelShape, gpu_bytes: float | None,
@@ -277,14 +273,9 @@ def add_receive_buffers(mem: RoleMemory, cfg: Any, shape: ModelShape, gpu_bytes:
     if gpu_bytes is None or mem.budget is None:
         mem.notes.append(f"{what} beside vLLM's share")
         return
-    rest = gpu_bytes - mem.budget
-    mem.notes.append(f"{what} beside vLLM's share, {_gib(rest)} GiB left there")
-    if nbytes > rest and mem.problem is None:
-        most = math.floor((1 - nbytes / gpu_bytes) * 20) / 20  # in steps of 0.05
-        mem.problem = (f"the student engine cannot fit its GPU: a weight publication over NCCL receives the learner's "
-                       f"state ({_gib(nbytes)} GiB) into buffers beside vLLM's share, but "
-                       f"{_share(engine, 'student')} leaves {_gib(rest)} GiB "
-                       f"of each {gpu_note} GPU; set it to {most:g} or lower, or publish.collective_backend=gloo")
+    _outside_share(mem, engine, "student", nbytes, gpu_bytes, gpu_note, what,
+                   f"a weight publication over NCCL receives the learner's state ({_gib(nbytes)} GiB) into "
+                   "buffers beside vLLM's share", ", or publish.collective_backend=gloo")
 
 
 def learner_activations(shape: ModelShape, tokens: int, chunk: int, checkpointing: bool | str,
