@@ -19,7 +19,6 @@ import sys
 import textwrap
 import tokenize
 import typing
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +92,6 @@ def docstring_table(doc: str) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- types and values
-def type_name(field: dataclasses.Field, hint: Any) -> str:
-    text = field.type if isinstance(field.type, str) else getattr(hint, "__name__", str(hint))
-    return "any" if text == "Any" else text
-
-
 def show(value: Any) -> str:
     """A default as it is written in YAML or on the command line."""
     if value is dataclasses.MISSING:
@@ -116,15 +110,6 @@ def default_of(field: dataclasses.Field) -> Any:
     if field.default_factory is not dataclasses.MISSING:
         return field.default_factory()
     return dataclasses.MISSING
-
-
-@contextmanager
-def _without_env(names: tuple[str, ...]):
-    saved = {n: os.environ.pop(n) for n in names if n in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
 
 
 def cell(text: str) -> str:
@@ -153,7 +138,9 @@ def _rows(cls: type, prefix: str, defaults: list[Any]) -> tuple[list[str], list[
             continue
         shown = [show(v) for v in values]
         default = shown[0] if len(set(shown)) == 1 else " / ".join(shown)
-        rows.append(f"| `{prefix}{f.name}` | {cell(type_name(f, hint))} | {cell(default)} | {cell(comments.get(f.name, ''))} |")
+        kind = f.type if isinstance(f.type, str) else getattr(hint, "__name__", str(hint))
+        kind = "any" if kind == "Any" else kind
+        rows.append(f"| `{prefix}{f.name}` | {cell(kind)} | {cell(default)} | {cell(comments.get(f.name, ''))} |")
     return rows, sections
 
 
@@ -206,8 +193,11 @@ def render() -> str:
     """docs/reference.md's text."""
     from rose_ray.config import TrainConfig
 
-    with _without_env(ENV_DEFAULTS):
+    saved = {n: os.environ.pop(n) for n in ENV_DEFAULTS if n in os.environ}
+    try:
         rows, sections = _rows(TrainConfig, "", [None])
+    finally:
+        os.environ.update(saved)
     grouped: dict[type, list[tuple[str, Any, str]]] = {}  # one heading per kind (the two engines share one)
     for key, kind, values, comment in sections:
         grouped.setdefault(kind, []).append((key, values[0], comment))
