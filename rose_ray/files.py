@@ -13,6 +13,7 @@ import glob
 import json
 import mmap
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -86,14 +87,9 @@ def temp_sibling(target: str | Path, kind: str = "tmp") -> Path:
 
 def _parse_temp(name: str) -> tuple[str, str, str, int] | None:
     """(target name, kind, host, pid) of a temp name rose_ray gave, else None."""
-    at = name.rfind(TEMP_TAG)
-    if not name.startswith(".") or at < 1:
-        return None
-    kind, _, rest = name[at + len(TEMP_TAG):].partition(".")
-    parts = rest.rsplit(".", 2)
-    if len(parts) != 3 or not parts[1].isdigit() or not kind:
-        return None
-    return name[1:at], kind, parts[0], int(parts[1])
+    target, tag, tail = name.rpartition(TEMP_TAG)
+    m = re.fullmatch(r"([^.]+)\.(.*)\.(\d+)\.[^.]*", tail, re.DOTALL)  # kind, host, pid, random
+    return (target[1:], m[1], m[2], int(m[3])) if tag and target.startswith(".") and m else None
 
 
 def _writer_gone(host: str, pid: int) -> bool:
