@@ -291,6 +291,9 @@ def learner_activations(shape: ModelShape, tokens: int, chunk: int, checkpointin
 def learner_memory(learner: Any, shape: ModelShape, gpu_bytes: float | None, gpu_note: str,
                    colocated: RoleMemory | None = None) -> RoleMemory:
     """A learner rank's memory on its GPU under its ZeRO stage, ranks, dtype and checkpointing."""
+    from rose_ray.learner.memory import optimizer_step_bytes, zero_bucket_bytes
+    from rose_ray.learner.worker import overlap_comm
+
     p, n, stage = shape.parameters(), learner.ranks, learner.zero_stage
     e = DTYPE_BYTES[learner.dtype]
 
@@ -305,19 +308,27 @@ def learner_memory(learner: Any, shape: ModelShape, gpu_bytes: float | None, gpu
         weights += 2 * e * max(shape.layer_parameters(), shape.embedding_parameters())
     chunk = int(getattr(learner, "logprob_chunk", LOGPROB_CHUNK))
     on_gpu = learner.gpus_per_rank > 0
-    speed = learner_speed_memory(learner, p, on_gpu)
-    act = learner_activations(shape, learner.max_tokens, chunk, learner.activation_checkpointing, e, speed["head"])
+    # the speed settings as `auto` resolves them on a GPU cluster (`auto`'s head counted as the
+    # chunked one, the larger): the LM head, the optimizer step's temporaries, ZeRO's buckets
+    head = {"auto": "trained"}.get(learner.head, learner.head)
+    optimizer = "adamw_fused" if learner.optimizer == "auto" else learner.optimizer  # fused on GPUs and CPUs
+    overlap = bool(overlap_comm(learner, n))
+    step = float(optimizer_step_bytes(p, n, stage, optimizer, on_gpu))
+    buckets = zero_bucket_bytes(p, stage, learner.zero_bucket_size, overlap, e)
+    act = learner_activations(shape, learner.max_tokens, chunk, learner.activation_checkpointing, e, head)
     parts = {"weights": float(weights), "gradients": float(grads), "optimizer states": float(optim),
              # the optimizer step's temporaries come when the activations are gone: the larger counts
-             "activations": max(act["layers"] + act["head"], speed["step"])}
+             "activations": max(act["layers"] + act["head"], step)}
     if on_gpu:
-        parts["runtime"] = GPU_RUNTIME_BYTES + speed["buckets"]
+        parts["runtime"] = GPU_RUNTIME_BYTES + buckets
     setup = (f"ZeRO-{stage} over {n} rank{'s' if n > 1 else ''} x {learner.gpus_per_rank:g} GPU, "
              f"{learner.dtype}, activation checkpointing {learner.activation_checkpointing}, "
-             f"rows of {learner.max_tokens:,} tokens (LM head {speed['head']}, {chunk:,} tokens at a time)")
+             f"rows of {learner.max_tokens:,} tokens (LM head {head}, {chunk:,} tokens at a time)")
     mem = RoleMemory("learner ranks", shape, setup, parts, on_gpu)
     mem.notes.append(f"activations: {_gib(act['layers'])} GiB in the layers, {_gib(act['head'])} GiB in the LM head")
-    mem.notes.append(speed["note"])
+    mem.notes.append(f"speed settings: head {head}, optimizer {optimizer} ({_gib(step)} GiB at the step), ZeRO "
+                     f"buckets {learner.zero_bucket_size:.0e} elements{' with overlap_comm' if overlap else ''} "
+                     f"({_gib(buckets)} GiB)")
     if not on_gpu or gpu_bytes is None:
         return mem
     mem.budget, mem.budget_why = gpu_bytes, f"the {gpu_note} GPU"
@@ -334,24 +345,6 @@ def learner_memory(learner: Any, shape: ModelShape, gpu_bytes: float | None, gpu
                        f"rank{'s' if n > 1 else ''} needs {_breakdown(parts)} = {_gib(mem.total)} GiB per GPU, "
                        f"more than {mem.budget_why} = {_gib(mem.budget)} GiB; try {', '.join(fixes)}")
     return mem
-
-
-def learner_speed_memory(learner: Any, parameters: int, on_gpu: bool) -> dict[str, Any]:
-    """What the learner's speed settings cost beside its activations, as `auto` resolves them on a
-    GPU cluster (`auto`'s head counted as the chunked one, the larger): the LM head, the optimizer
-    step's temporaries, ZeRO's buckets, and a note saying so."""
-    from rose_ray.learner.memory import optimizer_step_bytes, zero_bucket_bytes
-    from rose_ray.learner.worker import overlap_comm
-
-    head = {"auto": "trained"}.get(learner.head, learner.head)
-    optimizer = "adamw_fused" if learner.optimizer == "auto" else learner.optimizer  # fused on GPUs and CPUs
-    overlap = bool(overlap_comm(learner, learner.ranks))
-    e = DTYPE_BYTES[learner.dtype]
-    step = optimizer_step_bytes(parameters, learner.ranks, learner.zero_stage, optimizer, on_gpu)
-    buckets = zero_bucket_bytes(parameters, learner.zero_stage, learner.zero_bucket_size, overlap, e)
-    note = (f"speed settings: head {head}, optimizer {optimizer} ({_gib(step)} GiB at the step), ZeRO buckets "
-            f"{learner.zero_bucket_size:.0e} elements{' with overlap_comm' if overlap else ''} ({_gib(buckets)} GiB)")
-    return {"head": head, "step": float(step), "buckets": buckets, "note": note}
 
 
 # --------------------------------------------------------------------------- the plan
