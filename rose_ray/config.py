@@ -1,10 +1,8 @@
-"""The training config: OmegaConf structured dataclasses, YAML + dotlist overrides, validation.
+"""The training config: OmegaConf structured dataclasses, YAML + dotlist overrides, validation
+(OmegaConf names an unknown key or a wrong type; each section's `__post_init__` an impossible
+value). Every key: docs/reference.md, generated from the comments here (docs_reference.py).
 
     cfg = load_config("configs/tiny.yaml", ["rollout.batch_episodes=4", "steps=20"])
-
-Unknown keys and wrong types are rejected by OmegaConf with the key named; impossible values
-by each section's `__post_init__` (also with the key named). Model names `tiny:student` and
-`tiny:teacher` stand for the tiny local models, built on first use under `tiny_dir`.
 """
 
 from __future__ import annotations

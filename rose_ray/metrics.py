@@ -247,17 +247,14 @@ class LineProgress:
         self.t0 = time.monotonic()
 
     def update(self, n: int = 1) -> None:
-        before, self.n = self.n, self.n + n
-        if self.n // self.every != before // self.every or self.n == self.total:
-            print(f"{self.desc}: {self.n}/{self.total} {self.unit}s{self.postfix} [{self.timing()}]",
-                  file=self.file, flush=True)
-
-    def timing(self) -> str:
         from tqdm import tqdm
 
-        elapsed, done = time.monotonic() - self.t0, self.n - self.initial
-        left = tqdm.format_interval(elapsed / done * (self.total - self.n)) if done > 0 else "?"
-        return f"{tqdm.format_interval(elapsed)}<{left}"
+        before, self.n = self.n, self.n + n
+        if self.n // self.every != before // self.every or self.n == self.total:
+            elapsed, done = time.monotonic() - self.t0, self.n - self.initial
+            left = tqdm.format_interval(elapsed / done * (self.total - self.n)) if done > 0 else "?"
+            print(f"{self.desc}: {self.n}/{self.total} {self.unit}s{self.postfix} "
+                  f"[{tqdm.format_interval(elapsed)}<{left}]", file=self.file, flush=True)
 
     def set_postfix(self, **values: Any) -> None:
         self.postfix = "".join(f", {k}={v}" for k, v in values.items())
