@@ -204,20 +204,17 @@ def check_main(args: Any) -> int:
     if args.backends:
         from rose_ray.inference.backends import backends_report
 
-        for line in backends_report():
-            print(f"check: backend {line}")
-        for line in gpu_report():  # a driver that cannot run the wheels: exit 2
-            print(f"check: {line}")
+        print("\n".join(f"check: backend {line}" for line in backends_report()))
+        # a driver that cannot run the wheels: exit 2
+        print("\n".join(f"check: {line}" for line in gpu_report()))
         return 0
     if args.overrides and "=" not in args.overrides[0]:  # `check CONFIG`, the spelling before --config
         if args.config:
             raise InputError(f"check: {args.overrides[0]!r}: not KEY=VALUE (the config is --config {args.config})")
         args.config, args.overrides = args.overrides[0], args.overrides[1:]
     cfg = load_config(args.config, args.overrides)
-    for line in check(cfg, args):
-        print(line)
-    for line in gpu_report():  # this machine's GPUs, when the check runs on a GPU node
-        print(line)
+    print("\n".join(check(cfg, args)))
+    print("\n".join(gpu_report()))  # this machine's GPUs, when the check runs on a GPU node
     print(f"check: {args.config or default_config_path()}: OK")
     return 0
 

@@ -118,7 +118,8 @@ class TeacherWarmupConfig:
             raise ConfigError(f"{self.KEY}.lr: must be > 0, got {self.lr!r}")
         for key in ("detours", "student_openings"):
             if not 0.0 <= getattr(self, key) <= 1.0:
-                raise ConfigError(f"{self.KEY}.{key}: a share of demonstrations, from 0 to 1; got {getattr(self, key)!r}")
+                raise ConfigError(f"{self.KEY}.{key}: a share of demonstrations, from 0 to 1; "
+                                  f"got {getattr(self, key)!r}")
         if self.opening_temperature is not None and self.opening_temperature < 0:
             raise ConfigError(f"{self.KEY}.opening_temperature: must be >= 0 (or null), got {self.opening_temperature!r}")
         from rose_ray.envs.worlds import CONTINUATIONS

@@ -60,7 +60,8 @@ def field_comments(cls: type) -> dict[str, str]:
             while n in alone:
                 above.insert(0, alone[n])
                 n -= 1
-            after = [inline[n] for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1) if n in inline]
+            lines = range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)
+            after = [inline[n] for n in lines if n in inline]
             out[stmt.target.id] = " ".join(part for part in [*above, *after] if part)
     return out
 
@@ -140,7 +141,8 @@ def _rows(cls: type, prefix: str, defaults: list[Any]) -> tuple[list[str], list[
         default = shown[0] if len(set(shown)) == 1 else " / ".join(shown)
         kind = f.type if isinstance(f.type, str) else getattr(hint, "__name__", str(hint))
         kind = "any" if kind == "Any" else kind
-        rows.append(f"| `{prefix}{f.name}` | {cell(kind)} | {cell(default)} | {cell(comments.get(f.name, ''))} |")
+        why = cell(comments.get(f.name, ""))
+        rows.append(f"| `{prefix}{f.name}` | {cell(kind)} | {cell(default)} | {why} |")
     return rows, sections
 
 

@@ -117,7 +117,8 @@ def model_shape(name: str, key: str, tiny_dir: str, config_for: dict[str, str]) 
     if (found := model_folder(name, tiny_dir, config_for)) is not None:
         file = Path(found) / "config.json"
         if not file.is_file():
-            raise InputError(f"{key}: {Path(found)} holds no config.json (the memory plan reads the model's sizes there)")
+            raise InputError(f"{key}: {Path(found)} holds no config.json (the memory plan reads the "
+                             "model's sizes there)")
         return ModelShape.from_config(name, str(file), json.loads(file.read_text()))
     table = shipped_sizes()
     if name in table:
@@ -245,9 +246,10 @@ def _outside_share(mem: RoleMemory, engine: Any, key: str, nbytes: float, gpu_by
     mem.notes.append(f"{note} beside vLLM's share, {_gib(rest)} GiB left there")
     if nbytes > rest and mem.problem is None:
         most = math.floor((1 - nbytes / gpu_bytes) * 20) / 20  # in steps of 0.05
-        mem.problem = (f"the {mem.role} cannot fit its GPU{'s' if engine.tensor_parallel_size > 1 else ''}: {need}, "
-                       f"but {key}_engine.backend.{share.key} {share.value:g} leaves {_gib(rest)} GiB of each "
-                       f"{gpu_note} GPU; set it to {most:g} or lower{fix}")
+        gpus = "GPUs" if engine.tensor_parallel_size > 1 else "GPU"
+        mem.problem = (f"the {mem.role} cannot fit its {gpus}: {need}, but {key}_engine.backend.{share.key} "
+                       f"{share.value:g} leaves {_gib(rest)} GiB of each {gpu_note} GPU; set it to {most:g} "
+                       f"or lower{fix}")
 
 
 def add_receive_buffers(mem: RoleMemory, cfg: Any, shape: ModelShape, gpu_bytes: float | None,
@@ -326,9 +328,9 @@ def learner_memory(learner: Any, shape: ModelShape, gpu_bytes: float | None, gpu
              f"rows of {learner.max_tokens:,} tokens (LM head {head}, {chunk:,} tokens at a time)")
     mem = RoleMemory("learner ranks", shape, setup, parts, on_gpu)
     mem.notes.append(f"activations: {_gib(act['layers'])} GiB in the layers, {_gib(act['head'])} GiB in the LM head")
-    mem.notes.append(f"speed settings: head {head}, optimizer {optimizer} ({_gib(step)} GiB at the step), ZeRO "
-                     f"buckets {learner.zero_bucket_size:.0e} elements{' with overlap_comm' if overlap else ''} "
-                     f"({_gib(buckets)} GiB)")
+    mem.notes.append(f"speed settings: head {head}, optimizer {optimizer} ({_gib(step)} GiB at the step), "
+                     f"ZeRO buckets {learner.zero_bucket_size:.0e} elements"
+                     f"{' with overlap_comm' if overlap else ''} ({_gib(buckets)} GiB)")
     if not on_gpu or gpu_bytes is None:
         return mem
     mem.budget, mem.budget_why = gpu_bytes, f"the {gpu_note} GPU"

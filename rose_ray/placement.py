@@ -42,8 +42,9 @@ def demands(cfg: Any) -> list[RoleDemand]:
         # one GPU per tensor-parallel rank; without tensor parallelism a fraction of one GPU may be shared
         if split is not None and gpus > 0 and gpus != tp and not (tp == 1 and gpus < 1):
             key = f"{role}_engine.backend.{split.key}"
-            raise PlacementError(f"resources.{role}_gpus: {gpus:g}, but {key} is {tp}: the engine uses one GPU "
-                                 f"per tensor-parallel rank; set resources.{role}_gpus: {tp} or {key}: {gpus:g}")
+            raise PlacementError(f"resources.{role}_gpus: {gpus:g}, but {key} is {tp}: the engine uses "
+                                 f"one GPU per tensor-parallel rank; set resources.{role}_gpus: {tp} "
+                                 f"or {key}: {gpus:g}")
         group = "learner" if role == "student" and r.colocate and learner["GPU"] > 0 else role
         out.append(RoleDemand(f"{role} engine", 1, {"CPU": getattr(r, f"{role}_cpus"), "GPU": gpus}, "PACK",
                               group if gpus > 0 else None))
@@ -86,11 +87,11 @@ def units(roles: list[RoleDemand]) -> list[Unit]:
                     b.resources[k] = b.resources.get(k, 0.0) + v
             else:
                 group.append(Unit(name, [(d.role, i)], res, "PACK", d.group, i))
-    for group in bundles.values():
-        for b in group:  # separate GPU sets: a bundle holds whole GPUs
-            b.resources["GPU"] = float(math.ceil(b.resources.get("GPU", 0.0) - 1e-9))
-    gpu = sorted((b for g in bundles.values() for b in g), key=lambda u: -u.resources.get("GPU", 0))
-    return gpu + sorted(out, key=lambda u: u.strategy == "SPREAD")  # stable: PACK actors, then SPREAD
+    gpu = [b for group in bundles.values() for b in group]
+    for b in gpu:  # separate GPU sets: a bundle holds whole GPUs
+        b.resources["GPU"] = float(math.ceil(b.resources.get("GPU", 0.0) - 1e-9))
+    return (sorted(gpu, key=lambda u: -u.resources.get("GPU", 0))
+            + sorted(out, key=lambda u: u.strategy == "SPREAD"))  # stable: PACK actors, then SPREAD
 
 
 # --------------------------------------------------------------------------- nodes
