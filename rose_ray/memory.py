@@ -280,20 +280,10 @@ def add_receive_buffers(mem: RoleMemory, cfg: Any, shape: ModelShape, gpu_bytes:
                    "buffers beside vLLM's share", ", or publish.collective_backend=gloo")
 
 
-def learner_activations(shape: ModelShape, tokens: int, chunk: int, checkpointing: bool | str,
-                        dtype_bytes: int, head: str = "full") -> dict[str, float]:
-    """Peak activation bytes of one micro-batch of `tokens` tokens, the LM head `chunk` tokens at a
-    time (0: all at once) or fused (`head`): the learner's own formula (learner/memory.py)."""
-    from rose_ray.learner.memory import learner_activation_bytes
-
-    act = learner_activation_bytes(asdict(shape), tokens, chunk, checkpointing, dtype_bytes, head)
-    return {"layers": float(act["body"]), "head": float(act["head"])}
-
-
 def learner_memory(learner: Any, shape: ModelShape, gpu_bytes: float | None, gpu_note: str,
                    colocated: RoleMemory | None = None) -> RoleMemory:
     """A learner rank's memory on its GPU under its ZeRO stage, ranks, dtype and checkpointing."""
-    from rose_ray.learner.memory import optimizer_step_bytes, zero_bucket_bytes
+    from rose_ray.learner import memory as formulas
     from rose_ray.learner.worker import overlap_comm
 
     p, n, stage = shape.parameters(), learner.ranks, learner.zero_stage
@@ -315,19 +305,22 @@ def learner_memory(learner: Any, shape: ModelShape, gpu_bytes: float | None, gpu
     head = {"auto": "trained"}.get(learner.head, learner.head)
     optimizer = "adamw_fused" if learner.optimizer == "auto" else learner.optimizer  # fused on GPUs and CPUs
     overlap = bool(overlap_comm(learner, n))
-    step = float(optimizer_step_bytes(p, n, stage, optimizer, on_gpu))
-    buckets = zero_bucket_bytes(p, stage, learner.zero_bucket_size, overlap, e)
-    act = learner_activations(shape, learner.max_tokens, chunk, learner.activation_checkpointing, e, head)
+    step = float(formulas.optimizer_step_bytes(p, n, stage, optimizer, on_gpu))
+    buckets = formulas.zero_bucket_bytes(p, stage, learner.zero_bucket_size, overlap, e)
+    # one micro-batch's peak: the learner's own formula
+    act = formulas.learner_activation_bytes(asdict(shape), learner.max_tokens, chunk,
+                                            learner.activation_checkpointing, e, head)
     parts = {"weights": float(weights), "gradients": float(grads), "optimizer states": float(optim),
              # the optimizer step's temporaries come when the activations are gone: the larger counts
-             "activations": max(act["layers"] + act["head"], step)}
+             "activations": float(max(act["body"] + act["head"], step))}
     if on_gpu:
         parts["runtime"] = GPU_RUNTIME_BYTES + buckets
     setup = (f"ZeRO-{stage} over {n} rank{'s' if n > 1 else ''} x {learner.gpus_per_rank:g} GPU, "
              f"{learner.dtype}, activation checkpointing {learner.activation_checkpointing}, "
              f"rows of {learner.max_tokens:,} tokens (LM head {head}, {chunk:,} tokens at a time)")
     mem = RoleMemory("learner ranks", shape, setup, parts, on_gpu)
-    mem.notes.append(f"activations: {_gib(act['layers'])} GiB in the layers, {_gib(act['head'])} GiB in the LM head")
+    mem.notes.append(f"activations: {_gib(act['body'])} GiB in the layers, "
+                     f"{_gib(act['head'])} GiB in the LM head")
     mem.notes.append(f"speed settings: head {head}, optimizer {optimizer} ({_gib(step)} GiB at the step), "
                      f"ZeRO buckets {learner.zero_bucket_size:.0e} elements"
                      f"{' with overlap_comm' if overlap else ''} ({_gib(buckets)} GiB)")
