@@ -103,13 +103,6 @@ def _writer_gone(host: str, pid: int) -> bool:
     return False
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
 def clear_leftovers(folder: str | Path, name: str | None = None, owned: bool = False) -> list[str]:
     """Temp files and folders rose_ray named in `folder` (of target `name`, or of every target)
     whose writer is gone: removed, or put back where a swap's old copy lost its target (a kill
@@ -131,9 +124,12 @@ def clear_leftovers(folder: str | Path, name: str | None = None, owned: bool = F
         if kind == "old" and not os.path.lexists(target):
             os.replace(path, target)
             done.append(f"{target}: put back (a swap was cut between its two renames)")
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
         else:
-            _remove(path)
-            done.append(f"{path}: removed (left by a writer that was stopped)")
+            path.unlink(missing_ok=True)
+        done.append(f"{path}: removed (left by a writer that was stopped)")
     return done
 
 

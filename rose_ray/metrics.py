@@ -28,7 +28,22 @@ class MetricsLogger:
         self.jsonl = self.run_dir / "metrics.jsonl"
         self.t0 = time.time()
         self.bar: Any = None  # the step bar, made at the first step (`progress`)
-        self.wandb = start_wandb(wandb, self.run_dir, run_name, config) if wandb is not None and wandb.enabled else None
+        self.wandb: Any = None
+        if wandb is not None and wandb.enabled:  # the same W&B run again on a resume
+            import wandb as wandb_sdk
+
+            from rose_ray.files import write_file
+
+            id_file = self.run_dir / WANDB_ID
+            run_id = id_file.read_text().strip() if id_file.is_file() else None
+            self.wandb = wandb_sdk.init(project=wandb.project, entity=wandb.entity,
+                                        name=wandb.name or run_name, group=wandb.group,
+                                        tags=list(wandb.tags) or None, config=config,
+                                        dir=str(self.run_dir), id=run_id, resume="allow")
+            if run_id is None:
+                write_file(id_file, self.wandb.id + "\n")
+            self.wandb.define_metric(WANDB_STEP)
+            self.wandb.define_metric("*", step_metric=WANDB_STEP)
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         """Scalars named `group/name` (e.g. `learner/loss`) at a learner step."""
@@ -62,24 +77,6 @@ class MetricsLogger:
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
-
-
-def start_wandb(settings: Any, run_dir: Path, run_name: str, config: dict[str, Any] | None) -> Any:
-    """A W&B run for a run folder (`settings`: a WandbConfig); the same one again on a resume."""
-    import wandb
-
-    from rose_ray.files import write_file
-
-    id_file = run_dir / WANDB_ID
-    run_id = id_file.read_text().strip() if id_file.is_file() else None
-    run = wandb.init(project=settings.project, entity=settings.entity, name=settings.name or run_name,
-                     group=settings.group, tags=list(settings.tags) or None, config=config, dir=str(run_dir),
-                     id=run_id, resume="allow")
-    if run_id is None:
-        write_file(id_file, run.id + "\n")
-    run.define_metric(WANDB_STEP)
-    run.define_metric("*", step_metric=WANDB_STEP)
-    return run
 
 
 def read_scalars(tb_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
