@@ -155,13 +155,9 @@ def plan(roles: list[RoleDemand], nodes: list[NodeInfo], use_total: bool = False
         fits = [n for n in nodes if all(left[n.node_id].get(k, 0.0) + 1e-9 >= v for k, v in u.resources.items())]
         if not fits:
             raise PlacementError(_why_not(u, nodes, left, placed, use_total))
-        if u.strategy == "SPREAD":
-            role = u.members[0][0]
-
-            def count(n: NodeInfo, role: str = role) -> int:
-                return sum(1 for a in placed if a.node is n and a.unit.members[0][0] == role)
-
-            node = min(fits, key=lambda n: (count(n), -left[n.node_id].get("CPU", 0.0)))
+        if u.strategy == "SPREAD":  # the node holding fewest of the role, then the most CPUs left
+            held = Counter(a.node.node_id for a in placed if a.unit.members[0][0] == u.members[0][0])
+            node = min(fits, key=lambda n: (held[n.node_id], -left[n.node_id].get("CPU", 0.0)))
         else:
             same = [n for n in fits if u.group and any(a.node is n and a.unit.group == u.group for a in placed)]
             node = min(same or fits, key=lambda n: (left[n.node_id].get("GPU", 0.0), left[n.node_id].get("CPU", 0.0)))
