@@ -1,13 +1,7 @@
-"""`rose-ray check [--config CONFIG] [k=v ...]`: what to run before asking for GPUs.
-
-Loads the config and the tokenizers (not the weights), asks served engines whether they can do
-the job, renders a sample conversation through each chat template, counts the games the config
-uses, and plans placement and each role's memory per GPU (memory.py) on the cluster or on nodes
-described with `--node`. The first problem exits 2 naming the key. `rose-ray plan` (plan_main)
-prints the placement and memory parts alone.
-
-    rose-ray check --config configs/rose_qwen3_1p7b_32b.yaml \\
-        --tokenizer-for Qwen/Qwen3-1.7B=/models/qwen3-1.7b --node CPU=64,GPU=8 --gpu-memory 80
+"""`rose-ray check [--config CONFIG] [k=v ...]`: what to run before asking for GPUs (tokenizers,
+chat templates, served engines, games, placement, memory per GPU; docs/seed.md, "Before asking
+for GPUs"). The first problem exits 2 naming the key. `rose-ray plan` (plan_main) prints the
+placement and memory parts alone.
 """
 
 from __future__ import annotations
@@ -40,21 +34,6 @@ def parse_stand_ins(pairs: list[str], flag: str = "--tokenizer-for") -> dict[str
     return out
 
 
-def _tokenizer_path(cfg: TrainConfig, role: str, name: str, stand_ins: dict[str, str]) -> str:
-    if name in stand_ins:
-        return stand_ins[name]
-    from rose_ray.models import ModelNotAvailable, local_model
-    from rose_ray.provision.tiny import resolve_tiny
-
-    if name.startswith("tiny:"):
-        return resolve_tiny(name, cfg.tiny_dir)
-    try:
-        return local_model(name)  # a folder, or a hub id's snapshot in the local Hugging Face cache
-    except ModelNotAvailable:
-        raise InputError(f"{role}_engine.model: {name!r} is not on this machine; pass "
-                         f"--tokenizer-for {name}=DIR with a folder holding its tokenizer") from None
-
-
 def show_pieces(role: str, chat: Any, protocol: Any, budget: int) -> list[str]:
     """The sample conversation as the engine builds it, one line per turn piece."""
     pieces = [("prompt", "instruction + acknowledgement", chat.opening_ids(protocol.opening())),
@@ -76,16 +55,6 @@ def show_pieces(role: str, chat: Any, protocol: Any, budget: int) -> list[str]:
     return lines
 
 
-def _on_a_cluster(cfg: TrainConfig) -> bool:
-    """Ray is joined or to be joined (a private local cluster is this machine alone)."""
-    import os
-
-    import ray
-
-    address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
-    return ray.is_initialized() or (bool(address) and address != "local")
-
-
 def plan_nodes(cfg: TrainConfig, args: Any, described: list[Any] | None) -> tuple[list[Any], bool]:
     """The nodes to plan on, and whether on their total resources: the `described` ones (from
     --node), else the cluster's (joined here)."""
@@ -102,20 +71,23 @@ def plan_nodes(cfg: TrainConfig, args: Any, described: list[Any] | None) -> tupl
 def check_served_engines(cfg: TrainConfig) -> list[str]:
     """Each served engine (openai) asked whether it can do its job (model name, context,
     logprobs, prompt scoring for OPD's teacher); a ServedModelMismatch names the key."""
+    import os
     from dataclasses import replace
 
     from rose_ray.inference.openai import SettingNames, check_served
     from rose_ray.provision.tiny import resolve_tiny
 
     out = []
-    if any(engine.spec.served for _, engine in cfg.engines()) and _on_a_cluster(cfg):
+    if any(engine.spec.served for _, engine in cfg.engines()):
         import ray
 
         from rose_ray.inference.openai import check_served_urls
         from rose_ray.rollout.actors import init_ray
 
-        init_ray(cfg.ray_address)  # the run's cluster: a loopback URL reaches one node only
-        check_served_urls(cfg.engines(), sum(bool(n.get("Alive")) for n in ray.nodes()))
+        address = cfg.ray_address or os.environ.get("RAY_ADDRESS")  # "local": this machine alone
+        if ray.is_initialized() or (bool(address) and address != "local"):  # a cluster, joined or to be
+            init_ray(cfg.ray_address)  # the run's cluster: a loopback URL reaches one node only
+            check_served_urls(cfg.engines(), sum(bool(n.get("Alive")) for n in ray.nodes()))
     for role, engine in cfg.engines():
         if not engine.spec.served:
             continue
@@ -137,7 +109,7 @@ def check(cfg: TrainConfig, args: Any) -> list[str]:
     """Every check, in order; returns the report lines or raises naming the first problem."""
     from rose_ray.chat import ChatFormat, ChatTemplateError
     from rose_ray.envs.worlds import get_world
-    from rose_ray.models import load_tokenizer
+    from rose_ray.models import load_tokenizer, model_folder
     from rose_ray.placement import check_cluster, demands, format_plan, parse_nodes
     from rose_ray.rollout.context import ContextSettings
     from rose_ray.rollout.episode import same_tokenizer
@@ -165,7 +137,9 @@ def check(cfg: TrainConfig, args: Any) -> list[str]:
     toks = {}
     for role, engine in cfg.engines():
         name = engine.tokenizer or engine.model
-        path = _tokenizer_path(cfg, role, name, stand_ins)
+        if (path := model_folder(name, cfg.tiny_dir, stand_ins)) is None:
+            raise InputError(f"{role}_engine.model: {name!r} is not on this machine; pass "
+                             f"--tokenizer-for {name}=DIR with a folder holding its tokenizer")
         toks[role] = load_tokenizer(path)
         try:
             chat = ChatFormat(toks[role], cfg.chat.enable_thinking, cfg.chat.history)
@@ -230,20 +204,17 @@ def check_main(args: Any) -> int:
     if args.backends:
         from rose_ray.inference.backends import backends_report
 
-        for line in backends_report():
-            print(f"check: backend {line}")
-        for line in gpu_report():  # a driver that cannot run the wheels: exit 2
-            print(f"check: {line}")
+        print("\n".join(f"check: backend {line}" for line in backends_report()))
+        # a driver that cannot run the wheels: exit 2
+        print("\n".join(f"check: {line}" for line in gpu_report()))
         return 0
     if args.overrides and "=" not in args.overrides[0]:  # `check CONFIG`, the spelling before --config
         if args.config:
             raise InputError(f"check: {args.overrides[0]!r}: not KEY=VALUE (the config is --config {args.config})")
         args.config, args.overrides = args.overrides[0], args.overrides[1:]
     cfg = load_config(args.config, args.overrides)
-    for line in check(cfg, args):
-        print(line)
-    for line in gpu_report():  # this machine's GPUs, when the check runs on a GPU node
-        print(line)
+    print("\n".join(check(cfg, args)))
+    print("\n".join(gpu_report()))  # this machine's GPUs, when the check runs on a GPU node
     print(f"check: {args.config or default_config_path()}: OK")
     return 0
 

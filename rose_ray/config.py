@@ -1,10 +1,8 @@
-"""The training config: OmegaConf structured dataclasses, YAML + dotlist overrides, validation.
+"""The training config: OmegaConf structured dataclasses, YAML + dotlist overrides, validation
+(OmegaConf names an unknown key or a wrong type; each section's `__post_init__` an impossible
+value). Every key: docs/reference.md, generated from the comments here (docs_reference.py).
 
     cfg = load_config("configs/tiny.yaml", ["rollout.batch_episodes=4", "steps=20"])
-
-Unknown keys and wrong types are rejected by OmegaConf with the key named; impossible values
-by each section's `__post_init__` (also with the key named). Model names `tiny:student` and
-`tiny:teacher` stand for the tiny local models, built on first use under `tiny_dir`.
 """
 
 from __future__ import annotations
@@ -118,11 +116,10 @@ class TeacherWarmupConfig:
                  "opening_turns")
         if self.lr <= 0:
             raise ConfigError(f"{self.KEY}.lr: must be > 0, got {self.lr!r}")
-        if not 0.0 <= self.detours <= 1.0:
-            raise ConfigError(f"{self.KEY}.detours: a share of demonstrations, from 0 to 1; got {self.detours!r}")
-        if not 0.0 <= self.student_openings <= 1.0:
-            raise ConfigError(f"{self.KEY}.student_openings: a share of demonstrations, from 0 to 1; "
-                              f"got {self.student_openings!r}")
+        for key in ("detours", "student_openings"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ConfigError(f"{self.KEY}.{key}: a share of demonstrations, from 0 to 1; "
+                                  f"got {getattr(self, key)!r}")
         if self.opening_temperature is not None and self.opening_temperature < 0:
             raise ConfigError(f"{self.KEY}.opening_temperature: must be >= 0 (or null), got {self.opening_temperature!r}")
         from rose_ray.envs.worlds import CONTINUATIONS

@@ -1,11 +1,9 @@
-"""The configuration reference, docs/reference.md, generated from the typed config sections
-(config.py's `TrainConfig` and every section it holds), so that it cannot drift from them:
-every key with its type, its default and the comment written beside it in the code.
+"""docs/reference.md, generated from the typed config sections (config.py's `TrainConfig` and
+every section it holds: each key's type, default and the comment beside it), so that it cannot
+drift from them; tests/unit/test_docs.py compares. Imports no torch.
 
     python -m rose_ray.docs_reference            # write docs/reference.md (in a checkout)
     python -m rose_ray.docs_reference --check    # exit 1 if docs/reference.md is not what it would write
-
-tests/unit/test_docs.py regenerates it and compares. Imports no torch.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ import sys
 import textwrap
 import tokenize
 import typing
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,32 +44,25 @@ def field_comments(cls: type) -> dict[str, str]:
     the comment lines right above it and the comment on its own line(s), joined."""
     out: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if dataclasses.is_dataclass(klass):
-            out.update(_own_comments(klass))
-    return out
-
-
-def _own_comments(cls: type) -> dict[str, str]:
-    node = _class_node(cls)
-    if node is None:
-        return {}
-    alone: dict[int, str] = {}  # line number (1-based) -> text of a comment on a line of its own
-    inline: dict[int, str] = {}  # ... of a comment after code
-    for tok in tokenize.generate_tokens(io.StringIO(textwrap.dedent(inspect.getsource(cls))).readline):
-        if tok.type == tokenize.COMMENT:
-            own_line = tok.line.lstrip().startswith("#")
-            (alone if own_line else inline)[tok.start[0]] = tok.string.lstrip("#").strip()
-    out: dict[str, str] = {}
-    for stmt in node.body:
-        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+        node = _class_node(klass) if dataclasses.is_dataclass(klass) else None
+        if node is None:
             continue
-        above: list[str] = []
-        n = stmt.lineno - 1
-        while n in alone:
-            above.insert(0, alone[n])
-            n -= 1
-        after = [inline[n] for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1) if n in inline]
-        out[stmt.target.id] = " ".join(part for part in [*above, *after] if part)
+        alone: dict[int, str] = {}  # line number (1-based) -> text of a comment on a line of its own
+        inline: dict[int, str] = {}  # ... of a comment after code
+        for tok in tokenize.generate_tokens(io.StringIO(textwrap.dedent(inspect.getsource(klass))).readline):
+            if tok.type == tokenize.COMMENT:
+                own_line = tok.line.lstrip().startswith("#")
+                (alone if own_line else inline)[tok.start[0]] = tok.string.lstrip("#").strip()
+        for stmt in node.body:
+            if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+                continue
+            n, above = stmt.lineno - 1, []
+            while n in alone:
+                above.insert(0, alone[n])
+                n -= 1
+            lines = range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)
+            after = [inline[n] for n in lines if n in inline]
+            out[stmt.target.id] = " ".join(part for part in [*above, *after] if part)
     return out
 
 
@@ -103,18 +93,6 @@ def docstring_table(doc: str) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- types and values
-def section_class(hint: Any) -> type | None:
-    """The dataclass a field holds, or None for a plain value."""
-    return hint if dataclasses.is_dataclass(hint) else None
-
-
-def type_name(field: dataclasses.Field, hint: Any) -> str:
-    if section_class(hint) is not None:
-        return "section"
-    text = field.type if isinstance(field.type, str) else getattr(hint, "__name__", str(hint))
-    return "any" if text == "Any" else text
-
-
 def show(value: Any) -> str:
     """A default as it is written in YAML or on the command line."""
     if value is dataclasses.MISSING:
@@ -133,15 +111,6 @@ def default_of(field: dataclasses.Field) -> Any:
     if field.default_factory is not dataclasses.MISSING:
         return field.default_factory()
     return dataclasses.MISSING
-
-
-@contextmanager
-def _without_env(names: tuple[str, ...]):
-    saved = {n: os.environ.pop(n) for n in names if n in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
 
 
 def cell(text: str) -> str:
@@ -164,13 +133,16 @@ def _rows(cls: type, prefix: str, defaults: list[Any]) -> tuple[list[str], list[
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         values = [getattr(d, f.name) if d is not None else default_of(f) for d in defaults]
-        inner = f.metadata.get("tagged") or section_class(hint)
+        inner = f.metadata.get("tagged") or (hint if dataclasses.is_dataclass(hint) else None)
         if inner is not None:
             sections.append((f"{prefix}{f.name}", inner, values, comments.get(f.name, "")))
             continue
         shown = [show(v) for v in values]
         default = shown[0] if len(set(shown)) == 1 else " / ".join(shown)
-        rows.append(f"| `{prefix}{f.name}` | {cell(type_name(f, hint))} | {cell(default)} | {cell(comments.get(f.name, ''))} |")
+        kind = f.type if isinstance(f.type, str) else getattr(hint, "__name__", str(hint))
+        kind = "any" if kind == "Any" else kind
+        why = cell(comments.get(f.name, ""))
+        rows.append(f"| `{prefix}{f.name}` | {cell(kind)} | {cell(default)} | {why} |")
     return rows, sections
 
 
@@ -223,8 +195,11 @@ def render() -> str:
     """docs/reference.md's text."""
     from rose_ray.config import TrainConfig
 
-    with _without_env(ENV_DEFAULTS):
+    saved = {n: os.environ.pop(n) for n in ENV_DEFAULTS if n in os.environ}
+    try:
         rows, sections = _rows(TrainConfig, "", [None])
+    finally:
+        os.environ.update(saved)
     grouped: dict[type, list[tuple[str, Any, str]]] = {}  # one heading per kind (the two engines share one)
     for key, kind, values, comment in sections:
         grouped.setdefault(kind, []).append((key, values[0], comment))
@@ -271,8 +246,8 @@ def config_keys() -> set[str]:
             if "tagged" in f.metadata:
                 for kind in f.metadata["tagged"].kinds().values():
                     keys |= walk(kind, f"{prefix}{f.name}.")
-            elif (inner := section_class(hints[f.name])) is not None:
-                keys |= walk(inner, f"{prefix}{f.name}.")
+            elif dataclasses.is_dataclass(hints[f.name]):
+                keys |= walk(hints[f.name], f"{prefix}{f.name}.")
             elif typing.get_origin(hints[f.name]) is dict:
                 keys.add(f"{prefix}{f.name}.*")
         return keys

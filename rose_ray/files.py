@@ -1,10 +1,8 @@
-"""Writing files and folders whole, where other runs may be writing too and a kill may land at
-any moment: model folders, the tiny models, warm-ups, checkpoints, records and result files all
-go through here. A folder is built in a temp folder beside its target and swapped in whole; what
-is at the target is replaced only when it is nothing, an empty folder or a folder rose_ray wrote
-(it holds FOLDER_MARKER). A file is written into a temp file, fsynced and renamed over its
-target. Temp names (`.<target>.rose_ray-<kind>.<host>.<pid>.<random>`) let `clear_leftovers`
-tell a stopped writer's temps from anything else.
+"""Files and folders written whole, where other runs may write too and a kill may land at any
+moment. A folder is built in a temp folder beside its target and swapped in; it replaces only
+nothing, an empty folder or a folder rose_ray wrote (it holds FOLDER_MARKER). A file goes to a
+temp file, fsynced and renamed over its target. Temp names (`.<target>.rose_ray-<kind>.<host>.
+<pid>.<random>`) let `clear_leftovers` tell a stopped writer's temps from anything else.
 """
 
 from __future__ import annotations
@@ -13,7 +11,9 @@ import ctypes
 import errno
 import glob
 import json
+import mmap
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -55,9 +55,8 @@ _crash_counts: dict[str, int] = {}
 
 
 def crash_point(name: str) -> None:
-    """A test's stand-in for a crash here (tests/integration/test_files.py): with ROSE_RAY_CRASH_AT=`name`
-    (or `name#N`: the N-th time here) the process stops itself (SIGSTOP) for the test to SIGKILL
-    the job around it, as a lost node would. Unset, it does nothing."""
+    """A test's crash here: with ROSE_RAY_CRASH_AT=`name` (or `name#N`: the N-th time here) the
+    process stops itself (SIGSTOP) for the test to SIGKILL, as a lost node would."""
     wanted = os.environ.get(CRASH_ENV)
     if not wanted or wanted.partition("#")[0] != name:
         return
@@ -88,14 +87,9 @@ def temp_sibling(target: str | Path, kind: str = "tmp") -> Path:
 
 def _parse_temp(name: str) -> tuple[str, str, str, int] | None:
     """(target name, kind, host, pid) of a temp name rose_ray gave, else None."""
-    at = name.rfind(TEMP_TAG)
-    if not name.startswith(".") or at < 1:
-        return None
-    kind, _, rest = name[at + len(TEMP_TAG):].partition(".")
-    parts = rest.rsplit(".", 2)
-    if len(parts) != 3 or not parts[1].isdigit() or not kind:
-        return None
-    return name[1:at], kind, parts[0], int(parts[1])
+    target, tag, tail = name.rpartition(TEMP_TAG)
+    m = re.fullmatch(r"([^.]+)\.(.*)\.(\d+)\.[^.]*", tail, re.DOTALL)  # kind, host, pid, random
+    return (target[1:], m[1], m[2], int(m[3])) if tag and target.startswith(".") and m else None
 
 
 def _writer_gone(host: str, pid: int) -> bool:
@@ -107,13 +101,6 @@ def _writer_gone(host: str, pid: int) -> bool:
     except OSError as e:  # no permission: a process of someone else's, alive
         return isinstance(e, ProcessLookupError)
     return False
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def clear_leftovers(folder: str | Path, name: str | None = None, owned: bool = False) -> list[str]:
@@ -137,9 +124,12 @@ def clear_leftovers(folder: str | Path, name: str | None = None, owned: bool = F
         if kind == "old" and not os.path.lexists(target):
             os.replace(path, target)
             done.append(f"{target}: put back (a swap was cut between its two renames)")
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
         else:
-            _remove(path)
-            done.append(f"{path}: removed (left by a writer that was stopped)")
+            path.unlink(missing_ok=True)
+        done.append(f"{path}: removed (left by a writer that was stopped)")
     return done
 
 
@@ -176,25 +166,24 @@ def swap_in(new: str | Path, target: str | Path) -> None:
     by an atomic exchange where the file system has one, else renamed aside first (put back if
     the second rename fails; after a kill between them, by `clear_leftovers`)."""
     new, target = Path(new), Path(os.path.abspath(target))
+    old = None  # where what was at `target` went
     if not os.path.lexists(target) or is_empty_folder(target):
         os.replace(new, target)  # rename(2) replaces an empty folder, and fails on a non-empty one
-        fsync_dir(target.parent)
-        return
-    if _exchange(new, target):
-        fsync_dir(target.parent)
+    elif _exchange(new, target):
+        old = new
         crash_point("swap")
-        shutil.rmtree(new, ignore_errors=True)
-        return
-    aside = temp_name(target, "old")
-    os.replace(target, aside)
-    crash_point("swap")
-    try:
-        os.replace(new, target)
-    except BaseException:
-        os.replace(aside, target)
-        raise
+    else:
+        old = temp_name(target, "old")
+        os.replace(target, old)
+        crash_point("swap")
+        try:
+            os.replace(new, target)
+        except BaseException:
+            os.replace(old, target)
+            raise
     fsync_dir(target.parent)
-    shutil.rmtree(aside, ignore_errors=True)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def check_replaceable(target: str | Path, what: str) -> None:
@@ -212,10 +201,9 @@ def check_replaceable(target: str | Path, what: str) -> None:
 
 @contextmanager
 def writing_folder(target: str | Path, what: str = "folder") -> Iterator[Path]:
-    """Build a folder whole: yields a new empty temp folder beside `target`; when the block ends,
-    FOLDER_MARKER is added and the folder swapped in, where `check_replaceable` allows it (checked
-    before and just before the swap). If the block fails, `target` is untouched. A symlink at
-    `target` is written through (`out_path`), never replaced."""
+    """Yields a new empty temp folder beside `target`, swapped in with FOLDER_MARKER when the block
+    ends, where `check_replaceable` allows it (before and just before the swap); if the block
+    fails, `target` is untouched. A symlink at `target` is written through (`out_path`)."""
     target = out_path(target)
     clear_leftovers(target.parent, target.name)
     check_replaceable(target, what)
@@ -234,9 +222,8 @@ def writing_folder(target: str | Path, what: str = "folder") -> Iterator[Path]:
 # ----------------------------------------------------------------------------- files
 @contextmanager
 def writing_file(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
-    """A file streamed whole: the block writes into a temp file beside `path` (`mode` "w" or "wb"),
-    fsynced and renamed over `path` when it ends; if it fails, `path` is untouched. A symlink at
-    `path` is written through (`out_path`)."""
+    """A file streamed whole: the block writes a temp file beside `path` (`mode` "w" or "wb"), renamed
+    over `path` when it ends; if it fails, `path` is untouched. A symlink is written through."""
     path = out_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     clear_leftovers(path.parent, path.name)
@@ -310,21 +297,14 @@ def json_records(path: str | Path, on_bad: Callable[[int, str], None]) -> Iterat
 def drop_cut_line(path: str | Path) -> int:
     """Truncate `path` after its last newline (a line a kill cut short has none); returns the
     number of bytes dropped."""
-    path = Path(path)
-    size = path.stat().st_size
+    size = Path(path).stat().st_size
     if size == 0:
         return 0
-    with path.open("rb+") as f:
-        f.seek(-1, os.SEEK_END)
-        if f.read(1) == b"\n":
-            return 0
-        keep, end = 0, size
-        while end > 0 and not keep:  # back from the end, a block at a time, to the last newline
-            start = max(0, end - (1 << 16))
-            f.seek(start)
-            at = f.read(end - start).rfind(b"\n")
-            keep, end = (start + at + 1 if at >= 0 else 0), start
-        f.truncate(keep)
+    with Path(path).open("rb+") as f:
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            keep = m.rfind(b"\n") + 1  # from the end, reading only the pages it passes
+        if keep < size:
+            f.truncate(keep)
     return size - keep
 
 

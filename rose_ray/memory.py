@@ -1,17 +1,9 @@
-"""The GPU memory plan: what each role holds on each of its GPUs, from the models' config.json.
+"""The GPU memory plan: what each role holds on each of its GPUs, from the models' config.json
+(no weights loaded, no torch); what is counted: docs/cluster.md, "What each GPU holds".
 
     roles = memory_plan(cfg, gpu_gib=80)       # a RoleMemory per GPU role
     print("\\n".join(format_memory(roles, "80 GiB per GPU (--gpu-memory)")))
     check_memory(roles)                         # PlacementError naming the role and its numbers
-
-No weights are loaded and nothing here imports torch. Sizes come from a model's config.json (a
-local folder, the tiny models, a `--model-config-for NAME=DIR` stand-in, the Hugging Face cache)
-or the shipped Qwen3 table (`qwen3_sizes.json`); dense decoder-only models shaped like Qwen3.
-Engines hold weights, the KV cache of `max_batch_size` sequences at full context (vLLM must hold
-it all in its `gpu_memory_utilization` share, so no sequence is preempted), prefill activations
-and a runtime allowance; a scoring vLLM engine's prompt-logprob logits, and NCCL publication
-buffers, go beside that share. Learner ranks hold DeepSpeed's ZeRO-partitioned weights,
-gradients and Adam states, and one micro-batch's activations.
 """
 
 from __future__ import annotations
@@ -120,24 +112,13 @@ def shipped_sizes() -> dict[str, dict[str, Any]]:
 def model_shape(name: str, key: str, tiny_dir: str, config_for: dict[str, str]) -> ModelShape:
     """The sizes of the model `name` (config key `key`): a stand-in folder's, the tiny models', a
     local folder's or the hub cache's config.json, else the shipped Qwen3 table; else InputError."""
-    folder = None
-    if name in config_for:
-        folder = Path(config_for[name])
-    elif name.startswith("tiny:"):
-        from rose_ray.provision.tiny import resolve_tiny
+    from rose_ray.models import model_folder
 
-        folder = Path(resolve_tiny(name, tiny_dir))
-    else:
-        from rose_ray.models import ModelNotAvailable, local_model
-
-        try:  # a local folder, or a hub id's snapshot in the local Hugging Face cache
-            folder = Path(local_model(name))
-        except ModelNotAvailable:
-            pass
-    if folder is not None:
-        file = folder / "config.json"
+    if (found := model_folder(name, tiny_dir, config_for)) is not None:
+        file = Path(found) / "config.json"
         if not file.is_file():
-            raise InputError(f"{key}: {folder} holds no config.json (the memory plan reads the model's sizes there)")
+            raise InputError(f"{key}: {Path(found)} holds no config.json (the memory plan reads the "
+                             "model's sizes there)")
         return ModelShape.from_config(name, str(file), json.loads(file.read_text()))
     table = shipped_sizes()
     if name in table:
@@ -179,13 +160,6 @@ def _breakdown(parts: dict[str, float]) -> str:
     return " + ".join(f"{_gib(v)} GiB {k}" for k, v in parts.items() if v)
 
 
-def prefill_bytes_per_token(shape: ModelShape, dtype_bytes: int, tensor_parallel: int = 1) -> float:
-    """Inference activations of one layer (freed before the next) per prompt token: the residual
-    stream and its norm, q/k/v, the attention output, gate/up and their product."""
-    split = shape.q_width + 2 * shape.kv_width + 3 * shape.intermediate_size
-    return (4 * shape.hidden_size + split / tensor_parallel) * dtype_bytes
-
-
 def _engine_parts(engine: Any, shape: ModelShape, dtype_bytes: int, tp: int, gpu_bytes: float | None,
                   on_gpu: bool) -> dict[str, float]:
     vllm = engine.spec.paged_kv
@@ -194,8 +168,11 @@ def _engine_parts(engine: Any, shape: ModelShape, dtype_bytes: int, tp: int, gpu
     # vLLM prefills at most its batched-token chunk per step; hf prefills a whole batch at once.
     batch_tokens = engine.max_batch_size * engine.context_tokens
     prefill = min(vllm_batched_tokens(gpu_bytes), batch_tokens) if vllm else batch_tokens
+    # a layer's activations a prompt token (freed before the next layer): the residual stream and
+    # its norm, q/k/v, the attention output, gate/up and their product
+    split = shape.q_width + 2 * shape.kv_width + 3 * shape.intermediate_size
     parts = {"weights": shape.parameters() * dtype_bytes / tp, "KV cache": float(kv),
-             "activations": prefill * prefill_bytes_per_token(shape, dtype_bytes, tp)}
+             "activations": prefill * (4 * shape.hidden_size + split / tp) * dtype_bytes}
     if on_gpu:
         parts["runtime"] = GPU_RUNTIME_BYTES + (CUDA_GRAPHS_BYTES if engine.backend.captures_cuda_graphs else 0.0)
     return parts
@@ -230,8 +207,13 @@ def engine_memory(role: str, engine: Any, gpus: float, shape: ModelShape, gpu_by
         mem.notes.append(f"{_sequences(fitting)} fit at full context ({engine.max_batch_size} wanted)")
     if mem.total > mem.budget:
         mem.problem = _engine_too_big(mem, engine, key, tp, e, gpu_bytes, fitting)
-    if scores and vllm and mem.problem is None:
-        mem.problem = _scoring_problem(mem, engine, key, gpu_bytes, gpu_note)
+    if scores and vllm and mem.problem is None:  # vLLM computes prompt logprobs outside its share
+        tokens = min(vllm_batched_tokens(gpu_bytes), engine.context_tokens)
+        logits = tokens * shape.vocab_size * SCORE_BYTES_PER_LOGIT
+        _outside_share(mem, engine, key, logits, gpu_bytes, gpu_note,
+                       f"scoring (prompt logprobs of a {tokens:,}-token chunk): {_gib(logits)} GiB",
+                       f"scoring the student's tokens (prompt logprobs of a {tokens:,}-token chunk x "
+                       f"{shape.vocab_size:,} vocabulary) needs {_gib(logits)} GiB outside vLLM's share")
     return mem
 
 
@@ -256,43 +238,31 @@ def _engine_too_big(mem: RoleMemory, engine: Any, key: str, tp: int, dtype_bytes
             f"{_gib(mem.budget)} GiB; {short}" + (f"; {' or '.join(fixes)}" if fixes else ""))
 
 
-def _scoring_problem(mem: RoleMemory, engine: Any, key: str, gpu_bytes: float, gpu_note: str) -> str | None:
-    """vLLM computes prompt logprobs outside the memory it profiled: they need the rest of the GPU."""
-    tokens = min(vllm_batched_tokens(gpu_bytes), engine.context_tokens)
-    logits = tokens * mem.model.vocab_size * SCORE_BYTES_PER_LOGIT
-    rest = gpu_bytes - mem.budget
-    mem.notes.append(f"scoring (prompt logprobs of a {tokens:,}-token chunk): {_gib(logits)} GiB beside "
-                     f"vLLM's share, {_gib(rest)} GiB left there")
-    if logits <= rest:
-        return None
-    most = math.floor((1 - logits / gpu_bytes) * 20) / 20  # in steps of 0.05
-    return (f"the {mem.role} cannot fit its GPU{'s' if engine.tensor_parallel_size > 1 else ''}: scoring the "
-            f"student's tokens (prompt logprobs of a {tokens:,}-token chunk x {mem.model.vocab_size:,} vocabulary) "
-            f"needs {_gib(logits)} GiB outside vLLM's share, but {_share(engine, key)} "
-            f"leaves {_gib(rest)} GiB of each {gpu_note} GPU; set it to {most:g} or lower")
+def _outside_share(mem: RoleMemory, engine: Any, key: str, nbytes: float, gpu_bytes: float, gpu_note: str,
+                   note: str, need: str, fix: str = "") -> None:
+    """`nbytes` that vLLM holds outside the memory it profiled (`note`, `need`: what they are, for
+    the notes and the problem): the rest of each GPU must hold them."""
+    rest, share = gpu_bytes - mem.budget, engine.backend.gpu_share
+    mem.notes.append(f"{note} beside vLLM's share, {_gib(rest)} GiB left there")
+    if nbytes > rest and mem.problem is None:
+        most = math.floor((1 - nbytes / gpu_bytes) * 20) / 20  # in steps of 0.05
+        gpus = "GPUs" if engine.tensor_parallel_size > 1 else "GPU"
+        mem.problem = (f"the {mem.role} cannot fit its {gpus}: {need}, but {key}_engine.backend.{share.key} "
+                       f"{share.value:g} leaves {_gib(rest)} GiB of each {gpu_note} GPU; set it to {most:g} "
+                       f"or lower{fix}")
 
 
-def publication_receive_bytes(cfg: Any, shape: ModelShape) -> float:
-    """Bytes of the publication's receive buffers on the student engine's GPU (the learner's state
-    in learner.dtype) where it may go over NCCL (`nccl_problem`'s rules); else 0 (host memory)."""
-    p, student = cfg.publish, cfg.student_engine
-    may_use_nccl = (p.method in ("auto", "collective") and p.collective_backend in ("auto", "nccl")
-                    and student.spec.takes_weights and cfg.resources.student_gpus > 0
-                    and cfg.learner.gpus_per_rank > 0 and student.tensor_parallel_size == 1
-                    and not cfg.resources.colocate)
-    return float(shape.parameters() * DTYPE_BYTES[cfg.learner.dtype]) if may_use_nccl else 0.0
-
-
-def _share(engine: Any, key: str) -> str:
-    """`<key>_engine.backend.<its GPU share's key> <value>`, for messages."""
-    share = engine.backend.gpu_share
-    return f"{key}_engine.backend.{share.key} {share.value:g}"
-
-
-def add_receive_buffers(mem: RoleMemory, nbytes: float, engine: Any, gpu_bytes: float | None,
+def add_receive_buffers(mem: RoleMemory, cfg: Any, shape: ModelShape, gpu_bytes: float | None,
                         gpu_note: str) -> None:
-    """The publication's receive buffers on the student engine's GPU: in an hf engine's parts, or
-    beside a vllm engine's GPU share, which must leave room."""
+    """The publication's receive buffers (the learner's state in learner.dtype) on the student
+    engine's GPU where it may go over NCCL (`nccl_problem`'s rules; else host memory): in an hf
+    engine's parts, or beside a vllm engine's GPU share, which must leave room."""
+    p, engine = cfg.publish, cfg.student_engine
+    if not (p.method in ("auto", "collective") and p.collective_backend in ("auto", "nccl")
+            and engine.spec.takes_weights and cfg.resources.student_gpus > 0 and cfg.learner.gpus_per_rank > 0
+            and engine.tensor_parallel_size == 1 and not cfg.resources.colocate):
+        return
+    nbytes = float(shape.parameters() * DTYPE_BYTES[cfg.learner.dtype])
     what = f"weight publication over NCCL: receive buffers of {_gib(nbytes)} GiB (the learner's state)"
     if engine.backend.gpu_share is None:
         mem.parts["publication buffers"] = nbytes
@@ -305,29 +275,17 @@ def add_receive_buffers(mem: RoleMemory, nbytes: float, engine: Any, gpu_bytes: 
     if gpu_bytes is None or mem.budget is None:
         mem.notes.append(f"{what} beside vLLM's share")
         return
-    rest = gpu_bytes - mem.budget
-    mem.notes.append(f"{what} beside vLLM's share, {_gib(rest)} GiB left there")
-    if nbytes > rest and mem.problem is None:
-        most = math.floor((1 - nbytes / gpu_bytes) * 20) / 20  # in steps of 0.05
-        mem.problem = (f"the student engine cannot fit its GPU: a weight publication over NCCL receives the learner's "
-                       f"state ({_gib(nbytes)} GiB) into buffers beside vLLM's share, but "
-                       f"{_share(engine, 'student')} leaves {_gib(rest)} GiB "
-                       f"of each {gpu_note} GPU; set it to {most:g} or lower, or publish.collective_backend=gloo")
-
-
-def learner_activations(shape: ModelShape, tokens: int, chunk: int, checkpointing: bool | str,
-                        dtype_bytes: int, head: str = "full") -> dict[str, float]:
-    """Peak activation bytes of one micro-batch of `tokens` tokens, the LM head `chunk` tokens at a
-    time (0: all at once) or fused (`head`): the learner's own formula (learner/memory.py)."""
-    from rose_ray.learner.memory import learner_activation_bytes
-
-    act = learner_activation_bytes(asdict(shape), tokens, chunk, checkpointing, dtype_bytes, head)
-    return {"layers": float(act["body"]), "head": float(act["head"])}
+    _outside_share(mem, engine, "student", nbytes, gpu_bytes, gpu_note, what,
+                   f"a weight publication over NCCL receives the learner's state ({_gib(nbytes)} GiB) into "
+                   "buffers beside vLLM's share", ", or publish.collective_backend=gloo")
 
 
 def learner_memory(learner: Any, shape: ModelShape, gpu_bytes: float | None, gpu_note: str,
                    colocated: RoleMemory | None = None) -> RoleMemory:
     """A learner rank's memory on its GPU under its ZeRO stage, ranks, dtype and checkpointing."""
+    from rose_ray.learner import memory as formulas
+    from rose_ray.learner.worker import overlap_comm
+
     p, n, stage = shape.parameters(), learner.ranks, learner.zero_stage
     e = DTYPE_BYTES[learner.dtype]
 
@@ -342,19 +300,30 @@ def learner_memory(learner: Any, shape: ModelShape, gpu_bytes: float | None, gpu
         weights += 2 * e * max(shape.layer_parameters(), shape.embedding_parameters())
     chunk = int(getattr(learner, "logprob_chunk", LOGPROB_CHUNK))
     on_gpu = learner.gpus_per_rank > 0
-    speed = learner_speed_memory(learner, p, on_gpu)
-    act = learner_activations(shape, learner.max_tokens, chunk, learner.activation_checkpointing, e, speed["head"])
+    # the speed settings as `auto` resolves them on a GPU cluster (`auto`'s head counted as the
+    # chunked one, the larger): the LM head, the optimizer step's temporaries, ZeRO's buckets
+    head = {"auto": "trained"}.get(learner.head, learner.head)
+    optimizer = "adamw_fused" if learner.optimizer == "auto" else learner.optimizer  # fused on GPUs and CPUs
+    overlap = bool(overlap_comm(learner, n))
+    step = float(formulas.optimizer_step_bytes(p, n, stage, optimizer, on_gpu))
+    buckets = formulas.zero_bucket_bytes(p, stage, learner.zero_bucket_size, overlap, e)
+    # one micro-batch's peak: the learner's own formula
+    act = formulas.learner_activation_bytes(asdict(shape), learner.max_tokens, chunk,
+                                            learner.activation_checkpointing, e, head)
     parts = {"weights": float(weights), "gradients": float(grads), "optimizer states": float(optim),
              # the optimizer step's temporaries come when the activations are gone: the larger counts
-             "activations": max(act["layers"] + act["head"], speed["step"])}
+             "activations": float(max(act["body"] + act["head"], step))}
     if on_gpu:
-        parts["runtime"] = GPU_RUNTIME_BYTES + speed["buckets"]
+        parts["runtime"] = GPU_RUNTIME_BYTES + buckets
     setup = (f"ZeRO-{stage} over {n} rank{'s' if n > 1 else ''} x {learner.gpus_per_rank:g} GPU, "
              f"{learner.dtype}, activation checkpointing {learner.activation_checkpointing}, "
-             f"rows of {learner.max_tokens:,} tokens (LM head {speed['head']}, {chunk:,} tokens at a time)")
+             f"rows of {learner.max_tokens:,} tokens (LM head {head}, {chunk:,} tokens at a time)")
     mem = RoleMemory("learner ranks", shape, setup, parts, on_gpu)
-    mem.notes.append(f"activations: {_gib(act['layers'])} GiB in the layers, {_gib(act['head'])} GiB in the LM head")
-    mem.notes.append(speed["note"])
+    mem.notes.append(f"activations: {_gib(act['body'])} GiB in the layers, "
+                     f"{_gib(act['head'])} GiB in the LM head")
+    mem.notes.append(f"speed settings: head {head}, optimizer {optimizer} ({_gib(step)} GiB at the step), "
+                     f"ZeRO buckets {learner.zero_bucket_size:.0e} elements"
+                     f"{' with overlap_comm' if overlap else ''} ({_gib(buckets)} GiB)")
     if not on_gpu or gpu_bytes is None:
         return mem
     mem.budget, mem.budget_why = gpu_bytes, f"the {gpu_note} GPU"
@@ -371,24 +340,6 @@ def learner_memory(learner: Any, shape: ModelShape, gpu_bytes: float | None, gpu
                        f"rank{'s' if n > 1 else ''} needs {_breakdown(parts)} = {_gib(mem.total)} GiB per GPU, "
                        f"more than {mem.budget_why} = {_gib(mem.budget)} GiB; try {', '.join(fixes)}")
     return mem
-
-
-def learner_speed_memory(learner: Any, parameters: int, on_gpu: bool) -> dict[str, Any]:
-    """What the learner's speed settings cost beside its activations, as `auto` resolves them on a
-    GPU cluster (`auto`'s head counted as the chunked one, the larger): the LM head, the optimizer
-    step's temporaries, ZeRO's buckets, and a note saying so."""
-    from rose_ray.learner.memory import optimizer_step_bytes, zero_bucket_bytes
-    from rose_ray.learner.worker import overlap_comm
-
-    head = {"auto": "trained"}.get(learner.head, learner.head)
-    optimizer = "adamw_fused" if learner.optimizer == "auto" else learner.optimizer  # fused on GPUs and CPUs
-    overlap = bool(overlap_comm(learner, learner.ranks))
-    e = DTYPE_BYTES[learner.dtype]
-    step = optimizer_step_bytes(parameters, learner.ranks, learner.zero_stage, optimizer, on_gpu)
-    buckets = zero_bucket_bytes(parameters, learner.zero_stage, learner.zero_bucket_size, overlap, e)
-    note = (f"speed settings: head {head}, optimizer {optimizer} ({_gib(step)} GiB at the step), ZeRO buckets "
-            f"{learner.zero_bucket_size:.0e} elements{' with overlap_comm' if overlap else ''} ({_gib(buckets)} GiB)")
-    return {"head": head, "step": float(step), "buckets": buckets, "note": note}
 
 
 # --------------------------------------------------------------------------- the plan
@@ -419,21 +370,18 @@ def memory_plan(cfg: Any, gpu_gib: float | None, config_for: dict[str, str] | No
             shapes[name] = model_shape(name, key, cfg.tiny_dir, config_for or {})
         return shapes[name]
 
-    r = cfg.resources
     roles = []
-    student = None
-    if cfg.student_engine.spec.local:
-        student = engine_memory("student engine", cfg.student_engine, r.student_gpus,
-                                shape(cfg.student_engine.model, "student_engine.model"), gpu_bytes, gpu_note, False)
-        receive = publication_receive_bytes(cfg, shape(cfg.learner.model, "learner.model"))
-        if receive:
-            add_receive_buffers(student, receive, cfg.student_engine, gpu_bytes, gpu_note)
-        roles.append(student)
-    if cfg.teacher_engine.spec.local and not cfg.teacher.expert:
-        scores = cfg.algorithm.teacher_scores_student()
-        roles.append(engine_memory("teacher engine", cfg.teacher_engine, r.teacher_gpus,
-                                   shape(cfg.teacher_engine.model, "teacher_engine.model"), gpu_bytes, gpu_note, scores))
-    shared = student if r.colocate and student is not None and student.on_gpu else None
+    for role, engine in cfg.engines():  # an openai engine is served elsewhere
+        if not engine.spec.local:
+            continue
+        scores = role == "teacher" and cfg.algorithm.teacher_scores_student()
+        mem = engine_memory(f"{role} engine", engine, getattr(cfg.resources, f"{role}_gpus"),
+                            shape(engine.model, f"{role}_engine.model"), gpu_bytes, gpu_note, scores)
+        if role == "student":
+            add_receive_buffers(mem, cfg, shape(cfg.learner.model, "learner.model"), gpu_bytes, gpu_note)
+        roles.append(mem)
+    student = next((m for m in roles if m.role == "student engine" and m.on_gpu), None)
+    shared = student if cfg.resources.colocate else None
     roles.append(learner_memory(cfg.learner, shape(cfg.learner.model, "learner.model"), gpu_bytes, gpu_note, shared))
     return roles
 

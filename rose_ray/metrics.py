@@ -28,7 +28,22 @@ class MetricsLogger:
         self.jsonl = self.run_dir / "metrics.jsonl"
         self.t0 = time.time()
         self.bar: Any = None  # the step bar, made at the first step (`progress`)
-        self.wandb = start_wandb(wandb, self.run_dir, run_name, config) if wandb is not None and wandb.enabled else None
+        self.wandb: Any = None
+        if wandb is not None and wandb.enabled:  # the same W&B run again on a resume
+            import wandb as wandb_sdk
+
+            from rose_ray.files import write_file
+
+            id_file = self.run_dir / WANDB_ID
+            run_id = id_file.read_text().strip() if id_file.is_file() else None
+            self.wandb = wandb_sdk.init(project=wandb.project, entity=wandb.entity,
+                                        name=wandb.name or run_name, group=wandb.group,
+                                        tags=list(wandb.tags) or None, config=config,
+                                        dir=str(self.run_dir), id=run_id, resume="allow")
+            if run_id is None:
+                write_file(id_file, self.wandb.id + "\n")
+            self.wandb.define_metric(WANDB_STEP)
+            self.wandb.define_metric("*", step_metric=WANDB_STEP)
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         """Scalars named `group/name` (e.g. `learner/loss`) at a learner step."""
@@ -62,24 +77,6 @@ class MetricsLogger:
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
-
-
-def start_wandb(settings: Any, run_dir: Path, run_name: str, config: dict[str, Any] | None) -> Any:
-    """A W&B run for a run folder (`settings`: a WandbConfig); the same one again on a resume."""
-    import wandb
-
-    from rose_ray.files import write_file
-
-    id_file = run_dir / WANDB_ID
-    run_id = id_file.read_text().strip() if id_file.is_file() else None
-    run = wandb.init(project=settings.project, entity=settings.entity, name=settings.name or run_name,
-                     group=settings.group, tags=list(settings.tags) or None, config=config, dir=str(run_dir),
-                     id=run_id, resume="allow")
-    if run_id is None:
-        write_file(id_file, run.id + "\n")
-    run.define_metric(WANDB_STEP)
-    run.define_metric("*", step_metric=WANDB_STEP)
-    return run
 
 
 def read_scalars(tb_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
@@ -139,11 +136,9 @@ def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, floa
 
 
 def episode_scalars(batch: list[Any]) -> dict[str, float]:
-    """What a batch's episodes played: the share of each owner's replies that the game accepted
-    as actions, and the teacher's at each turn counted from the episode's first reply; the share
-    of handoffs at which the game's state (or a part of it) differed from its state at load; with
-    an expert teacher, the shares of handoffs with a plan and a winning plan, and of episodes
-    ended for want of a plan or lost before it."""
+    """What a batch's episodes played: each owner's share of replies the game took as actions (the
+    teacher's also by turn from the first reply), the share of handoffs whose game state (or a part
+    of it) differed from its state at load, and an expert teacher's plan and failure shares."""
     valid: dict[str, list[bool]] = {}
     by_turn: dict[int, list[bool]] = {}
     for t in batch:
@@ -249,17 +244,14 @@ class LineProgress:
         self.t0 = time.monotonic()
 
     def update(self, n: int = 1) -> None:
-        before, self.n = self.n, self.n + n
-        if self.n // self.every != before // self.every or self.n == self.total:
-            print(f"{self.desc}: {self.n}/{self.total} {self.unit}s{self.postfix} [{self.timing()}]",
-                  file=self.file, flush=True)
-
-    def timing(self) -> str:
         from tqdm import tqdm
 
-        elapsed, done = time.monotonic() - self.t0, self.n - self.initial
-        left = tqdm.format_interval(elapsed / done * (self.total - self.n)) if done > 0 else "?"
-        return f"{tqdm.format_interval(elapsed)}<{left}"
+        before, self.n = self.n, self.n + n
+        if self.n // self.every != before // self.every or self.n == self.total:
+            elapsed, done = time.monotonic() - self.t0, self.n - self.initial
+            left = tqdm.format_interval(elapsed / done * (self.total - self.n)) if done > 0 else "?"
+            print(f"{self.desc}: {self.n}/{self.total} {self.unit}s{self.postfix} "
+                  f"[{tqdm.format_interval(elapsed)}<{left}]", file=self.file, flush=True)
 
     def set_postfix(self, **values: Any) -> None:
         self.postfix = "".join(f", {k}={v}" for k, v in values.items())

@@ -21,8 +21,7 @@ def hub_cache() -> str:
 
 
 def download_command(name: str) -> str:
-    """The command that puts `name` into this process's Hugging Face cache (the `hf` CLI ships
-    with huggingface_hub since 0.34, the floor in pyproject.toml)."""
+    """The command that puts `name` into this process's Hugging Face cache."""
     return f"hf download {name} --cache-dir {hub_cache()}"
 
 
@@ -50,9 +49,8 @@ def is_hub_id(name: str) -> bool:
 
 
 def local_model(name: str | Path) -> str:
-    """The folder a model name stands for: a local folder as it is; a hub id (`Qwen/Qwen3-1.7B`)
-    its snapshot in the local Hugging Face cache (the revision `refs/main` names; nothing is
-    downloaded: `download_model` does that, on the driver). ModelNotAvailable when it is neither."""
+    """The folder a model name stands for: a local folder, or a hub id's snapshot in the local
+    Hugging Face cache (nothing is downloaded: `download_model` does that); else ModelNotAvailable."""
     path = Path(name).expanduser()
     if path.is_dir():
         return str(path)
@@ -64,11 +62,25 @@ def local_model(name: str | Path) -> str:
         raise _offline_hint(str(name), e) from e
 
 
+def model_folder(name: str, tiny_dir: str, stand_ins: dict[str, str]) -> str | None:
+    """The folder of model `name`: its stand-in (`--tokenizer-for`, `--model-config-for`), the tiny
+    models', a local folder or a hub id's snapshot in the local cache; None when it is none."""
+    if name in stand_ins:
+        return stand_ins[name]
+    if name.startswith("tiny:"):
+        from rose_ray.provision.tiny import resolve_tiny
+
+        return resolve_tiny(name, tiny_dir)
+    try:
+        return local_model(name)
+    except ModelNotAvailable:
+        return None
+
+
 def download_model(name: str, label: str) -> str:
     """`local_model` for a command's driver, before any actor starts: a hub id is downloaded into
-    the Hugging Face cache first (files already there are not fetched again), with progress bars
-    on stderr. With HF_HUB_OFFLINE set a model not in the cache is a ModelNotAvailable naming the
-    command that downloads it. `label` prefixes the lines printed."""
+    the Hugging Face cache first, with progress bars on stderr (with HF_HUB_OFFLINE set, a model not
+    in the cache is a ModelNotAvailable naming the command that downloads it)."""
     if not is_hub_id(name):
         return local_model(name)
     from huggingface_hub import constants, snapshot_download

@@ -1,16 +1,12 @@
-"""Where each role's actors go: demands from the config, a per-node plan, placement groups
-(printed by `rose-ray plan`, rose_ray/check.py).
-
-GPU roles get whole GPUs of their own, one bundle per replica, unless `resources.colocate`
-puts student engine replica i into learner rank i's bundle. An actor must fit on ONE node, so
-the plan bin-packs per node: an actor Ray cannot place would wait forever; the plan stops the
-run at start naming the role and the missing resource.
-"""
+"""Where each role's actors go: demands from the config, a per-node plan (bin-packed: an actor
+must fit on ONE node), placement groups for the GPU roles. Printed by `rose-ray plan`; the
+manual: docs/cluster.md, "Where each actor goes"."""
 
 from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,53 +29,28 @@ class RoleDemand:
     strategy: str = "PACK"  # PACK: fill a node before the next; SPREAD: one node after another
     group: str | None = None  # GPU roles: the placement group whose bundles they use
 
-    def total(self) -> dict[str, float]:
-        return {k: v * self.replicas for k, v in self.per_replica.items() if v}
-
 
 def demands(cfg: Any) -> list[RoleDemand]:
     """Per role of a TrainConfig: replica count, resources per replica, strategy, GPU group."""
     env = {"CPU": cfg.env.cpus_per_worker, **cfg.env.resources}
-    r = cfg.resources
-    # One engine per role unless a config object carries replica counts (the plan takes any).
-    colocate = bool(getattr(r, "colocate", False))
-    student_n = int(getattr(r, "student_replicas", 1))
-    teacher_n = int(getattr(r, "teacher_replicas", 1))
-    learner = {"CPU": cfg.learner.cpus_per_rank, "GPU": cfg.learner.gpus_per_rank}
-    expert = cfg.teacher.expert  # the world's expert teaches: no teacher engine to place
-    check_engine_gpus("student", cfg.student_engine, r.student_gpus)
-    if not expert:
-        check_engine_gpus("teacher", cfg.teacher_engine, r.teacher_gpus)
-    student = {"CPU": r.student_cpus, "GPU": r.student_gpus}
-    teacher = {"CPU": r.teacher_cpus, "GPU": r.teacher_gpus}
-    if colocate and student_n > cfg.learner.ranks:
-        raise PlacementError(f"resources.colocate: {student_n} student engine replicas cannot share "
-                             f"{cfg.learner.ranks} learner ranks' GPUs (at most one per rank)")
-
-    def group(name: str, res: dict[str, float]) -> str | None:
-        return name if res.get("GPU", 0) > 0 else None
-
-    return [
-        RoleDemand("env workers", cfg.env.workers, env, "SPREAD"),
-        RoleDemand("eval env worker", 1, env, "SPREAD"),
-        RoleDemand("student engine", student_n, student, "PACK",
-                   group("learner" if colocate and learner["GPU"] > 0 else "student", student)),
-        *([] if expert else [RoleDemand("teacher engine", teacher_n, teacher, "PACK", group("teacher", teacher))]),
-        RoleDemand("learner ranks", cfg.learner.ranks, learner, "PACK", group("learner", learner)),
-    ]
-
-
-def check_engine_gpus(role: str, engine: Any, gpus: float) -> None:
-    """An engine that splits a model over GPUs (a backend's tensor-parallel setting) has one GPU
-    per rank; without tensor parallelism a fraction of one GPU may share it with the learner."""
-    split = engine.backend.tensor_parallel
-    if split is None:
-        return
-    tp, key = int(split.value), f"{role}_engine.backend.{split.key}"
-    if gpus > 0 and gpus != tp and not (tp == 1 and gpus < 1):
-        raise PlacementError(f"resources.{role}_gpus: {gpus:g}, but {key} is {tp}: "
-                             f"the engine uses one GPU per tensor-parallel rank; set resources.{role}_gpus: {tp} "
-                             f"or {key}: {gpus:g}")
+    r, learner = cfg.resources, {"CPU": cfg.learner.cpus_per_rank, "GPU": cfg.learner.gpus_per_rank}
+    out = [RoleDemand("env workers", cfg.env.workers, env, "SPREAD"),
+           RoleDemand("eval env worker", 1, env, "SPREAD")]
+    for role, engine in cfg.engines():  # the world's expert teacher has no engine to place
+        gpus, split = getattr(r, f"{role}_gpus"), engine.backend.tensor_parallel
+        tp = int(split.value) if split is not None else 1
+        # one GPU per tensor-parallel rank; without tensor parallelism a fraction of one GPU may be shared
+        if split is not None and gpus > 0 and gpus != tp and not (tp == 1 and gpus < 1):
+            key = f"{role}_engine.backend.{split.key}"
+            raise PlacementError(f"resources.{role}_gpus: {gpus:g}, but {key} is {tp}: the engine uses "
+                                 f"one GPU per tensor-parallel rank; set resources.{role}_gpus: {tp} "
+                                 f"or {key}: {gpus:g}")
+        group = "learner" if role == "student" and r.colocate and learner["GPU"] > 0 else role
+        out.append(RoleDemand(f"{role} engine", 1, {"CPU": getattr(r, f"{role}_cpus"), "GPU": gpus}, "PACK",
+                              group if gpus > 0 else None))
+    out.append(RoleDemand("learner ranks", cfg.learner.ranks, learner, "PACK",
+                          "learner" if learner["GPU"] > 0 else None))
+    return out
 
 
 # --------------------------------------------------------------------------- bundles
@@ -116,11 +87,11 @@ def units(roles: list[RoleDemand]) -> list[Unit]:
                     b.resources[k] = b.resources.get(k, 0.0) + v
             else:
                 group.append(Unit(name, [(d.role, i)], res, "PACK", d.group, i))
-    for group in bundles.values():
-        for b in group:  # separate GPU sets: a bundle holds whole GPUs
-            b.resources["GPU"] = float(math.ceil(b.resources.get("GPU", 0.0) - 1e-9))
-    gpu = sorted((b for g in bundles.values() for b in g), key=lambda u: -u.resources.get("GPU", 0))
-    return gpu + sorted(out, key=lambda u: u.strategy == "SPREAD")  # stable: PACK actors, then SPREAD
+    gpu = [b for group in bundles.values() for b in group]
+    for b in gpu:  # separate GPU sets: a bundle holds whole GPUs
+        b.resources["GPU"] = float(math.ceil(b.resources.get("GPU", 0.0) - 1e-9))
+    return (sorted(gpu, key=lambda u: -u.resources.get("GPU", 0))
+            + sorted(out, key=lambda u: u.strategy == "SPREAD"))  # stable: PACK actors, then SPREAD
 
 
 # --------------------------------------------------------------------------- nodes
@@ -184,13 +155,9 @@ def plan(roles: list[RoleDemand], nodes: list[NodeInfo], use_total: bool = False
         fits = [n for n in nodes if all(left[n.node_id].get(k, 0.0) + 1e-9 >= v for k, v in u.resources.items())]
         if not fits:
             raise PlacementError(_why_not(u, nodes, left, placed, use_total))
-        if u.strategy == "SPREAD":
-            role = u.members[0][0]
-
-            def count(n: NodeInfo, role: str = role) -> int:
-                return sum(1 for a in placed if a.node is n and a.unit.members[0][0] == role)
-
-            node = min(fits, key=lambda n: (count(n), -left[n.node_id].get("CPU", 0.0)))
+        if u.strategy == "SPREAD":  # the node holding fewest of the role, then the most CPUs left
+            held = Counter(a.node.node_id for a in placed if a.unit.members[0][0] == u.members[0][0])
+            node = min(fits, key=lambda n: (held[n.node_id], -left[n.node_id].get("CPU", 0.0)))
         else:
             same = [n for n in fits if u.group and any(a.node is n and a.unit.group == u.group for a in placed)]
             node = min(same or fits, key=lambda n: (left[n.node_id].get("GPU", 0.0), left[n.node_id].get("CPU", 0.0)))
@@ -262,7 +229,7 @@ class PlacementGroups:
     `options(role, index)` puts a replica into its bundle ({} for a role without GPUs)."""
 
     def __init__(self, roles: list[RoleDemand], timeout_s: float = 300.0, prefix: str = "rose_ray") -> None:
-        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.placement_group import placement_group
 
         self.groups: dict[str, Any] = {}
         self.where: dict[tuple[str, int], tuple[str, int]] = {}
@@ -272,14 +239,11 @@ class PlacementGroups:
                 by_group.setdefault(u.group, []).append(u)
         for name, bundles in by_group.items():
             bundles.sort(key=lambda u: u.bundle)
-            for u in bundles:
-                for m in u.members:
-                    self.where[m] = (name, u.bundle)
+            self.where.update({m: (name, u.bundle) for u in bundles for m in u.members})
             pg = placement_group([u.resources for u in bundles], strategy="PACK", name=f"{prefix}_{name}")
             self.groups[name] = pg
             if not pg.wait(timeout_seconds=timeout_s):
-                for g in self.groups.values():
-                    remove_placement_group(g)
+                self.remove()
                 need = " + ".join(_fmt(u.resources) for u in bundles)
                 raise PlacementError(f"placement group {name!r} ({need}) was not ready after {timeout_s:g} s: "
                                      f"the cluster cannot hold the GPUs of {bundles[0].label} "
@@ -305,10 +269,9 @@ class PlacementGroups:
 
 def describe_demands(cfg: Any, nodes: list[NodeInfo], described: bool) -> list[str]:
     """The nodes' totals, then each role's replicas and resources per replica (`rose-ray plan`)."""
-    totals: dict[str, float] = {}
+    totals: Counter[str] = Counter()
     for n in nodes:
-        for k, v in _shown(n.total).items():
-            totals[k] = totals.get(k, 0.0) + v
+        totals.update(_shown(n.total))
     lines = [f"{'described' if described else 'cluster'}: {len(nodes)} node(s), {_fmt(totals)}"]
     for d in demands(cfg):
         lines.append(f"  {d.role:<16} {d.replicas} x {_fmt({k: v for k, v in d.per_replica.items() if v})}"

@@ -1,15 +1,9 @@
-"""Config sections that are one of several dataclasses, chosen by a tag (prime-rl's
-discriminated unions): the algorithm (`name`), rose's turn policy (`policy`) and each engine's
-backend (`name`).
+"""Config sections that are one of several dataclasses chosen by a tag (prime-rl's discriminated
+unions): the algorithm (`name`), rose's turn policy (`policy`), each engine's backend (`name`).
+The chosen kind's dataclass checks the keys; over a config's layers, a layer naming another kind
+starts the section afresh, one naming none adds to the kind before it (docs/configuration.md).
 
-    algorithm: opd                                            # a bare name: that kind's defaults
-    algorithm: {name: rose, handoff: {policy: fixed, k: 5}}   # a kind and its keys
-    student_engine: {backend: {name: vllm, kv_cache_mb: 256}}
-
-The chosen kind's dataclass checks the keys (a key it lacks or a wrong type is named
-`<section>.<key>`). Over a config's layers (a `base:` file, the file, each KEY=VALUE), a layer
-that names another kind starts the section afresh (`algorithm=opd` over a rose file keeps none
-of rose's keys); a layer that names none adds to the kind before it.
+    algorithm: {name: rose, handoff: {policy: fixed, k: 5}}   # or a bare name: `algorithm: opd`
 """
 
 from __future__ import annotations

@@ -3,19 +3,19 @@ each role's memory per GPU, and `rose-ray plan`/`check` refusing a role that can
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
 from rose_ray.cli import main
 from rose_ray.config import ConfigError, load_config
+from rose_ray.learner.memory import learner_activation_bytes
 from rose_ray.memory import (
     GIB,
     SHIPPED_TABLE,
     check_memory,
     gpu_memory,
-    learner_activations,
     learner_memory,
     memory_plan,
     model_shape,
@@ -193,22 +193,24 @@ def test_the_zero_stage_partitions_what_it_should():
 def test_learner_activations_count_a_chunked_head_and_checkpointed_layers():
     cfg = load_config(SEEDS["rose"])
     shape = model_shape("Qwen/Qwen3-1.7B", "learner.model", "unused", {})
-    kept = learner_activations(shape, 16384, 1024, True, 2)
-    whole = learner_activations(shape, 16384, 0, True, 2)
-    full = learner_activations(shape, 16384, 1024, False, 2)
+    sizes = asdict(shape)
+    kept = learner_activation_bytes(sizes, 16384, 1024, True, 2)
+    whole = learner_activation_bytes(sizes, 16384, 0, True, 2)
+    full = learner_activation_bytes(sizes, 16384, 1024, False, 2)
     assert kept["head"] == 1024 * 151936 * 14 and whole["head"] == 16 * kept["head"]  # ~2 GiB vs ~32 GiB
-    assert full["layers"] > 10 * kept["layers"] and kept["layers"] < 4 * GIB
-    assert learner_activations(shape, 8192, 1024, True, 2)["layers"] * 2 == kept["layers"]  # linear: no L x L mask
+    assert full["body"] > 10 * kept["body"] and kept["body"] < 4 * GIB
+    # linear: no L x L mask
+    assert learner_activation_bytes(sizes, 8192, 1024, True, 2)["body"] * 2 == kept["body"]
     # learner.logprob_chunk sets the head's chunk (the `trained` head: the chunk, and the trained
     # tokens' hidden states gathered for it)
     chunked = replace(cfg.learner, logprob_chunk=256, activation_checkpointing="full", head="trained")
     assert learner_memory(chunked, shape, None, "?").parts["activations"] == pytest.approx(
-        kept["layers"] + kept["head"] / 4 + 16384 * 2 * shape.hidden_size)
+        kept["body"] + kept["head"] / 4 + 16384 * 2 * shape.hidden_size)
     # selective checkpointing keeps half the layers whole; the fused heads write no logits
-    half = learner_activations(shape, 16384, 1024, "selective", 2)
-    assert kept["layers"] < half["layers"] < full["layers"] and half["layers"] == pytest.approx(
-        (kept["layers"] + full["layers"]) / 2, rel=0.05)
-    assert learner_activations(shape, 16384, 1024, "none", 2, "cce")["head"] < kept["head"] / 20
+    half = learner_activation_bytes(sizes, 16384, 1024, "selective", 2)
+    assert kept["body"] < half["body"] < full["body"] and half["body"] == pytest.approx(
+        (kept["body"] + full["body"]) / 2, rel=0.05)
+    assert learner_activation_bytes(sizes, 16384, 1024, "none", 2, "cce")["head"] < kept["head"] / 20
 
 
 def test_a_learner_that_does_not_fit_names_its_knobs():
