@@ -172,17 +172,18 @@ def hub_cache(tiny_models, tmp_path, monkeypatch):
     return snapshots
 
 
-def launch_module(name: str):
-    """launch/<name>.py (scripts beside the launch files, not a package) as a module."""
+def launch_module(name: str, folder: str = "launch"):
+    """<folder>/<name>.py (scripts under launch/ or bench/, not a package) as a module."""
     import importlib.util
     import sys
 
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "launch" / f"{name}.py")
+    key = f"{folder}_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, Path(__file__).resolve().parent.parent / folder / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
+        sys.modules[key] = module
         spec.loader.exec_module(module)
-    return sys.modules[name]
+    return sys.modules[key]
 
 
 @pytest.fixture

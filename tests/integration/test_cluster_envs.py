@@ -13,12 +13,13 @@ import pytest
 from rose_ray.envs.config import EnvConfig
 from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
 from rose_ray.rollout.actors import close_pools, start_env_pools
-from rose_ray.rollout.episode import EnvSlot, EpisodeInterrupted
+from rose_ray.rollout.episode import EnvSlot
 from rose_ray.rollout.runner import EpisodeRunner
 from rose_ray.types import GameId, Trajectory
+from tests.conftest import launch_module
 
-ACTIONS = ["look around", "inventory", "look around", "inventory"]
-THINK_S = 0.15  # stands in for the model's turn: episodes are bound by slots, as in training
+BENCH = launch_module("env_scaling", folder="bench")  # its scripted episode
+ACTIONS, scripted = BENCH.ACTIONS, BENCH.scripted
 
 
 @pytest.fixture(scope="module")
@@ -45,20 +46,6 @@ def actor_node(handle) -> str:
 
 def games(n: int) -> list[GameId]:
     return SciWorldCatalogue("agentgym").split("train")[:n]
-
-
-async def scripted(game: GameId, slot: EnvSlot) -> Trajectory:
-    """Reset, then fixed actions with a fixed think time; an interrupted step restarts it."""
-    await slot.reset(game)
-    result = None
-    for action in ACTIONS:
-        await asyncio.sleep(THINK_S)
-        result = await slot.step(action)
-        if result.interrupted:
-            raise EpisodeInterrupted(game, "the game's JVM died")
-        if result.done:
-            break
-    return Trajectory(game=game, turns=[], raw_score=result.raw_score, done=True)
 
 
 async def play_all(runner: EpisodeRunner, todo: list[GameId]) -> list[Trajectory]:

@@ -4,9 +4,7 @@ tests/e2e/test_rose_run_with_the_expert.py, whose docstring says what both check
 
 from __future__ import annotations
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 
@@ -14,6 +12,7 @@ from rose_ray.config import load_config
 from rose_ray.envs.pool import EnvPool
 from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
 from rose_ray.envs.sciworld.protocol import location_of
+from tests.conftest import launch_module
 from tests.unit.envs.test_expert import play_expert
 from tests.unit.provision.test_small_tier import SMALL
 
@@ -76,21 +75,12 @@ def test_the_expert_wins_the_games_real_moves_leave():
     assert won / winnable >= WON_SHARE and verified / winnable >= WON_SHARE, (won, verified, winnable)
 
 
-def bench_expert():
-    """bench/expert.py as a module (bench/ is scripts, not a package)."""
-    path = Path(__file__).resolve().parents[2] / "bench" / "expert.py"
-    spec = importlib.util.spec_from_file_location("bench_expert", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 def test_the_expert_wins_after_the_tiny_students_own_openings(tiny_models, ray_cluster):
     """The rollout's own path (Ray, the hf engine, an EnvPool actor whose slots hold the expert):
     the untrained tiny student plays K = 1..4 turns, greedy and at T=1.0, then the expert; of the
     games still on at the handoff it wins >= 95%, and every handoff records its state."""
-    bench = bench_expert()
+    bench = launch_module("expert", folder="bench")
     cfg = load_config(SMALL, ["teacher.kind=expert", "teacher_warmup.enabled=false", "student_warmup.enabled=false",
                               "env.games_per_worker=4"])
     games = SciWorldCatalogue(cfg.env.mapping).sample("train", 3, 5, tasks=cfg.tasks)
