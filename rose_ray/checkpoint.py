@@ -21,8 +21,8 @@ from rose_ray.files import (
     writing_folder,
 )
 
-# The record's layout: each component's state under its name (`Checkpoint`). 1 and 2: one flat
-# record of the same fields (1: before the record named its format), read into the parts below.
+# The record's layout: each component's state under its name (`Checkpoint`); 1 and 2 (one flat
+# record) are no longer read.
 FORMAT = 3
 
 
@@ -85,14 +85,11 @@ class Checkpoint:
     @classmethod
     def from_dict(cls, record: dict[str, Any], where: Path) -> Checkpoint:
         """A record as read from `where`; an InputError naming it when it cannot be read."""
-        version = record.get("format", 1)
-        if not isinstance(version, int) or not 1 <= version <= FORMAT:
-            raise InputError(f"{where}: checkpoint format {version!r}; this rose_ray reads formats 1 to {FORMAT} "
-                             "(a newer rose_ray wrote it?)")
+        version = record.get("format", 1)  # 1: before the record named its format
+        if not isinstance(version, int) or version != FORMAT:
+            newer = " (a newer rose_ray wrote it?)" if isinstance(version, int) and version > FORMAT else ""
+            raise InputError(f"{where}: checkpoint format {version!r}; this rose_ray reads format {FORMAT}{newer}")
         parts = cls.parts()
-        if version < 3:  # one flat record: each field to the part that keeps it now
-            record = {**record, **{name: {f.name: record[f.name] for f in fields(part) if f.name in record}
-                                   for name, part in parts.items()}}
         given = {name: record.get(name) if isinstance(record.get(name), dict) else {} for name in parts}
         missing = sorted(f.name for name, part in parts.items() for f in fields(part) if f.name not in given[name]
                          and f.default is MISSING and f.default_factory is MISSING)
@@ -101,7 +98,7 @@ class Checkpoint:
         state = {name: part(**{f.name: given[name][f.name] for f in fields(part) if f.name in given[name]})
                  for name, part in parts.items()}
         rest = {f.name: record[f.name] for f in fields(cls) if f.name not in parts and f.name in record}
-        return cls(**{**rest, **state, "format": version})
+        return cls(**{**rest, **state})
 
 
 def kept_steps(run_dir: str | Path) -> list[int]:
