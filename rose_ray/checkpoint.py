@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -30,17 +30,13 @@ class UnreadableRecord(InputError):
     """A checkpoint's record that cannot be read (cut short, corrupt, not a record)."""
 
 
-def no_replies() -> dict[str, int]:
-    return {"replies": 0, "truncated": 0, "cut_before_action": 0}
-
-
 @dataclass
 class LearningState:
     """`Learning`'s (run.py), beside the learner's own DeepSpeed folder."""
 
     step: int  # the loop's learner steps
     version: int  # the learner's policy version
-    replies: dict[str, int] = field(default_factory=no_replies)  # trained episodes' replies (none counted before)
+    replies: dict[str, int]  # trained episodes' replies: how many, how many truncated or cut before an action
 
 
 @dataclass
@@ -91,8 +87,7 @@ class Checkpoint:
             raise InputError(f"{where}: checkpoint format {version!r}; this rose_ray reads format {FORMAT}{newer}")
         parts = cls.parts()
         given = {name: record.get(name) if isinstance(record.get(name), dict) else {} for name in parts}
-        missing = sorted(f.name for name, part in parts.items() for f in fields(part) if f.name not in given[name]
-                         and f.default is MISSING and f.default_factory is MISSING)
+        missing = sorted(f.name for name, part in parts.items() for f in fields(part) if f.name not in given[name])
         if missing:
             raise UnreadableRecord(f"{where}: checkpoint format {version} without {', '.join(missing)}")
         state = {name: part(**{f.name: given[name][f.name] for f in fields(part) if f.name in given[name]})

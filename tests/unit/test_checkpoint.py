@@ -89,15 +89,15 @@ def test_a_flat_record_of_an_old_format_is_refused_naming_it(tmp_path, fmt):
 
 def test_a_record_this_code_cannot_read_is_named_with_its_format(tmp_path):
     path = write_record(tmp_path, {**asdict(record(2)), "tag": "step_2", "format": FORMAT + 1})
-    with pytest.raises(InputError, match=rf"{path}: checkpoint format {FORMAT + 1}; this rose_ray reads format "
-                                         rf"{FORMAT} \(a newer rose_ray wrote it\?\)"):
+    newer = rf"{path}: checkpoint format 4; this rose_ray reads format 3 \(a newer rose_ray wrote it\?\)"
+    with pytest.raises(InputError, match=newer):
         read_checkpoint(tmp_path)
     path.write_text(json.dumps({**asdict(record(2)), "tag": "step_2", "format": "3"}))
-    with pytest.raises(InputError, match=f"{path}: checkpoint format '3'; this rose_ray reads format {FORMAT}$"):
+    with pytest.raises(InputError, match=f"{path}: checkpoint format '3'; this rose_ray reads format 3$"):
         read_checkpoint(tmp_path)
     path.write_text(json.dumps({"format": FORMAT, "learning": {"step": 2}, "rollouts": [], "tag": "step_2"}))
     with pytest.raises(InputError, match=f"{path}: checkpoint format {FORMAT} without buffer, history, ledger, "
-                                         "runner, version"):
+                                         "replies, runner, version"):
         read_checkpoint(tmp_path)
 
 
