@@ -1,14 +1,6 @@
-"""A training run's components, which the loop in `train.py` drives: started here in order
-(`Run.start`), handed to the `Trainer`, closed here (`Run.close`). Each owns its checkpoint
-state (`state_dict`/`load_state_dict`, a dataclass of checkpoint.py each).
-
-- `Rollouts`: env pools, the student and teacher engines under an `EngineSupervisor`, the
-  episode runner, the episode ledger (game order, outcomes) and the trajectory buffer.
-- `Learning`: the learner group, its weights published to the student engine.
-- `Evals`: the held-out evals, as `rose-ray eval --run` plays them.
-- `Failures`: the one channel for failures a component cannot handle itself; the loop raises
-  them where it waits.
-"""
+"""A training run's components (Rollouts, Learning, Evals) and its failure channel (Failures),
+started in order by `Run.start`, driven by train.py's `Trainer`, closed by `Run.close`; each owns
+its checkpoint state (checkpoint.py). docs/design.md lists what each holds."""
 
 from __future__ import annotations
 
