@@ -84,13 +84,15 @@ class Checkpoint:
         version = record.get("format", 1)  # 1: before the record named its format
         if not isinstance(version, int) or version != FORMAT:
             newer = " (a newer rose_ray wrote it?)" if isinstance(version, int) and version > FORMAT else ""
-            raise InputError(f"{where}: checkpoint format {version!r}; this rose_ray reads format {FORMAT}{newer}")
+            raise InputError(f"{where}: checkpoint format {version!r}; this rose_ray reads format "
+                             f"{FORMAT}{newer}")
         parts = cls.parts()
         given = {name: record.get(name) if isinstance(record.get(name), dict) else {} for name in parts}
-        missing = sorted(f.name for name, part in parts.items() for f in fields(part) if f.name not in given[name])
+        missing = sorted(f.name for name, part in parts.items() for f in fields(part)
+                         if f.name not in given[name])
         if missing:
             raise UnreadableRecord(f"{where}: checkpoint format {version} without {', '.join(missing)}")
-        state = {name: part(**{f.name: given[name][f.name] for f in fields(part) if f.name in given[name]})
+        state = {name: part(**{f.name: given[name][f.name] for f in fields(part)})
                  for name, part in parts.items()}
         rest = {f.name: record[f.name] for f in fields(cls) if f.name not in parts and f.name in record}
         return cls(**{**rest, **state})
