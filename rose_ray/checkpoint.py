@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -21,17 +21,13 @@ from rose_ray.files import (
     writing_folder,
 )
 
-# The record's layout: each component's state under its name (`Checkpoint`). 1 and 2: one flat
-# record of the same fields (1: before the record named its format), read into the parts below.
+# The record's layout: each component's state under its name (`Checkpoint`); 1 and 2 (one flat
+# record) are no longer read.
 FORMAT = 3
 
 
 class UnreadableRecord(InputError):
     """A checkpoint's record that cannot be read (cut short, corrupt, not a record)."""
-
-
-def no_replies() -> dict[str, int]:
-    return {"replies": 0, "truncated": 0, "cut_before_action": 0}
 
 
 @dataclass
@@ -40,7 +36,7 @@ class LearningState:
 
     step: int  # the loop's learner steps
     version: int  # the learner's policy version
-    replies: dict[str, int] = field(default_factory=no_replies)  # trained episodes' replies (none counted before)
+    replies: dict[str, int]  # trained episodes' replies: how many, how many truncated or cut before an action
 
 
 @dataclass
@@ -85,23 +81,21 @@ class Checkpoint:
     @classmethod
     def from_dict(cls, record: dict[str, Any], where: Path) -> Checkpoint:
         """A record as read from `where`; an InputError naming it when it cannot be read."""
-        version = record.get("format", 1)
-        if not isinstance(version, int) or not 1 <= version <= FORMAT:
-            raise InputError(f"{where}: checkpoint format {version!r}; this rose_ray reads formats 1 to {FORMAT} "
-                             "(a newer rose_ray wrote it?)")
+        version = record.get("format", 1)  # 1: before the record named its format
+        if not isinstance(version, int) or version != FORMAT:
+            newer = " (a newer rose_ray wrote it?)" if isinstance(version, int) and version > FORMAT else ""
+            raise InputError(f"{where}: checkpoint format {version!r}; this rose_ray reads format "
+                             f"{FORMAT}{newer}")
         parts = cls.parts()
-        if version < 3:  # one flat record: each field to the part that keeps it now
-            record = {**record, **{name: {f.name: record[f.name] for f in fields(part) if f.name in record}
-                                   for name, part in parts.items()}}
         given = {name: record.get(name) if isinstance(record.get(name), dict) else {} for name in parts}
-        missing = sorted(f.name for name, part in parts.items() for f in fields(part) if f.name not in given[name]
-                         and f.default is MISSING and f.default_factory is MISSING)
+        missing = sorted(f.name for name, part in parts.items() for f in fields(part)
+                         if f.name not in given[name])
         if missing:
             raise UnreadableRecord(f"{where}: checkpoint format {version} without {', '.join(missing)}")
-        state = {name: part(**{f.name: given[name][f.name] for f in fields(part) if f.name in given[name]})
+        state = {name: part(**{f.name: given[name][f.name] for f in fields(part)})
                  for name, part in parts.items()}
         rest = {f.name: record[f.name] for f in fields(cls) if f.name not in parts and f.name in record}
-        return cls(**{**rest, **state, "format": version})
+        return cls(**{**rest, **state})
 
 
 def kept_steps(run_dir: str | Path) -> list[int]:

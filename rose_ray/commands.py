@@ -196,13 +196,11 @@ class EvalCommand(PlaySettings):
             raise InputError(f"eval: --judge scores DiscoveryWorld's critical questions; {self.world} has none")
         if (self.handoff is None) != (self.teacher is None):
             raise InputError("eval: --handoff and --teacher go together")
-        if self.handoff is not None and self.handoff < 0:
-            raise InputError(f"eval: --handoff must be >= 0, got {self.handoff}")
-        if self.n < 0:
-            raise InputError(f"eval: --n must be >= 0 (0: the whole split), got {self.n}")
-        for key in ("max_turns", "concurrency", "env_workers", "max_new_tokens", "judge_max_new_tokens"):
-            if getattr(self, key) is not None and getattr(self, key) < 1:
-                raise InputError(f"eval: --{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
+        for key, least in (("handoff", 0), ("n", 0), ("max_turns", 1), ("concurrency", 1), ("env_workers", 1),
+                           ("max_new_tokens", 1), ("judge_max_new_tokens", 1)):
+            if (value := getattr(self, key)) is not None and value < least:
+                whole = " (0: the whole split)" if key == "n" else ""
+                raise InputError(f"eval: --{key.replace('_', '-')} must be >= {least}{whole}, got {value}")
 
     @property
     def task_names(self) -> list[str]:

@@ -1,14 +1,6 @@
-"""A training run's components, which the loop in `train.py` drives: started here in order
-(`Run.start`), handed to the `Trainer`, closed here (`Run.close`). Each owns its checkpoint
-state (`state_dict`/`load_state_dict`, a dataclass of checkpoint.py each).
-
-- `Rollouts`: env pools, the student and teacher engines under an `EngineSupervisor`, the
-  episode runner, the episode ledger (game order, outcomes) and the trajectory buffer.
-- `Learning`: the learner group, its weights published to the student engine.
-- `Evals`: the held-out evals, as `rose-ray eval --run` plays them.
-- `Failures`: the one channel for failures a component cannot handle itself; the loop raises
-  them where it waits.
-"""
+"""A training run's components (Rollouts, Learning, Evals) and its failure channel (Failures),
+started in order by `Run.start`, driven by train.py's `Trainer`, closed by `Run.close`; each owns
+its checkpoint state (checkpoint.py). docs/design.md lists what each holds."""
 
 from __future__ import annotations
 
@@ -32,7 +24,6 @@ from rose_ray.checkpoint import (
     RolloutState,
     kept_steps,
     load_learner,
-    no_replies,
     read_checkpoint,
 )
 from rose_ray.config import TrainConfig
@@ -248,7 +239,7 @@ class Learning:
         self.cfg, self.run_dir = cfg, run_dir
         self.learner: LearnerGroup | None = None
         self.step = 0  # the loop's learner steps
-        self.replies = no_replies()  # trained episodes' replies, and how many of them were cut
+        self.replies = {"replies": 0, "truncated": 0, "cut_before_action": 0}  # trained episodes' replies
         self.restarts = 0  # learner groups restarted in this process (reliability.max_restarts counts these)
         self.checkpointed_step: int | None = None  # the step whose checkpoint the learner's state is
         self.publish_config = cfg.publish  # a PublishConfig (rose_ray/publish/route.py): how the weights travel
@@ -485,17 +476,13 @@ class Run:
         return {role: before.get(role, 0) + now.get(role, 0) for role in {**before, **now}}
 
     # ----------------------------------------------------------------- model/ and the end
-    @property
-    def model_dir(self) -> Path:
-        return self.run_dir / "model"
-
     def export_model(self) -> None:
         """The student as a Hugging Face folder, `<run_dir>/model/`, replaced atomically."""
         from rose_ray.export import MODEL_INFO, model_info
 
         learner = self.learning.learner
         info = model_info(self.cfg, self.run_dir, self.learning.step, learner.version, self.student_path)
-        learner.export(self.model_dir, {MODEL_INFO: info})
+        learner.export(self.run_dir / "model", {MODEL_INFO: info})
 
     def summary(self) -> dict[str, Any]:
         """What the run did (summary.json)."""
@@ -504,7 +491,7 @@ class Run:
         teacher = [e for e in evals if e["who"] == "teacher"]
         return {
             "run_dir": str(self.run_dir), "steps": step, "version": self.learning.learner.version,
-            "model": str(self.model_dir),
+            "model": str(self.run_dir / "model"),
             "before": student[0] if student and student[0]["step"] == 0 else None,
             "after": student[-1] if student and student[-1]["step"] == step and step else None,
             "teacher": teacher[0] if teacher else None,

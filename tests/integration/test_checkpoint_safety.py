@@ -99,7 +99,8 @@ def run_folder(tmp_path: Path, tiny_models, group) -> Run:
 
 def save(parts: Run) -> None:
     group = parts.learning.learner
-    record = Checkpoint(LearningState(group.step, group.version), RolloutState({"sampler": {}}, {}, {}), EvalState({}))
+    record = Checkpoint(LearningState(group.step, group.version, {}), RolloutState({"sampler": {}}, {}, {}),
+                        EvalState({}))
     write_checkpoint(parts.run_dir, record, group, parts.cfg.keep_checkpoints)
 
 
