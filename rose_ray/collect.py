@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rose_ray.envs.catalogue import parse_item
@@ -122,7 +123,12 @@ def _rows_stream(command: str, args: Any, games: list[GameId], **more: Any) -> t
     settings = {k: v for k, v in dataclasses.asdict(args).items()
                 if k not in ("out", "overwrite", "concurrency", "workers", "kv_cache_mb", "input")}
     job = {"command": command, **settings, "games": digest([g.item_id for g in games]), **more}
-    stream = PartialRows(args.out, job, args.overwrite)
+    out = Path(args.out)
+    if out.is_dir():
+        raise InputError(f"--out {out}: a folder; give a file name")
+    if out.exists() and not args.overwrite:
+        raise InputError(f"--out {out}: already exists; give another --out, or --overwrite to replace it")
+    stream = PartialRows(out, job, args.overwrite)
     if stream.done:
         print(f"{command}: resuming {stream.path}: {len(stream.done)} of {len(games)} games already done",
               flush=True)

@@ -13,7 +13,6 @@ From Python: `rose_ray.evaluate(run=RUN)`.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict
@@ -22,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from rose_ray import callable_module
 from rose_ray.commands import EvalCommand
-from rose_ray.errors import InputError
+from rose_ray.errors import DataError, InputError
 from rose_ray.files import write_file
+from rose_ray.rows import PartialRows
 from rose_ray.types import GameId, Trajectory
 
 if TYPE_CHECKING:
@@ -192,17 +192,13 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     games = cfg.games()  # the same games as a training run's evals with these `tasks`, `eval.n` and `eval.seed`
     judge = _judge_config(cfg)  # a judge that is not there fails now, not after every game is played
     check_command_engines("eval", spec.engines())  # a served model that cannot do the job fails now
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial.jsonl")
-    header = resume_header(cfg)
-    done = _read_partial(partial, header, cfg.overwrite)
-    done = {k: v for k, v in done.items() if k in {g.item_id for g in games}}
-    todo = [g for g in games if g.item_id not in done]
-    print(f"eval: {len(games)} games of {cfg.split!r} ({len(done)} already done, resuming)" if done
-          else f"eval: {len(games)} games of {cfg.split!r}")
-    if todo:
-        _play_with_progress(spec, todo, protocol, partial, done, header)
-
+    with PartialGames(out, resume_header(cfg), cfg.overwrite) as partial:
+        todo = [g for g in games if g.item_id not in partial.done]
+        print(f"eval: {len(games)} games of {cfg.split!r} ({len(games) - len(todo)} already done, resuming)"
+              if len(todo) < len(games) else f"eval: {len(games)} games of {cfg.split!r}")
+        if todo:
+            _play_with_progress(spec, todo, protocol, partial)
+    done = partial.done
     records = [done[g.item_id] for g in games]
     if judge is not None:
         from rose_ray.judge import VerdictCache, judge_records
@@ -218,7 +214,7 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
               "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     write_file(result_file, json.dumps(result, indent=1))
     write_file(out.with_name(out.name + ".md"), markdown(summary, f"eval of {cfg.model} on {cfg.world} {cfg.split}"))
-    partial.unlink(missing_ok=True)
+    partial.path.unlink(missing_ok=True)
     return result
 
 
@@ -234,28 +230,20 @@ def _judge_config(cfg: EvalCommand):
         thinking=None if cfg.judge_thinking is None else cfg.judge_thinking == "on"))
 
 
-def _play_with_progress(spec: PlaySpec, todo: list[GameId], protocol: Any, partial: Path,
-                        done: dict[str, dict[str, Any]], header: dict[str, Any]) -> None:
+def _play_with_progress(spec: PlaySpec, todo: list[GameId], protocol: Any, partial: PartialGames) -> None:
     from rose_ray.event_loop import run_coroutine
-    from rose_ray.files import open_for_append
     from rose_ray.metrics import progress
     from rose_ray.rollout.play import play
 
     bar = progress(len(todo), "eval", "game")
-    # A last line cut by a kill is dropped first: what is appended starts on a line of its own.
-    with open_for_append(partial) as f:
-        if partial.stat().st_size == 0:  # the header ties the partial results to the settings that made them
-            f.write(json.dumps({"eval_config": header}) + "\n")
 
-        def on_done(_: int, t: Trajectory) -> None:
-            record = game_record(t)
-            f.write(json.dumps(record) + "\n")
-            f.flush()  # each finished game survives an interruption
-            done[record["item_id"]] = record
-            bar.update(1)
-            bar.set_postfix(score=f"{sum(r['score'] for r in done.values()) / len(done):.3f}")
+    def on_done(_: int, t: Trajectory) -> None:
+        record = game_record(t)
+        partial.add(record["item_id"], record)  # each finished game survives an interruption
+        bar.update(1)
+        bar.set_postfix(score=f"{sum(r['score'] for r in partial.done.values()) / len(partial.done):.3f}")
 
-        run_coroutine(lambda: play(spec, todo, protocols=protocol, on_done=on_done, request_prefix="eval/"))
+    run_coroutine(lambda: play(spec, todo, protocols=protocol, on_done=on_done, request_prefix="eval/"))
     bar.close()
 
 
@@ -279,42 +267,27 @@ RECORD_FIELDS = {"item_id": str, "task": str, "score": (int, float), "success": 
                  "turns": int, "invalid_actions": int}
 
 
-def _read_partial(path: Path, want: dict[str, Any], overwrite: bool = False) -> dict[str, dict[str, Any]]:
-    """Finished games of an interrupted eval with the same settings (`want`, a resume header).
-    An unreadable line is named and passed over (its game is played again); a file of other
-    settings or without a readable header is refused and left as it is (`overwrite`: started over)."""
-    from rose_ray.files import json_records
+class PartialGames(PartialRows):
+    """An eval's finished games, resumed as `collect`'s rows are: `<out>.partial.jsonl` holds a
+    `{"eval_config": resume_header}` line and then a game record a line, by item id."""
 
-    done: dict[str, dict[str, Any]] = {}
-    if not path.exists():
-        return done
-    if overwrite:
-        try:
-            return _read_partial(path, want)
-        except InputError as e:
-            print(f"eval: {str(e).split('; give')[0]}; --overwrite: starting over", file=sys.stderr, flush=True)
-            path.unlink()
-            return done
+    suffix, header_key = ".partial.jsonl", "eval_config"
+    header_name = "the header of the partial results"
+    other_job = "partial results of an eval with other settings ({})"
 
-    def bad(n: int, problem: str) -> None:
-        if n == 1:  # without the header, nothing says these games were played with these settings
-            raise InputError(f"{problem}: the header of the partial results cannot be read; give another --out, "
-                             f"or --overwrite to start over (the file is left as it is)")
-        print(f"eval: {problem}; passed over (that game is played again)", file=sys.stderr, flush=True)
-
-    for n, _, record in json_records(path, bad):
-        if "eval_config" in record:
-            if record["eval_config"] != want:
-                raise InputError(f"{path}: partial results of an eval with other settings ({record['eval_config']}); "
-                                 "give another --out, or --overwrite to start over (the file is left as it is)")
-            continue
+    def _parse(self, record: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
         wrong = [k for k, kind in RECORD_FIELDS.items() if not isinstance(record.get(k), kind)]
-        if n == 1 or wrong:
-            bad(n, f"{path}:{n}: " + (f"not a finished game ({', '.join(wrong)} missing or of the wrong type)"
-                                       if wrong else "no header (eval_config)"))
-            continue
-        done[record["item_id"]] = record
-    return done
+        if wrong:
+            raise DataError(f"{where}: not a finished game ({', '.join(wrong)} missing or of the wrong type)")
+        return record["item_id"], record
+
+    def _line(self, item_id: Any, record: dict[str, Any]) -> dict[str, Any]:
+        return record
+
+
+def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The finished games in the partial file `path` of an eval with the resume header `want`."""
+    return PartialGames(str(path).removesuffix(PartialGames.suffix), want).done
 
 
 def evaluate(model: str | None = None, **settings: Any) -> dict[str, Any]:
