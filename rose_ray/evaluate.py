@@ -24,7 +24,7 @@ from rose_ray.commands import EvalCommand
 from rose_ray.errors import DataError, InputError
 from rose_ray.files import write_file
 from rose_ray.rows import PartialRows
-from rose_ray.types import GameId, Trajectory
+from rose_ray.types import Trajectory
 
 if TYPE_CHECKING:
     from rose_ray.rollout.play import PlaySpec
@@ -190,16 +190,37 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     spec = cfg.play_spec()  # --run, --config: as that config's runs evaluate
     protocol = spec.protocol()  # a bad file fails before any actor
     games = cfg.games()  # the same games as a training run's evals with these `tasks`, `eval.n` and `eval.seed`
-    judge = _judge_config(cfg)  # a judge that is not there fails now, not after every game is played
+    judge = None
+    if cfg.judge:  # a judge that is not there fails now, not after every game is played
+        from rose_ray.judge import JudgeConfig, check_judge
+
+        judge = check_judge(JudgeConfig(
+            model=cfg.judge, world=cfg.world, served_model=cfg.judge_model,
+            max_new_tokens=cfg.judge_max_new_tokens, concurrency=cfg.concurrency, dtype=cfg.dtype,
+            thinking=None if cfg.judge_thinking is None else cfg.judge_thinking == "on"))
     check_command_engines("eval", spec.engines())  # a served model that cannot do the job fails now
     with PartialGames(out, resume_header(cfg), cfg.overwrite) as partial:
         todo = [g for g in games if g.item_id not in partial.done]
         print(f"eval: {len(games)} games of {cfg.split!r} ({len(games) - len(todo)} already done, resuming)"
               if len(todo) < len(games) else f"eval: {len(games)} games of {cfg.split!r}")
         if todo:
-            _play_with_progress(spec, todo, protocol, partial)
-    done = partial.done
-    records = [done[g.item_id] for g in games]
+            from rose_ray.event_loop import run_coroutine
+            from rose_ray.metrics import progress
+            from rose_ray.rollout.play import play
+
+            bar = progress(len(todo), "eval", "game")
+
+            def on_done(_: int, t: Trajectory) -> None:
+                record = game_record(t)
+                partial.add(record["item_id"], record)  # each finished game survives an interruption
+                bar.update(1)
+                done = partial.done.values()
+                bar.set_postfix(score=f"{sum(r['score'] for r in done) / len(done):.3f}")
+
+            run_coroutine(lambda: play(spec, todo, protocols=protocol, on_done=on_done,
+                                       request_prefix="eval/"))
+            bar.close()
+    records = [partial.done[g.item_id] for g in games]
     if judge is not None:
         from rose_ray.judge import VerdictCache, judge_records
 
@@ -216,35 +237,6 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     write_file(out.with_name(out.name + ".md"), markdown(summary, f"eval of {cfg.model} on {cfg.world} {cfg.split}"))
     partial.path.unlink(missing_ok=True)
     return result
-
-
-def _judge_config(cfg: EvalCommand):
-    """The eval's judge, checked to be there (None without --judge)."""
-    if not cfg.judge:
-        return None
-    from rose_ray.judge import JudgeConfig, check_judge
-
-    return check_judge(JudgeConfig(
-        model=cfg.judge, world=cfg.world, served_model=cfg.judge_model,
-        max_new_tokens=cfg.judge_max_new_tokens, concurrency=cfg.concurrency, dtype=cfg.dtype,
-        thinking=None if cfg.judge_thinking is None else cfg.judge_thinking == "on"))
-
-
-def _play_with_progress(spec: PlaySpec, todo: list[GameId], protocol: Any, partial: PartialGames) -> None:
-    from rose_ray.event_loop import run_coroutine
-    from rose_ray.metrics import progress
-    from rose_ray.rollout.play import play
-
-    bar = progress(len(todo), "eval", "game")
-
-    def on_done(_: int, t: Trajectory) -> None:
-        record = game_record(t)
-        partial.add(record["item_id"], record)  # each finished game survives an interruption
-        bar.update(1)
-        bar.set_postfix(score=f"{sum(r['score'] for r in partial.done.values()) / len(partial.done):.3f}")
-
-    run_coroutine(lambda: play(spec, todo, protocols=protocol, on_done=on_done, request_prefix="eval/"))
-    bar.close()
 
 
 RESUME_KEYS = ("model", "teacher", "handoff", "max_turns", "temperature", "max_new_tokens",

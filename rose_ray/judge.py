@@ -1,13 +1,6 @@
-"""Explanatory knowledge, judged by a language model: for each critical question of a game, a
-judge reads the task description, the agent's knowledge and the question, and its greedy answer
-is read as a verdict, 1 or 0; knowledge = the fraction judged 1. The prompt and the reading are
-the world's scorer's (`World.knowledge`); this module asks the judge and keeps the verdicts.
-
-The knowledge is the agent's thoughts while playing (`--knowledge-from thoughts`) or its answer
-to a question asked when the episode ended (`report`). The judge is a local folder (an engine
-actor) or `openai:URL` (chat completions in JSON mode, as the paper asked GPT-4o). An unreadable
-answer or a refused request counts 0 (counted as unparsed, or as an error). Verdicts are cached
-in a JSONL file keyed by the judge and a hash of (question, knowledge).
+"""Explanatory knowledge, judged by a language model (docs/games.md, "Knowledge"): each critical
+question's verdict, 1 or 0, is a judge's greedy answer about the agent's thoughts or report, asked
+and read as the world's scorer says (`World.knowledge`); verdicts are cached in a JSONL file.
 """
 
 from __future__ import annotations
@@ -199,19 +192,15 @@ class Judge:
 
     def __init__(self, cfg: JudgeConfig) -> None:
         self.cfg = cfg
-        self.engine: Any = None
-        self.chat: Any = None
-        self._agent: Any = None
         if cfg.served:
             self.engine = _served_engine(cfg)
         else:
             from rose_ray.inference.engine import EngineConfig
             from rose_ray.rollout.actors import start_agents
 
-            self._agent, _ = start_agents(EngineConfig(model=cfg.model, dtype=cfg.dtype, context_tokens=cfg.context_tokens,
-                                                       max_batch_size=cfg.concurrency), None,
-                                          enable_thinking=bool(cfg.thinking))
-            self.engine, self.chat = self._agent.engine, self._agent.chat
+            engine = EngineConfig(model=cfg.model, dtype=cfg.dtype, context_tokens=cfg.context_tokens,
+                                  max_batch_size=cfg.concurrency)
+            self.agent, _ = start_agents(engine, None, enable_thinking=bool(cfg.thinking))
 
     async def answer(self, messages: list[dict[str, str]], request_id: str) -> tuple[str, str]:
         """(the judge's text, "") or ("", why it could not answer); JudgeUnavailable when the server
@@ -228,8 +217,8 @@ class Judge:
             except OpenAIServerError as e:  # a refused request, or an answer without a message
                 return "", f"the judge server did not answer this question: {e}"
         else:
-            ids = self.chat.render_ids(messages, add_generation_prompt=True)
-            result = await self.engine.generate.remote(
+            ids = self.agent.chat.render_ids(messages, add_generation_prompt=True)
+            result = await self.agent.engine.generate.remote(
                 GenerationRequest(prompt_ids=ids, sampling=self.cfg.sampling(), request_id=request_id))
             if result.finish_reason == "context":
                 return "", f"the prompt ({len(ids)} tokens) does not fit the judge's context"
@@ -242,7 +231,7 @@ class Judge:
         else:
             from rose_ray.rollout.actors import stop_agents
 
-            stop_agents(self._agent)
+            stop_agents(self.agent)
 
 
 # --------------------------------------------------------------------------- scoring

@@ -98,6 +98,9 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
+START_OVER = "give another --out, or --overwrite to start over (the file is left as it is)"
+
+
 class PartialRows:
     """A dataset file written as its rows come: `<out>.partial` holds a header naming the job
     (`{"partial_of": job}`) and a `{"game": i, "row": row}` line per finished game, flushed, so a
@@ -132,8 +135,7 @@ class PartialRows:
         be read, or another job's, is refused."""
         def bad(n: int, problem: str) -> None:
             if n == 1:
-                raise InputError(f"{problem}: {self.header_name} cannot be read; give another --out, or "
-                                 "--overwrite to start over (the file is left as it is)")
+                raise InputError(f"{problem}: {self.header_name} cannot be read; {START_OVER}")
             print(f"{problem}; passed over (that game is played again)", file=sys.stderr, flush=True)
 
         for n, _, record in json_records(self.path, bad):
@@ -141,8 +143,8 @@ class PartialRows:
                 if not isinstance(record.get(self.header_key), dict):
                     bad(1, f"{self.path}:1: no header ({self.header_key})")
                 if record[self.header_key] != self.job:
-                    raise InputError(f"{self.path}: {self.other_job.format(record[self.header_key])}; give "
-                                     "another --out, or --overwrite to start over (the file is left as it is)")
+                    other = self.other_job.format(record[self.header_key])
+                    raise InputError(f"{self.path}: {other}; {START_OVER}")
                 continue
             try:
                 key, row = self._parse(record, f"{self.path}:{n}")

@@ -124,11 +124,8 @@ def row_cut(turns: list[Any], max_tokens: int) -> list[int]:
 
 def cli_main(args: SftCommand) -> int:
     """The `sft` subcommand (its settings: rose_ray/commands.py)."""
-    learner = {
-        "lr": args.lr, "ranks": args.ranks, "zero_stage": args.zero_stage, "dtype": args.dtype,
-        "max_tokens": args.max_tokens, "seed": args.seed,
-        "threads": args.threads, "schedule": args.schedule, "warmup_steps": args.warmup_steps,
-    }
+    learner = {k: getattr(args, k) for k in ("lr", "ranks", "zero_stage", "dtype", "max_tokens", "seed", "threads",
+                                             "schedule", "warmup_steps")}
     result = train_sft(args.data, args.model, args.out, epochs=args.epochs, batch_size=args.batch_size,
                        history=args.history, sft_owners=args.owners.split(","), overwrite=args.overwrite,
                        **learner)

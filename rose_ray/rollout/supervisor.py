@@ -71,9 +71,7 @@ class EngineSupervisor:
 
         from rose_ray.inference.openai import OpenAIServerGone
 
-        if isinstance(error, (ray.exceptions.RayActorError, OpenAIServerGone)):
-            return self.whose(error)
-        return None
+        return self.whose(error) if isinstance(error, (ray.exceptions.RayActorError, OpenAIServerGone)) else None
 
     def whose(self, error: BaseException) -> str | None:
         """The role whose engine (present or past) raised `error`, when it names its actor."""
