@@ -1,13 +1,8 @@
-"""Making and checking datasets by playing games (the row format itself is `rows.py`):
-
-- `rose-ray gold`: ScienceWorld's gold action paths as conversations, replayed to check the score.
-- `rose-ray collect`: the student's first K turns of each game.
-- `rose-ray continue`: each recorded prefix replayed in a fresh game (an observation that differs
-  from the record skips the row), then the teacher plays on, from the row's own opening.
-- `rose-ray check-data FILE`: schema check with line numbers, and the rows' schema and mapping.
-
-`collect`, `continue` and `gold` stream each finished row into `<out>.partial` and write `<out>`
-when every game is done; the same command again resumes (`rows.PartialRows`).
+"""Making and checking datasets by playing games (the row format is rows.py): `gold` (ScienceWorld's
+gold paths, replayed to check the score), `collect` (the student's first K turns), `continue` (each
+recorded prefix replayed in a fresh game, a row whose observations differ skipped, then the teacher
+plays on from the row's own opening) and `check-data`. Rows stream into `<out>.partial`
+(`rows.PartialRows`) and `<out>` is written when every game is done; the same command resumes.
 """
 
 from __future__ import annotations

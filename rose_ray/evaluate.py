@@ -1,13 +1,7 @@
-"""Held-out evaluation: Score (mean normalised score), Success (the task is done: a score of
-100 in ScienceWorld), Pass (score > 0).
-
-`rose-ray eval --model M --split test --n 200` plays each game greedily, many at once, appends
-each finished game to `<out>.partial.jsonl` (an interrupted eval resumes there) and writes
-`<out>.json` and `<out>.md` (an existing `<out>.json` is refused unless `--overwrite`).
-`--run RUN` evaluates a run's model/ as the run's own evals did; `--config F --model M` plays M
-as F's runs evaluate; `--compare A.json B.json` prints results side by side. DiscoveryWorld is
-also scored as its paper scores it (completion, process and, with `--judge`, knowledge: judge.py).
-From Python: `rose_ray.evaluate(run=RUN)`.
+"""Held-out evaluation (`rose-ray eval`, docs/configuration.md): Score (mean normalised score),
+Success (the task is done: a score of 100 in ScienceWorld), Pass (score > 0); DiscoveryWorld also
+as its paper scores it (judge.py). Finished games go to `<out>.partial.jsonl` (an interrupted eval
+resumes there), the result to `<out>.json` and `<out>.md`. From Python: `rose_ray.evaluate(run=RUN)`.
 """
 
 from __future__ import annotations
