@@ -37,12 +37,9 @@ def game_record(t: Trajectory) -> dict[str, Any]:
         "invalid_rate": t.invalid_actions / actions, "handoff_turn": t.handoff_turn,
         "truncated_turns": t.truncated_turns, "cut_before_action": t.cut_before_action,
         "end_reason": t.end_reason, "attempts": int(t.timing.get("attempts", 1)),
-        **({"handoff_state": t.handoff_state} if t.handoff_state is not None else {}),
-        **({"expert": t.expert} if t.expert is not None else {}),
-        **({"report": t.report} if t.report is not None else {}),
+        **{k: getattr(t, k) for k in ("handoff_state", "expert", "report") if getattr(t, k) is not None},
         # DiscoveryWorld: the paper's process score and what the judge needs
-        **({"process": t.scoring["process"]} if "process" in t.scoring else {}),
-        **{k: t.scoring[k] for k in ("task_description", "critical_questions") if k in t.scoring},
+        **{k: t.scoring[k] for k in ("process", "task_description", "critical_questions") if k in t.scoring},
         # what the judge reads by default: the agent's thoughts, numbered
         **({"thoughts": knowledge_scorer(world_of_item(t.game.item_id)).episode_thoughts(
             [u.text for u in t.turns if u.role == "assistant" and u.owner != "prompt"])}

@@ -47,14 +47,12 @@ def train_sft(
     from rose_ray.recipes.teacher_sft import imitate
     from rose_ray.rows import read_jsonl, row_to_trajectory
     from rose_ray.tokens import make_batch, render, with_ids
-    from rose_ray.types import OWNERS
 
     if epochs < 1:
         raise InputError(f"sft.epochs: must be >= 1, got {epochs!r}")
     if batch_size < 1:
         raise InputError(f"sft.batch_size: must be >= 1, got {batch_size!r}")
-    if not sft_owners or set(sft_owners) - set(OWNERS):
-        raise InputError(f"sft.owners: must be a non-empty subset of {OWNERS}, got {list(sft_owners)}")
+    weights = imitate(sft_owners, "sft.owners")
     out = out_path(out)  # on the driver: learner rank 0 writes it, from its own node and working directory
     check_model_out(out, overwrite)
     rows = read_jsonl(data)  # bad data fails here, before any actor starts
@@ -62,7 +60,6 @@ def train_sft(
     if learner.get("schedule", "constant") != "constant":
         learner.setdefault("total_steps", steps)
     config = LearnerConfig(model=str(model), **learner)
-    weights = imitate(sft_owners)
     tokenizer = load_tokenizer(model)
     fmt = ChatFormat(tokenizer, history=history)
     seqs = []
