@@ -129,17 +129,14 @@ def compare(paths: list[str]) -> str:
     paper = any("paper" in r["summary"] for _, r in results)
     head = "| model | games | Score | Success | Pass |" + (" Completion | Process | Knowledge |" if paper else "")
     rows = [head, "| --- |" + " ---: |" * (head.count("|") - 2)]
-
-    def f(x: float | None) -> str:
-        return "–" if x is None else f"{x:.3f}"
-
     named = []
     for p, result in results:
         o = result["summary"]["overall"]
         name = result.get("config", {}).get("name") or result.get("config", {}).get("model") or p
         row = f"| {name} | {o['games']} | {o['score']:.4f} | {o['success']:.3f} | {o['pass']:.3f} |"
         if paper:
-            row += "".join(f" {f(o.get(m))} |" for m in ("completion", "process", "knowledge"))
+            row += "".join(" – |" if o.get(m) is None else f" {o[m]:.3f} |"
+                           for m in ("completion", "process", "knowledge"))
         rows.append(row)
         if "paper" in result["summary"]:
             named.append((name, result["summary"]["paper"]))
