@@ -51,17 +51,16 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Totals and a per-task table from game records."""
 
     def block(rows: list[dict[str, Any]]) -> dict[str, Any]:
-        n = len(rows)
-        turns = sum(r["turns"] for r in rows)
+        def per(total: float, n: int) -> float:
+            return total / n if n else 0.0
+
+        n, turns = len(rows), sum(r["turns"] for r in rows)
         return {
-            "games": n,
-            "score": sum(r["score"] for r in rows) / n if n else 0.0,
-            "success": sum(bool(r["success"]) for r in rows) / n if n else 0.0,
-            "pass": sum(bool(r["pass"]) for r in rows) / n if n else 0.0,
-            "mean_turns": turns / n if n else 0.0,
-            "invalid_action_rate": sum(r["invalid_actions"] for r in rows) / turns if turns else 0.0,
+            "games": n, "score": per(sum(r["score"] for r in rows), n),
+            **{k: per(sum(bool(r[k]) for r in rows), n) for k in ("success", "pass")},
+            "mean_turns": per(turns, n), "invalid_action_rate": per(sum(r["invalid_actions"] for r in rows), turns),
             # replies that ran out of tokens before an `Action:` line (older partial files lack it)
-            "cut_before_action_rate": sum(r.get("cut_before_action", 0) for r in rows) / turns if turns else 0.0,
+            "cut_before_action_rate": per(sum(r.get("cut_before_action", 0) for r in rows), turns),
             **(tables.cell(rows) if paper else {}),
         }
 
@@ -263,11 +262,6 @@ class PartialGames(PartialRows):
 
     def _line(self, item_id: Any, record: dict[str, Any]) -> dict[str, Any]:
         return record
-
-
-def _read_partial(path: Path, want: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The finished games in the partial file `path` of an eval with the resume header `want`."""
-    return PartialGames(str(path).removesuffix(PartialGames.suffix), want).done
 
 
 def evaluate(model: str | None = None, **settings: Any) -> dict[str, Any]:

@@ -15,11 +15,6 @@ from rose_ray.reliability import RoleFailed, describe_error
 from rose_ray.rollout.agent import Agent
 
 
-async def _ping(handle: Any, timeout_s: float) -> dict[str, Any]:
-    """An engine actor's health report; asyncio.TimeoutError when it does not answer in time."""
-    return await asyncio.wait_for(handle.health.remote(), timeout_s)
-
-
 @dataclass
 class _Watched:
     role: str
@@ -93,7 +88,7 @@ class EngineSupervisor:
     async def lost(self, role: str, handle: Any) -> bool:
         """Whether `role`'s engine `handle` is gone (then it is replaced before this returns)."""
         try:
-            await _ping(handle, self.health_timeout_s)
+            await asyncio.wait_for(handle.health.remote(), self.health_timeout_s)
             return False
         except Exception as e:  # noqa: BLE001 - dead, or no answer: either way not serving
             await self.recover(role, e, handle)
@@ -154,7 +149,7 @@ class EngineSupervisor:
             if w.ready is not handle:  # a new engine first loads its model
                 await asyncio.wait_for(handle.ready.remote(), self.start_timeout_s)
                 w.ready = handle
-            h = await _ping(handle, self.health_timeout_s)
+            h = await asyncio.wait_for(handle.health.remote(), self.health_timeout_s)
         except asyncio.TimeoutError:
             cause: BaseException = TimeoutError(f"no answer to a health ping within {self.health_timeout_s:g} s")
         except Exception as e:  # noqa: BLE001 - a dead actor
@@ -174,7 +169,7 @@ class EngineSupervisor:
             if w.restarting is not None:
                 return f"{w.role}: being replaced ({w.restarts}/{self.max_restarts})"
             try:
-                h = await _ping(w.agent.engine, timeout_s)
+                h = await asyncio.wait_for(w.agent.engine.health.remote(), timeout_s)
             except Exception as e:  # noqa: BLE001
                 return f"{w.role}: no answer to a ping within {timeout_s:g} s ({type(e).__name__})"
             waiting = (f"{h['in_flight']} calls in flight, none finished for {h['stalled_s']:.0f} s"
