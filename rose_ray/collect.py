@@ -18,8 +18,8 @@ from rose_ray.envs.protocol import Protocol
 from rose_ray.envs.worlds import get_world, world_of_item, world_protocol
 from rose_ray.errors import InputError
 from rose_ray.provision.gold import gold_rows
-from rose_ray.rows import PartialRows, digest, message_text, read_jsonl, row_schema, row_to_turns
-from rose_ray.types import GameId, Turn
+from rose_ray.rows import PartialRows, digest, message_text, read_jsonl, row_to_turns
+from rose_ray.types import GameId, Turn, message_schema
 
 if TYPE_CHECKING:
     from rose_ray.commands import CollectCommand, ContinueCommand, GoldCommand
@@ -193,7 +193,7 @@ def continue_main(args: ContinueCommand) -> int:
 def check_data_main(args) -> int:
     rows = read_jsonl(args.file)
     owners = dict(Counter(m.get("owner", "?") for r in rows for m in r["conversations"]))
-    schemas = Counter(row_schema(r) for r in rows)
+    schemas = Counter(message_schema(r["conversations"][0]) for r in rows)
     found = ", ".join(f"{SCHEMA_NAMES[k]}: {v} rows" for k, v in schemas.items())
     print(f"{args.file}: {len(rows)} rows, schema OK ({found}); messages by owner: {owners}")
     named = {world_of_item(str(r["item_id"])) for r in rows}

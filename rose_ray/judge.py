@@ -268,21 +268,17 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
             verdicts.update(run_coroutine(lambda: _ask_all(judge, todo, cache)))  # a notebook's loop too
         finally:
             judge.close()
-    counts = {"questions": len(jobs), "asked": len(todo), "cached": 0, "unparsed": 0, "errors": 0, "cut": 0}
-    for r in records:
-        if id(r) not in knowledge_of:
-            continue
+    counts = {"questions": len(jobs), "asked": len(todo), "cached": 0, "cut": 0}
+    judged: list[dict[str, Any]] = []
+    for r in (r for r in records if id(r) in knowledge_of):
         knowledge, cut = knowledge_of[id(r)]
         got = [verdicts[(q, knowledge)] for q in r["critical_questions"]]
-        r["verdicts"] = [v.to_dict() for v in got]
-        r["knowledge"] = sum(v.verdict for v in got) / len(got)
-        r["knowledge_from"] = source
-        r["judge"] = cfg.name
+        r.update(verdicts=[v.to_dict() for v in got], knowledge=sum(v.verdict for v in got) / len(got),
+                 knowledge_from=source, judge=cfg.name)
         counts["cut"] += cut
         counts["cached"] += sum(v.cached for v in got)
-        for key, n in verdict_counts(r["verdicts"]).items():
-            counts[key] += n
-    return counts
+        judged += r["verdicts"]
+    return {**counts, **verdict_counts(judged)}
 
 
 def verdict_counts(verdicts: list[dict[str, Any]]) -> dict[str, int]:

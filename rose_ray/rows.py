@@ -23,17 +23,11 @@ from rose_ray.types import (
     GameId,
     Trajectory,
     Turn,
-    message_schema,
     message_text,
     validate_conversation,
 )
 
 _OPTIONAL = {"task": str, "var": int, "rounds": int}
-
-
-def row_schema(row: dict[str, Any]) -> str | None:
-    """The schema of a validated row's messages."""
-    return message_schema(row["conversations"][0])
 
 
 def validate_row(row: Any, where: str = "row") -> dict[str, Any]:

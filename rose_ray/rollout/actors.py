@@ -77,12 +77,9 @@ def init_ray(address: str | None = None) -> None:
 
 
 def private_token() -> None:
-    """Token auth for a local cluster this process starts, with a fresh token of its own.
-
-    A local cluster's ports listen on every interface, and Ray, given no token, writes one to
-    ~/.ray/auth_token with the umask's permissions; this one lives only in this process's
-    environment, which Ray's processes inherit. A token the user gave (RAY_AUTH_TOKEN, or
-    RAY_AUTH_TOKEN_PATH, refused while others can read it) and RAY_AUTH_MODE=disabled are kept."""
+    """A fresh token for the local cluster this process starts, only in its environment (Ray's own
+    would go to ~/.ray/auth_token with the umask's permissions). A token the user gave
+    (RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH unless others can read it) and RAY_AUTH_MODE=disabled are kept."""
     import logging
     import os
     import secrets

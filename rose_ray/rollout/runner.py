@@ -40,7 +40,6 @@ class EpisodeRunner:
         for slot in range(games_per_pool):  # interleave pools so load spreads
             for i, pool in enumerate(pools):
                 self.slots.put_nowait(EnvSlot(pool, slot, i))
-        self.capacity = len(pools) * games_per_pool
         self.max_retries = max_retries
         self.engines = engines
         self.counters = RunnerCounters()

@@ -103,7 +103,13 @@ class EngineSupervisor:
                 with contextlib.suppress(Exception):  # already gone
                     ray.kill(w.agent.engine)  # a hung engine goes too, whatever comes next
                 if w.restarts > self.max_restarts:
-                    raise self._fail(w, cause)
+                    if self.failed is None:
+                        self.failed = RoleFailed(f"{w.role}: lost {w.restarts} times, more than "
+                                                 f"reliability.max_restarts={self.max_restarts}; the last time: "
+                                                 f"{describe_error(cause)}")
+                        if self.on_failed is not None:
+                            self.on_failed(self.failed)
+                    raise self.failed
                 print(f"\ntrain: {w.role} lost ({describe_error(cause)}); starting a replacement "
                       f"({w.restarts}/{self.max_restarts})", flush=True)
                 t0 = time.monotonic()
@@ -124,14 +130,6 @@ class EngineSupervisor:
                 return
         finally:
             w.restarting = None
-
-    def _fail(self, w: _Watched, cause: BaseException | None) -> RoleFailed:
-        if self.failed is None:
-            self.failed = RoleFailed(f"{w.role}: lost {w.restarts} times, more than reliability.max_restarts="
-                                     f"{self.max_restarts}; the last time: {describe_error(cause)}")
-            if self.on_failed is not None:
-                self.on_failed(self.failed)
-        return self.failed
 
     async def monitor(self) -> None:
         """Ping every engine every `health_every_s` (a task for the run's life)."""
