@@ -29,12 +29,11 @@ def game_record(t: Trajectory) -> dict[str, Any]:
     """One finished game as a flat record (the partial file's rows, the JSON's `games`)."""
     from rose_ray.envs.worlds import knowledge_scorer, world_of_item
 
-    actions = max(t.rounds, 1)
     return {
         "item_id": t.game.item_id, "task": t.game.task, "var": t.game.variation,
         "raw_score": t.raw_score, "score": t.score, "success": bool(t.success), "pass": t.score > 0,
         "turns": t.rounds, "invalid_actions": t.invalid_actions,
-        "invalid_rate": t.invalid_actions / actions, "handoff_turn": t.handoff_turn,
+        "invalid_rate": t.invalid_actions / max(t.rounds, 1), "handoff_turn": t.handoff_turn,
         "truncated_turns": t.truncated_turns, "cut_before_action": t.cut_before_action,
         "end_reason": t.end_reason, "attempts": int(t.timing.get("attempts", 1)),
         **{k: getattr(t, k) for k in ("handoff_state", "expert", "report") if getattr(t, k) is not None},
@@ -168,7 +167,7 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     """Evaluate `cfg.model` on its games; resumes from `<out>.partial.jsonl` if present."""
     if not cfg.model:
         raise InputError("eval: give --model (or --run RUN for a training run's model)")
-    out = Path(cfg.out[: -len(".json")] if cfg.out.endswith(".json") else cfg.out)
+    out = Path(cfg.out.removesuffix(".json"))
     result_file = out.with_name(out.name + ".json")
     if result_file.exists() and not cfg.overwrite:  # nothing started, nothing written
         raise InputError(f"eval: {result_file} already exists; give another --out, or --overwrite to replace it")

@@ -48,10 +48,9 @@ def train_sft(
     from rose_ray.rows import read_jsonl, row_to_trajectory
     from rose_ray.tokens import make_batch, render, with_ids
 
-    if epochs < 1:
-        raise InputError(f"sft.epochs: must be >= 1, got {epochs!r}")
-    if batch_size < 1:
-        raise InputError(f"sft.batch_size: must be >= 1, got {batch_size!r}")
+    for key, value in (("epochs", epochs), ("batch_size", batch_size)):
+        if value < 1:
+            raise InputError(f"sft.{key}: must be >= 1, got {value!r}")
     weights = imitate(sft_owners, "sft.owners")
     out = out_path(out)  # on the driver: learner rank 0 writes it, from its own node and working directory
     check_model_out(out, overwrite)
