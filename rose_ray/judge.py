@@ -46,11 +46,6 @@ class Verdict:
         return {k: v for k, v in asdict(self).items() if k != "cached"}
 
 
-def parse_verdict(text: str, question: str, scorer: Any) -> Verdict:
-    """A judge's answer read by the world's scorer (`read_verdict`): unreadable counts 0, unparsed."""
-    return Verdict(question, *scorer.read_verdict(text))
-
-
 # --------------------------------------------------------------------------- cache
 def verdict_key(question: str, knowledge: str) -> str:
     return hashlib.sha256(f"{question}\x00{knowledge}".encode()).hexdigest()
@@ -299,7 +294,7 @@ async def _ask_all(judge: Judge, todo: dict[tuple[str, str], str],
             text, error = await judge.answer(scorer.judge_messages(task, knowledge, question), f"judge/{n}")
         if error:  # not cached: a later run asks again
             return key, Verdict(question, 0, False, "", error)
-        verdict = parse_verdict(text, question, scorer)
+        verdict = Verdict(question, *scorer.read_verdict(text))  # unreadable: 0, unparsed
         cache.put(judge.cfg.cache_name, knowledge, verdict, text)
         return key, verdict
 

@@ -72,15 +72,11 @@ class Agent:
     name: str = ""
     context: ContextSettings = ContextSettings()
     spawn: Any = None  # spawn(generation): a replacement engine actor (EngineSupervisor)
-    kind: str = "engine"  # or "expert": the world's expert writes the replies (`expert_agent`)
-
-    @property
-    def expert(self) -> bool:
-        return self.kind == "expert"
+    expert: bool = False  # the world's expert writes the replies (`expert_agent`)
 
 
 def expert_agent(student: Agent) -> Agent:
     """The world's expert teacher as an agent: no engine (an episode asks the EnvPool slot for
     its reply); its text joins in the student's ids and its context is the student's, so the
     learner gets the rows a model teacher with the student's context would give."""
-    return Agent(engine=None, chat=student.chat, name="expert", context=student.context, kind="expert")
+    return Agent(engine=None, chat=student.chat, name="expert", context=student.context, expert=True)
