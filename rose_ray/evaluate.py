@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +47,7 @@ def game_record(t: Trajectory) -> dict[str, Any]:
 
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Totals and a per-task table from game records."""
+    from rose_ray.envs.worlds import paper_tables
 
     def block(rows: list[dict[str, Any]]) -> dict[str, Any]:
         def per(total: float, n: int) -> float:
@@ -64,14 +64,9 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         }
 
     paper = bool(records) and all("process" in r for r in records)  # DiscoveryWorld games
-    if paper:  # the world's paper scoring, loaded only for its games
-        from rose_ray.envs.worlds import paper_tables
-
-        tables = paper_tables()
-    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in records:
-        by_task[r["task"]].append(r)
-    out = {"overall": block(records), "per_task": {t: block(rs) for t, rs in sorted(by_task.items())}}
+    tables = paper_tables() if paper else None  # the world's paper scoring, loaded only for its games
+    by_task = {t: [r for r in records if r["task"] == t] for t in sorted({r["task"] for r in records})}
+    out = {"overall": block(records), "per_task": {t: block(rs) for t, rs in by_task.items()}}
     if paper:
         out["paper"] = tables.paper_summary(records)
         from rose_ray.judge import verdict_counts
