@@ -237,10 +237,10 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
     what the cache lacks. Returns counts: questions, asked, cached, unparsed, errors, cut."""
     if source not in KNOWLEDGE_SOURCES:
         raise InputError(f"knowledge from: must be one of {KNOWLEDGE_SOURCES}, got {source!r}")
-    knowledge_of: dict[int, tuple[str, bool]] = {
-        id(r): fit_knowledge((r.get(source) or "").strip(), cfg.knowledge_chars)
-        for r in records if r.get("critical_questions")}
-    jobs = [(r, q, knowledge_of[id(r)][0]) for r in records for q in r.get("critical_questions") or []]
+    # (record, its knowledge cut to fit, whether cut) for each record with critical questions
+    judged = [(r, *fit_knowledge((r.get(source) or "").strip(), cfg.knowledge_chars))
+              for r in records if r.get("critical_questions")]
+    jobs = [(r, q, knowledge) for r, knowledge, _ in judged for q in r["critical_questions"]]
     verdicts: dict[tuple[str, str], Verdict] = {}
     todo: dict[tuple[str, str], str] = {}  # (question, knowledge) -> the task description
     for r, q, knowledge in jobs:
@@ -264,16 +264,15 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
         finally:
             judge.close()
     counts = {"questions": len(jobs), "asked": len(todo), "cached": 0, "cut": 0}
-    judged: list[dict[str, Any]] = []
-    for r in (r for r in records if id(r) in knowledge_of):
-        knowledge, cut = knowledge_of[id(r)]
+    verdict_rows: list[dict[str, Any]] = []
+    for r, knowledge, cut in judged:
         got = [verdicts[(q, knowledge)] for q in r["critical_questions"]]
         r.update(verdicts=[v.to_dict() for v in got], knowledge=sum(v.verdict for v in got) / len(got),
                  knowledge_from=source, judge=cfg.name)
         counts["cut"] += cut
         counts["cached"] += sum(v.cached for v in got)
-        judged += r["verdicts"]
-    return {**counts, **verdict_counts(judged)}
+        verdict_rows += r["verdicts"]
+    return {**counts, **verdict_counts(verdict_rows)}
 
 
 def verdict_counts(verdicts: list[dict[str, Any]]) -> dict[str, int]:
