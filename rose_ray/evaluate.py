@@ -50,16 +50,17 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     from rose_ray.envs.worlds import paper_tables
 
     def block(rows: list[dict[str, Any]]) -> dict[str, Any]:
-        def per(total: float, n: int) -> float:
-            return total / n if n else 0.0
-
-        n, turns = len(rows), sum(r["turns"] for r in rows)
+        n = len(rows)
+        turns = sum(r["turns"] for r in rows)
         return {
-            "games": n, "score": per(sum(r["score"] for r in rows), n),
-            **{k: per(sum(bool(r[k]) for r in rows), n) for k in ("success", "pass")},
-            "mean_turns": per(turns, n), "invalid_action_rate": per(sum(r["invalid_actions"] for r in rows), turns),
+            "games": n,
+            "score": sum(r["score"] for r in rows) / n if n else 0.0,
+            "success": sum(bool(r["success"]) for r in rows) / n if n else 0.0,
+            "pass": sum(bool(r["pass"]) for r in rows) / n if n else 0.0,
+            "mean_turns": turns / n if n else 0.0,
+            "invalid_action_rate": sum(r["invalid_actions"] for r in rows) / turns if turns else 0.0,
             # replies that ran out of tokens before an `Action:` line (older partial files lack it)
-            "cut_before_action_rate": per(sum(r.get("cut_before_action", 0) for r in rows), turns),
+            "cut_before_action_rate": sum(r.get("cut_before_action", 0) for r in rows) / turns if turns else 0.0,
             **(tables.cell(rows) if paper else {}),
         }
 

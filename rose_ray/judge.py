@@ -267,8 +267,10 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
     verdict_rows: list[dict[str, Any]] = []
     for r, knowledge, cut in judged:
         got = [verdicts[(q, knowledge)] for q in r["critical_questions"]]
-        r.update(verdicts=[v.to_dict() for v in got], knowledge=sum(v.verdict for v in got) / len(got),
-                 knowledge_from=source, judge=cfg.name)
+        r["verdicts"] = [v.to_dict() for v in got]
+        r["knowledge"] = sum(v.verdict for v in got) / len(got)
+        r["knowledge_from"] = source
+        r["judge"] = cfg.name
         counts["cut"] += cut
         counts["cached"] += sum(v.cached for v in got)
         verdict_rows += r["verdicts"]

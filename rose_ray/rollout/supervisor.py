@@ -104,9 +104,9 @@ class EngineSupervisor:
                     ray.kill(w.agent.engine)  # a hung engine goes too, whatever comes next
                 if w.restarts > self.max_restarts:
                     if self.failed is None:
-                        self.failed = RoleFailed(f"{w.role}: lost {w.restarts} times, more than "
-                                                 f"reliability.max_restarts={self.max_restarts}; the last time: "
-                                                 f"{describe_error(cause)}")
+                        self.failed = RoleFailed(
+                            f"{w.role}: lost {w.restarts} times, more than reliability.max_restarts="
+                            f"{self.max_restarts}; the last time: {describe_error(cause)}")
                         if self.on_failed is not None:
                             self.on_failed(self.failed)
                     raise self.failed
