@@ -1,13 +1,8 @@
-"""Making and checking datasets by playing games (the row format itself is `rows.py`):
-
-- `rose-ray gold`: ScienceWorld's gold action paths as conversations, replayed to check the score.
-- `rose-ray collect`: the student's first K turns of each game.
-- `rose-ray continue`: each recorded prefix replayed in a fresh game (an observation that differs
-  from the record skips the row), then the teacher plays on, from the row's own opening.
-- `rose-ray check-data FILE`: schema check with line numbers, and the rows' schema and mapping.
-
-`collect`, `continue` and `gold` stream each finished row into `<out>.partial` and write `<out>`
-when every game is done; the same command again resumes (`rows.PartialRows`).
+"""Making and checking datasets by playing games (the row format is rows.py): `gold` (ScienceWorld's
+gold paths, replayed to check the score), `collect` (the student's first K turns), `continue` (each
+recorded prefix replayed in a fresh game, a row whose observations differ skipped, then the teacher
+plays on from the row's own opening) and `check-data`. Rows stream into `<out>.partial`
+(`rows.PartialRows`) and `<out>` is written when every game is done; the same command resumes.
 """
 
 from __future__ import annotations
@@ -15,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rose_ray.envs.catalogue import parse_item
@@ -22,8 +18,8 @@ from rose_ray.envs.protocol import Protocol
 from rose_ray.envs.worlds import get_world, world_of_item, world_protocol
 from rose_ray.errors import InputError
 from rose_ray.provision.gold import gold_rows
-from rose_ray.rows import PartialRows, digest, message_text, read_jsonl, row_schema, row_to_turns
-from rose_ray.types import GameId, Turn
+from rose_ray.rows import PartialRows, digest, message_text, read_jsonl, row_to_turns
+from rose_ray.types import GameId, Turn, message_schema
 
 if TYPE_CHECKING:
     from rose_ray.commands import CollectCommand, ContinueCommand, GoldCommand
@@ -122,7 +118,12 @@ def _rows_stream(command: str, args: Any, games: list[GameId], **more: Any) -> t
     settings = {k: v for k, v in dataclasses.asdict(args).items()
                 if k not in ("out", "overwrite", "concurrency", "workers", "kv_cache_mb", "input")}
     job = {"command": command, **settings, "games": digest([g.item_id for g in games]), **more}
-    stream = PartialRows(args.out, job, args.overwrite)
+    out = Path(args.out)
+    if out.is_dir():
+        raise InputError(f"--out {out}: a folder; give a file name")
+    if out.exists() and not args.overwrite:
+        raise InputError(f"--out {out}: already exists; give another --out, or --overwrite to replace it")
+    stream = PartialRows(out, job, args.overwrite)
     if stream.done:
         print(f"{command}: resuming {stream.path}: {len(stream.done)} of {len(games)} games already done",
               flush=True)
@@ -192,7 +193,7 @@ def continue_main(args: ContinueCommand) -> int:
 def check_data_main(args) -> int:
     rows = read_jsonl(args.file)
     owners = dict(Counter(m.get("owner", "?") for r in rows for m in r["conversations"]))
-    schemas = Counter(row_schema(r) for r in rows)
+    schemas = Counter(message_schema(r["conversations"][0]) for r in rows)
     found = ", ".join(f"{SCHEMA_NAMES[k]}: {v} rows" for k, v in schemas.items())
     print(f"{args.file}: {len(rows)} rows, schema OK ({found}); messages by owner: {owners}")
     named = {world_of_item(str(r["item_id"])) for r in rows}

@@ -1,30 +1,23 @@
-"""Held-out evaluation: Score (mean normalised score), Success (the task is done: a score of
-100 in ScienceWorld), Pass (score > 0).
-
-`rose-ray eval --model M --split test --n 200` plays each game greedily, many at once, appends
-each finished game to `<out>.partial.jsonl` (an interrupted eval resumes there) and writes
-`<out>.json` and `<out>.md` (an existing `<out>.json` is refused unless `--overwrite`).
-`--run RUN` evaluates a run's model/ as the run's own evals did; `--config F --model M` plays M
-as F's runs evaluate; `--compare A.json B.json` prints results side by side. DiscoveryWorld is
-also scored as its paper scores it (completion, process and, with `--judge`, knowledge: judge.py).
-From Python: `rose_ray.evaluate(run=RUN)`.
+"""Held-out evaluation (`rose-ray eval`, docs/configuration.md): Score (mean normalised score),
+Success (the task is done: a score of 100 in ScienceWorld), Pass (score > 0); DiscoveryWorld also
+as its paper scores it (judge.py). Finished games go to `<out>.partial.jsonl` (an interrupted eval
+resumes there), the result to `<out>.json` and `<out>.md`. From Python: `rose_ray.evaluate(run=RUN)`.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
-from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rose_ray import callable_module
 from rose_ray.commands import EvalCommand
-from rose_ray.errors import InputError
+from rose_ray.errors import DataError, InputError
 from rose_ray.files import write_file
-from rose_ray.types import GameId, Trajectory
+from rose_ray.rows import PartialRows
+from rose_ray.types import Trajectory
 
 if TYPE_CHECKING:
     from rose_ray.rollout.play import PlaySpec
@@ -35,20 +28,16 @@ def game_record(t: Trajectory) -> dict[str, Any]:
     """One finished game as a flat record (the partial file's rows, the JSON's `games`)."""
     from rose_ray.envs.worlds import knowledge_scorer, world_of_item
 
-    actions = max(t.rounds, 1)
     return {
         "item_id": t.game.item_id, "task": t.game.task, "var": t.game.variation,
         "raw_score": t.raw_score, "score": t.score, "success": bool(t.success), "pass": t.score > 0,
         "turns": t.rounds, "invalid_actions": t.invalid_actions,
-        "invalid_rate": t.invalid_actions / actions, "handoff_turn": t.handoff_turn,
+        "invalid_rate": t.invalid_actions / max(t.rounds, 1), "handoff_turn": t.handoff_turn,
         "truncated_turns": t.truncated_turns, "cut_before_action": t.cut_before_action,
         "end_reason": t.end_reason, "attempts": int(t.timing.get("attempts", 1)),
-        **({"handoff_state": t.handoff_state} if t.handoff_state is not None else {}),
-        **({"expert": t.expert} if t.expert is not None else {}),
-        **({"report": t.report} if t.report is not None else {}),
+        **{k: getattr(t, k) for k in ("handoff_state", "expert", "report") if getattr(t, k) is not None},
         # DiscoveryWorld: the paper's process score and what the judge needs
-        **({"process": t.scoring["process"]} if "process" in t.scoring else {}),
-        **{k: t.scoring[k] for k in ("task_description", "critical_questions") if k in t.scoring},
+        **{k: t.scoring[k] for k in ("process", "task_description", "critical_questions") if k in t.scoring},
         # what the judge reads by default: the agent's thoughts, numbered
         **({"thoughts": knowledge_scorer(world_of_item(t.game.item_id)).episode_thoughts(
             [u.text for u in t.turns if u.role == "assistant" and u.owner != "prompt"])}
@@ -58,6 +47,7 @@ def game_record(t: Trajectory) -> dict[str, Any]:
 
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Totals and a per-task table from game records."""
+    from rose_ray.envs.worlds import paper_tables
 
     def block(rows: list[dict[str, Any]]) -> dict[str, Any]:
         n = len(rows)
@@ -75,14 +65,9 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         }
 
     paper = bool(records) and all("process" in r for r in records)  # DiscoveryWorld games
-    if paper:  # the world's paper scoring, loaded only for its games
-        from rose_ray.envs.worlds import paper_tables
-
-        tables = paper_tables()
-    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in records:
-        by_task[r["task"]].append(r)
-    out = {"overall": block(records), "per_task": {t: block(rs) for t, rs in sorted(by_task.items())}}
+    tables = paper_tables() if paper else None  # the world's paper scoring, loaded only for its games
+    by_task = {t: [r for r in records if r["task"] == t] for t in sorted({r["task"] for r in records})}
+    out = {"overall": block(records), "per_task": {t: block(rs) for t, rs in by_task.items()}}
     if paper:
         out["paper"] = tables.paper_summary(records)
         from rose_ray.judge import verdict_counts
@@ -138,17 +123,14 @@ def compare(paths: list[str]) -> str:
     paper = any("paper" in r["summary"] for _, r in results)
     head = "| model | games | Score | Success | Pass |" + (" Completion | Process | Knowledge |" if paper else "")
     rows = [head, "| --- |" + " ---: |" * (head.count("|") - 2)]
-
-    def f(x: float | None) -> str:
-        return "–" if x is None else f"{x:.3f}"
-
     named = []
     for p, result in results:
         o = result["summary"]["overall"]
         name = result.get("config", {}).get("name") or result.get("config", {}).get("model") or p
         row = f"| {name} | {o['games']} | {o['score']:.4f} | {o['success']:.3f} | {o['pass']:.3f} |"
         if paper:
-            row += "".join(f" {f(o.get(m))} |" for m in ("completion", "process", "knowledge"))
+            row += "".join(" – |" if o.get(m) is None else f" {o[m]:.3f} |"
+                           for m in ("completion", "process", "knowledge"))
         rows.append(row)
         if "paper" in result["summary"]:
             named.append((name, result["summary"]["paper"]))
@@ -181,7 +163,7 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     """Evaluate `cfg.model` on its games; resumes from `<out>.partial.jsonl` if present."""
     if not cfg.model:
         raise InputError("eval: give --model (or --run RUN for a training run's model)")
-    out = Path(cfg.out[: -len(".json")] if cfg.out.endswith(".json") else cfg.out)
+    out = Path(cfg.out.removesuffix(".json"))
     result_file = out.with_name(out.name + ".json")
     if result_file.exists() and not cfg.overwrite:  # nothing started, nothing written
         raise InputError(f"eval: {result_file} already exists; give another --out, or --overwrite to replace it")
@@ -190,20 +172,37 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     spec = cfg.play_spec()  # --run, --config: as that config's runs evaluate
     protocol = spec.protocol()  # a bad file fails before any actor
     games = cfg.games()  # the same games as a training run's evals with these `tasks`, `eval.n` and `eval.seed`
-    judge = _judge_config(cfg)  # a judge that is not there fails now, not after every game is played
-    check_command_engines("eval", spec.engines())  # a served model that cannot do the job fails now
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial.jsonl")
-    header = resume_header(cfg)
-    done = _read_partial(partial, header, cfg.overwrite)
-    done = {k: v for k, v in done.items() if k in {g.item_id for g in games}}
-    todo = [g for g in games if g.item_id not in done]
-    print(f"eval: {len(games)} games of {cfg.split!r} ({len(done)} already done, resuming)" if done
-          else f"eval: {len(games)} games of {cfg.split!r}")
-    if todo:
-        _play_with_progress(spec, todo, protocol, partial, done, header)
+    judge = None
+    if cfg.judge:  # a judge that is not there fails now, not after every game is played
+        from rose_ray.judge import JudgeConfig, check_judge
 
-    records = [done[g.item_id] for g in games]
+        judge = check_judge(JudgeConfig(
+            model=cfg.judge, world=cfg.world, served_model=cfg.judge_model,
+            max_new_tokens=cfg.judge_max_new_tokens, concurrency=cfg.concurrency, dtype=cfg.dtype,
+            thinking=None if cfg.judge_thinking is None else cfg.judge_thinking == "on"))
+    check_command_engines("eval", spec.engines())  # a served model that cannot do the job fails now
+    with PartialGames(out, resume_header(cfg), cfg.overwrite) as partial:
+        todo = [g for g in games if g.item_id not in partial.done]
+        print(f"eval: {len(games)} games of {cfg.split!r} ({len(games) - len(todo)} already done, resuming)"
+              if len(todo) < len(games) else f"eval: {len(games)} games of {cfg.split!r}")
+        if todo:
+            from rose_ray.event_loop import run_coroutine
+            from rose_ray.metrics import progress
+            from rose_ray.rollout.play import play
+
+            bar = progress(len(todo), "eval", "game")
+
+            def on_done(_: int, t: Trajectory) -> None:
+                record = game_record(t)
+                partial.add(record["item_id"], record)  # each finished game survives an interruption
+                bar.update(1)
+                done = partial.done.values()
+                bar.set_postfix(score=f"{sum(r['score'] for r in done) / len(done):.3f}")
+
+            run_coroutine(lambda: play(spec, todo, protocols=protocol, on_done=on_done,
+                                       request_prefix="eval/"))
+            bar.close()
+    records = [partial.done[g.item_id] for g in games]
     if judge is not None:
         from rose_ray.judge import VerdictCache, judge_records
 
@@ -218,45 +217,8 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
               "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     write_file(result_file, json.dumps(result, indent=1))
     write_file(out.with_name(out.name + ".md"), markdown(summary, f"eval of {cfg.model} on {cfg.world} {cfg.split}"))
-    partial.unlink(missing_ok=True)
+    partial.path.unlink(missing_ok=True)
     return result
-
-
-def _judge_config(cfg: EvalCommand):
-    """The eval's judge, checked to be there (None without --judge)."""
-    if not cfg.judge:
-        return None
-    from rose_ray.judge import JudgeConfig, check_judge
-
-    return check_judge(JudgeConfig(
-        model=cfg.judge, world=cfg.world, served_model=cfg.judge_model,
-        max_new_tokens=cfg.judge_max_new_tokens, concurrency=cfg.concurrency, dtype=cfg.dtype,
-        thinking=None if cfg.judge_thinking is None else cfg.judge_thinking == "on"))
-
-
-def _play_with_progress(spec: PlaySpec, todo: list[GameId], protocol: Any, partial: Path,
-                        done: dict[str, dict[str, Any]], header: dict[str, Any]) -> None:
-    from rose_ray.event_loop import run_coroutine
-    from rose_ray.files import open_for_append
-    from rose_ray.metrics import progress
-    from rose_ray.rollout.play import play
-
-    bar = progress(len(todo), "eval", "game")
-    # A last line cut by a kill is dropped first: what is appended starts on a line of its own.
-    with open_for_append(partial) as f:
-        if partial.stat().st_size == 0:  # the header ties the partial results to the settings that made them
-            f.write(json.dumps({"eval_config": header}) + "\n")
-
-        def on_done(_: int, t: Trajectory) -> None:
-            record = game_record(t)
-            f.write(json.dumps(record) + "\n")
-            f.flush()  # each finished game survives an interruption
-            done[record["item_id"]] = record
-            bar.update(1)
-            bar.set_postfix(score=f"{sum(r['score'] for r in done.values()) / len(done):.3f}")
-
-        run_coroutine(lambda: play(spec, todo, protocols=protocol, on_done=on_done, request_prefix="eval/"))
-    bar.close()
 
 
 RESUME_KEYS = ("model", "teacher", "handoff", "max_turns", "temperature", "max_new_tokens",
@@ -279,42 +241,22 @@ RECORD_FIELDS = {"item_id": str, "task": str, "score": (int, float), "success": 
                  "turns": int, "invalid_actions": int}
 
 
-def _read_partial(path: Path, want: dict[str, Any], overwrite: bool = False) -> dict[str, dict[str, Any]]:
-    """Finished games of an interrupted eval with the same settings (`want`, a resume header).
-    An unreadable line is named and passed over (its game is played again); a file of other
-    settings or without a readable header is refused and left as it is (`overwrite`: started over)."""
-    from rose_ray.files import json_records
+class PartialGames(PartialRows):
+    """An eval's finished games, resumed as `collect`'s rows are: `<out>.partial.jsonl` holds a
+    `{"eval_config": resume_header}` line and then a game record a line, by item id."""
 
-    done: dict[str, dict[str, Any]] = {}
-    if not path.exists():
-        return done
-    if overwrite:
-        try:
-            return _read_partial(path, want)
-        except InputError as e:
-            print(f"eval: {str(e).split('; give')[0]}; --overwrite: starting over", file=sys.stderr, flush=True)
-            path.unlink()
-            return done
+    suffix, header_key = ".partial.jsonl", "eval_config"
+    header_name = "the header of the partial results"
+    other_job = "partial results of an eval with other settings ({})"
 
-    def bad(n: int, problem: str) -> None:
-        if n == 1:  # without the header, nothing says these games were played with these settings
-            raise InputError(f"{problem}: the header of the partial results cannot be read; give another --out, "
-                             f"or --overwrite to start over (the file is left as it is)")
-        print(f"eval: {problem}; passed over (that game is played again)", file=sys.stderr, flush=True)
-
-    for n, _, record in json_records(path, bad):
-        if "eval_config" in record:
-            if record["eval_config"] != want:
-                raise InputError(f"{path}: partial results of an eval with other settings ({record['eval_config']}); "
-                                 "give another --out, or --overwrite to start over (the file is left as it is)")
-            continue
+    def _parse(self, record: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
         wrong = [k for k, kind in RECORD_FIELDS.items() if not isinstance(record.get(k), kind)]
-        if n == 1 or wrong:
-            bad(n, f"{path}:{n}: " + (f"not a finished game ({', '.join(wrong)} missing or of the wrong type)"
-                                       if wrong else "no header (eval_config)"))
-            continue
-        done[record["item_id"]] = record
-    return done
+        if wrong:
+            raise DataError(f"{where}: not a finished game ({', '.join(wrong)} missing or of the wrong type)")
+        return record["item_id"], record
+
+    def _line(self, item_id: Any, record: dict[str, Any]) -> dict[str, Any]:
+        return record
 
 
 def evaluate(model: str | None = None, **settings: Any) -> dict[str, Any]:

@@ -1,13 +1,6 @@
-"""Explanatory knowledge, judged by a language model: for each critical question of a game, a
-judge reads the task description, the agent's knowledge and the question, and its greedy answer
-is read as a verdict, 1 or 0; knowledge = the fraction judged 1. The prompt and the reading are
-the world's scorer's (`World.knowledge`); this module asks the judge and keeps the verdicts.
-
-The knowledge is the agent's thoughts while playing (`--knowledge-from thoughts`) or its answer
-to a question asked when the episode ended (`report`). The judge is a local folder (an engine
-actor) or `openai:URL` (chat completions in JSON mode, as the paper asked GPT-4o). An unreadable
-answer or a refused request counts 0 (counted as unparsed, or as an error). Verdicts are cached
-in a JSONL file keyed by the judge and a hash of (question, knowledge).
+"""Explanatory knowledge, judged by a language model (docs/games.md, "Knowledge"): each critical
+question's verdict, 1 or 0, is a judge's greedy answer about the agent's thoughts or report, asked
+and read as the world's scorer says (`World.knowledge`); verdicts are cached in a JSONL file.
 """
 
 from __future__ import annotations
@@ -51,11 +44,6 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k != "cached"}
-
-
-def parse_verdict(text: str, question: str, scorer: Any) -> Verdict:
-    """A judge's answer read by the world's scorer (`read_verdict`): unreadable counts 0, unparsed."""
-    return Verdict(question, *scorer.read_verdict(text))
 
 
 # --------------------------------------------------------------------------- cache
@@ -199,19 +187,15 @@ class Judge:
 
     def __init__(self, cfg: JudgeConfig) -> None:
         self.cfg = cfg
-        self.engine: Any = None
-        self.chat: Any = None
-        self._agent: Any = None
         if cfg.served:
             self.engine = _served_engine(cfg)
         else:
             from rose_ray.inference.engine import EngineConfig
             from rose_ray.rollout.actors import start_agents
 
-            self._agent, _ = start_agents(EngineConfig(model=cfg.model, dtype=cfg.dtype, context_tokens=cfg.context_tokens,
-                                                       max_batch_size=cfg.concurrency), None,
-                                          enable_thinking=bool(cfg.thinking))
-            self.engine, self.chat = self._agent.engine, self._agent.chat
+            engine = EngineConfig(model=cfg.model, dtype=cfg.dtype, context_tokens=cfg.context_tokens,
+                                  max_batch_size=cfg.concurrency)
+            self.agent, _ = start_agents(engine, None, enable_thinking=bool(cfg.thinking))
 
     async def answer(self, messages: list[dict[str, str]], request_id: str) -> tuple[str, str]:
         """(the judge's text, "") or ("", why it could not answer); JudgeUnavailable when the server
@@ -228,8 +212,8 @@ class Judge:
             except OpenAIServerError as e:  # a refused request, or an answer without a message
                 return "", f"the judge server did not answer this question: {e}"
         else:
-            ids = self.chat.render_ids(messages, add_generation_prompt=True)
-            result = await self.engine.generate.remote(
+            ids = self.agent.chat.render_ids(messages, add_generation_prompt=True)
+            result = await self.agent.engine.generate.remote(
                 GenerationRequest(prompt_ids=ids, sampling=self.cfg.sampling(), request_id=request_id))
             if result.finish_reason == "context":
                 return "", f"the prompt ({len(ids)} tokens) does not fit the judge's context"
@@ -242,7 +226,7 @@ class Judge:
         else:
             from rose_ray.rollout.actors import stop_agents
 
-            stop_agents(self._agent)
+            stop_agents(self.agent)
 
 
 # --------------------------------------------------------------------------- scoring
@@ -253,10 +237,10 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
     what the cache lacks. Returns counts: questions, asked, cached, unparsed, errors, cut."""
     if source not in KNOWLEDGE_SOURCES:
         raise InputError(f"knowledge from: must be one of {KNOWLEDGE_SOURCES}, got {source!r}")
-    knowledge_of: dict[int, tuple[str, bool]] = {
-        id(r): fit_knowledge((r.get(source) or "").strip(), cfg.knowledge_chars)
-        for r in records if r.get("critical_questions")}
-    jobs = [(r, q, knowledge_of[id(r)][0]) for r in records for q in r.get("critical_questions") or []]
+    # (record, its knowledge cut to fit, whether cut) for each record with critical questions
+    judged = [(r, *fit_knowledge((r.get(source) or "").strip(), cfg.knowledge_chars))
+              for r in records if r.get("critical_questions")]
+    jobs = [(r, q, knowledge) for r, knowledge, _ in judged for q in r["critical_questions"]]
     verdicts: dict[tuple[str, str], Verdict] = {}
     todo: dict[tuple[str, str], str] = {}  # (question, knowledge) -> the task description
     for r, q, knowledge in jobs:
@@ -279,11 +263,9 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
             verdicts.update(run_coroutine(lambda: _ask_all(judge, todo, cache)))  # a notebook's loop too
         finally:
             judge.close()
-    counts = {"questions": len(jobs), "asked": len(todo), "cached": 0, "unparsed": 0, "errors": 0, "cut": 0}
-    for r in records:
-        if id(r) not in knowledge_of:
-            continue
-        knowledge, cut = knowledge_of[id(r)]
+    counts = {"questions": len(jobs), "asked": len(todo), "cached": 0, "cut": 0}
+    verdict_rows: list[dict[str, Any]] = []
+    for r, knowledge, cut in judged:
         got = [verdicts[(q, knowledge)] for q in r["critical_questions"]]
         r["verdicts"] = [v.to_dict() for v in got]
         r["knowledge"] = sum(v.verdict for v in got) / len(got)
@@ -291,9 +273,8 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
         r["judge"] = cfg.name
         counts["cut"] += cut
         counts["cached"] += sum(v.cached for v in got)
-        for key, n in verdict_counts(r["verdicts"]).items():
-            counts[key] += n
-    return counts
+        verdict_rows += r["verdicts"]
+    return {**counts, **verdict_counts(verdict_rows)}
 
 
 def verdict_counts(verdicts: list[dict[str, Any]]) -> dict[str, int]:
@@ -314,7 +295,7 @@ async def _ask_all(judge: Judge, todo: dict[tuple[str, str], str],
             text, error = await judge.answer(scorer.judge_messages(task, knowledge, question), f"judge/{n}")
         if error:  # not cached: a later run asks again
             return key, Verdict(question, 0, False, "", error)
-        verdict = parse_verdict(text, question, scorer)
+        verdict = Verdict(question, *scorer.read_verdict(text))  # unreadable: 0, unparsed
         cache.put(judge.cfg.cache_name, knowledge, verdict, text)
         return key, verdict
 

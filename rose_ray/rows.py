@@ -23,17 +23,11 @@ from rose_ray.types import (
     GameId,
     Trajectory,
     Turn,
-    message_schema,
     message_text,
     validate_conversation,
 )
 
 _OPTIONAL = {"task": str, "var": int, "rounds": int}
-
-
-def row_schema(row: dict[str, Any]) -> str | None:
-    """The schema of a validated row's messages."""
-    return message_schema(row["conversations"][0])
 
 
 def validate_row(row: Any, where: str = "row") -> dict[str, Any]:
@@ -98,65 +92,71 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
+START_OVER = "give another --out, or --overwrite to start over (the file is left as it is)"
+
+
 class PartialRows:
     """A dataset file written as its rows come: `<out>.partial` holds a header naming the job
     (`{"partial_of": job}`) and a `{"game": i, "row": row}` line per finished game, flushed, so a
-    kill loses only the line it cut; `finish` writes `<out>` whole, in game order. Opening resumes
-    the partial file of the same `job` (`done`: its rows by game); an existing `out` or another
-    job's partial file is refused unless `overwrite` (then it starts over)."""
+    kill loses only the line it cut. Opening resumes the partial file of the same `job` (`done`:
+    its rows by game); another job's partial file is refused unless `overwrite` (then it starts
+    over); `finish` writes `<out>` whole, in game order. Subclasses change the file's format."""
+
+    suffix, header_key = ".partial", "partial_of"
+    header_name = "the partial file's header"
+    other_job = "the rows of another job (other settings or games: {})"
 
     def __init__(self, out: str | Path, job: dict[str, Any], overwrite: bool = False) -> None:
         self.out = Path(out)
-        self.path = self.out.with_name(self.out.name + ".partial")
+        self.path = self.out.with_name(self.out.name + self.suffix)
         self.job = json.loads(json.dumps(job))  # as it reads back from the file
-        if self.out.is_dir():
-            raise InputError(f"--out {self.out}: a folder; give a file name")
-        if self.out.exists() and not overwrite:
-            raise InputError(f"--out {self.out}: already exists; give another --out, or --overwrite to replace it")
-        self.done: dict[int, dict[str, Any]] = {}
+        self.done: dict[Any, dict[str, Any]] = {}
         if self.path.exists():
             try:
-                header, self.done = self._read()
-            except InputError:
+                self._read()
+            except InputError as e:
                 if not overwrite:
                     raise
-                header = {}  # a header that cannot be read: started over, as asked
-            if header is not None and header != self.job:
-                if not overwrite:
-                    raise InputError(f"{self.path}: the rows of another job (other settings or games: "
-                                     f"{header}); give another --out, --overwrite to start over, or delete it")
+                print(f"{str(e).split('; give')[0]}; --overwrite: starting over", file=sys.stderr, flush=True)
                 self.path.unlink()
                 self.done = {}
         self._lock = threading.Lock()
         self._file: Any = None
 
-    def _read(self) -> tuple[dict[str, Any] | None, dict[int, dict[str, Any]]]:
-        """The header and rows of the partial file (a line a kill cut short left out). A row line
+    def _read(self) -> None:
+        """The rows of the partial file into `done` (a line a kill cut short left out). A row line
         that cannot be read is named (file:line) and its game played again; a header that cannot
-        be read is refused."""
+        be read, or another job's, is refused."""
         def bad(n: int, problem: str) -> None:
             if n == 1:
-                raise InputError(f"{problem}: the partial file's header cannot be read; give --overwrite to start "
-                                 "over, or another --out (the file is left as it is)")
+                raise InputError(f"{problem}: {self.header_name} cannot be read; {START_OVER}")
             print(f"{problem}; passed over (that game is played again)", file=sys.stderr, flush=True)
 
-        header, done = None, {}
         for n, _, record in json_records(self.path, bad):
             if n == 1:
-                if not isinstance(record.get("partial_of"), dict):
-                    bad(1, f"{self.path}:1: no header (partial_of)")
-                header = record["partial_of"]
+                if not isinstance(record.get(self.header_key), dict):
+                    bad(1, f"{self.path}:1: no header ({self.header_key})")
+                if record[self.header_key] != self.job:
+                    other = self.other_job.format(record[self.header_key])
+                    raise InputError(f"{self.path}: {other}; {START_OVER}")
                 continue
             try:
-                game = record["game"]
-                if not isinstance(game, int) or isinstance(game, bool):
-                    raise DataError(f"{self.path}:{n}: game: expected an integer, got {game!r}")
-                done[game] = validate_row(record["row"], f"{self.path}:{n}")
+                key, row = self._parse(record, f"{self.path}:{n}")
+                self.done[key] = row
             except KeyError as e:
                 bad(n, f"{self.path}:{n}: no {e.args[0]!r}")
             except DataError as e:
                 bad(n, str(e))
-        return header, done
+
+    def _parse(self, record: dict[str, Any], where: str) -> tuple[Any, dict[str, Any]]:
+        """A line's game and row, checked (DataError, KeyError)."""
+        game = record["game"]
+        if not isinstance(game, int) or isinstance(game, bool):
+            raise DataError(f"{where}: game: expected an integer, got {game!r}")
+        return game, validate_row(record["row"], where)
+
+    def _line(self, game: Any, row: dict[str, Any]) -> dict[str, Any]:
+        return {"game": game, "row": row}
 
     def __enter__(self) -> PartialRows:
         return self
@@ -166,20 +166,18 @@ class PartialRows:
             self._file.close()
             self._file = None
 
-    def _write(self, record: dict[str, Any]) -> None:
+    def add(self, game: Any, row: dict[str, Any]) -> None:
+        """Game `game`'s row, checked and on disk before this returns."""
+        record = self._line(game, row)
+        self._parse(record, f"row of game {game}")
         with self._lock:  # gold's games finish on several threads
             if self._file is None:  # opened at the first row: a job that fails before one writes nothing
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._file = open_for_append(self.path)
                 if self.path.stat().st_size == 0:  # new, or only a cut header was there
-                    self._file.write(json.dumps({"partial_of": self.job}, ensure_ascii=False) + "\n")
+                    self._file.write(json.dumps({self.header_key: self.job}, ensure_ascii=False) + "\n")
             self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
             self._file.flush()
-
-    def add(self, game: int, row: dict[str, Any]) -> None:
-        """Game `game`'s row, on disk before this returns."""
-        validate_row(row, f"row of game {game}")
-        self._write({"game": game, "row": row})
         self.done[game] = row
 
     def finish(self) -> int:

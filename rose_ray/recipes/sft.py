@@ -47,14 +47,11 @@ def train_sft(
     from rose_ray.recipes.teacher_sft import imitate
     from rose_ray.rows import read_jsonl, row_to_trajectory
     from rose_ray.tokens import make_batch, render, with_ids
-    from rose_ray.types import OWNERS
 
-    if epochs < 1:
-        raise InputError(f"sft.epochs: must be >= 1, got {epochs!r}")
-    if batch_size < 1:
-        raise InputError(f"sft.batch_size: must be >= 1, got {batch_size!r}")
-    if not sft_owners or set(sft_owners) - set(OWNERS):
-        raise InputError(f"sft.owners: must be a non-empty subset of {OWNERS}, got {list(sft_owners)}")
+    for key, value in (("epochs", epochs), ("batch_size", batch_size)):
+        if value < 1:
+            raise InputError(f"sft.{key}: must be >= 1, got {value!r}")
+    weights = imitate(sft_owners, "sft.owners")
     out = out_path(out)  # on the driver: learner rank 0 writes it, from its own node and working directory
     check_model_out(out, overwrite)
     rows = read_jsonl(data)  # bad data fails here, before any actor starts
@@ -62,7 +59,6 @@ def train_sft(
     if learner.get("schedule", "constant") != "constant":
         learner.setdefault("total_steps", steps)
     config = LearnerConfig(model=str(model), **learner)
-    weights = imitate(sft_owners)
     tokenizer = load_tokenizer(model)
     fmt = ChatFormat(tokenizer, history=history)
     seqs = []
@@ -124,11 +120,8 @@ def row_cut(turns: list[Any], max_tokens: int) -> list[int]:
 
 def cli_main(args: SftCommand) -> int:
     """The `sft` subcommand (its settings: rose_ray/commands.py)."""
-    learner = {
-        "lr": args.lr, "ranks": args.ranks, "zero_stage": args.zero_stage, "dtype": args.dtype,
-        "max_tokens": args.max_tokens, "seed": args.seed,
-        "threads": args.threads, "schedule": args.schedule, "warmup_steps": args.warmup_steps,
-    }
+    learner = {k: getattr(args, k) for k in ("lr", "ranks", "zero_stage", "dtype", "max_tokens", "seed", "threads",
+                                             "schedule", "warmup_steps")}
     result = train_sft(args.data, args.model, args.out, epochs=args.epochs, batch_size=args.batch_size,
                        history=args.history, sft_owners=args.owners.split(","), overwrite=args.overwrite,
                        **learner)

@@ -12,8 +12,11 @@ from rose_ray.tokens import TokenWeights
 from rose_ray.types import OWNERS
 
 
-def imitate(owners: list[str] | tuple[str, ...]) -> TokenWeights:
-    """Cross entropy on these owners' tokens (also offline SFT's weights, recipes/sft.py)."""
+def imitate(owners: list[str] | tuple[str, ...], key: str = "algorithm.owners") -> TokenWeights:
+    """Cross entropy on these owners' tokens (also offline SFT's weights, recipes/sft.py); `key`
+    names them in the ConfigError when they are not a non-empty subset of OWNERS."""
+    if not owners or set(owners) - set(OWNERS):
+        raise ConfigError(f"{key}: must be a non-empty subset of {OWNERS}, got {list(owners)}")
     return TokenWeights(ce={o: 1.0 for o in owners})
 
 
@@ -23,9 +26,7 @@ class TeacherSFT(Recipe):
     owners: list[str] = field(default_factory=lambda: ["student", "teacher"])  # whose tokens to imitate
 
     def __post_init__(self) -> None:
-        bad = [o for o in self.owners if o not in OWNERS]
-        if not self.owners or bad:
-            raise ConfigError(f"algorithm.owners: must be a non-empty subset of {OWNERS}, got {list(self.owners)}")
+        imitate(self.owners)
         if "teacher" not in self.owners:
             raise ConfigError(f"algorithm.owners: {list(self.owners)} leaves out the teacher, who "
                               "plays every turn under teacher_sft, so no token would train")

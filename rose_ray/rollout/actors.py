@@ -77,12 +77,9 @@ def init_ray(address: str | None = None) -> None:
 
 
 def private_token() -> None:
-    """Token auth for a local cluster this process starts, with a fresh token of its own.
-
-    A local cluster's ports listen on every interface, and Ray, given no token, writes one to
-    ~/.ray/auth_token with the umask's permissions; this one lives only in this process's
-    environment, which Ray's processes inherit. A token the user gave (RAY_AUTH_TOKEN, or
-    RAY_AUTH_TOKEN_PATH, refused while others can read it) and RAY_AUTH_MODE=disabled are kept."""
+    """A fresh token for the local cluster this process starts, only in its environment (Ray's own
+    would go to ~/.ray/auth_token with the umask's permissions). A token the user gave
+    (RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH unless others can read it) and RAY_AUTH_MODE=disabled are kept."""
     import logging
     import os
     import secrets
@@ -136,18 +133,18 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
 
     check_backends_here(student, None if teacher == EXPERT else teacher)
 
-    def spawner(config: Any, num_cpus: float, num_gpus: float, options: dict[str, Any] | None):
+    def agent(config: Any, chat: Any, name: str, num_cpus: float, num_gpus: float,
+              options: dict[str, Any] | None) -> Agent:
         def spawn(generation: int = 0) -> Any:
             opts = dict(options or {})
             if generation and "name" in opts:  # an actor's name must stay unique
                 opts["name"] = f"{opts['name']} #{generation}"
             return engine_actor(config, num_cpus=num_cpus, num_gpus=num_gpus, **opts)
-        return spawn
+        return Agent(spawn(), chat, name, ContextSettings.of(config), spawn=spawn)
 
     student_tok = load_tokenizer(student.tokenizer or student.model)
     student_chat = ChatFormat(student_tok, enable_thinking, history)
-    spawn = spawner(student, student_cpus, student_gpus, student_options)
-    student_agent = Agent(spawn(), student_chat, student.model, ContextSettings.of(student), spawn=spawn)
+    student_agent = agent(student, student_chat, student.model, student_cpus, student_gpus, student_options)
     if teacher is None:
         return student_agent, None
     if teacher == EXPERT:
@@ -157,9 +154,7 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
     teacher_tok = load_tokenizer(teacher.tokenizer or teacher.model)
     chat = (student_chat if same_tokenizer(student_tok, teacher_tok)
             else ChatFormat(teacher_tok, enable_thinking, history))
-    spawn = spawner(teacher, teacher_cpus, teacher_gpus, teacher_options)
-    teacher_agent = Agent(spawn(), chat, teacher.label, ContextSettings.of(teacher), spawn=spawn)
-    return student_agent, teacher_agent
+    return student_agent, agent(teacher, chat, teacher.label, teacher_cpus, teacher_gpus, teacher_options)
 
 
 def stop_agents(*agents: Agent | None) -> None:

@@ -4,6 +4,7 @@ the `EpisodeConfig` (apart from episode.py so that conversation.py imports them 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -33,13 +34,19 @@ class EpisodeConfig:
 
 
 class EnvSlot:
-    """One slot of an EnvPool actor."""
+    """One slot of an EnvPool actor; it remembers what its episode waits on (the watchdog's report)."""
 
-    def __init__(self, pool: Any, slot: int) -> None:
-        self.pool, self.slot = pool, slot
+    def __init__(self, pool: Any, slot: int, pool_index: int = 0) -> None:
+        self.pool, self.slot, self.pool_index = pool, slot, pool_index
+        self.waiting: str | None = None  # "reset" or "step" while a call is out
+        self.since = time.monotonic()
 
     async def _call(self, what: str, call: Awaitable[Any]) -> Any:
-        return await call
+        self.waiting, self.since = what, time.monotonic()
+        try:
+            return await call
+        finally:
+            self.waiting, self.since = None, time.monotonic()
 
     async def reset(self, game: GameId):
         return await self._call("reset", self.pool.reset.remote(self.slot, game))
@@ -65,15 +72,11 @@ class Agent:
     name: str = ""
     context: ContextSettings = ContextSettings()
     spawn: Any = None  # spawn(generation): a replacement engine actor (EngineSupervisor)
-    kind: str = "engine"  # or "expert": the world's expert writes the replies (`expert_agent`)
-
-    @property
-    def expert(self) -> bool:
-        return self.kind == "expert"
+    expert: bool = False  # the world's expert writes the replies (`expert_agent`)
 
 
 def expert_agent(student: Agent) -> Agent:
     """The world's expert teacher as an agent: no engine (an episode asks the EnvPool slot for
     its reply); its text joins in the student's ids and its context is the student's, so the
     learner gets the rows a model teacher with the student's context would give."""
-    return Agent(engine=None, chat=student.chat, name="expert", context=student.context, kind="expert")
+    return Agent(engine=None, chat=student.chat, name="expert", context=student.context, expert=True)

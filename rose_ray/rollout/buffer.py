@@ -72,13 +72,12 @@ class TrajectoryBuffer:
         """A finished episode; False if it was dropped as stale."""
         async with self._changed:
             self.in_flight -= 1
-            if self.stale(t, learner_version):
-                self._drop(t)
-                accepted = False
-            else:
+            accepted = not self.stale(t, learner_version)
+            if accepted:
                 self.items.append(t)
                 self.counters.accepted += 1
-                accepted = True
+            else:
+                self._drop(t)
             self._changed.notify_all()
             return accepted
 

@@ -76,6 +76,7 @@ class Conversation:
         self.shared = teacher is None or teacher.chat is student.chat
         own = view(student.chat)
         self.views = {"student": own, "teacher": own if self.shared else view(teacher.chat)}
+        self.distinct = [own] if self.shared else list(self.views.values())  # each view once
         self.cut: list[int] = []  # turns the last prompt left out (`prompt_for`)
 
     @property
@@ -83,24 +84,21 @@ class Conversation:
         """The student's view: what the learner trains on."""
         return self.views["student"].turns
 
-    def each_view(self) -> list[View]:
-        return [self.views["student"]] if self.shared else list(self.views.values())
-
     def agent(self, owner: str) -> Agent:
         return self.teacher if owner == "teacher" else self.student
 
     def add_observation(self, text: str) -> None:
-        for view in self.each_view():
+        for view in self.distinct:
             view.turns.append(view.text_turn("user", text, "env"))
 
     def add_recorded(self, turn: Turn) -> None:
         """A recorded reply (a replayed prefix), from its text."""
-        for view in self.each_view():
+        for view in self.distinct:
             view.turns.append(view.text_turn("assistant", turn.text, turn.owner, turn.truncated))
 
     def add_reply(self, owner: str, result: Any) -> Turn:
         """The engine's reply to `prompt_for(owner)`, joining each view; the student's view's turn."""
-        for view in self.each_view():
+        for view in self.distinct:
             view.turns.append(view.reply_turn(owner, result, sampled=view is self.views[owner]))
         return self.turns[-1]
 

@@ -7,7 +7,6 @@ event loop.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from rose_ray.envs.base import StepResult
@@ -20,18 +19,6 @@ from rose_ray.rollout.conversation import Conversation, TextReply
 from rose_ray.rollout.handoff import TurnPolicy, TurnState
 from rose_ray.rollout.report import ask_report
 from rose_ray.types import GameId, Trajectory, Turn
-
-
-@dataclass
-class Replies:
-    """What the episode's replies did: the indices of those the game did not accept or that
-    repeated the action before, and counts over the replies played now."""
-
-    invalid: int = 0  # played replies the game did not accept
-    truncated: int = 0
-    cut_before_action: int = 0  # truncated before an action could be read
-    invalid_turns: list[int] = field(default_factory=list)
-    repeated_turns: list[int] = field(default_factory=list)
 
 
 class ReplayMismatch(InputError):
@@ -55,7 +42,11 @@ class Episode:
         self.timing = {"env_s": 0.0, "student_s": 0.0, "teacher_s": 0.0, "teacher_score_s": 0.0}
         self.game, self.env, self.protocol = game, env, protocol
         self.conv = Conversation(protocol, student, teacher)
-        self.replies = Replies()
+        # Counts over the replies played now (not replayed); indices of every reply the game did
+        # not accept or that repeated the action before.
+        self.invalid = self.truncated = self.cut_before_action = 0
+        self.invalid_turns: list[int] = []
+        self.repeated_turns: list[int] = []
         self.first: StepResult | None = None  # the game loaded
         self.last: StepResult | None = None
         self.last_action: str | None = None
@@ -105,15 +96,15 @@ class Episode:
         Whether it failed: not accepted, or a repeat of the action before."""
         bad = not parsed.valid_format or self.protocol.is_invalid(self.last.observation)
         repeated = parsed.action == self.last_action
-        replies, at = self.replies, len(self.conv.turns) - 2  # the reply's index in the turns
+        at = len(self.conv.turns) - 2  # the reply's index in the turns
         if bad:
-            replies.invalid_turns.append(at)
+            self.invalid_turns.append(at)
         if repeated:
-            replies.repeated_turns.append(at)
+            self.repeated_turns.append(at)
         if played is not None:
-            replies.invalid += bad
-            replies.truncated += played.truncated
-            replies.cut_before_action += played.truncated and not parsed.valid_format
+            self.invalid += bad
+            self.truncated += played.truncated
+            self.cut_before_action += played.truncated and not parsed.valid_format
         self.last_action = parsed.action
         if self.last.done:
             self.done, self.end_reason = True, self.last.end_reason
@@ -122,16 +113,16 @@ class Episode:
     def trajectory(self, rounds: int, handoff_turn: int | None, handoff_p: float | None, handoff_seed: str | None,
                    report: str | None, report_turns: list[Turn]) -> Trajectory:
         """The finished episode, its turns as the learner reads them."""
-        (turns, cut), last, replies = self.conv.for_learner(), self.last, self.replies
+        (turns, cut), last = self.conv.for_learner(), self.last
         self.timing["total_s"] = time.perf_counter() - self.started
         versions = [t.policy_version for t in turns if t.owner == "student" and t.policy_version is not None]
         return Trajectory(
             game=self.game, turns=turns, score=float(last.score), raw_score=int(last.raw_score),
             success=bool(last.success), rounds=rounds, handoff_turn=handoff_turn,
             student_version=min(versions) if versions else None, done=self.done, end_reason=self.end_reason,
-            context_cut=cut, invalid_actions=int(replies.invalid), truncated_turns=int(replies.truncated),
-            cut_before_action=int(replies.cut_before_action), invalid_turns=replies.invalid_turns,
-            repeated_turns=replies.repeated_turns, handoff_p=handoff_p, handoff_seed=handoff_seed,
+            context_cut=cut, invalid_actions=int(self.invalid), truncated_turns=int(self.truncated),
+            cut_before_action=int(self.cut_before_action), invalid_turns=self.invalid_turns,
+            repeated_turns=self.repeated_turns, handoff_p=handoff_p, handoff_seed=handoff_seed,
             timing=self.timing, report=report, report_turns=report_turns,
             scoring={**(self.first.info.get("scoring") or {}), **(last.info.get("scoring") or {})},
             handoff_state=self.handoff_state if handoff_turn is not None else None, expert=self.expert,

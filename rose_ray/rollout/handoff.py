@@ -10,7 +10,7 @@ play, says when the teacher takes over to the end of the episode:
     none          never: the student plays the whole episode (eval, OPD)
     teacher_only  at once (K = 0)
 
-A new policy is one dataclass here with a `policy` name and `takes_over`.
+A new policy is one dataclass here with a `policy` name and `takes_over` or `student_turns`.
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ class TurnPolicy(Tagged):
     needs_teacher: ClassVar[bool] = False  # an episode without a teacher cannot play it
 
     def takes_over(self, turn: int, state: TurnState) -> bool:
-        """Whether the teacher acts from `turn` (1-based) to the end of the episode."""
-        raise NotImplementedError
+        """Whether the teacher acts from `turn` (1-based) to the end of the episode (by default:
+        after `student_turns`; never where that is None)."""
+        k = self.student_turns(state.learner_step)
+        return k is not None and turn > k
 
     def student_turns(self, learner_step: int = 0) -> int | None:
         """Turns the student plays before the handoff, where fixed in advance; else None."""
@@ -70,9 +72,6 @@ class Fixed(TurnPolicy):
     def student_turns(self, learner_step: int = 0) -> int:
         return self.k
 
-    def takes_over(self, turn: int, state: TurnState) -> bool:
-        return turn > self.k
-
 
 @dataclass
 class Curriculum(TurnPolicy):
@@ -87,9 +86,6 @@ class Curriculum(TurnPolicy):
 
     def student_turns(self, learner_step: int = 0) -> int:
         return min(self.k_max, self.k_start + learner_step // self.grow_every)
-
-    def takes_over(self, turn: int, state: TurnState) -> bool:
-        return turn > self.student_turns(state.learner_step)
 
 
 @dataclass
@@ -122,9 +118,6 @@ class Decay(TurnPolicy):
 class StudentOnly(TurnPolicy):
     policy: str = "none"
 
-    def takes_over(self, turn: int, state: TurnState) -> bool:
-        return False
-
 
 @dataclass
 class TeacherOnly(TurnPolicy):
@@ -133,9 +126,6 @@ class TeacherOnly(TurnPolicy):
 
     def student_turns(self, learner_step: int = 0) -> int:
         return 0
-
-    def takes_over(self, turn: int, state: TurnState) -> bool:
-        return True
 
 
 def turn_policy(value: Any = "fixed", **keys: Any) -> TurnPolicy:

@@ -1,7 +1,6 @@
-"""The game order (`GameSampler`) and every sampled game's one outcome, in
-`<run_dir>/episodes.jsonl`. Each drawn game is episode `e<n>` (n counts over the whole run,
-resumes included) and gets one outcome record: `trained` (with the learner step),
-`dropped_stale`, `failed`, or `in_flight` (running or buffered when the run stopped).
+"""The game order (`GameSampler`) and every sampled game's one outcome in
+`<run_dir>/episodes.jsonl` (docs/reliability.md); each drawn game is episode `e<n>`, n counting
+over the whole run.
 
 A checkpoint keeps the open episodes and the file's length. Going back to it cuts the file to
 that length, plays the open episodes again first and puts the sampler back at its cursor, so
@@ -134,8 +133,7 @@ class EpisodeLedger:
 
     def stop(self) -> None:
         """The run ends: every open episode (queued to play again too) was in flight."""
-        for d in list(self.replay):
-            self.open[d.episode_id] = d
+        self.open.update((d.episode_id, d) for d in self.replay)
         self.replay.clear()
         for episode_id in sorted(self.open, key=lambda e: self.open[e].n):
             self.record(episode_id, "in_flight")

@@ -123,13 +123,10 @@ def local_players(spec: PlaySpec, games: int) -> Iterator[Players]:
     computing = {id(c) for c in (spec.student, spec.teacher) if c not in (None, EXPERT) and c.spec.local}
     left = ray.cluster_resources().get("CPU", 1.0) - env.workers * env.cpus_per_worker
     share = min(1.0, max(left, 0.25) / max(len(computing), 1))
-
-    def cpus(config: Any) -> float:
-        return 0.0 if config in (None, EXPERT) or config.spec.served else share
-
+    cpus = [share if id(c) in computing else 0.0 for c in (spec.student, spec.teacher)]
     try:
-        agents = actors.start_agents(spec.student, spec.teacher, cpus(spec.student), cpus(spec.teacher),
-                                     enable_thinking=spec.enable_thinking, history=spec.history)
+        agents = actors.start_agents(spec.student, spec.teacher, *cpus, enable_thinking=spec.enable_thinking,
+                                     history=spec.history)
         yield Players(EpisodeRunner(pools, env.games_per_worker), agents[0], agents[1])
     finally:
         actors.close_pools(pools)

@@ -30,39 +30,21 @@ class RunnerCounters:
         return dict(self.__dict__)
 
 
-class TrackedSlot(EnvSlot):
-    """An EnvSlot that remembers what its episode waits on, for the watchdog's report."""
-
-    def __init__(self, pool: Any, slot: int, pool_index: int) -> None:
-        super().__init__(pool, slot)
-        self.pool_index = pool_index
-        self.waiting: str | None = None  # "reset" or "step" while a call is out
-        self.since = time.monotonic()
-
-    async def _call(self, what: str, call: Awaitable[Any]) -> Any:
-        self.waiting, self.since = what, time.monotonic()
-        try:
-            return await call
-        finally:
-            self.waiting, self.since = None, time.monotonic()
-
-
 class EpisodeRunner:
     """Hands free pool slots to episodes and restarts interrupted ones (with `engines`, an
     episode whose engine was lost waits for the replacement first)."""
 
     def __init__(self, pools: list[Any], games_per_pool: int, max_retries: int = 5,
                  engines: EngineSupervisor | None = None) -> None:
-        self.slots: asyncio.Queue[TrackedSlot] = asyncio.Queue()
+        self.slots: asyncio.Queue[EnvSlot] = asyncio.Queue()
         for slot in range(games_per_pool):  # interleave pools so load spreads
             for i, pool in enumerate(pools):
-                self.slots.put_nowait(TrackedSlot(pool, slot, i))
-        self.capacity = len(pools) * games_per_pool
+                self.slots.put_nowait(EnvSlot(pool, slot, i))
         self.max_retries = max_retries
         self.engines = engines
         self.counters = RunnerCounters()
         self.in_flight = 0
-        self.active: dict[int, tuple[GameId, TrackedSlot]] = {}  # episodes on a slot now
+        self.active: dict[int, tuple[GameId, EnvSlot]] = {}  # episodes on a slot now
 
     async def play(self, game: GameId, episode: EpisodeFn) -> Trajectory:
         """Run one episode to its end on some slot, restarting it if its game or engine dies."""

@@ -15,11 +15,6 @@ from rose_ray.reliability import RoleFailed, describe_error
 from rose_ray.rollout.agent import Agent
 
 
-async def _ping(handle: Any, timeout_s: float) -> dict[str, Any]:
-    """An engine actor's health report; asyncio.TimeoutError when it does not answer in time."""
-    return await asyncio.wait_for(handle.health.remote(), timeout_s)
-
-
 @dataclass
 class _Watched:
     role: str
@@ -71,9 +66,7 @@ class EngineSupervisor:
 
         from rose_ray.inference.openai import OpenAIServerGone
 
-        if isinstance(error, (ray.exceptions.RayActorError, OpenAIServerGone)):
-            return self.whose(error)
-        return None
+        return self.whose(error) if isinstance(error, (ray.exceptions.RayActorError, OpenAIServerGone)) else None
 
     def whose(self, error: BaseException) -> str | None:
         """The role whose engine (present or past) raised `error`, when it names its actor."""
@@ -95,7 +88,7 @@ class EngineSupervisor:
     async def lost(self, role: str, handle: Any) -> bool:
         """Whether `role`'s engine `handle` is gone (then it is replaced before this returns)."""
         try:
-            await _ping(handle, self.health_timeout_s)
+            await asyncio.wait_for(handle.health.remote(), self.health_timeout_s)
             return False
         except Exception as e:  # noqa: BLE001 - dead, or no answer: either way not serving
             await self.recover(role, e, handle)
@@ -110,7 +103,13 @@ class EngineSupervisor:
                 with contextlib.suppress(Exception):  # already gone
                     ray.kill(w.agent.engine)  # a hung engine goes too, whatever comes next
                 if w.restarts > self.max_restarts:
-                    raise self._fail(w, cause)
+                    if self.failed is None:
+                        self.failed = RoleFailed(
+                            f"{w.role}: lost {w.restarts} times, more than reliability.max_restarts="
+                            f"{self.max_restarts}; the last time: {describe_error(cause)}")
+                        if self.on_failed is not None:
+                            self.on_failed(self.failed)
+                    raise self.failed
                 print(f"\ntrain: {w.role} lost ({describe_error(cause)}); starting a replacement "
                       f"({w.restarts}/{self.max_restarts})", flush=True)
                 t0 = time.monotonic()
@@ -132,14 +131,6 @@ class EngineSupervisor:
         finally:
             w.restarting = None
 
-    def _fail(self, w: _Watched, cause: BaseException | None) -> RoleFailed:
-        if self.failed is None:
-            self.failed = RoleFailed(f"{w.role}: lost {w.restarts} times, more than reliability.max_restarts="
-                                     f"{self.max_restarts}; the last time: {describe_error(cause)}")
-            if self.on_failed is not None:
-                self.on_failed(self.failed)
-        return self.failed
-
     async def monitor(self) -> None:
         """Ping every engine every `health_every_s` (a task for the run's life)."""
         async def watch(w: _Watched) -> None:
@@ -156,7 +147,7 @@ class EngineSupervisor:
             if w.ready is not handle:  # a new engine first loads its model
                 await asyncio.wait_for(handle.ready.remote(), self.start_timeout_s)
                 w.ready = handle
-            h = await _ping(handle, self.health_timeout_s)
+            h = await asyncio.wait_for(handle.health.remote(), self.health_timeout_s)
         except asyncio.TimeoutError:
             cause: BaseException = TimeoutError(f"no answer to a health ping within {self.health_timeout_s:g} s")
         except Exception as e:  # noqa: BLE001 - a dead actor
@@ -176,7 +167,7 @@ class EngineSupervisor:
             if w.restarting is not None:
                 return f"{w.role}: being replaced ({w.restarts}/{self.max_restarts})"
             try:
-                h = await _ping(w.agent.engine, timeout_s)
+                h = await asyncio.wait_for(w.agent.engine.health.remote(), timeout_s)
             except Exception as e:  # noqa: BLE001
                 return f"{w.role}: no answer to a ping within {timeout_s:g} s ({type(e).__name__})"
             waiting = (f"{h['in_flight']} calls in flight, none finished for {h['stalled_s']:.0f} s"

@@ -94,7 +94,7 @@ def test_a_bad_line_mid_partial_file_costs_only_its_game(tmp_path, capsys):
     again (before, the whole file was refused: "delete the file", every finished game lost).
     A file of other settings, or whose header cannot be read, is refused and left as it is."""
     from rose_ray.errors import InputError
-    from rose_ray.evaluate import _read_partial
+    from rose_ray.evaluate import PartialGames
 
     want = {"model": "m", "seed": 0}
     games = [record("boil", 50), record("melt", 100), record("freeze", 0)]
@@ -103,7 +103,7 @@ def test_a_bad_line_mid_partial_file_costs_only_its_game(tmp_path, capsys):
              json.dumps({"item_id": "sciworld_8"}), "\xff", json.dumps(games[1]), "[]", json.dumps(games[2])]
     path.write_bytes("\n".join(lines).encode("utf-8", "surrogateescape").replace("\xff".encode(), b"\xff") + b"\n")
     before = path.read_bytes()
-    done = _read_partial(path, want)
+    done = PartialGames(tmp_path / "ev", want).done
     assert list(done) == [g["item_id"] for g in games]
     err = capsys.readouterr().err
     for n, problem in ((3, "not valid JSON"), (4, "not a finished game (task, score, success, pass, turns"),
@@ -111,7 +111,7 @@ def test_a_bad_line_mid_partial_file_costs_only_its_game(tmp_path, capsys):
         assert f"{path}:{n}: {problem}" in err
     assert "Traceback" not in err and path.read_bytes() == before
     with pytest.raises(InputError, match="partial results of an eval with other settings"):
-        _read_partial(path, {**want, "seed": 1})
+        PartialGames(tmp_path / "ev", {**want, "seed": 1})
     path.write_bytes(b"\xff\n" + before.split(b"\n", 1)[1])
     with pytest.raises(InputError, match=f"{path}:1: not UTF-8 text.*header of the partial results cannot be read"):
-        _read_partial(path, want)
+        PartialGames(tmp_path / "ev", want)

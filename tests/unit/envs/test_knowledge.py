@@ -20,9 +20,9 @@ from rose_ray.envs.worlds import get_world
 from rose_ray.errors import InputError
 from rose_ray.judge import (
     JudgeConfig,
+    Verdict,
     VerdictCache,
     fit_knowledge,
-    parse_verdict,
 )
 
 CATALOGUE = DiscoveryWorldCatalogue()
@@ -58,7 +58,7 @@ ANSWER = '{"criticalQuestion": "Q?", "evaluation": %s, "explanation": "it names 
     ('<think>{"evaluation": 1}, I think, but', 0, False),  # cut while thinking: nothing is an answer
 ])
 def test_verdicts_are_the_json_evaluation_and_malformed_ones_count_zero(answer, verdict, parsed):
-    v = parse_verdict(answer, "Q?", SCORER)
+    v = Verdict("Q?", *SCORER.read_verdict(answer))
     assert (v.verdict, v.parsed, v.question) == (verdict, parsed, "Q?")
     if parsed:
         assert v.explanation == "it names the compound"
@@ -103,8 +103,8 @@ def test_the_judge_asks_and_reads_through_its_worlds_scorer():
 def test_the_cache_keys_on_judge_question_and_knowledge(tmp_path, capsys):
     path = tmp_path / "v.jsonl"
     cache = VerdictCache(path)
-    cache.put("judge-a", "I found that X rusts.", parse_verdict(ANSWER % 1, "Q1?", SCORER), "raw")
-    cache.put("judge-a", "I found that X rusts.", parse_verdict("gibberish", "Q2?", SCORER), "gibberish")
+    cache.put("judge-a", "I found that X rusts.", Verdict("Q1?", *SCORER.read_verdict(ANSWER % 1)), "raw")
+    cache.put("judge-a", "I found that X rusts.", Verdict("Q2?", *SCORER.read_verdict("gibberish")), "gibberish")
     with path.open("a") as f:
         f.write('{"judge": "judge-a", "key": "cut sho')  # a write cut short by a kill
     again = VerdictCache(path)
@@ -116,7 +116,7 @@ def test_the_cache_keys_on_judge_question_and_knowledge(tmp_path, capsys):
     assert again.get("judge-a", "Q1?", "I found nothing.") is None  # other knowledge asks again
     # What is put after a cut line starts on a line of its own (before, it was glued to the cut
     # one and lost); a line that cannot be read is named and skipped.
-    again.put("judge-b", "I found that X rusts.", parse_verdict(ANSWER % 1, "Q1?", SCORER), "raw")
+    again.put("judge-b", "I found that X rusts.", Verdict("Q1?", *SCORER.read_verdict(ANSWER % 1)), "raw")
     with path.open("ab") as f:
         f.write(b'{"judge": "\xff"}\n[1]\n')
     third = VerdictCache(path)
