@@ -1,11 +1,6 @@
-"""Trajectories to token batches, on the rollout side of the learner's wall.
-
-A trajectory's turns carry the ids the engine produced or appended (empty: they live in an
-earlier turn); text-only turns (dataset rows) are rendered with `ChatFormat`; the turns the
-rollout cut (`Trajectory.context_cut`) are left out. Which tokens train, and how much, is
-decided here only: a recipe's `TokenWeights` give each owner a weight per loss term, which
-`make_batch` writes per token into packed rows (`attention_mask`: 1-based segment numbers).
-"""
+"""Trajectories to token batches, on the rollout side of the learner's wall. Which tokens train,
+and how much, is decided here only: a recipe's `TokenWeights` give each owner a weight per loss
+term, which `make_batch` writes per token into packed rows (`attention_mask`: segment numbers)."""
 
 from __future__ import annotations
 
