@@ -46,7 +46,8 @@ def gather_state(module: Any, zero3: bool, keep: bool, dtype: str | None = None,
     for name, param in module.named_parameters():  # tied parameters: first name only
         # ZeRO-3's gathered tensor is freed on leaving the context, so it is copied; else no copy on
         # its own device: callers read it before the next optimizer step.
-        with deepspeed.zero.GatheredParameters([param], modifier_rank=None) if zero3 else contextlib.nullcontext():
+        with (deepspeed.zero.GatheredParameters([param], modifier_rank=None) if zero3
+              else contextlib.nullcontext()):
             if keep:
                 value = param.detach().to(device, copy=zero3)
                 state[name] = value.to(cast) if cast is not None else value

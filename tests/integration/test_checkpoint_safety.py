@@ -218,10 +218,11 @@ def test_the_rng_state_loads_with_weights_only(group, tiny_models, tmp_path):
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == drawn
     # A file of numpy arrays (written before they were stored as tensors) or one that would run code
     # is refused, naming the file and what it holds.
+    old = tmp_path / "old.pt"
     torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-               tmp_path / "old.pt")
-    with pytest.raises(CheckpointUnreadable, match=f"{tmp_path / 'old.pt'}: cannot be read \\(it holds numpy"):
-        _load_rng_state(tmp_path / "old.pt")
+               old)
+    with pytest.raises(CheckpointUnreadable, match=f"{old}: cannot be read \\(it holds numpy"):
+        _load_rng_state(old)
     torch.save({"python": RunsCode()}, tmp_path / "code.pt")
     with pytest.raises(CheckpointUnreadable, match="code.pt: cannot be read \\(it holds .*getcwd"):
         _load_rng_state(tmp_path / "code.pt")
