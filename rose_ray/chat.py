@@ -1,17 +1,9 @@
-"""Conversation token ids, turn by turn, as the chat template renders them.
-
-Engines extend a conversation's ids turn by turn instead of re-rendering its text (the learner
-trains on the ids that were sampled). The pieces (opening, user turn + generation prompt,
-assistant ids + end-of-turn) are cut once from the tokenizer's own template, from conversations
-that end with a user turn, so templates that rewrite earlier turns (Qwen3 drops old `<think>`
-blocks) are cut right: `history="sampled"`, what the model saw while it generated each turn.
-
-`history="template"` renders history as a chat API does (`apply_template`): the whole
-conversation rendered, tokenized whole and cut after each end-of-turn token (an added special
-token, so the parts are exactly the whole); a turn's `frame` counts its role header's ids. With
-a `RenderCache` only the text after the last end-of-turn token two renderings share is tokenized
-again (the same ids: tests/unit/test_qwen3.py checks it token for token).
-"""
+"""Conversation token ids, turn by turn, as the chat template renders them (`chat.history` in
+docs/reference.md). The pieces (opening, user turn + generation prompt, assistant ids + end-of-turn)
+are cut once from the template, from conversations that end with a user turn, so templates that
+rewrite earlier turns (Qwen3 drops old `<think>` blocks) are cut right: `history="sampled"`, what the
+model saw while it generated each turn. `history="template"` renders history as a chat API does
+(`apply_template`): tokenized whole and cut after each end-of-turn token."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Trajectories to token batches, on the rollout side of the learner's wall.
-
-A trajectory's turns carry the ids the engine produced or appended (empty: they live in an
-earlier turn); text-only turns (dataset rows) are rendered with `ChatFormat`; the turns the
-rollout cut (`Trajectory.context_cut`) are left out. Which tokens train, and how much, is
-decided here only: a recipe's `TokenWeights` give each owner a weight per loss term, which
-`make_batch` writes per token into packed rows (`attention_mask`: 1-based segment numbers).
-"""
+"""Trajectories to token batches, on the rollout side of the learner's wall. Which tokens train,
+and how much, is decided here only: a recipe's `TokenWeights` give each owner a weight per loss
+term, which `make_batch` writes per token into packed rows (`attention_mask`: segment numbers)."""
 
 from __future__ import annotations
 
@@ -104,20 +99,11 @@ def render(traj: Trajectory | list[Turn], fmt: ChatFormat | None = None, cut: It
         n = len(t.token_ids)
         seq.input_ids += t.token_ids
         seq.owners += [OWNER_INDEX[t.owner]] * n
-        old = [NAN] * n
-        if t.logprobs is not None and t.role == "assistant":
-            if len(t.logprobs) > n:
-                raise ValueError(f"turn {index} has {len(t.logprobs)} logprobs for {n} token ids")
-            old[: len(t.logprobs)] = t.logprobs  # an appended eos has none
+        old = _per_token(t.logprobs if t.role == "assistant" else None, n, f"turn {index}", "logprobs")
         seq.old_logprobs += old
         version = t.policy_version if t.owner == "student" and t.policy_version is not None else -1
         seq.versions += [version if not math.isnan(x) else -1 for x in old]
-        teacher = [NAN] * n
-        if t.teacher_logprobs is not None:
-            if len(t.teacher_logprobs) > n:
-                raise ValueError(f"turn {index}: {len(t.teacher_logprobs)} teacher logprobs for {n} token ids")
-            teacher[: len(t.teacher_logprobs)] = t.teacher_logprobs
-        seq.teacher_logprobs += teacher
+        seq.teacher_logprobs += _per_token(t.teacher_logprobs, n, f"turn {index}", "teacher logprobs")
         keep = [i >= t.frame for i in range(n)]  # a template's role header is context
         if t.close:  # what a template renders after the turn's end-of-turn id: context
             keep[n - t.close:] = [False] * t.close
@@ -126,6 +112,14 @@ def render(traj: Trajectory | list[Turn], fmt: ChatFormat | None = None, cut: It
         seq.trainable += keep
         seq.turn_spans.append((index, n))
     return seq
+
+
+def _per_token(values: list[float] | None, n: int, where: str, what: str) -> list[float]:
+    """`values` for the first of `n` tokens, NaN for the rest (an appended eos has none)."""
+    values = list(values or [])
+    if len(values) > n:
+        raise ValueError(f"{where} has {len(values)} {what} for {n} token ids")
+    return values + [NAN] * (n - len(values))
 
 
 def loss_turns(seq: Sequence, n_turns: int, weights: TokenWeights) -> list[bool]:

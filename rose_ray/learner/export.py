@@ -44,13 +44,13 @@ def gather_state(module: Any, zero3: bool, keep: bool, dtype: str | None = None,
     cast = getattr(torch, dtype) if dtype else None
     state: dict[str, Any] = {}
     for name, param in module.named_parameters():  # tied parameters: first name only
-        if zero3:  # the gathered full tensor is freed on leaving the context: copy it
-            with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
-                value = param.detach().to(device, copy=True) if keep else None
-        else:  # no copy on its own device: callers read it before the next optimizer step
-            value = param.detach().to(device) if keep else None
-        if value is not None:
-            state[name] = value.to(cast) if cast is not None else value
+        # ZeRO-3's gathered tensor is freed on leaving the context, so it is copied; else no copy on
+        # its own device: callers read it before the next optimizer step.
+        with (deepspeed.zero.GatheredParameters([param], modifier_rank=None) if zero3
+              else contextlib.nullcontext()):
+            if keep:
+                value = param.detach().to(device, copy=zero3)
+                state[name] = value.to(cast) if cast is not None else value
     if not keep:
         return None
     persistent = set(module.state_dict().keys())  # drops non-persistent buffers (inv_freq)

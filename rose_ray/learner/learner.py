@@ -1,16 +1,7 @@
-"""The learner: a Ray actor group of DeepSpeed ranks, driven by one `LearnerGroup`.
-
-    group = LearnerGroup(LearnerConfig(model=path, ranks=2, zero_stage=2))
-    metrics = group.train_step(batch)          # a packed Batch (rose_ray/tokens.py); version + 1
-    group.save_checkpoint(dir); group.load_checkpoint(dir)   # exact resume
-    group.export(out_dir)                      # Hugging Face folder
-    group.publish_weights(engine_actors)       # new weights + version to the student engines
-    group.restart()                            # new ranks on the same placement, after a rank's loss
-
-The learner sees tokens only (each token's weight in each loss term, learner/losses.py) and
-never branches on an algorithm. A rank that dies fails the call at once with `LearnerLost`;
-calls from several threads take turns.
-"""
+"""The learner: a Ray actor group of DeepSpeed ranks driven by one `LearnerGroup` (train_step,
+save/load_checkpoint, export, publish_weights, restart; docs/learner.md). It sees tokens only (each
+token's weight in each loss term, learner/losses.py) and never branches on an algorithm. A rank that
+dies fails the call at once with `LearnerLost`; calls from several threads take turns."""
 
 from __future__ import annotations
 

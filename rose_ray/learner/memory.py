@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rose_ray.learner.speed import checkpointed_layers
+
 # The seed configs' student (configs/*_qwen3_1p7b_32b.yaml), from its config.json.
 QWEN3_1P7B = {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
               "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
@@ -29,12 +31,6 @@ def _shape(config: Mapping[str, Any]) -> tuple[int, int, int, int, int, int, int
             config["vocab_size"])
 
 
-def checkpointed(mode: bool | str, layers: int) -> int:
-    """How many decoder layers `learner.activation_checkpointing` recomputes (True: full)."""
-    mode = {True: "full", False: "none"}.get(mode, mode) if isinstance(mode, bool) else mode
-    return {"full": layers, "selective": (layers + 1) // 2, "none": 0}[mode]
-
-
 def learner_activation_bytes(config: Mapping[str, Any], tokens: int, chunk: int, checkpointing: bool | str,
                              dtype_bytes: int = 2, head: str = "full") -> dict[str, int]:
     """Peak activation memory of one micro-batch of `tokens` tokens: the body (layers,
@@ -45,7 +41,8 @@ def learner_activation_bytes(config: Mapping[str, Any], tokens: int, chunk: int,
     e = dtype_bytes
     q, k = heads * head_dim, kv_heads * head_dim
     layer = hidden * (8 + 4 * e) + (q + k) * (4 + 3 * e) + inter * 4 * e + 11 * heads
-    kept = checkpointed(checkpointing, layers)
+    mode = ("full" if checkpointing else "none") if isinstance(checkpointing, bool) else checkpointing
+    kept = len(checkpointed_layers(mode, layers))
     per_token = (4 + e) * hidden + kept * e * hidden + (layers - kept) * layer + (layer if kept else 0)
     if head == "cce":
         head_bytes = tokens * (e * hidden + 8)

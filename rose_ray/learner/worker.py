@@ -9,6 +9,7 @@ import math
 import os
 import pickle
 import random
+import re
 import socket
 import time
 from pathlib import Path
@@ -101,13 +102,16 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _load_rng_state(path: Path) -> dict[str, Any]:
-    """An RNG file, read `weights_only`; numpy's array rebuild is allowed for older files."""
+    """An RNG file, read `weights_only`; one holding more than tensors, lists and numbers (an
+    older file's numpy arrays, code) is refused, naming what it holds."""
     import torch
 
-    core = getattr(np, "_core", None) or np.core
-    numpy_arrays = [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
-    with torch.serialization.safe_globals(numpy_arrays):
+    try:
         return torch.load(path, weights_only=True)
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as e:
+        held = re.search(r"GLOBAL (\S+)", str(e))  # torch's message is advice to load it as code
+        why = f"it holds {held[1]}, not only tensors, lists and numbers" if held else first_line(e)
+        raise CheckpointUnreadable(f"{path}: cannot be read ({why})") from None
 
 
 def fsync_tree(folder: Path) -> None:
@@ -323,12 +327,7 @@ class LearnerWorker:
             raise CheckpointUnreadable(f"{folder}: cannot be read ({first_line(e)})") from None
         if loaded is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {path}")
-        rng_file = folder / f"rng_rank{self.rank}.pt"
-        try:
-            rng = _load_rng_state(rng_file)
-        except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as e:
-            raise CheckpointUnreadable(f"{rng_file}: cannot be read ({first_line(e)})") from None
-        _set_rng_state(rng)
+        _set_rng_state(_load_rng_state(folder / f"rng_rank{self.rank}.pt"))
         return {k: v for k, v in (client or {}).items() if k in ("step", "version")}
 
     # -- full weights: export and publication ----------------------------------------------

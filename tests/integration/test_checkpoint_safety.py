@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import pickle
 import random
 import signal
 import threading
@@ -33,7 +32,13 @@ from rose_ray.checkpoint import (
 from rose_ray.cli import main
 from rose_ray.config import load_config, to_yaml
 from rose_ray.learner.learner import LearnerGroup
-from rose_ray.learner.worker import NonFiniteWeights, _load_rng_state, _rng_state, _set_rng_state
+from rose_ray.learner.worker import (
+    CheckpointUnreadable,
+    NonFiniteWeights,
+    _load_rng_state,
+    _rng_state,
+    _set_rng_state,
+)
 from rose_ray.rows import row_to_trajectory
 from rose_ray.run import Run
 from rose_ray.tokens import make_batch, render
@@ -212,15 +217,15 @@ def test_the_rng_state_loads_with_weights_only(group, tiny_models, tmp_path):
     drawn = (random.random(), np.random.rand(), torch.rand(1).item())
     _set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == drawn
-    # A file from before (numpy arrays) still resumes; one that would run code does not load.
-    random.seed(2), np.random.seed(2), torch.manual_seed(2)
+    # A file of numpy arrays (written before they were stored as tensors) or one that would run code
+    # is refused, naming the file and what it holds.
+    old = tmp_path / "old.pt"
     torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-               tmp_path / "old.pt")
-    drawn = (random.random(), np.random.rand(), torch.rand(1).item())
-    _set_rng_state(_load_rng_state(tmp_path / "old.pt"))
-    assert (random.random(), np.random.rand(), torch.rand(1).item()) == drawn
+               old)
+    with pytest.raises(CheckpointUnreadable, match=f"{old}: cannot be read \\(it holds numpy"):
+        _load_rng_state(old)
     torch.save({"python": RunsCode()}, tmp_path / "code.pt")
-    with pytest.raises(pickle.UnpicklingError, match="getcwd"):
+    with pytest.raises(CheckpointUnreadable, match="code.pt: cannot be read \\(it holds .*getcwd"):
         _load_rng_state(tmp_path / "code.pt")
 
 
