@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
@@ -206,12 +207,9 @@ class HFEngine:
 
     # ------------------------------------------------------------------ internals
     def _left_pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for r, s in enumerate(seqs):
-            ids[r, width - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask[r, width - len(s):] = 1
+        rows = [torch.tensor(s, dtype=torch.long) for s in seqs]
+        ids = pad_sequence(rows, batch_first=True, padding_value=self.pad_id, padding_side="left")
+        mask = pad_sequence([torch.ones_like(r) for r in rows], batch_first=True, padding_side="left")
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         return ids.to(self.device), mask.to(self.device), positions.to(self.device)
 

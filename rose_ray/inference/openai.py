@@ -43,9 +43,7 @@ from rose_ray.inference.registry import SHARED_KEY_ENV
 from rose_ray.types import SamplingParams
 
 MAX_BACKOFF_S = 10.0
-# A request out this long has its server probed (a TCP connect) this often: one that refuses
-# connections is going away and would never answer.
-LIVENESS_S = 2.0
+LIVENESS_S = 2.0  # how often the server of a request out is probed (`_send`)
 PROBE_TIMEOUT_S = 5.0
 # The largest reply read (a 32k-token prompt's prompt_logprobs take a few MB).
 MAX_REPLY_BYTES = 64 * 2**20
@@ -227,17 +225,6 @@ class _CutOff(Exception):
     """A request cut off: no whole answer within timeout_s, or its server stopped taking connections."""
 
 
-class _Call:
-    """One exchange in flight: its task, when it went out, and why it was cut off (None unless it was)."""
-
-    def __init__(self, task: asyncio.Task) -> None:
-        self.task, self.since, self.cut = task, time.monotonic(), None
-
-    def cut_off(self, why: str) -> None:
-        self.cut = why
-        self.task.cancel()
-
-
 async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes:
     """A body's first `limit` + 1 bytes at most (more than `limit`: it goes on)."""
     raw = bytearray()
@@ -270,8 +257,8 @@ class OpenAIEngine:
                           "cut_off": 0}
         self._answered_at = 0.0  # when the server last answered a request (any)
         self._in_flight = asyncio.Semaphore(config.max_batch_size)  # requests out at once
-        self._calls: set[_Call] = set()
-        self._watcher: asyncio.Task | None = None
+        self._probe: asyncio.Future[str | None] | None = None  # the latest liveness probe (`_send`)
+        self._probed_at = -math.inf
         url = urllib.parse.urlsplit(self.base_url)
         self._address = (url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 80))
         # The environment's proxy, as urllib reads it; through one, a direct probe says nothing.
@@ -340,24 +327,26 @@ class OpenAIEngine:
                 await asyncio.sleep(pause)
 
     async def _send(self, method: str, url: str, data: bytes | None, timeout_s: float | None = None) -> Any:
-        """One HTTP exchange, its JSON answer, watched while it is out (`_watch`)."""
+        """One HTTP exchange, its JSON answer. While it is out, its server is probed (a TCP connect,
+        one for all requests out, not through a proxy) every LIVENESS_S: one that refuses
+        connections is going away and would never answer, so the exchange is cut off."""
         timeout_s = timeout_s or self.config.backend.timeout_s
-        call = _Call(asyncio.ensure_future(self._exchange(method, url, data, timeout_s)))
-        self._calls.add(call)
-        if self._proxy is None and self._watcher is None:
-            self._watcher = asyncio.ensure_future(self._watch())
+        exchange = asyncio.ensure_future(self._exchange(method, url, data, timeout_s))
         try:
-            return await call.task
-        except asyncio.CancelledError:
-            if call.cut is None:  # this request itself was cancelled
-                raise
-            self._counters["cut_off"] += 1
-            raise _CutOff(call.cut) from None
+            while not (await asyncio.wait({exchange}, timeout=LIVENESS_S if self._proxy is None else None))[0]:
+                if time.monotonic() - self._probed_at >= LIVENESS_S:
+                    self._probe, self._probed_at = asyncio.ensure_future(self._unreachable()), time.monotonic()
+                why = await asyncio.shield(self._probe)  # type: ignore[arg-type]
+                if why is not None and not exchange.done():
+                    self._counters["cut_off"] += 1
+                    raise _CutOff(f"{self.base_url} stopped taking connections ({why}) while the request was "
+                                  "out: the server is going away")
+            return exchange.result()
         except asyncio.TimeoutError:
             self._counters["cut_off"] += 1
             raise _CutOff(f"{self.base_url}: no whole answer within {timeout_s:g} s (engine timeout_s)") from None
         finally:
-            self._calls.discard(call)
+            exchange.cancel()
 
     async def _exchange(self, method: str, url: str, data: bytes | None, timeout_s: float) -> Any:
         """The request and its whole answer within `timeout_s` (a trickled answer trips it too);
@@ -379,20 +368,6 @@ class OpenAIEngine:
         except (ValueError, RecursionError) as e:
             raise OpenAIBadAnswer(None, f"{url}: the reply is not JSON ({type(e).__name__}: {str(e)[:120]}): "
                                         f"{raw[:80]!r}") from None
-
-    async def _watch(self) -> None:
-        """Every LIVENESS_S, cut off the requests out that long if the server refuses connections."""
-        try:
-            while self._calls:
-                await asyncio.sleep(LIVENESS_S)
-                now = time.monotonic()
-                waiting = [c for c in self._calls if now - c.since >= LIVENESS_S and c.cut is None]
-                if waiting and (why := await self._unreachable()) is not None:
-                    for call in waiting:
-                        call.cut_off(f"{self.base_url} stopped taking connections ({why}) while the request was "
-                                     "out: the server is going away")
-        finally:
-            self._watcher = None
 
     async def _unreachable(self) -> str | None:
         """Why the server's address refuses a TCP connection, or None when it takes one."""

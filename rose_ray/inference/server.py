@@ -209,14 +209,17 @@ class OpenAIServer:
         parsed = await self._parsed(request, parse_completion, self.engine.tokenizer, self.context_tokens)
         choices = await asyncio.gather(*(
             self._complete_one(batcher, i, ids, parsed) for i, ids in enumerate(parsed.prompts)))
-        prompt_tokens = sum(len(p) for p in parsed.prompts)
-        completion_tokens = sum(len(c["token_ids"]) for c in choices)
-        return web.json_response({
-            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": self.model_name, "choices": choices,
-            "usage": _usage(prompt_tokens, completion_tokens),
-            "rose_ray": {"version": self.engine.version},
-        })
+        return web.json_response(self._reply("cmpl", "text_completion", choices, sum(map(len, parsed.prompts)),
+                                             sum(len(c["token_ids"]) for c in choices)))
+
+    def _reply(self, id_prefix: str, kind: str, choices: list[dict[str, Any]], prompt_tokens: int,
+               completion_tokens: int, **fields: Any) -> dict[str, Any]:
+        """A completion reply (`kind`: its object) with the fields every one has."""
+        return {"id": f"{id_prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()),
+                "model": self.model_name, "choices": choices, **fields,
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens},
+                "rose_ray": {"version": self.engine.version}}
 
     async def _complete_one(self, batcher: Any, index: int, prompt: list[int],
                             p: Any) -> dict[str, Any]:
@@ -285,11 +288,7 @@ class OpenAIServer:
                     tops.append({"token": ks, "logprob": v, "bytes": list(ks.encode())})
                 content.append({"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": tops})
             choice["logprobs"] = {"content": content}
-        out: dict[str, Any] = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": self.model_name, "choices": [choice], "prompt_token_ids": prompt,
-            "usage": _usage(len(prompt), len(ids)), "rose_ray": {"version": self.engine.version},
-        }
+        out = self._reply("chatcmpl", "chat.completion", [choice], len(prompt), len(ids), prompt_token_ids=prompt)
         if p.prompt_logprobs is not None:
             out["prompt_logprobs"] = _vllm_prompt_logprobs(tok, prompt, prompt_lps)
         return web.json_response(out)
@@ -379,10 +378,6 @@ def _finite(text: str) -> float:
 
 def _finish(result: GenerationResult) -> str:
     return "length" if result.finish_reason == "context" else result.finish_reason
-
-
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _vllm_prompt_logprobs(tok: Any, prompt: list[int], lps: list[float]) -> list[Any]:

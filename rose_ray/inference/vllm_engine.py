@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import os
 import queue
@@ -20,6 +21,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -103,7 +105,6 @@ class VLLMEngine:
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._failure: BaseException | None = None
         self._closing = False
-        self._checkpoint_names: dict[str, tuple[int, ...]] | None = None
         self._counters: dict[str, Any] = {
             "requests": 0, "generated_tokens": 0, "prompt_tokens": 0, "prefix_cached_tokens": 0,
             "score_calls": 0, "weight_updates": 0, "steps": 0, "sequence_steps": 0, "busy_s": 0.0,
@@ -460,27 +461,24 @@ class VLLMEngine:
     def _checkpoint_weights(self, state: dict[str, Any]) -> list[tuple[str, Any]]:
         """(name, tensor) pairs, checked against the checkpoint's names and shapes. A tied output
         head goes along with the embedding (vLLM's in-place reload leaves it unloaded otherwise)."""
-        weights = checked_weights(state, {"lm_head.weight": None, **self._names()})
+        weights = checked_weights(state, {"lm_head.weight": None, **self._names})
         if "lm_head.weight" not in state and "model.embed_tokens.weight" in state and self._tied():
             weights.append(("lm_head.weight", dict(weights)["model.embed_tokens.weight"]))
         return weights
 
+    @functools.cached_property
     def _names(self) -> dict[str, tuple[int, ...]]:
         """Checkpoint tensor names and shapes, read from the model folder's safetensors headers."""
-        if self._checkpoint_names is None:
-            from pathlib import Path
+        from safetensors import safe_open
 
-            from safetensors import safe_open
-
-            names: dict[str, tuple[int, ...]] = {}
-            for f in sorted(Path(self.model_dir).glob("*.safetensors")):
-                with safe_open(str(f), "pt") as st:
-                    for key in st.keys():
-                        names[key] = tuple(st.get_slice(key).get_shape())
-            if not names:
-                raise ValueError(f"update_weights: {self.config.model} has no safetensors weights to check names against")
-            self._checkpoint_names = names
-        return self._checkpoint_names
+        names: dict[str, tuple[int, ...]] = {}
+        for f in sorted(Path(self.model_dir).glob("*.safetensors")):
+            with safe_open(str(f), "pt") as st:
+                for key in st.keys():
+                    names[key] = tuple(st.get_slice(key).get_shape())
+        if not names:
+            raise ValueError(f"update_weights: {self.config.model} has no safetensors weights to check names against")
+        return names
 
     def _tied(self) -> bool:
         return bool(getattr(self._llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
