@@ -196,7 +196,8 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
                 record = game_record(t)
                 partial.add(record["item_id"], record)  # each finished game survives an interruption
                 bar.update(1)
-                done = partial.done.values()
+                # this eval's games only (a partial file of a longer eval holds more)
+                done = [partial.done[g.item_id] for g in games if g.item_id in partial.done]
                 bar.set_postfix(score=f"{sum(r['score'] for r in done) / len(done):.3f}")
 
             run_coroutine(lambda: play(spec, todo, protocols=protocol, on_done=on_done,

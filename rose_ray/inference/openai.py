@@ -336,8 +336,11 @@ class OpenAIEngine:
             while not (await asyncio.wait({exchange}, timeout=LIVENESS_S if self._proxy is None else None))[0]:
                 if time.monotonic() - self._probed_at >= LIVENESS_S:
                     self._probe, self._probed_at = asyncio.ensure_future(self._unreachable()), time.monotonic()
-                why = await asyncio.shield(self._probe)  # type: ignore[arg-type]
-                if why is not None and not exchange.done():
+                # The answer may come while the probe is out: it is returned at once (the probe goes on).
+                await asyncio.wait({exchange, self._probe}, return_when=asyncio.FIRST_COMPLETED)
+                if exchange.done():
+                    break
+                if (why := self._probe.result()) is not None:
                     self._counters["cut_off"] += 1
                     raise _CutOff(f"{self.base_url} stopped taking connections ({why}) while the request was "
                                   "out: the server is going away")
@@ -441,7 +444,7 @@ class OpenAIEngine:
             body["seed"] = s.seed
         reply = await self._request("POST", "/completions", body)
         choice = _dig(reply, "choices", 0, kind=dict)
-        lp = _dig(choice, "logprobs", kind=(dict, type(None)), default=None, at="choices[0]") or {}
+        lp = _dig(choice, "logprobs", default=None, at="choices[0]") or {}  # [] or "" from some servers: none
         token_ids = _dig(choice, "token_ids", kind=(list, type(None)), default=None, at="choices[0]")
         if token_ids is None:
             tokens = _dig(lp, "tokens", kind=list, default=[], at="choices[0].logprobs")
@@ -458,7 +461,7 @@ class OpenAIEngine:
             for i, d in enumerate(_dig(lp, "top_logprobs", kind=list, default=None, at="choices[0].logprobs") or []):
                 here = f"choices[0].logprobs.top_logprobs[{i}]"
                 top.append({self._check_id(_token_id(k, here), here, vocab): _logprob(v, f"{here}[{k!r}]")
-                            for k, v in (_dig(d, kind=(dict, type(None)), at=here) or {}).items()})
+                            for k, v in _dig(d or {}, kind=dict, at=here).items()})
         finish = _dig(choice, "finish_reason", default=None, at="choices[0]") or "length"
         text = _dig(choice, "text", default="", at="choices[0]")
         self._counters["requests"] += 1

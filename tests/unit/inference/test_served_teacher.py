@@ -76,3 +76,45 @@ def test_a_server_going_away_cuts_off_its_requests_in_flight():
     assert isinstance(outcome.get("error"), OpenAIServerGone), outcome
     assert "stopped taking connections" in str(outcome["error"]) or "cannot reach" in str(outcome["error"])
     assert waited < 15 and engine.stats()["cut_off"] == 1, (waited, engine.stats())
+
+
+def test_an_answer_that_comes_while_its_server_is_probed_is_returned_then(monkeypatch):
+    """A request out longer than LIVENESS_S has its server probed (a TCP connect); an answer that
+    comes while the probe is still out is returned then, not once the probe ends. A slow connect
+    (a far or congested host) cannot be made on loopback, so the engine's own probe is held 20 s
+    here before it runs."""
+    import asyncio
+    import json
+
+    from rose_ray.inference.openai import LIVENESS_S
+    from tests.unit.inference.test_served_garbage import Quiet, completion, serving
+
+    reply = json.dumps(completion([5, 6], [-0.1, -0.2])).encode()
+
+    class Late(Quiet):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            time.sleep(LIVENESS_S + 0.5)  # out long enough to be probed
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+    with serving(Late) as url:
+        engine = OpenAIEngine(EngineConfig.of("openai", base_url=url, retry_s=0.0, timeout_s=120.0))
+        probe = engine._unreachable
+
+        async def slow_probe() -> str | None:
+            await asyncio.sleep(20)
+            return await probe()
+
+        monkeypatch.setattr(engine, "_unreachable", slow_probe)
+        start = time.monotonic()
+        try:
+            [result] = engine.generate([GenerationRequest([1, 2, 3], SamplingParams(0.0, max_new_tokens=2))])
+        finally:
+            engine.close()
+    took = time.monotonic() - start
+    assert result.token_ids == [5, 6]
+    assert took < 12, f"the answer waited {took:.1f} s, for the probe (answered after {LIVENESS_S + 0.5:g} s)"
