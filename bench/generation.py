@@ -186,12 +186,12 @@ def main() -> None:
     load_end = os.getloadavg()
     print(f"load average (1/5/15 min): start {'/'.join(f'{x:.2f}' for x in load_start)}, "
           f"end {'/'.join(f'{x:.2f}' for x in load_end)} on {os.cpu_count()} cores")
-    from rose_ray.inference.backends import vllm_distribution
+    from rose_ray.inference.backends import backend_version
     from rose_ray.runs import keep_result
 
     kept = keep_result(args.out, json.dumps({
         "bench": "generation", "turns": args.turns, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
-        "repeat": args.repeat, "backends": args.backends, "vllm": vllm_distribution(), "torch": torch.__version__,
+        "repeat": args.repeat, "backends": args.backends, "vllm": backend_version("vllm"), "torch": torch.__version__,
         "cpu_count": os.cpu_count(), "machine": platform.machine(), "loadavg_start": load_start,
         "loadavg_end": load_end, "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows,
     }, indent=2))

