@@ -12,6 +12,7 @@ pages from posting to it (a CORS preflight it never grants).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import ipaddress
 import itertools
@@ -62,25 +63,24 @@ class OpenAIServer:
     """Builds the aiohttp app for one engine; `run` blocks, `start_background` returns at once."""
 
     def __init__(self, engine: Any, model_name: str, api_key: str | None = None,
-                 max_body: int | None = None, max_concurrent: int = MAX_CONCURRENT,
-                 read_timeout_s: float = READ_TIMEOUT_S) -> None:
+                 max_concurrent: int = MAX_CONCURRENT, read_timeout_s: float = READ_TIMEOUT_S) -> None:
         self.engine = engine
         self.model_name = model_name
         self.api_key = api_key or None
         self.context_tokens = engine.config.context_tokens
-        self.max_body = max_body or max_body_bytes(self.context_tokens)
+        self.max_body = max_body_bytes(self.context_tokens)
         self.max_concurrent = max_concurrent
         self.read_timeout_s = read_timeout_s
         self.in_flight = 0  # only the event loop's thread counts
 
     # ------------------------------------------------------------------ app
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._host, self._auth, self._limit],
+        app = web.Application(middlewares=[self._errors, self._access, self._limit],
                               client_max_size=self.max_body)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", functools.partial(self._generate, chat=False))
+        app.router.add_post("/v1/chat/completions", functools.partial(self._generate, chat=True))
 
         async def start(app: web.Application) -> None:
             app[BATCHER] = async_frontend(self.engine)
@@ -101,12 +101,9 @@ class OpenAIServer:
         except RequestError as e:
             return _error(e.status, e.message, e.param)
         except web.HTTPException as e:
-            if e.status == 404:
-                return _error(404, f"no endpoint {request.method} {request.path}; this server has {ROUTES}")
-            if e.status == 405:
-                return _error(405, f"{request.method} is not allowed on {request.path}; this server has "
-                                   f"{ROUTES}")
-            return _error(e.status, e.reason or "error")
+            what = {404: f"no endpoint {request.method} {request.path}",
+                    405: f"{request.method} is not allowed on {request.path}"}.get(e.status)
+            return _error(e.status, f"{what}; this server has {ROUTES}" if what else e.reason or "error")
         except ValueError as e:  # engine-side validation (sampling, lengths)
             return _error(400, str(e))
         except ConnectionError:  # the client went away mid-body; nobody reads this answer
@@ -118,20 +115,17 @@ class OpenAIServer:
                           kind="server_error")
 
     @web.middleware
-    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _access(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """With a key, /v1/ needs it; without, only a Host that is an IP address or localhost (see the
+        module's note)."""
+        host = request.headers.get("Host")
         if self.api_key and request.path.startswith("/v1/"):
             # aiohttp decodes header bytes that are not UTF-8 as surrogates; encode them back.
             given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
                 return _error(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
                               kind="authentication_error")
-        return await handler(request)
-
-    @web.middleware
-    async def _host(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """Without a key, only a Host that is an IP address or localhost (see the module's note)."""
-        host = request.headers.get("Host")
-        if not self.api_key and host is not None and not _literal_host(host):
+        elif not self.api_key and host is not None and not _literal_host(host):
             return _error(403, f"Host {host[:100]!r} refused: this server has no API key, so it answers only "
                                "requests to an IP address or localhost (start it with --api-key to serve a name)",
                           kind="permission_error")
@@ -192,64 +186,66 @@ class OpenAIServer:
                                f"{self.model_name!r}", "model", status=404)
         return body, len(raw)
 
-    async def _parsed(self, request: web.Request, parse: Any, *args: Any) -> Any:
-        """The body read and parsed by `parse(body, *args)`, big ones on the parse thread."""
-        body, size = await self._body(request)
-        if size <= PARSE_INLINE_BYTES:
-            return parse(body, *args)
-        return await asyncio.get_running_loop().run_in_executor(request.app[PARSER], parse, body, *args)
-
     def _too_big(self, size: int | None) -> str:
         said = f" ({size:,} bytes)" if size is not None else ""
         return (f"request body too large{said}: this server takes at most {self.max_body:,} bytes, "
                 f"room for {MAX_PROMPTS} prompts of {self.context_tokens:,} tokens (its context)")
 
-    async def _completions(self, request: web.Request) -> web.Response:
-        batcher = request.app[BATCHER]
-        parsed = await self._parsed(request, parse_completion, self.engine.tokenizer, self.context_tokens)
-        choices = await asyncio.gather(*(
-            self._complete_one(batcher, i, ids, parsed) for i, ids in enumerate(parsed.prompts)))
-        return web.json_response(self._reply("cmpl", "text_completion", choices, sum(map(len, parsed.prompts)),
-                                             sum(len(c["token_ids"]) for c in choices)))
-
-    def _reply(self, id_prefix: str, kind: str, choices: list[dict[str, Any]], prompt_tokens: int,
-               completion_tokens: int, **fields: Any) -> dict[str, Any]:
-        """A completion reply (`kind`: its object) with the fields every one has."""
-        return {"id": f"{id_prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()),
-                "model": self.model_name, "choices": choices, **fields,
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens},
-                "rose_ray": {"version": self.engine.version}}
-
-    async def _complete_one(self, batcher: Any, index: int, prompt: list[int],
-                            p: Any) -> dict[str, Any]:
-        result, prompt_lps = await self._run(batcher, prompt, p)
+    async def _generate(self, request: web.Request, chat: bool) -> web.Response:
+        """Both completion routes in vLLM's shapes; big bodies are parsed on the parse thread."""
         tok = self.engine.tokenizer
-        ids = result.token_ids
-        choice: dict[str, Any] = {
-            "index": index,
-            "text": (tok.decode(prompt) + result.text) if p.echo else result.text,
-            "finish_reason": _finish(result),
-            "token_ids": ids,
-            "prompt_token_ids": prompt,
-            "logprobs": None,
-        }
-        if p.logprobs is not None:
-            shown_ids = (prompt + ids) if p.echo else ids
-            lps: list[float | None] = ([None] + prompt_lps if p.echo else []) + result.logprobs
-            strings = token_strings(tok, shown_ids, p.token_ids_as_strings)
-            tops: list[dict[str, float] | None] | None = None
-            if p.logprobs > 0:
-                prompt_tops = [None] + [{s: lp} for s, lp in zip(strings[1:len(prompt)], prompt_lps)] if p.echo else []
-                gen_tops = [{token_strings(tok, [k], p.token_ids_as_strings)[0]: v for k, v in d.items()}
-                            for d in result.top_logprobs or []]
-                tops = prompt_tops + gen_tops
-            offsets = list(itertools.accumulate(map(len, strings), initial=0))[:-1]
-            choice["logprobs"] = {"tokens": strings, "token_logprobs": lps, "top_logprobs": tops,
-                                  "text_offset": offsets}
-        if p.prompt_logprobs is not None:
-            choice["prompt_logprobs"] = _vllm_prompt_logprobs(tok, prompt, prompt_lps)
-        return choice
+        parse, parse_with = (parse_chat, self.engine.chat) if chat else (parse_completion, tok)
+        body, size = await self._body(request)
+        if size <= PARSE_INLINE_BYTES:
+            p = parse(body, parse_with, self.context_tokens)
+        else:
+            p = await asyncio.get_running_loop().run_in_executor(
+                request.app[PARSER], parse, body, parse_with, self.context_tokens)
+        runs = await asyncio.gather(*(self._run(request.app[BATCHER], prompt, p) for prompt in p.prompts))
+
+        def shown(ids: list[int]) -> list[str]:
+            return token_strings(tok, ids, p.token_ids_as_strings)
+
+        choices = []
+        for index, (prompt, (result, prompt_lps)) in enumerate(zip(p.prompts, runs)):
+            ids = result.token_ids
+            choice: dict[str, Any] = {"index": index, "finish_reason": _finish(result), "token_ids": ids,
+                                      "prompt_token_ids": prompt, "logprobs": None}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": result.text}
+                if p.logprobs is not None and p.sampling.max_new_tokens > 0:  # (something was sampled)
+                    tops = result.top_logprobs or [{}] * len(ids)
+                    choice["logprobs"] = {"content": [
+                        {**_chat_token(s, lp), "top_logprobs": [_chat_token(shown([k])[0], v)
+                                                                for k, v in top.items()]}
+                        for s, lp, top in zip(shown(ids), result.logprobs, tops)]}
+            else:
+                choice["text"] = (tok.decode(prompt) + result.text) if p.echo else result.text
+                if p.logprobs is not None:
+                    strings = shown((prompt + ids) if p.echo else ids)
+                    tops = None
+                    if p.logprobs > 0:
+                        tops = [{shown([k])[0]: v for k, v in d.items()} for d in result.top_logprobs or []]
+                        if p.echo:
+                            tops = [None, *({s: lp} for s, lp in zip(strings[1:], prompt_lps)), *tops]
+                    lps = ([None, *prompt_lps] if p.echo else []) + result.logprobs
+                    offsets = list(itertools.accumulate(map(len, strings), initial=0))[:-1]
+                    choice["logprobs"] = {"tokens": strings, "token_logprobs": lps, "top_logprobs": tops,
+                                          "text_offset": offsets}
+            if p.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = _vllm_prompt_logprobs(tok, prompt, prompt_lps)
+            choices.append(choice)
+        # vLLM's chat reply has the prompt's ids and logprobs beside its one choice.
+        fields = {k: choices[0].pop(k) for k in ("prompt_token_ids", "prompt_logprobs")
+                  if chat and k in choices[0]}
+        prompt_tokens, completion_tokens = sum(map(len, p.prompts)), sum(len(c["token_ids"]) for c in choices)
+        return web.json_response({
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": self.model_name, "choices": choices, **fields,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+            "rose_ray": {"version": self.engine.version}})
 
     async def _run(self, batcher: Any, prompt: list[int], p: Any) -> tuple[GenerationResult, list[float]]:
         """Generation (unless max_tokens is 0: nothing sampled) and prompt scoring, concurrently."""
@@ -263,35 +259,6 @@ class OpenAIServer:
         result = await gen if gen is not None else GenerationResult("", [], [], "length", len(prompt), 0)
         prompt_lps = await scoring if scoring is not None else []
         return result, prompt_lps
-
-    async def _chat(self, request: web.Request) -> web.Response:
-        batcher = request.app[BATCHER]
-        p = await self._parsed(request, parse_chat, self.engine.chat, self.context_tokens)
-        tok = self.engine.tokenizer
-        prompt = p.prompts[0]
-        result, prompt_lps = await self._run(batcher, prompt, p)
-        ids = result.token_ids
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": result.text},
-            "finish_reason": _finish(result),
-            "token_ids": ids,
-            "logprobs": None,
-        }
-        if p.logprobs is not None and p.sampling.max_new_tokens > 0:  # (something was sampled)
-            strings = token_strings(tok, ids, p.token_ids_as_strings)
-            content = []
-            for n, (s, lp) in enumerate(zip(strings, result.logprobs)):
-                tops = []
-                for k, v in (result.top_logprobs[n] if result.top_logprobs else {}).items():
-                    ks = token_strings(tok, [k], p.token_ids_as_strings)[0]
-                    tops.append({"token": ks, "logprob": v, "bytes": list(ks.encode())})
-                content.append({"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": tops})
-            choice["logprobs"] = {"content": content}
-        out = self._reply("chatcmpl", "chat.completion", [choice], len(prompt), len(ids), prompt_token_ids=prompt)
-        if p.prompt_logprobs is not None:
-            out["prompt_logprobs"] = _vllm_prompt_logprobs(tok, prompt, prompt_lps)
-        return web.json_response(out)
 
     # ------------------------------------------------------------------ running
     def run(self, host: str = "127.0.0.1", port: int = 8000) -> None:
@@ -378,6 +345,10 @@ def _finite(text: str) -> float:
 
 def _finish(result: GenerationResult) -> str:
     return "length" if result.finish_reason == "context" else result.finish_reason
+
+
+def _chat_token(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
 
 
 def _vllm_prompt_logprobs(tok: Any, prompt: list[int], lps: list[float]) -> list[Any]:
