@@ -29,6 +29,7 @@ class _Job:
     kind: str  # "generate" | "score" | "weights"
     payload: Any
     future: asyncio.Future = field(repr=False)
+    queued_at: float = field(default_factory=time.perf_counter)
 
 
 class AsyncBatcher:
@@ -62,7 +63,7 @@ class AsyncBatcher:
         return await self._enqueue("score", (list(prompt_ids), list(completion_ids)))
 
     async def update_weights(self, state: dict[str, Any], version: int) -> None:
-        await self._enqueue("weights", (state, version))
+        await self.queue_weights(state, version)
 
     def queue_weights(self, state: dict[str, Any], version: int) -> asyncio.Future:
         """Queue a weight update now (calls submitted after this return run on the new weights);
@@ -95,29 +96,28 @@ class AsyncBatcher:
                 raise RuntimeError("engine batching task died") from self._task.exception()
             self._wake = asyncio.Event()
             self._task = loop.create_task(self._run())
-        job = _Job(kind, (time.perf_counter(), payload), loop.create_future())
+        job = _Job(kind, payload, loop.create_future())
         self._pending.append(job)
         self._wake.set()  # type: ignore[union-attr]
         return job.future
 
-    async def _next_batch(self) -> tuple[list[_Job], _Job | None]:
-        """Jobs for one batch, and a weights job that must run right after it (if any)."""
+    async def _next_batch(self) -> list[_Job]:
+        """Jobs for one batch of calls, or a weights job alone (run between two batches)."""
         assert self._wake is not None
         while not self._pending:
             self._wake.clear()
             await self._wake.wait()
-        first = self._pending.popleft()
-        if first.kind == "weights":
-            return [], first
-        batch = [first]
+        batch = [self._pending.popleft()]
+        if batch[0].kind == "weights":
+            return batch
         # Episodes of the last batch come back at slightly different times (an env step each):
         # waiting longer for as many keeps them together instead of in groups that never merge.
         start = time.perf_counter()
         regroup = min(self.max_batch_size, self._last_size)
         while len(batch) < self.max_batch_size:
             if self._pending:
-                if self._pending[0].kind == "weights":
-                    return batch, self._pending.popleft()
+                if self._pending[0].kind == "weights":  # the next batch: it runs right after this one
+                    return batch
                 batch.append(self._pending.popleft())
                 continue
             wait = self.max_wait_s * (REGROUP_FACTOR if len(batch) < regroup else 1)
@@ -130,45 +130,37 @@ class AsyncBatcher:
             except asyncio.TimeoutError:
                 break
         self._last_size = len(batch)
-        return batch, None
+        return batch
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            batch, barrier = await self._next_batch()
-            if batch:
+            batch = await self._next_batch()
+            if batch[0].kind != "weights":
                 now = time.perf_counter()
-                self._queue_wait_s += sum(now - j.payload[0] for j in batch)
+                self._queue_wait_s += sum(now - j.queued_at for j in batch)
                 self._batch_sizes.append(len(batch))
                 self._batches += 1
-                try:
-                    results = await loop.run_in_executor(self._executor, self._execute, batch)
-                except Exception as e:
-                    if len(batch) == 1:
-                        settle(batch[0].future, error=e)
-                    else:  # rerun one by one so only the bad call fails
-                        for job in batch:
-                            try:
-                                result = await loop.run_in_executor(self._executor, self._execute, [job])
-                                settle(job.future, result=result[0])
-                            except Exception as e1:
-                                settle(job.future, error=e1)
-                else:
-                    for job, result in zip(batch, results):
-                        settle(job.future, result=result)
-            if barrier is not None:
-                try:
-                    await loop.run_in_executor(self._executor, self.engine.update_weights,
-                                               *barrier.payload[1])
-                except Exception as e:
-                    settle(barrier.future, error=e)
-                else:
-                    settle(barrier.future)
+            await self._execute_and_settle(batch)
+
+    async def _execute_and_settle(self, batch: list[_Job]) -> None:
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(self._executor, self._execute, batch)
+        except Exception as e:
+            if len(batch) == 1:
+                settle(batch[0].future, error=e)
+            else:  # rerun one by one so only the bad call fails
+                for job in batch:
+                    await self._execute_and_settle([job])
+        else:
+            for job, result in zip(batch, results):
+                settle(job.future, result=result)
 
     def _execute(self, batch: list[_Job]) -> list[Any]:
+        if batch[0].kind == "weights":
+            return [self.engine.update_weights(*batch[0].payload)]
         out: list[Any] = [None] * len(batch)
         for kind, run in (("generate", self.engine.generate), ("score", self.engine.score_many)):
-            jobs = [(n, j.payload[1]) for n, j in enumerate(batch) if j.kind == kind]
+            jobs = [(n, j.payload) for n, j in enumerate(batch) if j.kind == kind]
             if jobs:
                 for (n, _), res in zip(jobs, run([p for _, p in jobs])):
                     out[n] = res
