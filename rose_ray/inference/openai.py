@@ -2,8 +2,8 @@
 
 Prompts go as token ids and the sampled ids come back exactly (`return_token_ids`, else
 "token_id:N" token strings), so the learner trains on what the server sampled; scoring uses
-`prompt_logprobs`, else `echo` + `logprobs`. A batch's requests go out concurrently over
-aiohttp, on an event loop of the client's own thread.
+vLLM's `prompt_logprobs`. A batch's requests go out concurrently over aiohttp, on an event loop
+of the client's own thread.
 
 Failures (docs/reliability.md): a 4xx fails its request at once (`OpenAIServerError`); a server
 that does not answer, answers 5xx, stops taking connections (probed every `LIVENESS_S`) or does
@@ -77,10 +77,6 @@ class OpenAIRequestFailed(OpenAIServerError):
 class OpenAIBadAnswer(OpenAIServerError):
     """The server answered something a run cannot use (too large, not JSON, a field missing, a
     logprob not finite or above 0, a token id outside the vocabulary): fails its episode only."""
-
-
-class ServedModelMismatch(InputError):
-    """A served model that cannot do what a run asks of it (named by the setting's key)."""
 
 
 def _token_id(s: Any, where: str) -> int:
@@ -205,10 +201,6 @@ async def _new_session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
 
-def _close_session(session: aiohttp.ClientSession) -> None:
-    asyncio.ensure_future(session.close())
-
-
 async def _gather(work: Iterable[Awaitable[T]]) -> list[T]:
     return list(await asyncio.gather(*work))
 
@@ -266,7 +258,8 @@ class OpenAIEngine:
         self._proxy = proxy if proxy and not urllib.request.proxy_bypass(self._address[0]) else None
         self._session = session = self._run(_new_session())
         # Closed with the engine, or when it is collected without close().
-        self._close = weakref.finalize(self, _loop().call_soon_threadsafe, _close_session, session)
+        self._close = weakref.finalize(self, _loop().call_soon_threadsafe,
+                                       lambda: asyncio.ensure_future(session.close()))
 
     @property
     def version(self) -> int:
@@ -436,12 +429,8 @@ class OpenAIEngine:
             **self._model_field(), "prompt": ids, "max_tokens": max_tokens,
             "temperature": s.temperature, "top_p": s.top_p, "logprobs": request.top_logprobs,
             "return_tokens_as_token_ids": True, "return_token_ids": True,
-            "skip_special_tokens": False, "include_stop_str_in_output": False,
+            "skip_special_tokens": False, "include_stop_str_in_output": False, "stop": s.stop, "seed": s.seed,
         }
-        if s.stop:
-            body["stop"] = s.stop
-        if s.seed is not None:
-            body["seed"] = s.seed
         reply = await self._request("POST", "/completions", body)
         choice = _dig(reply, "choices", 0, kind=dict)
         lp = _dig(choice, "logprobs", default=None, at="choices[0]") or {}  # [] or "" from some servers: none
@@ -513,30 +502,18 @@ class OpenAIEngine:
         choice = _dig(await self._request("POST", "/completions", body), "choices", 0, kind=dict)
         self._counters["score_calls"] += 1
         n = len(completion_ids)
-        plp = _dig(choice, "prompt_logprobs", default=None, at="choices[0]")
-        if plp is not None:
-            if not isinstance(plp, list) or len(plp) < n:
-                raise OpenAIBadAnswer(None, f"the server's reply has choices[0].prompt_logprobs of "
-                                            f"{len(plp) if isinstance(plp, list) else type(plp).__name__} entries "
-                                            f"for a prompt of {len(ids)} tokens")
-            out = []
-            for i, (tid, entry) in enumerate(zip(completion_ids, plp[-n:])):
-                where = f"choices[0].prompt_logprobs[{len(plp) - n + i}]"
-                hit = (entry or {}).get(str(tid)) if isinstance(entry, dict) or entry is None else None
-                if hit is None:
-                    raise OpenAIServerError(None, f"prompt_logprobs lacks token {tid}")
-                value = _dig(hit, "logprob", at=f"{where}[{str(tid)!r}]") if isinstance(hit, dict) else hit
-                out.append(_logprob(value, f"{where}[{str(tid)!r}]"))
-            return out
-        # Servers without prompt_logprobs: the legacy echo form.
-        body = {**body, "echo": True, "logprobs": 0}
-        body.pop("prompt_logprobs")
-        choice = _dig(await self._request("POST", "/completions", body), "choices", 0, kind=dict)
-        lps = _dig(choice, "logprobs", "token_logprobs", kind=list, at="choices[0]")[: len(ids)]
-        if len(lps) < n:
-            raise OpenAIBadAnswer(None, f"the server's reply has {len(lps)} echoed logprobs for {n} tokens to score")
-        return [_logprob(x, f"choices[0].logprobs.token_logprobs[{len(lps) - n + i}]")
-                for i, x in enumerate(lps[-n:])]
+        plp = _dig(choice, "prompt_logprobs", kind=list, at="choices[0]")
+        if len(plp) < n:
+            raise OpenAIBadAnswer(None, f"the server's reply has choices[0].prompt_logprobs of {len(plp)} "
+                                        f"entries for a prompt of {len(ids)} tokens")
+        out = []
+        for i, (tid, entry) in enumerate(zip(completion_ids, plp[-n:])):
+            where = f"choices[0].prompt_logprobs[{len(plp) - n + i}][{str(tid)!r}]"
+            hit = entry.get(str(tid)) if isinstance(entry, dict) else None
+            if hit is None:
+                raise OpenAIServerError(None, f"prompt_logprobs lacks token {tid}")
+            out.append(_logprob(_dig(hit, "logprob", at=where) if isinstance(hit, dict) else hit, where))
+        return out
 
     def chat(self, messages: list[dict[str, str]], sampling: SamplingParams,
              enable_thinking: bool | None = None, json_object: bool = False) -> tuple[str, str]:
@@ -544,10 +521,8 @@ class OpenAIEngine:
         local tokenizer (a judge). `enable_thinking` goes as vLLM's `chat_template_kwargs` only
         when given; `json_object` asks for JSON mode (`response_format`)."""
         validate_sampling(sampling)
-        body: dict[str, Any] = {**self._model_field(), "messages": messages,
+        body: dict[str, Any] = {**self._model_field(), "messages": messages, "seed": sampling.seed,
                                 "max_tokens": sampling.max_new_tokens, "temperature": sampling.temperature}
-        if sampling.seed is not None:
-            body["seed"] = sampling.seed
         if enable_thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
         if json_object:
@@ -597,38 +572,35 @@ def check_served(config: EngineConfig, names: SettingNames, scores: bool = False
     """Before a run, asking the server once: it serves `config.model` (or a default), with a
     `max_model_len` of at least `config.context_tokens`, and gives sampled ids and logprobs (and
     prompt logprobs when the run `scores`: OPD); the local tokenizer loads. Raises
-    ServedModelMismatch (exit 2) naming the setting."""
+    InputError (exit 2) naming the setting."""
     from rose_ray.models import ModelNotAvailable, load_tokenizer
 
     url = config.backend.base_url
     try:
         load_tokenizer(config.tokenizer or config.model)
     except ModelNotAvailable as e:
-        raise ServedModelMismatch(f"{names.tokenizer}: an openai engine needs the served model's tokenizer on this "
-                                  f"machine (prompts go as token ids): {e}") from None
+        raise InputError(f"{names.tokenizer}: an openai engine needs the served model's tokenizer on this "
+                         f"machine (prompts go as token ids): {e}") from None
     engine = OpenAIEngine(replace(config, max_batch_size=1, backend=replace(config.backend, retry_s=0.0)))
     try:
         try:
             served = engine.served()
         except OpenAIServerGone as e:
-            raise ServedModelMismatch(f"{names.base_url}: {e}") from None
+            raise InputError(f"{names.base_url}: {e}") from None
         except OpenAIServerError as e:
             hint = f" ({engine.key_hint()})" if e.status in (401, 403) else ""
-            raise ServedModelMismatch(f"{names.base_url}: {url}/models: {e}{hint}") from None
-        except (ValueError, KeyError, TypeError) as e:
-            raise ServedModelMismatch(f"{names.base_url}: {url}/models is not an OpenAI-compatible model list "
-                                      f"({type(e).__name__}: {e})") from None
+            raise InputError(f"{names.base_url}: {url}/models: {e}{hint}") from None
         if not served:
-            raise ServedModelMismatch(f"{names.base_url}: the server at {url} serves no model")
+            raise InputError(f"{names.base_url}: the server at {url} serves no model")
         if config.model and config.model not in served:
-            raise ServedModelMismatch(f"{names.model}: the server at {url} does not serve {config.model!r}; it "
-                                      f"serves {sorted(served)}")
+            raise InputError(f"{names.model}: the server at {url} does not serve {config.model!r}; it "
+                             f"serves {sorted(served)}")
         name = config.model or next(iter(served))  # without a name the server answers with its first
         limit = served[name]
         if limit is not None and config.context_tokens > limit:
-            raise ServedModelMismatch(f"{names.context_tokens}: {config.context_tokens} tokens is more than the "
-                                      f"served model's context ({name!r} at {url}: max_model_len {limit}); set "
-                                      f"{limit} or less, or serve it with a longer --max-model-len")
+            raise InputError(f"{names.context_tokens}: {config.context_tokens} tokens is more than the "
+                             f"served model's context ({name!r} at {url}: max_model_len {limit}); set "
+                             f"{limit} or less, or serve it with a longer --max-model-len")
         try:
             engine.generate([GenerationRequest([0, 1], SamplingParams(0.0, max_new_tokens=1))])
             if scores:
@@ -636,8 +608,8 @@ def check_served(config: EngineConfig, names: SettingNames, scores: bool = False
         except OpenAIServerError as e:
             what = "token ids and logprobs of sampled tokens" + (", and prompt logprobs to score tokens"
                                                                   if scores else "")
-            raise ServedModelMismatch(f"{names.model}: {name!r} at {url} does not give what a run needs ({what}): "
-                                      f"{e}") from None
+            raise InputError(f"{names.model}: {name!r} at {url} does not give what a run needs ({what}): "
+                             f"{e}") from None
     finally:
         engine.close()
     return ServedModel(name, url, limit, scores)
