@@ -12,6 +12,7 @@ pages from posting to it (a CORS preflight it never grants).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hmac
 import ipaddress
@@ -22,7 +23,7 @@ import math
 import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
@@ -209,7 +210,8 @@ class OpenAIServer:
         choices = []
         for index, (prompt, (result, prompt_lps)) in enumerate(zip(p.prompts, runs)):
             ids = result.token_ids
-            choice: dict[str, Any] = {"index": index, "finish_reason": _finish(result), "token_ids": ids,
+            finish = "length" if result.finish_reason == "context" else result.finish_reason
+            choice: dict[str, Any] = {"index": index, "finish_reason": finish, "token_ids": ids,
                                       "prompt_token_ids": prompt, "logprobs": None}
             if chat:
                 choice["message"] = {"role": "assistant", "content": result.text}
@@ -232,8 +234,10 @@ class OpenAIServer:
                     offsets = list(itertools.accumulate(map(len, strings), initial=0))[:-1]
                     choice["logprobs"] = {"tokens": strings, "token_logprobs": lps, "top_logprobs": tops,
                                           "text_offset": offsets}
-            if p.prompt_logprobs is not None:
-                choice["prompt_logprobs"] = _vllm_prompt_logprobs(tok, prompt, prompt_lps)
+            if p.prompt_logprobs is not None:  # vLLM's: None for the first token, then {id: {logprob, ...}}
+                choice["prompt_logprobs"] = [None] + [
+                    {str(t): {"logprob": lp, "rank": None, "decoded_token": tok.decode([t])}}
+                    for t, lp in zip(prompt[1:], prompt_lps)]
             choices.append(choice)
         # vLLM's chat reply has the prompt's ids and logprobs beside its one choice.
         fields = {k: choices[0].pop(k) for k in ("prompt_token_ids", "prompt_logprobs")
@@ -273,33 +277,29 @@ class BackgroundServer:
 
     def __init__(self, server: OpenAIServer, host: str, port: int) -> None:
         self.host = host
-        self._loop = asyncio.new_event_loop()
         self._runner = web.AppRunner(server.app(), keepalive_timeout=IDLE_TIMEOUT_S)
-        bound: Future[int] = Future()
-
-        def main() -> None:
-            asyncio.set_event_loop(self._loop)
-            try:
-                self._loop.run_until_complete(self._runner.setup())
-                site = web.TCPSite(self._runner, host, port)
-                self._loop.run_until_complete(site.start())
-                bound.set_result(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-            except BaseException as e:  # surfaced to the constructor's caller
-                bound.set_exception(e)
-                return
-            self._loop.run_forever()
-            self._loop.run_until_complete(self._runner.cleanup())
-            self._loop.close()
-
-        self._thread = threading.Thread(target=main, name="openai-server", daemon=True)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="openai-server", daemon=True)
         self._thread.start()
-        self.port = bound.result()
+        try:
+            self.port = asyncio.run_coroutine_threadsafe(self._start(host, port), self._loop).result()
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            raise
+
+    async def _start(self, host: str, port: int) -> int:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
     def stop(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
 
@@ -343,15 +343,5 @@ def _finite(text: str) -> float:
     return value
 
 
-def _finish(result: GenerationResult) -> str:
-    return "length" if result.finish_reason == "context" else result.finish_reason
-
-
 def _chat_token(token: str, logprob: float) -> dict[str, Any]:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
-
-
-def _vllm_prompt_logprobs(tok: Any, prompt: list[int], lps: list[float]) -> list[Any]:
-    """vLLM's shape: None for the first token, then {id: {logprob, rank, decoded_token}}."""
-    return [None] + [{str(tid): {"logprob": lp, "rank": None, "decoded_token": tok.decode([tid])}}
-                     for tid, lp in zip(prompt[1:], lps)]
