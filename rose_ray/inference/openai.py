@@ -15,7 +15,9 @@ A redirect to another scheme, host or port does not carry the endpoint's key.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
+import itertools
 import json
 import math
 import os
@@ -64,26 +66,16 @@ class OpenAIServerError(RuntimeError):
 
 
 class OpenAIServerGone(OpenAIServerError):
-    """The server stayed unreachable (or kept failing) for `retry_s`: the engine cannot serve.
-    A run treats it as the loss of that engine (the role is named), where a client error
-    fails only its episode."""
+    """The server stayed unreachable (or kept failing) for `retry_s`: a run loses that engine."""
 
 
 class OpenAIRequestFailed(OpenAIServerError):
-    """The server failed this request again (500) while it answered others: the request's own
-    failure, not the server's. A run fails only its episode (no engine restart)."""
+    """The server failed this request again (500) while it answered others: only its episode fails."""
 
 
 class OpenAIBadAnswer(OpenAIServerError):
-    """The server answered something a run cannot use (too large, not JSON, a field missing, a
-    logprob not finite or above 0, a token id outside the vocabulary): fails its episode only."""
-
-
-def _token_id(s: Any, where: str) -> int:
-    if not isinstance(s, str) or not s.startswith("token_id:") or not s[len("token_id:"):].isdigit():
-        raise OpenAIBadAnswer(None, f"the server's reply has token {s!r} at {where}, expected 'token_id:N' "
-                                    "(does it support return_tokens_as_token_ids?)")
-    return int(s.split(":", 1)[1])
+    """An answer a run cannot use (too large, not JSON, a field missing, a logprob not finite or
+    above 0, a token id outside the vocabulary): only its episode fails."""
 
 
 _MISSING = object()
@@ -244,7 +236,7 @@ class OpenAIEngine:
         self.config = config
         self.base_url = config.backend.base_url.rstrip("/")
         self.api_key, self.api_key_source = endpoint_key(config)
-        self._vocab: int | None = None  # the tokenizer's size, read at the first sampled ids
+        self._tokenizer = config.tokenizer or config.model
         self._counters = {"requests": 0, "generated_tokens": 0, "score_calls": 0, "http_s": 0.0, "retries": 0,
                           "cut_off": 0}
         self._answered_at = 0.0  # when the server last answered a request (any)
@@ -276,12 +268,10 @@ class OpenAIEngine:
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         url = self.base_url + path
-        attempt = 0
         failing_since: float | None = None  # retry_s counts from the first failure, not from a long wait
         rejected_at: float | None = None  # this request's first 500
         async with self._in_flight:
-            while True:  # a server that is down, restarting or overloaded gets retry_s to come back
-                attempt += 1
+            for attempt in itertools.count(1):  # a server down or overloaded gets retry_s to come back
                 retry_after = 0.0
                 t0 = time.perf_counter()
                 try:
@@ -416,7 +406,7 @@ class OpenAIEngine:
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         for r in requests:
             validate_sampling(r.sampling)
-        vocab = self.vocab_size()  # here, not on the loop: the first call loads the tokenizer
+        vocab = self._vocab  # here, not on the loop: the first call loads the tokenizer
         return self._run(_gather(self._generate_one(r, vocab) for r in requests))
 
     async def _generate_one(self, request: GenerationRequest, vocab: int | None) -> GenerationResult:
@@ -434,12 +424,12 @@ class OpenAIEngine:
         reply = await self._request("POST", "/completions", body)
         choice = _dig(reply, "choices", 0, kind=dict)
         lp = _dig(choice, "logprobs", default=None, at="choices[0]") or {}  # [] or "" from some servers: none
+        at = "choices[0].token_ids"
         token_ids = _dig(choice, "token_ids", kind=(list, type(None)), default=None, at="choices[0]")
-        if token_ids is None:
-            tokens = _dig(lp, "tokens", kind=list, default=[], at="choices[0].logprobs")
-            token_ids = [_token_id(t, f"choices[0].logprobs.tokens[{i}]") for i, t in enumerate(tokens)]
-        for i, tid in enumerate(token_ids):
-            self._check_id(tid, f"choices[0].token_ids[{i}]", vocab)
+        if token_ids is None:  # servers without return_token_ids: "token_id:N" token strings
+            at = "choices[0].logprobs.tokens"
+            token_ids = _dig(lp, "tokens", kind=list, default=[], at="choices[0].logprobs")
+        token_ids = [self._token_id(t, f"{at}[{i}]", vocab) for i, t in enumerate(token_ids)]
         logprobs = _dig(lp, "token_logprobs", default=None, at="choices[0].logprobs")
         if not isinstance(logprobs, list) or len(logprobs) != len(token_ids):
             raise OpenAIServerError(None, "server returned no per-token logprobs for the sampled tokens")
@@ -449,7 +439,7 @@ class OpenAIEngine:
             top = []
             for i, d in enumerate(_dig(lp, "top_logprobs", kind=list, default=None, at="choices[0].logprobs") or []):
                 here = f"choices[0].logprobs.top_logprobs[{i}]"
-                top.append({self._check_id(_token_id(k, here), here, vocab): _logprob(v, f"{here}[{k!r}]")
+                top.append({self._token_id(k, here, vocab): _logprob(v, f"{here}[{k!r}]")
                             for k, v in _dig(d or {}, kind=dict, at=here).items()})
         finish = _dig(choice, "finish_reason", default=None, at="choices[0]") or "length"
         text = _dig(choice, "text", default="", at="choices[0]")
@@ -461,29 +451,31 @@ class OpenAIEngine:
             version=self.version, request_id=request.request_id, top_logprobs=top,
         )
 
-    def _check_id(self, tid: Any, where: str, vocab: int | None) -> int:
-        """A token id the server gave: an int in [0, the local tokenizer's size); else OpenAIBadAnswer."""
-        if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
-            raise OpenAIBadAnswer(None, f"the server's reply has token id {str(tid)[:40]} at {where}: a token id "
-                                        "is an int >= 0")
-        if vocab is not None and tid >= vocab:
-            raise OpenAIBadAnswer(None, f"the server's reply has token id {tid} at {where}: outside the vocabulary "
-                                        f"[0, {vocab}) of {self.config.tokenizer or self.config.model}")
-        return tid
+    def _token_id(self, value: Any, where: str, vocab: int | None) -> int:
+        """A token id the server gave (an int, or "token_id:N"): in [0, the local tokenizer's size);
+        else OpenAIBadAnswer."""
+        if isinstance(value, str):
+            if not value.startswith("token_id:") or not value[len("token_id:"):].isdigit():
+                raise OpenAIBadAnswer(None, f"the server's reply has token {value!r} at {where}, expected "
+                                            "'token_id:N' (does it support return_tokens_as_token_ids?)")
+            value = int(value[len("token_id:"):])
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise OpenAIBadAnswer(None, f"the server's reply has token id {str(value)[:40]} at {where}: a "
+                                        "token id is an int >= 0")
+        if vocab is not None and value >= vocab:
+            raise OpenAIBadAnswer(None, f"the server's reply has token id {value} at {where}: outside the "
+                                        f"vocabulary [0, {vocab}) of {self._tokenizer}")
+        return value
 
-    def vocab_size(self) -> int | None:
-        """The local tokenizer's size, read once; None without a tokenizer here (a judge talks text)."""
-        if self._vocab is None:
-            name = self.config.tokenizer or self.config.model
-            if not name:
-                return None
-            from rose_ray.models import ModelNotAvailable, load_tokenizer
+    @functools.cached_property
+    def _vocab(self) -> int | None:
+        """The local tokenizer's size; None without a tokenizer here (a judge talks text)."""
+        from rose_ray.models import ModelNotAvailable, load_tokenizer
 
-            try:
-                self._vocab = len(load_tokenizer(name))
-            except ModelNotAvailable:
-                return None
-        return self._vocab
+        try:
+            return len(load_tokenizer(self._tokenizer)) if self._tokenizer else None
+        except ModelNotAvailable:
+            return None
 
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         return self._run(self._score(prompt_ids, completion_ids))
