@@ -5,11 +5,8 @@ Prompts go as token ids and the sampled ids come back exactly (`return_token_ids
 vLLM's `prompt_logprobs`. A batch's requests go out concurrently over aiohttp, on an event loop
 of the client's own thread.
 
-Failures (docs/reliability.md): a 4xx fails its request at once (`OpenAIServerError`); a server
-that does not answer, answers 5xx, stops taking connections (probed every `LIVENESS_S`) or does
-not answer whole within `timeout_s` gets `retry_s` to come back, then `OpenAIServerGone`; a 500
-that the same request gets again while the server answers others is `OpenAIRequestFailed`.
-A redirect to another scheme, host or port does not carry the endpoint's key.
+Failures (docs/reliability.md): a 4xx fails its request at once; a server that does not answer
+(whole, within `timeout_s`), answers 5xx or stops taking connections gets `retry_s` to come back.
 """
 
 from __future__ import annotations
@@ -198,11 +195,13 @@ async def _gather(work: Iterable[Awaitable[T]]) -> list[T]:
 
 
 class _Status(Exception):
-    """The server answered with an error status."""
+    """The server answered with an error status; a 429's Retry-After in seconds (an HTTP date is not read)."""
 
     def __init__(self, status: int, message: str, retry_after: str | None) -> None:
         super().__init__(f"{status}: {message}")
-        self.status, self.message, self.retry_after = status, message, retry_after
+        self.status, self.message = status, message
+        seconds = status == 429 and (retry_after or "").replace(".", "", 1).isdecimal()
+        self.retry_after = float(retry_after) if seconds else 0.0  # type: ignore[arg-type]
 
 
 class _CutOff(Exception):
@@ -287,12 +286,7 @@ class OpenAIEngine:
                             raise OpenAIRequestFailed(500, f"{e.message} (this request failed {attempt} times "
                                                            f"while {self.base_url} answered others)") from None
                         rejected_at = rejected_at or time.monotonic()
-                    error = str(e)
-                    if e.status == 429:  # wait at least what the server asks for
-                        try:
-                            retry_after = float(e.retry_after or 0)
-                        except ValueError:
-                            pass
+                    error, retry_after = str(e), e.retry_after  # a rate limit waits at least what it asks
                 except _CutOff as e:
                     error = str(e)
                 except (aiohttp.ClientError, OSError) as e:
@@ -379,11 +373,11 @@ class OpenAIEngine:
         try:
             await self._send("POST", self.base_url + "/completions", json.dumps(probe).encode(),
                              timeout_s=min(self.config.backend.timeout_s, 60.0))
-            return True
-        except OpenAIBadAnswer:  # an answer all the same
-            return True
         except (_Status, _CutOff, aiohttp.ClientError, OSError):
             return False
+        except OpenAIBadAnswer:  # an answer all the same
+            pass
+        return True
 
     def _model_field(self) -> dict[str, str]:
         """No model name: the server's default model (vLLM and rose-ray serve allow that)."""
