@@ -12,6 +12,7 @@ Failures (docs/reliability.md): a 4xx fails its request at once; a server that d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import ipaddress
 import itertools
@@ -86,10 +87,8 @@ def _dig(reply: Any, *path: str | int, kind: type | tuple[type, ...] | None = No
     value, where = reply, at
     for key in path:
         where += f"[{key}]" if isinstance(key, int) else (f".{key}" if where else key)
-        if isinstance(key, int):
-            found = isinstance(value, list) and -len(value) <= key < len(value)
-        else:
-            found = isinstance(value, dict) and key in value
+        found = (isinstance(value, list) and -len(value) <= key < len(value) if isinstance(key, int)
+                 else isinstance(value, dict) and key in value)
         if not found:
             if default is not _MISSING:
                 return default
@@ -568,7 +567,7 @@ def check_served(config: EngineConfig, names: SettingNames, scores: bool = False
         raise InputError(f"{names.tokenizer}: an openai engine needs the served model's tokenizer on this "
                          f"machine (prompts go as token ids): {e}") from None
     engine = OpenAIEngine(replace(config, max_batch_size=1, backend=replace(config.backend, retry_s=0.0)))
-    try:
+    with contextlib.closing(engine):
         try:
             served = engine.served()
         except OpenAIServerGone as e:
@@ -596,6 +595,4 @@ def check_served(config: EngineConfig, names: SettingNames, scores: bool = False
                                                                   if scores else "")
             raise InputError(f"{names.model}: {name!r} at {url} does not give what a run needs ({what}): "
                              f"{e}") from None
-    finally:
-        engine.close()
     return ServedModel(name, url, limit, scores)

@@ -115,15 +115,6 @@ def _common(body: dict[str, Any], max_tokens_default: int | None) -> tuple[Sampl
     return sampling, prompt_logprobs, _flag(body, "return_tokens_as_token_ids")
 
 
-def _check_ids(ids: list[Any], vocab: int, where: str) -> list[int]:
-    if not ids:
-        raise RequestError(f"'{where}' is empty", where)
-    for t in ids:
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-            raise RequestError(f"'{where}' holds {_short(t)}, not a token id in [0, {vocab})", where)
-    return list(ids)
-
-
 def _fit(prompt: list[int], sampling: SamplingParams, context: int) -> None:
     if sampling.max_new_tokens < 0:  # not given: whatever room the context leaves
         sampling.max_new_tokens = max(context - len(prompt), 0)
@@ -152,7 +143,12 @@ def parse_completion(body: dict[str, Any], tokenizer: Any, context: int) -> Pars
             item = list(tokenizer(item, add_special_tokens=False)["input_ids"])
         if not isinstance(item, list):
             raise RequestError(f"'prompt' items must be strings or lists of token ids, got {_short(item)}", "prompt")
-        prompts.append(_check_ids(item, vocab, "prompt"))
+        if not item:
+            raise RequestError("'prompt' is empty", "prompt")
+        for t in item:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise RequestError(f"'prompt' holds {_short(t)}, not a token id in [0, {vocab})", "prompt")
+        prompts.append(item)
     for p in prompts:
         _fit(p, sampling, context)
     logprobs = _number(body, "logprobs", None, int, 0, MAX_TOP_LOGPROBS)
