@@ -61,7 +61,7 @@ def vllm_server(args: Any) -> list[str] | None:
 
 
 class OpenAIServer:
-    """Builds the aiohttp app for one engine; `run` blocks, `start_background` returns at once."""
+    """The aiohttp app for one engine; `run` blocks, `start_background` returns at once."""
 
     def __init__(self, engine: Any, model_name: str, api_key: str | None = None,
                  max_concurrent: int = MAX_CONCURRENT, read_timeout_s: float = READ_TIMEOUT_S) -> None:
@@ -268,16 +268,10 @@ class OpenAIServer:
     def run(self, host: str = "127.0.0.1", port: int = 8000) -> None:
         web.run_app(self.app(), host=host, port=port, print=None, keepalive_timeout=IDLE_TIMEOUT_S)
 
-    def start_background(self, host: str = "127.0.0.1", port: int = 0) -> BackgroundServer:
-        return BackgroundServer(self, host, port)
-
-
-class BackgroundServer:
-    """The server on its own event-loop thread (tests, notebooks); `port` is the bound port."""
-
-    def __init__(self, server: OpenAIServer, host: str, port: int) -> None:
-        self.host = host
-        self._runner = web.AppRunner(server.app(), keepalive_timeout=IDLE_TIMEOUT_S)
+    def start_background(self, host: str = "127.0.0.1", port: int = 0) -> OpenAIServer:
+        """Serves on an event-loop thread of its own (tests, notebooks) and returns at once, with
+        `port` bound and `url` set; `stop()`, or leaving a `with`, stops it."""
+        self._runner = web.AppRunner(self.app(), keepalive_timeout=IDLE_TIMEOUT_S)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="openai-server", daemon=True)
         self._thread.start()
@@ -286,6 +280,8 @@ class BackgroundServer:
         except BaseException:
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise
+        self.url = f"http://{host}:{self.port}/v1"
+        return self
 
     async def _start(self, host: str, port: int) -> int:
         await self._runner.setup()
@@ -293,17 +289,13 @@ class BackgroundServer:
         await site.start()
         return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
     def stop(self) -> None:
         with contextlib.suppress(TimeoutError):
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
 
-    def __enter__(self) -> BackgroundServer:
+    def __enter__(self) -> OpenAIServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
