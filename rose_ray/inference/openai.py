@@ -209,13 +209,10 @@ class _CutOff(Exception):
 
 async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes:
     """A body's first `limit` + 1 bytes at most (more than `limit`: it goes on)."""
-    raw = bytearray()
-    while len(raw) <= limit:
-        chunk = await response.content.read(limit + 1 - len(raw))
-        if not chunk:
-            break
-        raw += chunk
-    return bytes(raw)
+    try:
+        return await response.content.readexactly(limit + 1)
+    except asyncio.IncompleteReadError as e:  # the whole body, shorter
+        return e.partial
 
 
 async def _error_message(response: aiohttp.ClientResponse) -> str:
@@ -384,13 +381,10 @@ class OpenAIEngine:
 
     def served(self) -> dict[str, int | None]:
         """The served models (GET /models): name -> `max_model_len` (None where a server does not say)."""
-        out: dict[str, int | None] = {}
         models = _dig(self._run(self._request("GET", "/models")), "data", kind=list)
-        for i in range(len(models)):
-            name = _dig(models, i, "id", kind=str, at="data")
-            limit = _dig(models, i, "max_model_len", default=None, at="data")
-            out[name] = int(limit) if isinstance(limit, int) and not isinstance(limit, bool) else None
-        return out
+        limits = [_dig(models, i, "max_model_len", default=None, at="data") for i in range(len(models))]
+        return {_dig(models, i, "id", kind=str, at="data"): limit if type(limit) is int else None
+                for i, limit in enumerate(limits)}
 
     def models(self) -> list[str]:
         return list(self.served())

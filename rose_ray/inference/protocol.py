@@ -67,12 +67,10 @@ def _number(body: dict[str, Any], key: str, default: Any, kind: type, lo: float 
 
 
 def _flag(body: dict[str, Any], key: str) -> bool:
-    value = body.get(key, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
+    value = body.get(key)
+    if not isinstance(value, (bool, type(None))):
         raise RequestError(f"'{key}' must be true or false, got {_short(value)}", key)
-    return value
+    return bool(value)
 
 
 def _common(body: dict[str, Any], max_tokens_default: int | None) -> tuple[SamplingParams, int | None, bool]:
