@@ -428,13 +428,11 @@ class OpenAIEngine:
                 here = f"choices[0].logprobs.top_logprobs[{i}]"
                 top.append({self._token_id(k, here, vocab): _logprob(v, f"{here}[{k!r}]")
                             for k, v in _dig(d or {}, kind=dict, at=here).items()})
-        finish = _dig(choice, "finish_reason", default=None, at="choices[0]") or "length"
-        text = _dig(choice, "text", default="", at="choices[0]")
         self._counters["requests"] += 1
         self._counters["generated_tokens"] += len(token_ids)
         return GenerationResult(
-            text=text if isinstance(text, str) else str(text), token_ids=list(token_ids), logprobs=logprobs,
-            finish_reason="stop" if finish == "stop" else "length", prompt_tokens=len(ids),
+            text=str(choice.get("text", "")), token_ids=token_ids, logprobs=logprobs, prompt_tokens=len(ids),
+            finish_reason="stop" if choice.get("finish_reason") == "stop" else "length",
             version=self.version, request_id=request.request_id, top_logprobs=top,
         )
 

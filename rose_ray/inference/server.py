@@ -137,11 +137,9 @@ class OpenAIServer:
         if not request.path.startswith("/v1/") or request.method != "POST":
             return await handler(request)
         if self.in_flight >= self.max_concurrent:
-            response = _error(429, f"this server is handling {self.in_flight} requests, its limit "
-                                   f"(max_concurrent {self.max_concurrent}); retry shortly",
-                              kind="rate_limit_error")
-            response.headers["Retry-After"] = "1"
-            return response
+            return _error(429, f"this server is handling {self.in_flight} requests, its limit "
+                               f"(max_concurrent {self.max_concurrent}); retry shortly",
+                          kind="rate_limit_error", headers={"Retry-After": "1"})
         self.in_flight += 1
         try:
             return await handler(request)
@@ -302,10 +300,10 @@ class OpenAIServer:
         self.stop()
 
 
-def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"
-           ) -> web.Response:
-    return web.json_response(
-        {"error": {"message": message, "type": kind, "param": param, "code": status}}, status=status)
+def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+           headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                             status=status, headers=headers)
 
 
 def _literal_host(host: str) -> bool:
