@@ -14,7 +14,6 @@ import random
 import threading
 import time
 import warnings
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,12 +22,12 @@ from torch.nn.utils.rnn import pad_sequence
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from rose_ray.chat import ChatFormat
-from rose_ray.errors import ConfigError
 from rose_ray.inference.engine import (
     EngineConfig,
     GenerationRequest,
     GenerationResult,
+    LocalEngine,
+    check_scored,
     early_result,
     resolve_dtype,
 )
@@ -95,13 +94,11 @@ class _Row:
         self.generator = torch.Generator().manual_seed(seed)
 
 
-class HFEngine:
+class HFEngine(LocalEngine):
     """A transformers causal LM as a generation engine (CPU or one GPU)."""
 
     def __init__(self, config: EngineConfig, model: Any = None, tokenizer: Any = None,
                  device: str = "cpu") -> None:
-        self.config = config
-        self.device = device
         if config.threads > 0:
             torch.set_num_threads(config.threads)
         if tokenizer is None or model is None:
@@ -111,43 +108,28 @@ class HFEngine:
             if model is None:
                 model = load_model(config.model, dtype=resolve_dtype(config.dtype, device),
                                    device=device)
-        self.tokenizer = tokenizer
+        super().__init__(config, device, tokenizer, {
+            "batches": 0, "requests": 0, "generated_tokens": 0, "prompt_tokens": 0, "busy_s": 0.0,
+            "score_calls": 0, "weight_updates": 0})
         self.model = model.eval()
         if config.backend.attn_implementation and hasattr(self.model, "set_attn_implementation"):
             self.model.set_attn_implementation(config.backend.attn_implementation)
-        limit = getattr(self.model.config, "max_position_embeddings", None)
-        if limit is not None and config.context_tokens > limit:
-            raise ConfigError(f"engine.context_tokens: {config.context_tokens} is more than the model's "
-                             f"max_position_embeddings ({limit})")
-        self.chat = ChatFormat(tokenizer)
-        self.stop_ids = {self.chat.eos_id} | ({tokenizer.eos_token_id} - {None})
+        self.check_positions(getattr(self.model.config, "max_position_embeddings", None))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eos_id
         # transformers 5 renamed past_key_values -> cache
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
-        self._version = 0
         self._lock = threading.Lock()  # one forward pass at a time, weights never torn
-        self._batch_sizes: deque[int] = deque(maxlen=1024)
-        self._counters = {"batches": 0, "requests": 0, "generated_tokens": 0, "prompt_tokens": 0,
-                          "busy_s": 0.0, "score_calls": 0, "weight_updates": 0}
         # Prefix reuse and in-place cache growth need plain full-attention layers.
         self._plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
         budget = int(config.backend.prefix_cache_mb * 2**20) // kv_bytes_per_token(self.model)
         self._prefix = PrefixCache(budget if self._plain else 0)
 
-    # ------------------------------------------------------------------ public API
-    @property
-    def version(self) -> int:
-        return self._version
-
     def stats(self) -> dict[str, Any]:
-        prefix = self._prefix.stats()
-        fed = self._counters["prompt_tokens"] - prefix["prefix_cached_tokens"]
-        return {**self._counters, **prefix, "prompt_tokens_fed": fed,
-                "batch_sizes": list(self._batch_sizes), "version": self._version}
+        return super().stats(**self._prefix.stats())
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Results in request order; requests are run in batches of max_batch_size."""
-        results = [early_result(r, self.config, self._version) for r in requests]  # all checked first
+        results = [early_result(r, self.config, self.version) for r in requests]  # all checked first
         pending = [i for i, result in enumerate(results) if result is None]
         size = self.config.max_batch_size
         for start in range(0, len(pending), size):
@@ -156,17 +138,9 @@ class HFEngine:
                 results[i] = out
         return results  # type: ignore[return-value]
 
-    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-        return self.score_many([(prompt_ids, completion_ids)])[0]
-
     def score_many(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """Teacher-forced logprob of each completion token given the prompt and earlier tokens."""
-        for n, (p, c) in enumerate(pairs):
-            if len(p) == 0:
-                raise ValueError(f"score: pair {n} has an empty prompt (the first token has no logprob)")
-            if len(p) + len(c) > self.config.context_tokens:
-                raise ValueError(f"score: pair {n} has {len(p) + len(c)} tokens, context_tokens is "
-                                 f"{self.config.context_tokens}")
+        check_scored(pairs, self.config.context_tokens)
         out: list[list[float]] = [[] for _ in pairs]
         todo = [n for n, (_, c) in enumerate(pairs) if c]
         vocab = self.model.config.vocab_size
@@ -193,7 +167,7 @@ class HFEngine:
         with self._lock, torch.no_grad():
             for name, t in weights:
                 params[name].copy_(t)
-            self._version = int(version)
+            self.version = int(version)
             self._counters["weight_updates"] += 1
             self._prefix.clear()  # keys/values computed by the old weights are stale
 
@@ -276,7 +250,7 @@ class HFEngine:
                 for r, p in zip(requests, prompts)]
         active = [row for row in rows if row.max_new > 0]  # the others end at once ("length")
         with self._lock, torch.inference_mode():
-            version = self._version
+            version = self.version
             if active:
                 self._decode(active)
         elapsed = time.perf_counter() - t0
