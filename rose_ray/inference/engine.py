@@ -84,18 +84,12 @@ class GenerationResult:
 
 @dataclass
 class EngineConfig:
-    """One engine replica: the settings every backend shares, and its backend's section.
+    """One engine replica: the settings every backend shares, and its backend's section, chosen
+    by name: `backend: vllm`, or `backend: {name: vllm, kv_cache_mb: 256}`.
 
-    `backend` is a backend registered in registry.py (hf, vllm, openai) with its own settings,
-    chosen by name (tagged.py): `backend: vllm`, or `backend: {name: vllm, kv_cache_mb: 256}`.
-    `model` is a local HF folder (hf, vllm) or the served model name (openai); `tokenizer` a
-    folder to read the tokenizer from instead.
-
-    context_tokens bounds prompt + completion; context_policy says what the rollout does with a
-    longer conversation (the agent of this engine cuts its prompts with it: rollout/context.py);
-    keep_first_turns protects that many turns after the prompt turns (the first observation
-    carries the task description). threads=0 leaves torch's setting alone.
-    `max_batch_size` bounds the sequences decoded at once (a served engine's requests in flight).
+    The agent of this engine cuts a conversation longer than context_tokens as context_policy
+    says (rollout/context.py); keep_first_turns protects that many turns after the prompt turns
+    (the first observation carries the task description).
     """
 
     # hf | vllm | openai (registry.py), with its own settings: {name: vllm, kv_cache_mb: 256}
@@ -214,7 +208,8 @@ class LocalEngine:
     def stats(self, **more: Any) -> dict[str, Any]:
         out = {**self._counters, **more}
         fed = out["prompt_tokens"] - out["prefix_cached_tokens"]
-        return {**out, "prompt_tokens_fed": fed, "batch_sizes": list(self._batch_sizes), "version": self.version}
+        return {**out, "prompt_tokens_fed": fed, "batch_sizes": list(self._batch_sizes),
+                "version": self.version}
 
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         return self.score_many([(prompt_ids, completion_ids)])[0]  # type: ignore[attr-defined]
@@ -225,9 +220,7 @@ class GenerationEngine(Protocol):
     """What rollout, learner and server use; the Ray actor wraps any of these."""
 
     config: EngineConfig
-
-    @property
-    def version(self) -> int: ...
+    version: int  # the weights' version
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
 

@@ -1,11 +1,9 @@
 """The `vllm` engine backend: vLLM's V1 engine in this process, stepped by a thread of its own
 that adds each request as it arrives (continuous batching); callers wait on a future.
 
-Weight updates come in order with the requests. Those running when one comes finish first
-(`keep_after_ms` None: publish.in_flight `wait`) or, after `keep_after_ms` (`keep`), are
-preempted as vLLM's `pause_generation(mode="keep", clear_cache=True)` does and recomputed on the
-new weights (docs/engines.md); score requests are never kept. Weights reload in place through
-vLLM's worker, then the prefix cache is reset; a reset vLLM keeps refusing stops the engine
+Weight updates come in order with the requests: running ones finish first (publish.in_flight
+`wait`) or are preempted and recomputed on the new weights (`keep`, docs/engines.md). Weights
+reload in place, then the prefix cache is reset; a reset vLLM keeps refusing stops the engine
 (PrefixCacheNotReset) rather than serve the old keys and values.
 """
 
@@ -60,7 +58,6 @@ PREFIX_RESET_WAIT_S = 0.1
 
 
 def _not_expected(record: logging.LogRecord) -> bool:
-    """The logging filter that drops EXPECTED_VLLM_WARNINGS (every other warning of vLLM's is kept)."""
     return not any(record.name == name and str(record.msg).startswith(start)
                    and (arg is None or bool(record.args) and record.args[0] == arg)
                    for name, start, arg in EXPECTED_VLLM_WARNINGS)
@@ -245,7 +242,12 @@ class VLLMEngine(LocalEngine):
                 if job.kind == "close":
                     return
                 if job.kind == "weights":
-                    if running and not self._keep_now(job, running):
+                    # Under running requests only after `keep_after_ms`, and with no score request
+                    # running (a preemption would compute its pieces twice).
+                    keep_after_ms = job.payload[2]
+                    waited_ms = (time.perf_counter() - job.submitted) * 1e3
+                    if running and (keep_after_ms is None or waited_ms < keep_after_ms
+                                    or any(j.kind == "score" for j in running.values())):
                         break  # the barrier: requests before it finish on the old weights (for now)
                     waiting.popleft()
                     self._reload(job, running)
@@ -276,14 +278,6 @@ class VLLMEngine(LocalEngine):
             except queue.Empty:
                 break
         return max(1, sum(j.kind == "generate" for j in waiting))
-
-    @staticmethod
-    def _keep_now(job: _Job, running: dict[str, _Job]) -> bool:
-        """Whether a weights job may load under the running requests now: `keep_after_ms` given and
-        passed, and no score request running (a preemption would compute its pieces twice)."""
-        keep_after_ms = job.payload[2]
-        return (keep_after_ms is not None and (time.perf_counter() - job.submitted) * 1e3 >= keep_after_ms
-                and all(j.kind == "generate" for j in running.values()))
 
     def _add(self, job: _Job, running: dict[str, _Job]) -> None:
         from vllm import SamplingParams
@@ -375,7 +369,7 @@ class VLLMEngine(LocalEngine):
 
     def _reload(self, job: _Job, running: dict[str, _Job]) -> None:
         """Load a weights job's state (None: only forget cached prefixes), under `running`
-        requests where `_keep_now` allowed it (preempted; their results say where it changed)."""
+        requests where `keep` allowed it (preempted; their results say where it changed)."""
         state, version, _ = job.payload
         t0 = time.perf_counter()
         try:
