@@ -345,8 +345,7 @@ class HFEngine(LocalEngine):
         return chosen.tolist(), chosen_lp.tolist(), logp
 
     def _check_stop(self, row: _Row) -> None:
-        tok = row.ids[-1]
-        if tok in self.stop_ids:
+        if row.ids[-1] in self.stop_ids:
             row.finish = "stop"
             return
         if row.sampling.stop:

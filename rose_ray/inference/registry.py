@@ -173,9 +173,8 @@ COMMAND_BACKENDS: tuple[str, ...] = ("auto", "hf", "vllm")
 DEFAULT_COMMAND_BACKEND = "auto"
 
 
-def register(backend: Backend) -> Backend:
+def register(backend: Backend) -> None:
     BACKENDS[backend.name] = backend
-    return backend
 
 
 register(Backend("hf", HFSettings, "rose_ray.inference.hf:HFEngine", served=False, takes_weights=True,

@@ -449,11 +449,11 @@ class VLLMEngine(LocalEngine):
         return names
 
 
+@dataclass
 class VLLMFrontend:
     """The engine's async calls, shaped like `AsyncBatcher` (the actor and the server use either)."""
 
-    def __init__(self, engine: VLLMEngine) -> None:
-        self.engine = engine
+    engine: VLLMEngine
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         return await asyncio.wrap_future(self.engine.submit("generate", request))
