@@ -164,6 +164,7 @@ class VLLMEngine(LocalEngine):
     def _start(self) -> Any:
         for key, value in VLLM_ENV.items():
             os.environ.setdefault(key, value)
+        from transformers import AutoConfig
         from vllm import LLM
 
         for name, _, _ in EXPECTED_VLLM_WARNINGS:
@@ -171,16 +172,20 @@ class VLLMEngine(LocalEngine):
 
         c = self.config
         on_gpu = self.device.startswith("cuda")
-        kwargs: dict[str, Any] = {}
-        if on_gpu:
-            kwargs["gpu_memory_utilization"] = float(c.backend.gpu_memory_utilization)
-        else:  # vLLM would otherwise take a share of host memory for its KV cache
-            kwargs["kv_cache_memory_bytes"] = int(c.backend.kv_cache_mb * 2**20)
+        # (on CPU vLLM would otherwise take a share of host memory for its KV cache)
+        kwargs: dict[str, Any] = (
+            {"gpu_memory_utilization": float(c.backend.gpu_memory_utilization)} if on_gpu
+            else {"kv_cache_memory_bytes": int(c.backend.kv_cache_mb * 2**20)})
         if c.backend.tensor_parallel_size > 1:
             # One process per rank, children of this actor: in a placement group vLLM's Ray
             # executor would refuse a bundle of several GPUs (and CPUs).
             kwargs["distributed_executor_backend"] = "mp"
-        self.max_model_len = self._model_len()
+        positions = getattr(AutoConfig.from_pretrained(self.model_dir), "max_position_embeddings", None)
+        self.check_positions(positions)
+        # One more position than context_tokens where the model has it: vLLM scores a sequence as a
+        # prompt with one token to generate.
+        ctx = c.context_tokens
+        self.max_model_len = ctx + 1 if positions is None or positions > ctx else ctx
         return LLM(
             model=self.model_dir, tokenizer=c.tokenizer or self.model_dir, dtype=resolve_dtype(c.dtype, self.device),
             max_model_len=self.max_model_len, max_num_seqs=c.max_batch_size,
@@ -189,15 +194,6 @@ class VLLMEngine(LocalEngine):
             logprobs_mode="raw_logprobs", seed=0, disable_log_stats=True, use_tqdm_on_load=False,
             **kwargs,
         )
-
-    def _model_len(self) -> int:
-        """vLLM's max_model_len: context_tokens, and one more where the positions allow (to score)."""
-        from transformers import AutoConfig
-
-        ctx = self.config.context_tokens
-        positions = getattr(AutoConfig.from_pretrained(self.model_dir), "max_position_embeddings", None)
-        self.check_positions(positions)
-        return ctx + 1 if positions is None or positions > ctx else ctx
 
     def _run(self, started: concurrent.futures.Future, threads: int) -> None:
         # OpenMP's thread count is per thread (a new one starts at the core count), and vLLM's CPU
