@@ -396,8 +396,7 @@ class HFEngine(LocalEngine):
                 self._check_stop(row)
                 if row.finish is None:
                     keep.append(r)
-            for r, row in enumerate(active):
-                if row.finish is not None:
+                else:
                     self._remember(row, mask[r], cache, r)
             if not keep:
                 return
