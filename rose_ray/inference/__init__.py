@@ -1,3 +1,2 @@
-"""The model side: generation engines (hf, vllm, openai; registry.py names them, backends.py
-builds them), the dynamic batcher, the Ray actor and the OpenAI-compatible server. Import from
-the defining modules."""
+"""The model side: generation engines (registry.py names the backends), the dynamic batcher, the
+Ray actor and the OpenAI-compatible server. Import from the defining modules."""

@@ -29,14 +29,14 @@ MAX_WEIGHT_GROUPS = 4
 class EngineActorImpl:
     """The actor body (a plain class, so it can also be tested or used without Ray)."""
 
-    def __init__(self, config: EngineConfig, device: str | None = None, threads: int = 1) -> None:
+    def __init__(self, config: EngineConfig, threads: int = 1) -> None:
         import torch
 
         # Ray sets OMP_NUM_THREADS=1 in workers; use what the config (or the CPU grant) says.
         torch.set_num_threads(config.threads or max(1, threads))
         self.config = config
         # The device this process sees: Ray's GPUs may be resources only (a rehearsed cluster).
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
         kwargs: dict[str, Any] = {"device": self.device} if config.spec.local else {}
         self.engine = make_engine(config, **kwargs)
         self.batcher: Any = None
@@ -96,19 +96,12 @@ class EngineActorImpl:
         with self._call():
             return await self._batcher().score(prompt_ids, completion_ids)
 
-    async def update_weights(self, state: dict[str, Any], version: int) -> int:
-        with self._call():
-            await self._batcher().update_weights(state, version)
-            return self.engine.version
-
     async def load_weights(self, state: dict[str, Any] | FlatState, version: int,
                            wait: bool = True, keep_after_ms: float | None = None) -> dict[str, float]:
-        """`update_weights` for a FlatState (unpacked into views, no copy) or a dict; returns
-        `load_ms` and the version (`_load`)."""
+        """Load `state` (a FlatState, unpacked into views with no copy, or a dict) as `_load`
+        says; returns `load_ms` and the version."""
         with self._call():
-            await self._settle()
-            if isinstance(state, FlatState):
-                state = unpack(state)
+            state = unpack(state) if isinstance(state, FlatState) else state
             return await self._load(state, version, wait, keep_after_ms)
 
     async def _load(self, state: dict[str, Any], version: int, wait: bool,
@@ -116,6 +109,7 @@ class EngineActorImpl:
         """Queue the update behind the calls already submitted (`keep_after_ms`: see vllm_engine).
         `wait`: until it is loaded; else at once (`queued` 1), and the next publication waits for
         this load first (and raises its error, if any)."""
+        await self._settle()
         # (after a broadcast, which rank 0 sends whatever happens here)
         if keep_after_ms is not None and "keep" not in self.config.spec.in_flight:
             raise ValueError(f"publish.in_flight: keep loads weights under running requests, which the "
@@ -184,20 +178,14 @@ class EngineActorImpl:
 
     async def stats(self) -> dict[str, Any]:
         """Engine counters plus `batch_sizes` (requests per engine batch, most recent last)."""
-        out = dict(self.engine.stats()) if hasattr(self.engine, "stats") else {}
-        if self.batcher is not None:
-            out.update(self.batcher.stats())
-        return out
+        return {**self.engine.stats(), **(self.batcher.stats() if self.batcher is not None else {})}
 
 
-def engine_actor(config: EngineConfig, num_cpus: float = 1, num_gpus: float = 0,
-                 name: str | None = None, **options: Any) -> Any:
-    """Start an EngineActor with the given resources (torch threads: the CPUs granted, unless
-    config.threads says); returns the actor handle."""
-    if name is not None:
-        options["name"] = name
+def engine_actor(config: EngineConfig, num_cpus: float = 1, num_gpus: float = 0, **options: Any) -> Any:
+    """Start an EngineActor with the given resources and Ray `options` (torch threads: the CPUs
+    granted, unless config.threads says); returns the actor handle."""
     return EngineActor.options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=1000,
-                               **options).remote(config, None, max(1, int(num_cpus)))
+                               **options).remote(config, max(1, int(num_cpus)))
 
 
 EngineActor = ray.remote(EngineActorImpl)

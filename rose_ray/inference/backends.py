@@ -17,12 +17,10 @@ from rose_ray.inference.engine import EngineConfig, GenerationEngine
 from rose_ray.inference.registry import (
     BACKENDS,
     COMMAND_BACKENDS,
-    DEFAULT_COMMAND_BACKEND,
     get_backend,
     settings_owner,
 )
 
-__all__ = ["COMMAND_BACKENDS", "DEFAULT_COMMAND_BACKEND", "backend_problem", "command_engine", "make_engine"]
 SERVED_PREFIX = "openai:"  # a command's model given as openai:URL is served, not local
 
 

@@ -9,6 +9,7 @@ backend: `backends.make_engine` builds the one a config names.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -83,18 +84,12 @@ class GenerationResult:
 
 @dataclass
 class EngineConfig:
-    """One engine replica: the settings every backend shares, and its backend's section.
+    """One engine replica: the settings every backend shares, and its backend's section, chosen
+    by name: `backend: vllm`, or `backend: {name: vllm, kv_cache_mb: 256}`.
 
-    `backend` is a backend registered in registry.py (hf, vllm, openai) with its own settings,
-    chosen by name (tagged.py): `backend: vllm`, or `backend: {name: vllm, kv_cache_mb: 256}`.
-    `model` is a local HF folder (hf, vllm) or the served model name (openai); `tokenizer` a
-    folder to read the tokenizer from instead.
-
-    context_tokens bounds prompt + completion; context_policy says what the rollout does with a
-    longer conversation (the agent of this engine cuts its prompts with it: rollout/context.py);
-    keep_first_turns protects that many turns after the prompt turns (the first observation
-    carries the task description). threads=0 leaves torch's setting alone.
-    `max_batch_size` bounds the sequences decoded at once (a served engine's requests in flight).
+    The agent of this engine cuts a conversation longer than context_tokens as context_policy
+    says (rollout/context.py); keep_first_turns protects that many turns after the prompt turns
+    (the first observation carries the task description).
     """
 
     # hf | vllm | openai (registry.py), with its own settings: {name: vllm, kv_cache_mb: 256}
@@ -178,14 +173,54 @@ def early_result(request: GenerationRequest, config: EngineConfig, version: int)
     return None
 
 
+def check_scored(pairs: list[tuple[list[int], list[int]]], longest: int, why: str = "") -> None:
+    """A ValueError naming the first (prompt, completion) pair that cannot be scored."""
+    for n, (prompt, completion) in enumerate(pairs):
+        if not prompt:
+            raise ValueError(f"score: pair {n} has an empty prompt (the first token has no logprob)")
+        if len(prompt) + len(completion) > longest:
+            raise ValueError(f"score: pair {n} has {len(prompt) + len(completion)} tokens; this engine "
+                             f"scores at most {longest}{why}")
+
+
+class LocalEngine:
+    """What the engines that compute here (hf, vllm) share: the tokenizer and its stop ids, the
+    weights' `version`, the counters `stats()` reports, `score` as one `score_many` pair."""
+
+    def __init__(self, config: EngineConfig, device: str, tokenizer: Any, counters: dict[str, Any]) -> None:
+        from rose_ray.chat import ChatFormat
+
+        self.config = config
+        self.device = device
+        self.tokenizer = tokenizer
+        self.chat = ChatFormat(tokenizer)
+        self.stop_ids = {self.chat.eos_id} | ({tokenizer.eos_token_id} - {None})
+        self.version = 0
+        self._counters = counters
+        self._batch_sizes: deque[int] = deque(maxlen=1024)  # requests per batch (vllm: per step)
+
+    def check_positions(self, positions: int | None) -> None:
+        """Refuse more context than the model has positions (None: unbounded)."""
+        if positions is not None and self.config.context_tokens > positions:
+            raise ConfigError(f"engine.context_tokens: {self.config.context_tokens} is more than the model's "
+                              f"max_position_embeddings ({positions})")
+
+    def stats(self, **more: Any) -> dict[str, Any]:
+        out = {**self._counters, **more}
+        fed = out["prompt_tokens"] - out["prefix_cached_tokens"]
+        return {**out, "prompt_tokens_fed": fed, "batch_sizes": list(self._batch_sizes),
+                "version": self.version}
+
+    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        return self.score_many([(prompt_ids, completion_ids)])[0]  # type: ignore[attr-defined]
+
+
 @runtime_checkable
 class GenerationEngine(Protocol):
     """What rollout, learner and server use; the Ray actor wraps any of these."""
 
     config: EngineConfig
-
-    @property
-    def version(self) -> int: ...
+    version: int  # the weights' version
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
 

@@ -2,8 +2,9 @@
 
 A batch is left-padded, position ids from the attention mask, so a padded row computes what it
 would alone; each request samples with its own torch.Generator (a seeded request gives the same
-tokens whatever its batch). A finished row's keys/values go into a PrefixCache, so a later prompt
-that starts the same way feeds only its new tokens. Synchronous and single-threaded: concurrent
+tokens whatever its batch). A finished row's keys/values go into a PrefixCache (matched by
+content alone: callers need no conversation key), so a later prompt that starts the same way
+feeds only its new tokens. Synchronous and single-threaded: concurrent
 callers go through `inference.batcher.AsyncBatcher`.
 """
 
@@ -14,8 +15,9 @@ import random
 import threading
 import time
 import warnings
-from collections import deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import count
 from typing import Any
 
 import torch
@@ -23,20 +25,135 @@ from torch.nn.utils.rnn import pad_sequence
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from rose_ray.chat import ChatFormat
-from rose_ray.errors import ConfigError
 from rose_ray.inference.engine import (
     EngineConfig,
     GenerationRequest,
     GenerationResult,
+    LocalEngine,
+    check_scored,
     early_result,
     resolve_dtype,
 )
-from rose_ray.inference.prefix_cache import PrefixCache, PrefixHit, RoomyLayer
 from rose_ray.types import SamplingParams
 
 # Bound on logits materialised at once when scoring (elements; 2^27 fp32 = 512 MiB).
 SCORE_LOGITS_BUDGET = 1 << 27
+MIN_PREFIX = 16  # prefix cache: shorter matches save less than the bookkeeping costs
+
+
+@dataclass
+class PrefixEntry:
+    ids: torch.Tensor  # (n,) long
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (heads, n, head_dim)
+
+
+@dataclass
+class PrefixHit:
+    key: int  # the entry's key in the cache
+    length: int  # tokens reused (the common prefix, capped to leave one prompt token to feed)
+    entry: PrefixEntry
+
+    def kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(k[:, : self.length], v[:, : self.length]) for k, v in self.entry.kv]
+
+
+class PrefixCache:
+    """Entries bounded by their total tokens; the least recently used leave first."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self._entries: OrderedDict[int, PrefixEntry] = OrderedDict()
+        self._keys = count()
+        self.tokens = 0
+        self.counters = {"prefix_hits": 0, "prefix_misses": 0, "prefix_cached_tokens": 0,
+                         "prefix_evictions": 0}
+
+    def stats(self) -> dict[str, int]:
+        return {**self.counters, "prefix_entries": len(self._entries), "prefix_stored_tokens": self.tokens}
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.tokens = 0
+
+    def lookup(self, prompt: list[int]) -> PrefixHit | None:
+        """The entry sharing the longest prefix with `prompt` (at least MIN_PREFIX tokens)."""
+        if self.max_tokens <= 0:
+            return None
+        best: PrefixHit | None = None
+        if len(prompt) > MIN_PREFIX:
+            query = torch.tensor(prompt, dtype=torch.long)
+            for key, entry in self._entries.items():
+                m = min(len(entry.ids), len(query) - 1)  # one prompt token must be fed for logits
+                differ = (entry.ids[:m] != query[:m]).nonzero()
+                length = int(differ[0, 0]) if len(differ) else m
+                if length >= MIN_PREFIX and (best is None or length > best.length):
+                    best = PrefixHit(key, length, entry)
+        if best is None:
+            self.counters["prefix_misses"] += 1
+            return None
+        self._entries.move_to_end(best.key)
+        self.counters["prefix_hits"] += 1
+        self.counters["prefix_cached_tokens"] += best.length
+        return best
+
+    def insert(self, ids: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]],
+               extends: PrefixHit | None = None) -> None:
+        """Add an entry; the one it was built on goes if the new one contains it whole."""
+        n = len(ids)
+        if self.max_tokens <= 0 or n < MIN_PREFIX or n > self.max_tokens:
+            return
+        new = PrefixEntry(torch.tensor(ids, dtype=torch.long), kv)
+        old = self._entries.get(extends.key) if extends is not None else None
+        # A conversation's next turn supersedes its last one; an entry that only shares the
+        # opening (another episode of the same task) stays.
+        if old is not None and len(old.ids) <= n and torch.equal(old.ids, new.ids[: len(old.ids)]):
+            self._drop(extends.key)  # type: ignore[union-attr]
+        self._entries[next(self._keys)] = new
+        self.tokens += n
+        while self.tokens > self.max_tokens:
+            self._drop(next(iter(self._entries)))
+            self.counters["prefix_evictions"] += 1
+
+    def _drop(self, key: int) -> None:
+        self.tokens -= len(self._entries.pop(key).ids)
+
+
+class RoomyLayer(DynamicLayer):
+    """A DynamicLayer whose keys/values sit in a buffer with `room` spare positions (DynamicLayer
+    copies the whole cache every decode step)."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+        self.length = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + key_states.shape[-2]
+        if not self.is_initialized or end > self._k.shape[-2]:
+            self._grow(key_states, value_states, end + self.room)
+        self._k[..., self.length : end, :] = key_states
+        self._v[..., self.length : end, :] = value_states
+        self.length = end
+        self.keys, self.values = self._k[..., :end, :], self._v[..., :end, :]
+        return self.keys, self.values
+
+    def _grow(self, k: torch.Tensor, v: torch.Tensor, capacity: int) -> None:
+        new_k = k.new_empty((*k.shape[:-2], capacity, k.shape[-1]))
+        new_v = v.new_empty((*v.shape[:-2], capacity, v.shape[-1]))
+        if self.is_initialized:
+            new_k[..., : self.length, :] = self.keys
+            new_v[..., : self.length, :] = self.values
+        self._k, self._v = new_k, new_v
+        self.device, self.is_initialized = k.device, True
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._k, self._v = self._k[indices], self._v[indices]
+        self.keys, self.values = self._k[..., : self.length, :], self._v[..., : self.length, :]
+
 
 def kv_bytes_per_token(model: Any) -> int:
     """Memory of one token's keys and values over all layers."""
@@ -95,59 +212,40 @@ class _Row:
         self.generator = torch.Generator().manual_seed(seed)
 
 
-class HFEngine:
+class HFEngine(LocalEngine):
     """A transformers causal LM as a generation engine (CPU or one GPU)."""
 
     def __init__(self, config: EngineConfig, model: Any = None, tokenizer: Any = None,
                  device: str = "cpu") -> None:
-        self.config = config
-        self.device = device
         if config.threads > 0:
             torch.set_num_threads(config.threads)
-        if tokenizer is None or model is None:
-            from rose_ray.models import load_model, load_tokenizer
+        from rose_ray.models import load_model, load_tokenizer
 
-            tokenizer = tokenizer or load_tokenizer(config.model)
-            if model is None:
-                model = load_model(config.model, dtype=resolve_dtype(config.dtype, device),
-                                   device=device)
-        self.tokenizer = tokenizer
+        tokenizer = tokenizer or load_tokenizer(config.model)
+        if model is None:
+            model = load_model(config.model, dtype=resolve_dtype(config.dtype, device), device=device)
+        super().__init__(config, device, tokenizer, {
+            "batches": 0, "requests": 0, "generated_tokens": 0, "prompt_tokens": 0, "busy_s": 0.0,
+            "score_calls": 0, "weight_updates": 0})
         self.model = model.eval()
         if config.backend.attn_implementation and hasattr(self.model, "set_attn_implementation"):
             self.model.set_attn_implementation(config.backend.attn_implementation)
-        limit = getattr(self.model.config, "max_position_embeddings", None)
-        if limit is not None and config.context_tokens > limit:
-            raise ConfigError(f"engine.context_tokens: {config.context_tokens} is more than the model's "
-                             f"max_position_embeddings ({limit})")
-        self.chat = ChatFormat(tokenizer)
-        self.stop_ids = {self.chat.eos_id} | ({tokenizer.eos_token_id} - {None})
+        self.check_positions(getattr(self.model.config, "max_position_embeddings", None))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eos_id
         # transformers 5 renamed past_key_values -> cache
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
-        self._version = 0
         self._lock = threading.Lock()  # one forward pass at a time, weights never torn
-        self._batch_sizes: deque[int] = deque(maxlen=1024)
-        self._counters = {"batches": 0, "requests": 0, "generated_tokens": 0, "prompt_tokens": 0,
-                          "busy_s": 0.0, "score_calls": 0, "weight_updates": 0}
         # Prefix reuse and in-place cache growth need plain full-attention layers.
         self._plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
         budget = int(config.backend.prefix_cache_mb * 2**20) // kv_bytes_per_token(self.model)
         self._prefix = PrefixCache(budget if self._plain else 0)
 
-    # ------------------------------------------------------------------ public API
-    @property
-    def version(self) -> int:
-        return self._version
-
     def stats(self) -> dict[str, Any]:
-        prefix = self._prefix.stats()
-        fed = self._counters["prompt_tokens"] - prefix["prefix_cached_tokens"]
-        return {**self._counters, **prefix, "prompt_tokens_fed": fed,
-                "batch_sizes": list(self._batch_sizes), "version": self._version}
+        return super().stats(**self._prefix.stats())
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Results in request order; requests are run in batches of max_batch_size."""
-        results = [early_result(r, self.config, self._version) for r in requests]  # all checked first
+        results = [early_result(r, self.config, self.version) for r in requests]  # all checked first
         pending = [i for i, result in enumerate(results) if result is None]
         size = self.config.max_batch_size
         for start in range(0, len(pending), size):
@@ -156,17 +254,9 @@ class HFEngine:
                 results[i] = out
         return results  # type: ignore[return-value]
 
-    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-        return self.score_many([(prompt_ids, completion_ids)])[0]
-
     def score_many(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """Teacher-forced logprob of each completion token given the prompt and earlier tokens."""
-        for n, (p, c) in enumerate(pairs):
-            if len(p) == 0:
-                raise ValueError(f"score: pair {n} has an empty prompt (the first token has no logprob)")
-            if len(p) + len(c) > self.config.context_tokens:
-                raise ValueError(f"score: pair {n} has {len(p) + len(c)} tokens, context_tokens is "
-                                 f"{self.config.context_tokens}")
+        check_scored(pairs, self.config.context_tokens)
         out: list[list[float]] = [[] for _ in pairs]
         todo = [n for n, (_, c) in enumerate(pairs) if c]
         vocab = self.model.config.vocab_size
@@ -193,7 +283,7 @@ class HFEngine:
         with self._lock, torch.no_grad():
             for name, t in weights:
                 params[name].copy_(t)
-            self._version = int(version)
+            self.version = int(version)
             self._counters["weight_updates"] += 1
             self._prefix.clear()  # keys/values computed by the old weights are stale
 
@@ -255,8 +345,7 @@ class HFEngine:
         return chosen.tolist(), chosen_lp.tolist(), logp
 
     def _check_stop(self, row: _Row) -> None:
-        tok = row.ids[-1]
-        if tok in self.stop_ids:
+        if row.ids[-1] in self.stop_ids:
             row.finish = "stop"
             return
         if row.sampling.stop:
@@ -276,7 +365,7 @@ class HFEngine:
                 for r, p in zip(requests, prompts)]
         active = [row for row in rows if row.max_new > 0]  # the others end at once ("length")
         with self._lock, torch.inference_mode():
-            version = self._version
+            version = self.version
             if active:
                 self._decode(active)
         elapsed = time.perf_counter() - t0
@@ -307,8 +396,7 @@ class HFEngine:
                 self._check_stop(row)
                 if row.finish is None:
                     keep.append(r)
-            for r, row in enumerate(active):
-                if row.finish is not None:
+                else:
                     self._remember(row, mask[r], cache, r)
             if not keep:
                 return

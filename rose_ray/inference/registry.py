@@ -68,9 +68,8 @@ class BackendSettings(Tagged):
 
 @dataclass
 class HFSettings(BackendSettings):
-    """transformers in this process. `prefix_cache_mb` bounds the keys/values kept from past
-    generations to skip re-encoding a conversation's earlier turns (0 disables; a token costs
-    2 * layers * kv_heads * head_dim * dtype bytes: 112 KiB for Qwen3-1.7B in bf16)."""
+    """transformers in this process. A token the prefix cache keeps costs 2 * layers * kv_heads *
+    head_dim * dtype bytes (112 KiB for Qwen3-1.7B in bf16)."""
 
     name: str = "hf"
     attn_implementation: str = "sdpa"  # transformers' attention
@@ -88,10 +87,8 @@ class HFSettings(BackendSettings):
 @dataclass
 class VLLMSettings(BackendSettings):
     """vLLM's engine in this process. Its KV cache is vLLM's paged cache, sized here and never by
-    vLLM's default share of host memory: `kv_cache_mb` on CPU, `gpu_memory_utilization` (the
-    fraction of each GPU for weights, activations and KV) on GPUs. `tensor_parallel_size` GPUs
-    serve one engine (its placement bundle holds that many); `cuda_graphs` off runs eagerly on
-    GPUs (CPUs always run eagerly)."""
+    vLLM's default share of host memory: `kv_cache_mb` on CPU, `gpu_memory_utilization` on GPUs.
+    CPUs always run eagerly."""
 
     name: str = "vllm"
     kv_cache_mb: float = 512.0  # the KV cache on CPU
@@ -176,9 +173,8 @@ COMMAND_BACKENDS: tuple[str, ...] = ("auto", "hf", "vllm")
 DEFAULT_COMMAND_BACKEND = "auto"
 
 
-def register(backend: Backend) -> Backend:
+def register(backend: Backend) -> None:
     BACKENDS[backend.name] = backend
-    return backend
 
 
 register(Backend("hf", HFSettings, "rose_ray.inference.hf:HFEngine", served=False, takes_weights=True,

@@ -1,11 +1,9 @@
 """The `vllm` engine backend: vLLM's V1 engine in this process, stepped by a thread of its own
 that adds each request as it arrives (continuous batching); callers wait on a future.
 
-Weight updates come in order with the requests. Those running when one comes finish first
-(`keep_after_ms` None: publish.in_flight `wait`) or, after `keep_after_ms` (`keep`), are
-preempted as vLLM's `pause_generation(mode="keep", clear_cache=True)` does and recomputed on the
-new weights (docs/engines.md); score requests are never kept. Weights reload in place through
-vLLM's worker, then the prefix cache is reset; a reset vLLM keeps refusing stops the engine
+Weight updates come in order with the requests: running ones finish first (publish.in_flight
+`wait`) or are preempted and recomputed on the new weights (`keep`, docs/engines.md). Weights
+reload in place, then the prefix cache is reset; a reset vLLM keeps refusing stops the engine
 (PrefixCacheNotReset) rather than serve the old keys and values.
 """
 
@@ -26,13 +24,13 @@ from typing import Any
 
 import torch
 
-from rose_ray.chat import ChatFormat
-from rose_ray.errors import ConfigError
 from rose_ray.inference.batcher import REGROUP_FACTOR, settle
 from rose_ray.inference.engine import (
     EngineConfig,
     GenerationRequest,
     GenerationResult,
+    LocalEngine,
+    check_scored,
     early_result,
     resolve_dtype,
 )
@@ -60,7 +58,6 @@ PREFIX_RESET_WAIT_S = 0.1
 
 
 def _not_expected(record: logging.LogRecord) -> bool:
-    """The logging filter that drops EXPECTED_VLLM_WARNINGS (every other warning of vLLM's is kept)."""
     return not any(record.name == name and str(record.msg).startswith(start)
                    and (arg is None or bool(record.args) and record.args[0] == arg)
                    for name, start, arg in EXPECTED_VLLM_WARNINGS)
@@ -89,27 +86,20 @@ class _Job:
     tokens_on_version: int | None = None  # its tokens sampled before an update landed under it
 
 
-class VLLMEngine:
+class VLLMEngine(LocalEngine):
     """A GenerationEngine over an in-process vLLM engine (CPU, one GPU, or `tensor_parallel_size`)."""
 
     def __init__(self, config: EngineConfig, device: str = "cpu") -> None:
         from rose_ray.models import load_tokenizer, local_model
 
-        self.config = config
-        self.device = device
         self.model_dir = local_model(config.model)  # a hub id's cached snapshot: its files are read here
-        self.tokenizer = load_tokenizer(config.tokenizer or self.model_dir)
-        self.chat = ChatFormat(self.tokenizer)
-        self.stop_ids = sorted({self.chat.eos_id} | ({self.tokenizer.eos_token_id} - {None}))
-        self._version = 0
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._failure: BaseException | None = None
-        self._closing = False
-        self._counters: dict[str, Any] = {
+        super().__init__(config, device, load_tokenizer(config.tokenizer or self.model_dir), {
             "requests": 0, "generated_tokens": 0, "prompt_tokens": 0, "prefix_cached_tokens": 0,
             "score_calls": 0, "weight_updates": 0, "steps": 0, "sequence_steps": 0, "busy_s": 0.0,
-            "weights_s": 0.0, "updates_kept": 0, "requests_kept": 0}
-        self._running_sizes: deque[int] = deque(maxlen=1024)
+            "weights_s": 0.0, "updates_kept": 0, "requests_kept": 0})
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.failure: BaseException | None = None  # why the engine thread stopped
+        self._closing = False
         started: concurrent.futures.Future = concurrent.futures.Future()
         threads = self.config.threads or torch.get_num_threads()  # the config's, else the caller's
         self._thread = threading.Thread(target=self._run, args=(started, threads),
@@ -118,55 +108,36 @@ class VLLMEngine:
         started.result()  # what the engine's start raised, raised here
 
     # ------------------------------------------------------------------ public API
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def failure(self) -> BaseException | None:
-        """Why the engine thread stopped (None while it serves)."""
-        return self._failure
-
-    def stats(self) -> dict[str, Any]:
-        fed = self._counters["prompt_tokens"] - self._counters["prefix_cached_tokens"]
-        return {**self._counters, **self._cache, "prompt_tokens_fed": fed,
-                "batch_sizes": list(self._running_sizes), "version": self._version}
-
     def submit(self, kind: str, payload: Any) -> concurrent.futures.Future:
         """Queue a job for the engine thread; its future holds the result."""
-        if self._failure is not None or self._closing or not self._thread.is_alive():
-            raise EngineFailed(f"vllm engine stopped: {self._failure or 'closed'!r}") from self._failure
+        if self.failure is not None or self._closing or not self._thread.is_alive():
+            raise EngineFailed(f"vllm engine stopped: {self.failure or 'closed'!r}") from self.failure
         job = _Job(kind, payload)
         if kind == "generate":
             job.prompt = list(payload.prompt_ids)
             # (checked here: a bad request fails its caller, not the engine)
-            if (early := early_result(payload, self.config, self._version)) is not None:
+            if (early := early_result(payload, self.config, self.version)) is not None:
                 job.future.set_result(early)
                 return job.future
-        elif kind == "score":
-            prompt, completion = payload
-            if not prompt:
-                raise ValueError("score: empty prompt (the first token has no logprob)")
-            longest = min(self.config.context_tokens, self.max_model_len - 1)  # vLLM generates one token
-            if len(prompt) + len(completion) > longest:
-                raise ValueError(f"score: {len(prompt) + len(completion)} tokens; this vllm engine scores at most "
-                                 f"{longest} (vLLM generates a token within max_model_len {self.max_model_len})")
-            if not completion:
-                job.future.set_result([])
-                return job.future
+        elif kind == "score" and not payload[1]:
+            job.future.set_result([])
+            return job.future
         self._jobs.put(job)
         return job.future
+
+    def check_scored(self, pairs: list[tuple[list[int], list[int]]]) -> None:
+        """vLLM scores a sequence as a prompt with one token to generate: one less than max_model_len."""
+        check_scored(pairs, min(self.config.context_tokens, self.max_model_len - 1),
+                     f" (vLLM generates a token within max_model_len {self.max_model_len})")
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Results in request order; all requests run at once in the engine's batch."""
         futures = [self.submit("generate", r) for r in requests]
         return [f.result() for f in futures]
 
-    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-        return self.submit("score", (list(prompt_ids), list(completion_ids))).result()
-
     def score_many(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """Teacher-forced logprob of each completion token (one engine pass per pair)."""
+        self.check_scored(pairs)
         futures = [self.submit("score", (list(p), list(c))) for p, c in pairs]
         return [f.result() for f in futures]
 
@@ -177,7 +148,7 @@ class VLLMEngine:
 
     def clear_prefix_cache(self) -> None:
         """Forget cached prefixes (a benchmark's cold start; weights unchanged)."""
-        self.submit("weights", (None, self._version, None)).result()
+        self.submit("weights", (None, self.version, None)).result()
 
     def frontend(self) -> VLLMFrontend:
         """The async face the engine actor and the HTTP server use (the engine batches by itself)."""
@@ -193,6 +164,7 @@ class VLLMEngine:
     def _start(self) -> Any:
         for key, value in VLLM_ENV.items():
             os.environ.setdefault(key, value)
+        from transformers import AutoConfig
         from vllm import LLM
 
         for name, _, _ in EXPECTED_VLLM_WARNINGS:
@@ -200,16 +172,20 @@ class VLLMEngine:
 
         c = self.config
         on_gpu = self.device.startswith("cuda")
-        kwargs: dict[str, Any] = {}
-        if on_gpu:
-            kwargs["gpu_memory_utilization"] = float(c.backend.gpu_memory_utilization)
-        else:  # vLLM would otherwise take a share of host memory for its KV cache
-            kwargs["kv_cache_memory_bytes"] = int(c.backend.kv_cache_mb * 2**20)
+        # (on CPU vLLM would otherwise take a share of host memory for its KV cache)
+        kwargs: dict[str, Any] = (
+            {"gpu_memory_utilization": float(c.backend.gpu_memory_utilization)} if on_gpu
+            else {"kv_cache_memory_bytes": int(c.backend.kv_cache_mb * 2**20)})
         if c.backend.tensor_parallel_size > 1:
             # One process per rank, children of this actor: in a placement group vLLM's Ray
             # executor would refuse a bundle of several GPUs (and CPUs).
             kwargs["distributed_executor_backend"] = "mp"
-        self.max_model_len = self._model_len()
+        positions = getattr(AutoConfig.from_pretrained(self.model_dir), "max_position_embeddings", None)
+        self.check_positions(positions)
+        # One more position than context_tokens where the model has it: vLLM scores a sequence as a
+        # prompt with one token to generate.
+        ctx = c.context_tokens
+        self.max_model_len = ctx + 1 if positions is None or positions > ctx else ctx
         return LLM(
             model=self.model_dir, tokenizer=c.tokenizer or self.model_dir, dtype=resolve_dtype(c.dtype, self.device),
             max_model_len=self.max_model_len, max_num_seqs=c.max_batch_size,
@@ -218,19 +194,6 @@ class VLLMEngine:
             logprobs_mode="raw_logprobs", seed=0, disable_log_stats=True, use_tqdm_on_load=False,
             **kwargs,
         )
-
-    def _model_len(self) -> int:
-        """vLLM's max_model_len: context_tokens, and one more where the positions allow (vLLM
-        scores a sequence as a prompt with one token to generate). More context than positions
-        is refused, named, as in the hf backend."""
-        from transformers import AutoConfig
-
-        ctx = self.config.context_tokens
-        positions = getattr(AutoConfig.from_pretrained(self.model_dir), "max_position_embeddings", None)
-        if positions is not None and ctx > positions:
-            raise ConfigError(f"engine.context_tokens: {ctx} is more than the model's "
-                              f"max_position_embeddings ({positions})")
-        return ctx + 1 if positions is None or positions > ctx else ctx
 
     def _run(self, started: concurrent.futures.Future, threads: int) -> None:
         # OpenMP's thread count is per thread (a new one starts at the core count), and vLLM's CPU
@@ -242,49 +205,57 @@ class VLLMEngine:
             started.set_exception(e)
             return
         cache = self._llm.llm_engine.vllm_config.cache_config
-        self._cache = {"kv_cache_bytes": cache.kv_cache_memory_bytes, "kv_blocks": cache.num_gpu_blocks,
-                       "kv_block_tokens": cache.block_size}
+        self._counters.update(kv_cache_bytes=cache.kv_cache_memory_bytes, kv_blocks=cache.num_gpu_blocks,
+                              kv_block_tokens=cache.block_size)
         started.set_result(None)
-        from vllm.exceptions import VLLMClientError
-
-        refused = (ValueError, VLLMClientError)  # vLLM's validation errors (max_tokens, lengths)
         running: dict[str, _Job] = {}
         waiting: deque[_Job] = deque()  # in submission order; a weights job holds back the rest
-        wave = 1  # requests the last wave started from idle held
         try:
-            while True:
-                if not running and not waiting:
-                    waiting.append(self._jobs.get())  # idle: sleep until a job comes
-                    wave = self._gather(waiting, wave)
-                while not self._jobs.empty():  # (this thread is the queue's only reader)
-                    waiting.append(self._jobs.get_nowait())
-                while waiting:
-                    job = waiting[0]
-                    if job.kind == "close":
-                        raise _Closed
-                    if job.kind == "weights":
-                        if running and not self._keep_now(job, running):
-                            break  # the barrier: requests before it finish on the old weights (for now)
-                        waiting.popleft()
-                        self._reload(job, running)
-                        continue
-                    waiting.popleft()
-                    if not job.future.cancelled():
-                        try:
-                            self._add(job, running)
-                        except refused as e:  # vLLM refused this request: its caller's error, not the engine's
-                            settle(job.future, error=ValueError(f"vllm refused the request: {e}"))
-                if running:
-                    self._step(running)
-        except _Closed:
+            self._serve(running, waiting)
             error: BaseException = EngineFailed("vllm engine closed")
         except BaseException as e:  # noqa: BLE001 - the engine is gone: every caller hears why
-            self._failure = error = e
+            self.failure = error = e
         for job in [*running.values(), *waiting]:
             settle(job.future, error=EngineFailed(f"vllm engine stopped: {error!r}"))
         while not self._jobs.empty():
             settle(self._jobs.get_nowait().future, error=EngineFailed(f"vllm engine stopped: {error!r}"))
         del self._llm
+
+    def _serve(self, running: dict[str, _Job], waiting: deque[_Job]) -> None:
+        """Add jobs and step the engine until a close job comes."""
+        from vllm.exceptions import VLLMClientError
+
+        refused = (ValueError, VLLMClientError)  # vLLM's validation errors (max_tokens, lengths)
+        wave = 1  # requests the last wave started from idle held
+        while True:
+            if not running and not waiting:
+                waiting.append(self._jobs.get())  # idle: sleep until a job comes
+                wave = self._gather(waiting, wave)
+            while not self._jobs.empty():  # (this thread is the queue's only reader)
+                waiting.append(self._jobs.get_nowait())
+            while waiting:
+                job = waiting[0]
+                if job.kind == "close":
+                    return
+                if job.kind == "weights":
+                    # Under running requests only after `keep_after_ms`, and with no score request
+                    # running (a preemption would compute its pieces twice).
+                    keep_after_ms = job.payload[2]
+                    waited_ms = (time.perf_counter() - job.submitted) * 1e3
+                    if running and (keep_after_ms is None or waited_ms < keep_after_ms
+                                    or any(j.kind == "score" for j in running.values())):
+                        break  # the barrier: requests before it finish on the old weights (for now)
+                    waiting.popleft()
+                    self._reload(job, running)
+                    continue
+                waiting.popleft()
+                if not job.future.cancelled():
+                    try:
+                        self._add(job, running)
+                    except refused as e:  # vLLM refused this request: its caller's error, not the engine's
+                        settle(job.future, error=ValueError(f"vllm refused the request: {e}"))
+            if running:
+                self._step(running)
 
     def _gather(self, waiting: deque[_Job], wave: int) -> int:
         """From idle, wait for the rest of a wave before the first step, as AsyncBatcher does: up to
@@ -304,14 +275,6 @@ class VLLMEngine:
                 break
         return max(1, sum(j.kind == "generate" for j in waiting))
 
-    @staticmethod
-    def _keep_now(job: _Job, running: dict[str, _Job]) -> bool:
-        """Whether a weights job may load under the running requests now: `keep_after_ms` given and
-        passed, and no score request running (a preemption would compute its pieces twice)."""
-        keep_after_ms = job.payload[2]
-        return (keep_after_ms is not None and (time.perf_counter() - job.submitted) * 1e3 >= keep_after_ms
-                and all(j.kind == "generate" for j in running.values()))
-
     def _add(self, job: _Job, running: dict[str, _Job]) -> None:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -327,7 +290,7 @@ class VLLMEngine:
             ids = job.prompt
             max_tokens = min(s.max_new_tokens, self.config.context_tokens - len(ids))
             if max_tokens <= 0:
-                settle(job.future, GenerationResult("", [], [], "length", len(ids), self._version,
+                settle(job.future, GenerationResult("", [], [], "length", len(ids), self.version,
                                                     request.request_id))
                 return
             params = SamplingParams(
@@ -337,7 +300,7 @@ class VLLMEngine:
             )
             self._counters["requests"] += 1
             self._counters["prompt_tokens"] += len(ids)
-        job.version = self._version
+        job.version = self.version
         (job.vllm_id,) = self._llm.enqueue([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
         # vLLM's id is "<the id outputs carry>-<8 random characters>" (assign_request_id).
         running[job.vllm_id.rsplit("-", 1)[0]] = job
@@ -349,7 +312,7 @@ class VLLMEngine:
             engine.abort_request([running.pop(i).vllm_id for i in gone], internal=True)
             if not running:
                 return
-        self._running_sizes.append(len(running))
+        self._batch_sizes.append(len(running))
         self._counters["sequence_steps"] += len(running)
         t0 = time.perf_counter()
         outputs = engine.step()
@@ -390,7 +353,7 @@ class VLLMEngine:
             text=text, token_ids=ids, logprobs=logprobs, finish_reason=o.finish_reason,
             prompt_tokens=len(job.prompt), version=job.version, request_id=request.request_id,
             top_logprobs=top,
-            version_end=None if job.tokens_on_version is None else self._version,
+            version_end=None if job.tokens_on_version is None else self.version,
             tokens_on_version=job.tokens_on_version,
         )
 
@@ -402,7 +365,7 @@ class VLLMEngine:
 
     def _reload(self, job: _Job, running: dict[str, _Job]) -> None:
         """Load a weights job's state (None: only forget cached prefixes), under `running`
-        requests where `_keep_now` allowed it (preempted; their results say where it changed)."""
+        requests where `keep` allowed it (preempted; their results say where it changed)."""
         state, version, _ = job.payload
         t0 = time.perf_counter()
         try:
@@ -413,7 +376,7 @@ class VLLMEngine:
                     self._llm.collective_rpc("synchronize_device")
                 self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                                    "is_checkpoint_format": True})
-                self._version = version
+                self.version = version
                 self._counters["weight_updates"] += 1
                 for key, held in running.items():
                     n = sampled.get(key)
@@ -462,7 +425,8 @@ class VLLMEngine:
         """(name, tensor) pairs, checked against the checkpoint's names and shapes. A tied output
         head goes along with the embedding (vLLM's in-place reload leaves it unloaded otherwise)."""
         weights = checked_weights(state, {"lm_head.weight": None, **self._names})
-        if "lm_head.weight" not in state and "model.embed_tokens.weight" in state and self._tied():
+        tied = getattr(self._llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False)
+        if "lm_head.weight" not in state and "model.embed_tokens.weight" in state and tied:
             weights.append(("lm_head.weight", dict(weights)["model.embed_tokens.weight"]))
         return weights
 
@@ -480,19 +444,12 @@ class VLLMEngine:
             raise ValueError(f"update_weights: {self.config.model} has no safetensors weights to check names against")
         return names
 
-    def _tied(self) -> bool:
-        return bool(getattr(self._llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
 
-
-class _Closed(Exception):
-    pass
-
-
+@dataclass
 class VLLMFrontend:
     """The engine's async calls, shaped like `AsyncBatcher` (the actor and the server use either)."""
 
-    def __init__(self, engine: VLLMEngine) -> None:
-        self.engine = engine
+    engine: VLLMEngine
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         return await asyncio.wrap_future(self.engine.submit("generate", request))
@@ -501,14 +458,14 @@ class VLLMFrontend:
         return list(await asyncio.gather(*(self.generate(r) for r in requests)))
 
     async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        self.engine.check_scored([(prompt_ids, completion_ids)])
         return await asyncio.wrap_future(self.engine.submit("score", (list(prompt_ids), list(completion_ids))))
-
-    async def update_weights(self, state: dict[str, Any], version: int) -> None:
-        await self.queue_weights(state, version)
 
     def queue_weights(self, state: dict[str, Any], version: int, keep_after_ms: float | None = None) -> asyncio.Future:
         """Queue a weight update now (as `VLLMEngine.update_weights`); the future resolves once it is loaded."""
         return asyncio.wrap_future(self.engine.submit("weights", (state, int(version), keep_after_ms)))
+
+    update_weights = queue_weights  # (awaited: queued at the call, in order with the calls before it)
 
     def stats(self) -> dict[str, Any]:
         return {}

@@ -27,7 +27,7 @@ def setup(tiny_models, ray_cluster):
               for v in (1, 2)}
     local.update_weights(states[1], 1)
     actor = engine_actor(config, num_cpus=1)
-    assert ray_cluster.get(actor.update_weights.remote(ray_cluster.put(states[1]), 1)) == 1
+    assert ray_cluster.get(actor.load_weights.remote(ray_cluster.put(states[1]), 1))["version"] == 1
     chat = local.chat
     prompts = [chat.opening_ids([("user", f"You are agent {i}. " * (1 + i % 5)), ("assistant", "OK")])
                + chat.user_ids("You see a door. " * (1 + i % 3)) for i in range(16)]
@@ -84,9 +84,9 @@ def test_update_weights_lands_between_batches(setup):
     try:
         running = [actor.generate.remote(r) for r in reqs]
         time.sleep(0.2)  # the batch is generating when the update arrives
-        update = actor.update_weights.remote(state2, 2)
+        update = actor.load_weights.remote(state2, 2)
         racing = [actor.generate.remote(r) for r in reqs]  # no order promised vs the update
-        assert ray_get(update) == 2 and ray_get(actor.version.remote()) == 2
+        assert ray_get(update)["version"] == 2 and ray_get(actor.version.remote()) == 2
         after = ray_get([actor.generate.remote(r) for r in reqs])
         running, racing = ray_get(running), ray_get(racing)
         assert [r.version for r in running] == [1] * 6 and [r.version for r in after] == [2] * 6
@@ -95,7 +95,7 @@ def test_update_weights_lands_between_batches(setup):
         for n, r in enumerate(racing):  # never a generation torn between two weight sets
             assert r.token_ids == refs[r.version][n]
     finally:
-        ray_get(actor.update_weights.remote(ray_get_put(states[1]), 1))
+        ray_get(actor.load_weights.remote(ray_get_put(states[1]), 1))
         local.update_weights(states[1], 1)
 
 

@@ -121,7 +121,7 @@ def test_a_tp2_vllm_teacher_serves_from_its_bundle_and_is_replaced_there(fake_gp
                 new = sharpened_state(reference.model, seed=11, quiet_ids=special_ids(reference.tokenizer))
                 reference.update_weights(new, version=2)
                 state = {k: v.numpy() for k, v in new.items()}
-                assert ray.get(actor.update_weights.remote(state, 2), timeout=300) == 2
+                assert ray.get(actor.load_weights.remote(state, 2), timeout=300)["version"] == 2
                 got = ray.get(actor.generate.remote(GenerationRequest(prompt, LONGER)), timeout=300)
                 want = reference.generate([GenerationRequest(prompt, LONGER)])[0]
                 assert got.version == 2 and got.token_ids == want.token_ids and got.token_ids[:4] != answers[0]
