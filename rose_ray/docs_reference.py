@@ -33,27 +33,24 @@ ENV_DEFAULTS = ("ROSE_RAY_CACHE", "ROSE_RAY_RUNS")
 
 # --------------------------------------------------------------------------- reading the source
 def class_doc(cls: type) -> str:
-    """The class's own docstring, one paragraph per blank line ('' when it has none: a
-    dataclass's generated signature is not a doc)."""
-    node = _class_node(cls)
-    return inspect.cleandoc(ast.get_docstring(node) or "") if node is not None else ""
+    """The class's own docstring ('' when it has none: a dataclass's generated signature is not a doc)."""
+    doc = cls.__dict__.get("__doc__") or ""
+    return "" if doc.startswith(f"{cls.__name__}(") else inspect.cleandoc(doc)
 
 
 def field_comments(cls: type) -> dict[str, str]:
     """Each field's comment in the source of the class (or of the base class that declares it):
     the comment lines right above it and the comment on its own line(s), joined."""
     out: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        node = _class_node(klass) if dataclasses.is_dataclass(klass) else None
-        if node is None:
-            continue
+    for klass in [k for k in reversed(cls.__mro__) if dataclasses.is_dataclass(k)]:
+        source = textwrap.dedent(inspect.getsource(klass))
         alone: dict[int, str] = {}  # line number (1-based) -> text of a comment on a line of its own
         inline: dict[int, str] = {}  # ... of a comment after code
-        for tok in tokenize.generate_tokens(io.StringIO(textwrap.dedent(inspect.getsource(klass))).readline):
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
             if tok.type == tokenize.COMMENT:
                 own_line = tok.line.lstrip().startswith("#")
                 (alone if own_line else inline)[tok.start[0]] = tok.string.lstrip("#").strip()
-        for stmt in node.body:
+        for stmt in ast.parse(source).body[0].body:  # type: ignore[attr-defined]
             if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
                 continue
             n, above = stmt.lineno - 1, []
@@ -64,14 +61,6 @@ def field_comments(cls: type) -> dict[str, str]:
             after = [inline[n] for n in lines if n in inline]
             out[stmt.target.id] = " ".join(part for part in [*above, *after] if part)
     return out
-
-
-def _class_node(cls: type) -> ast.ClassDef | None:
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError):
-        return None
-    return next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
 
 
 def docstring_table(doc: str) -> dict[str, str]:
@@ -106,11 +95,7 @@ def show(value: Any) -> str:
 
 
 def default_of(field: dataclasses.Field) -> Any:
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    if field.default_factory is not dataclasses.MISSING:
-        return field.default_factory()
-    return dataclasses.MISSING
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
 
 
 def cell(text: str) -> str:
@@ -139,8 +124,7 @@ def _rows(cls: type, prefix: str, defaults: list[Any]) -> tuple[list[str], list[
             continue
         shown = [show(v) for v in values]
         default = shown[0] if len(set(shown)) == 1 else " / ".join(shown)
-        kind = f.type if isinstance(f.type, str) else getattr(hint, "__name__", str(hint))
-        kind = "any" if kind == "Any" else kind
+        kind = "any" if f.type == "Any" else f.type  # as written (the modules' annotations are strings)
         why = cell(comments.get(f.name, ""))
         rows.append(f"| `{prefix}{f.name}` | {cell(kind)} | {cell(default)} | {why} |")
     return rows, sections
