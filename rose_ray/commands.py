@@ -60,13 +60,6 @@ class ContextTokens:
 
 
 @dataclass
-class ContextPolicySetting(ContextTokens):
-    context_policy: str = setting(
-        "end_episode", "a prompt that no longer fits: end the episode there (AgentGym's rule, the default; "
-        "its end reason is `context`) or drop the oldest action/observation pairs", choices=CONTEXT_POLICIES)
-
-
-@dataclass
 class HistorySetting:
     history: str = setting("template", "earlier turns in each prompt (or each SFT row): as the chat template "
                                        "renders the conversation, as a chat API does (the card's; default), "
@@ -78,11 +71,6 @@ class InstructionSetting:
     instruction_from: str | None = setting(None, "take the instruction and acknowledgement from a dataset's "
                                                  "first row (default: rose_ray's own wording; `continue`: "
                                                  "each row's own)", metavar="JSONL")
-
-
-@dataclass
-class ConversationSettings(HistorySetting, InstructionSetting):
-    enable_thinking: bool = setting(False, "turn the chat template's thinking mode on (Qwen3); off by default")
 
 
 @dataclass
@@ -103,6 +91,7 @@ class EngineSettings:
 class RowsOutput:
     """A dataset command's rows and --out: they stream into `<out>.partial`, `<out>` is written at the end."""
 
+    out: str = setting(help="the JSONL file to write (rows stream into OUT.partial meanwhile)")
     overwrite: bool = setting(False, "replace --out if it exists (default: refuse), and start over from a "
                                      "partial file of other settings")
     schema: str = setting("card", "rows as the dataset card writes them (role/content) or as AgentGym does "
@@ -110,9 +99,13 @@ class RowsOutput:
 
 
 @dataclass
-class PlaySettings(WorldSettings, ContextPolicySetting, ConversationSettings, EngineSettings):
+class PlaySettings(WorldSettings, ContextTokens, HistorySetting, InstructionSetting, EngineSettings):
     """Episodes played by models: `eval`, `collect` and `continue`."""
 
+    enable_thinking: bool = setting(False, "turn the chat template's thinking mode on (Qwen3); off by default")
+    context_policy: str = setting(
+        "end_episode", "a prompt that no longer fits: end the episode there (AgentGym's rule, the default; "
+        "its end reason is `context`) or drop the oldest action/observation pairs", choices=CONTEXT_POLICIES)
     seed: int = setting(0, "the games drawn; at temperature > 0 also each turn's draw "
                            "(its own seed, from seed, game and turn)")
     temperature: float = setting(0.0, "0 = greedy")
@@ -315,7 +308,6 @@ class CollectCommand(PlaySettings, RowsOutput):
     turns: int = setting(5, "turns per game")
     split: str = setting("train")
     n: int = setting(0, "a task-stratified sample (0 = the whole split)")
-    out: str = setting(help="the JSONL file to write (rows stream into OUT.partial meanwhile)")
     temperature: float = setting(SamplingParams.temperature, "0 = greedy")
 
     def play_spec(self) -> PlaySpec:
@@ -331,7 +323,6 @@ class ContinueCommand(PlaySettings, RowsOutput):
     student: str | None = setting(None, "tokenizer owner of the output ids (default: the teacher's)")
     input: str = setting(help="the prefixes (JSONL) to continue", flag="--in")
     max_turns: int = setting(10, "turns in all, prefix included")
-    out: str = setting(help="the JSONL file to write (rows stream into OUT.partial meanwhile)")
 
     def play_spec(self) -> PlaySpec:
         """The teacher after the replayed prefix; the student's engine only lends its tokenizer
@@ -353,7 +344,6 @@ class GoldCommand(WorldSettings, InstructionSetting, RowsOutput):
     workers: int = setting(2, "games at once")
     observe: bool = setting(False, "paths that look before they choose and name things as the game shows them, "
                                    "replayed to check they still succeed (the small tier's teacher warm-up)")
-    out: str = setting(help="the JSONL file to write (rows stream into OUT.partial meanwhile)")
 
 
 @dataclass
