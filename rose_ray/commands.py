@@ -74,20 +74,6 @@ class InstructionSetting:
 
 
 @dataclass
-class EngineSettings:
-    """The engine of a local model; a served one's (`openai:URL`) tokenizer here, and its name there."""
-
-    tokenizer: str | None = setting(None, "tokenizer folder of the openai:URL models (prompts go as token ids)")
-    served_model: str = setting("", "the model name the openai: server expects (default: the server's own)")
-    backend: str = setting(DEFAULT_COMMAND_BACKEND,
-                           "the engine of a local model: vllm (vLLM's engine), hf (transformers), or auto: "
-                           f"vllm where it is installed, else hf (default {DEFAULT_COMMAND_BACKEND})",
-                           choices=COMMAND_BACKENDS)
-    kv_cache_mb: float | None = setting(None, "vllm on CPU: the KV cache's size (default: the backend's own; "
-                                              "with --run or --config, that config's)", metavar="MB")
-
-
-@dataclass
 class RowsOutput:
     """A dataset command's rows and --out: they stream into `<out>.partial`, `<out>` is written at the end."""
 
@@ -99,9 +85,18 @@ class RowsOutput:
 
 
 @dataclass
-class PlaySettings(WorldSettings, ContextTokens, HistorySetting, InstructionSetting, EngineSettings):
-    """Episodes played by models: `eval`, `collect` and `continue`."""
+class PlaySettings(WorldSettings, ContextTokens, HistorySetting, InstructionSetting):
+    """Episodes played by models: `eval`, `collect` and `continue`. The engine is a local model's, or a
+    served one's (`openai:URL`): its tokenizer here and its name there."""
 
+    tokenizer: str | None = setting(None, "tokenizer folder of the openai:URL models (prompts go as token ids)")
+    served_model: str = setting("", "the model name the openai: server expects (default: the server's own)")
+    backend: str = setting(DEFAULT_COMMAND_BACKEND,
+                           "the engine of a local model: vllm (vLLM's engine), hf (transformers), or auto: "
+                           f"vllm where it is installed, else hf (default {DEFAULT_COMMAND_BACKEND})",
+                           choices=COMMAND_BACKENDS)
+    kv_cache_mb: float | None = setting(None, "vllm on CPU: the KV cache's size (default: the backend's own; "
+                                              "with --run or --config, that config's)", metavar="MB")
     enable_thinking: bool = setting(False, "turn the chat template's thinking mode on (Qwen3); off by default")
     context_policy: str = setting(
         "end_episode", "a prompt that no longer fits: end the episode there (AgentGym's rule, the default; "
@@ -403,8 +398,9 @@ class TrainConfigSettings:
 
 
 @dataclass
-class PlacementSettings:
-    """Where a config's actors would go, and the GPU memory plan's inputs (`plan` and `check`)."""
+class PlanCommand(TrainConfigSettings):
+    """`rose-ray plan` (check.py: plan_main): where a config's actors would go, and the GPU memory
+    plan's inputs (`check` takes them too)."""
 
     node: list[str] = setting([], "plan on described nodes instead of a cluster, e.g. --node 2xCPU=64,GPU=8 "
                                   "(repeatable)", metavar="[Nx]RES=N,...")
@@ -418,18 +414,13 @@ class PlacementSettings:
 
 
 @dataclass
-class CheckCommand(TrainConfigSettings, PlacementSettings):
+class CheckCommand(PlanCommand):
     """`rose-ray check [--config CONFIG]` (check.py; `check CONFIG`, the spelling before, still works)."""
 
     backends: bool = setting(False, "only say which engine backends (hf, vllm, openai) this machine can run, "
                                     "and why not")
     tokenizer_for: list[str] = setting([], "a local tokenizer folder standing in for a model not on disk "
                                            "(repeatable)", metavar="MODEL=DIR")
-
-
-@dataclass
-class PlanCommand(TrainConfigSettings, PlacementSettings):
-    """`rose-ray plan` (check.py: plan_main)."""
 
 
 @dataclass
