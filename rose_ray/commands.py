@@ -16,9 +16,9 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
 from rose_ray.chat import HISTORIES
-from rose_ray.config import first_line, load_config, override_layer, yaml_layers
+from rose_ray.config import load_config, override_layer, yaml_layers
 from rose_ray.envs.worlds import DEFAULT_WORLD, WORLDS, get_world
-from rose_ray.errors import ConfigError, InputError
+from rose_ray.errors import ConfigError, InputError, first_line
 from rose_ray.inference.engine import CONTEXT_POLICIES, DTYPES, EngineConfig
 from rose_ray.inference.protocol import MAX_CONCURRENT
 from rose_ray.inference.registry import COMMAND_BACKENDS, DEFAULT_COMMAND_BACKEND

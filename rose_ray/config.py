@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rose_ray.envs.config import EnvConfig
-from rose_ray.errors import ConfigError, InputError
+from rose_ray.errors import ConfigError, InputError, first_line
 from rose_ray.inference.engine import EngineConfig
 from rose_ray.learner.learner import LearnerConfig
 from rose_ray.publish.route import PublishConfig
@@ -437,7 +437,3 @@ def to_yaml(cfg: TrainConfig) -> str:
 
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
-
-
-def first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0]
