@@ -54,7 +54,6 @@ def _play(args: argparse.Namespace) -> int:
     world = get_world(args.world or world_of_item(args.item))
     game = world.catalogue(args.mapping).game(args.item)
     protocol = world.protocol.from_dataset(args.instruction_from) if args.instruction_from else world.protocol
-    interactive = sys.stdin.isatty()
     with world.game(max_turns=args.max_turns) as g:
         first = g.load(game)
         for role, text in protocol.opening():
@@ -65,7 +64,7 @@ def _play(args: argparse.Namespace) -> int:
         result = first
         while not result.done:
             try:
-                line = input(f"[turn {g.turn + 1}] > ") if interactive else input()
+                line = input(f"[turn {g.turn + 1}] > " if sys.stdin.isatty() else "")
             except EOFError:
                 break
             if line.strip() == ":quit":
