@@ -289,9 +289,7 @@ def training_eval_layer(given: DictConfig) -> tuple[str, dict[str, Any]] | None:
                                   f"takes), and this file holds eval's own settings: give it as --settings "
                                   f"{given.config}") from None
             raise ConfigError(f"eval: --config {e}") from None
-        layer = training_eval(train_cfg, given.model)
-        del layer["model"]
-        return f"--config {given.config}", layer
+        return f"--config {given.config}", training_eval(train_cfg, given.model)
     return None
 
 
@@ -460,10 +458,9 @@ def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = Tru
         meta, hint = f.metadata, hints[f.name]
         inner = [a for a in typing.get_args(hint) if a is not type(None)]  # int | None, list[str]: their item
         kind = inner[0] if typing.get_origin(hint) is list or len(inner) == 1 else hint
-        required = f.default is MISSING
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         said = default is None or default is False or default in ([], "") or "default" in meta["help"].lower()
-        end = "(required)" if required else "" if said else f"(default: {default})".replace("%", "%%")
+        end = "(required)" if default is MISSING else "" if said else f"(default: {default})".replace("%", "%%")
         about = " ".join(filter(None, [meta["help"], end]))
         # A positional KEY=VALUE list is there even when empty: more may follow the flags (cli.main).
         options: dict[str, Any] = {"help": about or None, "default": [] if meta["nargs"] == "*" else argparse.SUPPRESS}
@@ -473,10 +470,9 @@ def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = Tru
             options.update(type=kind, choices=meta["choices"], metavar=meta["metavar"], nargs=meta["nargs"])
             if typing.get_origin(hint) is list and not meta["nargs"]:  # a repeatable flag
                 options.update(action="append", nargs=None)
-        if meta["positional"]:
-            parser.add_argument(f.name, **options)
-        else:
-            parser.add_argument(_flag(f), dest=f.name, **options)
+        if not meta["positional"]:
+            options["dest"] = f.name  # `--in` sets `input`
+        parser.add_argument(f.name if meta["positional"] else _flag(f), **options)
     if layers:
         name = parser.prog.split()[-1]
         parser.add_argument("--settings", dest="settings_file", metavar="FILE.yaml",
@@ -538,14 +534,14 @@ def resolve(command: type, args: argparse.Namespace, name: str) -> Any:
 
 def _merged(command: type, layers: list[tuple[str, Any]], name: str) -> DictConfig:
     """The command's defaults with `layers` (source, layer) merged over them in order."""
-    keys = [f.name for f in fields(command)]
     merged = OmegaConf.structured(command)
     for source, layer in layers:
         try:
             merged = OmegaConf.merge(merged, layer)
         except OmegaConfBaseException as e:
             key = getattr(e, "full_key", None) or "?"
-            why = (f"{name} has no such setting (its keys: {', '.join(keys)})" if isinstance(e, ConfigKeyError)
+            keys = ", ".join(f.name for f in fields(command))
+            why = (f"{name} has no such setting (its keys: {keys})" if isinstance(e, ConfigKeyError)
                    else first_line(e))
             raise ConfigError(f"{source}: key {key!r}: {why}") from None
     return merged
@@ -554,7 +550,6 @@ def _merged(command: type, layers: list[tuple[str, Any]], name: str) -> DictConf
 def from_keywords(command: type, name: str, given: dict[str, Any]) -> Any:
     """A command's settings from Python keywords (`rose_ray.evaluate(run=...)`), checked as flags are."""
     keys = {f.name for f in fields(command)}
-    unknown = sorted(set(given) - keys)
-    if unknown:
+    if unknown := sorted(set(given) - keys):
         raise ConfigError(f"{name}: no setting {unknown[0]!r} (its settings: {', '.join(sorted(keys))})")
     return resolve(command, argparse.Namespace(**given, overrides=[], settings_file=None), name)
