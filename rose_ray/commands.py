@@ -283,8 +283,7 @@ def training_eval_layer(given: DictConfig) -> tuple[str, dict[str, Any]] | None:
             train_cfg = load_config(given.config)
         except ConfigError as e:
             keys = set(OmegaConf.load(given.config)) if Path(given.config).is_file() else set()
-            own = {f.name for f in fields(EvalCommand)}
-            if keys and keys <= own:  # a file of eval's own settings
+            if keys and keys <= {f.name for f in fields(EvalCommand)}:  # a file of eval's own settings
                 raise ConfigError(f"eval: --config {given.config}: a training config is expected (as train --config "
                                   f"takes), and this file holds eval's own settings: give it as --settings "
                                   f"{given.config}") from None

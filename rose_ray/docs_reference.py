@@ -216,27 +216,20 @@ def render() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def config_keys() -> set[str]:
-    """Every key a training config can set, dotted (`learner.lr`): every kind's keys under a
-    section chosen by its tag (each recipe's under `algorithm`, each backend's under an engine's
-    `backend`), and `KEY.*` under a free-form mapping (`env.resources.*`)."""
+def config_keys(cls: type | None = None, prefix: str = "") -> set[str]:
+    """Every key a training config (or section `cls` under `prefix`) can set, dotted (`learner.lr`):
+    every kind's keys under a section chosen by its tag (each recipe's under `algorithm`, each
+    backend's under an engine's `backend`), and `KEY.*` under a free-form mapping (`env.resources.*`)."""
     from rose_ray.config import TrainConfig
 
-    def walk(cls: type, prefix: str) -> set[str]:
-        hints = typing.get_type_hints(cls)
-        keys = set()
-        for f in dataclasses.fields(cls):
-            keys.add(prefix + f.name)
-            if "tagged" in f.metadata:
-                for kind in f.metadata["tagged"].kinds().values():
-                    keys |= walk(kind, f"{prefix}{f.name}.")
-            elif dataclasses.is_dataclass(hints[f.name]):
-                keys |= walk(hints[f.name], f"{prefix}{f.name}.")
-            elif typing.get_origin(hints[f.name]) is dict:
-                keys.add(f"{prefix}{f.name}.*")
-        return keys
-
-    return walk(TrainConfig, "")
+    hints, keys = typing.get_type_hints(cls or TrainConfig), set()
+    for f in dataclasses.fields(cls or TrainConfig):
+        key, hint = prefix + f.name, hints[f.name]
+        keys |= {key, *([f"{key}.*"] if typing.get_origin(hint) is dict else [])}
+        inner = f.metadata["tagged"].kinds().values() if "tagged" in f.metadata else [hint]
+        for kind in filter(dataclasses.is_dataclass, inner):
+            keys |= config_keys(kind, f"{key}.")
+    return keys
 
 
 def main(argv: list[str] | None = None) -> int:
