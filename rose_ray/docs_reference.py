@@ -65,20 +65,10 @@ def field_comments(cls: type) -> dict[str, str]:
 
 def docstring_table(doc: str) -> dict[str, str]:
     """The `name   what it does` lines of a module docstring (recipes, turn policies), with their
-    continuation lines, as {name: text}."""
-    table: dict[str, str] = {}
-    name = None
-    for line in (doc or "").splitlines():
-        row = re.match(r"^ {4}(\w+) {2,}(\S.*)$", line)
-        more = re.match(r"^ {8,}(\S.*)$", line)
-        if row:
-            name = row.group(1)
-            table[name] = row.group(2).strip()
-        elif more and name:
-            table[name] += " " + more.group(1).strip()
-        else:
-            name = None
-    return {k: re.sub(r"\s{2,}\S+\.py$", "", v).strip() for k, v in table.items()}
+    continuation lines, as {name: text}; a last column naming a .py file is dropped."""
+    rows = re.findall(r"^ {4}(\w+) {2,}(\S.*)((?:\n {8,}\S.*)*)", doc, flags=re.M)
+    joined = {name: " ".join(p.strip() for p in (first + more).split("\n")) for name, first, more in rows}
+    return {name: re.sub(r"\s{2,}\S+\.py$", "", text).strip() for name, text in joined.items()}
 
 
 # --------------------------------------------------------------------------- types and values
