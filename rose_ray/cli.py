@@ -77,14 +77,11 @@ def _play(args: argparse.Namespace) -> int:
                 continue
             # A typed "\n" stands for a newline, so a whole Thought/Action reply fits one line.
             reply = (line if "Action:" in line else f"Action: {line}").replace("\\n", "\n")
-            action = parse_action(reply).action
-            result = g.step(action)
+            result = g.step(parse_action(reply).action)
             print(f"--- assistant ---\n{reply}\n--- user ---\n{result.observation}")
             print(f"(score {result.raw_score}, normalised {result.score:.2f}, turn {result.turn})\n")
-        print(
-            f"Episode over: score {result.raw_score} ({result.score:.2f}), "
-            f"turns {g.turn}, {result.end_reason or 'stopped'}"
-        )
+        print(f"Episode over: score {result.raw_score} ({result.score:.2f}), turns {g.turn}, "
+              f"{result.end_reason or 'stopped'}")
     return 0
 
 
@@ -92,8 +89,7 @@ def _init_tiny(args: argparse.Namespace) -> int:
     from rose_ray.models import count_parameters, load_model
     from rose_ray.provision.tiny import init_tiny
 
-    paths = init_tiny(args.out, seed=args.seed, style=args.style)
-    for role, path in paths.items():
+    for role, path in init_tiny(args.out, seed=args.seed, style=args.style).items():
         print(f"{role}: {path} ({count_parameters(load_model(path)):,} parameters)")
     return 0
 
