@@ -1,9 +1,6 @@
 """Config sections that are one of several dataclasses chosen by a tag (prime-rl's discriminated
 unions): the algorithm (`name`), rose's turn policy (`policy`), each engine's backend (`name`).
-The chosen kind's dataclass checks the keys; over a config's layers, a layer naming another kind
-starts the section afresh, one naming none adds to the kind before it (docs/configuration.md).
-
-    algorithm: {name: rose, handoff: {policy: fixed, k: 5}}   # or a bare name: `algorithm: opd`
+The rule over a config's layers: docs/configuration.md#algorithms-and-turn-policies.
 """
 
 from __future__ import annotations
