@@ -38,8 +38,7 @@ def setting(default: Any = MISSING, help: str = "", choices: tuple[Any, ...] | N
             flag: str | None = None, metavar: str | None = None, nargs: str | None = None,
             positional: bool = False) -> Any:
     """A command's setting: its default (none: required) and what its flag shows and accepts."""
-    meta = {"help": help, "choices": choices, "flag": flag, "metavar": metavar, "nargs": nargs,
-            "positional": positional}
+    meta = dict(help=help, choices=choices, flag=flag, metavar=metavar, nargs=nargs, positional=positional)
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)

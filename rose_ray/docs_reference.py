@@ -84,10 +84,6 @@ def show(value: Any) -> str:
     return f"`{text.removesuffix('...').strip()}`"
 
 
-def default_of(field: dataclasses.Field) -> Any:
-    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
-
-
 def cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
@@ -107,7 +103,8 @@ def _rows(cls: type, prefix: str, defaults: list[Any]) -> tuple[list[str], list[
     rows, sections = [], []
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
-        values = [getattr(d, f.name) if d is not None else default_of(f) for d in defaults]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        values = [default if d is None else getattr(d, f.name) for d in defaults]
         inner = f.metadata.get("tagged") or (hint if dataclasses.is_dataclass(hint) else None)
         if inner is not None:
             sections.append((f"{prefix}{f.name}", inner, values, comments.get(f.name, "")))
