@@ -13,13 +13,11 @@ import pkgutil
 import shlex
 import sys
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rose_ray import __version__
+from rose_ray.commands import COMMANDS, MAPPINGS, TOOLS, ServeCommand, WorldSettings, add_flags
 from rose_ray.errors import InputError
-
-if TYPE_CHECKING:
-    from rose_ray.commands import ServeCommand
 
 
 def _games(args: argparse.Namespace) -> int:
@@ -153,8 +151,6 @@ COMMAND_TABLE: list[tuple[str, Any, str]] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rose_ray.commands import COMMANDS, MAPPINGS, TOOLS, WorldSettings, add_flags
-
     p = argparse.ArgumentParser(prog="rose-ray", description=__doc__.split("\n\n")[0])
     p.add_argument("--version", action="version", version=f"rose-ray {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

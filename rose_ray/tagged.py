@@ -87,9 +87,8 @@ def chosen(family: type[Tagged], value: Any, key: str) -> Any:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(kind), value))
     except OmegaConfBaseException as e:
         where = f"{key}.{e.full_key}" if getattr(e, "full_key", None) else key
-        why = first_line(e)
-        if isinstance(e, KeyError):  # a key another kind has, or none
-            why = f"{name} has no such key (its keys: {', '.join(OmegaConf.structured(kind))})"
+        why = (f"{name} has no such key (its keys: {', '.join(OmegaConf.structured(kind))})"
+               if isinstance(e, KeyError) else first_line(e))  # KeyError: a key another kind has, or none
         raise ConfigError(f"{where}: {why}") from None
 
 
