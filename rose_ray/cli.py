@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         from rose_ray.reliability import describe_error
 
         served = isinstance(e, OpenAIServerError)  # a served model failed a command (not bad input): exit 1
-        message = (f"a served model failed: {describe_error(e)}" if served  # else bad input: its one line, exit 2
+        message = (f"a served model failed: {describe_error(e)}" if served  # else bad input: one line, exit 2
                    else e.args[0] if isinstance(e, KeyError) and e.args else e)
         print(f"rose-ray {args.command}: error: {message}", file=sys.stderr)
         return 1 if served else 2

@@ -96,7 +96,8 @@ class PlaySettings(WorldSettings, ContextTokens, HistorySetting, InstructionSett
                            choices=COMMAND_BACKENDS)
     kv_cache_mb: float | None = setting(None, "vllm on CPU: the KV cache's size (default: the backend's own; "
                                               "with --run or --config, that config's)", metavar="MB")
-    enable_thinking: bool = setting(False, "turn the chat template's thinking mode on (Qwen3); off by default")
+    enable_thinking: bool = setting(False, "turn the chat template's thinking mode on (Qwen3); off by "
+                                           "default")
     context_policy: str = setting(
         "end_episode", "a prompt that no longer fits: end the episode there (AgentGym's rule, the default; "
         "its end reason is `context`) or drop the oldest action/observation pairs", choices=CONTEXT_POLICIES)
@@ -458,7 +459,8 @@ def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = Tru
         kind = inner[0] if typing.get_origin(hint) is list or len(inner) == 1 else hint
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         said = default is None or default is False or default in ([], "") or "default" in meta["help"].lower()
-        end = "(required)" if default is MISSING else "" if said else f"(default: {default})".replace("%", "%%")
+        shown = f"(default: {default})".replace("%", "%%")
+        end = "(required)" if default is MISSING else "" if said else shown
         about = " ".join(filter(None, [meta["help"], end]))
         # A positional KEY=VALUE list is there even when empty: more may follow the flags (cli.main).
         options: dict[str, Any] = {"help": about or None, "default": [] if meta["nargs"] == "*" else argparse.SUPPRESS}
