@@ -21,21 +21,22 @@ from pathlib import Path
 from typing import Any
 
 from rose_ray import callable_module
+from rose_ray.checkpoint import latest_tag
 from rose_ray.config import TrainConfig, load_config
 from rose_ray.errors import InputError
 from rose_ray.files import write_file
 from rose_ray.learner.learner import LearnerLost
 from rose_ray.metrics import EpisodeRate, eval_scalars
-from rose_ray.reliability import RoleFailed
+from rose_ray.reliability import RoleFailed, Watchdog
 from rose_ray.run import Run, results_table
 from rose_ray.runs import holds_run, new_version, resolve_run, saved_config
-from rose_ray.supervision import Supervision
 from rose_ray.types import Trajectory
 
 
 class Trainer:
-    """The loop over a started run's components (run.py); restarts, the watchdog and the stop
-    are its `Supervision`'s."""
+    """The loop over a started run's components (run.py), and what keeps it going or ends it well
+    (docs/reliability.md): the engines' monitor and the watchdog beside it, a lost learner group
+    restarted (`restart_learner`), the stop (`wind_down`)."""
 
     def __init__(self, run: Run) -> None:
         self.run, self.cfg = run, run.cfg
@@ -45,16 +46,23 @@ class Trainer:
         self.eval_task: asyncio.Task | None = None
         self.episode_rate = EpisodeRate()
         self.learn_s = 0.0  # wall seconds in learn_step: batching, the learner's step, publication
-        self.supervision = Supervision(run)  # restarts, the watchdog, the stop
-        self.doing = self.supervision.doing  # what the loop does, for the watchdog's report
-        self.rollouts.finished = self.supervision.watchdog.progress
+        # A learner call cut short (its thread goes on) or a restart not finished: the learner's
+        # state is unknown, so the stop writes no checkpoint and no model/ over the latest good ones.
+        self.learner_unsure = False
+        self.restarting_learner = False
+        # A role being replaced is not a stall (each replacement has its own time limit).
+        self.watchdog = Watchdog(self.cfg.reliability.watchdog_s, self.waiting_report,
+                                 busy=lambda: self.restarting_learner or self.rollouts.engines.replacing())
+        self.rollouts.finished = self.watchdog.progress
+        self.doing("starting")
 
     @property
     def step(self) -> int:
         return self.learning.step
 
     async def train(self) -> dict[str, Any]:
-        """Evals before, the loop under the run's supervision, the stop, the evals after."""
+        """Evals before; the loop beside the engines' monitor and the watchdog until the first of
+        them ends (RoleFailed: a role lost for good, a stall); the stop; the evals after."""
         self.stop = asyncio.Event()
         if threading.current_thread() is threading.main_thread():  # else run_coroutine forwards a Ctrl-C
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -63,13 +71,23 @@ class Trainer:
         if not self.run.resume:
             await self.evaluate_each(0, student=cfg.eval.before, teacher=cfg.eval.teacher, dev=cfg.eval.every)
             self.run.start_state.evals = self.evals.state_dict()  # a restart keeps them
+        monitor = asyncio.create_task(self.rollouts.engines.monitor())
+        self.watchdog.progress()
+        waits = {asyncio.create_task(self.train_loop())}
+        if cfg.reliability.watchdog_s:
+            waits.add(asyncio.create_task(self.watchdog.run()))
         try:
-            failure = await self.supervision.supervise(self.train_loop())  # beside the engines' monitor and the watchdog
+            done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            failure = next((task.exception() for task in done if task.exception() is not None), None)
         finally:
+            monitor.cancel()
             self.stop.set()
             await self.stop_rollouts()
             self.metrics.end_progress()
-        await self.supervision.wind_down(failure)  # the final checkpoint and model/; raises the failure
+        await self.wind_down(failure)  # the final checkpoint and model/; raises the failure
         if self.step >= cfg.steps:
             await self.evaluate_each(self.step, dev=cfg.eval.every, student=cfg.eval.after)
         return self.run.summary()
@@ -95,12 +113,12 @@ class Trainer:
                         self.eval_task = asyncio.create_task(self.evaluate(self.step, "dev"))
                 if self.step % cfg.checkpoint_every == 0:
                     self.doing("checkpointing")
-                    await self.supervision.checkpoint()
+                    await self.in_learner(self.run.save_checkpoint, self.run.checkpoint_state())
             except LearnerLost as lost:
                 # New ranks, back to the latest checkpoint; the steps after it are trained again
                 # on the same games (RoleFailed past max_restarts).
                 await self.stop_rollouts()
-                await self.supervision.restart_learner(lost)
+                await self.restart_learner(lost)
                 self.start_rollouts()
         pending = self.failures.take()  # reported after the last batch; a lost learner is the stop's to meet
         if pending is not None and not isinstance(pending, LearnerLost):
@@ -138,8 +156,8 @@ class Trainer:
         """One optimizer step on `batch`, its episodes marked trained, the weights published."""
         t0 = time.perf_counter()
         self.doing("train_step")
-        metrics = await self.learning.train(batch, self.supervision.in_learner)
-        self.supervision.watchdog.progress()
+        metrics = await self.learning.train(batch, self.in_learner)
+        self.watchdog.progress()
         for t in batch:
             self.rollouts.ledger.record(t.episode_id, "trained", step=self.step)
         if self.step % self.cfg.publish_every == 0:
@@ -175,6 +193,94 @@ class Trainer:
         """The evals asked for (`who=setting`), in order."""
         for who in [who for who, want in wanted.items() if want]:
             await self.evaluate(step, who)
+
+    async def in_learner(self, fn: Any, *args: Any) -> Any:
+        """`fn(*args)` on the learner, in a thread. Cancelled meanwhile, the thread goes on, so
+        the learner's state is unknown from then on."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except asyncio.CancelledError:
+            self.learner_unsure = True
+            raise
+
+    async def restart_learner(self, lost: LearnerLost) -> None:
+        """New ranks on the same placement, back to the latest checkpoint, its weights published;
+        RoleFailed past `reliability.max_restarts`."""
+        learning, limit = self.learning, self.cfg.reliability.max_restarts
+        self.learner_unsure, self.restarting_learner = True, True
+        while True:
+            learning.restarts += 1
+            if learning.restarts > limit:
+                raise RoleFailed(f"learner: lost {learning.restarts} times, more than "
+                                 f"reliability.max_restarts={limit}; the last time: {lost}") from lost
+            print(f"\ntrain: {lost}; restarting the learner group from the latest checkpoint "
+                  f"({learning.restarts}/{limit})", flush=True)
+            self.doing("restarting the learner group")
+            try:
+                await asyncio.to_thread(learning.learner.restart)
+                await asyncio.to_thread(self.run.load_checkpoint, False)
+                await learning.publish()
+                break
+            except LearnerLost as again:
+                lost = again
+        self.learner_unsure, self.restarting_learner = False, False
+        self.watchdog.progress()
+
+    async def wind_down(self, failure: BaseException | None) -> None:
+        """The stop: a final checkpoint and model/ (when the learner's state is known), the
+        ledger's open episodes marked; then the failure raised (RoleFailed naming the checkpoint).
+        A checkpoint that cannot be written ends the learner's ranks, freeing every thread waiting
+        on them."""
+        saved = False
+        try:
+            if self.learner_unsure:
+                print("\ntrain: no checkpoint at the stop: a learner call was cut short, so its state is "
+                      "unknown; the latest checkpoint stands", flush=True)
+            else:
+                try:
+                    # After a failure the learner itself may hang: then it gets a bounded time to answer.
+                    bound = max(self.cfg.reliability.watchdog_s, 120) if failure is not None else None
+                    await asyncio.wait_for(self.in_learner(self.run.save_checkpoint, self.run.checkpoint_state()),
+                                           bound)
+                    saved = True
+                except Exception as e:
+                    if failure is None and not isinstance(e, LearnerLost):
+                        raise
+                    print(f"\ntrain: no checkpoint at the stop: {type(e).__name__}: {e}", flush=True)
+                    self.learning.learner.shutdown()
+            if saved:
+                try:
+                    await asyncio.to_thread(self.run.export_model)  # before the eval: a failing eval keeps it
+                except Exception as e:
+                    if failure is None:
+                        raise
+                    print(f"\ntrain: no model/ at the stop: {type(e).__name__}: {e}", flush=True)
+        finally:
+            self.rollouts.ledger.stop()  # after the checkpoint: a resume plays these again
+        if failure is None:
+            return
+        if not isinstance(failure, RoleFailed):
+            raise failure
+        latest = latest_tag(self.run.run_dir)
+        where = f"checkpoint {latest}" if latest else "no checkpoint"
+        raise type(failure)(f"{failure}\n{'the stop wrote' if saved else 'the stop could not write one; the latest is'} "
+                            f"{where} (rose-ray train --resume {self.run.run_dir} goes on from it)")
+
+    async def waiting_report(self) -> str:
+        """Which role waits on what (the watchdog's report), one line each."""
+        from rose_ray.rollout.actors import ping_pools
+
+        rollouts, (what, since) = self.rollouts, self.phase
+        lines = [f"driver: {what} for {time.monotonic() - since:.0f} s (step {self.learning.step}/{self.cfg.steps}; "
+                 f"{len(rollouts.buffer.items)} of {self.cfg.rollout.batch_episodes} episodes ready, "
+                 f"{rollouts.buffer.in_flight} in flight)"]
+        lines += rollouts.runner.waiting()
+        lines += await rollouts.engines.describe()
+        lines += await ping_pools(rollouts.pools) or [f"env pools: all {len(rollouts.pools)} answer a ping"]
+        return "\n  ".join(lines)
+
+    def doing(self, what: str) -> None:
+        self.phase = (what, time.monotonic())
 
     def _interrupt(self) -> None:
         if self.stop.is_set():  # a second Ctrl-C: stop waiting
