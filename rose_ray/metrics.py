@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 # W&B's x axis: the learner step, as TensorBoard's. Evals and a resume log steps out of order,
 # which W&B's own step counter would refuse.
 WANDB_STEP = "step"
@@ -231,43 +233,30 @@ def eval_scalars(who: str, result: dict[str, Any]) -> dict[str, float]:
     return {}
 
 
-class LineProgress:
-    """Progress as plain lines ("eval: 12/48 games, score=0.125 [00:30<01:30]") about every tenth
-    of the work (or every `every`), for logs where tqdm's `\\r` updates would pile into one line."""
+class LineProgress(tqdm):
+    """tqdm's progress as plain lines ("eval: 12/48 games, score=0.125 [00:30<01:30]") about every
+    tenth of the work (or every `every`), for logs where tqdm's `\\r` updates would pile into one line."""
 
     def __init__(self, total: int, desc: str, unit: str, file: Any = None, every: int | None = None,
                  initial: int = 0) -> None:
-        self.total, self.desc, self.unit, self.n, self.initial = total, desc, unit, initial, initial
-        self.file = file or sys.stderr
-        self.every = every or max(1, total // 10)
-        self.postfix = ""
-        self.t0 = time.monotonic()
+        self.every, self.printed = every or max(1, total // 10), initial
+        super().__init__(total=total, desc=desc, unit=unit, file=file or sys.stderr, initial=initial, mininterval=0,
+                         miniters=1, leave=False, bar_format="{desc}: {n_fmt}/{total_fmt} {unit}s{postfix} "
+                                                             "[{elapsed}<{remaining}]")
 
-    def update(self, n: int = 1) -> None:
-        from tqdm import tqdm
+    def update(self, n: float | None = 1) -> None:
+        super().update(n)
+        self.refresh()  # tqdm's own skips a step back (a learner restart to an earlier checkpoint)
 
-        before, self.n = self.n, self.n + n
-        if self.n // self.every != before // self.every or self.n == self.total:
-            elapsed, done = time.monotonic() - self.t0, self.n - self.initial
-            left = tqdm.format_interval(elapsed / done * (self.total - self.n)) if done > 0 else "?"
-            print(f"{self.desc}: {self.n}/{self.total} {self.unit}s{self.postfix} "
-                  f"[{tqdm.format_interval(elapsed)}<{left}]", file=self.file, flush=True)
-
-    def set_postfix(self, **values: Any) -> None:
-        self.postfix = "".join(f", {k}={v}" for k, v in values.items())
-
-    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
-        self.postfix = f", {text}" if text else ""
-
-    def close(self) -> None:
-        pass
+    def display(self, msg: Any = None, pos: Any = None) -> None:
+        if self.n != self.printed and (self.n // self.every != self.printed // self.every or self.n == self.total):
+            self.printed = self.n
+            print(self.__str__(), file=self.fp, flush=True)
 
 
 def progress(total: int, desc: str, unit: str, file: Any = None, every: int | None = None, initial: int = 0) -> Any:
     """A tqdm bar on a terminal, plain progress lines elsewhere (LineProgress)."""
     out = file or sys.stderr
     if out.isatty():
-        from tqdm import tqdm
-
         return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, file=out, initial=initial)
     return LineProgress(total, desc, unit, out, every, initial)

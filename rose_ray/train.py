@@ -69,7 +69,7 @@ class Trainer:
                 asyncio.get_running_loop().add_signal_handler(sig, self._interrupt)
         cfg = self.cfg
         if not self.run.resume:
-            await self.evaluate_each(0, student=cfg.eval.before, teacher=cfg.eval.teacher, dev=cfg.eval.every)
+            await self.evaluate(0, student=cfg.eval.before, teacher=cfg.eval.teacher, dev=cfg.eval.every)
             self.run.start_state.evals = self.evals.state_dict()  # a restart keeps them
         monitor = asyncio.create_task(self.rollouts.engines.monitor())
         self.watchdog.progress()
@@ -89,7 +89,7 @@ class Trainer:
             self.metrics.end_progress()
         await self.wind_down(failure)  # the final checkpoint and model/; raises the failure
         if self.step >= cfg.steps:
-            await self.evaluate_each(self.step, dev=cfg.eval.every, student=cfg.eval.after)
+            await self.evaluate(self.step, dev=cfg.eval.every, student=cfg.eval.after)
         return self.run.summary()
 
     async def train_loop(self) -> None:
@@ -110,7 +110,7 @@ class Trainer:
                 await self.log_step(metrics, batch)
                 if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:
                     if self.eval_task is None or self.eval_task.done():
-                        self.eval_task = asyncio.create_task(self.evaluate(self.step, "dev"))
+                        self.eval_task = asyncio.create_task(self.evaluate(self.step, dev=True))
                 if self.step % cfg.checkpoint_every == 0:
                     self.doing("checkpointing")
                     await self.in_learner(self.run.save_checkpoint, self.run.checkpoint_state())
@@ -183,16 +183,12 @@ class Trainer:
             f"ep/s {scalars['rollout/episodes_per_s']:.2f} v{self.learning.learner.version}"
         )
 
-    async def evaluate(self, step: int, who: str) -> None:
-        """An eval (`Evals.play`: "student", "teacher", or "dev") into the history and the metrics."""
-        scalars = eval_scalars(who, await self.evals.play(step, who))
-        if scalars:
-            self.metrics.log(step, scalars)
-
-    async def evaluate_each(self, step: int, **wanted: Any) -> None:
-        """The evals asked for (`who=setting`), in order."""
+    async def evaluate(self, step: int, **wanted: Any) -> None:
+        """The evals asked for (`who=setting`; `Evals.play`: "student", "teacher", or "dev"), in
+        order, into the history and the metrics."""
         for who in [who for who, want in wanted.items() if want]:
-            await self.evaluate(step, who)
+            if scalars := eval_scalars(who, await self.evals.play(step, who)):
+                self.metrics.log(step, scalars)
 
     async def in_learner(self, fn: Any, *args: Any) -> Any:
         """`fn(*args)` on the learner, in a thread. Cancelled meanwhile, the thread goes on, so
