@@ -57,9 +57,6 @@ class MetricsLogger:
         if self.wandb is not None:
             self.wandb.log({**clean, WANDB_STEP: step})
 
-    def text(self, step: int, tag: str, text: str) -> None:
-        self.tb.add_text(tag, text, step)
-
     def progress(self, step: int, total: int, text: str) -> None:
         """The run at learner step `step` of `total` (`progress`); `text` after the count."""
         if self.bar is None:

@@ -3,8 +3,8 @@
     rose-ray train [--config configs/tiny.yaml] [key=value ...] [--resume RUN_DIR] [--print-config]
     rose_ray.train("configs/tiny.yaml", ["steps=4"])     # the same from Python (a notebook too)
 
-The run's components (run.py) are handed to the `Trainer`; a failure they cannot handle reaches
-the loop through the run's failure channel (docs/reliability.md). Ctrl-C stops after the step.
+A failure the run's components (run.py) cannot handle reaches the loop through the run's failure
+channel (docs/reliability.md). Ctrl-C stops after the step.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ class Trainer:
         self.metrics.log(self.step, scalars)
         if self.step == 1 or self.step % max(self.cfg.steps // 4, 1) == 0:
             for t in batch[: self.cfg.samples_to_log]:
-                self.metrics.text(self.step, "samples/trajectory", trajectory_markdown(t.to_record()))
+                self.metrics.tb.add_text("samples/trajectory", trajectory_markdown(t.to_record()), self.step)
         self.metrics.progress(
             self.step, self.cfg.steps,
             f"loss {metrics.get('loss', math.nan):.3f} score {scalars['rollout/score']:.3f} "
