@@ -99,8 +99,11 @@ def trajectory_markdown(record: dict[str, Any], max_chars: int = 600) -> str:
     return "\n".join(lines)
 
 
-def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, float]:
-    """A learner step's numbers from its metrics and its batch of trajectories."""
+def step_scalars(batch: list[Any], learner: dict[str, float], rollouts: Any, learning: Any,
+                 restarts: dict[str, int], env_health: list[dict[str, Any]],
+                 episodes_per_s: float) -> dict[str, float]:
+    """A learner step's numbers: from its metrics (`learner`), its batch of trajectories, and the
+    run's own counters (run.py's `Rollouts` and `Learning`)."""
     student_tokens = sum(len(x.token_ids) for t in batch for x in t.turns if x.owner == "student")
     handoffs = [t.handoff_turn for t in batch if t.handoff_turn is not None]
     actions = sum(t.rounds for t in batch) or 1
@@ -131,6 +134,23 @@ def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, floa
     ps = [t.handoff_p for t in batch if t.handoff_p is not None]
     if ps:  # decay: the takeover probability this batch's episodes played under
         scalars["rollout/handoff_p"] = sum(ps) / len(ps)
+    p50 = [h["step_ms_p50"] for h in env_health if h["step_ms_p50"] is not None]
+    p95 = [h["step_ms_p95"] for h in env_health if h["step_ms_p95"] is not None]
+    buffer, lags = rollouts.buffer, rollouts.buffer.lags[-len(batch):]
+    scalars.update({
+        "rollout/episodes_per_s": episodes_per_s,
+        "async/policy_lag": sum(lags) / len(lags) if lags else 0.0,
+        "async/buffer_size": float(len(buffer.items)),
+        "async/dropped_stale": float(buffer.counters.dropped_stale),
+        "env/step_ms_p50": sorted(p50)[len(p50) // 2] if p50 else 0.0,
+        "env/step_ms_p95": max(p95) if p95 else 0.0,
+        "env/restarts": float(rollouts.runner.counters.restarts + sum(h["restarts"] for h in env_health)),
+        "weights/sync_ms": learning.weights_ms,
+        "weights/version": float(learning.learner.version),
+        "publish/fallbacks": float(learning.fallbacks),
+        "reliability/engine_restarts": float(sum(n for role, n in restarts.items() if role != "learner")),
+        "reliability/learner_restarts": float(restarts["learner"]),
+    })
     return scalars
 
 
@@ -186,28 +206,6 @@ def trained_scalars(batch: list[Any], loss_flags: list[list[bool]], tokens: dict
     return out
 
 
-def run_scalars(rollouts: Any, learning: Any, restarts: dict[str, int], batch: list[Any],
-                env_health: list[dict[str, Any]], episodes_per_s: float) -> dict[str, float]:
-    """A step's numbers from the run's own counters (run.py's `Rollouts` and `Learning`)."""
-    p50 = [h["step_ms_p50"] for h in env_health if h["step_ms_p50"] is not None]
-    p95 = [h["step_ms_p95"] for h in env_health if h["step_ms_p95"] is not None]
-    buffer, lags = rollouts.buffer, rollouts.buffer.lags[-len(batch):]
-    return {
-        "rollout/episodes_per_s": episodes_per_s,
-        "async/policy_lag": sum(lags) / len(lags) if lags else 0.0,
-        "async/buffer_size": float(len(buffer.items)),
-        "async/dropped_stale": float(buffer.counters.dropped_stale),
-        "env/step_ms_p50": sorted(p50)[len(p50) // 2] if p50 else 0.0,
-        "env/step_ms_p95": max(p95) if p95 else 0.0,
-        "env/restarts": float(rollouts.runner.counters.restarts + sum(h["restarts"] for h in env_health)),
-        "weights/sync_ms": learning.weights_ms,
-        "weights/version": float(learning.learner.version),
-        "publish/fallbacks": float(learning.fallbacks),
-        "reliability/engine_restarts": float(sum(n for role, n in restarts.items() if role != "learner")),
-        "reliability/learner_restarts": float(restarts["learner"]),
-    }
-
-
 class EpisodeRate:
     """Finished episodes per second over the last minute (`rollout/episodes_per_s`)."""
 
@@ -237,17 +235,18 @@ class LineProgress(tqdm):
     def __init__(self, total: int, desc: str, unit: str, file: Any = None, every: int | None = None,
                  initial: int = 0) -> None:
         self.every, self.printed = every or max(1, total // 10), initial
-        super().__init__(total=total, desc=desc, unit=unit, file=file or sys.stderr, initial=initial, mininterval=0,
-                         miniters=1, leave=False, bar_format="{desc}: {n_fmt}/{total_fmt} {unit}s{postfix} "
-                                                             "[{elapsed}<{remaining}]")
+        super().__init__(total=total, desc=desc, unit=unit, file=file or sys.stderr, initial=initial,
+                         mininterval=0, miniters=1, leave=False,
+                         bar_format="{desc}: {n_fmt}/{total_fmt} {unit}s{postfix} [{elapsed}<{remaining}]")
 
     def update(self, n: float | None = 1) -> None:
         super().update(n)
         self.refresh()  # tqdm's own skips a step back (a learner restart to an earlier checkpoint)
 
     def display(self, msg: Any = None, pos: Any = None) -> None:
-        if self.n != self.printed and (self.n // self.every != self.printed // self.every or self.n == self.total):
-            self.printed = self.n
+        n, before = self.n, self.printed
+        if n != before and (n // self.every != before // self.every or n == self.total):
+            self.printed = n
             print(self.__str__(), file=self.fp, flush=True)
 
 

@@ -434,7 +434,8 @@ class Run:
     def save_checkpoint(self, state: Checkpoint) -> None:
         """`state` (taken in the event loop: `checkpoint_state`) beside the learner's folder."""
         learning = self.learning
-        same_state = learning.checkpointed_step == learning.learner.step  # saved or loaded: only its record again
+        # Saved or loaded at this step already: only its record again.
+        same_state = learning.checkpointed_step == learning.learner.step
         write_checkpoint(self.run_dir, state, learning.learner, self.cfg.keep_checkpoints, same_state)
         learning.checkpointed_step = learning.learner.step
 

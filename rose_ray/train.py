@@ -167,11 +167,10 @@ class Trainer:
         return metrics
 
     async def log_step(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
-        from rose_ray.metrics import batch_scalars, run_scalars, trajectory_markdown
+        from rose_ray.metrics import step_scalars, trajectory_markdown
 
-        scalars = {**batch_scalars(batch, metrics),
-                   **run_scalars(self.rollouts, self.learning, self.run.restarts(), batch,
-                                 await self.rollouts.env_health(), self.episode_rate.add(batch))}
+        scalars = step_scalars(batch, metrics, self.rollouts, self.learning, self.run.restarts(),
+                               await self.rollouts.env_health(), self.episode_rate.add(batch))
         self.metrics.log(self.step, scalars)
         if self.step == 1 or self.step % max(self.cfg.steps // 4, 1) == 0:
             for t in batch[: self.cfg.samples_to_log]:
@@ -236,8 +235,8 @@ class Trainer:
                 try:
                     # After a failure the learner itself may hang: then it gets a bounded time to answer.
                     bound = max(self.cfg.reliability.watchdog_s, 120) if failure is not None else None
-                    await asyncio.wait_for(self.in_learner(self.run.save_checkpoint, self.run.checkpoint_state()),
-                                           bound)
+                    saving = self.in_learner(self.run.save_checkpoint, self.run.checkpoint_state())
+                    await asyncio.wait_for(saving, bound)
                     saved = True
                 except Exception as e:
                     if failure is None and not isinstance(e, LearnerLost):
@@ -259,15 +258,15 @@ class Trainer:
             raise failure
         latest = latest_tag(self.run.run_dir)
         where = f"checkpoint {latest}" if latest else "no checkpoint"
-        raise type(failure)(f"{failure}\n{'the stop wrote' if saved else 'the stop could not write one; the latest is'} "
-                            f"{where} (rose-ray train --resume {self.run.run_dir} goes on from it)")
+        wrote = "the stop wrote" if saved else "the stop could not write one; the latest is"
+        raise type(failure)(f"{failure}\n{wrote} {where} (rose-ray train --resume {self.run.run_dir} goes on from it)")
 
     async def waiting_report(self) -> str:
         """Which role waits on what (the watchdog's report), one line each."""
         from rose_ray.rollout.actors import ping_pools
 
         rollouts, (what, since) = self.rollouts, self.phase
-        lines = [f"driver: {what} for {time.monotonic() - since:.0f} s (step {self.learning.step}/{self.cfg.steps}; "
+        lines = [f"driver: {what} for {time.monotonic() - since:.0f} s (step {self.step}/{self.cfg.steps}; "
                  f"{len(rollouts.buffer.items)} of {self.cfg.rollout.batch_episodes} episodes ready, "
                  f"{rollouts.buffer.in_flight} in flight)"]
         lines += rollouts.runner.waiting()
