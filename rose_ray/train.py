@@ -29,7 +29,7 @@ from rose_ray.learner.learner import LearnerLost
 from rose_ray.metrics import EpisodeRate, eval_scalars
 from rose_ray.reliability import RoleFailed, Watchdog
 from rose_ray.run import Run, results_table
-from rose_ray.runs import holds_run, new_version, resolve_run, saved_config
+from rose_ray.runs import LATEST, new_version, resolve_run, saved_config
 from rose_ray.types import Trajectory
 
 
@@ -344,7 +344,7 @@ def fresh_run_dir(cfg: TrainConfig, named: bool) -> Path:
         if folder.exists() and not folder.is_dir():
             raise InputError(f"run_dir {cfg.run_dir}: {folder} is a file, not a folder; give a folder for runs")
     if named:
-        if holds_run(where):
+        if (where / "checkpoints" / "latest").exists() or (where / LATEST).is_file():  # a run, or runs
             raise InputError(f"run_dir {where} already holds a run: continue it with --resume {where}, or "
                              "give another run_dir= (without run_dir=, each run gets a new version_N folder "
                              "under the config's run_dir)")
