@@ -26,7 +26,7 @@ from rose_ray.config import TrainConfig, load_config
 from rose_ray.errors import InputError
 from rose_ray.files import write_file
 from rose_ray.learner.learner import LearnerLost
-from rose_ray.metrics import EpisodeRate, eval_scalars
+from rose_ray.metrics import EpisodeRate, eval_scalars, step_scalars, trajectory_markdown
 from rose_ray.reliability import RoleFailed, Watchdog
 from rose_ray.run import Run, results_table
 from rose_ray.runs import LATEST, new_version, resolve_run, saved_config
@@ -105,9 +105,7 @@ class Trainer:
                 batch = await self.next_batch()  # raises what the components reported meanwhile
                 if batch is None:
                     break
-                metrics = await self.learn_step(batch)
-                self.doing("logging the step")
-                await self.log_step(metrics, batch)
+                await self.learn_step(batch)
                 if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:
                     if self.eval_task is None or self.eval_task.done():
                         self.eval_task = asyncio.create_task(self.evaluate(self.step, dev=True))
@@ -152,8 +150,9 @@ class Trainer:
         self.failures.raise_taken()
         return None
 
-    async def learn_step(self, batch: list[Trajectory]) -> dict[str, float]:
-        """One optimizer step on `batch`, its episodes marked trained, the weights published."""
+    async def learn_step(self, batch: list[Trajectory]) -> None:
+        """One optimizer step on `batch`, its episodes marked trained, the weights published, the
+        step's numbers logged."""
         t0 = time.perf_counter()
         self.doing("train_step")
         metrics = await self.learning.train(batch, self.in_learner)
@@ -164,11 +163,7 @@ class Trainer:
             self.doing("publishing weights")
             await self.learning.publish()
         self.learn_s += time.perf_counter() - t0  # the learner's side of a step (bench/pipeline.py's L)
-        return metrics
-
-    async def log_step(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
-        from rose_ray.metrics import step_scalars, trajectory_markdown
-
+        self.doing("logging the step")
         scalars = step_scalars(batch, metrics, self.rollouts, self.learning, self.run.restarts(),
                                await self.rollouts.env_health(), self.episode_rate.add(batch))
         self.metrics.log(self.step, scalars)
