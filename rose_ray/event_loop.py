@@ -7,6 +7,7 @@ import asyncio
 import signal
 import threading
 from collections.abc import Callable, Coroutine
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -20,22 +21,17 @@ def run_coroutine(make: Callable[[], Coroutine[Any, Any, T]], stop: Callable[[],
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(make())
-    ran: dict[str, Any] = {}
-    started, finished = threading.Event(), threading.Event()
+    started, done = Future(), Future()  # (its loop, its task) once it runs; its result
 
     async def main() -> T:
-        ran["loop"], ran["task"] = asyncio.get_running_loop(), asyncio.current_task()
-        started.set()
+        started.set_result((asyncio.get_running_loop(), asyncio.current_task()))
         return await make()
 
     def target() -> None:
         try:
-            ran["value"] = asyncio.run(main())
+            done.set_result(asyncio.run(main()))
         except BaseException as e:  # noqa: BLE001 - handed to the waiting thread as it was
-            ran["error"] = e
-        finally:
-            started.set()
-            finished.set()
+            done.set_exception(e)
 
     # While this thread waits, a Ctrl-C is a KeyboardInterrupt here, whatever handler the host's
     # loop set (asyncio.run's own would only cancel the host's task, which is not awaiting).
@@ -44,29 +40,28 @@ def run_coroutine(make: Callable[[], Coroutine[Any, Any, T]], stop: Callable[[],
     thread = threading.Thread(target=target, name="rose_ray event loop", daemon=True)
     interrupted = begun = False
     try:
-        while True:
+        while not done.done():
             try:
                 if not begun:  # start() waits for the thread: a Ctrl-C may land there too
                     begun = True
                     thread.start()
                 # Not thread.join: a KeyboardInterrupt inside it can mark a live thread as ended
                 # (CPython 3.11's _wait_for_tstate_lock).
-                if finished.wait(0.1):
-                    break
+                wait([done], 0.1)
             except KeyboardInterrupt:
                 if interrupted:
                     raise
                 interrupted = True
-                started.wait()
-                try:
-                    ran["loop"].call_soon_threadsafe(stop or ran["task"].cancel)
-                except (KeyError, RuntimeError):  # it ended meanwhile (its loop closed)
-                    pass
+                wait([started, done], return_when=FIRST_COMPLETED)
+                if started.done():
+                    loop, task = started.result()
+                    try:
+                        loop.call_soon_threadsafe(stop or task.cancel)
+                    except RuntimeError:  # it ended meanwhile (its loop closed)
+                        pass
     finally:
         if host_handler is not None:
             signal.signal(signal.SIGINT, host_handler)
-    if isinstance(ran.get("error"), asyncio.CancelledError) and interrupted:
+    if interrupted and isinstance(done.exception(), asyncio.CancelledError):
         raise KeyboardInterrupt
-    if "error" in ran:
-        raise ran["error"]
-    return ran["value"]
+    return done.result()

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 # W&B's x axis: the learner step, as TensorBoard's. Evals and a resume log steps out of order,
 # which W&B's own step counter would refuse.
 WANDB_STEP = "step"
@@ -55,9 +57,6 @@ class MetricsLogger:
         if self.wandb is not None:
             self.wandb.log({**clean, WANDB_STEP: step})
 
-    def text(self, step: int, tag: str, text: str) -> None:
-        self.tb.add_text(tag, text, step)
-
     def progress(self, step: int, total: int, text: str) -> None:
         """The run at learner step `step` of `total` (`progress`); `text` after the count."""
         if self.bar is None:
@@ -100,8 +99,11 @@ def trajectory_markdown(record: dict[str, Any], max_chars: int = 600) -> str:
     return "\n".join(lines)
 
 
-def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, float]:
-    """A learner step's numbers from its metrics and its batch of trajectories."""
+def step_scalars(batch: list[Any], learner: dict[str, float], rollouts: Any, learning: Any,
+                 restarts: dict[str, int], env_health: list[dict[str, Any]],
+                 episodes_per_s: float) -> dict[str, float]:
+    """A learner step's numbers: from its metrics (`learner`), its batch of trajectories, and the
+    run's own counters (run.py's `Rollouts` and `Learning`)."""
     student_tokens = sum(len(x.token_ids) for t in batch for x in t.turns if x.owner == "student")
     handoffs = [t.handoff_turn for t in batch if t.handoff_turn is not None]
     actions = sum(t.rounds for t in batch) or 1
@@ -132,6 +134,23 @@ def batch_scalars(batch: list[Any], learner: dict[str, float]) -> dict[str, floa
     ps = [t.handoff_p for t in batch if t.handoff_p is not None]
     if ps:  # decay: the takeover probability this batch's episodes played under
         scalars["rollout/handoff_p"] = sum(ps) / len(ps)
+    p50 = [h["step_ms_p50"] for h in env_health if h["step_ms_p50"] is not None]
+    p95 = [h["step_ms_p95"] for h in env_health if h["step_ms_p95"] is not None]
+    buffer, lags = rollouts.buffer, rollouts.buffer.lags[-len(batch):]
+    scalars.update({
+        "rollout/episodes_per_s": episodes_per_s,
+        "async/policy_lag": sum(lags) / len(lags) if lags else 0.0,
+        "async/buffer_size": float(len(buffer.items)),
+        "async/dropped_stale": float(buffer.counters.dropped_stale),
+        "env/step_ms_p50": sorted(p50)[len(p50) // 2] if p50 else 0.0,
+        "env/step_ms_p95": max(p95) if p95 else 0.0,
+        "env/restarts": float(rollouts.runner.counters.restarts + sum(h["restarts"] for h in env_health)),
+        "weights/sync_ms": learning.weights_ms,
+        "weights/version": float(learning.learner.version),
+        "publish/fallbacks": float(learning.fallbacks),
+        "reliability/engine_restarts": float(sum(n for role, n in restarts.items() if role != "learner")),
+        "reliability/learner_restarts": float(restarts["learner"]),
+    })
     return scalars
 
 
@@ -187,28 +206,6 @@ def trained_scalars(batch: list[Any], loss_flags: list[list[bool]], tokens: dict
     return out
 
 
-def run_scalars(rollouts: Any, learning: Any, restarts: dict[str, int], batch: list[Any],
-                env_health: list[dict[str, Any]], episodes_per_s: float) -> dict[str, float]:
-    """A step's numbers from the run's own counters (run.py's `Rollouts` and `Learning`)."""
-    p50 = [h["step_ms_p50"] for h in env_health if h["step_ms_p50"] is not None]
-    p95 = [h["step_ms_p95"] for h in env_health if h["step_ms_p95"] is not None]
-    buffer, lags = rollouts.buffer, rollouts.buffer.lags[-len(batch):]
-    return {
-        "rollout/episodes_per_s": episodes_per_s,
-        "async/policy_lag": sum(lags) / len(lags) if lags else 0.0,
-        "async/buffer_size": float(len(buffer.items)),
-        "async/dropped_stale": float(buffer.counters.dropped_stale),
-        "env/step_ms_p50": sorted(p50)[len(p50) // 2] if p50 else 0.0,
-        "env/step_ms_p95": max(p95) if p95 else 0.0,
-        "env/restarts": float(rollouts.runner.counters.restarts + sum(h["restarts"] for h in env_health)),
-        "weights/sync_ms": learning.weights_ms,
-        "weights/version": float(learning.learner.version),
-        "publish/fallbacks": float(learning.fallbacks),
-        "reliability/engine_restarts": float(sum(n for role, n in restarts.items() if role != "learner")),
-        "reliability/learner_restarts": float(restarts["learner"]),
-    }
-
-
 class EpisodeRate:
     """Finished episodes per second over the last minute (`rollout/episodes_per_s`)."""
 
@@ -231,43 +228,31 @@ def eval_scalars(who: str, result: dict[str, Any]) -> dict[str, float]:
     return {}
 
 
-class LineProgress:
-    """Progress as plain lines ("eval: 12/48 games, score=0.125 [00:30<01:30]") about every tenth
-    of the work (or every `every`), for logs where tqdm's `\\r` updates would pile into one line."""
+class LineProgress(tqdm):
+    """tqdm's progress as plain lines ("eval: 12/48 games, score=0.125 [00:30<01:30]") about every
+    tenth of the work (or every `every`), for logs where tqdm's `\\r` updates would pile into one line."""
 
     def __init__(self, total: int, desc: str, unit: str, file: Any = None, every: int | None = None,
                  initial: int = 0) -> None:
-        self.total, self.desc, self.unit, self.n, self.initial = total, desc, unit, initial, initial
-        self.file = file or sys.stderr
-        self.every = every or max(1, total // 10)
-        self.postfix = ""
-        self.t0 = time.monotonic()
+        self.every, self.printed = every or max(1, total // 10), initial
+        super().__init__(total=total, desc=desc, unit=unit, file=file or sys.stderr, initial=initial,
+                         mininterval=0, miniters=1, leave=False,
+                         bar_format="{desc}: {n_fmt}/{total_fmt} {unit}s{postfix} [{elapsed}<{remaining}]")
 
-    def update(self, n: int = 1) -> None:
-        from tqdm import tqdm
+    def update(self, n: float | None = 1) -> None:
+        super().update(n)
+        self.refresh()  # tqdm's own skips a step back (a learner restart to an earlier checkpoint)
 
-        before, self.n = self.n, self.n + n
-        if self.n // self.every != before // self.every or self.n == self.total:
-            elapsed, done = time.monotonic() - self.t0, self.n - self.initial
-            left = tqdm.format_interval(elapsed / done * (self.total - self.n)) if done > 0 else "?"
-            print(f"{self.desc}: {self.n}/{self.total} {self.unit}s{self.postfix} "
-                  f"[{tqdm.format_interval(elapsed)}<{left}]", file=self.file, flush=True)
-
-    def set_postfix(self, **values: Any) -> None:
-        self.postfix = "".join(f", {k}={v}" for k, v in values.items())
-
-    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
-        self.postfix = f", {text}" if text else ""
-
-    def close(self) -> None:
-        pass
+    def display(self, msg: Any = None, pos: Any = None) -> None:
+        n, before = self.n, self.printed
+        if n != before and (n // self.every != before // self.every or n == self.total):
+            self.printed = n
+            print(self.__str__(), file=self.fp, flush=True)
 
 
 def progress(total: int, desc: str, unit: str, file: Any = None, every: int | None = None, initial: int = 0) -> Any:
     """A tqdm bar on a terminal, plain progress lines elsewhere (LineProgress)."""
     out = file or sys.stderr
     if out.isatty():
-        from tqdm import tqdm
-
         return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, file=out, initial=initial)
     return LineProgress(total, desc, unit, out, every, initial)

@@ -21,8 +21,7 @@ class Watchdog:
     any, `run()` prints `report()`; after a second period it raises Stalled with the report.
     While `busy()` (a role being replaced) the clock does not run."""
 
-    def __init__(self, period_s: float, report: Callable[[], Awaitable[str]],
-                 busy: Callable[[], bool] | None = None) -> None:
+    def __init__(self, period_s: float, report: Callable[[], Awaitable[str]], busy: Callable[[], bool]) -> None:
         self.period_s, self.report, self.busy = period_s, report, busy
         self.last = time.monotonic()
 
@@ -33,7 +32,7 @@ class Watchdog:
         warned_at: float | None = None  # the progress mark the warning was about
         while True:
             await asyncio.sleep(min(self.period_s / 4, 5.0))
-            if self.busy is not None and self.busy():
+            if self.busy():
                 self.progress()
             idle = time.monotonic() - self.last
             if idle < self.period_s:

@@ -25,6 +25,7 @@ from rose_ray.checkpoint import (
     kept_steps,
     load_learner,
     read_checkpoint,
+    write_checkpoint,
 )
 from rose_ray.config import TrainConfig
 from rose_ray.learner.learner import LearnerLost
@@ -270,7 +271,7 @@ class Learning:
         self.step, self.replies = state.step, dict(state.replies)
 
     async def train(self, batch: list[Trajectory], call: Callable[..., Awaitable[Any]]) -> dict[str, float]:
-        """One optimizer step on `batch` through `call` (Supervision.in_learner), logged to
+        """One optimizer step on `batch` through `call` (Trainer.in_learner), logged to
         trajectories.jsonl."""
         from rose_ray.metrics import trained_scalars
         from rose_ray.tokens import loss_turns, make_batch, render, trained_tokens
@@ -429,6 +430,14 @@ class Run:
     def checkpoint_state(self) -> Checkpoint:
         """The loop's side of a checkpoint, taken in the event loop (nothing moves meanwhile)."""
         return Checkpoint(**{name: c.state_dict() for name, c in self.components().items()}, restarts=self.restarts())
+
+    def save_checkpoint(self, state: Checkpoint) -> None:
+        """`state` (taken in the event loop: `checkpoint_state`) beside the learner's folder."""
+        learning = self.learning
+        # Saved or loaded at this step already: only its record again.
+        same_state = learning.checkpointed_step == learning.learner.step
+        write_checkpoint(self.run_dir, state, learning.learner, self.cfg.keep_checkpoints, same_state)
+        learning.checkpointed_step = learning.learner.step
 
     def clear_leftovers(self) -> None:
         """What a kill left in this run folder: rose_ray's temp files and folders, and checkpoint

@@ -65,12 +65,6 @@ def new_version(parent: str | Path) -> Path:
     return parent / f"{VERSION}{n}"
 
 
-def holds_run(folder: str | Path) -> bool:
-    """Whether a run (one that checkpointed) or a set of versioned runs is already there."""
-    folder = Path(folder)
-    return (folder / "checkpoints" / "latest").exists() or (folder / LATEST).is_file()
-
-
 def resolve_run(path: str | Path) -> Path:
     """The run a path names: a run folder itself (any that holds config.yaml, those from before
     versioned folders too), or a folder of versioned runs or its `latest` file (`runs/tiny`,

@@ -3,8 +3,8 @@
     rose-ray train [--config configs/tiny.yaml] [key=value ...] [--resume RUN_DIR] [--print-config]
     rose_ray.train("configs/tiny.yaml", ["steps=4"])     # the same from Python (a notebook too)
 
-The run's components (run.py) are handed to the `Trainer`; a failure they cannot handle reaches
-the loop through the run's failure channel (docs/reliability.md). Ctrl-C stops after the step.
+A failure the run's components (run.py) cannot handle reaches the loop through the run's failure
+channel (docs/reliability.md). Ctrl-C stops after the step.
 """
 
 from __future__ import annotations
@@ -21,21 +21,22 @@ from pathlib import Path
 from typing import Any
 
 from rose_ray import callable_module
+from rose_ray.checkpoint import latest_tag
 from rose_ray.config import TrainConfig, load_config
 from rose_ray.errors import InputError
 from rose_ray.files import write_file
 from rose_ray.learner.learner import LearnerLost
-from rose_ray.metrics import EpisodeRate, eval_scalars
-from rose_ray.reliability import RoleFailed
+from rose_ray.metrics import EpisodeRate, eval_scalars, step_scalars, trajectory_markdown
+from rose_ray.reliability import RoleFailed, Watchdog
 from rose_ray.run import Run, results_table
-from rose_ray.runs import holds_run, new_version, resolve_run, saved_config
-from rose_ray.supervision import Supervision
+from rose_ray.runs import LATEST, new_version, resolve_run, saved_config
 from rose_ray.types import Trajectory
 
 
 class Trainer:
-    """The loop over a started run's components (run.py); restarts, the watchdog and the stop
-    are its `Supervision`'s."""
+    """The loop over a started run's components (run.py), and what keeps it going or ends it well
+    (docs/reliability.md): the engines' monitor and the watchdog beside it, a lost learner group
+    restarted (`restart_learner`), the stop (`wind_down`)."""
 
     def __init__(self, run: Run) -> None:
         self.run, self.cfg = run, run.cfg
@@ -45,33 +46,50 @@ class Trainer:
         self.eval_task: asyncio.Task | None = None
         self.episode_rate = EpisodeRate()
         self.learn_s = 0.0  # wall seconds in learn_step: batching, the learner's step, publication
-        self.supervision = Supervision(run)  # restarts, the watchdog, the stop
-        self.doing = self.supervision.doing  # what the loop does, for the watchdog's report
-        self.rollouts.finished = self.supervision.watchdog.progress
+        # A learner call cut short (its thread goes on) or a restart not finished: the learner's
+        # state is unknown, so the stop writes no checkpoint and no model/ over the latest good ones.
+        self.learner_unsure = False
+        self.restarting_learner = False
+        # A role being replaced is not a stall (each replacement has its own time limit).
+        self.watchdog = Watchdog(self.cfg.reliability.watchdog_s, self.waiting_report,
+                                 busy=lambda: self.restarting_learner or self.rollouts.engines.replacing())
+        self.rollouts.finished = self.watchdog.progress
+        self.doing("starting")
 
     @property
     def step(self) -> int:
         return self.learning.step
 
     async def train(self) -> dict[str, Any]:
-        """Evals before, the loop under the run's supervision, the stop, the evals after."""
+        """Evals before; the loop beside the engines' monitor and the watchdog until the first of
+        them ends (RoleFailed: a role lost for good, a stall); the stop; the evals after."""
         self.stop = asyncio.Event()
         if threading.current_thread() is threading.main_thread():  # else run_coroutine forwards a Ctrl-C
             for sig in (signal.SIGINT, signal.SIGTERM):
                 asyncio.get_running_loop().add_signal_handler(sig, self._interrupt)
         cfg = self.cfg
         if not self.run.resume:
-            await self.evaluate_each(0, student=cfg.eval.before, teacher=cfg.eval.teacher, dev=cfg.eval.every)
+            await self.evaluate(0, student=cfg.eval.before, teacher=cfg.eval.teacher, dev=cfg.eval.every)
             self.run.start_state.evals = self.evals.state_dict()  # a restart keeps them
+        monitor = asyncio.create_task(self.rollouts.engines.monitor())
+        self.watchdog.progress()
+        waits = {asyncio.create_task(self.train_loop())}
+        if cfg.reliability.watchdog_s:
+            waits.add(asyncio.create_task(self.watchdog.run()))
         try:
-            failure = await self.supervision.supervise(self.train_loop())  # beside the engines' monitor and the watchdog
+            done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            failure = next((task.exception() for task in done if task.exception() is not None), None)
         finally:
+            monitor.cancel()
             self.stop.set()
             await self.stop_rollouts()
             self.metrics.end_progress()
-        await self.supervision.wind_down(failure)  # the final checkpoint and model/; raises the failure
+        await self.wind_down(failure)  # the final checkpoint and model/; raises the failure
         if self.step >= cfg.steps:
-            await self.evaluate_each(self.step, dev=cfg.eval.every, student=cfg.eval.after)
+            await self.evaluate(self.step, dev=cfg.eval.every, student=cfg.eval.after)
         return self.run.summary()
 
     async def train_loop(self) -> None:
@@ -87,20 +105,18 @@ class Trainer:
                 batch = await self.next_batch()  # raises what the components reported meanwhile
                 if batch is None:
                     break
-                metrics = await self.learn_step(batch)
-                self.doing("logging the step")
-                await self.log_step(metrics, batch)
+                await self.learn_step(batch)
                 if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:
                     if self.eval_task is None or self.eval_task.done():
-                        self.eval_task = asyncio.create_task(self.evaluate(self.step, "dev"))
+                        self.eval_task = asyncio.create_task(self.evaluate(self.step, dev=True))
                 if self.step % cfg.checkpoint_every == 0:
                     self.doing("checkpointing")
-                    await self.supervision.checkpoint()
+                    await self.in_learner(self.run.save_checkpoint, self.run.checkpoint_state())
             except LearnerLost as lost:
                 # New ranks, back to the latest checkpoint; the steps after it are trained again
                 # on the same games (RoleFailed past max_restarts).
                 await self.stop_rollouts()
-                await self.supervision.restart_learner(lost)
+                await self.restart_learner(lost)
                 self.start_rollouts()
         pending = self.failures.take()  # reported after the last batch; a lost learner is the stop's to meet
         if pending is not None and not isinstance(pending, LearnerLost):
@@ -134,30 +150,26 @@ class Trainer:
         self.failures.raise_taken()
         return None
 
-    async def learn_step(self, batch: list[Trajectory]) -> dict[str, float]:
-        """One optimizer step on `batch`, its episodes marked trained, the weights published."""
+    async def learn_step(self, batch: list[Trajectory]) -> None:
+        """One optimizer step on `batch`, its episodes marked trained, the weights published, the
+        step's numbers logged."""
         t0 = time.perf_counter()
         self.doing("train_step")
-        metrics = await self.learning.train(batch, self.supervision.in_learner)
-        self.supervision.watchdog.progress()
+        metrics = await self.learning.train(batch, self.in_learner)
+        self.watchdog.progress()
         for t in batch:
             self.rollouts.ledger.record(t.episode_id, "trained", step=self.step)
         if self.step % self.cfg.publish_every == 0:
             self.doing("publishing weights")
             await self.learning.publish()
         self.learn_s += time.perf_counter() - t0  # the learner's side of a step (bench/pipeline.py's L)
-        return metrics
-
-    async def log_step(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
-        from rose_ray.metrics import batch_scalars, run_scalars, trajectory_markdown
-
-        scalars = {**batch_scalars(batch, metrics),
-                   **run_scalars(self.rollouts, self.learning, self.run.restarts(), batch,
-                                 await self.rollouts.env_health(), self.episode_rate.add(batch))}
+        self.doing("logging the step")
+        scalars = step_scalars(batch, metrics, self.rollouts, self.learning, self.run.restarts(),
+                               await self.rollouts.env_health(), self.episode_rate.add(batch))
         self.metrics.log(self.step, scalars)
         if self.step == 1 or self.step % max(self.cfg.steps // 4, 1) == 0:
             for t in batch[: self.cfg.samples_to_log]:
-                self.metrics.text(self.step, "samples/trajectory", trajectory_markdown(t.to_record()))
+                self.metrics.tb.add_text("samples/trajectory", trajectory_markdown(t.to_record()), self.step)
         self.metrics.progress(
             self.step, self.cfg.steps,
             f"loss {metrics.get('loss', math.nan):.3f} score {scalars['rollout/score']:.3f} "
@@ -165,16 +177,100 @@ class Trainer:
             f"ep/s {scalars['rollout/episodes_per_s']:.2f} v{self.learning.learner.version}"
         )
 
-    async def evaluate(self, step: int, who: str) -> None:
-        """An eval (`Evals.play`: "student", "teacher", or "dev") into the history and the metrics."""
-        scalars = eval_scalars(who, await self.evals.play(step, who))
-        if scalars:
-            self.metrics.log(step, scalars)
-
-    async def evaluate_each(self, step: int, **wanted: Any) -> None:
-        """The evals asked for (`who=setting`), in order."""
+    async def evaluate(self, step: int, **wanted: Any) -> None:
+        """The evals asked for (`who=setting`; `Evals.play`: "student", "teacher", or "dev"), in
+        order, into the history and the metrics."""
         for who in [who for who, want in wanted.items() if want]:
-            await self.evaluate(step, who)
+            if scalars := eval_scalars(who, await self.evals.play(step, who)):
+                self.metrics.log(step, scalars)
+
+    async def in_learner(self, fn: Any, *args: Any) -> Any:
+        """`fn(*args)` on the learner, in a thread. Cancelled meanwhile, the thread goes on, so
+        the learner's state is unknown from then on."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except asyncio.CancelledError:
+            self.learner_unsure = True
+            raise
+
+    async def restart_learner(self, lost: LearnerLost) -> None:
+        """New ranks on the same placement, back to the latest checkpoint, its weights published;
+        RoleFailed past `reliability.max_restarts`."""
+        learning, limit = self.learning, self.cfg.reliability.max_restarts
+        self.learner_unsure, self.restarting_learner = True, True
+        while True:
+            learning.restarts += 1
+            if learning.restarts > limit:
+                raise RoleFailed(f"learner: lost {learning.restarts} times, more than "
+                                 f"reliability.max_restarts={limit}; the last time: {lost}") from lost
+            print(f"\ntrain: {lost}; restarting the learner group from the latest checkpoint "
+                  f"({learning.restarts}/{limit})", flush=True)
+            self.doing("restarting the learner group")
+            try:
+                await asyncio.to_thread(learning.learner.restart)
+                await asyncio.to_thread(self.run.load_checkpoint, False)
+                await learning.publish()
+                break
+            except LearnerLost as again:
+                lost = again
+        self.learner_unsure, self.restarting_learner = False, False
+        self.watchdog.progress()
+
+    async def wind_down(self, failure: BaseException | None) -> None:
+        """The stop: a final checkpoint and model/ (when the learner's state is known), the
+        ledger's open episodes marked; then the failure raised (RoleFailed naming the checkpoint).
+        A checkpoint that cannot be written ends the learner's ranks, freeing every thread waiting
+        on them."""
+        saved = False
+        try:
+            if self.learner_unsure:
+                print("\ntrain: no checkpoint at the stop: a learner call was cut short, so its state is "
+                      "unknown; the latest checkpoint stands", flush=True)
+            else:
+                try:
+                    # After a failure the learner itself may hang: then it gets a bounded time to answer.
+                    bound = max(self.cfg.reliability.watchdog_s, 120) if failure is not None else None
+                    saving = self.in_learner(self.run.save_checkpoint, self.run.checkpoint_state())
+                    await asyncio.wait_for(saving, bound)
+                    saved = True
+                except Exception as e:
+                    if failure is None and not isinstance(e, LearnerLost):
+                        raise
+                    print(f"\ntrain: no checkpoint at the stop: {type(e).__name__}: {e}", flush=True)
+                    self.learning.learner.shutdown()
+            if saved:
+                try:
+                    await asyncio.to_thread(self.run.export_model)  # before the eval: a failing eval keeps it
+                except Exception as e:
+                    if failure is None:
+                        raise
+                    print(f"\ntrain: no model/ at the stop: {type(e).__name__}: {e}", flush=True)
+        finally:
+            self.rollouts.ledger.stop()  # after the checkpoint: a resume plays these again
+        if failure is None:
+            return
+        if not isinstance(failure, RoleFailed):
+            raise failure
+        latest = latest_tag(self.run.run_dir)
+        where = f"checkpoint {latest}" if latest else "no checkpoint"
+        wrote = "the stop wrote" if saved else "the stop could not write one; the latest is"
+        raise type(failure)(f"{failure}\n{wrote} {where} (rose-ray train --resume {self.run.run_dir} goes on from it)")
+
+    async def waiting_report(self) -> str:
+        """Which role waits on what (the watchdog's report), one line each."""
+        from rose_ray.rollout.actors import ping_pools
+
+        rollouts, (what, since) = self.rollouts, self.phase
+        lines = [f"driver: {what} for {time.monotonic() - since:.0f} s (step {self.step}/{self.cfg.steps}; "
+                 f"{len(rollouts.buffer.items)} of {self.cfg.rollout.batch_episodes} episodes ready, "
+                 f"{rollouts.buffer.in_flight} in flight)"]
+        lines += rollouts.runner.waiting()
+        lines += await rollouts.engines.describe()
+        lines += await ping_pools(rollouts.pools) or [f"env pools: all {len(rollouts.pools)} answer a ping"]
+        return "\n  ".join(lines)
+
+    def doing(self, what: str) -> None:
+        self.phase = (what, time.monotonic())
 
     def _interrupt(self) -> None:
         if self.stop.is_set():  # a second Ctrl-C: stop waiting
@@ -243,7 +339,7 @@ def fresh_run_dir(cfg: TrainConfig, named: bool) -> Path:
         if folder.exists() and not folder.is_dir():
             raise InputError(f"run_dir {cfg.run_dir}: {folder} is a file, not a folder; give a folder for runs")
     if named:
-        if holds_run(where):
+        if (where / "checkpoints" / "latest").exists() or (where / LATEST).is_file():  # a run, or runs
             raise InputError(f"run_dir {where} already holds a run: continue it with --resume {where}, or "
                              "give another run_dir= (without run_dir=, each run gets a new version_N folder "
                              "under the config's run_dir)")

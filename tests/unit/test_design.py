@@ -93,8 +93,8 @@ def test_nothing_outside_envs_names_a_world_in_code():
 def test_the_loop_is_imported_only_by_the_cli():
     """cli.py reaches train.py by name ("rose_ray.train:cli_main"), and so does the Python API
     (rose_ray/__init__.py: `rose_ray.train`, imported when first used); nothing else in the package
-    imports the loop or the run's parts, train.py and its supervision aside (their Run)."""
-    others = [p for p in modules("") if p.name not in ("cli.py", "train.py", "supervision.py") or p.parent != PACKAGE]
+    imports the loop or the run's parts, train.py aside (its Run)."""
+    others = [p for p in modules("") if p.name not in ("cli.py", "train.py") or p.parent != PACKAGE]
     assert not breaks(others, ("rose_ray.train", "rose_ray.run"))
     assert "rose_ray.train:cli_main" in (PACKAGE / "cli.py").read_text()
     import rose_ray
