@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 from typing import Any
 
 from rose_ray.errors import ConfigError, InputError
@@ -177,10 +178,8 @@ class ChatFormat:
         ends = [i for i, t in enumerate(ids) if t == self.eos_id]
         # A text that spells the end-of-turn token is tokenized to it (as a chat API does): it
         # belongs to its message, whose own end-of-turn id comes after.
-        own_ends, at = [], self._extra_ends - 1
-        for m in messages:
-            at += 1 + m["content"].count(self.end_text)
-            own_ends.append(at)
+        counts = (1 + m["content"].count(self.end_text) for m in messages)
+        own_ends = list(accumulate(counts, initial=self._extra_ends - 1))[1:]
         if len(ends) != own_ends[-1] + 1:
             raise ChatTemplateError(f"the template's rendering of {len(messages)} messages has {len(ends)} "
                                     f"{self.end_text!r} tokens, not the {own_ends[-1] + 1} its texts make")
