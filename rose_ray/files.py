@@ -246,15 +246,13 @@ def write_file(path: str | Path, data: str | bytes) -> Path:
     return Path(path)
 
 
-@contextmanager
-def locked(target: str | Path) -> Iterator[None]:
-    """Hold the lock `<target>.lock` (a file beside `target`) for the block; waits for it."""
+def locked(target: str | Path) -> Any:
+    """The lock `<target>.lock` (a file beside `target`), to hold for a `with` block; waits for it."""
     from filelock import FileLock
 
     target = Path(os.path.abspath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target.with_name(target.name + ".lock"))):
-        yield
+    return FileLock(str(target.with_name(target.name + ".lock")))
 
 
 # ----------------------------------------------------------------------------- JSONL
