@@ -1,10 +1,5 @@
 """The GPU memory plan: what each role holds on each of its GPUs, from the models' config.json
-(no weights loaded, no torch); what is counted: docs/cluster.md, "What each GPU holds".
-
-    roles = memory_plan(cfg, gpu_gib=80)       # a RoleMemory per GPU role
-    print("\\n".join(format_memory(roles, "80 GiB per GPU (--gpu-memory)")))
-    check_memory(roles)                         # PlacementError naming the role and its numbers
-"""
+(no weights loaded, no torch); what is counted: docs/cluster.md, "What each GPU holds"."""
 
 from __future__ import annotations
 
@@ -75,17 +70,13 @@ class ModelShape:
         except KeyError as e:
             raise InputError(f"{name} ({source}): the model config has no {e.args[0]!r}") from None
 
-    @property
-    def q_width(self) -> int:
-        return self.num_attention_heads * self.head_dim
-
-    @property
-    def kv_width(self) -> int:
-        return self.num_key_value_heads * self.head_dim
+    def widths(self) -> tuple[int, int]:
+        """The query and the key (or value) projections' output widths."""
+        return self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
 
     def layer_parameters(self) -> int:
-        h = self.hidden_size
-        attention = h * (self.q_width + 2 * self.kv_width) + self.q_width * h + 2 * self.head_dim  # q k v o, q/k norms
+        h, (q, kv) = self.hidden_size, self.widths()
+        attention = h * (q + 2 * kv) + q * h + 2 * self.head_dim  # q k v o, q/k norms
         return attention + 3 * h * self.intermediate_size + 2 * h  # gate, up, down; two norms
 
     def embedding_parameters(self) -> int:
@@ -168,7 +159,8 @@ def _engine_parts(engine: Any, shape: ModelShape, dtype_bytes: int, tp: int, gpu
     prefill = min(vllm_batched_tokens(gpu_bytes), batch_tokens) if vllm else batch_tokens
     # a layer's activations a prompt token (freed before the next layer): the residual stream and
     # its norm, q/k/v, the attention output, gate/up and their product
-    split = shape.q_width + 2 * shape.kv_width + 3 * shape.intermediate_size
+    q_width, kv_width = shape.widths()
+    split = q_width + 2 * kv_width + 3 * shape.intermediate_size
     parts = {"weights": shape.parameters() * dtype_bytes / tp, "KV cache": float(kv),
              "activations": prefill * (4 * shape.hidden_size + split / tp) * dtype_bytes}
     if on_gpu:
