@@ -41,7 +41,6 @@ class GameId:
 
     @property
     def index(self) -> int:
-        """The integer part of the item id."""
         return int(self.item_id.rsplit("_", 1)[1])
 
 
