@@ -137,11 +137,9 @@ def clear_leftovers(folder: str | Path, name: str | None = None, owned: bool = F
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where the system or
     the file system cannot (then nothing happened)."""
-    if not sys.platform.startswith("linux"):
-        return False
     try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2  # glibc's, Linux only
+    except (OSError, AttributeError, TypeError):
         return False
     at_fdcwd, rename_exchange = -100, 2
     if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
