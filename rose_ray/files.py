@@ -237,11 +237,10 @@ def writing_file(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
         tmp.unlink(missing_ok=True)
 
 
-def write_file(path: str | Path, data: str | bytes) -> Path:
+def write_file(path: str | Path, data: str | bytes) -> None:
     """`path` holding `data`, written whole (`writing_file`); readers see the old file or the new."""
     with writing_file(path, "wb" if isinstance(data, bytes) else "w") as f:
         f.write(data)
-    return Path(path)
 
 
 def locked(target: str | Path) -> Any:
