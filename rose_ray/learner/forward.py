@@ -24,18 +24,6 @@ def head_available(head: str) -> bool:
             and importlib.util.find_spec(FUSED_HEADS[head]) is not None)
 
 
-def resolve_head(name: str, on_cuda: bool, dtype: str = "bfloat16") -> str:
-    """The head `name` stands for here. `auto` on a GPU: a fused kernel under bf16 (Triton's fp32
-    dot rounds like TF32), else `trained`; on CPU `full`, so CPU runs keep their weights bit for
-    bit (`trained` is equal within tolerance only)."""
-    if name != "auto":
-        return name
-    for fused in FUSED_HEADS:
-        if on_cuda and dtype == "bfloat16" and head_available(fused):
-            return fused
-    return "trained" if on_cuda else "full"
-
-
 def _logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
               targets: torch.Tensor) -> torch.Tensor:
     return -F.cross_entropy(F.linear(hidden, weight, bias).float(), targets, reduction="none")

@@ -83,15 +83,19 @@ def apply_fused_kernels(model: Any, name: str) -> None:
 def chosen(cfg: Any, model_type: str, on_cuda: bool) -> dict[str, str]:
     """Every speed setting of `cfg` as it runs here (`auto` resolved)."""
     from rose_ray.learner.attention import resolve
-    from rose_ray.learner.forward import resolve_head
+    from rose_ray.learner.forward import FUSED_HEADS, head_available
 
-    optimizer, kernels = cfg.optimizer, cfg.fused_kernels
+    optimizer, kernels, head = cfg.optimizer, cfg.fused_kernels, cfg.head
     if optimizer == "auto":
         optimizer = "adamw_fused" if on_cuda and fused_adamw_supported("cuda") else "adamw"
     if kernels == "auto":
         kernels = "liger" if cfg.dtype == "bfloat16" and liger_supports(model_type) else "none"
+    if head == "auto":  # a fused kernel on a GPU under bf16 only (Triton's fp32 dot rounds like TF32);
+        # `full` on CPU, so CPU runs keep their weights bit for bit (`trained`: within tolerance)
+        fused = [h for h in FUSED_HEADS if on_cuda and cfg.dtype == "bfloat16" and head_available(h)]
+        head = fused[0] if fused else ("trained" if on_cuda else "full")
     return {"attn_implementation": resolve(cfg.attn_implementation, cfg.dtype),
             "optimizer": optimizer,
             "activation_checkpointing": cfg.activation_checkpointing,
             "fused_kernels": kernels,
-            "head": resolve_head(cfg.head, on_cuda, cfg.dtype)}
+            "head": head}
