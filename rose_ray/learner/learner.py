@@ -87,8 +87,8 @@ class LearnerConfig:
                              ("export_dtype", EXPORT_DTYPES)):
             need(getattr(self, key) in allowed, key, f"must be one of {allowed}")
         for keys, ok, rule in ((("lr", "adam_eps", "cpus_per_rank"), lambda v: v > 0, "> 0"),
-                               (("weight_decay", "warmup_steps", "grad_clip", "logprob_chunk", "gpus_per_rank",
-                                 "initial_version"), lambda v: v >= 0, ">= 0"),
+                               (("weight_decay", "warmup_steps", "grad_clip", "logprob_chunk",
+                                 "gpus_per_rank", "initial_version"), lambda v: v >= 0, ">= 0"),
                                (("ranks", "threads"), lambda v: v >= 1, ">= 1"),
                                (("max_tokens",), lambda v: v >= 2, ">= 2"),
                                (("zero_bucket_size",), lambda v: v >= 1_000_000, ">= 1e6 elements"),

@@ -43,7 +43,8 @@ def learner_activation_bytes(config: Mapping[str, Any], tokens: int, chunk: int,
         head_bytes = tokens * (2 * e * hidden + 4 * hidden + 8)
     else:  # full, trained (at most every token): a chunk's logits
         head_tokens = tokens if chunk <= 0 else min(chunk, tokens)
-        head_bytes = head_tokens * config["vocab_size"] * (e + 12) + (tokens * e * hidden if head == "trained" else 0)
+        head_bytes = (head_tokens * config["vocab_size"] * (e + 12)
+                      + (tokens * e * hidden if head == "trained" else 0))
     body = tokens * per_token
     return {"body": body, "layer": tokens * layer if kept else 0, "head": head_bytes, "total": body + head_bytes}
 
