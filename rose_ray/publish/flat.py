@@ -107,10 +107,6 @@ class FlatState:
     header: FlatHeader
     buffers: list[Any]
 
-    @property
-    def nbytes(self) -> int:
-        return self.header.nbytes
-
     def numpy(self) -> FlatState:
         """The same bytes with numpy buffers (what Ray's object store sends zero-copy)."""
         import torch
@@ -177,20 +173,15 @@ def _view(buffer: Any, e: TensorEntry) -> Any:
     return buffer[e.offset:e.offset + e.nbytes].view(getattr(torch, e.dtype)).view(e.shape)
 
 
-def as_byte_tensor(buffer: Any) -> Any:
-    """A numpy or torch uint8 buffer as a 1-D uint8 tensor over the same memory."""
+def unpack(flat: FlatState) -> dict[str, Any]:
+    """{name: tensor} viewing `flat`'s buffers (numpy or torch; no copy); MalformedHeader if they
+    do not match."""
     import torch
 
-    if isinstance(buffer, torch.Tensor):
-        return buffer.reshape(-1)
     with warnings.catch_warnings():  # arrays from Ray's object store are read-only; only read
         warnings.filterwarnings("ignore", message=".*not writable.*")
-        return torch.from_numpy(np.asarray(buffer)).reshape(-1)
-
-
-def unpack(flat: FlatState) -> dict[str, Any]:
-    """{name: tensor} viewing `flat`'s buffers (no copy); MalformedHeader if they do not match."""
-    buffers = [as_byte_tensor(b) for b in flat.buffers]
+        buffers = [(b if isinstance(b, torch.Tensor) else torch.from_numpy(np.asarray(b))).reshape(-1)
+                   for b in flat.buffers]
     for n, b in enumerate(buffers):
         if b.dtype.itemsize != 1:
             raise MalformedHeader(f"flat weights: buffer {n} holds {b.dtype}, not bytes")
