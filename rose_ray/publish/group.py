@@ -10,12 +10,11 @@ import datetime
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from rose_ray.publish.flat import FlatHeader, FlatState, buffers_for
 
-COLLECTIVE_BACKENDS = ("gloo", "nccl")
 # The NCCL settings every member of a weight group runs with (the launcher's NCCL_* over these):
 # NCCL never reconciles its settings across ranks, and members that differ hang or fail.
 # docs/engines.md ("NCCL settings") says why each default is set.
@@ -40,22 +39,6 @@ def nccl_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The NCCL_* variables every weight-group member runs with: the launching process's own
     (`environ`, default this process's) over NCCL_DEFAULTS."""
     return {**NCCL_DEFAULTS, **own_nccl_env(environ)}
-
-
-@contextlib.contextmanager
-def _scoped_env(values: dict[str, str]) -> Iterator[None]:
-    """`values` in this process's environment for the duration."""
-    with _ENV_LOCK:
-        before = {k: os.environ.get(k) for k in values}
-        os.environ.update(values)
-        try:
-            yield
-        finally:
-            for k, v in before.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 class CollectiveTimeout(TimeoutError):
@@ -108,8 +91,6 @@ class WeightGroup:
                  backend: str = "gloo") -> None:
         from torch.distributed import PrefixStore
 
-        if backend not in COLLECTIVE_BACKENDS:
-            raise ValueError(f"weight group backend: must be one of {COLLECTIVE_BACKENDS}, got {backend!r}")
         self.store, self.name, self.rank, self.world_size = store, name, rank, world_size
         self.backend = backend
         timeout = datetime.timedelta(seconds=timeout_s)
@@ -120,8 +101,17 @@ class WeightGroup:
             self.device = torch.device("cuda", torch.cuda.current_device())
             options = ProcessGroupNCCL.Options()
             options._timeout = timeout  # the watchdog's: a collective running longer is aborted
-            with _scoped_env(NCCL_GROUP_ENV):
-                self.group = ProcessGroupNCCL(PrefixStore(name, store), rank, world_size, options)
+            with _ENV_LOCK:  # NCCL_GROUP_ENV only while the group is made
+                before = {k: os.environ.get(k) for k in NCCL_GROUP_ENV}
+                os.environ.update(NCCL_GROUP_ENV)
+                try:
+                    self.group = ProcessGroupNCCL(PrefixStore(name, store), rank, world_size, options)
+                finally:
+                    for k, v in before.items():
+                        if v is None:
+                            del os.environ[k]
+                        else:
+                            os.environ[k] = v
         else:
             from torch.distributed import ProcessGroupGloo
 
