@@ -277,12 +277,7 @@ class LearnerGroup:
 
     def export(self, out_dir: str | Path, extra_files: dict[str, str] | None = None) -> dict[str, Any]:
         """A Hugging Face folder of the current weights, written whole, with `extra_files` {name: text}."""
-        from rose_ray.learner.export import source_dtype
-
-        dtype = self.config.export_dtype
-        if dtype == "auto":
-            dtype = source_dtype(self.config.model)
-        return self._all("export", str(out_dir), dtype, extra_files)[0]
+        return self._all("export", str(out_dir), extra_files)[0]
 
     def publish_weights(self, engines: list[Any], config: Any = None) -> dict[str, Any]:
         """Current weights + version to every engine actor by `config` (a PublishConfig); returns

@@ -25,9 +25,7 @@ SUMMED = "sum/"  # prefix of metrics that are shares of a global value (the driv
 
 def ds_config(cfg: Any, world_size: int) -> dict[str, Any]:
     """The DeepSpeed config dict for a LearnerConfig."""
-    zero: dict[str, Any] = {"stage": cfg.zero_stage}
-    if cfg.zero_stage == 3:
-        zero["stage3_gather_16bit_weights_on_model_save"] = False
+    zero: dict[str, Any] = {"stage": cfg.zero_stage}  # (DeepSpeed's defaults: no 16-bit model save, no prints)
     if cfg.zero_stage >= 1:
         zero["reduce_bucket_size"] = cfg.zero_bucket_size
         if cfg.zero_stage < 3:
@@ -45,8 +43,6 @@ def ds_config(cfg: Any, world_size: int) -> dict[str, Any]:
         # A step whose gradients are not finite is skipped (said here: a non-finite loss relies on it)
         "bf16": {"enabled": cfg.dtype == "bfloat16", "check_grad_overflow": True},
         "zero_allow_untested_optimizer": True,  # a plain torch AdamW: no fused op to compile
-        "steps_per_print": 2**31 - 1,
-        "wall_clock_breakdown": False,
     }
 
 
@@ -112,15 +108,6 @@ def _load_rng_state(path: Path) -> dict[str, Any]:
         held = re.search(r"GLOBAL (\S+)", str(e))  # torch's message is advice to load it as code
         why = f"it holds {held[1]}, not only tensors, lists and numbers" if held else first_line(e)
         raise CheckpointUnreadable(f"{path}: cannot be read ({why})") from None
-
-
-def fsync_tree(folder: Path) -> None:
-    """Every file and folder under `folder` fsynced: a complete checkpoint survives a machine crash."""
-    for root, _, files in os.walk(folder):
-        for name in files:  # (fsync_dir opens any path read-only and fsyncs it)
-            with contextlib.suppress(FileNotFoundError):  # another rank's temporary file, renamed meanwhile
-                fsync_dir(Path(root, name))
-        fsync_dir(Path(root))
 
 
 def first_line(e: BaseException) -> str:
@@ -218,9 +205,8 @@ class LearnerWorker:
         for name, buf in list(module.named_buffers()):
             want = original.get(name)
             if want is not None and buf.dtype != want.dtype:
-                owner_name, _, leaf = name.rpartition(".")
-                owner = module.get_submodule(owner_name) if owner_name else module
-                owner._buffers[leaf] = want.to(buf.device)
+                owner, _, leaf = name.rpartition(".")
+                module.get_submodule(owner)._buffers[leaf] = want.to(buf.device)
 
     def train_step(self, parts: list[dict[str, np.ndarray]], den: dict[str, float]) -> dict[str, float]:
         """One optimizer step over this rank's micro-batches; metrics are read back once."""
@@ -300,7 +286,11 @@ class LearnerWorker:
             torch.save(_rng_state(), f)
         crash_point("checkpoint-write")  # the tests' kill in the middle of a save
         self.engine.save_checkpoint(path, tag=tag, client_state=client_state, save_latest=False)
-        fsync_tree(Path(path) / tag)
+        for root, _, files in os.walk(Path(path) / tag):  # on disk: a whole checkpoint survives a crash
+            for name in files:  # (fsync_dir opens any path read-only and fsyncs it)
+                with contextlib.suppress(FileNotFoundError):  # another rank's temporary file, renamed
+                    fsync_dir(Path(root, name))
+            fsync_dir(Path(root))
 
     def _weights_finite(self) -> bool:
         """Whether every rank's weights are finite (the same answer on every rank)."""
@@ -338,9 +328,10 @@ class LearnerWorker:
 
         return gather_state(self.engine.module, self.cfg.zero_stage == 3, self.rank == 0, dtype, device)
 
-    def export(self, out_dir: str, dtype: str, extra_files: dict[str, str] | None = None) -> dict[str, Any] | None:
-        from rose_ray.learner.export import write_hf_folder
+    def export(self, out_dir: str, extra_files: dict[str, str] | None = None) -> dict[str, Any] | None:
+        from rose_ray.learner.export import source_dtype, write_hf_folder
 
+        dtype = self.cfg.export_dtype if self.cfg.export_dtype != "auto" else source_dtype(self.cfg.model)
         state = self.full_state(dtype)
         if self.rank != 0:
             return None
