@@ -1,15 +1,7 @@
 """The learner's activation memory per micro-batch, as the learner runs a model: what the GPU
 memory plan (rose_ray/memory.py) reads. No torch. `config`: a dict of Qwen3's config.json names.
-
-Bytes per token, fitted on transformers 5.19's Qwen3 (e = bytes of an activation element):
-- a decoder layer: H·(8 + 4e) + (Q + K)·(4 + 3e) + I·4e + 11·heads, Q = heads·head_dim,
-  K = kv_heads·head_dim (attention linear in the segment's length, no L×L term);
-- a checkpointed layer keeps its input (e·H), one layer rebuilt at a time in backward;
-- outside the layers: (4 + e)·H.
-The LM head at `chunk` tokens a pass: chunk·V·(e + 12) at the peak; the fused heads write no
-logits (cce: e·H + 8 per trained token; Liger's, by its own accounting, also ~H fp32 values
-and e·H). At the optimizer step torch's foreach AdamW holds a temporary of the fp32 parameters
-it steps; ZeRO 1-2 keep reduce and all-gather buckets (4.5 times with overlap_comm).
+Bytes per token fitted on transformers 5.19's Qwen3 (e = bytes of an activation element; attention
+is linear in the segment's length, no L×L term).
 """
 from __future__ import annotations
 
@@ -39,7 +31,7 @@ def learner_activation_bytes(config: Mapping[str, Any], tokens: int, chunk: int,
     per_token = (4 + e) * hidden + kept * e * hidden + (layers - kept) * layer + (layer if kept else 0)
     if head == "cce":
         head_bytes = tokens * (e * hidden + 8)
-    elif head == "liger":
+    elif head == "liger":  # by Liger's own accounting: also ~H fp32 values and e·H
         head_bytes = tokens * (2 * e * hidden + 4 * hidden + 8)
     else:  # full, trained (at most every token): a chunk's logits
         head_tokens = tokens if chunk <= 0 else min(chunk, tokens)
