@@ -85,9 +85,17 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def _restore_rng_state(path: Path) -> None:
+    """Every RNG's state from a rank's file, read `weights_only`; one holding more than tensors,
+    lists and numbers (an older file's numpy arrays, code) is refused, naming what it holds."""
     import torch
 
+    try:
+        state = torch.load(path, weights_only=True)
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as e:
+        held = re.search(r"GLOBAL (\S+)", str(e))  # torch's message is advice to load it as code
+        why = f"it holds {held[1]}, not only tensors, lists and numbers" if held else first_line(e)
+        raise CheckpointUnreadable(f"{path}: cannot be read ({why})") from None
     version, words, gauss = state["python"]
     random.setstate((version, tuple(words), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]
@@ -95,19 +103,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _load_rng_state(path: Path) -> dict[str, Any]:
-    """An RNG file, read `weights_only`; one holding more than tensors, lists and numbers (an
-    older file's numpy arrays, code) is refused, naming what it holds."""
-    import torch
-
-    try:
-        return torch.load(path, weights_only=True)
-    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as e:
-        held = re.search(r"GLOBAL (\S+)", str(e))  # torch's message is advice to load it as code
-        why = f"it holds {held[1]}, not only tensors, lists and numbers" if held else first_line(e)
-        raise CheckpointUnreadable(f"{path}: cannot be read ({why})") from None
 
 
 def first_line(e: BaseException) -> str:
@@ -317,7 +312,7 @@ class LearnerWorker:
             raise CheckpointUnreadable(f"{folder}: cannot be read ({first_line(e)})") from None
         if loaded is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {path}")
-        _set_rng_state(_load_rng_state(folder / f"rng_rank{self.rank}.pt"))
+        _restore_rng_state(folder / f"rng_rank{self.rank}.pt")
         return {k: v for k, v in (client or {}).items() if k in ("step", "version")}
 
     # -- full weights: export and publication ----------------------------------------------
@@ -329,9 +324,14 @@ class LearnerWorker:
         return gather_state(self.engine.module, self.cfg.zero_stage == 3, self.rank == 0, dtype, device)
 
     def export(self, out_dir: str, extra_files: dict[str, str] | None = None) -> dict[str, Any] | None:
-        from rose_ray.learner.export import source_dtype, write_hf_folder
+        from transformers import AutoConfig
 
-        dtype = self.cfg.export_dtype if self.cfg.export_dtype != "auto" else source_dtype(self.cfg.model)
+        from rose_ray.learner.export import write_hf_folder
+
+        dtype = self.cfg.export_dtype
+        if dtype == "auto":  # the dtype the source model declares; float32 where none (or another)
+            declared = str(AutoConfig.from_pretrained(self.cfg.model).dtype).replace("torch.", "")
+            dtype = declared if declared in ("bfloat16", "float16") else "float32"
         state = self.full_state(dtype)
         if self.rank != 0:
             return None
