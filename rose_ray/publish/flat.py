@@ -42,10 +42,6 @@ class FlatHeader:
     entries: tuple[TensorEntry, ...]
     bucket_bytes: tuple[int, ...]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(self.bucket_bytes)
-
     def to_json(self) -> str:
         return json.dumps({"version": HEADER_VERSION, "bucket_bytes": list(self.bucket_bytes),
                            "entries": [[e.name, e.dtype, list(e.shape), e.bucket, e.offset, e.nbytes]

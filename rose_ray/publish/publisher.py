@@ -97,7 +97,7 @@ class WeightPublisher:
                                                    self.config.keep_after_ms) for e in engines])
         done = time.perf_counter()
         load = max(r["load_ms"] for r in loads)
-        return {"mb": flat.header.nbytes / 2**20, "buckets": len(flat.buffers), "pack_ms": pack_ms,
+        return {"mb": sum(flat.header.bucket_bytes) / 2**20, "buckets": len(flat.buffers), "pack_ms": pack_ms,
                 "transfer_ms": (done - sent) * 1e3 - load, "load_ms": load,
                 "versions": [int(r["version"]) for r in loads], "method": method, "backend": backend,
                 "send_ms": (done - start) * 1e3, "engines": float(len(engines)), "version": float(version),
@@ -134,7 +134,9 @@ class WeightPublisher:
             calls += receives
             within(self.config.timeout_s, stage, group.broadcast, flat.buffers)
         except BaseException as e:
-            self._give_up_group()  # a member may be gone: a new group next time
+            if self._group is not None:  # a member may be gone: a new group next time
+                self._group.abort()
+            self._group, self._members = None, None
             if not isinstance(e, Exception):
                 raise
             dead = _dead_engine(calls)
@@ -145,11 +147,6 @@ class WeightPublisher:
             self.fallback = f"the collective over {backend} gave up: {why}"
             return None
         return ray.get(receives)  # each engine's load (behind its calls in flight: not bounded here)
-
-    def _give_up_group(self) -> None:
-        if self._group is not None:
-            self._group.abort()
-        self._group, self._members = None, None
 
     def _connect(self, engines: list[Any], backend: str, calls: list[Any], what: str) -> WeightGroup:
         """A weight group of rank 0 and exactly these engines over `backend` (kept while they
