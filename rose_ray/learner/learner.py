@@ -137,24 +137,20 @@ class LearnerGroup:
         self.worker_options = worker_options  # (rank) -> scheduling options, e.g. a placement-group bundle
         self._lock = threading.RLock()
         self.workers: list[Any] = []
-        self._start_ranks()
-        self.info = self.setup()
-
-    def _start_ranks(self) -> None:
-        import ray
-
-        config = self.config
-        worker = ray.remote(num_cpus=config.cpus_per_rank, num_gpus=config.gpus_per_rank)(LearnerWorker)
-        self.workers = [worker.options(**(self.worker_options(r) if self.worker_options else {}))
-                        .remote(r, config.ranks, config.threads) for r in range(config.ranks)]
-        addr, port = self._get([self.workers[0].address.remote()], "start")[0]
-        self._get([w.init_distributed.remote(addr, port, config.backend) for w in self.workers], "start")
+        self.restart()
 
     def restart(self) -> None:
         """Kill every rank and start new ones on the same placement (load a checkpoint next)."""
+        import ray
+
         with self._lock:
             self.shutdown()
-            self._start_ranks()
+            config = self.config
+            worker = ray.remote(num_cpus=config.cpus_per_rank, num_gpus=config.gpus_per_rank)(LearnerWorker)
+            self.workers = [worker.options(**(self.worker_options(r) if self.worker_options else {}))
+                            .remote(r, config.ranks, config.threads) for r in range(config.ranks)]
+            addr, port = self._get([self.workers[0].address.remote()], "start")[0]
+            self._get([w.init_distributed.remote(addr, port, config.backend) for w in self.workers], "start")
             self.info = self.setup()
 
     def _get(self, refs: list[Any], what: str) -> list[Any]:

@@ -25,7 +25,7 @@ SUMMED = "sum/"  # prefix of metrics that are shares of a global value (the driv
 
 def ds_config(cfg: Any, world_size: int) -> dict[str, Any]:
     """The DeepSpeed config dict for a LearnerConfig."""
-    zero: dict[str, Any] = {"stage": cfg.zero_stage}  # (DeepSpeed's defaults: no 16-bit model save, no prints)
+    zero: dict[str, Any] = {"stage": cfg.zero_stage}  # (DeepSpeed's defaults: no 16-bit save, no prints)
     if cfg.zero_stage >= 1:
         zero["reduce_bucket_size"] = cfg.zero_bucket_size
         if cfg.zero_stage < 3:
