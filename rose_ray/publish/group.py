@@ -11,6 +11,7 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, wait
 from typing import Any, TypeVar
 
 from rose_ray.publish.flat import FlatHeader, FlatState, buffers_for
@@ -52,25 +53,20 @@ def within(timeout_s: float, what: str, fn: Callable[..., T], *args: Any) -> T:
     import torch
 
     device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    done = threading.Event()
-    out: dict[str, Any] = {}
+    result: Future[T] = Future()
 
     def run() -> None:
         try:
             if device is not None:
                 torch.cuda.set_device(device)
-            out["value"] = fn(*args)
+            result.set_result(fn(*args))
         except BaseException as e:  # noqa: BLE001 - handed to the caller
-            out["error"] = e
-        finally:
-            done.set()
+            result.set_exception(e)
 
     threading.Thread(target=run, name=f"weights: {what}", daemon=True).start()
-    if not done.wait(timeout_s):
+    if not wait([result], timeout_s).done:
         raise CollectiveTimeout(f"{what}: not done within {timeout_s:g} s (publish.timeout_s)")
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
+    return result.result()
 
 
 def cuda_device_id() -> str | None:
