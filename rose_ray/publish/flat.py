@@ -114,20 +114,15 @@ def _is_count(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
-def _dtype_name(t: Any) -> str:
-    name = str(t.dtype).replace("torch.", "")
-    if name not in ITEM_BYTES:
-        raise TypeError(f"flat weights: dtype {name} is not one of {sorted(ITEM_BYTES)}")
-    return name
-
-
 def plan(state: dict[str, Any], bucket_mb: float) -> FlatHeader:
     """Each tensor, in order, into buckets of up to `bucket_mb` (a larger one alone), aligned to
     ALIGN bytes; `bucket_mb=0`: one per tensor."""
     limit = int(bucket_mb * 2**20)
     entries, sizes = [], []
     for name, t in state.items():
-        dtype = _dtype_name(t)
+        dtype = str(t.dtype).replace("torch.", "")
+        if dtype not in ITEM_BYTES:
+            raise TypeError(f"flat weights: dtype {dtype} is not one of {sorted(ITEM_BYTES)}")
         nbytes = t.numel() * ITEM_BYTES[dtype]
         start = -(-sizes[-1] // ALIGN) * ALIGN if sizes else 0
         if not sizes or limit <= 0 or (start + nbytes > limit and sizes[-1] > 0):
