@@ -26,9 +26,8 @@ def make_optimizer(name: str, params: Any, cfg: Any) -> Any:
     """A torch AdamW of `cfg`'s hyper-parameters, fused or torch's default implementation."""
     import torch
 
-    extra = {"fused": True} if name == "adamw_fused" else {}
     return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-                             weight_decay=cfg.weight_decay, **extra)
+                             weight_decay=cfg.weight_decay, fused=True if name == "adamw_fused" else None)
 
 
 def checkpointed_layers(mode: str, layers: int) -> list[int]:
