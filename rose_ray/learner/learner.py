@@ -131,9 +131,7 @@ class LearnerGroup:
     def __init__(self, config: LearnerConfig,
                  worker_options: Callable[[int], dict[str, Any]] | None = None) -> None:
         self.config = config
-        self.step = 0
-        self.version = config.initial_version
-        self.skipped_nonfinite = 0  # steps skipped for a non-finite loss or gradient norm
+        self.step = 0  # setup sets it, `version` and `skipped_nonfinite` (steps skipped as not finite)
         self.worker_options = worker_options  # (rank) -> scheduling options, e.g. a placement-group bundle
         self._lock = threading.RLock()
         self.workers: list[Any] = []

@@ -187,21 +187,16 @@ class LearnerWorker:
             model=model, optimizer=opt, lr_scheduler=sched,
             config=ds_config(cfg, self.world_size), dist_init_required=False,
         )
-        self._restore_buffers(buffers)
+        module = self.engine.module
+        for name, buf in list(module.named_buffers()):  # (e.g. rotary inv_freq) in the model's own dtype
+            if name in buffers and buf.dtype != buffers[name].dtype:
+                owner, _, leaf = name.rpartition(".")
+                module.get_submodule(owner)._buffers[leaf] = buffers[name].to(buf.device)
         self.engine.train()
-        params = self.engine.module.parameters()
+        params = module.parameters()
         return {"parameters": int(sum(getattr(p, "ds_numel", p.numel()) for p in params)),
                 "attn_implementation": self.attn,
                 "speed": {**chosen, "overlap_comm": overlap_comm(cfg, self.world_size)}}
-
-    def _restore_buffers(self, original: dict[str, Any]) -> None:
-        """Keep buffers (e.g. rotary inv_freq) in the dtype the model defines them in."""
-        module = self.engine.module
-        for name, buf in list(module.named_buffers()):
-            want = original.get(name)
-            if want is not None and buf.dtype != want.dtype:
-                owner, _, leaf = name.rpartition(".")
-                module.get_submodule(owner)._buffers[leaf] = want.to(buf.device)
 
     def train_step(self, parts: list[dict[str, np.ndarray]], den: dict[str, float]) -> dict[str, float]:
         """One optimizer step over this rank's micro-batches; metrics are read back once."""
@@ -233,7 +228,11 @@ class LearnerWorker:
         on_device = [k for k, v in sums.items() if torch.is_tensor(v)]
         if on_device:  # one read back for every metric of every micro-batch
             sums.update(zip(on_device, torch.stack([sums[k].float() for k in on_device]).tolist()))
-        own_norm = self._grad_norm()
+        own_norm = None  # the pre-clip gradient norm where DeepSpeed keeps none (plain fp32 without ZeRO)
+        if self.cfg.zero_stage == 0 and self.cfg.dtype == "float32":
+            params = self.engine.module.parameters()
+            grads = [p.grad.detach().float().norm() for p in params if p.grad is not None]
+            own_norm = float(torch.stack(grads).norm()) if grads else 0.0
         if own_norm is not None and not math.isfinite(own_norm):
             self.engine.zero_grad()  # the plain optimizer (fp32, no ZeRO): no step, nothing learned from it
             applied, norm = False, own_norm
@@ -246,15 +245,6 @@ class LearnerWorker:
                     micro_batches=float(len(parts)), rank_step_s=time.perf_counter() - start,
                     skipped_nonfinite=0.0 if applied else 1.0)
         return sums
-
-    def _grad_norm(self) -> float | None:
-        """Pre-clip gradient norm where DeepSpeed keeps none (plain fp32 without ZeRO)."""
-        import torch
-
-        if self.cfg.zero_stage != 0 or self.cfg.dtype != "float32":
-            return None
-        grads = [p.grad.detach().float().norm() for p in self.engine.module.parameters() if p.grad is not None]
-        return float(torch.stack(grads).norm()) if grads else 0.0
 
     def logits(self, input_ids: np.ndarray) -> np.ndarray | None:
         """Logits of unpacked rows (every rank runs the forward; rank 0 returns them)."""
@@ -292,15 +282,12 @@ class LearnerWorker:
         import torch
         import torch.distributed as dist
 
-        bad = torch.zeros((), device=self.engine.device)
-        with torch.no_grad():
-            for p in self.engine.module.parameters():
-                data = p.ds_tensor if hasattr(p, "ds_tensor") else p
-                if data.numel() and not torch.isfinite(data).all():
-                    bad += 1
-                    break
-        dist.all_reduce(bad)
-        return bool(bad.item() == 0)
+        with torch.no_grad():  # (ZeRO-3: each rank's partition)
+            params = self.engine.module.parameters()
+            bad = any(not torch.isfinite(getattr(p, "ds_tensor", p)).all() for p in params)
+        count = torch.tensor(float(bad), device=self.engine.device)
+        dist.all_reduce(count)
+        return bool(count.item() == 0)
 
     def load_checkpoint(self, path: str, tag: str) -> dict[str, Any]:
         folder = Path(path) / tag
