@@ -86,12 +86,12 @@ class WeightPublisher:
         start = time.perf_counter()
         fallback = None
         if method == "collective":
-            flat, pack_ms, sent = self._pack(state, backend)
+            flat, pack_ms, sent = self._pack(state, self.state_device(engines))
             loads = self._collective(flat, engines, version, backend)
             if loads is None:  # given up (`self.fallback` says why): the object store, now and later
                 fallback, method, backend = self.fallback, "object_store", ""
         if method == "object_store":
-            flat, pack_ms, sent = self._pack(state, backend)
+            flat, pack_ms, sent = self._pack(state, "cpu")
             ref = ray.put(flat.numpy())
             loads = ray.get([e.load_weights.remote(ref, version, self.config.wait_for_load,
                                                    self.config.keep_after_ms) for e in engines])
@@ -103,17 +103,15 @@ class WeightPublisher:
                 "send_ms": (done - start) * 1e3, "engines": float(len(engines)), "version": float(version),
                 "fallback": fallback}
 
-    def _pack(self, state: dict[str, Any], backend: str) -> tuple[FlatState, float, float]:
-        """`state` packed where `backend` sends it from (an NCCL group: this GPU), the ms it took
-        and when it ended."""
+    def _pack(self, state: dict[str, Any], device: Any) -> tuple[FlatState, float, float]:
+        """`state` packed on `device`, the ms it took and when it ended."""
         import torch
 
         start = time.perf_counter()
-        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
         flat = pack(state, self.config.bucket_mb, self._pack_buffers, device)
         if self.config.bucket_mb > 0:  # the put or the broadcast copies them out: reusable next time
             self._pack_buffers = flat.buffers
-        if backend == "nccl":  # the pack's copies done before the clock reads (they run async on the GPU)
+        if device != "cpu":  # the pack's copies done before the clock reads (they run async on the GPU)
             torch.cuda.current_stream(device).synchronize()
         end = time.perf_counter()
         return flat, (end - start) * 1e3, end
