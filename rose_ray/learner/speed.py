@@ -32,11 +32,8 @@ def make_optimizer(name: str, params: Any, cfg: Any) -> Any:
 
 def checkpointed_layers(mode: str, layers: int) -> list[int]:
     """Indices of the decoder layers recomputed in backward under `mode`."""
-    if mode == "full":
-        return list(range(layers))
-    if mode == "selective":
-        return list(range(0, layers, 2))
-    return []
+    every = {"full": 1, "selective": 2}.get(mode)  # none: no layer
+    return list(range(0, layers, every)) if every else []
 
 
 def apply_checkpointing(model: Any, mode: str) -> None:
