@@ -58,10 +58,8 @@ def _flat_row(arrays: dict[str, np.ndarray], rows: list[int]) -> dict[str, np.nd
 def _empty_part(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Two padding tokens with no weight: a rank with nothing to do still runs forward/backward."""
     part = {k: v[:1, :2].copy() for k, v in arrays.items()}
-    for key in part:
-        if key.endswith(WEIGHTS):
-            part[key][:] = 0.0
-    part["attention_mask"][:] = 0  # padding: counts as no token
+    for key in [k for k in part if k.endswith(WEIGHTS)] + ["attention_mask"]:
+        part[key][:] = 0  # no weight, and padding (segment 0): counts as no token
     return part
 
 

@@ -13,7 +13,6 @@ from typing import Any
 from rose_ray.errors import InputError
 from rose_ray.files import FOLDER_MARKER, is_empty_folder, out_path, writing_folder, written_here
 
-DTYPES = ("float32", "bfloat16", "float16")  # what a source model's declared dtype is kept as
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
 
 
@@ -58,16 +57,6 @@ def gather_state(module: Any, zero3: bool, keep: bool, dtype: str | None = None,
         if name in persistent:
             state[name] = buf.detach().to(device)
     return state
-
-
-def source_dtype(model_path: str) -> str:
-    """The dtype the source model's config declares (float32 when it declares none)."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model_path)
-    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    name = str(dtype).replace("torch.", "") if dtype is not None else "float32"
-    return name if name in DTYPES else "float32"
 
 
 def write_hf_folder(state: dict[str, Any], model_path: str, out_dir: str, dtype: str,

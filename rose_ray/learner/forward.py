@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from rose_ray.learner.attention import model_kwargs
-from rose_ray.learner.speed import HEADS
 
 FUSED_HEADS = {"cce": "cut_cross_entropy", "liger": "liger_kernel"}  # head: the package it needs
 
@@ -22,18 +21,6 @@ def head_available(head: str) -> bool:
     """Whether a fused head can run here: CUDA, its package and Triton."""
     return (torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
             and importlib.util.find_spec(FUSED_HEADS[head]) is not None)
-
-
-def resolve_head(name: str, on_cuda: bool, dtype: str = "bfloat16") -> str:
-    """The head `name` stands for here. `auto` on a GPU: a fused kernel under bf16 (Triton's fp32
-    dot rounds like TF32), else `trained`; on CPU `full`, so CPU runs keep their weights bit for
-    bit (`trained` is equal within tolerance only)."""
-    if name != "auto":
-        return name
-    for fused in FUSED_HEADS:
-        if on_cuda and dtype == "bfloat16" and head_available(fused):
-            return fused
-    return "trained" if on_cuda else "full"
 
 
 def _logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -82,8 +69,6 @@ class PackedForward:
     logprobs and logits from its head (`head`, resolved), `chunk` tokens at a time."""
 
     def __init__(self, model: torch.nn.Module, attn: str, chunk: int, head: str = "full") -> None:
-        if head not in HEADS[1:]:
-            raise ValueError(f"learner.head: must be one of {HEADS[1:]} once resolved, got {head!r}")
         self.attn, self.chunk, self.mode = attn, chunk, head
         self.head = model.get_output_embeddings()
         if type(self.head) not in (torch.nn.Linear, ChunkedLMHead):

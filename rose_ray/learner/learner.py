@@ -80,26 +80,26 @@ class LearnerConfig:
                 raise ConfigError(f"learner.{key}: {msg}, got {getattr(self, key)!r}")
 
         need(isinstance(self.model, str) and bool(self.model), "model", "a model path or name is required")
-        need(self.ranks >= 1, "ranks", "must be >= 1")
-        need(self.zero_stage in (0, 1, 2, 3), "zero_stage", "must be 0, 1, 2 or 3")
-        for key, allowed in (("dtype", LEARNER_DTYPES), ("schedule", SCHEDULES),
+        for key, allowed in (("zero_stage", (0, 1, 2, 3)), ("dtype", LEARNER_DTYPES), ("schedule", SCHEDULES),
                              ("attn_implementation", ATTN_IMPLEMENTATIONS), ("head", HEADS),
                              ("optimizer", OPTIMIZERS), ("activation_checkpointing", CHECKPOINTING),
                              ("fused_kernels", FUSED_KERNELS), ("backend", DIST_BACKENDS),
                              ("export_dtype", EXPORT_DTYPES)):
             need(getattr(self, key) in allowed, key, f"must be one of {allowed}")
-        for key in ("lr", "adam_eps", "cpus_per_rank"):
-            need(getattr(self, key) > 0, key, "must be > 0")
-        for key in ("weight_decay", "warmup_steps", "grad_clip", "logprob_chunk", "gpus_per_rank",
-                    "initial_version"):
-            need(getattr(self, key) >= 0, key, "must be >= 0")
-        for key in ("adam_beta1", "adam_beta2"):
-            need(0 <= getattr(self, key) < 1, key, "must be in [0, 1)")
+        for keys, ok, rule in ((("lr", "adam_eps", "cpus_per_rank"), lambda v: v > 0, "> 0"),
+                               (("weight_decay", "warmup_steps", "grad_clip", "logprob_chunk",
+                                 "gpus_per_rank", "initial_version"), lambda v: v >= 0, ">= 0"),
+                               (("ranks", "threads"), lambda v: v >= 1, ">= 1"),
+                               (("max_tokens",), lambda v: v >= 2, ">= 2"),
+                               (("zero_bucket_size",), lambda v: v >= 1_000_000, ">= 1e6 elements"),
+                               (("adam_beta1", "adam_beta2"), lambda v: 0 <= v < 1, "in [0, 1)"),
+                               (("min_lr_ratio",), lambda v: 0 <= v <= 1, "in [0, 1]"),
+                               (("clip_eps",), lambda v: 0 < v < 1, "in (0, 1)")):
+            for key in keys:
+                need(ok(getattr(self, key)), key, f"must be {rule}")
         need(self.schedule == "constant" or self.total_steps > self.warmup_steps, "total_steps",
              f"must exceed learner.warmup_steps={self.warmup_steps} for a {self.schedule} schedule "
              "(in a run it defaults to `steps`)")
-        need(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
-        need(self.max_tokens >= 2, "max_tokens", "must be >= 2")
         need(self.attn_implementation not in ("flash_attention_2", "torch_varlen")
              or (self.dtype == "bfloat16" and self.gpus_per_rank > 0), "attn_implementation",
              f"{self.attn_implementation} needs learner.dtype=bfloat16 and GPUs (learner.gpus_per_rank > 0)")
@@ -108,9 +108,6 @@ class LearnerConfig:
                  f"{getattr(self, key)} is a Triton kernel: it needs GPUs (learner.gpus_per_rank > 0)")
         need(self.fused_kernels != "compile" or self.zero_stage < 3, "fused_kernels",
              "compile runs under ZeRO 0-2 (ZeRO-3 gathers parameters in hooks the compiled regions would trace)")
-        need(self.zero_bucket_size >= 1_000_000, "zero_bucket_size", "must be >= 1e6 elements")
-        need(self.threads >= 1, "threads", "must be >= 1")
-        need(0.0 < self.clip_eps < 1.0, "clip_eps", "must be in (0, 1)")
 
     def check_rows(self, context_tokens: int) -> None:
         if self.max_tokens < context_tokens:
@@ -134,30 +131,24 @@ class LearnerGroup:
     def __init__(self, config: LearnerConfig,
                  worker_options: Callable[[int], dict[str, Any]] | None = None) -> None:
         self.config = config
-        self.step = 0
-        self.version = config.initial_version
-        self.skipped_nonfinite = 0  # steps skipped for a non-finite loss or gradient norm
+        self.step = 0  # setup sets it, `version` and `skipped_nonfinite` (steps skipped as not finite)
         self.worker_options = worker_options  # (rank) -> scheduling options, e.g. a placement-group bundle
         self._lock = threading.RLock()
         self.workers: list[Any] = []
-        self._start_ranks()
-        self.info = self.setup()
-
-    def _start_ranks(self) -> None:
-        import ray
-
-        config = self.config
-        worker = ray.remote(num_cpus=config.cpus_per_rank, num_gpus=config.gpus_per_rank)(LearnerWorker)
-        self.workers = [worker.options(**(self.worker_options(r) if self.worker_options else {}))
-                        .remote(r, config.ranks, config.threads) for r in range(config.ranks)]
-        addr, port = self._get([self.workers[0].address.remote()], "start")[0]
-        self._get([w.init_distributed.remote(addr, port, config.backend) for w in self.workers], "start")
+        self.restart()
 
     def restart(self) -> None:
         """Kill every rank and start new ones on the same placement (load a checkpoint next)."""
+        import ray
+
         with self._lock:
             self.shutdown()
-            self._start_ranks()
+            config = self.config
+            worker = ray.remote(num_cpus=config.cpus_per_rank, num_gpus=config.gpus_per_rank)(LearnerWorker)
+            self.workers = [worker.options(**(self.worker_options(r) if self.worker_options else {}))
+                            .remote(r, config.ranks, config.threads) for r in range(config.ranks)]
+            addr, port = self._get([self.workers[0].address.remote()], "start")[0]
+            self._get([w.init_distributed.remote(addr, port, config.backend) for w in self.workers], "start")
             self.info = self.setup()
 
     def _get(self, refs: list[Any], what: str) -> list[Any]:
@@ -280,12 +271,7 @@ class LearnerGroup:
 
     def export(self, out_dir: str | Path, extra_files: dict[str, str] | None = None) -> dict[str, Any]:
         """A Hugging Face folder of the current weights, written whole, with `extra_files` {name: text}."""
-        from rose_ray.learner.export import source_dtype
-
-        dtype = self.config.export_dtype
-        if dtype == "auto":
-            dtype = source_dtype(self.config.model)
-        return self._all("export", str(out_dir), dtype, extra_files)[0]
+        return self._all("export", str(out_dir), extra_files)[0]
 
     def publish_weights(self, engines: list[Any], config: Any = None) -> dict[str, Any]:
         """Current weights + version to every engine actor by `config` (a PublishConfig); returns

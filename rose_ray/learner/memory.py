@@ -1,15 +1,7 @@
 """The learner's activation memory per micro-batch, as the learner runs a model: what the GPU
 memory plan (rose_ray/memory.py) reads. No torch. `config`: a dict of Qwen3's config.json names.
-
-Bytes per token, fitted on transformers 5.19's Qwen3 (e = bytes of an activation element):
-- a decoder layer: H·(8 + 4e) + (Q + K)·(4 + 3e) + I·4e + 11·heads, Q = heads·head_dim,
-  K = kv_heads·head_dim (attention linear in the segment's length, no L×L term);
-- a checkpointed layer keeps its input (e·H), one layer rebuilt at a time in backward;
-- outside the layers: (4 + e)·H.
-The LM head at `chunk` tokens a pass: chunk·V·(e + 12) at the peak; the fused heads write no
-logits (cce: e·H + 8 per trained token; Liger's, by its own accounting, also ~H fp32 values
-and e·H). At the optimizer step torch's foreach AdamW holds a temporary of the fp32 parameters
-it steps; ZeRO 1-2 keep reduce and all-gather buckets (4.5 times with overlap_comm).
+Bytes per token fitted on transformers 5.19's Qwen3 (e = bytes of an activation element; attention
+is linear in the segment's length, no L×L term).
 """
 from __future__ import annotations
 
@@ -24,33 +16,27 @@ QWEN3_1P7B = {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers
               "vocab_size": 151936, "tie_word_embeddings": True}
 
 
-def _shape(config: Mapping[str, Any]) -> tuple[int, int, int, int, int, int, int]:
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    return (hidden, config["intermediate_size"], config["num_hidden_layers"], heads,
-            config.get("num_key_value_heads", heads), config.get("head_dim", hidden // heads),
-            config["vocab_size"])
-
-
 def learner_activation_bytes(config: Mapping[str, Any], tokens: int, chunk: int, checkpointing: bool | str,
                              dtype_bytes: int = 2, head: str = "full") -> dict[str, int]:
     """Peak activation memory of one micro-batch of `tokens` tokens: the body (layers,
     embeddings; with checkpointing, one layer's activations rebuilt: `layer`), the LM head
     (`head`: full or trained at `chunk` tokens a pass, 0: all at once; cce or liger fused), and
     their sum. `checkpointing`: none, full or selective (a bool: full or none)."""
-    hidden, inter, layers, heads, kv_heads, head_dim, vocab = _shape(config)
-    e = dtype_bytes
-    q, k = heads * head_dim, kv_heads * head_dim
-    layer = hidden * (8 + 4 * e) + (q + k) * (4 + 3 * e) + inter * 4 * e + 11 * heads
+    hidden, heads, layers = config["hidden_size"], config["num_attention_heads"], config["num_hidden_layers"]
+    e, head_dim = dtype_bytes, config.get("head_dim", hidden // heads)
+    q, k = heads * head_dim, config.get("num_key_value_heads", heads) * head_dim
+    layer = hidden * (8 + 4 * e) + (q + k) * (4 + 3 * e) + config["intermediate_size"] * 4 * e + 11 * heads
     mode = ("full" if checkpointing else "none") if isinstance(checkpointing, bool) else checkpointing
     kept = len(checkpointed_layers(mode, layers))
     per_token = (4 + e) * hidden + kept * e * hidden + (layers - kept) * layer + (layer if kept else 0)
     if head == "cce":
         head_bytes = tokens * (e * hidden + 8)
-    elif head == "liger":
+    elif head == "liger":  # by Liger's own accounting: also ~H fp32 values and e·H
         head_bytes = tokens * (2 * e * hidden + 4 * hidden + 8)
     else:  # full, trained (at most every token): a chunk's logits
         head_tokens = tokens if chunk <= 0 else min(chunk, tokens)
-        head_bytes = head_tokens * vocab * (e + 12) + (tokens * e * hidden if head == "trained" else 0)
+        head_bytes = (head_tokens * config["vocab_size"] * (e + 12)
+                      + (tokens * e * hidden if head == "trained" else 0))
     body = tokens * per_token
     return {"body": body, "layer": tokens * layer if kept else 0, "head": head_bytes, "total": body + head_bytes}
 

@@ -26,18 +26,14 @@ def make_optimizer(name: str, params: Any, cfg: Any) -> Any:
     """A torch AdamW of `cfg`'s hyper-parameters, fused or torch's default implementation."""
     import torch
 
-    extra = {"fused": True} if name == "adamw_fused" else {}
     return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-                             weight_decay=cfg.weight_decay, **extra)
+                             weight_decay=cfg.weight_decay, fused=True if name == "adamw_fused" else None)
 
 
 def checkpointed_layers(mode: str, layers: int) -> list[int]:
     """Indices of the decoder layers recomputed in backward under `mode`."""
-    if mode == "full":
-        return list(range(layers))
-    if mode == "selective":
-        return list(range(0, layers, 2))
-    return []
+    every = {"full": 1, "selective": 2}.get(mode)  # none: no layer
+    return list(range(0, layers, every)) if every else []
 
 
 def apply_checkpointing(model: Any, mode: str) -> None:
@@ -83,15 +79,19 @@ def apply_fused_kernels(model: Any, name: str) -> None:
 def chosen(cfg: Any, model_type: str, on_cuda: bool) -> dict[str, str]:
     """Every speed setting of `cfg` as it runs here (`auto` resolved)."""
     from rose_ray.learner.attention import resolve
-    from rose_ray.learner.forward import resolve_head
+    from rose_ray.learner.forward import FUSED_HEADS, head_available
 
-    optimizer, kernels = cfg.optimizer, cfg.fused_kernels
+    optimizer, kernels, head = cfg.optimizer, cfg.fused_kernels, cfg.head
     if optimizer == "auto":
         optimizer = "adamw_fused" if on_cuda and fused_adamw_supported("cuda") else "adamw"
     if kernels == "auto":
         kernels = "liger" if cfg.dtype == "bfloat16" and liger_supports(model_type) else "none"
+    if head == "auto":  # a fused kernel on a GPU under bf16 only (Triton's fp32 dot rounds like TF32);
+        # `full` on CPU, so CPU runs keep their weights bit for bit (`trained`: within tolerance)
+        fused = [h for h in FUSED_HEADS if on_cuda and cfg.dtype == "bfloat16" and head_available(h)]
+        head = fused[0] if fused else ("trained" if on_cuda else "full")
     return {"attn_implementation": resolve(cfg.attn_implementation, cfg.dtype),
             "optimizer": optimizer,
             "activation_checkpointing": cfg.activation_checkpointing,
             "fused_kernels": kernels,
-            "head": resolve_head(cfg.head, on_cuda, cfg.dtype)}
+            "head": head}

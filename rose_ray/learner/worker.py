@@ -25,9 +25,7 @@ SUMMED = "sum/"  # prefix of metrics that are shares of a global value (the driv
 
 def ds_config(cfg: Any, world_size: int) -> dict[str, Any]:
     """The DeepSpeed config dict for a LearnerConfig."""
-    zero: dict[str, Any] = {"stage": cfg.zero_stage}
-    if cfg.zero_stage == 3:
-        zero["stage3_gather_16bit_weights_on_model_save"] = False
+    zero: dict[str, Any] = {"stage": cfg.zero_stage}  # (DeepSpeed's defaults: no 16-bit save, no prints)
     if cfg.zero_stage >= 1:
         zero["reduce_bucket_size"] = cfg.zero_bucket_size
         if cfg.zero_stage < 3:
@@ -45,8 +43,6 @@ def ds_config(cfg: Any, world_size: int) -> dict[str, Any]:
         # A step whose gradients are not finite is skipped (said here: a non-finite loss relies on it)
         "bf16": {"enabled": cfg.dtype == "bfloat16", "check_grad_overflow": True},
         "zero_allow_untested_optimizer": True,  # a plain torch AdamW: no fused op to compile
-        "steps_per_print": 2**31 - 1,
-        "wall_clock_breakdown": False,
     }
 
 
@@ -89,9 +85,17 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def _restore_rng_state(path: Path) -> None:
+    """Every RNG's state from a rank's file, read `weights_only`; one holding more than tensors,
+    lists and numbers (an older file's numpy arrays, code) is refused, naming what it holds."""
     import torch
 
+    try:
+        state = torch.load(path, weights_only=True)
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as e:
+        held = re.search(r"GLOBAL (\S+)", str(e))  # torch's message is advice to load it as code
+        why = f"it holds {held[1]}, not only tensors, lists and numbers" if held else first_line(e)
+        raise CheckpointUnreadable(f"{path}: cannot be read ({why})") from None
     version, words, gauss = state["python"]
     random.setstate((version, tuple(words), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]
@@ -99,28 +103,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _load_rng_state(path: Path) -> dict[str, Any]:
-    """An RNG file, read `weights_only`; one holding more than tensors, lists and numbers (an
-    older file's numpy arrays, code) is refused, naming what it holds."""
-    import torch
-
-    try:
-        return torch.load(path, weights_only=True)
-    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as e:
-        held = re.search(r"GLOBAL (\S+)", str(e))  # torch's message is advice to load it as code
-        why = f"it holds {held[1]}, not only tensors, lists and numbers" if held else first_line(e)
-        raise CheckpointUnreadable(f"{path}: cannot be read ({why})") from None
-
-
-def fsync_tree(folder: Path) -> None:
-    """Every file and folder under `folder` fsynced: a complete checkpoint survives a machine crash."""
-    for root, _, files in os.walk(folder):
-        for name in files:  # (fsync_dir opens any path read-only and fsyncs it)
-            with contextlib.suppress(FileNotFoundError):  # another rank's temporary file, renamed meanwhile
-                fsync_dir(Path(root, name))
-        fsync_dir(Path(root))
 
 
 def first_line(e: BaseException) -> str:
@@ -205,22 +187,16 @@ class LearnerWorker:
             model=model, optimizer=opt, lr_scheduler=sched,
             config=ds_config(cfg, self.world_size), dist_init_required=False,
         )
-        self._restore_buffers(buffers)
+        module = self.engine.module
+        for name, buf in list(module.named_buffers()):  # (e.g. rotary inv_freq) in the model's own dtype
+            if name in buffers and buf.dtype != buffers[name].dtype:
+                owner, _, leaf = name.rpartition(".")
+                module.get_submodule(owner)._buffers[leaf] = buffers[name].to(buf.device)
         self.engine.train()
-        params = self.engine.module.parameters()
+        params = module.parameters()
         return {"parameters": int(sum(getattr(p, "ds_numel", p.numel()) for p in params)),
                 "attn_implementation": self.attn,
                 "speed": {**chosen, "overlap_comm": overlap_comm(cfg, self.world_size)}}
-
-    def _restore_buffers(self, original: dict[str, Any]) -> None:
-        """Keep buffers (e.g. rotary inv_freq) in the dtype the model defines them in."""
-        module = self.engine.module
-        for name, buf in list(module.named_buffers()):
-            want = original.get(name)
-            if want is not None and buf.dtype != want.dtype:
-                owner_name, _, leaf = name.rpartition(".")
-                owner = module.get_submodule(owner_name) if owner_name else module
-                owner._buffers[leaf] = want.to(buf.device)
 
     def train_step(self, parts: list[dict[str, np.ndarray]], den: dict[str, float]) -> dict[str, float]:
         """One optimizer step over this rank's micro-batches; metrics are read back once."""
@@ -252,7 +228,11 @@ class LearnerWorker:
         on_device = [k for k, v in sums.items() if torch.is_tensor(v)]
         if on_device:  # one read back for every metric of every micro-batch
             sums.update(zip(on_device, torch.stack([sums[k].float() for k in on_device]).tolist()))
-        own_norm = self._grad_norm()
+        own_norm = None  # the pre-clip gradient norm where DeepSpeed keeps none (plain fp32 without ZeRO)
+        if self.cfg.zero_stage == 0 and self.cfg.dtype == "float32":
+            params = self.engine.module.parameters()
+            grads = [p.grad.detach().float().norm() for p in params if p.grad is not None]
+            own_norm = float(torch.stack(grads).norm()) if grads else 0.0
         if own_norm is not None and not math.isfinite(own_norm):
             self.engine.zero_grad()  # the plain optimizer (fp32, no ZeRO): no step, nothing learned from it
             applied, norm = False, own_norm
@@ -265,15 +245,6 @@ class LearnerWorker:
                     micro_batches=float(len(parts)), rank_step_s=time.perf_counter() - start,
                     skipped_nonfinite=0.0 if applied else 1.0)
         return sums
-
-    def _grad_norm(self) -> float | None:
-        """Pre-clip gradient norm where DeepSpeed keeps none (plain fp32 without ZeRO)."""
-        import torch
-
-        if self.cfg.zero_stage != 0 or self.cfg.dtype != "float32":
-            return None
-        grads = [p.grad.detach().float().norm() for p in self.engine.module.parameters() if p.grad is not None]
-        return float(torch.stack(grads).norm()) if grads else 0.0
 
     def logits(self, input_ids: np.ndarray) -> np.ndarray | None:
         """Logits of unpacked rows (every rank runs the forward; rank 0 returns them)."""
@@ -300,22 +271,23 @@ class LearnerWorker:
             torch.save(_rng_state(), f)
         crash_point("checkpoint-write")  # the tests' kill in the middle of a save
         self.engine.save_checkpoint(path, tag=tag, client_state=client_state, save_latest=False)
-        fsync_tree(Path(path) / tag)
+        for root, _, files in os.walk(Path(path) / tag):  # on disk: a whole checkpoint survives a crash
+            for name in files:  # (fsync_dir opens any path read-only and fsyncs it)
+                with contextlib.suppress(FileNotFoundError):  # another rank's temporary file, renamed
+                    fsync_dir(Path(root, name))
+            fsync_dir(Path(root))
 
     def _weights_finite(self) -> bool:
         """Whether every rank's weights are finite (the same answer on every rank)."""
         import torch
         import torch.distributed as dist
 
-        bad = torch.zeros((), device=self.engine.device)
-        with torch.no_grad():
-            for p in self.engine.module.parameters():
-                data = p.ds_tensor if hasattr(p, "ds_tensor") else p
-                if data.numel() and not torch.isfinite(data).all():
-                    bad += 1
-                    break
-        dist.all_reduce(bad)
-        return bool(bad.item() == 0)
+        with torch.no_grad():  # (ZeRO-3: each rank's partition)
+            params = self.engine.module.parameters()
+            bad = any(not torch.isfinite(getattr(p, "ds_tensor", p)).all() for p in params)
+        count = torch.tensor(float(bad), device=self.engine.device)
+        dist.all_reduce(count)
+        return bool(count.item() == 0)
 
     def load_checkpoint(self, path: str, tag: str) -> dict[str, Any]:
         folder = Path(path) / tag
@@ -327,7 +299,7 @@ class LearnerWorker:
             raise CheckpointUnreadable(f"{folder}: cannot be read ({first_line(e)})") from None
         if loaded is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {path}")
-        _set_rng_state(_load_rng_state(folder / f"rng_rank{self.rank}.pt"))
+        _restore_rng_state(folder / f"rng_rank{self.rank}.pt")
         return {k: v for k, v in (client or {}).items() if k in ("step", "version")}
 
     # -- full weights: export and publication ----------------------------------------------
@@ -338,9 +310,15 @@ class LearnerWorker:
 
         return gather_state(self.engine.module, self.cfg.zero_stage == 3, self.rank == 0, dtype, device)
 
-    def export(self, out_dir: str, dtype: str, extra_files: dict[str, str] | None = None) -> dict[str, Any] | None:
+    def export(self, out_dir: str, extra_files: dict[str, str] | None = None) -> dict[str, Any] | None:
+        from transformers import AutoConfig
+
         from rose_ray.learner.export import write_hf_folder
 
+        dtype = self.cfg.export_dtype
+        if dtype == "auto":  # the dtype the source model declares; float32 where none (or another)
+            declared = str(AutoConfig.from_pretrained(self.cfg.model).dtype).replace("torch.", "")
+            dtype = declared if declared in ("bfloat16", "float16") else "float32"
         state = self.full_state(dtype)
         if self.rank != 0:
             return None

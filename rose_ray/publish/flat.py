@@ -42,10 +42,6 @@ class FlatHeader:
     entries: tuple[TensorEntry, ...]
     bucket_bytes: tuple[int, ...]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(self.bucket_bytes)
-
     def to_json(self) -> str:
         return json.dumps({"version": HEADER_VERSION, "bucket_bytes": list(self.bucket_bytes),
                            "entries": [[e.name, e.dtype, list(e.shape), e.bucket, e.offset, e.nbytes]
@@ -107,10 +103,6 @@ class FlatState:
     header: FlatHeader
     buffers: list[Any]
 
-    @property
-    def nbytes(self) -> int:
-        return self.header.nbytes
-
     def numpy(self) -> FlatState:
         """The same bytes with numpy buffers (what Ray's object store sends zero-copy)."""
         import torch
@@ -122,20 +114,15 @@ def _is_count(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
-def _dtype_name(t: Any) -> str:
-    name = str(t.dtype).replace("torch.", "")
-    if name not in ITEM_BYTES:
-        raise TypeError(f"flat weights: dtype {name} is not one of {sorted(ITEM_BYTES)}")
-    return name
-
-
 def plan(state: dict[str, Any], bucket_mb: float) -> FlatHeader:
     """Each tensor, in order, into buckets of up to `bucket_mb` (a larger one alone), aligned to
     ALIGN bytes; `bucket_mb=0`: one per tensor."""
     limit = int(bucket_mb * 2**20)
     entries, sizes = [], []
     for name, t in state.items():
-        dtype = _dtype_name(t)
+        dtype = str(t.dtype).replace("torch.", "")
+        if dtype not in ITEM_BYTES:
+            raise TypeError(f"flat weights: dtype {dtype} is not one of {sorted(ITEM_BYTES)}")
         nbytes = t.numel() * ITEM_BYTES[dtype]
         start = -(-sizes[-1] // ALIGN) * ALIGN if sizes else 0
         if not sizes or limit <= 0 or (start + nbytes > limit and sizes[-1] > 0):
@@ -177,20 +164,15 @@ def _view(buffer: Any, e: TensorEntry) -> Any:
     return buffer[e.offset:e.offset + e.nbytes].view(getattr(torch, e.dtype)).view(e.shape)
 
 
-def as_byte_tensor(buffer: Any) -> Any:
-    """A numpy or torch uint8 buffer as a 1-D uint8 tensor over the same memory."""
+def unpack(flat: FlatState) -> dict[str, Any]:
+    """{name: tensor} viewing `flat`'s buffers (numpy or torch; no copy); MalformedHeader if they
+    do not match."""
     import torch
 
-    if isinstance(buffer, torch.Tensor):
-        return buffer.reshape(-1)
     with warnings.catch_warnings():  # arrays from Ray's object store are read-only; only read
         warnings.filterwarnings("ignore", message=".*not writable.*")
-        return torch.from_numpy(np.asarray(buffer)).reshape(-1)
-
-
-def unpack(flat: FlatState) -> dict[str, Any]:
-    """{name: tensor} viewing `flat`'s buffers (no copy); MalformedHeader if they do not match."""
-    buffers = [as_byte_tensor(b) for b in flat.buffers]
+        buffers = [(b if isinstance(b, torch.Tensor) else torch.from_numpy(np.asarray(b))).reshape(-1)
+                   for b in flat.buffers]
     for n, b in enumerate(buffers):
         if b.dtype.itemsize != 1:
             raise MalformedHeader(f"flat weights: buffer {n} holds {b.dtype}, not bytes")

@@ -10,12 +10,12 @@ import datetime
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, wait
 from typing import Any, TypeVar
 
 from rose_ray.publish.flat import FlatHeader, FlatState, buffers_for
 
-COLLECTIVE_BACKENDS = ("gloo", "nccl")
 # The NCCL settings every member of a weight group runs with (the launcher's NCCL_* over these):
 # NCCL never reconciles its settings across ranks, and members that differ hang or fail.
 # docs/engines.md ("NCCL settings") says why each default is set.
@@ -42,22 +42,6 @@ def nccl_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return {**NCCL_DEFAULTS, **own_nccl_env(environ)}
 
 
-@contextlib.contextmanager
-def _scoped_env(values: dict[str, str]) -> Iterator[None]:
-    """`values` in this process's environment for the duration."""
-    with _ENV_LOCK:
-        before = {k: os.environ.get(k) for k in values}
-        os.environ.update(values)
-        try:
-            yield
-        finally:
-            for k, v in before.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-
 class CollectiveTimeout(TimeoutError):
     """A weight group that did not form, or a broadcast that did not end, in its time."""
 
@@ -69,25 +53,20 @@ def within(timeout_s: float, what: str, fn: Callable[..., T], *args: Any) -> T:
     import torch
 
     device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    done = threading.Event()
-    out: dict[str, Any] = {}
+    result: Future[T] = Future()
 
     def run() -> None:
         try:
             if device is not None:
                 torch.cuda.set_device(device)
-            out["value"] = fn(*args)
+            result.set_result(fn(*args))
         except BaseException as e:  # noqa: BLE001 - handed to the caller
-            out["error"] = e
-        finally:
-            done.set()
+            result.set_exception(e)
 
     threading.Thread(target=run, name=f"weights: {what}", daemon=True).start()
-    if not done.wait(timeout_s):
+    if not wait([result], timeout_s).done:
         raise CollectiveTimeout(f"{what}: not done within {timeout_s:g} s (publish.timeout_s)")
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
+    return result.result()
 
 
 def cuda_device_id() -> str | None:
@@ -108,8 +87,6 @@ class WeightGroup:
                  backend: str = "gloo") -> None:
         from torch.distributed import PrefixStore
 
-        if backend not in COLLECTIVE_BACKENDS:
-            raise ValueError(f"weight group backend: must be one of {COLLECTIVE_BACKENDS}, got {backend!r}")
         self.store, self.name, self.rank, self.world_size = store, name, rank, world_size
         self.backend = backend
         timeout = datetime.timedelta(seconds=timeout_s)
@@ -120,8 +97,17 @@ class WeightGroup:
             self.device = torch.device("cuda", torch.cuda.current_device())
             options = ProcessGroupNCCL.Options()
             options._timeout = timeout  # the watchdog's: a collective running longer is aborted
-            with _scoped_env(NCCL_GROUP_ENV):
-                self.group = ProcessGroupNCCL(PrefixStore(name, store), rank, world_size, options)
+            with _ENV_LOCK:  # NCCL_GROUP_ENV only while the group is made
+                before = {k: os.environ.get(k) for k in NCCL_GROUP_ENV}
+                os.environ.update(NCCL_GROUP_ENV)
+                try:
+                    self.group = ProcessGroupNCCL(PrefixStore(name, store), rank, world_size, options)
+                finally:
+                    for k, v in before.items():
+                        if v is None:
+                            del os.environ[k]
+                        else:
+                            os.environ[k] = v
         else:
             from torch.distributed import ProcessGroupGloo
 

@@ -18,10 +18,6 @@ from rose_ray.publish.group import (
 from rose_ray.publish.route import Member, PublishConfig, choose_route
 
 
-class CollectiveFailed(RuntimeError):
-    """A weight group that did not form or a broadcast that did not end: fall back to the object store."""
-
-
 def _actor_key(engine: Any) -> str:
     return engine._actor_id.hex()
 
@@ -84,48 +80,47 @@ class WeightPublisher:
         """`state` to every engine as `version`, waiting until all have loaded it (or, without
         `wait_for_load`, queued it). Returns method, backend, mb, buckets, per-stage ms (pack,
         transfer, load: the slowest engine's, send: all) and `fallback` (why, or None)."""
+        import ray
+
         method, backend = self.route_for(engines)
         start = time.perf_counter()
         fallback = None
         if method == "collective":
-            try:
-                out = self._collective(state, engines, version, backend)
-            except CollectiveFailed as e:
-                self.fallback = fallback = f"the collective over {backend} gave up: {e}"
-                method, backend = "object_store", ""
+            flat, pack_ms, sent = self._pack(state, self.state_device(engines))
+            loads = self._collective(flat, engines, version, backend)
+            if loads is None:  # given up (`self.fallback` says why): the object store, now and later
+                fallback, method, backend = self.fallback, "object_store", ""
         if method == "object_store":
-            out = self._object_store(state, engines, version)
-        out.update(method=method, backend=backend, send_ms=(time.perf_counter() - start) * 1e3,
-                   engines=float(len(engines)), version=float(version), fallback=fallback)
-        return out
+            flat, pack_ms, sent = self._pack(state, "cpu")
+            ref = ray.put(flat.numpy())
+            loads = ray.get([e.load_weights.remote(ref, version, self.config.wait_for_load,
+                                                   self.config.keep_after_ms) for e in engines])
+        done = time.perf_counter()
+        load = max(r["load_ms"] for r in loads)
+        return {"mb": sum(flat.header.bucket_bytes) / 2**20, "buckets": len(flat.buffers), "pack_ms": pack_ms,
+                "transfer_ms": (done - sent) * 1e3 - load, "load_ms": load,
+                "versions": [int(r["version"]) for r in loads], "method": method, "backend": backend,
+                "send_ms": (done - start) * 1e3, "engines": float(len(engines)), "version": float(version),
+                "fallback": fallback}
 
-    def _pack(self, state: dict[str, Any], device: Any = "cpu") -> FlatState:
+    def _pack(self, state: dict[str, Any], device: Any) -> tuple[FlatState, float, float]:
+        """`state` packed on `device`, the ms it took and when it ended."""
+        import torch
+
+        start = time.perf_counter()
         flat = pack(state, self.config.bucket_mb, self._pack_buffers, device)
         if self.config.bucket_mb > 0:  # the put or the broadcast copies them out: reusable next time
             self._pack_buffers = flat.buffers
-        return flat
-
-    def _object_store(self, state: dict[str, Any], engines: list[Any], version: int) -> dict[str, Any]:
-        import ray
-
-        t0 = time.perf_counter()
-        flat = self._pack(state).numpy()
-        t1 = time.perf_counter()
-        ref = ray.put(flat)
-        loads = ray.get([e.load_weights.remote(ref, version, self.config.wait_for_load, self.config.keep_after_ms)
-                          for e in engines])
-        return self._timings(flat, t0, t1, loads)
-
-    def _collective(self, state: dict[str, Any], engines: list[Any], version: int, backend: str) -> dict[str, Any]:
-        import ray
-        import torch
-
-        t0 = time.perf_counter()
-        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
-        flat = self._pack(state, device)
-        if backend == "nccl":  # the pack's copies done before the clock reads (they run async on the GPU)
+        if device != "cpu":  # the pack's copies done before the clock reads (they run async on the GPU)
             torch.cuda.current_stream(device).synchronize()
-        t1 = time.perf_counter()
+        end = time.perf_counter()
+        return flat, (end - start) * 1e3, end
+
+    def _collective(self, flat: FlatState, engines: list[Any], version: int, backend: str) -> list | None:
+        """Each engine's load of `flat` broadcast over `backend`; None where the collective gave up
+        while every engine lives (`self.fallback` says why); a dead engine's error raised."""
+        import ray
+
         calls: list[Any] = []
         stage = f"forming the weight group ({backend}: learner rank 0 and {len(engines)} engine(s))"
         try:
@@ -137,22 +132,19 @@ class WeightPublisher:
             calls += receives
             within(self.config.timeout_s, stage, group.broadcast, flat.buffers)
         except BaseException as e:
-            self._give_up_group()  # a member may be gone: a new group next time
+            if self._group is not None:  # a member may be gone: a new group next time
+                self._group.abort()
+            self._group, self._members = None, None
             if not isinstance(e, Exception):
                 raise
             dead = _dead_engine(calls)
             if dead is not None:  # the engine's loss, not the collective's: the run replaces it
                 raise dead from e
             self._stranded += calls
-            raise CollectiveFailed(str(e) if isinstance(e, CollectiveTimeout) else
-                                   f"{stage}: {type(e).__name__}: {e}") from e
-        loads = ray.get(receives)  # each engine's load (behind its calls in flight: not bounded here)
-        return self._timings(flat, t0, t1, loads)
-
-    def _give_up_group(self) -> None:
-        if self._group is not None:
-            self._group.abort()
-        self._group, self._members = None, None
+            why = str(e) if isinstance(e, CollectiveTimeout) else f"{stage}: {type(e).__name__}: {e}"
+            self.fallback = f"the collective over {backend} gave up: {why}"
+            return None
+        return ray.get(receives)  # each engine's load (behind its calls in flight: not bounded here)
 
     def _connect(self, engines: list[Any], backend: str, calls: list[Any], what: str) -> WeightGroup:
         """A weight group of rank 0 and exactly these engines over `backend` (kept while they
@@ -182,10 +174,3 @@ class WeightPublisher:
                                     "(publish.timeout_s)") from None
         self._group, self._members = group, members
         return group
-
-    @staticmethod
-    def _timings(flat: FlatState, t0: float, t1: float, loads: list[dict[str, float]]) -> dict[str, Any]:
-        done = time.perf_counter()
-        load = max(r["load_ms"] for r in loads)
-        return {"mb": flat.nbytes / 2**20, "buckets": len(flat.buffers), "pack_ms": (t1 - t0) * 1e3, "transfer_ms": (done - t1) * 1e3 - load, "load_ms": load,
-                "versions": [int(r["version"]) for r in loads]}

@@ -47,12 +47,11 @@ class PublishConfig:
         if self.collective_backend != "auto" and self.method not in ("auto", "collective"):
             raise ConfigError(f"publish.collective_backend: {self.collective_backend} is the collective's; "
                               f"publish.method is {self.method}: leave it auto or use publish.method=collective")
-        if not self.bucket_mb >= 0:
-            raise ConfigError(f"publish.bucket_mb: must be >= 0 (0: no buckets), got {self.bucket_mb!r}")
-        if not self.timeout_s > 0:
-            raise ConfigError(f"publish.timeout_s: must be > 0, got {self.timeout_s!r}")
-        if not self.in_flight_wait_ms >= 0:
-            raise ConfigError(f"publish.in_flight_wait_ms: must be >= 0, got {self.in_flight_wait_ms!r}")
+        for key, ok, rule in (("bucket_mb", self.bucket_mb >= 0, ">= 0 (0: no buckets)"),
+                              ("timeout_s", self.timeout_s > 0, "> 0"),
+                              ("in_flight_wait_ms", self.in_flight_wait_ms >= 0, ">= 0")):
+            if not ok:
+                raise ConfigError(f"publish.{key}: must be {rule}, got {getattr(self, key)!r}")
 
     def check(self, student: Any, colocate: bool) -> None:
         """Against the student engine (an EngineConfig) and whether it shares learner rank 0's GPU."""

@@ -35,9 +35,8 @@ from rose_ray.learner.learner import LearnerGroup
 from rose_ray.learner.worker import (
     CheckpointUnreadable,
     NonFiniteWeights,
-    _load_rng_state,
+    _restore_rng_state,
     _rng_state,
-    _set_rng_state,
 )
 from rose_ray.rows import row_to_trajectory
 from rose_ray.run import Run
@@ -215,7 +214,7 @@ def test_the_rng_state_loads_with_weights_only(group, tiny_models, tmp_path):
     saved = _rng_state()
     torch.save(saved, tmp_path / "rng.pt")
     drawn = (random.random(), np.random.rand(), torch.rand(1).item())
-    _set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    _restore_rng_state(tmp_path / "rng.pt")
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == drawn
     # A file of numpy arrays (written before they were stored as tensors) or one that would run code
     # is refused, naming the file and what it holds.
@@ -223,10 +222,10 @@ def test_the_rng_state_loads_with_weights_only(group, tiny_models, tmp_path):
     torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
                old)
     with pytest.raises(CheckpointUnreadable, match=f"{old}: cannot be read \\(it holds numpy"):
-        _load_rng_state(old)
+        _restore_rng_state(old)
     torch.save({"python": RunsCode()}, tmp_path / "code.pt")
     with pytest.raises(CheckpointUnreadable, match="code.pt: cannot be read \\(it holds .*getcwd"):
-        _load_rng_state(tmp_path / "code.pt")
+        _restore_rng_state(tmp_path / "code.pt")
 
 
 class RunsCode:

@@ -151,9 +151,8 @@ def test_auto_keeps_the_cpu_defaults():
     assert speed.chosen(cfg, "qwen3", on_cuda=False) == {
         "attn_implementation": "sdpa_varlen", "optimizer": "adamw", "activation_checkpointing": "none",
         "fused_kernels": "none", "head": "full"}
-    from rose_ray.learner.forward import resolve_head
-
-    assert resolve_head("auto", on_cuda=True, dtype="float32") == "trained"  # fused heads under bf16 only
+    fp32 = LearnerConfig(model="m", dtype="float32")
+    assert speed.chosen(fp32, "qwen3", on_cuda=True)["head"] == "trained"  # fused heads under bf16 only
 
 
 # --------------------------------------------------------------------------- torch's varlen attention

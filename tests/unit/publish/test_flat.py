@@ -27,7 +27,6 @@ from rose_ray.publish.flat import (
     plan,
     unpack,
 )
-from rose_ray.publish.group import WeightGroup
 
 LIMIT = 256  # bytes: the bucket size the boundary tests plan with
 BUCKET_MB = LIMIT / 2**20
@@ -124,7 +123,5 @@ def test_a_header_that_does_not_describe_its_buffers_is_refused_naming_the_fault
             unpack(FlatState(header, flat.buffers))
     with pytest.raises(TypeError, match="dtype complex64 is not one of"):
         pack({"z": torch.zeros(2, dtype=torch.complex64)}, BUCKET_MB)
-    with pytest.raises(ValueError, match="must be one of"):
-        WeightGroup(None, "weights", 0, 2, 5.0, backend="mpi")
 
 
