@@ -16,7 +16,6 @@ from typing import Any
 from rose_ray.envs.base import ExpertReply, GameError, ProcessGame, StepResult
 from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.worlds import get_world
-from rose_ray.errors import InputError
 from rose_ray.types import GameId
 
 START_ATTEMPTS = 3  # a game process's starts before the pool gives up (2 s, then 4 s between)
@@ -155,10 +154,7 @@ class EnvPool:
         """The world's expert teacher's next reply in the episode the slot plays."""
         with self._held(slot, "expert reply") as s:
             if s.expert is None:
-                make = get_world(s.world).expert
-                if make is None:
-                    raise InputError(f"{s.world} has no expert teacher")
-                s.expert = make(heap=self.heap, call_timeout_s=self.call_timeout_s)
+                s.expert = get_world(s.world).expert(heap=self.heap, call_timeout_s=self.call_timeout_s)
             return s.expert.reply(s.current, s.first, list(s.history), s.loads)
 
     def state(self, slot: int) -> dict[str, Any]:

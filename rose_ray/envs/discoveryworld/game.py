@@ -4,6 +4,7 @@ game must be killable), in a private temporary directory removed on close."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import select
@@ -35,8 +36,12 @@ class DiscoveryWorldGame(ProcessGame):
 
     goodbye = b'{"cmd": "close"}\n'
 
-    def __init__(self, call_timeout_s: float = 60.0, max_turns: int | None = None,
+    def __init__(self, call_timeout_s: float = 60.0, max_turns: int | None = None, heap: str | None = None,
                  start_timeout_s: float = 120.0) -> None:
+        """`heap`: ignored (no JVM)."""
+        if importlib.util.find_spec("discoveryworld") is None:
+            raise InputError("world 'discoveryworld' needs the discoveryworld package: "
+                             "pip install -e '.[discoveryworld]'")
         self.call_timeout_s = call_timeout_s
         self.max_turns = max_turns
         self.catalogue = DiscoveryWorldCatalogue()

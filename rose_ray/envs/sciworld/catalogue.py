@@ -1,5 +1,5 @@
 """ScienceWorld's games: id mappings and splits (docs/games.md), from the shipped
-`envs/data/sciworld_catalogue.json` (`make_catalogue_data`), so listing games starts no JVM."""
+`envs/data/sciworld_catalogue.json` (`make_data`), so listing games starts no JVM."""
 
 from __future__ import annotations
 
