@@ -4,6 +4,7 @@ first observation, then replies and observations) and the `Thought: ... Action: 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -74,6 +75,14 @@ def gold_reply(action: str, location: str | None = None) -> str:
     return f"Thought: {gold_thought(action, location)}\nAction: {action}"
 
 
+def _nowhere(observation: str) -> None:
+    return None
+
+
+def _same_text(a: str, b: str) -> bool:
+    return a.strip() == b.strip()
+
+
 @dataclass(frozen=True)
 class Protocol:
     """A world's conversation rules: the opening, how to tell an observation that says the
@@ -83,19 +92,15 @@ class Protocol:
     acknowledgement: str
     invalid_prefixes: tuple[str, ...] = ()
     report_question: str | None = None
+    # The place an observation says the agent is in (for gold Thoughts), or None.
+    location_of: Callable[[str], str | None] = _nowhere
+    # Whether two observations of the same game after the same actions agree, up to the world's
+    # own run-to-run differences.
+    same_observation: Callable[[str, str], bool] = _same_text
 
     def is_invalid(self, observation: str) -> bool:
         """The game did not understand the action (it counts as an invalid action)."""
         return observation.strip().startswith(self.invalid_prefixes)
-
-    def location_of(self, observation: str) -> str | None:
-        """The place an observation says the agent is in (for gold Thoughts), or None."""
-        return None
-
-    def same_observation(self, a: str, b: str) -> bool:
-        """Whether two observations of the same game after the same actions agree, up to the
-        world's own run-to-run differences."""
-        return a.strip() == b.strip()
 
     def opening(self) -> list[tuple[str, str]]:
         """(role, text) of the two turns before the first observation."""
