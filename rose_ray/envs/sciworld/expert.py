@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rose_ray.envs.base import ExpertReply, GameError
-from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.protocol import gold_reply
 from rose_ray.envs.sciworld.gold import focused_name, visible_names
 from rose_ray.envs.sciworld.protocol import location_of, same_but_temperature
@@ -67,7 +66,7 @@ class SciWorldExpert:
     with `_replay_differed` where the episode's own actions answered otherwise on replay; no_plan,
     unwinnable, scratch_failed)."""
 
-    def __init__(self, heap: str | None = DEFAULT_HEAP, call_timeout_s: float = 60.0) -> None:
+    def __init__(self, heap: str | None, call_timeout_s: float) -> None:
         self.heap, self.call_timeout_s = heap, call_timeout_s
         self.scratch: SciWorldGame | None = None
         self.episode: Any = None  # the slot's load counter of the episode planned for
@@ -96,7 +95,7 @@ class SciWorldExpert:
         location = None
         for text in [first, *(o for _, o in history)]:
             location = location_of(text) or location
-        return ExpertReply(text=None if action is None else gold_reply(action, location), action=action,
+        return ExpertReply(text=None if action is None else gold_reply(action, location),
                            planned=self.status.startswith(("verified", "partial")),
                            verified=self.status.startswith("verified"), status=self.status,
                            replans=self.replans, plan_s=time.perf_counter() - t0)
@@ -175,17 +174,18 @@ class SciWorldExpert:
         return [[(holders[i] if i < len(holders) else name, where) for holders, (name, where) in zip(choices, focused)]
                 for i in range(max(map(len, choices), default=0))]
 
-    def _game(self) -> SciWorldGame:
+    def _loaded(self, game: GameId, gold: bool = False) -> SciWorldGame:
+        """The scratch game (a new one if it died), `game` loaded into it."""
         from rose_ray.envs.sciworld.game import SciWorldGame
 
         if self.scratch is None or not self.scratch.alive():
             self.scratch = SciWorldGame(heap=self.heap, call_timeout_s=self.call_timeout_s)
+        self.scratch.load(game, gold=gold)
         return self.scratch
 
     def _replay(self, game: GameId, history: list[tuple[str, str]]) -> Attempt:
         """The scratch game loaded and the episode's actions played again."""
-        scratch = self._game()
-        scratch.load(game)
+        scratch = self._loaded(game)
         attempt = Attempt()
         for action, observation in history:
             result = scratch.step(action)
@@ -234,9 +234,8 @@ class SciWorldExpert:
     def _gold(self, game: GameId) -> Gold:
         """The gold path played from a fresh load, as the task's steps: its actions other than
         walking, up to the win, with focused things renamed as the game names them."""
-        scratch = self._game()
-        scratch.load(game, gold=True)
-        path = scratch.gold_actions()
+        path = self._loaded(game, gold=True).gold_actions()
+        scratch = self.scratch
         first = scratch.load(game)
         room = location_of(first.observation)
         played, observations, rooms, route = [], [], [], [room]
@@ -262,8 +261,7 @@ class SciWorldExpert:
         key = (game.task, game.variation)
         if key in DOORS:
             return DOORS[key]
-        scratch = self._game()
-        scratch.load(game)
+        scratch = self._loaded(game)
         doors: dict[str, list[str]] = {}
 
         def visit() -> None:
