@@ -44,19 +44,16 @@ def strip_thinking(text: str) -> str:
 def parse_action(text: str) -> ParsedAction:
     """The first non-empty line after the last `Action:` marker outside any `<think>` block;
     without one, an empty action with `valid_format` False."""
-    text = strip_thinking(text)
-    marker = text.rfind("Action:")
-    after = text[marker + len("Action:") :].splitlines() if marker >= 0 else []
-    action = next((line.strip() for line in after if line.strip()), "")
+    _, marker, after = strip_thinking(text).rpartition("Action:")
+    action = next((line.strip() for line in after.splitlines() if line.strip()), "") if marker else ""
     return ParsedAction(action, bool(action))
 
 
 def parse_thought(text: str) -> str:
     """A reply's thought: what it wrote before its last `Action:` marker (outside any
     `<think>` block), without the `Thought:` label; the whole reply when it has no marker."""
-    text = strip_thinking(text)
-    marker = text.rfind("Action:")
-    before = text[:marker] if marker >= 0 else text
+    before, marker, after = strip_thinking(text).rpartition("Action:")
+    before = before if marker else after
     label = before.find("Thought:")
     return (before[label + len("Thought:"):] if label >= 0 else before).strip()
 
