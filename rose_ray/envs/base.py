@@ -40,6 +40,7 @@ class ExpertReply:
     (verified, partial, no_plan, ...); `replans`: plans made again this episode."""
 
     text: str | None
+    action: str | None = None
     planned: bool = False
     verified: bool = False
     status: str = ""

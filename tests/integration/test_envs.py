@@ -187,7 +187,7 @@ def test_pool_as_a_ray_actor(ray_cluster):
         # Concurrent calls on different slots (the actor is threaded).
         steps = ray.get([actor.step.remote(0, "look around"), actor.step.remote(1, "look around")])
         assert all(s.turn == 1 for s in steps)
-        pids = ray.get(actor.pids.remote())
+        pids = [h["pid"] for h in ray.get(actor.health.remote())]
     finally:
         ray.get(actor.close.remote())
         ray.kill(actor)

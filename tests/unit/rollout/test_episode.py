@@ -151,7 +151,7 @@ class ExpertSlot(ScriptedGame):
             return ExpertReply(None, status="no_plan")
         self.planned -= 1
         return ExpertReply("Thought: I am in the kitchen. To make progress on the task, I will wait next.\nAction: wait",
-                           planned=True, verified=True, status="verified", plan_s=0.5)
+                           "wait", planned=True, verified=True, status="verified", plan_s=0.5)
 
 
 def test_an_expert_without_a_plan_ends_the_episode_there(chats):
