@@ -95,7 +95,7 @@ class SciWorldExpert:
         location = None
         for text in [first, *(o for _, o in history)]:
             location = location_of(text) or location
-        return ExpertReply(text=None if action is None else gold_reply(action, location),
+        return ExpertReply(text=None if action is None else gold_reply(action, location), action=action,
                            planned=self.status.startswith(("verified", "partial")),
                            verified=self.status.startswith("verified"), status=self.status,
                            replans=self.replans, plan_s=time.perf_counter() - t0)
@@ -116,7 +116,7 @@ class SciWorldExpert:
     def _plan(self, game: GameId, first: str, history: list[tuple[str, str]]) -> Attempt | None:
         key = (game.task, game.variation)
         doors = self._doors(game)
-        now = self._replay(game, history)  # the game where the student left it
+        now = self._attempt(game, history, [], doors)  # the game where the student left it
         if now.raw_score < 0:  # lost (a wrong focus): nothing can be won from here
             self.status = "unwinnable"
             return None
@@ -129,11 +129,10 @@ class SciWorldExpert:
             self.gold = GOLDS[key]
             for steps in self._candidates(first, history, carriers):
                 attempt = self._attempt(game, history, steps, doors)
-                if attempt.won:
+                if best is None or attempt.raw_score > best.raw_score:  # a win scores above any other
                     best = attempt
+                if best.won:
                     break
-                if best is None or attempt.raw_score > best.raw_score:
-                    best = attempt
             if best.won:
                 break
         if not best.won and best.raw_score <= now.raw_score:  # nothing scores above where the game is now
@@ -183,8 +182,10 @@ class SciWorldExpert:
         self.scratch.load(game, gold=gold)
         return self.scratch
 
-    def _replay(self, game: GameId, history: list[tuple[str, str]]) -> Attempt:
-        """The scratch game loaded and the episode's actions played again."""
+    def _attempt(self, game: GameId, history: list[tuple[str, str]], steps: list[tuple[str, str | None]],
+                 doors: dict[str, list[str]]) -> Attempt:
+        """The scratch game loaded, the episode's actions played again, then `steps` (each reached by
+        a walk to its room)."""
         scratch = self._loaded(game)
         attempt = Attempt()
         for action, observation in history:
@@ -192,13 +193,6 @@ class SciWorldExpert:
             attempt.raw_score = result.raw_score
             if not same_but_temperature(result.observation, observation):
                 attempt.replayed = False
-        return attempt
-
-    def _attempt(self, game: GameId, history: list[tuple[str, str]], steps: list[tuple[str, str | None]],
-                 doors: dict[str, list[str]]) -> Attempt:
-        """Play `steps` (each reached by a walk to its room) in the scratch game after the history."""
-        attempt = self._replay(game, history)
-        scratch = self.scratch
         room = location_of(scratch.look())
         moved = _moved_since_look(history)
 
