@@ -53,7 +53,8 @@ def test_parse_command_on_a_hand_made_view():
     assert parse_command("USE jar #5 ON rusted key", ui, []) == {"action": "USE", "arg1": 5, "arg2": 9}
     assert parse_command("PICKUP key", ui, []) == {"action": "PICKUP", "arg1": 9}
     assert parse_command("teleport to door", ui, []) == {"action": "TELEPORT_TO_OBJECT", "arg1": 11}
-    assert parse_command("teleport to Shed", ui, ["shed"]) == {"action": "TELEPORT_TO_LOCATION", "arg1": "shed"}
+    assert parse_command("teleport to Shed", ui, ["shed"]) == {"action": "TELEPORT_TO_LOCATION",
+                                                               "arg1": "shed"}
     assert parse_command("move_direction n", ui, []) == {"action": "MOVE_DIRECTION", "arg1": "north"}
     assert "could mean table #7, table #8" in parse_command("open table", ui, [])
     assert parse_command("pick up door", ui, []).startswith("Invalid action: no 'door'")
