@@ -16,7 +16,6 @@ from typing import Any
 from rose_ray.envs.base import ExpertReply, GameError, ProcessGame, StepResult
 from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.worlds import get_world
-from rose_ray.errors import InputError
 from rose_ray.types import GameId
 
 START_ATTEMPTS = 3  # a game process's starts before the pool gives up (2 s, then 4 s between)
@@ -56,24 +55,21 @@ class EnvPool:
         if num_games < 1:
             raise ValueError(f"num_games must be >= 1, got {num_games}")
         self.heap, self.call_timeout_s, self.max_turns = heap, call_timeout_s, max_turns
-        self.world = world
         self.catalogue = get_world(world).catalogue(mapping)
-        self.slots = [_Slot() for _ in range(num_games)]
+        self.slots = [_Slot(world=world) for _ in range(num_games)]
         self._threads = ThreadPoolExecutor(max_workers=num_games, thread_name_prefix="envpool")
         list(self._threads.map(self._start, self.slots))  # game processes start in parallel
 
     def num_games(self) -> int:
         return len(self.slots)
 
-    def _start(self, slot: _Slot, world: str | None = None) -> None:
-        slot.world = world or slot.world or self.world
-        w = get_world(slot.world)
+    def _start(self, slot: _Slot) -> None:
         # Tried again: on a loaded machine a JVM's gateway can miss its start once, and a pool
         # whose constructor raises is dead for good.
         for attempt in range(START_ATTEMPTS):
             try:
-                slot.game = w.game(call_timeout_s=self.call_timeout_s, max_turns=self.max_turns,
-                                   heap=self.heap)
+                slot.game = get_world(slot.world).game(call_timeout_s=self.call_timeout_s,
+                                                       max_turns=self.max_turns, heap=self.heap)
                 return
             except GameError:
                 if attempt == START_ATTEMPTS - 1:
@@ -81,11 +77,12 @@ class EnvPool:
                 time.sleep(2.0 * 2**attempt)
 
     def _replace(self, slot: _Slot, world: str | None = None) -> None:
+        """A new game process: a restart, or a swap to another `world` (not counted as one)."""
         if slot.game is not None:
             slot.game.kill()
-        slot.restarts += world is None  # a swap to another world is not a restart
-        slot.current = None
-        self._start(slot, world)
+        slot.restarts += world is None
+        slot.world, slot.current = world or slot.world, None
+        self._start(slot)
 
     @contextmanager
     def _held(self, index: int, needs_game: str = "") -> Iterator[_Slot]:
@@ -155,10 +152,7 @@ class EnvPool:
         """The world's expert teacher's next reply in the episode the slot plays."""
         with self._held(slot, "expert reply") as s:
             if s.expert is None:
-                make = get_world(s.world).expert
-                if make is None:
-                    raise InputError(f"{s.world} has no expert teacher")
-                s.expert = make(heap=self.heap, call_timeout_s=self.call_timeout_s)
+                s.expert = get_world(s.world).expert(heap=self.heap, call_timeout_s=self.call_timeout_s)
             return s.expert.reply(s.current, s.first, list(s.history), s.loads)
 
     def state(self, slot: int) -> dict[str, Any]:
@@ -186,9 +180,6 @@ class EnvPool:
                 }
             )
         return out
-
-    def pids(self) -> list[int | None]:
-        return [s.game.pid if s.game else None for s in self.slots]
 
     def close(self) -> None:
         for s in self.slots:

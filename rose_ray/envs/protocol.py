@@ -4,6 +4,7 @@ first observation, then replies and observations) and the `Thought: ... Action: 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -43,19 +44,16 @@ def strip_thinking(text: str) -> str:
 def parse_action(text: str) -> ParsedAction:
     """The first non-empty line after the last `Action:` marker outside any `<think>` block;
     without one, an empty action with `valid_format` False."""
-    text = strip_thinking(text)
-    marker = text.rfind("Action:")
-    after = text[marker + len("Action:") :].splitlines() if marker >= 0 else []
-    action = next((line.strip() for line in after if line.strip()), "")
+    _, marker, after = strip_thinking(text).rpartition("Action:")
+    action = next((line.strip() for line in after.splitlines() if line.strip()), "") if marker else ""
     return ParsedAction(action, bool(action))
 
 
 def parse_thought(text: str) -> str:
     """A reply's thought: what it wrote before its last `Action:` marker (outside any
     `<think>` block), without the `Thought:` label; the whole reply when it has no marker."""
-    text = strip_thinking(text)
-    marker = text.rfind("Action:")
-    before = text[:marker] if marker >= 0 else text
+    before, marker, after = strip_thinking(text).rpartition("Action:")
+    before = before if marker else after
     label = before.find("Thought:")
     return (before[label + len("Thought:"):] if label >= 0 else before).strip()
 
@@ -74,6 +72,14 @@ def gold_reply(action: str, location: str | None = None) -> str:
     return f"Thought: {gold_thought(action, location)}\nAction: {action}"
 
 
+def _nowhere(observation: str) -> None:
+    return None
+
+
+def _same_text(a: str, b: str) -> bool:
+    return a.strip() == b.strip()
+
+
 @dataclass(frozen=True)
 class Protocol:
     """A world's conversation rules: the opening, how to tell an observation that says the
@@ -83,19 +89,15 @@ class Protocol:
     acknowledgement: str
     invalid_prefixes: tuple[str, ...] = ()
     report_question: str | None = None
+    # The place an observation says the agent is in (for gold Thoughts), or None.
+    location_of: Callable[[str], str | None] = _nowhere
+    # Whether two observations of the same game after the same actions agree, up to the world's
+    # own run-to-run differences.
+    same_observation: Callable[[str, str], bool] = _same_text
 
     def is_invalid(self, observation: str) -> bool:
         """The game did not understand the action (it counts as an invalid action)."""
         return observation.strip().startswith(self.invalid_prefixes)
-
-    def location_of(self, observation: str) -> str | None:
-        """The place an observation says the agent is in (for gold Thoughts), or None."""
-        return None
-
-    def same_observation(self, a: str, b: str) -> bool:
-        """Whether two observations of the same game after the same actions agree, up to the
-        world's own run-to-run differences."""
-        return a.strip() == b.strip()
 
     def opening(self) -> list[tuple[str, str]]:
         """(role, text) of the two turns before the first observation."""

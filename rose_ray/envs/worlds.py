@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rose_ray.envs import DEFAULT_WORLD
-from rose_ray.envs.base import ProcessGame
 from rose_ray.envs.protocol import Protocol
 from rose_ray.errors import InputError
 
@@ -24,12 +23,18 @@ WORLDS: dict[str, str] = {
 }
 
 
+def _made(path: str, **kwargs: Any) -> Any:
+    """An instance of the class at "module:Class", imported now: its world's package is needed only here."""
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)(**kwargs)
+
+
 @dataclass(frozen=True)
 class World:
     name: str
     catalogue: Callable[[str | None], Any]  # mapping (None = the world's default) -> GameCatalogue
     protocol: Protocol
-    game: Callable[..., ProcessGame]  # (call_timeout_s, max_turns, heap: a JVM's cap where it runs one)
+    game_class: str  # "module:Class" of its ProcessGame (call_timeout_s, max_turns, heap: a JVM's cap)
     has_gold: bool  # whether games have gold action paths (`rose-ray gold`, teacher warm-up)
     mappings: tuple[str, ...]  # the catalogue's item-id mappings, the default first
     # Optional modules and factories (None: the world has none):
@@ -37,13 +42,22 @@ class World:
     observed_gold: Any = None  # gold paths a model can copy from what it sees (sciworld/gold.py)
     knowledge: Any = None  # a judge's knowledge scorer (discoveryworld/knowledge.py)
     corpus: Callable[[], str] | None = None  # text to train a tiny tokenizer on (provision/tiny.py)
-    # an expert teacher factory (heap, call_timeout_s) answering `reply(...)` and `close()`
-    expert: Callable[..., Any] | None = None
+    # "module:Class" of an expert teacher (heap, call_timeout_s) answering `reply(...)` and `close()`
+    expert_class: str | None = None
     expert_tasks: tuple[str, ...] = ()  # the tasks the expert plays
 
     @property
     def judged(self) -> bool:
         return self.knowledge is not None
+
+    def game(self, **kwargs: Any) -> Any:
+        """A new game process (a ProcessGame)."""
+        return _made(self.game_class, **kwargs)
+
+    def expert(self, **kwargs: Any) -> Any:
+        if self.expert_class is None:
+            raise InputError(f"{self.name} has no expert teacher")
+        return _made(self.expert_class, **kwargs)
 
 
 def get_world(name: str | None) -> World:

@@ -7,7 +7,7 @@ from rose_ray.envs.sciworld.catalogue import all_tasks
 
 
 def test_shipped_data_matches_a_live_jvm():
-    from rose_ray.envs.sciworld.make_catalogue_data import read_live_catalogue
+    from rose_ray.envs.sciworld.make_data import read_live_catalogue
 
     live = read_live_catalogue()
     shipped = [

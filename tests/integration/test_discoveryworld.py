@@ -121,19 +121,19 @@ def test_env_pool_hosts_discoveryworld_and_replaces_a_killed_worker():
         pool.reset(1, "discoveryworld_12")
         results = pool.step_many({0: "teleport to jar", 1: "face north"})
         assert not results[0].interrupted and not results[1].interrupted
-        old = pool.pids()[0]
+        old = pool.health()[0]["pid"]
         os.kill(old, signal.SIGKILL)
         r = pool.step(0, "pick up jar")
         assert r.interrupted and r.done and r.game == CATALOGUE.game("discoveryworld_11")
         health = pool.health()
-        assert health[0]["restarts"] == 1 and health[0]["alive"] and pool.pids()[0] != old
+        assert health[0]["restarts"] == 1 and health[0]["alive"] and pool.health()[0]["pid"] != old
         assert health[1]["restarts"] == 0 and health[1]["world"] == "discoveryworld"
         assert pool.reset(0, "discoveryworld_11").observation.startswith("Task: ")
         assert not pool.step(0, "teleport to jar").interrupted
         # A slot asked for a game of the other world swaps its process for that world's.
         from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
 
-        dw_pid = pool.pids()[1]
+        dw_pid = pool.health()[1]["pid"]
         first = pool.reset(1, SciWorldCatalogue().game("sciworld_0"))
         assert first.observation.startswith("Your task is to boil water.")
         assert pool.health()[1]["world"] == "sciworld" and pool.health()[1]["restarts"] == 0

@@ -52,7 +52,7 @@ def test_gold_replay_reaches_100(game, task):
 def test_the_lean_step_plays_scienceworlds_own_game(game):
     """The lean step against ScienceWorld's stock `step` on the same games and gold paths: every
     observation and score agrees, except temperature readings, which ScienceWorld itself varies
-    from run to run (its heat transfer order; `SciWorldProtocol.same_observation`). sciworld_121 is the
+    from run to run (its heat transfer order; `Protocol.same_observation`). sciworld_121 is the
     game where the benchmark saw 47 against 49 degrees."""
     from scienceworld import ScienceWorldEnv
 
@@ -152,7 +152,7 @@ def test_pool_steps_many_slots(pool):
 def test_killed_jvm_reports_the_episode_interrupted_and_the_slot_recovers(pool):
     pool.reset(0, "sciworld_5")
     pool.step(0, "look around")
-    old_pid = pool.pids()[0]
+    old_pid = pool.health()[0]["pid"]
     restarts = pool.health()[0]["restarts"]
     os.kill(old_pid, signal.SIGKILL)
     r = pool.step(0, "open door to kitchen")
@@ -165,7 +165,7 @@ def test_killed_jvm_reports_the_episode_interrupted_and_the_slot_recovers(pool):
 
 def test_hung_call_times_out_and_is_replaced(pool, stop_process):
     pool.reset(1, "sciworld_7")
-    pid = pool.pids()[1]
+    pid = pool.health()[1]["pid"]
     stop_process(pid)  # the JVM stops answering
     t0 = time.time()
     r = pool.step(1, "look around")
@@ -187,7 +187,7 @@ def test_pool_as_a_ray_actor(ray_cluster):
         # Concurrent calls on different slots (the actor is threaded).
         steps = ray.get([actor.step.remote(0, "look around"), actor.step.remote(1, "look around")])
         assert all(s.turn == 1 for s in steps)
-        pids = ray.get(actor.pids.remote())
+        pids = [h["pid"] for h in ray.get(actor.health.remote())]
     finally:
         ray.get(actor.close.remote())
         ray.kill(actor)

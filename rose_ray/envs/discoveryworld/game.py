@@ -4,6 +4,7 @@ game must be killable), in a private temporary directory removed on close."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import select
@@ -20,6 +21,7 @@ from rose_ray.errors import InputError
 from rose_ray.types import GameId
 
 WORKDIR_PREFIX = "rose_ray_dw_"  # each worker's private folder; the worker removes its own on exit
+START_TIMEOUT_S = 120.0  # a worker imports the package (pygame) before it is ready
 
 
 class NoGoldPath(InputError):
@@ -36,7 +38,11 @@ class DiscoveryWorldGame(ProcessGame):
     goodbye = b'{"cmd": "close"}\n'
 
     def __init__(self, call_timeout_s: float = 60.0, max_turns: int | None = None,
-                 start_timeout_s: float = 120.0) -> None:
+                 heap: str | None = None) -> None:
+        """`heap`: ignored (no JVM)."""
+        if importlib.util.find_spec("discoveryworld") is None:
+            raise InputError("world 'discoveryworld' needs the discoveryworld package: "
+                             "pip install -e '.[discoveryworld]'")
         self.call_timeout_s = call_timeout_s
         self.max_turns = max_turns
         self.catalogue = DiscoveryWorldCatalogue()
@@ -53,7 +59,7 @@ class DiscoveryWorldGame(ProcessGame):
             shutil.rmtree(self.workdir, ignore_errors=True)
             raise GameError(f"could not start a DiscoveryWorld worker: {e}") from e
         self._buffer = b""
-        self._read("start", start_timeout_s)
+        self._read("start", START_TIMEOUT_S)
         self.limit = 0
         self.start_score = 0.0
 

@@ -60,12 +60,8 @@ _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
 def _json_object(text: str) -> dict[str, Any] | None:
     """The answer's JSON object: the whole answer, a ```json fence's inside, or else its one {...}."""
     fenced = _FENCE.match(text)
-    candidates = [fenced.group(1) if fenced else text]
-    if not fenced:
-        start, end = text.find("{"), text.rfind("}")
-        if 0 <= start < end:
-            candidates.append(text[start:end + 1])
-    for candidate in candidates:
+    start, end = text.find("{"), text.rfind("}")  # a slice that is no object when there is none
+    for candidate in [fenced.group(1)] if fenced else [text, text[start:end + 1]]:
         try:
             obj = json.loads(candidate)
         except ValueError:

@@ -60,6 +60,12 @@ def _f(x: float | None) -> str:
     return "–" if x is None else f"{x:.2f}"
 
 
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table, its first column a name, the others numbers (right-aligned)."""
+    return ["| " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head[1:]) + " |",
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
 def paper_markdown(paper: dict[str, Any]) -> str:
     """Table 4's shape (themes × difficulty: completion, process, knowledge) and Table 5's
     (unit tests: completion, process). Knowledge columns only when some game was judged."""
@@ -73,25 +79,20 @@ def paper_markdown(paper: dict[str, Any]) -> str:
         lines += ["Discovery themes (the paper's Table 4): completion, process score"
                   + (" and knowledge" if judged else "") + " per difficulty, averaged over the seeds played"
                   + ("" if judged else " (knowledge needs --judge)"), ""]
-        head = "| theme | " + " | ".join(f"{d} {short[m]}" for d in diffs for m in metrics) + " | games |"
-        lines += [head, "| --- | " + " | ".join("---:" for _ in diffs for _ in metrics) + " | ---: |"]
-
-        def row(name: str, cells: dict[str, Any]) -> str:
-            values = [_f(cells[d][m]) if d in cells else "" for d in diffs for m in metrics]
-            return f"| {name} | " + " | ".join(values) + f" | {sum(c['games'] for c in cells.values())} |"
-
-        lines += [row(t, c) for t, c in paper["themes"].items()]
-        lines += [row("**Average**", paper["theme_average"]), ""]
+        rows = [*paper["themes"].items(), ("**Average**", paper["theme_average"])]
+        lines += _table(["theme", *(f"{d} {short[m]}" for d in diffs for m in metrics), "games"],
+                        [[name, *(_f(cells[d][m]) if d in cells else "" for d in diffs for m in metrics),
+                          str(sum(c["games"] for c in cells.values()))] for name, cells in rows]) + [""]
     if paper["unit_tests"] or paper["tutorial"]:
-        lines += ["Unit tests (the paper's Table 5): completion and process score, averaged over the seeds played", "",
-                  "| unit test | Compl. | Process | games |", "| --- | ---: | ---: | ---: |"]
+        lines += ["Unit tests (the paper's Table 5): completion and process score, averaged over the seeds "
+                  "played", ""]
         rows = dict(paper["unit_tests"])
         if paper["unit_test_average"]:
             rows["**Average**"] = paper["unit_test_average"]
         if paper["tutorial"]:
             rows["Tutorial (not in the paper)"] = paper["tutorial"]
-        lines += [f"| {n} | {_f(c['completion'])} | {_f(c['process'])} | {c['games']} |" for n, c in rows.items()]
-        lines.append("")
+        lines += _table(["unit test", "Compl.", "Process", "games"], [
+            [n, _f(c["completion"]), _f(c["process"]), str(c["games"])] for n, c in rows.items()]) + [""]
     return "\n".join(lines)
 
 
@@ -102,18 +103,13 @@ def compare_paper(named: list[tuple[str, dict[str, Any]]]) -> str:
     keys = list(dict.fromkeys(themes + [(u, "") for _, paper in named for u in paper["unit_tests"]]))
     if not keys:
         return ""
+    def values(c: dict[str, Any] | None) -> str:
+        return " / ".join(_f(c[m]) for m in METRICS) if c else ""
+
+    rows = [[f"{t} {d}".rstrip(), *(values(p["themes"].get(t, {}).get(d) if d else p["unit_tests"].get(t))
+                                    for _, p in named)] for t, d in keys]
+    rows += [[f"**Average {d}**", *(values(p["theme_average"].get(d)) for _, p in named)]
+             for d in DIFFICULTIES if any(d in p["theme_average"] for _, p in named)]
     lines = ["DiscoveryWorld, completion / process / knowledge per scenario (– = not measured):", "",
-             "| scenario | " + " | ".join(n for n, _ in named) + " |",
-             "| --- | " + " | ".join("---:" for _ in named) + " |"]
-    for t, d in keys:
-        values = []
-        for _, paper in named:
-            c = paper["themes"].get(t, {}).get(d) if d else paper["unit_tests"].get(t)
-            values.append(" / ".join(_f(c[m]) for m in METRICS) if c else "")
-        lines.append(f"| {t} {d}".rstrip() + " | " + " | ".join(values) + " |")
-    for d in DIFFICULTIES:
-        if any(d in p["theme_average"] for _, p in named):
-            values = [" / ".join(_f(p["theme_average"][d][m]) for m in METRICS) if d in p["theme_average"] else ""
-                      for _, p in named]
-            lines.append(f"| **Average {d}** | " + " | ".join(values) + " |")
+             *_table(["scenario", *(n for n, _ in named)], rows)]
     return "\n".join(lines) + "\n"

@@ -5,7 +5,6 @@ what cannot be one comes back as an observation `Invalid action: ...`."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from rose_ray.envs.protocol import ACKNOWLEDGEMENT, Protocol, instruction
@@ -112,14 +111,6 @@ def first_observation(ui: dict[str, Any], places: list[str]) -> str:
 
 
 # --------------------------------------------------------------------------- actions
-@dataclass(frozen=True)
-class Command:
-    """What a text action became: the package's JSON action, or why it cannot be one."""
-
-    action: dict[str, Any] | None
-    error: str = ""
-
-
 # (verb phrase, action); the longest phrase that starts the text wins. Underscores read as
 # spaces, so the package's own names (PICKUP, MOVE_DIRECTION, ...) work as well.
 VERBS: tuple[tuple[str, str], ...] = (
@@ -140,8 +131,8 @@ _NUMBER = re.compile(r"[0-9]{1,9}")  # ASCII only: str.isdigit() accepts '²', w
 MAX_ACTION_CHARS = 500  # longer text is cut: no object name is this long
 
 
-def _invalid(message: str) -> Command:
-    return Command(None, f"{INVALID_PREFIX}: {message}")
+def _invalid(message: str) -> str:
+    return f"{INVALID_PREFIX}: {message}"
 
 
 def resolve(ref: str, candidates: list[dict[str, Any]], where: str) -> tuple[int | None, str]:
@@ -167,16 +158,14 @@ def resolve(ref: str, candidates: list[dict[str, Any]], where: str) -> tuple[int
     return None, f"no '{ref}' {where}"
 
 
-def parse_command(text: str, ui: dict[str, Any], places: list[str]) -> Command:
-    """A text action as the package's JSON action, resolved against the current `ui`."""
+def parse_command(text: str, ui: dict[str, Any], places: list[str]) -> dict[str, Any] | str:
+    """A text action as the package's JSON action, resolved against the current `ui`, or the
+    observation that says why it cannot be one (`Invalid action: ...`)."""
     text = " ".join(str(text).split())[:MAX_ACTION_CHARS]
     if not text:
         return _invalid("empty action. Reply with `Action: <command>`.")
-    in_dialog = bool((ui.get("dialog_box") or {}).get("is_in_dialog"))
-    if _NUMBER.fullmatch(text):
-        if not in_dialog:
-            return _invalid(f"'{text}' is a dialog choice, but you are not in a conversation.")
-        return Command({"chosen_dialog_option_int": int(text)})
+    if _NUMBER.fullmatch(text):  # a bare number is a dialog choice
+        text = f"choose {text}"
     low = text.lower().replace("_", " ")
     verb = next(((p, a) for p, a in VERBS if low == p or low.startswith(p + " ")), None)
     if verb is None:
@@ -190,29 +179,29 @@ def parse_command(text: str, ui: dict[str, Any], places: list[str]) -> Command:
     if action == "STOP":
         if rest:
             return _invalid(f"'done' takes nothing after it, got '{rest[:40]}'.")
-        return Command(dict(STOP_ACTION))
+        return dict(STOP_ACTION)
     if action == "CHOOSE":
-        if not in_dialog:
-            return _invalid("you are not in a conversation.")
+        if not (ui.get("dialog_box") or {}).get("is_in_dialog"):
+            return _invalid(f"'{rest[:40]}' is a dialog choice, but you are not in a conversation.")
         if not _NUMBER.fullmatch(rest):
             return _invalid(f"choose needs an option number, got '{rest[:40]}'.")
-        return Command({"chosen_dialog_option_int": int(rest)})
+        return {"chosen_dialog_option_int": int(rest)}
     if action in ("MOVE_DIRECTION", "ROTATE_DIRECTION"):
         direction = {"n": "north", "e": "east", "s": "south", "w": "west"}.get(rest.lower(), rest.lower())
         if direction not in DIRECTIONS:
             return _invalid(f"'{phrase}' needs one of {', '.join(DIRECTIONS)}, got '{rest[:40]}'.")
-        return Command({"action": action, "arg1": direction})
+        return {"action": action, "arg1": direction}
     if action == "FEED":
-        return Command({"action": "DISCOVERY_FEED_GET_UPDATES"})
+        return {"action": "DISCOVERY_FEED_GET_UPDATES"}
     if action == "POST":
         m = re.search(r"[0-9]{1,9}", rest)
         if not m:
             return _invalid(f"'{phrase}' needs a post number, got '{rest[:40]}'.")
-        return Command({"action": "DISCOVERY_FEED_GET_POST_BY_ID", "arg1": int(m.group())})
+        return {"action": "DISCOVERY_FEED_GET_POST_BY_ID", "arg1": int(m.group())}
     if action in ("TELEPORT", "TELEPORT_TO_LOCATION"):
         place = next((p for p in places if p.lower() == rest.lower()), None)
         if place is not None:
-            return Command({"action": "TELEPORT_TO_LOCATION", "arg1": place})
+            return {"action": "TELEPORT_TO_LOCATION", "arg1": place}
         if action == "TELEPORT_TO_LOCATION":
             return _invalid(f"no place '{rest[:60]}'. Places: {', '.join(places)}.")
     if action in ("TELEPORT", "TELEPORT_TO_OBJECT"):
@@ -220,17 +209,17 @@ def parse_command(text: str, ui: dict[str, Any], places: list[str]) -> Command:
         uuid, error = resolve(rest, visible, "in sight")
         if uuid is None:
             return _invalid(f"{error}. Teleport to a place ({', '.join(places)}) or to an object as `name #id`.")
-        return Command({"action": "TELEPORT_TO_OBJECT", "arg1": uuid})
+        return {"action": "TELEPORT_TO_OBJECT", "arg1": uuid}
     if action in _SEPARATORS and (command := _two_objects(action, phrase, rest, reach, where)):
         return command
     uuid, error = resolve(rest, reach, where)
     if uuid is None:
         return _invalid(f"{error}.")
-    return Command({"action": action, "arg1": uuid})
+    return {"action": action, "arg1": uuid}
 
 
 def _two_objects(action: str, phrase: str, rest: str, reach: list[dict[str, Any]],
-                 where: str) -> Command | None:
+                 where: str) -> dict[str, Any] | str | None:
     """`put A in B`, `use A on B`: try each separator position in turn (None: `use A` alone)."""
     low = rest.lower()
     splits = sorted((m.start(), sep) for sep in _SEPARATORS[action]
@@ -240,7 +229,7 @@ def _two_objects(action: str, phrase: str, rest: str, reach: list[dict[str, Any]
         a, ea = resolve(rest[:pos], reach, where)
         b, eb = resolve(rest[pos + len(sep):], reach, where)
         if a is not None and b is not None:
-            return Command({"action": action, "arg1": a, "arg2": b})
+            return {"action": action, "arg1": a, "arg2": b}
         first_error = first_error or ea or eb
     if action == "USE" and not splits:
         return None

@@ -1,17 +1,15 @@
 """One DiscoveryWorld game process (`DiscoveryWorldGame` runs it): JSON lines in on stdin, out
-on its own pipe; the package's prints go to /dev/null and a buffer whose tail comes back with
-an error. Each load builds a fresh `DiscoveryWorldAPI` (a second load on one leaves the agent in
-the old world). Fast paths: the observation is `ui.renderJSON()` alone (the stock one renders
-the screen twice and writes PNGs) and `World.saveWorldHistory` (a pickle per tick) is off.
+on its own pipe; the package's prints go to /dev/null. Each load builds a fresh `DiscoveryWorldAPI`
+(a second load on one leaves the agent in the old world). Fast paths: the observation is
+`ui.renderJSON()` alone (the stock one renders the screen twice and writes PNGs) and
+`World.saveWorldHistory` (a pickle per tick) is off.
 The package also draws from the global `random` and unseeded `random.Random()`s, so the global
 RNG is seeded with the game's seed and every unseeded instance from it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import io
 import json
 import os
 import random
@@ -92,36 +90,32 @@ class Session:
         return {"score": float(card["scoreNormalized"]), "completed": bool(card["completed"]),
                 "success": bool(card["completedSuccessfully"])}
 
-    def _invalid(self, observation: str) -> dict[str, Any]:
-        """A turn that changed nothing in the world: the message is the observation."""
-        return {"observation": observation, "invalid": True, **self._scorecard()}
+    def _turn(self, observation: str, invalid: bool = True, **extra: Any) -> dict[str, Any]:
+        """A turn's reply; an invalid one changed nothing in the world: the message is the observation."""
+        return {"observation": observation, "invalid": invalid, **extra, **self._scorecard()}
 
     def step(self, text: str) -> dict[str, Any]:
-        if self.api is None:
-            raise RuntimeError("step before load")
         t0 = time.perf_counter()
         # Names resolve against what the agent last saw (a second renderJSON would pop messages).
         try:
             command = parse_command(text, self.last_ui, self.places)
         except Exception as e:  # a parser bug must not cost the episode: the agent sees it
-            return self._invalid(f"{INVALID_PREFIX}: could not read '{text[:80]}' ({type(e).__name__}: {e})")
-        if command.action is None:
-            return self._invalid(command.error)
-        if command.action == STOP_ACTION:  # the agent ends its episode; the world does not move
-            return {"observation": "Result: you ended the episode.", "invalid": False, "stopped": True,
-                    **self._scorecard()}
+            return self._turn(f"{INVALID_PREFIX}: could not read '{text[:80]}' ({type(e).__name__}: {e})")
+        if isinstance(command, str):
+            return self._turn(command)
+        if command == STOP_ACTION:  # the agent ends its episode; the world does not move
+            return self._turn("Result: you ended the episode.", invalid=False, stopped=True)
         try:
-            self.api.performAgentAction(0, command.action)
+            self.api.performAgentAction(0, command)
         except Exception as e:  # a package bug on a parsed action: the agent sees it, the game goes on
             self.api.agentsThatHaveActedThisStep = set()
-            return self._invalid(f"{INVALID_PREFIX}: the world could not carry out '{text[:80]}' "
-                                 f"({type(e).__name__}: {e})")
+            return self._turn(f"{INVALID_PREFIX}: the world could not carry out '{text[:80]}' "
+                              f"({type(e).__name__}: {e})")
         # A failure from here on is the world's: an error reply, and the episode restarts.
         self.api.tick()
         self.last_ui = self.ui.renderJSON()
-        observation = render_observation(self.last_ui)
-        return {"observation": observation, "invalid": False, "step_ms": (time.perf_counter() - t0) * 1e3,
-                **self._scorecard()}
+        return self._turn(render_observation(self.last_ui), invalid=False,
+                          step_ms=(time.perf_counter() - t0) * 1e3)
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -143,29 +137,24 @@ def main() -> None:
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # prints from C code too
-    captured = io.StringIO()
     random.Random.seed = _seed_from_global  # type: ignore[method-assign]
-    with contextlib.redirect_stdout(captured):
-        session = Session()
+    session = Session()
     reply.write(json.dumps({"ok": True, "ready": True}) + "\n")
     for line in sys.stdin:
-        captured = io.StringIO()
         try:
             request = json.loads(line)
-            with contextlib.redirect_stdout(captured):
-                if request["cmd"] == "load":
-                    out = session.load(request["scenario"], request["difficulty"], int(request["seed"]))
-                elif request["cmd"] == "step":
-                    out = session.step(request["action"])
-                elif request["cmd"] == "close":
-                    break
-                else:
-                    raise ValueError(f"unknown command {request['cmd']!r}")
+            if request["cmd"] == "load":
+                out = session.load(request["scenario"], request["difficulty"], int(request["seed"]))
+            elif request["cmd"] == "step":
+                out = session.step(request["action"])
+            elif request["cmd"] == "close":
+                break
+            else:
+                raise ValueError(f"unknown command {request['cmd']!r}")
             reply.write(json.dumps({"ok": True, **out}) + "\n")
         except Exception as e:
-            tail = captured.getvalue()[-2000:]
             reply.write(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}",
-                                    "traceback": traceback.format_exc()[-3000:], "stdout_tail": tail}) + "\n")
+                                    "traceback": traceback.format_exc()[-3000:]}) + "\n")
     _remove_workdir()
 
 

@@ -1,5 +1,5 @@
 """ScienceWorld's games: id mappings and splits (docs/games.md), from the shipped
-`envs/data/sciworld_catalogue.json` (`make_catalogue_data`), so listing games starts no JVM."""
+`envs/data/sciworld_catalogue.json` (`make_data`), so listing games starts no JVM."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from functools import cache
 from importlib import resources
 
 from rose_ray.envs.catalogue import GameCatalogue
-from rose_ray.errors import InputError, UnknownItem
+from rose_ray.errors import InputError
 from rose_ray.types import GameId
 
 EXCLUDED_AGENTGYM = frozenset({"5-1", "5-2", "9-1", "9-2", "9-3", "10-1", "10-2"})
@@ -70,15 +70,9 @@ class SciWorldCatalogue(GameCatalogue):
         super().__init__(games)
         self._task_by_name = {t.task: t for t in self.tasks}
 
-    def task(self, name: str) -> TaskInfo:
-        try:
-            return self._task_by_name[name]
-        except KeyError:
-            raise UnknownItem(f"task {name!r} is not in the {self.mapping!r} mapping") from None
-
     def split_of(self, game: GameId) -> str:
-        return self.task(game.task).split_of(game.variation)
+        return self._task_by_name[game.task].split_of(game.variation)
 
     def task_counts(self) -> dict[str, dict[str, int | str]]:  # type: ignore[override]
         counts = super().task_counts()
-        return {t: {"task_id": self.task(t).task_id, **c} for t, c in counts.items()}
+        return {t: {"task_id": self._task_by_name[t].task_id, **c} for t, c in counts.items()}

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rose_ray.envs.base import ExpertReply, GameError
-from rose_ray.envs.config import DEFAULT_HEAP
 from rose_ray.envs.protocol import gold_reply
 from rose_ray.envs.sciworld.gold import focused_name, visible_names
 from rose_ray.envs.sciworld.protocol import location_of, same_but_temperature
@@ -67,7 +66,7 @@ class SciWorldExpert:
     with `_replay_differed` where the episode's own actions answered otherwise on replay; no_plan,
     unwinnable, scratch_failed)."""
 
-    def __init__(self, heap: str | None = DEFAULT_HEAP, call_timeout_s: float = 60.0) -> None:
+    def __init__(self, heap: str | None, call_timeout_s: float) -> None:
         self.heap, self.call_timeout_s = heap, call_timeout_s
         self.scratch: SciWorldGame | None = None
         self.episode: Any = None  # the slot's load counter of the episode planned for
@@ -117,7 +116,7 @@ class SciWorldExpert:
     def _plan(self, game: GameId, first: str, history: list[tuple[str, str]]) -> Attempt | None:
         key = (game.task, game.variation)
         doors = self._doors(game)
-        now = self._replay(game, history)  # the game where the student left it
+        now = self._attempt(game, history, [], doors)  # the game where the student left it
         if now.raw_score < 0:  # lost (a wrong focus): nothing can be won from here
             self.status = "unwinnable"
             return None
@@ -130,11 +129,10 @@ class SciWorldExpert:
             self.gold = GOLDS[key]
             for steps in self._candidates(first, history, carriers):
                 attempt = self._attempt(game, history, steps, doors)
-                if attempt.won:
+                if best is None or attempt.raw_score > best.raw_score:  # a win scores above any other
                     best = attempt
+                if best.won:
                     break
-                if best is None or attempt.raw_score > best.raw_score:
-                    best = attempt
             if best.won:
                 break
         if not best.won and best.raw_score <= now.raw_score:  # nothing scores above where the game is now
@@ -175,30 +173,26 @@ class SciWorldExpert:
         return [[(holders[i] if i < len(holders) else name, where) for holders, (name, where) in zip(choices, focused)]
                 for i in range(max(map(len, choices), default=0))]
 
-    def _game(self) -> SciWorldGame:
+    def _loaded(self, game: GameId, gold: bool = False) -> SciWorldGame:
+        """The scratch game (a new one if it died), `game` loaded into it."""
         from rose_ray.envs.sciworld.game import SciWorldGame
 
         if self.scratch is None or not self.scratch.alive():
             self.scratch = SciWorldGame(heap=self.heap, call_timeout_s=self.call_timeout_s)
+        self.scratch.load(game, gold=gold)
         return self.scratch
 
-    def _replay(self, game: GameId, history: list[tuple[str, str]]) -> Attempt:
-        """The scratch game loaded and the episode's actions played again."""
-        scratch = self._game()
-        scratch.load(game)
+    def _attempt(self, game: GameId, history: list[tuple[str, str]], steps: list[tuple[str, str | None]],
+                 doors: dict[str, list[str]]) -> Attempt:
+        """The scratch game loaded, the episode's actions played again, then `steps` (each reached by
+        a walk to its room)."""
+        scratch = self._loaded(game)
         attempt = Attempt()
         for action, observation in history:
             result = scratch.step(action)
             attempt.raw_score = result.raw_score
             if not same_but_temperature(result.observation, observation):
                 attempt.replayed = False
-        return attempt
-
-    def _attempt(self, game: GameId, history: list[tuple[str, str]], steps: list[tuple[str, str | None]],
-                 doors: dict[str, list[str]]) -> Attempt:
-        """Play `steps` (each reached by a walk to its room) in the scratch game after the history."""
-        attempt = self._replay(game, history)
-        scratch = self.scratch
         room = location_of(scratch.look())
         moved = _moved_since_look(history)
 
@@ -234,9 +228,8 @@ class SciWorldExpert:
     def _gold(self, game: GameId) -> Gold:
         """The gold path played from a fresh load, as the task's steps: its actions other than
         walking, up to the win, with focused things renamed as the game names them."""
-        scratch = self._game()
-        scratch.load(game, gold=True)
-        path = scratch.gold_actions()
+        path = self._loaded(game, gold=True).gold_actions()
+        scratch = self.scratch
         first = scratch.load(game)
         room = location_of(first.observation)
         played, observations, rooms, route = [], [], [], [room]
@@ -262,8 +255,7 @@ class SciWorldExpert:
         key = (game.task, game.variation)
         if key in DOORS:
             return DOORS[key]
-        scratch = self._game()
-        scratch.load(game)
+        scratch = self._loaded(game)
         doors: dict[str, list[str]] = {}
 
         def visit() -> None:

@@ -44,15 +44,12 @@ class SciWorldGame(ProcessGame):
     def __init__(
         self,
         heap: str | None = DEFAULT_HEAP,
-        java_opts: list[str] | None = None,
         call_timeout_s: float = 30.0,
         max_turns: int | None = None,
     ) -> None:
         self.call_timeout_s = call_timeout_s
         self.max_turns = max_turns
-        opts = list(java_opts or [])
-        if heap:
-            opts.append(f"-Xmx{heap}")
+        opts = [f"-Xmx{heap}"] if heap else []
         opts.append("-XX:+UseSerialGC")  # one GC thread: many JVMs share few cores
         try:
             # py4j's own GatewayServer (its jar comes first on the classpath) listens on 127.0.0.1;

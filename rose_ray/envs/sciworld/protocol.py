@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from rose_ray.envs.protocol import ACKNOWLEDGEMENT, Protocol, instruction
 
@@ -71,8 +70,9 @@ _TEMPERATURE = re.compile(r"-?\d+(?:\.\d+)? degrees celsius")
 
 
 def same_but_temperature(a: str, b: str) -> bool:
-    """Whether two observations are the same, temperature readings aside (see above)."""
-    return _TEMPERATURE.sub("T degrees celsius", a) == _TEMPERATURE.sub("T degrees celsius", b)
+    """Whether two observations are the same, temperature readings and outer spaces aside (see above)."""
+    a, b = (_TEMPERATURE.sub("T degrees celsius", text.strip()) for text in (a, b))
+    return a == b
 
 
 def normalise_score(raw_score: float) -> float:
@@ -84,15 +84,5 @@ def is_success(raw_score: float) -> bool:
     return raw_score >= 100
 
 
-@dataclass(frozen=True)
-class SciWorldProtocol(Protocol):
-    """Observations say where the agent is, and temperatures vary from run to run (see above)."""
-
-    def location_of(self, observation: str) -> str | None:
-        return location_of(observation)
-
-    def same_observation(self, a: str, b: str) -> bool:
-        return same_but_temperature(a.strip(), b.strip())
-
-
-PROTOCOL = SciWorldProtocol(INSTRUCTION, ACKNOWLEDGEMENT, invalid_prefixes=INVALID_OBSERVATIONS)
+PROTOCOL = Protocol(INSTRUCTION, ACKNOWLEDGEMENT, invalid_prefixes=INVALID_OBSERVATIONS,
+                    location_of=location_of, same_observation=same_but_temperature)
