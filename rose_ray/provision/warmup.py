@@ -193,38 +193,30 @@ def shipped_gold(key: dict[str, Any]) -> list[dict[str, Any]] | None:
     return None
 
 
-def write_shipped_gold(cfg: TrainConfig, out_dir: Path) -> Path:
-    """Play the config's warm-up demonstrations and write them (with their settings) for shipping."""
-    from rose_ray.files import write_file
-    from rose_ray.rows import write_jsonl
-
-    key, _ = warmup_cache(cfg, "")
-    rows = play_gold(cfg)
-    write_jsonl(out_dir / SHIPPED_GOLD, rows)
-    meta = out_dir / SHIPPED_GOLD.replace(".jsonl", ".meta.json")
-    write_file(meta, json.dumps(gold_key(key), indent=1) + "\n")
-    return out_dir / SHIPPED_GOLD
-
-
-def ship_demonstrations(cfg: TrainConfig, out_dir: Path) -> list[Path]:
-    """The demonstrations a config's warm-ups trained on (built first where missing), gzipped,
-    each with the settings it answers (`gold_key`), for shipping."""
+def ship_demonstrations(cfg: TrainConfig, out_dir: Path, trained: bool = True) -> list[Path]:
+    """Demonstrations for shipping, each with the settings it answers (`gold_key`): those a config's
+    warm-ups trained on (built first where missing), gzipped; or, not `trained` (the default
+    config), its teacher warm-up's played now (SHIPPED_GOLD)."""
     import gzip
 
     from rose_ray.files import write_file
+    from rose_ray.rows import validate_row
 
-    student, teacher = resolve_models(cfg)
-    written = []
-    for role, model in (("student", student), ("teacher", teacher)):
-        if not warmup_of(cfg, role).enabled:
-            continue
-        key, _ = warmup_cache(cfg, model, role)
-        stem = f"{cfg.name}_{role}{SHIPPED_SUFFIX}"
-        rows = (Path(model) / DEMONSTRATIONS).read_bytes()
-        write_file(out_dir / f"{stem}.jsonl.gz", gzip.compress(rows, mtime=0))  # the same bytes every time
+    if trained:
+        models = dict(zip(("student", "teacher"), resolve_models(cfg)))
+        # gzip without a time stamp: the same bytes every time
+        ships = [(f"{cfg.name}_{role}{SHIPPED_SUFFIX}.jsonl.gz", warmup_cache(cfg, model, role)[0],
+                  gzip.compress((Path(model) / DEMONSTRATIONS).read_bytes(), mtime=0))
+                 for role, model in models.items() if warmup_of(cfg, role).enabled]
+    else:
+        key, _ = warmup_cache(cfg, "")
+        rows = [validate_row(r, f"row {n}") for n, r in enumerate(play_gold(cfg), 1)]
+        ships = [(SHIPPED_GOLD, key, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))]
+    for name, key, data in ships:
+        write_file(out_dir / name, data)
+        stem = name.removesuffix(".gz").removesuffix(".jsonl")
         write_file(out_dir / f"{stem}.meta.json", json.dumps(gold_key(key), indent=1) + "\n")
-        written.append(out_dir / f"{stem}.jsonl.gz")
-    return written
+    return [out_dir / name for name, _, _ in ships]
 
 
 def weights_digest(folder: Path) -> str:
@@ -285,7 +277,7 @@ def cli_main(args: Any) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.ship:
         here = Path(__file__).parents[1] / "envs" / "data"
-        for path in ship_demonstrations(cfg, here) if args.config else [write_shipped_gold(cfg, here)]:
+        for path in ship_demonstrations(cfg, here, trained=bool(args.config)):
             print(f"warmup: wrote {path}")
         return 0
     t0 = time.time()
