@@ -109,24 +109,6 @@ class Episode:
             self.done, self.end_reason = True, self.last.end_reason
         return bad or repeated
 
-    def trajectory(self, rounds: int, handoff_turn: int | None, handoff_p: float | None, handoff_seed: str | None,
-                   report: str | None, report_turns: list[Turn]) -> Trajectory:
-        """The finished episode, its turns as the learner reads them."""
-        (turns, cut), last = self.conv.for_learner(), self.last
-        self.timing["total_s"] = time.perf_counter() - self.started
-        versions = [t.policy_version for t in turns if t.owner == "student" and t.policy_version is not None]
-        return Trajectory(
-            game=self.game, turns=turns, score=float(last.score), raw_score=int(last.raw_score),
-            success=bool(last.success), rounds=rounds, handoff_turn=handoff_turn,
-            student_version=min(versions) if versions else None, done=self.done, end_reason=self.end_reason,
-            context_cut=cut, invalid_actions=int(self.invalid), truncated_turns=int(self.truncated),
-            cut_before_action=int(self.cut_before_action), invalid_turns=self.invalid_turns,
-            repeated_turns=self.repeated_turns, handoff_p=handoff_p, handoff_seed=handoff_seed,
-            timing=self.timing, report=report, report_turns=report_turns,
-            scoring={**(self.first.info.get("scoring") or {}), **(last.info.get("scoring") or {})},
-            handoff_state=self.handoff_state if handoff_turn is not None else None, expert=self.expert,
-        )
-
 
 async def run_episode(
     game: GameId,
@@ -196,7 +178,20 @@ async def run_episode(
             conv.turns[-1:] = report_turns  # the last observation with the question, then the answer
     if config.score_student_with_teacher and teacher is not None and conv.shared:
         await score_student_tokens(conv.turns, conv.cut, teacher, episode.timing)
-    return episode.trajectory(rounds, handoff_turn, p, state.seed if p is not None else None, report, report_turns)
+    (turns, cut), last = conv.for_learner(), episode.last  # the turns as the learner reads them
+    episode.timing["total_s"] = time.perf_counter() - episode.started
+    versions = [t.policy_version for t in turns if t.owner == "student" and t.policy_version is not None]
+    return Trajectory(
+        game=game, turns=turns, score=float(last.score), raw_score=int(last.raw_score),
+        success=bool(last.success), rounds=rounds, handoff_turn=handoff_turn,
+        student_version=min(versions) if versions else None, done=episode.done, end_reason=episode.end_reason,
+        context_cut=cut, invalid_actions=int(episode.invalid), truncated_turns=int(episode.truncated),
+        cut_before_action=int(episode.cut_before_action), invalid_turns=episode.invalid_turns,
+        repeated_turns=episode.repeated_turns, handoff_p=p, timing=episode.timing, report=report,
+        report_turns=report_turns, handoff_seed=state.seed if p is not None else None,
+        scoring={**(episode.first.info.get("scoring") or {}), **(last.info.get("scoring") or {})},
+        handoff_state=episode.handoff_state if handoff_turn is not None else None, expert=episode.expert,
+    )
 
 
 # The report turn: after the last observation, the agent that acted last is asked what it
