@@ -1,5 +1,5 @@
-"""The report turn (rollout/episode.py's `ask_report`) alone, on a real `Conversation` with the tiny tokenizers
-and scripted engines: the question goes into the last observation, the agent that acted last
+"""The report turn (rollout/episode.py's `ask_report`) alone, on a real `Conversation` with the
+tiny tokenizers and scripted engines: the question goes into the last observation, the agent that acted last
 answers with its own sampling and ids, the answer loses its think block, a conversation with
 no room left gets an empty answer, and the context cut is recorded only when the learner trains
 on the answer. The report on real DiscoveryWorld games: tests/e2e/test_eval_with_a_judge.py."""
