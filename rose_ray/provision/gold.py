@@ -5,7 +5,7 @@ dataset row (`rose-ray gold`, and the warm-ups' demonstrations), after an openin
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -14,6 +14,8 @@ from rose_ray.envs.protocol import Protocol, gold_reply, gold_thought, parse_act
 from rose_ray.envs.worlds import CONTINUATIONS, get_world
 from rose_ray.errors import InputError
 from rose_ray.types import GameId, Trajectory, Turn
+
+Pairs = list[tuple[str, str]]  # (reply or action, the observation after it)
 
 
 def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str]],
@@ -89,82 +91,53 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
     free: list[int] = list(range(pool.num_games()))
     problems: list[str] = []
 
-    def start(slot: int, game: GameId, gold: bool,
-              replies: list[str]) -> tuple[StepResult, list[tuple[str, str]], StepResult]:
-        """The game loaded and its opening replies played: the first observation, the opening's
-        (reply, observation) pairs, and the game's last answer."""
-        last = first = pool.reset(slot, game, gold=gold)
-        pairs = []
+    def run(slot: int, game: GameId, replies: list[str], gold: bool,
+            actions_of: Callable[[int], Iterable[str]]) -> tuple[StepResult, Pairs, Pairs, StepResult | None]:
+        """The game loaded (`gold`: with its gold path), its opening `replies` played, then the
+        actions `actions_of(slot)` gives, up to `max_actions` or the game's end: the first answer,
+        the opening's and the actions' (text, observation) pairs, and the last answer (None: the
+        game died). The gold path goes on from the load's answer, the expert from the opening's."""
+        first = last = pool.reset(slot, game, gold=gold)
+        detour = []
         for reply in replies:
             last = pool.step(slot, parse_action(reply).action)
-            pairs.append((reply, last.observation))
-        return first, pairs, last
-
-    def follow(slot: int, result: StepResult, actions: Iterator[str | None]
-               ) -> tuple[list[tuple[str, str]], StepResult | None]:
-        """(action, observation) pairs from the slot's state (`result`: its last answer) while
-        `actions` gives one, up to `max_actions` or the game's end; None if the game died."""
+            detour.append((reply, last.observation))
+        result = last if continuation == "expert" else first
         steps: list[tuple[str, str]] = []
+        actions = iter(actions_of(slot))
         while len(steps) < max_actions and not result.done:
             action = next(actions, None)
             if action is None:
                 break
             result = pool.step(slot, action)
             if result.interrupted:
-                return steps, None
+                return first, detour, steps, None
             steps.append((action, result.observation))
-        return steps, result
-
-    def play(i: int, game: GameId) -> dict[str, Any] | None:
-        row = play_one(game)
-        if row is not None and on_row is not None:
-            on_row(i, row)
-        return row
-
-    def play_one(game: GameId) -> dict[str, Any] | None:
-        if not (openings and openings.get(game.item_id)):
-            detour = world.observed_gold.DETOURS if detours else ()
-            return play_from(game, detour_replies(game, detours, detour))
-        replies = openings[game.item_id]
-        # A student's opening may have changed the game: its row only where the play after it
-        # (the gold path, or the expert) scores as well as from a fresh load.
-        clean = play_from(game, [])
-        row = play_from(game, replies, report_loss=False)
-        if clean is None or row is None or (row["success"], row["score"]) >= (clean["success"], clean["score"]):
-            return row if row is not None else clean
-        what = "the gold path" if continuation == "gold" else "the expert"
-        problems.append(f"{game.item_id}: {what} did not score as well after the student's opening; "
-                        "demonstrated without it")
-        return clean
-
-    def gold_from(slot: int, game: GameId, replies: list[str]) -> tuple[StepResult, list[tuple[str, str]],
-                                                                        list[tuple[str, str]], StepResult | None]:
-        """The game's gold path after the opening (observed where asked), as `start` and its steps."""
-        first, detour, _ = start(slot, game, gold=True, replies=replies)
-        actions = pool.gold_actions(slot)
-        if observe:
-            actions = world.observed_gold.look_before_focus(actions)
-        steps, result = follow(slot, first, iter(actions))
-        if result is not None and observe:
-            played = [a for a, _ in steps]
-            renamed = world.observed_gold.visible_names(played, [o for _, o in steps])
-            if renamed != played:
-                redo_first = start(slot, game, gold=False, replies=replies)[0]
-                redo_steps, redo = follow(slot, redo_first, iter(renamed))
-                if redo is not None and (redo.raw_score, redo.success) == (result.raw_score, result.success):
-                    first, steps, result = redo_first, redo_steps, redo
-                else:
-                    problems.append(f"{game.item_id}: the observed path did not score as the gold path; kept gold")
         return first, detour, steps, result
+
+    def gold_path(slot: int) -> list[str]:
+        actions = pool.gold_actions(slot)
+        return world.observed_gold.look_before_focus(actions) if observe else actions
 
     def play_from(game: GameId, replies: list[str], report_loss: bool = True) -> dict[str, Any] | None:
         slot = free.pop()
         try:
             if continuation == "expert":
-                first, detour, last = start(slot, game, gold=False, replies=replies)
-                steps, result = follow(slot, last, iter(lambda: pool.expert_reply(slot).action, None))
+                first, detour, steps, result = run(slot, game, replies, False,
+                                                   lambda s: iter(lambda: pool.expert_reply(s).action, None))
             else:
-                first, detour, steps, result = gold_from(slot, game, replies)
+                first, detour, steps, result = run(slot, game, replies, True, gold_path)
+                played = [a for a, _ in steps]
+                if result is not None and observe:  # the observed path, where it scores as the gold path
+                    renamed = world.observed_gold.visible_names(played, [o for _, o in steps])
+                    redo = run(slot, game, replies, False, lambda _: renamed) if renamed != played else None
+                    same = redo and redo[3] and (redo[3].raw_score, redo[3].success) == (result.raw_score,
+                                                                                       result.success)
+                    if same:
+                        first, _, steps, result = redo
+                    elif redo:
+                        problems.append(f"{game.item_id}: the observed path did not score as the gold path; "
+                                        "kept gold")
             gold = continuation == "gold"
             if result is None:
                 during = "replay" if gold else "the expert's play"
@@ -176,6 +149,25 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
             return gold_record(game, first.observation, steps, result, protocol, schema, detour)
         finally:
             free.append(slot)
+
+    def play(i: int, game: GameId) -> dict[str, Any] | None:
+        replies = (openings or {}).get(game.item_id)
+        if not replies:
+            detour = world.observed_gold.DETOURS if detours else ()
+            row = play_from(game, detour_replies(game, detours, detour))
+        else:
+            # A student's opening may have changed the game: its row only where the play after it
+            # (the gold path, or the expert) scores as well as from a fresh load.
+            clean, row = play_from(game, []), play_from(game, replies, report_loss=False)
+            if clean and row and (row["success"], row["score"]) < (clean["success"], clean["score"]):
+                what = "the gold path" if continuation == "gold" else "the expert"
+                problems.append(f"{game.item_id}: {what} did not score as well after the student's opening; "
+                                "demonstrated without it")
+                row = None
+            row = row or clean
+        if row is not None and on_row is not None:
+            on_row(i, row)
+        return row
 
     from rose_ray.metrics import progress as progress_bar
 

@@ -1,12 +1,7 @@
-"""Tiny Qwen3 models built locally (nothing downloaded), for tests, benches and `tiny:` names.
-
-`init_tiny` trains a byte-level BPE tokenizer on shipped ScienceWorld text, gives it a chat
-template, and saves two randomly initialised Qwen3 models (student smaller than teacher) that
-share it. Two styles: `plain`, ChatML turns (the default); `qwen3`, what Qwen3-1.7B and
-Qwen3-32B look like from the outside: their special tokens (`<think>`/`</think>` single added
-tokens), their pre-tokenizer split (digits one by one), and a template that behaves like
-theirs (reasoning stripped from earlier assistant turns, a `<think>` block on the turn after
-the last user message, an empty one in the generation prompt with `enable_thinking=False`).
+"""Tiny Qwen3 models built locally (nothing downloaded), for tests, benches and `tiny:` names:
+a byte-level BPE tokenizer trained on shipped ScienceWorld text and two random Qwen3 models
+(student smaller than teacher) sharing it. Style `plain`: ChatML turns; `qwen3`: Qwen3's special
+tokens, pre-tokenizer split and a template that behaves like theirs (QWEN3_LIKE_TEMPLATE).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rose_ray.config import TrainConfig, to_dict
+from rose_ray.rows import digest
 
 
 def resolve_models(cfg: TrainConfig) -> tuple[str, str | None]:
@@ -52,6 +53,8 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str
     settings. Runs sharing the cache warm each model once (`<folder>.lock`, a temp folder
     swapped in whole)."""
     from rose_ray.files import clear_leftovers, locked, temp_name, writing_folder
+    from rose_ray.recipes.sft import train_sft
+    from rose_ray.rows import write_jsonl
 
     key, out = warmup_cache(cfg, model, role)
     if (out / "rose_ray_warmup.json").is_file():
@@ -64,42 +67,31 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str
         rows, source = shipped_gold(key), "shipped"
         if rows is None:
             rows, source = play_gold(cfg, role, student), "played now"
+        w, data = warmup_of(cfg, role), temp_name(out, "gold")
+        print(f"train: warming the {role} on {len(rows)} gold demonstrations ({source}) ...", flush=True)
+
+        def log(line: str) -> None:  # "step N/M epoch ..." lines from train_sft, a few of them
+            step, total = line.split()[1].split("/")
+            if int(step) % 16 == 0 or step == total:
+                print(f"train: {role} warm-up {line}", flush=True)
+
         try:
             with writing_folder(out, "warm-up folder") as tmp:
-                _warm_into(cfg, model, role, key, rows, source, tmp, temp_name(out, "gold"))
+                write_jsonl(data, rows)
+                result = train_sft(data, model, tmp, epochs=w.epochs, batch_size=w.batch_episodes, lr=w.lr,
+                                   schedule=w.schedule, max_tokens=cfg.learner.max_tokens, seed=w.seed,
+                                   log=log, sft_owners=["teacher"], threads=w.threads)
+                # Kept with the weights: the only record of what the model learnt from (and what one ships).
+                data.replace(tmp / DEMONSTRATIONS)
+                loss, weights = result["history"][-1]["loss"], weights_digest(tmp)
+                record = {**key, "gold": source, "final_loss": loss, "weights_sha256": weights}
+                (tmp / "rose_ray_warmup.json").write_text(json.dumps(record))
         except FileNotFoundError as e:  # a failed build, not a missing input: keep its traceback (exit 1)
             raise RuntimeError(f"warming the {role} into {out} failed: {e}") from e
-    return str(out)
-
-
-def _warm_into(cfg: TrainConfig, model: str, role: str, key: dict[str, Any], rows: list[dict[str, Any]],
-               source: str, tmp: Path, data: Path) -> None:
-    """SFT `model` on `rows` (written to `data`, then kept) into the empty folder `tmp`."""
-    from rose_ray.recipes.sft import train_sft
-    from rose_ray.rows import write_jsonl
-
-    w = warmup_of(cfg, role)
-    print(f"train: warming the {role} on {len(rows)} gold demonstrations ({source}) ...", flush=True)
-
-    def log(line: str) -> None:  # "step N/M epoch ..." lines from train_sft, a few of them
-        step, total = line.split()[1].split("/")
-        if int(step) % 16 == 0 or step == total:
-            print(f"train: {role} warm-up {line}", flush=True)
-
-    try:
-        write_jsonl(data, rows)
-        result = train_sft(data, model, tmp, epochs=w.epochs, batch_size=w.batch_episodes, lr=w.lr,
-                           schedule=w.schedule, max_tokens=cfg.learner.max_tokens, seed=w.seed, log=log,
-                           sft_owners=["teacher"], threads=w.threads)
-        # Kept with the weights: the only record of what the model learnt from (and what one ships).
-        data.replace(tmp / DEMONSTRATIONS)
-    finally:
-        data.unlink(missing_ok=True)
-    loss = result["history"][-1]["loss"]
-    weights = weights_digest(tmp)
-    (tmp / "rose_ray_warmup.json").write_text(json.dumps({**key, "gold": source, "final_loss": loss,
-                                                          "weights_sha256": weights}))
+        finally:
+            data.unlink(missing_ok=True)
     print(f"train: {role} warmed ({result['steps']} steps, loss {loss:.3f}, weights {weights[:12]})")
+    return str(out)
 
 
 def gold_games(cfg: TrainConfig, role: str = "teacher") -> list[Any]:
@@ -201,38 +193,30 @@ def shipped_gold(key: dict[str, Any]) -> list[dict[str, Any]] | None:
     return None
 
 
-def write_shipped_gold(cfg: TrainConfig, out_dir: Path) -> Path:
-    """Play the config's warm-up demonstrations and write them (with their settings) for shipping."""
-    from rose_ray.files import write_file
-    from rose_ray.rows import write_jsonl
-
-    key, _ = warmup_cache(cfg, "")
-    rows = play_gold(cfg)
-    write_jsonl(out_dir / SHIPPED_GOLD, rows)
-    meta = out_dir / SHIPPED_GOLD.replace(".jsonl", ".meta.json")
-    write_file(meta, json.dumps(gold_key(key), indent=1) + "\n")
-    return out_dir / SHIPPED_GOLD
-
-
-def ship_demonstrations(cfg: TrainConfig, out_dir: Path) -> list[Path]:
-    """The demonstrations a config's warm-ups trained on (built first where missing), gzipped,
-    each with the settings it answers (`gold_key`), for shipping."""
+def ship_demonstrations(cfg: TrainConfig, out_dir: Path, trained: bool = True) -> list[Path]:
+    """Demonstrations for shipping, each with the settings it answers (`gold_key`): those a config's
+    warm-ups trained on (built first where missing), gzipped; or, not `trained` (the default
+    config), its teacher warm-up's played now (SHIPPED_GOLD)."""
     import gzip
 
     from rose_ray.files import write_file
+    from rose_ray.rows import validate_row
 
-    student, teacher = resolve_models(cfg)
-    written = []
-    for role, model in (("student", student), ("teacher", teacher)):
-        if not warmup_of(cfg, role).enabled:
-            continue
-        key, _ = warmup_cache(cfg, model, role)
-        stem = f"{cfg.name}_{role}{SHIPPED_SUFFIX}"
-        rows = (Path(model) / DEMONSTRATIONS).read_bytes()
-        write_file(out_dir / f"{stem}.jsonl.gz", gzip.compress(rows, mtime=0))  # the same bytes every time
+    if trained:
+        models = dict(zip(("student", "teacher"), resolve_models(cfg)))
+        # gzip without a time stamp: the same bytes every time
+        ships = [(f"{cfg.name}_{role}{SHIPPED_SUFFIX}.jsonl.gz", warmup_cache(cfg, model, role)[0],
+                  gzip.compress((Path(model) / DEMONSTRATIONS).read_bytes(), mtime=0))
+                 for role, model in models.items() if warmup_of(cfg, role).enabled]
+    else:
+        key, _ = warmup_cache(cfg, "")
+        rows = [validate_row(r, f"row {n}") for n, r in enumerate(play_gold(cfg), 1)]
+        ships = [(SHIPPED_GOLD, key, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))]
+    for name, key, data in ships:
+        write_file(out_dir / name, data)
+        stem = name.removesuffix(".gz").removesuffix(".jsonl")
         write_file(out_dir / f"{stem}.meta.json", json.dumps(gold_key(key), indent=1) + "\n")
-        written.append(out_dir / f"{stem}.jsonl.gz")
-    return written
+    return [out_dir / name for name, _, _ in ships]
 
 
 def weights_digest(folder: Path) -> str:
@@ -280,7 +264,7 @@ def warmup_settings(cfg: TrainConfig, role: str) -> dict[str, Any]:
 
 
 def _digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:10]
+    return digest(obj)[:10]
 
 
 def cli_main(args: Any) -> int:
@@ -293,7 +277,7 @@ def cli_main(args: Any) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.ship:
         here = Path(__file__).parents[1] / "envs" / "data"
-        for path in ship_demonstrations(cfg, here) if args.config else [write_shipped_gold(cfg, here)]:
+        for path in ship_demonstrations(cfg, here, trained=bool(args.config)):
             print(f"warmup: wrote {path}")
         return 0
     t0 = time.time()

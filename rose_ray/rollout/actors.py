@@ -105,20 +105,6 @@ def private_token() -> None:
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 
-def check_backends_here(*configs: Any) -> None:
-    """On a one-machine Ray, a backend it cannot run is an InputError naming the engine, before
-    any actor starts (on a cluster the engine fails at start with the same words)."""
-    import ray
-
-    from rose_ray.inference.backends import backend_problem
-
-    if len([n for n in ray.nodes() if n.get("Alive")]) > 1:
-        return
-    for config in configs:
-        if config is not None and (problem := backend_problem(config.backend.name)) is not None:
-            raise InputError(f"engine {config.label}: {problem}")
-
-
 def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
                  teacher_cpus: float = 1, student_gpus: float = 0,
                  teacher_gpus: float = 0, student_options: dict[str, Any] | None = None,
@@ -127,11 +113,19 @@ def start_agents(student: Any, teacher: Any | None, student_cpus: float = 1,
     """Engine actors for a student and an optional teacher (EngineConfigs, or `EXPERT`: the
     world's expert, no engine). Agents whose tokenizers give the same ids share one ChatFormat,
     so an episode keeps one id list and the teacher can score student tokens (OPD)."""
+    import ray
+
     from rose_ray.chat import ChatFormat
     from rose_ray.inference.actor import engine_actor
+    from rose_ray.inference.backends import backend_problem
     from rose_ray.models import load_tokenizer
 
-    check_backends_here(student, None if teacher == EXPERT else teacher)
+    # On a one-machine Ray, a backend it cannot run fails before any actor starts (on a cluster
+    # the engine fails at start with the same words).
+    if len([n for n in ray.nodes() if n.get("Alive")]) <= 1:
+        for config in (student, None if teacher == EXPERT else teacher):
+            if config is not None and (problem := backend_problem(config.backend.name)) is not None:
+                raise InputError(f"engine {config.label}: {problem}")
 
     def agent(config: Any, chat: Any, name: str, num_cpus: float, num_gpus: float,
               options: dict[str, Any] | None) -> Agent:

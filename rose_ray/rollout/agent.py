@@ -54,12 +54,10 @@ class EnvSlot:
     async def step(self, action: str):
         return await self._call("step", self.pool.step.remote(self.slot, action))
 
-    async def expert_reply(self):
-        """The world's expert teacher's next reply in this slot's episode (an ExpertReply)."""
+    async def expert_reply(self):  # the world's expert teacher's next reply (an ExpertReply)
         return await self._call("expert reply", self.pool.expert_reply.remote(self.slot))
 
-    async def state(self) -> dict[str, Any]:
-        """The game's state fingerprint at load and now ({"initial": ..., "now": ...})."""
+    async def state(self) -> dict[str, Any]:  # the game's state fingerprint: {"initial": ..., "now": ...}
         return await self._call("state", self.pool.state.remote(self.slot))
 
 

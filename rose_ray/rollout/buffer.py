@@ -1,12 +1,7 @@
-"""TrajectoryBuffer: bounded, staleness-aware hand-off from rollouts to the learner.
-
-A new episode is admitted only while in_flight + buffered < (max_lag + 1) * batch_episodes, so
-rollouts run at most max_lag policy versions ahead of the learner. With `drop_stale` (the recipe
-trains tokens the student sampled), a finished episode whose oldest student token lags the
-learner by more than max_lag is dropped and counted. Each trajectory is handed out once.
-
-Always: admitted = trained + buffered + dropped_stale + failed + in_flight (a checkpoint's
-counters leave out its open episodes, admitted again when played again).
+"""TrajectoryBuffer: bounded, staleness-aware hand-off from rollouts to the learner (docs/design.md):
+at most (max_lag + 1) * batch_episodes episodes in flight or buffered; with `drop_stale`, one whose
+oldest student token lags the learner by more than max_lag is dropped and counted. Always:
+admitted = trained + buffered + dropped_stale + failed + in_flight.
 """
 
 from __future__ import annotations

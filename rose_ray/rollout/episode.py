@@ -10,14 +10,13 @@ import time
 from typing import Any
 
 from rose_ray.envs.base import StepResult
-from rose_ray.envs.protocol import ParsedAction, Protocol, parse_action
+from rose_ray.envs.protocol import ParsedAction, Protocol, parse_action, strip_thinking
 from rose_ray.envs.worlds import get_world
 from rose_ray.errors import InputError
 from rose_ray.inference.engine import GenerationRequest
 from rose_ray.rollout.agent import Agent, EnvSlot, EpisodeConfig
-from rose_ray.rollout.conversation import Conversation, TextReply
+from rose_ray.rollout.conversation import Conversation, TextReply, View
 from rose_ray.rollout.handoff import TurnPolicy, TurnState
-from rose_ray.rollout.report import ask_report
 from rose_ray.types import GameId, Trajectory, Turn
 
 
@@ -110,24 +109,6 @@ class Episode:
             self.done, self.end_reason = True, self.last.end_reason
         return bad or repeated
 
-    def trajectory(self, rounds: int, handoff_turn: int | None, handoff_p: float | None, handoff_seed: str | None,
-                   report: str | None, report_turns: list[Turn]) -> Trajectory:
-        """The finished episode, its turns as the learner reads them."""
-        (turns, cut), last = self.conv.for_learner(), self.last
-        self.timing["total_s"] = time.perf_counter() - self.started
-        versions = [t.policy_version for t in turns if t.owner == "student" and t.policy_version is not None]
-        return Trajectory(
-            game=self.game, turns=turns, score=float(last.score), raw_score=int(last.raw_score),
-            success=bool(last.success), rounds=rounds, handoff_turn=handoff_turn,
-            student_version=min(versions) if versions else None, done=self.done, end_reason=self.end_reason,
-            context_cut=cut, invalid_actions=int(self.invalid), truncated_turns=int(self.truncated),
-            cut_before_action=int(self.cut_before_action), invalid_turns=self.invalid_turns,
-            repeated_turns=self.repeated_turns, handoff_p=handoff_p, handoff_seed=handoff_seed,
-            timing=self.timing, report=report, report_turns=report_turns,
-            scoring={**(self.first.info.get("scoring") or {}), **(last.info.get("scoring") or {})},
-            handoff_state=self.handoff_state if handoff_turn is not None else None, expert=self.expert,
-        )
-
 
 async def run_episode(
     game: GameId,
@@ -197,7 +178,58 @@ async def run_episode(
             conv.turns[-1:] = report_turns  # the last observation with the question, then the answer
     if config.score_student_with_teacher and teacher is not None and conv.shared:
         await score_student_tokens(conv.turns, conv.cut, teacher, episode.timing)
-    return episode.trajectory(rounds, handoff_turn, p, state.seed if p is not None else None, report, report_turns)
+    (turns, cut), last = conv.for_learner(), episode.last  # the turns as the learner reads them
+    episode.timing["total_s"] = time.perf_counter() - episode.started
+    versions = [t.policy_version for t in turns if t.owner == "student" and t.policy_version is not None]
+    return Trajectory(
+        game=game, turns=turns, score=float(last.score), raw_score=int(last.raw_score),
+        success=bool(last.success), rounds=rounds, handoff_turn=handoff_turn,
+        student_version=min(versions) if versions else None, done=episode.done, end_reason=episode.end_reason,
+        context_cut=cut, invalid_actions=int(episode.invalid), truncated_turns=int(episode.truncated),
+        cut_before_action=int(episode.cut_before_action), invalid_turns=episode.invalid_turns,
+        repeated_turns=episode.repeated_turns, handoff_p=p, timing=episode.timing, report=report,
+        report_turns=report_turns, handoff_seed=state.seed if p is not None else None,
+        scoring={**(episode.first.info.get("scoring") or {}), **(last.info.get("scoring") or {})},
+        handoff_state=episode.handoff_state if handoff_turn is not None else None, expert=episode.expert,
+    )
+
+
+# The report turn: after the last observation, the agent that acted last is asked what it
+# discovered (DiscoveryWorld scores the answer as knowledge); no step in the game. The question
+# joins the last user turn, whose ids already end with the generation prompt.
+def with_question(observation: str, question: str) -> str:
+    """The last observation's text with the report question after it."""
+    return f"{observation.rstrip()}\n\n{question}"
+
+
+async def ask_report(question: str, conv: Conversation, config: EpisodeConfig, request_id: str,
+                     timing: dict[str, float]) -> tuple[str, list[Turn]]:
+    """(the answer without think blocks, [the last observation with the question, the reply])
+    in the student's ids; with no room for a reply, an empty answer and the question alone."""
+    turns = conv.turns
+    last = turns[-1]
+    if last.role != "user":
+        raise ValueError("the report question follows an observation (a user turn)")
+    last_owner = next((t.owner for t in reversed(turns) if t.role == "assistant" and t.owner != "prompt"), "student")
+    owner = "teacher" if conv.teacher is not None and last_owner == "teacher" else "student"
+    text = with_question(last.text, question)
+    ask = Turn("user", text, last.owner, conv.student.chat.user_ids(text))
+    view = conv.views[owner]  # the asking agent reads the question in its own ids
+    asked = View(view.chat, view.turns[:-1] + [view.text_turn("user", text, last.owner)], view.cache).rendered()
+    sampling = config.teacher_sampling if owner == "teacher" else config.student_sampling
+    t0 = time.perf_counter()
+    # The conversation's cut, recorded when the learner trains on the answer (report "train").
+    prompt = conv.prompt_for(owner, sampling.max_new_tokens, asked, record=config.report == "train")
+    if prompt is None:
+        timing["report_s"] = time.perf_counter() - t0
+        return "", [ask]
+    result = await conv.agent(owner).engine.generate.remote(
+        GenerationRequest(prompt, sampling.for_turn(request_id, "report"), request_id=request_id))
+    timing["report_s"] = time.perf_counter() - t0
+    if result.finish_reason == "context":
+        return "", [ask]
+    reply = conv.views["student"].reply_turn(owner, result, sampled=view is conv.views["student"])
+    return strip_thinking(result.text).strip(), [ask, reply]
 
 
 async def replay_prefix(episode: Episode, replay: list[Turn]) -> int:

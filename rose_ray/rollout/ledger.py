@@ -1,10 +1,6 @@
 """The game order (`GameSampler`) and every sampled game's one outcome in
 `<run_dir>/episodes.jsonl` (docs/reliability.md); each drawn game is episode `e<n>`, n counting
-over the whole run.
-
-A checkpoint keeps the open episodes and the file's length. Going back to it cuts the file to
-that length, plays the open episodes again first and puts the sampler back at its cursor, so
-every later game is drawn again with the same number: none skipped, none trained twice.
+over the whole run. Going back to a checkpoint replays its open episodes first, with their numbers.
 """
 
 from __future__ import annotations

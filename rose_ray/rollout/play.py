@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -77,10 +77,6 @@ async def play(spec: PlaySpec, games: list[GameId], *, players: Players | None =
     from rose_ray.envs.worlds import get_world
     from rose_ray.rollout.episode import run_episode
 
-    if players is None:
-        with local_players(spec, len(games)) as started:
-            return await play(spec, games, players=started, protocols=protocols, replays=replays, on_done=on_done,
-                              skip=skip, request_prefix=request_prefix)
     protocols = spec.protocol() if protocols is None else protocols
     per_game = protocols if isinstance(protocols, list) else [protocols] * len(games)
     max_turns = spec.max_turns or max((get_world(spec.world).catalogue(spec.mapping).turn_limit(g) for g in games),
@@ -101,7 +97,8 @@ async def play(spec: PlaySpec, games: list[GameId], *, players: Players | None =
             on_done(i, t)
         return t
 
-    return list(await asyncio.gather(*(one(i, g) for i, g in enumerate(games))))
+    with local_players(spec, len(games)) if players is None else nullcontext(players) as players:
+        return list(await asyncio.gather(*(one(i, g) for i, g in enumerate(games))))
 
 
 @contextmanager

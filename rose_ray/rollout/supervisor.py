@@ -57,7 +57,6 @@ class EngineSupervisor:
         return {role: w.restarts for role, w in self.watched.items()}
 
     def replacing(self) -> bool:
-        """Whether an engine is being replaced now."""
         return any(w.restarting is not None for w in self.watched.values())
 
     def role_of(self, error: BaseException) -> str | None:

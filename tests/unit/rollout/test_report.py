@@ -1,5 +1,5 @@
-"""The report turn (rollout/report.py) alone, on a real `Conversation` with the tiny tokenizers
-and scripted engines: the question goes into the last observation, the agent that acted last
+"""The report turn (rollout/episode.py's `ask_report`) alone, on a real `Conversation` with the
+tiny tokenizers and scripted engines: the question goes into the last observation, the agent that acted last
 answers with its own sampling and ids, the answer loses its think block, a conversation with
 no room left gets an empty answer, and the context cut is recorded only when the learner trains
 on the answer. The report on real DiscoveryWorld games: tests/e2e/test_eval_with_a_judge.py."""
@@ -17,7 +17,7 @@ from rose_ray.models import load_tokenizer
 from rose_ray.rollout.agent import Agent, EpisodeConfig
 from rose_ray.rollout.context import ContextSettings
 from rose_ray.rollout.conversation import Conversation
-from rose_ray.rollout.report import ask_report, with_question
+from rose_ray.rollout.episode import ask_report, with_question
 from rose_ray.types import SamplingParams
 
 PROTOCOL = Protocol(instruction="Play the game.", acknowledgement="OK.", report_question="What did you find?")
