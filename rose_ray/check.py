@@ -70,7 +70,7 @@ def plan_nodes(cfg: TrainConfig, args: Any, described: list[Any] | None) -> tupl
 
 def check_served_engines(cfg: TrainConfig) -> list[str]:
     """Each served engine (openai) asked whether it can do its job (model name, context,
-    logprobs, prompt scoring for OPD's teacher); a ServedModelMismatch names the key."""
+    logprobs, prompt scoring for OPD's teacher); an InputError names the key."""
     import os
     from dataclasses import replace
 

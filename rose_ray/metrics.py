@@ -215,6 +215,8 @@ class EpisodeRate:
     def add(self, batch: list[Any]) -> float:
         now = time.time()
         self.window = [t for t in self.window + batch if now - t.timing["finished_at"] < 60]
+        if not self.window:  # none finished in the last minute (a learner step longer than that)
+            return 0.0
         return len(self.window) / max(now - min(t.timing["finished_at"] for t in self.window), 1e-3)
 
 

@@ -223,6 +223,14 @@ class Rollouts:
         self.finished()
         await self.buffer.add(t, learning.learner.version)
 
+    async def waiting(self) -> list[str]:
+        """What the buffer, the episodes, the engines and the env pools wait on (the watchdog's report)."""
+        from rose_ray.rollout.actors import ping_pools
+
+        lines = [f"buffer: {len(self.buffer.items)} of {self.cfg.rollout.batch_episodes} episodes ready, "
+                 f"{self.buffer.in_flight} in flight", *self.runner.waiting(), *await self.engines.describe()]
+        return lines + (await ping_pools(self.pools) or [f"env pools: all {len(self.pools)} answer a ping"])
+
     async def env_health(self) -> list[dict[str, Any]]:
         """Each env worker's health; a hung pool costs its numbers, not the step."""
         try:

@@ -6,15 +6,19 @@ twice, and some shared file systems have no symlinks.
 
 from __future__ import annotations
 
+import os
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rose_ray.errors import InputError
 from rose_ray.files import write_file
 
 VERSION = "version_"
 LATEST = "latest"
+
+if TYPE_CHECKING:
+    from rose_ray.config import TrainConfig
 
 
 def saved_config(cfg: Any) -> str:
@@ -93,3 +97,50 @@ def keep_result(out: str | Path, text: str, version: Path | None = None) -> Path
     write_file(kept, text)
     write_file(out, text)
     return kept
+
+
+def train_config(config: str | Path | TrainConfig | None = None, overrides: list[str] | None = None,
+                 resume: str | Path | None = None) -> tuple[TrainConfig, Path | None]:
+    """The validated config a run would start with, and the folder of the run `resume` names
+    (None for a fresh run: its folder is made when it starts)."""
+    from rose_ray.config import load_config
+
+    if not resume:
+        return load_config(config, overrides), None
+    if config is not None:
+        raise InputError("--resume continues a run with its own config.yaml; give KEY=VALUE to change a setting, "
+                         "not --config")
+    try:
+        run_dir = Path(os.path.abspath(resolve_run(resume)))  # absolute, as a fresh run's (fresh_run_dir)
+    except InputError as e:
+        raise InputError(f"--resume {e}") from None
+    return load_config(run_dir / "config.yaml", overrides), run_dir
+
+
+def fresh_run_dir(cfg: TrainConfig, named: bool) -> Path:
+    """Where a fresh run goes: a new version under the config's run_dir; with `named` (run_dir=
+    on the command line) that folder itself. A run already there is refused, never overwritten."""
+    # Absolute: the learner's ranks write checkpoints and model/ from their own working directory.
+    where = Path(os.path.abspath(Path(cfg.run_dir).expanduser()))
+    for folder in (where, *where.parents):
+        if folder.exists() and not folder.is_dir():
+            raise InputError(f"run_dir {cfg.run_dir}: {folder} is a file, not a folder; give a folder for runs")
+    if named:
+        if (where / "checkpoints" / "latest").exists() or (where / LATEST).is_file():  # a run, or runs
+            raise InputError(f"run_dir {where} already holds a run: continue it with --resume {where}, or "
+                             "give another run_dir= (without run_dir=, each run gets a new version_N folder "
+                             "under the config's run_dir)")
+        from rose_ray.learner.export import check_model_out
+
+        check_model_out(where / "model", overwrite=True, flag="run_dir")  # the run ends by writing it
+    elif (where / "config.yaml").is_file():  # one run, not a folder of versions (an older layout)
+        raise InputError(f"run_dir {where} holds a run itself (its config.yaml): continue it with --resume "
+                         f"{where}, or move it away (mv {where} {where}_old) so that runs go to "
+                         f"{where}/version_N, or give another name=")
+    try:
+        if named:
+            where.mkdir(parents=True, exist_ok=True)
+            return where
+        return new_version(where)
+    except OSError as e:  # no permission, a read-only file system
+        raise InputError(f"run_dir {where}: cannot make a run folder there ({e.strerror or e})") from None

@@ -1,10 +1,6 @@
-"""The online loop: episodes keep arriving while the learner trains on them.
-
-    rose-ray train [--config configs/tiny.yaml] [key=value ...] [--resume RUN_DIR] [--print-config]
-    rose_ray.train("configs/tiny.yaml", ["steps=4"])     # the same from Python (a notebook too)
-
-A failure the run's components (run.py) cannot handle reaches the loop through the run's failure
-channel (docs/reliability.md). Ctrl-C stops after the step.
+"""The online loop (`rose-ray train`, `rose_ray.train(...)`): episodes keep arriving while the
+learner trains on them. A failure the run's components (run.py) cannot handle reaches the loop
+through the run's failure channel (docs/reliability.md). Ctrl-C stops after the step.
 """
 
 from __future__ import annotations
@@ -12,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import signal
 import sys
 import threading
@@ -22,14 +17,13 @@ from typing import Any
 
 from rose_ray import callable_module
 from rose_ray.checkpoint import latest_tag
-from rose_ray.config import TrainConfig, load_config
-from rose_ray.errors import InputError
+from rose_ray.config import TrainConfig
 from rose_ray.files import write_file
 from rose_ray.learner.learner import LearnerLost
 from rose_ray.metrics import EpisodeRate, eval_scalars, step_scalars, trajectory_markdown
 from rose_ray.reliability import RoleFailed, Watchdog
 from rose_ray.run import Run, results_table
-from rose_ray.runs import LATEST, new_version, resolve_run, saved_config
+from rose_ray.runs import fresh_run_dir, saved_config, train_config
 from rose_ray.types import Trajectory
 
 
@@ -258,16 +252,9 @@ class Trainer:
 
     async def waiting_report(self) -> str:
         """Which role waits on what (the watchdog's report), one line each."""
-        from rose_ray.rollout.actors import ping_pools
-
-        rollouts, (what, since) = self.rollouts, self.phase
-        lines = [f"driver: {what} for {time.monotonic() - since:.0f} s (step {self.step}/{self.cfg.steps}; "
-                 f"{len(rollouts.buffer.items)} of {self.cfg.rollout.batch_episodes} episodes ready, "
-                 f"{rollouts.buffer.in_flight} in flight)"]
-        lines += rollouts.runner.waiting()
-        lines += await rollouts.engines.describe()
-        lines += await ping_pools(rollouts.pools) or [f"env pools: all {len(rollouts.pools)} answer a ping"]
-        return "\n  ".join(lines)
+        what, since = self.phase
+        lines = [f"driver: {what} for {time.monotonic() - since:.0f} s (step {self.step}/{self.cfg.steps})"]
+        return "\n  ".join(lines + await self.rollouts.waiting())
 
     def doing(self, what: str) -> None:
         self.phase = (what, time.monotonic())
@@ -312,51 +299,6 @@ def train(config: str | Path | TrainConfig | None = None, overrides: list[str] |
           f"rose-ray eval --run {run_dir})")
     print(f"train: run in {run_dir} (TensorBoard: tensorboard --logdir {run_dir}/tb)")
     return summary
-
-
-def train_config(config: str | Path | TrainConfig | None = None, overrides: list[str] | None = None,
-                 resume: str | Path | None = None) -> tuple[TrainConfig, Path | None]:
-    """The validated config a run would start with, and the folder of the run `resume` names
-    (None for a fresh run: its folder is made when it starts)."""
-    if not resume:
-        return load_config(config, overrides), None
-    if config is not None:
-        raise InputError("--resume continues a run with its own config.yaml; give KEY=VALUE to change a setting, "
-                         "not --config")
-    try:
-        run_dir = Path(os.path.abspath(resolve_run(resume)))  # absolute, as a fresh run's (fresh_run_dir)
-    except InputError as e:
-        raise InputError(f"--resume {e}") from None
-    return load_config(run_dir / "config.yaml", overrides), run_dir
-
-
-def fresh_run_dir(cfg: TrainConfig, named: bool) -> Path:
-    """Where a fresh run goes: a new version under the config's run_dir; with `named` (run_dir=
-    on the command line) that folder itself. A run already there is refused, never overwritten."""
-    # Absolute: the learner's ranks write checkpoints and model/ from their own working directory.
-    where = Path(os.path.abspath(Path(cfg.run_dir).expanduser()))
-    for folder in (where, *where.parents):
-        if folder.exists() and not folder.is_dir():
-            raise InputError(f"run_dir {cfg.run_dir}: {folder} is a file, not a folder; give a folder for runs")
-    if named:
-        if (where / "checkpoints" / "latest").exists() or (where / LATEST).is_file():  # a run, or runs
-            raise InputError(f"run_dir {where} already holds a run: continue it with --resume {where}, or "
-                             "give another run_dir= (without run_dir=, each run gets a new version_N folder "
-                             "under the config's run_dir)")
-        from rose_ray.learner.export import check_model_out
-
-        check_model_out(where / "model", overwrite=True, flag="run_dir")  # the run ends by writing it
-    elif (where / "config.yaml").is_file():  # one run, not a folder of versions (an older layout)
-        raise InputError(f"run_dir {where} holds a run itself (its config.yaml): continue it with --resume "
-                         f"{where}, or move it away (mv {where} {where}_old) so that runs go to "
-                         f"{where}/version_N, or give another name=")
-    try:
-        if named:
-            where.mkdir(parents=True, exist_ok=True)
-            return where
-        return new_version(where)
-    except OSError as e:  # no permission, a read-only file system
-        raise InputError(f"run_dir {where}: cannot make a run folder there ({e.strerror or e})") from None
 
 
 def cli_main(args) -> int:

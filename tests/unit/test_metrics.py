@@ -120,3 +120,19 @@ def test_a_batch_reports_its_handoffs_state_the_teachers_validity_by_turn_and_th
     assert out["rollout/student_valid_rate"] == 6 / 7
     # A model teacher: no expert keys.
     assert not any("expert" in k for k in episode_scalars([episode(["teacher"], [], None, None)]))
+
+
+def test_the_episode_rate_counts_the_last_minute_and_is_zero_after_a_step_longer_than_that():
+    import time
+    from types import SimpleNamespace
+
+    from rose_ray.metrics import EpisodeRate
+
+    def finished(seconds_ago: float) -> SimpleNamespace:
+        return SimpleNamespace(timing={"finished_at": time.time() - seconds_ago})
+
+    rate = EpisodeRate()
+    assert 0.9 < rate.add([finished(10.0) for _ in range(10)]) <= 1.0  # 10 episodes over the last 10 s
+    # A learner step of over a minute: every episode of the batch finished more than 60 s ago.
+    assert 0.9 < rate.add([finished(90.0), finished(75.0)]) <= 1.0  # the ten earlier ones still count
+    assert EpisodeRate().add([finished(90.0), finished(75.0)]) == 0.0
