@@ -1,12 +1,7 @@
 """rose_ray: online ROSE (student-then-teacher distillation) for ScienceWorld agents on Ray.
 
-The Python API, the two commands as functions (inside a running event loop too, as in Jupyter):
-
-    import rose_ray
-    summary = rose_ray.train("configs/tiny.yaml", ["steps=4"])   # rose-ray train --config ... steps=4
-    result = rose_ray.evaluate(run=summary["run_dir"])            # rose-ray eval --run RUN
-
-Both are modules (train.py, evaluate.py) that take the call, imported when first used: `import
+`rose_ray.train(...)` and `rose_ray.evaluate(...)` are the two commands as functions, inside a running
+event loop too (docs/getting-started.md); each is its module, imported when first used: `import
 rose_ray` alone loads no torch.
 """
 

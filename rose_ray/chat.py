@@ -8,7 +8,8 @@ model saw while it generated each turn. `history="template"` renders history as 
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from itertools import accumulate
 from typing import Any
 
 from rose_ray.errors import ConfigError, InputError
@@ -22,14 +23,14 @@ class ChatTemplateError(InputError):
     """A chat template whose turns cannot be cut into per-turn pieces."""
 
 
+@dataclass
 class RenderCache:
     """The last template rendering tokenized for one conversation (its text and ids), for the next
     `apply_template` to tokenize only what changed."""
 
-    def __init__(self) -> None:
-        self.text = ""
-        self.ids: list[int] = []
-        self.reused = 0  # ids taken from earlier renderings instead of tokenized again (a gauge)
+    text: str = ""
+    ids: list[int] = field(default_factory=list)
+    reused: int = 0  # ids taken from earlier renderings instead of tokenized again (a gauge)
 
 
 class ChatFormat:
@@ -57,8 +58,6 @@ class ChatFormat:
         self.end_text: str = tokenizer.convert_ids_to_tokens(self.eos_id)
         probe = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
         head, self.user_prefix, self.user_suffix = self._split_user_turn(probe)
-        # What follows an end-of-turn token before the next turn ("\n" for Qwen templates).
-        self.separator = self.user_prefix[: len(self.user_prefix) - len(self.user_prefix.lstrip())]
         # For `rose-ray check`: is a closing assistant turn rendered unlike the same turn later?
         closed = self.render_text(probe, add_generation_prompt=False)
         self.rewrites_history = not closed.startswith(head)
@@ -73,9 +72,8 @@ class ChatFormat:
         # an added token that strips no whitespace.
         added = getattr(tokenizer, "added_tokens_decoder", {}).get(self.eos_id)
         self._openings: dict[tuple[tuple[str, str], ...], list[int]] = {}  # every episode opens alike
-        self._splits_at_end = added is not None and not (
-            getattr(added, "normalized", True) or getattr(added, "lstrip", True) or getattr(added, "rstrip", True)
-            or getattr(added, "single_word", True))
+        self._splits_at_end = added is not None and not any(
+            getattr(added, flag, True) for flag in ("normalized", "lstrip", "rstrip", "single_word"))
 
     def _split_user_turn(self, messages: list[dict[str, str]]) -> tuple[str, str, str]:
         """`messages` + a marked user turn, rendered with the generation prompt: (the text up to the
@@ -180,10 +178,8 @@ class ChatFormat:
         ends = [i for i, t in enumerate(ids) if t == self.eos_id]
         # A text that spells the end-of-turn token is tokenized to it (as a chat API does): it
         # belongs to its message, whose own end-of-turn id comes after.
-        own_ends, at = [], self._extra_ends - 1
-        for m in messages:
-            at += 1 + m["content"].count(self.end_text)
-            own_ends.append(at)
+        counts = (1 + m["content"].count(self.end_text) for m in messages)
+        own_ends = list(accumulate(counts, initial=self._extra_ends - 1))[1:]
         if len(ends) != own_ends[-1] + 1:
             raise ChatTemplateError(f"the template's rendering of {len(messages)} messages has {len(ends)} "
                                     f"{self.end_text!r} tokens, not the {own_ends[-1] + 1} its texts make")

@@ -173,9 +173,8 @@ def check(cfg: TrainConfig, args: Any) -> list[str]:
         if not games:
             raise InputError(f"{key}: {split!r} holds no games{' of tasks ' + str(cfg.tasks) if cfg.tasks else ''}")
         chosen[key] = {g.item_id for g in games}
-        used = min(len(games), cfg.eval.n) if key == "eval.split" else len(games)
-        out.append(f"{key}: {split!r} under mapping {catalogue.mapping!r}: {len(games)} games"
-                   f"{f', {used} evaluated' if key == 'eval.split' else ''}")
+        evaluated = f", {min(len(games), cfg.eval.n)} evaluated" if key == "eval.split" else ""
+        out.append(f"{key}: {split!r} under mapping {catalogue.mapping!r}: {len(games)} games{evaluated}")
     overlap = chosen["rollout.split"] & chosen["eval.split"]
     if overlap:
         raise InputError(f"eval.split: {len(overlap)} of its games are also training games "

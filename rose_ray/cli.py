@@ -8,17 +8,16 @@ one-line message naming what is wrong (ROSE_RAY_DEBUG=1 shows the traceback inst
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
+import pkgutil
 import shlex
 import sys
-from typing import TYPE_CHECKING, Any
+from dataclasses import fields
+from typing import Any
 
 from rose_ray import __version__
+from rose_ray.commands import COMMANDS, MAPPINGS, TOOLS, ServeCommand, WorldSettings, add_flags
 from rose_ray.errors import InputError
-
-if TYPE_CHECKING:
-    from rose_ray.commands import ServeCommand
 
 
 def _games(args: argparse.Namespace) -> int:
@@ -53,7 +52,6 @@ def _play(args: argparse.Namespace) -> int:
     world = get_world(args.world or world_of_item(args.item))
     game = world.catalogue(args.mapping).game(args.item)
     protocol = world.protocol.from_dataset(args.instruction_from) if args.instruction_from else world.protocol
-    interactive = sys.stdin.isatty()
     with world.game(max_turns=args.max_turns) as g:
         first = g.load(game)
         for role, text in protocol.opening():
@@ -64,7 +62,7 @@ def _play(args: argparse.Namespace) -> int:
         result = first
         while not result.done:
             try:
-                line = input(f"[turn {g.turn + 1}] > ") if interactive else input()
+                line = input(f"[turn {g.turn + 1}] > " if sys.stdin.isatty() else "")
             except EOFError:
                 break
             if line.strip() == ":quit":
@@ -77,14 +75,11 @@ def _play(args: argparse.Namespace) -> int:
                 continue
             # A typed "\n" stands for a newline, so a whole Thought/Action reply fits one line.
             reply = (line if "Action:" in line else f"Action: {line}").replace("\\n", "\n")
-            action = parse_action(reply).action
-            result = g.step(action)
+            result = g.step(parse_action(reply).action)
             print(f"--- assistant ---\n{reply}\n--- user ---\n{result.observation}")
             print(f"(score {result.raw_score}, normalised {result.score:.2f}, turn {result.turn})\n")
-        print(
-            f"Episode over: score {result.raw_score} ({result.score:.2f}), "
-            f"turns {g.turn}, {result.end_reason or 'stopped'}"
-        )
+        print(f"Episode over: score {result.raw_score} ({result.score:.2f}), turns {g.turn}, "
+              f"{result.end_reason or 'stopped'}")
     return 0
 
 
@@ -92,8 +87,7 @@ def _init_tiny(args: argparse.Namespace) -> int:
     from rose_ray.models import count_parameters, load_model
     from rose_ray.provision.tiny import init_tiny
 
-    paths = init_tiny(args.out, seed=args.seed, style=args.style)
-    for role, path in paths.items():
+    for role, path in init_tiny(args.out, seed=args.seed, style=args.style).items():
         print(f"{role}: {path} ({count_parameters(load_model(path)):,} parameters)")
     return 0
 
@@ -125,97 +119,77 @@ def _serve(args: ServeCommand) -> int:
     return 0
 
 
-def world_args(g: argparse.ArgumentParser) -> None:
-    """--world and --mapping as the typed commands have them (commands.WorldSettings)."""
-    from dataclasses import fields
-
-    from rose_ray.commands import WorldSettings
-
-    for f in fields(WorldSettings):
-        g.add_argument(f"--{f.name}", choices=f.metadata["choices"], help=f.metadata["help"])
+# Every command, in --help's order: (name, function, help). A "module:function" is imported only when
+# used; a command with typed settings (commands.py) has its flags made from them, the others below.
+COMMAND_TABLE: list[tuple[str, Any, str]] = [
+    ("games", _games, "list a world's games: counts per task, splits, mapping"),
+    ("play", _play, "play one game in the terminal, through the model's protocol"),
+    ("init-tiny", _init_tiny, "build a tiny tokenizer and tiny Qwen3 student/teacher"),
+    ("train", "rose_ray.train:cli_main",
+     "online ROSE (or opd / teacher_sft) on a Ray cluster or this machine"),
+    ("warmup", "rose_ray.provision.warmup:cli_main",
+     "build a config's tiny models and warm-ups (cached), e.g. the small tier"),
+    ("export", "rose_ray.export:cli_main",
+     "a Hugging Face folder of the student from a run's kept checkpoint"),
+    ("check", "rose_ray.check:check_main",
+     "preflight a config: tokenizers, chat templates, games, placement; exit 2 on the first problem"),
+    ("plan", "rose_ray.check:plan_main",
+     "print where each actor of a config would go on the cluster; exit 2 if it can't fit"),
+    ("eval", "rose_ray.evaluate:cli_main", "evaluate a model on held-out games (Score / Success / Pass)"),
+    ("collect", "rose_ray.collect:collect_main", "write student prefixes: the first K turns of each game"),
+    ("continue", "rose_ray.collect:continue_main", "replay recorded prefixes, then let the teacher play on"),
+    ("gold", "rose_ray.collect:gold_main", "write gold demonstrations (ScienceWorld's gold paths)"),
+    ("migrate", "rose_ray.migrate:cli_main", "rewrite a run's config.yaml from an earlier version of "
+                                             "rose_ray in today's keys (the old file kept beside it as "
+                                             "config.yaml.old)"),
+    ("check-data", "rose_ray.collect:check_data_main",
+     "validate a JSONL dataset and tell its item-id mapping"),
+    ("serve", _serve, "OpenAI-compatible server over a transformers engine (vLLM: its own server)"),
+    ("sft", "rose_ray.recipes.sft:cli_main",
+     "offline SFT on dataset rows (the card's role/content schema or AgentGym's from/value)"),
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rose-ray", description=__doc__.split("\n\n")[0])
     p.add_argument("--version", action="version", version=f"rose-ray {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def command(name: str, help_: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help_, description=help_)
-
-    g = command("games", "list a world's games: counts per task, splits, mapping")
-    world_args(g)
-    g.add_argument("--show", metavar="ITEM", help="print one game's first observation (starts the game)")
-    g.set_defaults(func=_games)
-
-    g = command("play", "play one game in the terminal, through the model's protocol")
-    g.add_argument("item", help="item id, e.g. sciworld_0 or discoveryworld_5")
-    world_args(g)
-    g.add_argument("--max-turns", type=int, default=50, help="turns before the game ends (default: 50)")
-    g.add_argument("--instruction-from", metavar="JSONL", help="take the instruction from a dataset")
-    g.set_defaults(func=_play)
-
-    g = command("init-tiny", "build a tiny tokenizer and tiny Qwen3 student/teacher")
-    g.add_argument("--out", required=True, help="the folder to build them in (required)")
-    g.add_argument("--seed", type=int, default=0, help="the models' initialization seed (default: 0)")
-    g.add_argument("--style", choices=["plain", "qwen3"], default="plain",
-                   help="qwen3: Qwen3's special tokens (<think> too) and a chat template that behaves like "
-                        "Qwen3's (default: plain)")
-    g.set_defaults(func=_init_tiny)
-
-    g = command("train", "online ROSE (or opd / teacher_sft) on a Ray cluster or this machine")
-    g.add_argument("--config", metavar="FILE.yaml",
-                   help="a training config (default: the embedded tiny config, rose_ray/configs/tiny.yaml)")
-    g.add_argument("--resume", metavar="RUN", help="continue a run from its latest checkpoint, with its own "
-                                                 "config.yaml: a run folder, a run_dir such as runs/tiny (its "
-                                                 "latest run), or runs/tiny/latest")
-    g.add_argument("--print-config", action="store_true",
-                   help="print the config the run would start with (merged and checked; as the run's config.yaml "
-                        "keeps it, without secrets) and exit")
-    g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. steps=20")
-    g.set_defaults(func="rose_ray.train:cli_main")
-
-    from rose_ray.commands import COMMANDS, TOOLS, add_flags
-
-    def typed(name: str, func: Any, help_: str) -> None:
-        """A command with typed settings (commands.py), its flags made from the fields there."""
-        g = command(name, help_)
-        add_flags(g, COMMANDS.get(name) or TOOLS[name], layers=name in COMMANDS)
+    for name, func, help_ in COMMAND_TABLE:
+        g = sub.add_parser(name, help=help_, description=help_)
         g.set_defaults(func=func)
-
-    for args in (
-            ("warmup", "rose_ray.provision.warmup:cli_main",
-             "build a config's tiny models and warm-ups (cached), e.g. the small tier"),
-            ("export", "rose_ray.export:cli_main", "a Hugging Face folder of the student from a run's kept checkpoint"),
-            ("check", "rose_ray.check:check_main",
-             "preflight a config: tokenizers, chat templates, games, placement; exit 2 on the first problem"),
-            ("plan", "rose_ray.check:plan_main",
-             "print where each actor of a config would go on the cluster; exit 2 if it can't fit"),
-            ("eval", "rose_ray.evaluate:cli_main", "evaluate a model on held-out games (Score / Success / Pass)"),
-            ("collect", "rose_ray.collect:collect_main", "write student prefixes: the first K turns of each game"),
-            ("continue", "rose_ray.collect:continue_main", "replay recorded prefixes, then let the teacher play on"),
-            ("gold", "rose_ray.collect:gold_main", "write gold demonstrations (ScienceWorld's gold paths)")):
-        typed(*args)
-
-    g = command("migrate", "rewrite a run's config.yaml from an earlier version of rose_ray in today's keys "
-                           "(the old file kept beside it as config.yaml.old)")
-    g.add_argument("run", metavar="RUN", help="a run folder, a run_dir such as runs/tiny (its latest run), or its latest file")
-    g.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="settings the old run needs now")
-    g.set_defaults(func="rose_ray.migrate:cli_main")
-
-    from rose_ray.envs.worlds import get_world
-
-    g = command("check-data", "validate a JSONL dataset and tell its item-id mapping")
-    g.add_argument("file")
-    g.add_argument("--mapping", choices=list(get_world(None).mappings), help="fail unless it is this one")
-    g.add_argument("--sample", type=int, default=20,
-                   help="rows whose task description is checked (default: 20)")
-    g.add_argument("--no-jvm", action="store_true", help="check only the rows' task names")
-    g.set_defaults(func="rose_ray.collect:check_data_main")
-
-    typed("serve", _serve, "OpenAI-compatible server over a transformers engine (vLLM: its own server)")
-    typed("sft", "rose_ray.recipes.sft:cli_main",
-          "offline SFT on dataset rows (the card's role/content schema or AgentGym's from/value)")
+        if name in COMMANDS or name in TOOLS:
+            add_flags(g, COMMANDS.get(name) or TOOLS[name], layers=name in COMMANDS)
+    games, play, init_tiny, train, migrate, check_data = (
+        sub.choices[n] for n in ("games", "play", "init-tiny", "train", "migrate", "check-data"))
+    play.add_argument("item", help="item id, e.g. sciworld_0 or discoveryworld_5")
+    for g in (games, play):  # --world and --mapping as the typed commands have them
+        for f in fields(WorldSettings):
+            g.add_argument(f"--{f.name}", choices=f.metadata["choices"], help=f.metadata["help"])
+    games.add_argument("--show", metavar="ITEM", help="print one game's first observation (starts the game)")
+    play.add_argument("--max-turns", type=int, default=50, help="turns before the game ends (default: 50)")
+    play.add_argument("--instruction-from", metavar="JSONL", help="take the instruction from a dataset")
+    init_tiny.add_argument("--out", required=True, help="the folder to build them in (required)")
+    init_tiny.add_argument("--seed", type=int, default=0, help="the models' initialization seed (default: 0)")
+    init_tiny.add_argument("--style", choices=["plain", "qwen3"], default="plain",
+                           help="qwen3: Qwen3's special tokens (<think> too) and a chat template that "
+                                "behaves like Qwen3's (default: plain)")
+    train.add_argument("--config", metavar="FILE.yaml", help="a training config (default: the embedded "
+                                                            "tiny config, rose_ray/configs/tiny.yaml)")
+    train.add_argument("--resume", metavar="RUN",
+                       help="continue a run from its latest checkpoint, with its own config.yaml: a run "
+                            "folder, a run_dir such as runs/tiny (its latest run), or runs/tiny/latest")
+    train.add_argument("--print-config", action="store_true",
+                       help="print the config the run would start with (merged and checked; as the run's "
+                            "config.yaml keeps it, without secrets) and exit")
+    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. steps=20")
+    migrate.add_argument("run", metavar="RUN", help="a run folder, a run_dir such as runs/tiny (its latest "
+                                                   "run), or its latest file")
+    migrate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="settings the old run needs now")
+    check_data.add_argument("file")
+    check_data.add_argument("--mapping", choices=MAPPINGS, help="fail unless it is this one")
+    check_data.add_argument("--sample", type=int, default=20,
+                            help="rows whose task description is checked (default: 20)")
+    check_data.add_argument("--no-jvm", action="store_true", help="check only the rows' task names")
     return p
 
 
@@ -228,30 +202,24 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]  # not +=: that would grow the parser's default list
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    func = args.func
-    if isinstance(func, str):  # "module:function", imported only when used
-        module, name = func.split(":")
-        func = getattr(importlib.import_module(module), name)
+    func = pkgutil.resolve_name(args.func) if isinstance(args.func, str) else args.func
     from rose_ray.inference.openai import OpenAIServerError
     from rose_ray.models import ModelNotAvailable
 
     try:
-        given: object = args
         if getattr(args, "settings", None) is not None:  # a command with a typed config (commands.py)
             from rose_ray.commands import resolve
 
-            given = resolve(args.settings, args, args.command)
-        return int(func(given) or 0)
+            return int(func(resolve(args.settings, args, args.command)) or 0)
+        return int(func(args) or 0)
     except (InputError, FileNotFoundError, ModelNotAvailable, OpenAIServerError) as e:
         if os.environ.get("ROSE_RAY_DEBUG"):  # else one line (a bug, not caught here, keeps its traceback)
             raise
         from rose_ray.reliability import describe_error
 
         served = isinstance(e, OpenAIServerError)  # a served model failed a command (not bad input): exit 1
-        if served:
-            message = f"a served model failed: {describe_error(e)}"
-        else:  # bad input: its one line, exit 2
-            message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        message = (f"a served model failed: {describe_error(e)}" if served  # else bad input: one line, exit 2
+                   else e.args[0] if isinstance(e, KeyError) and e.args else e)
         print(f"rose-ray {args.command}: error: {message}", file=sys.stderr)
         return 1 if served else 2
     except BrokenPipeError:  # output piped into `head`

@@ -16,9 +16,9 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
 from rose_ray.chat import HISTORIES
-from rose_ray.config import first_line, load_config, override_layer, yaml_layers
+from rose_ray.config import load_config, override_layer, yaml_layers
 from rose_ray.envs.worlds import DEFAULT_WORLD, WORLDS, get_world
-from rose_ray.errors import ConfigError, InputError
+from rose_ray.errors import ConfigError, InputError, first_line
 from rose_ray.inference.engine import CONTEXT_POLICIES, DTYPES, EngineConfig
 from rose_ray.inference.protocol import MAX_CONCURRENT
 from rose_ray.inference.registry import COMMAND_BACKENDS, DEFAULT_COMMAND_BACKEND
@@ -38,8 +38,7 @@ def setting(default: Any = MISSING, help: str = "", choices: tuple[Any, ...] | N
             flag: str | None = None, metavar: str | None = None, nargs: str | None = None,
             positional: bool = False) -> Any:
     """A command's setting: its default (none: required) and what its flag shows and accepts."""
-    meta = {"help": help, "choices": choices, "flag": flag, "metavar": metavar, "nargs": nargs,
-            "positional": positional}
+    meta = dict(help=help, choices=choices, flag=flag, metavar=metavar, nargs=nargs, positional=positional)
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -60,13 +59,6 @@ class ContextTokens:
 
 
 @dataclass
-class ContextPolicySetting(ContextTokens):
-    context_policy: str = setting(
-        "end_episode", "a prompt that no longer fits: end the episode there (AgentGym's rule, the default; "
-        "its end reason is `context`) or drop the oldest action/observation pairs", choices=CONTEXT_POLICIES)
-
-
-@dataclass
 class HistorySetting:
     history: str = setting("template", "earlier turns in each prompt (or each SFT row): as the chat template "
                                        "renders the conversation, as a chat API does (the card's; default), "
@@ -81,13 +73,20 @@ class InstructionSetting:
 
 
 @dataclass
-class ConversationSettings(HistorySetting, InstructionSetting):
-    enable_thinking: bool = setting(False, "turn the chat template's thinking mode on (Qwen3); off by default")
+class RowsOutput:
+    """A dataset command's rows and --out: they stream into `<out>.partial`, `<out>` is written at the end."""
+
+    out: str = setting(help="the JSONL file to write (rows stream into OUT.partial meanwhile)")
+    overwrite: bool = setting(False, "replace --out if it exists (default: refuse), and start over from a "
+                                     "partial file of other settings")
+    schema: str = setting("card", "rows as the dataset card writes them (role/content) or as AgentGym does "
+                                  "(from/value)", choices=SCHEMAS)
 
 
 @dataclass
-class EngineSettings:
-    """The engine of a local model; a served one's (`openai:URL`) tokenizer here, and its name there."""
+class PlaySettings(WorldSettings, ContextTokens, HistorySetting, InstructionSetting):
+    """Episodes played by models: `eval`, `collect` and `continue`. The engine is a local model's, or a
+    served one's (`openai:URL`): its tokenizer here and its name there."""
 
     tokenizer: str | None = setting(None, "tokenizer folder of the openai:URL models (prompts go as token ids)")
     served_model: str = setting("", "the model name the openai: server expects (default: the server's own)")
@@ -97,22 +96,11 @@ class EngineSettings:
                            choices=COMMAND_BACKENDS)
     kv_cache_mb: float | None = setting(None, "vllm on CPU: the KV cache's size (default: the backend's own; "
                                               "with --run or --config, that config's)", metavar="MB")
-
-
-@dataclass
-class RowsOutput:
-    """A dataset command's rows and --out: they stream into `<out>.partial`, `<out>` is written at the end."""
-
-    overwrite: bool = setting(False, "replace --out if it exists (default: refuse), and start over from a "
-                                     "partial file of other settings")
-    schema: str = setting("card", "rows as the dataset card writes them (role/content) or as AgentGym does "
-                                  "(from/value)", choices=SCHEMAS)
-
-
-@dataclass
-class PlaySettings(WorldSettings, ContextPolicySetting, ConversationSettings, EngineSettings):
-    """Episodes played by models: `eval`, `collect` and `continue`."""
-
+    enable_thinking: bool = setting(False, "turn the chat template's thinking mode on (Qwen3); off by "
+                                           "default")
+    context_policy: str = setting(
+        "end_episode", "a prompt that no longer fits: end the episode there (AgentGym's rule, the default; "
+        "its end reason is `context`) or drop the oldest action/observation pairs", choices=CONTEXT_POLICIES)
     seed: int = setting(0, "the games drawn; at temperature > 0 also each turn's draw "
                            "(its own seed, from seed, game and turn)")
     temperature: float = setting(0.0, "0 = greedy")
@@ -295,15 +283,12 @@ def training_eval_layer(given: DictConfig) -> tuple[str, dict[str, Any]] | None:
             train_cfg = load_config(given.config)
         except ConfigError as e:
             keys = set(OmegaConf.load(given.config)) if Path(given.config).is_file() else set()
-            own = {f.name for f in fields(EvalCommand)}
-            if keys and keys <= own:  # a file of eval's own settings
+            if keys and keys <= {f.name for f in fields(EvalCommand)}:  # a file of eval's own settings
                 raise ConfigError(f"eval: --config {given.config}: a training config is expected (as train --config "
                                   f"takes), and this file holds eval's own settings: give it as --settings "
                                   f"{given.config}") from None
             raise ConfigError(f"eval: --config {e}") from None
-        layer = training_eval(train_cfg, given.model)
-        del layer["model"]
-        return f"--config {given.config}", layer
+        return f"--config {given.config}", training_eval(train_cfg, given.model)
     return None
 
 
@@ -315,7 +300,6 @@ class CollectCommand(PlaySettings, RowsOutput):
     turns: int = setting(5, "turns per game")
     split: str = setting("train")
     n: int = setting(0, "a task-stratified sample (0 = the whole split)")
-    out: str = setting(help="the JSONL file to write (rows stream into OUT.partial meanwhile)")
     temperature: float = setting(SamplingParams.temperature, "0 = greedy")
 
     def play_spec(self) -> PlaySpec:
@@ -331,7 +315,6 @@ class ContinueCommand(PlaySettings, RowsOutput):
     student: str | None = setting(None, "tokenizer owner of the output ids (default: the teacher's)")
     input: str = setting(help="the prefixes (JSONL) to continue", flag="--in")
     max_turns: int = setting(10, "turns in all, prefix included")
-    out: str = setting(help="the JSONL file to write (rows stream into OUT.partial meanwhile)")
 
     def play_spec(self) -> PlaySpec:
         """The teacher after the replayed prefix; the student's engine only lends its tokenizer
@@ -353,7 +336,6 @@ class GoldCommand(WorldSettings, InstructionSetting, RowsOutput):
     workers: int = setting(2, "games at once")
     observe: bool = setting(False, "paths that look before they choose and name things as the game shows them, "
                                    "replayed to check they still succeed (the small tier's teacher warm-up)")
-    out: str = setting(help="the JSONL file to write (rows stream into OUT.partial meanwhile)")
 
 
 @dataclass
@@ -413,8 +395,9 @@ class TrainConfigSettings:
 
 
 @dataclass
-class PlacementSettings:
-    """Where a config's actors would go, and the GPU memory plan's inputs (`plan` and `check`)."""
+class PlanCommand(TrainConfigSettings):
+    """`rose-ray plan` (check.py: plan_main): where a config's actors would go, and the GPU memory
+    plan's inputs (`check` takes them too)."""
 
     node: list[str] = setting([], "plan on described nodes instead of a cluster, e.g. --node 2xCPU=64,GPU=8 "
                                   "(repeatable)", metavar="[Nx]RES=N,...")
@@ -428,18 +411,13 @@ class PlacementSettings:
 
 
 @dataclass
-class CheckCommand(TrainConfigSettings, PlacementSettings):
+class CheckCommand(PlanCommand):
     """`rose-ray check [--config CONFIG]` (check.py; `check CONFIG`, the spelling before, still works)."""
 
     backends: bool = setting(False, "only say which engine backends (hf, vllm, openai) this machine can run, "
                                     "and why not")
     tokenizer_for: list[str] = setting([], "a local tokenizer folder standing in for a model not on disk "
                                            "(repeatable)", metavar="MODEL=DIR")
-
-
-@dataclass
-class PlanCommand(TrainConfigSettings, PlacementSettings):
-    """`rose-ray plan` (check.py: plan_main)."""
 
 
 @dataclass
@@ -479,10 +457,10 @@ def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = Tru
         meta, hint = f.metadata, hints[f.name]
         inner = [a for a in typing.get_args(hint) if a is not type(None)]  # int | None, list[str]: their item
         kind = inner[0] if typing.get_origin(hint) is list or len(inner) == 1 else hint
-        required = f.default is MISSING
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         said = default is None or default is False or default in ([], "") or "default" in meta["help"].lower()
-        end = "(required)" if required else "" if said else f"(default: {default})".replace("%", "%%")
+        shown = f"(default: {default})".replace("%", "%%")
+        end = "(required)" if default is MISSING else "" if said else shown
         about = " ".join(filter(None, [meta["help"], end]))
         # A positional KEY=VALUE list is there even when empty: more may follow the flags (cli.main).
         options: dict[str, Any] = {"help": about or None, "default": [] if meta["nargs"] == "*" else argparse.SUPPRESS}
@@ -492,10 +470,9 @@ def add_flags(parser: argparse.ArgumentParser, command: type, layers: bool = Tru
             options.update(type=kind, choices=meta["choices"], metavar=meta["metavar"], nargs=meta["nargs"])
             if typing.get_origin(hint) is list and not meta["nargs"]:  # a repeatable flag
                 options.update(action="append", nargs=None)
-        if meta["positional"]:
-            parser.add_argument(f.name, **options)
-        else:
-            parser.add_argument(_flag(f), dest=f.name, **options)
+        if not meta["positional"]:
+            options["dest"] = f.name  # `--in` sets `input`
+        parser.add_argument(f.name if meta["positional"] else _flag(f), **options)
     if layers:
         name = parser.prog.split()[-1]
         parser.add_argument("--settings", dest="settings_file", metavar="FILE.yaml",
@@ -557,14 +534,14 @@ def resolve(command: type, args: argparse.Namespace, name: str) -> Any:
 
 def _merged(command: type, layers: list[tuple[str, Any]], name: str) -> DictConfig:
     """The command's defaults with `layers` (source, layer) merged over them in order."""
-    keys = [f.name for f in fields(command)]
     merged = OmegaConf.structured(command)
     for source, layer in layers:
         try:
             merged = OmegaConf.merge(merged, layer)
         except OmegaConfBaseException as e:
             key = getattr(e, "full_key", None) or "?"
-            why = (f"{name} has no such setting (its keys: {', '.join(keys)})" if isinstance(e, ConfigKeyError)
+            keys = ", ".join(f.name for f in fields(command))
+            why = (f"{name} has no such setting (its keys: {keys})" if isinstance(e, ConfigKeyError)
                    else first_line(e))
             raise ConfigError(f"{source}: key {key!r}: {why}") from None
     return merged
@@ -573,7 +550,6 @@ def _merged(command: type, layers: list[tuple[str, Any]], name: str) -> DictConf
 def from_keywords(command: type, name: str, given: dict[str, Any]) -> Any:
     """A command's settings from Python keywords (`rose_ray.evaluate(run=...)`), checked as flags are."""
     keys = {f.name for f in fields(command)}
-    unknown = sorted(set(given) - keys)
-    if unknown:
+    if unknown := sorted(set(given) - keys):
         raise ConfigError(f"{name}: no setting {unknown[0]!r} (its settings: {', '.join(sorted(keys))})")
     return resolve(command, argparse.Namespace(**given, overrides=[], settings_file=None), name)

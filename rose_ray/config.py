@@ -1,8 +1,6 @@
 """The training config: OmegaConf structured dataclasses, YAML + dotlist overrides, validation
 (OmegaConf names an unknown key or a wrong type; each section's `__post_init__` an impossible
 value). Every key: docs/reference.md, generated from the comments here (docs_reference.py).
-
-    cfg = load_config("configs/tiny.yaml", ["rollout.batch_episodes=4", "steps=20"])
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rose_ray.envs.config import EnvConfig
-from rose_ray.errors import ConfigError, InputError
+from rose_ray.errors import ConfigError, InputError, first_line
 from rose_ray.inference.engine import EngineConfig
 from rose_ray.learner.learner import LearnerConfig
 from rose_ray.publish.route import PublishConfig
@@ -28,14 +26,12 @@ from rose_ray.types import REPORT_MODES, SamplingParams
 
 __all__ = ["ConfigError", "TrainConfig", "load_config", "to_dict", "to_yaml"]
 
-MODES = ("async", "sync")
-
-
-def at_least(section: Any, prefix: str, minimum: int, *keys: str) -> None:
-    """A ConfigError naming the first of the section's `keys` below `minimum`."""
+def at_least(section: Any, prefix: str, minimum: float, *keys: str, above: bool = False) -> None:
+    """A ConfigError naming the first of the section's `keys` below `minimum` (`above`: not above it)."""
     for key in keys:
-        if getattr(section, key) < minimum:
-            raise ConfigError(f"{prefix}{key}: must be >= {minimum}, got {getattr(section, key)!r}")
+        value = getattr(section, key)
+        if not (value > minimum if above else value >= minimum):  # NaN is neither
+            raise ConfigError(f"{prefix}{key}: must be {'>' if above else '>='} {minimum}, got {value!r}")
 
 
 @dataclass
@@ -114,8 +110,7 @@ class TeacherWarmupConfig:
     def __post_init__(self) -> None:
         at_least(self, f"{self.KEY}.", 1, "gold_games", "max_turns", "epochs", "batch_episodes", "threads",
                  "opening_turns")
-        if self.lr <= 0:
-            raise ConfigError(f"{self.KEY}.lr: must be > 0, got {self.lr!r}")
+        at_least(self, f"{self.KEY}.", 0, "lr", above=True)
         for key in ("detours", "student_openings"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError(f"{self.KEY}.{key}: a share of demonstrations, from 0 to 1; "
@@ -126,12 +121,11 @@ class TeacherWarmupConfig:
 
         if self.continuation not in CONTINUATIONS:
             raise ConfigError(f"{self.KEY}.continuation: must be one of {CONTINUATIONS}, got {self.continuation!r}")
-        if self.continuation != "gold" and self.KEY != "teacher_warmup":
-            raise ConfigError(f"{self.KEY}.continuation: only the teacher's demonstrations are continued by the "
-                              "expert; set teacher_warmup.continuation")
-        if self.student_openings and self.KEY != "teacher_warmup":
-            raise ConfigError(f"{self.KEY}.student_openings: only the teacher's demonstrations open with "
-                              "the base student's turns; set teacher_warmup.student_openings")
+        for key, what in (("continuation", "are continued by the expert"),
+                          ("student_openings", "open with the base student's turns")):
+            if self.KEY != "teacher_warmup" and getattr(self, key) != getattr(TeacherWarmupConfig, key):
+                raise ConfigError(f"{self.KEY}.{key}: only the teacher's demonstrations {what}; "
+                                  f"set teacher_warmup.{key}")
         if self.schedule not in ("constant", "linear", "cosine"):
             raise ConfigError(f"{self.KEY}.schedule: must be constant, linear or cosine, got {self.schedule!r}")
 
@@ -158,9 +152,6 @@ class StudentWarmupConfig(TeacherWarmupConfig):
     KEY = "student_warmup"
 
 
-TEACHER_KINDS = ("model", "expert")
-
-
 @dataclass
 class TeacherConfig:
     """Who the teacher is: `model`, the model `teacher_engine` serves (the default), or `expert`,
@@ -171,8 +162,8 @@ class TeacherConfig:
     kind: str = "model"  # model | expert
 
     def __post_init__(self) -> None:
-        if self.kind not in TEACHER_KINDS:
-            raise ConfigError(f"teacher.kind: must be one of {TEACHER_KINDS}, got {self.kind!r}")
+        if self.kind not in ("model", "expert"):
+            raise ConfigError(f"teacher.kind: must be one of ('model', 'expert'), got {self.kind!r}")
 
     @property
     def expert(self) -> bool:
@@ -245,12 +236,8 @@ class ReliabilityConfig:
     max_failed_in_a_row: int = 16
 
     def __post_init__(self) -> None:
-        at_least(self, "reliability.", 0, "max_restarts", "max_failed_in_a_row")
-        for key in ("health_every_s", "health_timeout_s", "start_timeout_s"):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"reliability.{key}: must be > 0, got {getattr(self, key)!r}")
-        if not self.watchdog_s >= 0:
-            raise ConfigError(f"reliability.watchdog_s: must be >= 0 (0 = off), got {self.watchdog_s!r}")
+        at_least(self, "reliability.", 0, "max_restarts", "max_failed_in_a_row", "watchdog_s")
+        at_least(self, "reliability.", 0, "health_every_s", "health_timeout_s", "start_timeout_s", above=True)
 
 
 @dataclass
@@ -325,8 +312,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.algorithm: Recipe = get_recipe(self.algorithm)  # an unknown name or key fails here, named
-        if self.mode not in MODES:
-            raise ConfigError(f"mode: must be one of {MODES}, got {self.mode!r}")
+        if self.mode not in ("async", "sync"):
+            raise ConfigError(f"mode: must be one of ('async', 'sync'), got {self.mode!r}")
         at_least(self, "", 1, "steps", "publish_every", "checkpoint_every", "keep_checkpoints")
         # Checks across sections, each by the part that owns the key it names.
         self.learner.check_rows(self.student_engine.context_tokens)
@@ -437,7 +424,3 @@ def to_yaml(cfg: TrainConfig) -> str:
 
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
-
-
-def first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0]

@@ -33,27 +33,24 @@ ENV_DEFAULTS = ("ROSE_RAY_CACHE", "ROSE_RAY_RUNS")
 
 # --------------------------------------------------------------------------- reading the source
 def class_doc(cls: type) -> str:
-    """The class's own docstring, one paragraph per blank line ('' when it has none: a
-    dataclass's generated signature is not a doc)."""
-    node = _class_node(cls)
-    return inspect.cleandoc(ast.get_docstring(node) or "") if node is not None else ""
+    """The class's own docstring ('' when it has none: a dataclass's generated signature is not a doc)."""
+    doc = cls.__dict__.get("__doc__") or ""
+    return "" if doc.startswith(f"{cls.__name__}(") else inspect.cleandoc(doc)
 
 
 def field_comments(cls: type) -> dict[str, str]:
     """Each field's comment in the source of the class (or of the base class that declares it):
     the comment lines right above it and the comment on its own line(s), joined."""
     out: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        node = _class_node(klass) if dataclasses.is_dataclass(klass) else None
-        if node is None:
-            continue
+    for klass in [k for k in reversed(cls.__mro__) if dataclasses.is_dataclass(k)]:
+        source = textwrap.dedent(inspect.getsource(klass))
         alone: dict[int, str] = {}  # line number (1-based) -> text of a comment on a line of its own
         inline: dict[int, str] = {}  # ... of a comment after code
-        for tok in tokenize.generate_tokens(io.StringIO(textwrap.dedent(inspect.getsource(klass))).readline):
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
             if tok.type == tokenize.COMMENT:
                 own_line = tok.line.lstrip().startswith("#")
                 (alone if own_line else inline)[tok.start[0]] = tok.string.lstrip("#").strip()
-        for stmt in node.body:
+        for stmt in ast.parse(source).body[0].body:  # type: ignore[attr-defined]
             if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
                 continue
             n, above = stmt.lineno - 1, []
@@ -66,30 +63,12 @@ def field_comments(cls: type) -> dict[str, str]:
     return out
 
 
-def _class_node(cls: type) -> ast.ClassDef | None:
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError):
-        return None
-    return next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
-
-
 def docstring_table(doc: str) -> dict[str, str]:
     """The `name   what it does` lines of a module docstring (recipes, turn policies), with their
-    continuation lines, as {name: text}."""
-    table: dict[str, str] = {}
-    name = None
-    for line in (doc or "").splitlines():
-        row = re.match(r"^ {4}(\w+) {2,}(\S.*)$", line)
-        more = re.match(r"^ {8,}(\S.*)$", line)
-        if row:
-            name = row.group(1)
-            table[name] = row.group(2).strip()
-        elif more and name:
-            table[name] += " " + more.group(1).strip()
-        else:
-            name = None
-    return {k: re.sub(r"\s{2,}\S+\.py$", "", v).strip() for k, v in table.items()}
+    continuation lines, as {name: text}; a last column naming a .py file is dropped."""
+    rows = re.findall(r"^ {4}(\w+) {2,}(\S.*)((?:\n {8,}\S.*)*)", doc, flags=re.M)
+    joined = {name: " ".join(p.strip() for p in (first + more).split("\n")) for name, first, more in rows}
+    return {name: re.sub(r"\s{2,}\S+\.py$", "", text).strip() for name, text in joined.items()}
 
 
 # --------------------------------------------------------------------------- types and values
@@ -103,14 +82,6 @@ def show(value: Any) -> str:
         return f"`{value}`" if value else '`""`'
     text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
     return f"`{text.removesuffix('...').strip()}`"
-
-
-def default_of(field: dataclasses.Field) -> Any:
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    if field.default_factory is not dataclasses.MISSING:
-        return field.default_factory()
-    return dataclasses.MISSING
 
 
 def cell(text: str) -> str:
@@ -132,15 +103,15 @@ def _rows(cls: type, prefix: str, defaults: list[Any]) -> tuple[list[str], list[
     rows, sections = [], []
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
-        values = [getattr(d, f.name) if d is not None else default_of(f) for d in defaults]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        values = [default if d is None else getattr(d, f.name) for d in defaults]
         inner = f.metadata.get("tagged") or (hint if dataclasses.is_dataclass(hint) else None)
         if inner is not None:
             sections.append((f"{prefix}{f.name}", inner, values, comments.get(f.name, "")))
             continue
         shown = [show(v) for v in values]
         default = shown[0] if len(set(shown)) == 1 else " / ".join(shown)
-        kind = f.type if isinstance(f.type, str) else getattr(hint, "__name__", str(hint))
-        kind = "any" if kind == "Any" else kind
+        kind = "any" if f.type == "Any" else f.type  # as written (the modules' annotations are strings)
         why = cell(comments.get(f.name, ""))
         rows.append(f"| `{prefix}{f.name}` | {cell(kind)} | {cell(default)} | {why} |")
     return rows, sections
@@ -232,27 +203,20 @@ def render() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def config_keys() -> set[str]:
-    """Every key a training config can set, dotted (`learner.lr`): every kind's keys under a
-    section chosen by its tag (each recipe's under `algorithm`, each backend's under an engine's
-    `backend`), and `KEY.*` under a free-form mapping (`env.resources.*`)."""
+def config_keys(cls: type | None = None, prefix: str = "") -> set[str]:
+    """Every key a training config (or section `cls` under `prefix`) can set, dotted (`learner.lr`):
+    every kind's keys under a section chosen by its tag (each recipe's under `algorithm`, each
+    backend's under an engine's `backend`), and `KEY.*` under a free-form mapping (`env.resources.*`)."""
     from rose_ray.config import TrainConfig
 
-    def walk(cls: type, prefix: str) -> set[str]:
-        hints = typing.get_type_hints(cls)
-        keys = set()
-        for f in dataclasses.fields(cls):
-            keys.add(prefix + f.name)
-            if "tagged" in f.metadata:
-                for kind in f.metadata["tagged"].kinds().values():
-                    keys |= walk(kind, f"{prefix}{f.name}.")
-            elif dataclasses.is_dataclass(hints[f.name]):
-                keys |= walk(hints[f.name], f"{prefix}{f.name}.")
-            elif typing.get_origin(hints[f.name]) is dict:
-                keys.add(f"{prefix}{f.name}.*")
-        return keys
-
-    return walk(TrainConfig, "")
+    hints, keys = typing.get_type_hints(cls or TrainConfig), set()
+    for f in dataclasses.fields(cls or TrainConfig):
+        key, hint = prefix + f.name, hints[f.name]
+        keys |= {key, *([f"{key}.*"] if typing.get_origin(hint) is dict else [])}
+        inner = f.metadata["tagged"].kinds().values() if "tagged" in f.metadata else [hint]
+        for kind in filter(dataclasses.is_dataclass, inner):
+            keys |= config_keys(kind, f"{key}.")
+    return keys
 
 
 def main(argv: list[str] | None = None) -> int:

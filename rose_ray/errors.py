@@ -23,3 +23,7 @@ class DataError(InputError):
 
 class UnknownItem(InputError, KeyError):
     """A game, task or variation a catalogue does not have (a KeyError too, for lookups)."""
+
+
+def first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0]

@@ -137,11 +137,9 @@ def clear_leftovers(folder: str | Path, name: str | None = None, owned: bool = F
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where the system or
     the file system cannot (then nothing happened)."""
-    if not sys.platform.startswith("linux"):
-        return False
     try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2  # glibc's, Linux only
+    except (OSError, AttributeError, TypeError):
         return False
     at_fdcwd, rename_exchange = -100, 2
     if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
@@ -239,22 +237,19 @@ def writing_file(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
         tmp.unlink(missing_ok=True)
 
 
-def write_file(path: str | Path, data: str | bytes) -> Path:
+def write_file(path: str | Path, data: str | bytes) -> None:
     """`path` holding `data`, written whole (`writing_file`); readers see the old file or the new."""
     with writing_file(path, "wb" if isinstance(data, bytes) else "w") as f:
         f.write(data)
-    return Path(path)
 
 
-@contextmanager
-def locked(target: str | Path) -> Iterator[None]:
-    """Hold the lock `<target>.lock` (a file beside `target`) for the block; waits for it."""
+def locked(target: str | Path) -> Any:
+    """The lock `<target>.lock` (a file beside `target`), to hold for a `with` block; waits for it."""
     from filelock import FileLock
 
     target = Path(os.path.abspath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target.with_name(target.name + ".lock"))):
-        yield
+    return FileLock(str(target.with_name(target.name + ".lock")))
 
 
 # ----------------------------------------------------------------------------- JSONL

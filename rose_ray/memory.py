@@ -1,10 +1,5 @@
 """The GPU memory plan: what each role holds on each of its GPUs, from the models' config.json
-(no weights loaded, no torch); what is counted: docs/cluster.md, "What each GPU holds".
-
-    roles = memory_plan(cfg, gpu_gib=80)       # a RoleMemory per GPU role
-    print("\\n".join(format_memory(roles, "80 GiB per GPU (--gpu-memory)")))
-    check_memory(roles)                         # PlacementError naming the role and its numbers
-"""
+(no weights loaded, no torch); what is counted: docs/cluster.md, "What each GPU holds"."""
 
 from __future__ import annotations
 
@@ -28,8 +23,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GPU_RUNTIME_BYTES = 1.5 * GIB
 # vLLM captures CUDA graphs for decode batches up to max_num_seqs (`cuda_graphs: true`).
 CUDA_GRAPHS_BYTES = 1.0 * GIB
-# The learner's LM head runs this many tokens at a time, unless `learner.logprob_chunk` says.
-LOGPROB_CHUNK = 1024
 # Scoring (prompt logprobs): logits, their fp32 log-softmax, a rank mask and the tensor-parallel
 # gather, ~8 bytes a logit, the whole vocabulary on every rank.
 SCORE_BYTES_PER_LOGIT = 8
@@ -77,17 +70,13 @@ class ModelShape:
         except KeyError as e:
             raise InputError(f"{name} ({source}): the model config has no {e.args[0]!r}") from None
 
-    @property
-    def q_width(self) -> int:
-        return self.num_attention_heads * self.head_dim
-
-    @property
-    def kv_width(self) -> int:
-        return self.num_key_value_heads * self.head_dim
+    def widths(self) -> tuple[int, int]:
+        """The query and the key (or value) projections' output widths."""
+        return self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
 
     def layer_parameters(self) -> int:
-        h = self.hidden_size
-        attention = h * (self.q_width + 2 * self.kv_width) + self.q_width * h + 2 * self.head_dim  # q k v o, q/k norms
+        h, (q, kv) = self.hidden_size, self.widths()
+        attention = h * (q + 2 * kv) + q * h + 2 * self.head_dim  # q k v o, q/k norms
         return attention + 3 * h * self.intermediate_size + 2 * h  # gate, up, down; two norms
 
     def embedding_parameters(self) -> int:
@@ -170,7 +159,8 @@ def _engine_parts(engine: Any, shape: ModelShape, dtype_bytes: int, tp: int, gpu
     prefill = min(vllm_batched_tokens(gpu_bytes), batch_tokens) if vllm else batch_tokens
     # a layer's activations a prompt token (freed before the next layer): the residual stream and
     # its norm, q/k/v, the attention output, gate/up and their product
-    split = shape.q_width + 2 * shape.kv_width + 3 * shape.intermediate_size
+    q_width, kv_width = shape.widths()
+    split = q_width + 2 * kv_width + 3 * shape.intermediate_size
     parts = {"weights": shape.parameters() * dtype_bytes / tp, "KV cache": float(kv),
              "activations": prefill * (4 * shape.hidden_size + split / tp) * dtype_bytes}
     if on_gpu:
@@ -205,8 +195,23 @@ def engine_memory(role: str, engine: Any, gpus: float, shape: ModelShape, gpu_by
     fitting = max(int((mem.budget - mem.total + mem.parts["KV cache"]) // per_sequence), 0)
     if vllm:
         mem.notes.append(f"{_sequences(fitting)} fit at full context ({engine.max_batch_size} wanted)")
-    if mem.total > mem.budget:
-        mem.problem = _engine_too_big(mem, engine, key, tp, e, gpu_bytes, fitting)
+    if mem.total > mem.budget:  # why, and what would fit
+        fixes = [f"lower {key}_engine.max_batch_size to {fitting}"] if vllm and fitting else []
+        split = engine.backend.tensor_parallel
+        for bigger in (2, 4, 8) if split is not None else ():
+            if bigger > tp and shape.num_attention_heads % bigger == 0 and \
+                    sum(_engine_parts(engine, shape, e, bigger, gpu_bytes, True).values()) <= mem.budget:
+                fixes.append(f"set {section}.{split.key}: {bigger} with resources.{key}_gpus: {bigger}")
+                break
+        if not vllm:
+            paged = [b.name for b in BACKENDS.values() if b.paged_kv]
+            fixes.append(f"use {section}: {'/'.join(paged)} (paged KV, tensor parallel)")
+        short = (f"at full context {fitting} of its {engine.max_batch_size} sequences fit at once" if vllm
+                 else f"{_sequences(engine.max_batch_size)} at full context do not")
+        mem.problem = (f"the {role} cannot fit its GPU{'s' if tp > 1 else ''}: {shape.name} needs "
+                       f"{_breakdown(mem.parts)} = {_gib(mem.total)} GiB per GPU, more than "
+                       f"{mem.budget_why} = {_gib(mem.budget)} GiB; {short}"
+                       + (f"; {' or '.join(fixes)}" if fixes else ""))
     if scores and vllm and mem.problem is None:  # vLLM computes prompt logprobs outside its share
         tokens = min(vllm_batched_tokens(gpu_bytes), engine.context_tokens)
         logits = tokens * shape.vocab_size * SCORE_BYTES_PER_LOGIT
@@ -215,27 +220,6 @@ def engine_memory(role: str, engine: Any, gpus: float, shape: ModelShape, gpu_by
                        f"scoring the student's tokens (prompt logprobs of a {tokens:,}-token chunk x "
                        f"{shape.vocab_size:,} vocabulary) needs {_gib(logits)} GiB outside vLLM's share")
     return mem
-
-
-def _engine_too_big(mem: RoleMemory, engine: Any, key: str, tp: int, dtype_bytes: int, gpu_bytes: float,
-                    fitting: int) -> str:
-    """Why an engine's batch does not fit at full context, and what would."""
-    vllm = engine.spec.paged_kv
-    fixes = [f"lower {key}_engine.max_batch_size to {fitting}"] if vllm and fitting else []
-    split = engine.backend.tensor_parallel
-    for bigger in (2, 4, 8) if split is not None else ():
-        if bigger > tp and mem.model.num_attention_heads % bigger == 0 and \
-                sum(_engine_parts(engine, mem.model, dtype_bytes, bigger, gpu_bytes, True).values()) <= mem.budget:
-            fixes.append(f"set {key}_engine.backend.{split.key}: {bigger} with resources.{key}_gpus: {bigger}")
-            break
-    if not vllm:
-        paged = [b.name for b in BACKENDS.values() if b.paged_kv]
-        fixes.append(f"use {key}_engine.backend: {'/'.join(paged)} (paged KV, tensor parallel)")
-    short = (f"at full context {fitting} of its {engine.max_batch_size} sequences fit at once" if vllm
-             else f"{_sequences(engine.max_batch_size)} at full context do not")
-    return (f"the {mem.role} cannot fit its GPU{'s' if tp > 1 else ''}: {mem.model.name} needs "
-            f"{_breakdown(mem.parts)} = {_gib(mem.total)} GiB per GPU, more than {mem.budget_why} = "
-            f"{_gib(mem.budget)} GiB; {short}" + (f"; {' or '.join(fixes)}" if fixes else ""))
 
 
 def _outside_share(mem: RoleMemory, engine: Any, key: str, nbytes: float, gpu_bytes: float, gpu_note: str,
@@ -298,7 +282,7 @@ def learner_memory(learner: Any, shape: ModelShape, gpu_bytes: float | None, gpu
         weights, grads, optim = split(4 * p, 3), split(4 * p, 2), split(8 * p, 1)
     if stage == 3:  # a gathered layer (and the next, prefetched) in 16-bit, as DeepSpeed's estimator counts
         weights += 2 * e * max(shape.layer_parameters(), shape.embedding_parameters())
-    chunk = int(getattr(learner, "logprob_chunk", LOGPROB_CHUNK))
+    chunk = learner.logprob_chunk
     on_gpu = learner.gpus_per_rank > 0
     # the speed settings as `auto` resolves them on a GPU cluster (`auto`'s head counted as the
     # chunked one, the larger): the LM head, the optimizer step's temporaries, ZeRO's buckets
@@ -363,12 +347,9 @@ def memory_plan(cfg: Any, gpu_gib: float | None, config_for: dict[str, str] | No
     """Each model-holding role of a TrainConfig, per GPU (an openai teacher is served elsewhere)."""
     gpu_bytes = gpu_gib * GIB if gpu_gib else None
     gpu_note = f"{gpu_gib:g} GiB" if gpu_gib else "unknown"
-    shapes: dict[str, ModelShape] = {}
 
     def shape(name: str, key: str) -> ModelShape:
-        if name not in shapes:
-            shapes[name] = model_shape(name, key, cfg.tiny_dir, config_for or {})
-        return shapes[name]
+        return model_shape(name, key, cfg.tiny_dir, config_for or {})
 
     roles = []
     for role, engine in cfg.engines():  # an openai engine is served elsewhere

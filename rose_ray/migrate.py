@@ -35,9 +35,9 @@ def old_keys(layer: Any) -> list[tuple[str, str]]:
     if not isinstance(layer, Mapping):
         return []
     conf = layer if OmegaConf.is_config(layer) else OmegaConf.create(layer)
-    found = [(key, f"removed; moved to {new} ({example})") for key, (new, example) in MOVED.items()
+    said = {**{key: f"moved to {new} ({example})" for key, (new, example) in MOVED.items()}, **REMOVED}
+    found = [(key, f"removed; {why}") for key, why in said.items()
              if OmegaConf.select(conf, key, default=None) is not None]
-    found += [(key, f"removed; {why}") for key, why in REMOVED.items() if OmegaConf.select(conf, key, default=None) is not None]
     for role in ENGINES:
         section = layer.get(role)
         for key in section if isinstance(section, Mapping) else ():

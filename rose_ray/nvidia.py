@@ -22,25 +22,6 @@ class Driver:
     gpus: tuple[str, ...]  # one name per GPU
 
 
-def nvidia_driver() -> Driver | str | None:
-    """What nvidia-smi says: a Driver; None without nvidia-smi; its own words where it fails."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        header = subprocess.run([exe], capture_output=True, text=True, timeout=60)
-        query = subprocess.run([exe, "--query-gpu=driver_version,name", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"{exe} failed: {e}"
-    if query.returncode != 0 or not query.stdout.strip():
-        return f"{exe} failed: {(query.stderr or query.stdout or header.stdout).strip()[:300]}"
-    rows = [[cell.strip() for cell in line.split(",", 1)] for line in query.stdout.strip().splitlines()]
-    cuda = re.search(r"CUDA Version:\s*([0-9.]+)", header.stdout)
-    return Driver(version=rows[0][0], cuda=cuda.group(1) if cuda else "",
-                  gpus=tuple(row[1] if len(row) > 1 else "?" for row in rows))
-
-
 def _major(version: str) -> int:
     return int(re.match(r"\d+", version).group(0))
 
@@ -65,15 +46,26 @@ def driver_problem(driver: Driver, torch_version: str, wheel_cuda: str | None) -
 
 
 def gpu_report() -> list[str]:
-    """The driver, the GPUs and the wheels' CUDA; an InputError when torch cannot use the GPUs."""
+    """The driver, the GPUs and the wheels' CUDA (from nvidia-smi); an InputError when torch
+    cannot use the GPUs."""
     import torch
 
-    driver = nvidia_driver()
     wheels = f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none: a CPU build'})"
-    if driver is None:
+    if (exe := shutil.which("nvidia-smi")) is None:
         return [f"GPU: no NVIDIA GPU here (no nvidia-smi); {wheels}"]
-    if isinstance(driver, str):
-        return [f"GPU: no usable NVIDIA GPU here ({driver}); {wheels}"]
+    try:
+        header = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+        query = subprocess.run([exe, "--query-gpu=driver_version,name", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [f"GPU: no usable NVIDIA GPU here ({exe} failed: {e}); {wheels}"]
+    if query.returncode != 0 or not query.stdout.strip():
+        failed = (query.stderr or query.stdout or header.stdout).strip()[:300]
+        return [f"GPU: no usable NVIDIA GPU here ({exe} failed: {failed}); {wheels}"]
+    rows = [[cell.strip() for cell in line.split(",", 1)] for line in query.stdout.strip().splitlines()]
+    cuda = re.search(r"CUDA Version:\s*([0-9.]+)", header.stdout)
+    driver = Driver(version=rows[0][0], cuda=cuda.group(1) if cuda else "",
+                    gpus=tuple(row[1] if len(row) > 1 else "?" for row in rows))
     problem = driver_problem(driver, torch.__version__, torch.version.cuda)
     if problem is not None:
         raise InputError(problem)

@@ -149,7 +149,7 @@ def plan(roles: list[RoleDemand], nodes: list[NodeInfo], use_total: bool = False
     that fits; SPREAD units to the node holding fewest of their role."""
     if not nodes:
         raise PlacementError("the cluster has no alive nodes")
-    left = {n.node_id: dict(n.total if use_total else n.available) for n in nodes}
+    left = {n.node_id: Counter(n.total if use_total else n.available) for n in nodes}
     placed: list[Assignment] = []
     for u in units(roles):
         fits = [n for n in nodes if all(left[n.node_id].get(k, 0.0) + 1e-9 >= v for k, v in u.resources.items())]
@@ -161,8 +161,7 @@ def plan(roles: list[RoleDemand], nodes: list[NodeInfo], use_total: bool = False
         else:
             same = [n for n in fits if u.group and any(a.node is n and a.unit.group == u.group for a in placed)]
             node = min(same or fits, key=lambda n: (left[n.node_id].get("GPU", 0.0), left[n.node_id].get("CPU", 0.0)))
-        for k, v in u.resources.items():
-            left[node.node_id][k] = left[node.node_id].get(k, 0.0) - v
+        left[node.node_id].subtract(u.resources)
         placed.append(Assignment(u, node))
     return placed
 
@@ -209,11 +208,10 @@ def format_plan(placed: list[Assignment], nodes: list[NodeInfo], use_total: bool
     lines.append(f"{'node':<28} {'has (' + ('total' if use_total else 'available') + ')':<40} left after the plan")
     for n in nodes:
         have = dict(n.total if use_total else n.available)
-        left = dict(have)
+        left = Counter(have)
         for a in placed:
             if a.node is n:
-                for k, v in a.unit.resources.items():
-                    left[k] = left.get(k, 0.0) - v
+                left.subtract(a.unit.resources)
         lines.append(f"{n.name:<28} {_fmt(_shown(have)):<40} {_fmt(_shown(left))}")
     return "\n".join(lines)
 
@@ -228,7 +226,7 @@ class PlacementGroups:
     """Ray placement groups for the GPU roles, reserved all at once before any actor starts;
     `options(role, index)` puts a replica into its bundle ({} for a role without GPUs)."""
 
-    def __init__(self, roles: list[RoleDemand], timeout_s: float = 300.0, prefix: str = "rose_ray") -> None:
+    def __init__(self, roles: list[RoleDemand], timeout_s: float = 300.0) -> None:
         from ray.util.placement_group import placement_group
 
         self.groups: dict[str, Any] = {}
@@ -240,7 +238,7 @@ class PlacementGroups:
         for name, bundles in by_group.items():
             bundles.sort(key=lambda u: u.bundle)
             self.where.update({m: (name, u.bundle) for u in bundles for m in u.members})
-            pg = placement_group([u.resources for u in bundles], strategy="PACK", name=f"{prefix}_{name}")
+            pg = placement_group([u.resources for u in bundles], strategy="PACK", name=f"rose_ray_{name}")
             self.groups[name] = pg
             if not pg.wait(timeout_seconds=timeout_s):
                 self.remove()
@@ -272,11 +270,9 @@ def describe_demands(cfg: Any, nodes: list[NodeInfo], described: bool) -> list[s
     totals: Counter[str] = Counter()
     for n in nodes:
         totals.update(_shown(n.total))
-    lines = [f"{'described' if described else 'cluster'}: {len(nodes)} node(s), {_fmt(totals)}"]
-    for d in demands(cfg):
-        lines.append(f"  {d.role:<16} {d.replicas} x {_fmt({k: v for k, v in d.per_replica.items() if v})}"
-                     f"  {d.strategy}{'  group ' + d.group if d.group else ''}")
-    return lines
+    return [f"{'described' if described else 'cluster'}: {len(nodes)} node(s), {_fmt(totals)}"] + [
+        f"  {d.role:<16} {d.replicas} x {_fmt({k: v for k, v in d.per_replica.items() if v})}"
+        f"  {d.strategy}{'  group ' + d.group if d.group else ''}" for d in demands(cfg)]
 
 
 SHARED_MARKER = ".rose_ray_shared"

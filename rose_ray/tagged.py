@@ -1,9 +1,6 @@
 """Config sections that are one of several dataclasses chosen by a tag (prime-rl's discriminated
 unions): the algorithm (`name`), rose's turn policy (`policy`), each engine's backend (`name`).
-The chosen kind's dataclass checks the keys; over a config's layers, a layer naming another kind
-starts the section afresh, one naming none adds to the kind before it (docs/configuration.md).
-
-    algorithm: {name: rose, handoff: {policy: fixed, k: 5}}   # or a bare name: `algorithm: opd`
+The rule over a config's layers: docs/configuration.md#algorithms-and-turn-policies.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rose_ray.errors import ConfigError
+from rose_ray.errors import ConfigError, first_line
 
 
 class Tagged:
@@ -59,8 +56,7 @@ def layered(family: type[Tagged], old: Any, new: Any) -> Any:
     section of the kind is layered by this same rule; any other key replaces old's."""
     tag = family.TAG
     old, new = (OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v for v in (old, new))
-    if isinstance(new, str):
-        new = {tag: new}
+    new = {tag: new} if isinstance(new, str) else new
     if not isinstance(new, dict):
         return new  # `chosen` names it
     old = {tag: old} if isinstance(old, str) else old if isinstance(old, dict) else {}
@@ -79,10 +75,7 @@ def chosen(family: type[Tagged], value: Any, key: str) -> Any:
     kinds, tag = family.kinds(), family.TAG
     if isinstance(value, tuple(kinds.values())):
         return value
-    if isinstance(value, DictConfig):
-        value = OmegaConf.to_container(value, resolve=True)
-    if isinstance(value, str):
-        value = {tag: value}
+    value = layered(family, None, value)  # as plain data, a bare name as {tag: name}
     if not isinstance(value, Mapping):
         raise ConfigError(f"{key}: expected a name or a mapping with {tag!r}, got {value!r}")
     name = value.get(tag)
@@ -94,10 +87,9 @@ def chosen(family: type[Tagged], value: Any, key: str) -> Any:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(kind), value))
     except OmegaConfBaseException as e:
         where = f"{key}.{e.full_key}" if getattr(e, "full_key", None) else key
-        first = str(e).strip().splitlines()[0]
-        if isinstance(e, KeyError):  # a key another kind has, or none
-            first = f"{name} has no such key (its keys: {', '.join(OmegaConf.structured(kind))})"
-        raise ConfigError(f"{where}: {first}") from None
+        why = (f"{name} has no such key (its keys: {', '.join(OmegaConf.structured(kind))})"
+               if isinstance(e, KeyError) else first_line(e))  # KeyError: a key another kind has, or none
+        raise ConfigError(f"{where}: {why}") from None
 
 
 def over_layers(layers: list[Any], schema: Any) -> dict[str, Any]:

@@ -55,12 +55,16 @@ class Sequence:
         return len(self.input_ids)
 
 
-def turn_ids(turns: list[Turn], fmt: ChatFormat | None) -> list[list[int]]:
-    """The ids of each turn: the stored ids when any turn has them, else rendered text."""
+def with_ids(turns: list[Turn], fmt: ChatFormat | None) -> list[Turn]:
+    """The turns with their ids filled in, so later steps need not render again: the stored ids
+    when any turn has them, else their text rendered (under a template-history format, the
+    template's whole rendering)."""
     if any(t.token_ids for t in turns):
-        return [list(t.token_ids) for t in turns]
+        return [replace(t, token_ids=list(t.token_ids)) for t in turns]
     if fmt is None:
         raise ValueError("turns carry no token_ids: a ChatFormat is needed to render their text")
+    if fmt.history == "template":
+        return fmt.apply_template(turns, add_generation_prompt=False)
     ids: list[list[int]] = []
     start = 0
     if [(t.role, t.owner) for t in turns[:2]] == [("user", "prompt"), ("assistant", "prompt")]:
@@ -74,15 +78,7 @@ def turn_ids(turns: list[Turn], fmt: ChatFormat | None) -> list[list[int]]:
             ids.append(fmt.user_ids(t.text))
         else:  # a first user turn that opens the conversation and asks for a reply
             ids.append(fmt.render_ids([{"role": "user", "content": t.text}], True))
-    return ids
-
-
-def with_ids(turns: list[Turn], fmt: ChatFormat | None) -> list[Turn]:
-    """The turns with their ids filled in (`turn_ids`), so later steps need not render again;
-    text-only turns under a template-history format get the template's whole rendering."""
-    if fmt is not None and fmt.history == "template" and not any(t.token_ids for t in turns):
-        return fmt.apply_template(turns, add_generation_prompt=False)
-    return [replace(t, token_ids=ids) for t, ids in zip(turns, turn_ids(turns, fmt))]
+    return [replace(t, token_ids=piece) for t, piece in zip(turns, ids)]
 
 
 def render(traj: Trajectory | list[Turn], fmt: ChatFormat | None = None, cut: Iterable[int] = ()) -> Sequence:
@@ -181,18 +177,12 @@ def make_batch(seqs: list[Sequence], weights: TokenWeights, max_tokens: int, pad
             s, end = seqs[i], at + len(seqs[i])
             owners = np.asarray(s.owners, dtype=np.int64)
             trainable = np.asarray(s.trainable, dtype=np.float32) if s.trainable else 1.0
-            b["input_ids"][r, at:end] = s.input_ids
+            for name in ("input_ids", "old_logprobs", "teacher_logprobs", "versions"):
+                b[name][r, at:end] = getattr(s, name)
             b["attention_mask"][r, at:end] = seg
             for term, of in of_owner.items():
                 terms[term][r, at:end] = of[owners] * trainable
                 terms[term][r, at] = 0.0
-            b["old_logprobs"][r, at:end] = s.old_logprobs
-            b["teacher_logprobs"][r, at:end] = s.teacher_logprobs
-            b["versions"][r, at:end] = s.versions
             at = end
-    meta = {
-        "tokens": int(sum(len(s) for s in seqs)),
-        "dropped_turns": int(sum(s.dropped_turns for s in seqs)),
-        "max_tokens": max_tokens,
-    }
+    meta = {"dropped_turns": int(sum(s.dropped_turns for s in seqs))}
     return Batch(**b, weights=terms, num_sequences=len(seqs), meta=meta)

@@ -41,7 +41,6 @@ class GameId:
 
     @property
     def index(self) -> int:
-        """The integer part of the item id."""
         return int(self.item_id.rsplit("_", 1)[1])
 
 
@@ -200,11 +199,7 @@ class Batch:
 
 def message_schema(msg: dict[str, Any]) -> str | None:
     """"card" for a role/content message, "agentgym" for from/value, else None."""
-    if "role" in msg or "content" in msg:
-        return "card"
-    if "from" in msg or "value" in msg:
-        return "agentgym"
-    return None
+    return next((name for name, (role, text, _) in MESSAGE_KEYS.items() if role in msg or text in msg), None)
 
 
 def message_text(msg: dict[str, Any]) -> tuple[str, str]:

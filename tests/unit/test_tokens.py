@@ -108,7 +108,8 @@ def test_text_rows_render_like_the_chat_template(tiny_models):
                 for m in row["conversations"]]
     full = fmt.render_ids(messages, add_generation_prompt=False)
     assert seq.input_ids == full[: len(seq.input_ids)]  # equal up to the final separator
-    assert len(full) - len(seq.input_ids) == len(fmt.encode(fmt.separator))
+    separator = fmt.user_prefix[: len(fmt.user_prefix) - len(fmt.user_prefix.lstrip())]  # "\n"
+    assert len(full) - len(seq.input_ids) == len(fmt.encode(separator))
     trained = [i for i, o in zip(seq.input_ids, seq.owners) if OWNERS[o] == "teacher"]
     assert tok.decode(trained) == "Action: open door<|im_end|>Action: go to hall<|im_end|>"
 
