@@ -72,13 +72,12 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
     from rose_ray.envs.pool import EnvPool
 
     worlds = {g.world for g in games}
-    for name in worlds:
-        if not get_world(name).has_gold:
-            raise InputError(f"{name} has no gold action paths for any of its games, so there are no "
-                             "gold demonstrations to write; eval, collect and train work without them")
     if len(worlds) > 1:
         raise InputError(f"gold: games of several worlds ({sorted(worlds)}); make one dataset per world")
     world = get_world(worlds.pop() if worlds else None)
+    if not world.has_gold:
+        raise InputError(f"{world.name} has no gold action paths for any of its games, so there are no "
+                         "gold demonstrations to write; eval, collect and train work without them")
     if (observe or detours) and world.observed_gold is None:
         raise InputError(f"gold: {world.name} has no observed gold paths or detours (observe, detours); "
                          "use its gold paths as they are")
