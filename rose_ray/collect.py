@@ -80,21 +80,19 @@ def detect_mapping(rows: list[dict[str, Any]], sample: int = 20, live: bool = Tr
     game = None
     try:
         for row in checked:
+            description = _row_task_description(row) if live else None
             for name, cat in catalogues.items():
                 try:
                     g = cat.game(parse_item(row["item_id"], prefix))
                 except (KeyError, ValueError):
                     votes[name]["disagree"] += 1
                     continue
-                if row.get("task"):
-                    votes[name]["agree" if row["task"] == g.task else "disagree"] += 1
-                if live:
-                    if game is None:
-                        game = world.game(call_timeout_s=30.0)
-                    description = _row_task_description(row)
-                    if description is not None:
-                        first = game.load(g).observation.split("\n", 1)[0]
-                        votes[name]["agree" if first.strip() == description else "disagree"] += 1
+                agrees = [row["task"] == g.task] if row.get("task") else []
+                if description is not None:
+                    game = game or world.game(call_timeout_s=30.0)
+                    agrees.append(game.load(g).observation.split("\n", 1)[0].strip() == description)
+                for agree in agrees:
+                    votes[name]["agree" if agree else "disagree"] += 1
     finally:
         if game is not None:
             game.close()
