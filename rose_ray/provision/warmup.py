@@ -154,12 +154,9 @@ def student_openings(cfg: TrainConfig, games: list[Any], student: str | None) ->
     spec = replace(training_play(cfg, student, None), teacher=None, handoff=StudentOnly(), max_turns=w.opening_turns,
                    student_sampling=opening_sampling(cfg), report="off")
     played = run_coroutine(lambda: play(spec, chosen))
-    out = {}
-    for game, t in zip(chosen, played):
-        replies = [turn.text for turn in t.turns if turn.role == "assistant" and turn.owner == "student"]
-        if replies:
-            out[game.item_id] = replies[: turns[game.item_id]]
-    return out
+    replies = {g.item_id: [u.text for u in t.turns if u.role == "assistant" and u.owner == "student"]
+               for g, t in zip(chosen, played)}
+    return {item: texts[: turns[item]] for item, texts in replies.items() if texts}
 
 
 def gold_key(key: dict[str, Any]) -> dict[str, Any]:
