@@ -26,12 +26,10 @@ def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str
     turns = [Turn("user", protocol.instruction, "prompt"), Turn("assistant", protocol.acknowledgement, "prompt"),
              Turn("user", first_observation, "env")]
     location = protocol.location_of(first_observation)  # the room the replies after the opening name
-    for reply, observation in detour:
-        turns += [Turn("assistant", reply, "student"), Turn("user", observation, "env")]
-        location = protocol.location_of(observation) or location
-    for action, observation in steps:
-        turns.append(Turn("assistant", gold_reply(action, location), "teacher"))
-        turns.append(Turn("user", observation, "env"))
+    played = [("student", pair) for pair in detour] + [("teacher", pair) for pair in steps]
+    for owner, (text, observation) in played:
+        reply = text if owner == "student" else gold_reply(text, location)  # the teacher's: a gold action
+        turns += [Turn("assistant", reply, owner), Turn("user", observation, "env")]
         location = protocol.location_of(observation) or location
     t = Trajectory(game=game, turns=turns, score=last.score, raw_score=last.raw_score,
                    success=last.success, rounds=len(steps))
