@@ -1,9 +1,6 @@
-"""Making and checking datasets by playing games (the row format is rows.py): `gold` (ScienceWorld's
-gold paths, replayed to check the score), `collect` (the student's first K turns), `continue` (each
-recorded prefix replayed in a fresh game, a row whose observations differ skipped, then the teacher
-plays on from the row's own opening) and `check-data`. Rows stream into `<out>.partial`
-(`rows.PartialRows`) and `<out>` is written when every game is done; the same command resumes.
-"""
+"""Making and checking datasets by playing games: `gold`, `collect`, `continue` (a row whose replayed
+prefix no longer matches its game is skipped) and `check-data` (docs/configuration.md). Rows stream
+into `<out>.partial` (rows.PartialRows); `<out>` is written when every game is done."""
 
 from __future__ import annotations
 
