@@ -26,9 +26,7 @@ def resolve_models(cfg: TrainConfig) -> tuple[str, str | None]:
               else local_model(resolve_tiny(engine.model, cfg.tiny_dir)) for role, engine in cfg.engines()}
     models.setdefault("teacher", None)
     # The student first: a teacher whose demonstrations open with its turns needs it warmed.
-    for role in ("student", "teacher"):
-        if not getattr(cfg, f"{role}_warmup").enabled:
-            continue
+    for role in [r for r in ("student", "teacher") if getattr(cfg, f"{r}_warmup").enabled]:
         if get_world(cfg.env.world).has_gold:
             models[role] = warm_model(cfg, models[role], role, student=models["student"])
         else:
