@@ -144,27 +144,18 @@ class ChatFormat:
         (the same ids: the tokenizer cuts its text at that token before anything else)."""
         if cache is None:
             return self.encode(text)
-        shared, at = self._shared_rendering(text, cache) if self._splits_at_end else (0, -1)
-        ids = cache.ids[: at + 1] + self.encode(text[shared:]) if shared else self.encode(text)
-        cache.text, cache.ids = text, ids
-        cache.reused += at + 1 if shared else 0
-        return list(ids)
-
-    def _shared_rendering(self, text: str, cache: RenderCache) -> tuple[int, int]:
-        """(the longest prefix `text` shares with the cached rendering that ends with an end-of-turn
-        token, that token's index in the cached ids); (0, -1): none."""
-        cut = len(cache.text)
-        while (cut := cache.text.rfind(self.end_text, 0, cut)) >= 0:  # the last one first: usually it
+        ids, cut = None, len(cache.text)
+        while self._splits_at_end and (cut := cache.text.rfind(self.end_text, 0, cut)) >= 0:  # the last first
             shared = cut + len(self.end_text)
             if text[:shared] == cache.text[:shared]:
-                at = -1
-                try:
-                    for _ in range(cache.text.count(self.end_text, 0, shared)):  # each one a single id
-                        at = cache.ids.index(self.eos_id, at + 1)
-                except ValueError:
-                    return 0, -1  # ids that are not this text's: tokenize it whole
-                return shared, at
-        return 0, -1
+                ends = [i for i, t in enumerate(cache.ids) if t == self.eos_id]  # each one a single id
+                n = cache.text.count(self.end_text, 0, shared)
+                if n <= len(ends):  # else ids that are not this text's: tokenize it whole
+                    ids = cache.ids[: ends[n - 1] + 1] + self.encode(text[shared:])
+                    cache.reused += ends[n - 1] + 1
+                break
+        cache.text, cache.ids = text, ids if ids is not None else self.encode(text)
+        return list(cache.ids)
 
     def apply_template(self, turns: list[Turn], add_generation_prompt: bool,
                        cache: RenderCache | None = None) -> list[Turn]:
