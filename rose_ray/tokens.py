@@ -145,15 +145,6 @@ def trained_tokens(seqs: list[Sequence], weights: TokenWeights) -> dict[str, int
     return counts
 
 
-def pack(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Sequence indices per row, first-fit decreasing, each row at most max_tokens."""
-    for i, n in enumerate(lengths):
-        if n > max_tokens:
-            raise ValueError(f"sequence {i} has {n} tokens > max_tokens={max_tokens} "
-                             "(learner.max_tokens must hold the engine's whole context)")
-    return first_fit(lengths, max_tokens)
-
-
 def make_batch(seqs: list[Sequence], weights: TokenWeights, max_tokens: int, pad_id: int = 0) -> Batch:
     """Pack sequences into rows, with each token's weight in each loss term (0 at segment
     starts, which have no prediction inside their own sequence)."""
@@ -161,7 +152,11 @@ def make_batch(seqs: list[Sequence], weights: TokenWeights, max_tokens: int, pad
         raise ValueError("make_batch: no sequences")
     of_owner = {term: np.array([float(per_owner.get(o, 0.0)) for o in OWNERS], dtype=np.float32)
                 for term, per_owner in weights.terms.items()}
-    rows = pack([len(s) for s in seqs], max_tokens)
+    for i, s in enumerate(seqs):
+        if len(s) > max_tokens:
+            raise ValueError(f"sequence {i} has {len(s)} tokens > max_tokens={max_tokens} "
+                             "(learner.max_tokens must hold the engine's whole context)")
+    rows = first_fit([len(s) for s in seqs], max_tokens)  # first-fit decreasing
     shape = (len(rows), max(sum(len(seqs[i]) for i in row) for row in rows))
     b = {
         "input_ids": np.full(shape, pad_id, dtype=np.int64),
