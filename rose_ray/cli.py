@@ -203,15 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     func = pkgutil.resolve_name(args.func) if isinstance(args.func, str) else args.func
+    from rose_ray.commands import resolve
     from rose_ray.inference.openai import OpenAIServerError
     from rose_ray.models import ModelNotAvailable
 
     try:
-        if getattr(args, "settings", None) is not None:  # a command with a typed config (commands.py)
-            from rose_ray.commands import resolve
-
-            return int(func(resolve(args.settings, args, args.command)) or 0)
-        return int(func(args) or 0)
+        typed = getattr(args, "settings", None)  # a command with a typed config (commands.py)
+        return int(func(args if typed is None else resolve(typed, args, args.command)) or 0)
     except (InputError, FileNotFoundError, ModelNotAvailable, OpenAIServerError) as e:
         if os.environ.get("ROSE_RAY_DEBUG"):  # else one line (a bug, not caught here, keeps its traceback)
             raise
