@@ -77,14 +77,6 @@ def temp_name(target: str | Path, kind: str = "tmp") -> Path:
     return target.with_name(f".{target.name}{TEMP_TAG}{kind}.{_host()}.{os.getpid()}.{secrets.token_hex(4)}")
 
 
-def temp_sibling(target: str | Path, kind: str = "tmp") -> Path:
-    """A new empty folder with a `temp_name` beside `target` (its parent made if needed)."""
-    path = temp_name(target, kind)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.mkdir()
-    return path
-
-
 def _parse_temp(name: str) -> tuple[str, str, str, int] | None:
     """(target name, kind, host, pid) of a temp name rose_ray gave, else None."""
     target, tag, tail = name.rpartition(TEMP_TAG)
@@ -205,7 +197,9 @@ def writing_folder(target: str | Path, what: str = "folder") -> Iterator[Path]:
     target = out_path(target)
     clear_leftovers(target.parent, target.name)
     check_replaceable(target, what)
-    tmp = temp_sibling(target)
+    tmp = temp_name(target)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir()
     try:
         yield tmp
         if not (tmp / FOLDER_MARKER).exists():
