@@ -201,10 +201,8 @@ class ChatFormat:
         header = header[header.rfind(self.end_text) + len(self.end_text):]
         shown = self.tokenizer.decode(ids, skip_special_tokens=False)
         shared = len(os.path.commonprefix([header, shown]))
-        frame = 0
-        while frame < len(ids):
+        for frame in range(len(ids)):
             text = self.tokenizer.decode(ids[: frame + 1], skip_special_tokens=False)
             if len(text) > shared or not shown.startswith(text):
-                break
-            frame += 1
-        return frame
+                return frame
+        return len(ids)

@@ -27,8 +27,7 @@ class TokenWeights:
 
     def __init__(self, **terms: dict[str, float]) -> None:
         for term, per_owner in terms.items():
-            unknown = set(per_owner) - set(OWNERS)
-            if unknown:
+            if unknown := set(per_owner) - set(OWNERS):
                 raise ValueError(f"token weights ({term}): unknown owners {sorted(unknown)}; expected {OWNERS}")
         self.terms = {term: dict(per_owner) for term, per_owner in terms.items()}
 
