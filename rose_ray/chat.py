@@ -180,16 +180,14 @@ class ChatFormat:
         frames = [self._frames[t.role] if i else 0 for i, t in enumerate(turns)]
         if len(turns) > 1 and turns[-1].role == "assistant":
             frames[-1] = self._last_reply_frame(messages, pieces[-1])
+        pieces[-1], closes = pieces[-1] + tail, [0] * (len(turns) - 1) + [len(tail)]
         out = []
-        for i, (t, ids) in enumerate(zip(turns, pieces)):
-            last = i == len(turns) - 1
-            if not last and t.token_ids == ids and t.frame == frames[i] and t.close == 0 \
-                    and (t.logprobs is None or t.role != "assistant"):
-                out.append(t)  # as the last rendering left it (a prompt re-renders every turn)
-                continue
-            out.append(replace(t, token_ids=ids + tail if last else ids, frame=frames[i],
-                               close=len(tail) if last else 0,
-                               logprobs=None if t.role == "assistant" else t.logprobs))
+        for t, ids, frame, close in zip(turns, pieces, frames, closes):
+            unchanged = (t.token_ids, t.frame, t.close) == (ids, frame, close)
+            if not unchanged or (t.logprobs is not None and t.role == "assistant"):
+                t = replace(t, token_ids=ids, frame=frame, close=close,
+                            logprobs=None if t.role == "assistant" else t.logprobs)
+            out.append(t)  # else as the last rendering left it (a prompt re-renders every turn)
         return out
 
     def _last_reply_frame(self, messages: list[dict[str, str]], ids: list[int]) -> int:
