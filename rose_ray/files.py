@@ -100,9 +100,7 @@ def clear_leftovers(folder: str | Path, name: str | None = None, owned: bool = F
     whose writer is gone: removed, or put back where a swap's old copy lost its target (a kill
     between the two renames). `owned`: the caller owns the folder (a run folder, a builder
     holding the cache lock), so every such temp is a leftover. Returns a line per thing done."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
+    folder = Path(folder)  # glob finds nothing in a folder that is not there
     done = []
     pattern = f".{glob.escape(name)}{TEMP_TAG}*" if name is not None else f".*{TEMP_TAG}*"
     for path in sorted(folder.glob(pattern)):
