@@ -37,10 +37,9 @@ def _games(args: argparse.Namespace) -> int:
     row = f"{{:<5}} {{:<{width}}} {{:>6}} {{:>5}} {{:>6}} {{:>5}} {{:>5}}".format
     print(f"{world.name}, mapping {catalogue.mapping}: {len(catalogue)} games, {len(counts)} tasks")
     print(row("id", "task", "first", "all", "train", "dev", "test"))
-    firsts = {g.task: g.item_id for g in reversed(catalogue.games)}  # each task's first game
+    firsts = {g.task: g.index for g in reversed(catalogue.games)}  # each task's first game
     for task, c in counts.items():
-        first = firsts[task].rsplit("_", 1)[1]
-        print(row(c.get("task_id", ""), task, first, c["all"], c["train"], c["dev"], c["test"]))
+        print(row(c.get("task_id", ""), task, firsts[task], c["all"], c["train"], c["dev"], c["test"]))
     print(row("", "total", "", len(catalogue), *(len(catalogue.split(s)) for s in ("train", "dev", "test"))))
     return 0
 
