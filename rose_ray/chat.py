@@ -51,8 +51,7 @@ class ChatFormat:
         own_call = fast is None or any(name in vars(c) for c in mro[:fast]
                                        for name in ("__call__", "_call_one", "_encode_plus", "_batch_encode_plus"))
         self._backend = None if own_call else getattr(tokenizer, "backend_tokenizer", None)
-        end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
-        self.eos_id: int = end if end is not None else tokenizer.eos_token_id
+        self.eos_id: int = tokenizer.get_vocab().get("<|im_end|>", tokenizer.eos_token_id)
         if self.eos_id is None:
             raise ChatTemplateError("tokenizer has neither <|im_end|> nor an eos token")
         self.end_text: str = tokenizer.convert_ids_to_tokens(self.eos_id)
