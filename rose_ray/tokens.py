@@ -65,12 +65,10 @@ def with_ids(turns: list[Turn], fmt: ChatFormat | None) -> list[Turn]:
     if fmt.history == "template":
         return fmt.apply_template(turns, add_generation_prompt=False)
     ids: list[list[int]] = []
-    start = 0
     if [(t.role, t.owner) for t in turns[:2]] == [("user", "prompt"), ("assistant", "prompt")]:
         # The rollout opening: instruction + acknowledgement on the first turn.
         ids += [fmt.opening_ids([("user", turns[0].text), ("assistant", turns[1].text)]), []]
-        start = 2
-    for t in turns[start:]:
+    for t in turns[len(ids):]:
         if t.role == "assistant":
             ids.append(fmt.assistant_ids(t.text))
         elif ids:
