@@ -5,6 +5,7 @@ term, which `make_batch` writes per token into packed rows (`attention_mask`: se
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -134,12 +135,8 @@ def _trains(seq: Sequence, j: int, weights: TokenWeights) -> bool:
 def trained_tokens(seqs: list[Sequence], weights: TokenWeights) -> dict[str, int]:
     """Per owner, the tokens `make_batch` gives a weight > 0 in some loss term (the count the
     learner's per-token mean divides by, split by who wrote them)."""
-    counts = dict.fromkeys(OWNERS, 0)
-    for seq in seqs:
-        for j in range(1, len(seq)):
-            if _trains(seq, j, weights):
-                counts[OWNERS[seq.owners[j]]] += 1
-    return counts
+    counts = Counter(OWNERS[s.owners[j]] for s in seqs for j in range(len(s)) if _trains(s, j, weights))
+    return {owner: counts[owner] for owner in OWNERS}
 
 
 def make_batch(seqs: list[Sequence], weights: TokenWeights, max_tokens: int, pad_id: int = 0) -> Batch:
