@@ -52,13 +52,12 @@ def _play(args: argparse.Namespace) -> int:
     game = world.catalogue(args.mapping).game(args.item)
     protocol = world.protocol.from_dataset(args.instruction_from) if args.instruction_from else world.protocol
     with world.game(max_turns=args.max_turns) as g:
-        first = g.load(game)
+        result = g.load(game)
         for role, text in protocol.opening():
             print(f"--- {role} ---\n{text}\n")
-        print(f"--- user ---\n{first.observation}\n")
+        print(f"--- user ---\n{result.observation}\n")
         print("Type a reply as a model would ('Thought: ... Action: ...'), or just the action.")
         print("':valid' lists valid actions (ScienceWorld), ':quit' ends.\n")
-        result = first
         while not result.done:
             try:
                 line = input(f"[turn {g.turn + 1}] > " if sys.stdin.isatty() else "")
