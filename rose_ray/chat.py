@@ -64,9 +64,8 @@ class ChatFormat:
         # the framing that opens a user and an assistant turn.
         self._extra_ends = self.encode(self.render_text(probe[:1], False)).count(self.eos_id) - 1
         marked = self.render_text([probe[0], {"role": "assistant", "content": _MARK}, probe[0]], False)
-        before = marked.split(_MARK)[0]
-        self._frames = {"user": len(self.encode(self.user_prefix)),
-                        "assistant": len(self.encode(before[before.rfind(self.end_text) + len(self.end_text):]))}
+        header = marked.split(_MARK)[0].rpartition(self.end_text)[2]  # after the user turn's end
+        self._frames = {"user": len(self.encode(self.user_prefix)), "assistant": len(self.encode(header))}
         # Ids split at the end-of-turn token only where the tokenizer cuts its text there first:
         # an added token that strips no whitespace.
         added = getattr(tokenizer, "added_tokens_decoder", {}).get(self.eos_id)
@@ -194,8 +193,7 @@ class ChatFormat:
         template's framing, which may differ from earlier replies' (Qwen3 puts an empty think
         block before it): read off the rendering with that reply's text marked."""
         marked = self.render_text(messages[:-1] + [{"role": "assistant", "content": _MARK}], False)
-        header = marked.split(_MARK)[0]
-        header = header[header.rfind(self.end_text) + len(self.end_text):]
+        header = marked.split(_MARK)[0].rpartition(self.end_text)[2]
         shown = self.tokenizer.decode(ids, skip_special_tokens=False)
         shared = len(os.path.commonprefix([header, shown]))
         for frame in range(len(ids)):
