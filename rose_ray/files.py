@@ -272,13 +272,12 @@ def json_records(path: str | Path, on_bad: Callable[[int, str], None]) -> Iterat
                 continue
             try:
                 record = json_line(raw, f"{path}:{n}")
+                if not isinstance(record, dict):
+                    raise InputError(f"{path}:{n}: expected a JSON object, got {type(record).__name__}")
             except InputError as e:
                 on_bad(n, str(e))
-                continue
-            if not isinstance(record, dict):
-                on_bad(n, f"{path}:{n}: expected a JSON object, got {type(record).__name__}")
-                continue
-            yield n, raw, record
+            else:
+                yield n, raw, record
 
 
 def drop_cut_line(path: str | Path) -> int:
