@@ -58,8 +58,7 @@ class ChatFormat:
         probe = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
         head, self.user_prefix, self.user_suffix = self._split_user_turn(probe)
         # For `rose-ray check`: is a closing assistant turn rendered unlike the same turn later?
-        closed = self.render_text(probe, add_generation_prompt=False)
-        self.rewrites_history = not closed.startswith(head)
+        self.rewrites_history = not self.render_text(probe, False).startswith(head)
         # Template history: end-of-turn ids beyond one per message (a default system prompt), and
         # the framing that opens a user and an assistant turn.
         self._extra_ends = self.encode(self.render_text(probe[:1], False)).count(self.eos_id) - 1
