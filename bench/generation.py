@@ -84,13 +84,13 @@ def medium_model(root: Path, tiny_student: Path) -> Path:
     """A ~30M-parameter Qwen3 with the tiny tokenizer, random weights, built once."""
     from rose_ray.files import writing_folder
     from rose_ray.models import count_parameters, load_tokenizer
-    from rose_ray.provision.tiny import TinySize, build_tiny_model
+    from rose_ray.provision.tiny import build_tiny_model
 
     out = root / "qwen3_30m"
     if (out / "config.json").is_file():
         return out
     tok = load_tokenizer(tiny_student)
-    model = build_tiny_model(tok, TinySize(**MEDIUM), seed=7)
+    model = build_tiny_model(tok, MEDIUM, seed=7)
     with writing_folder(out, "model folder") as tmp:  # whole or not at all
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)

@@ -51,23 +51,20 @@ class ChatFormat:
         own_call = fast is None or any(name in vars(c) for c in mro[:fast]
                                        for name in ("__call__", "_call_one", "_encode_plus", "_batch_encode_plus"))
         self._backend = None if own_call else getattr(tokenizer, "backend_tokenizer", None)
-        end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
-        self.eos_id: int = end if end is not None else tokenizer.eos_token_id
+        self.eos_id: int = tokenizer.get_vocab().get("<|im_end|>", tokenizer.eos_token_id)
         if self.eos_id is None:
             raise ChatTemplateError("tokenizer has neither <|im_end|> nor an eos token")
         self.end_text: str = tokenizer.convert_ids_to_tokens(self.eos_id)
         probe = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
         head, self.user_prefix, self.user_suffix = self._split_user_turn(probe)
         # For `rose-ray check`: is a closing assistant turn rendered unlike the same turn later?
-        closed = self.render_text(probe, add_generation_prompt=False)
-        self.rewrites_history = not closed.startswith(head)
+        self.rewrites_history = not self.render_text(probe, False).startswith(head)
         # Template history: end-of-turn ids beyond one per message (a default system prompt), and
         # the framing that opens a user and an assistant turn.
         self._extra_ends = self.encode(self.render_text(probe[:1], False)).count(self.eos_id) - 1
         marked = self.render_text([probe[0], {"role": "assistant", "content": _MARK}, probe[0]], False)
-        before = marked.split(_MARK)[0]
-        self._frames = {"user": len(self.encode(self.user_prefix)),
-                        "assistant": len(self.encode(before[before.rfind(self.end_text) + len(self.end_text):]))}
+        header = marked.split(_MARK)[0].rpartition(self.end_text)[2]  # after the user turn's end
+        self._frames = {"user": len(self.encode(self.user_prefix)), "assistant": len(self.encode(header))}
         # Ids split at the end-of-turn token only where the tokenizer cuts its text there first:
         # an added token that strips no whitespace.
         added = getattr(tokenizer, "added_tokens_decoder", {}).get(self.eos_id)
@@ -144,27 +141,18 @@ class ChatFormat:
         (the same ids: the tokenizer cuts its text at that token before anything else)."""
         if cache is None:
             return self.encode(text)
-        shared, at = self._shared_rendering(text, cache) if self._splits_at_end else (0, -1)
-        ids = cache.ids[: at + 1] + self.encode(text[shared:]) if shared else self.encode(text)
-        cache.text, cache.ids = text, ids
-        cache.reused += at + 1 if shared else 0
-        return list(ids)
-
-    def _shared_rendering(self, text: str, cache: RenderCache) -> tuple[int, int]:
-        """(the longest prefix `text` shares with the cached rendering that ends with an end-of-turn
-        token, that token's index in the cached ids); (0, -1): none."""
-        cut = len(cache.text)
-        while (cut := cache.text.rfind(self.end_text, 0, cut)) >= 0:  # the last one first: usually it
+        ids, cut = None, len(cache.text)
+        while self._splits_at_end and (cut := cache.text.rfind(self.end_text, 0, cut)) >= 0:  # the last first
             shared = cut + len(self.end_text)
             if text[:shared] == cache.text[:shared]:
-                at = -1
-                try:
-                    for _ in range(cache.text.count(self.end_text, 0, shared)):  # each one a single id
-                        at = cache.ids.index(self.eos_id, at + 1)
-                except ValueError:
-                    return 0, -1  # ids that are not this text's: tokenize it whole
-                return shared, at
-        return 0, -1
+                ends = [i for i, t in enumerate(cache.ids) if t == self.eos_id]  # each one a single id
+                n = cache.text.count(self.end_text, 0, shared)
+                if n <= len(ends):  # else ids that are not this text's: tokenize it whole
+                    ids = cache.ids[: ends[n - 1] + 1] + self.encode(text[shared:])
+                    cache.reused += ends[n - 1] + 1
+                break
+        cache.text, cache.ids = text, ids if ids is not None else self.encode(text)
+        return list(cache.ids)
 
     def apply_template(self, turns: list[Turn], add_generation_prompt: bool,
                        cache: RenderCache | None = None) -> list[Turn]:
@@ -189,16 +177,14 @@ class ChatFormat:
         frames = [self._frames[t.role] if i else 0 for i, t in enumerate(turns)]
         if len(turns) > 1 and turns[-1].role == "assistant":
             frames[-1] = self._last_reply_frame(messages, pieces[-1])
+        pieces[-1], closes = pieces[-1] + tail, [0] * (len(turns) - 1) + [len(tail)]
         out = []
-        for i, (t, ids) in enumerate(zip(turns, pieces)):
-            last = i == len(turns) - 1
-            if not last and t.token_ids == ids and t.frame == frames[i] and t.close == 0 \
-                    and (t.logprobs is None or t.role != "assistant"):
-                out.append(t)  # as the last rendering left it (a prompt re-renders every turn)
-                continue
-            out.append(replace(t, token_ids=ids + tail if last else ids, frame=frames[i],
-                               close=len(tail) if last else 0,
-                               logprobs=None if t.role == "assistant" else t.logprobs))
+        for t, ids, frame, close in zip(turns, pieces, frames, closes):
+            unchanged = (t.token_ids, t.frame, t.close) == (ids, frame, close)
+            if not unchanged or (t.logprobs is not None and t.role == "assistant"):
+                t = replace(t, token_ids=ids, frame=frame, close=close,
+                            logprobs=None if t.role == "assistant" else t.logprobs)
+            out.append(t)  # else as the last rendering left it (a prompt re-renders every turn)
         return out
 
     def _last_reply_frame(self, messages: list[dict[str, str]], ids: list[int]) -> int:
@@ -206,14 +192,11 @@ class ChatFormat:
         template's framing, which may differ from earlier replies' (Qwen3 puts an empty think
         block before it): read off the rendering with that reply's text marked."""
         marked = self.render_text(messages[:-1] + [{"role": "assistant", "content": _MARK}], False)
-        header = marked.split(_MARK)[0]
-        header = header[header.rfind(self.end_text) + len(self.end_text):]
+        header = marked.split(_MARK)[0].rpartition(self.end_text)[2]
         shown = self.tokenizer.decode(ids, skip_special_tokens=False)
         shared = len(os.path.commonprefix([header, shown]))
-        frame = 0
-        while frame < len(ids):
+        for frame in range(len(ids)):
             text = self.tokenizer.decode(ids[: frame + 1], skip_special_tokens=False)
             if len(text) > shared or not shown.startswith(text):
-                break
-            frame += 1
-        return frame
+                return frame
+        return len(ids)

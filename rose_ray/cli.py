@@ -37,10 +37,9 @@ def _games(args: argparse.Namespace) -> int:
     row = f"{{:<5}} {{:<{width}}} {{:>6}} {{:>5}} {{:>6}} {{:>5}} {{:>5}}".format
     print(f"{world.name}, mapping {catalogue.mapping}: {len(catalogue)} games, {len(counts)} tasks")
     print(row("id", "task", "first", "all", "train", "dev", "test"))
-    firsts = {g.task: g.item_id for g in reversed(catalogue.games)}  # each task's first game
+    firsts = {g.task: g.index for g in reversed(catalogue.games)}  # each task's first game
     for task, c in counts.items():
-        first = firsts[task].rsplit("_", 1)[1]
-        print(row(c.get("task_id", ""), task, first, c["all"], c["train"], c["dev"], c["test"]))
+        print(row(c.get("task_id", ""), task, firsts[task], c["all"], c["train"], c["dev"], c["test"]))
     print(row("", "total", "", len(catalogue), *(len(catalogue.split(s)) for s in ("train", "dev", "test"))))
     return 0
 
@@ -53,13 +52,12 @@ def _play(args: argparse.Namespace) -> int:
     game = world.catalogue(args.mapping).game(args.item)
     protocol = world.protocol.from_dataset(args.instruction_from) if args.instruction_from else world.protocol
     with world.game(max_turns=args.max_turns) as g:
-        first = g.load(game)
+        result = g.load(game)
         for role, text in protocol.opening():
             print(f"--- {role} ---\n{text}\n")
-        print(f"--- user ---\n{first.observation}\n")
+        print(f"--- user ---\n{result.observation}\n")
         print("Type a reply as a model would ('Thought: ... Action: ...'), or just the action.")
         print("':valid' lists valid actions (ScienceWorld), ':quit' ends.\n")
-        result = first
         while not result.done:
             try:
                 line = input(f"[turn {g.turn + 1}] > " if sys.stdin.isatty() else "")
@@ -203,15 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     func = pkgutil.resolve_name(args.func) if isinstance(args.func, str) else args.func
+    from rose_ray.commands import resolve
     from rose_ray.inference.openai import OpenAIServerError
     from rose_ray.models import ModelNotAvailable
 
     try:
-        if getattr(args, "settings", None) is not None:  # a command with a typed config (commands.py)
-            from rose_ray.commands import resolve
-
-            return int(func(resolve(args.settings, args, args.command)) or 0)
-        return int(func(args) or 0)
+        typed = getattr(args, "settings", None)  # a command with a typed config (commands.py)
+        return int(func(args if typed is None else resolve(typed, args, args.command)) or 0)
     except (InputError, FileNotFoundError, ModelNotAvailable, OpenAIServerError) as e:
         if os.environ.get("ROSE_RAY_DEBUG"):  # else one line (a bug, not caught here, keeps its traceback)
             raise

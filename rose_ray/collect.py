@@ -1,9 +1,6 @@
-"""Making and checking datasets by playing games (the row format is rows.py): `gold` (ScienceWorld's
-gold paths, replayed to check the score), `collect` (the student's first K turns), `continue` (each
-recorded prefix replayed in a fresh game, a row whose observations differ skipped, then the teacher
-plays on from the row's own opening) and `check-data`. Rows stream into `<out>.partial`
-(`rows.PartialRows`) and `<out>` is written when every game is done; the same command resumes.
-"""
+"""Making and checking datasets by playing games: `gold`, `collect`, `continue` (a row whose replayed
+prefix no longer matches its game is skipped) and `check-data` (docs/configuration.md). Rows stream
+into `<out>.partial` (rows.PartialRows); `<out>` is written when every game is done."""
 
 from __future__ import annotations
 
@@ -80,21 +77,19 @@ def detect_mapping(rows: list[dict[str, Any]], sample: int = 20, live: bool = Tr
     game = None
     try:
         for row in checked:
+            description = _row_task_description(row) if live else None
             for name, cat in catalogues.items():
                 try:
                     g = cat.game(parse_item(row["item_id"], prefix))
                 except (KeyError, ValueError):
                     votes[name]["disagree"] += 1
                     continue
-                if row.get("task"):
-                    votes[name]["agree" if row["task"] == g.task else "disagree"] += 1
-                if live:
-                    if game is None:
-                        game = world.game(call_timeout_s=30.0)
-                    description = _row_task_description(row)
-                    if description is not None:
-                        first = game.load(g).observation.split("\n", 1)[0]
-                        votes[name]["agree" if first.strip() == description else "disagree"] += 1
+                agrees = [row["task"] == g.task] if row.get("task") else []
+                if description is not None:
+                    game = game or world.game(call_timeout_s=30.0)
+                    agrees.append(game.load(g).observation.split("\n", 1)[0].strip() == description)
+                for agree in agrees:
+                    votes[name]["agree" if agree else "disagree"] += 1
     finally:
         if game is not None:
             game.close()

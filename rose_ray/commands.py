@@ -173,8 +173,12 @@ class EvalCommand(PlaySettings):
         if self.run:
             self.run = str(resolve_run(self.run))
         split = Path(self.split).stem  # a split may be a file of item ids
+        model = Path(self.model or "model")
+        name = model.name  # a run's model/ after its run (`tiny_version_0_model`): no two runs share a file
+        if (model.parent / "config.yaml").is_file():
+            name = f"{model.parent.parent.name}_{model.parent.name}_{name}"
         self.out = self.out or (str(Path(self.run) / f"eval_{split}") if self.run
-                                else f"runs/eval/{model_name(self.model)}_{split}")
+                                else f"runs/eval/{name}_{split}")
         world = get_world(self.world)
         if self.max_turns is None and not hasattr(world.catalogue, "turn_limit"):
             self.max_turns = 20  # worlds without limits of their own
@@ -219,15 +223,6 @@ class EvalCommand(PlaySettings):
                          handoff=turn_policy("none") if self.handoff is None else turn_policy("fixed", k=self.handoff),
                          teacher_sampling=SamplingParams(0.0, max_new_tokens=self.max_new_tokens),
                          report="ask" if self.knowledge_from == "report" else "off")
-
-
-def model_name(model: str) -> str:
-    """A model's name in a default file name: its folder's, a run's `model/` after its run
-    (`tiny_version_0_model`), so two runs' evals never share a file."""
-    path = Path(model or "model")
-    if (path.parent / "config.yaml").is_file():
-        return f"{path.parent.parent.name}_{path.parent.name}_{path.name}"
-    return path.name
 
 
 def training_eval(cfg: Any, model: str, split: str | None = None, backend: str | None = None) -> dict[str, Any]:

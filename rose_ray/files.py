@@ -77,14 +77,6 @@ def temp_name(target: str | Path, kind: str = "tmp") -> Path:
     return target.with_name(f".{target.name}{TEMP_TAG}{kind}.{_host()}.{os.getpid()}.{secrets.token_hex(4)}")
 
 
-def temp_sibling(target: str | Path, kind: str = "tmp") -> Path:
-    """A new empty folder with a `temp_name` beside `target` (its parent made if needed)."""
-    path = temp_name(target, kind)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.mkdir()
-    return path
-
-
 def _parse_temp(name: str) -> tuple[str, str, str, int] | None:
     """(target name, kind, host, pid) of a temp name rose_ray gave, else None."""
     target, tag, tail = name.rpartition(TEMP_TAG)
@@ -108,9 +100,7 @@ def clear_leftovers(folder: str | Path, name: str | None = None, owned: bool = F
     whose writer is gone: removed, or put back where a swap's old copy lost its target (a kill
     between the two renames). `owned`: the caller owns the folder (a run folder, a builder
     holding the cache lock), so every such temp is a leftover. Returns a line per thing done."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
+    folder = Path(folder)  # glob finds nothing in a folder that is not there
     done = []
     pattern = f".{glob.escape(name)}{TEMP_TAG}*" if name is not None else f".*{TEMP_TAG}*"
     for path in sorted(folder.glob(pattern)):
@@ -205,7 +195,9 @@ def writing_folder(target: str | Path, what: str = "folder") -> Iterator[Path]:
     target = out_path(target)
     clear_leftovers(target.parent, target.name)
     check_replaceable(target, what)
-    tmp = temp_sibling(target)
+    tmp = temp_name(target)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir()
     try:
         yield tmp
         if not (tmp / FOLDER_MARKER).exists():
@@ -280,13 +272,12 @@ def json_records(path: str | Path, on_bad: Callable[[int, str], None]) -> Iterat
                 continue
             try:
                 record = json_line(raw, f"{path}:{n}")
+                if not isinstance(record, dict):
+                    raise InputError(f"{path}:{n}: expected a JSON object, got {type(record).__name__}")
             except InputError as e:
                 on_bad(n, str(e))
-                continue
-            if not isinstance(record, dict):
-                on_bad(n, f"{path}:{n}: expected a JSON object, got {type(record).__name__}")
-                continue
-            yield n, raw, record
+            else:
+                yield n, raw, record
 
 
 def drop_cut_line(path: str | Path) -> int:

@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -183,19 +184,21 @@ def check_judge(cfg: JudgeConfig) -> JudgeConfig:
 
 
 class Judge:
-    """Asks one judge model; `answer` returns (text, error)."""
+    """Asks one judge model; `answer` returns (text, error); `close` ends its engine or client."""
 
     def __init__(self, cfg: JudgeConfig) -> None:
         self.cfg = cfg
         if cfg.served:
             self.engine = _served_engine(cfg)
+            self.close: Callable[[], None] = self.engine.close
         else:
             from rose_ray.inference.engine import EngineConfig
-            from rose_ray.rollout.actors import start_agents
+            from rose_ray.rollout.actors import start_agents, stop_agents
 
             engine = EngineConfig(model=cfg.model, dtype=cfg.dtype, context_tokens=cfg.context_tokens,
                                   max_batch_size=cfg.concurrency)
             self.agent, _ = start_agents(engine, None, enable_thinking=bool(cfg.thinking))
+            self.close = lambda: stop_agents(self.agent)
 
     async def answer(self, messages: list[dict[str, str]], request_id: str) -> tuple[str, str]:
         """(the judge's text, "") or ("", why it could not answer); JudgeUnavailable when the server
@@ -219,14 +222,6 @@ class Judge:
                 return "", f"the prompt ({len(ids)} tokens) does not fit the judge's context"
             text = result.text
         return text, ""
-
-    def close(self) -> None:
-        if self.cfg.served:
-            self.engine.close()
-        else:
-            from rose_ray.rollout.actors import stop_agents
-
-            stop_agents(self.agent)
 
 
 # --------------------------------------------------------------------------- scoring
@@ -264,7 +259,6 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
         finally:
             judge.close()
     counts = {"questions": len(jobs), "asked": len(todo), "cached": 0, "cut": 0}
-    verdict_rows: list[dict[str, Any]] = []
     for r, knowledge, cut in judged:
         got = [verdicts[(q, knowledge)] for q in r["critical_questions"]]
         r["verdicts"] = [v.to_dict() for v in got]
@@ -273,8 +267,7 @@ def judge_records(records: list[dict[str, Any]], cfg: JudgeConfig, cache: Verdic
         r["judge"] = cfg.name
         counts["cut"] += cut
         counts["cached"] += sum(v.cached for v in got)
-        verdict_rows += r["verdicts"]
-    return {**counts, **verdict_counts(verdict_rows)}
+    return {**counts, **verdict_counts([v for r, _, _ in judged for v in r["verdicts"]])}
 
 
 def verdict_counts(verdicts: list[dict[str, Any]]) -> dict[str, int]:

@@ -90,10 +90,7 @@ def download_model(name: str, label: str) -> str:
         enable_progress_bars,
     )
 
-    try:
-        cached = snapshot_download(name, local_files_only=True)
-    except Exception:  # noqa: BLE001 - not there (or incomplete): downloaded below
-        cached = None
+    cached = model_folder(name, "", {})  # a hub id's snapshot in the cache, else None: downloaded below
     if constants.HF_HUB_OFFLINE:
         if cached is None:
             raise ModelNotAvailable(

@@ -1,11 +1,6 @@
-"""Dataset rows: JSONL files of whole conversations read, validated, written and turned into
-Turns (the commands that make and check datasets are in `collect.py`).
-
-A row is one episode: `item_id`, `conversations` (required) and `task`, `var`, `score`,
-`success`, `rounds` (optional), its messages of one schema (types.py): the dataset card's
-(`role`/`content`, `success` 0/1; what `collect`, `continue` and `gold` write) or AgentGym's
-(`from`/`value`). Bad rows raise `DataError` naming the file, line and key.
-"""
+"""Dataset rows (an episode a row: `item_id`, `conversations`, optional `task`, `var`, `score`,
+`success`, `rounds`; messages of the card's schema or AgentGym's, docs/configuration.md): JSONL
+files read, validated (DataError naming the file, line and key), written and turned into Turns."""
 
 from __future__ import annotations
 
@@ -96,11 +91,10 @@ START_OVER = "give another --out, or --overwrite to start over (the file is left
 
 
 class PartialRows:
-    """A dataset file written as its rows come: `<out>.partial` holds a header naming the job
-    (`{"partial_of": job}`) and a `{"game": i, "row": row}` line per finished game, flushed, so a
-    kill loses only the line it cut. Opening resumes the partial file of the same `job` (`done`:
-    its rows by game); another job's partial file is refused unless `overwrite` (then it starts
-    over); `finish` writes `<out>` whole, in game order. Subclasses change the file's format."""
+    """A dataset file written as its rows come, resumed by the same `job` (`done`: its rows by game;
+    docs/configuration.md, "Nothing is lost or replaced unasked"): `<out>.partial` holds a
+    `{"partial_of": job}` header, then a `{"game": i, "row": row}` line per finished game, flushed;
+    `finish` writes `<out>` whole, in game order. Subclasses change the file's format."""
 
     suffix, header_key = ".partial", "partial_of"
     header_name = "the partial file's header"

@@ -5,6 +5,7 @@ term, which `make_batch` writes per token into packed rows (`attention_mask`: se
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -27,8 +28,7 @@ class TokenWeights:
 
     def __init__(self, **terms: dict[str, float]) -> None:
         for term, per_owner in terms.items():
-            unknown = set(per_owner) - set(OWNERS)
-            if unknown:
+            if unknown := set(per_owner) - set(OWNERS):
                 raise ValueError(f"token weights ({term}): unknown owners {sorted(unknown)}; expected {OWNERS}")
         self.terms = {term: dict(per_owner) for term, per_owner in terms.items()}
 
@@ -66,12 +66,10 @@ def with_ids(turns: list[Turn], fmt: ChatFormat | None) -> list[Turn]:
     if fmt.history == "template":
         return fmt.apply_template(turns, add_generation_prompt=False)
     ids: list[list[int]] = []
-    start = 0
     if [(t.role, t.owner) for t in turns[:2]] == [("user", "prompt"), ("assistant", "prompt")]:
         # The rollout opening: instruction + acknowledgement on the first turn.
         ids += [fmt.opening_ids([("user", turns[0].text), ("assistant", turns[1].text)]), []]
-        start = 2
-    for t in turns[start:]:
+    for t in turns[len(ids):]:
         if t.role == "assistant":
             ids.append(fmt.assistant_ids(t.text))
         elif ids:
@@ -137,21 +135,8 @@ def _trains(seq: Sequence, j: int, weights: TokenWeights) -> bool:
 def trained_tokens(seqs: list[Sequence], weights: TokenWeights) -> dict[str, int]:
     """Per owner, the tokens `make_batch` gives a weight > 0 in some loss term (the count the
     learner's per-token mean divides by, split by who wrote them)."""
-    counts = dict.fromkeys(OWNERS, 0)
-    for seq in seqs:
-        for j in range(1, len(seq)):
-            if _trains(seq, j, weights):
-                counts[OWNERS[seq.owners[j]]] += 1
-    return counts
-
-
-def pack(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Sequence indices per row, first-fit decreasing, each row at most max_tokens."""
-    for i, n in enumerate(lengths):
-        if n > max_tokens:
-            raise ValueError(f"sequence {i} has {n} tokens > max_tokens={max_tokens} "
-                             "(learner.max_tokens must hold the engine's whole context)")
-    return first_fit(lengths, max_tokens)
+    counts = Counter(OWNERS[s.owners[j]] for s in seqs for j in range(len(s)) if _trains(s, j, weights))
+    return {owner: counts[owner] for owner in OWNERS}
 
 
 def make_batch(seqs: list[Sequence], weights: TokenWeights, max_tokens: int, pad_id: int = 0) -> Batch:
@@ -161,7 +146,11 @@ def make_batch(seqs: list[Sequence], weights: TokenWeights, max_tokens: int, pad
         raise ValueError("make_batch: no sequences")
     of_owner = {term: np.array([float(per_owner.get(o, 0.0)) for o in OWNERS], dtype=np.float32)
                 for term, per_owner in weights.terms.items()}
-    rows = pack([len(s) for s in seqs], max_tokens)
+    for i, s in enumerate(seqs):
+        if len(s) > max_tokens:
+            raise ValueError(f"sequence {i} has {len(s)} tokens > max_tokens={max_tokens} "
+                             "(learner.max_tokens must hold the engine's whole context)")
+    rows = first_fit([len(s) for s in seqs], max_tokens)  # first-fit decreasing
     shape = (len(rows), max(sum(len(seqs[i]) for i in row) for row in rows))
     b = {
         "input_ids": np.full(shape, pad_id, dtype=np.int64),

@@ -26,12 +26,10 @@ def gold_record(game: GameId, first_observation: str, steps: list[tuple[str, str
     turns = [Turn("user", protocol.instruction, "prompt"), Turn("assistant", protocol.acknowledgement, "prompt"),
              Turn("user", first_observation, "env")]
     location = protocol.location_of(first_observation)  # the room the replies after the opening name
-    for reply, observation in detour:
-        turns += [Turn("assistant", reply, "student"), Turn("user", observation, "env")]
-        location = protocol.location_of(observation) or location
-    for action, observation in steps:
-        turns.append(Turn("assistant", gold_reply(action, location), "teacher"))
-        turns.append(Turn("user", observation, "env"))
+    played = [("student", pair) for pair in detour] + [("teacher", pair) for pair in steps]
+    for owner, (text, observation) in played:
+        reply = text if owner == "student" else gold_reply(text, location)  # the teacher's: a gold action
+        turns += [Turn("assistant", reply, owner), Turn("user", observation, "env")]
         location = protocol.location_of(observation) or location
     t = Trajectory(game=game, turns=turns, score=last.score, raw_score=last.raw_score,
                    success=last.success, rounds=len(steps))
@@ -72,13 +70,12 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
     from rose_ray.envs.pool import EnvPool
 
     worlds = {g.world for g in games}
-    for name in worlds:
-        if not get_world(name).has_gold:
-            raise InputError(f"{name} has no gold action paths for any of its games, so there are no "
-                             "gold demonstrations to write; eval, collect and train work without them")
     if len(worlds) > 1:
         raise InputError(f"gold: games of several worlds ({sorted(worlds)}); make one dataset per world")
     world = get_world(worlds.pop() if worlds else None)
+    if not world.has_gold:
+        raise InputError(f"{world.name} has no gold action paths for any of its games, so there are no "
+                         "gold demonstrations to write; eval, collect and train work without them")
     if (observe or detours) and world.observed_gold is None:
         raise InputError(f"gold: {world.name} has no observed gold paths or detours (observe, detours); "
                          "use its gold paths as they are")

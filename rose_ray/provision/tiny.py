@@ -7,7 +7,6 @@ tokens, pre-tokenizer split and a template that behaves like theirs (QWEN3_LIKE_
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,19 +60,12 @@ STYLES = ("plain", "qwen3")
 DONE_MARKER = "rose_ray_tiny.json"
 
 
-@dataclass(frozen=True)
-class TinySize:
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-
-
+# Qwen3Config's size keys of each tiny model (bench/generation.py builds a larger one the same way).
 TINY_SIZES = {
-    "student": TinySize(128, 2, 4, 2, 32, 384),
-    "teacher": TinySize(256, 4, 4, 2, 64, 768),
+    "student": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=32, intermediate_size=384),
+    "teacher": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=64, intermediate_size=768),
 }
 
 
@@ -115,17 +107,17 @@ def build_tokenizer(vocab_size: int = 8192, style: str = "plain") -> Any:
     return fast
 
 
-def _random_qwen3(size: TinySize, seed: int, max_positions: int, **token_ids: int) -> Any:
+def _random_qwen3(size: dict[str, int], seed: int, max_positions: int, **token_ids: int) -> Any:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     config = Qwen3Config(max_position_embeddings=max_positions, tie_word_embeddings=True, bos_token_id=None,
-                         **token_ids, **asdict(size))
+                         **token_ids, **size)
     return Qwen3ForCausalLM(config).eval()
 
 
-def build_tiny_model(tokenizer: Any, size: TinySize, seed: int, max_positions: int = 16384) -> Any:
+def build_tiny_model(tokenizer: Any, size: dict[str, int], seed: int, max_positions: int = 16384) -> Any:
     return _random_qwen3(size, seed, max_positions, vocab_size=len(tokenizer),
                          eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
                          pad_token_id=tokenizer.pad_token_id)
@@ -134,7 +126,8 @@ def build_tiny_model(tokenizer: Any, size: TinySize, seed: int, max_positions: i
 # Qwen3's vocabulary size (Qwen3-1.7B and Qwen3-32B): at this size the LM head, not the body,
 # decides the learner's memory, which the tiny models (8k vocabulary) cannot show.
 QWEN3_VOCAB_SIZE = 151_936
-QWEN3_VOCAB_SIZE_TINY = TinySize(64, 2, 4, 2, 16, 128)
+QWEN3_VOCAB_SIZE_TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=16, intermediate_size=128)
 
 
 def build_qwen3_vocab_model(seed: int = 0, max_positions: int = 16384) -> Any:

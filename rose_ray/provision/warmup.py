@@ -26,20 +26,13 @@ def resolve_models(cfg: TrainConfig) -> tuple[str, str | None]:
               else local_model(resolve_tiny(engine.model, cfg.tiny_dir)) for role, engine in cfg.engines()}
     models.setdefault("teacher", None)
     # The student first: a teacher whose demonstrations open with its turns needs it warmed.
-    for role in ("student", "teacher"):
-        if not warmup_of(cfg, role).enabled:
-            continue
+    for role in [r for r in ("student", "teacher") if getattr(cfg, f"{r}_warmup").enabled]:
         if get_world(cfg.env.world).has_gold:
             models[role] = warm_model(cfg, models[role], role, student=models["student"])
         else:
             print(f"train: no {role} warm-up: {cfg.env.world} has no gold demonstrations; "
                   f"the {role} is used as it is", flush=True)
     return models["student"], models["teacher"]
-
-
-def warmup_of(cfg: TrainConfig, role: str) -> Any:
-    """`teacher_warmup` or `student_warmup`."""
-    return cfg.teacher_warmup if role == "teacher" else cfg.student_warmup
 
 
 DEMONSTRATIONS = "demonstrations.jsonl"  # the rows a warmed model was trained on, in its folder
@@ -67,7 +60,7 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str
         rows, source = shipped_gold(key), "shipped"
         if rows is None:
             rows, source = play_gold(cfg, role, student), "played now"
-        w, data = warmup_of(cfg, role), temp_name(out, "gold")
+        w, data = getattr(cfg, f"{role}_warmup"), temp_name(out, "gold")
         print(f"train: warming the {role} on {len(rows)} gold demonstrations ({source}) ...", flush=True)
 
         def log(line: str) -> None:  # "step N/M epoch ..." lines from train_sft, a few of them
@@ -98,7 +91,7 @@ def gold_games(cfg: TrainConfig, role: str = "teacher") -> list[Any]:
     """The training games a warm-up demonstrates: the catalogue's sample of its settings."""
     from rose_ray.envs.worlds import get_world
 
-    w = warmup_of(cfg, role)
+    w = getattr(cfg, f"{role}_warmup")
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
     return catalogue.sample(cfg.rollout.split, w.gold_games, w.seed, tasks=cfg.tasks)
 
@@ -108,7 +101,7 @@ def play_gold(cfg: TrainConfig, role: str = "teacher", student: str | None = Non
     opening with `student`'s own turns where `teacher_warmup.student_openings` asks)."""
     from rose_ray.provision.gold import gold_rows
 
-    w = warmup_of(cfg, role)
+    w = getattr(cfg, f"{role}_warmup")
     games = gold_games(cfg, role)
     openings = student_openings(cfg, games, student) if role == "teacher" and w.student_openings else None
     rows, problems = gold_rows(games, workers=2, max_actions=w.max_turns, progress=False,
@@ -159,12 +152,9 @@ def student_openings(cfg: TrainConfig, games: list[Any], student: str | None) ->
     spec = replace(training_play(cfg, student, None), teacher=None, handoff=StudentOnly(), max_turns=w.opening_turns,
                    student_sampling=opening_sampling(cfg), report="off")
     played = run_coroutine(lambda: play(spec, chosen))
-    out = {}
-    for game, t in zip(chosen, played):
-        replies = [turn.text for turn in t.turns if turn.role == "assistant" and turn.owner == "student"]
-        if replies:
-            out[game.item_id] = replies[: turns[game.item_id]]
-    return out
+    replies = {g.item_id: [u.text for u in t.turns if u.role == "assistant" and u.owner == "student"]
+               for g, t in zip(chosen, played)}
+    return {item: texts[: turns[item]] for item, texts in replies.items() if texts}
 
 
 def gold_key(key: dict[str, Any]) -> dict[str, Any]:
@@ -207,7 +197,7 @@ def ship_demonstrations(cfg: TrainConfig, out_dir: Path, trained: bool = True) -
         # gzip without a time stamp: the same bytes every time
         ships = [(f"{cfg.name}_{role}{SHIPPED_SUFFIX}.jsonl.gz", warmup_cache(cfg, model, role)[0],
                   gzip.compress((Path(model) / DEMONSTRATIONS).read_bytes(), mtime=0))
-                 for role, model in models.items() if warmup_of(cfg, role).enabled]
+                 for role, model in models.items() if getattr(cfg, f"{role}_warmup").enabled]
     else:
         key, _ = warmup_cache(cfg, "")
         rows = [validate_row(r, f"row {n}") for n, r in enumerate(play_gold(cfg), 1)]

@@ -14,7 +14,7 @@ import rose_ray.files as files
 from rose_ray.files import (
     TEMP_TAG,
     clear_leftovers,
-    temp_sibling,
+    temp_name,
     write_file,
     writing_folder,
 )
@@ -69,7 +69,8 @@ def test_leftovers_of_gone_writers_are_cleared_and_nothing_else(tmp_path):
 
 def exchanges(folder: Path) -> bool:
     """Whether this file system swaps two folders atomically (renameat2 RENAME_EXCHANGE)."""
-    a, b = temp_sibling(folder / "probe"), temp_sibling(folder / "probe")
+    a, b = temp_name(folder / "probe"), temp_name(folder / "probe")
+    a.mkdir(), b.mkdir()
     try:
         return files._exchange(a, b)
     finally:

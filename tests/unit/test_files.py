@@ -21,7 +21,7 @@ from rose_ray.files import (
     json_records,
     open_for_append,
     swap_in,
-    temp_sibling,
+    temp_name,
     writing_folder,
 )
 
@@ -31,9 +31,12 @@ def names(folder: Path) -> list[str]:
 
 
 def test_temp_names_are_hidden_beside_the_target_and_say_who_made_them(tmp_path):
-    target = tmp_path / "cache" / "teacher"  # its parent is made
-    a, b = temp_sibling(target), temp_sibling(target, "old")
-    assert a != b and a.parent == b.parent == target.parent and a.is_dir() and not any(a.iterdir())
+    target = tmp_path / "cache" / "teacher"
+    a, b = temp_name(target), temp_name(target, "old")
+    assert a != b and a.parent == b.parent == target.parent
+    with writing_folder(target) as new:  # its parent is made, its temp folder new and empty
+        assert new.parent == target.parent and new.is_dir() and not any(new.iterdir())
+        assert files._parse_temp(new.name) == ("teacher", "tmp", files._host(), os.getpid())
     assert a.name.startswith(f".teacher{TEMP_TAG}tmp.") and b.name.startswith(f".teacher{TEMP_TAG}old.")
     assert files._parse_temp(a.name) == ("teacher", "tmp", files._host(), os.getpid())
     assert files._parse_temp(".teacher.bak") is None and files._parse_temp("teacher") is None
@@ -45,12 +48,14 @@ def test_swap_in_replaces_a_folder_and_leaves_nothing_aside(tmp_path, monkeypatc
         monkeypatch.setattr(files, "_exchange", lambda a, b: False)
     target = tmp_path / "model"
     for content in ("first", "second"):  # into nothing, then over a full folder
-        new = temp_sibling(target)
+        new = temp_name(target)
+        new.mkdir()
         (new / "weights").write_text(content)
         swap_in(new, target)
         assert (target / "weights").read_text() == content and not new.exists()
     target.joinpath("weights").unlink()  # an empty folder is replaced directly
-    new = temp_sibling(target)
+    new = temp_name(target)
+    new.mkdir()
     (new / "weights").write_text("third")
     swap_in(new, target)
     assert (target / "weights").read_text() == "third"

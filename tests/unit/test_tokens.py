@@ -11,11 +11,11 @@ import torch
 
 from rose_ray.chat import ChatFormat
 from rose_ray.config import load_config
-from rose_ray.learner.batching import micro_batches
+from rose_ray.learner.batching import first_fit, micro_batches
 from rose_ray.recipes.sft import row_cut
 from rose_ray.rollout.context import ContextSettings
 from rose_ray.rows import row_to_trajectory
-from rose_ray.tokens import TokenWeights, loss_turns, make_batch, pack, render
+from rose_ray.tokens import TokenWeights, loss_turns, make_batch, render
 from rose_ray.types import OWNERS, GameId, Trajectory, Turn
 
 EOS = 99
@@ -134,7 +134,7 @@ def test_a_trajectory_is_cut_where_the_rollout_cut_it():
     assert cut.dropped_turns == 2
     assert cut.input_ids == [1, 2, 3, 4, 5, 9, 10, EOS, 11, 12, 13, EOS, 14, 15]
     assert [i for i, _ in cut.turn_spans] == [0, 1, 2, 5, 6, 7, 8]
-    # Replies are never dropped to fit: what is too long for a row stays too long (pack says so).
+    # Replies are never dropped to fit: what is too long for a row stays too long (make_batch says so).
     with pytest.raises(ValueError, match="learner.max_tokens must hold the engine's whole context"):
         make_batch([row(8, [3, 4])], weights_of("rose"), max_tokens=8)
 
@@ -190,7 +190,7 @@ def test_packing_masks_attention_between_sequences(tiny_models):
     model = AutoModelForCausalLM.from_pretrained(tiny_models["student"], dtype=torch.float32).eval()
     rng = np.random.default_rng(0)
     seqs = [render([Turn("user", "", "env", rng.integers(5, 500, n).tolist())]) for n in (9, 6, 5, 12)]
-    rows = pack([len(s) for s in seqs], 16)
+    rows = first_fit([len(s) for s in seqs], 16)
     assert sorted(i for r in rows for i in r) == [0, 1, 2, 3] and len(rows) == 3
     assert all(sum(len(seqs[i]) for i in r) <= 16 for r in rows)
     batch = make_batch(seqs, TokenWeights(ce={"env": 1.0}), max_tokens=16)

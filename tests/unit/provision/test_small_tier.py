@@ -166,13 +166,13 @@ def test_the_small_tier_warms_on_its_shipped_demonstrations():
     settings draw, each row within its turns, the teacher's opening with 1-2 student-owned replies
     (the base student's own, or a detour) where drawn; another base student plays gold now."""
     from rose_ray.envs.sciworld.catalogue import SciWorldCatalogue
-    from rose_ray.provision.warmup import gold_games, shipped_gold, warmup_cache, warmup_of
+    from rose_ray.provision.warmup import gold_games, shipped_gold, warmup_cache
 
     cfg = load_config(SMALL)
     catalogue = SciWorldCatalogue(cfg.env.mapping)
     opening = cfg.env.protocol().opening()
     for role in ("student", "teacher"):
-        w = warmup_of(cfg, role)
+        w = getattr(cfg, f"{role}_warmup")
         rows = shipped_gold(warmup_cache(cfg, "", role)[0])
         assert rows is not None, role
         assert sorted(r["item_id"] for r in rows) == sorted(g.item_id for g in gold_games(cfg, role))
