@@ -44,11 +44,11 @@ TARGET = 1.3
 
 async def scripted(game: GameId, slot: EnvSlot) -> Trajectory:
     """Reset, then fixed actions with a fixed think time; an interrupted step restarts it."""
-    await slot.reset(game)
+    await slot.call("reset", game)
     result = None
     for action in ACTIONS:
         await asyncio.sleep(THINK_S)
-        result = await slot.step(action)
+        result = await slot.call("step", action)
         if result.interrupted:
             raise EpisodeInterrupted(game, "the game's JVM died")
         if result.done:

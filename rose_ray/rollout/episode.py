@@ -56,7 +56,8 @@ class Episode:
     async def step(self, action: str | None) -> None:
         """The game's answer to an action (None: load the game) becomes `last` and joins the conversation."""
         t0 = time.perf_counter()
-        result = await (self.env.reset(self.game) if action is None else self.env.step(action))
+        call = ("reset", self.game) if action is None else ("step", action)
+        result = await self.env.call(*call)
         self.timing["env_s"] += time.perf_counter() - t0
         if result.interrupted:
             raise EpisodeInterrupted(self.game, result.info.get("error", ""))
@@ -69,7 +70,7 @@ class Episode:
         """The reply of the agent playing `owner`; an expert's from the slot (None: no plan)."""
         t0 = time.perf_counter()
         if self.conv.agent(owner).expert:
-            reply = await self.env.expert_reply()
+            reply = await self.env.call("expert_reply")
             result = None if reply.text is None else TextReply(reply.text)
             if self.expert is None:  # what it had at the handoff
                 self.expert = {"planned": reply.planned, "verified": reply.verified, "plan_s": 0.0}
@@ -83,7 +84,7 @@ class Episode:
     async def hand_over(self) -> None:
         """At the handoff: which parts of the game's state differ from the state at load."""
         t0 = time.perf_counter()
-        state = await self.env.state()
+        state = await self.env.call("state")
         self.timing["env_s"] += time.perf_counter() - t0
         initial, now = state.get("initial") or {}, state.get("now") or {}
         if initial and now:
