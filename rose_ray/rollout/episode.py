@@ -61,7 +61,7 @@ class Episode:
         self.timing["env_s"] += time.perf_counter() - t0
         if result.interrupted:
             raise EpisodeInterrupted(self.game, result.info.get("error", ""))
-        self.conv.add_observation(result.observation)
+        self.conv.add_text("user", result.observation)
         if action is None:
             self.first = result
         self.last = result
@@ -240,7 +240,7 @@ async def replay_prefix(episode: Episode, replay: list[Turn]) -> int:
     _check_observation(episode, 0, replay[0].text)
     pairs = list(zip(replay[1::2], replay[2::2]))
     for n, (reply, expected) in enumerate(pairs, 1):
-        episode.conv.add_recorded(reply)
+        episode.conv.add_text("assistant", reply.text, reply.owner, reply.truncated)
         parsed = parse_action(reply.text)
         await episode.step(parsed.action)
         _check_observation(episode, n, expected.text)
