@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from rose_ray.types import Trajectory
 
@@ -21,8 +21,7 @@ class BufferCounters:
     failed: int = 0
     trained: int = 0
 
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
+    as_dict = asdict  # the counters as a plain dict (checkpoints, metrics)
 
 
 class TrajectoryBuffer:
