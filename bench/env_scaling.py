@@ -50,7 +50,7 @@ async def scripted(game: GameId, slot: EnvSlot) -> Trajectory:
         await asyncio.sleep(THINK_S)
         result = await slot.call("step", action)
         if result.interrupted:
-            raise EpisodeInterrupted(game, "the game's JVM died")
+            raise EpisodeInterrupted(f"episode on {game.item_id} interrupted: the game's JVM died")
         if result.done:
             break
     return Trajectory(game=game, turns=[], raw_score=result.raw_score, done=True)

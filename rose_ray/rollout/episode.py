@@ -27,10 +27,6 @@ class ReplayMismatch(InputError):
 class EpisodeInterrupted(RuntimeError):
     """The game's process died or hung; the episode must be restarted from its first turn."""
 
-    def __init__(self, game: GameId, detail: str = "") -> None:
-        super().__init__(f"episode on {game.item_id} interrupted: {detail}")
-        self.game = game
-
 
 class Episode:
     """One episode's state as it is played; `step` and `generate` are its timed calls to the
@@ -60,7 +56,8 @@ class Episode:
         result = await self.env.call(*call)
         self.timing["env_s"] += time.perf_counter() - t0
         if result.interrupted:
-            raise EpisodeInterrupted(self.game, result.info.get("error", ""))
+            error = result.info.get("error", "")
+            raise EpisodeInterrupted(f"episode on {self.game.item_id} interrupted: {error}")
         self.conv.add_text("user", result.observation)
         if action is None:
             self.first = result

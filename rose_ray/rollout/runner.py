@@ -76,7 +76,8 @@ class EpisodeRunner:
                 else:
                     await asyncio.sleep(min(0.5 * 2**attempt, 5.0))  # a dead pool is restarting
             self.counters.failed += 1
-            raise EpisodeInterrupted(game, f"gave up after {self.max_retries + 1} attempts")
+            raise EpisodeInterrupted(
+                f"episode on {game.item_id} interrupted: gave up after {self.max_retries + 1} attempts")
         except asyncio.CancelledError:  # the run stops: a resume plays this episode again
             self.counters.started -= 1
             self.counters.restarts -= restarts
