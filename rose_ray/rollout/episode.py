@@ -150,11 +150,8 @@ async def run_episode(
         result = await episode.generate(owner, GenerationRequest(
             prompt, sampling.for_turn(game.item_id, turn),  # a seed: this turn's own
             request_id=f"{request_prefix}{game.item_id}/t{turn}"))
-        if result is None:  # an expert with no plan from here
-            episode.end_reason = "no_plan"
-            break
-        if result.finish_reason == "context":
-            episode.end_reason = "context"
+        if result is None or result.finish_reason == "context":  # None: an expert with no plan from here
+            episode.end_reason = "no_plan" if result is None else "context"
             break
         reply = conv.add_reply(owner, result)
         parsed = parse_action(result.text)
@@ -218,13 +215,10 @@ async def ask_report(question: str, conv: Conversation, config: EpisodeConfig, r
     t0 = time.perf_counter()
     # The conversation's cut, recorded when the learner trains on the answer (report "train").
     prompt = conv.prompt_for(owner, sampling.max_new_tokens, asked, record=config.report == "train")
-    if prompt is None:
-        timing["report_s"] = time.perf_counter() - t0
-        return "", [ask]
-    result = await conv.agent(owner).engine.generate.remote(
+    result = None if prompt is None else await conv.agent(owner).engine.generate.remote(
         GenerationRequest(prompt, sampling.for_turn(request_id, "report"), request_id=request_id))
     timing["report_s"] = time.perf_counter() - t0
-    if result.finish_reason == "context":
+    if result is None or result.finish_reason == "context":  # no room for a reply
         return "", [ask]
     reply = conv.views["student"].reply_turn(owner, result, sampled=view is conv.views["student"])
     return strip_thinking(result.text).strip(), [ask, reply]
