@@ -113,9 +113,6 @@ class Conversation:
         left_out = set(cut)
         return [i for n, t in enumerate(turns) if n not in left_out for i in t.token_ids]
 
-    def rounds(self) -> int:
-        return sum(1 for t in self.turns if t.role == "assistant" and t.owner != "prompt")
-
     def for_learner(self) -> tuple[list[Turn], list[int]]:
         """The turns the learner trains on and those it leaves out (`ContextSettings.learner_cut`)."""
         turns = self.views["student"].rendered(generation_prompt=False)

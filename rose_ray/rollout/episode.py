@@ -160,7 +160,8 @@ async def run_episode(
         if owner == "student":
             state.student_failed = failed
 
-    rounds = conv.rounds()  # the played replies, before a report turn joins them
+    # The played replies, before a report turn joins them.
+    rounds = sum(1 for t in conv.turns if t.role == "assistant" and t.owner != "prompt")
     if handoff_turn is not None and handoff_turn > rounds:
         handoff_turn = None  # the episode ended before the teacher acted
     if teacher is not None and teacher.expert and episode.expert is None and episode.last.raw_score < 0:
