@@ -33,7 +33,7 @@ class EnvSlot:
 
     def __init__(self, pool: Any, slot: int, pool_index: int = 0) -> None:
         self.pool, self.slot, self.pool_index = pool, slot, pool_index
-        self.waiting: str | None = None  # "reset" or "step" while a call is out
+        self.waiting: str | None = None  # the call out now ("reset", "step", "expert reply", "state")
         self.since = time.monotonic()
 
     async def call(self, method: str, *args: Any) -> Any:
