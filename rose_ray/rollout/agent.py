@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rose_ray.rollout.context import ContextSettings
-from rose_ray.types import SamplingParams
+from rose_ray.types import REPORT_MODES, SamplingParams
 
 if TYPE_CHECKING:
     from rose_ray.chat import ChatFormat
@@ -25,7 +25,11 @@ class EpisodeConfig:
     score_student_with_teacher: bool = False  # OPD: teacher logprobs of every student token
     # The world's report question after the last observation (DiscoveryWorld): "ask" records
     # the answer on the Trajectory, "train" also adds it to the turns the learner sees, "off".
-    report: str = "ask"  # checked where it enters (rollout.report, the commands' choices)
+    report: str = "ask"
+
+    def __post_init__(self) -> None:
+        if self.report not in REPORT_MODES:
+            raise ValueError(f"report: must be one of {REPORT_MODES}, got {self.report!r}")
 
 
 class EnvSlot:
