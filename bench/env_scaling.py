@@ -44,13 +44,13 @@ TARGET = 1.3
 
 async def scripted(game: GameId, slot: EnvSlot) -> Trajectory:
     """Reset, then fixed actions with a fixed think time; an interrupted step restarts it."""
-    await slot.reset(game)
+    await slot.call("reset", game)
     result = None
     for action in ACTIONS:
         await asyncio.sleep(THINK_S)
-        result = await slot.step(action)
+        result = await slot.call("step", action)
         if result.interrupted:
-            raise EpisodeInterrupted(game, "the game's JVM died")
+            raise EpisodeInterrupted(f"episode on {game.item_id} interrupted: the game's JVM died")
         if result.done:
             break
     return Trajectory(game=game, turns=[], raw_score=result.raw_score, done=True)

@@ -253,7 +253,7 @@ class PartTimer:
     Ray's `ActorMethod.remote` (submitting a call, its arguments serialised); the loop is the
     rest of that thread's CPU; Ray's threads are the process's CPU outside it."""
 
-    CONVERSATION = ("__init__", "prompt_for", "add_observation", "add_reply", "add_recorded", "for_learner")
+    CONVERSATION = ("__init__", "prompt_for", "add_text", "add_reply", "for_learner")
 
     def __init__(self) -> None:
         self.cpu = {PART_CHAT: 0.0, PART_SUBMIT: 0.0}
@@ -299,7 +299,7 @@ def timed_parts(timer: PartTimer, thread_cpu_s: float, process_cpu_s: float, tur
     parts[PART_THREADS] = max(process_cpu_s - thread_cpu_s, 0.0)
     return {k: round(1000 * v / max(turns, 1), 3) for k, v in parts.items()}
 RENDERING_CODE = ("/tokenizers/", "/transformers/", "/jinja2/", "<template>", "rose_ray/chat.py", "dataclasses.py")
-CONVERSATION_ENTRIES = ("__init__", "prompt_for", "add_observation", "add_reply", "add_recorded", "for_learner")
+CONVERSATION_ENTRIES = ("__init__", "prompt_for", "add_text", "add_reply", "for_learner")
 
 
 def grouped_profile(stats: pstats.Stats, thread_cpu_s: float, process_cpu_s: float) -> dict[str, Any]:

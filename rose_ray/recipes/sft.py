@@ -45,6 +45,7 @@ def train_sft(
     from rose_ray.models import load_tokenizer
     from rose_ray.placement import check_shared_storage
     from rose_ray.recipes.teacher_sft import imitate
+    from rose_ray.rollout.actors import init_ray
     from rose_ray.rows import read_jsonl, row_to_trajectory
     from rose_ray.tokens import make_batch, render, with_ids
 
@@ -71,11 +72,8 @@ def train_sft(
             raise InputError(f"{data}:{n}: {e}") from None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else fmt.eos_id
 
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        from rose_ray.rollout.actors import init_ray
-
-        init_ray(None)  # RAY_ADDRESS (a submitted job), else a private local cluster with its own token
+    # RAY_ADDRESS (a submitted job), else a private local cluster with its own token; a Ray up already stays.
+    started_ray = init_ray(None)
     group, history = None, []
     try:
         for line in check_shared_storage({"--out": out.parent}, "sft"):  # rank 0 may be on another node

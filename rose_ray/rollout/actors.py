@@ -58,22 +58,23 @@ def check_ray_version() -> None:
             "or set RAY_AUTH_MODE=disabled to run without authentication on purpose")
 
 
-def init_ray(address: str | None = None) -> None:
+def init_ray(address: str | None = None) -> bool:
     """Join `address` (or RAY_ADDRESS), else start a private local cluster (`private_token`);
-    `auto` joins a cluster started with `ray start` on this machine."""
+    `auto` joins a cluster started with `ray start` on this machine. False: Ray was up already."""
     import os
 
     import ray
 
     check_ray_version()
     if ray.is_initialized():
-        return
+        return False
     if address is None and not os.environ.get("RAY_ADDRESS"):
         address = "local"
     if address == "local":
         private_token()
     # Workers' output (vLLM, NCCL, DeepSpeed, the env JVMs) reaches the job's log.
     ray.init(address=address, include_dashboard=False, log_to_driver=True)
+    return True
 
 
 def private_token() -> None:

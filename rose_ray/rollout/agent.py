@@ -5,12 +5,11 @@ the `EpisodeConfig` (apart from episode.py so that conversation.py imports them 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rose_ray.rollout.context import ContextSettings
-from rose_ray.types import REPORT_MODES, GameId, SamplingParams
+from rose_ray.types import REPORT_MODES, SamplingParams
 
 if TYPE_CHECKING:
     from rose_ray.chat import ChatFormat
@@ -38,27 +37,17 @@ class EnvSlot:
 
     def __init__(self, pool: Any, slot: int, pool_index: int = 0) -> None:
         self.pool, self.slot, self.pool_index = pool, slot, pool_index
-        self.waiting: str | None = None  # "reset" or "step" while a call is out
+        self.waiting: str | None = None  # the call out now ("reset", "step", "expert reply", "state")
         self.since = time.monotonic()
 
-    async def _call(self, what: str, call: Awaitable[Any]) -> Any:
-        self.waiting, self.since = what, time.monotonic()
+    async def call(self, method: str, *args: Any) -> Any:
+        """`pool.<method>(slot, *args)`: reset, step, expert_reply (the world's expert's ExpertReply)
+        or state (the game's fingerprint: {"initial": ..., "now": ...})."""
+        self.waiting, self.since = method.replace("_", " "), time.monotonic()
         try:
-            return await call
+            return await getattr(self.pool, method).remote(self.slot, *args)
         finally:
             self.waiting, self.since = None, time.monotonic()
-
-    async def reset(self, game: GameId):
-        return await self._call("reset", self.pool.reset.remote(self.slot, game))
-
-    async def step(self, action: str):
-        return await self._call("step", self.pool.step.remote(self.slot, action))
-
-    async def expert_reply(self):  # the world's expert teacher's next reply (an ExpertReply)
-        return await self._call("expert reply", self.pool.expert_reply.remote(self.slot))
-
-    async def state(self) -> dict[str, Any]:  # the game's state fingerprint: {"initial": ..., "now": ...}
-        return await self._call("state", self.pool.state.remote(self.slot))
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from rose_ray.types import Trajectory
 
@@ -21,8 +21,7 @@ class BufferCounters:
     failed: int = 0
     trained: int = 0
 
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
+    as_dict = asdict  # the counters as a plain dict (checkpoints, metrics)
 
 
 class TrajectoryBuffer:
@@ -53,8 +52,14 @@ class TrajectoryBuffer:
     def lag(self, t: Trajectory, learner_version: int) -> int:
         return 0 if t.student_version is None else learner_version - t.student_version
 
-    def stale(self, t: Trajectory, learner_version: int) -> bool:
-        return self.drop_stale and self.lag(t, learner_version) > self.max_lag
+    def fresh(self, t: Trajectory, learner_version: int) -> bool:
+        """False for one that lags by more than max_lag (with drop_stale): it is dropped and counted."""
+        if not self.drop_stale or self.lag(t, learner_version) <= self.max_lag:
+            return True
+        self.counters.dropped_stale += 1
+        if self.on_drop is not None:
+            self.on_drop(t)
+        return False
 
     async def admit(self) -> None:
         """Wait for room, then count one episode in flight."""
@@ -67,12 +72,10 @@ class TrajectoryBuffer:
         """A finished episode; False if it was dropped as stale."""
         async with self._changed:
             self.in_flight -= 1
-            accepted = not self.stale(t, learner_version)
+            accepted = self.fresh(t, learner_version)
             if accepted:
                 self.items.append(t)
                 self.counters.accepted += 1
-            else:
-                self._drop(t)
             self._changed.notify_all()
             return accepted
 
@@ -87,11 +90,7 @@ class TrajectoryBuffer:
         """Wait for `batch_episodes` fresh trajectories; stale ones are dropped on the way."""
         async with self._changed:
             while True:
-                fresh = [t for t in self.items if not self.stale(t, learner_version)]
-                for t in self.items:
-                    if self.stale(t, learner_version):
-                        self._drop(t)
-                self.items = fresh
+                self.items = [t for t in self.items if self.fresh(t, learner_version)]
                 if len(self.items) >= self.batch_episodes:
                     break
                 await self._changed.wait()
@@ -100,11 +99,6 @@ class TrajectoryBuffer:
             self.lags.extend(self.lag(t, learner_version) for t in batch)
             self._changed.notify_all()  # room for new episodes
             return batch
-
-    def _drop(self, t: Trajectory) -> None:
-        self.counters.dropped_stale += 1
-        if self.on_drop is not None:
-            self.on_drop(t)
 
     def accounting_holds(self) -> bool:
         c = self.counters

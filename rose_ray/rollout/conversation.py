@@ -87,14 +87,10 @@ class Conversation:
     def agent(self, owner: str) -> Agent:
         return self.teacher if owner == "teacher" else self.student
 
-    def add_observation(self, text: str) -> None:
+    def add_text(self, role: str, text: str, owner: str = "env", truncated: bool = False) -> None:
+        """A turn known by its text: an observation, or a recorded reply (a replayed prefix)."""
         for view in self.distinct:
-            view.turns.append(view.text_turn("user", text, "env"))
-
-    def add_recorded(self, turn: Turn) -> None:
-        """A recorded reply (a replayed prefix), from its text."""
-        for view in self.distinct:
-            view.turns.append(view.text_turn("assistant", turn.text, turn.owner, turn.truncated))
+            view.turns.append(view.text_turn(role, text, owner, truncated))
 
     def add_reply(self, owner: str, result: Any) -> Turn:
         """The engine's reply to `prompt_for(owner)`, joining each view; the student's view's turn."""
@@ -116,9 +112,6 @@ class Conversation:
             self.cut = cut
         left_out = set(cut)
         return [i for n, t in enumerate(turns) if n not in left_out for i in t.token_ids]
-
-    def rounds(self) -> int:
-        return sum(1 for t in self.turns if t.role == "assistant" and t.owner != "prompt")
 
     def for_learner(self) -> tuple[list[Turn], list[int]]:
         """The turns the learner trains on and those it leaves out (`ContextSettings.learner_cut`)."""

@@ -27,10 +27,6 @@ class ReplayMismatch(InputError):
 class EpisodeInterrupted(RuntimeError):
     """The game's process died or hung; the episode must be restarted from its first turn."""
 
-    def __init__(self, game: GameId, detail: str = "") -> None:
-        super().__init__(f"episode on {game.item_id} interrupted: {detail}")
-        self.game = game
-
 
 class Episode:
     """One episode's state as it is played; `step` and `generate` are its timed calls to the
@@ -56,11 +52,13 @@ class Episode:
     async def step(self, action: str | None) -> None:
         """The game's answer to an action (None: load the game) becomes `last` and joins the conversation."""
         t0 = time.perf_counter()
-        result = await (self.env.reset(self.game) if action is None else self.env.step(action))
+        call = ("reset", self.game) if action is None else ("step", action)
+        result = await self.env.call(*call)
         self.timing["env_s"] += time.perf_counter() - t0
         if result.interrupted:
-            raise EpisodeInterrupted(self.game, result.info.get("error", ""))
-        self.conv.add_observation(result.observation)
+            error = result.info.get("error", "")
+            raise EpisodeInterrupted(f"episode on {self.game.item_id} interrupted: {error}")
+        self.conv.add_text("user", result.observation)
         if action is None:
             self.first = result
         self.last = result
@@ -69,7 +67,7 @@ class Episode:
         """The reply of the agent playing `owner`; an expert's from the slot (None: no plan)."""
         t0 = time.perf_counter()
         if self.conv.agent(owner).expert:
-            reply = await self.env.expert_reply()
+            reply = await self.env.call("expert_reply")
             result = None if reply.text is None else TextReply(reply.text)
             if self.expert is None:  # what it had at the handoff
                 self.expert = {"planned": reply.planned, "verified": reply.verified, "plan_s": 0.0}
@@ -83,7 +81,7 @@ class Episode:
     async def hand_over(self) -> None:
         """At the handoff: which parts of the game's state differ from the state at load."""
         t0 = time.perf_counter()
-        state = await self.env.state()
+        state = await self.env.call("state")
         self.timing["env_s"] += time.perf_counter() - t0
         initial, now = state.get("initial") or {}, state.get("now") or {}
         if initial and now:
@@ -152,11 +150,8 @@ async def run_episode(
         result = await episode.generate(owner, GenerationRequest(
             prompt, sampling.for_turn(game.item_id, turn),  # a seed: this turn's own
             request_id=f"{request_prefix}{game.item_id}/t{turn}"))
-        if result is None:  # an expert with no plan from here
-            episode.end_reason = "no_plan"
-            break
-        if result.finish_reason == "context":
-            episode.end_reason = "context"
+        if result is None or result.finish_reason == "context":  # None: an expert with no plan from here
+            episode.end_reason = "no_plan" if result is None else "context"
             break
         reply = conv.add_reply(owner, result)
         parsed = parse_action(result.text)
@@ -165,7 +160,8 @@ async def run_episode(
         if owner == "student":
             state.student_failed = failed
 
-    rounds = conv.rounds()  # the played replies, before a report turn joins them
+    # The played replies, before a report turn joins them.
+    rounds = sum(1 for t in conv.turns if t.role == "assistant" and t.owner != "prompt")
     if handoff_turn is not None and handoff_turn > rounds:
         handoff_turn = None  # the episode ended before the teacher acted
     if teacher is not None and teacher.expert and episode.expert is None and episode.last.raw_score < 0:
@@ -220,13 +216,10 @@ async def ask_report(question: str, conv: Conversation, config: EpisodeConfig, r
     t0 = time.perf_counter()
     # The conversation's cut, recorded when the learner trains on the answer (report "train").
     prompt = conv.prompt_for(owner, sampling.max_new_tokens, asked, record=config.report == "train")
-    if prompt is None:
-        timing["report_s"] = time.perf_counter() - t0
-        return "", [ask]
-    result = await conv.agent(owner).engine.generate.remote(
+    result = None if prompt is None else await conv.agent(owner).engine.generate.remote(
         GenerationRequest(prompt, sampling.for_turn(request_id, "report"), request_id=request_id))
     timing["report_s"] = time.perf_counter() - t0
-    if result.finish_reason == "context":
+    if result is None or result.finish_reason == "context":  # no room for a reply
         return "", [ask]
     reply = conv.views["student"].reply_turn(owner, result, sampled=view is conv.views["student"])
     return strip_thinking(result.text).strip(), [ask, reply]
@@ -239,7 +232,7 @@ async def replay_prefix(episode: Episode, replay: list[Turn]) -> int:
     _check_observation(episode, 0, replay[0].text)
     pairs = list(zip(replay[1::2], replay[2::2]))
     for n, (reply, expected) in enumerate(pairs, 1):
-        episode.conv.add_recorded(reply)
+        episode.conv.add_text("assistant", reply.text, reply.owner, reply.truncated)
         parsed = parse_action(reply.text)
         await episode.step(parsed.action)
         _check_observation(episode, n, expected.text)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rose_ray.rollout.agent import EnvSlot
@@ -26,8 +26,7 @@ class RunnerCounters:
     restarts: int = 0  # attempts lost to a dead game, pool or engine and begun again
     failed: int = 0  # episodes given up after max_retries
 
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
+    as_dict = asdict  # the counters as a plain dict (checkpoints, metrics)
 
 
 class EpisodeRunner:
@@ -77,7 +76,8 @@ class EpisodeRunner:
                 else:
                     await asyncio.sleep(min(0.5 * 2**attempt, 5.0))  # a dead pool is restarting
             self.counters.failed += 1
-            raise EpisodeInterrupted(game, f"gave up after {self.max_retries + 1} attempts")
+            raise EpisodeInterrupted(
+                f"episode on {game.item_id} interrupted: gave up after {self.max_retries + 1} attempts")
         except asyncio.CancelledError:  # the run stops: a resume plays this episode again
             self.counters.started -= 1
             self.counters.restarts -= restarts

@@ -68,6 +68,9 @@ class LocalSlot:
     def __init__(self, pool: EnvPool) -> None:
         self.pool = pool
 
+    async def call(self, method: str, *args):  # as EnvSlot.call
+        return await getattr(self, method)(*args)
+
     async def reset(self, game):
         return self.pool.reset(0, game)
 

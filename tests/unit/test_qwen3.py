@@ -253,6 +253,9 @@ def test_chat_ids_are_the_tokenizer_calls_ids(tiny_qwen3, tiny_models, style):
 class _Game:
     """An env slot answering every action at once (no JVM)."""
 
+    async def call(self, method: str, *args):  # as EnvSlot.call
+        return await getattr(self, method)(*args)
+
     async def reset(self, game):
         from rose_ray.envs.base import StepResult
 

@@ -44,10 +44,10 @@ def reply(chat: ChatFormat, text: str, version: int = 5) -> GenerationResult:
 
 def play(conv: Conversation, rounds: int, owner: str = "student") -> None:
     """The first observation, then `rounds` replies by `owner`, each followed by an observation."""
-    conv.add_observation("You are in the kitchen. You see a sink and a stove.")
+    conv.add_text("user", "You are in the kitchen. You see a sink and a stove.")
     for n in range(rounds):
         conv.add_reply(owner, reply(conv.agent(owner).chat, f"Thought: look around.\nAction: look at thing {n}"))
-        conv.add_observation(f"You see thing {n}: it is a red box with {n} apples in it.")
+        conv.add_text("user", f"You see thing {n}: it is a red box with {n} apples in it.")
 
 
 def messages(conv: Conversation) -> list[dict[str, str]]:
@@ -164,7 +164,7 @@ def test_the_learner_renders_the_last_prompt_as_it_was_cut_then_the_reply(tokeni
     prompt = conv.prompt_for("student", REPLY_TOKENS)
     answer = reply(chat, "Thought: done.\nAction: open thing 3", version=7)
     last = conv.add_reply("student", answer)
-    conv.add_observation("The box is open.")
+    conv.add_text("user", "The box is open.")
     turns, cut = conv.for_learner()
     traj = Trajectory(GameId("boil", 0, "sciworld_0"), turns, context_cut=cut)
     seq = render(traj)

@@ -37,6 +37,9 @@ class ScriptedGame:
     def __init__(self, bad: tuple[str, ...] = ()) -> None:
         self.bad, self.actions, self.room = bad, [], "kitchen"
 
+    async def call(self, method: str, *args):  # as EnvSlot.call
+        return await getattr(self, method)(*args)
+
     async def reset(self, game: GameId) -> StepResult:
         self.room = "kitchen"
         return StepResult("You are in the kitchen.", game=game)

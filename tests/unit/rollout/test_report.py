@@ -58,13 +58,13 @@ def chats(tiny_models, tiny_qwen3):
 def played(student: Agent, teacher: Agent | None, owners: list[str]) -> Conversation:
     """A conversation where `owners` acted in turn, each reply followed by an observation."""
     conv = Conversation(PROTOCOL, student, teacher)
-    conv.add_observation("You are in the kitchen.")
+    conv.add_text("user", "You are in the kitchen.")
     for n, owner in enumerate(owners):
         agent = conv.agent(owner)
         text = f"Thought: look.\nAction: look {n}"
         ids = agent.chat.encode(text) + [agent.chat.eos_id]
         conv.add_reply(owner, GenerationResult(text, ids, [-0.5] * len(ids), "stop", 0, 3))
-        conv.add_observation(f"You see room {n}.")
+        conv.add_text("user", f"You see room {n}.")
     return conv
 
 
