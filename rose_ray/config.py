@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rose_ray.envs.config import EnvConfig
-from rose_ray.errors import ConfigError, InputError, first_line
+from rose_ray.errors import ConfigError, InputError, at_least, first_line
 from rose_ray.inference.engine import EngineConfig
 from rose_ray.learner.learner import LearnerConfig
 from rose_ray.publish.route import PublishConfig
@@ -25,14 +25,6 @@ from rose_ray.tagged import over_layers, tagged
 from rose_ray.types import REPORT_MODES, SamplingParams
 
 __all__ = ["ConfigError", "TrainConfig", "load_config", "to_dict", "to_yaml"]
-
-def at_least(section: Any, prefix: str, minimum: float, *keys: str, above: bool = False) -> None:
-    """A ConfigError naming the first of the section's `keys` below `minimum` (`above`: not above it)."""
-    for key in keys:
-        value = getattr(section, key)
-        if not (value > minimum if above else value >= minimum):  # NaN is neither
-            raise ConfigError(f"{prefix}{key}: must be {'>' if above else '>='} {minimum}, got {value!r}")
-
 
 @dataclass
 class RolloutConfig:

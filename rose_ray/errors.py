@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class InputError(ValueError):
     """Bad input; the message names the key, line or value."""
@@ -23,6 +25,14 @@ class DataError(InputError):
 
 class UnknownItem(InputError, KeyError):
     """A game, task or variation a catalogue does not have (a KeyError too, for lookups)."""
+
+
+def at_least(section: Any, prefix: str, minimum: float, *keys: str, above: bool = False) -> None:
+    """A ConfigError naming the first of the section's `keys` below `minimum` (`above`: not above it)."""
+    for key in keys:
+        value = getattr(section, key)
+        if not (value > minimum if above else value >= minimum):  # NaN is neither
+            raise ConfigError(f"{prefix}{key}: must be {'>' if above else '>='} {minimum}, got {value!r}")
 
 
 def first_line(e: BaseException) -> str:

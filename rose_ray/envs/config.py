@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rose_ray.errors import ConfigError, InputError
+from rose_ray.errors import ConfigError, InputError, at_least
 
 DEFAULT_HEAP = "256m"  # ScienceWorld's JVM heap cap (-Xmx); 128m runs out of memory generating gold paths
 
@@ -24,11 +24,8 @@ class EnvConfig:
     instruction_from: str | None = None
 
     def __post_init__(self) -> None:
-        for key in ("workers", "games_per_worker"):
-            if int(getattr(self, key)) < 1:
-                raise ConfigError(f"env.{key}: must be >= 1, got {getattr(self, key)!r}")
-        if self.call_timeout_s <= 0:
-            raise ConfigError(f"env.call_timeout_s: must be > 0, got {self.call_timeout_s!r}")
+        at_least(self, "env.", 1, "workers", "games_per_worker")
+        at_least(self, "env.", 0, "call_timeout_s", above=True)
         from rose_ray.envs.worlds import WORLDS, get_world
 
         if self.world not in WORLDS:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from rose_ray.errors import ConfigError
+from rose_ray.errors import ConfigError, at_least
 from rose_ray.tagged import Tagged
 
 # A settings field's metadata key marking it secret; its value names the field that holds the
@@ -76,8 +76,7 @@ class HFSettings(BackendSettings):
     prefix_cache_mb: float = 1024.0  # past keys/values kept to skip re-encoding earlier turns (0: off)
 
     def __post_init__(self) -> None:
-        if float(self.prefix_cache_mb) < 0:
-            raise ConfigError(f"engine.backend.prefix_cache_mb: must be >= 0, got {self.prefix_cache_mb!r}")
+        at_least(self, "engine.backend.", 0, "prefix_cache_mb")
 
     @property
     def kept_kv_mb(self) -> float:
@@ -97,13 +96,11 @@ class VLLMSettings(BackendSettings):
     cuda_graphs: bool = True  # false: eager on GPUs
 
     def __post_init__(self) -> None:
-        if not float(self.kv_cache_mb) > 0:
-            raise ConfigError(f"engine.backend.kv_cache_mb: must be > 0, got {self.kv_cache_mb!r}")
+        at_least(self, "engine.backend.", 0, "kv_cache_mb", above=True)
+        at_least(self, "engine.backend.", 1, "tensor_parallel_size")
         if not 0 < float(self.gpu_memory_utilization) <= 1:
             raise ConfigError(f"engine.backend.gpu_memory_utilization: must be in (0, 1], "
                               f"got {self.gpu_memory_utilization!r}")
-        if int(self.tensor_parallel_size) < 1:
-            raise ConfigError(f"engine.backend.tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size!r}")
 
     @property
     def tensor_parallel(self) -> Setting:
@@ -137,9 +134,7 @@ class OpenAISettings(BackendSettings):
     retry_s: float = 60.0
 
     def __post_init__(self) -> None:
-        for key in ("timeout_s", "retry_s"):
-            if float(getattr(self, key)) < 0:
-                raise ConfigError(f"engine.backend.{key}: must be >= 0, got {getattr(self, key)!r}")
+        at_least(self, "engine.backend.", 0, "timeout_s", "retry_s")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rose_ray.errors import ConfigError
+from rose_ray.errors import ConfigError, at_least
 from rose_ray.recipes import Recipe
 from rose_ray.rollout.handoff import StudentOnly, TurnPolicy, turn_policy
 from rose_ray.tagged import tagged
@@ -24,8 +24,7 @@ class Rose(Recipe):
 
     def __post_init__(self) -> None:
         self.handoff = turn_policy(self.handoff)
-        if not self.lam >= 0:
-            raise ConfigError(f"algorithm.lam: must be >= 0, got {self.lam!r}")
+        at_least(self, "algorithm.", 0, "lam")
         if isinstance(self.handoff, StudentOnly) and self.lam == 0:
             raise ConfigError("algorithm.handoff.policy: 'none' never hands off to the teacher, so rose with "
                               "algorithm.lam=0 has no token to train (use algorithm opd for student-only episodes)")

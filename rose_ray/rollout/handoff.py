@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rose_ray.errors import ConfigError
+from rose_ray.errors import ConfigError, at_least
 from rose_ray.tagged import Tagged, chosen
 
 KEY = "algorithm.handoff"
@@ -55,11 +55,6 @@ class TurnPolicy(Tagged):
         """The per-turn takeover probability, for policies that draw (recorded per episode)."""
         return None
 
-    def _at_least(self, least: int, *keys: str) -> None:
-        for key in keys:
-            if int(getattr(self, key)) < least:
-                raise ConfigError(f"{KEY}.{key}: must be >= {least}, got {getattr(self, key)!r}")
-
 
 @dataclass
 class Fixed(TurnPolicy):
@@ -67,7 +62,7 @@ class Fixed(TurnPolicy):
     k: int = 5  # student turns before the teacher takes over
 
     def __post_init__(self) -> None:
-        self._at_least(0, "k")
+        at_least(self, f"{KEY}.", 0, "k")
 
     def student_turns(self, learner_step: int = 0) -> int:
         return self.k
@@ -81,8 +76,8 @@ class Curriculum(TurnPolicy):
     grow_every: int = 10  # learner steps per +1 student turn
 
     def __post_init__(self) -> None:
-        self._at_least(0, "k_start", "k_max")
-        self._at_least(1, "grow_every")
+        at_least(self, f"{KEY}.", 0, "k_start", "k_max")
+        at_least(self, f"{KEY}.", 1, "grow_every")
 
     def student_turns(self, learner_step: int = 0) -> int:
         return min(self.k_max, self.k_start + learner_step // self.grow_every)
@@ -103,7 +98,7 @@ class Decay(TurnPolicy):
     decay_steps: int = 100  # learner steps over which p falls linearly to 0
 
     def __post_init__(self) -> None:
-        self._at_least(1, "decay_steps")
+        at_least(self, f"{KEY}.", 1, "decay_steps")
         if not 0.0 <= self.p0 <= 1.0:  # NaN fails too
             raise ConfigError(f"{KEY}.p0: must be in [0, 1], got {self.p0!r}")
 
