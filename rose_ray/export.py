@@ -54,8 +54,7 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     out = out_path(out)  # on the driver: learner rank 0 writes it, from its own node and working directory
     cfg, record = check_request(run_dir, out, step)
     base = resolve_tiny(cfg.student_engine.model, cfg.tiny_dir)  # the weights are the checkpoint's
-    started = not ray.is_initialized()
-    init_ray(None)  # RAY_ADDRESS, else a private local cluster
+    started = init_ray(None)  # RAY_ADDRESS, else a private local cluster
     try:
         for line in check_shared_storage({"--out": out.parent}, "export"):  # rank 0 may be on another node
             print(line, flush=True)
