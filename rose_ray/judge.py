@@ -161,9 +161,6 @@ def check_judge(cfg: JudgeConfig) -> JudgeConfig:
         except OpenAIServerError as e:  # no answer (the message says "cannot reach"), or refused
             hint = f" ({engine.key_hint()})" if e.status in (401, 403) else ""
             raise JudgeUnavailable(f"--judge {cfg.model}: {e}{hint}") from None
-        except (ValueError, KeyError, TypeError) as e:
-            raise JudgeUnavailable(f"--judge {cfg.model}: {engine.base_url}/models is not an OpenAI-compatible "
-                                   f"model list ({e})") from None
         finally:
             engine.close()
         if cfg.served_model and cfg.served_model not in models:
