@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rose_ray.errors import InputError
+from rose_ray.errors import InputError, first_line
 from rose_ray.files import crash_point, fsync_dir, writing_file
 
 SUMMED = "sum/"  # prefix of metrics that are shares of a global value (the driver adds them)
@@ -103,11 +103,6 @@ def _restore_rng_state(path: Path) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
 
 
 class CheckpointUnreadable(InputError):
