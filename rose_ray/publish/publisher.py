@@ -8,13 +8,7 @@ import time
 from typing import Any
 
 from rose_ray.publish.flat import FlatState, pack
-from rose_ray.publish.group import (
-    CollectiveTimeout,
-    WeightGroup,
-    cuda_device_id,
-    own_nccl_env,
-    within,
-)
+from rose_ray.publish.group import CollectiveTimeout, WeightGroup, within
 from rose_ray.publish.route import Member, PublishConfig, choose_route
 
 
@@ -64,10 +58,8 @@ class WeightPublisher:
             return "collective", "gloo"
         key = tuple(_actor_key(e) for e in engines)
         if key not in self._routes:
-            rank0 = Member(node_id=ray.get_runtime_context().get_node_id(), gpu=cuda_device_id(),
-                           nccl_env=own_nccl_env())
             infos = ray.get([e.weight_receiver.remote() for e in engines])
-            self._routes[key] = choose_route(self.config, rank0, infos)
+            self._routes[key] = choose_route(self.config, Member.here(), infos)
         return self._routes[key]
 
     def state_device(self, engines: list[Any]) -> Any:

@@ -92,6 +92,21 @@ class Member:
     gpu: str | None = None
     nccl_env: dict[str, str] = field(default_factory=dict)
 
+    @classmethod
+    def here(cls, **fields: Any) -> Any:
+        """This process as a member (its GPU's UUID whatever CUDA_VISIBLE_DEVICES numbers it);
+        `fields`: a ReceiverInfo's own."""
+        import ray
+        import torch
+
+        from rose_ray.publish.group import own_nccl_env
+
+        gpu = None
+        if torch.cuda.is_available():
+            gpu = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        node = ray.get_runtime_context().get_node_id()
+        return cls(node_id=node, gpu=gpu, nccl_env=own_nccl_env(), **fields)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ReceiverInfo(Member):
