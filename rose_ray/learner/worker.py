@@ -54,22 +54,6 @@ def overlap_comm(cfg: Any, world_size: int) -> bool | None:
     return True if cfg.gpus_per_rank > 0 and world_size > 1 and cfg.zero_stage in (1, 2) else None
 
 
-def lr_lambda(cfg: Any) -> Any:
-    """LR multiplier per optimizer step: linear warmup, then constant/linear/cosine decay."""
-
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.schedule == "constant":
-            return 1.0
-        span = max(cfg.total_steps - cfg.warmup_steps, 1)
-        frac = min((step - cfg.warmup_steps) / span, 1.0)
-        shape = 1.0 - frac if cfg.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
-        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
-
-    return factor
-
-
 def _rng_state() -> dict[str, Any]:
     """Every RNG's state as tensors, lists and numbers only: `torch.load(weights_only=True)`
     reads it back, and nothing in a run folder runs as code."""
@@ -177,7 +161,17 @@ class LearnerWorker:
         self.packed = PackedForward(model, self.attn, cfg.logprob_chunk, chosen["head"])
         buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
         opt = speed.make_optimizer(chosen["optimizer"], model.parameters(), cfg)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+
+        def rate(step: int) -> float:  # lr's factor: linear warm-up, then constant/linear/cosine decay
+            if step < cfg.warmup_steps:
+                return (step + 1) / cfg.warmup_steps
+            if cfg.schedule == "constant":
+                return 1.0
+            frac = min((step - cfg.warmup_steps) / max(cfg.total_steps - cfg.warmup_steps, 1), 1.0)
+            shape = 1.0 - frac if cfg.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+            return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, rate)
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=sched,
             config=ds_config(cfg, self.world_size), dist_init_required=False,
@@ -190,7 +184,6 @@ class LearnerWorker:
         self.engine.train()
         params = module.parameters()
         return {"parameters": int(sum(getattr(p, "ds_numel", p.numel()) for p in params)),
-                "attn_implementation": self.attn,
                 "speed": {**chosen, "overlap_comm": overlap_comm(cfg, self.world_size)}}
 
     def train_step(self, parts: list[dict[str, np.ndarray]], den: dict[str, float]) -> dict[str, float]:
