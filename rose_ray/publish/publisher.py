@@ -16,24 +16,6 @@ def _actor_key(engine: Any) -> str:
     return engine._actor_id.hex()
 
 
-def _dead_engine(calls: list[Any], wait_s: float = 2.0) -> BaseException | None:
-    """The error of a call among `calls` whose actor died (waited for up to `wait_s`: a broadcast
-    can fail before Ray has seen the death), else None."""
-    import ray
-
-    if not calls:
-        return None
-    ready, _ = ray.wait(calls, num_returns=len(calls), timeout=wait_s)
-    for ref in ready:
-        try:
-            ray.get(ref)
-        except ray.exceptions.RayActorError as e:
-            return e
-        except Exception:  # noqa: BLE001 - the engine lives: the collective's failure, not its
-            pass
-    return None
-
-
 class WeightPublisher:
     """The route per set of engines, the pack buffers (reused), and the weight group (rebuilt
     when the engines change); after a collective fails, the object store for good (`fallback`)."""
@@ -129,9 +111,15 @@ class WeightPublisher:
             self._group, self._members = None, None
             if not isinstance(e, Exception):
                 raise
-            dead = _dead_engine(calls)
-            if dead is not None:  # the engine's loss, not the collective's: the run replaces it
-                raise dead from e
+            # an engine's death is its loss, not the collective's: raised, the run replaces it (waited
+            # for up to 2 s: a broadcast can fail before Ray has seen the death)
+            for ref in ray.wait(calls, num_returns=len(calls), timeout=2.0)[0] if calls else []:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as dead:
+                    raise dead from e
+                except Exception:  # noqa: BLE001 - the engine lives: the collective's failure
+                    pass
             self._stranded += calls
             why = str(e) if isinstance(e, CollectiveTimeout) else f"{stage}: {type(e).__name__}: {e}"
             self.fallback = f"the collective over {backend} gave up: {why}"
