@@ -71,6 +71,8 @@ def apply_fused_kernels(model: Any, name: str) -> None:
 
 def chosen(cfg: Any, model_type: str, on_cuda: bool) -> dict[str, str]:
     """Every speed setting of `cfg` as it runs here (`auto` resolved)."""
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
     from rose_ray.learner.attention import torch_varlen_available
     from rose_ray.learner.forward import FUSED_HEADS
 
@@ -80,8 +82,6 @@ def chosen(cfg: Any, model_type: str, on_cuda: bool) -> dict[str, str]:
         attn = ("flash_attention_2" if gpu_bf16 and importlib.util.find_spec("flash_attn")
                 else "torch_varlen" if gpu_bf16 and torch_varlen_available() else "sdpa_varlen")
     if optimizer == "auto":  # fused where this torch's AdamW has a CUDA kernel
-        from torch.optim.optimizer import _get_fused_kernels_supported_devices
-
         optimizer = "adamw_fused" if on_cuda and "cuda" in _get_fused_kernels_supported_devices() else "adamw"
     if kernels == "auto":
         kernels = "liger" if cfg.dtype == "bfloat16" and liger_supports(model_type) else "none"

@@ -148,17 +148,17 @@ class LearnerWorker:
         self.cfg = cfg
         set_seed(cfg.seed)  # random, numpy and torch
         chosen = speed.chosen(cfg, AutoConfig.from_pretrained(cfg.model).model_type, torch.cuda.is_available())
-        self.attn = chosen["attn_implementation"]
+        attn = chosen["attn_implementation"]
         # fp32 master weights; under bf16 DeepSpeed casts the module's parameters itself.
         model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32,
-                                                     attn_implementation=attention.transformers_name(self.attn))
+                                                     attn_implementation=attention.transformers_name(attn))
         if getattr(model.config, "final_logit_softcapping", None):
             raise InputError(f"learner.model: {cfg.model} caps its logits after the head, which the "
                              "chunked head does not do")
         model.config.use_cache = False
         speed.apply_checkpointing(model, chosen["activation_checkpointing"])
         speed.apply_fused_kernels(model, chosen["fused_kernels"])
-        self.packed = PackedForward(model, self.attn, cfg.logprob_chunk, chosen["head"])
+        self.packed = PackedForward(model, attn, cfg.logprob_chunk, chosen["head"])
         buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
         opt = speed.make_optimizer(chosen["optimizer"], model.parameters(), cfg)
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from rose_ray.errors import ConfigError
 
@@ -93,7 +93,7 @@ class Member:
     nccl_env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def here(cls, **fields: Any) -> Any:
+    def here(cls, **fields: Any) -> Self:
         """This process as a member (its GPU's UUID whatever CUDA_VISIBLE_DEVICES numbers it);
         `fields`: a ReceiverInfo's own."""
         import ray
@@ -101,9 +101,8 @@ class Member:
 
         from rose_ray.publish.group import own_nccl_env
 
-        gpu = None
-        if torch.cuda.is_available():
-            gpu = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        cuda = torch.cuda.is_available()
+        gpu = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid) if cuda else None
         node = ray.get_runtime_context().get_node_id()
         return cls(node_id=node, gpu=gpu, nccl_env=own_nccl_env(), **fields)
 
