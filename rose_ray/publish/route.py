@@ -94,8 +94,7 @@ class Member:
 
     @classmethod
     def here(cls, **fields: Any) -> Self:
-        """This process as a member (its GPU's UUID whatever CUDA_VISIBLE_DEVICES numbers it);
-        `fields`: a ReceiverInfo's own."""
+        """This process (its GPU by UUID, whatever CUDA_VISIBLE_DEVICES numbers it), with `fields`."""
         import ray
         import torch
 
