@@ -211,7 +211,7 @@ def part_publish(model: Path, device: str) -> dict[str, Any]:
     from rose_ray.inference.engine import EngineConfig
     from rose_ray.inference.vllm_engine import VLLMEngine
     from rose_ray.publish.flat import FlatState, pack, unpack
-    from rose_ray.publish.group import WeightGroup, cuda_device_id
+    from rose_ray.publish.group import WeightGroup
     from rose_ray.publish.route import Member, PublishConfig, ReceiverInfo, choose_route
 
     on_gpu = device.startswith("cuda")
@@ -277,7 +277,7 @@ def part_publish(model: Path, device: str) -> dict[str, Any]:
         out["greedy_checks"] = checks
         out["device_path_ms_per_mb"] = out["device_ms"]["total_ms"] / mb
         out["object_store_ms_per_mb"] = out["object_store_ms"]["total_ms"] / mb
-        here = cuda_device_id()
+        here = "this GPU" if on_gpu else None  # (an id only compared)
         rank0 = Member(node_id="here", gpu=here)
         receiver = ReceiverInfo(node_id="here", gpu=here, backend="vllm", takes_weights=True, device=device)
         out["auto_route_engine_on_this_gpu"] = list(choose_route(PublishConfig(), rank0, [receiver]))

@@ -94,12 +94,17 @@ def fits_without_checkpointing(model: Path, tokens: int, gpu_bytes: float | None
 
 def rung_settings(k: int, model: Path, tokens: int, on_cuda: bool) -> tuple[dict[str, str], list[str]]:
     """The settings of rung `k` (the rungs before it included) and what could not run here."""
-    from rose_ray.learner import attention, forward, speed
+    from rose_ray.learner import attention, speed
+    from rose_ray.learner.learner import LearnerConfig
 
     settings, missing = dict(SHIPPED), []
-    runnable = {"torch_varlen": attention.torch_varlen_available, "liger": lambda: speed.liger_supports("qwen3"),
-                "cce": lambda: forward.head_available("cce"), "adamw_fused": lambda: speed.fused_adamw_supported(
-                    "cuda" if on_cuda else "cpu")}
+    # what `auto` takes here: cce (its first fused head) and adamw_fused where they run (torch >= 2.6
+    # has AdamW's fused CPU kernel)
+    bf16 = LearnerConfig(model=str(model), dtype="bfloat16", gpus_per_rank=1)
+    auto = speed.chosen(bf16, "qwen3", on_cuda)
+    runnable = {"torch_varlen": attention.torch_varlen_available,
+                "liger": lambda: speed.liger_supports("qwen3"), "cce": lambda: auto["head"] == "cce",
+                "adamw_fused": lambda: not on_cuda or auto["optimizer"] == "adamw_fused"}
     for name, change in RUNGS[1:k + 1]:
         for key, value in change.items():
             if value == "plan":

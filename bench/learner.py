@@ -43,16 +43,15 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 class TorchLoop:
     """The baseline: the same model, micro-batches and loss in a plain torch loop."""
 
-    def __init__(self, model: str, dtype: str, threads: int, lr: float) -> None:
+    def __init__(self, model: str, dtype: str, attn: str, threads: int, lr: float) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from rose_ray.learner.attention import resolve, transformers_name
+        from rose_ray.learner.attention import transformers_name
         from rose_ray.learner.forward import PackedForward
 
         torch.set_num_threads(threads)
         torch.manual_seed(0)
-        attn = resolve("auto", dtype)
         self.model = AutoModelForCausalLM.from_pretrained(
             model, dtype=torch.float32, attn_implementation=transformers_name(attn)).train()
         self.packed = PackedForward(self.model, attn, 1024)
@@ -151,7 +150,8 @@ def bench_training(model: str, vocab: int, args) -> list[dict]:
         group = LearnerGroup(cfg)
         batch = make_batch(seqs, imitate(["student", "teacher"]), cfg.max_tokens)
         tokens = int((np.asarray(batch.attention_mask) > 0).sum())
-        loop = ray.remote(num_cpus=1)(TorchLoop).remote(model, dtype, args.threads, 1e-4)
+        attn = group.info["speed"]["attn_implementation"]  # the learner's own (`auto` resolved)
+        loop = ray.remote(num_cpus=1)(TorchLoop).remote(model, dtype, attn, args.threads, 1e-4)
         den = denominators(batch)
         parts = ray.put(micro_batches(batch, 1, cfg.max_tokens)[0])
         ds_times, torch_times = [], []

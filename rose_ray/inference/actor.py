@@ -20,7 +20,7 @@ from rose_ray.inference.batcher import async_frontend
 from rose_ray.inference.engine import EngineConfig, GenerationRequest, GenerationResult
 from rose_ray.inference.registry import in_flight_backends
 from rose_ray.publish.flat import FlatHeader, FlatState, unpack
-from rose_ray.publish.group import WeightGroup, cuda_device_id, own_nccl_env
+from rose_ray.publish.group import WeightGroup
 from rose_ray.publish.route import ReceiverInfo
 
 MAX_WEIGHT_GROUPS = 4
@@ -134,11 +134,9 @@ class EngineActorImpl:
 
     async def weight_receiver(self) -> ReceiverInfo:
         """What a publisher needs to choose a route (rose_ray/publish/route.py `choose_route`)."""
-        on_cuda = str(self.device).startswith("cuda")
-        return ReceiverInfo(node_id=ray.get_runtime_context().get_node_id(), gpu=cuda_device_id() if on_cuda else None,
-                            nccl_env=own_nccl_env(), backend=self.config.backend.name,
-                            takes_weights=self.config.spec.takes_weights, device=str(self.device),
-                            tensor_parallel_size=self.config.tensor_parallel_size)
+        config = self.config
+        return ReceiverInfo.here(backend=config.backend.name, takes_weights=config.spec.takes_weights,
+                                 device=str(self.device), tensor_parallel_size=config.tensor_parallel_size)
 
     async def join_weight_group(self, address: dict[str, Any], rank: int) -> None:
         """Join a publisher's weight group as `rank`, once every member has joined; the latest

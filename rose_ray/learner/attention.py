@@ -4,7 +4,6 @@ FlashAttention's varlen kernels take. docs/learner.md compares the implementatio
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -93,18 +92,6 @@ AttentionInterface.register(TORCH_VARLEN, torch_varlen_attention)
 def torch_varlen_available() -> bool:
     """Whether torch_varlen can run here: a CUDA device and a torch with the varlen module."""
     return torch.cuda.is_available() and _varlen_api() is not None
-
-
-def resolve(name: str, dtype: str) -> str:
-    """The implementation `name` stands for on this machine (`auto` chooses)."""
-    if name != "auto":
-        return name
-    if dtype == "bfloat16" and torch.cuda.is_available():
-        if importlib.util.find_spec("flash_attn") is not None:
-            return "flash_attention_2"
-        if torch_varlen_available():
-            return TORCH_VARLEN
-    return SDPA_VARLEN
 
 
 def transformers_name(resolved: str) -> str:

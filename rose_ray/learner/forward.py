@@ -4,7 +4,6 @@ term trains (`learner.head`, docs/learner.md) inside ONE call of the head module
 gathers its weight once per forward and backward, whatever a rank's number of tokens."""
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,12 +14,6 @@ from torch.utils.checkpoint import checkpoint
 from rose_ray.learner.attention import model_kwargs
 
 FUSED_HEADS = {"cce": "cut_cross_entropy", "liger": "liger_kernel"}  # head: the package it needs
-
-
-def head_available(head: str) -> bool:
-    """Whether a fused head can run here: CUDA, its package and Triton."""
-    return (torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
-            and importlib.util.find_spec(FUSED_HEADS[head]) is not None)
 
 
 def _logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

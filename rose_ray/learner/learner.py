@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rose_ray.errors import ConfigError
+from rose_ray.errors import ConfigError, first_line
 from rose_ray.files import write_file
 from rose_ray.learner.batching import micro_batches
 from rose_ray.learner.speed import (
@@ -24,7 +24,7 @@ from rose_ray.learner.speed import (
     HEADS,
     OPTIMIZERS,
 )
-from rose_ray.learner.worker import SUMMED, CheckpointUnreadable, LearnerWorker, first_line
+from rose_ray.learner.worker import SUMMED, CheckpointUnreadable, LearnerWorker
 from rose_ray.types import CONTEXT_TOKENS, Batch
 
 SCHEDULES = ("constant", "linear", "cosine")

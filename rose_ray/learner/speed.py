@@ -1,6 +1,6 @@
 """The learner's speed settings: what `auto` chooses on this machine, applied to a model before
-DeepSpeed wraps it (attention and head resolve in their own modules). docs/learner.md has what
-each costs; tests/unit/learner/test_speed.py checks each against its reference."""
+DeepSpeed wraps it. docs/learner.md has what each costs; tests/unit/learner/test_speed.py checks
+each against its reference."""
 
 from __future__ import annotations
 
@@ -13,13 +13,6 @@ HEADS = ("auto", "full", "trained", "cce", "liger")
 OPTIMIZERS = ("auto", "adamw_fused", "adamw")
 CHECKPOINTING = ("none", "full", "selective")
 FUSED_KERNELS = ("auto", "none", "liger", "compile")
-
-
-def fused_adamw_supported(device: str) -> bool:
-    """Whether this torch's AdamW has a fused kernel for `device` ('cuda' or 'cpu')."""
-    from torch.optim.optimizer import _get_fused_kernels_supported_devices
-
-    return device in _get_fused_kernels_supported_devices()
 
 
 def make_optimizer(name: str, params: Any, cfg: Any) -> Any:
@@ -78,19 +71,26 @@ def apply_fused_kernels(model: Any, name: str) -> None:
 
 def chosen(cfg: Any, model_type: str, on_cuda: bool) -> dict[str, str]:
     """Every speed setting of `cfg` as it runs here (`auto` resolved)."""
-    from rose_ray.learner.attention import resolve
-    from rose_ray.learner.forward import FUSED_HEADS, head_available
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
-    optimizer, kernels, head = cfg.optimizer, cfg.fused_kernels, cfg.head
-    if optimizer == "auto":
-        optimizer = "adamw_fused" if on_cuda and fused_adamw_supported("cuda") else "adamw"
+    from rose_ray.learner.attention import torch_varlen_available
+    from rose_ray.learner.forward import FUSED_HEADS
+
+    attn, optimizer, kernels, head = cfg.attn_implementation, cfg.optimizer, cfg.fused_kernels, cfg.head
+    if attn == "auto":  # on a GPU under bf16: flash-attn where it is installed, else torch's varlen
+        gpu_bf16 = on_cuda and cfg.dtype == "bfloat16"
+        attn = ("flash_attention_2" if gpu_bf16 and importlib.util.find_spec("flash_attn")
+                else "torch_varlen" if gpu_bf16 and torch_varlen_available() else "sdpa_varlen")
+    if optimizer == "auto":  # fused where this torch's AdamW has a CUDA kernel
+        optimizer = "adamw_fused" if on_cuda and "cuda" in _get_fused_kernels_supported_devices() else "adamw"
     if kernels == "auto":
         kernels = "liger" if cfg.dtype == "bfloat16" and liger_supports(model_type) else "none"
     if head == "auto":  # a fused kernel on a GPU under bf16 only (Triton's fp32 dot rounds like TF32);
         # `full` on CPU, so CPU runs keep their weights bit for bit (`trained`: within tolerance)
-        fused = [h for h in FUSED_HEADS if on_cuda and cfg.dtype == "bfloat16" and head_available(h)]
+        fused = [h for h, package in FUSED_HEADS.items() if on_cuda and cfg.dtype == "bfloat16"
+                 and importlib.util.find_spec("triton") and importlib.util.find_spec(package)]
         head = fused[0] if fused else ("trained" if on_cuda else "full")
-    return {"attn_implementation": resolve(cfg.attn_implementation, cfg.dtype),
+    return {"attn_implementation": attn,
             "optimizer": optimizer,
             "activation_checkpointing": cfg.activation_checkpointing,
             "fused_kernels": kernels,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rose_ray.errors import InputError
+from rose_ray.errors import InputError, first_line
 from rose_ray.files import crash_point, fsync_dir, writing_file
 
 SUMMED = "sum/"  # prefix of metrics that are shares of a global value (the driver adds them)
@@ -54,22 +54,6 @@ def overlap_comm(cfg: Any, world_size: int) -> bool | None:
     return True if cfg.gpus_per_rank > 0 and world_size > 1 and cfg.zero_stage in (1, 2) else None
 
 
-def lr_lambda(cfg: Any) -> Any:
-    """LR multiplier per optimizer step: linear warmup, then constant/linear/cosine decay."""
-
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.schedule == "constant":
-            return 1.0
-        span = max(cfg.total_steps - cfg.warmup_steps, 1)
-        frac = min((step - cfg.warmup_steps) / span, 1.0)
-        shape = 1.0 - frac if cfg.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
-        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
-
-    return factor
-
-
 def _rng_state() -> dict[str, Any]:
     """Every RNG's state as tensors, lists and numbers only: `torch.load(weights_only=True)`
     reads it back, and nothing in a run folder runs as code."""
@@ -103,11 +87,6 @@ def _restore_rng_state(path: Path) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
 
 
 class CheckpointUnreadable(InputError):
@@ -169,20 +148,30 @@ class LearnerWorker:
         self.cfg = cfg
         set_seed(cfg.seed)  # random, numpy and torch
         chosen = speed.chosen(cfg, AutoConfig.from_pretrained(cfg.model).model_type, torch.cuda.is_available())
-        self.attn = chosen["attn_implementation"]
+        attn = chosen["attn_implementation"]
         # fp32 master weights; under bf16 DeepSpeed casts the module's parameters itself.
         model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32,
-                                                     attn_implementation=attention.transformers_name(self.attn))
+                                                     attn_implementation=attention.transformers_name(attn))
         if getattr(model.config, "final_logit_softcapping", None):
             raise InputError(f"learner.model: {cfg.model} caps its logits after the head, which the "
                              "chunked head does not do")
         model.config.use_cache = False
         speed.apply_checkpointing(model, chosen["activation_checkpointing"])
         speed.apply_fused_kernels(model, chosen["fused_kernels"])
-        self.packed = PackedForward(model, self.attn, cfg.logprob_chunk, chosen["head"])
+        self.packed = PackedForward(model, attn, cfg.logprob_chunk, chosen["head"])
         buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
         opt = speed.make_optimizer(chosen["optimizer"], model.parameters(), cfg)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+
+        def rate(step: int) -> float:  # lr's factor: linear warm-up, then constant/linear/cosine decay
+            if step < cfg.warmup_steps:
+                return (step + 1) / cfg.warmup_steps
+            if cfg.schedule == "constant":
+                return 1.0
+            frac = min((step - cfg.warmup_steps) / max(cfg.total_steps - cfg.warmup_steps, 1), 1.0)
+            shape = 1.0 - frac if cfg.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+            return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, rate)
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=sched,
             config=ds_config(cfg, self.world_size), dist_init_required=False,
@@ -195,7 +184,6 @@ class LearnerWorker:
         self.engine.train()
         params = module.parameters()
         return {"parameters": int(sum(getattr(p, "ds_numel", p.numel()) for p in params)),
-                "attn_implementation": self.attn,
                 "speed": {**chosen, "overlap_comm": overlap_comm(cfg, self.world_size)}}
 
     def train_step(self, parts: list[dict[str, np.ndarray]], den: dict[str, float]) -> dict[str, float]:

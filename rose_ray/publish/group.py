@@ -69,15 +69,6 @@ def within(timeout_s: float, what: str, fn: Callable[..., T], *args: Any) -> T:
     return result.result()
 
 
-def cuda_device_id() -> str | None:
-    """This process's CUDA device as a GPU UUID (whatever CUDA_VISIBLE_DEVICES numbers it), or None."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-
-
 class WeightGroup:
     """Rank 0 (the learner) and the engine actors on a TCPStore that rank 0 hosts
     (`open_store`; the others `join` its address), over gloo or nccl. Every member constructs at

@@ -8,36 +8,12 @@ import time
 from typing import Any
 
 from rose_ray.publish.flat import FlatState, pack
-from rose_ray.publish.group import (
-    CollectiveTimeout,
-    WeightGroup,
-    cuda_device_id,
-    own_nccl_env,
-    within,
-)
+from rose_ray.publish.group import CollectiveTimeout, WeightGroup, within
 from rose_ray.publish.route import Member, PublishConfig, choose_route
 
 
 def _actor_key(engine: Any) -> str:
     return engine._actor_id.hex()
-
-
-def _dead_engine(calls: list[Any], wait_s: float = 2.0) -> BaseException | None:
-    """The error of a call among `calls` whose actor died (waited for up to `wait_s`: a broadcast
-    can fail before Ray has seen the death), else None."""
-    import ray
-
-    if not calls:
-        return None
-    ready, _ = ray.wait(calls, num_returns=len(calls), timeout=wait_s)
-    for ref in ready:
-        try:
-            ray.get(ref)
-        except ray.exceptions.RayActorError as e:
-            return e
-        except Exception:  # noqa: BLE001 - the engine lives: the collective's failure, not its
-            pass
-    return None
 
 
 class WeightPublisher:
@@ -64,10 +40,8 @@ class WeightPublisher:
             return "collective", "gloo"
         key = tuple(_actor_key(e) for e in engines)
         if key not in self._routes:
-            rank0 = Member(node_id=ray.get_runtime_context().get_node_id(), gpu=cuda_device_id(),
-                           nccl_env=own_nccl_env())
             infos = ray.get([e.weight_receiver.remote() for e in engines])
-            self._routes[key] = choose_route(self.config, rank0, infos)
+            self._routes[key] = choose_route(self.config, Member.here(), infos)
         return self._routes[key]
 
     def state_device(self, engines: list[Any]) -> Any:
@@ -137,9 +111,15 @@ class WeightPublisher:
             self._group, self._members = None, None
             if not isinstance(e, Exception):
                 raise
-            dead = _dead_engine(calls)
-            if dead is not None:  # the engine's loss, not the collective's: the run replaces it
-                raise dead from e
+            # an engine's death is its loss, not the collective's: raised, the run replaces it (waited
+            # for up to 2 s: a broadcast can fail before Ray has seen the death)
+            for ref in ray.wait(calls, num_returns=len(calls), timeout=2.0)[0] if calls else []:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as dead:
+                    raise dead from e
+                except Exception:  # noqa: BLE001 - the engine lives: the collective's failure
+                    pass
             self._stranded += calls
             why = str(e) if isinstance(e, CollectiveTimeout) else f"{stage}: {type(e).__name__}: {e}"
             self.fallback = f"the collective over {backend} gave up: {why}"

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from rose_ray.errors import ConfigError
 
@@ -91,6 +91,19 @@ class Member:
     node_id: str
     gpu: str | None = None
     nccl_env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def here(cls, **fields: Any) -> Self:
+        """This process (its GPU by UUID, whatever CUDA_VISIBLE_DEVICES numbers it), with `fields`."""
+        import ray
+        import torch
+
+        from rose_ray.publish.group import own_nccl_env
+
+        cuda = torch.cuda.is_available()
+        gpu = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid) if cuda else None
+        node = ray.get_runtime_context().get_node_id()
+        return cls(node_id=node, gpu=gpu, nccl_env=own_nccl_env(), **fields)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -56,7 +56,7 @@ def test_zero_stages_and_ranks_agree(group, tiny_models, sequences):
         for stage in (0, 2, 3):
             for g in (single, group):
                 info = g.setup(zero_stage=stage, attn_implementation="auto", logprob_chunk=32)
-                assert info["attn_implementation"] == "sdpa_varlen"
+                assert info["speed"]["attn_implementation"] == "sdpa_varlen"
                 results[(stage, g.config.ranks)] = [g.train_step(batch) for _ in range(2)]
     finally:
         single.shutdown()

@@ -196,19 +196,18 @@ def test_an_nccl_publication_leaves_a_gpu_engine_as_a_fresh_load(weights, ray_cl
     engine's greedy outputs are those of an engine loaded fresh from the same weights on a GPU."""
     from rose_ray.inference.actor import engine_actor
     from rose_ray.inference.hf import HFEngine
-    from rose_ray.publish.group import cuda_device_id
     from rose_ray.publish.publisher import WeightPublisher
-    from rose_ray.publish.route import PublishConfig
+    from rose_ray.publish.route import Member, PublishConfig
 
     config, prompts, states, _, folders = weights
     actor = engine_actor(config, num_cpus=1, num_gpus=1)
     try:
-        engine_gpu = ray_cluster.get(actor.weight_receiver.remote())["gpu"]
+        engine_gpu = ray_cluster.get(actor.weight_receiver.remote()).gpu
         assert engine_gpu is not None
         mine = next(d for d in range(torch.cuda.device_count())
                     if str(torch.cuda.get_device_properties(d).uuid) != engine_gpu)
         torch.cuda.set_device(mine)
-        assert cuda_device_id() != engine_gpu
+        assert Member.here().gpu != engine_gpu
         fresh = {}
         for v in (1, 2, 3):  # the reference: each version loaded fresh from its folder, on a GPU
             fresh[v] = greedy_ids(HFEngine(replace(config, model=str(folders[v])), device=f"cuda:{mine}").generate,
