@@ -35,5 +35,8 @@ def at_least(section: Any, prefix: str, minimum: float, *keys: str, above: bool 
             raise ConfigError(f"{prefix}{key}: must be {'>' if above else '>='} {minimum}, got {value!r}")
 
 
-def first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0]
+def first_line(e: BaseException, named: bool = False) -> str:
+    """An error's first line (`named`: after its type, cut at 200 characters); its type without one."""
+    text = str(e).strip()
+    line = text.splitlines()[0] if text else ""
+    return (f"{type(e).__name__}: {line[:200]}" if named else line) if line else type(e).__name__

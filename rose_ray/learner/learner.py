@@ -165,7 +165,7 @@ class LearnerGroup:
             gone = self._gone_ranks()
             if gone:
                 raise LearnerLost(f"learner rank {gone[0]} lost during {what} after step {self.step} "
-                                  f"({first_line(e)})") from e
+                                  f"({first_line(e, True)})") from e
             raise
 
     def _gone_ranks(self, timeout_s: float = 10.0) -> list[int]:

@@ -78,7 +78,7 @@ def _restore_rng_state(path: Path) -> None:
         state = torch.load(path, weights_only=True)
     except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as e:
         held = re.search(r"GLOBAL (\S+)", str(e))  # torch's message is advice to load it as code
-        why = f"it holds {held[1]}, not only tensors, lists and numbers" if held else first_line(e)
+        why = f"it holds {held[1]}, not only tensors, lists and numbers" if held else first_line(e, True)
         raise CheckpointUnreadable(f"{path}: cannot be read ({why})") from None
     version, words, gauss = state["python"]
     random.setstate((version, tuple(words), gauss))
@@ -284,7 +284,7 @@ class LearnerWorker:
                 path, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
             )
         except (RuntimeError, OSError, EOFError, ValueError, KeyError, pickle.UnpicklingError) as e:
-            raise CheckpointUnreadable(f"{folder}: cannot be read ({first_line(e)})") from None
+            raise CheckpointUnreadable(f"{folder}: cannot be read ({first_line(e, True)})") from None
         if loaded is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {path}")
         _restore_rng_state(folder / f"rng_rank{self.rank}.pt")

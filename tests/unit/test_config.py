@@ -182,3 +182,12 @@ def test_an_expert_teacher_is_checked_against_the_world_the_tasks_and_the_algori
     with pytest.raises(ConfigError, match="tasks: the expert teacher .teacher_warmup.continuation"):
         load_config(small, ["teacher_warmup.continuation=expert", "tasks=[boil]"])
     assert load_config(small, ["teacher_warmup.continuation=expert"]).teacher_warmup.continuation == "expert"
+
+
+def test_an_error_s_first_line_is_its_type_when_it_has_no_message():
+    from rose_ray.errors import first_line
+
+    assert first_line(ValueError("bad value\nmore")) == "bad value"
+    assert first_line(ValueError("  ")) == "ValueError"  # an empty message: no IndexError
+    assert first_line(OSError("x" * 300), named=True) == "OSError: " + "x" * 200
+    assert first_line(RuntimeError(), named=True) == "RuntimeError"
