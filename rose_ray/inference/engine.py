@@ -173,7 +173,7 @@ def early_result(request: GenerationRequest, config: EngineConfig, version: int)
     return None
 
 
-def check_scored(pairs: list[tuple[list[int], list[int]]], longest: int, why: str = "") -> None:
+def check_scored(pairs: list[tuple[list[int], list[int]]], longest: float, why: str = "") -> None:
     """A ValueError naming the first (prompt, completion) pair that cannot be scored."""
     for n, (prompt, completion) in enumerate(pairs):
         if not prompt:

@@ -454,9 +454,6 @@ class VLLMFrontend:
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         return await asyncio.wrap_future(self.engine.submit("generate", request))
 
-    async def generate_many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        return list(await asyncio.gather(*(self.generate(r) for r in requests)))
-
     async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         self.engine.check_scored([(prompt_ids, completion_ids)])
         return await asyncio.wrap_future(self.engine.submit("score", (list(prompt_ids), list(completion_ids))))
