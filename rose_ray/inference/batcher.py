@@ -63,7 +63,8 @@ class AsyncBatcher:
     async def update_weights(self, state: dict[str, Any], version: int) -> None:
         await self.queue_weights(state, version)
 
-    def queue_weights(self, state: dict[str, Any], version: int, keep_after_ms: None = None) -> asyncio.Future:
+    def queue_weights(self, state: dict[str, Any], version: int,
+                      keep_after_ms: None = None) -> asyncio.Future:
         """Queue a weight update now (calls submitted after this return run on the new weights);
         the future resolves once they are loaded. Call from the batcher's event loop."""
         return self._enqueue("weights", (state, version))

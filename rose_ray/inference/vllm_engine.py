@@ -288,11 +288,7 @@ class VLLMEngine(LocalEngine):
             request: GenerationRequest = job.payload
             s = request.sampling
             ids = job.prompt
-            max_tokens = min(s.max_new_tokens, self.config.context_tokens - len(ids))
-            if max_tokens <= 0:
-                settle(job.future, GenerationResult("", [], [], "length", len(ids), self.version,
-                                                    request.request_id))
-                return
+            max_tokens = min(s.max_new_tokens, self.config.context_tokens - len(ids))  # >= 1 (early_result)
             params = SamplingParams(
                 temperature=s.temperature, top_p=s.top_p, max_tokens=max_tokens, seed=s.seed,
                 logprobs=request.top_logprobs, stop=list(s.stop) or None, stop_token_ids=sorted(self.stop_ids),
