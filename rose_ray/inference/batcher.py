@@ -112,14 +112,13 @@ class AsyncBatcher:
         # Episodes of the last batch come back at slightly different times (an env step each):
         # waiting longer for as many keeps them together instead of in groups that never merge.
         start = time.perf_counter()
-        regroup = min(self.max_batch_size, self._last_size)
         while len(batch) < self.max_batch_size:
             if self._pending:
                 if self._pending[0].kind == "weights":  # the next batch: it runs right after this one
                     return batch
                 batch.append(self._pending.popleft())
                 continue
-            wait = self.max_wait_s * (REGROUP_FACTOR if len(batch) < regroup else 1)
+            wait = self.max_wait_s * (REGROUP_FACTOR if len(batch) < self._last_size else 1)
             remaining = start + wait - time.perf_counter()
             if remaining <= 0:
                 break

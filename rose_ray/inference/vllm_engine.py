@@ -262,10 +262,9 @@ class VLLMEngine(LocalEngine):
         `max_wait_ms`, REGROUP_FACTOR times that while fewer have come than the last wave held.
         A weights job or a close ends the wait."""
         start, wait = time.perf_counter(), self.config.max_wait_ms / 1000
-        target = min(wave, self.config.max_batch_size)
         while waiting[-1].kind not in ("close", "weights"):
             generating = sum(j.kind == "generate" for j in waiting)
-            limit = wait * (REGROUP_FACTOR if generating < target else 1)
+            limit = wait * (REGROUP_FACTOR if generating < wave else 1)
             remaining = start + limit - time.perf_counter()
             if remaining <= 0 or generating >= self.config.max_batch_size:
                 break
