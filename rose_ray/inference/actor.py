@@ -90,7 +90,7 @@ class EngineActorImpl:
 
     async def generate_many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         with self._call():
-            return await self._batcher().generate_many(requests)
+            return list(await asyncio.gather(*(self._batcher().generate(r) for r in requests)))
 
     async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         with self._call():
@@ -116,9 +116,7 @@ class EngineActorImpl:
                              f"{self.config.backend.name} backend cannot (it generates a batch to its end); "
                              f"backends that can: {tuple(in_flight_backends('keep'))}; use publish.in_flight=wait")
         start = time.perf_counter()
-        batcher = self._batcher()
-        loaded = (batcher.queue_weights(state, version) if keep_after_ms is None
-                  else batcher.queue_weights(state, version, keep_after_ms))
+        loaded = self._batcher().queue_weights(state, version, keep_after_ms)
         if not wait:
             self._loading = loaded
             return {"load_ms": 0.0, "version": float(version), "queued": 1.0}

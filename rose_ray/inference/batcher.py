@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import deque
 from concurrent.futures import InvalidStateError, ThreadPoolExecutor
@@ -18,6 +19,7 @@ from rose_ray.inference.engine import (
     GenerationEngine,
     GenerationRequest,
     GenerationResult,
+    check_scored,
     validate_sampling,
 )
 
@@ -54,18 +56,15 @@ class AsyncBatcher:
         validate_sampling(request.sampling)  # a bad request fails its caller, not the batch
         return await self._enqueue("generate", request)
 
-    async def generate_many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        return list(await asyncio.gather(*(self.generate(r) for r in requests)))
-
     async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-        if not prompt_ids:
-            raise ValueError("score: empty prompt (the first token has no logprob)")
+        check_scored([(prompt_ids, completion_ids)], math.inf)  # (the engine checks the length)
         return await self._enqueue("score", (list(prompt_ids), list(completion_ids)))
 
     async def update_weights(self, state: dict[str, Any], version: int) -> None:
         await self.queue_weights(state, version)
 
-    def queue_weights(self, state: dict[str, Any], version: int) -> asyncio.Future:
+    def queue_weights(self, state: dict[str, Any], version: int,
+                      keep_after_ms: None = None) -> asyncio.Future:
         """Queue a weight update now (calls submitted after this return run on the new weights);
         the future resolves once they are loaded. Call from the batcher's event loop."""
         return self._enqueue("weights", (state, version))
@@ -113,14 +112,13 @@ class AsyncBatcher:
         # Episodes of the last batch come back at slightly different times (an env step each):
         # waiting longer for as many keeps them together instead of in groups that never merge.
         start = time.perf_counter()
-        regroup = min(self.max_batch_size, self._last_size)
         while len(batch) < self.max_batch_size:
             if self._pending:
                 if self._pending[0].kind == "weights":  # the next batch: it runs right after this one
                     return batch
                 batch.append(self._pending.popleft())
                 continue
-            wait = self.max_wait_s * (REGROUP_FACTOR if len(batch) < regroup else 1)
+            wait = self.max_wait_s * (REGROUP_FACTOR if len(batch) < self._last_size else 1)
             remaining = start + wait - time.perf_counter()
             if remaining <= 0:
                 break
@@ -177,6 +175,6 @@ def settle(future: Any, result: Any = None, error: BaseException | None = None) 
 
 
 def async_frontend(engine: GenerationEngine) -> Any:
-    """The async calls callers await (generate, generate_many, score, update_weights, stats,
+    """The async calls callers await (generate, score, queue_weights, update_weights, stats,
     close): the engine's own where it batches by itself (vllm), else an AsyncBatcher over it."""
     return engine.frontend() if hasattr(engine, "frontend") else AsyncBatcher(engine)

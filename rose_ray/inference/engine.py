@@ -163,17 +163,19 @@ def validate_sampling(s: SamplingParams) -> None:
 
 
 def early_result(request: GenerationRequest, config: EngineConfig, version: int) -> GenerationResult | None:
-    """Check a request (a ValueError naming what is wrong); the result of one whose prompt leaves
-    no room in the context (nothing sampled), else None."""
+    """Check a request (a ValueError naming what is wrong); the result of one with nothing to
+    sample (its prompt leaves no room in the context, or it asks for no token), else None."""
     validate_sampling(request.sampling)
-    if not request.prompt_ids:
+    n = len(request.prompt_ids)
+    if not n:
         raise ValueError(f"generate: request {request.request_id or '?'} has an empty prompt")
-    if len(request.prompt_ids) >= config.context_tokens:
-        return GenerationResult("", [], [], "context", len(request.prompt_ids), version, request.request_id)
+    if n >= config.context_tokens or request.sampling.max_new_tokens == 0:
+        finish = "context" if n >= config.context_tokens else "length"
+        return GenerationResult("", [], [], finish, n, version, request.request_id)
     return None
 
 
-def check_scored(pairs: list[tuple[list[int], list[int]]], longest: int, why: str = "") -> None:
+def check_scored(pairs: list[tuple[list[int], list[int]]], longest: float, why: str = "") -> None:
     """A ValueError naming the first (prompt, completion) pair that cannot be scored."""
     for n, (prompt, completion) in enumerate(pairs):
         if not prompt:

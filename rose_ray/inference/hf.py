@@ -363,11 +363,9 @@ class HFEngine(LocalEngine):
         prompts = [list(r.prompt_ids) for r in requests]
         rows = [_Row(p, r.sampling, r.top_logprobs, min(r.sampling.max_new_tokens, context - len(p)))
                 for r, p in zip(requests, prompts)]
-        active = [row for row in rows if row.max_new > 0]  # the others end at once ("length")
         with self._lock, torch.inference_mode():
             version = self.version
-            if active:
-                self._decode(active)
+            self._decode(rows)  # (each has max_new >= 1: early_result answered the others)
         elapsed = time.perf_counter() - t0
         self._batch_sizes.append(len(rows))
         self._counters["batches"] += 1

@@ -36,6 +36,7 @@ from rose_ray.inference.engine import (
     EngineConfig,
     GenerationRequest,
     GenerationResult,
+    check_scored,
     early_result,
     validate_sampling,
 )
@@ -248,9 +249,7 @@ class OpenAIEngine:
         self._close = weakref.finalize(self, _loop().call_soon_threadsafe,
                                        lambda: asyncio.ensure_future(session.close()))
 
-    @property
-    def version(self) -> int:
-        return 0
+    version = 0  # the served model's weights never change here
 
     def stats(self) -> dict[str, Any]:
         return dict(self._counters)
@@ -463,14 +462,13 @@ class OpenAIEngine:
             return None
 
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-        return self._run(self._score(prompt_ids, completion_ids))
+        return self.score_many([(prompt_ids, completion_ids)])[0]
 
     def score_many(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        check_scored(pairs, math.inf)  # (the server checks the length)
         return self._run(_gather(self._score(p, c) for p, c in pairs))
 
     async def _score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-        if not prompt_ids:
-            raise ValueError("score: empty prompt (the first token has no logprob)")
         if not completion_ids:
             return []
         ids = list(prompt_ids) + list(completion_ids)

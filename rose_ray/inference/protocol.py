@@ -146,9 +146,8 @@ def parse_completion(body: dict[str, Any], tokenizer: Any, context: int) -> Pars
         for t in item:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
                 raise RequestError(f"'prompt' holds {_short(t)}, not a token id in [0, {vocab})", "prompt")
+        _fit(item, sampling, context)
         prompts.append(item)
-    for p in prompts:
-        _fit(p, sampling, context)
     logprobs = _number(body, "logprobs", None, int, 0, MAX_TOP_LOGPROBS)
     return ParsedRequest(prompts, sampling, logprobs, _flag(body, "echo"), prompt_logprobs, as_ids)
 

@@ -250,15 +250,13 @@ class OpenAIServer:
             "rose_ray": {"version": self.engine.version}})
 
     async def _run(self, batcher: Any, prompt: list[int], p: Any) -> tuple[GenerationResult, list[float]]:
-        """Generation (unless max_tokens is 0: nothing sampled) and prompt scoring, concurrently."""
+        """Generation (max_tokens 0: nothing sampled) and prompt scoring, concurrently."""
         want_prompt = p.prompt_logprobs is not None or (p.echo and p.logprobs is not None)
-        gen = scoring = None
-        if p.sampling.max_new_tokens > 0:
-            request = GenerationRequest(prompt, p.sampling, top_logprobs=p.logprobs or 0)
-            gen = asyncio.ensure_future(batcher.generate(request))
+        request = GenerationRequest(prompt, p.sampling, top_logprobs=p.logprobs or 0)
+        gen, scoring = asyncio.ensure_future(batcher.generate(request)), None
         if want_prompt and len(prompt) > 1:
             scoring = asyncio.ensure_future(batcher.score(prompt[:1], prompt[1:]))
-        result = await gen if gen is not None else GenerationResult("", [], [], "length", len(prompt), 0)
+        result = await gen
         prompt_lps = await scoring if scoring is not None else []
         return result, prompt_lps
 

@@ -262,10 +262,9 @@ class VLLMEngine(LocalEngine):
         `max_wait_ms`, REGROUP_FACTOR times that while fewer have come than the last wave held.
         A weights job or a close ends the wait."""
         start, wait = time.perf_counter(), self.config.max_wait_ms / 1000
-        target = min(wave, self.config.max_batch_size)
         while waiting[-1].kind not in ("close", "weights"):
             generating = sum(j.kind == "generate" for j in waiting)
-            limit = wait * (REGROUP_FACTOR if generating < target else 1)
+            limit = wait * (REGROUP_FACTOR if generating < wave else 1)
             remaining = start + limit - time.perf_counter()
             if remaining <= 0 or generating >= self.config.max_batch_size:
                 break
@@ -288,11 +287,7 @@ class VLLMEngine(LocalEngine):
             request: GenerationRequest = job.payload
             s = request.sampling
             ids = job.prompt
-            max_tokens = min(s.max_new_tokens, self.config.context_tokens - len(ids))
-            if max_tokens <= 0:
-                settle(job.future, GenerationResult("", [], [], "length", len(ids), self.version,
-                                                    request.request_id))
-                return
+            max_tokens = min(s.max_new_tokens, self.config.context_tokens - len(ids))  # >= 1 (early_result)
             params = SamplingParams(
                 temperature=s.temperature, top_p=s.top_p, max_tokens=max_tokens, seed=s.seed,
                 logprobs=request.top_logprobs, stop=list(s.stop) or None, stop_token_ids=sorted(self.stop_ids),
@@ -453,9 +448,6 @@ class VLLMFrontend:
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         return await asyncio.wrap_future(self.engine.submit("generate", request))
-
-    async def generate_many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        return list(await asyncio.gather(*(self.generate(r) for r in requests)))
 
     async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         self.engine.check_scored([(prompt_ids, completion_ids)])

@@ -224,7 +224,7 @@ def test_vllm_frontend_orders_weight_updates_between_requests(vllm_only, hf_engi
 
     async def main():
         front = vllm_only.frontend()
-        first = await front.generate_many([GenerationRequest(p, sampling) for p in prompts[:4]])
+        first = await asyncio.gather(*(front.generate(GenerationRequest(p, sampling)) for p in prompts[:4]))
         wave1 = [asyncio.ensure_future(front.generate(GenerationRequest(p, sampling))) for p in prompts[:4]]
         await asyncio.sleep(0)  # the first wave is submitted before the update
         update = asyncio.ensure_future(front.update_weights(new, 2))
