@@ -318,7 +318,7 @@ def bench_pool(paths: list[dict], slots: int, rounds: int) -> dict:
     pool = None
     try:
         pool = env_pool_actor(num_games=slots, num_cpus=1)
-        STARTED_PIDS.update(p for p in ray.get(pool.pids.remote()) if p)
+        STARTED_PIDS.update(s["pid"] for s in ray.get(pool.health.remote()) if s["pid"])
         ray_start_s = time.perf_counter() - t_init
         games = [new_game() for _ in range(slots)]
         # Interleave the three ways round by round so load on the shared cores hits all alike.
@@ -331,7 +331,7 @@ def bench_pool(paths: list[dict], slots: int, rounds: int) -> dict:
                     stats[name]["steps"] += n
                     stats[name]["s"] += s
         health = ray.get(pool.health.remote())
-        STARTED_PIDS.update(p for p in ray.get(pool.pids.remote()) if p)  # replacements, if any
+        STARTED_PIDS.update(s["pid"] for s in health if s["pid"])  # replacements, if any
     finally:
         for g in games:
             g.close()

@@ -171,7 +171,8 @@ class Processes:
     def jvm_pids(self) -> list[int]:
         import ray
 
-        return [pid for pids in ray.get([p.pids.remote() for p in self.pools]) for pid in pids if pid]
+        healths = ray.get([p.health.remote() for p in self.pools])
+        return [s["pid"] for slots in healths for s in slots if s["pid"]]
 
     def snapshot(self) -> dict[str, float]:
         me = psutil.Process()

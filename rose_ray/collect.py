@@ -131,6 +131,9 @@ def _sample(args: Any) -> list[GameId]:
 
 
 def gold_main(args: GoldCommand) -> int:
+    if not get_world(args.world).has_gold:  # before the rows' files are touched (--overwrite clears them)
+        raise InputError(f"{args.world} has no gold action paths for any of its games, so there is "
+                         "nothing to write; eval, collect and train work without gold demonstrations")
     protocol = world_protocol(args.world, args.instruction_from)
     games = _sample(args)
     stream, todo = _rows_stream("gold", args, games)

@@ -21,7 +21,8 @@ class Watchdog:
     any, `run()` prints `report()`; after a second period it raises Stalled with the report.
     While `busy()` (a role being replaced) the clock does not run."""
 
-    def __init__(self, period_s: float, report: Callable[[], Awaitable[str]], busy: Callable[[], bool]) -> None:
+    def __init__(self, period_s: float, report: Callable[[], Awaitable[str]],
+                 busy: Callable[[], bool]) -> None:
         self.period_s, self.report, self.busy = period_s, report, busy
         self.last = time.monotonic()
 

@@ -248,7 +248,8 @@ class Trainer:
         latest = latest_tag(self.run.run_dir)
         where = f"checkpoint {latest}" if latest else "no checkpoint"
         wrote = "the stop wrote" if saved else "the stop could not write one; the latest is"
-        raise type(failure)(f"{failure}\n{wrote} {where} (rose-ray train --resume {self.run.run_dir} goes on from it)")
+        raise type(failure)(f"{failure}\n{wrote} {where} (rose-ray train --resume {self.run.run_dir} goes on "
+                            "from it)")
 
     async def waiting_report(self) -> str:
         """Which role waits on what (the watchdog's report), one line each."""

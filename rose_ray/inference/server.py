@@ -290,6 +290,8 @@ class OpenAIServer:
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def __enter__(self) -> OpenAIServer:
         return self

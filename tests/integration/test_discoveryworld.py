@@ -94,6 +94,14 @@ def test_gold_says_plainly_that_there_is_none(game, tmp_path):
                           "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "discoveryworld has no gold action paths" in run.stderr
     assert not out.exists()
+    # Refused before the rows' files are touched: --overwrite does not clear them for nothing.
+    out.write_text("kept\n")
+    partial = tmp_path / "gold.jsonl.partial"
+    partial.write_text("{}\n")
+    run = subprocess.run([sys.executable, "-m", "rose_ray.cli", "gold", "--world", "discoveryworld",
+                          "--out", str(out), "--overwrite"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "discoveryworld has no gold action paths" in run.stderr
+    assert out.read_text() == "kept\n" and partial.read_text() == "{}\n"
 
 
 def test_check_data_knows_discoveryworld_ids(tmp_path):

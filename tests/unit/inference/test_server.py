@@ -280,6 +280,7 @@ def test_a_server_without_a_key_answers_only_ip_or_localhost_hosts(engine, serve
         for host in (f"127.0.0.1:{srv.port}", f"localhost:{srv.port}", "localhost", f"[::1]:{srv.port}",
                      f"10.1.2.3:{srv.port}"):
             assert post(srv.url + "/completions", body, key=None, headers={"Host": host})[0] == 200, host
+    assert srv._loop.is_closed()  # stopped, the server's event loop is closed (its selector's sockets)
     # With a key any name is fine (the key is what admits a client).
     assert post(server.url + "/completions", body, headers={"Host": "teacher.cluster.example"})[0] == 200
 
