@@ -141,12 +141,9 @@ def resolve(ref: str, candidates: list[dict[str, Any]], where: str) -> tuple[int
     if not ref:
         return None, "an object is missing"
     by_id = {int(o["uuid"]): o for o in candidates}
-    m = _ID.search(ref)
-    if m:
+    if m := _ID.search(ref):
         uuid = int(m.group(1))
-        if uuid in by_id:
-            return uuid, ""
-        return None, f"no object #{uuid} {where}"
+        return (uuid, "") if uuid in by_id else (None, f"no object #{uuid} {where}")
     name = ref.lower()
     hits = sorted({int(o["uuid"]) for o in candidates
                    if name in (str(o["name"]).lower(), str(o.get("description", "")).lower())})
