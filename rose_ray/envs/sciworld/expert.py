@@ -92,9 +92,7 @@ class SciWorldExpert:
                     self.scratch.kill()
                 self.scratch, self.plan, self.status = None, None, "scratch_failed"
             action = self._next_action(history)
-        location = None
-        for text in [first, *(o for _, o in history)]:
-            location = location_of(text) or location
+        location = next(filter(None, map(location_of, [*(o for _, o in reversed(history)), first])), None)
         return ExpertReply(text=None if action is None else gold_reply(action, location), action=action,
                            planned=self.status.startswith(("verified", "partial")),
                            verified=self.status.startswith("verified"), status=self.status,
@@ -224,10 +222,9 @@ class SciWorldExpert:
     def _gold(self, game: GameId) -> Gold:
         """The gold path played from a fresh load, as the task's steps: its actions other than
         walking, up to the win, with focused things renamed as the game names them."""
-        path = self._loaded(game, gold=True).gold_actions()
-        scratch = self.scratch
-        first = scratch.load(game)
-        room = location_of(first.observation)
+        scratch = self._loaded(game, gold=True)
+        path = scratch.gold_actions()
+        room = location_of(scratch.load(game).observation)
         played, observations, rooms, route = [], [], [], [room]
         for action in path:
             result = scratch.step(action)
