@@ -228,8 +228,7 @@ def _two_objects(action: str, phrase: str, rest: str, reach: list[dict[str, Any]
         if a is not None and b is not None:
             return {"action": action, "arg1": a, "arg2": b}
         first_error = first_error or ea or eb
-    if action == "USE" and not splits:
-        return None
     if not splits:
-        return _invalid(f"'{phrase}' needs two objects: {phrase} OBJ {_SEPARATORS[action][0].strip()} OBJ.")
+        return None if action == "USE" else _invalid(f"'{phrase}' needs two objects: {phrase} OBJ "
+                                                      f"{_SEPARATORS[action][0].strip()} OBJ.")
     return _invalid(f"{first_error}.")
