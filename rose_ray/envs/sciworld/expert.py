@@ -83,8 +83,7 @@ class SciWorldExpert:
             self.episode, self.plan, self.replans, self.status = episode, None, 0, ""
         action = self._next_action(history)
         if action is None and self.replans < MAX_REPLANS:
-            if self.plan is not None:
-                self.replans += 1
+            self.replans += self.plan is not None
             try:
                 self.plan = self._plan(game, first, history)
             except GameError:  # the scratch game died: a new one next time, no plan now
