@@ -191,8 +191,7 @@ def parse_command(text: str, ui: dict[str, Any], places: list[str]) -> dict[str,
     if action == "FEED":
         return {"action": "DISCOVERY_FEED_GET_UPDATES"}
     if action == "POST":
-        m = re.search(r"[0-9]{1,9}", rest)
-        if not m:
+        if not (m := re.search(r"[0-9]{1,9}", rest)):
             return _invalid(f"'{phrase}' needs a post number, got '{rest[:40]}'.")
         return {"action": "DISCOVERY_FEED_GET_POST_BY_ID", "arg1": int(m.group())}
     if action in ("TELEPORT", "TELEPORT_TO_LOCATION"):
