@@ -127,11 +127,9 @@ class GameCatalogue:
             pool = [g for g in pool if g.task in tasks]
         if n is None or n >= len(pool):
             return pool
-        by_task: dict[str, list[GameId]] = {}
-        for g in pool:
-            by_task.setdefault(g.task, []).append(g)
+        by_task = itertools.groupby(sorted(pool, key=lambda g: g.task), key=lambda g: g.task)  # a stable sort
         rng = random.Random(seed)
-        shuffled = [rng.sample(gs, len(gs))[::-1] for _, gs in sorted(by_task.items())]
+        shuffled = [rng.sample(gs, len(gs))[::-1] for gs in (list(group) for _, group in by_task)]
         rounds = itertools.zip_longest(*shuffled)  # each task's next game, in task order
         chosen = [g for games in rounds for g in games if g is not None][:n]
         return sorted(chosen, key=lambda g: g.index)

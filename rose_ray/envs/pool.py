@@ -78,9 +78,8 @@ class EnvPool:
 
     def _replace(self, slot: _Slot, world: str | None = None) -> None:
         """A new game process: a restart, or a swap to another `world` (not counted as one)."""
-        if slot.game is not None:
-            slot.game.kill()
-        slot.restarts += world is None
+        slot.game.kill()
+        slot.restarts += world in (None, slot.world)
         slot.world, slot.current = world or slot.world, None
         self._start(slot)
 
@@ -100,10 +99,8 @@ class EnvPool:
         first; a load that kills it is retried once on a new one)."""
         game = game if isinstance(game, GameId) else self.catalogue.game(game)
         with self._held(slot) as s:
-            if s.game is not None and game.world != s.world:
+            if game.world != s.world or not s.game.alive():
                 self._replace(s, game.world)
-            if s.game is None or not s.game.alive():
-                self._replace(s)
             try:
                 result = s.game.load(game, gold=gold)
             except GameError:
@@ -169,8 +166,8 @@ class EnvPool:
                 {
                     "slot": i,
                     "world": s.world,
-                    "alive": s.game is not None and s.game.alive(),
-                    "pid": s.game.pid if s.game is not None else None,
+                    "alive": s.game.alive(),
+                    "pid": s.game.pid,
                     "game": s.current.item_id if s.current else None,
                     "steps": s.steps,
                     "restarts": s.restarts,
@@ -183,8 +180,7 @@ class EnvPool:
 
     def close(self) -> None:
         for s in self.slots:
-            if s.game is not None:
-                s.game.close()
+            s.game.close()
             if s.expert is not None:
                 s.expert.close()
         self._threads.shutdown(wait=False)

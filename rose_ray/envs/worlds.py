@@ -88,10 +88,8 @@ def knowledge_scorer(name: str | None) -> Any:
 
 def world_of_item(item: object) -> str | None:
     """The world an item id names by its prefix (`discoveryworld_5` -> discoveryworld)."""
-    if isinstance(item, str) and "_" in item:
-        name = item.rsplit("_", 1)[0]
-        return name if name in WORLDS else None
-    return None
+    name = item.rsplit("_", 1)[0] if isinstance(item, str) and "_" in item else None
+    return name if name in WORLDS else None
 
 
 def world_protocol(name: str | None, instruction_from: str | None = None) -> Protocol:

@@ -27,9 +27,6 @@ PAIRS: tuple[tuple[str, str], ...] = (
     + tuple((t, d) for t in THEMES for d in DIFFICULTIES)
     + tuple((f"{UNIT_TEST_PREFIX}{s}", "Normal") for s in SKILLS)
 )
-# The paper's step limits: 100 for Easy tasks and the unit tests, else 1,000.
-TURN_LIMITS = {"Easy": 100, "Normal": 1000, "Challenge": 1000}
-UNIT_TEST_TURNS = 100
 
 
 def slug(scenario: str, difficulty: str) -> str:
@@ -84,8 +81,6 @@ class DiscoveryWorldCatalogue(GameCatalogue):
         return Scenario(name, difficulty, int(game.variation))
 
     def turn_limit(self, game: GameId) -> int:
-        """The paper's step limit for a game: 100 for Easy and unit tests, else 1,000."""
+        """The paper's step limit for a game: 100 for Easy tasks and the unit tests, else 1,000."""
         scenario = self.scenario(game)
-        if scenario.kind == "unit test":
-            return UNIT_TEST_TURNS
-        return TURN_LIMITS[scenario.difficulty]
+        return 100 if scenario.difficulty == "Easy" or scenario.kind == "unit test" else 1000

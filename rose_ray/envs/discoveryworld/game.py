@@ -60,8 +60,6 @@ class DiscoveryWorldGame(ProcessGame):
             raise GameError(f"could not start a DiscoveryWorld worker: {e}") from e
         self._buffer = b""
         self._read("start", START_TIMEOUT_S)
-        self.limit = 0
-        self.start_score = 0.0
 
     def _read(self, what: str, timeout_s: float) -> dict[str, Any]:
         """The worker's next reply line, within `timeout_s`; a hang, a death or a garbled

@@ -141,12 +141,9 @@ def resolve(ref: str, candidates: list[dict[str, Any]], where: str) -> tuple[int
     if not ref:
         return None, "an object is missing"
     by_id = {int(o["uuid"]): o for o in candidates}
-    m = _ID.search(ref)
-    if m:
+    if m := _ID.search(ref):
         uuid = int(m.group(1))
-        if uuid in by_id:
-            return uuid, ""
-        return None, f"no object #{uuid} {where}"
+        return (uuid, "") if uuid in by_id else (None, f"no object #{uuid} {where}")
     name = ref.lower()
     hits = sorted({int(o["uuid"]) for o in candidates
                    if name in (str(o["name"]).lower(), str(o.get("description", "")).lower())})
@@ -194,8 +191,7 @@ def parse_command(text: str, ui: dict[str, Any], places: list[str]) -> dict[str,
     if action == "FEED":
         return {"action": "DISCOVERY_FEED_GET_UPDATES"}
     if action == "POST":
-        m = re.search(r"[0-9]{1,9}", rest)
-        if not m:
+        if not (m := re.search(r"[0-9]{1,9}", rest)):
             return _invalid(f"'{phrase}' needs a post number, got '{rest[:40]}'.")
         return {"action": "DISCOVERY_FEED_GET_POST_BY_ID", "arg1": int(m.group())}
     if action in ("TELEPORT", "TELEPORT_TO_LOCATION"):
@@ -231,8 +227,7 @@ def _two_objects(action: str, phrase: str, rest: str, reach: list[dict[str, Any]
         if a is not None and b is not None:
             return {"action": action, "arg1": a, "arg2": b}
         first_error = first_error or ea or eb
-    if action == "USE" and not splits:
-        return None
     if not splits:
-        return _invalid(f"'{phrase}' needs two objects: {phrase} OBJ {_SEPARATORS[action][0].strip()} OBJ.")
+        return None if action == "USE" else _invalid(f"'{phrase}' needs two objects: {phrase} OBJ "
+                                                      f"{_SEPARATORS[action][0].strip()} OBJ.")
     return _invalid(f"{first_error}.")

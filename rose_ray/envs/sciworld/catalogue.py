@@ -64,9 +64,8 @@ class SciWorldCatalogue(GameCatalogue):
         self.mapping = mapping
         self.tasks = tuple(t for t in all_tasks() if t.task_id not in MAPPINGS[mapping])
         games: list[GameId] = []
-        for t in self.tasks:
-            first = len(games)
-            games.extend(GameId(t.task, v, f"{ITEM_PREFIX}{first + v}") for v in range(t.num_variations))
+        for t in self.tasks:  # item ids count on across tasks (the list is built before it is added)
+            games += [GameId(t.task, v, f"{ITEM_PREFIX}{len(games) + v}") for v in range(t.num_variations)]
         super().__init__(games)
         self._task_by_name = {t.task: t for t in self.tasks}
 

@@ -83,8 +83,7 @@ class SciWorldExpert:
             self.episode, self.plan, self.replans, self.status = episode, None, 0, ""
         action = self._next_action(history)
         if action is None and self.replans < MAX_REPLANS:
-            if self.plan is not None:
-                self.replans += 1
+            self.replans += self.plan is not None
             try:
                 self.plan = self._plan(game, first, history)
             except GameError:  # the scratch game died: a new one next time, no plan now
@@ -92,9 +91,7 @@ class SciWorldExpert:
                     self.scratch.kill()
                 self.scratch, self.plan, self.status = None, None, "scratch_failed"
             action = self._next_action(history)
-        location = None
-        for text in [first, *(o for _, o in history)]:
-            location = location_of(text) or location
+        location = next(filter(None, map(location_of, [*(o for _, o in reversed(history)), first])), None)
         return ExpertReply(text=None if action is None else gold_reply(action, location), action=action,
                            planned=self.status.startswith(("verified", "partial")),
                            verified=self.status.startswith("verified"), status=self.status,
@@ -103,15 +100,12 @@ class SciWorldExpert:
     def _next_action(self, history: list[tuple[str, str]]) -> str | None:
         """The plan's next action, while the game has answered its actions so far as the replay did."""
         plan = self.plan
-        if plan is None:
+        if plan is None or len(history) - plan.start >= len(plan.actions):
             return None
         done = history[plan.start:]
-        if len(done) >= len(plan.actions):
-            return None
-        for (action, observation), planned, expected in zip(done, plan.actions, plan.observations):
-            if action != planned or not same_but_temperature(observation, expected):
-                return None
-        return plan.actions[len(done)]
+        planned = zip(plan.actions, plan.observations)
+        followed = all(a == p and same_but_temperature(o, e) for (a, o), (p, e) in zip(done, planned))
+        return plan.actions[len(done)] if followed else None
 
     def _plan(self, game: GameId, first: str, history: list[tuple[str, str]]) -> Attempt | None:
         key = (game.task, game.variation)
@@ -120,14 +114,15 @@ class SciWorldExpert:
         if now.raw_score < 0:  # lost (a wrong focus): nothing can be won from here
             self.status = "unwinnable"
             return None
-        carriers = self._carriers(first, history)  # asked of the scratch game in that state
+        focused = _focused(first, history)
+        carriers = self._carriers(focused)  # asked of the scratch game in that state
         best: Attempt | None = None
         # The gold path made before, then a new one (a reload can give another path).
         for fresh in (False, True):
             if fresh or key not in GOLDS:
                 GOLDS[key] = self._gold(game)
             self.gold = GOLDS[key]
-            for steps in self._candidates(first, history, carriers):
+            for steps in self._candidates(focused, history, carriers):
                 attempt = self._attempt(game, history, steps, doors)
                 if best is None or attempt.raw_score > best.raw_score:  # a win scores above any other
                     best = attempt
@@ -144,12 +139,11 @@ class SciWorldExpert:
         best.start = len(history)
         return best
 
-    def _candidates(self, first: str, history: list[tuple[str, str]],
+    def _candidates(self, focused: list[tuple[str, str | None]], history: list[tuple[str, str]],
                     carriers: list[list[tuple[str, str | None]]]) -> list[list[tuple[str, str | None]]]:
-        """The task's steps to play from here: with what the student did taken into account
+        """The task's steps to play from here: with what the student focused on taken into account
         (shown names, then the game's referents), then as the gold path has them."""
         gold = self.gold
-        focused = _focused(first, history)
         # After an ambiguous command the game waits for the option's number: answer it first.
         asked = bool(history) and history[-1][1].startswith(AMBIGUOUS)
         out: list[list[tuple[str, str | None]]] = []
@@ -162,10 +156,9 @@ class SciWorldExpert:
                         out.append(answer + candidate)
         return out
 
-    def _carriers(self, first: str, history: list[tuple[str, str]]) -> list[list[tuple[str, str | None]]]:
+    def _carriers(self, focused: list[tuple[str, str | None]]) -> list[list[tuple[str, str | None]]]:
         """The student's focused things as they can be carried where one is inside another (up
         to three holders, as the valid actions name them: `cup containing red paint in ...`)."""
-        focused = _focused(first, history)
         if not focused:
             return []
         valid = [a[len("pick up "):] for a in self.scratch.valid_actions() if a.startswith("pick up ")]
@@ -228,10 +221,9 @@ class SciWorldExpert:
     def _gold(self, game: GameId) -> Gold:
         """The gold path played from a fresh load, as the task's steps: its actions other than
         walking, up to the win, with focused things renamed as the game names them."""
-        path = self._loaded(game, gold=True).gold_actions()
-        scratch = self.scratch
-        first = scratch.load(game)
-        room = location_of(first.observation)
+        scratch = self._loaded(game, gold=True)
+        path = scratch.gold_actions()
+        room = location_of(scratch.load(game).observation)
         played, observations, rooms, route = [], [], [], [room]
         for action in path:
             result = scratch.step(action)

@@ -32,8 +32,7 @@ def _not_from_py4j(record: logging.LogRecord) -> bool:
     return "py4j" not in record.pathname
 
 
-if _not_from_py4j not in logging.getLogger().filters:
-    logging.getLogger().addFilter(_not_from_py4j)
+logging.getLogger().addFilter(_not_from_py4j)  # once: addFilter skips a filter it holds
 
 
 class SciWorldGame(ProcessGame):
