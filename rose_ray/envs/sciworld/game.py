@@ -43,7 +43,7 @@ class SciWorldGame(ProcessGame):
     def __init__(
         self,
         heap: str | None = DEFAULT_HEAP,
-        call_timeout_s: float = 30.0,
+        call_timeout_s: float = 60.0,
         max_turns: int | None = None,
     ) -> None:
         self.call_timeout_s = call_timeout_s
