@@ -194,8 +194,7 @@ def render() -> str:
         + ", ".join(f"[`{g[0][0]}`](#{a})" for g, a in zip(grouped.values(), anchors)) + ".\n",
         "## Top level\n",
     ]
-    if class_doc(TrainConfig):
-        out.append(prose(class_doc(TrainConfig)))
+    out.extend(prose(text) for text in [class_doc(TrainConfig)] if text)
     out.append(HEADER + "\n" + "\n".join(rows) + "\n")
     for kind, group in grouped.items():
         comment = " ".join(dict.fromkeys(c for _, _, c in group if c))
