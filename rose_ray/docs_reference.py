@@ -153,8 +153,7 @@ def _tagged(title_keys: list[str], family: type[Tagged], comment: str, level: in
     said = docstring_table(sys.modules[family.__module__].__doc__ or "")
     for name, kind in kinds.items():
         out.append(f"{'#' * (level + 1)} `{key}.{tag}: {name}`\n")
-        if said.get(name) or class_doc(kind):
-            out.append(prose(said.get(name) or class_doc(kind)))
+        out.extend(prose(text) for text in [said.get(name) or class_doc(kind)] if text)
         rows, sections = _rows(kind, f"{key}.", [None])
         rows = [r for r in rows if not r.startswith(f"| `{key}.{tag}`")]
         out.append(HEADER + "\n" + "\n".join(rows) + "\n" if rows else "No other keys.\n")
