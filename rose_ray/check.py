@@ -6,11 +6,17 @@ placement and memory parts alone.
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rose_ray.config import TrainConfig, default_config_path, load_config
 from rose_ray.errors import InputError
+from rose_ray.inference.backends import backend_problem, backends_report
+from rose_ray.memory import check_memory, format_memory, gpu_memory, memory_plan
+from rose_ray.nvidia import gpu_report
+from rose_ray.placement import check_cluster, demands, describe_demands, format_plan, parse_nodes
 
 SAMPLE_OBSERVATIONS = (
     "Your task is to boil water. First, focus on the substance. Then, take actions that will "
@@ -71,17 +77,13 @@ def plan_nodes(cfg: TrainConfig, args: Any, described: list[Any] | None) -> tupl
 def check_served_engines(cfg: TrainConfig) -> list[str]:
     """Each served engine (openai) asked whether it can do its job (model name, context,
     logprobs, prompt scoring for OPD's teacher); an InputError names the key."""
-    import os
-    from dataclasses import replace
-
-    from rose_ray.inference.openai import SettingNames, check_served
+    from rose_ray.inference.openai import SettingNames, check_served, check_served_urls
     from rose_ray.provision.tiny import resolve_tiny
 
     out = []
     if any(engine.spec.served for _, engine in cfg.engines()):
         import ray
 
-        from rose_ray.inference.openai import check_served_urls
         from rose_ray.rollout.actors import init_ray
 
         address = cfg.ray_address or os.environ.get("RAY_ADDRESS")  # "local": this machine alone
@@ -110,7 +112,6 @@ def check(cfg: TrainConfig, args: Any) -> list[str]:
     from rose_ray.chat import ChatFormat, ChatTemplateError
     from rose_ray.envs.worlds import get_world
     from rose_ray.models import load_tokenizer, model_folder
-    from rose_ray.placement import check_cluster, demands, format_plan, parse_nodes
     from rose_ray.rollout.context import ContextSettings
     from rose_ray.rollout.episode import same_tokenizer
 
@@ -124,8 +125,6 @@ def check(cfg: TrainConfig, args: Any) -> list[str]:
         out.append(f"instruction and acknowledgement from {cfg.env.instruction_from}")
 
     # Engine backends (a remote node's are checked when its engine starts).
-    from rose_ray.inference.backends import backend_problem
-
     for role, engine in cfg.engines():
         problem = backend_problem(engine.backend.name, import_it=True)
         if problem is not None:
@@ -159,9 +158,8 @@ def check(cfg: TrainConfig, args: Any) -> list[str]:
     # Games.
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
     splits = {"rollout.split": cfg.rollout.split, "eval.split": cfg.eval.split}
-    for role in ("teacher", "student"):
-        if getattr(cfg, f"{role}_warmup").enabled:
-            splits[f"{role}_warmup (rollout.split)"] = cfg.rollout.split
+    splits |= {f"{role}_warmup (rollout.split)": cfg.rollout.split for role in ("teacher", "student")
+               if getattr(cfg, f"{role}_warmup").enabled}
     chosen = {}
     for key, split in splits.items():
         try:
@@ -175,8 +173,7 @@ def check(cfg: TrainConfig, args: Any) -> list[str]:
         chosen[key] = {g.item_id for g in games}
         evaluated = f", {min(len(games), cfg.eval.n)} evaluated" if key == "eval.split" else ""
         out.append(f"{key}: {split!r} under mapping {catalogue.mapping!r}: {len(games)} games{evaluated}")
-    overlap = chosen["rollout.split"] & chosen["eval.split"]
-    if overlap:
+    if overlap := chosen["rollout.split"] & chosen["eval.split"]:
         raise InputError(f"eval.split: {len(overlap)} of its games are also training games "
                          f"(e.g. {sorted(overlap)[0]}); the eval would not be held out")
 
@@ -188,8 +185,6 @@ def check(cfg: TrainConfig, args: Any) -> list[str]:
     out += [("  " + line).rstrip() for line in format_plan(placed, nodes, use_total=use_total).splitlines()]
 
     # Memory per GPU.
-    from rose_ray.memory import check_memory, format_memory, gpu_memory, memory_plan
-
     gib, source = gpu_memory(args.gpu_memory, nodes)
     memory = memory_plan(cfg, gib, config_for)
     check_memory(memory)
@@ -198,11 +193,7 @@ def check(cfg: TrainConfig, args: Any) -> list[str]:
 
 
 def check_main(args: Any) -> int:
-    from rose_ray.nvidia import gpu_report
-
     if args.backends:
-        from rose_ray.inference.backends import backends_report
-
         print("\n".join(f"check: backend {line}" for line in backends_report()))
         # a driver that cannot run the wheels: exit 2
         print("\n".join(f"check: {line}" for line in gpu_report()))
@@ -221,9 +212,6 @@ def check_main(args: Any) -> int:
 def plan_main(args: Any) -> int:
     """`rose-ray plan`: where each actor would go and each role's memory per GPU; exit 2
     (PlacementError) when the cluster cannot hold it or a role cannot fit its GPUs."""
-    from rose_ray.memory import check_memory, format_memory, gpu_memory, memory_plan
-    from rose_ray.placement import check_cluster, describe_demands, format_plan, parse_nodes
-
     cfg = load_config(args.config, args.overrides)
     nodes, use_total = plan_nodes(cfg, args, parse_nodes(args.node) if args.node else None)
     print("\n".join(describe_demands(cfg, nodes, described=bool(args.node))))

@@ -153,8 +153,7 @@ def _tagged(title_keys: list[str], family: type[Tagged], comment: str, level: in
     said = docstring_table(sys.modules[family.__module__].__doc__ or "")
     for name, kind in kinds.items():
         out.append(f"{'#' * (level + 1)} `{key}.{tag}: {name}`\n")
-        if said.get(name) or class_doc(kind):
-            out.append(prose(said.get(name) or class_doc(kind)))
+        out.extend(prose(text) for text in [said.get(name) or class_doc(kind)] if text)
         rows, sections = _rows(kind, f"{key}.", [None])
         rows = [r for r in rows if not r.startswith(f"| `{key}.{tag}`")]
         out.append(HEADER + "\n" + "\n".join(rows) + "\n" if rows else "No other keys.\n")
@@ -194,8 +193,7 @@ def render() -> str:
         + ", ".join(f"[`{g[0][0]}`](#{a})" for g, a in zip(grouped.values(), anchors)) + ".\n",
         "## Top level\n",
     ]
-    if class_doc(TrainConfig):
-        out.append(prose(class_doc(TrainConfig)))
+    out.extend(prose(text) for text in [class_doc(TrainConfig)] if text)
     out.append(HEADER + "\n" + "\n".join(rows) + "\n")
     for kind, group in grouped.items():
         comment = " ".join(dict.fromkeys(c for _, _, c in group if c))

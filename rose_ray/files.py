@@ -282,8 +282,8 @@ def json_records(path: str | Path, on_bad: Callable[[int, str], None]) -> Iterat
 
 def drop_cut_line(path: str | Path) -> int:
     """Truncate `path` after its last newline (a line a kill cut short has none); returns the
-    number of bytes dropped."""
-    size = Path(path).stat().st_size
+    number of bytes dropped (0 for a missing file)."""
+    size = Path(path).stat().st_size if os.path.exists(path) else 0
     if size == 0:
         return 0
     with Path(path).open("rb+") as f:
@@ -296,7 +296,5 @@ def drop_cut_line(path: str | Path) -> int:
 
 def open_for_append(path: str | Path) -> IO[str]:
     """`path` opened to append text (created if missing), after dropping a cut last line."""
-    path = Path(path)
-    if path.exists():
-        drop_cut_line(path)
-    return path.open("a", encoding="utf-8")
+    drop_cut_line(path)
+    return Path(path).open("a", encoding="utf-8")

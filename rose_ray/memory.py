@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -347,10 +348,7 @@ def memory_plan(cfg: Any, gpu_gib: float | None, config_for: dict[str, str] | No
     """Each model-holding role of a TrainConfig, per GPU (an openai teacher is served elsewhere)."""
     gpu_bytes = gpu_gib * GIB if gpu_gib else None
     gpu_note = f"{gpu_gib:g} GiB" if gpu_gib else "unknown"
-
-    def shape(name: str, key: str) -> ModelShape:
-        return model_shape(name, key, cfg.tiny_dir, config_for or {})
-
+    shape = partial(model_shape, tiny_dir=cfg.tiny_dir, config_for=config_for or {})
     roles = []
     for role, engine in cfg.engines():  # an openai engine is served elsewhere
         if not engine.spec.local:

@@ -83,12 +83,7 @@ def download_model(name: str, label: str) -> str:
     in the cache is a ModelNotAvailable naming the command that downloads it)."""
     if not is_hub_id(name):
         return local_model(name)
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.utils import (
-        are_progress_bars_disabled,
-        disable_progress_bars,
-        enable_progress_bars,
-    )
+    from huggingface_hub import constants, snapshot_download, utils
 
     cached = model_folder(name, "", {})  # a hub id's snapshot in the cache, else None: downloaded below
     if constants.HF_HUB_OFFLINE:
@@ -103,9 +98,9 @@ def download_model(name: str, label: str) -> str:
                                    if cached else f"downloading from {where}"), flush=True)
     # transformers turns the client's progress bars off when it loads a model; a user's
     # HF_HUB_DISABLE_PROGRESS_BARS=1 keeps them off.
-    turn_on = are_progress_bars_disabled() and constants.HF_HUB_DISABLE_PROGRESS_BARS is not True
+    turn_on = utils.are_progress_bars_disabled() and constants.HF_HUB_DISABLE_PROGRESS_BARS is not True
     if turn_on:
-        enable_progress_bars()
+        utils.enable_progress_bars()
     try:
         folder = snapshot_download(name)
     except Exception as e:  # noqa: BLE001 - a wrong id, no access, no network: one line naming the model
@@ -116,7 +111,7 @@ def download_model(name: str, label: str) -> str:
             f"beforehand (`{download_command(name)}`) and set HF_HUB_OFFLINE=1") from e
     finally:
         if turn_on:
-            disable_progress_bars()
+            utils.disable_progress_bars()
     files = [p for p in Path(folder).rglob("*") if p.is_file()]
     size = sum(p.stat().st_size for p in files)
     shown = f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"

@@ -83,8 +83,7 @@ def units(roles: list[RoleDemand]) -> list[Unit]:
                 b = group[i]
                 b.label += f" + {name}"
                 b.members.append((d.role, i))
-                for k, v in res.items():
-                    b.resources[k] = b.resources.get(k, 0.0) + v
+                b.resources = dict(Counter(b.resources) + Counter(res))  # both positive: sums kept
             else:
                 group.append(Unit(name, [(d.role, i)], res, "PACK", d.group, i))
     gpu = [b for group in bundles.values() for b in group]
@@ -207,11 +206,9 @@ def format_plan(placed: list[Assignment], nodes: list[NodeInfo], use_total: bool
     lines.append("")
     lines.append(f"{'node':<28} {'has (' + ('total' if use_total else 'available') + ')':<40} left after the plan")
     for n in nodes:
-        have = dict(n.total if use_total else n.available)
+        have = n.total if use_total else n.available
         left = Counter(have)
-        for a in placed:
-            if a.node is n:
-                left.subtract(a.unit.resources)
+        left.subtract(sum((Counter(a.unit.resources) for a in placed if a.node is n), Counter()))
         lines.append(f"{n.name:<28} {_fmt(_shown(have)):<40} {_fmt(_shown(left))}")
     return "\n".join(lines)
 
