@@ -216,16 +216,6 @@ def episodes_per_s(finished_at: list[float], batch: list[Any]) -> float:
     return len(finished_at) / max(now - min(finished_at), 1e-3)
 
 
-def eval_scalars(who: str, result: dict[str, Any]) -> dict[str, float]:
-    """An eval's numbers: the held-out games' as `eval/`, the dev games' as `eval/dev_`; none for the teacher."""
-    if who == "student":
-        return {f"eval/{k}": result[k] for k in ("score", "success", "pass")}
-    if who == "dev":
-        return {f"eval/dev_{k}": result[k] for k in
-                ("score", "success", "pass", "invalid_action_rate", "cut_before_action_rate")}
-    return {}
-
-
 class LineProgress(tqdm):
     """tqdm's progress as plain lines ("eval: 12/48 games, score=0.125 [00:30<01:30]") about every
     tenth of the work (or every `every`), for logs where tqdm's `\\r` updates would pile into one line."""

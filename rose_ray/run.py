@@ -371,9 +371,10 @@ class Evals:
         self.pools = start_env_pools(env, max_turns=self.cfg.eval.max_turns)
         return EpisodeRunner(self.pools, env.games_per_worker, engines=self.rollouts.engines)
 
-    async def play(self, step: int, who: str) -> dict[str, Any]:
+    async def play(self, step: int, who: str) -> dict[str, float]:
         """`who` ("student", "teacher", or "dev": the student on the dev games) plays; the
-        result goes to the history."""
+        result goes to the history. Returns its numbers for the metrics: the held-out games' as
+        `eval/`, the dev games' as `eval/dev_`, none for the teacher's (the before/after table's)."""
         from rose_ray.evaluate import game_record, summarise
         from rose_ray.rollout.play import Players, play
 
@@ -383,7 +384,11 @@ class Evals:
                             protocols=self.rollouts.protocol, request_prefix="eval/")
         result = summarise([game_record(t) for t in played])["overall"]
         self.history["eval"].append({"step": step, "who": who, **result})
-        return result
+        if who == "teacher":
+            return {}
+        more = ("invalid_action_rate", "cut_before_action_rate") if who == "dev" else ()
+        prefix = "eval/dev_" if who == "dev" else "eval/"
+        return {prefix + k: result[k] for k in ("score", "success", "pass", *more)}
 
 
 class Run:

@@ -20,7 +20,7 @@ from rose_ray.checkpoint import latest_tag
 from rose_ray.config import TrainConfig
 from rose_ray.files import write_file
 from rose_ray.learner.learner import LearnerLost
-from rose_ray.metrics import episodes_per_s, eval_scalars, step_scalars, trajectory_markdown
+from rose_ray.metrics import episodes_per_s, step_scalars, trajectory_markdown
 from rose_ray.reliability import RoleFailed, Watchdog
 from rose_ray.run import Run, results_table
 from rose_ray.runs import fresh_run_dir, saved_config, train_config
@@ -175,7 +175,7 @@ class Trainer:
         """The evals asked for (`who=setting`; `Evals.play`: "student", "teacher", or "dev"), in
         order, into the history and the metrics."""
         for who in [who for who, want in wanted.items() if want]:
-            if scalars := eval_scalars(who, await self.evals.play(step, who)):
+            if scalars := await self.evals.play(step, who):
                 self.metrics.log(step, scalars)
 
     async def in_learner(self, fn: Any, *args: Any) -> Any:
