@@ -349,17 +349,13 @@ class Evals:
         from rose_ray.evaluate import training_evals
 
         self.job, self.spec = training_evals(self.cfg, student_path)
-        self.games = self.job.games()
+        self.games = self.job.games()  # now: a bad split fails the start, not the last eval
 
     def state_dict(self) -> EvalState:
         return EvalState(history=copy.deepcopy(self.history))
 
     def load_state_dict(self, state: EvalState) -> None:
         self.history = copy.deepcopy(state.history)  # a copy: the state may be restored again
-
-    @cached_property
-    def dev_games(self) -> list[GameId]:
-        return replace(self.job, split="dev", n=self.cfg.eval.every_n).games()
 
     @cached_property
     def runner(self) -> EpisodeRunner:
@@ -379,15 +375,16 @@ class Evals:
         from rose_ray.rollout.play import Players, play
 
         agent = self.rollouts.teacher if who == "teacher" else self.rollouts.student
-        games = self.dev_games if who == "dev" else self.games
+        dev = who == "dev"  # the student on `eval.every_n` games of the dev split
+        games = replace(self.job, split="dev", n=self.cfg.eval.every_n).games() if dev else self.games
         played = await play(self.spec, games, players=Players(self.runner, agent, None),
                             protocols=self.rollouts.protocol, request_prefix="eval/")
         result = summarise([game_record(t) for t in played])["overall"]
         self.history["eval"].append({"step": step, "who": who, **result})
         if who == "teacher":
             return {}
-        more = ("invalid_action_rate", "cut_before_action_rate") if who == "dev" else ()
-        prefix = "eval/dev_" if who == "dev" else "eval/"
+        more = ("invalid_action_rate", "cut_before_action_rate") if dev else ()
+        prefix = "eval/dev_" if dev else "eval/"
         return {prefix + k: result[k] for k in ("score", "success", "pass", *more)}
 
 
