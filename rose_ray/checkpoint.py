@@ -50,9 +50,7 @@ class RolloutState:
 
 @dataclass
 class EvalState:
-    """`Evals`' (run.py)."""
-
-    history: dict[str, Any]  # the evals so far
+    history: dict[str, Any]  # the evals so far (run.py's `Evals`)
 
 
 @dataclass

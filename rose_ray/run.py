@@ -63,7 +63,6 @@ class Failures:
         return error
 
     def raise_taken(self) -> None:
-        """Raises the oldest failure not yet raised, if any."""
         if (error := self.take()) is not None:
             raise error
 
