@@ -197,9 +197,7 @@ class Rollouts:
                                      protocol=self.protocol, learner_step=learning.step,
                                      request_prefix=f"s{learning.step}/", handoff_seed=handoff_seed)
         try:
-            t = await self.runner.play(game, episode)
-        except asyncio.CancelledError:
-            raise
+            t = await self.runner.play(game, episode)  # a cancel (a BaseException) passes through
         except RoleFailed:
             return  # the run is stopping: the episode stays open (in flight at the stop)
         except Exception as e:  # noqa: BLE001 - one bad episode must not stop the run
@@ -506,13 +504,12 @@ class Run:
         """What the run did (summary.json)."""
         evals, step, rollouts = self.evals.history["eval"], self.learning.step, self.rollouts
         student = [e for e in evals if e["who"] == "student"]
-        teacher = [e for e in evals if e["who"] == "teacher"]
         return {
             "run_dir": str(self.run_dir), "steps": step, "version": self.learning.learner.version,
             "model": str(self.run_dir / "model"),
             "before": student[0] if student and student[0]["step"] == 0 else None,
             "after": student[-1] if student and student[-1]["step"] == step and step else None,
-            "teacher": teacher[0] if teacher else None,
+            "teacher": next((e for e in evals if e["who"] == "teacher"), None),
             "dev": [e for e in evals if e["who"] == "dev"],  # the eval.every curve
             "buffer": rollouts.buffer.counters.as_dict(), "runner": rollouts.runner.counters.as_dict(),
             "replies": self.learning.replies,
@@ -557,10 +554,8 @@ def prepare_cluster(cfg: TrainConfig, run_dir: Path) -> None:
 
 
 def results_table(summary: dict[str, Any]) -> str:
-    rows = [("student before", summary["before"]), ("student after", summary["after"]),
-            ("teacher", summary["teacher"])]
     lines = ["| model | games | Score | Success | Pass |", "| --- | ---: | ---: | ---: | ---: |"]
-    for name, r in rows:
-        if r is not None:
+    for name, key in (("student before", "before"), ("student after", "after"), ("teacher", "teacher")):
+        if (r := summary[key]) is not None:
             lines.append(f"| {name} | {r['games']} | {r['score']:.4f} | {r['success']:.3f} | {r['pass']:.3f} |")
     return "\n".join(lines)
