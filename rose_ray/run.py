@@ -454,8 +454,7 @@ class Run:
 
         for line in clear_leftovers(self.run_dir, owned=True) + clear_leftovers(self.ckpt_dir, owned=True):
             print(f"train: {line}", flush=True)
-        if self.ckpt_dir.is_dir():
-            prune(self.ckpt_dir)
+        prune(self.ckpt_dir)  # none there yet: nothing to do
 
     def load_checkpoint(self, publish: bool = True) -> Checkpoint:
         """Back to the latest whole checkpoint (or the start, without one): the learner, each
