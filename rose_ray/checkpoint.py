@@ -21,9 +21,7 @@ from rose_ray.files import (
     writing_folder,
 )
 
-# The record's layout: each component's state under its name (`Checkpoint`); 1 and 2 (one flat
-# record) are no longer read.
-FORMAT = 3
+FORMAT = 3  # the record's layout (`Checkpoint`); formats 1 and 2 (one flat record) are not read
 
 
 class UnreadableRecord(InputError):
@@ -50,9 +48,7 @@ class RolloutState:
 
 @dataclass
 class EvalState:
-    """`Evals`' (run.py)."""
-
-    history: dict[str, Any]  # the evals so far
+    history: dict[str, Any]  # the evals so far (run.py's `Evals`)
 
 
 @dataclass

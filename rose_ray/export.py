@@ -1,10 +1,8 @@
-"""The trained student as a Hugging Face folder, from any kept checkpoint.
-
-    rose-ray export RUN [--step N] --out DIR     # RUN: a run folder, or a run_dir (its latest run)
-
-DeepSpeed checkpoints are per rank and ZeRO stage, so the checkpoint is loaded into a learner
-group built from the run's own config.yaml (on CPUs where there is no GPU) and exported as a
-run exports; `rose_ray_model.json` names where it came from.
+"""The trained student as a Hugging Face folder, from any kept checkpoint:
+`rose-ray export RUN [--step N] --out DIR` (RUN: a run folder, or a run_dir: its latest run).
+DeepSpeed checkpoints are per rank and ZeRO stage, so a learner group built from the run's own
+config.yaml (on CPUs where there is no GPU) loads one and exports it as a run does;
+`rose_ray_model.json` names where it came from.
 """
 
 from __future__ import annotations

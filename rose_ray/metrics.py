@@ -206,28 +206,14 @@ def trained_scalars(batch: list[Any], loss_flags: list[list[bool]], tokens: dict
     return out
 
 
-class EpisodeRate:
-    """Finished episodes per second over the last minute (`rollout/episodes_per_s`)."""
-
-    def __init__(self) -> None:
-        self.window: list[Any] = []
-
-    def add(self, batch: list[Any]) -> float:
-        now = time.time()
-        self.window = [t for t in self.window + batch if now - t.timing["finished_at"] < 60]
-        if not self.window:  # none finished in the last minute (a learner step longer than that)
-            return 0.0
-        return len(self.window) / max(now - min(t.timing["finished_at"] for t in self.window), 1e-3)
-
-
-def eval_scalars(who: str, result: dict[str, Any]) -> dict[str, float]:
-    """An eval's numbers: the held-out games' as `eval/`, the dev games' as `eval/dev_`; none for the teacher."""
-    if who == "student":
-        return {f"eval/{k}": result[k] for k in ("score", "success", "pass")}
-    if who == "dev":
-        return {f"eval/dev_{k}": result[k] for k in
-                ("score", "success", "pass", "invalid_action_rate", "cut_before_action_rate")}
-    return {}
+def episodes_per_s(finished_at: list[float], batch: list[Any]) -> float:
+    """Finished episodes per second over the last minute (`rollout/episodes_per_s`): `batch`'s
+    finish times join `finished_at` (the run's list), which keeps the last minute's."""
+    now = time.time()
+    finished_at[:] = [s for s in finished_at + [t.timing["finished_at"] for t in batch] if now - s < 60]
+    if not finished_at:  # none finished in the last minute (a learner step longer than that)
+        return 0.0
+    return len(finished_at) / max(now - min(finished_at), 1e-3)
 
 
 class LineProgress(tqdm):

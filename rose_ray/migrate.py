@@ -75,8 +75,7 @@ def migrated(raw: dict[str, Any]) -> dict[str, Any]:
         name = engine.get("backend", "hf")
         section = {"name": name, **(engine.get(name) or {})}
         for key in list(engine):
-            owner = BACKENDS.get(key) or settings_owner(key)
-            if owner is not None:
+            if (owner := BACKENDS.get(key) or settings_owner(key)) is not None:
                 value = engine.pop(key)
                 if key != name and owner.name == name:
                     section.setdefault(key, value)

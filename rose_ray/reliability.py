@@ -7,6 +7,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from rose_ray.errors import first_line
+
 
 class RoleFailed(RuntimeError):
     """A role of the run (student or teacher engine, learner) failed for good; names it."""
@@ -53,6 +55,4 @@ def describe_error(error: BaseException | None) -> str:
     """`Type: first line` of what went wrong: a Ray task error's cause (what the actor raised)."""
     if error is None:
         return "unknown cause"
-    error = getattr(error, "cause", None) or error  # a RayTaskError: what the actor raised
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:300] if text else ''}"
+    return first_line(getattr(error, "cause", None) or error, named=True)

@@ -63,7 +63,6 @@ class Failures:
         return error
 
     def raise_taken(self) -> None:
-        """Raises the oldest failure not yet raised, if any."""
         if (error := self.take()) is not None:
             raise error
 
@@ -198,9 +197,7 @@ class Rollouts:
                                      protocol=self.protocol, learner_step=learning.step,
                                      request_prefix=f"s{learning.step}/", handoff_seed=handoff_seed)
         try:
-            t = await self.runner.play(game, episode)
-        except asyncio.CancelledError:
-            raise
+            t = await self.runner.play(game, episode)  # a cancel (a BaseException) passes through
         except RoleFailed:
             return  # the run is stopping: the episode stays open (in flight at the stop)
         except Exception as e:  # noqa: BLE001 - one bad episode must not stop the run
@@ -349,17 +346,13 @@ class Evals:
         from rose_ray.evaluate import training_evals
 
         self.job, self.spec = training_evals(self.cfg, student_path)
-        self.games = self.job.games()
+        self.games = self.job.games()  # now: a bad split fails the start, not the last eval
 
     def state_dict(self) -> EvalState:
         return EvalState(history=copy.deepcopy(self.history))
 
     def load_state_dict(self, state: EvalState) -> None:
         self.history = copy.deepcopy(state.history)  # a copy: the state may be restored again
-
-    @cached_property
-    def dev_games(self) -> list[GameId]:
-        return replace(self.job, split="dev", n=self.cfg.eval.every_n).games()
 
     @cached_property
     def runner(self) -> EpisodeRunner:
@@ -371,19 +364,25 @@ class Evals:
         self.pools = start_env_pools(env, max_turns=self.cfg.eval.max_turns)
         return EpisodeRunner(self.pools, env.games_per_worker, engines=self.rollouts.engines)
 
-    async def play(self, step: int, who: str) -> dict[str, Any]:
+    async def play(self, step: int, who: str) -> dict[str, float]:
         """`who` ("student", "teacher", or "dev": the student on the dev games) plays; the
-        result goes to the history."""
+        result goes to the history. Returns its numbers for the metrics: the held-out games' as
+        `eval/`, the dev games' as `eval/dev_`, none for the teacher's (the before/after table's)."""
         from rose_ray.evaluate import game_record, summarise
         from rose_ray.rollout.play import Players, play
 
         agent = self.rollouts.teacher if who == "teacher" else self.rollouts.student
-        games = self.dev_games if who == "dev" else self.games
+        dev = who == "dev"  # the student on `eval.every_n` games of the dev split
+        games = replace(self.job, split="dev", n=self.cfg.eval.every_n).games() if dev else self.games
         played = await play(self.spec, games, players=Players(self.runner, agent, None),
                             protocols=self.rollouts.protocol, request_prefix="eval/")
         result = summarise([game_record(t) for t in played])["overall"]
         self.history["eval"].append({"step": step, "who": who, **result})
-        return result
+        if who == "teacher":
+            return {}
+        more = ("invalid_action_rate", "cut_before_action_rate") if dev else ()
+        prefix = "eval/dev_" if dev else "eval/"
+        return {prefix + k: result[k] for k in ("score", "success", "pass", *more)}
 
 
 class Run:
@@ -455,8 +454,7 @@ class Run:
 
         for line in clear_leftovers(self.run_dir, owned=True) + clear_leftovers(self.ckpt_dir, owned=True):
             print(f"train: {line}", flush=True)
-        if self.ckpt_dir.is_dir():
-            prune(self.ckpt_dir)
+        prune(self.ckpt_dir)  # none there yet: nothing to do
 
     def load_checkpoint(self, publish: bool = True) -> Checkpoint:
         """Back to the latest whole checkpoint (or the start, without one): the learner, each
@@ -505,13 +503,12 @@ class Run:
         """What the run did (summary.json)."""
         evals, step, rollouts = self.evals.history["eval"], self.learning.step, self.rollouts
         student = [e for e in evals if e["who"] == "student"]
-        teacher = [e for e in evals if e["who"] == "teacher"]
         return {
             "run_dir": str(self.run_dir), "steps": step, "version": self.learning.learner.version,
             "model": str(self.run_dir / "model"),
             "before": student[0] if student and student[0]["step"] == 0 else None,
             "after": student[-1] if student and student[-1]["step"] == step and step else None,
-            "teacher": teacher[0] if teacher else None,
+            "teacher": next((e for e in evals if e["who"] == "teacher"), None),
             "dev": [e for e in evals if e["who"] == "dev"],  # the eval.every curve
             "buffer": rollouts.buffer.counters.as_dict(), "runner": rollouts.runner.counters.as_dict(),
             "replies": self.learning.replies,
@@ -556,10 +553,8 @@ def prepare_cluster(cfg: TrainConfig, run_dir: Path) -> None:
 
 
 def results_table(summary: dict[str, Any]) -> str:
-    rows = [("student before", summary["before"]), ("student after", summary["after"]),
-            ("teacher", summary["teacher"])]
     lines = ["| model | games | Score | Success | Pass |", "| --- | ---: | ---: | ---: | ---: |"]
-    for name, r in rows:
-        if r is not None:
+    for name, key in (("student before", "before"), ("student after", "after"), ("teacher", "teacher")):
+        if (r := summary[key]) is not None:
             lines.append(f"| {name} | {r['games']} | {r['score']:.4f} | {r['success']:.3f} | {r['pass']:.3f} |")
     return "\n".join(lines)

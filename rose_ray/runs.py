@@ -87,13 +87,11 @@ def resolve_run(path: str | Path) -> Path:
     raise InputError(f"{path}: not a run directory (no config.yaml there, nor a `{LATEST}` file naming one)")
 
 
-def keep_result(out: str | Path, text: str, version: Path | None = None) -> Path:
-    """Write a result file without losing the last: into `version` (default: a new
-    `<out without suffix>/version_N/`) under `out`'s name, and to `out` itself, the stable name of
-    the latest. Returns the versioned copy."""
+def keep_result(out: str | Path, text: str) -> Path:
+    """Write a result file without losing the last: into a new `<out without suffix>/version_N/`
+    under `out`'s name, and to `out` itself, the stable name of the latest. Returns that copy."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    kept = (version or new_version(out.parent / out.stem)) / out.name
+    kept = new_version(out.parent / out.stem) / out.name  # makes out's folder too
     write_file(kept, text)
     write_file(out, text)
     return kept

@@ -20,7 +20,7 @@ from rose_ray.checkpoint import latest_tag
 from rose_ray.config import TrainConfig
 from rose_ray.files import write_file
 from rose_ray.learner.learner import LearnerLost
-from rose_ray.metrics import EpisodeRate, eval_scalars, step_scalars, trajectory_markdown
+from rose_ray.metrics import episodes_per_s, step_scalars, trajectory_markdown
 from rose_ray.reliability import RoleFailed, Watchdog
 from rose_ray.run import Run, results_table
 from rose_ray.runs import fresh_run_dir, saved_config, train_config
@@ -38,7 +38,7 @@ class Trainer:
         self.failures, self.metrics = run.failures, run.metrics
         self.stop: asyncio.Event | None = None  # made inside the event loop
         self.eval_task: asyncio.Task | None = None
-        self.episode_rate = EpisodeRate()
+        self.finished_at: list[float] = []  # episodes' finish times over the last minute
         self.learn_s = 0.0  # wall seconds in learn_step: batching, the learner's step, publication
         # A learner call cut short (its thread goes on) or a restart not finished: the learner's
         # state is unknown, so the stop writes no checkpoint and no model/ over the latest good ones.
@@ -159,7 +159,7 @@ class Trainer:
         self.learn_s += time.perf_counter() - t0  # the learner's side of a step (bench/pipeline.py's L)
         self.doing("logging the step")
         scalars = step_scalars(batch, metrics, self.rollouts, self.learning, self.run.restarts(),
-                               await self.rollouts.env_health(), self.episode_rate.add(batch))
+                               await self.rollouts.env_health(), episodes_per_s(self.finished_at, batch))
         self.metrics.log(self.step, scalars)
         if self.step == 1 or self.step % max(self.cfg.steps // 4, 1) == 0:
             for t in batch[: self.cfg.samples_to_log]:
@@ -175,7 +175,7 @@ class Trainer:
         """The evals asked for (`who=setting`; `Evals.play`: "student", "teacher", or "dev"), in
         order, into the history and the metrics."""
         for who in [who for who, want in wanted.items() if want]:
-            if scalars := eval_scalars(who, await self.evals.play(step, who)):
+            if scalars := await self.evals.play(step, who):
                 self.metrics.log(step, scalars)
 
     async def in_learner(self, fn: Any, *args: Any) -> Any:

@@ -126,13 +126,14 @@ def test_the_episode_rate_counts_the_last_minute_and_is_zero_after_a_step_longer
     import time
     from types import SimpleNamespace
 
-    from rose_ray.metrics import EpisodeRate
+    from rose_ray.metrics import episodes_per_s
 
     def finished(seconds_ago: float) -> SimpleNamespace:
         return SimpleNamespace(timing={"finished_at": time.time() - seconds_ago})
 
-    rate = EpisodeRate()
-    assert 0.9 < rate.add([finished(10.0) for _ in range(10)]) <= 1.0  # 10 episodes over the last 10 s
+    window: list[float] = []
+    assert 0.9 < episodes_per_s(window, [finished(10.0) for _ in range(10)]) <= 1.0  # 10 over the last 10 s
     # A learner step of over a minute: every episode of the batch finished more than 60 s ago.
-    assert 0.9 < rate.add([finished(90.0), finished(75.0)]) <= 1.0  # the ten earlier ones still count
-    assert EpisodeRate().add([finished(90.0), finished(75.0)]) == 0.0
+    assert 0.9 < episodes_per_s(window, [finished(90.0), finished(75.0)]) <= 1.0  # the ten earlier count
+    assert len(window) == 10  # only the last minute's are kept
+    assert episodes_per_s([], [finished(90.0), finished(75.0)]) == 0.0
