@@ -222,9 +222,9 @@ def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher") -> tuple[d
     from rose_ray.envs.worlds import get_world
 
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
-    opening = _digest(cfg.env.protocol().opening())  # the instruction the demonstrations open with
+    opening = digest(cfg.env.protocol().opening())[:10]  # the instruction the demonstrations open with
     # The demonstrated games themselves: a teacher warmed on other games is another teacher.
-    games = _digest([g.item_id for g in gold_games(cfg, role)])
+    games = digest([g.item_id for g in gold_games(cfg, role)])[:10]
     settings = warmup_settings(cfg, role)
     for option in ("observe", "detours"):  # off: the key of every teacher warmed before they existed
         if not settings[option]:
@@ -233,15 +233,15 @@ def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher") -> tuple[d
     if settings.pop("student_openings", 0):
         settings["student_openings"] = cfg.teacher_warmup.student_openings
         # The student by what it is built from, not its folder: the same on every machine.
-        student_warmup = warmup_settings(cfg, "student") if cfg.student_warmup.enabled else None
-        settings["opening_student"] = _digest({"model": cfg.student_engine.model, "warmup": student_warmup})
+        warm = warmup_settings(cfg, "student") if cfg.student_warmup.enabled else None
+        settings["opening_student"] = digest({"model": cfg.student_engine.model, "warmup": warm})[:10]
         settings["opening_sampling"] = asdict(opening_sampling(cfg))
         settings["opening_history"] = cfg.chat.history
     else:
         settings.pop("opening_turns", None)
     key = {role: model, "world": cfg.env.world, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
            "mapping": catalogue.mapping, "opening": opening, "games": games, **settings}
-    return key, Path(cfg.tiny_dir).expanduser() / f"{role}_warm_{_digest(key)}"
+    return key, Path(cfg.tiny_dir).expanduser() / f"{role}_warm_{digest(key)[:10]}"
 
 
 def warmup_settings(cfg: TrainConfig, role: str) -> dict[str, Any]:
@@ -251,10 +251,6 @@ def warmup_settings(cfg: TrainConfig, role: str) -> dict[str, Any]:
     if settings.get("continuation") == "gold":
         del settings["continuation"]
     return settings
-
-
-def _digest(obj: Any) -> str:
-    return digest(obj)[:10]
 
 
 def cli_main(args: Any) -> int:
