@@ -4,9 +4,13 @@ gold paths differ between ScienceWorld loads (`rose-ray warmup --ship` writes th
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
+import random
+import time
 from dataclasses import asdict, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -121,8 +125,6 @@ def play_gold(cfg: TrainConfig, role: str = "teacher", student: str | None = Non
 def opening_turns(game: Any, share: float, most: int) -> int:
     """How many of the base student's turns a demonstration of `game` opens with: 0 for a share
     `1 - share` of games, else 1 to `most`. Drawn from the game's id: the same every time."""
-    import random
-
     rng = random.Random(f"student-opening:{game.item_id}")
     return rng.randint(1, most) if rng.random() < share else 0
 
@@ -167,8 +169,6 @@ def gold_key(key: dict[str, Any]) -> dict[str, Any]:
 
 def shipped_gold(key: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The shipped demonstrations made under these settings, else None."""
-    from importlib import resources
-
     from rose_ray.rows import read_jsonl
 
     want = gold_key(key)
@@ -187,8 +187,6 @@ def ship_demonstrations(cfg: TrainConfig, out_dir: Path, trained: bool = True) -
     """Demonstrations for shipping, each with the settings it answers (`gold_key`): those a config's
     warm-ups trained on (built first where missing), gzipped; or, not `trained` (the default
     config), its teacher warm-up's played now (SHIPPED_GOLD)."""
-    import gzip
-
     from rose_ray.files import write_file
     from rose_ray.rows import validate_row
 
@@ -255,8 +253,6 @@ def warmup_settings(cfg: TrainConfig, role: str) -> dict[str, Any]:
 
 def cli_main(args: Any) -> int:
     """`rose-ray warmup`: build a config's models and warm-ups (cached), optionally evaluated."""
-    import time
-
     from rose_ray.config import load_config
     from rose_ray.evaluate import run_eval, train_eval_job
 
