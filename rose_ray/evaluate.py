@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rose_ray import callable_module
-from rose_ray.commands import EvalCommand
+from rose_ray.commands import EvalCommand, from_keywords, training_eval
 from rose_ray.envs.worlds import get_world, knowledge_scorer, paper_tables, world_of_item
 from rose_ray.errors import DataError, InputError
 from rose_ray.files import write_file
@@ -139,8 +139,6 @@ def train_eval_job(cfg: Any, model: str, out: str | None = None, split: str | No
                    backend: str | None = None) -> EvalCommand:
     """The held-out eval a training run of `cfg` does (commands.training_eval), of `model`, written
     to `out` (replaced)."""
-    from rose_ray.commands import training_eval
-
     return EvalCommand(**{**training_eval(cfg, model, split, backend), "out": out, "overwrite": True})
 
 
@@ -250,8 +248,6 @@ def evaluate(model: str | None = None, **settings: Any) -> dict[str, Any]:
     """`rose-ray eval` from Python, `settings` by name (commands.EvalCommand), checked as its flags
     are: `evaluate(run="runs/tiny")` is `rose-ray eval --run runs/tiny`. Returns the result written
     to OUT.json. Works inside a running event loop (event_loop.py)."""
-    from rose_ray.commands import from_keywords
-
     return run_eval(from_keywords(EvalCommand, "eval", {**settings, **({} if model is None else {"model": model})}))
 
 

@@ -14,8 +14,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rose_ray.config import TrainConfig, to_dict
-from rose_ray.rows import digest
+from rose_ray.config import TrainConfig, load_config, to_dict
+from rose_ray.files import clear_leftovers, locked, temp_name, write_file, writing_folder
+from rose_ray.rows import digest, read_jsonl, validate_row, write_jsonl
 
 
 def resolve_models(cfg: TrainConfig) -> tuple[str, str | None]:
@@ -49,9 +50,7 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str
     (the shipped ones where they match the settings, else played now), seeded, cached by its
     settings. Runs sharing the cache warm each model once (`<folder>.lock`, a temp folder
     swapped in whole)."""
-    from rose_ray.files import clear_leftovers, locked, temp_name, writing_folder
     from rose_ray.recipes.sft import train_sft
-    from rose_ray.rows import write_jsonl
 
     key, out = warmup_cache(cfg, model, role)
     if (out / "rose_ray_warmup.json").is_file():
@@ -169,8 +168,6 @@ def gold_key(key: dict[str, Any]) -> dict[str, Any]:
 
 def shipped_gold(key: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The shipped demonstrations made under these settings, else None."""
-    from rose_ray.rows import read_jsonl
-
     want = gold_key(key)
     data_dir = resources.files("rose_ray.envs").joinpath("data")
     for meta in sorted(data_dir.iterdir(), key=lambda f: f.name):
@@ -187,9 +184,6 @@ def ship_demonstrations(cfg: TrainConfig, out_dir: Path, trained: bool = True) -
     """Demonstrations for shipping, each with the settings it answers (`gold_key`): those a config's
     warm-ups trained on (built first where missing), gzipped; or, not `trained` (the default
     config), its teacher warm-up's played now (SHIPPED_GOLD)."""
-    from rose_ray.files import write_file
-    from rose_ray.rows import validate_row
-
     if trained:
         models = dict(zip(("student", "teacher"), resolve_models(cfg)))
         # gzip without a time stamp: the same bytes every time
@@ -253,7 +247,6 @@ def warmup_settings(cfg: TrainConfig, role: str) -> dict[str, Any]:
 
 def cli_main(args: Any) -> int:
     """`rose-ray warmup`: build a config's models and warm-ups (cached), optionally evaluated."""
-    from rose_ray.config import load_config
     from rose_ray.evaluate import run_eval, train_eval_job
 
     cfg = load_config(args.config, args.overrides)
