@@ -17,12 +17,12 @@ from typing import Any
 
 from rose_ray import __version__
 from rose_ray.commands import COMMANDS, MAPPINGS, TOOLS, ServeCommand, WorldSettings, add_flags
+from rose_ray.envs.protocol import parse_action
+from rose_ray.envs.worlds import get_world, world_of_item
 from rose_ray.errors import InputError
 
 
 def _games(args: argparse.Namespace) -> int:
-    from rose_ray.envs.worlds import get_world, world_of_item
-
     world = get_world(args.world or world_of_item(args.show))
     catalogue = world.catalogue(args.mapping)
     if args.show is not None:
@@ -45,9 +45,6 @@ def _games(args: argparse.Namespace) -> int:
 
 
 def _play(args: argparse.Namespace) -> int:
-    from rose_ray.envs.protocol import parse_action
-    from rose_ray.envs.worlds import get_world, world_of_item
-
     world = get_world(args.world or world_of_item(args.item))
     game = world.catalogue(args.mapping).game(args.item)
     protocol = world.protocol.from_dataset(args.instruction_from) if args.instruction_from else world.protocol

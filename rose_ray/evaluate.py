@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rose_ray import callable_module
-from rose_ray.commands import EvalCommand
+from rose_ray.commands import EvalCommand, from_keywords, training_eval
+from rose_ray.envs.worlds import get_world, knowledge_scorer, paper_tables, world_of_item
 from rose_ray.errors import DataError, InputError
 from rose_ray.files import write_file
+from rose_ray.judge import JudgeConfig, VerdictCache, check_judge, judge_records, verdict_counts
 from rose_ray.rows import PartialRows
 from rose_ray.types import Trajectory
 
@@ -26,8 +28,6 @@ if TYPE_CHECKING:
 # --------------------------------------------------------------------------- metrics
 def game_record(t: Trajectory) -> dict[str, Any]:
     """One finished game as a flat record (the partial file's rows, the JSON's `games`)."""
-    from rose_ray.envs.worlds import knowledge_scorer, world_of_item
-
     return {
         "item_id": t.game.item_id, "task": t.game.task, "var": t.game.variation,
         "raw_score": t.raw_score, "score": t.score, "success": bool(t.success), "pass": t.score > 0,
@@ -47,8 +47,6 @@ def game_record(t: Trajectory) -> dict[str, Any]:
 
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Totals and a per-task table from game records."""
-    from rose_ray.envs.worlds import paper_tables
-
     def block(rows: list[dict[str, Any]]) -> dict[str, Any]:
         n = len(rows)
         turns = sum(r["turns"] for r in rows)
@@ -70,8 +68,6 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     out = {"overall": block(records), "per_task": {t: block(rs) for t, rs in by_task.items()}}
     if paper:
         out["paper"] = tables.paper_summary(records)
-        from rose_ray.judge import verdict_counts
-
         verdicts = [v for r in records for v in r.get("verdicts") or []]
         counted = verdict_counts(verdicts)
         sources = sorted({r["knowledge_from"] for r in records if r.get("knowledge_from")})
@@ -94,8 +90,6 @@ def markdown(summary: dict[str, Any], title: str) -> str:
              head.format("task | "), rule.format("--- | ")]
     lines += [f"| {task} | " + cells(b) for task, b in summary["per_task"].items()]
     if "paper" in summary:
-        from rose_ray.envs.worlds import paper_tables
-
         o = summary["overall"]
         lines += ["", "## DiscoveryWorld, as its paper scores it", "",
                   f"Pooled over all {o['games']} games (themes, unit tests and Tutorial alike; the paper's "
@@ -137,8 +131,6 @@ def compare(paths: list[str]) -> str:
     table = "\n".join(rows)
     if not named:
         return table
-    from rose_ray.envs.worlds import paper_tables  # only for DiscoveryWorld results
-
     return table + "\n\n" + paper_tables().compare_paper(named).rstrip()
 
 
@@ -147,8 +139,6 @@ def train_eval_job(cfg: Any, model: str, out: str | None = None, split: str | No
                    backend: str | None = None) -> EvalCommand:
     """The held-out eval a training run of `cfg` does (commands.training_eval), of `model`, written
     to `out` (replaced)."""
-    from rose_ray.commands import training_eval
-
     return EvalCommand(**{**training_eval(cfg, model, split, backend), "out": out, "overwrite": True})
 
 
@@ -174,8 +164,6 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
     games = cfg.games()  # the same games as a training run's evals with these `tasks`, `eval.n` and `eval.seed`
     judge = None
     if cfg.judge:  # a judge that is not there fails now, not after every game is played
-        from rose_ray.judge import JudgeConfig, check_judge
-
         judge = check_judge(JudgeConfig(
             model=cfg.judge, world=cfg.world, served_model=cfg.judge_model,
             max_new_tokens=cfg.judge_max_new_tokens, concurrency=cfg.concurrency, dtype=cfg.dtype,
@@ -205,8 +193,6 @@ def run_eval(cfg: EvalCommand) -> dict[str, Any]:
             bar.close()
     records = [partial.done[g.item_id] for g in games]
     if judge is not None:
-        from rose_ray.judge import VerdictCache, judge_records
-
         # Kept: a rerun with this judge asks nothing twice.
         cache = VerdictCache(out.with_name(out.name + ".verdicts.jsonl"))
         counts = judge_records(records, judge, cache, cfg.knowledge_from)
@@ -229,8 +215,6 @@ RESUME_KEYS = ("model", "teacher", "handoff", "max_turns", "temperature", "max_n
 
 def resume_header(cfg: EvalCommand) -> dict[str, Any]:
     """The settings that tie a partial results file to an eval (the mapping resolved)."""
-    from rose_ray.envs.worlds import get_world
-
     world = get_world(cfg.world)
     return {**{k: getattr(cfg, k) for k in RESUME_KEYS}, "tasks": cfg.task_names,
             "mapping": world.catalogue(cfg.mapping).mapping,
@@ -264,8 +248,6 @@ def evaluate(model: str | None = None, **settings: Any) -> dict[str, Any]:
     """`rose-ray eval` from Python, `settings` by name (commands.EvalCommand), checked as its flags
     are: `evaluate(run="runs/tiny")` is `rose-ray eval --run runs/tiny`. Returns the result written
     to OUT.json. Works inside a running event loop (event_loop.py)."""
-    from rose_ray.commands import from_keywords
-
     return run_eval(from_keywords(EvalCommand, "eval", {**settings, **({} if model is None else {"model": model})}))
 
 

@@ -77,10 +77,8 @@ class VerdictCache:
 
     def get(self, judge: str, question: str, knowledge: str) -> Verdict | None:
         row = self.entries.get((judge, verdict_key(question, knowledge)))
-        if row is None:
-            return None
-        return Verdict(question, int(row["verdict"]), bool(row["parsed"]), str(row.get("explanation", "")),
-                       cached=True)
+        return None if row is None else Verdict(question, int(row["verdict"]), bool(row["parsed"]),
+                                                str(row.get("explanation", "")), cached=True)
 
     def put(self, judge: str, knowledge: str, verdict: Verdict, raw: str) -> None:
         row = {"judge": judge, "key": verdict_key(verdict.question, knowledge), "question": verdict.question,

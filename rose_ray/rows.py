@@ -4,10 +4,12 @@ files read, validated (DataError naming the file, line and key), written and tur
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import sys
 import threading
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -50,9 +52,6 @@ def validate_row(row: Any, where: str = "row") -> dict[str, Any]:
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """All rows of a JSONL file (gzipped where it ends in `.gz`), validated; blank lines are skipped."""
-    import gzip
-    import zlib
-
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")

@@ -112,10 +112,6 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
             steps.append((action, result.observation))
         return first, detour, steps, result
 
-    def gold_path(slot: int) -> list[str]:
-        actions = pool.gold_actions(slot)
-        return world.observed_gold.look_before_focus(actions) if observe else actions
-
     def play_from(game: GameId, replies: list[str], report_loss: bool = True) -> dict[str, Any] | None:
         slot = free.pop()
         try:
@@ -123,7 +119,9 @@ def gold_rows(games: list[GameId], workers: int = 2, max_actions: int = 200, pro
                 first, detour, steps, result = run(slot, game, replies, False,
                                                    lambda s: iter(lambda: pool.expert_reply(s).action, None))
             else:
-                first, detour, steps, result = run(slot, game, replies, True, gold_path)
+                look = world.observed_gold.look_before_focus if observe else list  # the observed gold path
+                first, detour, steps, result = run(slot, game, replies, True,
+                                                   lambda s: look(pool.gold_actions(s)))
                 played = [a for a, _ in steps]
                 if result is not None and observe:  # the observed path, where it scores as the gold path
                     renamed = world.observed_gold.visible_names(played, [o for _, o in steps])

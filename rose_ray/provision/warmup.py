@@ -4,14 +4,19 @@ gold paths differ between ScienceWorld loads (`rose-ray warmup --ship` writes th
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
+import random
+import time
 from dataclasses import asdict, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rose_ray.config import TrainConfig, to_dict
-from rose_ray.rows import digest
+from rose_ray.config import TrainConfig, load_config, to_dict
+from rose_ray.files import clear_leftovers, locked, temp_name, write_file, writing_folder
+from rose_ray.rows import digest, read_jsonl, validate_row, write_jsonl
 
 
 def resolve_models(cfg: TrainConfig) -> tuple[str, str | None]:
@@ -45,9 +50,7 @@ def warm_model(cfg: TrainConfig, model: str, role: str = "teacher", student: str
     (the shipped ones where they match the settings, else played now), seeded, cached by its
     settings. Runs sharing the cache warm each model once (`<folder>.lock`, a temp folder
     swapped in whole)."""
-    from rose_ray.files import clear_leftovers, locked, temp_name, writing_folder
     from rose_ray.recipes.sft import train_sft
-    from rose_ray.rows import write_jsonl
 
     key, out = warmup_cache(cfg, model, role)
     if (out / "rose_ray_warmup.json").is_file():
@@ -121,8 +124,6 @@ def play_gold(cfg: TrainConfig, role: str = "teacher", student: str | None = Non
 def opening_turns(game: Any, share: float, most: int) -> int:
     """How many of the base student's turns a demonstration of `game` opens with: 0 for a share
     `1 - share` of games, else 1 to `most`. Drawn from the game's id: the same every time."""
-    import random
-
     rng = random.Random(f"student-opening:{game.item_id}")
     return rng.randint(1, most) if rng.random() < share else 0
 
@@ -167,10 +168,6 @@ def gold_key(key: dict[str, Any]) -> dict[str, Any]:
 
 def shipped_gold(key: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The shipped demonstrations made under these settings, else None."""
-    from importlib import resources
-
-    from rose_ray.rows import read_jsonl
-
     want = gold_key(key)
     data_dir = resources.files("rose_ray.envs").joinpath("data")
     for meta in sorted(data_dir.iterdir(), key=lambda f: f.name):
@@ -187,11 +184,6 @@ def ship_demonstrations(cfg: TrainConfig, out_dir: Path, trained: bool = True) -
     """Demonstrations for shipping, each with the settings it answers (`gold_key`): those a config's
     warm-ups trained on (built first where missing), gzipped; or, not `trained` (the default
     config), its teacher warm-up's played now (SHIPPED_GOLD)."""
-    import gzip
-
-    from rose_ray.files import write_file
-    from rose_ray.rows import validate_row
-
     if trained:
         models = dict(zip(("student", "teacher"), resolve_models(cfg)))
         # gzip without a time stamp: the same bytes every time
@@ -222,9 +214,9 @@ def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher") -> tuple[d
     from rose_ray.envs.worlds import get_world
 
     catalogue = get_world(cfg.env.world).catalogue(cfg.env.mapping)
-    opening = _digest(cfg.env.protocol().opening())  # the instruction the demonstrations open with
+    opening = digest(cfg.env.protocol().opening())[:10]  # the instruction the demonstrations open with
     # The demonstrated games themselves: a teacher warmed on other games is another teacher.
-    games = _digest([g.item_id for g in gold_games(cfg, role)])
+    games = digest([g.item_id for g in gold_games(cfg, role)])[:10]
     settings = warmup_settings(cfg, role)
     for option in ("observe", "detours"):  # off: the key of every teacher warmed before they existed
         if not settings[option]:
@@ -233,15 +225,15 @@ def warmup_cache(cfg: TrainConfig, model: str, role: str = "teacher") -> tuple[d
     if settings.pop("student_openings", 0):
         settings["student_openings"] = cfg.teacher_warmup.student_openings
         # The student by what it is built from, not its folder: the same on every machine.
-        student_warmup = warmup_settings(cfg, "student") if cfg.student_warmup.enabled else None
-        settings["opening_student"] = _digest({"model": cfg.student_engine.model, "warmup": student_warmup})
+        warm = warmup_settings(cfg, "student") if cfg.student_warmup.enabled else None
+        settings["opening_student"] = digest({"model": cfg.student_engine.model, "warmup": warm})[:10]
         settings["opening_sampling"] = asdict(opening_sampling(cfg))
         settings["opening_history"] = cfg.chat.history
     else:
         settings.pop("opening_turns", None)
     key = {role: model, "world": cfg.env.world, "tasks": list(cfg.tasks), "split": cfg.rollout.split,
            "mapping": catalogue.mapping, "opening": opening, "games": games, **settings}
-    return key, Path(cfg.tiny_dir).expanduser() / f"{role}_warm_{_digest(key)}"
+    return key, Path(cfg.tiny_dir).expanduser() / f"{role}_warm_{digest(key)[:10]}"
 
 
 def warmup_settings(cfg: TrainConfig, role: str) -> dict[str, Any]:
@@ -253,15 +245,8 @@ def warmup_settings(cfg: TrainConfig, role: str) -> dict[str, Any]:
     return settings
 
 
-def _digest(obj: Any) -> str:
-    return digest(obj)[:10]
-
-
 def cli_main(args: Any) -> int:
     """`rose-ray warmup`: build a config's models and warm-ups (cached), optionally evaluated."""
-    import time
-
-    from rose_ray.config import load_config
     from rose_ray.evaluate import run_eval, train_eval_job
 
     cfg = load_config(args.config, args.overrides)

@@ -12,7 +12,7 @@ Offline SFT on a dataset is recipes/sft.py (`rose-ray sft`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rose_ray.errors import ConfigError
@@ -73,8 +73,6 @@ class Recipe(Tagged):
 
     def describe(self) -> str:
         """One line for logs, as the config writes it: `rose handoff={policy: fixed, k: 5} lam=0.0`."""
-        from dataclasses import asdict
-
         import yaml
 
         settings = [f"{k}={yaml.safe_dump(v, default_flow_style=True, sort_keys=False).strip().removesuffix('...').strip()}"

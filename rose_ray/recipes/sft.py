@@ -12,9 +12,10 @@ import math
 import random
 from itertools import accumulate
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from rose_ray.errors import InputError
+from rose_ray.errors import InputError, at_least
 
 if TYPE_CHECKING:
     from rose_ray.commands import SftCommand
@@ -49,9 +50,7 @@ def train_sft(
     from rose_ray.rows import read_jsonl, row_to_trajectory
     from rose_ray.tokens import make_batch, render, with_ids
 
-    for key, value in (("epochs", epochs), ("batch_size", batch_size)):
-        if value < 1:
-            raise InputError(f"sft.{key}: must be >= 1, got {value!r}")
+    at_least(SimpleNamespace(epochs=epochs, batch_size=batch_size), "sft.", 1, "epochs", "batch_size")
     weights = imitate(sft_owners, "sft.owners")
     out = out_path(out)  # on the driver: learner rank 0 writes it, from its own node and working directory
     check_model_out(out, overwrite)

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
+import re
+import secrets
 from typing import Any
 
 from rose_ray.envs.config import EnvConfig
@@ -41,9 +45,6 @@ RAY_TOKEN_AUTH_FLOOR = (2, 59)
 def check_ray_version() -> None:
     """An InputError (exit 2) naming the installed Ray when it is older than the token-auth floor,
     unless RAY_AUTH_MODE=disabled says that running without auth is meant."""
-    import os
-    import re
-
     import ray
 
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
@@ -61,8 +62,6 @@ def check_ray_version() -> None:
 def init_ray(address: str | None = None) -> bool:
     """Join `address` (or RAY_ADDRESS), else start a private local cluster (`private_token`);
     `auto` joins a cluster started with `ray start` on this machine. False: Ray was up already."""
-    import os
-
     import ray
 
     check_ray_version()
@@ -81,10 +80,6 @@ def private_token() -> None:
     """A fresh token for the local cluster this process starts, only in its environment (Ray's own
     would go to ~/.ray/auth_token with the umask's permissions). A token the user gave
     (RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH unless others can read it) and RAY_AUTH_MODE=disabled are kept."""
-    import logging
-    import os
-    import secrets
-
     mode = (os.environ.get("RAY_AUTH_MODE") or "").lower()
     if mode == "disabled":
         logging.getLogger(__name__).warning(

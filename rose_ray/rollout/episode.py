@@ -193,11 +193,6 @@ async def run_episode(
 # The report turn: after the last observation, the agent that acted last is asked what it
 # discovered (DiscoveryWorld scores the answer as knowledge); no step in the game. The question
 # joins the last user turn, whose ids already end with the generation prompt.
-def with_question(observation: str, question: str) -> str:
-    """The last observation's text with the report question after it."""
-    return f"{observation.rstrip()}\n\n{question}"
-
-
 async def ask_report(question: str, conv: Conversation, config: EpisodeConfig, request_id: str,
                      timing: dict[str, float]) -> tuple[str, list[Turn]]:
     """(the answer without think blocks, [the last observation with the question, the reply])
@@ -208,7 +203,7 @@ async def ask_report(question: str, conv: Conversation, config: EpisodeConfig, r
         raise ValueError("the report question follows an observation (a user turn)")
     last_owner = next((t.owner for t in reversed(turns) if t.role == "assistant" and t.owner != "prompt"), "student")
     owner = "teacher" if conv.teacher is not None and last_owner == "teacher" else "student"
-    text = with_question(last.text, question)
+    text = f"{last.text.rstrip()}\n\n{question}"  # the last observation, then the question
     ask = Turn("user", text, last.owner, conv.student.chat.user_ids(text))
     view = conv.views[owner]  # the asking agent reads the question in its own ids
     asked = View(view.chat, view.turns[:-1] + [view.text_turn("user", text, last.owner)], view.cache).rendered()

@@ -17,7 +17,7 @@ from rose_ray.models import load_tokenizer
 from rose_ray.rollout.agent import Agent, EpisodeConfig
 from rose_ray.rollout.context import ContextSettings
 from rose_ray.rollout.conversation import Conversation
-from rose_ray.rollout.episode import ask_report, with_question
+from rose_ray.rollout.episode import ask_report
 from rose_ray.types import SamplingParams
 
 PROTOCOL = Protocol(instruction="Play the game.", acknowledgement="OK.", report_question="What did you find?")
@@ -82,7 +82,7 @@ def test_the_student_answers_after_the_last_observation_without_its_think_block(
     answer, turns, timing = ask(conv)
     assert answer == "A red sink."
     question, reply = turns
-    assert question.text == with_question("You see room 0.", QUESTION) == f"You see room 0.\n\n{QUESTION}"
+    assert question.text == f"You see room 0.\n\n{QUESTION}"
     assert question.role == "user" and question.owner == "env" and question.token_ids == chat.user_ids(question.text)
     assert reply.owner == "student" and reply.text == engine.text and reply.policy_version == 3
     # The question took the last observation's place in the prompt; no step, no turn added.
@@ -109,7 +109,7 @@ def test_a_teacher_with_its_own_tokenizer_reads_the_question_in_its_ids(chats):
     conv = played(Agent(ScriptedEngine(student_chat), student_chat, "student"),
                   Agent(teacher, teacher_chat, "teacher"), ["student", "teacher"])
     answer, [question, reply], _ = ask(conv)
-    text = with_question("You see room 1.", QUESTION)
+    text = f"You see room 1.\n\n{QUESTION}"
     prompt = teacher.requests[0].prompt_ids
     assert prompt == [i for t in conv.views["teacher"].turns[:-1] for i in t.token_ids] + teacher_chat.user_ids(text)
     # What the trajectory keeps is in the student's ids, the teacher's text re-tokenized.
@@ -137,7 +137,7 @@ def test_no_room_for_an_answer_gives_an_empty_one_and_the_question_alone(chats):
     engine = ScriptedEngine(chat)
     conv = played(Agent(engine, chat, "student", ContextSettings(10, "end_episode")), None, ["student"])
     answer, turns, timing = ask(conv)
-    assert (answer, [t.text for t in turns]) == ("", [with_question("You see room 0.", QUESTION)])
+    assert (answer, [t.text for t in turns]) == ("", [f"You see room 0.\n\n{QUESTION}"])
     assert not engine.requests and "report_s" in timing
     # The engine found no room either (its own count): the same.
     engine = ScriptedEngine(chat, finish_reason="context")
@@ -148,7 +148,7 @@ def test_no_room_for_an_answer_gives_an_empty_one_and_the_question_alone(chats):
 def test_the_cut_is_recorded_only_when_the_learner_trains_on_the_answer(chats):
     chat = chats["tiny"]
     engine = ScriptedEngine(chat)
-    question_ids = len(chat.user_ids(with_question("You see room 2.", QUESTION)))
+    question_ids = len(chat.user_ids(f"You see room 2.\n\n{QUESTION}"))
     for report, recorded in (("ask", False), ("train", True)):
         agent = Agent(engine, chat, "student")
         conv = played(agent, None, ["student", "student", "student"])
@@ -161,7 +161,7 @@ def test_the_cut_is_recorded_only_when_the_learner_trains_on_the_answer(chats):
         left = set(cut)
         assert engine.requests[-1].prompt_ids == [i for n, t in enumerate(conv.turns[:-1]) if n not in left
                                                   for i in t.token_ids] + chat.user_ids(
-                                                      with_question("You see room 2.", QUESTION))
+                                                      f"You see room 2.\n\n{QUESTION}")
 
 
 def test_the_question_follows_an_observation_only(chats):
