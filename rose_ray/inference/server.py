@@ -172,7 +172,7 @@ class OpenAIServer:
             raise RequestError(f"the request body did not arrive within {self.read_timeout_s:g} s",
                                status=408) from None
         try:
-            body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+            body = json.loads(raw, parse_constant=_finite, parse_float=_finite)
         except RecursionError:
             raise RequestError("request body is nested too deeply") from None
         except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, NaN, ints over 4,300 digits
@@ -320,14 +320,10 @@ def _literal_host(host: str) -> bool:
     return True
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
 def _finite(text: str) -> float:
     value = float(text)
-    if not math.isfinite(value):  # 1e999 parses as inf
-        raise ValueError(f"{text} is out of range")
+    if not math.isfinite(value):  # NaN, Infinity (no JSON numbers), or 1e999 (parses as inf)
+        raise ValueError(f"{text} is {'out of range' if text[-1].isdigit() else 'not a JSON number'}")
     return value
 
 
