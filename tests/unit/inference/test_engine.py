@@ -213,7 +213,7 @@ def test_prefix_cache_evicts_within_its_token_budget(hf_engine, prompts):
         small.generate([GenerationRequest(p, GREEDY)])
         stats = small.stats()
         assert 0 < stats["prefix_stored_tokens"] <= budget
-        assert stats["prefix_stored_tokens"] == sum(len(e.ids) for e in small._prefix._entries.values())
+        assert stats["prefix_stored_tokens"] == sum(len(ids) for ids, _ in small._prefix._entries.values())
     assert stats["prefix_evictions"] > 0 and stats["prefix_entries"] < len(prompts)
     # The most recent conversation survived eviction and is reused.
     last = small.generate([GenerationRequest(prompts[-1], GREEDY)])[0]
