@@ -311,13 +311,9 @@ def _literal_host(host: str) -> bool:
         name = host[1:host.find("]")] if "]" in host else ""
     else:
         name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    if name in ("localhost", "localhost."):
-        return True
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
+    with contextlib.suppress(ValueError):  # (not an address)
+        return name in ("localhost", "localhost.") or bool(ipaddress.ip_address(name))
+    return False
 
 
 def _finite(text: str) -> float:
