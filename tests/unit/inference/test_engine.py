@@ -105,7 +105,8 @@ def test_async_batcher_batches_concurrent_callers_and_orders_weight_updates(hf_e
             sizes = batcher.stats()["batcher_batch_sizes"]
             # Weights queued between two waves: the first wave sees v1, the second v2.
             wave1 = [asyncio.ensure_future(batcher.generate(r)) for r in reqs[:4]]
-            update = asyncio.ensure_future(batcher.update_weights(new_state, 2))
+            await asyncio.sleep(0)  # the first wave is queued before the update
+            update = batcher.queue_weights(new_state, 2)
             wave2 = [asyncio.ensure_future(batcher.generate(r)) for r in reqs[:4]]
             await asyncio.gather(*wave1, update, *wave2)
             return first, sizes, [w.result() for w in wave1], [w.result() for w in wave2]
