@@ -60,7 +60,7 @@ def vllm_server(args: Any) -> list[str] | None:
             "--max-model-len", str(args.context_tokens), "--dtype", args.dtype]
 
 
-class OpenAIServer:
+class OpenAIServer(contextlib.AbstractContextManager):
     """The aiohttp app for one engine; `run` blocks, `start_background` returns at once."""
 
     def __init__(self, engine: Any, model_name: str, api_key: str | None = None,
@@ -290,9 +290,6 @@ class OpenAIServer:
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
-
-    def __enter__(self) -> OpenAIServer:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
