@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol
 
 from rose_ray.errors import ConfigError, InputError, at_least
 from rose_ray.inference.registry import (
@@ -210,7 +210,6 @@ class LocalEngine:
         return self.score_many([(prompt_ids, completion_ids)])[0]  # type: ignore[attr-defined]
 
 
-@runtime_checkable
 class GenerationEngine(Protocol):
     """What rollout, learner and server use; the Ray actor wraps any of these."""
 
