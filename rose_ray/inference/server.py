@@ -253,11 +253,10 @@ class OpenAIServer(contextlib.AbstractContextManager):
         """Generation (max_tokens 0: nothing sampled) and prompt scoring, concurrently."""
         want_prompt = p.prompt_logprobs is not None or (p.echo and p.logprobs is not None)
         request = GenerationRequest(prompt, p.sampling, top_logprobs=p.logprobs or 0)
-        gen, scoring = asyncio.ensure_future(batcher.generate(request)), None
-        if want_prompt and len(prompt) > 1:
-            scoring = asyncio.ensure_future(batcher.score(prompt[:1], prompt[1:]))
-        result = await gen
-        prompt_lps = await scoring if scoring is not None else []
+        if not (want_prompt and len(prompt) > 1):
+            return await batcher.generate(request), []
+        scored = batcher.score(prompt[:1], prompt[1:])
+        result, prompt_lps = await asyncio.gather(batcher.generate(request), scored)
         return result, prompt_lps
 
     # ------------------------------------------------------------------ running
