@@ -60,9 +60,6 @@ class AsyncBatcher:
         check_scored([(prompt_ids, completion_ids)], math.inf)  # (the engine checks the length)
         return await self._enqueue("score", (list(prompt_ids), list(completion_ids)))
 
-    async def update_weights(self, state: dict[str, Any], version: int) -> None:
-        await self.queue_weights(state, version)
-
     def queue_weights(self, state: dict[str, Any], version: int,
                       keep_after_ms: None = None) -> asyncio.Future:
         """Queue a weight update now (calls submitted after this return run on the new weights);
@@ -175,6 +172,6 @@ def settle(future: Any, result: Any = None, error: BaseException | None = None) 
 
 
 def async_frontend(engine: GenerationEngine) -> Any:
-    """The async calls callers await (generate, score, queue_weights, update_weights, stats,
-    close): the engine's own where it batches by itself (vllm), else an AsyncBatcher over it."""
+    """The async calls callers await (generate, score, queue_weights, stats, close): the
+    engine's own where it batches by itself (vllm), else an AsyncBatcher over it."""
     return engine.frontend() if hasattr(engine, "frontend") else AsyncBatcher(engine)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol
 
-from rose_ray.errors import ConfigError, InputError
+from rose_ray.errors import ConfigError, InputError, at_least
 from rose_ray.inference.registry import (
     Backend,
     BackendSettings,
@@ -114,12 +114,8 @@ class EngineConfig:
             raise ConfigError(
                 f"engine.context_policy: must be one of {CONTEXT_POLICIES}, got {self.context_policy!r}"
             )
-        for key in ("max_batch_size", "context_tokens"):
-            if int(getattr(self, key)) < 1:
-                raise ConfigError(f"engine.{key}: must be >= 1, got {getattr(self, key)!r}")
-        for key in ("max_wait_ms", "keep_first_turns", "threads"):
-            if float(getattr(self, key)) < 0:
-                raise ConfigError(f"engine.{key}: must be >= 0, got {getattr(self, key)!r}")
+        at_least(self, "engine.", 1, "max_batch_size", "context_tokens")
+        at_least(self, "engine.", 0, "max_wait_ms", "keep_first_turns", "threads")
 
     @classmethod
     def of(cls, backend: str, **fields_: Any) -> EngineConfig:
@@ -152,12 +148,9 @@ class EngineConfig:
 
 def validate_sampling(s: SamplingParams) -> None:
     """Raise InputError (a ValueError) naming the bad field."""
-    if s.temperature < 0:
-        raise InputError(f"sampling.temperature: must be >= 0, got {s.temperature!r}")
+    at_least(s, "sampling.", 0, "temperature", "max_new_tokens")
     if not 0 < s.top_p <= 1:
         raise InputError(f"sampling.top_p: must be in (0, 1], got {s.top_p!r}")
-    if s.max_new_tokens < 0:
-        raise InputError(f"sampling.max_new_tokens: must be >= 0, got {s.max_new_tokens!r}")
     if any(not isinstance(x, str) or not x for x in s.stop):
         raise InputError(f"sampling.stop: must be non-empty strings, got {s.stop!r}")
 
@@ -217,7 +210,6 @@ class LocalEngine:
         return self.score_many([(prompt_ids, completion_ids)])[0]  # type: ignore[attr-defined]
 
 
-@runtime_checkable
 class GenerationEngine(Protocol):
     """What rollout, learner and server use; the Ray actor wraps any of these."""
 

@@ -42,27 +42,22 @@ MIN_PREFIX = 16  # prefix cache: shorter matches save less than the bookkeeping 
 
 
 @dataclass
-class PrefixEntry:
-    ids: torch.Tensor  # (n,) long
-    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (heads, n, head_dim)
-
-
-@dataclass
 class PrefixHit:
     key: int  # the entry's key in the cache
     length: int  # tokens reused (the common prefix, capped to leave one prompt token to feed)
-    entry: PrefixEntry
+    stored: list[tuple[torch.Tensor, torch.Tensor]]  # the entry's (keys, values) per layer
 
     def kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(k[:, : self.length], v[:, : self.length]) for k, v in self.entry.kv]
+        return [(k[:, : self.length], v[:, : self.length]) for k, v in self.stored]
 
 
 class PrefixCache:
-    """Entries bounded by their total tokens; the least recently used leave first."""
+    """Entries (ids, and per layer (keys, values) each (heads, n, head_dim)) bounded by their total
+    tokens; the least recently used leave first."""
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
-        self._entries: OrderedDict[int, PrefixEntry] = OrderedDict()
+        self._entries: OrderedDict[int, tuple[torch.Tensor, Any]] = OrderedDict()
         self._keys = count()
         self.tokens = 0
         self.counters = {"prefix_hits": 0, "prefix_misses": 0, "prefix_cached_tokens": 0,
@@ -82,12 +77,12 @@ class PrefixCache:
         best: PrefixHit | None = None
         if len(prompt) > MIN_PREFIX:
             query = torch.tensor(prompt, dtype=torch.long)
-            for key, entry in self._entries.items():
-                m = min(len(entry.ids), len(query) - 1)  # one prompt token must be fed for logits
-                differ = (entry.ids[:m] != query[:m]).nonzero()
+            for key, (ids, kv) in self._entries.items():
+                m = min(len(ids), len(query) - 1)  # one prompt token must be fed for logits
+                differ = (ids[:m] != query[:m]).nonzero()
                 length = int(differ[0, 0]) if len(differ) else m
                 if length >= MIN_PREFIX and (best is None or length > best.length):
-                    best = PrefixHit(key, length, entry)
+                    best = PrefixHit(key, length, kv)
         if best is None:
             self.counters["prefix_misses"] += 1
             return None
@@ -102,20 +97,20 @@ class PrefixCache:
         n = len(ids)
         if self.max_tokens <= 0 or n < MIN_PREFIX or n > self.max_tokens:
             return
-        new = PrefixEntry(torch.tensor(ids, dtype=torch.long), kv)
-        old = self._entries.get(extends.key) if extends is not None else None
+        new = torch.tensor(ids, dtype=torch.long)
+        old = self._entries[extends.key][0] if extends is not None and extends.key in self._entries else None
         # A conversation's next turn supersedes its last one; an entry that only shares the
         # opening (another episode of the same task) stays.
-        if old is not None and len(old.ids) <= n and torch.equal(old.ids, new.ids[: len(old.ids)]):
+        if old is not None and len(old) <= n and torch.equal(old, new[: len(old)]):
             self._drop(extends.key)  # type: ignore[union-attr]
-        self._entries[next(self._keys)] = new
+        self._entries[next(self._keys)] = (new, kv)
         self.tokens += n
         while self.tokens > self.max_tokens:
             self._drop(next(iter(self._entries)))
             self.counters["prefix_evictions"] += 1
 
     def _drop(self, key: int) -> None:
-        self.tokens -= len(self._entries.pop(key).ids)
+        self.tokens -= len(self._entries.pop(key)[0])
 
 
 class RoomyLayer(DynamicLayer):

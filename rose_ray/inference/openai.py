@@ -118,12 +118,9 @@ def _logprob(value: Any, where: str) -> float:
 
 
 def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    with contextlib.suppress(ValueError):  # (not an address)
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    return False
 
 
 def check_served_urls(engines: list[tuple[str, EngineConfig]], nodes: int) -> None:

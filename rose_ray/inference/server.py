@@ -60,7 +60,7 @@ def vllm_server(args: Any) -> list[str] | None:
             "--max-model-len", str(args.context_tokens), "--dtype", args.dtype]
 
 
-class OpenAIServer:
+class OpenAIServer(contextlib.AbstractContextManager):
     """The aiohttp app for one engine; `run` blocks, `start_background` returns at once."""
 
     def __init__(self, engine: Any, model_name: str, api_key: str | None = None,
@@ -172,7 +172,7 @@ class OpenAIServer:
             raise RequestError(f"the request body did not arrive within {self.read_timeout_s:g} s",
                                status=408) from None
         try:
-            body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+            body = json.loads(raw, parse_constant=_finite, parse_float=_finite)
         except RecursionError:
             raise RequestError("request body is nested too deeply") from None
         except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, NaN, ints over 4,300 digits
@@ -253,11 +253,10 @@ class OpenAIServer:
         """Generation (max_tokens 0: nothing sampled) and prompt scoring, concurrently."""
         want_prompt = p.prompt_logprobs is not None or (p.echo and p.logprobs is not None)
         request = GenerationRequest(prompt, p.sampling, top_logprobs=p.logprobs or 0)
-        gen, scoring = asyncio.ensure_future(batcher.generate(request)), None
-        if want_prompt and len(prompt) > 1:
-            scoring = asyncio.ensure_future(batcher.score(prompt[:1], prompt[1:]))
-        result = await gen
-        prompt_lps = await scoring if scoring is not None else []
+        if not (want_prompt and len(prompt) > 1):
+            return await batcher.generate(request), []
+        scored = batcher.score(prompt[:1], prompt[1:])
+        result, prompt_lps = await asyncio.gather(batcher.generate(request), scored)
         return result, prompt_lps
 
     # ------------------------------------------------------------------ running
@@ -293,9 +292,6 @@ class OpenAIServer:
         if not self._thread.is_alive():
             self._loop.close()
 
-    def __enter__(self) -> OpenAIServer:
-        return self
-
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
@@ -313,23 +309,15 @@ def _literal_host(host: str) -> bool:
         name = host[1:host.find("]")] if "]" in host else ""
     else:
         name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    if name in ("localhost", "localhost."):
-        return True
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+    with contextlib.suppress(ValueError):  # (not an address)
+        return name in ("localhost", "localhost.") or bool(ipaddress.ip_address(name))
+    return False
 
 
 def _finite(text: str) -> float:
     value = float(text)
-    if not math.isfinite(value):  # 1e999 parses as inf
-        raise ValueError(f"{text} is out of range")
+    if not math.isfinite(value):  # NaN, Infinity (no JSON numbers), or 1e999 (parses as inf)
+        raise ValueError(f"{text} is {'out of range' if text[-1].isdigit() else 'not a JSON number'}")
     return value
 
 

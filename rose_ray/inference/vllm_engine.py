@@ -457,8 +457,6 @@ class VLLMFrontend:
         """Queue a weight update now (as `VLLMEngine.update_weights`); the future resolves once it is loaded."""
         return asyncio.wrap_future(self.engine.submit("weights", (state, int(version), keep_after_ms)))
 
-    update_weights = queue_weights  # (awaited: queued at the call, in order with the calls before it)
-
     def stats(self) -> dict[str, Any]:
         return {}
 

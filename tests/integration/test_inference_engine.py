@@ -227,7 +227,7 @@ def test_vllm_frontend_orders_weight_updates_between_requests(vllm_only, hf_engi
         first = await asyncio.gather(*(front.generate(GenerationRequest(p, sampling)) for p in prompts[:4]))
         wave1 = [asyncio.ensure_future(front.generate(GenerationRequest(p, sampling))) for p in prompts[:4]]
         await asyncio.sleep(0)  # the first wave is submitted before the update
-        update = asyncio.ensure_future(front.update_weights(new, 2))
+        update = front.queue_weights(new, 2)
         await asyncio.sleep(0)
         wave2 = [asyncio.ensure_future(front.generate(GenerationRequest(p, sampling))) for p in prompts[:4]]
         await asyncio.gather(*wave1, update, *wave2)

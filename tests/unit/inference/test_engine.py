@@ -105,7 +105,8 @@ def test_async_batcher_batches_concurrent_callers_and_orders_weight_updates(hf_e
             sizes = batcher.stats()["batcher_batch_sizes"]
             # Weights queued between two waves: the first wave sees v1, the second v2.
             wave1 = [asyncio.ensure_future(batcher.generate(r)) for r in reqs[:4]]
-            update = asyncio.ensure_future(batcher.update_weights(new_state, 2))
+            await asyncio.sleep(0)  # the first wave is queued before the update
+            update = batcher.queue_weights(new_state, 2)
             wave2 = [asyncio.ensure_future(batcher.generate(r)) for r in reqs[:4]]
             await asyncio.gather(*wave1, update, *wave2)
             return first, sizes, [w.result() for w in wave1], [w.result() for w in wave2]
@@ -213,7 +214,7 @@ def test_prefix_cache_evicts_within_its_token_budget(hf_engine, prompts):
         small.generate([GenerationRequest(p, GREEDY)])
         stats = small.stats()
         assert 0 < stats["prefix_stored_tokens"] <= budget
-        assert stats["prefix_stored_tokens"] == sum(len(e.ids) for e in small._prefix._entries.values())
+        assert stats["prefix_stored_tokens"] == sum(len(ids) for ids, _ in small._prefix._entries.values())
     assert stats["prefix_evictions"] > 0 and stats["prefix_entries"] < len(prompts)
     # The most recent conversation survived eviction and is reused.
     last = small.generate([GenerationRequest(prompts[-1], GREEDY)])[0]
