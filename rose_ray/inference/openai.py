@@ -2,8 +2,8 @@
 
 Prompts go as token ids and the sampled ids come back exactly (`return_token_ids`, else
 "token_id:N" token strings), so the learner trains on what the server sampled; scoring uses
-vLLM's `prompt_logprobs`. A batch's requests go out concurrently over aiohttp, on an event loop
-of the client's own thread.
+vLLM's `prompt_logprobs`, else `echo` + `logprobs`. A batch's requests go out concurrently over
+aiohttp, on an event loop of the client's own thread.
 
 Failures (docs/reliability.md): a 4xx fails its request at once; a server that does not answer
 (whole, within `timeout_s`), answers 5xx or stops taking connections gets `retry_s` to come back.
@@ -474,7 +474,15 @@ class OpenAIEngine:
         choice = _dig(await self._request("POST", "/completions", body), "choices", 0, kind=dict)
         self._counters["score_calls"] += 1
         n = len(completion_ids)
-        plp = _dig(choice, "prompt_logprobs", kind=list, at="choices[0]")
+        plp = _dig(choice, "prompt_logprobs", kind=(list, type(None)), default=None, at="choices[0]")
+        if plp is None:  # a server without prompt_logprobs: the legacy echo form
+            body = {**{k: v for k, v in body.items() if k != "prompt_logprobs"}, "echo": True, "logprobs": 0}
+            choice = _dig(await self._request("POST", "/completions", body), "choices", 0, kind=dict)
+            lps = _dig(choice, "logprobs", "token_logprobs", kind=list, at="choices[0]")[: len(ids)]
+            if len(lps) < n:
+                raise OpenAIBadAnswer(None, f"the server's reply has {len(lps)} echoed logprobs for {n} tokens")
+            return [_logprob(x, f"choices[0].logprobs.token_logprobs[{len(lps) - n + i}]")
+                    for i, x in enumerate(lps[-n:])]
         if len(plp) < n:
             raise OpenAIBadAnswer(None, f"the server's reply has choices[0].prompt_logprobs of {len(plp)} "
                                         f"entries for a prompt of {len(ids)} tokens")

@@ -96,3 +96,38 @@ def test_the_openai_client_waits_out_a_rate_limit():
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+def test_a_server_without_prompt_logprobs_is_scored_through_echo():
+    """A server that leaves prompt_logprobs out of its answer (an OpenAI-compatible server other
+    than vLLM's) is asked again the legacy way, echo + logprobs, and its logprobs are the score."""
+    asked = []
+
+    class Completions(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            asked.append(request)
+            prompt = request["prompt"]
+            logprobs = {"token_logprobs": [None] + [-0.5 * i for i in range(1, len(prompt))]}
+            choice = {"text": "", "logprobs": logprobs if request.get("echo") else None}
+            body = json.dumps({"choices": [choice]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Completions)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    engine = OpenAIEngine(EngineConfig.of("openai", base_url=f"http://127.0.0.1:{server.server_port}/v1"))
+    try:
+        assert engine.score([5, 6], [7, 8]) == [-1.0, -1.5]  # the last two of the echoed prompt's logprobs
+    finally:
+        engine.close()
+        server.shutdown()
+        server.server_close()
+    assert asked[0]["prompt_logprobs"] == 0 and "echo" not in asked[0]
+    assert asked[1]["echo"] is True and asked[1]["logprobs"] == 0 and "prompt_logprobs" not in asked[1]
