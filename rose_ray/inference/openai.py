@@ -480,7 +480,8 @@ class OpenAIEngine:
             choice = _dig(await self._request("POST", "/completions", body), "choices", 0, kind=dict)
             lps = _dig(choice, "logprobs", "token_logprobs", kind=list, at="choices[0]")[: len(ids)]
             if len(lps) < n:
-                raise OpenAIBadAnswer(None, f"the server's reply has {len(lps)} echoed logprobs for {n} tokens")
+                raise OpenAIBadAnswer(None, f"the server's reply has {len(lps)} echoed logprobs "
+                                            f"for {n} tokens")
             return [_logprob(x, f"choices[0].logprobs.token_logprobs[{len(lps) - n + i}]")
                     for i, x in enumerate(lps[-n:])]
         if len(plp) < n:
