@@ -18,22 +18,27 @@ from rose_ray.inference.engine import EngineConfig
 from rose_ray.inference.openai import OpenAIEngine, OpenAIServerError, OpenAIServerGone
 
 
+class JSONHandler(http.server.BaseHTTPRequestHandler):
+    def answer(self, reply: object) -> None:
+        body = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
 def test_the_openai_client_waits_for_a_server_that_comes_back_and_names_one_that_does_not():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens here until the server below starts
 
-    class Models(http.server.BaseHTTPRequestHandler):
+    class Models(JSONHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
-            body = json.dumps({"data": [{"id": "m"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
+            self.answer({"data": [{"id": "m"}]})
 
     url = f"http://127.0.0.1:{port}/v1"
     gone = OpenAIEngine(EngineConfig.of("openai", base_url=url, retry_s=1.0))
@@ -103,22 +108,14 @@ def test_a_server_without_prompt_logprobs_is_scored_through_echo():
     than vLLM's) is asked again the legacy way, echo + logprobs, and its logprobs are the score."""
     asked = []
 
-    class Completions(http.server.BaseHTTPRequestHandler):
+    class Completions(JSONHandler):
         def do_POST(self):  # noqa: N802 - http.server's name
             request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             asked.append(request)
             prompt = request["prompt"]
             logprobs = {"token_logprobs": [None] + [-0.5 * i for i in range(1, len(prompt))]}
             choice = {"text": "", "logprobs": logprobs if request.get("echo") else None}
-            body = json.dumps({"choices": [choice]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
+            self.answer({"choices": [choice]})
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Completions)
     threading.Thread(target=server.serve_forever, daemon=True).start()
